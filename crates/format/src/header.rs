@@ -237,7 +237,10 @@ impl Header {
             if u64::from(h.header_length) > cluster_size {
                 return Err(FormatError::invalid(
                     "header_length",
-                    format!("{} exceeds the cluster size {cluster_size}", h.header_length),
+                    format!(
+                        "{} exceeds the cluster size {cluster_size}",
+                        h.header_length
+                    ),
                 ));
             }
             let ctype = if h.header_length > 104 { r.u8(104)? } else { 0 };
@@ -308,7 +311,10 @@ impl Header {
         if self.size >= MAX_HOST_OFFSET {
             return Err(FormatError::invalid(
                 "size",
-                format!("virtual size {} is beyond the 64 PiB format limit", self.size),
+                format!(
+                    "virtual size {} is beyond the 64 PiB format limit",
+                    self.size
+                ),
             ));
         }
         let needed = Self::l1_entries_for(self.cluster_bits, self.size);
@@ -324,7 +330,10 @@ impl Header {
         if u64::from(self.l1_size) > MAX_L1_ENTRIES {
             return Err(FormatError::invalid(
                 "l1_size",
-                format!("{} entries exceeds the limit of {MAX_L1_ENTRIES}", self.l1_size),
+                format!(
+                    "{} entries exceeds the limit of {MAX_L1_ENTRIES}",
+                    self.l1_size
+                ),
             ));
         }
         check_table(
@@ -383,9 +392,8 @@ impl Header {
             let data = r.bytes(data_at, len)?;
             let ext = match kind {
                 EXT_BACKING_FORMAT => HeaderExtension::BackingFormat(
-                    String::from_utf8(data.to_vec()).map_err(|_| {
-                        FormatError::invalid("backing format", "not valid UTF-8")
-                    })?,
+                    String::from_utf8(data.to_vec())
+                        .map_err(|_| FormatError::invalid("backing format", "not valid UTF-8"))?,
                 ),
                 CHAIN_INDEX_EXT_MAGIC => HeaderExtension::ChainIndex(ChainIndexExt::parse(data)?),
                 _ => HeaderExtension::Other {

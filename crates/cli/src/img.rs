@@ -1,0 +1,731 @@
+//! `strata img`: qemu-img-like commands on images and chains.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use strata_disk::bench::{self, BenchParams};
+use strata_disk::check::{self, Repair};
+use strata_disk::compare::{self, Comparison};
+use strata_disk::convert;
+use strata_disk::info::{self, ImageInfo};
+use strata_disk::layer::Format;
+use strata_disk::map;
+use strata_disk::{create, CreateOptions, Disk, OpenOptions};
+use strata_format::CompressionType;
+
+use crate::units::{human, parse_size};
+
+/// Output format, as qemu-img's `--output`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Text for people.
+    Human,
+    /// JSON for programs.
+    Json,
+}
+
+/// `strata img` subcommands.
+#[derive(Subcommand)]
+pub enum ImgCommand {
+    /// Create an image, optionally on top of a backing file.
+    Create {
+        /// Format of the new image.
+        #[arg(short = 'f', default_value = "qcow2")]
+        format: String,
+        /// Backing file (stored as given; relative to the new image's directory).
+        #[arg(short = 'b')]
+        backing: Option<String>,
+        /// Backing file format.
+        #[arg(short = 'F')]
+        backing_format: Option<String>,
+        /// Options: cluster_size, compat, refcount_bits, lazy_refcounts,
+        /// compression_type, chain_index (comma separated key=value).
+        #[arg(short = 'o')]
+        options: Vec<String>,
+        /// Print nothing.
+        #[arg(short = 'q')]
+        quiet: bool,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "human")]
+        output: Output,
+        /// The new image.
+        filename: PathBuf,
+        /// Virtual size (512, 64k, 10G...); defaults to the backing file's.
+        size: Option<String>,
+    },
+    /// Show information about an image (or its whole chain).
+    Info {
+        /// Format of the image (probed if absent).
+        #[arg(short = 'f')]
+        format: Option<String>,
+        /// Show every image of the backing chain, top first.
+        #[arg(long)]
+        backing_chain: bool,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "human")]
+        output: Output,
+        /// Accepted for qemu-img compatibility; Strata never locks images.
+        #[arg(short = 'U', long = "force-share")]
+        force_share: bool,
+        /// The image.
+        filename: PathBuf,
+    },
+    /// Check an image for leaks and corruption (exit 0 clean, 2 corrupt, 3 leaks).
+    Check {
+        /// Format of the image.
+        #[arg(short = 'f')]
+        format: Option<String>,
+        /// Repair: "leaks" or "all".
+        #[arg(short = 'r')]
+        repair: Option<String>,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "human")]
+        output: Output,
+        /// Print nothing.
+        #[arg(short = 'q')]
+        quiet: bool,
+        /// The image.
+        filename: PathBuf,
+    },
+    /// External snapshot: create NEW_TOP on top of IMAGE, carrying the chain index forward.
+    Snapshot {
+        /// Output format.
+        #[arg(long, value_enum, default_value = "human")]
+        output: Output,
+        /// Print nothing.
+        #[arg(short = 'q')]
+        quiet: bool,
+        /// The current top of the chain.
+        image: PathBuf,
+        /// The new top layer to create (backed by IMAGE).
+        new_top: PathBuf,
+    },
+    /// Build the chain index of IMAGE's chain and store it in IMAGE.
+    Index {
+        /// Output format.
+        #[arg(long, value_enum, default_value = "human")]
+        output: Output,
+        /// The top of the chain (opened for writing).
+        image: PathBuf,
+    },
+    /// Show the allocation map, with the layer owning each range.
+    Map {
+        /// Format of the image.
+        #[arg(short = 'f')]
+        format: Option<String>,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "human")]
+        output: Output,
+        /// The image.
+        filename: PathBuf,
+    },
+    /// Copy an image or a whole chain (flattened) to a new image.
+    Convert {
+        /// Source format.
+        #[arg(short = 'f')]
+        format: Option<String>,
+        /// Target format.
+        #[arg(short = 'O', default_value = "raw")]
+        out_format: String,
+        /// Target options (as for create).
+        #[arg(short = 'o')]
+        options: Vec<String>,
+        /// Show a progress bar.
+        #[arg(short = 'p')]
+        progress: bool,
+        /// Print nothing.
+        #[arg(short = 'q')]
+        quiet: bool,
+        /// Accepted for qemu-img compatibility; Strata never locks images.
+        #[arg(short = 'U', long = "force-share")]
+        force_share: bool,
+        /// Source image.
+        source: PathBuf,
+        /// Target file (may be /dev/null for raw).
+        target: PathBuf,
+    },
+    /// Compare the content of two images (exit 0 same, 1 different, 2 error).
+    Compare {
+        /// First image's format.
+        #[arg(short = 'f')]
+        format_a: Option<String>,
+        /// Second image's format.
+        #[arg(short = 'F')]
+        format_b: Option<String>,
+        /// Strict: images of different sizes differ.
+        #[arg(short = 's')]
+        strict: bool,
+        /// Show a progress bar.
+        #[arg(short = 'p')]
+        progress: bool,
+        /// Print nothing.
+        #[arg(short = 'q')]
+        quiet: bool,
+        /// Accepted for qemu-img compatibility.
+        #[arg(short = 'U', long = "force-share")]
+        force_share: bool,
+        /// First image.
+        first: PathBuf,
+        /// Second image.
+        second: PathBuf,
+    },
+    /// Run a simple I/O benchmark (qemu-img bench's flags and access pattern).
+    Bench {
+        /// Requests to issue.
+        #[arg(short = 'c', default_value_t = 75000)]
+        count: u64,
+        /// Requests in flight.
+        #[arg(short = 'd', default_value_t = 64)]
+        depth: u64,
+        /// Image format.
+        #[arg(short = 'f')]
+        format: Option<String>,
+        /// Bytes per request.
+        #[arg(short = 's', default_value = "4k")]
+        bufsize: String,
+        /// Distance between request offsets (defaults to the buffer size).
+        #[arg(short = 'S')]
+        step: Option<String>,
+        /// First offset.
+        #[arg(short = 'o', default_value = "0")]
+        offset: String,
+        /// Write instead of read.
+        #[arg(short = 'w')]
+        write: bool,
+        /// Byte written with -w.
+        #[arg(long, default_value = "0xa5", value_parser = parse_byte)]
+        pattern: u8,
+        /// Metadata cache bound (default 32M).
+        #[arg(long, default_value = "32M")]
+        cache_size: String,
+        /// Ignore the stored chain index and walk the chain.
+        #[arg(long)]
+        no_index: bool,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "human")]
+        output: Output,
+        /// The image.
+        filename: PathBuf,
+    },
+}
+
+/// Runs one `strata img` command; returns the exit code.
+pub fn run(cmd: ImgCommand) -> Result<i32> {
+    match cmd {
+        ImgCommand::Create {
+            format,
+            backing,
+            backing_format,
+            options,
+            quiet,
+            output,
+            filename,
+            size,
+        } => {
+            let mut opts = create_options(&options)?;
+            opts.format = parse_format(&format)?;
+            opts.backing = backing;
+            opts.backing_format = backing_format.as_deref().map(parse_format).transpose()?;
+            opts.size = size
+                .as_deref()
+                .map(parse_size)
+                .transpose()
+                .map_err(anyhow::Error::msg)?;
+            let report = create(&filename, &opts)?;
+            if output == Output::Json {
+                print_json(&report)?;
+            } else if !quiet {
+                println!(
+                    "Formatting '{}', fmt={} size={}{}",
+                    filename.display(),
+                    opts.format.name(),
+                    report.size,
+                    opts.backing
+                        .as_ref()
+                        .map(|b| format!(" backing_file={b}"))
+                        .unwrap_or_default()
+                );
+            }
+            Ok(0)
+        }
+        ImgCommand::Info {
+            format,
+            backing_chain,
+            output,
+            filename,
+            ..
+        } => {
+            let fmt = format.as_deref().map(parse_format).transpose()?;
+            let infos = if backing_chain {
+                info::chain_info(&filename, fmt)?
+            } else {
+                vec![info::info(&filename, fmt)?]
+            };
+            match (output, backing_chain) {
+                (Output::Json, true) => print_json(&infos)?,
+                (Output::Json, false) => print_json(&infos[0])?,
+                (Output::Human, _) => {
+                    for (i, inf) in infos.iter().enumerate() {
+                        if i > 0 {
+                            println!();
+                        }
+                        print_info(inf);
+                    }
+                }
+            }
+            Ok(0)
+        }
+        ImgCommand::Check {
+            format,
+            repair,
+            output,
+            quiet,
+            filename,
+        } => {
+            if let Some(f) = format.as_deref() {
+                if parse_format(f)? != Format::Qcow2 {
+                    println!("This image format does not support checks");
+                    return Ok(63);
+                }
+            }
+            let repair = match repair.as_deref() {
+                None => Repair::None,
+                Some("leaks") => Repair::Leaks,
+                Some("all") => Repair::All,
+                Some(other) => bail!("-r takes 'leaks' or 'all', not '{other}'"),
+            };
+            let report = check::check(&filename, repair)?;
+            if output == Output::Json {
+                print_json(&report)?;
+            } else if !quiet {
+                print_check(&report);
+            }
+            Ok(report.exit_code())
+        }
+        ImgCommand::Snapshot {
+            output,
+            quiet,
+            image,
+            new_top,
+        } => {
+            let base = Disk::open(&image, &OpenOptions::read_only())?;
+            let top = base.top();
+            let header = top.header();
+            drop(base);
+            let mut opts = CreateOptions {
+                backing: Some(backing_name(&image, &new_top)),
+                backing_format: Some(Format::Qcow2),
+                ..CreateOptions::default()
+            };
+            if let Some(h) = header {
+                opts.cluster_size = h.cluster_size();
+                opts.refcount_bits = h.refcount_bits();
+                opts.compression = h.compression_type;
+            } else {
+                opts.backing_format = Some(Format::Raw);
+            }
+            let report = create(&new_top, &opts)?;
+            if output == Output::Json {
+                print_json(&report)?;
+            } else if !quiet {
+                println!(
+                    "Created {} (layer {} of the chain) in {:.1} ms; index {} bytes, file {} bytes",
+                    new_top.display(),
+                    report.depth,
+                    report.seconds * 1000.0,
+                    report.index_bytes,
+                    report.file_bytes
+                );
+            }
+            Ok(0)
+        }
+        ImgCommand::Index { output, image } => {
+            let started = std::time::Instant::now();
+            let disk = Disk::open(&image, &OpenOptions::read_write())?;
+            let state = disk.index_state();
+            let depth = disk.depth();
+            disk.close()?;
+            let seconds = started.elapsed().as_secs_f64();
+            if output == Output::Json {
+                print_json(&serde_json::json!({
+                    "filename": image.display().to_string(),
+                    "layers": depth,
+                    "index": state,
+                    "seconds": seconds,
+                }))?;
+            } else {
+                println!(
+                    "Indexed {} ({depth} layers) in {:.3} s",
+                    image.display(),
+                    seconds
+                );
+            }
+            Ok(0)
+        }
+        ImgCommand::Map {
+            format,
+            output,
+            filename,
+        } => {
+            let disk = open_ro(&filename, format.as_deref(), None)?;
+            let extents = map::map(&disk)?;
+            if output == Output::Json {
+                print_json(&extents)?;
+            } else {
+                println!(
+                    "{:<20}{:<20}{:<8}{:<12}File",
+                    "Offset", "Length", "Layer", "Mapped to"
+                );
+                for e in extents.iter().filter(|e| e.data) {
+                    println!(
+                        "{:<#20x}{:<#20x}{:<8}{:<12}{}",
+                        e.start,
+                        e.length,
+                        e.layer,
+                        e.offset
+                            .map(|o| format!("{o:#x}"))
+                            .unwrap_or_else(|| "-".into()),
+                        e.filename.as_deref().unwrap_or("")
+                    );
+                }
+            }
+            Ok(0)
+        }
+        ImgCommand::Convert {
+            format,
+            out_format,
+            options,
+            progress,
+            quiet,
+            source,
+            target,
+            ..
+        } => {
+            let src = open_ro(&source, format.as_deref(), None)?;
+            let mut opts = create_options(&options)?;
+            opts.format = parse_format(&out_format)?;
+            let bar = progress_bar(progress && !quiet, src.size());
+            let report =
+                convert::convert(&src, &target, &opts, &mut |done, _| bar.set_position(done))?;
+            bar.finish_and_clear();
+            if !quiet && progress {
+                println!(
+                    "Converted {} in {:.2} s ({} written)",
+                    human(report.size),
+                    report.seconds,
+                    human(report.bytes_written)
+                );
+            }
+            Ok(0)
+        }
+        ImgCommand::Compare {
+            format_a,
+            format_b,
+            strict,
+            progress,
+            quiet,
+            first,
+            second,
+            ..
+        } => {
+            let result = (|| -> Result<Comparison> {
+                let a = open_ro(&first, format_a.as_deref(), None)?;
+                let b = open_ro(&second, format_b.as_deref(), None)?;
+                let bar = progress_bar(progress && !quiet, a.size().max(b.size()));
+                let r = compare::compare(&a, &b, strict, &mut |done, _| bar.set_position(done))?;
+                bar.finish_and_clear();
+                Ok(r)
+            })();
+            match result {
+                Ok(Comparison::Identical) => {
+                    if !quiet {
+                        println!("Images are identical.");
+                    }
+                    Ok(0)
+                }
+                Ok(Comparison::Mismatch { offset }) => {
+                    if !quiet {
+                        println!("Content mismatch at offset {offset}!");
+                    }
+                    Ok(1)
+                }
+                Ok(Comparison::SizeMismatch { .. }) => {
+                    if !quiet {
+                        println!("Strict mode: Image size mismatch!");
+                    }
+                    Ok(1)
+                }
+                Err(e) => {
+                    eprintln!("strata: {e:#}");
+                    Ok(2)
+                }
+            }
+        }
+        ImgCommand::Bench {
+            count,
+            depth,
+            format,
+            bufsize,
+            step,
+            offset,
+            write,
+            pattern,
+            cache_size,
+            no_index,
+            output,
+            filename,
+        } => {
+            let cache = parse_size(&cache_size).map_err(anyhow::Error::msg)?;
+            let opened = std::time::Instant::now();
+            let disk = Disk::open(
+                &filename,
+                &OpenOptions {
+                    writable: write,
+                    cache_bytes: cache,
+                    format: format.as_deref().map(parse_format).transpose()?,
+                    ignore_index: no_index,
+                },
+            )?;
+            let open_seconds = opened.elapsed().as_secs_f64();
+            let params = BenchParams {
+                count,
+                depth,
+                bufsize: parse_size(&bufsize).map_err(anyhow::Error::msg)?,
+                step: step
+                    .as_deref()
+                    .map(parse_size)
+                    .transpose()
+                    .map_err(anyhow::Error::msg)?,
+                offset: parse_size(&offset).map_err(anyhow::Error::msg)?,
+                write,
+                pattern,
+            };
+            let report = bench::run(&disk, &params)?;
+            let stats = disk.cache_stats();
+            let index = disk.index_state();
+            disk.close()?;
+            if output == Output::Json {
+                print_json(&serde_json::json!({
+                    "ops": report.ops,
+                    "seconds": report.seconds,
+                    "iops": report.iops,
+                    "bytes_per_second": report.bytes_per_second,
+                    "open_seconds": open_seconds,
+                    "cache": stats,
+                    "index": index,
+                }))?;
+            } else {
+                println!(
+                    "Sending {count} {} requests, {} bytes each, {depth} in parallel",
+                    if write { "write" } else { "read" },
+                    params.bufsize
+                );
+                println!("Run completed in {:.3} seconds.", report.seconds);
+            }
+            Ok(0)
+        }
+    }
+}
+
+fn open_ro(path: &Path, format: Option<&str>, cache: Option<u64>) -> Result<Disk> {
+    let mut opts = OpenOptions::read_only();
+    opts.format = format.map(parse_format).transpose()?;
+    if let Some(c) = cache {
+        opts.cache_bytes = c;
+    }
+    Disk::open(path, &opts).with_context(|| format!("could not open '{}'", path.display()))
+}
+
+fn parse_byte(s: &str) -> Result<u8, String> {
+    let parsed = match s.strip_prefix("0x") {
+        Some(hex) => u8::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    parsed.map_err(|_| format!("'{s}' is not a byte (0-255 or 0x00-0xff)"))
+}
+
+fn parse_format(s: &str) -> Result<Format> {
+    Ok(Format::parse(s)?)
+}
+
+/// How NEW_TOP should name IMAGE: relative to NEW_TOP's directory when both
+/// share one, else absolute.
+fn backing_name(image: &Path, new_top: &Path) -> String {
+    let img_dir = image.parent().unwrap_or(Path::new(""));
+    let new_dir = new_top.parent().unwrap_or(Path::new(""));
+    if img_dir == new_dir {
+        if let Some(name) = image.file_name() {
+            return name.to_string_lossy().into_owned();
+        }
+    }
+    std::fs::canonicalize(image)
+        .unwrap_or_else(|_| image.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// Parses `-o key=value,...` options.
+fn create_options(options: &[String]) -> Result<CreateOptions> {
+    let mut o = CreateOptions::default();
+    for opt in options.iter().flat_map(|s| s.split(',')) {
+        if opt.is_empty() {
+            continue;
+        }
+        let (k, v) = opt.split_once('=').unwrap_or((opt, "on"));
+        let on = |v: &str| -> Result<bool> {
+            match v {
+                "on" | "true" | "yes" => Ok(true),
+                "off" | "false" | "no" => Ok(false),
+                _ => bail!("option {k} takes on or off, not '{v}'"),
+            }
+        };
+        match k {
+            "cluster_size" => o.cluster_size = parse_size(v).map_err(anyhow::Error::msg)?,
+            "compat" => {
+                o.version = match v {
+                    "0.10" | "v2" => 2,
+                    "1.1" | "v3" => 3,
+                    _ => bail!("compat must be 0.10 or 1.1, not '{v}'"),
+                }
+            }
+            "refcount_bits" => o.refcount_bits = v.parse().context("refcount_bits")?,
+            "lazy_refcounts" => o.lazy_refcounts = on(v)?,
+            "compression_type" => {
+                o.compression = match v {
+                    "zlib" => CompressionType::Zlib,
+                    "zstd" => CompressionType::Zstd,
+                    _ => bail!("compression_type must be zlib or zstd, not '{v}'"),
+                }
+            }
+            "chain_index" => o.chain_index = on(v)?,
+            "backing_file" => o.backing = Some(v.to_string()),
+            "backing_fmt" => o.backing_format = Some(parse_format(v)?),
+            "preallocation" if v == "off" => {}
+            "extended_l2" if !on(v)? => {}
+            "extended_l2" => bail!("extended_l2=on (subclusters) is not supported by Strata"),
+            _ => bail!("unknown option '{k}' (known: cluster_size, compat, refcount_bits, lazy_refcounts, compression_type, chain_index, backing_file, backing_fmt)"),
+        }
+    }
+    Ok(o)
+}
+
+fn progress_bar(show: bool, total: u64) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template(
+        "    ({percent:>3}/100%) {wide_bar} {bytes}/{total_bytes} {bytes_per_sec}",
+    ) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn print_info(inf: &ImageInfo) {
+    println!("image: {}", inf.filename);
+    println!("file format: {}", inf.format);
+    println!(
+        "virtual size: {} ({} bytes)",
+        human(inf.virtual_size),
+        inf.virtual_size
+    );
+    println!("disk size: {}", human(inf.actual_size));
+    if let Some(cs) = inf.cluster_size {
+        println!("cluster_size: {cs}");
+    }
+    if let Some(b) = &inf.backing_filename {
+        println!("backing file: {b}");
+        if let Some(f) = &inf.backing_filename_format {
+            println!("backing file format: {f}");
+        }
+    }
+    if !inf.snapshots.is_empty() {
+        println!("Snapshot list:");
+        println!("{:<10}{:<20}{:>12}", "ID", "TAG", "VM SIZE");
+        for s in &inf.snapshots {
+            println!("{:<10}{:<20}{:>12}", s.id, s.name, human(s.vm_state_size));
+        }
+    }
+    if let Some(q) = &inf.format_specific {
+        println!("Format specific information:");
+        println!("    compat: {}", q.compat);
+        println!("    compression type: {}", q.compression_type);
+        println!("    lazy refcounts: {}", q.lazy_refcounts);
+        println!("    refcount bits: {}", q.refcount_bits);
+        println!("    corrupt: {}", q.corrupt);
+        println!("    extended l2: {}", q.extended_l2);
+    }
+    if inf.dirty_flag {
+        println!("dirty flag: true (refcounts are repaired on the next open for writing)");
+    }
+    if let Some(ci) = &inf.chain_index {
+        let state = match (ci.in_use, &ci.reason) {
+            (Some(true), _) => "in use".to_string(),
+            (Some(false), Some(r)) => format!("not used: {r}"),
+            _ if ci.flag_set => "stored".to_string(),
+            _ => "stale (flag cleared by another writer)".to_string(),
+        };
+        println!(
+            "Strata chain index: {state}; {} layers, {} per entry, {} bytes",
+            ci.depth,
+            human(ci.granularity),
+            ci.bytes
+        );
+    }
+}
+
+fn print_check(r: &strata_disk::check::CheckReport) {
+    for m in &r.messages {
+        println!("{m}");
+    }
+    if r.leaks_fixed > 0 || r.corruptions_fixed > 0 {
+        println!(
+            "The following inconsistencies were found and repaired:\n\n    {} leaked clusters\n    {} corruptions\n",
+            r.leaks_fixed, r.corruptions_fixed
+        );
+    }
+    if r.corruptions == 0 && r.leaks == 0 && r.check_errors == 0 {
+        println!("No errors were found on the image.");
+    }
+    if r.corruptions > 0 {
+        println!(
+            "\n{} errors were found on the image.\nData may be corrupted, or further writes to the image may corrupt it.",
+            r.corruptions
+        );
+    }
+    if r.leaks > 0 {
+        println!(
+            "\n{} leaked clusters were found on the image.\nThis means waste of disk space, but no harm to data.",
+            r.leaks
+        );
+    }
+    if let Some(ci) = &r.chain_index {
+        println!("Strata chain index: {ci}");
+    }
+    if r.total_clusters > 0 {
+        let pct = |n: u64, d: u64| {
+            if d == 0 {
+                0.0
+            } else {
+                n as f64 * 100.0 / d as f64
+            }
+        };
+        println!(
+            "{}/{} = {:.2}% allocated, {:.2}% fragmented, {:.2}% compressed clusters",
+            r.allocated_clusters,
+            r.total_clusters,
+            pct(r.allocated_clusters, r.total_clusters),
+            pct(r.fragmented_clusters, r.allocated_clusters),
+            pct(r.compressed_clusters, r.allocated_clusters)
+        );
+    }
+    println!("Image end offset: {}", r.image_end_offset);
+}

@@ -1,0 +1,54 @@
+//! `strata`: parse arguments, call the libraries, render the result.
+
+mod img;
+mod units;
+
+use clap::{Parser, Subcommand};
+
+/// Strata: storage virtualization for clouds.
+#[derive(Parser)]
+#[command(name = "strata", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Disk images and backing chains (qemu-img conventions).
+    Img {
+        #[command(subcommand)]
+        command: img::ImgCommand,
+    },
+}
+
+fn main() {
+    raise_fd_limit();
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Img { command } => img::run(command),
+    };
+    match code {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("strata: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Long chains keep one descriptor per layer open; lift the soft limit to
+/// the hard one so a 1,000-layer chain fits under the default of 1,024.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}

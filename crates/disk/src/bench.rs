@@ -1,0 +1,99 @@
+//! A simple I/O benchmark with `qemu-img bench`'s semantics, so both can be
+//! run on the same image with the same access pattern.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use crate::disk::Disk;
+use crate::error::{DiskError, Result};
+
+/// Benchmark parameters (qemu-img bench's flags).
+#[derive(Debug, Clone)]
+pub struct BenchParams {
+    /// Requests to issue (-c).
+    pub count: u64,
+    /// Requests in flight (-d): one thread each.
+    pub depth: u64,
+    /// Bytes per request (-s).
+    pub bufsize: u64,
+    /// Distance between request offsets (-S); defaults to `bufsize`.
+    pub step: Option<u64>,
+    /// First offset (-o).
+    pub offset: u64,
+    /// Write instead of read (-w).
+    pub write: bool,
+    /// Byte written (--pattern).
+    pub pattern: u8,
+}
+
+/// What a benchmark run measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BenchReport {
+    /// Requests completed.
+    pub ops: u64,
+    /// Wall time.
+    pub seconds: f64,
+    /// Requests per second.
+    pub iops: f64,
+    /// Bytes per second.
+    pub bytes_per_second: f64,
+}
+
+/// Offset of request `i`: qemu-img bench adds the step and wraps at the end
+/// of the image.
+pub fn request_offset(p: &BenchParams, size: u64, i: u64) -> u64 {
+    let step = p.step.unwrap_or(p.bufsize);
+    let span = size.saturating_sub(p.bufsize) + 1;
+    ((p.offset as u128 + i as u128 * step as u128) % span as u128) as u64
+}
+
+/// Runs the benchmark.
+pub fn run(disk: &Disk, p: &BenchParams) -> Result<BenchReport> {
+    if p.bufsize == 0 || p.bufsize > disk.size() || p.bufsize > 256 << 20 {
+        return Err(DiskError::Invalid(format!(
+            "buffer size {} must be between 1 and the disk size (and at most 256 MiB)",
+            p.bufsize
+        )));
+    }
+    let next = AtomicU64::new(0);
+    let started = Instant::now();
+    let result: Result<()> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..p.depth.clamp(1, 256))
+            .map(|_| {
+                s.spawn(|| -> Result<()> {
+                    let mut buf = vec![p.pattern; p.bufsize as usize];
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= p.count {
+                            return Ok(());
+                        }
+                        let off = request_offset(p, disk.size(), i);
+                        if p.write {
+                            disk.write_at(&buf, off)?;
+                        } else {
+                            disk.read_at(&mut buf, off)?;
+                        }
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| Err(DiskError::Invalid("worker panicked".into())))
+            })
+            .collect()
+    });
+    result?;
+    if p.write {
+        disk.flush()?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(BenchReport {
+        ops: p.count,
+        seconds,
+        iops: p.count as f64 / seconds,
+        bytes_per_second: (p.count * p.bufsize) as f64 / seconds,
+    })
+}

@@ -1,0 +1,509 @@
+//! Consistency check and repair of one qcow2 file, as `qemu-img check`
+//! does it: every reference is counted and compared with the stored
+//! refcounts. Strata also verifies its chain index against the chain.
+
+use std::path::Path;
+
+use strata_format::entry::{L1Entry, OFFSET_MASK};
+use strata_format::header::{Header, EXT_BITMAPS};
+use strata_format::{refcount, HeaderExtension, L2Mapping};
+
+use crate::cache::PAGE_UNITS;
+use crate::disk::{Disk, OpenOptions};
+use crate::error::{DiskError, Result};
+use crate::layer::{Format, Layer};
+use crate::writer::Allocator;
+
+/// What to repair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Repair {
+    /// Report only.
+    None,
+    /// Drop leaked references.
+    Leaks,
+    /// Fix every refcount mismatch.
+    All,
+}
+
+/// Result of a check, with qemu-img's fields.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct CheckReport {
+    /// The file checked.
+    pub filename: String,
+    /// Always "qcow2".
+    pub format: String,
+    /// Errors that may corrupt data.
+    pub corruptions: u64,
+    /// Clusters with a refcount but no reference.
+    pub leaks: u64,
+    /// Errors that stopped the check from completing.
+    pub check_errors: u64,
+    /// Corruptions repaired.
+    pub corruptions_fixed: u64,
+    /// Leaks repaired.
+    pub leaks_fixed: u64,
+    /// First byte after the last used cluster.
+    pub image_end_offset: u64,
+    /// Guest clusters.
+    pub total_clusters: u64,
+    /// Guest clusters allocated in this file.
+    pub allocated_clusters: u64,
+    /// Allocated clusters not contiguous with their predecessor.
+    pub fragmented_clusters: u64,
+    /// Compressed clusters.
+    pub compressed_clusters: u64,
+    /// One line per problem found.
+    pub messages: Vec<String>,
+    /// State of the Strata chain index, if the image has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chain_index: Option<String>,
+}
+
+impl CheckReport {
+    /// qemu-img's exit code: 0 clean, 2 corrupt, 3 leaks only.
+    pub fn exit_code(&self) -> i32 {
+        if self.check_errors > 0 {
+            1
+        } else if self.corruptions > 0 {
+            2
+        } else if self.leaks > 0 {
+            3
+        } else {
+            0
+        }
+    }
+}
+
+/// Checks (and optionally repairs) the image at `path`.
+pub fn check(path: &Path, repair: Repair) -> Result<CheckReport> {
+    let layer = Layer::open(path, 0, repair != Repair::None, Some(Format::Qcow2))?;
+    let mut report = run(&layer, repair)?;
+    if repair != Repair::None && (report.leaks_fixed > 0 || report.corruptions_fixed > 0) {
+        let fixed = (report.leaks_fixed, report.corruptions_fixed);
+        let mut again = run(&layer, Repair::None)?;
+        again.leaks_fixed = fixed.0;
+        again.corruptions_fixed = fixed.1;
+        report = again;
+    }
+    drop(layer);
+    report.chain_index = index_status(path, &mut report);
+    Ok(report)
+}
+
+/// Rebuilds refcounts from references (after a crash left the image dirty).
+pub(crate) fn repair_refcounts(top: &Layer) -> Result<()> {
+    run(top, Repair::All).map(|_| ())
+}
+
+fn run(layer: &Layer, repair: Repair) -> Result<CheckReport> {
+    let h = layer
+        .header()
+        .ok_or_else(|| DiskError::Invalid("check works on qcow2 images".into()))?;
+    let mut c = Counter::new(layer, &h);
+    c.count_metadata(&h)?;
+    let mut report = CheckReport {
+        filename: layer.path().display().to_string(),
+        format: "qcow2".into(),
+        total_clusters: h.size.div_ceil(h.cluster_size()),
+        ..Default::default()
+    };
+    let stored = c.stored_refcounts(&h)?;
+    let mut fixes: Vec<(u64, u64)> = Vec::new();
+    let limit = c.refs.len().max(stored.len());
+    for i in 0..limit {
+        let want = u64::from(c.refs.get(i).copied().unwrap_or(0));
+        let have = stored.get(i).copied().unwrap_or(0);
+        if want == have {
+            continue;
+        }
+        if have > want {
+            report.leaks += 1;
+            c.msg(format!(
+                "Leaked cluster {i} refcount={have} reference={want}"
+            ));
+            if repair != Repair::None {
+                fixes.push((i as u64, want));
+            }
+        } else {
+            report.corruptions += 1;
+            c.msg(format!(
+                "ERROR cluster {i} refcount={have} reference={want}"
+            ));
+            if repair == Repair::All {
+                fixes.push((i as u64, want));
+            }
+        }
+    }
+    let flags = std::mem::take(&mut c.copied_flags);
+    for (cluster, copied, what) in &flags {
+        let have = stored.get(*cluster as usize).copied().unwrap_or(0);
+        if *copied != (have == 1) {
+            report.corruptions += 1;
+            c.msg(format!(
+                "ERROR OFLAG_COPIED {what}: cluster {cluster} has COPIED={} but refcount={have}",
+                u8::from(*copied)
+            ));
+        }
+    }
+    report.corruptions += c.corruptions;
+    if !fixes.is_empty() {
+        let mut alloc = Allocator::load(layer)?;
+        for (cluster, value) in &fixes {
+            alloc.set_refcount(layer, *cluster, *value)?;
+            if stored.get(*cluster as usize).copied().unwrap_or(0) > *value {
+                report.leaks_fixed += 1;
+            } else {
+                report.corruptions_fixed += 1;
+            }
+        }
+        layer.file.sync()?;
+    }
+    report.image_end_offset = c.end_offset;
+    report.allocated_clusters = c.allocated;
+    report.fragmented_clusters = c.fragmented;
+    report.compressed_clusters = c.compressed;
+    report.messages = c.messages;
+    Ok(report)
+}
+
+/// Counts references to every cluster of one file.
+struct Counter<'a> {
+    layer: &'a Layer,
+    cs: u64,
+    cluster_bits: u32,
+    version: u32,
+    refs: Vec<u32>,
+    corruptions: u64,
+    messages: Vec<String>,
+    /// (cluster, COPIED flag, what) of active L1/L2 entries.
+    copied_flags: Vec<(u64, bool, &'static str)>,
+    end_offset: u64,
+    allocated: u64,
+    fragmented: u64,
+    compressed: u64,
+    last_host: Option<u64>,
+}
+
+/// Messages kept in a report; counts stay exact beyond it.
+const MAX_MESSAGES: usize = 1000;
+
+impl<'a> Counter<'a> {
+    fn new(layer: &'a Layer, h: &Header) -> Counter<'a> {
+        let cs = h.cluster_size();
+        let clusters = layer.file_len().div_ceil(cs);
+        Counter {
+            layer,
+            cs,
+            cluster_bits: h.cluster_bits,
+            version: h.version,
+            refs: vec![0; clusters as usize],
+            corruptions: 0,
+            messages: Vec::new(),
+            copied_flags: Vec::new(),
+            end_offset: 0,
+            allocated: 0,
+            fragmented: 0,
+            compressed: 0,
+            last_host: None,
+        }
+    }
+
+    fn msg(&mut self, m: String) {
+        if self.messages.len() < MAX_MESSAGES {
+            self.messages.push(m);
+        }
+    }
+
+    fn corrupt(&mut self, m: String) {
+        self.corruptions += 1;
+        self.msg(format!("ERROR {m}"));
+    }
+
+    /// Adds one reference to every cluster of `[offset, offset+len)`.
+    /// Returns false if the range lies beyond the end of the file.
+    fn inc(&mut self, offset: u64, len: u64, what: &str) -> bool {
+        if len == 0 {
+            return true;
+        }
+        let first = offset / self.cs;
+        let last = (offset + len - 1) / self.cs;
+        if last as usize >= self.refs.len() {
+            self.corrupt(format!(
+                "{what} at 0x{offset:x} lies beyond the end of the file (0x{:x})",
+                self.layer.file_len()
+            ));
+            return false;
+        }
+        for c in first..=last {
+            self.refs[c as usize] = self.refs[c as usize].saturating_add(1);
+        }
+        self.end_offset = self.end_offset.max((last + 1) * self.cs);
+        true
+    }
+
+    fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len as usize];
+        self.layer.file.read_exact_at(&mut buf, offset)?;
+        Ok(buf)
+    }
+
+    fn count_metadata(&mut self, h: &Header) -> Result<()> {
+        self.inc(0, self.cs, "header");
+        self.count_l1(h.l1_table_offset, h.l1_size, true)?;
+        let rt_len = u64::from(h.refcount_table_clusters) * self.cs;
+        self.inc(h.refcount_table_offset, rt_len, "refcount table");
+        for (i, raw) in words(&self.read(h.refcount_table_offset, rt_len)?).enumerate() {
+            if raw == 0 {
+                continue;
+            }
+            if raw & 0x1ff != 0 || raw % self.cs != 0 {
+                self.corrupt(format!("refcount table entry {i} 0x{raw:x} is misaligned"));
+                continue;
+            }
+            self.inc(raw, self.cs, "refcount block");
+        }
+        if h.nb_snapshots > 0 {
+            self.count_snapshots(h)?;
+        }
+        for ext in &h.extensions {
+            if let HeaderExtension::Other { kind, data } = ext {
+                if *kind == EXT_BITMAPS {
+                    self.count_bitmaps(data)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn count_l1(&mut self, offset: u64, entries: u32, active: bool) -> Result<()> {
+        let len = u64::from(entries) * 8;
+        if !self.inc(offset, len, "L1 table") {
+            return Ok(());
+        }
+        let l1 = self.read(offset, len)?;
+        for (i, raw) in words(&l1).enumerate() {
+            let entry = match L1Entry::decode(raw, self.cs) {
+                Ok(e) => e,
+                Err(e) => {
+                    self.corrupt(format!("L1 entry {i}: {e}"));
+                    continue;
+                }
+            };
+            if entry.l2_offset == 0 {
+                continue;
+            }
+            if !self.inc(entry.l2_offset, self.cs, "L2 table") {
+                continue;
+            }
+            if active {
+                self.copied_flags
+                    .push((entry.l2_offset / self.cs, entry.copied, "L2 table"));
+            }
+            self.count_l2(entry.l2_offset, active)?;
+        }
+        Ok(())
+    }
+
+    fn count_l2(&mut self, table: u64, active: bool) -> Result<()> {
+        let l2 = self.read(table, self.cs)?;
+        for (i, raw) in words(&l2).enumerate() {
+            let m = match L2Mapping::decode(raw, self.cluster_bits, self.version) {
+                Ok(m) => m,
+                Err(e) => {
+                    self.corrupt(format!("L2 table 0x{table:x} entry {i}: {e}"));
+                    continue;
+                }
+            };
+            match m {
+                L2Mapping::Unallocated => continue,
+                L2Mapping::Zero { prealloc: None, .. } => {
+                    if active {
+                        self.allocated += 1;
+                    }
+                    continue;
+                }
+                L2Mapping::Compressed { .. } if active => self.compressed += 1,
+                _ => {}
+            }
+            let Some((first, last)) = m.host_range() else {
+                continue;
+            };
+            if !self.inc(first, last - first + 1, "data cluster") {
+                continue;
+            }
+            if active {
+                self.allocated += 1;
+                if let L2Mapping::Data {
+                    host_offset,
+                    copied,
+                }
+                | L2Mapping::Zero {
+                    prealloc: Some(host_offset),
+                    copied,
+                } = m
+                {
+                    self.copied_flags
+                        .push((host_offset / self.cs, copied, "data cluster"));
+                    if self.last_host.is_some_and(|p| p + self.cs != host_offset) {
+                        self.fragmented += 1;
+                    }
+                    self.last_host = Some(host_offset);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn count_snapshots(&mut self, h: &Header) -> Result<()> {
+        // A table of at most 65536 entries of at most ~132 KiB each; read
+        // what the file holds up to a bound, and let the parser check.
+        let avail = self.layer.file_len().saturating_sub(h.snapshots_offset);
+        let len = avail.min(64 << 20);
+        let buf = self.read(h.snapshots_offset, len)?;
+        let (snaps, table_len) = match strata_format::snapshot::parse_table(&buf, h.nb_snapshots) {
+            Ok(t) => t,
+            Err(e) => {
+                self.corrupt(format!("snapshot table: {e}"));
+                return Ok(());
+            }
+        };
+        self.inc(h.snapshots_offset, table_len, "snapshot table");
+        for s in snaps {
+            if u64::from(s.l1_size) > strata_format::MAX_L1_ENTRIES
+                || s.l1_table_offset % self.cs != 0
+            {
+                self.corrupt(format!("snapshot '{}' has an invalid L1 table", s.name));
+                continue;
+            }
+            self.count_l1(s.l1_table_offset, s.l1_size, false)?;
+        }
+        Ok(())
+    }
+
+    fn count_bitmaps(&mut self, ext: &[u8]) -> Result<()> {
+        if ext.len() < 24 {
+            self.corrupt("bitmaps extension is truncated".into());
+            return Ok(());
+        }
+        let nb = u32::from_be_bytes(ext[0..4].try_into().unwrap_or([0; 4]));
+        let dir_size = u64::from_be_bytes(ext[8..16].try_into().unwrap_or([0; 8]));
+        let dir_off = u64::from_be_bytes(ext[16..24].try_into().unwrap_or([0; 8]));
+        if dir_size > 64 << 20 || !self.inc(dir_off, dir_size, "bitmap directory") {
+            return Ok(());
+        }
+        let dir = self.read(dir_off, dir_size)?;
+        let mut at = 0usize;
+        for _ in 0..nb {
+            let Some(e) = dir.get(at..at + 24) else { break };
+            let table_off = u64::from_be_bytes(e[0..8].try_into().unwrap_or([0; 8]));
+            let table_size = u64::from(u32::from_be_bytes(e[8..12].try_into().unwrap_or([0; 4])));
+            let name_size = usize::from(u16::from_be_bytes([e[18], e[19]]));
+            let extra = u32::from_be_bytes(e[20..24].try_into().unwrap_or([0; 4])) as usize;
+            at = (at + 24 + extra + name_size).div_ceil(8) * 8;
+            if table_size > strata_format::MAX_L1_ENTRIES
+                || !self.inc(table_off, table_size * 8, "bitmap table")
+            {
+                continue;
+            }
+            for raw in words(&self.read(table_off, table_size * 8)?) {
+                let off = raw & OFFSET_MASK;
+                if off > 1 {
+                    self.inc(off, self.cs, "bitmap data");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stored refcounts of every cluster the refcount table covers.
+    fn stored_refcounts(&mut self, h: &Header) -> Result<Vec<u64>> {
+        let rt_len = u64::from(h.refcount_table_clusters) * self.cs;
+        let table = self.read(h.refcount_table_offset, rt_len)?;
+        let epb = refcount::entries_per_block(self.cs, h.refcount_order);
+        let file_clusters = self.layer.file_len().div_ceil(self.cs);
+        let mut out = Vec::with_capacity(self.refs.len());
+        for (bi, raw) in words(&table).enumerate() {
+            let first = bi as u64 * epb;
+            if first >= file_clusters.max(self.refs.len() as u64) {
+                break;
+            }
+            out.resize(first as usize, 0);
+            if raw == 0 || raw % self.cs != 0 || raw + self.cs > self.layer.file_len() {
+                out.resize((first + epb) as usize, 0);
+                continue;
+            }
+            let block = self.read(raw, self.cs)?;
+            for i in 0..epb {
+                out.push(refcount::get(&block, i, h.refcount_order));
+            }
+        }
+        // Refcounts beyond the file are meaningless; keep the covered part.
+        out.truncate(file_clusters.max(self.refs.len() as u64) as usize);
+        Ok(out)
+    }
+}
+
+fn words(buf: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    buf.chunks_exact(8)
+        .map(|c| u64::from_be_bytes(c.try_into().unwrap_or([0; 8])))
+}
+
+/// Verifies the stored chain index, if any, against a walk of the chain.
+/// Mismatches count as corruptions: they would make reads return wrong data.
+fn index_status(path: &Path, report: &mut CheckReport) -> Option<String> {
+    let walk = Disk::open(
+        path,
+        &OpenOptions {
+            ignore_index: true,
+            ..OpenOptions::read_only()
+        },
+    );
+    let indexed = Disk::open(path, &OpenOptions::read_only());
+    let (walk, indexed) = match (walk, indexed) {
+        (Ok(w), Ok(i)) => (w, i),
+        (Err(e), _) | (_, Err(e)) => return Some(format!("not verified: {e}")),
+    };
+    let has_ext = indexed
+        .top()
+        .header()
+        .and_then(|h| h.chain_index().cloned())
+        .is_some();
+    match indexed.index_state() {
+        crate::disk::IndexState::Walk { reason } => {
+            return has_ext.then(|| format!("not used: {reason}"));
+        }
+        crate::disk::IndexState::Stored { .. } => {}
+    }
+    let units = indexed.units();
+    let mut mismatches = 0u64;
+    let mut first = 0u64;
+    while first < units {
+        let count = (units - first).min(PAGE_UNITS * 256) as usize;
+        let (a, b) = match (indexed.owners(first, count), walk.owners(first, count)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return Some(format!("not verified: {e}")),
+        };
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            if x != y {
+                mismatches += 1;
+                if report.messages.len() < MAX_MESSAGES {
+                    report.messages.push(format!(
+                        "ERROR chain index: unit {} says layer {x}, chain says layer {y}",
+                        first + i as u64
+                    ));
+                }
+            }
+        }
+        first += count as u64;
+    }
+    report.corruptions += mismatches;
+    Some(if mismatches == 0 {
+        format!(
+            "valid ({} layers, {units} units, matches the chain)",
+            indexed.depth()
+        )
+    } else {
+        format!("{mismatches} units disagree with the chain")
+    })
+}

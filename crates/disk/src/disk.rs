@@ -1,0 +1,762 @@
+//! An open disk: a chain of layers read and written as one virtual disk.
+
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use strata_format::index::{ChainIndexExt, LayerIdentity, LINEAGE_RECORD_BYTES, MAX_CHAIN_DEPTH};
+use strata_format::L2Mapping;
+
+use crate::cache::{CacheStats, Page, PageCache, Slot, PAGE_UNITS};
+use crate::error::{DiskError, Result};
+use crate::layer::{Format, Layer};
+use crate::writer::Writer;
+use crate::DEFAULT_CACHE_BYTES;
+
+/// How to open a disk.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Open the top layer for writing.
+    pub writable: bool,
+    /// Bound of the metadata cache in bytes.
+    pub cache_bytes: u64,
+    /// Format of the top layer; probed when `None`.
+    pub format: Option<Format>,
+    /// Ignore any stored chain index and walk the chain (for testing and
+    /// for comparing the two lookup paths).
+    pub ignore_index: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            writable: false,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+            format: None,
+            ignore_index: false,
+        }
+    }
+}
+
+impl OpenOptions {
+    /// Read-only defaults.
+    pub fn read_only() -> Self {
+        Self::default()
+    }
+
+    /// Read-write defaults.
+    pub fn read_write() -> Self {
+        OpenOptions {
+            writable: true,
+            ..Self::default()
+        }
+    }
+}
+
+/// How lookups find the owning layer.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "mode", rename_all = "kebab-case")]
+pub enum IndexState {
+    /// The top layer's stored index is valid and used.
+    Stored {
+        /// Why it is trusted.
+        depth: u32,
+    },
+    /// No usable index: lookups walk the chain from the top.
+    Walk {
+        /// Why the stored index (if any) was not used.
+        reason: String,
+    },
+}
+
+/// An open disk.
+pub struct Disk {
+    /// Layers, base first.
+    pub(crate) layers: Vec<Layer>,
+    /// log2 of the bytes one index unit covers.
+    pub(crate) unit_bits: u32,
+    pub(crate) size: u64,
+    pub(crate) cache: PageCache,
+    /// The stored index used for lookups, when valid.
+    pub(crate) index: parking_lot::RwLock<Option<ChainIndexExt>>,
+    pub(crate) index_state: parking_lot::RwLock<IndexState>,
+    pub(crate) writer: Option<Mutex<Writer>>,
+}
+
+impl std::fmt::Debug for Disk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Disk")
+            .field("top", &self.top().path())
+            .field("layers", &self.layers.len())
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl Disk {
+    /// Opens the image at `path` and its whole backing chain.
+    pub fn open(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<Disk> {
+        let mut layers = open_chain(path.as_ref(), opts)?;
+        let n = layers.len() as u32;
+        for (i, layer) in layers.iter_mut().enumerate() {
+            layer.file.place.depth = i as u32 + 1;
+        }
+        let unit_bits = layers
+            .iter()
+            .filter_map(|l| l.cluster_bits())
+            .min()
+            .unwrap_or(16);
+        let top = &layers[layers.len() - 1];
+        let size = top.size();
+        let (index, state) = if opts.ignore_index {
+            (
+                None,
+                IndexState::Walk {
+                    reason: "index ignored on request".into(),
+                },
+            )
+        } else {
+            match validate_index(&layers, unit_bits, size) {
+                Ok(ext) => (Some(ext), IndexState::Stored { depth: n }),
+                Err(reason) => (None, IndexState::Walk { reason }),
+            }
+        };
+        let mut disk = Disk {
+            layers,
+            unit_bits,
+            size,
+            cache: PageCache::new(opts.cache_bytes),
+            index: parking_lot::RwLock::new(index),
+            index_state: parking_lot::RwLock::new(state),
+            writer: None,
+        };
+        if opts.writable {
+            let writer = Writer::start(&disk)?;
+            disk.writer = Some(Mutex::new(writer));
+        }
+        Ok(disk)
+    }
+
+    /// Virtual size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The layers, base first.
+    pub fn layers(&self) -> &[Layer] {
+        &self.layers
+    }
+
+    /// The top layer.
+    pub fn top(&self) -> &Layer {
+        &self.layers[self.layers.len() - 1]
+    }
+
+    /// Number of layers.
+    pub fn depth(&self) -> u32 {
+        self.layers.len() as u32
+    }
+
+    /// Bytes one index unit covers (the chain's smallest cluster size).
+    pub fn unit_size(&self) -> u64 {
+        1 << self.unit_bits
+    }
+
+    /// How lookups find owners.
+    pub fn index_state(&self) -> IndexState {
+        self.index_state.read().clone()
+    }
+
+    /// Metadata cache statistics.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// Whether the disk is open for writing.
+    pub fn is_writable(&self) -> bool {
+        self.writer.is_some()
+    }
+
+    pub(crate) fn units(&self) -> u64 {
+        self.size.div_ceil(1 << self.unit_bits)
+    }
+
+    pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(DiskError::OutOfRange {
+                offset,
+                len,
+                size: self.size,
+            }),
+        }
+    }
+
+    /// Returns the resolved page `page`, filling it on a miss.
+    pub(crate) fn page(&self, page: u64) -> Result<Arc<Page>> {
+        self.cache
+            .get_or_fill(page, || Ok(Page::new(self.resolve_page(page)?)))
+    }
+
+    /// Resolves every unit of a page: from the stored index when there is
+    /// one, else by walking the chain from the top.
+    pub(crate) fn resolve_page(&self, page: u64) -> Result<Vec<Slot>> {
+        let first = page * PAGE_UNITS;
+        let last = (first + PAGE_UNITS).min(self.units());
+        let count = last.saturating_sub(first) as usize;
+        let mut slots = vec![Slot::default(); count];
+        let index = self.index.read().clone();
+        let pending: Vec<u64> = match index {
+            Some(ext) => self.resolve_from_index(&ext, first, &mut slots)?,
+            None => (first..last).collect(),
+        };
+        self.walk(first, &pending, self.depth(), &mut slots)?;
+        Ok(slots)
+    }
+
+    /// Reads owners from the stored index and the owners' L2 entries.
+    /// Returns the units the index could not answer (to be walked).
+    fn resolve_from_index(
+        &self,
+        ext: &ChainIndexExt,
+        first: u64,
+        slots: &mut [Slot],
+    ) -> Result<Vec<u64>> {
+        let owners = self.read_index_owners(ext, first, slots.len())?;
+        let n = self.depth();
+        let mut pending = Vec::new();
+        let mut by_layer: Vec<(u16, u64)> = Vec::with_capacity(slots.len());
+        for (i, owner) in owners.iter().enumerate() {
+            let unit = first + i as u64;
+            match u32::from(*owner) {
+                0 => {}
+                k if k > n => pending.push(unit),
+                _ => by_layer.push((*owner, unit)),
+            }
+        }
+        by_layer.sort_unstable();
+        for group in by_layer.chunk_by(|a, b| a.0 == b.0) {
+            let k = u32::from(group[0].0);
+            let units: Vec<u64> = group.iter().map(|g| g.1).collect();
+            let layer = &self.layers[k as usize - 1];
+            if layer.qcow2.is_none() {
+                for u in units {
+                    slots[(u - first) as usize] = Slot {
+                        layer: k as u16,
+                        entry: 0,
+                    };
+                }
+                continue;
+            }
+            let entries = self.lookup_units(layer, &units)?;
+            for (u, raw) in units.into_iter().zip(entries) {
+                if layer.decode_l2(raw)?.is_unallocated() {
+                    // The index disagrees with the layer: never trust it
+                    // for this unit, find the owner the slow way.
+                    pending.push(u);
+                } else {
+                    slots[(u - first) as usize] = Slot {
+                        layer: k as u16,
+                        entry: raw,
+                    };
+                }
+            }
+        }
+        pending.sort_unstable();
+        Ok(pending)
+    }
+
+    /// Reads `count` owner entries of the stored index starting at `first`.
+    pub(crate) fn read_index_owners(
+        &self,
+        ext: &ChainIndexExt,
+        first: u64,
+        count: usize,
+    ) -> Result<Vec<u16>> {
+        let mut buf = vec![0u8; count * 2];
+        self.top()
+            .file
+            .read_exact_at(&mut buf, ext.region_offset + first * 2)?;
+        Ok(buf
+            .chunks_exact(2)
+            .map(|c| u16::from_be_bytes([c[0], c[1]]))
+            .collect())
+    }
+
+    /// Finds the owners of `units` (sorted) by walking layers `from..=1`.
+    pub(crate) fn walk(
+        &self,
+        first: u64,
+        units: &[u64],
+        from: u32,
+        slots: &mut [Slot],
+    ) -> Result<()> {
+        let mut pending: Vec<u64> = units.to_vec();
+        for k in (1..=from).rev() {
+            if pending.is_empty() {
+                break;
+            }
+            let layer = &self.layers[k as usize - 1];
+            // A layer smaller than the disk reads as zeros past its end and
+            // hides everything below it there.
+            let size = layer.size();
+            let unit_bits = self.unit_bits;
+            pending.retain(|u| (u << unit_bits) < size);
+            if layer.qcow2.is_none() {
+                for u in pending.drain(..) {
+                    slots[(u - first) as usize] = Slot {
+                        layer: k as u16,
+                        entry: 0,
+                    };
+                }
+                break;
+            }
+            let entries = self.lookup_units(layer, &pending)?;
+            let mut still = Vec::with_capacity(pending.len());
+            for (u, raw) in pending.iter().zip(entries) {
+                if layer.decode_l2(raw)?.is_unallocated() {
+                    still.push(*u);
+                } else {
+                    slots[(u - first) as usize] = Slot {
+                        layer: k as u16,
+                        entry: raw,
+                    };
+                }
+            }
+            pending = still;
+        }
+        Ok(())
+    }
+
+    /// Reads the raw L2 entries that `layer` has for `units` (sorted),
+    /// batching units that share an L2 table into one read.
+    pub(crate) fn lookup_units(&self, layer: &Layer, units: &[u64]) -> Result<Vec<u64>> {
+        let cb = layer.cluster_bits().unwrap_or(16);
+        let l2_entries = 1u64 << (cb - 3);
+        let clusters: Vec<u64> = units.iter().map(|u| (u << self.unit_bits) >> cb).collect();
+        let mut out = vec![0u64; units.len()];
+        let mut i = 0;
+        while i < clusters.len() {
+            let table = clusters[i] / l2_entries;
+            let mut j = i;
+            while j + 1 < clusters.len() && clusters[j + 1] / l2_entries == table {
+                j += 1;
+            }
+            let lo = clusters[i];
+            let hi = clusters[j];
+            let mut entries = vec![0u64; (hi - lo + 1) as usize];
+            layer.read_l2_entries(lo, &mut entries)?;
+            for k in i..=j {
+                out[k] = entries[(clusters[k] - lo) as usize];
+            }
+            i = j + 1;
+        }
+        Ok(out)
+    }
+
+    /// Reads `buf.len()` bytes at `offset`.
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        let mut pending: Option<Extent> = None;
+        let mut pos = offset;
+        let end = offset + buf.len() as u64;
+        while pos < end {
+            let unit = pos >> self.unit_bits;
+            let page_no = unit / PAGE_UNITS;
+            let page = self.page(page_no)?;
+            let slots = page.slots.read();
+            let mut unit = unit;
+            while pos < end && unit / PAGE_UNITS == page_no {
+                let slot = slots[(unit % PAGE_UNITS) as usize];
+                let unit_end = ((unit + 1) << self.unit_bits).min(end);
+                let ext = self.extent_of(slot, pos, unit_end - pos)?;
+                pending = match pending.take() {
+                    Some(p) => match p.merge(ext) {
+                        Ok(m) => Some(m),
+                        Err((p, ext)) => {
+                            self.read_extent(&p, &mut buf[(p.guest - offset) as usize..])?;
+                            Some(ext)
+                        }
+                    },
+                    None => Some(ext),
+                };
+                pos = unit_end;
+                unit += 1;
+            }
+        }
+        if let Some(p) = pending {
+            self.read_extent(&p, &mut buf[(p.guest - offset) as usize..])?;
+        }
+        Ok(())
+    }
+
+    /// Where `len` bytes at guest `pos` (inside one unit) come from.
+    fn extent_of(&self, slot: Slot, pos: u64, len: u64) -> Result<Extent> {
+        let source = if slot.layer == 0 {
+            Source::Zero
+        } else {
+            let layer = self
+                .layers
+                .get(slot.layer as usize - 1)
+                .ok_or_else(|| DiskError::Chain(format!("owner layer {} missing", slot.layer)))?;
+            match layer.cluster_bits() {
+                None => Source::Raw {
+                    layer: slot.layer,
+                    offset: pos,
+                },
+                Some(cb) => {
+                    let in_cluster = pos & ((1 << cb) - 1);
+                    match layer.decode_l2(slot.entry)? {
+                        L2Mapping::Data { host_offset, .. } => Source::Host {
+                            layer: slot.layer,
+                            offset: host_offset + in_cluster,
+                        },
+                        L2Mapping::Zero { .. } | L2Mapping::Unallocated => Source::Zero,
+                        L2Mapping::Compressed { .. } => Source::Compressed {
+                            layer: slot.layer,
+                            entry: slot.entry,
+                            in_cluster,
+                        },
+                    }
+                }
+            }
+        };
+        Ok(Extent {
+            guest: pos,
+            len,
+            source,
+        })
+    }
+
+    fn read_extent(&self, e: &Extent, buf: &mut [u8]) -> Result<()> {
+        let buf = &mut buf[..e.len as usize];
+        match e.source {
+            Source::Zero => {
+                buf.fill(0);
+                Ok(())
+            }
+            Source::Host { layer, offset } => self.layers[layer as usize - 1]
+                .file
+                .read_or_zero(buf, offset),
+            Source::Raw { layer, offset } => self.layers[layer as usize - 1].read_raw(buf, offset),
+            Source::Compressed {
+                layer,
+                entry,
+                in_cluster,
+            } => self.layers[layer as usize - 1].read_mapped(entry, in_cluster, buf),
+        }
+    }
+
+    /// The owner and L2 entry of the unit holding guest offset `pos`.
+    pub fn slot_at(&self, pos: u64) -> Result<Slot> {
+        self.check_range(pos, 1)?;
+        let unit = pos >> self.unit_bits;
+        let page = self.page(unit / PAGE_UNITS)?;
+        let slot = page.slots.read()[(unit % PAGE_UNITS) as usize];
+        Ok(slot)
+    }
+
+    /// Owners of units `first..first+count`, for building a new index.
+    /// Uses the stored index when valid, else resolves page by page
+    /// (without filling the cache).
+    pub fn owners(&self, first: u64, count: usize) -> Result<Vec<u16>> {
+        if let Some(ext) = self.index.read().clone() {
+            return self.read_index_owners(&ext, first, count);
+        }
+        let mut out = Vec::with_capacity(count);
+        let end = first + count as u64;
+        let mut unit = first;
+        while unit < end {
+            let page = unit / PAGE_UNITS;
+            let slots = self.resolve_page(page)?;
+            let page_first = page * PAGE_UNITS;
+            while unit < end && unit / PAGE_UNITS == page {
+                out.push(slots[(unit - page_first) as usize].layer);
+                unit += 1;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes `buf` at `offset` into the top layer.
+    pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        self.writer()?.lock().write(self, buf, offset)
+    }
+
+    /// Makes `len` bytes at `offset` read as zeros.
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_range(offset, len)?;
+        self.writer()?.lock().write_zeroes(self, offset, len)
+    }
+
+    /// Makes every completed write durable.
+    pub fn flush(&self) -> Result<()> {
+        match &self.writer {
+            Some(w) => w.lock().flush(self),
+            None => Ok(()),
+        }
+    }
+
+    /// Flushes, stores the chain index and marks the image clean.
+    pub fn close(mut self) -> Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        match self.writer.take() {
+            Some(w) => w.into_inner().close(self),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn writer(&self) -> Result<&Mutex<Writer>> {
+        self.writer
+            .as_ref()
+            .ok_or_else(|| DiskError::ReadOnly(self.top().path().to_path_buf()))
+    }
+
+    /// Lineage of this chain, base first, as a new layer on top records it.
+    pub fn lineage(&self) -> Result<Vec<LayerIdentity>> {
+        self.layers.iter().map(|l| l.identity()).collect()
+    }
+}
+
+impl Drop for Disk {
+    fn drop(&mut self) {
+        // Best effort: a caller that wants the error calls `close`.
+        let _ = self.finish();
+    }
+}
+
+/// A run of guest bytes with one source.
+#[derive(Debug, Clone, Copy)]
+struct Extent {
+    guest: u64,
+    len: u64,
+    source: Source,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    Zero,
+    Host {
+        layer: u16,
+        offset: u64,
+    },
+    Raw {
+        layer: u16,
+        offset: u64,
+    },
+    Compressed {
+        layer: u16,
+        entry: u64,
+        in_cluster: u64,
+    },
+}
+
+impl Extent {
+    /// Appends `next` if it continues this extent in the same file.
+    fn merge(self, next: Extent) -> std::result::Result<Extent, (Extent, Extent)> {
+        let joined = match (self.source, next.source) {
+            (Source::Zero, Source::Zero) => true,
+            (
+                Source::Host {
+                    layer: a,
+                    offset: o,
+                },
+                Source::Host {
+                    layer: b,
+                    offset: p,
+                },
+            )
+            | (
+                Source::Raw {
+                    layer: a,
+                    offset: o,
+                },
+                Source::Raw {
+                    layer: b,
+                    offset: p,
+                },
+            ) => a == b && o + self.len == p,
+            _ => false,
+        };
+        if joined && self.guest + self.len == next.guest {
+            Ok(Extent {
+                len: self.len + next.len,
+                ..self
+            })
+        } else {
+            Err((self, next))
+        }
+    }
+}
+
+/// Follows backing file names from `top` down; returns layers base first.
+fn open_chain(top: &Path, opts: &OpenOptions) -> Result<Vec<Layer>> {
+    let mut layers: Vec<Layer> = Vec::new();
+    let mut seen: HashSet<(u64, u64)> = HashSet::new();
+    let mut path: PathBuf = top.to_path_buf();
+    let mut format = opts.format;
+    loop {
+        if layers.len() as u32 >= MAX_CHAIN_DEPTH {
+            return Err(DiskError::Chain(format!(
+                "more than {MAX_CHAIN_DEPTH} layers below {}",
+                top.display()
+            )));
+        }
+        let writable = opts.writable && layers.is_empty();
+        let layer = Layer::open(&path, 0, writable, format)?;
+        let meta = layer.file.metadata()?;
+        if !seen.insert((meta.dev(), meta.ino())) {
+            return Err(DiskError::Chain(format!(
+                "{} appears twice: the backing chain loops back to itself",
+                path.display()
+            )));
+        }
+        let next = match layer.header() {
+            Some(h) => match h.backing_file.clone() {
+                Some(name) => Some((name, h.backing_format().map(str::to_owned))),
+                None => None,
+            },
+            None => None,
+        };
+        let parent_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let referrer = path.clone();
+        layers.push(layer);
+        let Some((name, fmt)) = next else { break };
+        if name.starts_with("json:") || name.contains("://") {
+            return Err(DiskError::Chain(format!(
+                "{}: backing file '{name}' is a protocol or json: name; Strata opens local files only",
+                referrer.display()
+            )));
+        }
+        let candidate = Path::new(&name);
+        path = if candidate.is_absolute() {
+            candidate.to_path_buf()
+        } else {
+            parent_dir.join(candidate)
+        };
+        if !path.exists() {
+            return Err(DiskError::Chain(format!(
+                "{}: backing file '{name}' not found (looked for {})",
+                referrer.display(),
+                path.display()
+            )));
+        }
+        format = match fmt {
+            Some(f) => Some(Format::parse(&f)?),
+            None => None,
+        };
+    }
+    layers.reverse();
+    Ok(layers)
+}
+
+/// Checks that the top layer's stored index matches this exact chain.
+/// Returns the reason when it does not.
+fn validate_index(
+    layers: &[Layer],
+    unit_bits: u32,
+    size: u64,
+) -> std::result::Result<ChainIndexExt, String> {
+    let top = &layers[layers.len() - 1];
+    let Some(header) = top.header() else {
+        return Err("top layer is raw".into());
+    };
+    let Some(ext) = header.chain_index().cloned() else {
+        return Err("no chain index stored".into());
+    };
+    if !header.chain_index_valid() {
+        return Err("chain index is stale (another writer touched the image)".into());
+    }
+    let n = layers.len() as u32;
+    if ext.depth != n {
+        return Err(format!(
+            "index describes {} layers, chain has {n}",
+            ext.depth
+        ));
+    }
+    if ext.granularity_bits != unit_bits || ext.virtual_size != size {
+        return Err("index geometry does not match the chain".into());
+    }
+    let cs = top.cluster_bits().map(|b| 1u64 << b).unwrap_or(1);
+    let end = ext.region_offset.checked_add(ext.region_len);
+    if ext.region_offset % cs != 0 || end.is_none_or(|e| e > top.file_len()) {
+        return Err("index region lies outside the file".into());
+    }
+    // Lineage: every lower layer must be the very file the index was built on.
+    let lineage_len = (n as u64 - 1) * LINEAGE_RECORD_BYTES;
+    let mut buf = vec![0u8; lineage_len as usize];
+    top.file
+        .read_exact_at(&mut buf, ext.region_offset + ext.lineage_offset())
+        .map_err(|e| e.to_string())?;
+    for (i, rec) in buf.chunks_exact(LINEAGE_RECORD_BYTES as usize).enumerate() {
+        let want = LayerIdentity::decode(rec).map_err(|e| e.to_string())?;
+        let have = layers[i].identity().map_err(|e| e.to_string())?;
+        if want != have {
+            return Err(format!(
+                "layer {} ({}) changed since the index was built",
+                i + 1,
+                layers[i].path().display()
+            ));
+        }
+    }
+    let crc = region_crc(top, &ext).map_err(|e| e.to_string())?;
+    if crc != ext.crc32c {
+        return Err("index checksum mismatch".into());
+    }
+    Ok(ext)
+}
+
+/// CRC-32C of an index region, read in bounded chunks.
+pub(crate) fn region_crc(layer: &Layer, ext: &ChainIndexExt) -> Result<u32> {
+    let mut crc = 0u32;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut done = 0u64;
+    while done < ext.region_len {
+        let n = (ext.region_len - done).min(buf.len() as u64) as usize;
+        layer
+            .file
+            .read_exact_at(&mut buf[..n], ext.region_offset + done)?;
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        done += n as u64;
+    }
+    Ok(crc)
+}
+
+impl Disk {
+    /// Whether `len` bytes at `offset` are known to read as zeros without
+    /// reading data (unowned units and zero clusters).
+    pub fn reads_as_zero(&self, offset: u64, len: u64) -> Result<bool> {
+        self.check_range(offset, len)?;
+        if len == 0 {
+            return Ok(true);
+        }
+        let first = offset >> self.unit_bits;
+        let last = (offset + len - 1) >> self.unit_bits;
+        let mut unit = first;
+        while unit <= last {
+            let page_no = unit / PAGE_UNITS;
+            let page = self.page(page_no)?;
+            let slots = page.slots.read();
+            while unit <= last && unit / PAGE_UNITS == page_no {
+                let slot = slots[(unit % PAGE_UNITS) as usize];
+                if slot.layer != 0 {
+                    let layer = &self.layers[slot.layer as usize - 1];
+                    if layer.cluster_bits().is_none() {
+                        return Ok(false);
+                    }
+                    if !matches!(layer.decode_l2(slot.entry)?, L2Mapping::Zero { .. }) {
+                        return Ok(false);
+                    }
+                }
+                unit += 1;
+            }
+        }
+        Ok(true)
+    }
+}

@@ -1,0 +1,204 @@
+//! Image information, shaped like `qemu-img info --output json`.
+
+use std::path::Path;
+
+use strata_format::header::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
+
+use crate::disk::{Disk, IndexState, OpenOptions};
+use crate::error::Result;
+use crate::layer::{Format, Layer};
+
+/// qcow2 details, as qemu-img's "format-specific" data.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Qcow2Details {
+    /// "0.10" or "1.1".
+    pub compat: String,
+    /// "zlib" or "zstd".
+    pub compression_type: String,
+    /// Lazy refcounts enabled.
+    pub lazy_refcounts: bool,
+    /// Refcount width.
+    pub refcount_bits: u32,
+    /// Marked corrupt.
+    pub corrupt: bool,
+    /// Extended L2 entries (always false: refused at open).
+    pub extended_l2: bool,
+}
+
+/// Strata chain index details.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct IndexDetails {
+    /// The autoclear bit is set (no other writer touched the image).
+    pub flag_set: bool,
+    /// Layers the index describes.
+    pub depth: u32,
+    /// Bytes of guest disk per entry.
+    pub granularity: u64,
+    /// Bytes of the index region.
+    pub bytes: u64,
+    /// Whether lookups use it when this image is the top (only known with
+    /// the backing chain open).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_use: Option<bool>,
+    /// Why not, when it is not used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// An internal snapshot, as listed by qemu-img.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct SnapshotInfo {
+    /// ID.
+    pub id: String,
+    /// Name.
+    pub name: String,
+    /// VM state size.
+    pub vm_state_size: u64,
+    /// Seconds since the epoch.
+    pub date_sec: u32,
+}
+
+/// Information about one image file.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ImageInfo {
+    /// File name as given.
+    pub filename: String,
+    /// "qcow2" or "raw".
+    pub format: String,
+    /// Virtual size in bytes.
+    pub virtual_size: u64,
+    /// Bytes allocated on the host.
+    pub actual_size: u64,
+    /// Cluster size (qcow2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_size: Option<u64>,
+    /// Backing file name as stored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backing_filename: Option<String>,
+    /// Backing file name resolved against this image's directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub full_backing_filename: Option<String>,
+    /// Backing file format as stored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backing_filename_format: Option<String>,
+    /// The dirty bit is set.
+    pub dirty_flag: bool,
+    /// qcow2 details.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub format_specific: Option<Qcow2Details>,
+    /// Internal snapshots.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<SnapshotInfo>,
+    /// Strata chain index.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chain_index: Option<IndexDetails>,
+}
+
+/// Information about one image, without opening its backing chain.
+pub fn info(path: &Path, format: Option<Format>) -> Result<ImageInfo> {
+    let layer = Layer::open(path, 0, false, format)?;
+    describe(&layer, path.display().to_string())
+}
+
+/// Information about every image of a chain, top first.
+pub fn chain_info(path: &Path, format: Option<Format>) -> Result<Vec<ImageInfo>> {
+    let disk = Disk::open(
+        path,
+        &OpenOptions {
+            format,
+            ..OpenOptions::read_only()
+        },
+    )?;
+    let mut out = Vec::new();
+    for (i, layer) in disk.layers().iter().enumerate().rev() {
+        let mut inf = describe(layer, layer.path().display().to_string())?;
+        if i + 1 == disk.layers().len() {
+            if let Some(ci) = inf.chain_index.as_mut() {
+                match disk.index_state() {
+                    IndexState::Stored { .. } => ci.in_use = Some(true),
+                    IndexState::Walk { reason } => {
+                        ci.in_use = Some(false);
+                        ci.reason = Some(reason);
+                    }
+                }
+            }
+        }
+        out.push(inf);
+    }
+    Ok(out)
+}
+
+fn describe(layer: &Layer, filename: String) -> Result<ImageInfo> {
+    let mut inf = ImageInfo {
+        filename,
+        format: layer.format().name().into(),
+        virtual_size: layer.size(),
+        actual_size: layer.allocated_bytes(),
+        cluster_size: None,
+        backing_filename: None,
+        full_backing_filename: None,
+        backing_filename_format: None,
+        dirty_flag: false,
+        format_specific: None,
+        snapshots: Vec::new(),
+        chain_index: None,
+    };
+    let Some(h) = layer.header() else {
+        return Ok(inf);
+    };
+    inf.cluster_size = Some(h.cluster_size());
+    inf.dirty_flag = h.incompatible_features & INCOMPAT_DIRTY != 0;
+    if let Some(b) = &h.backing_file {
+        inf.backing_filename = Some(b.clone());
+        let dir = layer.path().parent().unwrap_or(Path::new(""));
+        let full = if Path::new(b).is_absolute() {
+            b.clone()
+        } else {
+            dir.join(b).display().to_string()
+        };
+        inf.full_backing_filename = Some(full);
+        inf.backing_filename_format = h.backing_format().map(str::to_owned);
+    }
+    inf.format_specific = Some(Qcow2Details {
+        compat: if h.version == 2 { "0.10" } else { "1.1" }.into(),
+        compression_type: h.compression_type.name().into(),
+        lazy_refcounts: h.compatible_features & COMPAT_LAZY_REFCOUNTS != 0,
+        refcount_bits: h.refcount_bits(),
+        corrupt: h.incompatible_features & INCOMPAT_CORRUPT != 0,
+        extended_l2: false,
+    });
+    if h.nb_snapshots > 0 {
+        let avail = layer
+            .file_len()
+            .saturating_sub(h.snapshots_offset)
+            .min(64 << 20);
+        let mut buf = vec![0u8; avail as usize];
+        layer.file.read_exact_at(&mut buf, h.snapshots_offset)?;
+        let (snaps, _) = strata_format::snapshot::parse_table(&buf, h.nb_snapshots)
+            .map_err(|e| crate::DiskError::format(layer.place(), e))?;
+        inf.snapshots = snaps
+            .into_iter()
+            .map(|s| SnapshotInfo {
+                id: s.id,
+                name: s.name,
+                vm_state_size: s.vm_state_size,
+                date_sec: s.date_sec,
+            })
+            .collect();
+    }
+    if let Some(ext) = h.chain_index() {
+        inf.chain_index = Some(IndexDetails {
+            flag_set: h.chain_index_valid(),
+            depth: ext.depth,
+            granularity: 1 << ext.granularity_bits,
+            bytes: ext.region_len,
+            in_use: None,
+            reason: None,
+        });
+    }
+    Ok(inf)
+}

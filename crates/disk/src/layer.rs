@@ -1,0 +1,372 @@
+//! One file of a chain: a qcow2 image or a raw file.
+
+use std::io::Read;
+use std::path::Path;
+
+use parking_lot::RwLock;
+use strata_format::entry::L1Entry;
+use strata_format::header::Header;
+use strata_format::index::LayerIdentity;
+use strata_format::{CompressionType, L2Mapping, QCOW2_MAGIC};
+
+use crate::error::{DiskError, Place, Result};
+use crate::file::ImageFile;
+
+/// Image file formats Strata reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// qcow2, version 2 or 3.
+    Qcow2,
+    /// A raw disk image.
+    Raw,
+}
+
+impl Format {
+    /// Parses a format name as qemu-img spells it.
+    pub fn parse(name: &str) -> Result<Format> {
+        match name {
+            "qcow2" => Ok(Format::Qcow2),
+            "raw" => Ok(Format::Raw),
+            other => Err(DiskError::Invalid(format!(
+                "unknown image format '{other}' (Strata supports qcow2 and raw)"
+            ))),
+        }
+    }
+
+    /// Name as qemu-img spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Qcow2 => "qcow2",
+            Format::Raw => "raw",
+        }
+    }
+}
+
+/// qcow2-specific state of a layer.
+#[derive(Debug)]
+pub(crate) struct Qcow2Meta {
+    pub(crate) header: RwLock<Header>,
+    pub(crate) cluster_bits: u32,
+    pub(crate) version: u32,
+    pub(crate) compression: CompressionType,
+    /// Active L1 table, loaded on first use.
+    pub(crate) l1: RwLock<Option<Vec<u64>>>,
+}
+
+/// One layer of a chain.
+#[derive(Debug)]
+pub struct Layer {
+    pub(crate) file: ImageFile,
+    pub(crate) qcow2: Option<Qcow2Meta>,
+    pub(crate) size: u64,
+}
+
+impl Layer {
+    /// Opens `path`, probing the format unless `format` is given.
+    pub(crate) fn open(
+        path: &Path,
+        depth: u32,
+        writable: bool,
+        format: Option<Format>,
+    ) -> Result<Layer> {
+        let file = ImageFile::open(path, depth, writable)?;
+        let format = match format {
+            Some(f) => f,
+            None => probe(&file)?,
+        };
+        match format {
+            Format::Raw => {
+                let size = file.len();
+                Ok(Layer {
+                    file,
+                    qcow2: None,
+                    size,
+                })
+            }
+            Format::Qcow2 => {
+                let header = read_header(&file)?;
+                let meta = Qcow2Meta {
+                    cluster_bits: header.cluster_bits,
+                    version: header.version,
+                    compression: header.compression_type,
+                    header: RwLock::new(header.clone()),
+                    l1: RwLock::new(None),
+                };
+                Ok(Layer {
+                    file,
+                    size: header.size,
+                    qcow2: Some(meta),
+                })
+            }
+        }
+    }
+
+    /// The file's place, for messages.
+    pub fn place(&self) -> &Place {
+        &self.file.place
+    }
+
+    /// Path of the file.
+    pub fn path(&self) -> &Path {
+        &self.file.place.path
+    }
+
+    /// Virtual size.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Format of the file.
+    pub fn format(&self) -> Format {
+        if self.qcow2.is_some() {
+            Format::Qcow2
+        } else {
+            Format::Raw
+        }
+    }
+
+    /// A copy of the qcow2 header, if this is a qcow2 layer.
+    pub fn header(&self) -> Option<Header> {
+        self.qcow2.as_ref().map(|q| q.header.read().clone())
+    }
+
+    /// File length in bytes.
+    pub fn file_len(&self) -> u64 {
+        self.file.len()
+    }
+
+    /// Bytes the file occupies on disk.
+    pub fn allocated_bytes(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        self.file.metadata().map(|m| m.blocks() * 512).unwrap_or(0)
+    }
+
+    pub(crate) fn cluster_bits(&self) -> Option<u32> {
+        self.qcow2.as_ref().map(|q| q.cluster_bits)
+    }
+
+    /// How an index recognises this layer.
+    pub(crate) fn identity(&self) -> Result<LayerIdentity> {
+        if let Some(q) = &self.qcow2 {
+            let h = q.header.read();
+            if h.chain_index_valid() {
+                if let Some(ext) = h.chain_index() {
+                    return Ok(LayerIdentity::Uuid(ext.layer_uuid));
+                }
+            }
+        }
+        let meta = self.file.metadata()?;
+        let mtime = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        Ok(LayerIdentity::Stat {
+            len: meta.len(),
+            mtime_ns: mtime,
+        })
+    }
+
+    fn meta(&self) -> &Qcow2Meta {
+        // Only called on paths that checked `qcow2` first.
+        self.qcow2.as_ref().expect("qcow2 layer")
+    }
+
+    /// Loads the active L1 table if needed and runs `f` on it.
+    pub(crate) fn with_l1<T>(&self, f: impl FnOnce(&[u64]) -> T) -> Result<T> {
+        let q = self.meta();
+        {
+            let l1 = q.l1.read();
+            if let Some(l1) = l1.as_ref() {
+                return Ok(f(l1));
+            }
+        }
+        let mut l1 = q.l1.write();
+        if l1.is_none() {
+            let (offset, entries) = {
+                let h = q.header.read();
+                (h.l1_table_offset, h.l1_size as usize)
+            };
+            // Bounded: l1_size <= 4 Mi entries and the table lies inside the
+            // file, both checked when the header was parsed.
+            let mut buf = vec![0u8; entries * 8];
+            self.file.read_exact_at(&mut buf, offset)?;
+            *l1 = Some(
+                buf.chunks_exact(8)
+                    .map(|c| u64::from_be_bytes(c.try_into().unwrap_or([0; 8])))
+                    .collect(),
+            );
+        }
+        Ok(f(l1.as_deref().unwrap_or(&[])))
+    }
+
+    /// The L2 table offset for L1 index `l1_index` (0 = none).
+    pub(crate) fn l2_table(&self, l1_index: u64) -> Result<u64> {
+        let cs = 1u64 << self.meta().cluster_bits;
+        let raw = self.with_l1(|l1| l1.get(l1_index as usize).copied().unwrap_or(0))?;
+        let entry = L1Entry::decode(raw, cs)
+            .map_err(|e| DiskError::corrupt(self.place(), format!("L1 entry {l1_index}: {e}")))?;
+        if entry.l2_offset != 0 && entry.l2_offset.saturating_add(cs) > self.file.len() {
+            return Err(DiskError::corrupt(
+                self.place(),
+                format!(
+                    "L2 table offset 0x{:x} beyond end of file (0x{:x})",
+                    entry.l2_offset,
+                    self.file.len()
+                ),
+            ));
+        }
+        if entry.l2_offset != 0 && entry.l2_offset < cs {
+            return Err(DiskError::corrupt(
+                self.place(),
+                format!(
+                    "L2 table offset 0x{:x} overlaps the header",
+                    entry.l2_offset
+                ),
+            ));
+        }
+        Ok(entry.l2_offset)
+    }
+
+    /// Reads the raw L2 entries of guest clusters `first..first+out.len()`,
+    /// which must lie in one L2 table.
+    pub(crate) fn read_l2_entries(&self, first_cluster: u64, out: &mut [u64]) -> Result<()> {
+        let q = self.meta();
+        let l2_entries = 1u64 << (q.cluster_bits - 3);
+        let l1_index = first_cluster / l2_entries;
+        debug_assert_eq!(
+            l1_index,
+            (first_cluster + out.len() as u64 - 1) / l2_entries,
+            "range crosses an L2 table"
+        );
+        let table = self.l2_table(l1_index)?;
+        if table == 0 {
+            out.fill(0);
+            return Ok(());
+        }
+        let mut buf = vec![0u8; out.len() * 8];
+        let at = table + (first_cluster % l2_entries) * 8;
+        self.file.read_exact_at(&mut buf, at)?;
+        for (o, c) in out.iter_mut().zip(buf.chunks_exact(8)) {
+            *o = u64::from_be_bytes(c.try_into().unwrap_or([0; 8]));
+        }
+        Ok(())
+    }
+
+    /// Decodes a raw L2 entry of this layer.
+    pub(crate) fn decode_l2(&self, raw: u64) -> Result<L2Mapping> {
+        let q = self.meta();
+        L2Mapping::decode(raw, q.cluster_bits, q.version)
+            .map_err(|e| DiskError::format(self.place(), e))
+    }
+
+    /// Reads part of a cluster described by an L2 entry of this layer.
+    /// `in_cluster` is the byte offset inside the guest cluster.
+    pub(crate) fn read_mapped(&self, raw: u64, in_cluster: u64, buf: &mut [u8]) -> Result<()> {
+        match self.decode_l2(raw)? {
+            L2Mapping::Unallocated | L2Mapping::Zero { .. } => {
+                buf.fill(0);
+                Ok(())
+            }
+            L2Mapping::Data { host_offset, .. } => {
+                self.file.read_or_zero(buf, host_offset + in_cluster)
+            }
+            L2Mapping::Compressed {
+                host_offset,
+                max_len,
+            } => {
+                let cluster = self.decompress(host_offset, max_len)?;
+                let start = in_cluster as usize;
+                buf.copy_from_slice(&cluster[start..start + buf.len()]);
+                Ok(())
+            }
+        }
+    }
+
+    /// Reads raw-format data (zeros past the end of the file).
+    pub(crate) fn read_raw(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.file.read_or_zero(buf, offset)
+    }
+
+    /// Decompresses one compressed cluster.
+    pub(crate) fn decompress(&self, host_offset: u64, max_len: u64) -> Result<Vec<u8>> {
+        let q = self.meta();
+        let cs = 1usize << q.cluster_bits;
+        if host_offset >= self.file.len() {
+            return Err(DiskError::corrupt(
+                self.place(),
+                format!(
+                    "compressed cluster at 0x{host_offset:x} beyond end of file (0x{:x})",
+                    self.file.len()
+                ),
+            ));
+        }
+        // max_len is at most two clusters by construction of the descriptor.
+        let mut input = vec![0u8; max_len as usize];
+        self.file.read_or_zero(&mut input, host_offset)?;
+        let mut out = vec![0u8; cs];
+        let produced = match q.compression {
+            CompressionType::Zlib => {
+                let mut d = flate2::read::DeflateDecoder::new(&input[..]);
+                read_full(&mut d, &mut out)
+            }
+            CompressionType::Zstd => match zstd::stream::read::Decoder::new(&input[..]) {
+                Ok(d) => {
+                    let mut d = d.single_frame();
+                    read_full(&mut d, &mut out)
+                }
+                Err(e) => Err(e),
+            },
+        };
+        match produced {
+            Ok(n) if n == cs => Ok(out),
+            Ok(n) => Err(DiskError::corrupt(
+                self.place(),
+                format!(
+                    "compressed cluster at 0x{host_offset:x} decompresses to {n} bytes, not {cs}"
+                ),
+            )),
+            Err(e) => Err(DiskError::corrupt(
+                self.place(),
+                format!("compressed cluster at 0x{host_offset:x}: {e}"),
+            )),
+        }
+    }
+}
+
+fn read_full(r: &mut impl Read, out: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < out.len() {
+        match r.read(&mut out[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+fn probe(file: &ImageFile) -> Result<Format> {
+    let mut magic = [0u8; 4];
+    if file.len() < 4 {
+        return Ok(Format::Raw);
+    }
+    file.read_exact_at(&mut magic, 0)?;
+    Ok(if u32::from_be_bytes(magic) == QCOW2_MAGIC {
+        Format::Qcow2
+    } else {
+        Format::Raw
+    })
+}
+
+/// Reads and validates the header of a qcow2 file.
+pub(crate) fn read_header(file: &ImageFile) -> Result<Header> {
+    let len = file.len();
+    let mut first = vec![0u8; len.min(512) as usize];
+    file.read_exact_at(&mut first, 0)?;
+    let bits = Header::peek_cluster_bits(&first).map_err(|e| DiskError::format(&file.place, e))?;
+    let mut cluster0 = vec![0u8; len.min(1 << bits) as usize];
+    file.read_exact_at(&mut cluster0, 0)?;
+    Header::parse(&cluster0, len).map_err(|e| DiskError::format(&file.place, e))
+}

@@ -1,0 +1,35 @@
+//! Strata's disk engine.
+//!
+//! Opens qcow2 (v2/v3) and raw images and backing chains of any length, and
+//! reads and writes them through one bounded metadata cache shared by the
+//! whole chain. A lookup costs the same at chain length 1 and 1,000:
+//!
+//! - the top layer may carry a *chain index* (see [`strata_format::index`])
+//!   naming, for every guest cluster, the layer that holds its newest
+//!   version; without one, the engine walks the chain;
+//! - either way, what a lookup finds is kept in a *resolved page*: for 256
+//!   consecutive index units, the owning layer and its L2 entry. Reads that
+//!   hit the cache cost one `pread` of data, whatever the chain length.
+//!
+//! On-disk parsing lives in `strata-format`; this crate does the I/O.
+
+pub mod bench;
+pub mod cache;
+pub mod check;
+pub mod compare;
+pub mod convert;
+pub mod create;
+pub mod disk;
+pub mod error;
+mod file;
+pub mod info;
+pub mod layer;
+pub mod map;
+mod writer;
+
+pub use create::{create, CreateOptions};
+pub use disk::{Disk, OpenOptions};
+pub use error::{DiskError, Result};
+
+/// Default bound of the chain's metadata cache.
+pub const DEFAULT_CACHE_BYTES: u64 = 32 * 1024 * 1024;
