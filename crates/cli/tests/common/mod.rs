@@ -1,0 +1,121 @@
+//! Helpers shared by the integration tests: run the real `strata` binary
+//! and the real QEMU tools.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Runs `strata` with `args`.
+pub fn strata(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .output()
+        .expect("run strata")
+}
+
+/// Runs `strata` and fails the test unless it exits 0.
+pub fn strata_ok(args: &[&str]) -> String {
+    let out = strata(args);
+    assert!(
+        out.status.success(),
+        "strata {args:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs a tool and fails the test unless it exits 0.
+pub fn run_ok(tool: &str, args: &[&str]) -> String {
+    let out = Command::new(tool).args(args).output().expect("spawn tool");
+    assert!(
+        out.status.success(),
+        "{tool} {args:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `qemu-img ARGS`.
+pub fn qemu_img(args: &[&str]) -> String {
+    run_ok("qemu-img", args)
+}
+
+/// Runs qemu-io commands on an image.
+pub fn qemu_io(image: &Path, cmds: &[&str]) {
+    let mut args: Vec<String> = Vec::new();
+    for c in cmds {
+        args.push("-c".into());
+        args.push((*c).into());
+    }
+    args.push(image.display().to_string());
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run_ok("qemu-io", &refs);
+    assert!(
+        !out.contains("failed") && !out.contains("error"),
+        "qemu-io reported an error: {out}"
+    );
+}
+
+/// `qemu-img check` exit code.
+pub fn qemu_check(image: &Path) -> i32 {
+    let out = Command::new("qemu-img")
+        .args(["check", &image.display().to_string()])
+        .output()
+        .expect("qemu-img check");
+    if !out.status.success() {
+        eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+    }
+    out.status.code().unwrap_or(-1)
+}
+
+/// Reads the guest content of `image` with QEMU.
+pub fn qemu_raw(image: &Path, dir: &Path) -> Vec<u8> {
+    let out = dir.join("qemu-view.raw");
+    qemu_img(&["convert", "-O", "raw", &p(image), &p(&out)]);
+    let data = std::fs::read(&out).expect("read qemu raw");
+    std::fs::remove_file(&out).ok();
+    data
+}
+
+/// Reads the guest content of `image` with Strata.
+pub fn strata_raw(image: &Path, dir: &Path) -> Vec<u8> {
+    let out = dir.join("strata-view.raw");
+    strata_ok(&["img", "convert", "-O", "raw", &p(image), &p(&out)]);
+    let data = std::fs::read(&out).expect("read strata raw");
+    std::fs::remove_file(&out).ok();
+    data
+}
+
+/// Asserts that Strata and QEMU read `image` identically.
+pub fn assert_same_view(image: &Path, dir: &Path) {
+    let q = qemu_raw(image, dir);
+    let s = strata_raw(image, dir);
+    assert_eq!(q.len(), s.len(), "sizes differ for {}", image.display());
+    if let Some(i) = q.iter().zip(&s).position(|(a, b)| a != b) {
+        panic!(
+            "{}: Strata and QEMU differ at byte {i} (qemu {:#x}, strata {:#x})",
+            image.display(),
+            q[i],
+            s[i]
+        );
+    }
+}
+
+/// Path as &str-able String.
+pub fn p(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// A temp dir.
+pub fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+/// Path inside a temp dir.
+pub fn at(dir: &tempfile::TempDir, name: &str) -> PathBuf {
+    dir.path().join(name)
+}
