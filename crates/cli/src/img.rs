@@ -310,21 +310,22 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
             image,
             new_top,
         } => {
-            let base = Disk::open(&image, &OpenOptions::read_only())?;
-            let top = base.top();
-            let header = top.header();
-            drop(base);
+            // Only the current top's header is needed here; `create` opens
+            // the chain once to carry its index forward.
+            let current = info::info(&image, None)?;
             let mut opts = CreateOptions {
                 backing: Some(backing_name(&image, &new_top)),
-                backing_format: Some(Format::Qcow2),
+                backing_format: Some(Format::parse(&current.format)?),
                 ..CreateOptions::default()
             };
-            if let Some(h) = header {
-                opts.cluster_size = h.cluster_size();
-                opts.refcount_bits = h.refcount_bits();
-                opts.compression = h.compression_type;
-            } else {
-                opts.backing_format = Some(Format::Raw);
+            if let Some(cs) = current.cluster_size {
+                opts.cluster_size = cs;
+            }
+            if let Some(q) = &current.format_specific {
+                opts.refcount_bits = q.refcount_bits;
+                if q.compression_type == "zstd" {
+                    opts.compression = CompressionType::Zstd;
+                }
             }
             let report = create(&new_top, &opts)?;
             if output == Output::Json {

@@ -61,7 +61,8 @@ pub fn run(disk: &Disk, p: &BenchParams) -> Result<BenchReport> {
         let workers: Vec<_> = (0..p.depth.clamp(1, 256))
             .map(|_| {
                 s.spawn(|| -> Result<()> {
-                    let mut buf = vec![p.pattern; p.bufsize as usize];
+                    let mut buf = crate::buf::AlignedBuf::zeroed(p.bufsize as usize);
+                    buf.fill(p.pattern);
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         if i >= p.count {
@@ -78,12 +79,10 @@ pub fn run(disk: &Disk, p: &BenchParams) -> Result<BenchReport> {
             })
             .collect();
         workers
-            .into_iter()
-            .map(|w| {
+            .into_iter().try_for_each(|w| {
                 w.join()
                     .unwrap_or_else(|_| Err(DiskError::Invalid("worker panicked".into())))
             })
-            .collect()
     });
     result?;
     if p.write {

@@ -227,8 +227,11 @@ impl<'a> Counter<'a> {
             return true;
         }
         let first = offset / self.cs;
-        let last = (offset + len - 1) / self.cs;
-        if last as usize >= self.refs.len() {
+        // A hostile offset near 2^64 must not overflow: treat it as past EOF.
+        let last = offset
+            .checked_add(len - 1)
+            .map_or(u64::MAX, |e| e / self.cs);
+        if last >= self.refs.len() as u64 {
             self.corrupt(format!(
                 "{what} at 0x{offset:x} lies beyond the end of the file (0x{:x})",
                 self.layer.file_len()
@@ -429,7 +432,8 @@ impl<'a> Counter<'a> {
                 break;
             }
             out.resize(first as usize, 0);
-            if raw == 0 || raw % self.cs != 0 || raw + self.cs > self.layer.file_len() {
+            if raw == 0 || raw % self.cs != 0 || raw.saturating_add(self.cs) > self.layer.file_len()
+            {
                 out.resize((first + epb) as usize, 0);
                 continue;
             }

@@ -40,8 +40,8 @@ pub fn compare(
     }
     let common = a.size().min(b.size());
     let total = a.size().max(b.size());
-    let mut x = vec![0u8; CHUNK as usize];
-    let mut y = vec![0u8; CHUNK as usize];
+    let mut x = crate::buf::AlignedBuf::zeroed(CHUNK as usize);
+    let mut y = crate::buf::AlignedBuf::zeroed(CHUNK as usize);
     let mut pos = 0;
     while pos < common {
         let len = (common - pos).min(CHUNK);

@@ -9,6 +9,9 @@ use crate::disk::{Disk, OpenOptions};
 use crate::error::{DiskError, Place, Result};
 use crate::layer::Format;
 
+/// Writes a buffer at a target offset.
+type WriteFn = dyn FnMut(&[u8], u64) -> Result<()>;
+
 /// Bytes copied per step.
 pub const CHUNK: u64 = 2 << 20;
 
@@ -38,7 +41,7 @@ pub fn convert(
         depth: 0,
         path: dst.to_path_buf(),
     };
-    let mut out: Box<dyn FnMut(&[u8], u64) -> Result<()>> = match target.format {
+    let mut out: Box<WriteFn> = match target.format {
         Format::Raw => {
             let special = std::fs::metadata(dst)
                 .map(|m| m.file_type().is_char_device() || m.file_type().is_block_device())
@@ -71,7 +74,7 @@ pub fn convert(
             Box::new(move |buf: &[u8], at: u64| disk.write_at(buf, at))
         }
     };
-    let mut buf = vec![0u8; CHUNK as usize];
+    let mut buf = crate::buf::AlignedBuf::zeroed(CHUNK as usize);
     let mut written = 0u64;
     let mut pos = 0u64;
     while pos < size {

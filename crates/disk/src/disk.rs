@@ -252,7 +252,7 @@ impl Disk {
             }
             let entries = self.lookup_units(layer, &units)?;
             for (u, raw) in units.into_iter().zip(entries) {
-                if layer.decode_l2(raw)?.is_unallocated() {
+                if entry_unallocated(layer, raw) {
                     // The index disagrees with the layer: never trust it
                     // for this unit, find the owner the slow way.
                     pending.push(u);
@@ -316,7 +316,7 @@ impl Disk {
             let entries = self.lookup_units(layer, &pending)?;
             let mut still = Vec::with_capacity(pending.len());
             for (u, raw) in pending.iter().zip(entries) {
-                if layer.decode_l2(raw)?.is_unallocated() {
+                if entry_unallocated(layer, raw) {
                     still.push(*u);
                 } else {
                     slots[(u - first) as usize] = Slot {
@@ -595,6 +595,14 @@ impl Extent {
     }
 }
 
+/// Whether a raw L2 entry leaves its unit to the layers below. An entry that
+/// does not decode (reserved bits, misaligned offset...) counts as owned by
+/// its layer, so the error surfaces when *that* cluster is read, instead of
+/// failing the whole resolved page and every neighbouring cluster with it.
+fn entry_unallocated(layer: &Layer, raw: u64) -> bool {
+    matches!(layer.decode_l2(raw), Ok(L2Mapping::Unallocated))
+}
+
 /// Follows backing file names from `top` down; returns layers base first.
 fn open_chain(top: &Path, opts: &OpenOptions) -> Result<Vec<Layer>> {
     let mut layers: Vec<Layer> = Vec::new();
@@ -618,10 +626,7 @@ fn open_chain(top: &Path, opts: &OpenOptions) -> Result<Vec<Layer>> {
             )));
         }
         let next = match layer.header() {
-            Some(h) => match h.backing_file.clone() {
-                Some(name) => Some((name, h.backing_format().map(str::to_owned))),
-                None => None,
-            },
+            Some(h) => h.backing_file.clone().map(|name| (name, h.backing_format().map(str::to_owned))),
             None => None,
         };
         let parent_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();

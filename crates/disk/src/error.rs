@@ -31,22 +31,25 @@ impl std::fmt::Display for Place {
 #[derive(Debug, Error)]
 pub enum DiskError {
     /// A system call failed.
-    #[error("{place}: {op} failed: {source}")]
+    // The inner errors are part of the message and deliberately not exposed
+    // as `source()`: a field named `source` would be, and `{:#}` (anyhow)
+    // would then print every message twice.
+    #[error("{place}: {op} failed: {error}")]
     Io {
         /// The file.
         place: Place,
         /// What was being done.
         op: &'static str,
         /// The OS error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A header or table is malformed.
-    #[error("{place}: {source}")]
+    #[error("{place}: {error}")]
     Format {
         /// The file.
         place: Place,
         /// What the parser found.
-        source: FormatError,
+        error: FormatError,
     },
     /// Metadata points somewhere it must not.
     #[error("{place}: {detail}")]
@@ -93,7 +96,7 @@ impl DiskError {
         DiskError::Io {
             place: place.clone(),
             op,
-            source,
+            error: source,
         }
     }
 
@@ -112,9 +115,9 @@ impl DiskError {
                 place: place.clone(),
                 detail,
             },
-            source => DiskError::Format {
+            error => DiskError::Format {
                 place: place.clone(),
-                source,
+                error,
             },
         }
     }

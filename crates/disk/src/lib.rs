@@ -14,6 +14,7 @@
 //! On-disk parsing lives in `strata-format`; this crate does the I/O.
 
 pub mod bench;
+pub mod buf;
 pub mod cache;
 pub mod check;
 pub mod compare;

@@ -36,7 +36,7 @@ impl L1Entry {
             ));
         }
         let l2_offset = raw & OFFSET_MASK;
-        if l2_offset % cluster_size != 0 {
+        if !l2_offset.is_multiple_of(cluster_size) {
             return Err(FormatError::invalid(
                 "L1 entry",
                 format!("L2 table offset 0x{l2_offset:x} is not cluster aligned"),
@@ -116,7 +116,7 @@ impl L2Mapping {
         }
         let host = raw & OFFSET_MASK;
         let copied = raw & OFLAG_COPIED != 0;
-        if host % cluster_size != 0 {
+        if !host.is_multiple_of(cluster_size) {
             return Err(FormatError::invalid(
                 "L2 entry",
                 format!("host offset 0x{host:x} is not aligned to the cluster size {cluster_size}"),
@@ -189,7 +189,7 @@ pub fn decode_reftable_entry(raw: u64, cluster_size: u64) -> Result<u64, FormatE
             format!("0x{raw:016x} has reserved bits set"),
         ));
     }
-    if raw % cluster_size != 0 {
+    if !raw.is_multiple_of(cluster_size) {
         return Err(FormatError::invalid(
             "refcount table entry",
             format!("block offset 0x{raw:x} is not cluster aligned"),

@@ -228,7 +228,7 @@ impl Header {
             h.autoclear_features = r.u64(88)?;
             h.refcount_order = r.u32(96)?;
             h.header_length = r.u32(100)?;
-            if h.header_length < 104 || h.header_length % 8 != 0 {
+            if h.header_length < 104 || !h.header_length.is_multiple_of(8) {
                 return Err(FormatError::invalid(
                     "header_length",
                     format!("{} (must be >= 104 and a multiple of 8)", h.header_length),
@@ -504,7 +504,7 @@ fn check_table(
     cluster_size: u64,
     file_len: u64,
 ) -> Result<(), FormatError> {
-    if offset % cluster_size != 0 {
+    if !offset.is_multiple_of(cluster_size) {
         return Err(FormatError::invalid(
             field,
             format!("0x{offset:x} is not aligned to the cluster size {cluster_size}"),

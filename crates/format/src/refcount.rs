@@ -5,7 +5,7 @@
 
 /// Number of refcount entries in one refcount block.
 pub fn entries_per_block(cluster_size: u64, refcount_order: u32) -> u64 {
-    cluster_size * 8 >> refcount_order
+    (cluster_size * 8) >> refcount_order
 }
 
 /// Largest refcount an entry of this width can hold.
