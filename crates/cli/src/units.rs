@@ -42,15 +42,11 @@ pub fn human(bytes: u64) -> String {
         i += 1;
     }
     if i == 0 {
-        format!("{bytes} B")
-    } else if v.fract() == 0.0 {
-        format!("{v} {}", UNITS[i])
-    } else {
-        format!("{v:.3} {}", UNITS[i])
-            .replace(".000", "")
-            .trim_end_matches('0')
-            .to_string()
+        return format!("{bytes} B");
     }
+    let number = format!("{v:.3}");
+    let number = number.trim_end_matches('0').trim_end_matches('.');
+    format!("{number} {}", UNITS[i])
 }
 
 #[cfg(test)]

@@ -78,11 +78,10 @@ pub fn run(disk: &Disk, p: &BenchParams) -> Result<BenchReport> {
                 })
             })
             .collect();
-        workers
-            .into_iter().try_for_each(|w| {
-                w.join()
-                    .unwrap_or_else(|_| Err(DiskError::Invalid("worker panicked".into())))
-            })
+        workers.into_iter().try_for_each(|w| {
+            w.join()
+                .unwrap_or_else(|_| Err(DiskError::Invalid("worker panicked".into())))
+        })
     });
     result?;
     if p.write {

@@ -626,7 +626,10 @@ fn open_chain(top: &Path, opts: &OpenOptions) -> Result<Vec<Layer>> {
             )));
         }
         let next = match layer.header() {
-            Some(h) => h.backing_file.clone().map(|name| (name, h.backing_format().map(str::to_owned))),
+            Some(h) => h
+                .backing_file
+                .clone()
+                .map(|name| (name, h.backing_format().map(str::to_owned))),
             None => None,
         };
         let parent_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();

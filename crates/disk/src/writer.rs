@@ -489,7 +489,10 @@ impl Allocator {
     }
 
     fn region_is_free(&self, top: &Layer, offset: u64, clusters: u64) -> Result<bool> {
-        if !offset.is_multiple_of(self.cs) || offset + clusters * self.cs > top.file_len() || offset == 0 {
+        if !offset.is_multiple_of(self.cs)
+            || offset + clusters * self.cs > top.file_len()
+            || offset == 0
+        {
             return Ok(false);
         }
         for c in offset / self.cs..offset / self.cs + clusters {
