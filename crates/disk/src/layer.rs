@@ -233,6 +233,16 @@ impl Layer {
     /// Reads the raw L2 entries of guest clusters `first..first+out.len()`,
     /// which must lie in one L2 table.
     pub(crate) fn read_l2_entries(&self, first_cluster: u64, out: &mut [u64]) -> Result<()> {
+        self.read_l2_entries_with(first_cluster, out, &mut Vec::new())
+    }
+
+    /// As [`Layer::read_l2_entries`], reading through a reusable buffer.
+    pub(crate) fn read_l2_entries_with(
+        &self,
+        first_cluster: u64,
+        out: &mut [u64],
+        bytes: &mut Vec<u8>,
+    ) -> Result<()> {
         let q = self.meta();
         let l2_entries = 1u64 << (q.cluster_bits - 3);
         let l1_index = first_cluster / l2_entries;
@@ -246,10 +256,11 @@ impl Layer {
             out.fill(0);
             return Ok(());
         }
-        let mut buf = vec![0u8; out.len() * 8];
+        bytes.clear();
+        bytes.resize(out.len() * 8, 0);
         let at = table + (first_cluster % l2_entries) * 8;
-        self.file.read_exact_at(&mut buf, at)?;
-        for (o, c) in out.iter_mut().zip(buf.chunks_exact(8)) {
+        self.file.read_exact_at(bytes, at)?;
+        for (o, c) in out.iter_mut().zip(bytes.chunks_exact(8)) {
             *o = u64::from_be_bytes(c.try_into().unwrap_or([0; 8]));
         }
         Ok(())
