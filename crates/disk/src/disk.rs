@@ -256,7 +256,7 @@ impl Disk {
             }
             self.lookup_units_into(layer, &units, &mut found, &mut scratch)?;
             for (u, raw) in units.iter().zip(found.iter().copied()) {
-                if layer.decode_l2(raw)?.is_unallocated() {
+                if entry_unallocated(layer, raw) {
                     // The index disagrees with the layer: never trust it
                     // for this unit, find the owner the slow way.
                     pending.push(*u);
@@ -325,7 +325,7 @@ impl Disk {
             self.lookup_units_into(layer, &pending, &mut found, &mut scratch)?;
             still.clear();
             for (u, raw) in pending.iter().zip(found.iter().copied()) {
-                if layer.decode_l2(raw)?.is_unallocated() {
+                if entry_unallocated(layer, raw) {
                     still.push(*u);
                 } else {
                     slots[(u - first) as usize] = Slot {
@@ -339,15 +339,8 @@ impl Disk {
         Ok(())
     }
 
-    /// Reads the raw L2 entries that `layer` has for `units` (sorted),
-    /// batching units that share an L2 table into one read.
-    pub(crate) fn lookup_units(&self, layer: &Layer, units: &[u64]) -> Result<Vec<u64>> {
-        let mut out = Vec::with_capacity(units.len());
-        self.lookup_units_into(layer, units, &mut out, &mut Scratch::default())?;
-        Ok(out)
-    }
-
-    /// As [`Disk::lookup_units`], into `out`, with reusable buffers. Page
+    /// Reads the raw L2 entries that `layer` has for `units` (sorted) into
+    /// `out`, batching units that share an L2 table into one read. Page
     /// fills call this once per layer: fixed-size, reused buffers keep
     /// glibc's per-thread caches from filling with chunks of every size,
     /// which cost ~230 KiB per thread at chain length 1,000.
