@@ -100,6 +100,14 @@ fn run(layer: &Layer, repair: Repair) -> Result<CheckReport> {
     let h = layer
         .header()
         .ok_or_else(|| DiskError::Invalid("check works on qcow2 images".into()))?;
+    let clusters = layer.file_len().div_ceil(h.cluster_size());
+    if clusters > MAX_CHECK_CLUSTERS {
+        return Err(DiskError::Invalid(format!(
+            "{}: {clusters} host clusters is more than check can count ({MAX_CHECK_CLUSTERS}); \
+             is the file sparse and far larger than its data?",
+            layer.path().display()
+        )));
+    }
     let mut c = Counter::new(layer, &h);
     c.count_metadata(&h)?;
     let mut report = CheckReport {
@@ -108,50 +116,47 @@ fn run(layer: &Layer, repair: Repair) -> Result<CheckReport> {
         total_clusters: h.size.div_ceil(h.cluster_size()),
         ..Default::default()
     };
-    let stored = c.stored_refcounts(&h)?;
-    let mut fixes: Vec<(u64, u64)> = Vec::new();
-    let limit = c.refs.len().max(stored.len());
-    for i in 0..limit {
-        let want = u64::from(c.refs.get(i).copied().unwrap_or(0));
-        let have = stored.get(i).copied().unwrap_or(0);
-        if want == have {
-            continue;
-        }
-        if have > want {
-            report.leaks += 1;
-            c.msg(format!(
-                "Leaked cluster {i} refcount={have} reference={want}"
-            ));
-            if repair != Repair::None {
-                fixes.push((i as u64, want));
-            }
-        } else {
-            report.corruptions += 1;
-            c.msg(format!(
-                "ERROR cluster {i} refcount={have} reference={want}"
-            ));
-            if repair == Repair::All {
-                fixes.push((i as u64, want));
-            }
-        }
-    }
+    let mut fixes: Vec<(u64, u64, u64)> = Vec::new();
     let flags = std::mem::take(&mut c.copied_flags);
-    for (cluster, copied, what) in &flags {
-        let have = stored.get(*cluster as usize).copied().unwrap_or(0);
-        if *copied != (have == 1) {
-            report.corruptions += 1;
-            c.msg(format!(
-                "ERROR OFLAG_COPIED {what}: cluster {cluster} has COPIED={} but refcount={have}",
-                u8::from(*copied)
-            ));
+    let mut copied_at: Vec<(u64, bool, &'static str)> = flags;
+    copied_at.sort_unstable_by_key(|f| f.0);
+    let mut next_flag = 0;
+    let counted = c.refs.len() as u64;
+    c.for_each_stored(&h, counted, &mut |cluster, have, c: &mut Counter| {
+        let want = u64::from(c.refs.get(cluster as usize).copied().unwrap_or(0));
+        if want != have {
+            if have > want {
+                report.leaks += 1;
+                c.msg(format!("Leaked cluster {cluster} refcount={have} reference={want}"));
+                if repair != Repair::None {
+                    fixes.push((cluster, want, have));
+                }
+            } else {
+                report.corruptions += 1;
+                c.msg(format!("ERROR cluster {cluster} refcount={have} reference={want}"));
+                if repair == Repair::All {
+                    fixes.push((cluster, want, have));
+                }
+            }
         }
-    }
+        while next_flag < copied_at.len() && copied_at[next_flag].0 == cluster {
+            let (_, copied, what) = copied_at[next_flag];
+            if copied != (have == 1) {
+                report.corruptions += 1;
+                c.msg(format!(
+                    "ERROR OFLAG_COPIED {what}: cluster {cluster} has COPIED={} but refcount={have}",
+                    u8::from(copied)
+                ));
+            }
+            next_flag += 1;
+        }
+    })?;
     report.corruptions += c.corruptions;
     if !fixes.is_empty() {
         let mut alloc = Allocator::load(layer)?;
-        for (cluster, value) in &fixes {
+        for (cluster, value, had) in &fixes {
             alloc.set_refcount(layer, *cluster, *value)?;
-            if stored.get(*cluster as usize).copied().unwrap_or(0) > *value {
+            if had > value {
                 report.leaks_fixed += 1;
             } else {
                 report.corruptions_fixed += 1;
@@ -184,6 +189,10 @@ struct Counter<'a> {
     compressed: u64,
     last_host: Option<u64>,
 }
+
+/// Largest file (in clusters) check counts references for: 4 bytes each,
+/// so at most 256 MiB of counters (16 TiB of 64 KiB clusters).
+const MAX_CHECK_CLUSTERS: u64 = 1 << 26;
 
 /// Messages kept in a report; counts stay exact beyond it.
 const MAX_MESSAGES: usize = 1000;
@@ -419,32 +428,49 @@ impl<'a> Counter<'a> {
         Ok(())
     }
 
-    /// Stored refcounts of every cluster the refcount table covers.
-    fn stored_refcounts(&mut self, h: &Header) -> Result<Vec<u64>> {
+    /// Calls `f(cluster, stored refcount)` for every cluster below `count`
+    /// or covered by a refcount block, reading one block at a time.
+    fn for_each_stored(
+        &mut self,
+        h: &Header,
+        count: u64,
+        f: &mut dyn FnMut(u64, u64, &mut Counter),
+    ) -> Result<()> {
         let rt_len = u64::from(h.refcount_table_clusters) * self.cs;
         let table = self.read(h.refcount_table_offset, rt_len)?;
         let epb = refcount::entries_per_block(self.cs, h.refcount_order);
-        let file_clusters = self.layer.file_len().div_ceil(self.cs);
-        let mut out = Vec::with_capacity(self.refs.len());
-        for (bi, raw) in words(&table).enumerate() {
-            let first = bi as u64 * epb;
-            if first >= file_clusters.max(self.refs.len() as u64) {
+        let mut cluster = 0u64;
+        for raw in words(&table) {
+            let first = cluster;
+            let usable = raw != 0
+                && raw % self.cs == 0
+                && raw
+                    .checked_add(self.cs)
+                    .is_some_and(|end| end <= self.layer.file_len());
+            if !usable && first >= count {
                 break;
             }
-            out.resize(first as usize, 0);
-            if raw == 0 || raw % self.cs != 0 || raw.saturating_add(self.cs) > self.layer.file_len()
-            {
-                out.resize((first + epb) as usize, 0);
-                continue;
-            }
-            let block = self.read(raw, self.cs)?;
+            let block = if usable {
+                Some(self.read(raw, self.cs)?)
+            } else {
+                None
+            };
             for i in 0..epb {
-                out.push(refcount::get(&block, i, h.refcount_order));
+                let have = block
+                    .as_ref()
+                    .map_or(0, |b| refcount::get(b, i, h.refcount_order));
+                if first + i >= count && have == 0 {
+                    continue;
+                }
+                f(first + i, have, self);
             }
+            cluster += epb;
         }
-        // Refcounts beyond the file are meaningless; keep the covered part.
-        out.truncate(file_clusters.max(self.refs.len() as u64) as usize);
-        Ok(out)
+        while cluster < count {
+            f(cluster, 0, self);
+            cluster += 1;
+        }
+        Ok(())
     }
 }
 

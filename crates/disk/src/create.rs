@@ -8,7 +8,7 @@ use strata_format::header::{
     CompressionType, Header, HeaderExtension, AUTOCLEAR_STRATA_INDEX, COMPAT_LAZY_REFCOUNTS,
     INCOMPAT_COMPRESSION, V2_HEADER_LEN, V3_HEADER_LEN,
 };
-use strata_format::index::{ChainIndexExt, MAX_CHAIN_DEPTH};
+use strata_format::index::{ChainIndexExt, MAX_CHAIN_DEPTH, MAX_REGION_BYTES};
 use strata_format::refcount;
 
 use crate::disk::{Disk, OpenOptions};
@@ -138,7 +138,15 @@ pub fn create(path: &Path, opts: &CreateOptions) -> Result<CreateReport> {
             "a chain is limited to {MAX_CHAIN_DEPTH} layers"
         )));
     }
-    let with_index = opts.chain_index && opts.version >= 3;
+    let with_index = opts.chain_index
+        && opts.version >= 3
+        && ChainIndexExt::region_len_for(
+            size,
+            geometry
+                .cluster_bits
+                .min(backing.as_ref().map_or(32, |b| b.unit_bits)),
+            depth,
+        ) <= MAX_REGION_BYTES;
     let unit_bits = backing.as_ref().map_or(geometry.cluster_bits, |b| {
         b.unit_bits.min(geometry.cluster_bits)
     });

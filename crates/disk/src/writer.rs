@@ -15,7 +15,7 @@
 
 use strata_format::entry::OFLAG_COPIED;
 use strata_format::header::{Header, AUTOCLEAR_STRATA_INDEX, INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
-use strata_format::index::{ChainIndexExt, LINEAGE_RECORD_BYTES};
+use strata_format::index::{ChainIndexExt, LINEAGE_RECORD_BYTES, MAX_REGION_BYTES};
 use strata_format::{refcount, L2Mapping};
 
 use crate::cache::{Slot, PAGE_UNITS};
@@ -94,6 +94,11 @@ impl Writer {
             ext.layer_uuid = fresh_uuid;
             self.index = Some(ext.clone());
             write_index_ext(top, &ext, false)?;
+            return Ok(());
+        }
+        let region = ChainIndexExt::region_len_for(disk.size(), disk.unit_bits, disk.depth());
+        if region > MAX_REGION_BYTES {
+            // Too large to keep: lookups walk the chain, with the same cache.
             return Ok(());
         }
         let alloc = self

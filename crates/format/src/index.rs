@@ -28,6 +28,9 @@ pub const CHAIN_INDEX_VERSION: u32 = 1;
 pub const ENTRY_BYTES: u64 = 2;
 /// Bytes per lineage record.
 pub const LINEAGE_RECORD_BYTES: u64 = 24;
+/// Largest index region Strata writes (256 MiB: 8 TiB of 64 KiB clusters).
+/// Larger disks are served by walking the chain, with the same cache.
+pub const MAX_REGION_BYTES: u64 = 256 << 20;
 /// Longest chain an index can describe (owners are 16-bit).
 pub const MAX_CHAIN_DEPTH: u32 = u16::MAX as u32;
 
@@ -101,6 +104,15 @@ impl ChainIndexExt {
             ));
         }
         let need = Self::region_len_for(ext.virtual_size, ext.granularity_bits, ext.depth);
+        if ext.region_len > MAX_REGION_BYTES {
+            return Err(FormatError::invalid(
+                "chain index length",
+                format!(
+                    "{} bytes exceeds the {MAX_REGION_BYTES}-byte limit",
+                    ext.region_len
+                ),
+            ));
+        }
         if ext.region_len != need {
             return Err(FormatError::invalid(
                 "chain index length",
