@@ -24,6 +24,12 @@ enum Command {
 
 fn main() {
     raise_fd_limit();
+    // Like any Unix filter: `strata img map x | head` ends quietly when the
+    // reader goes away, instead of panicking on a failed print.
+    // SAFETY: restoring the default disposition of SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Img { command } => img::run(command),

@@ -954,3 +954,78 @@ fn garbage_zlib_stream() {
 fn garbage_zstd_stream() {
     garbage_compressed("zstd", "compressed cluster");
 }
+
+/// A tiny file may claim a virtual size of petabytes: passes over the disk
+/// must skip what no L1 entry maps instead of stepping through it.
+#[test]
+fn huge_virtual_size_in_a_tiny_file_is_walked_quickly() {
+    let dir = tmp();
+    let img = at(&dir, "huge.qcow2");
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "cluster_size=2M",
+        &p(&img),
+        "2P",
+    ]);
+    qemu_io(&img, &["write -P 7 1P 4k"]);
+    let before = read(&img);
+    for args in [
+        vec!["img", "map", "--output", "json"],
+        vec!["img", "convert", "-O", "raw"],
+        vec!["img", "compare"],
+        vec!["img", "check"],
+    ] {
+        let mut args: Vec<String> = args.into_iter().map(String::from).collect();
+        args.push(p(&img));
+        match args[1].as_str() {
+            "convert" => args.push("/dev/null".into()),
+            "compare" => args.push(p(&img)),
+            _ => {}
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let started = Instant::now();
+        let o = expect_ok(&refs, &[&img]);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{} took {:?}",
+            o.what,
+            started.elapsed()
+        );
+        if args[1] == "map" {
+            assert!(
+                o.stdout.contains("\"start\": 1125899906842624"),
+                "{}",
+                o.stdout
+            );
+        }
+    }
+    assert!(read(&img) == before);
+}
+
+/// A reader that goes away ends the command quietly, never with a panic.
+#[test]
+fn closed_output_pipe_is_not_a_panic() {
+    let dir = tmp();
+    let img = base_image(&dir, "pipe.qcow2");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["img", "map", "--output", "json", &p(&img)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(!err.contains("panicked"), "{err}");
+    assert_ne!(status.code(), Some(101), "{err}");
+}

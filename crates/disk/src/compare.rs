@@ -43,7 +43,19 @@ pub fn compare(
     let mut x = crate::buf::AlignedBuf::zeroed(CHUNK as usize);
     let mut y = crate::buf::AlignedBuf::zeroed(CHUNK as usize);
     let mut pos = 0;
+    let (mut ca, mut cb) = (a.data_cursor(), b.data_cursor());
     while pos < common {
+        let next = a
+            .next_possible_data(&mut ca, pos)?
+            .min(b.next_possible_data(&mut cb, pos)?)
+            .min(common)
+            / CHUNK
+            * CHUNK;
+        if next > pos {
+            pos = next;
+            progress(pos, total);
+            continue;
+        }
         let len = (common - pos).min(CHUNK);
         let both_zero = a.reads_as_zero(pos, len)? && b.reads_as_zero(pos, len)?;
         if !both_zero {
@@ -60,7 +72,14 @@ pub fn compare(
         progress(pos, total);
     }
     let longer = if a.size() > b.size() { a } else { b };
+    let mut cl = longer.data_cursor();
     while pos < total {
+        let next = longer.next_possible_data(&mut cl, pos)? / CHUNK * CHUNK;
+        if next > pos {
+            pos = next;
+            progress(pos, total);
+            continue;
+        }
         let len = (total - pos).min(CHUNK);
         if !longer.reads_as_zero(pos, len)? {
             let xs = &mut x[..len as usize];

@@ -77,7 +77,14 @@ pub fn convert(
     let mut buf = crate::buf::AlignedBuf::zeroed(CHUNK as usize);
     let mut written = 0u64;
     let mut pos = 0u64;
+    let mut cursor = src.data_cursor();
     while pos < size {
+        let next = src.next_possible_data(&mut cursor, pos)? / CHUNK * CHUNK;
+        if next > pos {
+            pos = next;
+            progress(pos, size);
+            continue;
+        }
         let len = (size - pos).min(CHUNK);
         if !src.reads_as_zero(pos, len)? {
             let chunk = &mut buf[..len as usize];

@@ -796,3 +796,38 @@ impl Disk {
         Ok(true)
     }
 }
+
+/// Remembers, per layer, where its next possibly allocated region starts,
+/// so a pass over the disk skips unallocated regions in time proportional
+/// to the L1 tables, not to the virtual size.
+#[derive(Debug, Clone, Default)]
+pub struct DataCursor {
+    next: Vec<u64>,
+    from: Vec<u64>,
+}
+
+impl Disk {
+    /// A cursor for [`Disk::next_possible_data`].
+    pub fn data_cursor(&self) -> DataCursor {
+        DataCursor {
+            next: vec![0; self.layers.len()],
+            from: vec![u64::MAX; self.layers.len()],
+        }
+    }
+
+    /// The smallest offset at or after `pos` where some layer may hold data
+    /// (the disk size if none). Everything in between reads as zeros.
+    /// Calls must not go backwards for the cursor to stay cheap.
+    pub fn next_possible_data(&self, cursor: &mut DataCursor, pos: u64) -> Result<u64> {
+        let mut best = self.size;
+        for (k, layer) in self.layers.iter().enumerate() {
+            let stale = cursor.from[k] == u64::MAX || cursor.from[k] > pos || cursor.next[k] < pos;
+            if stale {
+                cursor.next[k] = layer.next_possible_data(pos)?;
+                cursor.from[k] = pos;
+            }
+            best = best.min(cursor.next[k]);
+        }
+        Ok(best.max(pos).min(self.size))
+    }
+}

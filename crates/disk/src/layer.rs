@@ -414,3 +414,30 @@ fn header_may_continue(prefix: &[u8], h: &Header) -> bool {
         at = at + 8 + len.div_ceil(8) * 8;
     }
 }
+
+impl Layer {
+    /// The smallest guest offset at or after `pos` where this layer may
+    /// hold data, or `u64::MAX` if none: a raw layer holds data everywhere
+    /// up to its size; a qcow2 layer only under L1 entries with an L2 table.
+    pub(crate) fn next_possible_data(&self, pos: u64) -> Result<u64> {
+        if pos >= self.size {
+            return Ok(u64::MAX);
+        }
+        let Some(cb) = self.cluster_bits() else {
+            return Ok(pos);
+        };
+        let span = 1u64 << (cb + cb - 3);
+        let first = pos / span;
+        let next = self.with_l1(|l1| {
+            l1.iter()
+                .enumerate()
+                .skip(first as usize)
+                .find(|(_, e)| **e != 0)
+                .map(|(i, _)| i as u64)
+        })?;
+        Ok(match next {
+            Some(i) => (i * span).max(pos),
+            None => u64::MAX,
+        })
+    }
+}

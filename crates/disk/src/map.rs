@@ -39,8 +39,24 @@ pub fn map(disk: &Disk) -> Result<Vec<MapExtent>> {
     let n = disk.depth();
     let unit = disk.unit_size();
     let units = disk.units();
+    let page_bytes = PAGE_UNITS * unit;
+    let mut cursor = disk.data_cursor();
     let mut page_no = 0;
     while page_no * PAGE_UNITS < units {
+        // Skip whole pages that no layer maps: they read as zeros.
+        let start = page_no * page_bytes;
+        let next = disk.next_possible_data(&mut cursor, start)?;
+        if next >= start + page_bytes {
+            let skip_to = (next / page_bytes).max(page_no + 1);
+            let end = (skip_to * page_bytes).min(disk.size());
+            let ext = describe(disk, n, 0, 0, start, end - start)?;
+            match out.last_mut() {
+                Some(prev) if continues(prev, &ext) => prev.length += ext.length,
+                _ => out.push(ext),
+            }
+            page_no = skip_to;
+            continue;
+        }
         let slots = disk.resolve_page(page_no)?;
         for (i, slot) in slots.iter().enumerate() {
             let start = (page_no * PAGE_UNITS + i as u64) * unit;
