@@ -502,9 +502,82 @@ impl Disk {
     }
 
     /// Writes `buf` at `offset` into the top layer.
+    ///
+    /// Overwrites of clusters the top layer already owns outright go
+    /// straight to the file without taking the writer lock, so concurrent
+    /// requests are not serialized; only allocating writes take it.
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.check_range(offset, buf.len() as u64)?;
-        self.writer()?.lock().write(self, buf, offset)
+        let writer = self.writer()?;
+        let end = offset + buf.len() as u64;
+        let mut pos = offset;
+        while pos < end {
+            let (seg_end, host) = match self.in_place_target(pos)? {
+                Some(host) => (self.owned_run_end(pos, end)?, Some(host)),
+                None => (self.in_place_end(pos, end)?, None),
+            };
+            let part = &buf[(pos - offset) as usize..(seg_end - offset) as usize];
+            match host {
+                Some(host) => self.top().file.write_all_at(part, host)?,
+                None => writer.lock().write(self, part, pos)?,
+            }
+            pos = seg_end;
+        }
+        Ok(())
+    }
+
+    /// End of the cluster holding `pos`, capped at `end`.
+    fn in_place_end(&self, pos: u64, end: u64) -> Result<u64> {
+        let cb = self.top().cluster_bits().unwrap_or(63);
+        Ok(end.min(((pos >> cb) + 1) << cb))
+    }
+
+    /// Where `pos` lives in the top file if the top layer owns its cluster
+    /// outright (data with refcount one), so it can be overwritten in place.
+    fn in_place_target(&self, pos: u64) -> Result<Option<u64>> {
+        let top = self.top();
+        let Some(cb) = top.cluster_bits() else {
+            return Ok(Some(pos));
+        };
+        let slot = self.slot_at(pos)?;
+        if u32::from(slot.layer) != self.depth() {
+            return Ok(None);
+        }
+        Ok(match top.decode_l2(slot.entry)? {
+            L2Mapping::Data {
+                host_offset,
+                copied: true,
+            } => Some(host_offset + (pos & ((1 << cb) - 1))),
+            _ => None,
+        })
+    }
+
+    /// How far from `pos` (below `end`) the in-place target stays
+    /// contiguous in the top file, so one `pwrite` covers it.
+    fn owned_run_end(&self, pos: u64, end: u64) -> Result<u64> {
+        let mut seg_end = self.in_place_end(pos, end)?;
+        let Some(first) = self.in_place_target(pos)? else {
+            return Ok(seg_end);
+        };
+        while seg_end < end {
+            match self.in_place_target(seg_end)? {
+                Some(h) if h == first + (seg_end - pos) => {
+                    seg_end = self.in_place_end(seg_end, end)?
+                }
+                _ => break,
+            }
+        }
+        Ok(seg_end)
+    }
+
+    /// Tells the disk that `len` bytes at `offset` are no longer needed.
+    /// Whole clusters of the top layer are released: without a backing
+    /// file they become unallocated, with one they read as zeros (so a
+    /// discard never exposes older data). Partial clusters are left as
+    /// they are: a discard is advisory.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_range(offset, len)?;
+        self.writer()?.lock().discard(self, offset, len)
     }
 
     /// Makes `len` bytes at `offset` read as zeros.
@@ -794,6 +867,73 @@ impl Disk {
             }
         }
         Ok(true)
+    }
+}
+
+/// Allocation state of a run of guest bytes, as NBD's `base:allocation`
+/// and `qemu-img map` describe it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct BlockStatus {
+    /// Bytes in the run.
+    pub length: u64,
+    /// No layer stores data for it (unowned, or a zero cluster).
+    pub hole: bool,
+    /// Reads as zeros.
+    pub zero: bool,
+}
+
+impl Disk {
+    /// Allocation state of `len` bytes at `offset`, as runs of equal state,
+    /// at most `max_runs` of them (the last may end before `offset + len`).
+    pub fn block_status(&self, offset: u64, len: u64, max_runs: usize) -> Result<Vec<BlockStatus>> {
+        self.check_range(offset, len)?;
+        let mut out: Vec<BlockStatus> = Vec::new();
+        let end = offset + len;
+        let mut pos = offset;
+        let mut cursor = self.data_cursor();
+        while pos < end {
+            let next = self.next_possible_data(&mut cursor, pos)?.min(end);
+            let (run_end, hole, zero) = if next > pos {
+                (next, true, true)
+            } else {
+                let unit_end = (((pos >> self.unit_bits) + 1) << self.unit_bits).min(end);
+                let slot = self.slot_at(pos)?;
+                let (hole, zero) = self.slot_state(slot)?;
+                (unit_end, hole, zero)
+            };
+            match out.last_mut() {
+                Some(last) if last.hole == hole && last.zero == zero => {
+                    last.length += run_end - pos
+                }
+                _ => {
+                    if out.len() == max_runs.max(1) {
+                        break;
+                    }
+                    out.push(BlockStatus {
+                        length: run_end - pos,
+                        hole,
+                        zero,
+                    });
+                }
+            }
+            pos = run_end;
+        }
+        Ok(out)
+    }
+
+    /// (hole, zero) of one resolved slot.
+    fn slot_state(&self, slot: Slot) -> Result<(bool, bool)> {
+        if slot.layer == 0 {
+            return Ok((true, true));
+        }
+        let layer = &self.layers[slot.layer as usize - 1];
+        if layer.cluster_bits().is_none() {
+            return Ok((false, false));
+        }
+        Ok(match layer.decode_l2(slot.entry)? {
+            L2Mapping::Zero { .. } | L2Mapping::Unallocated => (true, true),
+            _ => (false, false),
+        })
     }
 }
 

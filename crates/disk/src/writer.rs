@@ -210,6 +210,44 @@ impl Writer {
         Ok(())
     }
 
+    /// Releases whole top-layer clusters in the range (see [`Disk::discard`]).
+    pub(crate) fn discard(&mut self, disk: &Disk, offset: u64, len: u64) -> Result<()> {
+        let top = disk.top();
+        let Some(h) = top.header() else {
+            return Ok(());
+        };
+        let cb = h.cluster_bits;
+        let cs = 1u64 << cb;
+        let end = offset + len;
+        let first = offset.div_ceil(cs);
+        // A partial last cluster at the end of the disk counts as whole.
+        let last = if end == disk.size() {
+            end.div_ceil(cs)
+        } else {
+            end / cs
+        };
+        let has_backing = disk.depth() > 1;
+        if has_backing && h.version < 3 {
+            return Ok(());
+        }
+        for cluster in first..last {
+            let mut raw = [0u64];
+            top.read_l2_entries(cluster, &mut raw)?;
+            let old = top.decode_l2(raw[0])?;
+            let entry = if has_backing {
+                L2Mapping::encode_zero()
+            } else {
+                0
+            };
+            if old.is_unallocated() && !has_backing {
+                continue;
+            }
+            self.set_l2(disk, cluster, entry)?;
+            self.release(top, old, 0)?;
+        }
+        Ok(())
+    }
+
     /// Points guest cluster `cluster` of the top layer at `entry`, then
     /// updates the index and the cache.
     fn set_l2(&mut self, disk: &Disk, cluster: u64, entry: u64) -> Result<()> {
@@ -226,11 +264,16 @@ impl Writer {
         }
         top.file
             .write_all_at(&entry.to_be_bytes(), table + (cluster % l2_entries) * 8)?;
-        // Units of this cluster now belong to the top layer.
+        // Units of this cluster now belong to the top layer, or to nobody
+        // when it was unallocated (only done without a backing file).
         let ub = disk.unit_bits;
         let first = (cluster << cb) >> ub;
         let last = (((cluster + 1) << cb).min(disk.size()) >> ub).max(first + 1);
-        let depth = disk.depth() as u16;
+        debug_assert!(
+            entry != 0 || disk.depth() == 1,
+            "unallocating over a backing file"
+        );
+        let depth = if entry == 0 { 0 } else { disk.depth() as u16 };
         if let Some(ext) = &self.index {
             let owners: Vec<u8> = (first..last).flat_map(|_| depth.to_be_bytes()).collect();
             top.file
