@@ -260,7 +260,7 @@ fn concurrent_writers_sharing_clusters() {
         },
     )
     .unwrap();
-    let mut d = Disk::open(&base, &OpenOptions::read_write()).unwrap();
+    let d = Disk::open(&base, &OpenOptions::read_write()).unwrap();
     d.write_at(&vec![0xee; 64 << 10], 0).unwrap();
     d.close().unwrap();
     let top = dir.path().join("top.qcow2");
