@@ -39,12 +39,15 @@ pub struct BenchReport {
     pub bytes_per_second: f64,
 }
 
-/// Offset of request `i`: qemu-img bench adds the step and wraps at the end
-/// of the image.
+/// Offset of request `i`, by qemu-img 10.0's rule: request 0 goes to
+/// `offset` as given, every later one adds the step modulo the image size.
+/// (A request that then runs past the end fails, as it does in QEMU.)
 pub fn request_offset(p: &BenchParams, size: u64, i: u64) -> u64 {
+    if i == 0 || size == 0 {
+        return p.offset;
+    }
     let step = p.step.unwrap_or(p.bufsize);
-    let span = size.saturating_sub(p.bufsize) + 1;
-    ((p.offset as u128 + i as u128 * step as u128) % span as u128) as u64
+    ((p.offset as u128 + i as u128 * step as u128) % size as u128) as u64
 }
 
 /// Runs the benchmark.
@@ -53,6 +56,14 @@ pub fn run(disk: &Disk, p: &BenchParams) -> Result<BenchReport> {
         return Err(DiskError::Invalid(format!(
             "buffer size {} must be between 1 and the disk size (and at most 256 MiB)",
             p.bufsize
+        )));
+    }
+    if p.offset.saturating_add(p.bufsize) > disk.size() {
+        return Err(DiskError::Invalid(format!(
+            "offset {} + buffer size {} is beyond the end of the image ({} bytes)",
+            p.offset,
+            p.bufsize,
+            disk.size()
         )));
     }
     let next = AtomicU64::new(0);
@@ -94,4 +105,28 @@ pub fn run(disk: &Disk, p: &BenchParams) -> Result<BenchReport> {
         iops: p.count as f64 / seconds,
         bytes_per_second: (p.count * p.bufsize) as f64 / seconds,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_follow_qemu_img_10_0() {
+        let p = BenchParams {
+            count: 4,
+            depth: 1,
+            bufsize: 4096,
+            step: Some(3 << 20),
+            offset: 4096,
+            write: false,
+            pattern: 0,
+        };
+        let size = 8 << 20;
+        let got: Vec<u64> = (0..4).map(|i| request_offset(&p, size, i)).collect();
+        assert_eq!(
+            got,
+            vec![4096, (3 << 20) + 4096, (6 << 20) + 4096, (1 << 20) + 4096]
+        );
+    }
 }
