@@ -1,6 +1,7 @@
 //! `strata`: parse arguments, call the libraries, render the result.
 
 mod img;
+mod serve;
 mod units;
 
 use clap::{Parser, Subcommand};
@@ -20,6 +21,8 @@ enum Command {
         #[command(subcommand)]
         command: img::ImgCommand,
     },
+    /// Export images over NBD (qemu-nbd conventions; always persistent).
+    Serve(serve::ServeArgs),
 }
 
 fn main() {
@@ -33,6 +36,7 @@ fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Img { command } => img::run(command),
+        Command::Serve(args) => serve::run(args),
     };
     match code {
         Ok(code) => std::process::exit(code),

@@ -1,0 +1,300 @@
+//! `strata serve`: export images over NBD (qemu-nbd's flags where they
+//! exist; always persistent).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use strata_disk::layer::Format;
+use strata_disk::{Disk, OpenOptions};
+use strata_nbd::server::DEFAULT_PORT;
+use strata_nbd::{Export, Server, ServerConfig};
+
+use crate::units::parse_size;
+
+/// Arguments of `strata serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Address to listen on (TCP). Default 127.0.0.1 unless only --socket is given.
+    #[arg(short = 'b', long = "bind")]
+    bind: Option<String>,
+    /// TCP port (0 picks a free one, shown on the readiness line).
+    #[arg(short = 'p', long = "port")]
+    port: Option<u16>,
+    /// Unix socket to listen on (alone, or with TCP if --bind/--port is given).
+    #[arg(short = 'k', long = "socket")]
+    socket: Option<PathBuf>,
+    /// Export name of a single image (default "", the default export).
+    #[arg(short = 'x', long = "export-name")]
+    export_name: Option<String>,
+    /// Serve read-only: images are opened read-only and writes refused.
+    #[arg(short = 'r', long = "read-only")]
+    read_only: bool,
+    /// Most clients served at once; more wait in the listen queue.
+    #[arg(
+        short = 'e',
+        long = "max-connections",
+        alias = "shared",
+        default_value_t = 16
+    )]
+    max_connections: usize,
+    /// Write the server's pid to FILE once listening (removed on exit).
+    #[arg(long = "pid-file")]
+    pid_file: Option<PathBuf>,
+    /// Format of the images (probed if absent).
+    #[arg(short = 'f', long = "format")]
+    format: Option<String>,
+    /// Metadata cache bound per image.
+    #[arg(long = "cache-size", default_value = "32M")]
+    cache_size: String,
+    /// Seconds a client has to finish the handshake.
+    #[arg(long = "handshake-timeout", default_value_t = 30.0)]
+    handshake_timeout: f64,
+    /// Seconds in-flight requests get to finish at shutdown.
+    #[arg(long = "shutdown-timeout", default_value_t = 30.0)]
+    shutdown_timeout: f64,
+    /// Accepted for qemu-nbd compatibility: the server is always persistent.
+    #[arg(short = 't', long = "persistent")]
+    persistent: bool,
+    /// The image to serve.
+    image: String,
+    /// More images, as NAME=IMAGE (or IMAGE, named after its file stem).
+    more: Vec<String>,
+}
+
+/// Runs the server until SIGTERM or SIGINT; returns the exit code.
+pub fn run(args: ServeArgs) -> Result<i32> {
+    // A client that goes away mid-reply must cost an EPIPE on that
+    // connection, not the whole server (main restores SIGPIPE's default
+    // disposition for the filter-style `img` commands).
+    // SAFETY: setting a signal disposition to SIG_IGN.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    init_logging();
+    let _ = args.persistent;
+    let handshake_timeout = seconds(args.handshake_timeout, "--handshake-timeout")?;
+    let shutdown_timeout = seconds(args.shutdown_timeout, "--shutdown-timeout")?;
+    let cache_bytes = parse_size(&args.cache_size).map_err(anyhow::Error::msg)?;
+    let format = args.format.as_deref().map(Format::parse).transpose()?;
+    let specs = export_specs(&args)?;
+
+    let mut disks = Vec::new();
+    let mut exports = Vec::new();
+    for (name, path) in &specs {
+        let disk = Disk::open(
+            path,
+            &OpenOptions {
+                writable: !args.read_only,
+                cache_bytes,
+                format,
+                ignore_index: false,
+            },
+        )
+        .with_context(|| format!("could not open '{}'", path.display()))?;
+        let disk = Arc::new(disk);
+        exports.push(Export::new(name, disk.clone(), args.read_only)?);
+        disks.push((path.clone(), disk));
+    }
+
+    let tcp = if args.bind.is_some() || args.port.is_some() || args.socket.is_none() {
+        Some((
+            args.bind.clone().unwrap_or_else(|| "127.0.0.1".into()),
+            args.port.unwrap_or(DEFAULT_PORT),
+        ))
+    } else {
+        None
+    };
+    let config = ServerConfig {
+        tcp,
+        unix: args.socket.clone(),
+        max_connections: args.max_connections,
+        handshake_timeout,
+        shutdown_timeout,
+    };
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("strata-nbd")
+        .build()
+        .context("could not start the async runtime")?;
+    let served = runtime.block_on(async {
+        let server = Server::bind(exports, config).await?;
+        let mut places = Vec::new();
+        if let Some(a) = server.tcp_addr() {
+            places.push(a.to_string());
+        }
+        if let Some(p) = server.unix_path() {
+            places.push(format!("unix:{}", p.display()));
+        }
+        if let Some(pid_file) = &args.pid_file {
+            std::fs::write(pid_file, format!("{}\n", std::process::id()))
+                .with_context(|| format!("could not write '{}'", pid_file.display()))?;
+        }
+        let n = specs.len();
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "strata: serving {n} export{} on {}",
+            if n == 1 { "" } else { "s" },
+            places.join(" and ")
+        )?;
+        out.flush()?;
+        drop(out);
+
+        let handle = server.shutdown_handle();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            handle.shutdown();
+        });
+        server.run().await?;
+        anyhow::Ok(())
+    });
+    drop(runtime);
+    if let Some(pid_file) = &args.pid_file {
+        let _ = std::fs::remove_file(pid_file);
+    }
+    // Close even if serving failed: close stores the chain index and
+    // marks each image clean.
+    let mut closed = Ok(());
+    for (path, disk) in disks {
+        let result = match Arc::try_unwrap(disk) {
+            Ok(disk) => disk.close(),
+            // Still referenced (a request outlived the shutdown timeout):
+            // dropping closes it when the last user lets go.
+            Err(disk) => disk.flush(),
+        };
+        if let Err(e) = result {
+            if closed.is_ok() {
+                closed =
+                    Err(anyhow::Error::new(e)
+                        .context(format!("could not close '{}'", path.display())));
+            }
+        }
+    }
+    served?;
+    closed?;
+    Ok(0)
+}
+
+/// (export name, image path) for each image argument.
+fn export_specs(args: &ServeArgs) -> Result<Vec<(String, PathBuf)>> {
+    if args.more.is_empty() {
+        let (name, path) = split_spec(&args.image);
+        let name = match (name, &args.export_name) {
+            (Some(_), Some(_)) => {
+                bail!("give the export name either as NAME=IMAGE or --export-name, not both")
+            }
+            (Some(n), None) => n,
+            (None, Some(n)) => n.clone(),
+            (None, None) => String::new(),
+        };
+        return Ok(vec![(name, path)]);
+    }
+    if args.export_name.is_some() {
+        bail!("with several images, name each one as NAME=IMAGE instead of --export-name");
+    }
+    let mut specs = Vec::new();
+    for arg in std::iter::once(&args.image).chain(&args.more) {
+        let (name, path) = split_spec(arg);
+        let name = match name {
+            Some(n) => n,
+            None => path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        };
+        if specs.iter().any(|(n, _): &(String, PathBuf)| *n == name) {
+            bail!("two images would be exported as '{name}': name them with NAME=IMAGE");
+        }
+        specs.push((name, path));
+    }
+    if !args.read_only {
+        // Two writers on one file would corrupt it.
+        let mut seen: Vec<PathBuf> = Vec::new();
+        for (_, path) in &specs {
+            if let Ok(canon) = path.canonicalize() {
+                if seen.contains(&canon) {
+                    bail!(
+                        "'{}' is given twice: a writable image can be exported once",
+                        path.display()
+                    );
+                }
+                seen.push(canon);
+            }
+        }
+    }
+    Ok(specs)
+}
+
+/// `NAME=PATH` → (Some(NAME), PATH); a plain path (or an existing file
+/// whose name contains '=') → (None, PATH).
+fn split_spec(arg: &str) -> (Option<String>, PathBuf) {
+    if !Path::new(arg).exists() {
+        if let Some((name, path)) = arg.split_once('=') {
+            return (Some(name.to_string()), PathBuf::from(path));
+        }
+    }
+    (None, PathBuf::from(arg))
+}
+
+fn seconds(v: f64, flag: &str) -> Result<Duration> {
+    if !v.is_finite() || v <= 0.0 || v > 1e9 {
+        bail!("{flag} must be a positive number of seconds");
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+/// Logs go to stderr, filtered by `STRATA_LOG` (default: warnings).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .try_init();
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            // Without signal handlers the process still dies on SIGTERM,
+            // only less gracefully; keep serving.
+            tracing::warn!("could not install signal handlers");
+            std::future::pending::<()>().await
+        }
+    }
+    tracing::info!("shutting down");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs() {
+        assert_eq!(
+            split_spec("a=b.qcow2"),
+            (Some("a".into()), PathBuf::from("b.qcow2"))
+        );
+        assert_eq!(
+            split_spec("/x/y.qcow2"),
+            (None, PathBuf::from("/x/y.qcow2"))
+        );
+        assert!(seconds(0.0, "x").is_err());
+        assert!(seconds(f64::NAN, "x").is_err());
+        assert_eq!(seconds(0.5, "x").unwrap(), Duration::from_millis(500));
+    }
+}

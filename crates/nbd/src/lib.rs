@@ -1,0 +1,52 @@
+//! Strata's NBD server: serves disks of the engine over the Network Block
+//! Device protocol (fixed newstyle, structured replies, `base:allocation`).
+//!
+//! Layers, innermost first:
+//!
+//! - [`proto`]: the wire format, pure encode/decode, no I/O;
+//! - [`command`]: checks a request against the export and session, pure;
+//! - [`export`]: runs checked requests against a [`strata_disk::Disk`]
+//!   (blocking) and encodes the replies;
+//! - the handshake and transmission loops, and [`server`]: sockets,
+//!   connection limits and shutdown, on tokio.
+//!
+//! The library never prints and never exits; it logs with `tracing`.
+
+pub mod command;
+pub mod export;
+mod handshake;
+pub mod proto;
+mod reply;
+pub mod server;
+mod transmission;
+
+pub use export::Export;
+pub use server::{Server, ServerConfig, ShutdownHandle};
+
+/// Why a server could not start or stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The configuration cannot work.
+    #[error("{0}")]
+    Config(String),
+    /// A listener could not be created.
+    #[error("cannot listen on {0}: {1}")]
+    Bind(String, #[source] std::io::Error),
+    /// An export could not be flushed at shutdown.
+    #[error("flushing export '{0}' failed: {1}")]
+    Flush(String, String),
+}
+
+/// Why one connection ended early (logged, never fatal to the server).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnError {
+    /// The socket failed or the client went away.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The client broke the protocol.
+    #[error("{0}")]
+    Proto(#[from] proto::ProtoError),
+    /// The client asked for something that ends the session.
+    #[error("{0}")]
+    Refused(String),
+}

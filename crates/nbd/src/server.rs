@@ -1,0 +1,373 @@
+//! The server: listeners, connection limits, per-connection tasks and
+//! graceful shutdown.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::export::Export;
+use crate::handshake::{handshake, Exports, Negotiated};
+use crate::transmission::{self, Socket};
+use crate::ServerError;
+
+/// Default TCP port (IANA-assigned to NBD).
+pub const DEFAULT_PORT: u16 = 10809;
+
+/// How a server listens and limits its clients.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// TCP address to listen on (host, port); `None` for no TCP.
+    pub tcp: Option<(String, u16)>,
+    /// Unix socket to listen on; `None` for none.
+    pub unix: Option<PathBuf>,
+    /// Most clients served at once, in handshake or transmission.
+    ///
+    /// Like qemu-nbd (`--shared`), the server simply stops accepting while
+    /// it is full: further clients wait in the kernel's listen queue and
+    /// are served, in order, as slots free up. Nobody is refused, and a
+    /// waiting client costs the server nothing.
+    pub max_connections: usize,
+    /// Time a client has to finish the handshake before it is dropped,
+    /// so a client that connects and stalls cannot keep a slot.
+    pub handshake_timeout: Duration,
+    /// On shutdown, how long in-flight requests and their replies may take
+    /// before their connections are cut.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            tcp: Some(("127.0.0.1".into(), DEFAULT_PORT)),
+            unix: None,
+            max_connections: 16,
+            handshake_timeout: Duration::from_secs(30),
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Asks a running server to shut down. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ShutdownHandle {
+    tx: Arc<watch::Sender<bool>>,
+}
+
+impl ShutdownHandle {
+    /// Stops accepting clients; [`Server::run`] then finishes in-flight
+    /// requests, flushes every export and returns.
+    pub fn shutdown(&self) {
+        self.tx.send_replace(true);
+    }
+}
+
+/// A bound NBD server, ready to [`run`](Server::run).
+#[derive(Debug)]
+pub struct Server {
+    exports: Arc<Exports>,
+    tcp: Option<TcpListener>,
+    unix: Option<(UnixListener, PathBuf)>,
+    config: ServerConfig,
+    shutdown: Arc<watch::Sender<bool>>,
+}
+
+impl Server {
+    /// Binds the listeners of `config` for `exports`. Listening starts
+    /// here, so a caller can announce readiness as soon as this returns.
+    pub async fn bind(exports: Vec<Export>, config: ServerConfig) -> Result<Server, ServerError> {
+        if exports.is_empty() {
+            return Err(ServerError::Config("no exports".into()));
+        }
+        for (i, e) in exports.iter().enumerate() {
+            if exports[..i].iter().any(|o| o.name() == e.name()) {
+                return Err(ServerError::Config(format!(
+                    "export name '{}' is used twice",
+                    e.name()
+                )));
+            }
+        }
+        if config.tcp.is_none() && config.unix.is_none() {
+            return Err(ServerError::Config("nothing to listen on".into()));
+        }
+        if config.max_connections == 0 {
+            return Err(ServerError::Config(
+                "max connections must be at least 1".into(),
+            ));
+        }
+        let tcp = match &config.tcp {
+            Some((host, port)) => Some(
+                TcpListener::bind((host.as_str(), *port))
+                    .await
+                    .map_err(|e| ServerError::Bind(format!("{host}:{port}"), e))?,
+            ),
+            None => None,
+        };
+        let unix = match &config.unix {
+            Some(path) => {
+                remove_stale_socket(path)?;
+                let l = UnixListener::bind(path)
+                    .map_err(|e| ServerError::Bind(path.display().to_string(), e))?;
+                Some((l, path.clone()))
+            }
+            None => None,
+        };
+        let (tx, _) = watch::channel(false);
+        Ok(Server {
+            exports: Arc::new(Exports::new(exports.into_iter().map(Arc::new).collect())),
+            tcp,
+            unix,
+            config,
+            shutdown: Arc::new(tx),
+        })
+    }
+
+    /// The bound TCP address (with the real port when 0 was asked).
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The Unix socket path.
+    pub fn unix_path(&self) -> Option<&Path> {
+        self.unix.as_ref().map(|(_, p)| p.as_path())
+    }
+
+    /// A handle that stops the server.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle {
+            tx: self.shutdown.clone(),
+        }
+    }
+
+    /// Serves until shut down, then finishes in-flight requests (within
+    /// the shutdown timeout), flushes every export and returns. When it
+    /// returns, nothing of the server references the disks any more.
+    pub async fn run(self) -> Result<(), ServerError> {
+        let Server {
+            exports,
+            tcp,
+            unix,
+            config,
+            shutdown,
+        } = self;
+        let slots = Arc::new(Semaphore::new(config.max_connections));
+        let mut conns = JoinSet::new();
+        let mut stop = shutdown.subscribe();
+        loop {
+            tokio::select! {
+                biased;
+                // (mapped to (): the guard it returns is not Send)
+                _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                accepted = accept(&tcp, &unix, &slots) => match accepted {
+                    Ok((slot, stream, peer)) => {
+                        conns.spawn(connection(
+                            stream,
+                            peer,
+                            exports.clone(),
+                            config.clone(),
+                            shutdown.subscribe(),
+                            slot,
+                        ));
+                    }
+                    Err(e) => {
+                        // Usually out of descriptors: back off instead of
+                        // spinning, and keep serving the clients we have.
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+            }
+        }
+        drop(tcp);
+        if let Some((l, path)) = unix {
+            drop(l);
+            let _ = std::fs::remove_file(&path);
+        }
+        let drained = tokio::time::timeout(config.shutdown_timeout, async {
+            while conns.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                "{} connection(s) still busy after {:?}: closing them",
+                conns.len(),
+                config.shutdown_timeout
+            );
+            conns.abort_all();
+            while conns.join_next().await.is_some() {}
+        }
+        // Requests already handed to blocking threads finish on their own
+        // (disk calls cannot be cancelled); wait for them to let go.
+        let deadline = tokio::time::Instant::now() + config.shutdown_timeout;
+        while exports.iter().any(|e| Arc::strong_count(e) > 1)
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut first_error = None;
+        for e in exports.iter() {
+            let export = e.clone();
+            let flushed = tokio::task::spawn_blocking(move || export.disk().flush()).await;
+            let err = match flushed {
+                Ok(Ok(())) => continue,
+                Ok(Err(err)) => ServerError::Flush(e.name().to_string(), err.to_string()),
+                Err(join) => ServerError::Flush(e.name().to_string(), join.to_string()),
+            };
+            tracing::error!("{err}");
+            first_error.get_or_insert(err);
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A Unix socket left by an earlier run is replaced (as QEMU does); any
+/// other kind of file is an error, never deleted.
+fn remove_stale_socket(path: &Path) -> Result<(), ServerError> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            std::fs::remove_file(path).map_err(|e| ServerError::Bind(path.display().to_string(), e))
+        }
+        Ok(_) => Err(ServerError::Config(format!(
+            "{} exists and is not a socket",
+            path.display()
+        ))),
+        Err(_) => Ok(()),
+    }
+}
+
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+/// Waits for a free slot, then for a client on any listener.
+async fn accept(
+    tcp: &Option<TcpListener>,
+    unix: &Option<(UnixListener, PathBuf)>,
+    slots: &Arc<Semaphore>,
+) -> std::io::Result<(OwnedSemaphorePermit, Stream, String)> {
+    let slot = slots
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| std::io::Error::other("connection limit closed"))?;
+    let tcp_accept = async {
+        match tcp {
+            Some(l) => l.accept().await,
+            None => std::future::pending().await,
+        }
+    };
+    let unix_accept = async {
+        match unix {
+            Some((l, _)) => l.accept().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = tcp_accept => {
+            let (s, addr) = r?;
+            Ok((slot, Stream::Tcp(s), addr.to_string()))
+        }
+        r = unix_accept => {
+            let (s, _) = r?;
+            Ok((slot, Stream::Unix(s), "unix".to_string()))
+        }
+    }
+}
+
+async fn connection(
+    stream: Stream,
+    peer: String,
+    exports: Arc<Exports>,
+    config: ServerConfig,
+    mut shutdown: watch::Receiver<bool>,
+    _slot: OwnedSemaphorePermit,
+) {
+    tracing::debug!(peer, "client connected");
+    let (neg, socket) = match stream {
+        Stream::Tcp(mut s) => {
+            // Replies are written whole; do not let Nagle hold them back.
+            let _ = s.set_nodelay(true);
+            let Some(neg) = negotiate(&mut s, &peer, &exports, &config, &mut shutdown).await else {
+                return;
+            };
+            (neg, s.into_std().map(Socket::Tcp))
+        }
+        Stream::Unix(mut s) => {
+            let Some(neg) = negotiate(&mut s, &peer, &exports, &config, &mut shutdown).await else {
+                return;
+            };
+            (neg, s.into_std().map(Socket::Unix))
+        }
+    };
+    // The transmission phase runs on threads doing blocking I/O.
+    let socket = match socket.and_then(|s| {
+        match &s {
+            Socket::Tcp(t) => t.set_nonblocking(false)?,
+            Socket::Unix(u) => u.set_nonblocking(false)?,
+        }
+        Ok(s)
+    }) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(peer, "cannot hand the connection over: {e}");
+            return;
+        }
+    };
+    tracing::debug!(
+        peer,
+        export = neg.export.name(),
+        structured = neg.structured,
+        block_status = neg.block_status,
+        "transmission"
+    );
+    transmission::serve(socket, neg, shutdown, peer).await;
+}
+
+/// The handshake, bounded by the handshake timeout and cut short by a
+/// shutdown. `None` when the client does not reach transmission.
+async fn negotiate<S>(
+    s: &mut S,
+    peer: &str,
+    exports: &Exports,
+    config: &ServerConfig,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<Negotiated>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let negotiated = tokio::select! {
+        biased;
+        _ = shutdown.wait_for(|s| *s) => return None,
+        r = tokio::time::timeout(config.handshake_timeout, handshake(s, exports)) => r,
+    };
+    match negotiated {
+        Ok(Ok(Some(neg))) => Some(neg),
+        Ok(Ok(None)) => {
+            tracing::debug!(peer, "client ended the handshake");
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::info!(peer, "handshake failed: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::info!(
+                peer,
+                "handshake timed out after {:?}",
+                config.handshake_timeout
+            );
+            None
+        }
+    }
+}
