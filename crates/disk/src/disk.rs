@@ -587,9 +587,14 @@ impl Disk {
     }
 
     /// Makes every completed write durable.
+    ///
+    /// The sync runs outside the writer lock: every write this flush must
+    /// cover has already reached the file (writes are written through), and
+    /// holding the lock would stall every connection's allocating writes
+    /// behind one `fdatasync`.
     pub fn flush(&self) -> Result<()> {
         match &self.writer {
-            Some(w) => w.lock().flush(self),
+            Some(_) => self.top().file.sync(),
             None => Ok(()),
         }
     }
@@ -892,14 +897,15 @@ impl Disk {
         let mut pos = offset;
         let mut cursor = self.data_cursor();
         while pos < end {
-            let next = self.next_possible_data(&mut cursor, pos)?.min(end);
-            let (run_end, hole, zero) = if next > pos {
-                (next, true, true)
+            let unit_end = (((pos >> self.unit_bits) + 1) << self.unit_bits).min(end);
+            let (hole, zero) = self.slot_state(self.slot_at(pos)?)?;
+            // Inside a hole, jump over whatever no layer maps at all (the
+            // per-layer scan is only paid where there is something to skip).
+            let run_end = if hole {
+                self.next_possible_data(&mut cursor, pos)?
+                    .clamp(unit_end, end)
             } else {
-                let unit_end = (((pos >> self.unit_bits) + 1) << self.unit_bits).min(end);
-                let slot = self.slot_at(pos)?;
-                let (hole, zero) = self.slot_state(slot)?;
-                (unit_end, hole, zero)
+                unit_end
             };
             match out.last_mut() {
                 Some(last) if last.hole == hole && last.zero == zero => {

@@ -322,10 +322,6 @@ impl Writer {
         Ok(())
     }
 
-    pub(crate) fn flush(&mut self, disk: &Disk) -> Result<()> {
-        disk.top().file.sync()
-    }
-
     /// Syncs, stores the index checksum and marks the image clean.
     pub(crate) fn close(self, disk: &Disk) -> Result<()> {
         let top = disk.top();
