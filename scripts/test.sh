@@ -5,7 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for tool in qemu-img:qemu-utils qemu-io:qemu-utils; do
+# The NBD tests (crates/cli/tests/nbd.rs) and bench/nbd_bench.py also need
+# libnbd's nbdinfo and nbdcopy, its Python module (python3-libnbd, which
+# ships nbdsh), fio (whose Debian build has the nbd engine) and nbdkit (the
+# benchmark's `nbdkit memory` reference).
+for tool in qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils \
+  nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:python3-libnbd fio:fio nbdkit:nbdkit; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 if [ "${#need[@]}" -gt 0 ]; then
@@ -28,4 +33,14 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 
 echo "== tests"
 # Release mode: the chain tests build and read 1,000-layer chains.
-cargo test --workspace --release
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace --release 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line for the whole run (cargo's own last line is a doc-test
+# summary of whichever crate came last).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }
+     END { printf "%d passed, %d failed\n", p, f }' "$log"
+exit "$status"
