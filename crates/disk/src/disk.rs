@@ -244,29 +244,17 @@ impl Disk {
             let k = u32::from(group[0].0);
             units.clear();
             units.extend(group.iter().map(|g| g.1));
-            let layer = &self.layers[k as usize - 1];
-            if layer.qcow2.is_none() {
-                for u in &units {
-                    slots[(u - first) as usize] = Slot {
-                        layer: k as u16,
-                        entry: 0,
-                    };
-                }
-                continue;
-            }
-            self.lookup_units_into(layer, &units, &mut found, &mut scratch)?;
-            for (u, raw) in units.iter().zip(found.iter().copied()) {
-                if entry_unallocated(layer, raw) {
-                    // The index disagrees with the layer: never trust it
-                    // for this unit, find the owner the slow way.
-                    pending.push(*u);
-                } else {
-                    slots[(u - first) as usize] = Slot {
-                        layer: k as u16,
-                        entry: raw,
-                    };
-                }
-            }
+            // Units the layer does not actually hold mean the index
+            // disagrees with it: never trust it for those, walk them.
+            self.claim_units(
+                k,
+                &units,
+                first,
+                slots,
+                &mut pending,
+                &mut found,
+                &mut scratch,
+            )?;
         }
         pending.sort_unstable();
         Ok(pending)
@@ -313,28 +301,59 @@ impl Disk {
             let size = layer.size();
             let unit_bits = self.unit_bits;
             pending.retain(|u| (u << unit_bits) < size);
-            if layer.qcow2.is_none() {
-                for u in pending.drain(..) {
-                    slots[(u - first) as usize] = Slot {
-                        layer: k as u16,
-                        entry: 0,
-                    };
-                }
+            let raw_layer = layer.qcow2.is_none();
+            still.clear();
+            self.claim_units(
+                k,
+                &pending,
+                first,
+                slots,
+                &mut still,
+                &mut found,
+                &mut scratch,
+            )?;
+            if raw_layer {
                 break;
             }
-            self.lookup_units_into(layer, &pending, &mut found, &mut scratch)?;
-            still.clear();
-            for (u, raw) in pending.iter().zip(found.iter().copied()) {
-                if entry_unallocated(layer, raw) {
-                    still.push(*u);
-                } else {
-                    slots[(u - first) as usize] = Slot {
-                        layer: k as u16,
-                        entry: raw,
-                    };
-                }
-            }
             std::mem::swap(&mut pending, &mut still);
+        }
+        Ok(())
+    }
+
+    /// Gives layer `k` the units of `units` (sorted) it holds: a raw layer
+    /// holds all of them, a qcow2 layer those its L2 entries allocate. The
+    /// others are pushed to `rest`.
+    #[allow(clippy::too_many_arguments)]
+    fn claim_units(
+        &self,
+        k: u32,
+        units: &[u64],
+        first: u64,
+        slots: &mut [Slot],
+        rest: &mut Vec<u64>,
+        found: &mut Vec<u64>,
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        let layer = &self.layers[k as usize - 1];
+        if layer.qcow2.is_none() {
+            for u in units {
+                slots[(u - first) as usize] = Slot {
+                    layer: k as u16,
+                    entry: 0,
+                };
+            }
+            return Ok(());
+        }
+        self.lookup_units_into(layer, units, found, scratch)?;
+        for (u, raw) in units.iter().zip(found.iter().copied()) {
+            if entry_unallocated(layer, raw) {
+                rest.push(*u);
+            } else {
+                slots[(u - first) as usize] = Slot {
+                    layer: k as u16,
+                    entry: raw,
+                };
+            }
         }
         Ok(())
     }
