@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{at, p, qemu_check, qemu_img, qemu_io, tmp};
+use common::{at, p, qemu_check, qemu_create, qemu_img, qemu_io, tmp};
 
 /// How long any one command may run before the test kills it and fails.
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -321,16 +321,7 @@ mod field {
 /// halves: 0x11 at 0..64k, 0x22 at 2M..2M+8k.
 fn base_image(dir: &tempfile::TempDir, name: &str) -> PathBuf {
     let img = at(dir, name);
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "cluster_size=4k",
-        &p(&img),
-        "4M",
-    ]);
+    qemu_create(&img, "cluster_size=4k", "4M");
     qemu_io(&img, &["write -P 0x11 0 64k", "write -P 0x22 2M 8k"]);
     let h = header(&img);
     assert_eq!(h.cluster_bits, 12);
@@ -721,7 +712,7 @@ fn backing_chain_that_loops() {
     let dir = tmp();
     let a = at(&dir, "a.qcow2");
     let b = at(&dir, "b.qcow2");
-    qemu_img(&["create", "-q", "-f", "qcow2", &p(&a), "1M"]);
+    qemu_create(&a, "", "1M");
     qemu_img(&[
         "create",
         "-q",
@@ -752,7 +743,7 @@ fn backing_chain_that_loops() {
 fn backing_chain_self_loop() {
     let dir = tmp();
     let a = at(&dir, "self.qcow2");
-    qemu_img(&["create", "-q", "-f", "qcow2", &p(&a), "1M"]);
+    qemu_create(&a, "", "1M");
     qemu_img(&["rebase", "-u", "-b", "self.qcow2", "-F", "qcow2", &p(&a)]);
     for cmd in chain_readers(&a) {
         let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
@@ -804,16 +795,7 @@ fn missing_backing_file() {
 fn extended_l2_is_refused_clearly() {
     let dir = tmp();
     let img = at(&dir, "ext.qcow2");
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "extended_l2=on",
-        &p(&img),
-        "1M",
-    ]);
+    qemu_create(&img, "extended_l2=on", "1M");
     qemu_io(&img, &["write -P 0x42 0 4k"]);
     all_readers_fail(&img, &[], &["extended L2"]);
     expect_fail(
@@ -827,16 +809,7 @@ fn extended_l2_is_refused_clearly() {
 fn internal_snapshots_read_but_refuse_writes() {
     let dir = tmp();
     let img = at(&dir, "snap.qcow2");
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "cluster_size=4k",
-        &p(&img),
-        "1M",
-    ]);
+    qemu_create(&img, "cluster_size=4k", "1M");
     qemu_io(&img, &["write -P 0x5a 0 16k"]);
     qemu_img(&["snapshot", "-c", "snap1", &p(&img)]);
     qemu_io(&img, &["write -P 0x6b 8k 16k"]);
@@ -879,16 +852,7 @@ fn garbage_compressed(compression: &str, reason: &str) {
     let dir = tmp();
     let src = at(&dir, "src.qcow2");
     let img = at(&dir, "c.qcow2");
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "cluster_size=4k",
-        &p(&src),
-        "1M",
-    ]);
+    qemu_create(&src, "cluster_size=4k", "1M");
     qemu_io(&src, &["write -P 0x61 0 64k", "write -P 0x62 5000 300"]);
     qemu_img(&[
         "convert",
@@ -961,16 +925,7 @@ fn garbage_zstd_stream() {
 fn huge_virtual_size_in_a_tiny_file_is_walked_quickly() {
     let dir = tmp();
     let img = at(&dir, "huge.qcow2");
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "cluster_size=2M",
-        &p(&img),
-        "2P",
-    ]);
+    qemu_create(&img, "cluster_size=2M", "2P");
     qemu_io(&img, &["write -P 7 1P 4k"]);
     let before = read(&img);
     for args in [

@@ -38,7 +38,7 @@ fn qemu_images_read_identically_across_geometries() {
     for (opts, cs) in cases {
         let img = at(&dir, "img.qcow2");
         let size = (200 * cs).to_string();
-        qemu_img(&["create", "-q", "-f", "qcow2", "-o", opts, &p(&img), &size]);
+        qemu_create(&img, opts, &size);
         qemu_pattern(&img, cs);
         assert_same_view(&img, dir.path());
         std::fs::remove_file(&img).unwrap();
@@ -49,7 +49,7 @@ fn qemu_images_read_identically_across_geometries() {
 fn compressed_clusters_zlib_and_zstd() {
     let dir = tmp();
     let src = at(&dir, "src.qcow2");
-    qemu_img(&["create", "-q", "-f", "qcow2", &p(&src), "8M"]);
+    qemu_create(&src, "", "8M");
     // Compressible but not uniform data, plus a partial last cluster.
     qemu_io(
         &src,
@@ -195,16 +195,7 @@ fn strata_images_pass_qemu_check_and_read_identically() {
 fn chains_mixing_strata_and_qemu_layers() {
     let dir = tmp();
     let base = at(&dir, "base.qcow2");
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "cluster_size=4k",
-        &p(&base),
-        "16M",
-    ]);
+    qemu_create(&base, "cluster_size=4k", "16M");
     qemu_pattern(&base, 4096);
     // Strata layer on a QEMU base (different cluster size on purpose).
     let l2 = at(&dir, "l2.qcow2");
@@ -289,7 +280,7 @@ fn chains_mixing_strata_and_qemu_layers() {
 fn qemu_writes_invalidate_the_index_and_strata_stays_correct() {
     let dir = tmp();
     let base = at(&dir, "base.qcow2");
-    qemu_img(&["create", "-q", "-f", "qcow2", &p(&base), "8M"]);
+    qemu_create(&base, "", "8M");
     qemu_io(&base, &["write -P 0x10 0 8M"]);
     let top = at(&dir, "top.qcow2");
     strata_ok(&["img", "snapshot", "-q", &p(&base), &p(&top)]);
@@ -376,16 +367,7 @@ fn raw_backing_files() {
 fn dirty_lazy_refcount_images_are_read_and_repaired() {
     let dir = tmp();
     let img = at(&dir, "lazy.qcow2");
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "lazy_refcounts=on",
-        &p(&img),
-        "16M",
-    ]);
+    qemu_create(&img, "lazy_refcounts=on", "16M");
     // qemu-io's `abort` leaves the image dirty, refcounts not written.
     let out = std::process::Command::new("qemu-io")
         .args(["-c", "write -P 0x42 0 1M", "-c", "abort", &p(&img)])
@@ -421,7 +403,7 @@ fn dirty_lazy_refcount_images_are_read_and_repaired() {
 fn convert_flattens_a_chain_into_one_qcow2() {
     let dir = tmp();
     let base = at(&dir, "base.qcow2");
-    qemu_img(&["create", "-q", "-f", "qcow2", &p(&base), "8M"]);
+    qemu_create(&base, "", "8M");
     qemu_io(&base, &["write -P 0x01 0 2M"]);
     let top = at(&dir, "top.qcow2");
     strata_ok(&["img", "snapshot", "-q", &p(&base), &p(&top)]);
@@ -457,7 +439,7 @@ fn compare_reports_the_first_mismatch() {
     let a = at(&dir, "a.qcow2");
     let b = at(&dir, "b.qcow2");
     for i in [&a, &b] {
-        qemu_img(&["create", "-q", "-f", "qcow2", &p(i), "4M"]);
+        qemu_create(i, "", "4M");
     }
     qemu_io(&a, &["write -P 0x01 0 1M"]);
     qemu_io(&b, &["write -P 0x01 0 1M", "write -P 0x02 700k 1"]);
@@ -475,7 +457,7 @@ fn compare_reports_the_first_mismatch() {
 fn map_names_the_owning_layer() {
     let dir = tmp();
     let base = at(&dir, "base.qcow2");
-    qemu_img(&["create", "-q", "-f", "qcow2", &p(&base), "1M"]);
+    qemu_create(&base, "", "1M");
     qemu_io(&base, &["write -P 1 0 128k"]);
     let mid = at(&dir, "mid.qcow2");
     strata_ok(&["img", "snapshot", "-q", &p(&base), &p(&mid)]);

@@ -324,16 +324,7 @@ fn make_chain(dir: &Path) -> (PathBuf, Vec<u8>) {
     let base = dir.join("base.qcow2");
     let mid = dir.join("mid.qcow2");
     let top = dir.join("top.qcow2");
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "cluster_size=64k",
-        &p(&base),
-        &SIZE.to_string(),
-    ]);
+    qemu_create(&base, "cluster_size=64k", &SIZE.to_string());
     qemu_io(
         &base,
         &[
@@ -914,7 +905,7 @@ fn nbdinfo_reports_size_flags_and_exports() {
     let dir = tmp();
     let (top, _) = make_chain(dir.path());
     let other = at(&dir, "other.qcow2");
-    qemu_img(&["create", "-q", "-f", "qcow2", &p(&other), "8M"]);
+    qemu_create(&other, "", "8M");
     let pid_file = at(&dir, "serve.pid");
     let opts = Opts {
         export_name: Some("disk".into()),
@@ -1037,35 +1028,11 @@ fn nbdinfo_map_matches_the_allocation() {
     let nbd = classify(&nbd, "nbdinfo --map");
 
     let qmap = qemu_img(&["map", "-U", "--output", "json", &p(&top)]);
-    let json: serde_json::Value = serde_json::from_str(&qmap).unwrap();
-    let q: Vec<(u64, u64, bool)> = json
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["start"].as_u64().unwrap(),
-                e["length"].as_u64().unwrap(),
-                e["data"] == true,
-            )
-        })
-        .collect();
+    let q = map_runs(&qmap);
     let q = classify(&q, "qemu-img map");
 
     let smap = strata_ok(&["img", "map", "--output", "json", &p(&top)]);
-    let json: serde_json::Value = serde_json::from_str(&smap).unwrap();
-    let s: Vec<(u64, u64, bool)> = json
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["start"].as_u64().unwrap(),
-                e["length"].as_u64().unwrap(),
-                e["data"] == true,
-            )
-        })
-        .collect();
+    let s = map_runs(&smap);
     let s = classify(&s, "strata img map");
     assert_eq!(s, q, "strata img map and qemu-img map disagree");
 

@@ -119,3 +119,31 @@ pub fn tmp() -> tempfile::TempDir {
 pub fn at(dir: &tempfile::TempDir, name: &str) -> PathBuf {
     dir.path().join(name)
 }
+
+/// `qemu-img create -q -f qcow2 [-o OPTS] IMAGE SIZE`.
+pub fn qemu_create(image: &Path, opts: &str, size: &str) {
+    let path = p(image);
+    let mut args = vec!["create", "-q", "-f", "qcow2"];
+    if !opts.is_empty() {
+        args.extend(["-o", opts]);
+    }
+    args.extend([path.as_str(), size]);
+    qemu_img(&args);
+}
+
+/// `(start, length, data)` of every extent of a `map --output json`
+/// listing, as qemu-img and strata print it.
+pub fn map_runs(json: &str) -> Vec<(u64, u64, bool)> {
+    let v: serde_json::Value = serde_json::from_str(json).expect("map json");
+    v.as_array()
+        .expect("map is a list")
+        .iter()
+        .map(|e| {
+            (
+                e["start"].as_u64().expect("start"),
+                e["length"].as_u64().expect("length"),
+                e["data"] == true,
+            )
+        })
+        .collect()
+}
