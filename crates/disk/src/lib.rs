@@ -20,6 +20,7 @@ pub mod check;
 pub mod compare;
 pub mod convert;
 pub mod create;
+pub mod device;
 pub mod disk;
 pub mod error;
 mod file;
@@ -29,7 +30,8 @@ pub mod map;
 mod writer;
 
 pub use create::{create, CreateOptions};
-pub use disk::{Disk, OpenOptions};
+pub use device::BlockDevice;
+pub use disk::{BlockStatus, Disk, OpenOptions};
 pub use error::{DiskError, Result};
 
 /// Default bound of the chain's metadata cache.

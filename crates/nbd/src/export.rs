@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use strata_disk::buf::AlignedBuf;
-use strata_disk::{Disk, DiskError};
+use strata_disk::{BlockDevice, DiskError};
 
 use crate::command::Op;
 use crate::proto::{self, Extent};
@@ -85,12 +85,12 @@ pub enum ExportError {
     Name(#[from] proto::ProtoError),
 }
 
-/// A disk served under a name.
+/// A device served under a name.
 #[derive(Debug)]
 pub struct Export {
     name: String,
     description: Option<String>,
-    disk: Arc<Disk>,
+    disk: Arc<dyn BlockDevice>,
     read_only: bool,
     /// log2 of the top layer's cluster size when it can store zero
     /// clusters (qcow2 v3): only then is writing zeroes faster than
@@ -99,16 +99,16 @@ pub struct Export {
 }
 
 impl Export {
-    /// Serves `disk` as `name`. A disk opened read-only is always served
-    /// read-only; `read_only` makes a writable one read-only too.
-    pub fn new(name: &str, disk: Arc<Disk>, read_only: bool) -> Result<Export, ExportError> {
+    /// Serves `disk` as `name`. A device that cannot be written is always
+    /// served read-only; `read_only` makes a writable one read-only too.
+    pub fn new(
+        name: &str,
+        disk: Arc<dyn BlockDevice>,
+        read_only: bool,
+    ) -> Result<Export, ExportError> {
         proto::parse_string(name.as_bytes(), "export name")?;
         let read_only = read_only || !disk.is_writable();
-        let zero_cluster_bits = disk
-            .top()
-            .header()
-            .filter(|h| h.version >= 3)
-            .map(|h| h.cluster_bits);
+        let zero_cluster_bits = disk.zero_cluster_bits();
         Ok(Export {
             name: name.to_string(),
             description: None,
@@ -135,8 +135,8 @@ impl Export {
         self.description.as_deref()
     }
 
-    /// The disk.
-    pub fn disk(&self) -> &Arc<Disk> {
+    /// The device.
+    pub fn disk(&self) -> &Arc<dyn BlockDevice> {
         &self.disk
     }
 
@@ -153,9 +153,9 @@ impl Export {
     /// Transmission flags for a session (`SEND_DF` needs structured replies).
     ///
     /// `CAN_MULTI_CONN` is safe because every connection to an export
-    /// shares one [`Disk`], which has no write-back cache of its own, and
-    /// whose flush syncs the top file: it covers every write any
-    /// connection completed.
+    /// shares one device, whose flush must cover every write any
+    /// connection completed ([`BlockDevice::flush`]; the engine's disk has
+    /// no write-back cache of its own and syncs the top file).
     pub fn transmission_flags(&self, structured: bool) -> u16 {
         use proto::*;
         let mut f = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_CAN_MULTI_CONN;

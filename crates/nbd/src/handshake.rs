@@ -7,6 +7,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::command::MAX_PAYLOAD;
 use crate::export::{Export, BASE_ALLOCATION_ID};
+use crate::exports::ExportSet;
 use crate::proto::{self, *};
 use crate::ConnError;
 
@@ -20,35 +21,6 @@ const MAX_OPTION_SKIP: u32 = 1024 * 1024;
 
 /// Preferred block size advertised: a page.
 pub const PREFERRED_BLOCK: u32 = 4096;
-
-/// The exports of a server, in the order `NBD_OPT_LIST` shows them.
-#[derive(Debug)]
-pub(crate) struct Exports {
-    list: Vec<Arc<Export>>,
-}
-
-impl Exports {
-    pub(crate) fn new(list: Vec<Arc<Export>>) -> Exports {
-        Exports { list }
-    }
-
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<Export>> {
-        self.list.iter()
-    }
-
-    /// The export called `name`. The empty name is the default export:
-    /// the one named "" if any, else the first, so `nbd://host/` works
-    /// whatever name a single export was given.
-    pub(crate) fn get(&self, name: &str) -> Option<&Arc<Export>> {
-        self.list.iter().find(|e| e.name() == name).or_else(|| {
-            if name.is_empty() {
-                self.list.first()
-            } else {
-                None
-            }
-        })
-    }
-}
 
 /// What the handshake settled.
 #[derive(Debug)]
@@ -91,7 +63,7 @@ impl State {
 /// socket for the transmission phase.
 pub(crate) async fn handshake<S>(
     io: &mut S,
-    exports: &Exports,
+    exports: &ExportSet,
 ) -> Result<Option<Negotiated>, ConnError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -135,7 +107,7 @@ where
                     // No way to report an error: the spec says close.
                     return Err(ConnError::Refused(format!("no export named '{name}'")));
                 };
-                let neg = st.negotiated(export);
+                let neg = st.negotiated(&export);
                 let flags = export.transmission_flags(neg.structured);
                 io.write_all(&encode_export_name_reply(
                     export.size(),
@@ -155,7 +127,7 @@ where
             }
             OPT_LIST => {
                 if data.is_empty() {
-                    for e in exports.iter() {
+                    for e in exports.list() {
                         encode_rep_server(&mut out, h.option, e.name());
                     }
                     encode_option_reply(&mut out, h.option, REP_ACK, &[]);
@@ -218,7 +190,7 @@ fn info(
     out: &mut Vec<u8>,
     option: u32,
     data: &[u8],
-    exports: &Exports,
+    exports: &ExportSet,
     st: &State,
 ) -> Option<Arc<Export>> {
     let req = match parse_info_request(data) {
@@ -255,11 +227,11 @@ fn info(
         }
     }
     encode_option_reply(out, option, REP_ACK, &[]);
-    Some(export.clone())
+    Some(export)
 }
 
 /// Answers LIST_META_CONTEXT / SET_META_CONTEXT into `out`.
-fn meta_context(out: &mut Vec<u8>, option: u32, data: &[u8], exports: &Exports, st: &mut State) {
+fn meta_context(out: &mut Vec<u8>, option: u32, data: &[u8], exports: &ExportSet, st: &mut State) {
     let set = option == OPT_SET_META_CONTEXT;
     if set {
         // A SET replaces the selection even when it fails.

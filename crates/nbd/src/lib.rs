@@ -5,8 +5,9 @@
 //!
 //! - [`proto`]: the wire format, pure encode/decode, no I/O;
 //! - [`command`]: checks a request against the export and session, pure;
-//! - [`export`]: runs checked requests against a [`strata_disk::Disk`]
-//!   (blocking) and encodes the replies;
+//! - [`export`]: runs checked requests against a
+//!   [`strata_disk::BlockDevice`] (blocking) and encodes the replies;
+//! - [`exports`]: the set of exports, which may change while serving;
 //! - the handshake and transmission loops, and [`server`]: sockets,
 //!   connection limits and shutdown, on tokio.
 //!
@@ -14,6 +15,7 @@
 
 pub mod command;
 pub mod export;
+pub mod exports;
 mod handshake;
 pub mod proto;
 mod reply;
@@ -21,6 +23,7 @@ pub mod server;
 mod transmission;
 
 pub use export::Export;
+pub use exports::ExportSet;
 pub use server::{Server, ServerConfig, ShutdownHandle};
 
 /// Why a server could not start or stop cleanly.

@@ -12,7 +12,8 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::export::Export;
-use crate::handshake::{handshake, Exports, Negotiated};
+use crate::exports::ExportSet;
+use crate::handshake::{handshake, Negotiated};
 use crate::transmission::{self, Socket};
 use crate::ServerError;
 
@@ -70,7 +71,7 @@ impl ShutdownHandle {
 /// A bound NBD server, ready to [`run`](Server::run).
 #[derive(Debug)]
 pub struct Server {
-    exports: Arc<Exports>,
+    exports: Arc<ExportSet>,
     tcp: Option<TcpListener>,
     unix: Option<(UnixListener, PathBuf)>,
     config: ServerConfig,
@@ -84,14 +85,15 @@ impl Server {
         if exports.is_empty() {
             return Err(ServerError::Config("no exports".into()));
         }
-        for (i, e) in exports.iter().enumerate() {
-            if exports[..i].iter().any(|o| o.name() == e.name()) {
-                return Err(ServerError::Config(format!(
-                    "export name '{}' is used twice",
-                    e.name()
-                )));
-            }
-        }
+        Server::bind_set(Arc::new(ExportSet::new(exports)?), config).await
+    }
+
+    /// Binds the listeners of `config` for a set of exports that may
+    /// change while the server runs (it may start empty).
+    pub async fn bind_set(
+        exports: Arc<ExportSet>,
+        config: ServerConfig,
+    ) -> Result<Server, ServerError> {
         if config.tcp.is_none() && config.unix.is_none() {
             return Err(ServerError::Config("nothing to listen on".into()));
         }
@@ -119,7 +121,7 @@ impl Server {
         };
         let (tx, _) = watch::channel(false);
         Ok(Server {
-            exports: Arc::new(Exports::new(exports.into_iter().map(Arc::new).collect())),
+            exports,
             tcp,
             unix,
             config,
@@ -135,6 +137,11 @@ impl Server {
     /// The Unix socket path.
     pub fn unix_path(&self) -> Option<&Path> {
         self.unix.as_ref().map(|(_, p)| p.as_path())
+    }
+
+    /// The server's exports; changes show to clients that connect later.
+    pub fn exports(&self) -> Arc<ExportSet> {
+        self.exports.clone()
     }
 
     /// A handle that stops the server.
@@ -205,6 +212,8 @@ impl Server {
         // Requests already handed to blocking threads finish on their own
         // (disk calls cannot be cancelled); wait for them to let go.
         let deadline = tokio::time::Instant::now() + config.shutdown_timeout;
+        // The set lets go too, so that a count of one means unused.
+        let exports = exports.take_all();
         while exports.iter().any(|e| Arc::strong_count(e) > 1)
             && tokio::time::Instant::now() < deadline
         {
@@ -288,7 +297,7 @@ async fn accept(
 async fn connection(
     stream: Stream,
     peer: String,
-    exports: Arc<Exports>,
+    exports: Arc<ExportSet>,
     config: ServerConfig,
     mut shutdown: watch::Receiver<bool>,
     _slot: OwnedSemaphorePermit,
@@ -339,7 +348,7 @@ async fn connection(
 async fn negotiate<S>(
     s: &mut S,
     peer: &str,
-    exports: &Exports,
+    exports: &ExportSet,
     config: &ServerConfig,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Option<Negotiated>
