@@ -83,6 +83,9 @@ pub struct Disk {
     pub(crate) index: parking_lot::RwLock<Option<ChainIndexExt>>,
     pub(crate) index_state: parking_lot::RwLock<IndexState>,
     pub(crate) writer: Option<Mutex<Writer>>,
+    /// Signalled whenever an allocating write publishes or gives up its
+    /// cluster, waking writes that wait for the same cluster.
+    pub(crate) alloc_done: parking_lot::Condvar,
 }
 
 impl std::fmt::Debug for Disk {
@@ -131,6 +134,7 @@ impl Disk {
             index: parking_lot::RwLock::new(index),
             index_state: parking_lot::RwLock::new(state),
             writer: None,
+            alloc_done: parking_lot::Condvar::new(),
         };
         if opts.writable {
             let writer = Writer::start(&disk)?;
@@ -524,7 +528,8 @@ impl Disk {
     ///
     /// Overwrites of clusters the top layer already owns outright go
     /// straight to the file without taking the writer lock, so concurrent
-    /// requests are not serialized; only allocating writes take it.
+    /// requests are not serialized. Allocating writes take the lock only
+    /// to allocate and to publish (see [`crate::cow`]).
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.check_range(offset, buf.len() as u64)?;
         let writer = self.writer()?;
@@ -538,7 +543,7 @@ impl Disk {
             let part = &buf[(pos - offset) as usize..(seg_end - offset) as usize];
             match host {
                 Some(host) => self.top().file.write_all_at(part, host)?,
-                None => writer.lock().write(self, part, pos)?,
+                None => self.write_allocating(writer, part, pos)?,
             }
             pos = seg_end;
         }
@@ -918,9 +923,15 @@ impl Disk {
         while pos < end {
             let unit_end = (((pos >> self.unit_bits) + 1) << self.unit_bits).min(end);
             let (hole, zero) = self.slot_state(self.slot_at(pos)?)?;
-            // Inside a hole, jump over whatever no layer maps at all (the
-            // per-layer scan is only paid where there is something to skip).
-            let run_end = if hole {
+            // Inside a hole, jump over whatever no layer maps at all. The
+            // probe asks every layer, so on a long chain it costs more than
+            // walking a page of resolved slots: pay it only where more than
+            // a page lies ahead, and once per page.
+            let unit = pos >> self.unit_bits;
+            let probe = hole
+                && end - pos > PAGE_UNITS << self.unit_bits
+                && (pos == offset || unit.is_multiple_of(PAGE_UNITS));
+            let run_end = if probe {
                 self.next_possible_data(&mut cursor, pos)?
                     .clamp(unit_end, end)
             } else {

@@ -19,6 +19,7 @@ pub mod cache;
 pub mod check;
 pub mod compare;
 pub mod convert;
+mod cow;
 pub mod create;
 pub mod device;
 pub mod disk;

@@ -18,6 +18,8 @@ use strata_format::header::{Header, AUTOCLEAR_STRATA_INDEX, INCOMPAT_CORRUPT, IN
 use strata_format::index::{ChainIndexExt, LINEAGE_RECORD_BYTES, MAX_REGION_BYTES};
 use strata_format::{refcount, L2Mapping};
 
+use std::collections::HashSet;
+
 use crate::cache::{Slot, PAGE_UNITS};
 use crate::disk::{region_crc, Disk, IndexState};
 use crate::error::{DiskError, Result};
@@ -32,6 +34,29 @@ pub(crate) struct Writer {
     alloc: Option<Allocator>,
     /// The index region this writer maintains.
     index: Option<ChainIndexExt>,
+    /// Guest clusters whose new top-layer cluster has been allocated but
+    /// not yet published in the L2 table: their data is being written
+    /// outside the lock. Another allocating write to one of them waits.
+    in_flight: HashSet<u64>,
+}
+
+/// What an allocating write to one guest cluster must do, decided under
+/// the writer lock by [`Writer::prepare_alloc`].
+pub(crate) enum AllocStep {
+    /// The top layer owns the cluster now: overwrite it in place at this
+    /// host offset (of the cluster's start).
+    InPlace(u64),
+    /// Another write is allocating this cluster: wait and ask again.
+    Busy,
+    /// A new host cluster was allocated and the guest cluster reserved.
+    /// Fill it (copying what the write does not cover from `old`), then
+    /// publish it with [`Writer::publish_alloc`].
+    Fill {
+        /// Host offset of the new cluster in the top file.
+        host: u64,
+        /// The mapping the write replaces, for copy-on-write.
+        old: L2Mapping,
+    },
 }
 
 impl Writer {
@@ -42,6 +67,7 @@ impl Writer {
             return Ok(Writer {
                 alloc: None,
                 index: None,
+                in_flight: HashSet::new(),
             });
         };
         if header.nb_snapshots > 0 {
@@ -79,6 +105,7 @@ impl Writer {
         let mut writer = Writer {
             alloc: Some(alloc),
             index: None,
+            in_flight: HashSet::new(),
         };
         if h.version >= 3 {
             writer.attach_index(disk)?;
@@ -129,6 +156,53 @@ impl Writer {
             pos = seg_end;
         }
         Ok(())
+    }
+
+    /// First step of an allocating write to guest `cluster`: decides
+    /// between in place, wait, and a fresh cluster to fill outside the lock.
+    pub(crate) fn prepare_alloc(&mut self, disk: &Disk, cluster: u64) -> Result<AllocStep> {
+        if self.in_flight.contains(&cluster) {
+            return Ok(AllocStep::Busy);
+        }
+        let top = disk.top();
+        let mut raw = [0u64];
+        top.read_l2_entries(cluster, &mut raw)?;
+        let old = top.decode_l2(raw[0])?;
+        if let L2Mapping::Data {
+            host_offset,
+            copied: true,
+        } = old
+        {
+            return Ok(AllocStep::InPlace(host_offset));
+        }
+        let host = self.allocator()?.alloc(top, 1)?;
+        self.in_flight.insert(cluster);
+        Ok(AllocStep::Fill { host, old })
+    }
+
+    /// Last step of an allocating write: points `cluster` at its filled
+    /// `host` cluster and drops the reference of whatever it replaces.
+    ///
+    /// The replaced mapping is read again here rather than taken from
+    /// [`AllocStep::Fill`]: a discard or zero write may have changed it
+    /// meanwhile, and releasing a stale mapping would free a cluster twice.
+    pub(crate) fn publish_alloc(&mut self, disk: &Disk, cluster: u64, host: u64) -> Result<()> {
+        self.in_flight.remove(&cluster);
+        let top = disk.top();
+        let mut raw = [0u64];
+        top.read_l2_entries(cluster, &mut raw)?;
+        let current = top.decode_l2(raw[0])?;
+        self.set_l2(disk, cluster, L2Mapping::encode_data(host))?;
+        self.release(top, current, host)
+    }
+
+    /// Gives up an allocating write whose fill failed: the new cluster is
+    /// freed and the guest cluster keeps its old mapping.
+    pub(crate) fn abort_alloc(&mut self, disk: &Disk, cluster: u64, host: u64) -> Result<()> {
+        self.in_flight.remove(&cluster);
+        let alloc = self.allocator()?;
+        let cs = alloc.cs;
+        alloc.set_refcount(disk.top(), host / cs, 0)
     }
 
     /// Writes `data` at `in_cluster` inside guest cluster `cluster`.
