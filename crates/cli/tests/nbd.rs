@@ -47,6 +47,7 @@ struct Opts {
     more: Vec<(String, PathBuf)>,
     handshake_timeout: Option<u32>,
     pid_file: Option<PathBuf>,
+    max_connections: Option<u32>,
 }
 
 /// A running `strata serve`; killed (SIGKILL) on drop if still running.
@@ -88,6 +89,9 @@ impl Server {
         }
         if let Some(f) = &opts.pid_file {
             cmd.arg("--pid-file").arg(f);
+        }
+        if let Some(n) = opts.max_connections {
+            cmd.args(["--max-connections", &n.to_string()]);
         }
         match (&opts.export_name, opts.more.is_empty()) {
             (Some(name), true) => {
@@ -1759,6 +1763,52 @@ fn stalled_clients_are_dropped_while_others_are_served() {
     assert_same_bytes("idle connection", &got, &expected[..4096]);
     idle.disc();
     assert_serves(&mut server, &expected);
+    server.shutdown();
+}
+
+#[test]
+fn max_connections_holds_further_clients_until_a_slot_frees() {
+    let dir = tmp();
+    let (top, expected) = make_chain(dir.path());
+    let opts = Opts {
+        max_connections: Some(2),
+        ..Opts::default()
+    };
+    let mut server = Server::start(&top, dir.path(), &opts);
+    let mut first = server.connect();
+    first.handshake_go("");
+    let mut second = server.connect();
+    second.handshake_go("");
+    // The server is full: a third client is not accepted (it waits in the
+    // listen queue), so it gets no greeting.
+    let mut third = server.connect();
+    third.s.set_read_timeout(Some(Duration::from_millis(1500)));
+    let mut byte = [0u8; 1];
+    let waited = third.s.read(&mut byte);
+    assert!(
+        matches!(&waited, Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)),
+        "a third client got {waited:?} from a server limited to 2 connections"
+    );
+    // Both admitted clients are served meanwhile.
+    let got = first.read(0, 4096).expect("READ on the first connection");
+    assert_same_bytes("first connection", &got, &expected[..4096]);
+    // When one leaves, the waiting client is served, in order.
+    second.disc();
+    third.s.set_read_timeout(Some(Duration::from_secs(30)));
+    let (size, _) = {
+        let mut c = third;
+        let r = c.handshake_go("");
+        let got = c.read(2 << 20, 4096).expect("READ on the third connection");
+        assert_same_bytes(
+            "third connection",
+            &got,
+            &expected[2 << 20..(2 << 20) + 4096],
+        );
+        c.disc();
+        r
+    };
+    assert_eq!(size, expected.len() as u64);
+    first.disc();
     server.shutdown();
 }
 
