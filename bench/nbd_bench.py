@@ -660,13 +660,19 @@ def main():
     }
     results = {"meta": meta, "rows": []}
     try:
+        # Repeats are the outer loop, so every chain and server is sampled
+        # across the whole run: load from other processes that comes and
+        # goes then biases no chain or server in particular.
+        rows = []
         for n in chains:
             d, top = ensure_chain(n)
             layers = sorted(f for f in os.listdir(d) if f.endswith(".qcow2"))
-            warm(os.path.join(d, f) for f in layers)
-            row = {"image": "chain %d" % n, "chain": n, "samples": {}, "rss": {},
-                   "exit": {}, "ready": {}}
-            for rep in range(args.repeat):
+            rows.append((n, top, [os.path.join(d, f) for f in layers],
+                         {"image": "chain %d" % n, "chain": n, "samples": {}, "rss": {},
+                          "exit": {}, "ready": {}}))
+        for rep in range(args.repeat):
+            for n, top, files, row in rows:
+                warm(files)
                 for kind in servers:
                     log("chain", n, "repeat", rep + 1, kind)
                     res, rss, ex, ready = measure_reads(kind, top, "qcow2", args, workdir)
@@ -679,6 +685,7 @@ def main():
                     row["samples"].setdefault(kind, {}).setdefault("write-qd16", []).append(r)
                     row["rss"].setdefault(kind, {}).setdefault("write", []).append(rss)
                     row["exit"].setdefault(kind, []).append(ex)
+        for _, _, _, row in rows:
             results["rows"].append(row)
             print(render_progress(row), file=sys.stderr, flush=True)
         if not args.no_physical:
