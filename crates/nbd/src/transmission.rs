@@ -37,7 +37,7 @@ use crate::proto::{self, REQUEST_LEN};
 use crate::reply::Reply;
 
 /// Most requests of one connection in flight (and threads serving it).
-pub const MAX_IN_FLIGHT: usize = 64;
+pub const MAX_IN_FLIGHT: usize = 16;
 
 /// Most bytes of read and write buffers one connection holds at once.
 /// Two maximum-size requests fit, so one large request never stalls.
