@@ -101,10 +101,7 @@ async fn serve(
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let api_addr = api.local_addr()?;
-    let nbd_addr = nbd
-        .tcp_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
+    let nbd_addr = nbd.tcp_addr().map(|a| a.to_string()).unwrap_or_default();
     {
         let mut out = std::io::stdout().lock();
         writeln!(

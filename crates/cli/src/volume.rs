@@ -96,7 +96,11 @@ pub fn run_volume(client: ClientArgs, command: VolumeCommand) -> Result<i32> {
     let value = match command {
         VolumeCommand::Create { name, size } => {
             let size = parse_size(&size).map_err(anyhow::Error::msg)?;
-            api.call("POST", "/v1/volumes", Some(json!({"name": name, "size": size})))?
+            api.call(
+                "POST",
+                "/v1/volumes",
+                Some(json!({"name": name, "size": size})),
+            )?
         }
         VolumeCommand::List => api.call("GET", "/v1/volumes", None)?,
         VolumeCommand::Info { name } => api.call("GET", &format!("/v1/volumes/{name}"), None)?,
@@ -191,7 +195,10 @@ impl Api {
 /// Prints a reply as JSON or as `key: value` lines.
 fn render(output: Output, value: &Value) {
     if output == Output::Json {
-        println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(value).unwrap_or_default()
+        );
         return;
     }
     match value {

@@ -106,7 +106,12 @@ impl Disk {
     /// Validates the stored index against the current layers and uses it.
     fn reload_index(&mut self) {
         let (index, state) = match validate_index(&self.layers, self.unit_bits, self.size) {
-            Ok(ext) => (Some(ext), IndexState::Stored { depth: self.depth() }),
+            Ok(ext) => (
+                Some(ext),
+                IndexState::Stored {
+                    depth: self.depth(),
+                },
+            ),
             Err(reason) => (None, IndexState::Walk { reason }),
         };
         *self.index.write() = index;

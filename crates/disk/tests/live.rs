@@ -72,11 +72,16 @@ fn pushed_top_freezes_earlier_writes_and_takes_later_ones() {
     assert_eq!(&buf[9192..], &vec![0xaa; 16384 - 9192][..]);
     let mut far = vec![0u8; 65536];
     disk.read_at(&mut far, 5 * MIB).unwrap();
-    assert!(far.iter().all(|&b| b == 0xcc), "engine reads back the new write");
+    assert!(
+        far.iter().all(|&b| b == 0xcc),
+        "engine reads back the new write"
+    );
     disk.close().unwrap();
 
     let base = qemu_read(&dir.path().join("base.qcow2"), dir.path());
-    assert!(base[4096..4096 + 3 * 65536 + 100].iter().all(|&b| b == 0xaa));
+    assert!(base[4096..4096 + 3 * 65536 + 100]
+        .iter()
+        .all(|&b| b == 0xaa));
     assert!(base[5 * MIB as usize..6 * MIB as usize]
         .iter()
         .all(|&b| b == 0));
@@ -120,7 +125,9 @@ fn grown_top_reads_zeros_past_the_smaller_layers() {
     let dir = tempfile::tempdir().unwrap();
     let mut disk = new_disk(dir.path(), 4 * MIB);
     disk.write_at(&vec![0x11; 4 * MIB as usize], 0).unwrap();
-    let shrink = disk.push_top(&dir.path().join("x.qcow2"), "base.qcow2", Some(MIB), || Ok(()));
+    let shrink = disk.push_top(&dir.path().join("x.qcow2"), "base.qcow2", Some(MIB), || {
+        Ok(())
+    });
     assert!(shrink.unwrap_err().to_string().contains("shrink"));
     assert_eq!(disk.size(), 4 * MIB);
     let top2 = dir.path().join("top2.qcow2");
@@ -140,6 +147,9 @@ fn grown_top_reads_zeros_past_the_smaller_layers() {
     assert!(top[4 * MIB as usize..9 * MIB as usize + 50]
         .iter()
         .all(|&b| b == 0));
-    assert_eq!(&top[9 * MIB as usize + 50..9 * MIB as usize + 150], &[0x22; 100][..]);
+    assert_eq!(
+        &top[9 * MIB as usize + 50..9 * MIB as usize + 150],
+        &[0x22; 100][..]
+    );
     qemu_check_clean(&top2);
 }

@@ -274,21 +274,24 @@ fn load(db: &Database) -> Result<State> {
     let mut state = State::default();
     for item in rx.open_table(VOLUMES)?.iter()? {
         let (k, v) = item?;
-        state
-            .volumes
-            .insert(k.value().to_string(), decode(v.value(), "volume", k.value())?);
+        state.volumes.insert(
+            k.value().to_string(),
+            decode(v.value(), "volume", k.value())?,
+        );
     }
     for item in rx.open_table(SNAPSHOTS)?.iter()? {
         let (k, v) = item?;
-        state
-            .snapshots
-            .insert(k.value().to_string(), decode(v.value(), "snapshot", k.value())?);
+        state.snapshots.insert(
+            k.value().to_string(),
+            decode(v.value(), "snapshot", k.value())?,
+        );
     }
     for item in rx.open_table(LAYERS)?.iter()? {
         let (k, v) = item?;
-        state
-            .layers
-            .insert(k.value().to_string(), decode(v.value(), "layer", k.value())?);
+        state.layers.insert(
+            k.value().to_string(),
+            decode(v.value(), "layer", k.value())?,
+        );
     }
     Ok(state)
 }

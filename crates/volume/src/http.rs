@@ -53,8 +53,7 @@ pub struct ApiError(StatusCode, String);
 
 impl From<VolumeError> for ApiError {
     fn from(e: VolumeError) -> Self {
-        let status =
-            StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         ApiError(status, e.to_string())
     }
 }
@@ -131,9 +130,7 @@ async fn pool(State(s): State<Arc<Service>>) -> ApiResult<crate::service::PoolIn
     Ok((StatusCode::OK, Json(s.pool_info())))
 }
 
-async fn list_volumes(
-    State(s): State<Arc<Service>>,
-) -> ApiResult<Vec<crate::service::VolumeInfo>> {
+async fn list_volumes(State(s): State<Arc<Service>>) -> ApiResult<Vec<crate::service::VolumeInfo>> {
     Ok((StatusCode::OK, Json(s.list_volumes())))
 }
 

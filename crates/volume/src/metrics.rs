@@ -175,19 +175,31 @@ pub fn render(volumes: &[(VolumeGauges, &VolumeStats)]) -> String {
         "strata_volume_read_bytes_total",
         "counter",
         "Bytes read.",
-        &|o| counter(o, "strata_volume_read_bytes_total", &|_, s| s.bytes_read.load(Ordering::Relaxed) as f64),
+        &|o| {
+            counter(o, "strata_volume_read_bytes_total", &|_, s| {
+                s.bytes_read.load(Ordering::Relaxed) as f64
+            })
+        },
     );
     family(
         "strata_volume_written_bytes_total",
         "counter",
         "Bytes written.",
-        &|o| counter(o, "strata_volume_written_bytes_total", &|_, s| s.bytes_written.load(Ordering::Relaxed) as f64),
+        &|o| {
+            counter(o, "strata_volume_written_bytes_total", &|_, s| {
+                s.bytes_written.load(Ordering::Relaxed) as f64
+            })
+        },
     );
     family(
         "strata_volume_errors_total",
         "counter",
         "Requests that failed.",
-        &|o| counter(o, "strata_volume_errors_total", &|_, s| s.errors.load(Ordering::Relaxed) as f64),
+        &|o| {
+            counter(o, "strata_volume_errors_total", &|_, s| {
+                s.errors.load(Ordering::Relaxed) as f64
+            })
+        },
     );
     family(
         "strata_volume_op_latency_seconds",
@@ -209,7 +221,8 @@ pub fn render(volumes: &[(VolumeGauges, &VolumeStats)]) -> String {
         &|o| {
             for (g, s) in volumes {
                 let labels = format!("volume=\"{}\"", g.name);
-                s.pauses.render(o, "strata_volume_snapshot_pause_seconds", &labels);
+                s.pauses
+                    .render(o, "strata_volume_snapshot_pause_seconds", &labels);
             }
         },
     );
@@ -217,7 +230,11 @@ pub fn render(volumes: &[(VolumeGauges, &VolumeStats)]) -> String {
         "strata_volume_snapshots_total",
         "counter",
         "Snapshots taken since the daemon started.",
-        &|o| counter(o, "strata_volume_snapshots_total", &|_, s| s.snapshots.load(Ordering::Relaxed) as f64),
+        &|o| {
+            counter(o, "strata_volume_snapshots_total", &|_, s| {
+                s.snapshots.load(Ordering::Relaxed) as f64
+            })
+        },
     );
     family(
         "strata_volume_cache_hit_ratio",
@@ -238,7 +255,11 @@ pub fn render(volumes: &[(VolumeGauges, &VolumeStats)]) -> String {
         "strata_volume_chain_length",
         "gauge",
         "Layers in the volume's chain.",
-        &|o| counter(o, "strata_volume_chain_length", &|g, _| f64::from(g.chain_length)),
+        &|o| {
+            counter(o, "strata_volume_chain_length", &|g, _| {
+                f64::from(g.chain_length)
+            })
+        },
     );
     family(
         "strata_volume_size_bytes",

@@ -14,7 +14,10 @@ pub const MAX_VOLUME_SIZE: u64 = 64 << 40;
 /// NBD export names and URL path segments, so nothing else is allowed.
 pub fn check_name(kind: &str, name: &str) -> Result<()> {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-    let starts_ok = name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+    let starts_ok = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric());
     if name.is_empty() || name.len() > MAX_NAME_LEN || !starts_ok || !name.chars().all(ok_char) {
         return Err(VolumeError::Invalid(format!(
             "invalid {kind} name '{}': use 1 to {MAX_NAME_LEN} letters, digits, '.', '_' or '-', \
@@ -27,7 +30,7 @@ pub fn check_name(kind: &str, name: &str) -> Result<()> {
 
 /// Checks a volume size: a positive multiple of 512 bytes, at most 64 TiB.
 pub fn check_size(size: u64) -> Result<()> {
-    if size == 0 || size % 512 != 0 {
+    if size == 0 || !size.is_multiple_of(512) {
         return Err(VolumeError::Invalid(format!(
             "invalid size {size}: give a positive multiple of 512 bytes"
         )));
@@ -49,7 +52,17 @@ mod tests {
         for good in ["a", "vol-1", "db.data_2", &"x".repeat(64)] {
             assert!(check_name("volume", good).is_ok(), "{good}");
         }
-        for bad in ["", "-a", ".a", "a/b", "a@b", "a b", "é", &"x".repeat(65), "a\0"] {
+        for bad in [
+            "",
+            "-a",
+            ".a",
+            "a/b",
+            "a@b",
+            "a b",
+            "é",
+            &"x".repeat(65),
+            "a\0",
+        ] {
             assert!(check_name("volume", bad).is_err(), "{bad:?}");
         }
     }

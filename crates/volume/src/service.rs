@@ -165,10 +165,16 @@ pub struct Service {
 impl Service {
     /// Opens the pool (creating it if needed), reconciles the catalog with
     /// the files, opens every volume and adds it to `exports`.
-    pub fn open(config: ServiceConfig, exports: Arc<ExportSet>) -> Result<(Service, RecoveryReport)> {
+    pub fn open(
+        config: ServiceConfig,
+        exports: Arc<ExportSet>,
+    ) -> Result<(Service, RecoveryReport)> {
         let layers_dir = config.pool.join("layers");
         std::fs::create_dir_all(&layers_dir).map_err(|e| {
-            VolumeError::Io(format!("cannot create pool directory {}: {e}", layers_dir.display()))
+            VolumeError::Io(format!(
+                "cannot create pool directory {}: {e}",
+                layers_dir.display()
+            ))
         })?;
         let catalog = Catalog::open(&config.pool.join("catalog.redb"))?;
         let mut report = RecoveryReport::default();
@@ -210,7 +216,9 @@ impl Service {
         let chain = state.chain(&v.top);
         for id in &chain {
             if !state.layers.contains_key(id) {
-                return Err(VolumeError::Catalog(format!("layer {id} is missing from the catalog")));
+                return Err(VolumeError::Catalog(format!(
+                    "layer {id} is missing from the catalog"
+                )));
             }
             if !self.layer_path(id).exists() {
                 return Err(VolumeError::Io(format!(
@@ -335,7 +343,9 @@ impl Service {
             if let Some((key, _)) = &origin {
                 // The snapshot may have gone while the file was made.
                 if !t.state().snapshots.contains_key(key) {
-                    return Err(VolumeError::NotFound(format!("snapshot '{key}' does not exist")));
+                    return Err(VolumeError::NotFound(format!(
+                        "snapshot '{key}' does not exist"
+                    )));
                 }
             }
             t.put_layer(LayerRec {
@@ -391,11 +401,13 @@ impl Service {
             chain_length: state.chain(&v.top).len(),
             top_layer: v.top.clone(),
             origin: v.origin.clone(),
-            snapshots: state.snapshots_of(&v.name).into_iter().map(|s| s.name).collect(),
+            snapshots: state
+                .snapshots_of(&v.name)
+                .into_iter()
+                .map(|s| s.name)
+                .collect(),
             created: v.created,
-            last_pause_ms: live
-                .and_then(|l| l.volume.stats().last_pause())
-                .map(ms),
+            last_pause_ms: live.and_then(|l| l.volume.stats().last_pause()).map(ms),
         }
     }
 
@@ -412,7 +424,11 @@ impl Service {
                 t.remove_snapshot(&s.key())?;
             }
             let dead = t.collect_garbage()?;
-            let kept = chain.unwrap_or_default().iter().filter(|id| !dead.contains(id)).count();
+            let kept = chain
+                .unwrap_or_default()
+                .iter()
+                .filter(|id| !dead.contains(id))
+                .count();
             Ok((dead, kept))
         })?;
         self.registry.lock().live.remove(name);
@@ -474,7 +490,11 @@ impl Service {
                 "volume '{volume}' already has a snapshot '{snapshot}'"
             )));
         }
-        let v = state.volumes.get(volume).cloned().ok_or_else(|| not_found(volume))?;
+        let v = state
+            .volumes
+            .get(volume)
+            .cloned()
+            .ok_or_else(|| not_found(volume))?;
         let id = new_id()?;
         let rec = SnapshotRec {
             volume: volume.to_string(),
@@ -497,7 +517,13 @@ impl Service {
         check_size(size)?;
         let live = self.live(name)?;
         let _changes = live.changes.lock();
-        let v = self.catalog.state().volumes.get(name).cloned().ok_or_else(|| not_found(name))?;
+        let v = self
+            .catalog
+            .state()
+            .volumes
+            .get(name)
+            .cloned()
+            .ok_or_else(|| not_found(name))?;
         if size < v.size {
             return Err(VolumeError::Invalid(format!(
                 "cannot shrink volume '{name}' from {} to {size} bytes: only growing is supported",
@@ -687,7 +713,8 @@ pub fn layer_file(id: &str) -> String {
 /// A new layer id: 32 random hex digits.
 fn new_id() -> Result<String> {
     let mut b = [0u8; 16];
-    getrandom::fill(&mut b).map_err(|e| VolumeError::Io(format!("no randomness for a layer id: {e}")))?;
+    getrandom::fill(&mut b)
+        .map_err(|e| VolumeError::Io(format!("no randomness for a layer id: {e}")))?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
@@ -722,10 +749,15 @@ fn remove_orphans(dir: &Path, state: &State) -> Result<Vec<String>> {
     let mut removed = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(id) = is_layer_file(&name) else { continue };
+        let Some(id) = is_layer_file(&name) else {
+            continue;
+        };
         if !state.layers.contains_key(id) {
             std::fs::remove_file(entry.path()).map_err(|e| {
-                VolumeError::Io(format!("cannot remove orphan layer {}: {e}", entry.path().display()))
+                VolumeError::Io(format!(
+                    "cannot remove orphan layer {}: {e}",
+                    entry.path().display()
+                ))
             })?;
             removed.push(name);
         }
