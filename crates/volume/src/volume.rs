@@ -73,6 +73,9 @@ impl Volume {
         snapshot: bool,
         commit: impl FnOnce() -> strata_disk::Result<()>,
     ) -> strata_disk::Result<Duration> {
+        // Write back what is already written while I/O still flows, so the
+        // sync inside the pause only covers the last moment's writes.
+        self.disk.read().flush()?;
         let mut disk = self.disk.write();
         let paused = Instant::now();
         let result = disk.push_top(path, backing_name, size, commit);
