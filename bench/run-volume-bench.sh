@@ -2,7 +2,9 @@
 # Run the volume service benchmark (bench/volume_bench.py).
 #
 # Usage: bench/run-volume-bench.sh [--quick] [--repeat 3] [--runtime 10]
-#                                  [--volumes 500] [--snap-volume-gib 50]
+#                                  [--volumes 500] [--snap-volume-gib 50] [--long]
+#
+# --long adds a snapshot every 30 s (65 s runs) next to its own anchor.
 #
 # STRATA_BIN overrides the binary. Needs fio with its nbd engine and qemu-img (`sudo scripts/test.sh`
 # installs them) and target/release/strata (`cargo build --release`).

@@ -91,19 +91,29 @@ def snapshot_loop(d, vol, every, stop, pauses, prefix):
         pauses.append(r["pause_ms"])
 
 
+def modes(args):
+    """Snapshot intervals compared with the no-snapshot anchor."""
+    return ["none", "1s"] + (["none-long", "30s"] if args.long else [])
+
+
+def runtime(args, mode):
+    """The 30 s interval needs runs long enough to hold snapshots."""
+    return 65 if mode in ("none-long", "30s") else args.runtime
+
+
 def bench_throughput(d, args, workdir):
     rows = []
     for rep in range(args.repeat):
-        for mode in ("none", "1s"):
+        for mode in modes(args):
             vol = f"tp-{mode}-{rep}"
             d.call("POST", "/v1/volumes", {"name": vol, "size": 1 << 30})
             pauses, stop = [], threading.Event()
             t = None
             if mode != "none":
                 t = threading.Thread(target=snapshot_loop,
-                                     args=(d, vol, 1.0, stop, pauses, "s"))
+                                     args=(d, vol, float(mode[:-1]), stop, pauses, "s"))
                 t.start()
-            r = fio(d.uri(vol), args.runtime, workdir)
+            r = fio(d.uri(vol), runtime(args, mode), workdir)
             stop.set()
             if t:
                 t.join()
@@ -176,6 +186,8 @@ def main():
     ap.add_argument("--volumes", type=int, default=500)
     ap.add_argument("--snap-volume-gib", type=int, default=50)
     ap.add_argument("--snapshots", type=int, default=10)
+    ap.add_argument("--long", action="store_true",
+                    help="also compare a snapshot every 30 s (65 s runs) with its anchor")
     args = ap.parse_args()
     if args.quick:
         args.repeat, args.runtime, args.snapshots = 1, 5, 5
@@ -192,16 +204,23 @@ def main():
         many = bench_many(args, base)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    iops = {m: statistics.median(r["iops"] for r in tp if r["mode"] == m) for m in ("none", "1s")}
-    p99 = {m: statistics.median(r["p99_us"] for r in tp if r["mode"] == m) for m in ("none", "1s")}
+    iops = {m: statistics.median(r["iops"] for r in tp if r["mode"] == m) for m in modes(args)}
+    p99 = {m: statistics.median(r["p99_us"] for r in tp if r["mode"] == m) for m in modes(args)}
     pauses = [r["pause_ms_median"] for r in tp if r["mode"] == "1s"]
+    long_rows = []
+    if args.long:
+        long_rows = [
+            f"| no snapshots, 65 s runs (anchor) | {iops['none-long']:.0f} | {p99['none-long']:.0f} |",
+            f"| snapshot every 30 s, 65 s runs | {iops['30s']:.0f} | {p99['30s']:.0f} |",
+            f"| ratio | {iops['30s'] / iops['none-long']:.3f} | {p99['30s'] / p99['none-long']:.2f} |"]
     md = [f"### Volume service, {time.strftime('%Y-%m-%d %H:%M')} "
           f"(repeat {args.repeat}, fio runtime {args.runtime} s)", "",
           "| fio randwrite 4k qd16 on one volume | IOPS (median) | write p99 µs (median) |",
           "|---|---|---|",
           f"| no snapshots (anchor) | {iops['none']:.0f} | {p99['none']:.0f} |",
           f"| snapshot every 1 s | {iops['1s']:.0f} | {p99['1s']:.0f} |",
-          f"| ratio | {iops['1s'] / iops['none']:.3f} | {p99['1s'] / p99['none']:.2f} |", "",
+          f"| ratio | {iops['1s'] / iops['none']:.3f} | {p99['1s'] / p99['none']:.2f} |",
+          *long_rows, "",
           f"Snapshot pause during that run: median {statistics.median(pauses):.1f} ms "
           f"(per-run medians {', '.join(f'{p:.1f}' for p in pauses)}), "
           f"max {max(r['pause_ms_max'] for r in tp):.1f} ms.", "",
