@@ -109,7 +109,7 @@ def bench_throughput(d, args, workdir):
             d.call("POST", "/v1/volumes", {"name": vol, "size": 1 << 30})
             pauses, stop = [], threading.Event()
             t = None
-            if mode != "none":
+            if not mode.startswith("none"):
                 t = threading.Thread(target=snapshot_loop,
                                      args=(d, vol, float(mode[:-1]), stop, pauses, "s"))
                 t.start()

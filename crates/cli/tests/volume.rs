@@ -126,7 +126,7 @@ fn layer_files(pool: &Path) -> Vec<String> {
     v
 }
 
-/// Every layer passes `strata img check` and `qemu-img check`.
+/// Every layer passes `strata img check` and `qemu-img check` and is clean.
 fn check_every_layer(pool: &Path) {
     for f in layer_files(pool) {
         let path = pool.join("layers").join(&f);
@@ -137,6 +137,11 @@ fn check_every_layer(pool: &Path) {
             String::from_utf8_lossy(&out.stdout)
         );
         assert_eq!(common::qemu_check(&path), 0, "qemu-img check {f}");
+        // The daemon stopped cleanly: no layer is left marked dirty.
+        let info: Value =
+            serde_json::from_str(&strata_ok(&["img", "info", "--output", "json", &p(&path)]))
+                .expect("info json");
+        assert_eq!(info["dirty-flag"], false, "{f} left dirty");
     }
 }
 
@@ -426,6 +431,13 @@ fn bad_api_input_is_refused_and_changes_nothing() {
             .unwrap_or_else(|| panic!("no error field: {reply}"));
         assert!(err.contains(msg), "{method} {path}: {err:?} lacks {msg:?}");
     }
+    let huge = format!(
+        r#"{{"name":"x","size":1048576,"pad":"{}"}}"#,
+        "x".repeat(100_000)
+    );
+    let (got, reply) = d.http("POST", "/v1/volumes", &huge);
+    assert_eq!(got, 413, "{reply}");
+    assert!(reply.contains("cannot read the request body"), "{reply}");
     // The CLI shows the API's message and fails.
     assert!(d
         .cli_err(&["volume", "resize", "v", "1M"])

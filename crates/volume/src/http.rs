@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -100,8 +101,17 @@ pub fn router(service: Arc<Service>) -> Router {
         .with_state(service)
 }
 
-/// Parses a JSON body, with a 400 and a clear message when it does not fit.
-fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+/// A request body, or why it could not be read (too large, cut short).
+type Body = Result<Bytes, BytesRejection>;
+
+/// Parses a JSON body, with a 4xx and a clear message when it does not fit.
+fn parse<T: DeserializeOwned>(body: &Body) -> Result<T, ApiError> {
+    let body = body.as_ref().map_err(|e| {
+        ApiError(
+            e.status(),
+            format!("cannot read the request body (at most {MAX_BODY_BYTES} bytes): {e}"),
+        )
+    })?;
     serde_json::from_slice(body).map_err(|e| {
         ApiError(
             StatusCode::BAD_REQUEST,
@@ -136,7 +146,7 @@ async fn list_volumes(State(s): State<Arc<Service>>) -> ApiResult<Vec<crate::ser
 
 async fn create_volume(
     State(s): State<Arc<Service>>,
-    body: Bytes,
+    body: Body,
 ) -> ApiResult<crate::service::VolumeInfo> {
     let req: CreateVolume = parse(&body)?;
     let info = blocking(s, move |s| s.create_volume(&req.name, req.size)).await?;
@@ -161,7 +171,7 @@ async fn delete_volume(
 async fn resize_volume(
     State(s): State<Arc<Service>>,
     Path(name): Path<String>,
-    body: Bytes,
+    body: Body,
 ) -> ApiResult<crate::service::ResizeReport> {
     let req: ResizeVolume = parse(&body)?;
     let report = blocking(s, move |s| s.resize_volume(&name, req.size)).await?;
@@ -178,7 +188,7 @@ async fn list_snapshots(
 async fn create_snapshot(
     State(s): State<Arc<Service>>,
     Path(name): Path<String>,
-    body: Bytes,
+    body: Body,
 ) -> ApiResult<crate::service::SnapshotReport> {
     let req: Named = parse(&body)?;
     let report = blocking(s, move |s| s.create_snapshot(&name, &req.name)).await?;
@@ -196,7 +206,7 @@ async fn delete_snapshot(
 async fn clone_snapshot(
     State(s): State<Arc<Service>>,
     Path((name, snapshot)): Path<(String, String)>,
-    body: Bytes,
+    body: Body,
 ) -> ApiResult<crate::service::VolumeInfo> {
     let req: Named = parse(&body)?;
     let info = blocking(s, move |s| s.clone_snapshot(&name, &snapshot, &req.name)).await?;
