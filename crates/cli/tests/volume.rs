@@ -600,31 +600,53 @@ fn sigkill_at_any_point_loses_no_flushed_write() {
         }
         // Unflushed writes in flight at the kill may or may not survive.
         let api = d.api.clone();
+        if round == 2 {
+            d.cli(&["snapshot", "create", "crash", "base2"]);
+        }
+        let existing: Vec<String> = d
+            .cli(&["volume", "list"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| {
+                v["name"]
+                    .as_str()
+                    .filter(|n| n.starts_with("cl"))
+                    .map(str::to_string)
+            })
+            .collect();
+        // A stream of operations, so the kill lands in the middle of one.
+        let api = d.api.clone();
         let action = std::thread::spawn(move || {
-            let args: Vec<String> = match round {
-                0 => vec![],
-                1 => vec![
-                    "snapshot".into(),
-                    "create".into(),
-                    "crash".into(),
-                    format!("k{round}"),
-                ],
-                2 => vec![
-                    "volume".into(),
-                    "clone".into(),
-                    "crash@k1".into(),
-                    "cl".into(),
-                ],
-                _ => vec!["volume".into(), "delete".into(), "cl".into()],
-            };
-            if !args.is_empty() {
+            for i in 0..40 {
+                let args: Vec<String> = match round {
+                    0 => return,
+                    1 => vec![
+                        "snapshot".into(),
+                        "create".into(),
+                        "crash".into(),
+                        format!("k{i}"),
+                    ],
+                    2 => vec![
+                        "volume".into(),
+                        "clone".into(),
+                        "crash@base2".into(),
+                        format!("cl{i}"),
+                    ],
+                    _ => match existing.get(i) {
+                        Some(name) => vec!["volume".into(), "delete".into(), name.clone()],
+                        None => return,
+                    },
+                };
                 let mut all = args.clone();
-                all.extend(["--api".into(), api]);
+                all.extend(["--api".into(), api.clone()]);
                 let refs: Vec<&str> = all.iter().map(String::as_str).collect();
-                let _ = strata(&refs);
+                if !strata(&refs).status.success() {
+                    return; // the daemon is gone
+                }
             }
         });
-        std::thread::sleep(Duration::from_millis(5 + round * 7));
+        std::thread::sleep(Duration::from_millis(60 + round * 23));
         d.kill();
         let _ = heavy.kill();
         let _ = heavy.wait();
