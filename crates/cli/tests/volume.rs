@@ -599,7 +599,6 @@ fn sigkill_at_any_point_loses_no_flushed_write() {
             flushed.push((slot, pattern));
         }
         // Unflushed writes in flight at the kill may or may not survive.
-        let api = d.api.clone();
         if round == 2 {
             d.cli(&["snapshot", "create", "crash", "base2"]);
         }
