@@ -1,8 +1,10 @@
 //! `strata`: parse arguments, call the libraries, render the result.
 
+mod daemon;
 mod img;
 mod serve;
 mod units;
+mod volume;
 
 use clap::{Parser, Subcommand};
 
@@ -23,6 +25,22 @@ enum Command {
     },
     /// Export images over NBD (qemu-nbd conventions; always persistent).
     Serve(serve::ServeArgs),
+    /// Run the volume service: a pool of volumes served over NBD, with an HTTP API.
+    Daemon(daemon::DaemonArgs),
+    /// Manage volumes of a running daemon.
+    Volume {
+        #[command(flatten)]
+        client: volume::ClientArgs,
+        #[command(subcommand)]
+        command: volume::VolumeCommand,
+    },
+    /// Manage snapshots of a running daemon's volumes.
+    Snapshot {
+        #[command(flatten)]
+        client: volume::ClientArgs,
+        #[command(subcommand)]
+        command: volume::SnapshotCommand,
+    },
 }
 
 fn main() {
@@ -37,6 +55,9 @@ fn main() {
     let code = match cli.command {
         Command::Img { command } => img::run(command),
         Command::Serve(args) => serve::run(args),
+        Command::Daemon(args) => daemon::run(args),
+        Command::Volume { client, command } => volume::run_volume(client, command),
+        Command::Snapshot { client, command } => volume::run_snapshot(client, command),
     };
     match code {
         Ok(code) => std::process::exit(code),

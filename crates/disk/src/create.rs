@@ -83,11 +83,6 @@ pub struct CreateReport {
 /// carried forward from the chain below: no data is copied, and the cost
 /// is one pass over the index (2 bytes per cluster), not over the chain.
 pub fn create(path: &Path, opts: &CreateOptions) -> Result<CreateReport> {
-    let started = Instant::now();
-    let place = Place {
-        depth: 0,
-        path: path.to_path_buf(),
-    };
     let backing = match &opts.backing {
         Some(name) => {
             let dir = path.parent().unwrap_or(Path::new("."));
@@ -104,7 +99,23 @@ pub fn create(path: &Path, opts: &CreateOptions) -> Result<CreateReport> {
         }
         None => None,
     };
-    let size = match (opts.size, &backing) {
+    create_on(path, opts, backing.as_ref())
+}
+
+/// Creates an image on top of an already open chain (`backing`, whose top
+/// file `opts.backing` names): the index is carried forward from it
+/// without reopening any layer.
+pub(crate) fn create_on(
+    path: &Path,
+    opts: &CreateOptions,
+    backing: Option<&Disk>,
+) -> Result<CreateReport> {
+    let started = Instant::now();
+    let place = Place {
+        depth: 0,
+        path: path.to_path_buf(),
+    };
+    let size = match (opts.size, backing) {
         (Some(s), _) => s,
         (None, Some(b)) => b.size(),
         (None, None) => {
@@ -132,7 +143,7 @@ pub fn create(path: &Path, opts: &CreateOptions) -> Result<CreateReport> {
         });
     }
     let geometry = Geometry::new(opts, size)?;
-    let depth = backing.as_ref().map_or(0, Disk::depth) + 1;
+    let depth = backing.map_or(0, Disk::depth) + 1;
     if depth > MAX_CHAIN_DEPTH {
         return Err(DiskError::Chain(format!(
             "a chain is limited to {MAX_CHAIN_DEPTH} layers"
@@ -144,10 +155,10 @@ pub fn create(path: &Path, opts: &CreateOptions) -> Result<CreateReport> {
             size,
             geometry
                 .cluster_bits
-                .min(backing.as_ref().map_or(32, |b| b.unit_bits)),
+                .min(backing.map_or(32, |b| b.unit_bits)),
             depth,
         ) <= MAX_REGION_BYTES;
-    let unit_bits = backing.as_ref().map_or(geometry.cluster_bits, |b| {
+    let unit_bits = backing.map_or(geometry.cluster_bits, |b| {
         b.unit_bits.min(geometry.cluster_bits)
     });
     let index = with_index.then(|| {
@@ -183,7 +194,7 @@ pub fn create(path: &Path, opts: &CreateOptions) -> Result<CreateReport> {
     let index_bytes = index.as_ref().map_or(0, |i| i.region_len);
     if let Some(mut ext) = index {
         ext.layer_uuid = new_uuid()?;
-        ext.crc32c = write_carried_index(&ext, backing.as_ref(), &write)?;
+        ext.crc32c = write_carried_index(&ext, backing, &write)?;
         file_end = ext.region_offset + ext.region_len.div_ceil(geometry.cs) * geometry.cs;
         header.extensions.push(HeaderExtension::ChainIndex(ext));
         header.autoclear_features |= AUTOCLEAR_STRATA_INDEX;

@@ -796,7 +796,7 @@ fn open_chain(top: &Path, opts: &OpenOptions) -> Result<Vec<Layer>> {
 
 /// Checks that the top layer's stored index matches this exact chain.
 /// Returns the reason when it does not.
-fn validate_index(
+pub(crate) fn validate_index(
     layers: &[Layer],
     unit_bits: u32,
     size: u64,

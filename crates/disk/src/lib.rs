@@ -27,6 +27,7 @@ pub mod error;
 mod file;
 pub mod info;
 pub mod layer;
+mod live;
 pub mod map;
 mod writer;
 

@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""Volume service benchmark (issue 4): `strata daemon` under fio.
+
+Measures, against the same daemon build in the same run:
+
+1. fio random writes (4 KiB, iodepth 16, ioengine=nbd) on one volume,
+   with no snapshots (the anchor) and with a snapshot every second,
+   alternated --repeat times: IOPS medians and their ratio, write p99,
+   and the I/O pause each snapshot reported.
+2. Snapshot of an exported 50 GiB volume (with data, while fio writes):
+   the pause (catalog commit included) and the API call's wall time.
+3. 500 volumes in one daemon: create time, daemon RSS, restart time to
+   the readiness line with every volume re-exported, RSS after restart.
+
+Usage: bench/run-volume-bench.sh [--quick] [--repeat 3] [--runtime 10]
+                                  [--volumes 500] [--snap-volume-gib 50]
+Results: bench/out/volume-bench-<timestamp>.{md,json}, markdown on stdout.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STRATA = Path(os.environ.get("STRATA_BIN", ROOT / "target" / "release" / "strata"))
+
+
+class Daemon:
+    """A `strata daemon` on free ports."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            [str(STRATA), "daemon", "--pool", str(pool), "--listen", "127.0.0.1:0",
+             "--nbd-port", "0"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self.proc.stdout.readline()
+        self.ready_s = time.monotonic() - t0
+        if not line:
+            raise SystemExit("daemon did not start")
+        self.nbd = line.split(" on ")[1].split(",")[0]
+        self.api = line.split("http://")[1].split(",")[0]
+
+    def call(self, method, path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"http://{self.api}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.loads(r.read())
+
+    def uri(self, vol):
+        return f"nbd://{self.nbd}/{vol}"
+
+    def rss_mib(self):
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=120)
+
+
+def fio(uri, runtime, workdir, size="1G", rw="randwrite"):
+    out = subprocess.run(
+        ["fio", "--name=bench", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}", "--bs=4k",
+         "--iodepth=16", f"--size={size}", "--time_based", f"--runtime={runtime}",
+         "--norandommap", "--randrepeat=0", "--output-format=json"],
+        cwd=workdir, capture_output=True, text=True, check=True)
+    job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
+    w = job["write"]
+    return {"iops": w["iops"], "p99_us": w["clat_ns"]["percentile"]["99.000000"] / 1e3,
+            "errors": job["error"]}
+
+
+def snapshot_loop(d, vol, every, stop, pauses, prefix):
+    n = 0
+    while not stop.wait(every):
+        n += 1
+        r = d.call("POST", f"/v1/volumes/{vol}/snapshots", {"name": f"{prefix}-{n}"})
+        pauses.append(r["pause_ms"])
+
+
+def modes(args):
+    """Snapshot intervals compared with the no-snapshot anchor."""
+    return ["none", "1s"] + (["none-long", "30s"] if args.long else [])
+
+
+def runtime(args, mode):
+    """The 30 s interval needs runs long enough to hold snapshots."""
+    return 65 if mode in ("none-long", "30s") else args.runtime
+
+
+def bench_throughput(d, args, workdir):
+    rows = []
+    for rep in range(args.repeat):
+        for mode in modes(args):
+            vol = f"tp-{mode}-{rep}"
+            d.call("POST", "/v1/volumes", {"name": vol, "size": 1 << 30})
+            pauses, stop = [], threading.Event()
+            t = None
+            if not mode.startswith("none"):
+                t = threading.Thread(target=snapshot_loop,
+                                     args=(d, vol, float(mode[:-1]), stop, pauses, "s"))
+                t.start()
+            r = fio(d.uri(vol), runtime(args, mode), workdir)
+            stop.set()
+            if t:
+                t.join()
+            r.update(mode=mode, rep=rep, snapshots=len(pauses),
+                     pause_ms_median=statistics.median(pauses) if pauses else 0,
+                     pause_ms_max=max(pauses) if pauses else 0)
+            rows.append(r)
+            d.call("DELETE", f"/v1/volumes/{vol}")
+    return rows
+
+
+def bench_big_snapshot(d, args, workdir):
+    gib = args.snap_volume_gib
+    d.call("POST", "/v1/volumes", {"name": "big", "size": gib << 30})
+    # Some data spread over the whole volume first.
+    fio(d.uri("big"), 3, workdir, size=f"{gib}G")
+    idle, busy = [], []
+    for i in range(args.snapshots):
+        t0 = time.monotonic()
+        r = d.call("POST", "/v1/volumes/big/snapshots", {"name": f"idle-{i}"})
+        idle.append((r["pause_ms"], (time.monotonic() - t0) * 1e3))
+    stop = threading.Event()
+    load = threading.Thread(target=lambda: fio(d.uri("big"), args.snapshots + 2, workdir,
+                                               size=f"{gib}G"))
+    load.start()
+    time.sleep(1)
+    for i in range(args.snapshots):
+        t0 = time.monotonic()
+        r = d.call("POST", "/v1/volumes/big/snapshots", {"name": f"busy-{i}"})
+        busy.append((r["pause_ms"], (time.monotonic() - t0) * 1e3))
+        time.sleep(0.5)
+    stop.set()
+    load.join()
+    d.call("DELETE", "/v1/volumes/big")
+    med = lambda xs, k: statistics.median(x[k] for x in xs)
+    return {"gib": gib, "n": args.snapshots,
+            "idle_pause_ms": med(idle, 0), "idle_call_ms": med(idle, 1),
+            "busy_pause_ms": med(busy, 0), "busy_call_ms": med(busy, 1),
+            "busy_pause_ms_max": max(x[0] for x in busy)}
+
+
+def bench_many(args, base):
+    pool = base / "many"
+    d = Daemon(pool)
+    t0 = time.monotonic()
+    for i in range(args.volumes):
+        d.call("POST", "/v1/volumes", {"name": f"v{i:04d}", "size": 1 << 30})
+    create_s = time.monotonic() - t0
+    rss = d.rss_mib()
+    d.stop()
+    d = Daemon(pool)
+    restart_s = d.ready_s
+    listed = len(d.call("GET", "/v1/volumes"))
+    info = subprocess.run(["qemu-img", "info", "--output", "json",
+                           d.uri(f"v{args.volumes - 1:04d}")],
+                          capture_output=True, text=True, check=True)
+    size = json.loads(info.stdout)["virtual-size"]
+    rss_after = d.rss_mib()
+    d.stop()
+    return {"volumes": args.volumes, "listed_after_restart": listed,
+            "last_export_size": size, "create_s": create_s, "rss_mib": rss,
+            "restart_s": restart_s, "rss_after_restart_mib": rss_after}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--runtime", type=int, default=10)
+    ap.add_argument("--volumes", type=int, default=500)
+    ap.add_argument("--snap-volume-gib", type=int, default=50)
+    ap.add_argument("--snapshots", type=int, default=10)
+    ap.add_argument("--long", action="store_true",
+                    help="also compare a snapshot every 30 s (65 s runs) with its anchor")
+    args = ap.parse_args()
+    if args.quick:
+        args.repeat, args.runtime, args.snapshots = 1, 5, 5
+    if not STRATA.exists():
+        raise SystemExit("build first: cargo build --release")
+    out_dir = ROOT / "bench" / "out"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix="volume-bench-", dir=out_dir))
+    try:
+        d = Daemon(base / "pool")
+        tp = bench_throughput(d, args, base)
+        big = bench_big_snapshot(d, args, base)
+        d.stop()
+        many = bench_many(args, base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    iops = {m: statistics.median(r["iops"] for r in tp if r["mode"] == m) for m in modes(args)}
+    p99 = {m: statistics.median(r["p99_us"] for r in tp if r["mode"] == m) for m in modes(args)}
+    pauses = [r["pause_ms_median"] for r in tp if r["mode"] == "1s"]
+    long_rows = []
+    if args.long:
+        long_rows = [
+            f"| no snapshots, 65 s runs (anchor) | {iops['none-long']:.0f} | {p99['none-long']:.0f} |",
+            f"| snapshot every 30 s, 65 s runs | {iops['30s']:.0f} | {p99['30s']:.0f} |",
+            f"| ratio | {iops['30s'] / iops['none-long']:.3f} | {p99['30s'] / p99['none-long']:.2f} |"]
+    md = [f"### Volume service, {time.strftime('%Y-%m-%d %H:%M')} "
+          f"(repeat {args.repeat}, fio runtime {args.runtime} s)", "",
+          "| fio randwrite 4k qd16 on one volume | IOPS (median) | write p99 µs (median) |",
+          "|---|---|---|",
+          f"| no snapshots (anchor) | {iops['none']:.0f} | {p99['none']:.0f} |",
+          f"| snapshot every 1 s | {iops['1s']:.0f} | {p99['1s']:.0f} |",
+          f"| ratio | {iops['1s'] / iops['none']:.3f} | {p99['1s'] / p99['none']:.2f} |",
+          *long_rows, "",
+          f"Snapshot pause during that run: median {statistics.median(pauses):.1f} ms "
+          f"(per-run medians {', '.join(f'{p:.1f}' for p in pauses)}), "
+          f"max {max(r['pause_ms_max'] for r in tp):.1f} ms.", "",
+          f"| {big['gib']} GiB volume, {big['n']} snapshots | pause ms (median) | API call ms (median) |",
+          "|---|---|---|",
+          f"| idle | {big['idle_pause_ms']:.1f} | {big['idle_call_ms']:.1f} |",
+          f"| under fio randwrite | {big['busy_pause_ms']:.1f} (max {big['busy_pause_ms_max']:.1f}) "
+          f"| {big['busy_call_ms']:.1f} |", "",
+          f"| {many['volumes']} volumes of 1 GiB | value |", "|---|---|",
+          f"| create all (sequential API calls) | {many['create_s']:.1f} s |",
+          f"| daemon RSS | {many['rss_mib']:.0f} MiB |",
+          f"| restart to readiness, all re-exported | {many['restart_s']:.2f} s |",
+          f"| RSS after restart | {many['rss_after_restart_mib']:.0f} MiB |",
+          f"| volumes listed after restart | {many['listed_after_restart']} |"]
+    text = "\n".join(md) + "\n"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (out_dir / f"volume-bench-{stamp}.md").write_text(text)
+    (out_dir / f"volume-bench-{stamp}.json").write_text(
+        json.dumps({"throughput": tp, "big_snapshot": big, "many": many}, indent=1))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

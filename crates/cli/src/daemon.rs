@@ -1,0 +1,137 @@
+//! `strata daemon`: the volume service. Serves every volume of a pool over
+//! NBD and the HTTP control API until SIGTERM or SIGINT.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use strata_nbd::server::DEFAULT_PORT;
+use strata_nbd::{ExportSet, Server, ServerConfig};
+use strata_volume::{Service, ServiceConfig};
+
+use crate::serve::{init_logging, seconds, wait_for_signal};
+use crate::units::parse_size;
+
+/// Default address of the HTTP API.
+pub const DEFAULT_API: &str = "127.0.0.1:7480";
+
+/// Arguments of `strata daemon`.
+#[derive(Args)]
+pub struct DaemonArgs {
+    /// Pool directory (catalog and layer files); created if missing.
+    #[arg(long, default_value = "strata-pool")]
+    pool: PathBuf,
+    /// Address of the HTTP API (port 0 picks a free one).
+    #[arg(long, default_value = DEFAULT_API)]
+    listen: String,
+    /// Address the NBD server listens on.
+    #[arg(long = "nbd-bind", default_value = "127.0.0.1")]
+    nbd_bind: String,
+    /// NBD port (0 picks a free one).
+    #[arg(long = "nbd-port", default_value_t = DEFAULT_PORT)]
+    nbd_port: u16,
+    /// Most NBD clients served at once, over all volumes.
+    #[arg(long = "max-connections", default_value_t = 256)]
+    max_connections: usize,
+    /// Metadata cache bound of each volume.
+    #[arg(long = "cache-size", default_value = "8M")]
+    cache_size: String,
+    /// Seconds in-flight requests get to finish at shutdown.
+    #[arg(long = "shutdown-timeout", default_value_t = 30.0)]
+    shutdown_timeout: f64,
+}
+
+/// Runs the daemon until a signal; returns the exit code.
+pub fn run(args: DaemonArgs) -> Result<i32> {
+    // A client that goes away mid-reply costs an EPIPE on its connection.
+    // SAFETY: setting a signal disposition to SIG_IGN.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    init_logging();
+    let shutdown_timeout = seconds(args.shutdown_timeout, "--shutdown-timeout")?;
+    let cache_bytes = parse_size(&args.cache_size).map_err(anyhow::Error::msg)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("strata-daemon")
+        .build()
+        .context("could not start the async runtime")?;
+    let service = runtime.block_on(serve(&args, cache_bytes, shutdown_timeout))?;
+    drop(runtime);
+    if let Some(service) = service {
+        service.close().context("could not close every volume")?;
+    }
+    Ok(0)
+}
+
+/// Opens the pool, serves until a signal, returns the service to close.
+async fn serve(
+    args: &DaemonArgs,
+    cache_bytes: u64,
+    shutdown_timeout: std::time::Duration,
+) -> Result<Option<Service>> {
+    let exports = Arc::new(ExportSet::default());
+    let config = ServiceConfig {
+        pool: args.pool.clone(),
+        cache_bytes,
+    };
+    let (service, report) = Service::open(config, exports.clone())
+        .with_context(|| format!("could not open pool '{}'", args.pool.display()))?;
+    for orphan in &report.orphans_removed {
+        eprintln!("strata: removed orphan layer file {orphan} (left by an interrupted change)");
+    }
+    for problem in &report.problems {
+        eprintln!("strata: {problem}");
+    }
+    let service = Arc::new(service);
+    let nbd = Server::bind_set(
+        exports,
+        ServerConfig {
+            tcp: Some((args.nbd_bind.clone(), args.nbd_port)),
+            unix: None,
+            max_connections: args.max_connections,
+            handshake_timeout: std::time::Duration::from_secs(30),
+            shutdown_timeout,
+        },
+    )
+    .await?;
+    let api = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let api_addr = api.local_addr()?;
+    let nbd_addr = nbd.tcp_addr().map(|a| a.to_string()).unwrap_or_default();
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "strata: daemon serving {} volume{} over NBD on {nbd_addr}, API on http://{api_addr}, pool {}",
+            report.volumes,
+            if report.volumes == 1 { "" } else { "s" },
+            args.pool.display()
+        )?;
+        out.flush()?;
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let nbd_stop = nbd.shutdown_handle();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        nbd_stop.shutdown();
+        let _ = stop_tx.send(true);
+    });
+    let router = strata_volume::http::router(service.clone());
+    let mut api_stop = stop_rx.clone();
+    let api_task = tokio::spawn(async move {
+        axum::serve(api, router)
+            .with_graceful_shutdown(async move {
+                let _ = api_stop.wait_for(|stop| *stop).await;
+            })
+            .await
+    });
+    let served = nbd.run().await;
+    let api_result = api_task.await;
+    served?;
+    api_result.context("API server task failed")??;
+    Ok(Arc::try_unwrap(service).ok())
+}

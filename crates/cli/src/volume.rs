@@ -1,0 +1,222 @@
+//! `strata volume ...` and `strata snapshot ...`: thin clients of the
+//! daemon's HTTP API.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use serde_json::{json, Value};
+
+use crate::daemon::DEFAULT_API;
+use crate::units::parse_size;
+
+/// Output formats.
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum Output {
+    /// Human-readable text.
+    Human,
+    /// The API's JSON, pretty-printed.
+    Json,
+}
+
+/// Options every client command takes.
+#[derive(Args)]
+pub struct ClientArgs {
+    /// Address of the daemon's API (or set STRATA_API).
+    #[arg(long, global = true, env = "STRATA_API", default_value = DEFAULT_API)]
+    api: String,
+    /// Output format.
+    #[arg(long, global = true, value_enum, default_value = "human")]
+    output: Output,
+}
+
+/// `strata volume` subcommands.
+#[derive(Subcommand)]
+pub enum VolumeCommand {
+    /// Create an empty volume of SIZE (e.g. 10G) and export it over NBD.
+    Create {
+        /// Volume name (also the NBD export name).
+        name: String,
+        /// Size, with an optional K/M/G/T suffix.
+        size: String,
+    },
+    /// List volumes.
+    List,
+    /// Show one volume.
+    Info {
+        /// Volume name.
+        name: String,
+    },
+    /// Grow a volume (clients see the new size when they reconnect).
+    Resize {
+        /// Volume name.
+        name: String,
+        /// New size, with an optional K/M/G/T suffix.
+        size: String,
+    },
+    /// Delete a volume and its snapshots (layers clones still read are kept).
+    Delete {
+        /// Volume name.
+        name: String,
+    },
+    /// Create volume NEW from SNAPSHOT (VOLUME@SNAPSHOT), sharing its layers.
+    Clone {
+        /// The snapshot, as VOLUME@SNAPSHOT.
+        snapshot: String,
+        /// Name of the new volume.
+        new: String,
+    },
+}
+
+/// `strata snapshot` subcommands.
+#[derive(Subcommand)]
+pub enum SnapshotCommand {
+    /// Take a snapshot of a volume while it serves I/O.
+    Create {
+        /// Volume name.
+        volume: String,
+        /// Snapshot name.
+        name: String,
+    },
+    /// List a volume's snapshots.
+    List {
+        /// Volume name.
+        volume: String,
+    },
+    /// Delete a snapshot (refused while a clone was made from it).
+    Delete {
+        /// Volume name.
+        volume: String,
+        /// Snapshot name.
+        name: String,
+    },
+}
+
+/// Runs a `strata volume` command.
+pub fn run_volume(client: ClientArgs, command: VolumeCommand) -> Result<i32> {
+    let api = Api::new(&client.api);
+    let value = match command {
+        VolumeCommand::Create { name, size } => {
+            let size = parse_size(&size).map_err(anyhow::Error::msg)?;
+            api.call(
+                "POST",
+                "/v1/volumes",
+                Some(json!({"name": name, "size": size})),
+            )?
+        }
+        VolumeCommand::List => api.call("GET", "/v1/volumes", None)?,
+        VolumeCommand::Info { name } => api.call("GET", &format!("/v1/volumes/{name}"), None)?,
+        VolumeCommand::Resize { name, size } => {
+            let size = parse_size(&size).map_err(anyhow::Error::msg)?;
+            api.call(
+                "POST",
+                &format!("/v1/volumes/{name}/resize"),
+                Some(json!({"size": size})),
+            )?
+        }
+        VolumeCommand::Delete { name } => {
+            api.call("DELETE", &format!("/v1/volumes/{name}"), None)?
+        }
+        VolumeCommand::Clone { snapshot, new } => {
+            let Some((volume, snap)) = snapshot.split_once('@') else {
+                bail!("give the snapshot as VOLUME@SNAPSHOT (got '{snapshot}')");
+            };
+            api.call(
+                "POST",
+                &format!("/v1/volumes/{volume}/snapshots/{snap}/clone"),
+                Some(json!({"name": new})),
+            )?
+        }
+    };
+    render(client.output, &value);
+    Ok(0)
+}
+
+/// Runs a `strata snapshot` command.
+pub fn run_snapshot(client: ClientArgs, command: SnapshotCommand) -> Result<i32> {
+    let api = Api::new(&client.api);
+    let value = match command {
+        SnapshotCommand::Create { volume, name } => api.call(
+            "POST",
+            &format!("/v1/volumes/{volume}/snapshots"),
+            Some(json!({"name": name})),
+        )?,
+        SnapshotCommand::List { volume } => {
+            api.call("GET", &format!("/v1/volumes/{volume}/snapshots"), None)?
+        }
+        SnapshotCommand::Delete { volume, name } => api.call(
+            "DELETE",
+            &format!("/v1/volumes/{volume}/snapshots/{name}"),
+            None,
+        )?,
+    };
+    render(client.output, &value);
+    Ok(0)
+}
+
+/// A blocking client of the daemon's API.
+struct Api {
+    base: String,
+}
+
+impl Api {
+    fn new(addr: &str) -> Api {
+        let base = if addr.starts_with("http://") {
+            addr.trim_end_matches('/').to_string()
+        } else {
+            format!("http://{addr}")
+        };
+        Api { base }
+    }
+
+    /// Sends a request; an API error becomes an error with its message.
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
+        let url = format!("{}{path}", self.base);
+        let request = ureq::request(method, &url);
+        let response = match body {
+            Some(b) => request.send_json(b),
+            None => request.call(),
+        };
+        match response {
+            Ok(r) => r
+                .into_json()
+                .with_context(|| format!("{method} {url}: the reply is not JSON")),
+            Err(ureq::Error::Status(code, r)) => {
+                let v: Value = r.into_json().unwrap_or(Value::Null);
+                let msg = v["error"].as_str().unwrap_or("no message").to_string();
+                bail!("{msg} (HTTP {code})")
+            }
+            Err(e) => bail!(
+                "cannot reach the daemon at {}: {e} (is `strata daemon` running? set --api or STRATA_API)",
+                self.base
+            ),
+        }
+    }
+}
+
+/// Prints a reply as JSON or as `key: value` lines.
+fn render(output: Output, value: &Value) {
+    if output == Output::Json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(value).unwrap_or_default()
+        );
+        return;
+    }
+    match value {
+        Value::Array(items) => {
+            for item in items {
+                let name = item["name"].as_str().unwrap_or("?");
+                let size = item["size"].as_u64().unwrap_or(0);
+                println!("{name}\t{size}");
+            }
+        }
+        Value::Object(map) => {
+            for (k, v) in map {
+                match v {
+                    Value::String(s) => println!("{k}: {s}"),
+                    other => println!("{k}: {other}"),
+                }
+            }
+        }
+        other => println!("{other}"),
+    }
+}

@@ -1,0 +1,155 @@
+//! Pushing a new top layer under an open disk (online snapshot and grow):
+//! the frozen layer holds exactly the earlier writes, the disk goes on
+//! writing to the new top, and QEMU reads and checks every layer.
+
+use std::path::Path;
+use std::process::Command;
+
+use strata_disk::{create, CreateOptions, Disk, DiskError, OpenOptions};
+
+const MIB: u64 = 1 << 20;
+
+fn new_disk(dir: &Path, size: u64) -> Disk {
+    let base = dir.join("base.qcow2");
+    let opts = CreateOptions {
+        size: Some(size),
+        ..CreateOptions::default()
+    };
+    create(&base, &opts).expect("create");
+    Disk::open(&base, &OpenOptions::read_write()).expect("open")
+}
+
+fn qemu_read(image: &Path, dir: &Path) -> Vec<u8> {
+    let out = dir.join("view.raw");
+    let st = Command::new("qemu-img")
+        .args(["convert", "-O", "raw"])
+        .arg(image)
+        .arg(&out)
+        .status()
+        .expect("qemu-img");
+    assert!(st.success(), "qemu-img convert {}", image.display());
+    let data = std::fs::read(&out).expect("read");
+    std::fs::remove_file(&out).ok();
+    data
+}
+
+fn qemu_check_clean(image: &Path) {
+    let out = Command::new("qemu-img")
+        .arg("check")
+        .arg(image)
+        .output()
+        .expect("qemu-img check");
+    assert!(
+        out.status.success(),
+        "qemu-img check {}: {}",
+        image.display(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn pushed_top_freezes_earlier_writes_and_takes_later_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut disk = new_disk(dir.path(), 8 * MIB);
+    disk.write_at(&vec![0xaa; 3 * 65536 + 100], 4096).unwrap();
+    let top2 = dir.path().join("top2.qcow2");
+    let mut committed = false;
+    disk.push_top(&top2, "base.qcow2", None, || {
+        committed = true;
+        Ok(())
+    })
+    .unwrap();
+    assert!(committed, "the commit hook must run before writing");
+    assert_eq!(disk.depth(), 2);
+    // Overwrite part of the frozen data and write somewhere new.
+    disk.write_at(&vec![0xbb; 1000], 8192).unwrap();
+    disk.write_at(&vec![0xcc; 65536], 5 * MIB).unwrap();
+    let mut buf = vec![0u8; 16384];
+    disk.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf[..4096], &[0u8; 4096][..]);
+    assert_eq!(&buf[4096..8192], &[0xaa; 4096][..]);
+    assert_eq!(&buf[8192..9192], &[0xbb; 1000][..]);
+    assert_eq!(&buf[9192..], &vec![0xaa; 16384 - 9192][..]);
+    let mut far = vec![0u8; 65536];
+    disk.read_at(&mut far, 5 * MIB).unwrap();
+    assert!(
+        far.iter().all(|&b| b == 0xcc),
+        "engine reads back the new write"
+    );
+    disk.close().unwrap();
+
+    let base = qemu_read(&dir.path().join("base.qcow2"), dir.path());
+    assert!(base[4096..4096 + 3 * 65536 + 100]
+        .iter()
+        .all(|&b| b == 0xaa));
+    assert!(base[5 * MIB as usize..6 * MIB as usize]
+        .iter()
+        .all(|&b| b == 0));
+    let top = qemu_read(&top2, dir.path());
+    assert_eq!(&top[8192..9192], &[0xbb; 1000][..]);
+    assert!(top[5 * MIB as usize..5 * MIB as usize + 65536]
+        .iter()
+        .all(|&b| b == 0xcc));
+    qemu_check_clean(&dir.path().join("base.qcow2"));
+    qemu_check_clean(&top2);
+    // The carried index is valid: Strata reopens it without walking.
+    let reopened = Disk::open(&top2, &OpenOptions::read_only()).unwrap();
+    assert!(matches!(
+        reopened.index_state(),
+        strata_disk::disk::IndexState::Stored { depth: 2 }
+    ));
+}
+
+#[test]
+fn failed_commit_keeps_writing_to_the_old_top() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut disk = new_disk(dir.path(), 4 * MIB);
+    let top2 = dir.path().join("top2.qcow2");
+    let err = disk
+        .push_top(&top2, "base.qcow2", None, || {
+            Err(DiskError::Invalid("catalog refused".into()))
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("catalog refused"));
+    assert!(!top2.exists(), "the uncommitted layer must be removed");
+    assert_eq!(disk.depth(), 1);
+    disk.write_at(&[7u8; 512], 0).unwrap();
+    disk.close().unwrap();
+    let base = qemu_read(&dir.path().join("base.qcow2"), dir.path());
+    assert_eq!(&base[..512], &[7u8; 512][..]);
+    qemu_check_clean(&dir.path().join("base.qcow2"));
+}
+
+#[test]
+fn grown_top_reads_zeros_past_the_smaller_layers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut disk = new_disk(dir.path(), 4 * MIB);
+    disk.write_at(&vec![0x11; 4 * MIB as usize], 0).unwrap();
+    let shrink = disk.push_top(&dir.path().join("x.qcow2"), "base.qcow2", Some(MIB), || {
+        Ok(())
+    });
+    assert!(shrink.unwrap_err().to_string().contains("shrink"));
+    assert_eq!(disk.size(), 4 * MIB);
+    let top2 = dir.path().join("top2.qcow2");
+    disk.push_top(&top2, "base.qcow2", Some(10 * MIB), || Ok(()))
+        .unwrap();
+    assert_eq!(disk.size(), 10 * MIB);
+    let mut buf = vec![0u8; 2 * MIB as usize];
+    disk.read_at(&mut buf, 3 * MIB).unwrap();
+    assert!(buf[..MIB as usize].iter().all(|&b| b == 0x11));
+    assert!(buf[MIB as usize..].iter().all(|&b| b == 0));
+    // A partial write past the old end copies zeros, not stale data.
+    disk.write_at(&[0x22; 100], 9 * MIB + 50).unwrap();
+    disk.close().unwrap();
+    let top = qemu_read(&top2, dir.path());
+    assert_eq!(top.len() as u64, 10 * MIB);
+    assert!(top[..4 * MIB as usize].iter().all(|&b| b == 0x11));
+    assert!(top[4 * MIB as usize..9 * MIB as usize + 50]
+        .iter()
+        .all(|&b| b == 0));
+    assert_eq!(
+        &top[9 * MIB as usize + 50..9 * MIB as usize + 150],
+        &[0x22; 100][..]
+    );
+    qemu_check_clean(&top2);
+}

@@ -1,0 +1,27 @@
+//! Strata's volume service: many volumes in one pool, each served over
+//! NBD, with online snapshots, clones and grows while clients write.
+//!
+//! - [`catalog`]: volumes, snapshots and layers in an embedded
+//!   transactional database (redb);
+//! - [`volume`]: a live volume, the open disk behind an I/O gate so its top
+//!   layer can be switched under I/O;
+//! - [`service`]: the operations, ordered for crash safety, and startup
+//!   reconciliation of the catalog with the files;
+//! - [`http`]: the JSON control API; [`metrics`]: Prometheus text.
+//!
+//! Pool layout: `POOL/catalog.redb` and `POOL/layers/<id>.qcow2`, each
+//! layer backed by its parent's file name.
+//!
+//! The library never prints and never exits; it logs with `tracing`.
+
+pub mod catalog;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod names;
+pub mod service;
+pub mod volume;
+
+pub use error::{Result, VolumeError};
+pub use service::{RecoveryReport, Service, ServiceConfig};
+pub use volume::Volume;

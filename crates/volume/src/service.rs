@@ -1,0 +1,770 @@
+//! The volume service: creates, snapshots, clones, grows and deletes
+//! volumes, keeping the catalog, the layer files and the NBD exports in
+//! step.
+//!
+//! Every multi-step change is ordered so that a crash at any point leaves
+//! something [`Service::open`] can reconcile: the new layer file is written
+//! and synced, then the catalog commits, and only then are old files
+//! unlinked. A file the catalog does not know is an orphan of an
+//! interrupted change and is removed at startup; a layer the catalog names
+//! but whose file is missing is reported and its volumes are not served.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+use strata_disk::layer::Format;
+use strata_disk::{create, CreateOptions, Disk, DiskError, OpenOptions};
+use strata_nbd::{Export, ExportSet};
+
+use crate::catalog::{snapshot_key, Catalog, LayerRec, SnapshotRec, State, Txn, VolumeRec};
+use crate::error::{Result, VolumeError};
+use crate::metrics;
+use crate::names::{check_name, check_size};
+use crate::volume::Volume;
+
+/// How a service runs.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// The pool directory: `catalog.redb` and `layers/`.
+    pub pool: PathBuf,
+    /// Metadata cache bound of each volume.
+    pub cache_bytes: u64,
+}
+
+/// A volume as the API shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct VolumeInfo {
+    /// Name, also the NBD export name.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Layers in its chain (snapshots, clone origins and grows add layers).
+    pub chain_length: usize,
+    /// The layer it writes to.
+    pub top_layer: String,
+    /// The snapshot it was cloned from.
+    pub origin: Option<String>,
+    /// Its snapshots, oldest first.
+    pub snapshots: Vec<String>,
+    /// Creation time, seconds since the Unix epoch.
+    pub created: u64,
+    /// I/O pause of the last snapshot or grow since the daemon started, in ms.
+    pub last_pause_ms: Option<f64>,
+}
+
+/// A snapshot as the API shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotInfo {
+    /// Volume it was taken of.
+    pub volume: String,
+    /// Its name.
+    pub name: String,
+    /// The frozen layer.
+    pub layer: String,
+    /// Size of the volume when it was taken.
+    pub size: u64,
+    /// Creation time, seconds since the Unix epoch.
+    pub created: u64,
+    /// Volumes cloned from it.
+    pub clones: Vec<String>,
+}
+
+/// What a snapshot took.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotReport {
+    /// The new snapshot.
+    pub snapshot: SnapshotInfo,
+    /// Time I/O to the volume was held back, catalog commit included, in ms.
+    pub pause_ms: f64,
+    /// Wall time of the whole call, in ms.
+    pub total_ms: f64,
+}
+
+/// What a grow did.
+#[derive(Debug, Clone, Serialize)]
+pub struct ResizeReport {
+    /// The volume.
+    pub name: String,
+    /// Size before.
+    pub old_size: u64,
+    /// Size now.
+    pub size: u64,
+    /// Time I/O was held back, in ms (0 when the size did not change).
+    pub pause_ms: f64,
+}
+
+/// What a delete did.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeleteReport {
+    /// What was deleted (`volume` or `volume@snapshot`).
+    pub deleted: String,
+    /// Layer files removed because nothing reads them any more.
+    pub layers_removed: usize,
+    /// Layers kept because newer layers or clones still read them.
+    pub layers_kept: usize,
+}
+
+/// The pool as the API shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolInfo {
+    /// Pool directory.
+    pub pool: PathBuf,
+    /// Volumes in the catalog.
+    pub volumes: usize,
+    /// Snapshots in the catalog.
+    pub snapshots: usize,
+    /// Layer files in the catalog.
+    pub layers: usize,
+    /// Problems found at startup (missing files, chains that do not match).
+    pub problems: Vec<String>,
+}
+
+/// What startup reconciliation found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RecoveryReport {
+    /// Volumes opened and exported.
+    pub volumes: usize,
+    /// Layer files removed because the catalog did not name them
+    /// (left by a change interrupted before its commit).
+    pub orphans_removed: Vec<String>,
+    /// Catalog layers removed because no volume reached them (left by a
+    /// change interrupted after its commit).
+    pub unreachable_removed: Vec<String>,
+    /// Problems that need an operator (volumes not served).
+    pub problems: Vec<String>,
+}
+
+/// A served volume and the lock that serializes changes to it.
+#[derive(Debug)]
+struct Live {
+    volume: Arc<Volume>,
+    changes: Mutex<()>,
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    live: HashMap<String, Arc<Live>>,
+    /// Names being created right now.
+    reserved: HashSet<String>,
+}
+
+/// The volume service of one pool.
+#[derive(Debug)]
+pub struct Service {
+    config: ServiceConfig,
+    catalog: Catalog,
+    exports: Arc<ExportSet>,
+    registry: Mutex<Registry>,
+    problems: Vec<String>,
+}
+
+impl Service {
+    /// Opens the pool (creating it if needed), reconciles the catalog with
+    /// the files, opens every volume and adds it to `exports`.
+    pub fn open(
+        config: ServiceConfig,
+        exports: Arc<ExportSet>,
+    ) -> Result<(Service, RecoveryReport)> {
+        let layers_dir = config.pool.join("layers");
+        std::fs::create_dir_all(&layers_dir).map_err(|e| {
+            VolumeError::Io(format!(
+                "cannot create pool directory {}: {e}",
+                layers_dir.display()
+            ))
+        })?;
+        let catalog = Catalog::open(&config.pool.join("catalog.redb"))?;
+        let mut report = RecoveryReport::default();
+        let dead = catalog.update(Txn::collect_garbage)?;
+        report.unreachable_removed = dead;
+        report.orphans_removed = remove_orphans(&layers_dir, &catalog.state())?;
+        let mut service = Service {
+            config,
+            catalog,
+            exports,
+            registry: Mutex::new(Registry::default()),
+            problems: Vec::new(),
+        };
+        let state = service.catalog.state();
+        for v in state.volumes.values() {
+            match service.open_volume(&state, v) {
+                Ok(live) => {
+                    service.export(&v.name, &live)?;
+                    service.registry.lock().live.insert(v.name.clone(), live);
+                    report.volumes += 1;
+                }
+                Err(e) => report
+                    .problems
+                    .push(format!("volume '{}' is not served: {e}", v.name)),
+            }
+        }
+        service.problems = report.problems.clone();
+        Ok((service, report))
+    }
+
+    /// Path of a layer file.
+    fn layer_path(&self, id: &str) -> PathBuf {
+        self.config.pool.join("layers").join(layer_file(id))
+    }
+
+    /// Opens a volume's top for writing and checks that the chain its
+    /// files describe is the one the catalog records.
+    fn open_volume(&self, state: &State, v: &VolumeRec) -> Result<Arc<Live>> {
+        let chain = state.chain(&v.top);
+        for id in &chain {
+            if !state.layers.contains_key(id) {
+                return Err(VolumeError::Catalog(format!(
+                    "layer {id} is missing from the catalog"
+                )));
+            }
+            if !self.layer_path(id).exists() {
+                return Err(VolumeError::Io(format!(
+                    "layer file {} is missing",
+                    self.layer_path(id).display()
+                )));
+            }
+        }
+        let disk = Disk::open(self.layer_path(&v.top), &self.open_options())?;
+        let on_disk: Vec<String> = disk
+            .layers()
+            .iter()
+            .rev()
+            .map(|l| {
+                l.path()
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            })
+            .collect();
+        if on_disk != chain {
+            return Err(VolumeError::Catalog(format!(
+                "its files chain {} but the catalog records {}",
+                on_disk.join(" <- "),
+                chain.join(" <- ")
+            )));
+        }
+        Ok(Arc::new(Live {
+            volume: Arc::new(Volume::new(&v.name, disk)),
+            changes: Mutex::new(()),
+        }))
+    }
+
+    fn open_options(&self) -> OpenOptions {
+        OpenOptions {
+            writable: true,
+            cache_bytes: self.config.cache_bytes,
+            format: Some(Format::Qcow2),
+            ignore_index: false,
+        }
+    }
+
+    fn export(&self, name: &str, live: &Live) -> Result<()> {
+        let export = Export::new(name, live.volume.clone(), false)
+            .map_err(|e| VolumeError::Invalid(format!("cannot export '{name}': {e}")))?;
+        self.exports.replace(export);
+        Ok(())
+    }
+
+    /// The live volume `name`, or 404.
+    fn live(&self, name: &str) -> Result<Arc<Live>> {
+        self.registry
+            .lock()
+            .live
+            .get(name)
+            .cloned()
+            .ok_or_else(|| not_found(name))
+    }
+
+    /// Reserves a new volume name, or says why it cannot be used.
+    fn reserve(&self, name: &str) -> Result<NameReservation<'_>> {
+        check_name("volume", name)?;
+        let mut reg = self.registry.lock();
+        if reg.live.contains_key(name)
+            || reg.reserved.contains(name)
+            || self.catalog.state().volumes.contains_key(name)
+        {
+            return Err(VolumeError::Conflict(format!(
+                "a volume named '{name}' already exists; pick another name"
+            )));
+        }
+        reg.reserved.insert(name.to_string());
+        Ok(NameReservation {
+            service: self,
+            name: name.to_string(),
+        })
+    }
+
+    /// Creates an empty volume of `size` bytes and exports it.
+    pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeInfo> {
+        check_name("volume", name)?;
+        check_size(size)?;
+        let reservation = self.reserve(name)?;
+        let id = new_id()?;
+        let opts = CreateOptions {
+            size: Some(size),
+            ..CreateOptions::default()
+        };
+        self.add_volume(reservation, &id, &opts, None)
+    }
+
+    /// Creates volume `new` from snapshot `snapshot` of `volume`: its chain
+    /// shares every layer of the snapshot, and its writes go to a new top.
+    pub fn clone_snapshot(&self, volume: &str, snapshot: &str, new: &str) -> Result<VolumeInfo> {
+        check_name("volume", new)?;
+        let key = snapshot_key(volume, snapshot);
+        let source = self.snapshot_rec(volume, snapshot)?;
+        let reservation = self.reserve(new)?;
+        let id = new_id()?;
+        let opts = CreateOptions {
+            size: Some(source.size),
+            backing: Some(layer_file(&source.layer)),
+            backing_format: Some(Format::Qcow2),
+            ..CreateOptions::default()
+        };
+        self.add_volume(reservation, &id, &opts, Some((key, source.layer)))
+    }
+
+    /// Creates the top layer file, commits the volume, opens and exports it.
+    fn add_volume(
+        &self,
+        reservation: NameReservation<'_>,
+        id: &str,
+        opts: &CreateOptions,
+        origin: Option<(String, String)>,
+    ) -> Result<VolumeInfo> {
+        let name = reservation.name.clone();
+        let path = self.layer_path(id);
+        create(&path, opts)?;
+        let size = opts.size.unwrap_or(0);
+        let committed = self.catalog.update(|t| {
+            if let Some((key, _)) = &origin {
+                // The snapshot may have gone while the file was made.
+                if !t.state().snapshots.contains_key(key) {
+                    return Err(VolumeError::NotFound(format!(
+                        "snapshot '{key}' does not exist"
+                    )));
+                }
+            }
+            t.put_layer(LayerRec {
+                id: id.to_string(),
+                parent: origin.as_ref().map(|(_, layer)| layer.clone()),
+                size,
+            })?;
+            t.put_volume(VolumeRec {
+                name: name.clone(),
+                size,
+                top: id.to_string(),
+                origin: origin.as_ref().map(|(key, _)| key.clone()),
+                created: now(),
+            })
+        });
+        if let Err(e) = committed {
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
+        let disk = Disk::open(&path, &self.open_options())?;
+        let live = Arc::new(Live {
+            volume: Arc::new(Volume::new(&name, disk)),
+            changes: Mutex::new(()),
+        });
+        self.export(&name, &live)?;
+        self.registry.lock().live.insert(name.clone(), live);
+        drop(reservation);
+        self.volume_info(&name)
+    }
+
+    /// Every volume, by name.
+    pub fn list_volumes(&self) -> Vec<VolumeInfo> {
+        let state = self.catalog.state();
+        state
+            .volumes
+            .values()
+            .map(|v| self.describe(&state, v))
+            .collect()
+    }
+
+    /// One volume.
+    pub fn volume_info(&self, name: &str) -> Result<VolumeInfo> {
+        let state = self.catalog.state();
+        let v = state.volumes.get(name).ok_or_else(|| not_found(name))?;
+        Ok(self.describe(&state, v))
+    }
+
+    fn describe(&self, state: &State, v: &VolumeRec) -> VolumeInfo {
+        let live = self.registry.lock().live.get(&v.name).cloned();
+        VolumeInfo {
+            name: v.name.clone(),
+            size: v.size,
+            chain_length: state.chain(&v.top).len(),
+            top_layer: v.top.clone(),
+            origin: v.origin.clone(),
+            snapshots: state
+                .snapshots_of(&v.name)
+                .into_iter()
+                .map(|s| s.name)
+                .collect(),
+            created: v.created,
+            last_pause_ms: live.and_then(|l| l.volume.stats().last_pause()).map(ms),
+        }
+    }
+
+    /// Deletes a volume and its snapshots. Layers that clones still read
+    /// are kept; the others are removed after the catalog commit.
+    pub fn delete_volume(&self, name: &str) -> Result<DeleteReport> {
+        let live = self.live(name)?;
+        let _changes = live.changes.lock();
+        self.exports.remove(name);
+        let (dead, kept) = self.catalog.update(|t| {
+            let chain = t.state().volumes.get(name).map(|v| t.state().chain(&v.top));
+            t.remove_volume(name)?;
+            for s in t.state().snapshots_of(name) {
+                t.remove_snapshot(&s.key())?;
+            }
+            let dead = t.collect_garbage()?;
+            let kept = chain
+                .unwrap_or_default()
+                .iter()
+                .filter(|id| !dead.contains(id))
+                .count();
+            Ok((dead, kept))
+        })?;
+        self.registry.lock().live.remove(name);
+        drop(_changes);
+        // Close the disk before its files go; a client still connected
+        // keeps it open until it disconnects.
+        if let Ok(live) = Arc::try_unwrap(live) {
+            if let Ok(volume) = Arc::try_unwrap(live.volume) {
+                volume.close()?;
+            }
+        }
+        self.unlink_layers(&dead);
+        Ok(DeleteReport {
+            deleted: name.to_string(),
+            layers_removed: dead.len(),
+            layers_kept: kept,
+        })
+    }
+
+    /// Removes layer files after the catalog no longer names them.
+    fn unlink_layers(&self, ids: &[String]) {
+        for id in ids {
+            if let Err(e) = std::fs::remove_file(self.layer_path(id)) {
+                // Harmless: the next startup removes it as an orphan.
+                tracing::warn!("could not remove layer {id}: {e}");
+            }
+        }
+        sync_dir(&self.config.pool.join("layers"));
+    }
+
+    fn snapshot_rec(&self, volume: &str, snapshot: &str) -> Result<SnapshotRec> {
+        let state = self.catalog.state();
+        if !state.volumes.contains_key(volume) {
+            return Err(not_found(volume));
+        }
+        state
+            .snapshots
+            .get(&snapshot_key(volume, snapshot))
+            .cloned()
+            .ok_or_else(|| {
+                VolumeError::NotFound(format!(
+                    "volume '{volume}' has no snapshot '{snapshot}'; list them with \
+                     `strata snapshot list {volume}`"
+                ))
+            })
+    }
+
+    /// Takes a snapshot of a volume while it serves I/O. Writes completed
+    /// before the call are in the snapshot; writes after it returns are not.
+    pub fn create_snapshot(&self, volume: &str, snapshot: &str) -> Result<SnapshotReport> {
+        check_name("snapshot", snapshot)?;
+        let started = Instant::now();
+        let live = self.live(volume)?;
+        let _changes = live.changes.lock();
+        let key = snapshot_key(volume, snapshot);
+        let state = self.catalog.state();
+        if state.snapshots.contains_key(&key) {
+            return Err(VolumeError::Conflict(format!(
+                "volume '{volume}' already has a snapshot '{snapshot}'"
+            )));
+        }
+        let v = state
+            .volumes
+            .get(volume)
+            .cloned()
+            .ok_or_else(|| not_found(volume))?;
+        let id = new_id()?;
+        let rec = SnapshotRec {
+            volume: volume.to_string(),
+            name: snapshot.to_string(),
+            layer: v.top.clone(),
+            size: v.size,
+            created: now(),
+        };
+        let pause = self.switch_top(&live, &v, &id, None, true, |t| t.put_snapshot(rec.clone()))?;
+        Ok(SnapshotReport {
+            snapshot: self.snapshot_info(&self.catalog.state(), &rec),
+            pause_ms: ms(pause),
+            total_ms: ms(started.elapsed()),
+        })
+    }
+
+    /// Grows a volume. Connected NBD clients see the new size when they
+    /// reconnect. Shrinking is refused.
+    pub fn resize_volume(&self, name: &str, size: u64) -> Result<ResizeReport> {
+        check_size(size)?;
+        let live = self.live(name)?;
+        let _changes = live.changes.lock();
+        let v = self
+            .catalog
+            .state()
+            .volumes
+            .get(name)
+            .cloned()
+            .ok_or_else(|| not_found(name))?;
+        if size < v.size {
+            return Err(VolumeError::Invalid(format!(
+                "cannot shrink volume '{name}' from {} to {size} bytes: only growing is supported",
+                v.size
+            )));
+        }
+        let mut pause = Duration::ZERO;
+        if size > v.size {
+            let id = new_id()?;
+            pause = self.switch_top(&live, &v, &id, Some(size), false, |_| Ok(()))?;
+            self.export(name, &live)?;
+        }
+        Ok(ResizeReport {
+            name: name.to_string(),
+            old_size: v.size,
+            size,
+            pause_ms: ms(pause),
+        })
+    }
+
+    /// Pushes layer `id` as the new top of a live volume and commits it
+    /// (with `extra` changes) inside the I/O pause. Returns the pause.
+    fn switch_top(
+        &self,
+        live: &Live,
+        v: &VolumeRec,
+        id: &str,
+        size: Option<u64>,
+        snapshot: bool,
+        extra: impl FnOnce(&mut Txn) -> Result<()>,
+    ) -> Result<Duration> {
+        let new_size = size.unwrap_or(v.size);
+        let mut failed: Option<VolumeError> = None;
+        let commit = || {
+            self.catalog
+                .update(|t| {
+                    extra(t)?;
+                    t.put_layer(LayerRec {
+                        id: id.to_string(),
+                        parent: Some(v.top.clone()),
+                        size: new_size,
+                    })?;
+                    t.put_volume(VolumeRec {
+                        top: id.to_string(),
+                        size: new_size,
+                        ..v.clone()
+                    })
+                })
+                .map_err(|e| {
+                    let msg = e.to_string();
+                    failed = Some(e);
+                    DiskError::Invalid(msg)
+                })
+        };
+        let result = live.volume.push_top(
+            &self.layer_path(id),
+            &layer_file(&v.top),
+            size,
+            snapshot,
+            commit,
+        );
+        match (result, failed) {
+            (Ok(pause), _) => Ok(pause),
+            (Err(_), Some(e)) => Err(e),
+            (Err(e), None) => Err(e.into()),
+        }
+    }
+
+    /// Snapshots of a volume, oldest first.
+    pub fn list_snapshots(&self, volume: &str) -> Result<Vec<SnapshotInfo>> {
+        let state = self.catalog.state();
+        if !state.volumes.contains_key(volume) {
+            return Err(not_found(volume));
+        }
+        Ok(state
+            .snapshots_of(volume)
+            .iter()
+            .map(|s| self.snapshot_info(&state, s))
+            .collect())
+    }
+
+    fn snapshot_info(&self, state: &State, s: &SnapshotRec) -> SnapshotInfo {
+        SnapshotInfo {
+            volume: s.volume.clone(),
+            name: s.name.clone(),
+            layer: s.layer.clone(),
+            size: s.size,
+            created: s.created,
+            clones: state.clones_of(&s.key()),
+        }
+    }
+
+    /// Deletes a snapshot. Refused while a clone was made from it. Its
+    /// layer stays as long as newer layers of the volume read it.
+    pub fn delete_snapshot(&self, volume: &str, snapshot: &str) -> Result<DeleteReport> {
+        let live = self.live(volume)?;
+        let _changes = live.changes.lock();
+        self.snapshot_rec(volume, snapshot)?;
+        let key = snapshot_key(volume, snapshot);
+        let (dead, kept) = self.catalog.update(|t| {
+            let clones = t.state().clones_of(&key);
+            if !clones.is_empty() {
+                return Err(VolumeError::Conflict(format!(
+                    "snapshot '{key}' is in use by clone(s) {}; delete them first",
+                    clones.join(", ")
+                )));
+            }
+            t.remove_snapshot(&key)?;
+            let dead = t.collect_garbage()?;
+            Ok((dead.clone(), usize::from(dead.is_empty())))
+        })?;
+        self.unlink_layers(&dead);
+        Ok(DeleteReport {
+            deleted: key,
+            layers_removed: dead.len(),
+            layers_kept: kept,
+        })
+    }
+
+    /// The pool's summary.
+    pub fn pool_info(&self) -> PoolInfo {
+        let state = self.catalog.state();
+        PoolInfo {
+            pool: self.config.pool.clone(),
+            volumes: state.volumes.len(),
+            snapshots: state.snapshots.len(),
+            layers: state.layers.len(),
+            problems: self.problems.clone(),
+        }
+    }
+
+    /// Every volume's metrics in the Prometheus text format.
+    pub fn metrics(&self) -> String {
+        let mut lives: Vec<Arc<Live>> = self.registry.lock().live.values().cloned().collect();
+        lives.sort_by(|a, b| a.volume.name().cmp(b.volume.name()));
+        let rows: Vec<_> = lives
+            .iter()
+            .map(|l| (l.volume.gauges(), l.volume.stats()))
+            .collect();
+        metrics::render(&rows)
+    }
+
+    /// Closes every volume (stores indexes, marks tops clean). Call after
+    /// the NBD server has stopped.
+    pub fn close(self) -> Result<()> {
+        let lives: Vec<Arc<Live>> = self.registry.lock().live.drain().map(|(_, l)| l).collect();
+        let mut first_error = None;
+        for live in lives {
+            self.exports.remove(live.volume.name());
+            let volume = match Arc::try_unwrap(live) {
+                Ok(l) => Arc::try_unwrap(l.volume).ok(),
+                Err(_) => None,
+            };
+            if let Some(v) = volume {
+                if let Err(e) = v.close() {
+                    first_error.get_or_insert(VolumeError::from(e));
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// Keeps a name out of use while its volume is being created.
+struct NameReservation<'a> {
+    service: &'a Service,
+    name: String,
+}
+
+impl Drop for NameReservation<'_> {
+    fn drop(&mut self) {
+        self.service.registry.lock().reserved.remove(&self.name);
+    }
+}
+
+fn not_found(volume: &str) -> VolumeError {
+    VolumeError::NotFound(format!(
+        "no volume named '{volume}'; list volumes with `strata volume list`"
+    ))
+}
+
+/// File name of a layer.
+pub fn layer_file(id: &str) -> String {
+    format!("{id}.qcow2")
+}
+
+/// A new layer id: 32 random hex digits.
+fn new_id() -> Result<String> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b)
+        .map_err(|e| VolumeError::Io(format!("no randomness for a layer id: {e}")))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Whether `name` is a file name this pool gives layers (32 hex digits and
+/// `.qcow2`): only those are ever removed as orphans.
+fn is_layer_file(name: &str) -> Option<&str> {
+    let id = name.strip_suffix(".qcow2")?;
+    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
+}
+
+/// Removes layer files the catalog does not name; returns their names.
+fn remove_orphans(dir: &Path, state: &State) -> Result<Vec<String>> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| VolumeError::Io(format!("cannot list {}: {e}", dir.display())))?;
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(id) = is_layer_file(&name) else {
+            continue;
+        };
+        if !state.layers.contains_key(id) {
+            std::fs::remove_file(entry.path()).map_err(|e| {
+                VolumeError::Io(format!(
+                    "cannot remove orphan layer {}: {e}",
+                    entry.path().display()
+                ))
+            })?;
+            removed.push(name);
+        }
+    }
+    if !removed.is_empty() {
+        sync_dir(dir);
+    }
+    removed.sort();
+    Ok(removed)
+}

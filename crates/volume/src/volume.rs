@@ -1,0 +1,162 @@
+//! A live volume: the open disk behind an I/O gate, so its top layer can be
+//! switched (online snapshot, grow) while clients keep reading and writing.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use parking_lot::RwLock;
+use strata_disk::disk::BlockStatus;
+use strata_disk::{BlockDevice, Disk};
+
+use crate::metrics::{Op, VolumeGauges, VolumeStats};
+
+/// A volume being served.
+///
+/// Every request holds the gate shared for its duration; a top switch
+/// holds it exclusively. The switch therefore waits only for requests
+/// already in flight (which complete normally, never fail), and requests
+/// that arrive meanwhile wait for the switch. parking_lot's lock is fair:
+/// a waiting switch stops new requests from overtaking it.
+#[derive(Debug)]
+pub struct Volume {
+    name: String,
+    disk: RwLock<Disk>,
+    stats: VolumeStats,
+}
+
+impl Volume {
+    /// Wraps an open disk.
+    pub fn new(name: &str, disk: Disk) -> Volume {
+        Volume {
+            name: name.to_string(),
+            disk: RwLock::new(disk),
+            stats: VolumeStats::default(),
+        }
+    }
+
+    /// The volume name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// I/O statistics.
+    pub fn stats(&self) -> &VolumeStats {
+        &self.stats
+    }
+
+    /// Layers in the chain.
+    pub fn chain_length(&self) -> u32 {
+        self.disk.read().depth()
+    }
+
+    /// Gauges for `/metrics`.
+    pub fn gauges(&self) -> VolumeGauges {
+        let disk = self.disk.read();
+        let cache = disk.cache_stats();
+        VolumeGauges {
+            name: self.name.clone(),
+            chain_length: disk.depth(),
+            size: disk.size(),
+            cache_hits: cache.hits,
+            cache_misses: cache.misses,
+        }
+    }
+
+    /// Switches to a new top layer at `path` (see [`Disk::push_top`]),
+    /// with I/O held back; `commit` runs once the new file is durable and
+    /// before anything is written to it. Returns the I/O pause.
+    pub fn push_top(
+        &self,
+        path: &Path,
+        backing_name: &str,
+        size: Option<u64>,
+        snapshot: bool,
+        commit: impl FnOnce() -> strata_disk::Result<()>,
+    ) -> strata_disk::Result<Duration> {
+        // Write back what is already written while I/O still flows, so the
+        // sync inside the pause only covers the last moment's writes.
+        self.disk.read().flush()?;
+        let mut disk = self.disk.write();
+        let paused = Instant::now();
+        let result = disk.push_top(path, backing_name, size, commit);
+        drop(disk);
+        let pause = paused.elapsed();
+        if result.is_ok() {
+            self.stats.record_pause(pause, snapshot);
+        }
+        result.map(|()| pause)
+    }
+
+    /// Flushes, stores the index and marks the top clean.
+    pub fn close(self) -> strata_disk::Result<()> {
+        self.disk.into_inner().close()
+    }
+
+    /// Runs one request under the gate and records it.
+    fn io<T>(
+        &self,
+        op: Op,
+        bytes: u64,
+        f: impl FnOnce(&Disk) -> strata_disk::Result<T>,
+    ) -> strata_disk::Result<T> {
+        let disk = self.disk.read();
+        let started = Instant::now();
+        let result = f(&disk);
+        drop(disk);
+        self.stats
+            .record(op, bytes, started.elapsed(), result.is_ok());
+        result
+    }
+}
+
+impl BlockDevice for Volume {
+    fn size(&self) -> u64 {
+        self.disk.read().size()
+    }
+
+    fn is_writable(&self) -> bool {
+        self.disk.read().is_writable()
+    }
+
+    fn unit_size(&self) -> u64 {
+        self.disk.read().unit_size()
+    }
+
+    fn zero_cluster_bits(&self) -> Option<u32> {
+        BlockDevice::zero_cluster_bits(&*self.disk.read())
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> strata_disk::Result<()> {
+        let len = buf.len() as u64;
+        self.io(Op::Read, len, |d| d.read_at(buf, offset))
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> strata_disk::Result<()> {
+        self.io(Op::Write, buf.len() as u64, |d| d.write_at(buf, offset))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> strata_disk::Result<()> {
+        self.io(Op::Write, len, |d| d.write_zeroes(offset, len))
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> strata_disk::Result<()> {
+        self.io(Op::Discard, 0, |d| d.discard(offset, len))
+    }
+
+    fn flush(&self) -> strata_disk::Result<()> {
+        self.io(Op::Flush, 0, |d| d.flush())
+    }
+
+    fn reads_as_zero(&self, offset: u64, len: u64) -> strata_disk::Result<bool> {
+        self.disk.read().reads_as_zero(offset, len)
+    }
+
+    fn block_status(
+        &self,
+        offset: u64,
+        len: u64,
+        max_runs: usize,
+    ) -> strata_disk::Result<Vec<BlockStatus>> {
+        self.disk.read().block_status(offset, len, max_runs)
+    }
+}
