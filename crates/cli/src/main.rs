@@ -1,6 +1,7 @@
 //! `strata`: parse arguments, call the libraries, render the result.
 
 mod img;
+mod mirror;
 mod serve;
 mod units;
 
@@ -23,6 +24,8 @@ enum Command {
     },
     /// Export images over NBD (qemu-nbd conventions; always persistent).
     Serve(serve::ServeArgs),
+    /// Mirror a remote image on demand, sharing chunks with peer mirrors; export it over NBD.
+    Mirror(mirror::MirrorCmd),
 }
 
 fn main() {
@@ -37,6 +40,7 @@ fn main() {
     let code = match cli.command {
         Command::Img { command } => img::run(command),
         Command::Serve(args) => serve::run(args),
+        Command::Mirror(cmd) => mirror::run(cmd),
     };
     match code {
         Ok(code) => std::process::exit(code),

@@ -334,8 +334,7 @@ impl ChunkTable {
                     self.counters.unmatched += 1;
                     if let Some(t) = self.config.unmatched_threshold {
                         if self.counters.prefetch_on && self.counters.unmatched >= t {
-                            self.counters.prefetch_on = false;
-                            self.counters.switched_off += 1;
+                            self.switch_off();
                         }
                     }
                 }
@@ -349,6 +348,20 @@ impl ChunkTable {
         };
         self.states[c as usize] = new;
         new
+    }
+
+    /// Stops prefetching: what was queued counts as declined from now on.
+    fn switch_off(&mut self) {
+        self.counters.prefetch_on = false;
+        self.counters.switched_off += 1;
+        while let Some(c) = self.queue.pop_front() {
+            self.queued[c as usize] = false;
+            if self.states[c as usize] == ChunkState::Remote && !self.declined_mark[c as usize] {
+                self.declined_mark[c as usize] = true;
+                self.declined.push(c);
+                self.counters.declined += 1;
+            }
+        }
     }
 
     /// A fetch of `c` failed: it is `Remote` again (if nobody wrote it).
@@ -529,9 +542,9 @@ mod tests {
             t.on_advert(c);
         }
         assert_eq!(t.next_prefetch(), None);
-        assert_eq!(t.counters().declined, 20);
+        assert_eq!(t.counters().declined, 12 + 20, "queued chunks count as declined");
         // Our reads move to where the peer read: declined chunks come from peers.
-        for c in 20..23 {
+        for c in 8..11 {
             assert_eq!(t.begin_read(c), Access::Fetch);
             t.landed(c);
             t.demand_from_peer(c);
@@ -541,15 +554,16 @@ mod tests {
         assert_eq!(t.begin_read(60), Access::Fetch);
         t.demand_from_peer(60);
         assert!(!t.counters().prefetch_on);
-        assert_eq!(t.begin_read(23), Access::Fetch);
-        t.landed(23);
-        t.demand_from_peer(23);
+        assert_eq!(t.begin_read(20), Access::Fetch);
+        t.landed(20);
+        t.demand_from_peer(20);
         let k = t.counters();
         assert!(k.prefetch_on);
         assert_eq!((k.switched_on, k.unmatched), (1, 0));
         // The declined chunks still missing are prefetched, oldest first.
         let got = drain(&mut t);
-        assert_eq!(&got[..4], &[8, 9, 10, 11]);
+        assert_eq!(got, (11..19).collect::<Vec<_>>(), "until the threshold again");
+        assert_eq!(t.counters().switched_off, 2);
     }
 
     #[test]
