@@ -18,8 +18,9 @@
 //! later advertisements are *declined* (remembered, not fetched). When
 //! `resume_hits` declined chunks have since been read on demand from a
 //! peer, the patterns have converged again: prefetching resumes, the
-//! unmatched count starts from zero and the declined chunks still missing
-//! are queued, oldest first. A threshold of 0 never prefetches; `None`
+//! unmatched count starts from zero, and the declined chunks that peers
+//! advertised after the one just read (what this mirror is about to read,
+//! if it follows them) are queued in advertisement order. A threshold of 0 never prefetches; `None`
 //! never stops.
 
 use std::collections::VecDeque;
@@ -403,11 +404,17 @@ impl ChunkTable {
             self.counters.switched_on += 1;
             self.counters.unmatched = 0;
             self.hits = 0;
-            for c in std::mem::take(&mut self.declined) {
-                self.declined_mark[c as usize] = false;
-                if self.states[c as usize] == ChunkState::Remote && !self.queued[c as usize] {
-                    self.queued[c as usize] = true;
-                    self.queue.push_back(c);
+            // Peers advertise in their read order, and we now read where
+            // they read: what they advertised after this chunk is what we
+            // will read next.
+            let declined = std::mem::take(&mut self.declined);
+            let after = declined.iter().position(|d| *d == c).map_or(0, |i| i + 1);
+            for (i, d) in declined.into_iter().enumerate() {
+                self.declined_mark[d as usize] = false;
+                let wanted = i >= after && self.states[d as usize] == ChunkState::Remote;
+                if wanted && !self.queued[d as usize] {
+                    self.queued[d as usize] = true;
+                    self.queue.push_back(d);
                 }
             }
         }
@@ -560,9 +567,9 @@ mod tests {
         let k = t.counters();
         assert!(k.prefetch_on);
         assert_eq!((k.switched_on, k.unmatched), (1, 0));
-        // The declined chunks still missing are prefetched, oldest first.
+        // The declined chunks advertised after chunk 20 are prefetched, in order.
         let got = drain(&mut t);
-        assert_eq!(got, (11..19).collect::<Vec<_>>(), "until the threshold again");
+        assert_eq!(got, (21..29).collect::<Vec<_>>(), "until the threshold again");
         assert_eq!(t.counters().switched_off, 2);
     }
 

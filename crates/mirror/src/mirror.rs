@@ -33,6 +33,30 @@ const TRACE_MAGIC: &[u8; 8] = b"STRTRAC1";
 pub const TRACE_FILE: &str = "trace";
 /// Most chunks fetched at once for one read request.
 const PARALLEL_FETCHES: usize = 8;
+/// Most repository reads in flight from one mirror.
+const REPO_READS: usize = 16;
+
+/// A counting semaphore: bounds this mirror's load on the repository.
+#[derive(Default)]
+struct Gate {
+    used: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Gate {
+    fn acquire(&self, limit: usize) {
+        let mut used = self.used.lock();
+        while *used >= limit {
+            self.freed.wait(&mut used);
+        }
+        *used += 1;
+    }
+
+    fn release(&self) {
+        *self.used.lock() -= 1;
+        self.freed.notify_one();
+    }
+}
 
 /// How a mirror runs.
 #[derive(Debug, Clone)]
@@ -164,9 +188,13 @@ fn bump(c: &AtomicU64) {
 
 /// Links, and the chunks held in acquisition order (for new links'
 /// first advertisement), under one lock so no advertisement is missed.
+/// Whoever needs both locks takes the chunk table's first.
 #[derive(Default)]
 struct Peers {
     links: Vec<Arc<Link>>,
+    /// Links this mirror dialed, by the address it dialed (which may
+    /// differ from the address the peer announces, e.g. behind NAT).
+    dialed: Vec<(String, Arc<Link>)>,
     acquired: Vec<u32>,
 }
 
@@ -182,6 +210,7 @@ struct Inner {
     identity: Option<Identity>,
     upload: Option<Arc<TokenBucket>>,
     counters: Counters,
+    repo_gate: Gate,
     stopping: AtomicBool,
     started: Instant,
 }
@@ -274,11 +303,13 @@ impl Mirror {
             changed: Condvar::new(),
             peers: Mutex::new(Peers {
                 links: Vec::new(),
+                dialed: Vec::new(),
                 acquired,
             }),
             identity,
             upload,
             counters: Counters::default(),
+            repo_gate: Gate::default(),
             stopping: AtomicBool::new(false),
             started: Instant::now(),
             config,
@@ -323,6 +354,7 @@ impl Mirror {
         let inner = &self.inner;
         inner.stopping.store(true, Ordering::SeqCst);
         inner.changed.notify_all();
+        inner.peers.lock().dialed.clear();
         for l in std::mem::take(&mut inner.peers.lock().links) {
             l.close();
         }
@@ -465,32 +497,37 @@ impl Inner {
                     let _ = stream.set_nonblocking(false);
                     let me = self.clone();
                     // The handshake may stall: never in the accept loop.
-                    let _ = spawn("mirror-hello", move || me.link_up(stream));
+                    let _ = spawn("mirror-hello", move || me.link_up(stream, None));
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
         }
     }
 
-    fn link_up(self: Arc<Self>, stream: TcpStream) {
+    fn link_up(self: Arc<Self>, stream: TcpStream, dialed: Option<String>) {
         let Some(me) = &self.identity else { return };
         let handler: Arc<dyn PeerHandler> = self.clone();
         match peer::start(stream, me, handler, self.upload.clone()) {
             Ok(link) => {
+                // Lock order: table, then peers (as in `land`).
+                let t = self.table.lock();
                 let mut p = self.peers.lock();
                 if self.stopping() {
                     link.close();
                     return;
                 }
-                let held: Vec<u32> = {
-                    let t = self.table.lock();
-                    p.acquired
-                        .iter()
-                        .copied()
-                        .filter(|c| t.state(*c).holds_image_data())
-                        .collect()
-                };
+                let held: Vec<u32> = p
+                    .acquired
+                    .iter()
+                    .copied()
+                    .filter(|c| t.state(*c).holds_image_data())
+                    .collect();
+                drop(t);
+                tracing::info!("linked to peer {}", link.remote);
                 link.advertise(&held);
+                if let Some(addr) = dialed {
+                    p.dialed.push((addr, link.clone()));
+                }
                 p.links.push(link);
             }
             Err(e) => tracing::info!("{e}"),
@@ -527,15 +564,20 @@ impl Inner {
                     }
                 }
             }
-            let have: Vec<String> = self.peers.lock().links.iter().map(|l| l.remote.clone()).collect();
-            let want = self.config.fanout.saturating_sub(have.len());
+            let (have, linked) = {
+                let p = self.peers.lock();
+                let mut have: Vec<String> = p.links.iter().map(|l| l.remote.clone()).collect();
+                have.extend(p.dialed.iter().map(|(a, _)| a.clone()));
+                (have, p.links.len())
+            };
+            let want = self.config.fanout.saturating_sub(linked);
             for addr in topology::sample(&candidates, &me, &have, want, &mut rng) {
                 let Ok(sock) = addr.parse() else {
                     tracing::warn!("peer address '{addr}' is not IP:PORT; ignored");
                     continue;
                 };
                 if let Ok(stream) = TcpStream::connect_timeout(&sock, Duration::from_secs(1)) {
-                    self.clone().link_up(stream);
+                    self.clone().link_up(stream, Some(addr));
                 }
             }
             std::thread::sleep(Duration::from_millis(300));
@@ -558,25 +600,55 @@ impl Inner {
 
     // ---- fetching ----------------------------------------------------
 
-    /// Fetches and checks chunk `c`: peers first (up to two), then the repository.
+    /// Fetches and checks chunk `c`: peers first (up to two), then the
+    /// repository. A peer that advertises the chunk while this fetch
+    /// waits for a repository slot is asked instead: mirrors reading the
+    /// same region at once then share one repository read.
     fn fetch(&self, c: u32, demand: bool) -> Result<(Vec<u8>, Source)> {
         let timeout = if demand {
             self.config.demand_timeout
         } else {
             self.config.prefetch_timeout
         };
-        for link in self.holders(c) {
-            match link.request(c, demand, timeout) {
-                Ok(data) if self.manifest.verify(c, &data) => return Ok((data, Source::Peer)),
-                Ok(_) => {
-                    tracing::warn!("peer {} sent chunk {c} that fails its digest; ignoring that peer", link.remote);
-                    bump(&self.counters.corrupt_from_peers);
-                    link.mark_suspect();
+        let mut asked = 0;
+        loop {
+            for link in self.holders(c) {
+                asked += 1;
+                match link.request(c, demand, timeout) {
+                    Ok(data) if self.manifest.verify(c, &data) => return Ok((data, Source::Peer)),
+                    Ok(_) => {
+                        tracing::warn!(
+                            "peer {} sent chunk {c} that fails its digest; ignoring that peer",
+                            link.remote
+                        );
+                        bump(&self.counters.corrupt_from_peers);
+                        link.mark_suspect();
+                    }
+                    Err(PeerMiss::Timeout) => bump(&self.counters.peer_timeouts),
+                    Err(PeerMiss::Unavailable) => bump(&self.counters.peer_unavailable),
                 }
-                Err(PeerMiss::Timeout) => bump(&self.counters.peer_timeouts),
-                Err(PeerMiss::Unavailable) => bump(&self.counters.peer_unavailable),
             }
+            self.repo_gate.acquire(REPO_READS);
+            if asked < 4 && !self.holders(c).is_empty() {
+                self.repo_gate.release();
+                continue;
+            }
+            let data = self.from_repo_gated(c);
+            self.repo_gate.release();
+            return Ok((data?, Source::Repo));
         }
+    }
+
+    /// Reads and checks chunk `c` from the repository, waiting for a slot.
+    fn from_repo(&self, c: u32) -> Result<Vec<u8>> {
+        self.repo_gate.acquire(REPO_READS);
+        let data = self.from_repo_gated(c);
+        self.repo_gate.release();
+        data
+    }
+
+    /// Reads and checks chunk `c` from the repository (slot held).
+    fn from_repo_gated(&self, c: u32) -> Result<Vec<u8>> {
         let (off, len) = self.manifest.extent(c);
         let mut data = vec![0u8; len];
         self.repo.read(off, &mut data)?;
@@ -588,7 +660,7 @@ impl Inner {
                 ),
             });
         }
-        Ok((data, Source::Repo))
+        Ok(data)
     }
 
     /// Stores fetched data if the chunk still wants it; wakes waiters.
@@ -648,15 +720,7 @@ impl Inner {
             }
             if self.changed.wait_until(&mut t, deadline).timed_out() {
                 drop(t);
-                let (off, len) = self.manifest.extent(c);
-                let mut data = vec![0u8; len];
-                self.repo.read(off, &mut data)?;
-                if !self.manifest.verify(c, &data) {
-                    return Err(MirrorError::Repo {
-                        repo: self.repo.describe(),
-                        detail: format!("chunk {c} does not match the manifest"),
-                    });
-                }
+                let data = self.from_repo(c)?;
                 bump(&self.counters.repo_demand);
                 return self.land(c, &data);
             }
@@ -679,6 +743,14 @@ impl Inner {
         }
         if !owned.is_empty() {
             self.changed.notify_all();
+        }
+        // A random order: mirrors reading the same request at once fetch
+        // different chunks from the repository first, then trade them.
+        let mut rng = Rng::new(
+            Instant::now().duration_since(self.started).as_nanos() as u64 ^ first as u64,
+        );
+        for i in (1..owned.len()).rev() {
+            owned.swap(i, rng.below(i + 1));
         }
         let result = std::thread::scope(|s| {
             let mut results = Vec::new();
@@ -802,7 +874,10 @@ impl PeerHandler for Inner {
         if malformed {
             bump(&self.counters.malformed_links);
         }
-        self.peers.lock().links.retain(|l| !Arc::ptr_eq(l, link));
+        tracing::info!("link to peer {} closed", link.remote);
+        let mut p = self.peers.lock();
+        p.links.retain(|l| !Arc::ptr_eq(l, link));
+        p.dialed.retain(|(_, l)| !Arc::ptr_eq(l, link));
     }
 }
 

@@ -182,12 +182,22 @@ impl Repository for HttpRepo {
             return Ok(());
         }
         let range = format!("bytes={}-{}", offset, offset + buf.len() as u64 - 1);
-        let resp = self
-            .agent
-            .get(&self.url)
-            .set("Range", &range)
-            .call()
-            .map_err(|e| self.err(format!("GET {range}: {e}")))?;
+        // A busy server (503) or a dropped connection is retried a few
+        // times with backoff before the read fails.
+        let mut attempt = 0;
+        let resp = loop {
+            match self.agent.get(&self.url).set("Range", &range).call() {
+                Ok(r) => break r,
+                Err(ureq::Error::Status(code, _)) if code != 503 || attempt >= 4 => {
+                    return Err(self.err(format!("GET {range}: status {code}")));
+                }
+                Err(e) if attempt >= 4 => return Err(self.err(format!("GET {range}: {e}"))),
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(50 << attempt));
+                    attempt += 1;
+                }
+            }
+        };
         if resp.status() != 206 {
             return Err(self.err(format!(
                 "GET {range} answered {} instead of 206: the server must support range requests",

@@ -24,7 +24,7 @@ use crate::repo::{parse_peer_list, MAX_ADDR_LEN, MAX_PEERS, TRACE_SUFFIX};
 use crate::{io_err, MirrorError, Result};
 
 /// Most requests answered at once; more get 503.
-const MAX_ACTIVE: usize = 512;
+const MAX_ACTIVE: usize = 4096;
 /// Largest trace accepted by PUT.
 const MAX_TRACE: u64 = 4 * digest::MAX_CHUNKS + 16;
 /// Bytes sent between two takes from the bucket.
