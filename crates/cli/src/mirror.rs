@@ -208,7 +208,10 @@ fn repo_serve(image: &Path, bind: &str, port: u16, rate: Option<&str>) -> Result
     })?;
     let stop = server.stopper();
     std::thread::spawn(move || {
-        if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
             rt.block_on(wait_for_signal());
             stop();
         }
@@ -241,8 +244,8 @@ fn show_stats(dir: &Path, output: Output) -> Result<i32> {
             dir.display()
         )
     })?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("'{}' is not valid", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("'{}' is not valid", path.display()))?;
     match output {
         Output::Json => print_json(&v)?,
         Output::Human => {
@@ -270,7 +273,13 @@ fn parse_rate(v: Option<&str>, flag: &str) -> Result<Option<u64>> {
     v.map(|r| {
         parse_size(r)
             .map_err(|e| anyhow::anyhow!("{flag}: {e}"))
-            .and_then(|n| if n == 0 { bail!("{flag} must be above 0") } else { Ok(n) })
+            .and_then(|n| {
+                if n == 0 {
+                    bail!("{flag} must be above 0")
+                } else {
+                    Ok(n)
+                }
+            })
     })
     .transpose()
 }
@@ -298,7 +307,11 @@ fn mirror_config(args: &RunArgs, dir: &Path) -> Result<MirrorConfig> {
         trace_window: args.trace_window,
     };
     c.listen = (!args.no_peers).then(|| args.peer_listen.clone());
-    c.peers = if args.no_peers { Vec::new() } else { args.peers.clone() };
+    c.peers = if args.no_peers {
+        Vec::new()
+    } else {
+        args.peers.clone()
+    };
     c.rendezvous = args.rendezvous && !args.no_peers;
     c.fanout = args.fanout;
     c.demand_timeout = seconds(args.demand_timeout, "--demand-timeout")?;
@@ -342,10 +355,7 @@ fn run_mirror(args: RunArgs) -> Result<i32> {
     let reporter = mirror.clone();
     let served = runtime.block_on(async {
         let server = Server::bind(vec![export], server_config).await?;
-        let nbd = server
-            .tcp_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_default();
+        let nbd = server.tcp_addr().map(|a| a.to_string()).unwrap_or_default();
         let m = mirror.manifest();
         let s = mirror.stats();
         let mut out = std::io::stdout().lock();

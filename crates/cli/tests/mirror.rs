@@ -47,16 +47,21 @@ impl Proc {
             let _ = BufReader::new(out).read_line(&mut line);
             let _ = tx.send(line);
         });
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .unwrap_or_default();
-        assert!(line.starts_with("strata: "), "strata {args:?} did not start: {line:?}");
+        let line = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_default();
+        assert!(
+            line.starts_with("strata: "),
+            "strata {args:?} did not start: {line:?}"
+        );
         Proc { child, line }
     }
 
     fn word_after(&self, key: &str) -> String {
         let i = self.line.find(key).expect(key) + key.len();
-        self.line[i..].split_whitespace().next().unwrap().to_string()
+        self.line[i..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
     }
 
     /// `nbd://IP:PORT` of a mirror.
@@ -135,7 +140,11 @@ fn read_range(nbd: &str, off: usize, len: usize) -> Vec<u8> {
         .args(["-c", &script])
         .output()
         .expect("python3");
-    assert!(out.status.success(), "libnbd: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "libnbd: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out.stdout
 }
 
@@ -189,7 +198,15 @@ fn eight_mirrors_read_the_image_identically_sharing_chunks() {
     // qemu-img agrees, through the NBD export.
     run_ok(
         "qemu-img",
-        &["compare", "-f", "raw", "-F", "raw", &p(&img), &mirrors[7].nbd()],
+        &[
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            &p(&img),
+            &mirrors[7].nbd(),
+        ],
     );
     let chunks = (16 * MIB / CHUNK) as u64;
     eprintln!("8 mirrors: {from_repo} chunks from the repository, {from_peers} from peers");
@@ -215,7 +232,15 @@ fn local_writes_stay_local_and_a_restarted_mirror_resumes() {
     // Then A writes four whole chunks and part of chunk 32.
     run_ok(
         "qemu-io",
-        &["-f", "raw", "-c", "write -P 0xab 0 128k", "-c", "write -P 0xcd 1048586 100", &a.nbd()],
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0xab 0 128k",
+            "-c",
+            "write -P 0xcd 1048586 100",
+            &a.nbd(),
+        ],
     );
     let mut expected = data.clone();
     expected[..128 * 1024].fill(0xab);
@@ -229,7 +254,11 @@ fn local_writes_stay_local_and_a_restarted_mirror_resumes() {
     assert_eq!(n(&sa, "refused"), 5, "{sa}");
     assert_eq!(n(&sa, "served"), chunks - 5);
     assert_eq!(n(&sa, "written"), 5);
-    assert_eq!(n(&sb, "repo_demand"), 5, "the written chunks come from the repository: {sb}");
+    assert_eq!(
+        n(&sb, "repo_demand"),
+        5,
+        "the written chunks come from the repository: {sb}"
+    );
     assert_eq!(n(&sb, "peer_unavailable"), 5);
     assert_eq!(n(&sb, "peer_demand"), chunks - 5);
     assert_eq!(n(&sb, "corrupt_from_peers"), 0);
@@ -240,7 +269,11 @@ fn local_writes_stay_local_and_a_restarted_mirror_resumes() {
     assert!(read_range(&c.nbd(), 0, 256 * 1024) == data[..256 * 1024]);
     let sc = stats(&dc);
     assert_eq!(n(&sc, "peer_unavailable"), 0, "{sc}");
-    assert_eq!((n(&sc, "repo_demand"), n(&sc, "peer_demand")), (4, 4), "{sc}");
+    assert_eq!(
+        (n(&sc, "repo_demand"), n(&sc, "peer_demand")),
+        (4, 4),
+        "{sc}"
+    );
     drop(c);
     drop(b);
 
@@ -251,7 +284,11 @@ fn local_writes_stay_local_and_a_restarted_mirror_resumes() {
     stored[10 * CHUNK + 7] ^= 0xff;
     std::fs::write(&raw, stored).unwrap();
     let a = mirror(&p(&img), &da, &["--no-peers"]);
-    assert!(a.line.contains(&format!("{} held", chunks - 1)), "{}", a.line);
+    assert!(
+        a.line.contains(&format!("{} held", chunks - 1)),
+        "{}",
+        a.line
+    );
     assert_eq!(read_all(&a.nbd(), dir.path(), "a3.raw"), expected);
     let s = stats(&da);
     assert_eq!(n(&s, "recovered"), chunks - 1);
@@ -272,7 +309,14 @@ fn a_peer_killed_mid_transfer_costs_only_a_fallback() {
     let b = mirror(
         &p(&img),
         &db,
-        &["--peers", &a.peer(), "--unmatched", "0", "--demand-timeout", "3"],
+        &[
+            "--peers",
+            &a.peer(),
+            "--unmatched",
+            "0",
+            "--demand-timeout",
+            "3",
+        ],
     );
     wait_until("B linked to A", 10, || n(&stats(&db), "links") == 1);
     let nbd = b.nbd();
@@ -284,10 +328,19 @@ fn a_peer_killed_mid_transfer_costs_only_a_fallback() {
     std::thread::sleep(Duration::from_millis(1500));
     drop(a); // SIGKILL
     copy.join().unwrap();
-    assert!(std::fs::read(&out).unwrap() == data, "B differs from the image");
+    assert!(
+        std::fs::read(&out).unwrap() == data,
+        "B differs from the image"
+    );
     let s = stats(&db);
-    assert!(n(&s, "peer_demand") > 0, "some chunks came from A before it died: {s}");
-    assert!(n(&s, "repo_demand") > 0, "the rest from the repository: {s}");
+    assert!(
+        n(&s, "peer_demand") > 0,
+        "some chunks came from A before it died: {s}"
+    );
+    assert!(
+        n(&s, "repo_demand") > 0,
+        "the rest from the repository: {s}"
+    );
     assert_eq!(n(&s, "links"), 0);
 }
 
@@ -353,7 +406,10 @@ fn a_peer_sending_corrupt_chunks_is_detected_and_ignored() {
     // caught are the only others the liar gets.
     let lies = lies.load(Ordering::SeqCst);
     assert_eq!(n(&s, "corrupt_from_peers"), lies, "{s}");
-    assert!(lies >= 1 && lies < 64, "the liar is ignored after its first lie: {lies}");
+    assert!(
+        lies >= 1 && lies < 64,
+        "the liar is ignored after its first lie: {lies}"
+    );
     assert_eq!(n(&s, "repo_demand"), (2 * MIB / CHUNK) as u64);
     assert_eq!(n(&s, "peer_demand"), 0);
 }
@@ -394,10 +450,16 @@ fn malformed_peer_messages_get_a_clean_disconnect() {
     let good = hello(manifest.id());
     let then = |tail: &[u8]| [good.as_slice(), tail].concat();
     let cases: Vec<(&str, Vec<u8>)> = vec![
-        ("garbage instead of HELLO", b"GET / HTTP/1.1\r\n\r\n".to_vec()),
+        (
+            "garbage instead of HELLO",
+            b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+        ),
         ("another image", hello([7; 32])),
         ("4 GiB frame", then(&[0xff, 0xff, 0xff, 0xff, 2])),
-        ("chunk beyond the image", then(&wire::encode(&Msg::Have(vec![manifest.chunks()])))),
+        (
+            "chunk beyond the image",
+            then(&wire::encode(&Msg::Have(vec![manifest.chunks()]))),
+        ),
         ("unknown type", then(&[0, 0, 0, 1, 99])),
         ("truncated WANT", then(&[0, 0, 0, 3, 3, 0, 0])),
         ("second HELLO", then(&good)),
@@ -421,7 +483,16 @@ fn divergent_access_stops_prefetch_and_convergent_access_resumes_it() {
     let b = mirror(
         &p(&img),
         &db,
-        &["--peers", &a.peer(), "--unmatched", "16", "--resume-hits", "4", "--prefetch-threads", "1"],
+        &[
+            "--peers",
+            &a.peer(),
+            "--unmatched",
+            "16",
+            "--resume-hits",
+            "4",
+            "--prefetch-threads",
+            "1",
+        ],
     );
     wait_until("B linked to A", 10, || n(&stats(&db), "links") == 1);
     // A reads the first half: B prefetches what A advertises, reads none of it.
@@ -433,7 +504,10 @@ fn divergent_access_stops_prefetch_and_convergent_access_resumes_it() {
     read_range(&b.nbd(), 6 * MIB, MIB);
     let s = stats(&db);
     assert_eq!(s["policy"]["prefetch_on"], false, "{s}");
-    assert!(n(&s, "local_unread") <= 17, "at most the threshold is wasted: {s}");
+    assert!(
+        n(&s, "local_unread") <= 17,
+        "at most the threshold is wasted: {s}"
+    );
     assert!(s["policy"]["declined"].as_u64().unwrap() >= 100, "{s}");
     assert_eq!(n(&s, "peer_prefetch"), n(&s, "local_unread"));
     // B now reads what A read (convergent): declined chunks come from A on demand.
@@ -458,12 +532,19 @@ fn a_recorded_trace_drives_prefetch_of_the_next_mirror() {
     a.stop();
     let mut trace = img.clone().into_os_string();
     trace.push(".trace");
-    assert!(Path::new(&trace).exists(), "the trace is stored next to the image");
+    assert!(
+        Path::new(&trace).exists(),
+        "the trace is stored next to the image"
+    );
     let sa = stats(&da);
     let trace_chunks = (MIB + MIB / 2 + MIB / 4) / CHUNK;
     assert_eq!(n(&sa, "repo_demand") as usize, trace_chunks);
     // B follows the trace: it fetches ahead of its reads.
-    let b = mirror(&p(&img), &db, &["--no-peers", "--trace", "--trace-window", "16"]);
+    let b = mirror(
+        &p(&img),
+        &db,
+        &["--no-peers", "--trace", "--trace-window", "16"],
+    );
     for (off, len) in pattern {
         assert!(read_range(&b.nbd(), off, len) == data[off..off + len]);
     }
@@ -489,7 +570,9 @@ fn mirrors_find_each_other_through_the_repository() {
         .map(|d| mirror(&repo.url(), d, &["--rendezvous", "--unmatched", "0"]))
         .collect();
     for d in &dirs {
-        wait_until("links through rendezvous", 15, || n(&stats(d), "links") >= 1);
+        wait_until("links through rendezvous", 15, || {
+            n(&stats(d), "links") >= 1
+        });
     }
     assert_eq!(read_all(&ms[0].nbd(), dir.path(), "0.raw"), data);
     wait_until("advertisements", 10, || {
@@ -506,10 +589,29 @@ fn bad_setups_are_refused_with_a_clear_error() {
     let img = image(dir.path(), MIB);
     let d = p(&dir.path().join("m"));
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec!["--repo".into(), p(&dir.path().join("none.raw"))], "cannot open repository image"),
+        (
+            vec!["--repo".into(), p(&dir.path().join("none.raw"))],
+            "cannot open repository image",
+        ),
         (vec!["--repo".into(), "ftp://x/y".into()], "only http://"),
-        (vec!["--repo".into(), p(&img), "--chunk-size".into(), "64k".into()], "--chunk-size"),
-        (vec!["--repo".into(), p(&img), "--unmatched".into(), "lots".into()], "--unmatched"),
+        (
+            vec![
+                "--repo".into(),
+                p(&img),
+                "--chunk-size".into(),
+                "64k".into(),
+            ],
+            "--chunk-size",
+        ),
+        (
+            vec![
+                "--repo".into(),
+                p(&img),
+                "--unmatched".into(),
+                "lots".into(),
+            ],
+            "--unmatched",
+        ),
     ];
     for (args, msg) in cases {
         let mut all: Vec<&str> = vec!["mirror", "--dir", &d, "-p", "0"];

@@ -455,9 +455,12 @@ impl ChunkTable {
 
     /// Whether every chunk is stored here.
     pub fn complete(&self) -> bool {
-        self.states
-            .iter()
-            .all(|s| matches!(s, ChunkState::Local { .. } | ChunkState::Read | ChunkState::Written))
+        self.states.iter().all(|s| {
+            matches!(
+                s,
+                ChunkState::Local { .. } | ChunkState::Read | ChunkState::Written
+            )
+        })
     }
 }
 
@@ -549,7 +552,11 @@ mod tests {
             t.on_advert(c);
         }
         assert_eq!(t.next_prefetch(), None);
-        assert_eq!(t.counters().declined, 12 + 20, "queued chunks count as declined");
+        assert_eq!(
+            t.counters().declined,
+            12 + 20,
+            "queued chunks count as declined"
+        );
         // Our reads move to where the peer read: declined chunks come from peers.
         for c in 8..11 {
             assert_eq!(t.begin_read(c), Access::Fetch);
@@ -569,7 +576,11 @@ mod tests {
         assert_eq!((k.switched_on, k.unmatched), (1, 0));
         // The declined chunks advertised after chunk 20 are prefetched, in order.
         let got = drain(&mut t);
-        assert_eq!(got, (21..29).collect::<Vec<_>>(), "until the threshold again");
+        assert_eq!(
+            got,
+            (21..29).collect::<Vec<_>>(),
+            "until the threshold again"
+        );
         assert_eq!(t.counters().switched_off, 2);
     }
 
@@ -602,8 +613,16 @@ mod tests {
         assert_eq!(t.begin_read(5), Access::Ready);
         assert_eq!(t.begin_read(3), Access::Ready);
         let more: Vec<u32> = std::iter::from_fn(|| t.next_prefetch().map(|(c, _)| c)).collect();
-        assert_eq!(more, vec![7, 2], "out-of-range and repeated entries are dropped");
-        assert_eq!(t.counters().unmatched, 0, "trace prefetch is not adaptive prefetch");
+        assert_eq!(
+            more,
+            vec![7, 2],
+            "out-of-range and repeated entries are dropped"
+        );
+        assert_eq!(
+            t.counters().unmatched,
+            0,
+            "trace prefetch is not adaptive prefetch"
+        );
     }
 
     #[test]

@@ -269,7 +269,8 @@ impl Mirror {
         let image_id = manifest.id();
         let listener = match &config.listen {
             Some(addr) => Some(
-                TcpListener::bind(addr).map_err(io_err(format!("cannot listen for peers on {addr}")))?,
+                TcpListener::bind(addr)
+                    .map_err(io_err(format!("cannot listen for peers on {addr}")))?,
             ),
             None => None,
         };
@@ -288,9 +289,12 @@ impl Mirror {
             }
             None => None,
         };
-        let upload = config
-            .peer_rate
-            .map(|r| Arc::new(TokenBucket::new(r, (r / 20).max(manifest.chunk_size as u64 * 2))));
+        let upload = config.peer_rate.map(|r| {
+            Arc::new(TokenBucket::new(
+                r,
+                (r / 20).max(manifest.chunk_size as u64 * 2),
+            ))
+        });
         let acquired = (0..manifest.chunks())
             .filter(|c| table.state(*c).holds_image_data())
             .collect();
@@ -364,7 +368,8 @@ impl Mirror {
             encode_trace(&inner.image_id, t.first_reads())
         };
         let path = inner.config.dir.join(TRACE_FILE);
-        std::fs::write(&path, &trace).map_err(io_err(format!("cannot write '{}'", path.display())))?;
+        std::fs::write(&path, &trace)
+            .map_err(io_err(format!("cannot write '{}'", path.display())))?;
         if inner.config.record_trace {
             inner.repo.put_sidecar(TRACE_SUFFIX, &trace)?;
         }
@@ -421,7 +426,8 @@ pub fn encode_trace(image_id: &digest::Hash, order: &[u32]) -> Vec<u8> {
 
 /// Parses a stored trace of the image `image_id` with `chunks` chunks.
 pub fn decode_trace(b: &[u8], image_id: &digest::Hash, chunks: u32) -> Result<Vec<u32>> {
-    let bad = |why: &str| MirrorError::Invalid(format!("the image's access trace is unusable: {why}"));
+    let bad =
+        |why: &str| MirrorError::Invalid(format!("the image's access trace is unusable: {why}"));
     if b.len() < 44 || &b[..8] != TRACE_MAGIC {
         return Err(bad("wrong magic or too short"));
     }
@@ -611,6 +617,7 @@ impl Inner {
             self.config.prefetch_timeout
         };
         let mut asked = 0;
+        let mut waited = false;
         loop {
             for link in self.holders(c) {
                 asked += 1;
@@ -628,15 +635,44 @@ impl Inner {
                     Err(PeerMiss::Unavailable) => bump(&self.counters.peer_unavailable),
                 }
             }
+            if !waited && self.wait_for_coming(c, timeout) {
+                waited = true;
+                continue;
+            }
             self.repo_gate.acquire(REPO_READS);
             if asked < 4 && !self.holders(c).is_empty() {
                 self.repo_gate.release();
                 continue;
             }
+            for l in self.peers.lock().links.iter() {
+                l.announce_fetch(c);
+            }
             let data = self.from_repo_gated(c);
             self.repo_gate.release();
             return Ok((data?, Source::Repo));
         }
+    }
+
+    /// If a peer announced it is fetching `c` from the repository, waits
+    /// (up to `timeout`) for its advertisement; `true` if it waited.
+    fn wait_for_coming(&self, c: u32, timeout: Duration) -> bool {
+        let coming = |i: &Self| {
+            let p = i.peers.lock();
+            let fetching = p.links.iter().any(|l| l.usable() && l.is_fetching(c));
+            let held = p.links.iter().any(|l| l.usable() && l.holds(c));
+            fetching && !held
+        };
+        let mut t = self.table.lock();
+        if !coming(self) {
+            return false;
+        }
+        let deadline = Instant::now() + timeout;
+        while coming(self) && !self.stopping() {
+            if self.changed.wait_until(&mut t, deadline).timed_out() {
+                break;
+            }
+        }
+        true
     }
 
     /// Reads and checks chunk `c` from the repository, waiting for a slot.
@@ -671,7 +707,10 @@ impl Inner {
             self.store
                 .image
                 .write_all_at(data, off)
-                .map_err(io_err(format!("cannot write '{}'", self.store.image_path.display())))?;
+                .map_err(io_err(format!(
+                    "cannot write '{}'",
+                    self.store.image_path.display()
+                )))?;
             let new = t.landed(c);
             self.store.set(c, new)?;
             if new.holds_image_data() {
@@ -746,9 +785,8 @@ impl Inner {
         }
         // A random order: mirrors reading the same request at once fetch
         // different chunks from the repository first, then trade them.
-        let mut rng = Rng::new(
-            Instant::now().duration_since(self.started).as_nanos() as u64 ^ first as u64,
-        );
+        let mut rng =
+            Rng::new(Instant::now().duration_since(self.started).as_nanos() as u64 ^ first as u64);
         for i in (1..owned.len()).rev() {
             owned.swap(i, rng.below(i + 1));
         }
@@ -759,7 +797,11 @@ impl Inner {
             }
             results
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(MirrorError::Invalid("fetch thread panicked".into()))))
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(MirrorError::Invalid("fetch thread panicked".into()))
+                    })
+                })
                 .collect::<Result<Vec<()>>>()
         });
         result?;
@@ -900,14 +942,17 @@ impl BlockDevice for Mirror {
         };
         let i = &self.inner;
         i.ensure_read(first, last).map_err(|e| i.to_disk_error(e))?;
-        i.store.image.read_exact_at(buf, offset).map_err(|e| DiskError::Io {
-            place: Place {
-                depth: 0,
-                path: i.store.image_path.clone(),
-            },
-            op: "read",
-            error: e,
-        })
+        i.store
+            .image
+            .read_exact_at(buf, offset)
+            .map_err(|e| DiskError::Io {
+                place: Place {
+                    depth: 0,
+                    path: i.store.image_path.clone(),
+                },
+                op: "read",
+                error: e,
+            })
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> strata_disk::Result<()> {
@@ -929,7 +974,10 @@ impl BlockDevice for Mirror {
             op,
             error: e,
         };
-        i.store.image.write_all_at(buf, offset).map_err(|e| io("write", e))?;
+        i.store
+            .image
+            .write_all_at(buf, offset)
+            .map_err(|e| io("write", e))?;
         for c in first..=last {
             i.store
                 .set(c, ChunkState::Written)
@@ -954,14 +1002,22 @@ impl BlockDevice for Mirror {
     }
 
     fn flush(&self) -> strata_disk::Result<()> {
-        self.inner.store.sync().map_err(|e| self.inner.to_disk_error(e))
+        self.inner
+            .store
+            .sync()
+            .map_err(|e| self.inner.to_disk_error(e))
     }
 
     fn reads_as_zero(&self, _offset: u64, _len: u64) -> strata_disk::Result<bool> {
         Ok(false)
     }
 
-    fn block_status(&self, offset: u64, len: u64, _max_runs: usize) -> strata_disk::Result<Vec<BlockStatus>> {
+    fn block_status(
+        &self,
+        offset: u64,
+        len: u64,
+        _max_runs: usize,
+    ) -> strata_disk::Result<Vec<BlockStatus>> {
         self.chunk_span(offset, len)?;
         Ok(vec![BlockStatus {
             length: len,
@@ -982,6 +1038,9 @@ impl Mirror {
             return Ok(None);
         }
         let cs = self.inner.manifest.chunk_size as u64;
-        Ok(Some(((offset / cs) as u32, ((offset + len - 1) / cs) as u32)))
+        Ok(Some((
+            (offset / cs) as u32,
+            ((offset + len - 1) / cs) as u32,
+        )))
     }
 }

@@ -50,6 +50,7 @@ pub struct Link {
     stream: TcpStream,
     limits: Limits,
     has: Mutex<Vec<u64>>,
+    coming: Mutex<Vec<u64>>,
     out: Mutex<Outbox>,
     out_ready: Condvar,
     pending: Mutex<HashMap<u64, (u32, Waiter)>>,
@@ -132,6 +133,7 @@ pub fn start(
         stream,
         limits: me.limits,
         has: Mutex::new(vec![0; words]),
+        coming: Mutex::new(vec![0; words]),
         out: Mutex::new(Outbox::default()),
         out_ready: Condvar::new(),
         pending: Mutex::new(HashMap::new()),
@@ -159,13 +161,14 @@ impl Link {
         self.has.lock()[c as usize / 64] & (1 << (c % 64)) != 0
     }
 
+    /// Whether the peer said it is fetching chunk `c` from the repository.
+    pub fn is_fetching(&self, c: u32) -> bool {
+        self.coming.lock()[c as usize / 64] & (1 << (c % 64)) != 0
+    }
+
     fn set_holds(&self, c: u32, on: bool) {
-        let mut has = self.has.lock();
-        if on {
-            has[c as usize / 64] |= 1 << (c % 64);
-        } else {
-            has[c as usize / 64] &= !(1 << (c % 64));
-        }
+        set_bit(&self.has, c, on);
+        set_bit(&self.coming, c, false);
     }
 
     /// Requests in flight: the link's load.
@@ -199,6 +202,11 @@ impl Link {
         for part in chunks.chunks(wire::MAX_HAVE) {
             self.send(wire::encode(&Msg::Have(part.to_vec())), true);
         }
+    }
+
+    /// Tells the peer this mirror is fetching chunk `c` from the repository.
+    pub fn announce_fetch(&self, c: u32) {
+        self.send(wire::encode(&Msg::Coming(vec![c])), true);
     }
 
     /// Asks the peer for chunk `c` and waits up to `timeout` for its data
@@ -236,7 +244,11 @@ impl Link {
         self.pending.lock().clear();
     }
 
-    fn write_loop(self: Arc<Self>, upload: Option<Arc<TokenBucket>>, handler: Arc<dyn PeerHandler>) {
+    fn write_loop(
+        self: Arc<Self>,
+        upload: Option<Arc<TokenBucket>>,
+        handler: Arc<dyn PeerHandler>,
+    ) {
         loop {
             let frame = {
                 let mut out = self.out.lock();
@@ -276,7 +288,10 @@ impl Link {
                 }
             };
             if !self.dispatch(msg, &handler) {
-                tracing::warn!("peer {}: reply to a different chunk; disconnecting", self.remote);
+                tracing::warn!(
+                    "peer {}: reply to a different chunk; disconnecting",
+                    self.remote
+                );
                 break true;
             }
         };
@@ -292,6 +307,11 @@ impl Link {
                     self.set_holds(*c, true);
                 }
                 handler.on_have(self, &list);
+            }
+            Msg::Coming(list) => {
+                for c in list {
+                    set_bit(&self.coming, c, true);
+                }
             }
             Msg::Want { req, chunk, demand } => {
                 let reply = match handler.serve(chunk) {
@@ -320,5 +340,14 @@ impl Link {
             // Late reply to a request that timed out: harmless.
             None => true,
         }
+    }
+}
+
+fn set_bit(bits: &Mutex<Vec<u64>>, c: u32, on: bool) {
+    let mut b = bits.lock();
+    if on {
+        b[c as usize / 64] |= 1 << (c % 64);
+    } else {
+        b[c as usize / 64] &= !(1 << (c % 64));
     }
 }

@@ -56,7 +56,8 @@ pub fn open(spec: &str) -> Result<Box<dyn Repository>> {
         )))
     } else {
         let path = PathBuf::from(spec);
-        let file = File::open(&path).map_err(io_err(format!("cannot open repository image '{spec}'")))?;
+        let file =
+            File::open(&path).map_err(io_err(format!("cannot open repository image '{spec}'")))?;
         Ok(Box::new(FileRepo { path, file }))
     }
 }
@@ -124,7 +125,8 @@ impl Repository for FileRepo {
         let path = self.sidecar(suffix);
         let tmp = self.sidecar(&format!("{suffix}.tmp{}", std::process::id()));
         std::fs::write(&tmp, data).map_err(io_err(format!("cannot write '{}'", tmp.display())))?;
-        std::fs::rename(&tmp, &path).map_err(io_err(format!("cannot rename to '{}'", path.display())))
+        std::fs::rename(&tmp, &path)
+            .map_err(io_err(format!("cannot rename to '{}'", path.display())))
     }
 
     fn rendezvous(&self, me: &str) -> Result<Vec<String>> {

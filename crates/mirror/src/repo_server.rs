@@ -70,19 +70,21 @@ impl RepoServer {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .ok_or_else(|| MirrorError::Config(format!("'{shown}' has no file name")))?;
-        let http = tiny_http::Server::http(&config.bind).map_err(|e| {
-            MirrorError::Config(format!("cannot listen on {}: {e}", config.bind))
-        })?;
-        let addr = http.server_addr().to_ip().ok_or_else(|| {
-            MirrorError::Config(format!("{} is not a TCP address", config.bind))
-        })?;
+        let http = tiny_http::Server::http(&config.bind)
+            .map_err(|e| MirrorError::Config(format!("cannot listen on {}: {e}", config.bind)))?;
+        let addr = http
+            .server_addr()
+            .to_ip()
+            .ok_or_else(|| MirrorError::Config(format!("{} is not a TCP address", config.bind)))?;
         Ok(RepoServer {
             http: Arc::new(http),
             shared: Arc::new(Shared {
                 image: config.image.clone(),
                 name,
                 size,
-                bucket: config.rate.map(|r| TokenBucket::new(r, (r / 20).max(SLICE as u64))),
+                bucket: config
+                    .rate
+                    .map(|r| TokenBucket::new(r, (r / 20).max(SLICE as u64))),
                 peers: Mutex::new(Vec::new()),
                 active: AtomicUsize::new(0),
                 bytes_sent: AtomicU64::new(0),
@@ -142,7 +144,9 @@ impl<R: Read> Read for Capped<R> {
         if let Some(b) = &self.shared.bucket {
             b.take(n as u64);
         }
-        self.shared.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
+        self.shared
+            .bytes_sent
+            .fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
     }
 }
@@ -172,9 +176,9 @@ impl Shared {
             (Method::Get, Some(suffix)) if suffix == digest::SUFFIX || suffix == TRACE_SUFFIX => {
                 self.get_file(req, suffix)
             }
-            (Method::Put, Some(TRACE_SUFFIX)) => self.put_trace(&mut req).and_then(|r| {
-                req.respond(r)
-            }),
+            (Method::Put, Some(TRACE_SUFFIX)) => {
+                self.put_trace(&mut req).and_then(|r| req.respond(r))
+            }
             (Method::Post, Some(crate::repo::PEERS_SUFFIX)) => {
                 let r = self.register(&mut req);
                 req.respond(r)
@@ -243,7 +247,13 @@ impl Shared {
                     inner: std::io::Cursor::new(data),
                     shared: self.clone(),
                 };
-                req.respond(Response::new(StatusCode(200), vec![], body, Some(len), None))
+                req.respond(Response::new(
+                    StatusCode(200),
+                    vec![],
+                    body,
+                    Some(len),
+                    None,
+                ))
             }
             Err(_) => req.respond(Response::empty(404)),
         }

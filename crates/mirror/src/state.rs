@@ -125,14 +125,18 @@ impl Store {
     pub fn set(&self, c: u32, state: ChunkState) -> Result<()> {
         self.map
             .write_all_at(&[state.to_byte()], HEADER_LEN + c as u64)
-            .map_err(io_err(format!("cannot write '{}'", self.map_path.display())))
+            .map_err(io_err(format!(
+                "cannot write '{}'",
+                self.map_path.display()
+            )))
     }
 
     /// Makes data and map durable, data first.
     pub fn sync(&self) -> Result<()> {
-        self.image
-            .sync_data()
-            .map_err(io_err(format!("cannot sync '{}'", self.image_path.display())))?;
+        self.image.sync_data().map_err(io_err(format!(
+            "cannot sync '{}'",
+            self.image_path.display()
+        )))?;
         self.map
             .sync_data()
             .map_err(io_err(format!("cannot sync '{}'", self.map_path.display())))
@@ -176,7 +180,9 @@ mod tests {
         let mut bytes = std::fs::read(&map).unwrap();
         bytes[HEADER_LEN as usize] = 77;
         std::fs::write(&map, bytes).unwrap();
-        let e = Store::open(dir.path(), &manifest(1)).unwrap_err().to_string();
+        let e = Store::open(dir.path(), &manifest(1))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown state byte 77"), "{e}");
     }
 }

@@ -17,7 +17,11 @@ pub struct Rng(u64);
 impl Rng {
     /// A generator from `seed` (0 is replaced by a constant).
     pub fn new(seed: u64) -> Self {
-        Rng(if seed == 0 { 0x9e37_79b9_7f4a_7c15 } else { seed })
+        Rng(if seed == 0 {
+            0x9e37_79b9_7f4a_7c15
+        } else {
+            seed
+        })
     }
 
     /// A generator seeded from the operating system.

@@ -14,6 +14,9 @@
 //!   1 prefetch).
 //! - `DATA` (4): request id, chunk, then the chunk's bytes.
 //! - `NONE` (5): request id, chunk: not held (or written locally).
+//! - `COMING` (6): like `HAVE`, for chunks the sender is fetching from the
+//!   repository now: a peer that needs one waits for the `HAVE` instead of
+//!   reading the same chunk from the repository too.
 
 use std::io::Read;
 
@@ -44,6 +47,8 @@ pub enum Msg {
     },
     /// Chunks the sender holds, in acquisition order.
     Have(Vec<u32>),
+    /// Chunks the sender is fetching from the repository.
+    Coming(Vec<u32>),
     /// A request for a chunk.
     Want {
         /// Request id, echoed in the reply.
@@ -115,8 +120,8 @@ pub fn encode(msg: &Msg) -> Vec<u8> {
             b.push(addr.len() as u8);
             b.extend_from_slice(addr);
         }
-        Msg::Have(list) => {
-            b.push(2);
+        Msg::Have(list) | Msg::Coming(list) => {
+            b.push(if matches!(msg, Msg::Have(_)) { 2 } else { 6 });
             b.extend_from_slice(&(list.len() as u32).to_be_bytes());
             for c in list {
                 b.extend_from_slice(&c.to_be_bytes());
@@ -173,7 +178,10 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 fn chunk_at(b: &[u8], at: usize, limits: &Limits) -> Result<u32, WireError> {
     let c = u32_at(b, at);
     if c >= limits.chunks {
-        return bad(format!("chunk {c} beyond the image's {} chunks", limits.chunks));
+        return bad(format!(
+            "chunk {c} beyond the image's {} chunks",
+            limits.chunks
+        ));
     }
     Ok(c)
 }
@@ -204,7 +212,7 @@ pub fn decode(body: &[u8], limits: &Limits) -> Result<Msg, WireError> {
         return bad("empty frame");
     };
     match kind {
-        2 => {
+        2 | 6 => {
             if rest.len() < 4 {
                 return bad("short HAVE");
             }
@@ -215,7 +223,11 @@ pub fn decode(body: &[u8], limits: &Limits) -> Result<Msg, WireError> {
             let list = (0..n)
                 .map(|i| chunk_at(rest, 4 + 4 * i, limits))
                 .collect::<Result<_, _>>()?;
-            Ok(Msg::Have(list))
+            Ok(if kind == 2 {
+                Msg::Have(list)
+            } else {
+                Msg::Coming(list)
+            })
         }
         3 => {
             if rest.len() != 13 || rest[12] > 1 {
@@ -276,6 +288,7 @@ mod tests {
         assert_eq!(decode_hello(&body(&hello)).unwrap(), hello);
         for m in [
             Msg::Have(vec![1, 5, 99]),
+            Msg::Coming(vec![0, 2]),
             Msg::Want {
                 req: 7,
                 chunk: 3,
