@@ -407,7 +407,7 @@ fn a_peer_sending_corrupt_chunks_is_detected_and_ignored() {
     let lies = lies.load(Ordering::SeqCst);
     assert_eq!(n(&s, "corrupt_from_peers"), lies, "{s}");
     assert!(
-        lies >= 1 && lies < 64,
+        (1..64).contains(&lies),
         "the liar is ignored after its first lie: {lies}"
     );
     assert_eq!(n(&s, "repo_demand"), (2 * MIB / CHUNK) as u64);

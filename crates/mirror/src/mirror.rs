@@ -647,7 +647,7 @@ impl Inner {
             for l in self.peers.lock().links.iter() {
                 l.announce_fetch(c);
             }
-            let data = self.from_repo_gated(c);
+            let data = self.read_repo_gated(c);
             self.repo_gate.release();
             return Ok((data?, Source::Repo));
         }
@@ -676,15 +676,15 @@ impl Inner {
     }
 
     /// Reads and checks chunk `c` from the repository, waiting for a slot.
-    fn from_repo(&self, c: u32) -> Result<Vec<u8>> {
+    fn read_repo(&self, c: u32) -> Result<Vec<u8>> {
         self.repo_gate.acquire(REPO_READS);
-        let data = self.from_repo_gated(c);
+        let data = self.read_repo_gated(c);
         self.repo_gate.release();
         data
     }
 
     /// Reads and checks chunk `c` from the repository (slot held).
-    fn from_repo_gated(&self, c: u32) -> Result<Vec<u8>> {
+    fn read_repo_gated(&self, c: u32) -> Result<Vec<u8>> {
         let (off, len) = self.manifest.extent(c);
         let mut data = vec![0u8; len];
         self.repo.read(off, &mut data)?;
@@ -759,7 +759,7 @@ impl Inner {
             }
             if self.changed.wait_until(&mut t, deadline).timed_out() {
                 drop(t);
-                let data = self.from_repo(c)?;
+                let data = self.read_repo(c)?;
                 bump(&self.counters.repo_demand);
                 return self.land(c, &data);
             }
