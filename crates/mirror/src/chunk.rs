@@ -286,10 +286,13 @@ impl ChunkTable {
                 Access::Fetch
             }
             ChunkState::Prefetch { .. } => {
-                // The read claims the prefetch: it lands as Read, matched.
+                // The read claims the prefetch (it lands as Read, matched)
+                // and fetches on demand too: the prefetch request waits
+                // behind every on-demand reply at its peer, and whichever
+                // copy lands first wins.
                 self.states[c as usize] = ChunkState::Fetching;
                 self.note_read(c);
-                Access::Wait
+                Access::Fetch
             }
             ChunkState::Fetching => Access::Wait,
         }
@@ -371,6 +374,14 @@ impl ChunkTable {
             self.states[c as usize],
             ChunkState::Fetching | ChunkState::Prefetch { .. }
         ) {
+            self.states[c as usize] = ChunkState::Remote;
+        }
+    }
+
+    /// A prefetch of `c` failed: `Remote` again, unless a read claimed it
+    /// (the read's own fetch is under way).
+    pub fn prefetch_failed(&mut self, c: u32) {
+        if matches!(self.states[c as usize], ChunkState::Prefetch { .. }) {
             self.states[c as usize] = ChunkState::Remote;
         }
     }
@@ -526,8 +537,10 @@ mod tests {
         let mut t = table(4, Some(512), 16);
         t.on_advert(2);
         assert_eq!(t.next_prefetch(), Some((2, PrefetchKind::Advert)));
+        assert_eq!(t.begin_read(2), Access::Fetch);
         assert_eq!(t.begin_read(2), Access::Wait);
         assert_eq!(t.landed(2), ChunkState::Read);
+        assert!(!t.may_land(2), "the second copy is dropped");
         assert_eq!(t.counters().unmatched, 0);
     }
 

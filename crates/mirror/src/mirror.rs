@@ -864,7 +864,7 @@ impl Inner {
                 }
                 Err(e) => {
                     tracing::warn!("prefetch of chunk {c} failed: {e}");
-                    self.table.lock().fetch_failed(c);
+                    self.table.lock().prefetch_failed(c);
                     self.changed.notify_all();
                     std::thread::sleep(Duration::from_millis(100));
                 }

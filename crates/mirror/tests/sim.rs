@@ -107,7 +107,7 @@ impl Sim {
     fn run(&mut self, patterns: &[Vec<u32>], starts: &[u64]) -> u64 {
         let n = self.tables.len();
         let mut pos = vec![0usize; n];
-        let mut prefetching = vec![false; n];
+        let mut prefetching: Vec<Option<u32>> = vec![None; n];
         for t in 0..100_000u64 {
             while let Some((&(when, seq), &ev)) = self.events.iter().next() {
                 if when > t {
@@ -130,8 +130,8 @@ impl Sim {
                             self.repo += 1;
                         }
                         let was_demand = self.tables[m].state(c) == ChunkState::Fetching;
-                        if matches!(self.tables[m].state(c), ChunkState::Prefetch { .. }) {
-                            prefetching[m] = false;
+                        if prefetching[m] == Some(c) {
+                            prefetching[m] = None;
                         }
                         if self.tables[m].may_land(c) && self.tables[m].landed(c).holds_image_data()
                         {
@@ -162,9 +162,9 @@ impl Sim {
                         Access::Wait => {}
                     }
                 }
-                if !prefetching[m] {
+                if prefetching[m].is_none() {
                     if let Some((c, _)) = self.tables[m].next_prefetch() {
-                        prefetching[m] = true;
+                        prefetching[m] = Some(c);
                         self.fetch(t, m, c, t);
                     }
                 }
