@@ -70,8 +70,11 @@ impl RepoServer {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .ok_or_else(|| MirrorError::Config(format!("'{shown}' has no file name")))?;
-        let http = tiny_http::Server::http(&config.bind)
-            .map_err(|e| MirrorError::Config(format!("cannot listen on {}: {e}", config.bind)))?;
+        let listener = std::net::TcpListener::bind(&config.bind)
+            .map_err(io_err(format!("cannot listen on {}", config.bind)))?;
+        set_nodelay(&listener);
+        let http = tiny_http::Server::from_listener(listener, None)
+            .map_err(|e| MirrorError::Config(format!("cannot serve on {}: {e}", config.bind)))?;
         let addr = http
             .server_addr()
             .to_ip()
@@ -128,6 +131,28 @@ impl RepoServer {
                 shared.active.fetch_sub(1, Ordering::SeqCst);
             });
         }
+    }
+}
+
+/// Sets TCP_NODELAY on the listener; Linux passes it on to accepted
+/// sockets. tiny_http writes a response's head and body separately, and
+/// with Nagle's algorithm the body of every response after the first on a
+/// kept-alive connection would wait for the client's delayed ACK (40 ms).
+fn set_nodelay(listener: &std::net::TcpListener) {
+    use std::os::fd::AsRawFd;
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt on a socket we own, with a pointer to a live int.
+    let rc = unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!("repo-serve: TCP_NODELAY not set: {}", std::io::Error::last_os_error());
     }
 }
 
