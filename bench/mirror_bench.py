@@ -10,16 +10,17 @@ and rate divided by the same factors, so times keep their proportions):
 
   issue            here
   4 GiB image      16 MiB image
-  1 GiB read       2 MiB read per mirror (64 chunks of 32 KiB)
+  1 GiB read       4 MiB read per mirror (128 chunks of 32 KiB)
   128 MiB disjoint 512 KiB per mirror, at different offsets
   125 MB/s repo    4 MB/s repository cap (token bucket in repo-serve)
   125 MB/s links   4 MB/s upload cap per mirror (--peer-rate)
   5 s shift        0.3 s between mirror starts (shifted-same)
-  threshold 512    threshold 8 (512 chunks is 16 MiB, 8 times the read;
-                   scaled with the read so "unmatched" keeps its meaning)
+  threshold 512    threshold 8 (512 chunks is 16 MiB, 4 times the read
+                   here; scaled with the read so "unmatched" keeps its
+                   meaning)
 
 Modes, all in the same run:
-  mirror        peers on, adaptive prefetch (threshold 8)
+  mirror        peers on, adaptive prefetch (threshold 8), fanout 8
   on-demand     --no-peers: every mirror reads the repository on demand
   unlimited     peers on, prefetch never stops
   threshold-0   peers on, no prefetch (on-demand from peers or repository)
@@ -35,7 +36,7 @@ preads, one connection per mirror). Reported per run: completion time
 fastest-to-slowest gap, chunks from the repository / peers on demand /
 peers by prefetch, and bytes moved that were never read. Finally the
 trace-prefetch gain for the first host (one mirror, no peers, reading a
-scattered boot-like pattern with 5 ms of "compute" between reads, with
+scattered boot-like pattern with 10 ms of "compute" between reads, with
 and without the trace a previous host recorded).
 """
 
@@ -59,12 +60,14 @@ except ImportError:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
 IMAGE = 16 * MIB
-READ = 2 * MIB
+READ = 4 * MIB
 DISJOINT = MIB // 2
 RATE = "4M"
 SHIFT = 0.3
 THRESHOLD = "8"
 REQ = 64 * 1024
+FANOUT = 8
+THINK = 0.01
 
 
 def start(args, strata):
@@ -113,7 +116,7 @@ def read_region(uri, ranges, think, out, i):
 def regions(pattern, n):
     if pattern == "sync-disjoint":
         return [[(i * DISJOINT % IMAGE, DISJOINT)] for i in range(n)]
-    return [[(4 * MIB, READ)] for _ in range(n)]
+    return [[(8 * MIB, READ)] for _ in range(n)]
 
 
 def run_mode(strata, work, url, mode, pattern, n):
@@ -130,7 +133,7 @@ def run_mode(strata, work, url, mode, pattern, n):
                          "--prefetch-threads", "8"]
                 args += ["--fill"] if i == 0 else ["--peers", procs[-1][1]]
             else:
-                args += ["--fanout", "3"]
+                args += ["--fanout", str(FANOUT)]
                 args += {"mirror": ["--unmatched", THRESHOLD], "unlimited": ["--unmatched", "unlimited"],
                          "threshold-0": ["--unmatched", "0"]}[mode]
                 if procs:
@@ -190,7 +193,7 @@ def trace_gain(strata, work, url):
         d = os.path.join(work, "trace-" + label)
         p, line = start(["mirror", "--repo", url, "--dir", d, "-p", "0", "--no-peers"] + extra, strata)
         out = [None]
-        read_region("nbd://" + word_after(line, "nbd://"), ranges, 0.005, out, 0)
+        read_region("nbd://" + word_after(line, "nbd://"), ranges, THINK, out, 0)
         stop(p)
         shutil.rmtree(d, ignore_errors=True)
         times[label] = out[0][1] - out[0][0]
@@ -204,7 +207,9 @@ def main():
     ap.add_argument("--modes", default="mirror,on-demand,unlimited,threshold-0,pre-broadcast")
     ap.add_argument("--strata", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release", "strata"))
     ap.add_argument("--quick", action="store_true", help="mirrors 1,8 only")
+    ap.add_argument("--fanout", type=int, default=FANOUT, help="peers each mirror links to")
     a = ap.parse_args()
+    globals()["FANOUT"] = a.fanout
     if a.quick:
         a.mirrors = "1,8"
     work = tempfile.mkdtemp(prefix="mirror-bench-")

@@ -285,14 +285,19 @@ impl ChunkTable {
                 self.note_read(c);
                 Access::Fetch
             }
-            ChunkState::Prefetch { .. } => {
-                // The read claims the prefetch (it lands as Read, matched)
-                // and fetches on demand too: the prefetch request waits
-                // behind every on-demand reply at its peer, and whichever
-                // copy lands first wins.
+            ChunkState::Prefetch { trace } => {
+                // The read claims the prefetch (it lands as Read, matched).
+                // An advertisement prefetch waits at its peer behind every
+                // on-demand reply, so the read fetches on demand too and
+                // the first copy to land wins; a trace prefetch is already
+                // ahead of the reads and is simply awaited.
                 self.states[c as usize] = ChunkState::Fetching;
                 self.note_read(c);
-                Access::Fetch
+                if trace {
+                    Access::Wait
+                } else {
+                    Access::Fetch
+                }
             }
             ChunkState::Fetching => Access::Wait,
         }
