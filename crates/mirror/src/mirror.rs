@@ -138,6 +138,8 @@ pub struct MirrorStats {
     pub peer_timeouts: u64,
     /// Peer requests answered "not held" or cut by a closed link.
     pub peer_unavailable: u64,
+    /// Peer requests answered "busy" (asked again, or elsewhere).
+    pub peer_busy: u64,
     /// Chunks from peers that failed their digest (discarded; peer dropped).
     pub corrupt_from_peers: u64,
     /// Peer links closed because the peer broke the protocol.
@@ -176,6 +178,7 @@ struct Counters {
     trace_prefetch: AtomicU64,
     peer_timeouts: AtomicU64,
     peer_unavailable: AtomicU64,
+    peer_busy: AtomicU64,
     corrupt_from_peers: AtomicU64,
     malformed_links: AtomicU64,
     served: AtomicU64,
@@ -209,6 +212,8 @@ struct Inner {
     peers: Mutex<Peers>,
     identity: Option<Identity>,
     upload: Option<Arc<TokenBucket>>,
+    /// Chunk replies queued on all links (see [`peer::BUSY_QUEUE`]).
+    queued_replies: Arc<std::sync::atomic::AtomicUsize>,
     counters: Counters,
     repo_gate: Gate,
     stopping: AtomicBool,
@@ -312,6 +317,7 @@ impl Mirror {
             }),
             identity,
             upload,
+            queued_replies: Arc::default(),
             counters: Counters::default(),
             repo_gate: Gate::default(),
             stopping: AtomicBool::new(false),
@@ -473,6 +479,7 @@ impl Inner {
             trace_prefetch: get(&c.trace_prefetch),
             peer_timeouts: get(&c.peer_timeouts),
             peer_unavailable: get(&c.peer_unavailable),
+            peer_busy: get(&c.peer_busy),
             corrupt_from_peers: get(&c.corrupt_from_peers),
             malformed_links: get(&c.malformed_links),
             served: get(&c.served),
@@ -513,7 +520,13 @@ impl Inner {
     fn link_up(self: Arc<Self>, stream: TcpStream, dialed: Option<String>) {
         let Some(me) = &self.identity else { return };
         let handler: Arc<dyn PeerHandler> = self.clone();
-        match peer::start(stream, me, handler, self.upload.clone()) {
+        match peer::start(
+            stream,
+            me,
+            handler,
+            self.upload.clone(),
+            self.queued_replies.clone(),
+        ) {
             Ok(link) => {
                 // Lock order: table, then peers (as in `land`).
                 let t = self.table.lock();
@@ -618,7 +631,9 @@ impl Inner {
         };
         let mut asked = 0;
         let mut waited = false;
+        let busy_until = Instant::now() + timeout;
         loop {
+            let mut busy = false;
             for link in self.holders(c) {
                 asked += 1;
                 match link.request(c, demand, timeout) {
@@ -633,7 +648,17 @@ impl Inner {
                     }
                     Err(PeerMiss::Timeout) => bump(&self.counters.peer_timeouts),
                     Err(PeerMiss::Unavailable) => bump(&self.counters.peer_unavailable),
+                    Err(PeerMiss::Busy) => {
+                        bump(&self.counters.peer_busy);
+                        busy = true;
+                    }
                 }
+            }
+            if busy && Instant::now() < busy_until {
+                // Holders are saturated: more will hold it soon.
+                let mut t = self.table.lock();
+                self.changed.wait_for(&mut t, Duration::from_millis(20));
+                continue;
             }
             if !waited && self.wait_for_coming(c, timeout) {
                 waited = true;

@@ -6,7 +6,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -33,7 +33,15 @@ pub enum PeerMiss {
     Timeout,
     /// The peer does not hold it, or the link closed.
     Unavailable,
+    /// The peer holds it but its upload queue is full.
+    Busy,
 }
+
+/// Chunk replies queued for sending, across all links of one mirror, past
+/// which requests are answered `BUSY`: a mirror that just got a chunk
+/// first is not asked for it by every peer at once; they spread to the
+/// peers that got it from that mirror.
+pub const BUSY_QUEUE: usize = 8;
 
 #[derive(Default)]
 struct Outbox {
@@ -41,7 +49,14 @@ struct Outbox {
     low: VecDeque<Vec<u8>>,
 }
 
-type Waiter = mpsc::SyncSender<Option<Vec<u8>>>;
+/// A reply to a request: data, not held, or busy.
+enum Reply {
+    Data(Vec<u8>),
+    Missing,
+    Busy,
+}
+
+type Waiter = mpsc::SyncSender<Reply>;
 
 /// One link to a peer mirror.
 pub struct Link {
@@ -55,6 +70,7 @@ pub struct Link {
     out_ready: Condvar,
     pending: Mutex<HashMap<u64, (u32, Waiter)>>,
     next_req: AtomicU64,
+    queued: Arc<AtomicUsize>,
     closed: AtomicBool,
     suspect: AtomicBool,
 }
@@ -82,6 +98,7 @@ pub fn start(
     me: &Identity,
     handler: Arc<dyn PeerHandler>,
     upload: Option<Arc<TokenBucket>>,
+    queued: Arc<AtomicUsize>,
 ) -> Result<Arc<Link>, String> {
     let hello = wire::encode(&Msg::Hello {
         image_id: me.image_id,
@@ -138,6 +155,7 @@ pub fn start(
         out_ready: Condvar::new(),
         pending: Mutex::new(HashMap::new()),
         next_req: AtomicU64::new(1),
+        queued,
         closed: AtomicBool::new(false),
         suspect: AtomicBool::new(false),
     });
@@ -229,8 +247,11 @@ impl Link {
         let got = rx.recv_timeout(timeout);
         self.pending.lock().remove(&req);
         match got {
-            Ok(Some(data)) => Ok(data),
-            Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => Err(PeerMiss::Unavailable),
+            Ok(Reply::Data(data)) => Ok(data),
+            Ok(Reply::Busy) => Err(PeerMiss::Busy),
+            Ok(Reply::Missing) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err(PeerMiss::Unavailable)
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => Err(PeerMiss::Timeout),
         }
     }
@@ -265,7 +286,12 @@ impl Link {
             if let (Some(b), Some(4)) = (&upload, frame.get(4)) {
                 b.take(frame.len() as u64);
             }
-            if (&self.stream).write_all(&frame).is_err() {
+            let is_data = frame.get(4) == Some(&4);
+            let written = (&self.stream).write_all(&frame);
+            if is_data {
+                self.queued.fetch_sub(1, Ordering::Relaxed);
+            }
+            if written.is_err() {
                 self.close();
                 handler.on_close(&self, false);
                 return;
@@ -314,23 +340,31 @@ impl Link {
                 }
             }
             Msg::Want { req, chunk, demand } => {
+                if self.queued.load(Ordering::Relaxed) >= BUSY_QUEUE {
+                    self.send(wire::encode(&Msg::Busy { req, chunk }), true);
+                    return true;
+                }
                 let reply = match handler.serve(chunk) {
-                    Some(data) => Msg::Data { req, chunk, data },
+                    Some(data) => {
+                        self.queued.fetch_add(1, Ordering::Relaxed);
+                        Msg::Data { req, chunk, data }
+                    }
                     None => Msg::Missing { req, chunk },
                 };
                 self.send(wire::encode(&reply), demand);
             }
-            Msg::Data { req, chunk, data } => return self.answer(req, chunk, Some(data)),
+            Msg::Data { req, chunk, data } => return self.answer(req, chunk, Reply::Data(data)),
             Msg::Missing { req, chunk } => {
                 self.set_holds(chunk, false);
-                return self.answer(req, chunk, None);
+                return self.answer(req, chunk, Reply::Missing);
             }
+            Msg::Busy { req, chunk } => return self.answer(req, chunk, Reply::Busy),
             Msg::Hello { .. } => return false,
         }
         true
     }
 
-    fn answer(&self, req: u64, chunk: u32, data: Option<Vec<u8>>) -> bool {
+    fn answer(&self, req: u64, chunk: u32, data: Reply) -> bool {
         match self.pending.lock().remove(&req) {
             Some((want, tx)) if want == chunk => {
                 let _ = tx.try_send(data);

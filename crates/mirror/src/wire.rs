@@ -14,6 +14,8 @@
 //!   1 prefetch).
 //! - `DATA` (4): request id, chunk, then the chunk's bytes.
 //! - `NONE` (5): request id, chunk: not held (or written locally).
+//! - `BUSY` (7): request id, chunk: held, but the sender's upload queue is
+//!   full; ask another holder (or again later).
 //! - `COMING` (6): like `HAVE`, for chunks the sender is fetching from the
 //!   repository now: a peer that needs one waits for the `HAVE` instead of
 //!   reading the same chunk from the repository too.
@@ -49,6 +51,13 @@ pub enum Msg {
     Have(Vec<u32>),
     /// Chunks the sender is fetching from the repository.
     Coming(Vec<u32>),
+    /// The chunk is held but the sender is too busy to send it now.
+    Busy {
+        /// Request id.
+        req: u64,
+        /// Chunk number.
+        chunk: u32,
+    },
     /// A request for a chunk.
     Want {
         /// Request id, echoed in the reply.
@@ -139,8 +148,8 @@ pub fn encode(msg: &Msg) -> Vec<u8> {
             b.extend_from_slice(&chunk.to_be_bytes());
             b.extend_from_slice(data);
         }
-        Msg::Missing { req, chunk } => {
-            b.push(5);
+        Msg::Missing { req, chunk } | Msg::Busy { req, chunk } => {
+            b.push(if matches!(msg, Msg::Missing { .. }) { 5 } else { 7 });
             b.extend_from_slice(&req.to_be_bytes());
             b.extend_from_slice(&chunk.to_be_bytes());
         }
@@ -249,13 +258,15 @@ pub fn decode(body: &[u8], limits: &Limits) -> Result<Msg, WireError> {
                 data: rest[12..].to_vec(),
             })
         }
-        5 => {
+        5 | 7 => {
             if rest.len() != 12 {
-                return bad("malformed NONE");
+                return bad("malformed NONE or BUSY");
             }
-            Ok(Msg::Missing {
-                req: u64_at(rest, 0),
-                chunk: chunk_at(rest, 8, limits)?,
+            let (req, chunk) = (u64_at(rest, 0), chunk_at(rest, 8, limits)?);
+            Ok(if kind == 5 {
+                Msg::Missing { req, chunk }
+            } else {
+                Msg::Busy { req, chunk }
             })
         }
         1 => bad("second HELLO"),
@@ -300,6 +311,7 @@ mod tests {
                 data: vec![1; 4096],
             },
             Msg::Missing { req: 9, chunk: 0 },
+            Msg::Busy { req: 10, chunk: 99 },
         ] {
             assert_eq!(decode(&body(&m), &L).unwrap(), m);
         }
