@@ -213,7 +213,10 @@ fn eight_mirrors_read_the_image_identically_sharing_chunks() {
     // A read that claims a chunk under prefetch fetches it too: a few
     // chunks arrive twice.
     let fetched = from_repo + from_peers;
-    assert!(fetched >= 8 * chunks && fetched <= 8 * chunks + 8 * chunks / 10, "{fetched}");
+    assert!(
+        fetched >= 8 * chunks && fetched <= 8 * chunks + 8 * chunks / 10,
+        "{fetched}"
+    );
     assert!(
         from_repo < 4 * chunks,
         "peers must carry most chunks: {from_repo} from the repository, {from_peers} from peers"

@@ -625,6 +625,8 @@ mod tests {
         t.set_trace(vec![5, 3, 9, 1, 7, 2, 99, 5]);
         let first: Vec<u32> = std::iter::from_fn(|| t.next_prefetch().map(|(c, _)| c)).collect();
         assert_eq!(first, vec![5, 3, 9, 1], "window of 4");
+        // A read of a chunk under trace prefetch waits for it (no second fetch).
+        assert_eq!(t.begin_read(1), Access::Wait);
         for c in &first {
             t.landed(*c);
         }

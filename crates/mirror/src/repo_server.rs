@@ -152,7 +152,10 @@ fn set_nodelay(listener: &std::net::TcpListener) {
         )
     };
     if rc != 0 {
-        tracing::debug!("repo-serve: TCP_NODELAY not set: {}", std::io::Error::last_os_error());
+        tracing::debug!(
+            "repo-serve: TCP_NODELAY not set: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 

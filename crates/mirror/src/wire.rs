@@ -149,7 +149,11 @@ pub fn encode(msg: &Msg) -> Vec<u8> {
             b.extend_from_slice(data);
         }
         Msg::Missing { req, chunk } | Msg::Busy { req, chunk } => {
-            b.push(if matches!(msg, Msg::Missing { .. }) { 5 } else { 7 });
+            b.push(if matches!(msg, Msg::Missing { .. }) {
+                5
+            } else {
+                7
+            });
             b.extend_from_slice(&req.to_be_bytes());
             b.extend_from_slice(&chunk.to_be_bytes());
         }
