@@ -639,3 +639,45 @@ fn bad_setups_are_refused_with_a_clear_error() {
     let out = common::strata(&["mirror", "--repo", &p(&bare), "--dir", &d, "-p", "0"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a valid chunk manifest"));
 }
+
+#[test]
+fn a_prefetch_that_times_out_falls_back_to_the_repository() {
+    let dir = tmp();
+    let img = image(dir.path(), 2 * MIB);
+    let data = std::fs::read(&img).unwrap();
+    let (da, db) = (dir.path().join("a"), dir.path().join("b"));
+    // A holds everything but uploads at 64 KiB/s: most of B's prefetch
+    // requests cannot be answered within B's 0.5 s prefetch timeout.
+    let a = mirror(&p(&img), &da, &["--peer-rate", "64k"]);
+    assert_eq!(read_all(&a.nbd(), dir.path(), "a.raw"), data);
+    let b = mirror(
+        &p(&img),
+        &db,
+        &[
+            "--peers",
+            &a.peer(),
+            "--unmatched",
+            "unlimited",
+            "--prefetch-timeout",
+            "0.5",
+            "--prefetch-threads",
+            "8",
+        ],
+    );
+    let chunks = (2 * MIB / CHUNK) as u64;
+    wait_until("B prefetches the whole image", 30, || {
+        n(&stats(&db), "remote") == 0
+    });
+    let s = stats(&db);
+    assert!(n(&s, "peer_timeouts") > 0, "{s}");
+    assert!(
+        n(&s, "repo_prefetch") > 0,
+        "timed-out prefetches come from the repository: {s}"
+    );
+    assert_eq!(
+        n(&s, "repo_prefetch") + n(&s, "peer_prefetch"),
+        chunks,
+        "{s}"
+    );
+    assert_eq!(read_all(&b.nbd(), dir.path(), "b.raw"), data);
+}

@@ -665,7 +665,7 @@ impl Inner {
                 continue;
             }
             self.repo_gate.acquire(REPO_READS);
-            if asked < 4 && !self.holders(c).is_empty() {
+            if asked == 0 && !self.holders(c).is_empty() {
                 self.repo_gate.release();
                 continue;
             }
