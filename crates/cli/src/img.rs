@@ -612,7 +612,7 @@ fn create_options(options: &[String]) -> Result<CreateOptions> {
     Ok(o)
 }
 
-fn progress_bar(show: bool, total: u64) -> ProgressBar {
+pub(crate) fn progress_bar(show: bool, total: u64) -> ProgressBar {
     if !show {
         return ProgressBar::hidden();
     }
@@ -625,7 +625,7 @@ fn progress_bar(show: bool, total: u64) -> ProgressBar {
     bar
 }
 
-fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
+pub(crate) fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }

@@ -2,6 +2,7 @@
 
 mod daemon;
 mod img;
+mod mirror;
 mod serve;
 mod units;
 mod volume;
@@ -41,6 +42,8 @@ enum Command {
         #[command(subcommand)]
         command: volume::SnapshotCommand,
     },
+    /// Mirror a remote image on demand, sharing chunks with peer mirrors; export it over NBD.
+    Mirror(mirror::MirrorCmd),
 }
 
 fn main() {
@@ -58,6 +61,7 @@ fn main() {
         Command::Daemon(args) => daemon::run(args),
         Command::Volume { client, command } => volume::run_volume(client, command),
         Command::Snapshot { client, command } => volume::run_snapshot(client, command),
+        Command::Mirror(cmd) => mirror::run(cmd),
     };
     match code {
         Ok(code) => std::process::exit(code),

@@ -301,23 +301,6 @@ fn qemu_io_nbd(uri: &str, read_only: bool, cmds: &[&str]) -> String {
     text
 }
 
-/// A Python interpreter that has libnbd's `nbd` module (python3-libnbd
-/// installs it for the system Python, which may not be first on PATH).
-fn nbd_python() -> String {
-    for py in ["/usr/bin/python3", "python3"] {
-        let ok = Command::new(py)
-            .args(["-c", "import nbd"])
-            .stderr(Stdio::null())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        if ok {
-            return py.to_string();
-        }
-    }
-    panic!("no python3 with the nbd module (apt-get install python3-libnbd)");
-}
-
 fn file_digest(path: &Path) -> Vec<u8> {
     // The whole file: the layers are small.
     std::fs::read(path).expect("read file")

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 /// Runs `strata` with `args`.
 pub fn strata(args: &[&str]) -> Output {
@@ -146,4 +146,21 @@ pub fn map_runs(json: &str) -> Vec<(u64, u64, bool)> {
             )
         })
         .collect()
+}
+
+/// A Python interpreter that has libnbd's `nbd` module (python3-libnbd
+/// installs it for the system Python, which may not be first on PATH).
+pub fn nbd_python() -> String {
+    for py in ["/usr/bin/python3", "python3"] {
+        let ok = Command::new(py)
+            .args(["-c", "import nbd"])
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if ok {
+            return py.to_string();
+        }
+    }
+    panic!("no python3 with the nbd module (apt-get install python3-libnbd)");
 }
