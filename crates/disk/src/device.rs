@@ -9,6 +9,10 @@
 use crate::disk::{BlockStatus, Disk};
 use crate::error::Result;
 
+/// Requests of one connection run at once on a local device (see
+/// [`BlockDevice::parallel_requests`]).
+pub const DEFAULT_PARALLEL_REQUESTS: usize = 16;
+
 /// A byte-addressed device of fixed size (for the life of one session)
 /// that can be read, written and asked about its allocation.
 ///
@@ -29,6 +33,14 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// update (qcow2 v3 zero clusters); `None` if zeroing costs a write.
     fn zero_cluster_bits(&self) -> Option<u32> {
         None
+    }
+
+    /// How many requests of one client connection are worth running at
+    /// once. A device served from the page cache is CPU-bound, and more
+    /// threads than this only add memory and preemption; a device that
+    /// waits on the network (a mirror fetching chunks) wants more.
+    fn parallel_requests(&self) -> usize {
+        DEFAULT_PARALLEL_REQUESTS
     }
 
     /// Fills `buf` from `offset`.

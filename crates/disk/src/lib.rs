@@ -32,7 +32,7 @@ pub mod map;
 mod writer;
 
 pub use create::{create, CreateOptions};
-pub use device::BlockDevice;
+pub use device::{BlockDevice, DEFAULT_PARALLEL_REQUESTS};
 pub use disk::{BlockStatus, Disk, OpenOptions};
 pub use error::{DiskError, Result};
 

@@ -953,6 +953,12 @@ impl BlockDevice for Mirror {
         self.inner.manifest.image_size
     }
 
+    /// Reads may wait on peers or the repository: run many at once so a
+    /// client's queue depth becomes parallel chunk fetches.
+    fn parallel_requests(&self) -> usize {
+        64
+    }
+
     fn is_writable(&self) -> bool {
         true
     }

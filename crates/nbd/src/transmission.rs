@@ -36,8 +36,9 @@ use crate::handshake::Negotiated;
 use crate::proto::{self, REQUEST_LEN};
 use crate::reply::Reply;
 
-/// Most requests of one connection in flight (and threads serving it).
-pub const MAX_IN_FLIGHT: usize = 16;
+/// Most requests of one connection in flight (and threads serving it),
+/// whatever the device asks for with `BlockDevice::parallel_requests`.
+pub const MAX_IN_FLIGHT: usize = 64;
 
 /// Most bytes of read and write buffers one connection holds at once.
 /// Two maximum-size requests fit, so one large request never stalls.
@@ -151,6 +152,8 @@ struct Conn {
     writer: Mutex<Socket>,
     /// Threads waiting to become the leader.
     waiting: AtomicUsize,
+    /// Most threads (requests running at once) for this connection.
+    max_threads: usize,
     state: Mutex<State>,
     /// Signalled when buffer bytes are released or the connection ends.
     space: Condvar,
@@ -247,7 +250,7 @@ fn worker(conn: Arc<Conn>) {
                 // Keep a thread ready to read the next request while this
                 // one runs: that is what lets requests overlap.
                 if conn.waiting.load(Ordering::SeqCst) == 0
-                    && conn.state.lock().threads < MAX_IN_FLIGHT
+                    && conn.state.lock().threads < conn.max_threads
                 {
                     if let Err(e) = spawn_worker(&conn) {
                         tracing::debug!(peer = conn.peer, "no extra thread: {e}");
@@ -308,8 +311,14 @@ impl Conn {
             structured: neg.structured,
             block_status: neg.block_status,
         };
+        let max_threads = neg
+            .export
+            .disk()
+            .parallel_requests()
+            .clamp(1, MAX_IN_FLIGHT);
         Ok(Arc::new(Conn {
             fd: socket.fd(),
+            max_threads,
             export: neg.export,
             session,
             peer,
