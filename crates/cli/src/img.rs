@@ -612,7 +612,7 @@ fn create_options(options: &[String]) -> Result<CreateOptions> {
     Ok(o)
 }
 
-fn progress_bar(show: bool, total: u64) -> ProgressBar {
+pub(crate) fn progress_bar(show: bool, total: u64) -> ProgressBar {
     if !show {
         return ProgressBar::hidden();
     }

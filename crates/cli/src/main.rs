@@ -2,6 +2,7 @@
 
 mod img;
 mod serve;
+mod store;
 mod units;
 
 use clap::{Parser, Subcommand};
@@ -23,6 +24,16 @@ enum Command {
     },
     /// Export images over NBD (qemu-nbd conventions; always persistent).
     Serve(serve::ServeArgs),
+    /// Run and manage an object-store cluster (6Stor design).
+    Store {
+        #[command(subcommand)]
+        command: store::StoreCommand,
+    },
+    /// Objects in a store cluster: put, get, rm, mv, stat, ls.
+    Obj {
+        #[command(subcommand)]
+        command: store::ObjCommand,
+    },
 }
 
 fn main() {
@@ -37,6 +48,8 @@ fn main() {
     let code = match cli.command {
         Command::Img { command } => img::run(command),
         Command::Serve(args) => serve::run(args),
+        Command::Store { command } => store::run_store(command),
+        Command::Obj { command } => store::run_obj(command),
     };
     match code {
         Ok(code) => std::process::exit(code),

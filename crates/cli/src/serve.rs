@@ -249,7 +249,7 @@ fn seconds(v: f64, flag: &str) -> Result<Duration> {
 }
 
 /// Logs go to stderr, filtered by `STRATA_LOG` (default: warnings).
-fn init_logging() {
+pub(crate) fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
@@ -258,7 +258,7 @@ fn init_logging() {
         .try_init();
 }
 
-async fn wait_for_signal() {
+pub(crate) async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let term = signal(SignalKind::terminate());
     let int = signal(SignalKind::interrupt());
