@@ -107,14 +107,16 @@ impl Cluster {
             .map_err(|e| Error::io("local address", e))?;
         let on_task = tokio::spawn(run_on(sock, core));
         let loopback = SocketAddr::new(on.ip(), 0);
-        let mut mns = Vec::new();
-        for k in 0..cfg.mns {
-            mns.push(start_mn(&cfg.dir.join(format!("mn-{k}")), loopback, on).await?);
-        }
+        // Storage nodes first, so metadata nodes start with a table that
+        // already lists them all.
         let mut sns = Vec::new();
         for k in 0..cfg.sns {
             let dir = cfg.dir.join(format!("sn-{k}"));
             sns.push(start_sn(&dir, loopback, on, cfg.sn_capacity, cfg.device).await?);
+        }
+        let mut mns = Vec::new();
+        for k in 0..cfg.mns {
+            mns.push(start_mn(&cfg.dir.join(format!("mn-{k}")), loopback, on).await?);
         }
         let cluster = Cluster {
             on,

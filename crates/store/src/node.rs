@@ -366,7 +366,7 @@ pub async fn start_sn(
         .local_addr()
         .map_err(|e| Error::io("local address", e))?;
     // Count what is there before declaring free space.
-    let probe = SnStore::open(dir, 0, capacity)?;
+    let probe = SnStore::open(dir, 0, on, capacity)?;
     let index = register(
         on,
         Body::Register {
@@ -379,7 +379,7 @@ pub async fn start_sn(
         },
     )
     .await?;
-    let store = Arc::new(SnStore::open(dir, index, capacity)?);
+    let store = Arc::new(SnStore::open(dir, index, on, capacity)?);
     let table = Arc::new(RwLock::new(fetch_table(on).await?));
     let stats_store = store.clone();
     let tasks = vec![

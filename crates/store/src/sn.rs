@@ -25,6 +25,7 @@ const CHUNK: usize = 256 * 1024;
 pub struct SnStore {
     dir: PathBuf,
     index: u16,
+    on: std::net::SocketAddr,
     capacity: u64,
     used: AtomicU64,
     objects: AtomicU64,
@@ -34,7 +35,14 @@ pub struct SnStore {
 impl SnStore {
     /// Opens the replica directory (creating it), removes temporary files
     /// left by an interrupted Put, and counts what it holds.
-    pub fn open(dir: &Path, index: u16, capacity: u64) -> Result<SnStore, Error> {
+    /// `on` is the orchestrator, asked for the table when a forward target
+    /// is not in ours yet.
+    pub fn open(
+        dir: &Path,
+        index: u16,
+        on: std::net::SocketAddr,
+        capacity: u64,
+    ) -> Result<SnStore, Error> {
         let objects_dir = dir.join("replicas");
         let tmp = dir.join("tmp");
         for d in [&objects_dir, &tmp] {
@@ -59,6 +67,7 @@ impl SnStore {
         Ok(SnStore {
             dir: dir.to_path_buf(),
             index,
+            on,
             capacity,
             used: AtomicU64::new(used),
             objects: AtomicU64::new(objects),
@@ -182,12 +191,25 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
 
 /// Opens the next replica of a chain, sending it the Put header.
 async fn open_downstream(
+    on: std::net::SocketAddr,
     table: &SharedTable,
     size: u64,
     chain: &[Addr],
 ) -> Option<BufWriter<TcpStream>> {
     let (&next, rest) = chain.split_first()?;
-    let endpoint = crate::node::read_table(table).sn_for(next)?.endpoint;
+    let known = crate::node::read_table(table)
+        .sn_for(next)
+        .map(|s| s.endpoint);
+    let endpoint = match known {
+        Some(e) => e,
+        None => {
+            // A node that joined after our last refresh: ask the orchestrator now.
+            let fresh = crate::node::fetch_table(on).await.ok()?;
+            let e = fresh.sn_for(next)?.endpoint;
+            *table.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+            e
+        }
+    };
     let stream = TcpStream::connect(endpoint).await.ok()?;
     let _ = stream.set_nodelay(true);
     let mut w = BufWriter::with_capacity(CHUNK, stream);
@@ -279,7 +301,7 @@ enum PutError {
 /// the sender's CRC-32C.
 async fn receive<R: tokio::io::AsyncRead + Unpin>(
     r: &mut R,
-    _store: &SnStore,
+    store: &SnStore,
     table: &SharedTable,
     tmp: &Path,
     size: u64,
@@ -296,7 +318,7 @@ async fn receive<R: tokio::io::AsyncRead + Unpin>(
     file.write_all(&header)
         .await
         .map_err(|e| refuse("writing the replica", e))?;
-    let mut down = open_downstream(table, size, chain).await;
+    let mut down = open_downstream(store.on, table, size, chain).await;
     let mut buf = vec![0u8; CHUNK];
     let mut left = size;
     let mut crc = 0u32;
