@@ -16,7 +16,7 @@ use crate::metadb::MetaDb;
 use crate::table::{Device, State, Table};
 use crate::wire::{Body, Code, Msg, Record};
 use crate::Error;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::Hash;
 
 /// Objects below this size prefer SSD storage nodes; larger ones HDD.
@@ -55,10 +55,16 @@ enum Phase {
         acked: Vec<bool>,
         needed: usize,
         free_after: Vec<Addr>,
+        /// The answer once W_m hold it (`None`: Done with the version).
+        answer: Option<Body>,
     },
 }
 
 struct Pending<P> {
+    /// Unique per operation: acknowledgements of an older operation on the
+    /// same name and version (a Post and the Delete of that version) must
+    /// not count for this one.
+    op: u64,
     version: u64,
     client: P,
     client_req: u64,
@@ -69,7 +75,7 @@ struct Pending<P> {
 /// A replication message waiting for its acknowledgement.
 struct Inflight {
     name: String,
-    version: u64,
+    op: u64,
     index: usize,
     msg: Msg,
     next_send: u64,
@@ -82,11 +88,14 @@ pub struct MnCore<P> {
     db: MetaDb,
     table: Table,
     slot: u16,
-    pending: HashMap<String, Pending<P>>,
-    inflight: HashMap<u64, Inflight>,
+    // Ordered maps: `tick` walks them, and the simulation needs the same
+    // order on every run.
+    pending: BTreeMap<String, Pending<P>>,
+    inflight: BTreeMap<u64, Inflight>,
     replies: HashMap<(P, u64), Msg>,
     reply_order: VecDeque<(P, u64)>,
     next_req: u64,
+    next_op: u64,
     nonce: u64,
 }
 
@@ -98,11 +107,12 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             db,
             table,
             slot,
-            pending: HashMap::new(),
-            inflight: HashMap::new(),
+            pending: BTreeMap::new(),
+            inflight: BTreeMap::new(),
             replies: HashMap::new(),
             reply_order: VecDeque::new(),
             next_req: splitmix64(nonce) | 1 << 63,
+            next_op: 0,
             nonce,
         }
     }
@@ -191,7 +201,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             }
             Body::PostCommit { name, version, crc } => {
                 self.coordinator_check(msg.target, name)?;
-                self.post_commit(now, name, *version, *crc, out)
+                self.post_commit(now, from, msg.req, name, *version, *crc, out)
             }
             Body::PostAbort { name, version } => {
                 self.coordinator_check(msg.target, name)?;
@@ -287,6 +297,15 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         })
     }
 
+    /// Whether this request is a resend of the one `name` is locked for:
+    /// it will be answered when that one finishes (answering Conflict would
+    /// tell the client its own operation did not happen).
+    fn in_progress(&self, name: &str, from: &P, req: u64) -> bool {
+        self.pending
+            .get(name)
+            .is_some_and(|p| &p.client == from && p.client_req == req)
+    }
+
     fn post_begin(
         &mut self,
         now: u64,
@@ -313,9 +332,11 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         let mg0 = self.owned(self.table.meta_addrs(name)[0])?;
         let version = self.db.latest_version(mg0, name)? + 1;
         let replicas = self.place(name, version, size)?;
+        self.next_op += 1;
         self.pending.insert(
             name.to_string(),
             Pending {
+                op: self.next_op,
                 version,
                 client: from.clone(),
                 client_req: req,
@@ -372,9 +393,12 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             .collect())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn post_commit(
         &mut self,
         now: u64,
+        from: &P,
+        req: u64,
         name: &str,
         version: u64,
         crc: u32,
@@ -384,7 +408,9 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             let mg0 = self.owned(self.table.meta_addrs(name)[0])?;
             if let Some(r) = self.db.get(mg0, name)? {
                 if r.version == version {
-                    return Ok(Some(Body::Done { version }));
+                    // Committed here before a restart lost the replication
+                    // state: replicate again before acknowledging.
+                    return self.commit_record(now, from.clone(), req, r, Vec::new(), out);
                 }
             }
             return Err(remote(
@@ -425,6 +451,9 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         out: &mut Vec<Out<P>>,
     ) -> Result<Option<Body>, Error> {
         let name = &record.name;
+        if self.in_progress(name, from, req) {
+            return Ok(None);
+        }
         if self.pending.contains_key(name) {
             return Err(remote(
                 Code::Conflict,
@@ -467,6 +496,8 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     ) -> Result<Option<Body>, Error> {
         let addrs = record.meta.clone();
         let mut acked = vec![false; addrs.len()];
+        self.next_op += 1;
+        let op = self.next_op;
         for (i, &a) in addrs.iter().enumerate() {
             if let Some(mg) = self.owns(a) {
                 acked[i] = self.db.apply_record(mg, &record)?;
@@ -478,7 +509,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                         record: record.clone(),
                     },
                 );
-                self.send_replication(now, &record.name, record.version, i, msg, out);
+                self.send_replication(now, &record.name, op, i, msg, out);
             }
         }
         self.start_replicating(
@@ -486,9 +517,11 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             client,
             req,
             &record.name,
+            op,
             record.version,
             acked,
             free_after,
+            None,
             out,
         )
     }
@@ -500,15 +533,18 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         client: P,
         req: u64,
         name: &str,
+        op: u64,
         version: u64,
         acked: Vec<bool>,
         free_after: Vec<Addr>,
+        answer: Option<Body>,
         out: &mut Vec<Out<P>>,
     ) -> Result<Option<Body>, Error> {
         let needed = self.table.params_for(name).w_m as usize;
         self.pending.insert(
             name.to_string(),
             Pending {
+                op,
                 version,
                 client,
                 client_req: req,
@@ -517,6 +553,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                     acked,
                     needed,
                     free_after,
+                    answer,
                 },
             },
         );
@@ -528,7 +565,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         &mut self,
         now: u64,
         name: &str,
-        version: u64,
+        op: u64,
         index: usize,
         mut msg: Msg,
         out: &mut Vec<Out<P>>,
@@ -540,7 +577,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             msg.req,
             Inflight {
                 name: name.to_string(),
-                version,
+                op,
                 index,
                 msg,
                 next_send: now + RESEND_MS,
@@ -565,9 +602,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             return; // the table moved that address: repair's business
         }
         if let Some(p) = self.pending.get_mut(&inf.name) {
-            if let (true, Phase::Replicating { acked, .. }) =
-                (p.version == inf.version, &mut p.phase)
-            {
+            if let (true, Phase::Replicating { acked, .. }) = (p.op == inf.op, &mut p.phase) {
                 if let Some(a) = acked.get_mut(inf.index) {
                     *a = true;
                 }
@@ -591,10 +626,15 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         let Some(p) = self.pending.remove(name) else {
             return;
         };
-        if let Phase::Replicating { free_after, .. } = p.phase {
+        let mut body = Body::Done { version: p.version };
+        if let Phase::Replicating {
+            free_after, answer, ..
+        } = p.phase
+        {
             out.extend(free_after.into_iter().map(Out::Free));
+            body = answer.unwrap_or(body);
         }
-        let reply = Msg::new(p.client_req, 0, Body::Done { version: p.version });
+        let reply = Msg::new(p.client_req, 0, body);
         // The reply's target is irrelevant to the client; keep the request id.
         self.reply(p.client, reply, out);
     }
@@ -621,6 +661,9 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         keep_data: bool,
         out: &mut Vec<Out<P>>,
     ) -> Result<Option<Body>, Error> {
+        if self.in_progress(name, from, req) {
+            return Ok(None);
+        }
         if self.pending.contains_key(name) {
             return Err(remote(
                 Code::Conflict,
@@ -629,24 +672,37 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         }
         let addrs = self.table.meta_addrs(name);
         let mg0 = self.owned(addrs[0])?;
-        let Some(rec) = self.db.get(mg0, name)? else {
-            let code = if self.db.tombstone(mg0, name)? > 0 {
-                Code::Deleted
-            } else {
-                Code::NotFound
-            };
-            return Err(remote(code, format!("no object named {name:?}")));
+        let (version, replicas, answer) = match self.db.get(mg0, name)? {
+            Some(rec) => {
+                if if_version != 0 && rec.version != if_version {
+                    return Err(remote(
+                        Code::Conflict,
+                        format!("{name:?} is at version {}, not {if_version}", rec.version),
+                    ));
+                }
+                (rec.version, rec.replicas, None)
+            }
+            None => {
+                let tomb = self.db.tombstone(mg0, name)?;
+                if tomb == 0 {
+                    return Err(remote(Code::NotFound, format!("no object named {name:?}")));
+                }
+                // Deleted here, perhaps by this very request before a restart
+                // lost its replication: replicate the tombstone again, and
+                // answer "deleted" once W_m hold it.
+                let answer = Body::Error {
+                    code: Code::Deleted,
+                    message: format!("no object named {name:?} (deleted)"),
+                };
+                (tomb, Vec::new(), Some(answer))
+            }
         };
-        if if_version != 0 && rec.version != if_version {
-            return Err(remote(
-                Code::Conflict,
-                format!("{name:?} is at version {}, not {if_version}", rec.version),
-            ));
-        }
         let mut acked = vec![false; addrs.len()];
+        self.next_op += 1;
+        let op = self.next_op;
         for (i, &a) in addrs.iter().enumerate() {
             if let Some(mg) = self.owns(a) {
-                self.db.apply_delete(mg, name, rec.version)?;
+                self.db.apply_delete(mg, name, version)?;
                 acked[i] = true;
             } else {
                 let msg = Msg::new(
@@ -654,21 +710,23 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                     a,
                     Body::Unreplicate {
                         name: name.to_string(),
-                        version: rec.version,
+                        version: version,
                     },
                 );
-                self.send_replication(now, name, rec.version, i, msg, out);
+                self.send_replication(now, name, op, i, msg, out);
             }
         }
-        let free_after = if keep_data { Vec::new() } else { rec.replicas };
+        let free_after = if keep_data { Vec::new() } else { replicas };
         self.start_replicating(
             now,
             from.clone(),
             req,
             name,
-            rec.version,
+            op,
+            version,
             acked,
             free_after,
+            answer,
             out,
         )
     }
