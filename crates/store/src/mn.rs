@@ -382,7 +382,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 ),
             ));
         }
-        candidates.sort_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)));
+        candidates.sort_by_key(|c| std::cmp::Reverse((c.0, c.1)));
         candidates.truncate(params.n_d as usize);
         Ok(candidates
             .iter()
@@ -710,7 +710,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                     a,
                     Body::Unreplicate {
                         name: name.to_string(),
-                        version: version,
+                        version,
                     },
                 );
                 self.send_replication(now, name, op, i, msg, out);

@@ -291,7 +291,7 @@ impl OnCore {
         let limit = self.short_failure_ms;
         let silent = |uuid: u64, seen: &HashMap<u64, u64>| {
             seen.get(&uuid)
-                .map_or(true, |&t| now.saturating_sub(t) > limit)
+                .is_none_or(|&t| now.saturating_sub(t) > limit)
         };
         let mut changed = false;
         for s in &mut self.table.sns {

@@ -92,21 +92,10 @@ fn size_of(token: u32) -> u64 {
 
 enum Op {
     Idle,
-    PostBegin {
-        name: String,
-        token: u32,
-    },
-    PostCommit {
-        name: String,
-        token: u32,
-        replicas: Vec<u128>,
-    },
-    Delete {
-        name: String,
-    },
-    Get {
-        name: String,
-    },
+    PostBegin { name: String, token: u32 },
+    PostCommit { name: String, token: u32 },
+    Delete { name: String },
+    Get { name: String },
 }
 
 struct Client {
@@ -263,15 +252,7 @@ impl Sim {
             let Some(core) = self.mns[slot as usize].as_mut() else {
                 return; // crashed: the datagram is lost
             };
-            let dbg =
-                std::env::var("SIM_TRACE").is_ok() && format!("{:?}", ev.msg).contains("c3/n2");
-            if dbg {
-                eprintln!("{now} {} -> mn{slot}: {:?}", ev.from, ev.msg.body);
-            }
             let outs = core.handle(now, ev.from, ev.msg);
-            if dbg {
-                eprintln!("   outs {:?}", outs);
-            }
             self.outs(slot, outs);
         } else {
             self.client_reply(ev.to, ev.msg);
@@ -353,26 +334,19 @@ impl Sim {
     }
 
     fn finish(&mut self, c: u32, result: Result<Body, strata_store::Error>) {
-        if std::env::var("SIM_TRACE").is_ok() && c == 3 {
-            eprintln!("{} client finish {:?}", self.now, result);
-        }
         let op = std::mem::replace(&mut self.clients[c as usize].op, Op::Idle);
         match op {
             Op::Idle => {}
             Op::PostBegin { name, token } => match result {
                 Ok(Body::PostPlan { version, replicas }) => {
-                    self.plans.insert(token, replicas.clone());
+                    self.plans.insert(token, replicas);
                     let body = Body::PostCommit {
                         name: name.clone(),
                         version,
                         crc: token,
                     };
                     let coord = self.table.meta_addrs(&name)[0];
-                    self.clients[c as usize].op = Op::PostCommit {
-                        name,
-                        token,
-                        replicas,
-                    };
+                    self.clients[c as usize].op = Op::PostCommit { name, token };
                     self.start_call(c, vec![coord], body, 20, false);
                 }
                 Ok(other) => panic!("PostBegin answered {other:?}"),
@@ -456,9 +430,6 @@ impl Sim {
                 self.start_mn(s as u16);
             } else if self.mns[s].is_some() && crash_rate > 0 && self.rng.below(crash_rate) == 0 {
                 self.mns[s] = None;
-                if std::env::var("SIM_TRACE").is_ok() {
-                    eprintln!("{} crash mn{s}", self.now);
-                }
                 self.down_until[s] = self.now + 300 + self.rng.below(1500);
                 self.crashes += 1;
             }
@@ -492,7 +463,7 @@ impl Sim {
                     self.client_send(c, step);
                 }
             }
-            if self.now % 20 == 0 {
+            if self.now.is_multiple_of(20) {
                 for s in 0..MNS {
                     let now = self.now;
                     if let Some(core) = self.mns[s as usize].as_mut() {
