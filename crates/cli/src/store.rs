@@ -39,6 +39,31 @@ pub enum StoreCommand {
     },
     /// Show the prefix table: nodes, groups, capacity, state.
     Status(ClusterArg),
+    /// Load generator: concurrent clients Post or Get fixed-size objects
+    /// (`bench/<size>/<client>/<i>`), or GET them from an HTTP server.
+    Bench(BenchArgs),
+}
+
+/// `strata store bench` arguments.
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    cluster: ClusterArg,
+    /// post, get (objects a post run made), or http (GET /bench/<size>/<client>/<i>).
+    #[arg(long, default_value = "post", value_parser = ["post", "get", "http"])]
+    workload: String,
+    /// HTTP server for --workload http.
+    #[arg(long)]
+    http: Option<SocketAddr>,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 5)]
+    threads: usize,
+    /// Operations per client.
+    #[arg(long, default_value_t = 100)]
+    ops: usize,
+    /// Object size (e.g. 2600, 306k, 2.3M).
+    #[arg(long, default_value = "2600")]
+    size: String,
 }
 
 /// `strata store up` arguments.
@@ -53,9 +78,17 @@ pub struct UpArgs {
     /// Metadata nodes.
     #[arg(long = "mn", default_value_t = 1)]
     mns: u16,
-    /// Storage nodes.
+    /// Metadata slots of a new cluster, when more metadata nodes will join
+    /// with `strata store node add --role mn` (default: --mn).
+    #[arg(long)]
+    mn_slots: Option<u16>,
+    /// Storage nodes (more can join with `strata store node add`).
     #[arg(long = "sn", default_value_t = 1)]
     sns: u16,
+    /// Short-failure timer: a node silent this long is marked down and left
+    /// out of placement.
+    #[arg(long, default_value_t = 3000)]
+    short_failure_ms: u64,
     /// Replication as N_m,W_m,N_d,W_d (a new cluster only).
     #[arg(long, default_value = "1,1,1,1")]
     replication: String,
@@ -212,6 +245,7 @@ pub fn run_store(cmd: StoreCommand) -> Result<i32> {
         StoreCommand::Up(args) => up(args),
         StoreCommand::Status(c) => status(&c),
         StoreCommand::Node { command } => node(command),
+        StoreCommand::Bench(args) => bench(args),
     }
 }
 
@@ -220,6 +254,8 @@ fn up(args: UpArgs) -> Result<i32> {
     cfg.listen = args.listen;
     cfg.mns = args.mns;
     cfg.sns = args.sns;
+    cfg.mn_slots = args.mn_slots.unwrap_or(args.mns);
+    cfg.short_failure_ms = args.short_failure_ms;
     cfg.params = parse_params(&args.replication)?;
     for b in &args.buckets {
         let (name, p) = b
@@ -250,6 +286,57 @@ fn up(args: UpArgs) -> Result<i32> {
         drop(cluster);
         anyhow::Ok(0)
     })
+}
+
+fn bench(args: BenchArgs) -> Result<i32> {
+    use strata_store::bench::{run, BenchConfig, Workload};
+    let size = parse_size(&args.size).map_err(anyhow::Error::msg)?;
+    let workload = match (args.workload.as_str(), args.http) {
+        ("post", _) => Workload::Post,
+        ("get", _) => Workload::Get,
+        (_, Some(server)) => Workload::HttpGet(server),
+        (_, None) => bail!("--workload http needs --http ADDR"),
+    };
+    let cfg = BenchConfig {
+        threads: args.threads.max(1),
+        ops: args.ops.max(1),
+        size,
+        workload,
+    };
+    let r = runtime()?.block_on(async {
+        let client = std::sync::Arc::new(Client::connect(args.cluster.cluster).await?);
+        anyhow::Ok(run(client, cfg).await?)
+    })?;
+    let secs = r.elapsed.as_secs_f64();
+    let v = json!({
+        "workload": args.workload,
+        "threads": args.threads,
+        "size": size,
+        "ops": r.ops,
+        "errors": r.errors,
+        "seconds": secs,
+        "ops_per_s": r.ops as f64 / secs,
+        "mb_per_s": r.bytes as f64 / secs / 1e6,
+        "p50_ms": r.p50.as_secs_f64() * 1e3,
+        "p99_ms": r.p99.as_secs_f64() * 1e3,
+    });
+    if args.cluster.output == Output::Json {
+        println!("{v}");
+    } else {
+        println!(
+            "{} x{} {}: {} ops ({} errors) in {secs:.2} s, {:.0} ops/s, {:.1} MB/s, p50 {:.2} ms, p99 {:.2} ms",
+            args.workload,
+            args.threads,
+            human(size),
+            r.ops,
+            r.errors,
+            r.ops as f64 / secs,
+            r.bytes as f64 / secs / 1e6,
+            r.p50.as_secs_f64() * 1e3,
+            r.p99.as_secs_f64() * 1e3
+        );
+    }
+    Ok(if r.errors > 0 { 1 } else { 0 })
 }
 
 fn status(c: &ClusterArg) -> Result<i32> {

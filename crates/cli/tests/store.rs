@@ -537,3 +537,204 @@ fn a_storage_node_added_to_a_running_cluster_takes_new_objects() {
     let _ = add.kill();
     let _ = add.wait();
 }
+
+/// A `strata store node add` process (a node of its own, so it can be
+/// killed with SIGKILL), killed on drop.
+struct Node(Child);
+
+impl Node {
+    fn add(store: &Store, dir: &Path, role: &str) -> Node {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["store", "node", "add", "--cluster", &store.on.to_string()])
+            .args(["--role", role, "--dir", &p(dir)])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn strata store node add");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("strata store:"), "{line:?}");
+        Node(child)
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.0.kill(); // SIGKILL
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Outcome of the load generator.
+#[derive(Default)]
+struct Load {
+    acked: Vec<(String, usize)>,
+    failed: Vec<(String, usize)>,
+    gets: u64,
+    get_failures: Vec<String>,
+}
+
+/// Posts objects and reads back acknowledged ones until `stop` is set.
+fn run_load(on: SocketAddr, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Load {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let client = strata_store::client::Client::connect(on).await.unwrap();
+        let mut load = Load::default();
+        let mut i = 0usize;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            i += 1;
+            let _ = client.refresh().await;
+            let name = format!("load/{i:05}");
+            let size = (i * 7919) % 200_000;
+            let data = pattern(size, i as u64);
+            match client
+                .put(&name, size as u64, &mut data.as_slice(), &|_| {})
+                .await
+            {
+                Ok(_) => load.acked.push((name, i)),
+                Err(_) => load.failed.push((name, i)),
+            }
+            if let Some((name, seed)) = load.acked.get(i * 31 % load.acked.len().max(1)).cloned() {
+                load.gets += 1;
+                match client.get_bytes(&name).await {
+                    Ok((_, bytes)) if bytes == pattern((seed * 7919) % 200_000, seed as u64) => {}
+                    Ok(_) => load.get_failures.push(format!("{name}: wrong bytes")),
+                    Err(e) => load.get_failures.push(format!("{name}: {e}")),
+                }
+            }
+        }
+        load
+    })
+}
+
+#[test]
+fn kill_9_of_a_storage_node_then_a_metadata_node_under_load() {
+    let dir = tmp();
+    let store = Store::up(
+        &dir.path().join("cluster"),
+        &[
+            "--mn",
+            "2",
+            "--mn-slots",
+            "3",
+            "--sn",
+            "3",
+            "--replication",
+            "3,2,3,2",
+            "--short-failure-ms",
+            "1000",
+        ],
+    );
+    let mut sn = Node::add(&store, &dir.path().join("sn-extra"), "sn");
+    let mut mn = Node::add(&store, &dir.path().join("mn-extra"), "mn");
+    wait_until("4 storage and 3 metadata nodes", || {
+        let s = store.status();
+        s["storage_nodes"].as_array().unwrap().len() == 4
+            && s["metadata_nodes"].as_array().unwrap().len() == 3
+    });
+    std::thread::sleep(Duration::from_millis(1200));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let on = store.on;
+    let load = {
+        let stop = stop.clone();
+        std::thread::spawn(move || run_load(on, stop))
+    };
+    let extra_sn_prefix = {
+        let s = store.status();
+        s["storage_nodes"][3]["prefix"]
+            .as_str()
+            .unwrap()
+            .trim_end_matches("::/64")
+            .to_string()
+    };
+
+    // Kill -9 the storage node; after the short-failure timer it is down and
+    // new objects go elsewhere.
+    std::thread::sleep(Duration::from_millis(1500));
+    sn.kill9();
+    wait_until("the killed storage node marked down", || {
+        store.status()["storage_nodes"][3]["state"] == "down"
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let recent = store.json(&["obj", "ls", "load/", "--all"]);
+    let last = recent["objects"].as_array().unwrap().last().unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let stat = store.json(&["obj", "stat", &last]);
+    for r in stat["replicas"].as_array().unwrap() {
+        assert!(
+            !r.as_str()
+                .unwrap()
+                .starts_with(&format!("{extra_sn_prefix}:")),
+            "placed on a down node: {stat}"
+        );
+    }
+    // Restart it (same directory, same identity and prefix): back up.
+    let _sn = Node::add(&store, &dir.path().join("sn-extra"), "sn");
+    wait_until("the storage node up again", || {
+        store.status()["storage_nodes"][3]["state"] == "up"
+    });
+
+    // Kill -9 a metadata node.
+    std::thread::sleep(Duration::from_millis(1000));
+    mn.kill9();
+    std::thread::sleep(Duration::from_millis(2500));
+    let _mn = Node::add(&store, &dir.path().join("mn-extra"), "mn");
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let load = load.join().unwrap();
+    eprintln!(
+        "load: {} acked, {} failed, {} gets",
+        load.acked.len(),
+        load.failed.len(),
+        load.gets
+    );
+    assert!(
+        load.acked.len() > 20,
+        "only {} Posts acknowledged",
+        load.acked.len()
+    );
+    assert!(load.gets > 20);
+    assert!(
+        load.get_failures.is_empty(),
+        "Gets of acknowledged objects failed: {:?}",
+        load.get_failures
+    );
+    // Every acknowledged object is readable and whole; unacknowledged ones
+    // are absent or whole.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = strata_store::client::Client::connect(on).await.unwrap();
+        for (name, seed) in &load.acked {
+            let (_, bytes) = client
+                .get_bytes(name)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(
+                bytes == pattern((seed * 7919) % 200_000, *seed as u64),
+                "{name} differs"
+            );
+        }
+        for (name, seed) in &load.failed {
+            if let Ok((_, bytes)) = client.get_bytes(name).await {
+                assert!(
+                    bytes == pattern((seed * 7919) % 200_000, *seed as u64),
+                    "{name} is torn"
+                );
+            }
+        }
+    });
+}

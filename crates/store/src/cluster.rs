@@ -19,9 +19,12 @@ pub struct ClusterConfig {
     pub dir: PathBuf,
     /// The orchestrator's UDP endpoint (clients connect here).
     pub listen: SocketAddr,
-    /// Metadata nodes.
+    /// Metadata nodes started in this process.
     pub mns: u16,
-    /// Storage nodes.
+    /// Metadata slots of a new cluster (at least `mns`; the others are
+    /// filled by metadata nodes that join with `strata store node add`).
+    pub mn_slots: u16,
+    /// Storage nodes started in this process.
     pub sns: u16,
     /// Cluster-wide replication (a new cluster only).
     pub params: Params,
@@ -44,6 +47,7 @@ impl ClusterConfig {
             dir,
             listen: SocketAddr::from(([127, 0, 0, 1], 7480)),
             mns: 1,
+            mn_slots: 1,
             sns: 1,
             params: Params::default(),
             buckets: Vec::new(),
@@ -81,9 +85,9 @@ impl Cluster {
             p.validate()
                 .map_err(|e| Error::Invalid(format!("bucket {b:?}: {e}")))?;
         }
-        if cfg.mns == 0 || cfg.sns == 0 {
+        if cfg.mns.max(cfg.mn_slots) == 0 {
             return Err(Error::Invalid(
-                "a cluster needs at least one metadata node and one storage node".into(),
+                "a cluster needs at least one metadata node".into(),
             ));
         }
         std::fs::create_dir_all(&cfg.dir)
@@ -97,7 +101,12 @@ impl Cluster {
             mg_owner: Vec::new(),
             sns: Vec::new(),
         };
-        let mut core = OnCore::open(&cfg.dir.join("orchestrator.redb"), initial, cfg.mns, 0)?;
+        let mut core = OnCore::open(
+            &cfg.dir.join("orchestrator.redb"),
+            initial,
+            cfg.mns.max(cfg.mn_slots),
+            0,
+        )?;
         core.set_short_failure(cfg.short_failure_ms);
         let sock = UdpSocket::bind(cfg.listen)
             .await

@@ -18,6 +18,7 @@
 //! The library never prints and never exits.
 
 pub mod addr;
+pub mod bench;
 pub mod client;
 pub mod cluster;
 pub mod data;

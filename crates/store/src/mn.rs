@@ -438,8 +438,16 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             meta: self.table.meta_addrs(name),
             replicas: replicas.clone(),
         };
-        let (client, req) = (p.client.clone(), p.client_req);
-        self.commit_record(now, client, req, record, Vec::new(), out)
+        // A Post over an existing object frees the old replicas once the new
+        // record is acknowledged.
+        let mg0 = self.owned(record.meta[0])?;
+        let old = self
+            .db
+            .get(mg0, name)?
+            .map(|r| r.replicas)
+            .unwrap_or_default();
+        // Answer the commit request itself (its own request id and socket).
+        self.commit_record(now, from.clone(), req, record, old, out)
     }
 
     fn link(
