@@ -503,6 +503,7 @@ fn a_storage_node_added_to_a_running_cluster_takes_new_objects() {
     BufReader::new(add.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
+    let _add = Node(add); // killed on drop, even if an assertion fails
     assert!(line.contains("prefix index 2"), "{line}");
     wait_until("the new node in the table", || {
         store.status()["storage_nodes"].as_array().unwrap().len() == 2
@@ -528,14 +529,15 @@ fn a_storage_node_added_to_a_running_cluster_takes_new_objects() {
     let dst = dir.path().join("back");
     store.ok(&["obj", "get", "before", &p(&dst)]);
     // Retiring a node that holds replicas is refused; the error says why.
+    wait_until("the new node's replica count published", || {
+        store.status()["storage_nodes"][1]["replicas"] == 1
+    });
     let id = store.status()["storage_nodes"][1]["id"]
         .as_str()
         .unwrap()
         .to_string();
     let err = store.fails(&["store", "node", "remove", &id]);
     assert!(err.contains("still holds"), "{err}");
-    let _ = add.kill();
-    let _ = add.wait();
 }
 
 /// A `strata store node add` process (a node of its own, so it can be
