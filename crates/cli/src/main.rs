@@ -4,6 +4,7 @@ mod daemon;
 mod img;
 mod mirror;
 mod serve;
+mod store;
 mod units;
 mod volume;
 
@@ -44,6 +45,16 @@ enum Command {
     },
     /// Mirror a remote image on demand, sharing chunks with peer mirrors; export it over NBD.
     Mirror(mirror::MirrorCmd),
+    /// Run and manage an object-store cluster (6Stor design).
+    Store {
+        #[command(subcommand)]
+        command: store::StoreCommand,
+    },
+    /// Objects in a store cluster: put, get, rm, mv, stat, ls.
+    Obj {
+        #[command(subcommand)]
+        command: store::ObjCommand,
+    },
 }
 
 fn main() {
@@ -62,6 +73,8 @@ fn main() {
         Command::Volume { client, command } => volume::run_volume(client, command),
         Command::Snapshot { client, command } => volume::run_snapshot(client, command),
         Command::Mirror(cmd) => mirror::run(cmd),
+        Command::Store { command } => store::run_store(command),
+        Command::Obj { command } => store::run_obj(command),
     };
     match code {
         Ok(code) => std::process::exit(code),

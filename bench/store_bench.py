@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Object-store benchmark: `strata store` against nginx serving the same
+objects as files, in the same run (docs/benchmarks.md, section 5).
+
+Usage:
+    python3 bench/store_bench.py [--strata PATH] [--threads 5,25]
+        [--sizes 0,2600,306000,2300000] [--replication 1,3] [--quick]
+
+For each replication (1: N_m=W_m=N_d=W_d=1; 3: N_m=3 W_m=2 N_d=3 W_d=2) it
+starts `strata store up` (3 metadata and 3 storage nodes in one process,
+mapped mode on loopback) in a fresh directory, and for every object size
+and client count runs `strata store bench` (the load generator): Posts,
+then Gets of the same objects. CPU% is the store process's utime+stime
+over the run (100% = one core); CPU efficiency = ops/s x replication /
+CPU%. nginx (installed from Debian with apt-get when missing) serves the
+same objects as files from a temporary root (2 workers, sendfile,
+keep-alive) and the same load generator GETs them over HTTP/1.1
+keep-alive. MN memory: RSS growth of a 1-MN, 1-SN store process while
+20,000 zero-byte objects are posted, scaled to a million.
+
+Every figure is the median of --repeat runs.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def ticks(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return total
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def start_store(strata, workdir, replication, mns=3, sns=3):
+    d = tempfile.mkdtemp(dir=workdir)
+    rep = "1,1,1,1" if replication == 1 else "3,2,3,2"
+    p = subprocess.Popen(
+        [strata, "store", "up", "--dir", d, "--listen", "127.0.0.1:0",
+         "--mn", str(mns), "--sn", str(sns), "--replication", rep],
+        stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    addr = line.split()[4]
+    return p, addr
+
+
+def bench(strata, cluster, workload, threads, ops, size, pids, http=None):
+    args = [strata, "store", "bench", "--cluster", cluster, "--workload", workload,
+            "--threads", str(threads), "--ops", str(ops), "--size", str(size),
+            "--output", "json"]
+    if http:
+        args += ["--http", http]
+    hz = os.sysconf("SC_CLK_TCK")
+    t0 = ticks(pids)
+    out = subprocess.run(args, capture_output=True, text=True)
+    cpu_ticks = ticks(pids) - t0
+    if out.returncode != 0 and not out.stdout:
+        sys.exit(f"bench failed: {out.stderr}")
+    r = json.loads(out.stdout)
+    r["cpu_pct"] = 100.0 * cpu_ticks / hz / r["seconds"]
+    return r
+
+
+def ensure_nginx():
+    if shutil.which("nginx") or os.path.exists("/usr/sbin/nginx"):
+        return
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "nginx-light"],
+                   check=False, env=env)
+    if not (shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")):
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "nginx"],
+                       check=True, env=env)
+
+
+def start_nginx(workdir, root, port):
+    conf = os.path.join(workdir, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(f"""
+user root;
+worker_processes 2;
+daemon off;
+pid {workdir}/nginx.pid;
+error_log {workdir}/nginx-error.log;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 1000000;
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+    }}
+}}
+""")
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    p = subprocess.Popen([nginx, "-c", conf, "-p", workdir])
+    time.sleep(0.5)
+    kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+    return p, [p.pid] + [int(k) for k in kids]
+
+
+def write_files(root, size, threads, ops):
+    data = bytes((i * 31 % 251) for i in range(size))
+    for t in range(threads):
+        d = os.path.join(root, "bench", str(size), str(t))
+        os.makedirs(d, exist_ok=True)
+        for i in range(ops):
+            with open(os.path.join(d, str(i)), "wb") as f:
+                f.write(data)
+
+
+def ops_for(size, threads, quick):
+    budget = (60 if quick else 200) * 1000 * 1000  # bytes per run
+    per = max(size, 2000) * threads
+    total = 300 if quick else 600  # operations per run, all clients
+    return max(4, min(total // threads, budget // per))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--strata", default=os.path.join(ROOT, "target", "release", "strata"))
+    ap.add_argument("--threads", default="5,25")
+    ap.add_argument("--sizes", default="0,2600,306000,2300000")
+    ap.add_argument("--replication", default="1,3")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    threads = [int(x) for x in a.threads.split(",")]
+    sizes = [int(x) for x in a.sizes.split(",")]
+    reps = [int(x) for x in a.replication.split(",")]
+    repeat = 1 if a.quick else a.repeat
+    ensure_nginx()
+    work = tempfile.mkdtemp(prefix="strata-store-bench-")
+    rows = []
+    try:
+        root = os.path.join(work, "www")
+        for s in sizes:
+            for t in threads:
+                write_files(root, s, t, ops_for(s, t, a.quick))
+        port = 18080
+        ng, ng_pids = start_nginx(work, root, port)
+        try:
+            for rep in reps:
+                store, cluster = start_store(a.strata, work, rep)
+                try:
+                    for s in sizes:
+                        for t in threads:
+                            n = ops_for(s, t, a.quick)
+                            runs = {"post": [], "get": [], "nginx": []}
+                            for _ in range(repeat):
+                                runs["post"].append(bench(a.strata, cluster, "post", t, n, s, [store.pid]))
+                                runs["get"].append(bench(a.strata, cluster, "get", t, n, s, [store.pid]))
+                                if rep == reps[0]:
+                                    runs["nginx"].append(bench(a.strata, cluster, "http", t, n, s, ng_pids,
+                                                               http=f"127.0.0.1:{port}"))
+                            for kind, rs in runs.items():
+                                if not rs:
+                                    continue
+                                med = {k: statistics.median(r[k] for r in rs)
+                                       for k in ("ops_per_s", "mb_per_s", "p50_ms", "p99_ms", "cpu_pct")}
+                                med.update(kind=kind, rep=rep if kind != "nginx" else 1, size=s, threads=t,
+                                           errors=sum(r["errors"] for r in rs))
+                                factor = med["rep"] if kind == "post" else 1
+                                med["eff"] = med["ops_per_s"] * factor / max(med["cpu_pct"], 1e-9)
+                                rows.append(med)
+                                print(json.dumps(med), flush=True)
+                finally:
+                    store.terminate()
+                    store.wait()
+        finally:
+            ng.terminate()
+            ng.wait()
+        # MN memory per million objects.
+        store, cluster = start_store(a.strata, work, 1, mns=1, sns=1)
+        try:
+            time.sleep(0.5)
+            before = rss_kib(store.pid)
+            n_threads, n_ops = 25, (200 if a.quick else 800)
+            bench(a.strata, cluster, "post", n_threads, n_ops, 0, [store.pid])
+            after = rss_kib(store.pid)
+            objects = n_threads * n_ops
+            mem = {"kind": "memory", "objects": objects, "rss_before_kib": before, "rss_after_kib": after,
+                   "mib_per_million": (after - before) / 1024 / objects * 1e6}
+            print(json.dumps(mem), flush=True)
+        finally:
+            store.terminate()
+            store.wait()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print()
+    print("| op | repl | size | clients | ops/s | MB/s | p50 ms | p99 ms | CPU % | eff (ops/s x repl / CPU%) | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['kind']} | {r['rep']} | {r['size']} | {r['threads']} | {r['ops_per_s']:.0f} | {r['mb_per_s']:.1f} | "
+              f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['cpu_pct']:.0f} | {r['eff']:.1f} | {r['errors']} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,661 @@
+//! `strata store` (run and manage a cluster) and `strata obj` (objects).
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use serde_json::json;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use strata_store::client::Client;
+use strata_store::cluster::{Cluster, ClusterConfig};
+use strata_store::table::{Device, Params, Table};
+use strata_store::wire::{Body, Msg};
+
+use crate::img::{progress_bar, Output};
+use crate::units::{human, parse_size};
+
+/// Where the cluster's orchestrator listens.
+#[derive(Args, Clone)]
+pub struct ClusterArg {
+    /// The orchestrator's UDP endpoint.
+    #[arg(long, env = "STRATA_CLUSTER", default_value = "127.0.0.1:7480")]
+    cluster: SocketAddr,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "human")]
+    output: Output,
+}
+
+/// `strata store` subcommands.
+#[derive(Subcommand)]
+pub enum StoreCommand {
+    /// Run a cluster in this process: the orchestrator, metadata and storage
+    /// nodes, in mapped mode on loopback. Prints a readiness line, then
+    /// serves until SIGTERM or SIGINT.
+    Up(UpArgs),
+    /// Add or remove nodes.
+    Node {
+        #[command(subcommand)]
+        command: NodeCommand,
+    },
+    /// Show the prefix table: nodes, groups, capacity, state.
+    Status(ClusterArg),
+    /// Load generator: concurrent clients Post or Get fixed-size objects
+    /// (`bench/<size>/<client>/<i>`), or GET them from an HTTP server.
+    Bench(BenchArgs),
+}
+
+/// `strata store bench` arguments.
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    cluster: ClusterArg,
+    /// post, get (objects a post run made), or http (GET /bench/<size>/<client>/<i>).
+    #[arg(long, default_value = "post", value_parser = ["post", "get", "http"])]
+    workload: String,
+    /// HTTP server for --workload http.
+    #[arg(long)]
+    http: Option<SocketAddr>,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 5)]
+    threads: usize,
+    /// Operations per client.
+    #[arg(long, default_value_t = 100)]
+    ops: usize,
+    /// Object size (e.g. 2600, 306k, 2.3M).
+    #[arg(long, default_value = "2600")]
+    size: String,
+}
+
+/// `strata store up` arguments.
+#[derive(Args)]
+pub struct UpArgs {
+    /// Directory holding every node's state (created if missing).
+    #[arg(long)]
+    dir: PathBuf,
+    /// The orchestrator's UDP endpoint.
+    #[arg(long, default_value = "127.0.0.1:7480")]
+    listen: SocketAddr,
+    /// Metadata nodes.
+    #[arg(long = "mn", default_value_t = 1)]
+    mns: u16,
+    /// Metadata slots of a new cluster, when more metadata nodes will join
+    /// with `strata store node add --role mn` (default: --mn).
+    #[arg(long)]
+    mn_slots: Option<u16>,
+    /// Storage nodes (more can join with `strata store node add`).
+    #[arg(long = "sn", default_value_t = 1)]
+    sns: u16,
+    /// Short-failure timer: a node silent this long is marked down and left
+    /// out of placement.
+    #[arg(long, default_value_t = 3000)]
+    short_failure_ms: u64,
+    /// Replication as N_m,W_m,N_d,W_d (a new cluster only).
+    #[arg(long, default_value = "1,1,1,1")]
+    replication: String,
+    /// Per-bucket override, NAME=N_m,W_m,N_d,W_d (repeatable; the bucket of
+    /// "a/b" is "a").
+    #[arg(long = "bucket")]
+    buckets: Vec<String>,
+    /// Capacity each storage node declares (e.g. 100G).
+    #[arg(long, default_value = "1T")]
+    capacity: String,
+    /// Device type of the storage nodes.
+    #[arg(long, default_value = "ssd", value_parser = ["ssd", "hdd"])]
+    device: String,
+    /// log2 of the number of metadata groups (4 to 16).
+    #[arg(long, default_value_t = 8)]
+    mg_bits: u8,
+}
+
+/// `strata store node` subcommands.
+#[derive(Subcommand)]
+pub enum NodeCommand {
+    /// Run a new storage node that joins a running cluster (serves until
+    /// SIGTERM or SIGINT; placement uses it as soon as the table says so).
+    Add {
+        #[command(flatten)]
+        cluster: ClusterArg,
+        /// The node's directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Role: only storage nodes can join a running cluster.
+        #[arg(long, default_value = "sn", value_parser = ["sn", "mn"])]
+        role: String,
+        /// Endpoint to listen on.
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        /// Capacity to declare.
+        #[arg(long, default_value = "1T")]
+        capacity: String,
+        /// Device type.
+        #[arg(long, default_value = "ssd", value_parser = ["ssd", "hdd"])]
+        device: String,
+    },
+    /// Retire a storage node by its id (see `strata store status`).
+    Remove {
+        #[command(flatten)]
+        cluster: ClusterArg,
+        /// Node id (16 hex digits).
+        id: String,
+    },
+}
+
+/// `strata obj` subcommands.
+#[derive(Subcommand)]
+pub enum ObjCommand {
+    /// Post a file as an object.
+    Put {
+        #[command(flatten)]
+        cluster: ClusterArg,
+        /// Show a progress bar.
+        #[arg(short = 'p')]
+        progress: bool,
+        /// File to upload.
+        file: PathBuf,
+        /// Object name.
+        name: String,
+    },
+    /// Get an object into a file (written whole, then renamed into place).
+    Get {
+        #[command(flatten)]
+        cluster: ClusterArg,
+        /// Show a progress bar.
+        #[arg(short = 'p')]
+        progress: bool,
+        /// Object name.
+        name: String,
+        /// Destination file.
+        file: PathBuf,
+    },
+    /// Delete an object.
+    Rm {
+        #[command(flatten)]
+        cluster: ClusterArg,
+        /// Object name.
+        name: String,
+    },
+    /// Rename an object (metadata only).
+    Mv {
+        #[command(flatten)]
+        cluster: ClusterArg,
+        /// Current name.
+        from: String,
+        /// New name (must not exist).
+        to: String,
+    },
+    /// Show an object's metadata.
+    Stat {
+        #[command(flatten)]
+        cluster: ClusterArg,
+        /// Object name.
+        name: String,
+    },
+    /// List objects by name prefix, one page at a time.
+    Ls {
+        #[command(flatten)]
+        cluster: ClusterArg,
+        /// Name prefix.
+        #[arg(default_value = "")]
+        prefix: String,
+        /// Names per page (1 to 1000).
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+        /// Start after this name (the cursor a previous page printed).
+        #[arg(long, default_value = "")]
+        after: String,
+        /// Follow cursors until the end.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("could not start the async runtime")
+}
+
+fn parse_params(s: &str) -> Result<Params> {
+    let v: Vec<u8> = s
+        .split(',')
+        .map(|x| x.trim().parse::<u8>())
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("invalid replication '{s}': expected N_m,W_m,N_d,W_d"))?;
+    let [n_m, w_m, n_d, w_d] = v[..] else {
+        bail!("invalid replication '{s}': expected four numbers N_m,W_m,N_d,W_d");
+    };
+    let p = Params { n_m, w_m, n_d, w_d };
+    p.validate().map_err(anyhow::Error::msg)?;
+    Ok(p)
+}
+
+fn device(s: &str) -> Device {
+    if s == "hdd" {
+        Device::Hdd
+    } else {
+        Device::Ssd
+    }
+}
+
+/// Runs a `strata store` subcommand.
+pub fn run_store(cmd: StoreCommand) -> Result<i32> {
+    crate::serve::init_logging();
+    match cmd {
+        StoreCommand::Up(args) => up(args),
+        StoreCommand::Status(c) => status(&c),
+        StoreCommand::Node { command } => node(command),
+        StoreCommand::Bench(args) => bench(args),
+    }
+}
+
+fn up(args: UpArgs) -> Result<i32> {
+    let mut cfg = ClusterConfig::embedded(args.dir.clone());
+    cfg.listen = args.listen;
+    cfg.mns = args.mns;
+    cfg.sns = args.sns;
+    cfg.mn_slots = args.mn_slots.unwrap_or(args.mns);
+    cfg.short_failure_ms = args.short_failure_ms;
+    cfg.params = parse_params(&args.replication)?;
+    for b in &args.buckets {
+        let (name, p) = b
+            .split_once('=')
+            .with_context(|| format!("invalid --bucket '{b}': expected NAME=N_m,W_m,N_d,W_d"))?;
+        cfg.buckets.push((name.to_string(), parse_params(p)?));
+    }
+    cfg.sn_capacity = parse_size(&args.capacity).map_err(anyhow::Error::msg)?;
+    cfg.device = device(&args.device);
+    cfg.mg_bits = args.mg_bits;
+    runtime()?.block_on(async {
+        let cluster = Cluster::start(cfg)
+            .await
+            .with_context(|| format!("could not start the cluster in '{}'", args.dir.display()))?;
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "strata store: ready on {} ({} metadata node{}, {} storage node{})",
+            cluster.on,
+            cluster.mns.len(),
+            if cluster.mns.len() == 1 { "" } else { "s" },
+            cluster.sns.len(),
+            if cluster.sns.len() == 1 { "" } else { "s" },
+        )?;
+        out.flush()?;
+        drop(out);
+        crate::serve::wait_for_signal().await;
+        drop(cluster);
+        anyhow::Ok(0)
+    })
+}
+
+fn bench(args: BenchArgs) -> Result<i32> {
+    use strata_store::bench::{run, BenchConfig, Workload};
+    let size = parse_size(&args.size).map_err(anyhow::Error::msg)?;
+    let workload = match (args.workload.as_str(), args.http) {
+        ("post", _) => Workload::Post,
+        ("get", _) => Workload::Get,
+        (_, Some(server)) => Workload::HttpGet(server),
+        (_, None) => bail!("--workload http needs --http ADDR"),
+    };
+    let cfg = BenchConfig {
+        threads: args.threads.max(1),
+        ops: args.ops.max(1),
+        size,
+        workload,
+    };
+    let r = runtime()?.block_on(async {
+        let client = std::sync::Arc::new(Client::connect(args.cluster.cluster).await?);
+        anyhow::Ok(run(client, cfg).await?)
+    })?;
+    let secs = r.elapsed.as_secs_f64();
+    let v = json!({
+        "workload": args.workload,
+        "threads": args.threads,
+        "size": size,
+        "ops": r.ops,
+        "errors": r.errors,
+        "seconds": secs,
+        "ops_per_s": r.ops as f64 / secs,
+        "mb_per_s": r.bytes as f64 / secs / 1e6,
+        "p50_ms": r.p50.as_secs_f64() * 1e3,
+        "p99_ms": r.p99.as_secs_f64() * 1e3,
+    });
+    if args.cluster.output == Output::Json {
+        println!("{v}");
+    } else {
+        println!(
+            "{} x{} {}: {} ops ({} errors) in {secs:.2} s, {:.0} ops/s, {:.1} MB/s, p50 {:.2} ms, p99 {:.2} ms",
+            args.workload,
+            args.threads,
+            human(size),
+            r.ops,
+            r.errors,
+            r.ops as f64 / secs,
+            r.bytes as f64 / secs / 1e6,
+            r.p50.as_secs_f64() * 1e3,
+            r.p99.as_secs_f64() * 1e3
+        );
+    }
+    Ok(if r.errors > 0 { 1 } else { 0 })
+}
+
+fn status(c: &ClusterArg) -> Result<i32> {
+    let table = runtime()?
+        .block_on(strata_store::node::fetch_table(c.cluster))
+        .with_context(|| format!("no orchestrator answered at {}", c.cluster))?;
+    match c.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&table_json(&table))?),
+        Output::Human => print_table(&table),
+    }
+    Ok(0)
+}
+
+fn table_json(t: &Table) -> serde_json::Value {
+    let params = |p: &Params| json!({"n_m": p.n_m, "w_m": p.w_m, "n_d": p.n_d, "w_d": p.w_d});
+    json!({
+        "epoch": t.epoch,
+        "cluster_prefix": format!("{}/48", strata_store::addr::fmt_addr(t.layout.cluster)),
+        "metadata_groups": t.layout.mg_count(),
+        "replication": params(&t.params),
+        "buckets": t.buckets.iter().map(|(b, p)| json!({"bucket": b, "replication": params(p)})).collect::<Vec<_>>(),
+        "metadata_nodes": t.mns.iter().map(|m| json!({
+            "id": format!("{:016x}", m.uuid),
+            "slot": m.slot,
+            "endpoint": m.endpoint.to_string(),
+            "state": m.state.name(),
+            "groups": t.mg_owner.iter().filter(|&&s| s == m.slot).count(),
+        })).collect::<Vec<_>>(),
+        "storage_nodes": t.sns.iter().map(|s| json!({
+            "id": format!("{:016x}", s.uuid),
+            "prefix": format!("{}/64", strata_store::addr::fmt_addr(t.layout.sn_prefix(s.index))),
+            "endpoint": s.endpoint.to_string(),
+            "state": s.state.name(),
+            "device": s.device.name(),
+            "capacity": s.capacity,
+            "free": s.free,
+            "replicas": s.objects,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn print_table(t: &Table) {
+    let p = t.params;
+    println!(
+        "cluster {}/48, {} metadata groups, replication N_m={} W_m={} N_d={} W_d={}",
+        strata_store::addr::fmt_addr(t.layout.cluster),
+        t.layout.mg_count(),
+        p.n_m,
+        p.w_m,
+        p.n_d,
+        p.w_d
+    );
+    for (b, p) in &t.buckets {
+        println!(
+            "bucket {b}: N_m={} W_m={} N_d={} W_d={}",
+            p.n_m, p.w_m, p.n_d, p.w_d
+        );
+    }
+    for m in &t.mns {
+        let groups = t.mg_owner.iter().filter(|&&s| s == m.slot).count();
+        println!(
+            "mn {:016x}  {:<22} {:<7} {groups} groups",
+            m.uuid,
+            m.endpoint,
+            m.state.name()
+        );
+    }
+    for s in &t.sns {
+        println!(
+            "sn {:016x}  {:<22} {:<7} {} {}/64  {} free of {}, {} replicas",
+            s.uuid,
+            s.endpoint,
+            s.state.name(),
+            s.device.name(),
+            strata_store::addr::fmt_addr(t.layout.sn_prefix(s.index)),
+            human(s.free),
+            human(s.capacity),
+            s.objects
+        );
+    }
+}
+
+fn node(cmd: NodeCommand) -> Result<i32> {
+    match cmd {
+        NodeCommand::Add {
+            cluster,
+            dir,
+            role,
+            listen,
+            capacity,
+            device: dev,
+        } => {
+            let capacity = parse_size(&capacity).map_err(anyhow::Error::msg)?;
+            runtime()?.block_on(async {
+                if role == "mn" {
+                    let mn = strata_store::node::start_mn(&dir, listen, cluster.cluster)
+                        .await
+                        .context("could not add the metadata node")?;
+                    println!(
+                        "strata store: metadata node slot {} on {}",
+                        mn.slot, mn.endpoint
+                    );
+                    std::io::stdout().flush()?;
+                    crate::serve::wait_for_signal().await;
+                    return anyhow::Ok(0);
+                }
+                let sn = strata_store::node::start_sn(
+                    &dir,
+                    listen,
+                    cluster.cluster,
+                    capacity,
+                    device(&dev),
+                )
+                .await
+                .context("could not add the storage node")?;
+                println!(
+                    "strata store: storage node {:016x} (prefix index {}) on {}",
+                    sn.uuid, sn.index, sn.endpoint
+                );
+                std::io::stdout().flush()?;
+                crate::serve::wait_for_signal().await;
+                anyhow::Ok(0)
+            })
+        }
+        NodeCommand::Remove { cluster, id } => {
+            let uuid = u64::from_str_radix(&id, 16)
+                .with_context(|| format!("invalid node id '{id}': expected 16 hex digits"))?;
+            let msg = Msg::new(strata_store::node::request_id(), 0, Body::Retire { uuid });
+            runtime()?.block_on(async {
+                let reply = strata_store::node::udp_call(
+                    cluster.cluster,
+                    &msg,
+                    std::time::Duration::from_millis(500),
+                    4,
+                )
+                .await?;
+                strata_store::node::ok_body(reply)?;
+                anyhow::Ok(())
+            })?;
+            if cluster.output == Output::Json {
+                println!("{}", json!({"retired": id}));
+            } else {
+                println!("retired {id}");
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// Runs a `strata obj` subcommand.
+pub fn run_obj(cmd: ObjCommand) -> Result<i32> {
+    crate::serve::init_logging();
+    runtime()?.block_on(obj(cmd))
+}
+
+async fn connect(c: &ClusterArg) -> Result<Client> {
+    Ok(Client::connect(c.cluster).await?)
+}
+
+fn record_json(r: &strata_store::wire::Record) -> serde_json::Value {
+    json!({
+        "name": r.name,
+        "size": r.size,
+        "crc32c": format!("{:08x}", r.crc),
+        "version": r.version,
+        "metadata_addresses": r.meta.iter().map(|&a| strata_store::addr::fmt_addr(a)).collect::<Vec<_>>(),
+        "replicas": r.replicas.iter().map(|&a| strata_store::addr::fmt_addr(a)).collect::<Vec<_>>(),
+    })
+}
+
+async fn obj(cmd: ObjCommand) -> Result<i32> {
+    match cmd {
+        ObjCommand::Put {
+            cluster,
+            progress,
+            file,
+            name,
+        } => {
+            let client = connect(&cluster).await?;
+            let mut f = tokio::fs::File::open(&file)
+                .await
+                .with_context(|| format!("could not open '{}'", file.display()))?;
+            let size = f.metadata().await?.len();
+            let bar = progress_bar(progress, size);
+            let r = client
+                .put(&name, size, &mut f, &|done| bar.set_position(done))
+                .await
+                .with_context(|| format!("could not post '{name}'"))?;
+            bar.finish_and_clear();
+            if cluster.output == Output::Json {
+                println!(
+                    "{}",
+                    json!({"name": name, "size": size, "version": r.version, "crc32c": format!("{:08x}", r.crc), "copies": r.copies})
+                );
+            } else {
+                println!(
+                    "posted {name}: {} version {} crc32c {:08x}, {} cop{}",
+                    human(size),
+                    r.version,
+                    r.crc,
+                    r.copies,
+                    if r.copies == 1 { "y" } else { "ies" }
+                );
+            }
+        }
+        ObjCommand::Get {
+            cluster,
+            progress,
+            name,
+            file,
+        } => {
+            let client = connect(&cluster).await?;
+            let tmp = tmp_path(&file);
+            let mut f = tokio::fs::File::create(&tmp)
+                .await
+                .with_context(|| format!("could not create '{}'", tmp.display()))?;
+            let bar = progress_bar(progress, 0);
+            let got = client
+                .get(&name, &mut f, &|done| bar.set_position(done))
+                .await;
+            bar.finish_and_clear();
+            let record = match got {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(anyhow::Error::new(e).context(format!("could not get '{name}'")));
+                }
+            };
+            f.set_len(record.size).await?;
+            f.sync_all().await?;
+            std::fs::rename(&tmp, &file)
+                .with_context(|| format!("could not rename into '{}'", file.display()))?;
+            if cluster.output == Output::Json {
+                println!("{}", record_json(&record));
+            }
+        }
+        ObjCommand::Rm { cluster, name } => {
+            let client = connect(&cluster).await?;
+            let v = client
+                .delete(&name)
+                .await
+                .with_context(|| format!("could not delete '{name}'"))?;
+            if cluster.output == Output::Json {
+                println!("{}", json!({"deleted": name, "version": v}));
+            }
+        }
+        ObjCommand::Mv { cluster, from, to } => {
+            let client = connect(&cluster).await?;
+            let r = client
+                .rename(&from, &to)
+                .await
+                .with_context(|| format!("could not rename '{from}' to '{to}'"))?;
+            if cluster.output == Output::Json {
+                println!("{}", record_json(&r));
+            }
+        }
+        ObjCommand::Stat { cluster, name } => {
+            let client = connect(&cluster).await?;
+            let r = client
+                .stat(&name)
+                .await
+                .with_context(|| format!("could not stat '{name}'"))?;
+            if cluster.output == Output::Json {
+                println!("{}", serde_json::to_string_pretty(&record_json(&r))?);
+            } else {
+                println!("name: {}", r.name);
+                println!("size: {} ({} bytes)", human(r.size), r.size);
+                println!("crc32c: {:08x}", r.crc);
+                println!("version: {}", r.version);
+                for a in &r.meta {
+                    println!("metadata address: {}", strata_store::addr::fmt_addr(*a));
+                }
+                for a in &r.replicas {
+                    println!("replica: {}", strata_store::addr::fmt_addr(*a));
+                }
+            }
+        }
+        ObjCommand::Ls {
+            cluster,
+            prefix,
+            limit,
+            after,
+            all,
+        } => {
+            let client = connect(&cluster).await?;
+            let mut after = after;
+            let mut entries = Vec::new();
+            let cursor = loop {
+                let (page, cursor) = client.list(&prefix, &after, limit).await?;
+                entries.extend(page);
+                match cursor {
+                    Some(c) if all => after = c,
+                    c => break c,
+                }
+            };
+            if cluster.output == Output::Json {
+                let items: Vec<_> = entries
+                    .iter()
+                    .map(|e| json!({"name": e.name, "size": e.size, "version": e.version}))
+                    .collect();
+                println!("{}", json!({"objects": items, "next": cursor}));
+            } else {
+                for e in &entries {
+                    println!("{:>12}  {}", e.size, e.name);
+                }
+                if let Some(c) = cursor {
+                    println!("(more: --after '{c}')");
+                }
+            }
+        }
+    }
+    Ok(0)
+}
+
+fn tmp_path(file: &std::path::Path) -> PathBuf {
+    let mut name = file
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(format!(".strata-part-{}", std::process::id()));
+    file.with_file_name(name)
+}

@@ -1,0 +1,742 @@
+//! The object store run as real processes on loopback (mapped mode):
+//! `strata store up` with 3 metadata and 4 storage nodes, driven by the
+//! `strata obj` commands and by hand-made hostile UDP and TCP messages.
+
+mod common;
+
+use common::{p, strata, tmp};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use strata_store::wire::{Body, Msg};
+
+/// A `strata store up` process, killed on drop.
+struct Store {
+    child: Option<Child>,
+    on: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Store {
+    fn up(dir: &Path, extra: &[&str]) -> Store {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_strata"));
+        cmd.args(["store", "up", "--dir", &p(dir), "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().expect("spawn strata store up");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("readiness line");
+        // "strata store: ready on 127.0.0.1:PORT (...)"
+        let on = line
+            .split_whitespace()
+            .nth(4)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no readiness line: {line:?}"));
+        Store {
+            child: Some(child),
+            on,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// `strata ARGS --cluster ON`.
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        all.push("--cluster".into());
+        all.push(self.on.to_string());
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        strata(&refs)
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "strata {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn fails(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(!out.status.success(), "strata {args:?} should fail");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.extend(["--output", "json"]);
+        serde_json::from_str(&self.ok(&a)).expect("json output")
+    }
+
+    fn status(&self) -> serde_json::Value {
+        self.json(&["store", "status"])
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: sending SIGTERM to our own child.
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+            let _ = c.wait();
+        }
+    }
+
+    /// Every replica file held by the storage nodes.
+    fn replica_files(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for k in 0..8 {
+            let d = self.dir.join(format!("sn-{k}/replicas"));
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                out.extend(rd.flatten().map(|e| e.path()));
+            }
+        }
+        out
+    }
+
+    fn tmp_files(&self) -> usize {
+        (0..8)
+            .filter_map(|k| std::fs::read_dir(self.dir.join(format!("sn-{k}/tmp"))).ok())
+            .map(|rd| rd.count())
+            .sum()
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn pattern(size: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..size)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+const REPLICATED: &[&str] = &["--mn", "3", "--sn", "4", "--replication", "3,2,3,2"];
+
+#[test]
+fn objects_from_0_bytes_to_64_mib_round_trip_with_checksums() {
+    let dir = tmp();
+    let store_dir = dir.path().join("cluster");
+    let mut store = Store::up(&store_dir, REPLICATED);
+    let sizes = [0usize, 1, 2_600, 306_000, 2_300_000, 64 << 20];
+    for (i, &size) in sizes.iter().enumerate() {
+        let data = pattern(size, i as u64);
+        let src = dir.path().join(format!("in-{i}"));
+        std::fs::write(&src, &data).unwrap();
+        let name = format!("sizes/{size}");
+        let put = store.json(&["obj", "put", "-p", &p(&src), &name]);
+        assert_eq!(put["copies"], 3, "{put}");
+        let crc = format!("{:08x}", crc32c::crc32c(&data));
+        assert_eq!(put["crc32c"], crc.as_str());
+        let stat = store.json(&["obj", "stat", &name]);
+        assert_eq!(stat["size"], size as u64);
+        assert_eq!(stat["crc32c"], crc.as_str());
+        assert_eq!(stat["replicas"].as_array().unwrap().len(), 3);
+        assert_eq!(stat["metadata_addresses"].as_array().unwrap().len(), 3);
+        let dst = dir.path().join(format!("out-{i}"));
+        store.ok(&["obj", "get", &name, &p(&dst)]);
+        assert!(std::fs::read(&dst).unwrap() == data, "{name} differs");
+    }
+    // Three copies of each object, on three different storage nodes.
+    assert_eq!(store.replica_files().len(), sizes.len() * 3);
+
+    // A replica damaged on disk is detected on read; the client falls over
+    // to another replica and still returns the right bytes.
+    let stat = store.json(&["obj", "stat", "sizes/306000"]);
+    let first = stat["replicas"][0].as_str().unwrap().to_string();
+    let addr: std::net::Ipv6Addr = first.parse().unwrap();
+    let file = store
+        .replica_files()
+        .into_iter()
+        .find(|f| f.file_name().unwrap().to_string_lossy() == format!("{:032x}", u128::from(addr)))
+        .expect("replica file of the first replica");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[5000] ^= 0xff;
+    std::fs::write(&file, &bytes).unwrap();
+    let dst = dir.path().join("out-damaged");
+    store.ok(&["obj", "get", "sizes/306000", &p(&dst)]);
+    assert!(std::fs::read(&dst).unwrap() == pattern(306_000, 3));
+
+    // The metadata and data survive a restart of the whole cluster.
+    store.stop();
+    let store = Store::up(&store_dir, REPLICATED);
+    let dst = dir.path().join("after-restart");
+    store.ok(&["obj", "get", "sizes/2300000", &p(&dst)]);
+    assert!(std::fs::read(&dst).unwrap() == pattern(2_300_000, 4));
+}
+
+#[test]
+fn rename_delete_and_paginated_list() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("cluster"), REPLICATED);
+    let src = dir.path().join("small");
+    std::fs::write(&src, pattern(10_000, 9)).unwrap();
+    for i in 0..25 {
+        store.ok(&["obj", "put", &p(&src), &format!("ls/{i:02}")]);
+    }
+    store.ok(&["obj", "put", &p(&src), "other/x"]);
+
+    // Pages of 10 with cursors cover the 25 names exactly once, in order.
+    let mut names = Vec::new();
+    let mut after = String::new();
+    let mut pages = 0;
+    loop {
+        let page = store.json(&["obj", "ls", "ls/", "--limit", "10", "--after", &after]);
+        pages += 1;
+        for o in page["objects"].as_array().unwrap() {
+            names.push(o["name"].as_str().unwrap().to_string());
+        }
+        match page["next"].as_str() {
+            Some(c) => after = c.to_string(),
+            None => break,
+        }
+    }
+    let want: Vec<String> = (0..25).map(|i| format!("ls/{i:02}")).collect();
+    assert_eq!(names, want);
+    assert_eq!(pages, 3);
+    let all = store.json(&["obj", "ls", "--all", "--limit", "7"]);
+    assert_eq!(all["objects"].as_array().unwrap().len(), 26);
+
+    // Rename moves metadata only: same replicas, same bytes, old name gone.
+    let before = store.json(&["obj", "stat", "ls/03"]);
+    let files_before = store.replica_files().len();
+    store.ok(&["obj", "mv", "ls/03", "moved/03"]);
+    let after_mv = store.json(&["obj", "stat", "moved/03"]);
+    assert_eq!(before["replicas"], after_mv["replicas"]);
+    assert_eq!(before["crc32c"], after_mv["crc32c"]);
+    let err = store.fails(&["obj", "stat", "ls/03"]);
+    assert!(err.contains("ls/03"), "{err}");
+    let dst = dir.path().join("moved");
+    store.ok(&["obj", "get", "moved/03", &p(&dst)]);
+    assert!(std::fs::read(&dst).unwrap() == pattern(10_000, 9));
+    assert_eq!(store.replica_files().len(), files_before);
+    // Renaming onto an existing name is refused.
+    let err = store.fails(&["obj", "mv", "ls/04", "ls/05"]);
+    assert!(err.contains("already exists"), "{err}");
+
+    // Delete: acknowledged, gone from Get, Stat and List; space freed later.
+    store.ok(&["obj", "rm", "moved/03"]);
+    let err = store.fails(&["obj", "get", "moved/03", &p(&dst)]);
+    assert!(
+        err.contains("deleted") || err.contains("no object"),
+        "{err}"
+    );
+    let err = store.fails(&["obj", "rm", "moved/03"]);
+    assert!(
+        err.contains("no object") || err.contains("deleted"),
+        "{err}"
+    );
+    let listed = store.json(&["obj", "ls", "moved/"]);
+    assert_eq!(listed["objects"].as_array().unwrap().len(), 0);
+    wait_until("replicas freed", || {
+        store.replica_files().len() == files_before - 3
+    });
+
+    // A new Post of a deleted name gets a newer version.
+    store.ok(&["obj", "put", &p(&src), "moved/03"]);
+    let v = store.json(&["obj", "stat", "moved/03"]);
+    assert!(v["version"].as_u64().unwrap() > after_mv["version"].as_u64().unwrap());
+}
+
+fn udp_ask(to: SocketAddr, bytes: &[u8]) -> Msg {
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    sock.send_to(bytes, to).unwrap();
+    let mut buf = vec![0u8; 70_000];
+    let (n, _) = sock.recv_from(&mut buf).expect("a reply to a bad datagram");
+    Msg::decode(&buf[..n]).expect("a decodable reply")
+}
+
+fn error_text(m: &Msg) -> String {
+    match &m.body {
+        Body::Error { message, .. } => message.clone(),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+#[test]
+fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("cluster"), REPLICATED);
+    let status = store.status();
+    let mn: SocketAddr = status["metadata_nodes"][0]["endpoint"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let sn: SocketAddr = status["storage_nodes"][0]["endpoint"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let src = dir.path().join("obj");
+    std::fs::write(&src, pattern(4096, 1)).unwrap();
+
+    // Malformed and oversized datagrams, to a metadata node and the orchestrator.
+    for to in [mn, store.on] {
+        let reply = udp_ask(to, b"hello, are you a web server?");
+        assert!(error_text(&reply).contains("malformed"), "{reply:?}");
+        let mut truncated = Msg::new(42, 0, Body::Get { name: "x".into() })
+            .encode()
+            .unwrap();
+        truncated.truncate(truncated.len() - 1);
+        let reply = udp_ask(to, &truncated);
+        assert_eq!(reply.req, 42);
+        assert!(error_text(&reply).contains("truncated"), "{reply:?}");
+        let reply = udp_ask(to, &vec![0x53; 65_100]);
+        assert!(error_text(&reply).contains("exceeds"), "{reply:?}");
+    }
+    // Names of 0 and 10,000 bytes.
+    let long = "n".repeat(10_000);
+    let reply = udp_ask(
+        mn,
+        &Msg::new(7, 0, Body::Get { name: long.clone() })
+            .encode()
+            .unwrap(),
+    );
+    assert!(error_text(&reply).contains("limit is 4096"), "{reply:?}");
+    let reply = udp_ask(
+        mn,
+        &Msg::new(
+            7,
+            0,
+            Body::Get {
+                name: String::new(),
+            },
+        )
+        .encode()
+        .unwrap(),
+    );
+    assert!(error_text(&reply).contains("empty"), "{reply:?}");
+    assert!(store
+        .fails(&["obj", "put", &p(&src), &long])
+        .contains("limit is 4096"));
+    assert!(store.fails(&["obj", "put", &p(&src), ""]).contains("empty"));
+
+    // A wrong object address: a Get sent to an address that is not one of
+    // the name's metadata addresses, and a Post to a non-coordinator one.
+    let table = strata_store::table::Table::decode(&match udp_ask(
+        store.on,
+        &Msg::new(1, 0, Body::GetTable).encode().unwrap(),
+    )
+    .body
+    {
+        Body::Table { bytes } => bytes,
+        b => panic!("{b:?}"),
+    })
+    .unwrap();
+    let addrs = table.meta_addrs("obj/a");
+    let owner = table.mn_for(addrs[1]).unwrap().endpoint;
+    let reply = udp_ask(
+        owner,
+        &Msg::new(
+            8,
+            addrs[1] ^ 1,
+            Body::Get {
+                name: "obj/a".into(),
+            },
+        )
+        .encode()
+        .unwrap(),
+    );
+    assert!(
+        error_text(&reply).contains("not a metadata address"),
+        "{reply:?}"
+    );
+    let begin = Body::PostBegin {
+        name: "obj/a".into(),
+        size: 1,
+    };
+    let reply = udp_ask(owner, &Msg::new(9, addrs[1], begin).encode().unwrap());
+    assert!(
+        error_text(&reply).contains("not the coordinator"),
+        "{reply:?}"
+    );
+
+    // A concurrent Post of the same name fails at once.
+    let coord = table.mn_for(addrs[0]).unwrap().endpoint;
+    let begin = Body::PostBegin {
+        name: "obj/a".into(),
+        size: 4096,
+    };
+    match udp_ask(coord, &Msg::new(10, addrs[0], begin).encode().unwrap()).body {
+        Body::PostPlan { replicas, .. } => assert_eq!(replicas.len(), 3),
+        b => panic!("{b:?}"),
+    }
+    let t0 = Instant::now();
+    let err = store.fails(&["obj", "put", &p(&src), "obj/a"]);
+    assert!(err.contains("in progress"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(3));
+
+    // TCP: garbage, an oversized Put, an address outside the node's prefix.
+    let tcp_error = |bytes: &[u8]| {
+        let mut s = TcpStream::connect(sn).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(bytes).unwrap();
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut reply = Vec::new();
+        let _ = s.read_to_end(&mut reply);
+        assert_eq!(reply.first(), Some(&1), "expected an error status");
+        String::from_utf8_lossy(&reply[3..]).into_owned()
+    };
+    assert!(tcp_error(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").contains("not a Strata"));
+    let mut huge = b"S6D1\x01".to_vec();
+    huge.extend_from_slice(&table.layout.replica_addr(1, 5).to_be_bytes());
+    huge.extend_from_slice(&u64::MAX.to_be_bytes());
+    huge.push(0);
+    assert!(tcp_error(&huge).contains("object limit"));
+    let foreign = strata_store::data::Request::Get {
+        addr: table.layout.replica_addr(3, 5),
+    }
+    .encode();
+    let first_index = table.sns.iter().find(|s| s.endpoint == sn).unwrap().index;
+    if first_index != 3 {
+        assert!(tcp_error(&foreign).contains("not in this storage node's prefix"));
+    }
+
+    // A client that disconnects mid-stream leaves no replica and no
+    // temporary file behind.
+    let before = store.replica_files().len();
+    {
+        let mut s = TcpStream::connect(sn).unwrap();
+        let put = strata_store::data::Request::Put {
+            addr: table.layout.replica_addr(first_index, 0xdead),
+            size: 1 << 20,
+            chain: vec![table.layout.replica_addr(first_index % 4 + 1, 0xbeef)],
+        };
+        s.write_all(&put.encode()).unwrap();
+        s.write_all(&[7u8; 100_000]).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(store.replica_files().len(), before);
+    assert_eq!(store.tmp_files(), 0);
+    // A Put whose checksum is wrong is refused and not stored.
+    {
+        let mut s = TcpStream::connect(sn).unwrap();
+        let put = strata_store::data::Request::Put {
+            addr: table.layout.replica_addr(first_index, 0xfeed),
+            size: 3,
+            chain: vec![],
+        };
+        s.write_all(&put.encode()).unwrap();
+        s.write_all(b"abc\0\0\0\0").unwrap();
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut reply = Vec::new();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = s.read_to_end(&mut reply);
+        assert!(String::from_utf8_lossy(&reply).contains("checksum mismatch"));
+    }
+    assert_eq!(store.replica_files().len(), before);
+
+    // Every node is still up and serving.
+    let status = store.status();
+    for n in status["metadata_nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(status["storage_nodes"].as_array().unwrap())
+    {
+        assert_eq!(n["state"], "up", "{n}");
+    }
+    store.ok(&["obj", "put", &p(&src), "after/bad"]);
+    let dst = dir.path().join("after");
+    store.ok(&["obj", "get", "after/bad", &p(&dst)]);
+    assert!(std::fs::read(&dst).unwrap() == pattern(4096, 1));
+}
+
+#[test]
+fn a_storage_node_added_to_a_running_cluster_takes_new_objects() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("cluster"), &["--replication", "1,1,1,1"]);
+    let src = dir.path().join("o");
+    std::fs::write(&src, pattern(1000, 2)).unwrap();
+    store.ok(&["obj", "put", &p(&src), "before"]);
+    // The new node declares HDD; objects of 1 MiB and more prefer HDD, so
+    // placement must pick it once the table advertises it.
+    let mut add = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "store",
+            "node",
+            "add",
+            "--cluster",
+            &store.on.to_string(),
+            "--device",
+            "hdd",
+        ])
+        .args(["--dir", &p(&dir.path().join("new-sn"))])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(add.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _add = Node(add); // killed on drop, even if an assertion fails
+    assert!(line.contains("prefix index 2"), "{line}");
+    wait_until("the new node in the table", || {
+        store.status()["storage_nodes"].as_array().unwrap().len() == 2
+    });
+    std::thread::sleep(Duration::from_millis(1200)); // metadata nodes refresh the table
+    let big = dir.path().join("big");
+    std::fs::write(&big, pattern(2 << 20, 3)).unwrap();
+    store.ok(&["obj", "put", &p(&big), "after"]);
+    let stat = store.json(&["obj", "stat", "after"]);
+    assert!(
+        stat["replicas"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("fd53:7472:6174:2:"),
+        "{stat}"
+    );
+    // Nothing moved: the old object stays where it was and reads back.
+    let old = store.json(&["obj", "stat", "before"]);
+    assert!(old["replicas"][0]
+        .as_str()
+        .unwrap()
+        .starts_with("fd53:7472:6174:1:"));
+    let dst = dir.path().join("back");
+    store.ok(&["obj", "get", "before", &p(&dst)]);
+    // Retiring a node that holds replicas is refused; the error says why.
+    wait_until("the new node's replica count published", || {
+        store.status()["storage_nodes"][1]["replicas"] == 1
+    });
+    let id = store.status()["storage_nodes"][1]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let err = store.fails(&["store", "node", "remove", &id]);
+    assert!(err.contains("still holds"), "{err}");
+}
+
+/// A `strata store node add` process (a node of its own, so it can be
+/// killed with SIGKILL), killed on drop.
+struct Node(Child);
+
+impl Node {
+    fn add(store: &Store, dir: &Path, role: &str) -> Node {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["store", "node", "add", "--cluster", &store.on.to_string()])
+            .args(["--role", role, "--dir", &p(dir)])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn strata store node add");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("strata store:"), "{line:?}");
+        Node(child)
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.0.kill(); // SIGKILL
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Outcome of the load generator.
+#[derive(Default)]
+struct Load {
+    acked: Vec<(String, usize)>,
+    failed: Vec<(String, usize)>,
+    gets: u64,
+    get_failures: Vec<String>,
+}
+
+/// Posts objects and reads back acknowledged ones until `stop` is set.
+fn run_load(on: SocketAddr, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Load {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let client = strata_store::client::Client::connect(on).await.unwrap();
+        let mut load = Load::default();
+        let mut i = 0usize;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            i += 1;
+            let _ = client.refresh().await;
+            let name = format!("load/{i:05}");
+            let size = (i * 7919) % 200_000;
+            let data = pattern(size, i as u64);
+            match client
+                .put(&name, size as u64, &mut data.as_slice(), &|_| {})
+                .await
+            {
+                Ok(_) => load.acked.push((name, i)),
+                Err(_) => load.failed.push((name, i)),
+            }
+            if let Some((name, seed)) = load.acked.get(i * 31 % load.acked.len().max(1)).cloned() {
+                load.gets += 1;
+                match client.get_bytes(&name).await {
+                    Ok((_, bytes)) if bytes == pattern((seed * 7919) % 200_000, seed as u64) => {}
+                    Ok(_) => load.get_failures.push(format!("{name}: wrong bytes")),
+                    Err(e) => load.get_failures.push(format!("{name}: {e}")),
+                }
+            }
+        }
+        load
+    })
+}
+
+#[test]
+fn kill_9_of_a_storage_node_then_a_metadata_node_under_load() {
+    let dir = tmp();
+    let store = Store::up(
+        &dir.path().join("cluster"),
+        &[
+            "--mn",
+            "2",
+            "--mn-slots",
+            "3",
+            "--sn",
+            "3",
+            "--replication",
+            "3,2,3,2",
+            "--short-failure-ms",
+            "1000",
+        ],
+    );
+    let mut sn = Node::add(&store, &dir.path().join("sn-extra"), "sn");
+    let mut mn = Node::add(&store, &dir.path().join("mn-extra"), "mn");
+    wait_until("4 storage and 3 metadata nodes", || {
+        let s = store.status();
+        s["storage_nodes"].as_array().unwrap().len() == 4
+            && s["metadata_nodes"].as_array().unwrap().len() == 3
+    });
+    std::thread::sleep(Duration::from_millis(1200));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let on = store.on;
+    let load = {
+        let stop = stop.clone();
+        std::thread::spawn(move || run_load(on, stop))
+    };
+    let extra_sn_prefix = {
+        let s = store.status();
+        s["storage_nodes"][3]["prefix"]
+            .as_str()
+            .unwrap()
+            .trim_end_matches("::/64")
+            .to_string()
+    };
+
+    // Kill -9 the storage node; after the short-failure timer it is down and
+    // new objects go elsewhere.
+    std::thread::sleep(Duration::from_millis(1500));
+    sn.kill9();
+    wait_until("the killed storage node marked down", || {
+        store.status()["storage_nodes"][3]["state"] == "down"
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let recent = store.json(&["obj", "ls", "load/", "--all"]);
+    let last = recent["objects"].as_array().unwrap().last().unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let stat = store.json(&["obj", "stat", &last]);
+    for r in stat["replicas"].as_array().unwrap() {
+        assert!(
+            !r.as_str()
+                .unwrap()
+                .starts_with(&format!("{extra_sn_prefix}:")),
+            "placed on a down node: {stat}"
+        );
+    }
+    // Restart it (same directory, same identity and prefix): back up.
+    let _sn = Node::add(&store, &dir.path().join("sn-extra"), "sn");
+    wait_until("the storage node up again", || {
+        store.status()["storage_nodes"][3]["state"] == "up"
+    });
+
+    // Kill -9 a metadata node.
+    std::thread::sleep(Duration::from_millis(1000));
+    mn.kill9();
+    std::thread::sleep(Duration::from_millis(2500));
+    let _mn = Node::add(&store, &dir.path().join("mn-extra"), "mn");
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let load = load.join().unwrap();
+    eprintln!(
+        "load: {} acked, {} failed, {} gets",
+        load.acked.len(),
+        load.failed.len(),
+        load.gets
+    );
+    assert!(
+        load.acked.len() > 20,
+        "only {} Posts acknowledged",
+        load.acked.len()
+    );
+    assert!(load.gets > 20);
+    assert!(
+        load.get_failures.is_empty(),
+        "Gets of acknowledged objects failed: {:?}",
+        load.get_failures
+    );
+    // Every acknowledged object is readable and whole; unacknowledged ones
+    // are absent or whole.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = strata_store::client::Client::connect(on).await.unwrap();
+        for (name, seed) in &load.acked {
+            let (_, bytes) = client
+                .get_bytes(name)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(
+                bytes == pattern((seed * 7919) % 200_000, *seed as u64),
+                "{name} differs"
+            );
+        }
+        for (name, seed) in &load.failed {
+            if let Ok((_, bytes)) = client.get_bytes(name).await {
+                assert!(
+                    bytes == pattern((seed * 7919) % 200_000, *seed as u64),
+                    "{name} is torn"
+                );
+            }
+        }
+    });
+}

@@ -1,0 +1,591 @@
+//! The client: metadata calls over UDP (as deterministic state machines,
+//! [`Call`], so the simulation drives the same logic) and data over TCP.
+
+use crate::addr::Addr;
+use crate::data::{read_status, Request};
+use crate::node::{fetch_table, request_id};
+use crate::table::Table;
+use crate::wire::{check_name, Body, Code, ListEntry, Msg, Record, MAX_DATAGRAM};
+use crate::Error;
+use std::net::SocketAddr;
+use std::sync::RwLock;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeek, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UdpSocket};
+
+/// What a [`Call`] wants next.
+#[derive(Debug)]
+pub enum Step {
+    /// Send this message (to the MN owning `msg.target`) and wait until the
+    /// given time (ms) for a reply.
+    Send(Msg, u64),
+    /// Finished.
+    Done(Result<Body, Error>),
+}
+
+/// One metadata request with its retry policy: each target is tried
+/// `attempts` times with `timeout_ms` between tries; a `NotFound` answer
+/// falls through to the next target when `fall_through` is set (a Get whose
+/// metadata is not at this address yet).
+pub struct Call {
+    targets: Vec<Addr>,
+    body: Body,
+    req: u64,
+    idx: usize,
+    tries: u32,
+    attempts: u32,
+    timeout_ms: u64,
+    fall_through: bool,
+    last_error: Option<Error>,
+}
+
+impl Call {
+    /// A call of `body` to `targets` in order.
+    pub fn new(req: u64, targets: Vec<Addr>, body: Body, attempts: u32, timeout_ms: u64) -> Call {
+        Call {
+            targets,
+            body,
+            req,
+            idx: 0,
+            tries: 0,
+            attempts: attempts.max(1),
+            timeout_ms,
+            fall_through: false,
+            last_error: None,
+        }
+    }
+
+    /// Lets `NotFound` answers and timeouts move on to the next target.
+    pub fn falling_through(mut self) -> Call {
+        self.fall_through = true;
+        self
+    }
+
+    /// The request id.
+    pub fn req(&self) -> u64 {
+        self.req
+    }
+
+    fn send(&mut self, now: u64) -> Step {
+        self.tries += 1;
+        let msg = Msg::new(self.req, self.targets[self.idx], self.body.clone());
+        Step::Send(msg, now + self.timeout_ms)
+    }
+
+    /// The first step.
+    pub fn start(&mut self, now: u64) -> Step {
+        if self.targets.is_empty() {
+            return Step::Done(Err(Error::Invalid("no metadata address to ask".into())));
+        }
+        self.send(now)
+    }
+
+    /// The deadline passed without a reply.
+    pub fn on_timeout(&mut self, now: u64) -> Step {
+        if self.tries < self.attempts {
+            return self.send(now);
+        }
+        self.last_error = Some(Error::Timeout(format!(
+            "metadata address {} did not answer after {} attempts",
+            crate::addr::fmt_addr(self.targets[self.idx]),
+            self.tries
+        )));
+        self.next_target(now)
+    }
+
+    fn next_target(&mut self, now: u64) -> Step {
+        if self.fall_through && self.idx + 1 < self.targets.len() {
+            self.idx += 1;
+            self.tries = 0;
+            return self.send(now);
+        }
+        Step::Done(Err(self.last_error.take().unwrap_or_else(|| {
+            Error::Timeout("no metadata node answered".into())
+        })))
+    }
+
+    /// A reply arrived; `None` if it is not for this call.
+    pub fn on_reply(&mut self, now: u64, msg: Msg) -> Option<Step> {
+        if msg.req != self.req {
+            return None;
+        }
+        Some(match msg.body {
+            Body::Error {
+                code: code @ (Code::NotFound | Code::Unavailable),
+                message,
+            } if self.fall_through => {
+                // Keep the most telling error: NotFound beats a timeout.
+                self.last_error = Some(Error::Remote { code, message });
+                self.next_target(now)
+            }
+            Body::Error { code, message } => Step::Done(Err(Error::Remote { code, message })),
+            body => Step::Done(Ok(body)),
+        })
+    }
+}
+
+/// What a Post did.
+#[derive(Clone, Debug)]
+pub struct PutResult {
+    /// The version created.
+    pub version: u64,
+    /// CRC-32C of the data.
+    pub crc: u32,
+    /// Durable copies when acknowledged.
+    pub copies: u8,
+    /// Replica addresses.
+    pub replicas: Vec<Addr>,
+}
+
+/// A client of one cluster.
+pub struct Client {
+    on: SocketAddr,
+    table: RwLock<Table>,
+}
+
+const META_TIMEOUT_MS: u64 = 400;
+const META_ATTEMPTS: u32 = 5;
+/// A commit waits for W_m acknowledgements: give it longer.
+const COMMIT_ATTEMPTS: u32 = 20;
+const CHUNK: usize = 256 * 1024;
+
+impl Client {
+    /// Connects to the cluster whose orchestrator listens on `on`.
+    pub async fn connect(on: SocketAddr) -> Result<Client, Error> {
+        let table = fetch_table(on).await.map_err(|e| match e {
+            Error::Timeout(_) => Error::Timeout(format!(
+                "no orchestrator answered at {on}; is `strata store up` running there?"
+            )),
+            e => e,
+        })?;
+        Ok(Client {
+            on,
+            table: RwLock::new(table),
+        })
+    }
+
+    /// The prefix table in use.
+    pub fn table(&self) -> Table {
+        self.table.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Fetches the table again (after a node joined or moved).
+    pub async fn refresh(&self) -> Result<(), Error> {
+        let t = fetch_table(self.on).await?;
+        *self.table.write().unwrap_or_else(|e| e.into_inner()) = t;
+        Ok(())
+    }
+
+    /// Runs a call over UDP.
+    pub async fn run(&self, call: Call) -> Result<Body, Error> {
+        run_call(&self.table(), call).await
+    }
+
+    fn coordinator(&self, name: &str) -> Result<Addr, Error> {
+        check_name(name).map_err(Error::Invalid)?;
+        Ok(self.table().meta_addrs(name)[0])
+    }
+
+    /// Reads an object's metadata from the first metadata address that has it.
+    pub async fn stat(&self, name: &str) -> Result<Record, Error> {
+        check_name(name).map_err(Error::Invalid)?;
+        let targets = self.table().meta_addrs(name);
+        let call = Call::new(
+            request_id(),
+            targets,
+            Body::Get {
+                name: name.to_string(),
+            },
+            META_ATTEMPTS,
+            META_TIMEOUT_MS,
+        )
+        .falling_through();
+        match self.run(call).await? {
+            Body::Found { record } if record.name == name => Ok(record),
+            other => Err(unexpected("Get", &other)),
+        }
+    }
+
+    /// Posts an object of `size` bytes read from `data`; `progress` is told
+    /// how many bytes went out so far.
+    pub async fn put<R: AsyncRead + Unpin>(
+        &self,
+        name: &str,
+        size: u64,
+        data: &mut R,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<PutResult, Error> {
+        let coord = self.coordinator(name)?;
+        let begin = Call::new(
+            request_id(),
+            vec![coord],
+            Body::PostBegin {
+                name: name.to_string(),
+                size,
+            },
+            META_ATTEMPTS,
+            META_TIMEOUT_MS,
+        );
+        let (version, replicas) = match self.run(begin).await? {
+            Body::PostPlan { version, replicas } if !replicas.is_empty() => (version, replicas),
+            other => return Err(unexpected("PostBegin", &other)),
+        };
+        let w_d = self.table().params_for(name).w_d;
+        let sent = self.send_data(&replicas, size, data, progress).await;
+        let (crc, copies) = match sent {
+            Ok((crc, copies)) if copies >= w_d => (crc, copies),
+            other => {
+                let abort = Call::new(
+                    request_id(),
+                    vec![coord],
+                    Body::PostAbort {
+                        name: name.to_string(),
+                        version,
+                    },
+                    2,
+                    META_TIMEOUT_MS,
+                );
+                let _ = self.run(abort).await;
+                return Err(match other {
+                    Err(e) => e,
+                    Ok((_, copies)) => Error::Remote {
+                        code: Code::Unavailable,
+                        message: format!(
+                            "only {copies} of the W_d={w_d} data replicas were written; the Post was dropped"
+                        ),
+                    },
+                });
+            }
+        };
+        let commit = Call::new(
+            request_id(),
+            vec![coord],
+            Body::PostCommit {
+                name: name.to_string(),
+                version,
+                crc,
+            },
+            COMMIT_ATTEMPTS,
+            META_TIMEOUT_MS,
+        );
+        match self.run(commit).await? {
+            Body::Done { .. } => Ok(PutResult {
+                version,
+                crc,
+                copies,
+                replicas,
+            }),
+            other => Err(unexpected("PostCommit", &other)),
+        }
+    }
+
+    /// Streams the data to the first replica, which forwards it along the
+    /// chain; returns the CRC-32C and the number of durable copies.
+    async fn send_data<R: AsyncRead + Unpin>(
+        &self,
+        replicas: &[Addr],
+        size: u64,
+        data: &mut R,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(u32, u8), Error> {
+        let first = replicas[0];
+        let mut s = self.connect_sn(first).await?;
+        let header = Request::Put {
+            addr: first,
+            size,
+            chain: replicas[1..].to_vec(),
+        }
+        .encode();
+        let io = |e| Error::io("sending object data", e);
+        s.write_all(&header).await.map_err(io)?;
+        let mut buf = vec![0u8; CHUNK];
+        let mut crc = 0u32;
+        let mut done = 0u64;
+        while done < size {
+            let want = (size - done).min(CHUNK as u64) as usize;
+            let n = data
+                .read(&mut buf[..want])
+                .await
+                .map_err(|e| Error::io("reading the input", e))?;
+            if n == 0 {
+                return Err(Error::Invalid(format!(
+                    "the input ended after {done} of {size} bytes"
+                )));
+            }
+            crc = crc32c::crc32c_append(crc, &buf[..n]);
+            s.write_all(&buf[..n]).await.map_err(io)?;
+            done += n as u64;
+            progress(done);
+        }
+        s.write_all(&crc.to_be_bytes()).await.map_err(io)?;
+        s.flush().await.map_err(io)?;
+        read_status(&mut s, "storing the object").await?;
+        let copies = s
+            .read_u8()
+            .await
+            .map_err(|e| Error::io("reading the Put reply", e))?;
+        Ok((crc, copies))
+    }
+
+    async fn connect_sn(&self, addr: Addr) -> Result<TcpStream, Error> {
+        let endpoint = self
+            .table()
+            .sn_for(addr)
+            .map(|s| s.endpoint)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "replica address {} is in no storage node's prefix",
+                    crate::addr::fmt_addr(addr)
+                ))
+            })?;
+        let s = TcpStream::connect(endpoint)
+            .await
+            .map_err(|e| Error::io(format!("connecting to storage node {endpoint}"), e))?;
+        let _ = s.set_nodelay(true);
+        Ok(s)
+    }
+
+    /// Reads an object into `out` from the first replica that serves it
+    /// whole and verified; returns its metadata.
+    pub async fn get<W: AsyncWrite + AsyncSeek + Unpin>(
+        &self,
+        name: &str,
+        out: &mut W,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<Record, Error> {
+        let record = self.stat(name).await?;
+        let mut last = None;
+        for &replica in &record.replicas {
+            out.seek(std::io::SeekFrom::Start(0))
+                .await
+                .map_err(|e| Error::io("rewinding the output", e))?;
+            match self.read_replica(replica, &record, out, progress).await {
+                Ok(()) => return Ok(record),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Corrupt(format!("{name:?} has no replica"))))
+    }
+
+    async fn read_replica<W: AsyncWrite + Unpin>(
+        &self,
+        replica: Addr,
+        record: &Record,
+        out: &mut W,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(), Error> {
+        let mut s = self.connect_sn(replica).await?;
+        let io = |e| Error::io("reading object data", e);
+        s.write_all(&Request::Get { addr: replica }.encode())
+            .await
+            .map_err(io)?;
+        read_status(&mut s, "reading the replica").await?;
+        let size = s.read_u64().await.map_err(io)?;
+        if size != record.size {
+            return Err(Error::Corrupt(format!(
+                "replica {} holds {size} bytes; the metadata says {}",
+                crate::addr::fmt_addr(replica),
+                record.size
+            )));
+        }
+        let mut buf = vec![0u8; CHUNK];
+        let mut crc = 0u32;
+        let mut done = 0u64;
+        while done < size {
+            let want = (size - done).min(CHUNK as u64) as usize;
+            let n = s.read(&mut buf[..want]).await.map_err(io)?;
+            if n == 0 {
+                return Err(Error::Corrupt(format!(
+                    "storage node closed the stream after {done} of {size} bytes"
+                )));
+            }
+            crc = crc32c::crc32c_append(crc, &buf[..n]);
+            out.write_all(&buf[..n])
+                .await
+                .map_err(|e| Error::io("writing the output", e))?;
+            done += n as u64;
+            progress(done);
+        }
+        let verified = s.read_u8().await.map_err(io)? == 0;
+        let _node_crc = s.read_u32().await.map_err(io)?;
+        if !verified || crc != record.crc {
+            return Err(Error::Corrupt(format!(
+                "replica {} failed its checksum (got {crc:08x}, want {:08x})",
+                crate::addr::fmt_addr(replica),
+                record.crc
+            )));
+        }
+        out.flush()
+            .await
+            .map_err(|e| Error::io("writing the output", e))
+    }
+
+    /// Reads a whole object into memory.
+    pub async fn get_bytes(&self, name: &str) -> Result<(Record, Vec<u8>), Error> {
+        let mut cur = std::io::Cursor::new(Vec::new());
+        let rec = self.get(name, &mut cur, &|_| {}).await?;
+        let mut v = cur.into_inner();
+        v.truncate(rec.size as usize);
+        Ok((rec, v))
+    }
+
+    /// Deletes an object (acknowledged once W_m metadata nodes deleted it).
+    pub async fn delete(&self, name: &str) -> Result<u64, Error> {
+        self.delete_if(name, 0, false).await
+    }
+
+    async fn delete_if(&self, name: &str, if_version: u64, keep_data: bool) -> Result<u64, Error> {
+        let call = Call::new(
+            request_id(),
+            vec![self.coordinator(name)?],
+            Body::Delete {
+                name: name.to_string(),
+                if_version,
+                keep_data,
+            },
+            COMMIT_ATTEMPTS,
+            META_TIMEOUT_MS,
+        );
+        match self.run(call).await {
+            Ok(Body::Done { version }) => Ok(version),
+            Ok(other) => Err(unexpected("Delete", &other)),
+            Err(Error::Remote {
+                code: Code::Deleted,
+                message,
+            }) => Err(Error::Remote {
+                code: Code::NotFound,
+                message,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Renames an object: binds its replicas under `to`, then drops `from`
+    /// without touching the data.
+    pub async fn rename(&self, from: &str, to: &str) -> Result<Record, Error> {
+        let mut record = self.stat(from).await?;
+        let old_version = record.version;
+        record.name = to.to_string();
+        let call = Call::new(
+            request_id(),
+            vec![self.coordinator(to)?],
+            Body::Link {
+                record: record.clone(),
+            },
+            COMMIT_ATTEMPTS,
+            META_TIMEOUT_MS,
+        );
+        match self.run(call).await? {
+            Body::Done { version } => record.version = version,
+            other => return Err(unexpected("Link", &other)),
+        }
+        self.delete_if(from, old_version, true).await?;
+        Ok(record)
+    }
+
+    /// One page of names starting with `prefix` after `after`, gathered
+    /// from every metadata node; the second value is the cursor for the
+    /// next page (`None` at the end).
+    pub async fn list(
+        &self,
+        prefix: &str,
+        after: &str,
+        limit: u32,
+    ) -> Result<(Vec<ListEntry>, Option<String>), Error> {
+        let table = self.table();
+        let limit = limit.clamp(1, 1000);
+        let mut calls = tokio::task::JoinSet::new();
+        for mn in &table.mns {
+            let Some(mg) = table.mg_owner.iter().position(|&s| s == mn.slot) else {
+                continue;
+            };
+            let target = table.layout.meta_prefix() | ((mg as u128) << (64 - table.layout.mg_bits));
+            let call = Call::new(
+                request_id(),
+                vec![target],
+                Body::List {
+                    prefix: prefix.to_string(),
+                    after: after.to_string(),
+                    limit,
+                },
+                META_ATTEMPTS,
+                META_TIMEOUT_MS,
+            );
+            let table = table.clone();
+            calls.spawn(async move { run_call(&table, call).await });
+        }
+        let mut all: Vec<ListEntry> = Vec::new();
+        let mut more = false;
+        while let Some(page) = calls.join_next().await {
+            let page = page.map_err(|e| Error::Invalid(format!("list task failed: {e}")))?;
+            match page? {
+                Body::ListPage { entries, more: m } => {
+                    more |= m;
+                    all.extend(entries);
+                }
+                other => return Err(unexpected("List", &other)),
+            }
+        }
+        all.sort_by(|a, b| a.name.cmp(&b.name).then(b.version.cmp(&a.version)));
+        all.dedup_by(|a, b| a.name == b.name);
+        if all.len() > limit as usize {
+            all.truncate(limit as usize);
+            more = true;
+        }
+        let cursor = if more {
+            all.last().map(|e| e.name.clone())
+        } else {
+            None
+        };
+        Ok((all, cursor))
+    }
+}
+
+/// Runs a metadata call over UDP, resolving addresses through `table`.
+pub async fn run_call(table: &Table, mut call: Call) -> Result<Body, Error> {
+    let sock = UdpSocket::bind("0.0.0.0:0")
+        .await
+        .map_err(|e| Error::io("binding a UDP socket", e))?;
+    let start = tokio::time::Instant::now();
+    let now = || start.elapsed().as_millis() as u64;
+    let mut step = call.start(now());
+    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+    loop {
+        let (msg, deadline) = match step {
+            Step::Done(r) => return r,
+            Step::Send(msg, deadline) => (msg, deadline),
+        };
+        let endpoint = table.mn_for(msg.target).map(|m| m.endpoint);
+        if let (Some(ep), Ok(bytes)) = (endpoint, msg.encode()) {
+            let _ = sock.send_to(&bytes, ep).await;
+        }
+        step = loop {
+            let until = start + Duration::from_millis(deadline);
+            match tokio::time::timeout_at(until, sock.recv_from(&mut buf)).await {
+                Err(_) | Ok(Err(_)) => break call.on_timeout(now()),
+                Ok(Ok((n, _))) => {
+                    if let Ok(reply) = Msg::decode(&buf[..n]) {
+                        if let Some(s) = call.on_reply(now(), reply) {
+                            break s;
+                        }
+                    }
+                }
+            }
+        };
+    }
+}
+
+fn unexpected(what: &str, body: &Body) -> Error {
+    Error::Invalid(format!("unexpected answer to {what}: {body:?}"))
+}
+
+/// Asks a storage node to free a replica.
+pub async fn free_replica(endpoint: SocketAddr, addr: Addr) -> Result<(), Error> {
+    let mut s = TcpStream::connect(endpoint)
+        .await
+        .map_err(|e| Error::io(format!("connecting to {endpoint}"), e))?;
+    s.write_all(&Request::Free { addr }.encode())
+        .await
+        .map_err(|e| Error::io("sending Free", e))?;
+    read_status(&mut s, "freeing a replica").await
+}

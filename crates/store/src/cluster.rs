@@ -1,0 +1,158 @@
+//! A whole cluster in one process (`strata store up`): the orchestrator,
+//! `mns` metadata nodes and `sns` storage nodes, each with its own
+//! directory under `dir`, in mapped mode on loopback.
+
+use crate::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+use crate::node::{fetch_table, run_on, start_mn, start_sn, MnHandle, SnHandle};
+use crate::on::OnCore;
+use crate::table::{Device, Params, State, Table};
+use crate::Error;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::net::UdpSocket;
+
+/// How to start a cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Directory holding every node's state.
+    pub dir: PathBuf,
+    /// The orchestrator's UDP endpoint (clients connect here).
+    pub listen: SocketAddr,
+    /// Metadata nodes started in this process.
+    pub mns: u16,
+    /// Metadata slots of a new cluster (at least `mns`; the others are
+    /// filled by metadata nodes that join with `strata store node add`).
+    pub mn_slots: u16,
+    /// Storage nodes started in this process.
+    pub sns: u16,
+    /// Cluster-wide replication (a new cluster only).
+    pub params: Params,
+    /// Per-bucket replication overrides (a new cluster only).
+    pub buckets: Vec<(String, Params)>,
+    /// log2 of the number of metadata groups (a new cluster only).
+    pub mg_bits: u8,
+    /// Capacity each storage node declares.
+    pub sn_capacity: u64,
+    /// Device type of the storage nodes.
+    pub device: Device,
+    /// Short-failure timer (ms).
+    pub short_failure_ms: u64,
+}
+
+impl ClusterConfig {
+    /// Defaults for a single-node embedded cluster in `dir`.
+    pub fn embedded(dir: PathBuf) -> ClusterConfig {
+        ClusterConfig {
+            dir,
+            listen: SocketAddr::from(([127, 0, 0, 1], 7480)),
+            mns: 1,
+            mn_slots: 1,
+            sns: 1,
+            params: Params::default(),
+            buckets: Vec::new(),
+            mg_bits: 8,
+            sn_capacity: 1 << 40,
+            device: Device::Ssd,
+            short_failure_ms: crate::on::SHORT_FAILURE_MS,
+        }
+    }
+}
+
+/// A running cluster; dropping it stops every node.
+pub struct Cluster {
+    /// Where the orchestrator listens.
+    pub on: SocketAddr,
+    /// Metadata nodes.
+    pub mns: Vec<MnHandle>,
+    /// Storage nodes.
+    pub sns: Vec<SnHandle>,
+    on_task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.on_task.abort();
+    }
+}
+
+impl Cluster {
+    /// Starts (or restarts, from the state in `cfg.dir`) a cluster and waits
+    /// until every node is up in the prefix table.
+    pub async fn start(cfg: ClusterConfig) -> Result<Cluster, Error> {
+        cfg.params.validate().map_err(Error::Invalid)?;
+        for (b, p) in &cfg.buckets {
+            p.validate()
+                .map_err(|e| Error::Invalid(format!("bucket {b:?}: {e}")))?;
+        }
+        if cfg.mns.max(cfg.mn_slots) == 0 {
+            return Err(Error::Invalid(
+                "a cluster needs at least one metadata node".into(),
+            ));
+        }
+        std::fs::create_dir_all(&cfg.dir)
+            .map_err(|e| Error::io(format!("creating {}", cfg.dir.display()), e))?;
+        let initial = Table {
+            epoch: 1,
+            layout: Layout::new(DEFAULT_CLUSTER_PREFIX, cfg.mg_bits),
+            params: cfg.params,
+            buckets: cfg.buckets.clone(),
+            mns: Vec::new(),
+            mg_owner: Vec::new(),
+            sns: Vec::new(),
+        };
+        let mut core = OnCore::open(
+            &cfg.dir.join("orchestrator.redb"),
+            initial,
+            cfg.mns.max(cfg.mn_slots),
+            0,
+        )?;
+        core.set_short_failure(cfg.short_failure_ms);
+        let sock = UdpSocket::bind(cfg.listen)
+            .await
+            .map_err(|e| Error::io(format!("binding the orchestrator to {}", cfg.listen), e))?;
+        let on = sock
+            .local_addr()
+            .map_err(|e| Error::io("local address", e))?;
+        let on_task = tokio::spawn(run_on(sock, core));
+        let loopback = SocketAddr::new(on.ip(), 0);
+        // Storage nodes first, so metadata nodes start with a table that
+        // already lists them all.
+        let mut sns = Vec::new();
+        for k in 0..cfg.sns {
+            let dir = cfg.dir.join(format!("sn-{k}"));
+            sns.push(start_sn(&dir, loopback, on, cfg.sn_capacity, cfg.device).await?);
+        }
+        let mut mns = Vec::new();
+        for k in 0..cfg.mns {
+            mns.push(start_mn(&cfg.dir.join(format!("mn-{k}")), loopback, on).await?);
+        }
+        let cluster = Cluster {
+            on,
+            mns,
+            sns,
+            on_task,
+        };
+        cluster.wait_ready(Duration::from_secs(10)).await?;
+        Ok(cluster)
+    }
+
+    /// Waits until the table lists all of this process's nodes as up.
+    async fn wait_ready(&self, limit: Duration) -> Result<(), Error> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let t = fetch_table(self.on).await?;
+            let mns_up = t.mns.iter().filter(|m| m.state == State::Up).count();
+            let sns_up = t.sns.iter().filter(|s| s.state == State::Up).count();
+            if mns_up >= self.mns.len() && sns_up >= self.sns.len() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(Error::Timeout(format!(
+                    "only {mns_up} metadata and {sns_up} storage nodes came up"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

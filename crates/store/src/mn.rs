@@ -1,0 +1,830 @@
+//! The metadata node's protocol logic, as a deterministic state machine.
+//!
+//! [`MnCore`] never touches a socket or a clock: it takes a message (or a
+//! tick) with the current time and returns what to send. The UDP runtime
+//! ([`crate::node`]) and the seeded simulation drive the same code.
+//!
+//! Post: the coordinator (the MN owning the name's first metadata address)
+//! locks the name, places the replicas and answers a plan; the client
+//! streams the data; on `PostCommit` the coordinator stores the record,
+//! replicates it to the other metadata addresses, and acknowledges once
+//! W_m addresses hold it. A second Post of a locked name fails at once.
+//! Delete follows the same path with tombstones; SN space is freed after.
+
+use crate::addr::{splitmix64, Addr};
+use crate::metadb::MetaDb;
+use crate::table::{Device, State, Table};
+use crate::wire::{Body, Code, Msg, Record};
+use crate::Error;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::Hash;
+
+/// Objects below this size prefer SSD storage nodes; larger ones HDD.
+pub const SMALL_OBJECT: u64 = 1 << 20;
+
+/// First resend delay of a replication message, in milliseconds.
+const RESEND_MS: u64 = 100;
+/// Longest resend delay.
+const RESEND_MAX_MS: u64 = 2_000;
+/// A replication message is given up after this long (repair would then
+/// restore the missing copy).
+const REPLICATE_GIVE_UP_MS: u64 = 60_000;
+/// How long a client has to acknowledge W_m (coordinator side).
+const COMMIT_TIMEOUT_MS: u64 = 5_000;
+/// Time allowed for the data phase: a base plus 1 s per 16 MiB.
+const DATA_BASE_MS: u64 = 30_000;
+/// Replies remembered for duplicate requests.
+const REPLY_CACHE: usize = 8_192;
+
+/// What the core asks its runtime to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Out<P> {
+    /// Send `msg` back to the peer `P`.
+    Reply(P, Msg),
+    /// Send `msg` to whichever MN owns metadata address `msg.target`.
+    ToMeta(Msg),
+    /// Free the replica at this address on its storage node.
+    Free(Addr),
+}
+
+enum Phase {
+    /// Waiting for the client's data and `PostCommit`.
+    Data { size: u64, replicas: Vec<Addr> },
+    /// Stored locally; replicating until W_m addresses acknowledge.
+    Replicating {
+        acked: Vec<bool>,
+        needed: usize,
+        free_after: Vec<Addr>,
+        /// The answer once W_m hold it (`None`: Done with the version).
+        answer: Option<Body>,
+    },
+}
+
+struct Pending<P> {
+    /// Unique per operation: acknowledgements of an older operation on the
+    /// same name and version (a Post and the Delete of that version) must
+    /// not count for this one.
+    op: u64,
+    version: u64,
+    client: P,
+    client_req: u64,
+    deadline: u64,
+    phase: Phase,
+}
+
+/// A replication message waiting for its acknowledgement.
+struct Inflight {
+    name: String,
+    op: u64,
+    index: usize,
+    msg: Msg,
+    next_send: u64,
+    delay: u64,
+    give_up: u64,
+}
+
+/// A metadata node's state machine.
+pub struct MnCore<P> {
+    db: MetaDb,
+    table: Table,
+    slot: u16,
+    // Ordered maps: `tick` walks them, and the simulation needs the same
+    // order on every run.
+    pending: BTreeMap<String, Pending<P>>,
+    inflight: BTreeMap<u64, Inflight>,
+    replies: HashMap<(P, u64), Msg>,
+    reply_order: VecDeque<(P, u64)>,
+    next_req: u64,
+    next_op: u64,
+    nonce: u64,
+}
+
+impl<P: Clone + Eq + Hash> MnCore<P> {
+    /// A core over `db`, serving slot `slot` of `table`. `nonce` seeds
+    /// request ids and replica ids (make it differ across restarts).
+    pub fn new(db: MetaDb, table: Table, slot: u16, nonce: u64) -> Self {
+        MnCore {
+            db,
+            table,
+            slot,
+            pending: BTreeMap::new(),
+            inflight: BTreeMap::new(),
+            replies: HashMap::new(),
+            reply_order: VecDeque::new(),
+            next_req: splitmix64(nonce) | 1 << 63,
+            next_op: 0,
+            nonce,
+        }
+    }
+
+    /// Replaces the prefix table (new storage nodes, states, capacities).
+    pub fn set_table(&mut self, table: Table) {
+        self.table = table;
+    }
+
+    /// The table in use.
+    pub fn table(&self) -> &Table {
+        &self.table
+    }
+
+    /// The metadata database.
+    pub fn db(&self) -> &MetaDb {
+        &self.db
+    }
+
+    /// Metadata groups this node owns.
+    pub fn owned_groups(&self) -> Vec<u32> {
+        (0..self.table.mg_owner.len() as u32)
+            .filter(|&mg| self.table.mg_owner[mg as usize] == self.slot)
+            .collect()
+    }
+
+    fn owns(&self, addr: Addr) -> Option<u32> {
+        let mg = self.table.layout.mg_of(addr)?;
+        (self.table.mg_owner.get(mg as usize) == Some(&self.slot)).then_some(mg)
+    }
+
+    /// Handles one incoming message from `from` at time `now` (ms).
+    pub fn handle(&mut self, now: u64, from: P, msg: Msg) -> Vec<Out<P>> {
+        let mut out = Vec::new();
+        match &msg.body {
+            Body::Done { .. } | Body::Error { .. } => self.on_ack(now, &msg, &mut out),
+            _ => {
+                let key = (from.clone(), msg.req);
+                if is_mutation(&msg.body) {
+                    if let Some(cached) = self.replies.get(&key) {
+                        out.push(Out::Reply(from, cached.clone()));
+                        return out;
+                    }
+                }
+                let reply = match self.request(now, &from, &msg, &mut out) {
+                    Ok(Some(body)) => Some(msg.reply(body)),
+                    Ok(None) => None,
+                    Err(Error::Remote { code, message }) => Some(msg.error(code, message)),
+                    Err(e) => Some(msg.error(Code::Unavailable, e.to_string())),
+                };
+                if let Some(reply) = reply {
+                    self.reply(from, reply, &mut out);
+                }
+            }
+        }
+        out
+    }
+
+    fn reply(&mut self, to: P, msg: Msg, out: &mut Vec<Out<P>>) {
+        if is_final(&msg.body) {
+            let key = (to.clone(), msg.req);
+            if self.replies.insert(key.clone(), msg.clone()).is_none() {
+                self.reply_order.push_back(key);
+            }
+            while self.reply_order.len() > REPLY_CACHE {
+                if let Some(old) = self.reply_order.pop_front() {
+                    self.replies.remove(&old);
+                }
+            }
+        }
+        out.push(Out::Reply(to, msg));
+    }
+
+    /// Handles a request; `Ok(None)` means the reply comes later.
+    fn request(
+        &mut self,
+        now: u64,
+        from: &P,
+        msg: &Msg,
+        out: &mut Vec<Out<P>>,
+    ) -> Result<Option<Body>, Error> {
+        match &msg.body {
+            Body::PostBegin { name, size } => {
+                self.coordinator_check(msg.target, name)?;
+                self.post_begin(now, from, msg.req, name, *size).map(Some)
+            }
+            Body::PostCommit { name, version, crc } => {
+                self.coordinator_check(msg.target, name)?;
+                self.post_commit(now, from, msg.req, name, *version, *crc, out)
+            }
+            Body::PostAbort { name, version } => {
+                self.coordinator_check(msg.target, name)?;
+                if let Some(p) = self.pending.get(name) {
+                    if p.version == *version {
+                        if let Phase::Data { replicas, .. } = &p.phase {
+                            out.extend(replicas.iter().map(|&a| Out::Free(a)));
+                            self.pending.remove(name);
+                        }
+                    }
+                }
+                Ok(Some(Body::Done { version: *version }))
+            }
+            Body::Link { record } => {
+                self.coordinator_check(msg.target, &record.name)?;
+                self.link(now, from, msg.req, record, out)
+            }
+            Body::Get { name } => self.get(msg.target, name).map(Some),
+            Body::Delete {
+                name,
+                if_version,
+                keep_data,
+            } => {
+                self.coordinator_check(msg.target, name)?;
+                self.delete(now, from, msg.req, name, *if_version, *keep_data, out)
+            }
+            Body::List {
+                prefix,
+                after,
+                limit,
+            } => {
+                let limit = (*limit).clamp(1, 1000) as usize;
+                let (entries, more) = self.db.list(&self.owned_groups(), prefix, after, limit)?;
+                Ok(Some(fit_page(entries, more)))
+            }
+            Body::Replicate { record } => {
+                let mg = self.replica_check(msg.target, &record.name)?;
+                self.db.apply_record(mg, record)?;
+                Ok(Some(Body::Done {
+                    version: record.version,
+                }))
+            }
+            Body::Unreplicate { name, version } => {
+                let mg = self.replica_check(msg.target, name)?;
+                self.db.apply_delete(mg, name, *version)?;
+                Ok(Some(Body::Done { version: *version }))
+            }
+            _ => Err(remote(
+                Code::BadRequest,
+                "this message is not a request a metadata node serves",
+            )),
+        }
+    }
+
+    /// Checks that `target` is `name`'s first metadata address and ours.
+    fn coordinator_check(&self, target: Addr, name: &str) -> Result<u32, Error> {
+        let addrs = self.table.meta_addrs(name);
+        if addrs.first() != Some(&target) {
+            return Err(remote(
+                Code::WrongAddress,
+                format!(
+                    "address {} is not the coordinator address of {name:?}",
+                    crate::addr::fmt_addr(target)
+                ),
+            ));
+        }
+        self.owned(target)
+    }
+
+    /// Checks that `target` is one of `name`'s metadata addresses and ours.
+    fn replica_check(&self, target: Addr, name: &str) -> Result<u32, Error> {
+        if !self.table.meta_addrs(name).contains(&target) {
+            return Err(remote(
+                Code::WrongAddress,
+                format!(
+                    "address {} is not a metadata address of {name:?}",
+                    crate::addr::fmt_addr(target)
+                ),
+            ));
+        }
+        self.owned(target)
+    }
+
+    fn owned(&self, target: Addr) -> Result<u32, Error> {
+        self.owns(target).ok_or_else(|| {
+            remote(
+                Code::WrongAddress,
+                format!(
+                    "metadata address {} belongs to a group this node does not own",
+                    crate::addr::fmt_addr(target)
+                ),
+            )
+        })
+    }
+
+    /// Whether this request is a resend of the one `name` is locked for:
+    /// it will be answered when that one finishes (answering Conflict would
+    /// tell the client its own operation did not happen).
+    fn in_progress(&self, name: &str, from: &P, req: u64) -> bool {
+        self.pending
+            .get(name)
+            .is_some_and(|p| &p.client == from && p.client_req == req)
+    }
+
+    fn post_begin(
+        &mut self,
+        now: u64,
+        from: &P,
+        req: u64,
+        name: &str,
+        size: u64,
+    ) -> Result<Body, Error> {
+        if size > crate::wire::MAX_OBJECT {
+            return Err(remote(
+                Code::BadRequest,
+                format!("object size {size} exceeds the 1 TiB limit"),
+            ));
+        }
+        if let Some(p) = self.pending.get(name) {
+            return Err(remote(
+                Code::Conflict,
+                format!(
+                    "another Post or Delete of {name:?} (version {}) is in progress",
+                    p.version
+                ),
+            ));
+        }
+        let mg0 = self.owned(self.table.meta_addrs(name)[0])?;
+        let version = self.db.latest_version(mg0, name)? + 1;
+        let replicas = self.place(name, version, size)?;
+        self.next_op += 1;
+        self.pending.insert(
+            name.to_string(),
+            Pending {
+                op: self.next_op,
+                version,
+                client: from.clone(),
+                client_req: req,
+                deadline: now + DATA_BASE_MS + size / (16 << 20) * 1000,
+                phase: Phase::Data {
+                    size,
+                    replicas: replicas.clone(),
+                },
+            },
+        );
+        Ok(Body::PostPlan { version, replicas })
+    }
+
+    /// Chooses storage nodes: up, with room, the preferred device type
+    /// first (SSD for small objects, HDD for large), then most free space,
+    /// with a per-object hash so equal nodes share the load.
+    fn place(&mut self, name: &str, version: u64, size: u64) -> Result<Vec<Addr>, Error> {
+        let params = self.table.params_for(name);
+        let want = if size < SMALL_OBJECT {
+            Device::Ssd
+        } else {
+            Device::Hdd
+        };
+        let seed = crate::addr::hash(name.as_bytes(), version);
+        let mut candidates: Vec<_> = self
+            .table
+            .sns
+            .iter()
+            .filter(|s| s.state == State::Up && s.free >= size)
+            .map(|s| {
+                let jitter = splitmix64(seed ^ s.uuid) % 1024 + 1;
+                let score = (s.free >> 20).saturating_add(1).saturating_mul(jitter);
+                ((s.device == want) as u8, score, s.index)
+            })
+            .collect();
+        if candidates.len() < params.w_d as usize {
+            return Err(remote(
+                Code::Unavailable,
+                format!(
+                    "{} storage nodes are up with {size} bytes free; W_d is {}: add storage nodes or free space",
+                    candidates.len(),
+                    params.w_d
+                ),
+            ));
+        }
+        candidates.sort_by_key(|c| std::cmp::Reverse((c.0, c.1)));
+        candidates.truncate(params.n_d as usize);
+        Ok(candidates
+            .iter()
+            .map(|&(_, _, index)| {
+                self.nonce = splitmix64(self.nonce);
+                self.table.layout.replica_addr(index, self.nonce)
+            })
+            .collect())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post_commit(
+        &mut self,
+        now: u64,
+        from: &P,
+        req: u64,
+        name: &str,
+        version: u64,
+        crc: u32,
+        out: &mut Vec<Out<P>>,
+    ) -> Result<Option<Body>, Error> {
+        let Some(p) = self.pending.get(name) else {
+            let mg0 = self.owned(self.table.meta_addrs(name)[0])?;
+            if let Some(r) = self.db.get(mg0, name)? {
+                if r.version == version {
+                    // Committed here before a restart lost the replication
+                    // state: replicate again before acknowledging.
+                    return self.commit_record(now, from.clone(), req, r, Vec::new(), out);
+                }
+            }
+            return Err(remote(
+                Code::Conflict,
+                format!("no Post of {name:?} version {version} is in progress (it expired or the node restarted); post again"),
+            ));
+        };
+        let Phase::Data { size, replicas } = &p.phase else {
+            return Ok(None);
+        };
+        if p.version != version {
+            return Err(remote(
+                Code::Conflict,
+                format!(
+                    "Post of {name:?} is at version {}, not {version}",
+                    p.version
+                ),
+            ));
+        }
+        let record = Record {
+            name: name.to_string(),
+            size: *size,
+            crc,
+            version,
+            meta: self.table.meta_addrs(name),
+            replicas: replicas.clone(),
+        };
+        // A Post over an existing object frees the old replicas once the new
+        // record is acknowledged.
+        let mg0 = self.owned(record.meta[0])?;
+        let old = self
+            .db
+            .get(mg0, name)?
+            .map(|r| r.replicas)
+            .unwrap_or_default();
+        // Answer the commit request itself (its own request id and socket).
+        self.commit_record(now, from.clone(), req, record, old, out)
+    }
+
+    fn link(
+        &mut self,
+        now: u64,
+        from: &P,
+        req: u64,
+        record: &Record,
+        out: &mut Vec<Out<P>>,
+    ) -> Result<Option<Body>, Error> {
+        let name = &record.name;
+        if self.in_progress(name, from, req) {
+            return Ok(None);
+        }
+        if self.pending.contains_key(name) {
+            return Err(remote(
+                Code::Conflict,
+                format!("a Post or Delete of {name:?} is in progress"),
+            ));
+        }
+        let mg0 = self.owned(self.table.meta_addrs(name)[0])?;
+        if self.db.get(mg0, name)?.is_some() {
+            return Err(remote(
+                Code::Exists,
+                format!("{name:?} already exists; delete it first"),
+            ));
+        }
+        if record
+            .replicas
+            .iter()
+            .any(|&a| self.table.layout.sn_of(a).is_none())
+        {
+            return Err(remote(
+                Code::BadRequest,
+                "a replica address is outside the storage space",
+            ));
+        }
+        let mut rec = record.clone();
+        rec.version = self.db.latest_version(mg0, name)? + 1;
+        rec.meta = self.table.meta_addrs(name);
+        self.commit_record(now, from.clone(), req, rec, Vec::new(), out)
+    }
+
+    /// Stores `record` at our own addresses, sends it to the others, and
+    /// registers the Post as replicating; replies when W_m hold it.
+    fn commit_record(
+        &mut self,
+        now: u64,
+        client: P,
+        req: u64,
+        record: Record,
+        free_after: Vec<Addr>,
+        out: &mut Vec<Out<P>>,
+    ) -> Result<Option<Body>, Error> {
+        let addrs = record.meta.clone();
+        let mut acked = vec![false; addrs.len()];
+        self.next_op += 1;
+        let op = self.next_op;
+        for (i, &a) in addrs.iter().enumerate() {
+            if let Some(mg) = self.owns(a) {
+                acked[i] = self.db.apply_record(mg, &record)?;
+            } else {
+                let msg = Msg::new(
+                    0,
+                    a,
+                    Body::Replicate {
+                        record: record.clone(),
+                    },
+                );
+                self.send_replication(now, &record.name, op, i, msg, out);
+            }
+        }
+        self.start_replicating(
+            now,
+            client,
+            req,
+            &record.name,
+            op,
+            record.version,
+            acked,
+            free_after,
+            None,
+            out,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_replicating(
+        &mut self,
+        now: u64,
+        client: P,
+        req: u64,
+        name: &str,
+        op: u64,
+        version: u64,
+        acked: Vec<bool>,
+        free_after: Vec<Addr>,
+        answer: Option<Body>,
+        out: &mut Vec<Out<P>>,
+    ) -> Result<Option<Body>, Error> {
+        let needed = self.table.params_for(name).w_m as usize;
+        self.pending.insert(
+            name.to_string(),
+            Pending {
+                op,
+                version,
+                client,
+                client_req: req,
+                deadline: now + COMMIT_TIMEOUT_MS,
+                phase: Phase::Replicating {
+                    acked,
+                    needed,
+                    free_after,
+                    answer,
+                },
+            },
+        );
+        self.maybe_finish(name, out);
+        Ok(None)
+    }
+
+    fn send_replication(
+        &mut self,
+        now: u64,
+        name: &str,
+        op: u64,
+        index: usize,
+        mut msg: Msg,
+        out: &mut Vec<Out<P>>,
+    ) {
+        self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
+        msg.req = self.next_req;
+        out.push(Out::ToMeta(msg.clone()));
+        self.inflight.insert(
+            msg.req,
+            Inflight {
+                name: name.to_string(),
+                op,
+                index,
+                msg,
+                next_send: now + RESEND_MS,
+                delay: RESEND_MS,
+                give_up: now + REPLICATE_GIVE_UP_MS,
+            },
+        );
+    }
+
+    /// An acknowledgement (or refusal) of one of our replication messages.
+    fn on_ack(&mut self, _now: u64, msg: &Msg, out: &mut Vec<Out<P>>) {
+        if !self.inflight.contains_key(&msg.req) {
+            return;
+        }
+        if matches!(msg.body, Body::Error { code, .. } if code != Code::WrongAddress) {
+            return; // a transient failure there: keep resending
+        }
+        let Some(inf) = self.inflight.remove(&msg.req) else {
+            return;
+        };
+        if matches!(msg.body, Body::Error { .. }) {
+            return; // the table moved that address: repair's business
+        }
+        if let Some(p) = self.pending.get_mut(&inf.name) {
+            if let (true, Phase::Replicating { acked, .. }) = (p.op == inf.op, &mut p.phase) {
+                if let Some(a) = acked.get_mut(inf.index) {
+                    *a = true;
+                }
+            }
+        }
+        self.maybe_finish(&inf.name, out);
+    }
+
+    /// Acknowledges the client once W_m addresses hold the update.
+    fn maybe_finish(&mut self, name: &str, out: &mut Vec<Out<P>>) {
+        let done = match self.pending.get(name) {
+            Some(Pending {
+                phase: Phase::Replicating { acked, needed, .. },
+                ..
+            }) => acked.iter().filter(|&&a| a).count() >= *needed,
+            _ => false,
+        };
+        if !done {
+            return;
+        }
+        let Some(p) = self.pending.remove(name) else {
+            return;
+        };
+        let mut body = Body::Done { version: p.version };
+        if let Phase::Replicating {
+            free_after, answer, ..
+        } = p.phase
+        {
+            out.extend(free_after.into_iter().map(Out::Free));
+            body = answer.unwrap_or(body);
+        }
+        let reply = Msg::new(p.client_req, 0, body);
+        // The reply's target is irrelevant to the client; keep the request id.
+        self.reply(p.client, reply, out);
+    }
+
+    fn get(&self, target: Addr, name: &str) -> Result<Body, Error> {
+        let mg = self.replica_check(target, name)?;
+        if let Some(record) = self.db.get(mg, name)? {
+            return Ok(Body::Found { record });
+        }
+        if self.db.tombstone(mg, name)? > 0 {
+            return Err(remote(Code::Deleted, format!("{name:?} was deleted")));
+        }
+        Err(remote(Code::NotFound, format!("no object named {name:?}")))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn delete(
+        &mut self,
+        now: u64,
+        from: &P,
+        req: u64,
+        name: &str,
+        if_version: u64,
+        keep_data: bool,
+        out: &mut Vec<Out<P>>,
+    ) -> Result<Option<Body>, Error> {
+        if self.in_progress(name, from, req) {
+            return Ok(None);
+        }
+        if self.pending.contains_key(name) {
+            return Err(remote(
+                Code::Conflict,
+                format!("a Post or Delete of {name:?} is in progress"),
+            ));
+        }
+        let addrs = self.table.meta_addrs(name);
+        let mg0 = self.owned(addrs[0])?;
+        let (version, replicas, answer) = match self.db.get(mg0, name)? {
+            Some(rec) => {
+                if if_version != 0 && rec.version != if_version {
+                    return Err(remote(
+                        Code::Conflict,
+                        format!("{name:?} is at version {}, not {if_version}", rec.version),
+                    ));
+                }
+                (rec.version, rec.replicas, None)
+            }
+            None => {
+                let tomb = self.db.tombstone(mg0, name)?;
+                if tomb == 0 {
+                    return Err(remote(Code::NotFound, format!("no object named {name:?}")));
+                }
+                // Deleted here, perhaps by this very request before a restart
+                // lost its replication: replicate the tombstone again, and
+                // answer "deleted" once W_m hold it.
+                let answer = Body::Error {
+                    code: Code::Deleted,
+                    message: format!("no object named {name:?} (deleted)"),
+                };
+                (tomb, Vec::new(), Some(answer))
+            }
+        };
+        let mut acked = vec![false; addrs.len()];
+        self.next_op += 1;
+        let op = self.next_op;
+        for (i, &a) in addrs.iter().enumerate() {
+            if let Some(mg) = self.owns(a) {
+                self.db.apply_delete(mg, name, version)?;
+                acked[i] = true;
+            } else {
+                let msg = Msg::new(
+                    0,
+                    a,
+                    Body::Unreplicate {
+                        name: name.to_string(),
+                        version,
+                    },
+                );
+                self.send_replication(now, name, op, i, msg, out);
+            }
+        }
+        let free_after = if keep_data { Vec::new() } else { replicas };
+        self.start_replicating(
+            now,
+            from.clone(),
+            req,
+            name,
+            op,
+            version,
+            acked,
+            free_after,
+            answer,
+            out,
+        )
+    }
+
+    /// Resends unacknowledged replication messages and expires Posts whose
+    /// client went away or whose metadata peers did not answer in time.
+    pub fn tick(&mut self, now: u64) -> Vec<Out<P>> {
+        let mut out = Vec::new();
+        let mut dropped = Vec::new();
+        for (&req, inf) in self.inflight.iter_mut() {
+            if now >= inf.give_up {
+                dropped.push(req);
+            } else if now >= inf.next_send {
+                out.push(Out::ToMeta(inf.msg.clone()));
+                inf.delay = (inf.delay * 2).min(RESEND_MAX_MS);
+                inf.next_send = now + inf.delay;
+            }
+        }
+        for req in dropped {
+            self.inflight.remove(&req);
+        }
+        let expired: Vec<String> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| now >= p.deadline)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in expired {
+            let Some(p) = self.pending.remove(&name) else {
+                continue;
+            };
+            match p.phase {
+                Phase::Data { replicas, .. } => out.extend(replicas.into_iter().map(Out::Free)),
+                Phase::Replicating { acked, needed, .. } => {
+                    let have = acked.iter().filter(|&&a| a).count();
+                    let reply = Msg::new(
+                        p.client_req,
+                        0,
+                        Body::Error {
+                            code: Code::Unavailable,
+                            message: format!(
+                                "only {have} of the W_m={needed} metadata replicas of {name:?} answered in time"
+                            ),
+                        },
+                    );
+                    self.reply(p.client, reply, &mut out);
+                }
+            }
+        }
+        out
+    }
+
+    /// Number of names locked by a Post or Delete in progress.
+    pub fn pending_count(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+/// Trims a list page so it fits in one datagram.
+fn fit_page(mut entries: Vec<crate::wire::ListEntry>, mut more: bool) -> Body {
+    let mut bytes = 64;
+    let mut keep = 0;
+    for e in &entries {
+        bytes += e.name.len() + 18;
+        if bytes > crate::wire::MAX_DATAGRAM - 1024 {
+            break;
+        }
+        keep += 1;
+    }
+    if keep < entries.len() {
+        entries.truncate(keep);
+        more = true;
+    }
+    Body::ListPage { entries, more }
+}
+
+fn is_mutation(body: &Body) -> bool {
+    matches!(
+        body,
+        Body::PostBegin { .. } | Body::PostCommit { .. } | Body::Link { .. } | Body::Delete { .. }
+    )
+}
+
+fn is_final(body: &Body) -> bool {
+    !matches!(body, Body::Found { .. } | Body::ListPage { .. })
+}
+
+fn remote(code: Code, message: impl Into<String>) -> Error {
+    Error::Remote {
+        code,
+        message: message.into(),
+    }
+}

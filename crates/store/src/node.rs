@@ -1,0 +1,397 @@
+//! Runtimes that put the roles on sockets: the orchestrator and metadata
+//! nodes on UDP, storage nodes on TCP, each refreshing the prefix table
+//! from the orchestrator and sending heartbeats.
+//!
+//! Mapped mode: a metadata or replica address is turned into an endpoint
+//! through the prefix table; the address itself travels in the message.
+
+use crate::mn::{MnCore, Out};
+use crate::on::OnCore;
+use crate::sn::SnStore;
+use crate::table::{Device, Table};
+use crate::wire::{Body, Code, Msg, Role, MAX_DATAGRAM};
+use crate::Error;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::watch;
+
+/// The prefix table shared by a node's tasks.
+pub type SharedTable = Arc<RwLock<Table>>;
+
+/// A copy of the shared table (it is small: a few KiB).
+pub fn read_table(t: &SharedTable) -> Table {
+    t.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// How often nodes refresh the table and send heartbeats.
+pub const REFRESH: Duration = Duration::from_millis(500);
+
+/// Sends `msg` to `to` and waits for the reply with the same request id,
+/// resending up to `attempts` times.
+pub async fn udp_call(
+    to: SocketAddr,
+    msg: &Msg,
+    timeout: Duration,
+    attempts: u32,
+) -> Result<Msg, Error> {
+    let bind: SocketAddr = if to.is_ipv4() {
+        "0.0.0.0:0"
+            .parse()
+            .unwrap_or_else(|_| crate::wire::no_endpoint())
+    } else {
+        "[::]:0"
+            .parse()
+            .unwrap_or_else(|_| crate::wire::no_endpoint())
+    };
+    let sock = UdpSocket::bind(bind)
+        .await
+        .map_err(|e| Error::io("binding a UDP socket", e))?;
+    let bytes = msg.encode()?;
+    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+    for _ in 0..attempts.max(1) {
+        sock.send_to(&bytes, to)
+            .await
+            .map_err(|e| Error::io(format!("sending to {to}"), e))?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, sock.recv_from(&mut buf)).await {
+                Err(_) => break,
+                Ok(Err(_)) => break, // ICMP unreachable and the like: resend
+                Ok(Ok((n, _))) => {
+                    if let Ok(reply) = Msg::decode(&buf[..n]) {
+                        if reply.req == msg.req {
+                            return Ok(reply);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Err(Error::Timeout(format!(
+        "{to} did not answer after {attempts} attempts"
+    )))
+}
+
+/// Fails with the remote error if `reply` is an error message.
+pub fn ok_body(reply: Msg) -> Result<Body, Error> {
+    match reply.body {
+        Body::Error { code, message } => Err(Error::Remote { code, message }),
+        b => Ok(b),
+    }
+}
+
+/// A fresh request id.
+pub fn request_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let base = crate::addr::splitmix64(std::process::id() as u64 ^ nanos());
+    base.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) & !(1 << 63)
+}
+
+fn nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// Fetches the prefix table from the orchestrator.
+pub async fn fetch_table(on: SocketAddr) -> Result<Table, Error> {
+    let msg = Msg::new(request_id(), 0, Body::GetTable);
+    match ok_body(udp_call(on, &msg, Duration::from_millis(300), 5).await?)? {
+        Body::Table { bytes } => Ok(Table::decode(&bytes)?),
+        other => Err(Error::Invalid(format!(
+            "the orchestrator at {on} answered {other:?} to a table request"
+        ))),
+    }
+}
+
+/// The persistent identity of the node stored in `dir` (created once).
+pub fn node_uuid(dir: &Path) -> Result<u64, Error> {
+    let path = dir.join("node-id");
+    if let Ok(s) = std::fs::read_to_string(&path) {
+        return u64::from_str_radix(s.trim(), 16).map_err(|_| {
+            Error::Invalid(format!(
+                "{} does not hold a node identity (16 hex digits)",
+                path.display()
+            ))
+        });
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let uuid = crate::addr::splitmix64(nanos() ^ (std::process::id() as u64) << 32) | 1;
+    std::fs::write(&path, format!("{uuid:016x}\n"))
+        .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+    Ok(uuid)
+}
+
+async fn register(on: SocketAddr, body: Body) -> Result<u16, Error> {
+    let msg = Msg::new(request_id(), 0, body);
+    match ok_body(udp_call(on, &msg, Duration::from_millis(300), 10).await?)? {
+        Body::Registered { index } => Ok(index),
+        other => Err(Error::Invalid(format!(
+            "the orchestrator answered {other:?} to a registration"
+        ))),
+    }
+}
+
+/// Keeps `table` fresh and sends heartbeats until the task is dropped.
+async fn refresh_loop(
+    on: SocketAddr,
+    uuid: u64,
+    table: SharedTable,
+    tx: Option<watch::Sender<Table>>,
+    stats: impl Fn() -> (u64, u64),
+) {
+    let mut interval = tokio::time::interval(REFRESH);
+    loop {
+        interval.tick().await;
+        let (free, objects) = stats();
+        let hb = Msg::new(
+            request_id(),
+            0,
+            Body::Heartbeat {
+                uuid,
+                free,
+                objects,
+            },
+        );
+        let _ = udp_call(on, &hb, Duration::from_millis(200), 1).await;
+        if let Ok(t) = fetch_table(on).await {
+            *table.write().unwrap_or_else(|e| e.into_inner()) = t.clone();
+            if let Some(tx) = &tx {
+                let _ = tx.send(t);
+            }
+        }
+    }
+}
+
+/// Serves the orchestrator on `sock` until the task is dropped.
+pub async fn run_on(sock: UdpSocket, mut core: OnCore) {
+    let start = Instant::now();
+    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            r = sock.recv_from(&mut buf) => {
+                let Ok((n, from)) = r else { continue };
+                let now = start.elapsed().as_millis() as u64;
+                let reply = match Msg::decode(&buf[..n]) {
+                    Ok(msg) => core.handle(now, &msg),
+                    Err(e) => malformed(&buf[..n], &e),
+                };
+                if let Ok(bytes) = reply.encode() {
+                    let _ = sock.send_to(&bytes, from).await;
+                }
+            }
+            _ = tick.tick() => {
+                if let Err(e) = core.tick(start.elapsed().as_millis() as u64) {
+                    tracing::warn!("orchestrator: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// The error reply to an undecodable datagram (with its request id when
+/// the header got that far).
+pub fn malformed(bytes: &[u8], e: &crate::wire::WireError) -> Msg {
+    let req = bytes
+        .get(4..12)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_be_bytes)
+        .unwrap_or(0);
+    Msg::new(
+        req,
+        0,
+        Body::Error {
+            code: Code::BadRequest,
+            message: format!("malformed message: {e}"),
+        },
+    )
+}
+
+/// A running metadata node.
+pub struct MnHandle {
+    /// Its UDP endpoint.
+    pub endpoint: SocketAddr,
+    /// Its slot.
+    pub slot: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for MnHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts a metadata node stored in `dir`, listening on `bind`, member of
+/// the cluster whose orchestrator is `on`.
+pub async fn start_mn(dir: &Path, bind: SocketAddr, on: SocketAddr) -> Result<MnHandle, Error> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let uuid = node_uuid(dir)?;
+    let db = crate::metadb::MetaDb::open(&dir.join("meta.redb"))?;
+    let sock = UdpSocket::bind(bind)
+        .await
+        .map_err(|e| Error::io(format!("binding {bind}"), e))?;
+    let endpoint = sock
+        .local_addr()
+        .map_err(|e| Error::io("local address", e))?;
+    let slot = register(
+        on,
+        Body::Register {
+            role: Role::Mn,
+            uuid,
+            endpoint,
+            capacity: 0,
+            free: 0,
+            device: 0,
+        },
+    )
+    .await?;
+    let table = fetch_table(on).await?;
+    let core = MnCore::new(db, table.clone(), slot, nanos() ^ uuid);
+    let shared = Arc::new(RwLock::new(table.clone()));
+    let (tx, rx) = watch::channel(table);
+    let task = tokio::spawn(async move {
+        let refresher = tokio::spawn(refresh_loop(on, uuid, shared, Some(tx), || (0, 0)));
+        mn_loop(sock, core, rx).await;
+        refresher.abort();
+    });
+    Ok(MnHandle {
+        endpoint,
+        slot,
+        task,
+    })
+}
+
+async fn mn_loop(
+    sock: UdpSocket,
+    mut core: MnCore<SocketAddr>,
+    mut tables: watch::Receiver<Table>,
+) {
+    let start = Instant::now();
+    let now = || start.elapsed().as_millis() as u64;
+    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    loop {
+        let outs = tokio::select! {
+            r = sock.recv_from(&mut buf) => {
+                let Ok((n, from)) = r else { continue };
+                match Msg::decode(&buf[..n]) {
+                    Ok(msg) => core.handle(now(), from, msg),
+                    Err(e) => vec![Out::Reply(from, malformed(&buf[..n], &e))],
+                }
+            }
+            _ = tick.tick() => core.tick(now()),
+            c = tables.changed() => {
+                if c.is_err() { return; }
+                let t = tables.borrow_and_update().clone();
+                core.set_table(t);
+                continue;
+            }
+        };
+        for out in outs {
+            dispatch(&sock, core.table(), out).await;
+        }
+    }
+}
+
+async fn dispatch(sock: &UdpSocket, table: &Table, out: Out<SocketAddr>) {
+    match out {
+        Out::Reply(to, msg) => {
+            if let Ok(bytes) = msg.encode() {
+                let _ = sock.send_to(&bytes, to).await;
+            }
+        }
+        Out::ToMeta(msg) => {
+            let Some(mn) = table.mn_for(msg.target) else {
+                return;
+            };
+            if let Ok(bytes) = msg.encode() {
+                let _ = sock.send_to(&bytes, mn.endpoint).await;
+            }
+        }
+        Out::Free(addr) => {
+            if let Some(sn) = table.sn_for(addr) {
+                let endpoint = sn.endpoint;
+                tokio::spawn(async move {
+                    let _ = crate::client::free_replica(endpoint, addr).await;
+                });
+            }
+        }
+    }
+}
+
+/// A running storage node.
+pub struct SnHandle {
+    /// Its TCP endpoint.
+    pub endpoint: SocketAddr,
+    /// Its prefix index.
+    pub index: u16,
+    /// Its persistent identity.
+    pub uuid: u64,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for SnHandle {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Starts a storage node stored in `dir` on `bind`, declaring `capacity`
+/// bytes of `device`, member of the cluster whose orchestrator is `on`.
+pub async fn start_sn(
+    dir: &Path,
+    bind: SocketAddr,
+    on: SocketAddr,
+    capacity: u64,
+    device: Device,
+) -> Result<SnHandle, Error> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let uuid = node_uuid(dir)?;
+    let listener = TcpListener::bind(bind)
+        .await
+        .map_err(|e| Error::io(format!("binding {bind}"), e))?;
+    let endpoint = listener
+        .local_addr()
+        .map_err(|e| Error::io("local address", e))?;
+    // Count what is there before declaring free space.
+    let probe = SnStore::open(dir, 0, on, capacity)?;
+    let index = register(
+        on,
+        Body::Register {
+            role: Role::Sn,
+            uuid,
+            endpoint,
+            capacity,
+            free: probe.free(),
+            device: device as u8,
+        },
+    )
+    .await?;
+    let store = Arc::new(SnStore::open(dir, index, on, capacity)?);
+    let table = Arc::new(RwLock::new(fetch_table(on).await?));
+    let stats_store = store.clone();
+    let tasks = vec![
+        tokio::spawn(crate::sn::serve(listener, store, table.clone())),
+        tokio::spawn(refresh_loop(on, uuid, table, None, move || {
+            (stats_store.free(), stats_store.objects())
+        })),
+    ];
+    Ok(SnHandle {
+        endpoint,
+        index,
+        uuid,
+        tasks,
+    })
+}

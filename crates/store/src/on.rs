@@ -1,0 +1,314 @@
+//! The orchestrator: admits and retires nodes, assigns storage-node
+//! prefixes and metadata-group slots, publishes capacity and device type,
+//! and marks nodes down when they miss heartbeats for longer than the
+//! short-failure timer (a down storage node is left out of placement).
+//!
+//! Like the metadata node it is a state machine (`handle`, `tick`) driven
+//! by a runtime; its table is persisted in redb on every membership change.
+
+use crate::table::{Device, MnEntry, SnEntry, State, Table};
+use crate::wire::{Body, Code, Msg, Role};
+use crate::Error;
+use redb::{Database, TableDefinition};
+use std::collections::HashMap;
+use std::path::Path;
+
+const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("orchestrator");
+
+/// Default short-failure timer: a node silent this long is marked down.
+pub const SHORT_FAILURE_MS: u64 = 3_000;
+
+/// The orchestrator's state.
+pub struct OnCore {
+    db: Database,
+    table: Table,
+    expected_mns: u16,
+    last_seen: HashMap<u64, u64>,
+    short_failure_ms: u64,
+}
+
+fn db_err(e: impl std::fmt::Display) -> Error {
+    Error::Db(e.to_string())
+}
+
+impl OnCore {
+    /// Opens the orchestrator database at `path`. A new cluster takes
+    /// `initial` (its layout, replication and `expected_mns` metadata slots,
+    /// each owning `mg_count / expected_mns` groups); an existing one keeps
+    /// what it stored.
+    pub fn open(path: &Path, initial: Table, expected_mns: u16, now: u64) -> Result<OnCore, Error> {
+        let db = Database::create(path)
+            .map_err(|e| Error::Db(format!("opening {}: {e}", path.display())))?;
+        let stored = {
+            let tx = db.begin_write().map_err(db_err)?;
+            tx.open_table(STATE).map_err(db_err)?;
+            tx.commit().map_err(db_err)?;
+            let tx = db.begin_read().map_err(db_err)?;
+            let t = tx.open_table(STATE).map_err(db_err)?;
+            let v = t.get("table").map_err(db_err)?;
+            match v {
+                Some(v) => Some(Table::decode(v.value()).map_err(|e| {
+                    Error::Db(format!("stored prefix table in {}: {e}", path.display()))
+                })?),
+                None => None,
+            }
+        };
+        let (table, expected_mns) = match stored {
+            Some(t) => {
+                let slots = t.mg_owner.iter().copied().max().unwrap_or(0) + 1;
+                (t, slots)
+            }
+            None => {
+                let mut t = initial;
+                let slots = expected_mns.max(1);
+                t.mg_owner = (0..t.layout.mg_count())
+                    .map(|mg| (mg % slots as usize) as u16)
+                    .collect();
+                (t, slots)
+            }
+        };
+        // Everyone gets a full timer after an orchestrator restart.
+        let last_seen = table
+            .mns
+            .iter()
+            .map(|m| m.uuid)
+            .chain(table.sns.iter().map(|s| s.uuid))
+            .map(|u| (u, now))
+            .collect();
+        let mut on = OnCore {
+            db,
+            table,
+            expected_mns,
+            last_seen,
+            short_failure_ms: SHORT_FAILURE_MS,
+        };
+        on.persist()?;
+        Ok(on)
+    }
+
+    /// Sets the short-failure timer.
+    pub fn set_short_failure(&mut self, ms: u64) {
+        self.short_failure_ms = ms;
+    }
+
+    /// The current table.
+    pub fn table(&self) -> &Table {
+        &self.table
+    }
+
+    fn persist(&mut self) -> Result<(), Error> {
+        let bytes = self.table.encode();
+        let tx = self.db.begin_write().map_err(db_err)?;
+        tx.open_table(STATE)
+            .map_err(db_err)?
+            .insert("table", bytes.as_slice())
+            .map_err(db_err)?;
+        tx.commit().map_err(db_err)
+    }
+
+    fn changed(&mut self) -> Result<(), Error> {
+        self.table.epoch += 1;
+        self.persist()
+    }
+
+    /// Handles one request; returns the reply.
+    pub fn handle(&mut self, now: u64, msg: &Msg) -> Msg {
+        match self.request(now, msg) {
+            Ok(body) => msg.reply(body),
+            Err(Error::Remote { code, message }) => msg.error(code, message),
+            Err(e) => msg.error(Code::Unavailable, e.to_string()),
+        }
+    }
+
+    fn request(&mut self, now: u64, msg: &Msg) -> Result<Body, Error> {
+        match &msg.body {
+            Body::GetTable => Ok(Body::Table {
+                bytes: self.table.encode(),
+            }),
+            Body::Register {
+                role,
+                uuid,
+                endpoint,
+                capacity,
+                free,
+                device,
+            } => {
+                self.last_seen.insert(*uuid, now);
+                let index = match role {
+                    Role::Mn => self.register_mn(*uuid, *endpoint)?,
+                    Role::Sn => self.register_sn(
+                        *uuid,
+                        *endpoint,
+                        *capacity,
+                        *free,
+                        Device::from_u8(*device),
+                    )?,
+                };
+                self.changed()?;
+                Ok(Body::Registered { index })
+            }
+            Body::Heartbeat {
+                uuid,
+                free,
+                objects,
+            } => {
+                self.last_seen.insert(*uuid, now);
+                let revived;
+                if let Some(s) = self.table.sns.iter_mut().find(|s| s.uuid == *uuid) {
+                    s.free = *free;
+                    s.objects = *objects;
+                    revived = s.state == State::Down;
+                    if revived {
+                        s.state = State::Up;
+                    }
+                } else if let Some(m) = self.table.mns.iter_mut().find(|m| m.uuid == *uuid) {
+                    revived = m.state == State::Down;
+                    if revived {
+                        m.state = State::Up;
+                    }
+                } else {
+                    return Err(Error::Remote {
+                        code: Code::NotFound,
+                        message: format!("node {uuid:016x} is not a member; register first"),
+                    });
+                }
+                if revived {
+                    self.changed()?;
+                } else {
+                    // Free space changes are published but not worth an fsync.
+                    self.table.epoch += 1;
+                }
+                Ok(Body::Done { version: 0 })
+            }
+            Body::Retire { uuid } => self.retire(*uuid),
+            _ => Err(Error::Remote {
+                code: Code::BadRequest,
+                message: "this message is not a request the orchestrator serves".into(),
+            }),
+        }
+    }
+
+    fn register_mn(&mut self, uuid: u64, endpoint: std::net::SocketAddr) -> Result<u16, Error> {
+        if let Some(m) = self.table.mns.iter_mut().find(|m| m.uuid == uuid) {
+            m.endpoint = endpoint;
+            m.state = State::Up;
+            return Ok(m.slot);
+        }
+        let slot = self.table.mns.len() as u16;
+        if slot >= self.expected_mns {
+            return Err(Error::Remote {
+                code: Code::Unavailable,
+                message: format!(
+                    "the cluster already has its {} metadata nodes; adding one would move metadata groups, which this version does not do",
+                    self.expected_mns
+                ),
+            });
+        }
+        self.table.mns.push(MnEntry {
+            uuid,
+            slot,
+            endpoint,
+            state: State::Up,
+        });
+        Ok(slot)
+    }
+
+    fn register_sn(
+        &mut self,
+        uuid: u64,
+        endpoint: std::net::SocketAddr,
+        capacity: u64,
+        free: u64,
+        device: Device,
+    ) -> Result<u16, Error> {
+        if let Some(s) = self.table.sns.iter_mut().find(|s| s.uuid == uuid) {
+            if s.state == State::Retired {
+                return Err(Error::Remote {
+                    code: Code::Unavailable,
+                    message: format!("storage node {uuid:016x} was retired; give it a fresh directory to join again"),
+                });
+            }
+            s.endpoint = endpoint;
+            s.capacity = capacity;
+            s.free = free;
+            s.device = device;
+            s.state = State::Up;
+            return Ok(s.index);
+        }
+        let index = self.table.sns.iter().map(|s| s.index).max().unwrap_or(0) + 1;
+        if index == u16::MAX {
+            return Err(Error::Remote {
+                code: Code::Unavailable,
+                message: "no storage-node prefix left".into(),
+            });
+        }
+        self.table.sns.push(SnEntry {
+            uuid,
+            index,
+            endpoint,
+            capacity,
+            free,
+            objects: 0,
+            device,
+            state: State::Up,
+        });
+        Ok(index)
+    }
+
+    /// Retires a storage node that holds no replicas (re-placing replicas
+    /// before retirement is not implemented, so a non-empty node is refused).
+    fn retire(&mut self, uuid: u64) -> Result<Body, Error> {
+        if self.table.mns.iter().any(|m| m.uuid == uuid) {
+            return Err(Error::Remote {
+                code: Code::BadRequest,
+                message:
+                    "retiring a metadata node would move its groups, which this version does not do"
+                        .into(),
+            });
+        }
+        let Some(s) = self.table.sns.iter_mut().find(|s| s.uuid == uuid) else {
+            return Err(Error::Remote {
+                code: Code::NotFound,
+                message: format!("no node {uuid:016x}; see `strata store status`"),
+            });
+        };
+        if s.objects > 0 {
+            return Err(Error::Remote {
+                code: Code::Conflict,
+                message: format!(
+                    "storage node {uuid:016x} still holds {} replicas; re-placing them before retirement is not implemented",
+                    s.objects
+                ),
+            });
+        }
+        s.state = State::Retired;
+        self.changed()?;
+        Ok(Body::Done { version: 0 })
+    }
+
+    /// Marks nodes silent for longer than the short-failure timer as down.
+    pub fn tick(&mut self, now: u64) -> Result<(), Error> {
+        let limit = self.short_failure_ms;
+        let silent = |uuid: u64, seen: &HashMap<u64, u64>| {
+            seen.get(&uuid)
+                .is_none_or(|&t| now.saturating_sub(t) > limit)
+        };
+        let mut changed = false;
+        for s in &mut self.table.sns {
+            if s.state == State::Up && silent(s.uuid, &self.last_seen) {
+                s.state = State::Down;
+                changed = true;
+            }
+        }
+        for m in &mut self.table.mns {
+            if m.state == State::Up && silent(m.uuid, &self.last_seen) {
+                m.state = State::Down;
+                changed = true;
+            }
+        }
+        if changed {
+            self.changed()?;
+        }
+        Ok(())
+    }
+}

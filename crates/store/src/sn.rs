@@ -1,0 +1,470 @@
+//! The storage node: one file per replica, named by its address, with a
+//! header holding the size and CRC-32C of the data. A Put is written to a
+//! temporary file while it is forwarded to the next replica, checked
+//! against the sender's checksum, fsynced and renamed into place before it
+//! is acknowledged, so a replica is either whole or absent. Every read
+//! verifies the checksum and reports the result in the reply's trailer.
+
+use crate::addr::{fmt_addr, Addr};
+use crate::data::{read_request, read_status, write_error, Request};
+use crate::node::SharedTable;
+use crate::Error;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::fs::File;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+
+const FILE_MAGIC: [u8; 4] = *b"S6RP";
+/// Replica file header: magic, version, 3 reserved bytes, size, CRC-32C.
+const FILE_HEADER: usize = 20;
+const CHUNK: usize = 256 * 1024;
+
+/// A storage node's replica directory and counters.
+pub struct SnStore {
+    dir: PathBuf,
+    index: u16,
+    on: std::net::SocketAddr,
+    capacity: u64,
+    used: AtomicU64,
+    objects: AtomicU64,
+    tmp_seq: AtomicU64,
+}
+
+impl SnStore {
+    /// Opens the replica directory (creating it), removes temporary files
+    /// left by an interrupted Put, and counts what it holds.
+    /// `on` is the orchestrator, asked for the table when a forward target
+    /// is not in ours yet.
+    pub fn open(
+        dir: &Path,
+        index: u16,
+        on: std::net::SocketAddr,
+        capacity: u64,
+    ) -> Result<SnStore, Error> {
+        let objects_dir = dir.join("replicas");
+        let tmp = dir.join("tmp");
+        for d in [&objects_dir, &tmp] {
+            std::fs::create_dir_all(d)
+                .map_err(|e| Error::io(format!("creating {}", d.display()), e))?;
+        }
+        // Temporary files are Puts that were never acknowledged.
+        if let Ok(entries) = std::fs::read_dir(&tmp) {
+            for e in entries.flatten() {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        let (mut used, mut objects) = (0, 0);
+        let entries = std::fs::read_dir(&objects_dir)
+            .map_err(|e| Error::io(format!("reading {}", objects_dir.display()), e))?;
+        for e in entries.flatten() {
+            if let Ok(m) = e.metadata() {
+                used += m.len();
+                objects += 1;
+            }
+        }
+        Ok(SnStore {
+            dir: dir.to_path_buf(),
+            index,
+            on,
+            capacity,
+            used: AtomicU64::new(used),
+            objects: AtomicU64::new(objects),
+            tmp_seq: AtomicU64::new(0),
+        })
+    }
+
+    /// Bytes still free: the configured capacity minus what is stored,
+    /// and never more than the file system has.
+    pub fn free(&self) -> u64 {
+        let by_capacity = self
+            .capacity
+            .saturating_sub(self.used.load(Ordering::Relaxed));
+        by_capacity.min(fs_free(&self.dir).unwrap_or(u64::MAX))
+    }
+
+    /// Replicas held.
+    pub fn objects(&self) -> u64 {
+        self.objects.load(Ordering::Relaxed)
+    }
+
+    /// Configured capacity.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn path(&self, addr: Addr) -> PathBuf {
+        self.dir.join("replicas").join(format!("{addr:032x}"))
+    }
+
+    fn check_addr(&self, table: &SharedTable, addr: Addr) -> Result<(), String> {
+        let layout = crate::node::read_table(table).layout;
+        if layout.sn_of(addr) != Some(self.index) || addr as u64 == 0 {
+            return Err(format!(
+                "replica address {} is not in this storage node's prefix {}/64",
+                fmt_addr(addr),
+                fmt_addr(layout.sn_prefix(self.index))
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn fs_free(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes into the zeroed struct we own.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return None;
+    }
+    Some(s.f_bavail as u64 * s.f_frsize as u64)
+}
+
+/// Serves data frames on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, store: Arc<SnStore>, table: SharedTable) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let store = store.clone();
+        let table = table.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection(stream, &store, &table).await {
+                tracing::debug!("storage node connection ended: {e}");
+            }
+        });
+    }
+}
+
+async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> Result<(), Error> {
+    let (r, w) = stream.into_split();
+    let mut r = BufReader::with_capacity(CHUNK, r);
+    let mut w = BufWriter::with_capacity(CHUNK, w);
+    loop {
+        let req = match read_request(&mut r).await {
+            Ok(Some(req)) => req,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                // Tell the peer why, then close: the stream is out of sync.
+                let _ = write_error(&mut w, &e.to_string()).await;
+                return Err(e);
+            }
+        };
+        let addr = match &req {
+            Request::Put { addr, .. } | Request::Get { addr } | Request::Free { addr } => *addr,
+        };
+        if let Err(msg) = store.check_addr(table, addr) {
+            write_error(&mut w, &msg)
+                .await
+                .map_err(|e| Error::io("replying", e))?;
+            // A refused Put's data would follow: the stream cannot continue.
+            if matches!(req, Request::Put { .. }) {
+                return Ok(());
+            }
+            continue;
+        }
+        match req {
+            Request::Put { addr, size, chain } => {
+                put(&mut r, &mut w, store, table, addr, size, chain).await?
+            }
+            Request::Get { addr } => get(&mut w, store, addr).await?,
+            Request::Free { addr } => {
+                let path = store.path(addr);
+                if let Ok(m) = tokio::fs::metadata(&path).await {
+                    if tokio::fs::remove_file(&path).await.is_ok() {
+                        store.used.fetch_sub(m.len(), Ordering::Relaxed);
+                        store.objects.fetch_sub(1, Ordering::Relaxed);
+                    }
+                }
+                w.write_all(&[0])
+                    .await
+                    .map_err(|e| Error::io("replying", e))?;
+                w.flush().await.map_err(|e| Error::io("replying", e))?;
+            }
+        }
+    }
+}
+
+/// Opens the next replica of a chain, sending it the Put header.
+async fn open_downstream(
+    on: std::net::SocketAddr,
+    table: &SharedTable,
+    size: u64,
+    chain: &[Addr],
+) -> Option<BufWriter<TcpStream>> {
+    let (&next, rest) = chain.split_first()?;
+    let known = crate::node::read_table(table)
+        .sn_for(next)
+        .map(|s| s.endpoint);
+    let endpoint = match known {
+        Some(e) => e,
+        None => {
+            // A node that joined after our last refresh: ask the orchestrator now.
+            let fresh = crate::node::fetch_table(on).await.ok()?;
+            let e = fresh.sn_for(next)?.endpoint;
+            *table.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+            e
+        }
+    };
+    let stream = TcpStream::connect(endpoint).await.ok()?;
+    let _ = stream.set_nodelay(true);
+    let mut w = BufWriter::with_capacity(CHUNK, stream);
+    let header = Request::Put {
+        addr: next,
+        size,
+        chain: rest.to_vec(),
+    }
+    .encode();
+    w.write_all(&header).await.ok()?;
+    Some(w)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn put<R, W>(
+    r: &mut R,
+    w: &mut W,
+    store: &SnStore,
+    table: &SharedTable,
+    addr: Addr,
+    size: u64,
+    chain: Vec<Addr>,
+) -> Result<(), Error>
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let final_path = store.path(addr);
+    if tokio::fs::try_exists(&final_path).await.unwrap_or(false) {
+        // Read and drop the data so the reply is in sync, then refuse.
+        tokio::io::copy(&mut r.take(size + 4), &mut tokio::io::sink())
+            .await
+            .map_err(|e| Error::io("draining a refused Put", e))?;
+        return reply_err(w, &format!("replica {} already exists", fmt_addr(addr))).await;
+    }
+    if size > store.free() {
+        tokio::io::copy(&mut r.take(size + 4), &mut tokio::io::sink())
+            .await
+            .map_err(|e| Error::io("draining a refused Put", e))?;
+        return reply_err(
+            w,
+            &format!("no room for {size} bytes ({} free)", store.free()),
+        )
+        .await;
+    }
+    let seq = store.tmp_seq.fetch_add(1, Ordering::Relaxed);
+    let tmp = store.dir.join("tmp").join(format!("{addr:032x}.{seq}"));
+    let result = receive(r, store, table, &tmp, size, &chain).await;
+    match result {
+        Ok((downstream, file)) => {
+            // Durable before anyone is told so.
+            file.sync_all()
+                .await
+                .map_err(|e| Error::io(format!("fsync {}", tmp.display()), e))?;
+            drop(file);
+            tokio::fs::rename(&tmp, &final_path)
+                .await
+                .map_err(|e| Error::io(format!("renaming {}", tmp.display()), e))?;
+            sync_dir(&store.dir.join("replicas")).await;
+            store
+                .used
+                .fetch_add(size + FILE_HEADER as u64, Ordering::Relaxed);
+            store.objects.fetch_add(1, Ordering::Relaxed);
+            let copies = 1 + downstream_copies(downstream).await;
+            w.write_all(&[0, copies])
+                .await
+                .map_err(|e| Error::io("replying", e))?;
+            w.flush().await.map_err(|e| Error::io("replying", e))
+        }
+        Err(PutError::Refuse(msg)) => {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            reply_err(w, &msg).await
+        }
+        Err(PutError::Broken(e)) => {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            Err(e)
+        }
+    }
+}
+
+enum PutError {
+    /// The Put was read entirely but is refused (bad checksum, disk error).
+    Refuse(String),
+    /// The sender went away: nothing to reply to.
+    Broken(Error),
+}
+
+/// Receives the data into `tmp`, forwarding it down the chain, and checks
+/// the sender's CRC-32C.
+async fn receive<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut R,
+    store: &SnStore,
+    table: &SharedTable,
+    tmp: &Path,
+    size: u64,
+    chain: &[Addr],
+) -> Result<(Option<BufWriter<TcpStream>>, File), PutError> {
+    let refuse = |what: &str, e: std::io::Error| PutError::Refuse(format!("{what}: {e}"));
+    let mut file = File::create(tmp)
+        .await
+        .map_err(|e| refuse("creating the replica file", e))?;
+    let mut header = [0u8; FILE_HEADER];
+    header[..4].copy_from_slice(&FILE_MAGIC);
+    header[4] = 1;
+    header[8..16].copy_from_slice(&size.to_be_bytes());
+    file.write_all(&header)
+        .await
+        .map_err(|e| refuse("writing the replica", e))?;
+    let mut down = open_downstream(store.on, table, size, chain).await;
+    let mut buf = vec![0u8; CHUNK];
+    let mut left = size;
+    let mut crc = 0u32;
+    while left > 0 {
+        let want = left.min(CHUNK as u64) as usize;
+        let n = r
+            .read(&mut buf[..want])
+            .await
+            .map_err(|e| PutError::Broken(Error::io("receiving replica data", e)))?;
+        if n == 0 {
+            return Err(PutError::Broken(Error::Invalid(format!(
+                "sender disconnected with {left} of {size} bytes still to send"
+            ))));
+        }
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        file.write_all(&buf[..n])
+            .await
+            .map_err(|e| refuse("writing the replica", e))?;
+        if let Some(d) = down.as_mut() {
+            if d.write_all(&buf[..n]).await.is_err() {
+                down = None;
+            }
+        }
+        left -= n as u64;
+    }
+    let sent_crc = r
+        .read_u32()
+        .await
+        .map_err(|e| PutError::Broken(Error::io("receiving the checksum", e)))?;
+    if let Some(d) = down.as_mut() {
+        if d.write_all(&sent_crc.to_be_bytes()).await.is_err() || d.flush().await.is_err() {
+            down = None;
+        }
+    }
+    if sent_crc != crc {
+        return Err(PutError::Refuse(format!(
+            "checksum mismatch: the sender says {sent_crc:08x}, the data has {crc:08x}"
+        )));
+    }
+    file.flush()
+        .await
+        .map_err(|e| refuse("writing the replica", e))?;
+    use tokio::io::AsyncSeekExt;
+    file.seek(std::io::SeekFrom::Start(16))
+        .await
+        .map_err(|e| refuse("writing the replica", e))?;
+    file.write_all(&crc.to_be_bytes())
+        .await
+        .map_err(|e| refuse("writing the replica", e))?;
+    file.flush()
+        .await
+        .map_err(|e| refuse("writing the replica", e))?;
+    Ok((down, file))
+}
+
+/// The number of durable copies the rest of the chain reports (0 if it
+/// failed: the client then decides with W_d).
+async fn downstream_copies(down: Option<BufWriter<TcpStream>>) -> u8 {
+    let Some(d) = down else { return 0 };
+    let mut s = d.into_inner();
+    let reply = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        read_status(&mut s, "next replica").await.ok()?;
+        s.read_u8().await.ok()
+    })
+    .await;
+    reply.ok().flatten().unwrap_or(0)
+}
+
+async fn reply_err<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, msg: &str) -> Result<(), Error> {
+    write_error(w, msg)
+        .await
+        .map_err(|e| Error::io("replying", e))
+}
+
+async fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir).await {
+        let _ = d.sync_all().await;
+    }
+}
+
+/// Streams a replica, verifying its checksum as it goes.
+async fn get<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    store: &SnStore,
+    addr: Addr,
+) -> Result<(), Error> {
+    let path = store.path(addr);
+    let mut file = match File::open(&path).await {
+        Ok(f) => f,
+        Err(_) => {
+            return reply_err(w, &format!("no replica at {}", fmt_addr(addr))).await;
+        }
+    };
+    let len = file
+        .metadata()
+        .await
+        .map_err(|e| Error::io("reading a replica", e))?
+        .len();
+    let mut header = [0u8; FILE_HEADER];
+    let header_ok = file.read_exact(&mut header).await.is_ok() && header[..4] == FILE_MAGIC;
+    let size = u64::from_be_bytes(header[8..16].try_into().unwrap_or([0; 8]));
+    let stored_crc = u32::from_be_bytes(header[16..20].try_into().unwrap_or([0; 4]));
+    if !header_ok || len != size + FILE_HEADER as u64 {
+        return reply_err(
+            w,
+            &format!(
+                "replica {} is damaged (bad header or length); it must be repaired from another copy",
+                fmt_addr(addr)
+            ),
+        )
+        .await;
+    }
+    let io = |e| Error::io("sending a replica", e);
+    w.write_all(&[0]).await.map_err(io)?;
+    w.write_all(&size.to_be_bytes()).await.map_err(io)?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut left = size;
+    let mut crc = 0u32;
+    while left > 0 {
+        let want = left.min(CHUNK as u64) as usize;
+        let n = file.read(&mut buf[..want]).await.map_err(io)?;
+        if n == 0 {
+            break; // truncated under us: the trailer reports it
+        }
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        w.write_all(&buf[..n]).await.map_err(io)?;
+        left -= n as u64;
+    }
+    let truncated = left > 0;
+    if truncated {
+        // Keep the framing: pad, and let the trailer say it is bad.
+        let zeros = vec![0u8; CHUNK];
+        while left > 0 {
+            let n = left.min(CHUNK as u64) as usize;
+            w.write_all(&zeros[..n]).await.map_err(io)?;
+            left -= n as u64;
+        }
+    }
+    let verified = crc == stored_crc && !truncated;
+    w.write_all(&[if verified { 0 } else { 1 }])
+        .await
+        .map_err(io)?;
+    w.write_all(&crc.to_be_bytes()).await.map_err(io)?;
+    w.flush().await.map_err(io)?;
+    if !verified {
+        tracing::warn!("replica {} failed its checksum", fmt_addr(addr));
+    }
+    Ok(())
+}

@@ -1,0 +1,354 @@
+//! The prefix table the orchestrator publishes: layout, replication
+//! parameters, which metadata node owns which metadata group, and every
+//! storage node with its prefix, capacity, device type and state.
+//!
+//! In mapped mode clients and nodes use it to map a metadata or replica
+//! address to a UDP or TCP endpoint on loopback or any reachable host.
+
+use crate::addr::{Addr, Layout, MAX_META_REPLICAS};
+use crate::wire::{Reader, WireError, Writer, MAX_DATA_REPLICAS};
+use std::net::SocketAddr;
+
+/// Replication parameters: (N, W, 1) for metadata and for data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    /// Metadata replicas.
+    pub n_m: u8,
+    /// Metadata acknowledgements before a write is acknowledged.
+    pub w_m: u8,
+    /// Data replicas.
+    pub n_d: u8,
+    /// Data acknowledgements before a write is acknowledged.
+    pub w_d: u8,
+}
+
+impl Params {
+    /// Checks 1 ≤ W ≤ N ≤ 16.
+    pub fn validate(&self) -> Result<(), String> {
+        let ok = |n: u8, w: u8, max: usize| w >= 1 && w <= n && (n as usize) <= max;
+        if !ok(self.n_m, self.w_m, MAX_META_REPLICAS) || !ok(self.n_d, self.w_d, MAX_DATA_REPLICAS)
+        {
+            return Err(format!(
+                "replication N_m={} W_m={} N_d={} W_d={} is invalid: need 1 <= W <= N <= 16",
+                self.n_m, self.w_m, self.n_d, self.w_d
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            n_m: 1,
+            w_m: 1,
+            n_d: 1,
+            w_d: 1,
+        }
+    }
+}
+
+/// Device types a storage node may declare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// Solid-state: preferred for small objects.
+    Ssd = 0,
+    /// Rotating disk: preferred for large objects.
+    Hdd = 1,
+}
+
+impl Device {
+    /// From its wire value.
+    pub fn from_u8(v: u8) -> Device {
+        if v == 1 {
+            Device::Hdd
+        } else {
+            Device::Ssd
+        }
+    }
+    /// Lower-case name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Device::Ssd => "ssd",
+            Device::Hdd => "hdd",
+        }
+    }
+}
+
+/// Node states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Serving.
+    Up = 0,
+    /// Missed heartbeats for longer than the short-failure timer.
+    Down = 1,
+    /// Retired by an operator.
+    Retired = 2,
+}
+
+impl State {
+    fn from_u8(v: u8) -> State {
+        match v {
+            0 => State::Up,
+            1 => State::Down,
+            _ => State::Retired,
+        }
+    }
+    /// Lower-case name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            State::Up => "up",
+            State::Down => "down",
+            State::Retired => "retired",
+        }
+    }
+}
+
+/// A metadata node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MnEntry {
+    /// Persistent identity.
+    pub uuid: u64,
+    /// Slot (metadata groups are assigned to slots).
+    pub slot: u16,
+    /// UDP endpoint.
+    pub endpoint: SocketAddr,
+    /// State.
+    pub state: State,
+}
+
+/// A storage node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnEntry {
+    /// Persistent identity.
+    pub uuid: u64,
+    /// Prefix index (the node owns `Layout::sn_prefix(index)`).
+    pub index: u16,
+    /// TCP endpoint.
+    pub endpoint: SocketAddr,
+    /// Capacity in bytes.
+    pub capacity: u64,
+    /// Free bytes at the last heartbeat.
+    pub free: u64,
+    /// Replicas held at the last heartbeat.
+    pub objects: u64,
+    /// Device type.
+    pub device: Device,
+    /// State.
+    pub state: State,
+}
+
+/// The prefix table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Table {
+    /// Bumped on every change.
+    pub epoch: u64,
+    /// Address layout.
+    pub layout: Layout,
+    /// Cluster-wide replication.
+    pub params: Params,
+    /// Per-bucket overrides (bucket = name up to the first '/').
+    pub buckets: Vec<(String, Params)>,
+    /// Metadata nodes.
+    pub mns: Vec<MnEntry>,
+    /// Owner slot of each metadata group.
+    pub mg_owner: Vec<u16>,
+    /// Storage nodes.
+    pub sns: Vec<SnEntry>,
+}
+
+impl Table {
+    /// Replication parameters for `name` (its bucket's, or the cluster's).
+    pub fn params_for(&self, name: &str) -> Params {
+        let bucket = name.split('/').next().unwrap_or("");
+        self.buckets
+            .iter()
+            .find(|(b, _)| name.contains('/') && b == bucket)
+            .map(|(_, p)| *p)
+            .unwrap_or(self.params)
+    }
+
+    /// The metadata addresses of `name`, coordinator first.
+    pub fn meta_addrs(&self, name: &str) -> Vec<Addr> {
+        self.layout
+            .meta_addrs(name.as_bytes(), self.params_for(name).n_m as usize)
+    }
+
+    /// The metadata node owning metadata address `addr`.
+    pub fn mn_for(&self, addr: Addr) -> Option<&MnEntry> {
+        let mg = self.layout.mg_of(addr)? as usize;
+        let slot = *self.mg_owner.get(mg)?;
+        self.mns.iter().find(|m| m.slot == slot)
+    }
+
+    /// The storage node owning replica address `addr`.
+    pub fn sn_for(&self, addr: Addr) -> Option<&SnEntry> {
+        let index = self.layout.sn_of(addr)?;
+        self.sns.iter().find(|s| s.index == index)
+    }
+
+    /// Encodes the table.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.u64(self.epoch);
+        w.addr(self.layout.cluster);
+        w.u8(self.layout.mg_bits);
+        put_params(&mut w, &self.params);
+        w.u16(self.buckets.len() as u16);
+        for (b, p) in &self.buckets {
+            w.str(b);
+            put_params(&mut w, p);
+        }
+        w.u16(self.mns.len() as u16);
+        for m in &self.mns {
+            w.u64(m.uuid);
+            w.u16(m.slot);
+            w.sockaddr(m.endpoint);
+            w.u8(m.state as u8);
+        }
+        for &o in &self.mg_owner {
+            w.u16(o);
+        }
+        w.u16(self.sns.len() as u16);
+        for s in &self.sns {
+            w.u64(s.uuid);
+            w.u16(s.index);
+            w.sockaddr(s.endpoint);
+            w.u64(s.capacity);
+            w.u64(s.free);
+            w.u64(s.objects);
+            w.u8(s.device as u8);
+            w.u8(s.state as u8);
+        }
+        w.buf
+    }
+
+    /// Decodes a table.
+    pub fn decode(buf: &[u8]) -> Result<Table, WireError> {
+        let mut r = Reader::new(buf);
+        let epoch = r.u64()?;
+        let cluster = r.addr()?;
+        let mg_bits = r.u8()?;
+        if !(4..=crate::addr::MAX_MG_BITS).contains(&mg_bits) {
+            return Err(WireError::Invalid(format!("{mg_bits} metadata-group bits")));
+        }
+        let layout = Layout::new(cluster, mg_bits);
+        let params = get_params(&mut r)?;
+        let n = r.u16()? as usize;
+        let mut buckets = Vec::with_capacity(n.min(1024));
+        for _ in 0..n {
+            buckets.push((r.str(255, "bucket name")?, get_params(&mut r)?));
+        }
+        let n = r.u16()? as usize;
+        let mut mns = Vec::with_capacity(n.min(1024));
+        for _ in 0..n {
+            mns.push(MnEntry {
+                uuid: r.u64()?,
+                slot: r.u16()?,
+                endpoint: r.sockaddr()?,
+                state: State::from_u8(r.u8()?),
+            });
+        }
+        let mg_owner = (0..layout.mg_count())
+            .map(|_| r.u16())
+            .collect::<Result<Vec<_>, _>>()?;
+        let n = r.u16()? as usize;
+        let mut sns = Vec::with_capacity(n.min(1024));
+        for _ in 0..n {
+            sns.push(SnEntry {
+                uuid: r.u64()?,
+                index: r.u16()?,
+                endpoint: r.sockaddr()?,
+                capacity: r.u64()?,
+                free: r.u64()?,
+                objects: r.u64()?,
+                device: Device::from_u8(r.u8()?),
+                state: State::from_u8(r.u8()?),
+            });
+        }
+        r.finish()?;
+        Ok(Table {
+            epoch,
+            layout,
+            params,
+            buckets,
+            mns,
+            mg_owner,
+            sns,
+        })
+    }
+}
+
+fn put_params(w: &mut Writer, p: &Params) {
+    w.u8(p.n_m);
+    w.u8(p.w_m);
+    w.u8(p.n_d);
+    w.u8(p.w_d);
+}
+
+fn get_params(r: &mut Reader) -> Result<Params, WireError> {
+    let p = Params {
+        n_m: r.u8()?,
+        w_m: r.u8()?,
+        n_d: r.u8()?,
+        w_d: r.u8()?,
+    };
+    p.validate().map_err(WireError::Invalid)?;
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addr::DEFAULT_CLUSTER_PREFIX;
+
+    fn table() -> Table {
+        let layout = Layout::new(DEFAULT_CLUSTER_PREFIX, 4);
+        Table {
+            epoch: 3,
+            layout,
+            params: Params {
+                n_m: 3,
+                w_m: 2,
+                n_d: 3,
+                w_d: 2,
+            },
+            buckets: vec![("cold".into(), Params::default())],
+            mns: vec![MnEntry {
+                uuid: 1,
+                slot: 0,
+                endpoint: "127.0.0.1:1".parse().unwrap(),
+                state: State::Up,
+            }],
+            mg_owner: vec![0; 16],
+            sns: vec![SnEntry {
+                uuid: 2,
+                index: 1,
+                endpoint: "[::1]:2".parse().unwrap(),
+                capacity: 100,
+                free: 50,
+                objects: 4,
+                device: Device::Hdd,
+                state: State::Down,
+            }],
+        }
+    }
+
+    #[test]
+    fn table_round_trips_and_resolves() {
+        let t = table();
+        let back = Table::decode(&t.encode()).unwrap();
+        assert_eq!(back, t);
+        let a = t.meta_addrs("x")[0];
+        assert_eq!(t.mn_for(a).unwrap().uuid, 1);
+        assert_eq!(t.sn_for(t.layout.replica_addr(1, 9)).unwrap().uuid, 2);
+        assert!(t.sn_for(t.layout.replica_addr(2, 9)).is_none());
+        assert_eq!(t.params_for("cold/a").n_d, 1);
+        assert_eq!(t.params_for("cold").n_d, 3);
+        assert_eq!(t.params_for("hot/a").n_d, 3);
+        let bytes = t.encode();
+        for cut in 0..bytes.len() {
+            assert!(Table::decode(&bytes[..cut]).is_err());
+        }
+    }
+}

@@ -1,0 +1,901 @@
+//! Pure encoding and decoding of the store's messages: UDP metadata
+//! messages (one per datagram) and the headers of TCP data frames.
+//!
+//! Every length read from the wire is checked against a fixed bound before
+//! anything is allocated, and every decoder returns an error, never panics.
+
+use crate::addr::{Addr, MAX_META_REPLICAS};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// Largest metadata datagram we send or accept.
+pub const MAX_DATAGRAM: usize = 65_000;
+
+/// Longest object name, in bytes.
+pub const MAX_NAME: usize = 4096;
+
+/// Most replicas of an object's data.
+pub const MAX_DATA_REPLICAS: usize = 16;
+
+/// Largest object the store accepts (1 TiB).
+pub const MAX_OBJECT: u64 = 1 << 40;
+
+const MAGIC: [u8; 2] = *b"S6";
+const VERSION: u8 = 1;
+
+/// Why a message could not be decoded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WireError {
+    /// The message ended before a field did.
+    #[error("message truncated at byte {0}")]
+    Truncated(usize),
+    /// The message does not start with the store's magic and version.
+    #[error("not a Strata store message (bad magic or version)")]
+    BadMagic,
+    /// The message kind is unknown.
+    #[error("unknown message kind {0}")]
+    UnknownKind(u8),
+    /// A field is out of its allowed range.
+    #[error("invalid field: {0}")]
+    Invalid(String),
+    /// Bytes were left over after the message.
+    #[error("{0} trailing bytes after the message")]
+    Trailing(usize),
+    /// The message is too large for one datagram.
+    #[error("message of {0} bytes exceeds the {MAX_DATAGRAM}-byte datagram limit")]
+    TooLarge(usize),
+}
+
+/// Checks an object name: 1 to 4,096 bytes of UTF-8 without NUL.
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("object name is empty; give a name of 1 to 4096 bytes".into());
+    }
+    if name.len() > MAX_NAME {
+        return Err(format!(
+            "object name is {} bytes; the limit is {MAX_NAME}",
+            name.len()
+        ));
+    }
+    if name.contains('\0') {
+        return Err("object name contains a NUL byte".into());
+    }
+    Ok(())
+}
+
+/// Error codes carried by [`Body::Error`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u16)]
+pub enum Code {
+    /// The object does not exist (and the node knows nothing newer).
+    NotFound = 1,
+    /// The object was deleted at this node (authoritative: do not fall through).
+    Deleted = 2,
+    /// Another Post or Delete of the same name is in progress.
+    Conflict = 3,
+    /// The message was addressed to a node that does not own that address.
+    WrongAddress = 4,
+    /// The request was malformed.
+    BadRequest = 5,
+    /// The node could not do it now (no storage node, store failure...).
+    Unavailable = 6,
+    /// The object already exists (rename target).
+    Exists = 7,
+}
+
+impl Code {
+    fn from_u16(v: u16) -> Code {
+        match v {
+            1 => Code::NotFound,
+            2 => Code::Deleted,
+            3 => Code::Conflict,
+            4 => Code::WrongAddress,
+            5 => Code::BadRequest,
+            7 => Code::Exists,
+            _ => Code::Unavailable,
+        }
+    }
+}
+
+/// An object's metadata as stored by metadata nodes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The object name.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// CRC-32C of the whole object.
+    pub crc: u32,
+    /// Version assigned by the coordinator (grows with every Post or Delete).
+    pub version: u64,
+    /// The object's metadata addresses, coordinator first.
+    pub meta: Vec<Addr>,
+    /// The addresses of its data replicas.
+    pub replicas: Vec<Addr>,
+}
+
+/// One listed object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListEntry {
+    /// The object name.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Version.
+    pub version: u64,
+}
+
+/// Node roles known to the orchestrator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Metadata node.
+    Mn = 1,
+    /// Storage node.
+    Sn = 2,
+}
+
+/// The body of a metadata message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Body {
+    /// Client → coordinator: start a Post.
+    PostBegin {
+        /// Object name.
+        name: String,
+        /// Object size.
+        size: u64,
+    },
+    /// Coordinator → client: where to stream the data.
+    PostPlan {
+        /// Version this Post will create.
+        version: u64,
+        /// Replica addresses, first one first.
+        replicas: Vec<Addr>,
+    },
+    /// Client → coordinator: data is durable on W_d replicas; commit.
+    PostCommit {
+        /// Object name.
+        name: String,
+        /// Version from the plan.
+        version: u64,
+        /// CRC-32C of the data.
+        crc: u32,
+    },
+    /// Client → coordinator: the data phase failed; drop the Post.
+    PostAbort {
+        /// Object name.
+        name: String,
+        /// Version from the plan.
+        version: u64,
+    },
+    /// Client → coordinator of a new name: bind existing replicas (rename).
+    Link {
+        /// The record to bind under its (new) name; version is ignored.
+        record: Record,
+    },
+    /// Client → any metadata address: read metadata.
+    Get {
+        /// Object name.
+        name: String,
+    },
+    /// Reply to Get.
+    Found {
+        /// The record.
+        record: Record,
+    },
+    /// Client → coordinator: delete (metadata first, data later).
+    Delete {
+        /// Object name.
+        name: String,
+        /// Only delete this version (0: any).
+        if_version: u64,
+        /// Keep the data replicas (rename's second half).
+        keep_data: bool,
+    },
+    /// Client → every MN: list names by prefix.
+    List {
+        /// Name prefix.
+        prefix: String,
+        /// Only names strictly after this one.
+        after: String,
+        /// Most entries wanted.
+        limit: u32,
+    },
+    /// Reply to List.
+    ListPage {
+        /// Entries in name order.
+        entries: Vec<ListEntry>,
+        /// Whether this node has more after the last entry.
+        more: bool,
+    },
+    /// Coordinator → replica MN: store this record at the addressed location.
+    Replicate {
+        /// The record.
+        record: Record,
+    },
+    /// Coordinator → replica MN: the name is deleted up to `version`.
+    Unreplicate {
+        /// Object name.
+        name: String,
+        /// Tombstone version.
+        version: u64,
+    },
+    /// Generic success (with the version concerned).
+    Done {
+        /// Version committed or deleted.
+        version: u64,
+    },
+    /// Failure.
+    Error {
+        /// What kind of failure.
+        code: Code,
+        /// Human-readable explanation.
+        message: String,
+    },
+    /// Anyone → ON: send the prefix table.
+    GetTable,
+    /// ON → anyone: the encoded prefix table.
+    Table {
+        /// Bytes of [`crate::table::Table::encode`].
+        bytes: Vec<u8>,
+    },
+    /// Node → ON: admit me (or re-admit with my identity).
+    Register {
+        /// Role.
+        role: Role,
+        /// Persistent node identity.
+        uuid: u64,
+        /// Where the node listens.
+        endpoint: SocketAddr,
+        /// Capacity in bytes (SN).
+        capacity: u64,
+        /// Free bytes (SN).
+        free: u64,
+        /// Device type (0 SSD, 1 HDD).
+        device: u8,
+    },
+    /// ON → node: admitted, with index (SN prefix index or MN slot).
+    Registered {
+        /// Index.
+        index: u16,
+    },
+    /// Node → ON: alive, with current free space and replica count.
+    Heartbeat {
+        /// Persistent node identity.
+        uuid: u64,
+        /// Free bytes.
+        free: u64,
+        /// Replicas held (SN).
+        objects: u64,
+    },
+    /// Operator → ON: retire a node.
+    Retire {
+        /// Node identity.
+        uuid: u64,
+    },
+}
+
+/// A metadata message: request id, target address and body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Msg {
+    /// Chosen by the requester; replies carry the same id.
+    pub req: u64,
+    /// The address this message is for (in routed mode, the destination
+    /// address; in mapped mode, carried here).
+    pub target: Addr,
+    /// The message.
+    pub body: Body,
+}
+
+/// Appends fields to a buffer.
+#[derive(Default)]
+pub struct Writer {
+    /// The bytes written so far.
+    pub buf: Vec<u8>,
+}
+
+impl Writer {
+    /// Appends a byte.
+    pub fn u8(&mut self, v: u8) {
+        self.buf.push(v);
+    }
+    /// Appends a big-endian u16.
+    pub fn u16(&mut self, v: u16) {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+    }
+    /// Appends a big-endian u32.
+    pub fn u32(&mut self, v: u32) {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+    }
+    /// Appends a big-endian u64.
+    pub fn u64(&mut self, v: u64) {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+    }
+    /// Appends an address.
+    pub fn addr(&mut self, v: Addr) {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+    }
+    /// Appends a length-prefixed (u16) byte string.
+    pub fn bytes16(&mut self, v: &[u8]) {
+        self.u16(v.len().min(u16::MAX as usize) as u16);
+        self.buf
+            .extend_from_slice(&v[..v.len().min(u16::MAX as usize)]);
+    }
+    /// Appends a string.
+    pub fn str(&mut self, v: &str) {
+        self.bytes16(v.as_bytes());
+    }
+    /// Appends a count-prefixed list of addresses.
+    pub fn addrs(&mut self, v: &[Addr]) {
+        self.u8(v.len().min(255) as u8);
+        for &a in v.iter().take(255) {
+            self.addr(a);
+        }
+    }
+    /// Appends a socket address.
+    pub fn sockaddr(&mut self, v: SocketAddr) {
+        let ip = match v.ip() {
+            IpAddr::V4(ip) => ip.to_ipv6_mapped(),
+            IpAddr::V6(ip) => ip,
+        };
+        self.addr(u128::from(ip));
+        self.u16(v.port());
+    }
+}
+
+/// Reads fields from a buffer, with bounds checks.
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// A reader over `buf`.
+    pub fn new(buf: &'a [u8]) -> Self {
+        Reader { buf, pos: 0 }
+    }
+    /// Takes `n` bytes.
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.buf.len() - self.pos < n {
+            return Err(WireError::Truncated(self.buf.len()));
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    /// Reads a byte.
+    pub fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take(1)?[0])
+    }
+    /// Reads a big-endian u16.
+    pub fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_be_bytes(self.array()?))
+    }
+    /// Reads a big-endian u32.
+    pub fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_be_bytes(self.array()?))
+    }
+    /// Reads a big-endian u64.
+    pub fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_be_bytes(self.array()?))
+    }
+    /// Reads an address.
+    pub fn addr(&mut self) -> Result<Addr, WireError> {
+        Ok(u128::from_be_bytes(self.array()?))
+    }
+    /// Reads a u16-length-prefixed byte string.
+    pub fn bytes16(&mut self) -> Result<&'a [u8], WireError> {
+        let n = self.u16()? as usize;
+        self.take(n)
+    }
+    /// Reads a string of at most `max` bytes.
+    pub fn str(&mut self, max: usize, what: &str) -> Result<String, WireError> {
+        let b = self.bytes16()?;
+        if b.len() > max {
+            return Err(WireError::Invalid(format!(
+                "{what} is {} bytes; the limit is {max}",
+                b.len()
+            )));
+        }
+        String::from_utf8(b.to_vec())
+            .map_err(|_| WireError::Invalid(format!("{what} is not UTF-8")))
+    }
+    /// Reads an object name (checked with [`check_name`]).
+    pub fn name(&mut self) -> Result<String, WireError> {
+        let name = self.str(MAX_NAME, "object name")?;
+        check_name(&name).map_err(WireError::Invalid)?;
+        Ok(name)
+    }
+    /// Reads a list of at most `max` addresses.
+    pub fn addrs(&mut self, max: usize, what: &str) -> Result<Vec<Addr>, WireError> {
+        let n = self.u8()? as usize;
+        if n > max {
+            return Err(WireError::Invalid(format!(
+                "{n} {what}; the limit is {max}"
+            )));
+        }
+        (0..n).map(|_| self.addr()).collect()
+    }
+    /// Reads a socket address.
+    pub fn sockaddr(&mut self) -> Result<SocketAddr, WireError> {
+        let ip = Ipv6Addr::from(self.addr()?);
+        let port = self.u16()?;
+        let ip = match ip.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(ip),
+        };
+        Ok(SocketAddr::new(ip, port))
+    }
+    /// Fails if bytes remain.
+    pub fn finish(&self) -> Result<(), WireError> {
+        match self.buf.len() - self.pos {
+            0 => Ok(()),
+            n => Err(WireError::Trailing(n)),
+        }
+    }
+}
+
+/// An unspecified socket address, for messages that carry none.
+pub fn no_endpoint() -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0)
+}
+
+fn put_record(w: &mut Writer, r: &Record) {
+    w.str(&r.name);
+    w.u64(r.size);
+    w.u32(r.crc);
+    w.u64(r.version);
+    w.addrs(&r.meta);
+    w.addrs(&r.replicas);
+}
+
+fn get_record(r: &mut Reader) -> Result<Record, WireError> {
+    let name = r.name()?;
+    let size = r.u64()?;
+    if size > MAX_OBJECT {
+        return Err(WireError::Invalid(format!(
+            "object size {size} exceeds the {MAX_OBJECT}-byte limit"
+        )));
+    }
+    Ok(Record {
+        name,
+        size,
+        crc: r.u32()?,
+        version: r.u64()?,
+        meta: r.addrs(MAX_META_REPLICAS, "metadata addresses")?,
+        replicas: r.addrs(MAX_DATA_REPLICAS, "replicas")?,
+    })
+}
+
+/// Encodes a record alone (the metadata database's value format).
+pub fn encode_record(rec: &Record) -> Vec<u8> {
+    let mut w = Writer::default();
+    put_record(&mut w, rec);
+    w.buf
+}
+
+/// Decodes a record encoded by [`encode_record`].
+pub fn decode_record(buf: &[u8]) -> Result<Record, WireError> {
+    let mut r = Reader::new(buf);
+    let rec = get_record(&mut r)?;
+    r.finish()?;
+    Ok(rec)
+}
+
+impl Msg {
+    /// A message.
+    pub fn new(req: u64, target: Addr, body: Body) -> Msg {
+        Msg { req, target, body }
+    }
+
+    /// A reply to `self` with `body` (same request id and target).
+    pub fn reply(&self, body: Body) -> Msg {
+        Msg::new(self.req, self.target, body)
+    }
+
+    /// An error reply to `self`.
+    pub fn error(&self, code: Code, message: impl Into<String>) -> Msg {
+        self.reply(Body::Error {
+            code,
+            message: message.into(),
+        })
+    }
+
+    /// Encodes the message into one datagram.
+    pub fn encode(&self) -> Result<Vec<u8>, WireError> {
+        let mut w = Writer::default();
+        w.buf.extend_from_slice(&MAGIC);
+        w.u8(VERSION);
+        w.u8(self.kind());
+        w.u64(self.req);
+        w.addr(self.target);
+        self.encode_body(&mut w);
+        if w.buf.len() > MAX_DATAGRAM {
+            return Err(WireError::TooLarge(w.buf.len()));
+        }
+        Ok(w.buf)
+    }
+
+    fn kind(&self) -> u8 {
+        match &self.body {
+            Body::PostBegin { .. } => 1,
+            Body::PostPlan { .. } => 2,
+            Body::PostCommit { .. } => 3,
+            Body::PostAbort { .. } => 4,
+            Body::Link { .. } => 5,
+            Body::Get { .. } => 6,
+            Body::Found { .. } => 7,
+            Body::Delete { .. } => 8,
+            Body::List { .. } => 9,
+            Body::ListPage { .. } => 10,
+            Body::Replicate { .. } => 11,
+            Body::Unreplicate { .. } => 12,
+            Body::Done { .. } => 13,
+            Body::Error { .. } => 14,
+            Body::GetTable => 15,
+            Body::Table { .. } => 16,
+            Body::Register { .. } => 17,
+            Body::Registered { .. } => 18,
+            Body::Heartbeat { .. } => 19,
+            Body::Retire { .. } => 20,
+        }
+    }
+
+    fn encode_body(&self, w: &mut Writer) {
+        match &self.body {
+            Body::PostBegin { name, size } => {
+                w.str(name);
+                w.u64(*size);
+            }
+            Body::PostPlan { version, replicas } => {
+                w.u64(*version);
+                w.addrs(replicas);
+            }
+            Body::PostCommit { name, version, crc } => {
+                w.str(name);
+                w.u64(*version);
+                w.u32(*crc);
+            }
+            Body::PostAbort { name, version } | Body::Unreplicate { name, version } => {
+                w.str(name);
+                w.u64(*version);
+            }
+            Body::Link { record } | Body::Found { record } | Body::Replicate { record } => {
+                put_record(w, record)
+            }
+            Body::Get { name } => w.str(name),
+            Body::Delete {
+                name,
+                if_version,
+                keep_data,
+            } => {
+                w.str(name);
+                w.u64(*if_version);
+                w.u8(*keep_data as u8);
+            }
+            Body::List {
+                prefix,
+                after,
+                limit,
+            } => {
+                w.str(prefix);
+                w.str(after);
+                w.u32(*limit);
+            }
+            Body::ListPage { entries, more } => {
+                w.u32(entries.len() as u32);
+                for e in entries {
+                    w.str(&e.name);
+                    w.u64(e.size);
+                    w.u64(e.version);
+                }
+                w.u8(*more as u8);
+            }
+            Body::Done { version } => w.u64(*version),
+            Body::Error { code, message } => {
+                w.u16(*code as u16);
+                w.str(message);
+            }
+            Body::GetTable => {}
+            Body::Table { bytes } => w.buf.extend_from_slice(bytes),
+            Body::Register {
+                role,
+                uuid,
+                endpoint,
+                capacity,
+                free,
+                device,
+            } => {
+                w.u8(*role as u8);
+                w.u64(*uuid);
+                w.sockaddr(*endpoint);
+                w.u64(*capacity);
+                w.u64(*free);
+                w.u8(*device);
+            }
+            Body::Registered { index } => w.u16(*index),
+            Body::Heartbeat {
+                uuid,
+                free,
+                objects,
+            } => {
+                w.u64(*uuid);
+                w.u64(*free);
+                w.u64(*objects);
+            }
+            Body::Retire { uuid } => w.u64(*uuid),
+        }
+    }
+
+    /// Decodes one datagram.
+    pub fn decode(buf: &[u8]) -> Result<Msg, WireError> {
+        if buf.len() > MAX_DATAGRAM {
+            return Err(WireError::TooLarge(buf.len()));
+        }
+        let mut r = Reader::new(buf);
+        if r.take(2)? != MAGIC || r.u8()? != VERSION {
+            return Err(WireError::BadMagic);
+        }
+        let kind = r.u8()?;
+        let req = r.u64()?;
+        let target = r.addr()?;
+        let body = decode_body(kind, &mut r)?;
+        r.finish()?;
+        Ok(Msg { req, target, body })
+    }
+}
+
+fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
+    Ok(match kind {
+        1 => Body::PostBegin {
+            name: r.name()?,
+            size: r.u64()?,
+        },
+        2 => Body::PostPlan {
+            version: r.u64()?,
+            replicas: r.addrs(MAX_DATA_REPLICAS, "replicas")?,
+        },
+        3 => Body::PostCommit {
+            name: r.name()?,
+            version: r.u64()?,
+            crc: r.u32()?,
+        },
+        4 => Body::PostAbort {
+            name: r.name()?,
+            version: r.u64()?,
+        },
+        5 => Body::Link {
+            record: get_record(r)?,
+        },
+        6 => Body::Get { name: r.name()? },
+        7 => Body::Found {
+            record: get_record(r)?,
+        },
+        8 => Body::Delete {
+            name: r.name()?,
+            if_version: r.u64()?,
+            keep_data: r.u8()? != 0,
+        },
+        9 => Body::List {
+            prefix: r.str(MAX_NAME, "list prefix")?,
+            after: r.str(MAX_NAME, "list cursor")?,
+            limit: r.u32()?,
+        },
+        10 => {
+            let n = r.u32()? as usize;
+            // Each entry takes at least 18 bytes: bound the count by the
+            // datagram before allocating.
+            if n > MAX_DATAGRAM / 18 {
+                return Err(WireError::Invalid(format!("{n} list entries")));
+            }
+            let mut entries = Vec::with_capacity(n);
+            for _ in 0..n {
+                entries.push(ListEntry {
+                    name: r.name()?,
+                    size: r.u64()?,
+                    version: r.u64()?,
+                });
+            }
+            Body::ListPage {
+                entries,
+                more: r.u8()? != 0,
+            }
+        }
+        11 => Body::Replicate {
+            record: get_record(r)?,
+        },
+        12 => Body::Unreplicate {
+            name: r.name()?,
+            version: r.u64()?,
+        },
+        13 => Body::Done { version: r.u64()? },
+        14 => Body::Error {
+            code: Code::from_u16(r.u16()?),
+            message: r.str(MAX_DATAGRAM, "error message")?,
+        },
+        15 => Body::GetTable,
+        16 => {
+            let rest = r.take(r.buf.len() - r.pos)?;
+            Body::Table {
+                bytes: rest.to_vec(),
+            }
+        }
+        17 => Body::Register {
+            role: match r.u8()? {
+                1 => Role::Mn,
+                2 => Role::Sn,
+                x => return Err(WireError::Invalid(format!("role {x}"))),
+            },
+            uuid: r.u64()?,
+            endpoint: r.sockaddr()?,
+            capacity: r.u64()?,
+            free: r.u64()?,
+            device: r.u8()?,
+        },
+        18 => Body::Registered { index: r.u16()? },
+        19 => Body::Heartbeat {
+            uuid: r.u64()?,
+            free: r.u64()?,
+            objects: r.u64()?,
+        },
+        20 => Body::Retire { uuid: r.u64()? },
+        k => return Err(WireError::UnknownKind(k)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn record(name: &str) -> Record {
+        Record {
+            name: name.into(),
+            size: 306_000,
+            crc: 0xdead_beef,
+            version: 7,
+            meta: vec![1, 2, 3],
+            replicas: vec![u128::MAX, 5],
+        }
+    }
+
+    fn samples() -> Vec<Body> {
+        vec![
+            Body::PostBegin {
+                name: "a/b".into(),
+                size: 9,
+            },
+            Body::PostPlan {
+                version: 3,
+                replicas: vec![1, 2],
+            },
+            Body::PostCommit {
+                name: "x".into(),
+                version: 1,
+                crc: 2,
+            },
+            Body::PostAbort {
+                name: "x".into(),
+                version: 1,
+            },
+            Body::Link {
+                record: record("l"),
+            },
+            Body::Get { name: "g".into() },
+            Body::Found {
+                record: record("f"),
+            },
+            Body::Delete {
+                name: "d".into(),
+                if_version: 4,
+                keep_data: true,
+            },
+            Body::List {
+                prefix: "".into(),
+                after: "k".into(),
+                limit: 100,
+            },
+            Body::ListPage {
+                entries: vec![ListEntry {
+                    name: "n".into(),
+                    size: 1,
+                    version: 2,
+                }],
+                more: true,
+            },
+            Body::Replicate {
+                record: record("r"),
+            },
+            Body::Unreplicate {
+                name: "u".into(),
+                version: 9,
+            },
+            Body::Done { version: 5 },
+            Body::Error {
+                code: Code::Conflict,
+                message: "busy".into(),
+            },
+            Body::GetTable,
+            Body::Table {
+                bytes: vec![1, 2, 3],
+            },
+            Body::Register {
+                role: Role::Sn,
+                uuid: 42,
+                endpoint: "127.0.0.1:9000".parse().unwrap(),
+                capacity: 10,
+                free: 5,
+                device: 1,
+            },
+            Body::Registered { index: 3 },
+            Body::Heartbeat {
+                uuid: 1,
+                free: 2,
+                objects: 3,
+            },
+            Body::Retire { uuid: 8 },
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        for body in samples() {
+            let m = Msg::new(77, 0xabc, body);
+            let bytes = m.encode().unwrap();
+            assert_eq!(Msg::decode(&bytes).unwrap(), m);
+            // Every strict prefix is rejected, never accepted or panicking
+            // (a table's bytes are opaque here: the table decoder checks them).
+            let header_only = matches!(m.body, Body::Table { .. });
+            for cut in 0..if header_only { 28 } else { bytes.len() } {
+                assert!(Msg::decode(&bytes[..cut]).is_err(), "{m:?} cut at {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn names_are_bounded() {
+        assert!(check_name("").is_err());
+        assert!(check_name(&"n".repeat(MAX_NAME)).is_ok());
+        let long = "n".repeat(10_000);
+        assert!(check_name(&long).unwrap_err().contains("10000 bytes"));
+        // A 10,000-byte name on the wire is refused with the reason.
+        let bytes = Msg::new(1, 0, Body::Get { name: long }).encode().unwrap();
+        let err = Msg::decode(&bytes).unwrap_err();
+        assert!(err.to_string().contains("limit is 4096"), "{err}");
+        let bytes = Msg::new(1, 0, Body::Get { name: "".into() })
+            .encode()
+            .unwrap();
+        assert!(Msg::decode(&bytes)
+            .unwrap_err()
+            .to_string()
+            .contains("empty"));
+    }
+
+    #[test]
+    fn oversized_datagram_is_refused() {
+        let big = vec![0u8; MAX_DATAGRAM + 1];
+        assert_eq!(
+            Msg::decode(&big),
+            Err(WireError::TooLarge(MAX_DATAGRAM + 1))
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = Msg::decode(&bytes);
+        }
+
+        #[test]
+        fn decode_never_panics_after_a_valid_header(kind in 0u8..30, rest in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let mut bytes = b"S6\x01".to_vec();
+            bytes.push(kind);
+            bytes.extend_from_slice(&[0; 24]);
+            bytes.extend_from_slice(&rest);
+            let _ = Msg::decode(&bytes);
+        }
+    }
+}

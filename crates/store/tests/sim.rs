@@ -1,0 +1,615 @@
+//! Deterministic simulation of the metadata protocol.
+//!
+//! The real metadata-node state machine ([`MnCore`], over real redb files)
+//! and the real client calls ([`Call`]) run on a simulated network driven
+//! by a seeded generator: messages are lost, duplicated and reordered, and
+//! metadata nodes crash (losing everything not in their database) and
+//! restart. Each client works on its own names sequentially, so an oracle
+//! knows, for every name, the set of states the store may be in (an
+//! unacknowledged operation may or may not have happened). Checks:
+//! - every Get returns one of those states, whole (the record's size,
+//!   replicas and metadata addresses are those of the Post that made it);
+//!   with W_m = N_m, a Get after an acknowledged Delete never finds the
+//!   object (no stale read);
+//! - after healing, every name holds exactly its last acknowledged state:
+//!   no acknowledged write is lost;
+//! - no replica of a live acknowledged object was ever freed.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use strata_store::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+use strata_store::client::{Call, Step};
+use strata_store::metadb::MetaDb;
+use strata_store::mn::{MnCore, Out};
+use strata_store::table::{Device, MnEntry, Params, SnEntry, State, Table};
+use strata_store::wire::{Body, Code, Msg, Record};
+
+const MNS: u16 = 3;
+const CLIENTS: u32 = 4;
+const NAMES_PER_CLIENT: u32 = 3;
+const MN_BASE: u32 = 1000;
+
+/// xorshift64*: small, seeded, reproducible.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+fn table(params: Params) -> Table {
+    let layout = Layout::new(DEFAULT_CLUSTER_PREFIX, 4);
+    Table {
+        epoch: 1,
+        layout,
+        params,
+        buckets: vec![],
+        mns: (0..MNS)
+            .map(|slot| MnEntry {
+                uuid: slot as u64 + 1,
+                slot,
+                endpoint: strata_store::wire::no_endpoint(),
+                state: State::Up,
+            })
+            .collect(),
+        mg_owner: (0..layout.mg_count())
+            .map(|mg| (mg % MNS as usize) as u16)
+            .collect(),
+        sns: (1..=4)
+            .map(|index| SnEntry {
+                uuid: 100 + index as u64,
+                index,
+                endpoint: strata_store::wire::no_endpoint(),
+                capacity: 1 << 40,
+                free: 1 << 40,
+                objects: 0,
+                device: Device::Ssd,
+                state: State::Up,
+            })
+            .collect(),
+    }
+}
+
+/// A possible state of a name: absent, or the Post with this token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Obj {
+    Absent,
+    Posted(u32),
+}
+
+fn size_of(token: u32) -> u64 {
+    token as u64 * 7 + 1
+}
+
+enum Op {
+    Idle,
+    PostBegin { name: String, token: u32 },
+    PostCommit { name: String, token: u32 },
+    Delete { name: String },
+    Get { name: String },
+}
+
+struct Client {
+    op: Op,
+    call: Option<Call>,
+    deadline: Option<u64>,
+}
+
+struct Event {
+    at: u64,
+    seq: u64,
+    to: u32,
+    from: u32,
+    msg: Msg,
+}
+impl PartialEq for Event {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Event {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+struct Sim {
+    rng: Rng,
+    now: u64,
+    seq: u64,
+    table: Table,
+    dir: tempfile::TempDir,
+    mns: Vec<Option<MnCore<u32>>>,
+    down_until: Vec<u64>,
+    net: BinaryHeap<Reverse<Event>>,
+    loss: u64,
+    dup: u64,
+    clients: Vec<Client>,
+    possible: BTreeMap<String, BTreeSet<Obj>>,
+    last_acked: BTreeMap<String, Obj>,
+    plans: BTreeMap<u32, Vec<u128>>,
+    freed: BTreeSet<u128>,
+    next_token: u32,
+    strict_reads: bool,
+    acked_ops: u64,
+    checked_gets: u64,
+    crashes: u64,
+}
+
+impl Sim {
+    fn new(seed: u64, params: Params) -> Sim {
+        let base = std::path::Path::new("/dev/shm");
+        let dir = if base.is_dir() {
+            tempfile::tempdir_in(base).unwrap()
+        } else {
+            tempfile::tempdir().unwrap()
+        };
+        let table = table(params);
+        let mut sim = Sim {
+            rng: Rng(seed | 1),
+            now: 0,
+            seq: 0,
+            table,
+            dir,
+            mns: (0..MNS).map(|_| None).collect(),
+            down_until: vec![0; MNS as usize],
+            net: BinaryHeap::new(),
+            loss: 10,
+            dup: 5,
+            clients: (0..CLIENTS)
+                .map(|_| Client {
+                    op: Op::Idle,
+                    call: None,
+                    deadline: None,
+                })
+                .collect(),
+            possible: BTreeMap::new(),
+            last_acked: BTreeMap::new(),
+            plans: BTreeMap::new(),
+            freed: BTreeSet::new(),
+            next_token: 1,
+            strict_reads: params.w_m == params.n_m,
+            acked_ops: 0,
+            checked_gets: 0,
+            crashes: 0,
+        };
+        for c in 0..CLIENTS {
+            for k in 0..NAMES_PER_CLIENT {
+                let name = format!("c{c}/n{k}");
+                sim.possible.insert(name.clone(), [Obj::Absent].into());
+                sim.last_acked.insert(name, Obj::Absent);
+            }
+        }
+        for s in 0..MNS {
+            sim.start_mn(s);
+        }
+        sim
+    }
+
+    fn start_mn(&mut self, slot: u16) {
+        let db = MetaDb::open(&self.dir.path().join(format!("mn{slot}.redb"))).unwrap();
+        let nonce = self.rng.next();
+        self.mns[slot as usize] = Some(MnCore::new(db, self.table.clone(), slot, nonce));
+    }
+
+    fn send(&mut self, from: u32, to: u32, msg: Msg) {
+        if self.rng.chance(self.loss) {
+            return;
+        }
+        let copies = if self.rng.chance(self.dup) { 2 } else { 1 };
+        for _ in 0..copies {
+            let at = self.now + 1 + self.rng.below(50);
+            self.seq += 1;
+            self.net.push(Reverse(Event {
+                at,
+                seq: self.seq,
+                to,
+                from,
+                msg: msg.clone(),
+            }));
+        }
+    }
+
+    fn mn_of(&self, target: u128) -> Option<u32> {
+        self.table.mn_for(target).map(|m| MN_BASE + m.slot as u32)
+    }
+
+    fn outs(&mut self, slot: u16, outs: Vec<Out<u32>>) {
+        for o in outs {
+            match o {
+                Out::Reply(to, msg) => self.send(MN_BASE + slot as u32, to, msg),
+                Out::ToMeta(msg) => {
+                    if let Some(to) = self.mn_of(msg.target) {
+                        self.send(MN_BASE + slot as u32, to, msg);
+                    }
+                }
+                Out::Free(addr) => {
+                    self.freed.insert(addr);
+                }
+            }
+        }
+    }
+
+    fn deliver(&mut self, ev: Event) {
+        if ev.to >= MN_BASE {
+            let slot = (ev.to - MN_BASE) as u16;
+            let now = self.now;
+            let Some(core) = self.mns[slot as usize].as_mut() else {
+                return; // crashed: the datagram is lost
+            };
+            let outs = core.handle(now, ev.from, ev.msg);
+            self.outs(slot, outs);
+        } else {
+            self.client_reply(ev.to, ev.msg);
+        }
+    }
+
+    fn client_send(&mut self, c: u32, step: Step) {
+        match step {
+            Step::Send(msg, deadline) => {
+                self.clients[c as usize].deadline = Some(deadline);
+                if let Some(to) = self.mn_of(msg.target) {
+                    self.send(c, to, msg);
+                }
+            }
+            Step::Done(result) => {
+                self.clients[c as usize].call = None;
+                self.clients[c as usize].deadline = None;
+                self.finish(c, result);
+            }
+        }
+    }
+
+    fn client_reply(&mut self, c: u32, msg: Msg) {
+        let now = self.now;
+        let Some(call) = self.clients[c as usize].call.as_mut() else {
+            return;
+        };
+        if let Some(step) = call.on_reply(now, msg) {
+            self.client_send(c, step);
+        }
+    }
+
+    fn start_call(&mut self, c: u32, targets: Vec<u128>, body: Body, attempts: u32, fall: bool) {
+        let mut call = Call::new(self.rng.next() >> 1, targets, body, attempts, 400);
+        if fall {
+            call = call.falling_through();
+        }
+        let step = call.start(self.now);
+        self.clients[c as usize].call = Some(call);
+        self.client_send(c, step);
+    }
+
+    fn begin_op(&mut self, c: u32) {
+        let name = format!("c{c}/n{}", self.rng.below(NAMES_PER_CLIENT as u64));
+        let addrs = self.table.meta_addrs(&name);
+        let roll = self.rng.below(100);
+        if roll < 50 {
+            let token = self.next_token;
+            self.next_token += 1;
+            let body = Body::PostBegin {
+                name: name.clone(),
+                size: size_of(token),
+            };
+            self.clients[c as usize].op = Op::PostBegin { name, token };
+            self.start_call(c, vec![addrs[0]], body, 5, false);
+        } else if roll < 70 {
+            let body = Body::Delete {
+                name: name.clone(),
+                if_version: 0,
+                keep_data: false,
+            };
+            self.clients[c as usize].op = Op::Delete { name };
+            self.start_call(c, vec![addrs[0]], body, 20, false);
+        } else {
+            let body = Body::Get { name: name.clone() };
+            self.clients[c as usize].op = Op::Get { name };
+            self.start_call(c, addrs, body, 5, true);
+        }
+    }
+
+    fn settle(&mut self, name: &str, state: Obj) {
+        self.possible.insert(name.to_string(), [state].into());
+        self.last_acked.insert(name.to_string(), state);
+        self.acked_ops += 1;
+    }
+
+    fn maybe(&mut self, name: &str, state: Obj) {
+        self.possible.get_mut(name).unwrap().insert(state);
+    }
+
+    fn finish(&mut self, c: u32, result: Result<Body, strata_store::Error>) {
+        let op = std::mem::replace(&mut self.clients[c as usize].op, Op::Idle);
+        match op {
+            Op::Idle => {}
+            Op::PostBegin { name, token } => match result {
+                Ok(Body::PostPlan { version, replicas }) => {
+                    self.plans.insert(token, replicas);
+                    let body = Body::PostCommit {
+                        name: name.clone(),
+                        version,
+                        crc: token,
+                    };
+                    let coord = self.table.meta_addrs(&name)[0];
+                    self.clients[c as usize].op = Op::PostCommit { name, token };
+                    self.start_call(c, vec![coord], body, 20, false);
+                }
+                Ok(other) => panic!("PostBegin answered {other:?}"),
+                Err(_) => {} // no Post started
+            },
+            Op::PostCommit { name, token, .. } => match result {
+                Ok(Body::Done { .. }) => self.settle(&name, Obj::Posted(token)),
+                Ok(other) => panic!("PostCommit answered {other:?}"),
+                Err(_) => self.maybe(&name, Obj::Posted(token)),
+            },
+            Op::Delete { name } => match result {
+                Ok(Body::Done { .. }) => self.settle(&name, Obj::Absent),
+                // Absent at the coordinator (perhaps through this very
+                // Delete, answered again after a restart lost the reply).
+                Err(e) if matches!(e.code(), Some(Code::NotFound | Code::Deleted)) => {
+                    self.settle(&name, Obj::Absent)
+                }
+                Err(e) if e.code() == Some(Code::Conflict) => {}
+                Ok(other) => panic!("Delete answered {other:?}"),
+                Err(_) => self.maybe(&name, Obj::Absent),
+            },
+            Op::Get { name } => self.check_get(&name, result, false),
+        }
+    }
+
+    fn check_record(&self, name: &str, record: &Record) -> Obj {
+        let token = record.crc;
+        assert_eq!(record.name, name);
+        assert_eq!(
+            record.size,
+            size_of(token),
+            "{name}: torn record {record:?}"
+        );
+        assert_eq!(
+            Some(&record.replicas),
+            self.plans.get(&token),
+            "{name}: replicas are not those of the Post that made the record"
+        );
+        assert_eq!(record.meta, self.table.meta_addrs(name));
+        Obj::Posted(token)
+    }
+
+    fn check_get(
+        &mut self,
+        name: &str,
+        result: Result<Body, strata_store::Error>,
+        final_read: bool,
+    ) {
+        let seen = match result {
+            Ok(Body::Found { record }) => self.check_record(name, &record),
+            Err(e) if matches!(e.code(), Some(Code::NotFound | Code::Deleted)) => Obj::Absent,
+            Ok(other) => panic!("Get answered {other:?}"),
+            Err(e) => {
+                assert!(!final_read, "{name}: final read failed: {e}");
+                return;
+            }
+        };
+        if final_read {
+            let acked = self.last_acked[name];
+            let possible = &self.possible[name];
+            assert!(
+                possible.contains(&seen),
+                "{name}: after healing the store holds {seen:?}; possible {possible:?}"
+            );
+            if possible.len() == 1 {
+                assert_eq!(seen, acked, "{name}: acknowledged state lost");
+            }
+        } else if self.strict_reads {
+            let possible = &self.possible[name];
+            assert!(
+                possible.contains(&seen),
+                "{name}: Get returned {seen:?}; possible {possible:?} (stale or lost)"
+            );
+        }
+        self.checked_gets += 1;
+    }
+
+    fn step_crashes(&mut self, crash_rate: u64) {
+        for s in 0..MNS as usize {
+            if self.mns[s].is_none() && self.now >= self.down_until[s] {
+                self.start_mn(s as u16);
+            } else if self.mns[s].is_some() && crash_rate > 0 && self.rng.below(crash_rate) == 0 {
+                self.mns[s] = None;
+                self.down_until[s] = self.now + 300 + self.rng.below(1500);
+                self.crashes += 1;
+            }
+        }
+    }
+
+    /// Advances to `until`, ms by ms: network, timers, ticks, crashes.
+    fn run(&mut self, until: u64, new_ops: bool, crash_rate: u64) {
+        while self.now < until {
+            self.now += 1;
+            while let Some(Reverse(ev)) = self.net.peek() {
+                if ev.at > self.now {
+                    break;
+                }
+                let Reverse(ev) = self.net.pop().unwrap();
+                self.deliver(ev);
+            }
+            for c in 0..CLIENTS {
+                let cl = &self.clients[c as usize];
+                if cl.call.is_none() {
+                    if new_ops && self.rng.chance(5) {
+                        self.begin_op(c);
+                    }
+                } else if cl.deadline.is_some_and(|d| self.now >= d) {
+                    let now = self.now;
+                    let step = self.clients[c as usize]
+                        .call
+                        .as_mut()
+                        .unwrap()
+                        .on_timeout(now);
+                    self.client_send(c, step);
+                }
+            }
+            if self.now.is_multiple_of(20) {
+                for s in 0..MNS {
+                    let now = self.now;
+                    if let Some(core) = self.mns[s as usize].as_mut() {
+                        let outs = core.tick(now);
+                        self.outs(s, outs);
+                    }
+                }
+                self.step_crashes(crash_rate);
+            }
+        }
+    }
+
+    /// Stops faults, restarts every node, lets retries drain, then reads
+    /// every name from its coordinator and checks it against the oracle.
+    fn heal_and_check(&mut self) {
+        self.run(self.now + 10_000, false, 0); // clients finish their calls
+        self.loss = 0;
+        self.dup = 0;
+        for s in 0..MNS as usize {
+            self.down_until[s] = 0;
+        }
+        self.run(self.now + 70_000, false, 0);
+        let names: Vec<String> = self.possible.keys().cloned().collect();
+        for name in names {
+            let addrs = self.table.meta_addrs(&name);
+            self.clients[0].op = Op::Idle;
+            let mut call = Call::new(
+                self.rng.next() >> 1,
+                addrs,
+                Body::Get { name: name.clone() },
+                5,
+                400,
+            );
+            call = call.falling_through();
+            let step = call.start(self.now);
+            self.clients[0].call = Some(call);
+            // Route the answer to `result` instead of the op machinery.
+            let Step::Send(msg, _) = step else { panic!() };
+            let to = self.mn_of(msg.target).unwrap();
+            let slot = (to - MN_BASE) as u16;
+            let now = self.now;
+            let outs = self.mns[slot as usize]
+                .as_mut()
+                .unwrap()
+                .handle(now, 0, msg);
+            let reply = outs
+                .into_iter()
+                .find_map(|o| match o {
+                    Out::Reply(0, m) => Some(m),
+                    _ => None,
+                })
+                .expect("a reply");
+            self.clients[0].call = None;
+            let result = match reply.body {
+                Body::Error { code, message } => Err(strata_store::Error::Remote { code, message }),
+                b => Ok(b),
+            };
+            self.check_get(&name, result, true);
+        }
+        // No replica of a live, acknowledged object was freed.
+        for (name, state) in &self.last_acked {
+            if let (Obj::Posted(t), 1) = (state, self.possible[name].len()) {
+                for r in &self.plans[t] {
+                    assert!(!self.freed.contains(r), "{name}: a live replica was freed");
+                }
+            }
+        }
+    }
+}
+
+fn simulate(seed: u64, params: Params) -> (u64, u64, u64) {
+    let mut sim = Sim::new(seed, params);
+    sim.run(60_000, true, 150);
+    sim.heal_and_check();
+    for s in 0..MNS as usize {
+        assert_eq!(
+            sim.mns[s].as_ref().unwrap().pending_count(),
+            0,
+            "a name stayed locked"
+        );
+    }
+    (sim.acked_ops, sim.checked_gets, sim.crashes)
+}
+
+/// Three seeds by default; `SIM_SEEDS=N` explores N of them.
+fn seeds(base: u64) -> std::ops::Range<u64> {
+    let n = std::env::var("SIM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    base..base + n
+}
+
+#[test]
+fn metadata_protocol_with_w_equal_n_has_no_lost_or_stale_reads() {
+    let p = Params {
+        n_m: 3,
+        w_m: 3,
+        n_d: 3,
+        w_d: 2,
+    };
+    for seed in seeds(1) {
+        let (acked, gets, crashes) = simulate(seed, p);
+        // The run must have done real work under real faults.
+        assert!(
+            acked > 50 && gets > 20 && crashes > 5,
+            "seed {seed}: {acked} acked, {gets} gets, {crashes} crashes"
+        );
+    }
+}
+
+#[test]
+fn metadata_protocol_with_majority_writes_loses_no_acknowledged_write() {
+    let p = Params {
+        n_m: 3,
+        w_m: 2,
+        n_d: 2,
+        w_d: 1,
+    };
+    for seed in seeds(1_000) {
+        let (acked, gets, crashes) = simulate(seed, p);
+        assert!(
+            acked > 50 && gets > 20 && crashes > 5,
+            "seed {seed}: {acked} acked, {gets} gets, {crashes} crashes"
+        );
+    }
+}
+
+#[test]
+fn the_simulation_is_deterministic() {
+    let p = Params {
+        n_m: 3,
+        w_m: 2,
+        n_d: 2,
+        w_d: 1,
+    };
+    let run = |seed| {
+        let mut sim = Sim::new(seed, p);
+        sim.run(15_000, true, 150);
+        (
+            sim.acked_ops,
+            sim.checked_gets,
+            sim.crashes,
+            sim.freed.len(),
+            sim.next_token,
+        )
+    };
+    assert_eq!(run(5), run(5));
+}
