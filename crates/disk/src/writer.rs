@@ -165,9 +165,7 @@ impl Writer {
             return Ok(AllocStep::Busy);
         }
         let top = disk.top();
-        let mut raw = [0u64];
-        top.read_l2_entries(cluster, &mut raw)?;
-        let old = top.decode_l2(raw[0])?;
+        let old = top_mapping(top, cluster)?;
         if let L2Mapping::Data {
             host_offset,
             copied: true,
@@ -189,9 +187,7 @@ impl Writer {
     pub(crate) fn publish_alloc(&mut self, disk: &Disk, cluster: u64, host: u64) -> Result<()> {
         self.in_flight.remove(&cluster);
         let top = disk.top();
-        let mut raw = [0u64];
-        top.read_l2_entries(cluster, &mut raw)?;
-        let current = top.decode_l2(raw[0])?;
+        let current = top_mapping(top, cluster)?;
         self.set_l2(disk, cluster, L2Mapping::encode_data(host))?;
         self.release(top, current, host)
     }
@@ -215,9 +211,7 @@ impl Writer {
         cs: u64,
     ) -> Result<()> {
         let top = disk.top();
-        let mut raw = [0u64];
-        top.read_l2_entries(cluster, &mut raw)?;
-        let old = top.decode_l2(raw[0])?;
+        let old = top_mapping(top, cluster)?;
         if let L2Mapping::Data {
             host_offset,
             copied: true,
@@ -270,9 +264,7 @@ impl Writer {
             let seg_end = end.min(c_start + cs);
             let covers = pos == c_start && (seg_end == c_start + cs || seg_end == disk.size());
             if zero_flag && covers {
-                let mut raw = [0u64];
-                top.read_l2_entries(cluster, &mut raw)?;
-                let old = top.decode_l2(raw[0])?;
+                let old = top_mapping(top, cluster)?;
                 self.set_l2(disk, cluster, L2Mapping::encode_zero())?;
                 self.release(top, old, 0)?;
             } else {
@@ -305,9 +297,7 @@ impl Writer {
             return Ok(());
         }
         for cluster in first..last {
-            let mut raw = [0u64];
-            top.read_l2_entries(cluster, &mut raw)?;
-            let old = top.decode_l2(raw[0])?;
+            let old = top_mapping(top, cluster)?;
             let entry = if has_backing {
                 L2Mapping::encode_zero()
             } else {
@@ -421,6 +411,13 @@ impl Writer {
             .as_mut()
             .ok_or_else(|| DiskError::Invalid("raw images have no allocator".into()))
     }
+}
+
+/// The top layer's current mapping of guest `cluster`.
+fn top_mapping(top: &Layer, cluster: u64) -> Result<L2Mapping> {
+    let mut raw = [0u64];
+    top.read_l2_entries(cluster, &mut raw)?;
+    top.decode_l2(raw[0])
 }
 
 /// Builds a fresh index for the top layer from the chain as it is now.
