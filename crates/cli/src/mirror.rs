@@ -375,13 +375,7 @@ fn run_mirror(args: RunArgs) -> Result<i32> {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         });
-        let handle = server.shutdown_handle();
-        tokio::spawn(async move {
-            wait_for_signal().await;
-            handle.shutdown();
-        });
-        server.run().await?;
-        anyhow::Ok(())
+        crate::serve::run_until_signal(server).await
     });
     runtime.shutdown_timeout(Duration::from_secs(1));
     let closed = mirror.shutdown();

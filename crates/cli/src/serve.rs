@@ -145,13 +145,7 @@ pub fn run(args: ServeArgs) -> Result<i32> {
         out.flush()?;
         drop(out);
 
-        let handle = server.shutdown_handle();
-        tokio::spawn(async move {
-            wait_for_signal().await;
-            handle.shutdown();
-        });
-        server.run().await?;
-        anyhow::Ok(())
+        run_until_signal(server).await
     });
     drop(runtime);
     if let Some(pid_file) = &args.pid_file {
@@ -258,6 +252,19 @@ pub(crate) fn init_logging() {
         .try_init();
 }
 
+/// Serves until SIGTERM or SIGINT, then lets the server finish its
+/// in-flight requests, flush and return.
+pub(crate) async fn run_until_signal(server: Server) -> anyhow::Result<()> {
+    let handle = server.shutdown_handle();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        handle.shutdown();
+    });
+    server.run().await?;
+    Ok(())
+}
+
+/// Waits for SIGTERM or SIGINT.
 pub(crate) async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let term = signal(SignalKind::terminate());

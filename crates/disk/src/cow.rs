@@ -65,7 +65,7 @@ impl Disk {
 
     /// Writes the new cluster at `host`: `data` at `in_cluster`, and around
     /// it what the guest cluster reads as now (from `old`'s owner).
-    fn fill_cluster(
+    pub(crate) fn fill_cluster(
         &self,
         cluster: u64,
         cb: u32,

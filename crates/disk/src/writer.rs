@@ -196,9 +196,15 @@ impl Writer {
     /// freed and the guest cluster keeps its old mapping.
     pub(crate) fn abort_alloc(&mut self, disk: &Disk, cluster: u64, host: u64) -> Result<()> {
         self.in_flight.remove(&cluster);
+        self.free_cluster(disk.top(), host)
+    }
+
+    /// Frees a cluster allocated for a write that failed before anything
+    /// pointed at it.
+    fn free_cluster(&mut self, top: &Layer, host: u64) -> Result<()> {
         let alloc = self.allocator()?;
         let cs = alloc.cs;
-        alloc.set_refcount(disk.top(), host / cs, 0)
+        alloc.set_refcount(top, host / cs, 0)
     }
 
     /// Writes `data` at `in_cluster` inside guest cluster `cluster`.
@@ -219,31 +225,24 @@ impl Writer {
         {
             return top.file.write_all_at(data, host_offset + in_cluster);
         }
-        let whole = in_cluster == 0 && data.len() as u64 == cs;
-        let mut content;
-        let payload: &[u8] = if whole {
-            data
-        } else {
-            // Copy-on-write: the rest of the cluster comes from whoever owns
-            // it now (a lower layer, a compressed cluster, or zeros).
-            content = vec![0u8; cs as usize];
-            let start = cluster * cs;
-            let readable = disk.size().saturating_sub(start).min(cs) as usize;
-            if !matches!(old, L2Mapping::Zero { .. }) {
-                disk.read_at(&mut content[..readable], start)?;
-            }
-            content[in_cluster as usize..in_cluster as usize + data.len()].copy_from_slice(data);
-            &content
-        };
-        let alloc = self.allocator()?;
-        let host = match old {
+        let reused = match old {
             L2Mapping::Zero {
                 prealloc: Some(h),
                 copied: true,
-            } => h,
-            _ => alloc.alloc(top, 1)?,
+            } => Some(h),
+            _ => None,
         };
-        top.file.write_all_at(payload, host)?;
+        let host = match reused {
+            Some(h) => h,
+            None => self.allocator()?.alloc(top, 1)?,
+        };
+        let cb = cs.trailing_zeros();
+        if let Err(e) = disk.fill_cluster(cluster, cb, in_cluster, data, old, host) {
+            if reused.is_none() {
+                self.free_cluster(top, host)?;
+            }
+            return Err(e);
+        }
         let entry = L2Mapping::encode_data(host);
         self.set_l2(disk, cluster, entry)?;
         self.release(top, old, host)?;

@@ -251,26 +251,7 @@ fn thousand_layer_chain_matches_the_model() {
 #[test]
 fn concurrent_writers_sharing_clusters() {
     let dir = tempfile::tempdir().unwrap();
-    let base = dir.path().join("base.qcow2");
-    create(
-        &base,
-        &CreateOptions {
-            size: Some(SIZE),
-            ..CreateOptions::default()
-        },
-    )
-    .unwrap();
-    let d = Disk::open(&base, &OpenOptions::read_write()).unwrap();
-    d.write_at(&vec![0xee; 64 << 10], 0).unwrap();
-    d.close().unwrap();
-    let top = dir.path().join("top.qcow2");
-    let opts = CreateOptions {
-        backing: Some("base.qcow2".into()),
-        backing_format: Some(Format::Qcow2),
-        ..CreateOptions::default()
-    };
-    create(&top, &opts).unwrap();
-    let disk = Disk::open(&top, &OpenOptions::read_write()).unwrap();
+    let (top, disk) = top_over_base(dir.path(), &vec![0xee; 64 << 10]);
     const THREADS: u64 = 8;
     const BLOCK: u64 = 4096;
     let rounds = 3u8;
@@ -323,23 +304,7 @@ fn allocating_writes_race_discards_and_zero_writes() {
 
 fn race_round() {
     let dir = tempfile::tempdir().unwrap();
-    let base = dir.path().join("base.qcow2");
-    let opts = CreateOptions {
-        size: Some(SIZE),
-        ..CreateOptions::default()
-    };
-    create(&base, &opts).unwrap();
-    let d = Disk::open(&base, &OpenOptions::read_write()).unwrap();
-    d.write_at(&vec![0x11; SIZE as usize], 0).unwrap();
-    d.close().unwrap();
-    let top = dir.path().join("top.qcow2");
-    let opts = CreateOptions {
-        backing: Some("base.qcow2".into()),
-        backing_format: Some(Format::Qcow2),
-        ..CreateOptions::default()
-    };
-    create(&top, &opts).unwrap();
-    let disk = Disk::open(&top, &OpenOptions::read_write()).unwrap();
+    let (top, disk) = top_over_base(dir.path(), &vec![0x11; SIZE as usize]);
     const CLUSTER: u64 = 64 << 10;
     let clusters = SIZE / CLUSTER;
     std::thread::scope(|s| {
@@ -380,4 +345,27 @@ fn race_round() {
         d.read_at(&mut buf, c * CLUSTER + 512).unwrap();
         assert!(buf.iter().all(|b| *b == 0xa0 | c as u8), "cluster {c}");
     }
+}
+
+/// A base image holding `base_data` at offset 0, and an empty top layer on
+/// it, opened for writing.
+fn top_over_base(dir: &Path, base_data: &[u8]) -> (PathBuf, Disk) {
+    let base = dir.join("base.qcow2");
+    let opts = CreateOptions {
+        size: Some(SIZE),
+        ..CreateOptions::default()
+    };
+    create(&base, &opts).unwrap();
+    let d = Disk::open(&base, &OpenOptions::read_write()).unwrap();
+    d.write_at(base_data, 0).unwrap();
+    d.close().unwrap();
+    let top = dir.join("top.qcow2");
+    let opts = CreateOptions {
+        backing: Some("base.qcow2".into()),
+        backing_format: Some(Format::Qcow2),
+        ..CreateOptions::default()
+    };
+    create(&top, &opts).unwrap();
+    let disk = Disk::open(&top, &OpenOptions::read_write()).unwrap();
+    (top, disk)
 }
