@@ -17,6 +17,7 @@ pub mod bench;
 pub mod buf;
 pub mod cache;
 pub mod check;
+pub mod compact;
 pub mod compare;
 pub mod convert;
 mod cow;
@@ -31,6 +32,7 @@ mod live;
 pub mod map;
 mod writer;
 
+pub use compact::{merge_layers, set_backing_file, MergeProgress, MergeReport};
 pub use create::{create, CreateOptions};
 pub use device::{BlockDevice, DEFAULT_PARALLEL_REQUESTS};
 pub use disk::{BlockStatus, Disk, OpenOptions};

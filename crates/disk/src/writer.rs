@@ -62,6 +62,13 @@ pub(crate) enum AllocStep {
 impl Writer {
     /// Prepares the top layer for writing.
     pub(crate) fn start(disk: &Disk) -> Result<Writer> {
+        Writer::start_with_owners(disk, None)
+    }
+
+    /// Like [`Writer::start`], but when a new index must be built it takes
+    /// the owner of every unit from `owners` instead of walking the chain
+    /// (a caller that just changed the chain under an open disk knows them).
+    pub(crate) fn start_with_owners(disk: &Disk, owners: Option<&[u16]>) -> Result<Writer> {
         let top = disk.top();
         let Some(header) = top.header() else {
             return Ok(Writer {
@@ -108,13 +115,13 @@ impl Writer {
             in_flight: HashSet::new(),
         };
         if h.version >= 3 {
-            writer.attach_index(disk)?;
+            writer.attach_index(disk, owners)?;
         }
         Ok(writer)
     }
 
     /// Uses the stored index if it is valid, else builds a new one.
-    fn attach_index(&mut self, disk: &Disk) -> Result<()> {
+    fn attach_index(&mut self, disk: &Disk, owners: Option<&[u16]>) -> Result<()> {
         let top = disk.top();
         let fresh_uuid = new_uuid()?;
         if let Some(mut ext) = disk.index.read().clone() {
@@ -132,7 +139,7 @@ impl Writer {
             .alloc
             .as_mut()
             .ok_or_else(|| DiskError::Invalid("raw top".into()))?;
-        let ext = build_index(disk, alloc, fresh_uuid)?;
+        let ext = build_index(disk, alloc, fresh_uuid, owners)?;
         write_index_ext(top, &ext, false)?;
         *disk.index.write() = Some(ext.clone());
         *disk.index_state.write() = IndexState::Stored { depth: ext.depth };
@@ -420,7 +427,12 @@ fn top_mapping(top: &Layer, cluster: u64) -> Result<L2Mapping> {
 }
 
 /// Builds a fresh index for the top layer from the chain as it is now.
-fn build_index(disk: &Disk, alloc: &mut Allocator, uuid: [u8; 16]) -> Result<ChainIndexExt> {
+fn build_index(
+    disk: &Disk,
+    alloc: &mut Allocator,
+    uuid: [u8; 16],
+    known_owners: Option<&[u16]>,
+) -> Result<ChainIndexExt> {
     let top = disk.top();
     let depth = disk.depth();
     let units = disk.units();
@@ -441,7 +453,12 @@ fn build_index(disk: &Disk, alloc: &mut Allocator, uuid: [u8; 16]) -> Result<Cha
     let mut first = 0;
     while first < units {
         let count = (units - first).min(OWNER_CHUNK);
-        let owners = disk.owners(first, count as usize)?;
+        let owners = match known_owners {
+            Some(all) if all.len() as u64 == units => {
+                all[first as usize..(first + count) as usize].to_vec()
+            }
+            _ => disk.owners(first, count as usize)?,
+        };
         let bytes: Vec<u8> = owners.iter().flat_map(|o| o.to_be_bytes()).collect();
         top.file.write_all_at(&bytes, region_offset + first * 2)?;
         first += count;
