@@ -133,5 +133,7 @@ async fn serve(
     let api_result = api_task.await;
     served?;
     api_result.context("API server task failed")??;
+    // Compaction threads hold the service: stop them first.
+    service.stop_compactions();
     Ok(Arc::try_unwrap(service).ok())
 }

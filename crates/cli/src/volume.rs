@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 
 use crate::daemon::DEFAULT_API;
@@ -56,6 +57,23 @@ pub enum VolumeCommand {
     Delete {
         /// Volume name.
         name: String,
+    },
+    /// Merge the layers of a volume's chain that no snapshot or clone names
+    /// (deleted snapshots, grows), online and paced; waits with a progress
+    /// bar unless --no-wait.
+    Compact {
+        /// Volume name.
+        name: String,
+        /// Copy pace, bytes per second, with an optional K/M/G suffix
+        /// (default 64M; at least 1M).
+        #[arg(long)]
+        rate: Option<String>,
+        /// Start the compaction and return at once.
+        #[arg(long, conflicts_with = "status")]
+        no_wait: bool,
+        /// Show the running or last compaction instead of starting one.
+        #[arg(long)]
+        status: bool,
     },
     /// Create volume NEW from SNAPSHOT (VOLUME@SNAPSHOT), sharing its layers.
     Clone {
@@ -115,6 +133,30 @@ pub fn run_volume(client: ClientArgs, command: VolumeCommand) -> Result<i32> {
         VolumeCommand::Delete { name } => {
             api.call("DELETE", &format!("/v1/volumes/{name}"), None)?
         }
+        VolumeCommand::Compact {
+            name,
+            rate,
+            no_wait,
+            status,
+        } => {
+            let path = format!("/v1/volumes/{name}/compact");
+            if status {
+                api.call("GET", &path, None)?
+            } else {
+                let body = match rate {
+                    Some(r) => json!({"rate": parse_size(&r).map_err(anyhow::Error::msg)?}),
+                    None => json!({}),
+                };
+                let started = api.call("POST", &path, Some(body))?;
+                if no_wait {
+                    started
+                } else {
+                    let done = wait_for_compaction(&api, &path, client.output)?;
+                    render(client.output, &done);
+                    return Ok(if done["state"] == "done" { 0 } else { 1 });
+                }
+            }
+        }
         VolumeCommand::Clone { snapshot, new } => {
             let Some((volume, snap)) = snapshot.split_once('@') else {
                 bail!("give the snapshot as VOLUME@SNAPSHOT (got '{snapshot}')");
@@ -150,6 +192,34 @@ pub fn run_snapshot(client: ClientArgs, command: SnapshotCommand) -> Result<i32>
     };
     render(client.output, &value);
     Ok(0)
+}
+
+/// Polls a compaction until it ends, drawing a progress bar on a terminal.
+fn wait_for_compaction(api: &Api, path: &str, output: Output) -> Result<Value> {
+    let bar = if output == Output::Human {
+        ProgressBar::new(1000)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {percent:>3}% {elapsed} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    loop {
+        let status = api.call("GET", path, None)?;
+        let progress = status["progress"].as_f64().unwrap_or(0.0);
+        bar.set_position((progress * 1000.0) as u64);
+        bar.set_message(format!(
+            "{} layers, {} MiB copied",
+            status["layers_now"],
+            status["bytes_copied"].as_u64().unwrap_or(0) >> 20
+        ));
+        if status["state"] != "running" {
+            bar.finish_and_clear();
+            return Ok(status);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 }
 
 /// A blocking client of the daemon's API.

@@ -249,6 +249,13 @@ pub fn set_backing_file(path: &Path, backing: &str) -> Result<()> {
     layer.file.sync()
 }
 
+/// The backing file name stored in the qcow2 image at `path` (`None` for
+/// an image without one), read from its header alone.
+pub fn backing_file(path: &Path) -> Result<Option<String>> {
+    let layer = Layer::open(path, 0, false, Some(Format::Qcow2))?;
+    Ok(layer.header().and_then(|h| h.backing_file))
+}
+
 impl Disk {
     /// Replaces layers `first..=last` (depth counted from 1 at the base) of
     /// this open disk with the layer at `merged`, made by [`merge_layers`]

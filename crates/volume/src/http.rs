@@ -79,6 +79,10 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/volumes/{name}", get(volume_info).delete(delete_volume))
         .route("/v1/volumes/{name}/resize", post(resize_volume))
         .route(
+            "/v1/volumes/{name}/compact",
+            get(compaction_status).post(start_compaction),
+        )
+        .route(
             "/v1/volumes/{name}/snapshots",
             get(list_snapshots).post(create_snapshot),
         )
@@ -176,6 +180,27 @@ async fn resize_volume(
     let req: ResizeVolume = parse(&body)?;
     let report = blocking(s, move |s| s.resize_volume(&name, req.size)).await?;
     Ok((StatusCode::OK, Json(report)))
+}
+
+async fn start_compaction(
+    State(s): State<Arc<Service>>,
+    Path(name): Path<String>,
+    body: Body,
+) -> ApiResult<crate::compact::CompactionStatus> {
+    // An empty body takes the defaults.
+    let opts = match &body {
+        Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Default::default(),
+        _ => parse(&body)?,
+    };
+    let status = s.start_compaction(&name, opts)?;
+    Ok((StatusCode::ACCEPTED, Json(status)))
+}
+
+async fn compaction_status(
+    State(s): State<Arc<Service>>,
+    Path(name): Path<String>,
+) -> ApiResult<crate::compact::CompactionStatus> {
+    Ok((StatusCode::OK, Json(s.compaction_status(&name)?)))
 }
 
 async fn list_snapshots(

@@ -7,6 +7,8 @@
 //!   layer can be switched under I/O;
 //! - [`service`]: the operations, ordered for crash safety, and startup
 //!   reconciliation of the catalog with the files;
+//! - [`compact`]: online chain compaction, merging runs of layers no
+//!   snapshot or clone names;
 //! - [`http`]: the JSON control API; [`metrics`]: Prometheus text.
 //!
 //! Pool layout: `POOL/catalog.redb` and `POOL/layers/<id>.qcow2`, each
@@ -15,7 +17,9 @@
 //! The library never prints and never exits; it logs with `tracing`.
 
 pub mod catalog;
+pub mod compact;
 pub mod error;
+pub mod failpoint;
 pub mod http;
 pub mod metrics;
 pub mod names;

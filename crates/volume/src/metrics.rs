@@ -87,6 +87,72 @@ pub struct VolumeStats {
     last_pause_ns: AtomicU64,
     /// Time I/O was held back by snapshots and resizes.
     pub pauses: Histogram,
+    /// Compaction of this volume.
+    pub compaction: CompactionStats,
+}
+
+/// Compaction counters of one volume.
+#[derive(Debug, Default)]
+pub struct CompactionStats {
+    running: AtomicU64,
+    /// Fraction done of the current run, as `f64` bits.
+    progress_bits: AtomicU64,
+    bytes: AtomicU64,
+    run_bytes: AtomicU64,
+    layers_removed: AtomicU64,
+    /// Time I/O was held back while merged layers were spliced in.
+    pub pauses: Histogram,
+}
+
+impl CompactionStats {
+    /// A compaction started.
+    pub fn start(&self) {
+        self.running.store(1, Ordering::Relaxed);
+        self.set_progress(0.0);
+        self.run_bytes.store(0, Ordering::Relaxed);
+    }
+
+    /// Progress of the run being merged: `fraction` of the disk looked at,
+    /// `copied` bytes written into the merged layer so far.
+    pub fn progress(&self, fraction: f64, copied: u64) {
+        self.set_progress(fraction);
+        self.run_bytes.store(copied, Ordering::Relaxed);
+    }
+
+    /// A run finished copying `bytes`.
+    pub fn add_bytes(&self, bytes: u64) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.run_bytes.store(0, Ordering::Relaxed);
+    }
+
+    /// Records the I/O pause of one splice.
+    pub fn record_pause(&self, pause: Duration) {
+        self.pauses.observe(pause);
+    }
+
+    /// Counts layers removed from the chain.
+    pub fn add_layers_removed(&self, layers: u64) {
+        self.layers_removed.fetch_add(layers, Ordering::Relaxed);
+    }
+
+    /// The compaction ended, `progress` done.
+    pub fn finish(&self, progress: f64) {
+        self.running.store(0, Ordering::Relaxed);
+        self.set_progress(progress);
+    }
+
+    fn set_progress(&self, fraction: f64) {
+        self.progress_bits
+            .store(fraction.clamp(0.0, 1.0).to_bits(), Ordering::Relaxed);
+    }
+
+    fn progress_value(&self) -> f64 {
+        f64::from_bits(self.progress_bits.load(Ordering::Relaxed))
+    }
+
+    fn bytes_total(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed) + self.run_bytes.load(Ordering::Relaxed)
+    }
 }
 
 impl VolumeStats {
@@ -234,6 +300,61 @@ pub fn render(volumes: &[(VolumeGauges, &VolumeStats)]) -> String {
             counter(o, "strata_volume_snapshots_total", &|_, s| {
                 s.snapshots.load(Ordering::Relaxed) as f64
             })
+        },
+    );
+    family(
+        "strata_volume_compaction_running",
+        "gauge",
+        "1 while the volume's chain is being compacted.",
+        &|o| {
+            counter(o, "strata_volume_compaction_running", &|_, s| {
+                s.compaction.running.load(Ordering::Relaxed) as f64
+            })
+        },
+    );
+    family(
+        "strata_volume_compaction_progress_ratio",
+        "gauge",
+        "Fraction done of the current (or last) compaction, 0 to 1.",
+        &|o| {
+            counter(o, "strata_volume_compaction_progress_ratio", &|_, s| {
+                s.compaction.progress_value()
+            })
+        },
+    );
+    family(
+        "strata_volume_compaction_bytes_total",
+        "counter",
+        "Bytes copied into merged layers by compaction.",
+        &|o| {
+            counter(o, "strata_volume_compaction_bytes_total", &|_, s| {
+                s.compaction.bytes_total() as f64
+            })
+        },
+    );
+    family(
+        "strata_volume_compaction_layers_removed_total",
+        "counter",
+        "Layers removed from the chain by compaction.",
+        &|o| {
+            counter(
+                o,
+                "strata_volume_compaction_layers_removed_total",
+                &|_, s| s.compaction.layers_removed.load(Ordering::Relaxed) as f64,
+            )
+        },
+    );
+    family(
+        "strata_volume_compaction_pause_seconds",
+        "histogram",
+        "Time I/O was held back while a merged layer was spliced into the chain.",
+        &|o| {
+            for (g, s) in volumes {
+                let labels = format!("volume=\"{}\"", g.name);
+                s.compaction
+                    .pauses
+                    .render(o, "strata_volume_compaction_pause_seconds", &labels);
+            }
         },
     );
     family(

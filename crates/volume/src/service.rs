@@ -21,6 +21,7 @@ use strata_disk::{create, CreateOptions, Disk, DiskError, OpenOptions};
 use strata_nbd::{Export, ExportSet};
 
 use crate::catalog::{snapshot_key, Catalog, LayerRec, SnapshotRec, State, Txn, VolumeRec};
+use crate::compact::Jobs;
 use crate::error::{Result, VolumeError};
 use crate::metrics;
 use crate::names::{check_name, check_size};
@@ -54,6 +55,9 @@ pub struct VolumeInfo {
     pub created: u64,
     /// I/O pause of the last snapshot or grow since the daemon started, in ms.
     pub last_pause_ms: Option<f64>,
+    /// Layers a compaction would remove now: layers of deleted snapshots
+    /// and of grows that sit in runs of two or more.
+    pub reclaimable_layers: usize,
 }
 
 /// A snapshot as the API shows it.
@@ -136,13 +140,16 @@ pub struct RecoveryReport {
     pub unreachable_removed: Vec<String>,
     /// Problems that need an operator (volumes not served).
     pub problems: Vec<String>,
+    /// Layer files whose backing name was set to the parent the catalog
+    /// records (left by a compaction interrupted after its commit).
+    pub rebased: Vec<String>,
 }
 
 /// A served volume and the lock that serializes changes to it.
 #[derive(Debug)]
-struct Live {
-    volume: Arc<Volume>,
-    changes: Mutex<()>,
+pub(crate) struct Live {
+    pub(crate) volume: Arc<Volume>,
+    pub(crate) changes: Mutex<()>,
 }
 
 #[derive(Debug, Default)]
@@ -156,11 +163,20 @@ struct Registry {
 #[derive(Debug)]
 pub struct Service {
     config: ServiceConfig,
-    catalog: Catalog,
+    pub(crate) catalog: Catalog,
     exports: Arc<ExportSet>,
     registry: Mutex<Registry>,
     problems: Vec<String>,
+    /// Compactions by volume: the running one or the last one.
+    pub(crate) compactions: Jobs,
+    /// Held while volumes are cloned and while a compaction decides which
+    /// volumes read the layers it replaces, so no clone slips in between.
+    pub(crate) topology: Mutex<()>,
 }
+
+/// Bound on the runs one compaction merges (each removes a layer; chains
+/// are at most 65,535 layers).
+pub(crate) const MAX_COMPACTION_RUNS: usize = 1 << 16;
 
 impl Service {
     /// Opens the pool (creating it if needed), reconciles the catalog with
@@ -180,6 +196,7 @@ impl Service {
         let mut report = RecoveryReport::default();
         let dead = catalog.update(Txn::collect_garbage)?;
         report.unreachable_removed = dead;
+        report.rebased = rebase_to_catalog(&layers_dir, &catalog.state())?;
         report.orphans_removed = remove_orphans(&layers_dir, &catalog.state())?;
         let mut service = Service {
             config,
@@ -187,6 +204,8 @@ impl Service {
             exports,
             registry: Mutex::new(Registry::default()),
             problems: Vec::new(),
+            compactions: Jobs::default(),
+            topology: Mutex::new(()),
         };
         let state = service.catalog.state();
         for v in state.volumes.values() {
@@ -206,7 +225,7 @@ impl Service {
     }
 
     /// Path of a layer file.
-    fn layer_path(&self, id: &str) -> PathBuf {
+    pub(crate) fn layer_path(&self, id: &str) -> PathBuf {
         self.config.pool.join("layers").join(layer_file(id))
     }
 
@@ -268,6 +287,16 @@ impl Service {
         Ok(())
     }
 
+    /// The live entry of volume `name`, if it is served.
+    pub(crate) fn live_entry(&self, name: &str) -> Option<Arc<Live>> {
+        self.registry.lock().live.get(name).cloned()
+    }
+
+    /// The served volume `name`, if it is served.
+    pub(crate) fn live_volume(&self, name: &str) -> Option<Arc<Volume>> {
+        self.live_entry(name).map(|l| l.volume.clone())
+    }
+
     /// The live volume `name`, or 404.
     fn live(&self, name: &str) -> Result<Arc<Live>> {
         self.registry
@@ -318,6 +347,7 @@ impl Service {
         let source = self.snapshot_rec(volume, snapshot)?;
         let reservation = self.reserve(new)?;
         let id = new_id()?;
+        let _topology = self.topology.lock();
         let opts = CreateOptions {
             size: Some(source.size),
             backing: Some(layer_file(&source.layer)),
@@ -408,6 +438,10 @@ impl Service {
                 .collect(),
             created: v.created,
             last_pause_ms: live.and_then(|l| l.volume.stats().last_pause()).map(ms),
+            reclaimable_layers: crate::compact::compaction_runs(state, &v.top)
+                .iter()
+                .map(|run| run.len() - 1)
+                .sum(),
         }
     }
 
@@ -449,7 +483,7 @@ impl Service {
     }
 
     /// Removes layer files after the catalog no longer names them.
-    fn unlink_layers(&self, ids: &[String]) {
+    pub(crate) fn unlink_layers(&self, ids: &[String]) {
         for id in ids {
             if let Err(e) = std::fs::remove_file(self.layer_path(id)) {
                 // Harmless: the next startup removes it as an orphan.
@@ -669,6 +703,7 @@ impl Service {
     /// Closes every volume (stores indexes, marks tops clean). Call after
     /// the NBD server has stopped.
     pub fn close(self) -> Result<()> {
+        self.stop_compactions();
         let lives: Vec<Arc<Live>> = self.registry.lock().live.drain().map(|(_, l)| l).collect();
         let mut first_error = None;
         for live in lives {
@@ -699,7 +734,7 @@ impl Drop for NameReservation<'_> {
     }
 }
 
-fn not_found(volume: &str) -> VolumeError {
+pub(crate) fn not_found(volume: &str) -> VolumeError {
     VolumeError::NotFound(format!(
         "no volume named '{volume}'; list volumes with `strata volume list`"
     ))
@@ -711,7 +746,7 @@ pub fn layer_file(id: &str) -> String {
 }
 
 /// A new layer id: 32 random hex digits.
-fn new_id() -> Result<String> {
+pub(crate) fn new_id() -> Result<String> {
     let mut b = [0u8; 16];
     getrandom::fill(&mut b)
         .map_err(|e| VolumeError::Io(format!("no randomness for a layer id: {e}")))?;
@@ -767,4 +802,33 @@ fn remove_orphans(dir: &Path, state: &State) -> Result<Vec<String>> {
     }
     removed.sort();
     Ok(removed)
+}
+
+/// Makes every layer file name the parent the catalog records. A
+/// compaction commits the new parent before it rewrites the file, so after
+/// a crash between the two the file still names a layer that the merged
+/// one replaced (and holds the same bytes as). Returns the files changed.
+fn rebase_to_catalog(dir: &Path, state: &State) -> Result<Vec<String>> {
+    let mut rebased = Vec::new();
+    for layer in state.layers.values() {
+        let Some(parent) = &layer.parent else {
+            continue;
+        };
+        let path = dir.join(layer_file(&layer.id));
+        let want = layer_file(parent);
+        match strata_disk::compact::backing_file(&path) {
+            Ok(Some(name)) if name == want => {}
+            Ok(Some(_)) if dir.join(&want).exists() => {
+                strata_disk::set_backing_file(&path, &want)?;
+                rebased.push(layer_file(&layer.id));
+            }
+            // Missing files and other mismatches are reported when the
+            // volume is opened.
+            _ => {}
+        }
+    }
+    if !rebased.is_empty() {
+        sync_dir(dir);
+    }
+    Ok(rebased)
 }

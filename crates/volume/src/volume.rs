@@ -87,6 +87,25 @@ impl Volume {
         result.map(|()| pause)
     }
 
+    /// Splices a merged layer in place of layers `first..=last` (see
+    /// [`Disk::replace_layers`]) with I/O held back. Returns the pause.
+    pub fn replace_layers(
+        &self,
+        first: u32,
+        last: u32,
+        merged: &Path,
+        expected_last: &Path,
+    ) -> strata_disk::Result<Duration> {
+        self.disk.read().flush()?;
+        let mut disk = self.disk.write();
+        let paused = Instant::now();
+        let result = disk.replace_layers(first, last, merged, expected_last);
+        drop(disk);
+        let pause = paused.elapsed();
+        self.stats.compaction.record_pause(pause);
+        result.map(|()| pause)
+    }
+
     /// Flushes, stores the index and marks the top clean.
     pub fn close(self) -> strata_disk::Result<()> {
         self.disk.into_inner().close()
