@@ -79,6 +79,12 @@ async fn serve(
     };
     let (service, report) = Service::open(config, exports.clone())
         .with_context(|| format!("could not open pool '{}'", args.pool.display()))?;
+    for layer in &report.rebased {
+        eprintln!(
+            "strata: rebased layer file {layer} onto the parent the catalog records \
+             (left by an interrupted compaction)"
+        );
+    }
     for orphan in &report.orphans_removed {
         eprintln!("strata: removed orphan layer file {orphan} (left by an interrupted change)");
     }

@@ -25,9 +25,15 @@ struct Daemon {
 
 impl Daemon {
     fn start(pool: &Path) -> Daemon {
+        Daemon::start_env(pool, &[])
+    }
+
+    /// Starts a daemon with extra environment variables (crash points).
+    fn start_env(pool: &Path, env: &[(&str, &str)]) -> Daemon {
         let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
             .args(["daemon", "--pool", &p(pool), "--listen", "127.0.0.1:0"])
             .args(["--nbd-port", "0"])
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -661,4 +667,351 @@ fn sigkill_at_any_point_loses_no_flushed_write() {
     assert_catalog_matches_files(&d);
     d.stop();
     check_every_layer(&pool);
+}
+
+/// Writes 64 KiB slot `slot` with `pattern` through `io` and records it.
+fn write_slot(io: &mut QemuIo, model: &mut [u8], base: u64, slot: usize, pattern: u8) {
+    io.run(&format!(
+        "write -P {pattern} {} 64K",
+        base + slot as u64 * 65536
+    ));
+    model[slot] = pattern;
+}
+
+/// Checks that every 64 KiB slot of `data` from `base` holds its pattern.
+fn assert_slots(data: &[u8], base: u64, model: &[u8], what: &str) {
+    for (slot, &pattern) in model.iter().enumerate() {
+        let at = (base + slot as u64 * 65536) as usize;
+        let found = data[at..at + 65536].iter().find(|&&b| b != pattern);
+        assert!(
+            found.is_none(),
+            "{what}: slot {slot} should hold {pattern}, found {found:?}"
+        );
+    }
+}
+
+/// Guest content of an exported volume, read by QEMU over NBD.
+fn read_export(d: &Daemon, volume: &str, dir: &Path) -> Vec<u8> {
+    let out = dir.join(format!("{volume}.export.raw"));
+    qemu_img(&[
+        "convert",
+        "-f",
+        "raw",
+        "-O",
+        "raw",
+        &d.uri(volume),
+        &p(&out),
+    ]);
+    let data = std::fs::read(&out).unwrap();
+    std::fs::remove_file(&out).unwrap();
+    data
+}
+
+impl Daemon {
+    /// Takes snapshot `name` of `volume` through the API.
+    fn snapshot(&self, volume: &str, name: &str) {
+        let (status, body) = self.http(
+            "POST",
+            &format!("/v1/volumes/{volume}/snapshots"),
+            &format!("{{\"name\":\"{name}\"}}"),
+        );
+        assert_eq!(status, 201, "snapshot {volume}@{name}: {body}");
+    }
+
+    /// Deletes snapshot `name` of `volume` through the API.
+    fn delete_snapshot(&self, volume: &str, name: &str) {
+        let (status, body) = self.http(
+            "DELETE",
+            &format!("/v1/volumes/{volume}/snapshots/{name}"),
+            "",
+        );
+        assert_eq!(status, 200, "delete {volume}@{name}: {body}");
+    }
+
+    /// Polls a compaction until it is no longer running.
+    fn wait_compaction(&self, volume: &str, limit: Duration) -> Value {
+        let started = Instant::now();
+        loop {
+            let (status, body) = self.http("GET", &format!("/v1/volumes/{volume}/compact"), "");
+            assert_eq!(status, 200, "{body}");
+            let v: Value = serde_json::from_str(&body).unwrap();
+            if v["state"] != "running" {
+                return v;
+            }
+            assert!(started.elapsed() < limit, "compaction still running: {v}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn chain_length(&self, volume: &str) -> u64 {
+        self.cli(&["volume", "info", volume])["chain_length"]
+            .as_u64()
+            .unwrap()
+    }
+}
+
+/// Builds a chain of `layers` layers on `volume`: before each snapshot one
+/// 64 KiB slot of the region at `base` is written. Keeps the snapshots in
+/// `keep`, deletes the rest. Returns the model of the region.
+fn build_history(d: &Daemon, volume: &str, layers: usize, base: u64, keep: &[usize]) -> Vec<u8> {
+    let slots = 256usize;
+    let mut model = vec![0u8; slots];
+    let mut io = QemuIo::open(&d.uri(volume));
+    for k in 1..layers {
+        let slot = (k * 37) % slots;
+        write_slot(&mut io, &mut model, base, slot, (k % 250 + 1) as u8);
+        // The snapshot syncs the layer it freezes: every write so far is
+        // durable once it returns.
+        d.snapshot(volume, &format!("s{k}"));
+    }
+    drop(io);
+    for k in 1..layers {
+        if !keep.contains(&k) {
+            d.delete_snapshot(volume, &format!("s{k}"));
+        }
+    }
+    model
+}
+
+/// Compaction of a 200-layer chain while fio writes and verifies: the data
+/// is identical before and after, the chain is shorter, a clone that shares
+/// the merged layers reads as before, metrics report it, and every layer
+/// passes both checks.
+#[test]
+fn compaction_of_200_layers_under_fio_keeps_data_and_clones() {
+    let dir = tmp();
+    let pool = dir.path().join("pool");
+    let d = Daemon::start(&pool);
+    d.cli(&["volume", "create", "vm", "64M"]);
+    let base = 32 * MIB;
+    let model = build_history(&d, "vm", 200, base, &[100, 150]);
+    d.cli(&["volume", "clone", "vm@s100", "vmclone"]);
+    common::run_ok(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 222 0 1M", &d.uri("vmclone")],
+    );
+    let clone_before = read_export(&d, "vmclone", dir.path());
+    let info = d.cli(&["volume", "info", "vm"]);
+    assert_eq!(info["chain_length"], 200, "{info}");
+    assert!(
+        info["reclaimable_layers"].as_u64().unwrap() >= 190,
+        "{info}"
+    );
+
+    // fio writes and verifies the first 16 MiB for the whole compaction.
+    let uri = d.uri("vm");
+    let fio_dir = dir.path().to_path_buf();
+    let fio = std::thread::spawn(move || {
+        Command::new("fio")
+            .args([
+                "--name=compactverify",
+                "--ioengine=nbd",
+                &format!("--uri={uri}"),
+                "--rw=randwrite",
+                "--bs=4k",
+                "--size=16M",
+                "--iodepth=8",
+                "--time_based=1",
+                "--runtime=8",
+                "--verify=crc32c",
+                "--verify_fatal=1",
+                "--verify_backlog=256",
+                "--verify_state_save=0",
+                "--do_verify=1",
+            ])
+            .current_dir(&fio_dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("spawn fio")
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let started = d.cli(&["volume", "compact", "vm", "--rate", "4M", "--no-wait"]);
+    assert_eq!(started["state"], "running", "{started}");
+    // A second compaction of the same volume is refused while one runs.
+    let (status, body) = d.http("POST", "/v1/volumes/vm/compact", "{}");
+    assert_eq!(status, 409, "{body}");
+    let done = d.wait_compaction("vm", Duration::from_secs(60));
+    let out = fio.join().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "fio failed:\n{text}");
+    assert!(text.contains("err= 0"), "fio reported an error:\n{text}");
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(done["runs_done"], 3, "{done}");
+    assert!(done["layers_removed"].as_u64().unwrap() >= 190, "{done}");
+    // Base run, s100, run, s150, run, top.
+    assert_eq!(d.chain_length("vm"), 6);
+    assert_eq!(d.cli(&["volume", "info", "vm"])["reclaimable_layers"], 0);
+
+    assert_slots(
+        &read_export(&d, "vm", dir.path()),
+        base,
+        &model,
+        "volume after compaction",
+    );
+    assert_eq!(
+        read_export(&d, "vmclone", dir.path()),
+        clone_before,
+        "the clone reads as before"
+    );
+    let metrics = d.http("GET", "/metrics", "").1;
+    assert!(
+        metrics.contains("strata_volume_compaction_progress_ratio{volume=\"vm\"} 1"),
+        "{metrics}"
+    );
+    let removed: u64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("strata_volume_compaction_layers_removed_total{volume=\"vm\"} ")
+        })
+        .and_then(|v| v.parse().ok())
+        .expect("layers removed metric");
+    assert!(removed >= 190, "{removed}");
+    assert!(metrics.contains("strata_volume_errors_total{volume=\"vm\"} 0"));
+    assert_catalog_matches_files(&d);
+    d.stop();
+    check_every_layer(&pool);
+
+    // After a restart the chain is the short one, with the same data.
+    let d = Daemon::start(&pool);
+    assert_eq!(d.chain_length("vm"), 6);
+    assert_slots(
+        &read_export(&d, "vm", dir.path()),
+        base,
+        &model,
+        "after restart",
+    );
+    assert_eq!(read_export(&d, "vmclone", dir.path()), clone_before);
+    d.stop();
+}
+
+/// The daemon killed at every step of a compaction (mid-copy, after the
+/// merge, after the catalog commit, after the splice): after a restart the
+/// volume and its clone read as before, the catalog matches the files,
+/// compaction can run again, and every layer is clean.
+#[test]
+fn sigkill_during_compaction_loses_nothing() {
+    let points = [
+        "mid-copy",
+        "compact-before-commit",
+        "compact-after-commit",
+        "compact-after-splice",
+    ];
+    for point in points {
+        let dir = tmp();
+        let pool = dir.path().join("pool");
+        let env: Vec<(&str, &str)> = if point == "mid-copy" {
+            vec![]
+        } else {
+            vec![("STRATA_FAILPOINT", point)]
+        };
+        let mut d = Daemon::start_env(&pool, &env);
+        d.cli(&["volume", "create", "vm", "16M"]);
+        let model = build_history(&d, "vm", 24, 0, &[12]);
+        d.cli(&["volume", "clone", "vm@s12", "c"]);
+        let clone_before = read_export(&d, "c", dir.path());
+        let (status, body) = d.http("POST", "/v1/volumes/vm/compact", "{\"rate\":1048576}");
+        assert_eq!(status, 202, "{point}: {body}");
+        if point == "mid-copy" {
+            std::thread::sleep(Duration::from_millis(300));
+            d.child.kill().unwrap();
+        }
+        let st = d.child.wait().unwrap();
+        assert!(!st.success(), "{point}: the daemon should have died");
+        drop(d);
+
+        let d = Daemon::start(&pool);
+        assert_catalog_matches_files(&d);
+        assert_slots(&read_export(&d, "vm", dir.path()), 0, &model, point);
+        assert_eq!(
+            read_export(&d, "c", dir.path()),
+            clone_before,
+            "{point}: clone"
+        );
+        // Runs committed before the kill stay merged; the rest merge now.
+        d.cli(&["volume", "compact", "vm"]);
+        assert_eq!(d.chain_length("vm"), 4, "{point}");
+        assert_slots(&read_export(&d, "vm", dir.path()), 0, &model, point);
+        assert_eq!(
+            read_export(&d, "c", dir.path()),
+            clone_before,
+            "{point}: clone"
+        );
+        assert_catalog_matches_files(&d);
+        d.stop();
+        check_every_layer(&pool);
+    }
+}
+
+/// Bad compaction requests get a clear error and change nothing.
+#[test]
+fn bad_compaction_requests_are_refused() {
+    let dir = tmp();
+    let pool = dir.path().join("pool");
+    let d = Daemon::start(&pool);
+    d.cli(&["volume", "create", "vm", "16M"]);
+    let cases = [
+        (
+            "POST",
+            "/v1/volumes/nope/compact",
+            "{}",
+            404,
+            "no volume named 'nope'",
+        ),
+        (
+            "GET",
+            "/v1/volumes/nope/compact",
+            "",
+            404,
+            "no volume named 'nope'",
+        ),
+        (
+            "GET",
+            "/v1/volumes/vm/compact",
+            "",
+            404,
+            "has not been compacted",
+        ),
+        (
+            "POST",
+            "/v1/volumes/vm/compact",
+            "{\"rate\":10}",
+            400,
+            "below the minimum",
+        ),
+        (
+            "POST",
+            "/v1/volumes/vm/compact",
+            "{\"rate\":\"fast\"}",
+            400,
+            "malformed JSON",
+        ),
+        (
+            "POST",
+            "/v1/volumes/vm/compact",
+            "{\"speed\":1}",
+            400,
+            "unknown field",
+        ),
+        ("POST", "/v1/volumes/vm/compact", "[", 400, "malformed JSON"),
+    ];
+    let files = layer_files(&pool);
+    for (method, path, body, want, text) in cases {
+        let (status, reply) = d.http(method, path, body);
+        assert_eq!(status, want, "{method} {path} {body}: {reply}");
+        let v: Value = serde_json::from_str(&reply).expect("JSON error body");
+        assert!(
+            v["error"].as_str().unwrap().contains(text),
+            "{method} {path} {body}: {reply}"
+        );
+    }
+    assert_eq!(layer_files(&pool), files, "nothing changed");
+    let err = d.cli_err(&["volume", "compact", "vm", "--rate", "1k"]);
+    assert!(err.contains("below the minimum"), "{err}");
+    // Nothing to merge: done at once, chain unchanged.
+    let done = d.cli(&["volume", "compact", "vm"]);
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(done["layers_removed"], 0, "{done}");
+    assert_eq!(layer_files(&pool), files, "nothing changed");
+    d.stop();
 }
