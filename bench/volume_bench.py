@@ -11,9 +11,14 @@ Measures, against the same daemon build in the same run:
    the pause (catalog commit included) and the API call's wall time.
 3. 500 volumes in one daemon: create time, daemon RSS, restart time to
    the readiness line with every volume re-exported, RSS after restart.
+4. Compaction: a 1 GiB volume with a 200-layer chain (every snapshot
+   deleted), fio random reads (4 KiB, iodepth 16) without compaction (the
+   anchor) and then while the chain is compacted at --compact-rate:
+   read p99 ratio, the rate the merge achieved, its longest I/O pause.
 
 Usage: bench/run-volume-bench.sh [--quick] [--repeat 3] [--runtime 10]
                                   [--volumes 500] [--snap-volume-gib 50]
+                                  [--compact-rate 64M] [--only compaction]
 Results: bench/out/volume-bench-<timestamp>.{md,json}, markdown on stdout.
 """
 
@@ -71,14 +76,14 @@ class Daemon:
         self.proc.wait(timeout=120)
 
 
-def fio(uri, runtime, workdir, size="1G", rw="randwrite"):
+def fio(uri, runtime, workdir, size="1G", rw="randwrite", extra=()):
     out = subprocess.run(
         ["fio", "--name=bench", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}", "--bs=4k",
          "--iodepth=16", f"--size={size}", "--time_based", f"--runtime={runtime}",
-         "--norandommap", "--randrepeat=0", "--output-format=json"],
+         "--norandommap", "--randrepeat=0", "--output-format=json", *extra],
         cwd=workdir, capture_output=True, text=True, check=True)
     job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
-    w = job["write"]
+    w = job["read" if "read" in rw else "write"]
     return {"iops": w["iops"], "p99_us": w["clat_ns"]["percentile"]["99.000000"] / 1e3,
             "errors": job["error"]}
 
@@ -155,6 +160,74 @@ def bench_big_snapshot(d, args, workdir):
             "busy_pause_ms_max": max(x[0] for x in busy)}
 
 
+def build_chain(d, vol, layers, workdir):
+    """A 1 GiB volume with data everywhere and a chain of `layers` layers,
+    each holding about 1 s of random writes, with every snapshot deleted."""
+    d.call("POST", "/v1/volumes", {"name": vol, "size": 1 << 30})
+    subprocess.run(["fio", "--name=fill", "--ioengine=nbd", f"--uri={d.uri(vol)}",
+                    "--rw=write", "--bs=1m", "--iodepth=4", "--size=1G"],
+                   cwd=workdir, capture_output=True, check=True)
+    load = subprocess.Popen(
+        ["fio", "--name=layers", "--ioengine=nbd", f"--uri={d.uri(vol)}", "--rw=randwrite",
+         "--bs=4k", "--iodepth=4", "--size=1G", "--time_based", "--runtime=3600",
+         "--rate_iops=4000", "--norandommap", "--randrepeat=0"],
+        cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for i in range(1, layers):
+            time.sleep(0.05)
+            d.call("POST", f"/v1/volumes/{vol}/snapshots", {"name": f"l{i}"})
+    finally:
+        load.terminate()
+        load.wait()
+    for i in range(1, layers):
+        d.call("DELETE", f"/v1/volumes/{vol}/snapshots/l{i}")
+    return d.call("GET", f"/v1/volumes/{vol}")
+
+
+def bench_compaction(d, args, workdir):
+    rows = []
+    for rep in range(args.repeat):
+        vol = f"cmp-{rep}"
+        info = build_chain(d, vol, args.layers, workdir)
+        anchor = fio(d.uri(vol), args.runtime, workdir, rw="randread")
+        t0 = time.monotonic()
+        d.call("POST", f"/v1/volumes/{vol}/compact", {"rate": args.compact_rate})
+        during = fio(d.uri(vol), args.runtime, workdir, rw="randread")
+        fio_end = time.monotonic() - t0
+        while True:
+            st = d.call("GET", f"/v1/volumes/{vol}/compact")
+            if st["state"] != "running":
+                break
+            time.sleep(0.2)
+        after = d.call("GET", f"/v1/volumes/{vol}")
+        rows.append({"rep": rep, "layers_before": info["chain_length"],
+                     "layers_after": after["chain_length"], "state": st["state"],
+                     "anchor_p99_us": anchor["p99_us"], "during_p99_us": during["p99_us"],
+                     "anchor_iops": anchor["iops"], "during_iops": during["iops"],
+                     "compact_s": st["elapsed_s"], "bytes_copied": st["bytes_copied"],
+                     "rate_mib_s": st["bytes_copied"] / st["elapsed_s"] / 2**20,
+                     "covered": st["elapsed_s"] >= fio_end, "max_pause_ms": st["max_pause_ms"]})
+        d.call("DELETE", f"/v1/volumes/{vol}")
+    return rows
+
+
+def compaction_md(args, rows):
+    med = lambda k: statistics.median(r[k] for r in rows)
+    return [f"| 1 GiB volume, {rows[0]['layers_before']} layers, compact at "
+            f"{args.compact_rate >> 20} MiB/s | fio randread 4k qd16 p99 µs (median) | IOPS (median) |",
+            "|---|---|---|",
+            f"| no compaction (anchor) | {med('anchor_p99_us'):.0f} | {med('anchor_iops'):.0f} |",
+            f"| during compaction | {med('during_p99_us'):.0f} | {med('during_iops'):.0f} |",
+            f"| ratio | {med('during_p99_us') / med('anchor_p99_us'):.2f} | "
+            f"{med('during_iops') / med('anchor_iops'):.2f} |", "",
+            f"Compaction: {rows[0]['layers_before']} → {rows[0]['layers_after']} layers, "
+            f"{med('bytes_copied') / 2**20:.0f} MiB copied in {med('compact_s'):.1f} s "
+            f"({med('rate_mib_s'):.1f} MiB/s achieved), longest splice pause "
+            f"{max(r['max_pause_ms'] for r in rows):.1f} ms; read run inside the compaction "
+            f"in {sum(r['covered'] for r in rows)} of {len(rows)} repeats; states "
+            f"{', '.join(r['state'] for r in rows)}.", ""]
+
+
 def bench_many(args, base):
     pool = base / "many"
     d = Daemon(pool)
@@ -186,9 +259,17 @@ def main():
     ap.add_argument("--volumes", type=int, default=500)
     ap.add_argument("--snap-volume-gib", type=int, default=50)
     ap.add_argument("--snapshots", type=int, default=10)
+    ap.add_argument("--layers", type=int, default=200)
+    ap.add_argument("--compact-rate", type=str, default="64M",
+                    help="compaction pace, bytes/s with K/M/G suffix")
+    ap.add_argument("--only", choices=["compaction"],
+                    help="run one section only")
     ap.add_argument("--long", action="store_true",
                     help="also compare a snapshot every 30 s (65 s runs) with its anchor")
     args = ap.parse_args()
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    r = args.compact_rate.upper()
+    args.compact_rate = int(r[:-1]) * units[r[-1]] if r[-1] in units else int(r)
     if args.quick:
         args.repeat, args.runtime, args.snapshots = 1, 5, 5
     if not STRATA.exists():
@@ -196,10 +277,22 @@ def main():
     out_dir = ROOT / "bench" / "out"
     out_dir.mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="volume-bench-", dir=out_dir))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
     try:
         d = Daemon(base / "pool")
+        if args.only == "compaction":
+            rows = bench_compaction(d, args, base)
+            d.stop()
+            text = "\n".join([f"### Volume compaction, {time.strftime('%Y-%m-%d %H:%M')} "
+                              f"(repeat {args.repeat}, fio runtime {args.runtime} s)", "",
+                              *compaction_md(args, rows)])
+            (out_dir / f"volume-compaction-{stamp}.md").write_text(text)
+            (out_dir / f"volume-compaction-{stamp}.json").write_text(json.dumps(rows, indent=1))
+            print(text)
+            return
         tp = bench_throughput(d, args, base)
         big = bench_big_snapshot(d, args, base)
+        comp = bench_compaction(d, args, base)
         d.stop()
         many = bench_many(args, base)
     finally:
@@ -234,12 +327,13 @@ def main():
           f"| daemon RSS | {many['rss_mib']:.0f} MiB |",
           f"| restart to readiness, all re-exported | {many['restart_s']:.2f} s |",
           f"| RSS after restart | {many['rss_after_restart_mib']:.0f} MiB |",
-          f"| volumes listed after restart | {many['listed_after_restart']} |"]
+          f"| volumes listed after restart | {many['listed_after_restart']} |", "",
+          *compaction_md(args, comp)]
     text = "\n".join(md) + "\n"
-    stamp = time.strftime("%Y%m%d-%H%M%S")
     (out_dir / f"volume-bench-{stamp}.md").write_text(text)
     (out_dir / f"volume-bench-{stamp}.json").write_text(
-        json.dumps({"throughput": tp, "big_snapshot": big, "many": many}, indent=1))
+        json.dumps({"throughput": tp, "big_snapshot": big, "many": many,
+                    "compaction": comp}, indent=1))
     print(text)
 
 

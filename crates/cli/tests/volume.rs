@@ -1015,3 +1015,111 @@ fn bad_compaction_requests_are_refused() {
     assert_eq!(layer_files(&pool), files, "nothing changed");
     d.stop();
 }
+
+/// The daemon killed at fixed steps of snapshot, clone and delete (crash
+/// points, not timing): after a restart each change is there whole or not
+/// at all, data written before it reads back, the catalog matches the
+/// files, and every layer is clean.
+#[test]
+fn sigkill_at_fixed_steps_of_each_change_is_all_or_nothing() {
+    // (crash point, command, whether the change survives)
+    let cases: [(&str, &[&str], bool); 5] = [
+        (
+            "switch-before-commit",
+            &["snapshot", "create", "vm", "s2"],
+            false,
+        ),
+        (
+            "switch-after-commit",
+            &["snapshot", "create", "vm", "s2"],
+            true,
+        ),
+        (
+            "create-before-commit",
+            &["volume", "clone", "vm@base", "c2"],
+            false,
+        ),
+        (
+            "create-after-commit",
+            &["volume", "clone", "vm@base", "c2"],
+            true,
+        ),
+        ("delete-after-commit", &["volume", "delete", "c"], true),
+    ];
+    for (point, command, survives) in cases {
+        let dir = tmp();
+        let pool = dir.path().join("pool");
+        let d = Daemon::start(&pool);
+        d.cli(&["volume", "create", "vm", "16M"]);
+        common::run_ok(
+            "qemu-io",
+            &["-f", "raw", "-c", "write -P 7 0 1M", &d.uri("vm")],
+        );
+        d.snapshot("vm", "base");
+        d.cli(&["volume", "clone", "vm@base", "c"]);
+        common::run_ok(
+            "qemu-io",
+            &["-f", "raw", "-c", "write -P 9 1M 1M", &d.uri("c")],
+        );
+        d.stop();
+
+        let mut d = Daemon::start_env(&pool, &[("STRATA_FAILPOINT", point)]);
+        let mut all: Vec<&str> = command.to_vec();
+        all.extend(["--api", &d.api]);
+        let out = strata(&all);
+        assert!(
+            !out.status.success(),
+            "{point}: the command should lose its daemon"
+        );
+        let st = d.child.wait().unwrap();
+        assert!(!st.success(), "{point}: the daemon should have died");
+        drop(d);
+
+        let d = Daemon::start(&pool);
+        assert_catalog_matches_files(&d);
+        let volumes: Vec<String> = d
+            .cli(&["volume", "list"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["name"].as_str().unwrap().to_string())
+            .collect();
+        let snapshots = d.cli(&["volume", "info", "vm"])["snapshots"].clone();
+        match command[..2] {
+            ["snapshot", "create"] => {
+                let want = if survives {
+                    vec!["base", "s2"]
+                } else {
+                    vec!["base"]
+                };
+                assert_eq!(snapshots, serde_json::json!(want), "{point}");
+            }
+            ["volume", "clone"] => {
+                assert_eq!(
+                    volumes.contains(&"c2".to_string()),
+                    survives,
+                    "{point}: {volumes:?}"
+                );
+            }
+            _ => assert_eq!(
+                !volumes.contains(&"c".to_string()),
+                survives,
+                "{point}: {volumes:?}"
+            ),
+        }
+        let mut io = QemuIo::open(&d.uri("vm"));
+        io.run("read -P 7 0 1M");
+        drop(io);
+        if volumes.contains(&"c2".to_string()) {
+            let mut io = QemuIo::open(&d.uri("c2"));
+            io.run("read -P 7 0 1M");
+            io.run("read -P 0 1M 1M");
+        }
+        if volumes.contains(&"c".to_string()) {
+            let mut io = QemuIo::open(&d.uri("c"));
+            io.run("read -P 9 1M 1M");
+        }
+        d.stop();
+        check_every_layer(&pool);
+    }
+}

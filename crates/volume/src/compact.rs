@@ -246,6 +246,7 @@ impl Service {
 
     /// The compaction thread: merges runs until none is left.
     fn run_compaction(&self, volume: &str, rate: u64, job: &Job) {
+        lower_thread_priority();
         let outcome = self.compact_runs(volume, rate, job);
         let live = self.live_volume(volume);
         job.update(|s| {
@@ -447,6 +448,30 @@ fn run_child(state: &State, run: &[String]) -> Result<String> {
         _ => Err(VolumeError::Conflict(
             "the chain changed during compaction; try again".into(),
         )),
+    }
+}
+
+/// Niceness of compaction threads: the merge is background work, and on
+/// a busy host the I/O threads should win the CPU it competes for.
+const COMPACTION_NICE: i32 = 10;
+
+/// Lowers the calling thread's CPU priority (Linux nice values are per
+/// thread). Best effort: on failure the merge runs at normal priority.
+fn lower_thread_priority() {
+    // SAFETY: setpriority on our own thread id has no memory-safety
+    // conditions; the id comes from gettid.
+    let rc = unsafe {
+        libc::setpriority(
+            libc::PRIO_PROCESS,
+            libc::gettid() as libc::id_t,
+            COMPACTION_NICE,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(
+            "could not lower the compaction thread's priority: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 

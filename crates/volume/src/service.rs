@@ -23,6 +23,7 @@ use strata_nbd::{Export, ExportSet};
 use crate::catalog::{snapshot_key, Catalog, LayerRec, SnapshotRec, State, Txn, VolumeRec};
 use crate::compact::Jobs;
 use crate::error::{Result, VolumeError};
+use crate::failpoint::failpoint;
 use crate::metrics;
 use crate::names::{check_name, check_size};
 use crate::volume::Volume;
@@ -369,6 +370,7 @@ impl Service {
         let path = self.layer_path(id);
         create(&path, opts)?;
         let size = opts.size.unwrap_or(0);
+        failpoint("create-before-commit");
         let committed = self.catalog.update(|t| {
             if let Some((key, _)) = &origin {
                 // The snapshot may have gone while the file was made.
@@ -395,6 +397,7 @@ impl Service {
             let _ = std::fs::remove_file(&path);
             return Err(e);
         }
+        failpoint("create-after-commit");
         let disk = Disk::open(&path, &self.open_options())?;
         let live = Arc::new(Live {
             volume: Arc::new(Volume::new(&name, disk)),
@@ -474,6 +477,7 @@ impl Service {
                 volume.close()?;
             }
         }
+        failpoint("delete-after-commit");
         self.unlink_layers(&dead);
         Ok(DeleteReport {
             deleted: name.to_string(),
@@ -592,7 +596,9 @@ impl Service {
         let new_size = size.unwrap_or(v.size);
         let mut failed: Option<VolumeError> = None;
         let commit = || {
-            self.catalog
+            failpoint("switch-before-commit");
+            let committed = self
+                .catalog
                 .update(|t| {
                     extra(t)?;
                     t.put_layer(LayerRec {
@@ -610,7 +616,9 @@ impl Service {
                     let msg = e.to_string();
                     failed = Some(e);
                     DiskError::Invalid(msg)
-                })
+                });
+            failpoint("switch-after-commit");
+            committed
         };
         let result = live.volume.push_top(
             &self.layer_path(id),
@@ -669,6 +677,7 @@ impl Service {
             let dead = t.collect_garbage()?;
             Ok((dead.clone(), usize::from(dead.is_empty())))
         })?;
+        failpoint("delete-after-commit");
         self.unlink_layers(&dead);
         Ok(DeleteReport {
             deleted: key,
