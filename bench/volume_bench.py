@@ -260,7 +260,7 @@ def main():
     ap.add_argument("--snap-volume-gib", type=int, default=50)
     ap.add_argument("--snapshots", type=int, default=10)
     ap.add_argument("--layers", type=int, default=200)
-    ap.add_argument("--compact-rate", type=str, default="64M",
+    ap.add_argument("--compact-rate", type=str, default="32M",
                     help="compaction pace, bytes/s with K/M/G suffix")
     ap.add_argument("--only", choices=["compaction"],
                     help="run one section only")

@@ -65,7 +65,7 @@ pub enum VolumeCommand {
         /// Volume name.
         name: String,
         /// Copy pace, bytes per second, with an optional K/M/G suffix
-        /// (default 64M; at least 1M).
+        /// (default 32M; at least 1M).
         #[arg(long)]
         rate: Option<String>,
         /// Start the compaction and return at once.

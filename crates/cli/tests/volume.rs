@@ -222,6 +222,52 @@ impl Drop for QemuIo {
     }
 }
 
+/// fio writing 4 KiB blocks at random over the first 16 MiB of `uri` for
+/// `runtime` seconds, verifying each block it wrote (crc32c) as it goes.
+fn spawn_fio_verify(
+    uri: &str,
+    dir: &Path,
+    runtime: u32,
+) -> std::thread::JoinHandle<std::process::Output> {
+    let args: Vec<String> = [
+        "--name=verify",
+        "--ioengine=nbd",
+        &format!("--uri={uri}"),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--size=16M",
+        "--iodepth=8",
+        "--time_based=1",
+        &format!("--runtime={runtime}"),
+        "--verify=crc32c",
+        "--verify_fatal=1",
+        "--verify_backlog=256",
+        "--verify_state_save=0",
+        "--do_verify=1",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        Command::new("fio")
+            .args(&args)
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("spawn fio")
+    })
+}
+
+/// fio exited 0 with no I/O or verify error.
+fn assert_fio_verified(fio: std::thread::JoinHandle<std::process::Output>) {
+    let out = fio.join().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "fio failed:\n{text}");
+    assert!(text.contains("err= 0"), "fio reported an error:\n{text}");
+}
+
 /// Guest content of a layer file (its chain below included), read by QEMU.
 fn read_layer(pool: &Path, layer: &str, dir: &Path) -> Vec<u8> {
     let out = dir.join(format!("{layer}.raw"));
@@ -466,31 +512,7 @@ fn snapshots_under_fio_hold_exactly_the_acknowledged_writes() {
     let pool = dir.path().join("pool");
     let d = Daemon::start(&pool);
     d.cli(&["volume", "create", "busy", "64M"]);
-    let uri = d.uri("busy");
-    let fio_dir = dir.path().to_path_buf();
-    let fio = std::thread::spawn(move || {
-        Command::new("fio")
-            .args([
-                "--name=snapverify",
-                "--ioengine=nbd",
-                &format!("--uri={uri}"),
-                "--rw=randwrite",
-                "--bs=4k",
-                "--size=16M",
-                "--iodepth=8",
-                "--time_based=1",
-                "--runtime=6",
-                "--verify=crc32c",
-                "--verify_fatal=1",
-                "--verify_backlog=256",
-                "--verify_state_save=0",
-                "--do_verify=1",
-            ])
-            .current_dir(&fio_dir)
-            .stdin(Stdio::null())
-            .output()
-            .expect("spawn fio")
-    });
+    let fio = spawn_fio_verify(&d.uri("busy"), dir.path(), 6);
     // Numbered writes to 32 MiB.. while fio runs: 64 KiB slots, pattern k.
     let base = 32 * MIB;
     let slots = 32u64;
@@ -517,11 +539,7 @@ fn snapshots_under_fio_hold_exactly_the_acknowledged_writes() {
         }
     }
     drop(io);
-    let out = fio.join().unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "fio failed:\n{text}");
-    assert!(text.contains("err= 0"), "fio reported an error:\n{text}");
+    assert_fio_verified(fio);
     assert!(expected.len() >= 3, "only {} snapshots", expected.len());
     for (layer, model) in &expected {
         let data = read_layer(&pool, layer, dir.path());
@@ -799,31 +817,7 @@ fn compaction_of_200_layers_under_fio_keeps_data_and_clones() {
     );
 
     // fio writes and verifies the first 16 MiB for the whole compaction.
-    let uri = d.uri("vm");
-    let fio_dir = dir.path().to_path_buf();
-    let fio = std::thread::spawn(move || {
-        Command::new("fio")
-            .args([
-                "--name=compactverify",
-                "--ioengine=nbd",
-                &format!("--uri={uri}"),
-                "--rw=randwrite",
-                "--bs=4k",
-                "--size=16M",
-                "--iodepth=8",
-                "--time_based=1",
-                "--runtime=8",
-                "--verify=crc32c",
-                "--verify_fatal=1",
-                "--verify_backlog=256",
-                "--verify_state_save=0",
-                "--do_verify=1",
-            ])
-            .current_dir(&fio_dir)
-            .stdin(Stdio::null())
-            .output()
-            .expect("spawn fio")
-    });
+    let fio = spawn_fio_verify(&d.uri("vm"), dir.path(), 8);
     std::thread::sleep(Duration::from_millis(1500));
     let started = d.cli(&["volume", "compact", "vm", "--rate", "4M", "--no-wait"]);
     assert_eq!(started["state"], "running", "{started}");
@@ -831,11 +825,7 @@ fn compaction_of_200_layers_under_fio_keeps_data_and_clones() {
     let (status, body) = d.http("POST", "/v1/volumes/vm/compact", "{}");
     assert_eq!(status, 409, "{body}");
     let done = d.wait_compaction("vm", Duration::from_secs(60));
-    let out = fio.join().unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "fio failed:\n{text}");
-    assert!(text.contains("err= 0"), "fio reported an error:\n{text}");
+    assert_fio_verified(fio);
     assert_eq!(done["state"], "done", "{done}");
     assert_eq!(done["runs_done"], 3, "{done}");
     assert!(done["layers_removed"].as_u64().unwrap() >= 190, "{done}");

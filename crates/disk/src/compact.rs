@@ -28,8 +28,9 @@ use crate::writer::{write_header, Writer};
 /// Units whose owners are looked up at once while merging.
 const OWNER_BATCH: u64 = 1 << 14;
 
-/// Largest read-and-write step of a merge.
-const COPY_BATCH_BYTES: u64 = 1 << 20;
+/// Largest read-and-write step of a merge: short steps keep the copy's
+/// bursts short next to the I/O it runs beside.
+const COPY_BATCH_BYTES: u64 = 256 << 10;
 
 /// Where a merge is, passed to its caller before every copy step.
 #[derive(Debug, Clone, Copy, Default)]
@@ -95,10 +96,7 @@ pub fn merge_layers(
     create(out, &opts)?;
     let result = Disk::open(out, &OpenOptions::read_write())
         .and_then(|merged| copy_run(&run, first, merged, &mut on_step))
-        .and_then(|report| {
-            sync_parent(out);
-            Ok(report)
-        });
+        .inspect(|_| sync_parent(out));
     if result.is_err() {
         let _ = std::fs::remove_file(out);
     }

@@ -4,8 +4,10 @@
 //! and QEMU, and the index is valid again after a clean close.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
+mod common;
+
+use common::{qemu_check_clean, qemu_read};
 use strata_disk::check::{check, Repair};
 use strata_disk::disk::IndexState;
 use strata_disk::{
@@ -122,20 +124,6 @@ fn file_name(p: &Path) -> String {
     p.file_name().unwrap().to_string_lossy().into_owned()
 }
 
-fn qemu_raw(image: &Path) -> Vec<u8> {
-    let out = image.with_extension("raw");
-    let st = Command::new("qemu-img")
-        .args(["convert", "-O", "raw"])
-        .arg(image)
-        .arg(&out)
-        .status()
-        .expect("qemu-img");
-    assert!(st.success(), "qemu-img convert {}", image.display());
-    let data = std::fs::read(&out).unwrap();
-    std::fs::remove_file(&out).ok();
-    data
-}
-
 fn assert_clean(image: &Path) {
     let report = check(image, Repair::None).unwrap();
     assert_eq!(
@@ -145,17 +133,7 @@ fn assert_clean(image: &Path) {
         image.display(),
         report.messages
     );
-    let out = Command::new("qemu-img")
-        .arg("check")
-        .arg(image)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "qemu-img check {}: {}",
-        image.display(),
-        String::from_utf8_lossy(&out.stdout)
-    );
+    qemu_check_clean(image);
 }
 
 #[test]
@@ -183,7 +161,7 @@ fn merging_a_middle_run_keeps_every_byte_and_the_disk_writable() {
     );
     chain.assert_reads_model(&reopened, "reopened");
     assert_eq!(
-        qemu_raw(&top),
+        qemu_read(&top, chain.dir.path()),
         chain.model,
         "QEMU reads the compacted chain"
     );
@@ -212,7 +190,7 @@ fn merging_the_run_below_the_top_rebases_the_writable_top() {
     );
     disk.close().unwrap();
     assert_eq!(
-        qemu_raw(&top),
+        qemu_read(&top, chain.dir.path()),
         chain.model,
         "QEMU follows the new backing name"
     );

@@ -3,8 +3,10 @@
 //! writing to the new top, and QEMU reads and checks every layer.
 
 use std::path::Path;
-use std::process::Command;
 
+mod common;
+
+use common::{qemu_check_clean, qemu_read};
 use strata_disk::{create, CreateOptions, Disk, DiskError, OpenOptions};
 
 const MIB: u64 = 1 << 20;
@@ -17,34 +19,6 @@ fn new_disk(dir: &Path, size: u64) -> Disk {
     };
     create(&base, &opts).expect("create");
     Disk::open(&base, &OpenOptions::read_write()).expect("open")
-}
-
-fn qemu_read(image: &Path, dir: &Path) -> Vec<u8> {
-    let out = dir.join("view.raw");
-    let st = Command::new("qemu-img")
-        .args(["convert", "-O", "raw"])
-        .arg(image)
-        .arg(&out)
-        .status()
-        .expect("qemu-img");
-    assert!(st.success(), "qemu-img convert {}", image.display());
-    let data = std::fs::read(&out).expect("read");
-    std::fs::remove_file(&out).ok();
-    data
-}
-
-fn qemu_check_clean(image: &Path) {
-    let out = Command::new("qemu-img")
-        .arg("check")
-        .arg(image)
-        .output()
-        .expect("qemu-img check");
-    assert!(
-        out.status.success(),
-        "qemu-img check {}: {}",
-        image.display(),
-        String::from_utf8_lossy(&out.stdout)
-    );
 }
 
 #[test]
