@@ -89,6 +89,10 @@ pub struct UpArgs {
     /// out of placement.
     #[arg(long, default_value_t = 3000)]
     short_failure_ms: u64,
+    /// Definitive-failure timer of storage nodes: one silent this long is
+    /// marked dead and its replicas are re-created on other nodes.
+    #[arg(long, default_value_t = 600_000)]
+    definitive_failure_ms: u64,
     /// Replication as N_m,W_m,N_d,W_d (a new cluster only).
     #[arg(long, default_value = "1,1,1,1")]
     replication: String,
@@ -256,6 +260,14 @@ fn up(args: UpArgs) -> Result<i32> {
     cfg.sns = args.sns;
     cfg.mn_slots = args.mn_slots.unwrap_or(args.mns);
     cfg.short_failure_ms = args.short_failure_ms;
+    if args.definitive_failure_ms <= args.short_failure_ms {
+        anyhow::bail!(
+            "--definitive-failure-ms ({}) must be longer than --short-failure-ms ({})",
+            args.definitive_failure_ms,
+            args.short_failure_ms
+        );
+    }
+    cfg.definitive_failure_ms = args.definitive_failure_ms;
     cfg.params = parse_params(&args.replication)?;
     for b in &args.buckets {
         let (name, p) = b

@@ -753,3 +753,116 @@ fn kill_9_of_a_storage_node_then_a_metadata_node_under_load() {
         }
     });
 }
+
+/// Kill -9 a storage node and leave it dead past the definitive-failure
+/// timer: the metadata nodes copy every replica it held to the other
+/// nodes, so each object again has N_d replicas on live nodes, every
+/// metadata replica of it names them, and every object reads back whole.
+#[test]
+fn repair_restores_replicas_after_a_definitive_storage_node_failure() {
+    let dir = tmp();
+    let store = Store::up(
+        &dir.path().join("cluster"),
+        &[
+            "--mn",
+            "3",
+            "--sn",
+            "3",
+            "--replication",
+            "3,2,3,2",
+            "--short-failure-ms",
+            "500",
+            "--definitive-failure-ms",
+            "2500",
+        ],
+    );
+    let mut sn = Node::add(&store, &dir.path().join("sn-extra"), "sn");
+    wait_until("4 storage nodes", || {
+        store.status()["storage_nodes"].as_array().unwrap().len() == 4
+    });
+    // Every metadata node has fetched the table with the new node.
+    std::thread::sleep(Duration::from_millis(1200));
+    let objects = 16usize;
+    let mut expected = Vec::new();
+    for i in 0..objects {
+        let data = pattern((i * 37_001) % 300_000, i as u64 + 11);
+        let src = dir.path().join(format!("obj{i}"));
+        std::fs::write(&src, &data).unwrap();
+        store.ok(&["obj", "put", &p(&src), &format!("rep/{i:02}")]);
+        expected.push(data);
+    }
+    let dead_prefix = store.status()["storage_nodes"][3]["prefix"]
+        .as_str()
+        .unwrap()
+        .trim_end_matches("::/64")
+        .to_string();
+    let on_dead = |stat: &serde_json::Value| {
+        stat["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r.as_str().unwrap().starts_with(&format!("{dead_prefix}:")))
+            .count()
+    };
+    let held: usize = (0..objects)
+        .map(|i| on_dead(&store.json(&["obj", "stat", &format!("rep/{i:02}")])))
+        .sum();
+    assert!(held > 0, "the node to kill holds no replica");
+
+    sn.kill9();
+    wait_until("the killed storage node marked dead", || {
+        store.status()["storage_nodes"][3]["state"] == "dead"
+    });
+    let start = Instant::now();
+    for i in 0..objects {
+        let name = format!("rep/{i:02}");
+        loop {
+            let stat = store.json(&["obj", "stat", &name]);
+            let replicas = stat["replicas"].as_array().unwrap().len();
+            if replicas == 3 && on_dead(&stat) == 0 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{name} not repaired: {stat}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    // Every metadata replica holds the repaired record, and every replica
+    // it names reads back whole.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let on = store.on;
+    rt.block_on(async move {
+        let client = strata_store::client::Client::connect(on).await.unwrap();
+        for (i, data) in expected.iter().enumerate() {
+            let name = format!("rep/{i:02}");
+            let (record, bytes) = client.get_bytes(&name).await.unwrap();
+            assert_eq!(&bytes, data, "{name} reads back");
+            for &meta in &record.meta {
+                let call = strata_store::client::Call::new(
+                    strata_store::node::request_id(),
+                    vec![meta],
+                    Body::Get { name: name.clone() },
+                    5,
+                    500,
+                );
+                match client.run(call).await.unwrap() {
+                    Body::Found { record: copy } => {
+                        assert_eq!(copy.replicas, record.replicas, "{name}: metadata replica");
+                        assert_eq!(copy.version, record.version, "{name}: metadata replica");
+                    }
+                    other => panic!("{name}: {other:?}"),
+                }
+            }
+        }
+    });
+    let files = store.replica_files().len();
+    assert!(
+        files >= objects * 3,
+        "{files} replica files for {objects} objects"
+    );
+}

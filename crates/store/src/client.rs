@@ -328,21 +328,8 @@ impl Client {
     }
 
     async fn connect_sn(&self, addr: Addr) -> Result<TcpStream, Error> {
-        let endpoint = self
-            .table()
-            .sn_for(addr)
-            .map(|s| s.endpoint)
-            .ok_or_else(|| {
-                Error::Invalid(format!(
-                    "replica address {} is in no storage node's prefix",
-                    crate::addr::fmt_addr(addr)
-                ))
-            })?;
-        let s = TcpStream::connect(endpoint)
-            .await
-            .map_err(|e| Error::io(format!("connecting to storage node {endpoint}"), e))?;
-        let _ = s.set_nodelay(true);
-        Ok(s)
+        let table = self.table();
+        connect_replica(&table, addr).await
     }
 
     /// Reads an object into `out` from the first replica that serves it
@@ -542,6 +529,110 @@ impl Client {
 }
 
 /// Runs a metadata call over UDP, resolving addresses through `table`.
+/// Connects to the storage node that owns replica address `addr`.
+async fn connect_replica(table: &Table, addr: Addr) -> Result<TcpStream, Error> {
+    let endpoint = table.sn_for(addr).map(|s| s.endpoint).ok_or_else(|| {
+        Error::Invalid(format!(
+            "replica address {} is in no storage node's prefix",
+            crate::addr::fmt_addr(addr)
+        ))
+    })?;
+    let s = TcpStream::connect(endpoint)
+        .await
+        .map_err(|e| Error::io(format!("connecting to storage node {endpoint}"), e))?;
+    let _ = s.set_nodelay(true);
+    Ok(s)
+}
+
+/// Copies an object for repair: reads it from the first of `sources` that
+/// serves all `size` bytes with the CRC-32C `crc` (and the node's own
+/// checksum verified), streaming it to `targets[0]`, which forwards it to
+/// the other targets. A source that fails its checksum is not committed:
+/// the connection to the target is dropped before the CRC trailer, so the
+/// target discards what it got. Returns the number of copies written.
+pub async fn copy_replica(
+    table: &Table,
+    sources: &[Addr],
+    targets: &[Addr],
+    size: u64,
+    crc: u32,
+) -> Result<u8, Error> {
+    if targets.is_empty() {
+        return Err(Error::Invalid("a copy needs a target".into()));
+    }
+    let limit = Duration::from_millis(30_000 + size / (16 << 20) * 1000);
+    let mut last = None;
+    for &source in sources {
+        match tokio::time::timeout(limit, copy_from(table, source, targets, size, crc)).await {
+            Ok(Ok(copies)) => return Ok(copies),
+            Ok(Err(e)) => last = Some(e),
+            Err(_) => {
+                last = Some(Error::Invalid(format!(
+                    "copying from {} took longer than {limit:?}",
+                    crate::addr::fmt_addr(source)
+                )))
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| Error::Invalid("no live replica to copy from".into())))
+}
+
+async fn copy_from(
+    table: &Table,
+    source: Addr,
+    targets: &[Addr],
+    size: u64,
+    crc: u32,
+) -> Result<u8, Error> {
+    let io = |e| Error::io("copying a replica", e);
+    let mut from = connect_replica(table, source).await?;
+    from.write_all(&Request::Get { addr: source }.encode())
+        .await
+        .map_err(io)?;
+    read_status(&mut from, "reading the replica to copy").await?;
+    let have = from.read_u64().await.map_err(io)?;
+    if have != size {
+        return Err(Error::Corrupt(format!(
+            "replica {} holds {have} bytes; the metadata says {size}",
+            crate::addr::fmt_addr(source)
+        )));
+    }
+    let mut to = connect_replica(table, targets[0]).await?;
+    let header = Request::Put {
+        addr: targets[0],
+        size,
+        chain: targets[1..].to_vec(),
+    };
+    to.write_all(&header.encode()).await.map_err(io)?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut got = 0u32;
+    let mut done = 0u64;
+    while done < size {
+        let want = (size - done).min(CHUNK as u64) as usize;
+        let n = from.read(&mut buf[..want]).await.map_err(io)?;
+        if n == 0 {
+            return Err(Error::Corrupt(format!(
+                "storage node closed the stream after {done} of {size} bytes"
+            )));
+        }
+        got = crc32c::crc32c_append(got, &buf[..n]);
+        to.write_all(&buf[..n]).await.map_err(io)?;
+        done += n as u64;
+    }
+    let verified = from.read_u8().await.map_err(io)? == 0;
+    let _node_crc = from.read_u32().await.map_err(io)?;
+    if !verified || got != crc {
+        return Err(Error::Corrupt(format!(
+            "replica {} failed its checksum (got {got:08x}, want {crc:08x})",
+            crate::addr::fmt_addr(source)
+        )));
+    }
+    to.write_all(&crc.to_be_bytes()).await.map_err(io)?;
+    to.flush().await.map_err(io)?;
+    read_status(&mut to, "storing the copy").await?;
+    to.read_u8().await.map_err(io)
+}
+
 pub async fn run_call(table: &Table, mut call: Call) -> Result<Body, Error> {
     let sock = UdpSocket::bind("0.0.0.0:0")
         .await

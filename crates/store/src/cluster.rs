@@ -38,6 +38,9 @@ pub struct ClusterConfig {
     pub device: Device,
     /// Short-failure timer (ms).
     pub short_failure_ms: u64,
+    /// Definitive-failure timer of storage nodes, in ms: past it their
+    /// replicas are re-created elsewhere.
+    pub definitive_failure_ms: u64,
 }
 
 impl ClusterConfig {
@@ -55,6 +58,7 @@ impl ClusterConfig {
             sn_capacity: 1 << 40,
             device: Device::Ssd,
             short_failure_ms: crate::on::SHORT_FAILURE_MS,
+            definitive_failure_ms: crate::on::DEFINITIVE_FAILURE_MS,
         }
     }
 }
@@ -108,6 +112,7 @@ impl Cluster {
             0,
         )?;
         core.set_short_failure(cfg.short_failure_ms);
+        core.set_definitive_failure(cfg.definitive_failure_ms);
         let sock = UdpSocket::bind(cfg.listen)
             .await
             .map_err(|e| Error::io(format!("binding the orchestrator to {}", cfg.listen), e))?;

@@ -194,6 +194,44 @@ impl MetaDb {
         Ok((out, more))
     }
 
+    /// Up to `limit` records of group `mg` whose names sort after `after`
+    /// (from the group's first when `None`), in name order. Repair walks a
+    /// node's records with it, a batch at a time.
+    pub fn records_after(
+        &self,
+        mg: u32,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Record>, Error> {
+        let tx = self.db.begin_read().map_err(db_err)?;
+        let t = tx.open_table(RECORDS).map_err(db_err)?;
+        let start = match after {
+            Some(name) => {
+                let mut k = key(mg, name);
+                k.push(0);
+                k
+            }
+            None => key(mg, ""),
+        };
+        let end: Vec<u8> = match mg.checked_add(1) {
+            Some(next) => next.to_be_bytes().to_vec(),
+            None => vec![0xff; 5],
+        };
+        let mut out = Vec::new();
+        for row in t.range(start.as_slice()..end.as_slice()).map_err(db_err)? {
+            if out.len() >= limit {
+                break;
+            }
+            let (_, v) = row.map_err(db_err)?;
+            // A row that does not decode was refused when written; skip it
+            // rather than stop repair for every other object.
+            if let Ok(r) = decode_record(v.value()) {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+
     /// Number of records (all groups).
     pub fn count(&self) -> Result<u64, Error> {
         let tx = self.db.begin_read().map_err(db_err)?;
@@ -215,6 +253,28 @@ mod tests {
             meta: vec![],
             replicas: vec![],
         }
+    }
+
+    #[test]
+    fn records_after_walks_one_group_in_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = MetaDb::open(&dir.path().join("m.redb")).unwrap();
+        for name in ["b", "a", "c", "d"] {
+            db.apply_record(7, &rec(name, 1)).unwrap();
+        }
+        db.apply_record(6, &rec("z", 1)).unwrap();
+        db.apply_record(8, &rec("0", 1)).unwrap();
+        let names = |v: Vec<Record>| v.into_iter().map(|r| r.name).collect::<Vec<_>>();
+        assert_eq!(
+            names(db.records_after(7, None, 3).unwrap()),
+            ["a", "b", "c"]
+        );
+        assert_eq!(names(db.records_after(7, Some("c"), 3).unwrap()), ["d"]);
+        assert!(db.records_after(7, Some("d"), 3).unwrap().is_empty());
+        assert_eq!(
+            names(db.records_after(u32::MAX, None, 3).unwrap()),
+            Vec::<String>::new()
+        );
     }
 
     #[test]

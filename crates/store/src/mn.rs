@@ -35,6 +35,13 @@ const COMMIT_TIMEOUT_MS: u64 = 5_000;
 const DATA_BASE_MS: u64 = 30_000;
 /// Replies remembered for duplicate requests.
 const REPLY_CACHE: usize = 8_192;
+/// Records looked at per repair step (one step per tick while a storage
+/// node is dead).
+const REPAIR_BATCH: usize = 32;
+/// Copies under way at once; the scan waits while this many run.
+const MAX_REPAIRS: usize = 32;
+/// Pause between two passes over every record while a node is dead.
+const REPAIR_PASS_MS: u64 = 1_000;
 
 /// What the core asks its runtime to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,6 +52,34 @@ pub enum Out<P> {
     ToMeta(Msg),
     /// Free the replica at this address on its storage node.
     Free(Addr),
+    /// Repair: copy the object from one of `sources` (tried in order) to
+    /// `targets` (the first forwards to the others), then report with
+    /// [`MnCore::copy_done`].
+    Copy {
+        /// Object name.
+        name: String,
+        /// The record version being repaired.
+        version: u64,
+        /// Live replicas to read from.
+        sources: Vec<Addr>,
+        /// New replica addresses to write.
+        targets: Vec<Addr>,
+        /// Object size.
+        size: u64,
+        /// Object CRC-32C, checked on the copy.
+        crc: u32,
+    },
+}
+
+/// A repair copy under way.
+struct Repair {
+    /// Version of the record when the copy started.
+    version: u64,
+    /// Replicas on live nodes, kept.
+    keep: Vec<Addr>,
+    /// New replica addresses being written.
+    targets: Vec<Addr>,
+    deadline: u64,
 }
 
 enum Phase {
@@ -97,6 +132,12 @@ pub struct MnCore<P> {
     next_req: u64,
     next_op: u64,
     nonce: u64,
+    /// Repair copies under way, by name.
+    repairs: BTreeMap<String, Repair>,
+    /// Where the repair scan resumes: a group and the last name looked at.
+    repair_cursor: Option<(u32, Option<String>)>,
+    /// No repair step before this time.
+    next_repair: u64,
 }
 
 impl<P: Clone + Eq + Hash> MnCore<P> {
@@ -114,6 +155,9 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             next_req: splitmix64(nonce) | 1 << 63,
             next_op: 0,
             nonce,
+            repairs: BTreeMap::new(),
+            repair_cursor: None,
+            next_repair: 0,
         }
     }
 
@@ -355,6 +399,29 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     /// with a per-object hash so equal nodes share the load.
     fn place(&mut self, name: &str, version: u64, size: u64) -> Result<Vec<Addr>, Error> {
         let params = self.table.params_for(name);
+        self.place_n(
+            name,
+            version,
+            size,
+            params.n_d as usize,
+            params.w_d as usize,
+            &[],
+        )
+    }
+
+    /// Chooses up to `count` storage nodes (at least `min`) as [`place`]
+    /// does, leaving out the prefixes in `exclude`.
+    ///
+    /// [`place`]: MnCore::place
+    fn place_n(
+        &mut self,
+        name: &str,
+        version: u64,
+        size: u64,
+        count: usize,
+        min: usize,
+        exclude: &[u16],
+    ) -> Result<Vec<Addr>, Error> {
         let want = if size < SMALL_OBJECT {
             Device::Ssd
         } else {
@@ -365,25 +432,25 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             .table
             .sns
             .iter()
-            .filter(|s| s.state == State::Up && s.free >= size)
+            .filter(|s| s.state == State::Up && s.free >= size && !exclude.contains(&s.index))
             .map(|s| {
                 let jitter = splitmix64(seed ^ s.uuid) % 1024 + 1;
                 let score = (s.free >> 20).saturating_add(1).saturating_mul(jitter);
                 ((s.device == want) as u8, score, s.index)
             })
             .collect();
-        if candidates.len() < params.w_d as usize {
+        if candidates.len() < min {
             return Err(remote(
                 Code::Unavailable,
                 format!(
-                    "{} storage nodes are up with {size} bytes free; W_d is {}: add storage nodes or free space",
+                    "{} storage nodes are up with {size} bytes free and {min} are needed: \
+                     add storage nodes or free space",
                     candidates.len(),
-                    params.w_d
                 ),
             ));
         }
         candidates.sort_by_key(|c| std::cmp::Reverse((c.0, c.1)));
-        candidates.truncate(params.n_d as usize);
+        candidates.truncate(count);
         Ok(candidates
             .iter()
             .map(|&(_, _, index)| {
@@ -756,6 +823,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         for req in dropped {
             self.inflight.remove(&req);
         }
+        self.repair_step(now, &mut out);
         let expired: Vec<String> = self
             .pending
             .iter()
@@ -785,6 +853,212 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             }
         }
         out
+    }
+
+    /// One step of repair: expires stuck copies and, while some storage
+    /// node is dead, looks at the next batch of records this node
+    /// coordinates and starts a copy for each that has fewer than N_d
+    /// replicas on live nodes.
+    fn repair_step(&mut self, now: u64, out: &mut Vec<Out<P>>) {
+        let expired: Vec<String> = self
+            .repairs
+            .iter()
+            .filter(|(_, r)| now >= r.deadline)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in expired {
+            if let Some(r) = self.repairs.remove(&name) {
+                out.extend(r.targets.into_iter().map(Out::Free));
+            }
+        }
+        let any_dead = self.table.sns.iter().any(|s| s.state == State::Dead);
+        if !any_dead || now < self.next_repair || self.repairs.len() >= MAX_REPAIRS {
+            return;
+        }
+        let groups = self.owned_groups();
+        let Some(&first_group) = groups.first() else {
+            return;
+        };
+        let (mg, after) = self.repair_cursor.take().unwrap_or((first_group, None));
+        let records = match self.db.records_after(mg, after.as_deref(), REPAIR_BATCH) {
+            Ok(r) => r,
+            Err(_) => {
+                self.next_repair = now + REPAIR_PASS_MS;
+                return;
+            }
+        };
+        let full = records.len() == REPAIR_BATCH;
+        let last = records.last().map(|r| r.name.clone());
+        for record in records {
+            self.repair_record(now, mg, record, out);
+        }
+        self.repair_cursor = match (full, last) {
+            (true, Some(name)) => Some((mg, Some(name))),
+            _ => match groups.iter().find(|&&g| g > mg) {
+                Some(&next) => Some((next, None)),
+                None => {
+                    self.next_repair = now + REPAIR_PASS_MS;
+                    None
+                }
+            },
+        };
+    }
+
+    /// Starts a copy for `record` (read from group `mg`) if this node
+    /// coordinates it and it lacks replicas on live storage nodes.
+    fn repair_record(&mut self, now: u64, mg: u32, record: Record, out: &mut Vec<Out<P>>) {
+        // Each name is stored under all its metadata addresses; only the
+        // coordinator's row starts a repair, so it is done once.
+        let coordinator_row = record
+            .meta
+            .first()
+            .and_then(|&a| self.table.layout.mg_of(a))
+            == Some(mg);
+        if !coordinator_row
+            || self.pending.contains_key(&record.name)
+            || self.repairs.contains_key(&record.name)
+        {
+            return;
+        }
+        let state_of = |a: Addr| self.table.sn_for(a).map(|s| s.state);
+        let live: Vec<Addr> = record
+            .replicas
+            .iter()
+            .copied()
+            .filter(|&a| matches!(state_of(a), Some(State::Up | State::Down)))
+            .collect();
+        let n_d = self.table.params_for(&record.name).n_d as usize;
+        let sources: Vec<Addr> = live
+            .iter()
+            .copied()
+            .filter(|&a| state_of(a) == Some(State::Up))
+            .collect();
+        // Nothing missing, or nothing left to copy from (data lost, or its
+        // holders only briefly down: wait for them).
+        if live.len() >= n_d || sources.is_empty() {
+            return;
+        }
+        let exclude: Vec<u16> = record
+            .replicas
+            .iter()
+            .filter_map(|&a| self.table.layout.sn_of(a))
+            .collect();
+        let count = n_d - live.len();
+        let Ok(targets) = self.place_n(
+            &record.name,
+            record.version + 1,
+            record.size,
+            count,
+            1,
+            &exclude,
+        ) else {
+            return;
+        };
+        self.repairs.insert(
+            record.name.clone(),
+            Repair {
+                version: record.version,
+                keep: live,
+                targets: targets.clone(),
+                deadline: now + DATA_BASE_MS + record.size / (16 << 20) * 1000,
+            },
+        );
+        out.push(Out::Copy {
+            name: record.name,
+            version: record.version,
+            sources,
+            targets,
+            size: record.size,
+            crc: record.crc,
+        });
+    }
+
+    /// The runtime's report on an [`Out::Copy`]: `Ok(copies)` replicas were
+    /// written to the first `targets`, or the copy failed. On success the
+    /// record gets its new replica list under a new version, stored at
+    /// every metadata address (restoring those too); otherwise, or if the
+    /// object changed meanwhile, the new replicas are freed.
+    pub fn copy_done(
+        &mut self,
+        now: u64,
+        name: &str,
+        version: u64,
+        targets: Vec<Addr>,
+        result: Result<u8, String>,
+    ) -> Vec<Out<P>> {
+        let mut out = Vec::new();
+        let ours = self
+            .repairs
+            .get(name)
+            .is_some_and(|r| r.version == version && r.targets == targets);
+        let repair = if ours {
+            self.repairs.remove(name)
+        } else {
+            None
+        };
+        let committed = match (repair, result) {
+            (Some(repair), Ok(copies)) if copies > 0 => {
+                self.commit_repair(now, name, repair, usize::from(copies), &mut out)
+            }
+            _ => Err(Error::Invalid("repair copy failed or superseded".into())),
+        };
+        if committed.is_err() {
+            out.extend(targets.into_iter().map(Out::Free));
+        }
+        out
+    }
+
+    fn commit_repair(
+        &mut self,
+        now: u64,
+        name: &str,
+        repair: Repair,
+        copies: usize,
+        out: &mut Vec<Out<P>>,
+    ) -> Result<(), Error> {
+        if self.pending.contains_key(name) {
+            return Err(Error::Invalid(format!("{name:?} is being changed")));
+        }
+        let meta = self.table.meta_addrs(name);
+        let mg0 = self.owned(meta[0])?;
+        let current = self
+            .db
+            .get(mg0, name)?
+            .filter(|r| r.version == repair.version)
+            .ok_or_else(|| Error::Invalid(format!("{name:?} changed during repair")))?;
+        let written = copies.min(repair.targets.len());
+        let mut record = current;
+        record.replicas = repair.keep;
+        record
+            .replicas
+            .extend_from_slice(&repair.targets[..written]);
+        // A new version: metadata replicas ignore a record whose version
+        // they already hold.
+        record.version = self.db.latest_version(mg0, name)? + 1;
+        record.meta = meta.clone();
+        self.next_op += 1;
+        let op = self.next_op;
+        for (i, &a) in meta.iter().enumerate() {
+            if let Some(mg) = self.owns(a) {
+                self.db.apply_record(mg, &record)?;
+            } else {
+                let msg = Msg::new(
+                    0,
+                    a,
+                    Body::Replicate {
+                        record: record.clone(),
+                    },
+                );
+                self.send_replication(now, name, op, i, msg, out);
+            }
+        }
+        out.extend(repair.targets[written..].iter().map(|&a| Out::Free(a)));
+        Ok(())
+    }
+
+    /// Repair copies under way.
+    pub fn repair_count(&self) -> usize {
+        self.repairs.len()
     }
 
     /// Number of names locked by a Post or Delete in progress.

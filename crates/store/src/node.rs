@@ -279,6 +279,7 @@ async fn mn_loop(
     let now = || start.elapsed().as_millis() as u64;
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
     let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let (copies, mut copied) = tokio::sync::mpsc::unbounded_channel::<CopyReport>();
     loop {
         let outs = tokio::select! {
             r = sock.recv_from(&mut buf) => {
@@ -289,6 +290,9 @@ async fn mn_loop(
                 }
             }
             _ = tick.tick() => core.tick(now()),
+            Some(done) = copied.recv() => {
+                core.copy_done(now(), &done.name, done.version, done.targets, done.result)
+            }
             c = tables.changed() => {
                 if c.is_err() { return; }
                 let t = tables.borrow_and_update().clone();
@@ -297,12 +301,25 @@ async fn mn_loop(
             }
         };
         for out in outs {
-            dispatch(&sock, core.table(), out).await;
+            dispatch(&sock, core.table(), out, &copies).await;
         }
     }
 }
 
-async fn dispatch(sock: &UdpSocket, table: &Table, out: Out<SocketAddr>) {
+/// How a repair copy ended, sent back to the metadata node's loop.
+struct CopyReport {
+    name: String,
+    version: u64,
+    targets: Vec<crate::addr::Addr>,
+    result: Result<u8, String>,
+}
+
+async fn dispatch(
+    sock: &UdpSocket,
+    table: &Table,
+    out: Out<SocketAddr>,
+    copies: &tokio::sync::mpsc::UnboundedSender<CopyReport>,
+) {
     match out {
         Out::Reply(to, msg) => {
             if let Ok(bytes) = msg.encode() {
@@ -324,6 +341,31 @@ async fn dispatch(sock: &UdpSocket, table: &Table, out: Out<SocketAddr>) {
                     let _ = crate::client::free_replica(endpoint, addr).await;
                 });
             }
+        }
+        Out::Copy {
+            name,
+            version,
+            sources,
+            targets,
+            size,
+            crc,
+        } => {
+            let table = table.clone();
+            let report = copies.clone();
+            tokio::spawn(async move {
+                let result = crate::client::copy_replica(&table, &sources, &targets, size, crc)
+                    .await
+                    .map_err(|e| e.to_string());
+                if let Err(e) = &result {
+                    tracing::warn!("repair copy of {name:?} failed: {e}");
+                }
+                let _ = report.send(CopyReport {
+                    name,
+                    version,
+                    targets,
+                    result,
+                });
+            });
         }
     }
 }

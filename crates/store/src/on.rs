@@ -18,6 +18,11 @@ const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("orchestrator")
 /// Default short-failure timer: a node silent this long is marked down.
 pub const SHORT_FAILURE_MS: u64 = 3_000;
 
+/// Default definitive-failure timer: a storage node silent this long is
+/// marked dead and the metadata nodes re-create its replicas elsewhere.
+/// Long enough that a reboot is not mistaken for a lost disk.
+pub const DEFINITIVE_FAILURE_MS: u64 = 600_000;
+
 /// The orchestrator's state.
 pub struct OnCore {
     db: Database,
@@ -25,6 +30,7 @@ pub struct OnCore {
     expected_mns: u16,
     last_seen: HashMap<u64, u64>,
     short_failure_ms: u64,
+    definitive_failure_ms: u64,
 }
 
 fn db_err(e: impl std::fmt::Display) -> Error {
@@ -81,6 +87,7 @@ impl OnCore {
             expected_mns,
             last_seen,
             short_failure_ms: SHORT_FAILURE_MS,
+            definitive_failure_ms: DEFINITIVE_FAILURE_MS,
         };
         on.persist()?;
         Ok(on)
@@ -89,6 +96,11 @@ impl OnCore {
     /// Sets the short-failure timer.
     pub fn set_short_failure(&mut self, ms: u64) {
         self.short_failure_ms = ms;
+    }
+
+    /// Sets the definitive-failure timer of storage nodes.
+    pub fn set_definitive_failure(&mut self, ms: u64) {
+        self.definitive_failure_ms = ms;
     }
 
     /// The current table.
@@ -157,7 +169,7 @@ impl OnCore {
                 if let Some(s) = self.table.sns.iter_mut().find(|s| s.uuid == *uuid) {
                     s.free = *free;
                     s.objects = *objects;
-                    revived = s.state == State::Down;
+                    revived = matches!(s.state, State::Down | State::Dead);
                     if revived {
                         s.state = State::Up;
                     }
@@ -286,22 +298,31 @@ impl OnCore {
         Ok(Body::Done { version: 0 })
     }
 
-    /// Marks nodes silent for longer than the short-failure timer as down.
+    /// Marks nodes silent for longer than the short-failure timer as down,
+    /// and storage nodes silent for longer than the definitive-failure
+    /// timer as dead.
     pub fn tick(&mut self, now: u64) -> Result<(), Error> {
-        let limit = self.short_failure_ms;
-        let silent = |uuid: u64, seen: &HashMap<u64, u64>| {
+        let silent = |uuid: u64, seen: &HashMap<u64, u64>, limit: u64| {
             seen.get(&uuid)
                 .is_none_or(|&t| now.saturating_sub(t) > limit)
         };
+        let (short, definitive) = (self.short_failure_ms, self.definitive_failure_ms);
         let mut changed = false;
         for s in &mut self.table.sns {
-            if s.state == State::Up && silent(s.uuid, &self.last_seen) {
-                s.state = State::Down;
+            let next = match s.state {
+                State::Up | State::Down if silent(s.uuid, &self.last_seen, definitive) => {
+                    State::Dead
+                }
+                State::Up if silent(s.uuid, &self.last_seen, short) => State::Down,
+                other => other,
+            };
+            if next != s.state {
+                s.state = next;
                 changed = true;
             }
         }
         for m in &mut self.table.mns {
-            if m.state == State::Up && silent(m.uuid, &self.last_seen) {
+            if m.state == State::Up && silent(m.uuid, &self.last_seen, short) {
                 m.state = State::Down;
                 changed = true;
             }

@@ -84,6 +84,10 @@ pub enum State {
     Down = 1,
     /// Retired by an operator.
     Retired = 2,
+    /// Silent for longer than the definitive-failure timer: its replicas
+    /// are being re-created elsewhere (a node that comes back is up again,
+    /// but the replicas it held are no longer referenced).
+    Dead = 3,
 }
 
 impl State {
@@ -91,6 +95,7 @@ impl State {
         match v {
             0 => State::Up,
             1 => State::Down,
+            3 => State::Dead,
             _ => State::Retired,
         }
     }
@@ -100,6 +105,7 @@ impl State {
             State::Up => "up",
             State::Down => "down",
             State::Retired => "retired",
+            State::Dead => "dead",
         }
     }
 }

@@ -241,6 +241,9 @@ impl Sim {
                 Out::Free(addr) => {
                     self.freed.insert(addr);
                 }
+                // The simulated cluster never declares a storage node
+                // dead, so the metadata nodes start no repair.
+                Out::Copy { name, .. } => panic!("unexpected repair copy of {name:?}"),
             }
         }
     }
