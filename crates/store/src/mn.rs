@@ -879,29 +879,43 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         let Some(&first_group) = groups.first() else {
             return;
         };
-        let (mg, after) = self.repair_cursor.take().unwrap_or((first_group, None));
-        let records = match self.db.records_after(mg, after.as_deref(), REPAIR_BATCH) {
-            Ok(r) => r,
-            Err(_) => {
+        let (mut mg, mut after) = self
+            .repair_cursor
+            .take()
+            .filter(|(g, _)| groups.contains(g))
+            .unwrap_or((first_group, None));
+        let mut examined = 0;
+        loop {
+            let Ok(records) = self
+                .db
+                .records_after(mg, after.as_deref(), REPAIR_BATCH - examined)
+            else {
                 self.next_repair = now + REPAIR_PASS_MS;
                 return;
+            };
+            for record in records {
+                if self.repairs.len() >= MAX_REPAIRS {
+                    // Resume at this record once copies have finished.
+                    self.repair_cursor = Some((mg, after));
+                    return;
+                }
+                examined += 1;
+                after = Some(record.name.clone());
+                self.repair_record(now, mg, record, out);
             }
-        };
-        let full = records.len() == REPAIR_BATCH;
-        let last = records.last().map(|r| r.name.clone());
-        for record in records {
-            self.repair_record(now, mg, record, out);
-        }
-        self.repair_cursor = match (full, last) {
-            (true, Some(name)) => Some((mg, Some(name))),
-            _ => match groups.iter().find(|&&g| g > mg) {
-                Some(&next) => Some((next, None)),
+            if examined >= REPAIR_BATCH {
+                self.repair_cursor = Some((mg, after));
+                return;
+            }
+            // This group is done: on to the next, or the pass is over.
+            match groups.iter().find(|&&g| g > mg) {
+                Some(&next) => (mg, after) = (next, None),
                 None => {
                     self.next_repair = now + REPAIR_PASS_MS;
-                    None
+                    return;
                 }
-            },
-        };
+            }
+        }
     }
 
     /// Starts a copy for `record` (read from group `mg`) if this node

@@ -14,6 +14,12 @@
 //! - after healing, every name holds exactly its last acknowledged state:
 //!   no acknowledged write is lost;
 //! - no replica of a live acknowledged object was ever freed.
+//!
+//! A variant also declares a storage node dead midway: the metadata nodes
+//! start repair copies (which the simulation completes or fails at
+//! random), and the checks become: a record holds the Post's replicas
+//! less those on the dead node plus repair copies, and after healing every
+//! acknowledged object has N_d replicas, none on the dead node.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -149,6 +155,13 @@ struct Sim {
     acked_ops: u64,
     checked_gets: u64,
     crashes: u64,
+    /// When (ms) storage node 4 is declared dead, if ever.
+    kill_sn_at: Option<u64>,
+    /// Repair copies under way: (done at, MN slot, name, version, targets).
+    copies: Vec<(u64, u16, String, u64, Vec<u128>)>,
+    /// Addresses written by copies reported successful.
+    copied: BTreeSet<u128>,
+    repairs_done: u64,
 }
 
 impl Sim {
@@ -187,6 +200,10 @@ impl Sim {
             acked_ops: 0,
             checked_gets: 0,
             crashes: 0,
+            kill_sn_at: None,
+            copies: Vec::new(),
+            copied: BTreeSet::new(),
+            repairs_done: 0,
         };
         for c in 0..CLIENTS {
             for k in 0..NAMES_PER_CLIENT {
@@ -241,9 +258,16 @@ impl Sim {
                 Out::Free(addr) => {
                     self.freed.insert(addr);
                 }
-                // The simulated cluster never declares a storage node
-                // dead, so the metadata nodes start no repair.
-                Out::Copy { name, .. } => panic!("unexpected repair copy of {name:?}"),
+                Out::Copy {
+                    name,
+                    version,
+                    targets,
+                    ..
+                } => {
+                    assert!(self.kill_sn_at.is_some(), "repair without a dead node");
+                    let at = self.now + 5 + self.rng.below(200);
+                    self.copies.push((at, slot, name, version, targets));
+                }
             }
         }
     }
@@ -383,11 +407,24 @@ impl Sim {
             size_of(token),
             "{name}: torn record {record:?}"
         );
-        assert_eq!(
-            Some(&record.replicas),
-            self.plans.get(&token),
-            "{name}: replicas are not those of the Post that made the record"
-        );
+        let plan = self.plans.get(&token);
+        if self.kill_sn_at.is_none() {
+            assert_eq!(
+                Some(&record.replicas),
+                plan,
+                "{name}: replicas are not those of the Post that made the record"
+            );
+        } else {
+            // Repair may have dropped the dead node's replicas and added
+            // copies; every replica is the Post's or a successful copy's.
+            let plan = plan.expect("a record from a known Post");
+            for r in &record.replicas {
+                assert!(
+                    plan.contains(r) || self.copied.contains(r),
+                    "{name}: replica {r:x} comes from neither the Post nor a repair"
+                );
+            }
+        }
         assert_eq!(record.meta, self.table.meta_addrs(name));
         Obj::Posted(token)
     }
@@ -466,6 +503,10 @@ impl Sim {
                     self.client_send(c, step);
                 }
             }
+            if self.kill_sn_at == Some(self.now) {
+                self.declare_dead(4);
+            }
+            self.finish_copies();
             if self.now.is_multiple_of(20) {
                 for s in 0..MNS {
                     let now = self.now;
@@ -476,6 +517,76 @@ impl Sim {
                 }
                 self.step_crashes(crash_rate);
             }
+        }
+    }
+
+    /// Marks storage node `index` dead in every metadata node's table.
+    fn declare_dead(&mut self, index: u16) {
+        for sn in &mut self.table.sns {
+            if sn.index == index {
+                sn.state = State::Dead;
+            }
+        }
+        for core in self.mns.iter_mut().flatten() {
+            core.set_table(self.table.clone());
+        }
+    }
+
+    /// Reports the repair copies due now, succeeding 4 times out of 5.
+    fn finish_copies(&mut self) {
+        let now = self.now;
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.copies)
+            .into_iter()
+            .partition(|c| c.0 <= now);
+        self.copies = later;
+        for (_, slot, name, version, targets) in due {
+            let result = if self.rng.chance(80) {
+                self.copied.extend(targets.iter().copied());
+                Ok(targets.len() as u8)
+            } else {
+                Err("simulated copy failure".to_string())
+            };
+            // A node that crashed since lost the copy's state; the report
+            // then reaches its new incarnation, which frees the targets.
+            let Some(core) = self.mns[slot as usize].as_mut() else {
+                continue;
+            };
+            let outs = core.copy_done(now, &name, version, targets, result);
+            self.repairs_done += 1;
+            self.outs(slot, outs);
+        }
+    }
+
+    /// After healing, every acknowledged object has N_d replicas and none
+    /// on a dead storage node (repair finished).
+    fn check_repaired(&mut self, n_d: usize) {
+        let dead: Vec<u16> = self
+            .table
+            .sns
+            .iter()
+            .filter(|s| s.state == State::Dead)
+            .map(|s| s.index)
+            .collect();
+        for (name, state) in self.last_acked.clone() {
+            if !matches!(state, Obj::Posted(_)) || self.possible[&name].len() != 1 {
+                continue;
+            }
+            let coord = self.table.meta_addrs(&name)[0];
+            let slot = (self.mn_of(coord).unwrap() - MN_BASE) as usize;
+            let core = self.mns[slot].as_ref().unwrap();
+            let mg = self.table.layout.mg_of(coord).unwrap();
+            let record = core
+                .db()
+                .get(mg, &name)
+                .unwrap()
+                .expect("acknowledged object");
+            let on_dead = record
+                .replicas
+                .iter()
+                .filter(|&&r| dead.contains(&self.table.layout.sn_of(r).unwrap()))
+                .count();
+            assert_eq!(on_dead, 0, "{name}: still on the dead node: {record:?}");
+            assert_eq!(record.replicas.len(), n_d, "{name}: {record:?}");
         }
     }
 
@@ -591,6 +702,29 @@ fn metadata_protocol_with_majority_writes_loses_no_acknowledged_write() {
         assert!(
             acked > 50 && gets > 20 && crashes > 5,
             "seed {seed}: {acked} acked, {gets} gets, {crashes} crashes"
+        );
+    }
+}
+
+#[test]
+fn repair_of_a_dead_storage_node_under_faults_loses_nothing() {
+    let p = Params {
+        n_m: 3,
+        w_m: 2,
+        n_d: 3,
+        w_d: 2,
+    };
+    for seed in seeds(2_000) {
+        let mut sim = Sim::new(seed, p);
+        sim.kill_sn_at = Some(20_000);
+        sim.run(60_000, true, 150);
+        sim.heal_and_check();
+        sim.check_repaired(p.n_d as usize);
+        assert!(
+            sim.repairs_done > 0 && sim.crashes > 5,
+            "seed {seed}: {} repair copies, {} crashes",
+            sim.repairs_done,
+            sim.crashes
         );
     }
 }

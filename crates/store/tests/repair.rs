@@ -1,0 +1,209 @@
+//! Repair in the metadata node's state machine, step by step: a storage
+//! node declared dead makes the coordinator copy what it held, a finished
+//! copy rewrites the record under a new version, and a failed or
+//! superseded copy frees what it wrote. (The socket runtime and the copy
+//! itself are exercised by `crates/cli/tests/store.rs`.)
+
+use strata_store::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+use strata_store::metadb::MetaDb;
+use strata_store::mn::{MnCore, Out};
+use strata_store::table::{Device, MnEntry, Params, SnEntry, State, Table};
+use strata_store::wire::{Body, Msg};
+
+const CLIENT: u32 = 7;
+
+fn table() -> Table {
+    let layout = Layout::new(DEFAULT_CLUSTER_PREFIX, 4);
+    Table {
+        epoch: 1,
+        layout,
+        params: Params {
+            n_m: 1,
+            w_m: 1,
+            n_d: 3,
+            w_d: 2,
+        },
+        buckets: vec![],
+        mns: vec![MnEntry {
+            uuid: 1,
+            slot: 0,
+            endpoint: strata_store::wire::no_endpoint(),
+            state: State::Up,
+        }],
+        mg_owner: vec![0; layout.mg_count()],
+        sns: (1..=4)
+            .map(|index| SnEntry {
+                uuid: 100 + index as u64,
+                index,
+                endpoint: strata_store::wire::no_endpoint(),
+                capacity: 1 << 40,
+                free: 1 << 40,
+                objects: 0,
+                device: Device::Ssd,
+                state: State::Up,
+            })
+            .collect(),
+    }
+}
+
+/// A core with one object posted: its record.
+fn core_with_object(dir: &std::path::Path, name: &str) -> (MnCore<u32>, Table) {
+    let t = table();
+    let db = MetaDb::open(&dir.join("m.redb")).unwrap();
+    let mut core = MnCore::new(db, t.clone(), 0, 42);
+    let coord = t.meta_addrs(name)[0];
+    let begin = Msg::new(
+        1,
+        coord,
+        Body::PostBegin {
+            name: name.into(),
+            size: 1000,
+        },
+    );
+    let version = match &core.handle(0, CLIENT, begin)[..] {
+        [Out::Reply(_, m)] => match &m.body {
+            Body::PostPlan { version, replicas } => {
+                assert_eq!(replicas.len(), 3);
+                *version
+            }
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    };
+    let commit = Msg::new(
+        2,
+        coord,
+        Body::PostCommit {
+            name: name.into(),
+            version,
+            crc: 0xabcd,
+        },
+    );
+    let outs = core.handle(1, CLIENT, commit);
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Out::Reply(_, m) if matches!(m.body, Body::Done { .. }))),
+        "{outs:?}"
+    );
+    (core, t)
+}
+
+fn record(core: &MnCore<u32>, t: &Table, name: &str) -> strata_store::wire::Record {
+    let mg = t.layout.mg_of(t.meta_addrs(name)[0]).unwrap();
+    core.db().get(mg, name).unwrap().unwrap()
+}
+
+/// Marks the storage node holding `replica` dead; returns its index.
+fn kill_holder(core: &mut MnCore<u32>, t: &mut Table, replica: u128) -> u16 {
+    let index = t.layout.sn_of(replica).unwrap();
+    for s in &mut t.sns {
+        if s.index == index {
+            s.state = State::Dead;
+        }
+    }
+    core.set_table(t.clone());
+    index
+}
+
+fn copies(outs: &[Out<u32>]) -> Vec<(u64, Vec<u128>, Vec<u128>, u32)> {
+    outs.iter()
+        .filter_map(|o| match o {
+            Out::Copy {
+                version,
+                sources,
+                targets,
+                crc,
+                ..
+            } => Some((*version, sources.clone(), targets.clone(), *crc)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_dead_node_s_replica_is_copied_and_the_record_rewritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut core, mut t) = core_with_object(dir.path(), "a/obj");
+    let before = record(&core, &t, "a/obj");
+    // Nothing to do while every node is up.
+    assert!(copies(&core.tick(10)).is_empty());
+    let dead = kill_holder(&mut core, &mut t, before.replicas[0]);
+    let outs = core.tick(20);
+    let copy = copies(&outs);
+    assert_eq!(copy.len(), 1, "{outs:?}");
+    let (version, sources, targets, crc) = copy[0].clone();
+    assert_eq!((version, crc), (before.version, 0xabcd));
+    assert_eq!(
+        sources,
+        before.replicas[1..].to_vec(),
+        "copies come from live replicas"
+    );
+    assert_eq!(targets.len(), 1);
+    let target_node = t.layout.sn_of(targets[0]).unwrap();
+    assert!(
+        target_node != dead
+            && !before
+                .replicas
+                .iter()
+                .any(|&r| t.layout.sn_of(r) == Some(target_node)),
+        "the new replica goes to a node the object does not use"
+    );
+    // No second copy while the first runs.
+    assert!(copies(&core.tick(30)).is_empty());
+    let outs = core.copy_done(40, "a/obj", version, targets.clone(), Ok(1));
+    assert!(!outs.iter().any(|o| matches!(o, Out::Free(_))), "{outs:?}");
+    let after = record(&core, &t, "a/obj");
+    assert_eq!(after.version, before.version + 1);
+    assert_eq!(
+        after.replicas,
+        [before.replicas[1], before.replicas[2], targets[0]]
+    );
+    assert_eq!((after.size, after.crc), (before.size, before.crc));
+    assert_eq!(core.repair_count(), 0);
+    // Repaired: later passes leave it alone.
+    assert!(copies(&core.tick(5_000)).is_empty());
+}
+
+#[test]
+fn a_failed_copy_frees_its_target_and_is_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut core, mut t) = core_with_object(dir.path(), "b/obj");
+    let before = record(&core, &t, "b/obj");
+    kill_holder(&mut core, &mut t, before.replicas[2]);
+    let (version, _, targets, _) = copies(&core.tick(10))[0].clone();
+    let outs = core.copy_done(20, "b/obj", version, targets.clone(), Err("refused".into()));
+    assert_eq!(outs, vec![Out::Free(targets[0])]);
+    assert_eq!(
+        record(&core, &t, "b/obj"),
+        before,
+        "the record is unchanged"
+    );
+    // The next pass (a second later) tries again.
+    assert_eq!(copies(&core.tick(1_100)).len(), 1);
+}
+
+#[test]
+fn a_copy_overtaken_by_a_new_post_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut core, mut t) = core_with_object(dir.path(), "c/obj");
+    let before = record(&core, &t, "c/obj");
+    kill_holder(&mut core, &mut t, before.replicas[1]);
+    let (version, _, targets, _) = copies(&core.tick(10))[0].clone();
+    // The client posts a new version while the copy runs.
+    let coord = t.meta_addrs("c/obj")[0];
+    let begin = Msg::new(
+        9,
+        coord,
+        Body::PostBegin {
+            name: "c/obj".into(),
+            size: 10,
+        },
+    );
+    core.handle(15, CLIENT, begin);
+    let outs = core.copy_done(20, "c/obj", version, targets.clone(), Ok(1));
+    assert_eq!(outs, vec![Out::Free(targets[0])], "the copy is freed");
+    assert_eq!(record(&core, &t, "c/obj"), before);
+    // A report for a copy the core does not know frees its targets too.
+    let outs = core.copy_done(30, "c/obj", version, targets.clone(), Ok(1));
+    assert_eq!(outs, vec![Out::Free(targets[0])]);
+}
