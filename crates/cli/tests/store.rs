@@ -754,10 +754,11 @@ fn kill_9_of_a_storage_node_then_a_metadata_node_under_load() {
     });
 }
 
-/// Kill -9 a storage node and leave it dead past the definitive-failure
-/// timer: the metadata nodes copy every replica it held to the other
-/// nodes, so each object again has N_d replicas on live nodes, every
-/// metadata replica of it names them, and every object reads back whole.
+/// Kill -9 a storage node under load (Posts and Gets) and leave it dead
+/// past the definitive-failure timer: no Get fails, the metadata nodes
+/// copy every replica it held to the other nodes, so each object again has
+/// N_d replicas on live nodes, every metadata replica of it names them,
+/// and every object reads back whole.
 #[test]
 fn repair_restores_replicas_after_a_definitive_storage_node_failure() {
     let dir = tmp();
@@ -809,6 +810,13 @@ fn repair_restores_replicas_after_a_definitive_storage_node_failure() {
         .sum();
     assert!(held > 0, "the node to kill holds no replica");
 
+    // Posts and Gets go on through the failure and the repair.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (stop, on) = (stop.clone(), store.on);
+        std::thread::spawn(move || run_load(on, stop))
+    };
+    std::thread::sleep(Duration::from_millis(500));
     sn.kill9();
     wait_until("the killed storage node marked dead", || {
         store.status()["storage_nodes"][3]["state"] == "dead"
@@ -829,6 +837,28 @@ fn repair_restores_replicas_after_a_definitive_storage_node_failure() {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let load = load.join().unwrap();
+    assert!(
+        load.get_failures.is_empty(),
+        "Gets failed during the repair: {:?}",
+        load.get_failures
+    );
+    assert!(load.acked.len() > 5, "the load made no progress");
+    // Objects the load posted before the kill are repaired too.
+    for (name, _) in &load.acked {
+        loop {
+            let stat = store.json(&["obj", "stat", name]);
+            if stat["replicas"].as_array().unwrap().len() == 3 && on_dead(&stat) == 0 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(40),
+                "{name} not repaired: {stat}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
     // Every metadata replica holds the repaired record, and every replica
     // it names reads back whole.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -836,10 +866,19 @@ fn repair_restores_replicas_after_a_definitive_storage_node_failure() {
         .build()
         .unwrap();
     let on = store.on;
+    let mut all: Vec<(String, Vec<u8>)> = expected
+        .into_iter()
+        .enumerate()
+        .map(|(i, data)| (format!("rep/{i:02}"), data))
+        .collect();
+    all.extend(load.acked.iter().map(|(name, i)| {
+        let i = *i;
+        (name.clone(), pattern((i * 7919) % 200_000, i as u64))
+    }));
     rt.block_on(async move {
         let client = strata_store::client::Client::connect(on).await.unwrap();
-        for (i, data) in expected.iter().enumerate() {
-            let name = format!("rep/{i:02}");
+        for (name, data) in &all {
+            let name = name.clone();
             let (record, bytes) = client.get_bytes(&name).await.unwrap();
             assert_eq!(&bytes, data, "{name} reads back");
             for &meta in &record.meta {
