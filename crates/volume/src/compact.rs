@@ -488,3 +488,103 @@ fn sleep_unless_cancelled(wait: Duration, cancel: &AtomicBool) {
         std::thread::sleep((until - now).min(Duration::from_millis(50)));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{SnapshotRec, VolumeRec};
+
+    /// A state with a chain `l1 <- l2 <- ... <- lN` (`lN` the top of `v`).
+    fn chain(n: usize) -> State {
+        let mut s = State::default();
+        for i in 1..=n {
+            s.layers.insert(
+                format!("l{i}"),
+                LayerRec {
+                    id: format!("l{i}"),
+                    parent: (i > 1).then(|| format!("l{}", i - 1)),
+                    size: 1 << 20,
+                },
+            );
+        }
+        s.volumes.insert(
+            "v".into(),
+            VolumeRec {
+                name: "v".into(),
+                size: 1 << 20,
+                top: format!("l{n}"),
+                origin: None,
+                created: 0,
+            },
+        );
+        s
+    }
+
+    fn snapshot(s: &mut State, volume: &str, name: &str, layer: &str) {
+        let rec = SnapshotRec {
+            volume: volume.into(),
+            name: name.into(),
+            layer: layer.into(),
+            size: 1 << 20,
+            created: 0,
+        };
+        s.snapshots.insert(rec.key(), rec);
+    }
+
+    #[test]
+    fn runs_lie_between_named_layers_and_need_two_layers() {
+        let mut s = chain(10);
+        // Named: l3 and l7 (snapshots), l10 (top). Runs: l1-l2, l4-l6, l8-l9.
+        snapshot(&mut s, "v", "a", "l3");
+        snapshot(&mut s, "v", "b", "l7");
+        let runs = compaction_runs(&s, "l10");
+        let want: Vec<Vec<String>> = [vec!["l1", "l2"], vec!["l4", "l5", "l6"], vec!["l8", "l9"]]
+            .iter()
+            .map(|r| r.iter().map(|x| x.to_string()).collect())
+            .collect();
+        assert_eq!(runs, want);
+        // A lone unnamed layer between two named ones is left alone.
+        snapshot(&mut s, "v", "c", "l5");
+        snapshot(&mut s, "v", "d", "l9");
+        let runs = compaction_runs(&s, "l10");
+        assert_eq!(runs, vec![vec!["l1".to_string(), "l2".to_string()]]);
+    }
+
+    #[test]
+    fn a_layer_two_volumes_build_on_is_never_merged() {
+        let mut s = chain(6);
+        // A clone branches off l3 (its snapshot was deleted here to check
+        // that the branching alone protects it).
+        s.layers.insert(
+            "c1".into(),
+            LayerRec {
+                id: "c1".into(),
+                parent: Some("l3".into()),
+                size: 1 << 20,
+            },
+        );
+        s.volumes.insert(
+            "c".into(),
+            VolumeRec {
+                name: "c".into(),
+                size: 1 << 20,
+                top: "c1".into(),
+                origin: None,
+                created: 0,
+            },
+        );
+        let runs = compaction_runs(&s, "l6");
+        assert_eq!(
+            runs,
+            vec![
+                vec!["l1".to_string(), "l2".to_string()],
+                vec!["l4".to_string(), "l5".to_string()]
+            ]
+        );
+        // The clone's chain shares l1-l2, so the same run is found from it.
+        assert_eq!(
+            compaction_runs(&s, "c1"),
+            vec![vec!["l1".to_string(), "l2".to_string()]]
+        );
+    }
+}
