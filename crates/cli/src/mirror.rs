@@ -59,6 +59,33 @@ enum Tool {
         /// The image.
         image: PathBuf,
     },
+    /// Store an image in the object store for mirrors to read as
+    /// store://CLUSTER/NAME (parts, layout and chunk manifest).
+    Publish {
+        /// The store's orchestrator (as printed by `strata store up`).
+        #[arg(
+            long = "cluster",
+            env = "STRATA_CLUSTER",
+            default_value = "127.0.0.1:7480"
+        )]
+        cluster: String,
+        /// Part size: the unit stored and fetched (4k to 64M).
+        #[arg(long = "part-size", default_value = "256k")]
+        part_size: String,
+        /// Chunk size of the manifest (power of two, 4k to 4M).
+        #[arg(long = "chunk-size", default_value = "32k")]
+        chunk_size: String,
+        /// Output format.
+        #[arg(long = "output", value_enum, default_value = "human")]
+        output: Output,
+        /// Show a progress bar.
+        #[arg(short = 'p')]
+        progress: bool,
+        /// The image (raw).
+        image: PathBuf,
+        /// Its name in the store.
+        name: String,
+    },
     /// Show the counters of a mirror (running or stopped) from its directory.
     Stats {
         /// Output format.
@@ -72,8 +99,9 @@ enum Tool {
 /// Arguments of a running mirror.
 #[derive(Args)]
 struct RunArgs {
-    /// The image: an http:// URL (range reads) or a file path. Its manifest
-    /// (IMAGE.digest) must be next to it.
+    /// The image: an http:// URL (range reads), store://CLUSTER/NAME (an
+    /// image stored with `strata mirror publish`) or a file path. Its
+    /// manifest (IMAGE.digest) must be next to it.
     #[arg(long = "repo")]
     repo: Option<String>,
     /// Directory for the mirror file (image.raw) and its chunk-state map.
@@ -156,9 +184,62 @@ pub fn run(cmd: MirrorCmd) -> Result<i32> {
             rate,
             image,
         }) => repo_serve(&image, &bind, port, rate.as_deref()),
+        Some(Tool::Publish {
+            cluster,
+            part_size,
+            chunk_size,
+            output,
+            progress,
+            image,
+            name,
+        }) => publish(
+            &image,
+            &cluster,
+            &name,
+            &part_size,
+            &chunk_size,
+            output,
+            progress,
+        ),
         Some(Tool::Stats { output, dir }) => show_stats(&dir, output),
         None => run_mirror(cmd.run),
     }
+}
+
+fn publish(
+    image: &Path,
+    cluster: &str,
+    name: &str,
+    part_size: &str,
+    chunk_size: &str,
+    output: Output,
+    progress: bool,
+) -> Result<i32> {
+    let part_size = parse_size(part_size).map_err(anyhow::Error::msg)?;
+    let cs = parse_size(chunk_size).map_err(anyhow::Error::msg)?;
+    let cs = digest::check_chunk_size(cs)?;
+    let size = std::fs::metadata(image)
+        .with_context(|| format!("cannot stat '{}'", image.display()))?
+        .len();
+    let spec = format!("{}{cluster}/{name}", strata_mirror::store_repo::SCHEME);
+    let bar = progress_bar(progress, size);
+    let report = strata_mirror::store_repo::publish(image, &spec, part_size, cs, |done| {
+        bar.set_position(done)
+    })?;
+    bar.finish_and_clear();
+    match output {
+        Output::Json => print_json(&serde_json::to_value(&report)?)?,
+        Output::Human => println!(
+            "{}: {} ({}) in {} parts of {}, {} chunks in the manifest",
+            report.repo,
+            image.display(),
+            human(report.size),
+            report.parts,
+            human(report.part_size),
+            report.chunks
+        ),
+    }
+    Ok(0)
 }
 
 fn digest_image(image: &Path, chunk_size: &str, output: Output, progress: bool) -> Result<i32> {

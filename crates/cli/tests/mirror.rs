@@ -681,3 +681,95 @@ fn a_prefetch_that_times_out_falls_back_to_the_repository() {
     );
     assert_eq!(read_all(&b.nbd(), dir.path(), "b.raw"), data);
 }
+
+/// `strata store up` on a free port; returns the process and its address.
+fn store_up(dir: &Path) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["store", "up", "--dir", &p(dir), "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn strata store up");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    // "strata store: ready on 127.0.0.1:PORT (...)"
+    let addr = line
+        .split_whitespace()
+        .nth(4)
+        .unwrap_or_else(|| panic!("no readiness line: {line:?}"))
+        .to_string();
+    (child, addr)
+}
+
+/// An image published to the object store and mirrored from it: three
+/// mirrors find each other through the store (rendezvous objects), read
+/// the image identically through NBD, and the later ones get chunks from
+/// their peers; a missing image or an unreachable store is a clear error.
+#[test]
+fn mirrors_read_an_image_published_in_the_object_store() {
+    let dir = tmp();
+    let img = image(dir.path(), 2 * MIB + 4096);
+    let data = std::fs::read(&img).unwrap();
+    let (mut store, on) = store_up(&dir.path().join("store"));
+    let published: serde_json::Value = serde_json::from_str(&common::strata_ok(&[
+        "mirror",
+        "publish",
+        "--cluster",
+        &on,
+        "--part-size",
+        "64k",
+        "--output",
+        "json",
+        &p(&img),
+        "images/base",
+    ]))
+    .unwrap();
+    assert_eq!(published["parts"], 33, "{published}");
+    let repo = format!("store://{on}/images/base");
+    assert_eq!(published["repo"], repo.as_str());
+    let dirs: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("m{i}"))).collect();
+    let ms: Vec<Proc> = dirs
+        .iter()
+        .map(|d| mirror(&repo, d, &["--rendezvous", "--unmatched", "0"]))
+        .collect();
+    for d in &dirs {
+        wait_until("links through rendezvous in the store", 15, || {
+            n(&stats(d), "links") >= 1
+        });
+    }
+    let len = data.len();
+    assert_eq!(
+        &read_all(&ms[0].nbd(), dir.path(), "0.raw")[..len],
+        &data[..]
+    );
+    wait_until("advertisements", 10, || {
+        dirs[1..].iter().all(|d| n(&stats(d), "links") == 2)
+    });
+    assert_eq!(
+        &read_all(&ms[1].nbd(), dir.path(), "1.raw")[..len],
+        &data[..]
+    );
+    let s = stats(&dirs[1]);
+    assert!(n(&s, "peer_demand") > 0, "no chunk came from a peer: {s}");
+    assert_eq!(n(&s, "corrupt_from_peers"), 0, "{s}");
+    drop(ms);
+
+    // Bad repositories: a name never published, a store nobody runs.
+    let bad = |spec: &str, want: &str| {
+        let d = p(&dir.path().join("bad"));
+        let out = common::strata(&["mirror", "--repo", spec, "--dir", &d, "-p", "0"]);
+        assert!(!out.status.success(), "{spec} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{spec}: {err}");
+    };
+    bad(
+        &format!("store://{on}/images/none"),
+        "no image named 'images/none'",
+    );
+    bad("store://127.0.0.1:1/x", "cannot reach the store");
+    bad("store://localhost/x", "expected store://HOST:PORT/NAME");
+    let _ = store.kill();
+    let _ = store.wait();
+}

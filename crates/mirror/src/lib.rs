@@ -31,6 +31,7 @@ pub mod rate;
 pub mod repo;
 pub mod repo_server;
 pub mod state;
+pub mod store_repo;
 pub mod topology;
 pub mod wire;
 

@@ -46,13 +46,16 @@ pub trait Repository: Send + Sync + std::fmt::Debug {
     fn rendezvous(&self, me: &str) -> Result<Vec<String>>;
 }
 
-/// Opens `spec`: an `http://` URL, or a file path.
+/// Opens `spec`: an `http://` URL, a `store://HOST:PORT/NAME` image in
+/// the object store, or a file path.
 pub fn open(spec: &str) -> Result<Box<dyn Repository>> {
     if spec.starts_with("http://") {
         Ok(Box::new(HttpRepo::new(spec)))
+    } else if spec.starts_with(crate::store_repo::SCHEME) {
+        Ok(Box::new(crate::store_repo::StoreRepo::open(spec)?))
     } else if spec.contains("://") {
         Err(MirrorError::Config(format!(
-            "repository '{spec}': only http:// URLs and file paths are supported"
+            "repository '{spec}': only http://, store:// URLs and file paths are supported"
         )))
     } else {
         let path = PathBuf::from(spec);
