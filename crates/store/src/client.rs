@@ -7,7 +7,9 @@ use crate::node::{fetch_table, request_id};
 use crate::table::Table;
 use crate::wire::{check_name, Body, Code, ListEntry, Msg, Record, MAX_DATAGRAM};
 use crate::Error;
+use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::RwLock;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeek, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
@@ -140,8 +142,20 @@ pub struct PutResult {
 /// A client of one cluster.
 pub struct Client {
     on: SocketAddr,
-    table: RwLock<Table>,
+    table: RwLock<Arc<Table>>,
+    /// Idle UDP sockets for metadata calls: a call takes one and gives it
+    /// back, so a busy client does not bind a socket per request (a late
+    /// reply to an earlier call is told apart by its request id).
+    sockets: std::sync::Mutex<Vec<UdpSocket>>,
+    /// Idle data connections by storage node endpoint, each at a request
+    /// boundary (the storage node serves requests one after another).
+    conns: std::sync::Mutex<HashMap<SocketAddr, Vec<TcpStream>>>,
 }
+
+/// Idle UDP sockets a client keeps.
+const IDLE_SOCKETS: usize = 64;
+/// Idle data connections a client keeps per storage node.
+const IDLE_CONNS_PER_NODE: usize = 32;
 
 const META_TIMEOUT_MS: u64 = 400;
 const META_ATTEMPTS: u32 = 5;
@@ -160,25 +174,67 @@ impl Client {
         })?;
         Ok(Client {
             on,
-            table: RwLock::new(table),
+            table: RwLock::new(Arc::new(table)),
+            sockets: std::sync::Mutex::new(Vec::new()),
+            conns: std::sync::Mutex::new(HashMap::new()),
         })
     }
 
     /// The prefix table in use.
-    pub fn table(&self) -> Table {
+    pub fn table(&self) -> Arc<Table> {
         self.table.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Fetches the table again (after a node joined or moved).
     pub async fn refresh(&self) -> Result<(), Error> {
         let t = fetch_table(self.on).await?;
-        *self.table.write().unwrap_or_else(|e| e.into_inner()) = t;
+        *self.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(t);
         Ok(())
     }
 
-    /// Runs a call over UDP.
+    /// Runs a call over UDP, on an idle socket of this client's.
     pub async fn run(&self, call: Call) -> Result<Body, Error> {
-        run_call(&self.table(), call).await
+        let idle = self.sockets.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let sock = match idle {
+            Some(s) => s,
+            None => bind_udp().await?,
+        };
+        let result = run_call_on(&sock, &self.table(), call).await;
+        let mut idle = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < IDLE_SOCKETS {
+            idle.push(sock);
+        }
+        result
+    }
+
+    /// An idle data connection to the node owning `addr`, or a new one;
+    /// `true` when it was idle (and so may have been closed meanwhile).
+    async fn data_conn(&self, addr: Addr) -> Result<(TcpStream, bool), Error> {
+        let table = self.table();
+        if let Some(endpoint) = table.sn_for(addr).map(|s| s.endpoint) {
+            let idle = self
+                .conns
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(&endpoint)
+                .and_then(Vec::pop);
+            if let Some(s) = idle {
+                return Ok((s, true));
+            }
+        }
+        Ok((connect_replica(&table, addr).await?, false))
+    }
+
+    /// Keeps a data connection that is at a request boundary.
+    fn keep_conn(&self, stream: TcpStream) {
+        let Ok(endpoint) = stream.peer_addr() else {
+            return;
+        };
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let idle = conns.entry(endpoint).or_default();
+        if idle.len() < IDLE_CONNS_PER_NODE {
+            idle.push(stream);
+        }
     }
 
     fn coordinator(&self, name: &str) -> Result<Addr, Error> {
@@ -343,30 +399,76 @@ impl Client {
         let record = self.stat(name).await?;
         let mut last = None;
         for &replica in &record.replicas {
-            out.seek(std::io::SeekFrom::Start(0))
-                .await
-                .map_err(|e| Error::io("rewinding the output", e))?;
-            match self.read_replica(replica, &record, out, progress).await {
-                Ok(()) => return Ok(record),
-                Err(e) => last = Some(e),
+            // An idle connection the node closed meanwhile fails before any
+            // byte of the object arrives: try that replica again afresh.
+            for _ in 0..2 {
+                out.seek(std::io::SeekFrom::Start(0))
+                    .await
+                    .map_err(|e| Error::io("rewinding the output", e))?;
+                let (stream, reused) = match self.data_conn(replica).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // That node is unreachable: the next replica.
+                        last = Some(e);
+                        break;
+                    }
+                };
+                match self
+                    .read_replica(stream, replica, &record, out, progress)
+                    .await
+                {
+                    Ok(stream) => {
+                        self.keep_conn(stream);
+                        return Ok(record);
+                    }
+                    Err((e, started)) => {
+                        let stale = reused && !started;
+                        last = Some(e);
+                        if !stale {
+                            break;
+                        }
+                    }
+                }
             }
         }
         Err(last.unwrap_or_else(|| Error::Corrupt(format!("{name:?} has no replica"))))
     }
 
+    /// Reads one replica over `s`; gives the stream back at a request
+    /// boundary, or the error and whether the node had started answering.
     async fn read_replica<W: AsyncWrite + Unpin>(
         &self,
+        mut s: TcpStream,
+        replica: Addr,
+        record: &Record,
+        out: &mut W,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<TcpStream, (Error, bool)> {
+        let io = |e| Error::io("reading object data", e);
+        let before = |e| (e, false);
+        s.write_all(&Request::Get { addr: replica }.encode())
+            .await
+            .map_err(io)
+            .map_err(before)?;
+        read_status(&mut s, "reading the replica")
+            .await
+            .map_err(before)?;
+        self.stream_replica(&mut s, replica, record, out, progress)
+            .await
+            .map_err(|e| (e, true))?;
+        Ok(s)
+    }
+
+    /// The body of a Get reply: size, data, trailer.
+    async fn stream_replica<W: AsyncWrite + Unpin>(
+        &self,
+        s: &mut TcpStream,
         replica: Addr,
         record: &Record,
         out: &mut W,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<(), Error> {
-        let mut s = self.connect_sn(replica).await?;
         let io = |e| Error::io("reading object data", e);
-        s.write_all(&Request::Get { addr: replica }.encode())
-            .await
-            .map_err(io)?;
-        read_status(&mut s, "reading the replica").await?;
         let size = s.read_u64().await.map_err(io)?;
         if size != record.size {
             return Err(Error::Corrupt(format!(
@@ -633,10 +735,19 @@ async fn copy_from(
     to.read_u8().await.map_err(io)
 }
 
-pub async fn run_call(table: &Table, mut call: Call) -> Result<Body, Error> {
-    let sock = UdpSocket::bind("0.0.0.0:0")
+pub async fn run_call(table: &Table, call: Call) -> Result<Body, Error> {
+    let sock = bind_udp().await?;
+    run_call_on(&sock, table, call).await
+}
+
+async fn bind_udp() -> Result<UdpSocket, Error> {
+    UdpSocket::bind("0.0.0.0:0")
         .await
-        .map_err(|e| Error::io("binding a UDP socket", e))?;
+        .map_err(|e| Error::io("binding a UDP socket", e))
+}
+
+/// Runs `call` on `sock`, ignoring replies to other calls.
+async fn run_call_on(sock: &UdpSocket, table: &Table, mut call: Call) -> Result<Body, Error> {
     let start = tokio::time::Instant::now();
     let now = || start.elapsed().as_millis() as u64;
     let mut step = call.start(now());
