@@ -399,58 +399,114 @@ async fn sync_dir(dir: &Path) {
     }
 }
 
-/// Streams a replica, verifying its checksum as it goes.
+/// Replicas up to this size are read whole in one blocking call: a Get of
+/// a small object then costs one hand-off to the blocking pool instead of
+/// one per file operation.
+const SMALL_REPLICA: u64 = 1 << 20;
+
+/// What opening a replica file found.
+enum Opened {
+    Missing,
+    Damaged,
+    /// A small replica read whole (shorter than `size` if it was cut short
+    /// under us).
+    Small {
+        size: u64,
+        stored_crc: u32,
+        data: Vec<u8>,
+    },
+    /// A large replica, positioned after its header.
+    Large {
+        size: u64,
+        stored_crc: u32,
+        file: std::fs::File,
+    },
+}
+
+/// Opens a replica file and checks its header (blocking).
+fn open_replica(path: &Path) -> Opened {
+    use std::io::Read;
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return Opened::Missing;
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut header = [0u8; FILE_HEADER];
+    let header_ok = file.read_exact(&mut header).is_ok() && header[..4] == FILE_MAGIC;
+    let size = u64::from_be_bytes(header[8..16].try_into().unwrap_or([0; 8]));
+    let stored_crc = u32::from_be_bytes(header[16..20].try_into().unwrap_or([0; 4]));
+    if !header_ok || len != size.saturating_add(FILE_HEADER as u64) {
+        return Opened::Damaged;
+    }
+    if size > SMALL_REPLICA {
+        return Opened::Large {
+            size,
+            stored_crc,
+            file,
+        };
+    }
+    // Bounded by SMALL_REPLICA, checked above.
+    let mut data = Vec::with_capacity(size as usize);
+    let _ = file.take(size).read_to_end(&mut data);
+    Opened::Small {
+        size,
+        stored_crc,
+        data,
+    }
+}
+
+/// Sends a replica, verifying its checksum as it goes.
 async fn get<W: tokio::io::AsyncWrite + Unpin>(
     w: &mut W,
     store: &SnStore,
     addr: Addr,
 ) -> Result<(), Error> {
     let path = store.path(addr);
-    let mut file = match File::open(&path).await {
-        Ok(f) => f,
-        Err(_) => {
+    let opened = tokio::task::spawn_blocking(move || open_replica(&path))
+        .await
+        .map_err(|e| Error::Invalid(format!("reading a replica: {e}")))?;
+    let io = |e| Error::io("sending a replica", e);
+    let (size, stored_crc, crc, sent) = match opened {
+        Opened::Missing => {
             return reply_err(w, &format!("no replica at {}", fmt_addr(addr))).await;
         }
-    };
-    let len = file
-        .metadata()
-        .await
-        .map_err(|e| Error::io("reading a replica", e))?
-        .len();
-    let mut header = [0u8; FILE_HEADER];
-    let header_ok = file.read_exact(&mut header).await.is_ok() && header[..4] == FILE_MAGIC;
-    let size = u64::from_be_bytes(header[8..16].try_into().unwrap_or([0; 8]));
-    let stored_crc = u32::from_be_bytes(header[16..20].try_into().unwrap_or([0; 4]));
-    if !header_ok || len != size + FILE_HEADER as u64 {
-        return reply_err(
-            w,
-            &format!(
-                "replica {} is damaged (bad header or length); it must be repaired from another copy",
-                fmt_addr(addr)
-            ),
-        )
-        .await;
-    }
-    let io = |e| Error::io("sending a replica", e);
-    w.write_all(&[0]).await.map_err(io)?;
-    w.write_all(&size.to_be_bytes()).await.map_err(io)?;
-    let mut buf = vec![0u8; CHUNK];
-    let mut left = size;
-    let mut crc = 0u32;
-    while left > 0 {
-        let want = left.min(CHUNK as u64) as usize;
-        let n = file.read(&mut buf[..want]).await.map_err(io)?;
-        if n == 0 {
-            break; // truncated under us: the trailer reports it
+        Opened::Damaged => {
+            return reply_err(
+                w,
+                &format!(
+                    "replica {} is damaged (bad header or length); it must be repaired from another copy",
+                    fmt_addr(addr)
+                ),
+            )
+            .await;
         }
-        crc = crc32c::crc32c_append(crc, &buf[..n]);
-        w.write_all(&buf[..n]).await.map_err(io)?;
-        left -= n as u64;
-    }
-    let truncated = left > 0;
+        Opened::Small {
+            size,
+            stored_crc,
+            data,
+        } => {
+            w.write_all(&[0]).await.map_err(io)?;
+            w.write_all(&size.to_be_bytes()).await.map_err(io)?;
+            w.write_all(&data).await.map_err(io)?;
+            let crc = crc32c::crc32c(&data);
+            (size, stored_crc, crc, data.len() as u64)
+        }
+        Opened::Large {
+            size,
+            stored_crc,
+            file,
+        } => {
+            w.write_all(&[0]).await.map_err(io)?;
+            w.write_all(&size.to_be_bytes()).await.map_err(io)?;
+            let mut file = File::from_std(file);
+            let (crc, sent) = stream_body(w, &mut file, size).await?;
+            (size, stored_crc, crc, sent)
+        }
+    };
+    let truncated = sent < size;
     if truncated {
         // Keep the framing: pad, and let the trailer say it is bad.
         let zeros = vec![0u8; CHUNK];
+        let mut left = size - sent;
         while left > 0 {
             let n = left.min(CHUNK as u64) as usize;
             w.write_all(&zeros[..n]).await.map_err(io)?;
@@ -467,4 +523,28 @@ async fn get<W: tokio::io::AsyncWrite + Unpin>(
         tracing::warn!("replica {} failed its checksum", fmt_addr(addr));
     }
     Ok(())
+}
+
+/// Streams up to `size` bytes of `file`; returns their CRC-32C and how
+/// many there were (fewer if the file was cut short under us).
+async fn stream_body<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    file: &mut File,
+    size: u64,
+) -> Result<(u32, u64), Error> {
+    let io = |e| Error::io("sending a replica", e);
+    let mut buf = vec![0u8; CHUNK];
+    let mut sent = 0u64;
+    let mut crc = 0u32;
+    while sent < size {
+        let want = (size - sent).min(CHUNK as u64) as usize;
+        let n = file.read(&mut buf[..want]).await.map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        w.write_all(&buf[..n]).await.map_err(io)?;
+        sent += n as u64;
+    }
+    Ok((crc, sent))
 }
