@@ -10,7 +10,8 @@ For each replication (1: N_m=W_m=N_d=W_d=1; 3: N_m=3 W_m=2 N_d=3 W_d=2) it
 starts `strata store up` (3 metadata and 3 storage nodes in one process,
 mapped mode on loopback) in a fresh directory, and for every object size
 and client count runs `strata store bench` (the load generator): Posts,
-then Gets of the same objects. CPU% is the store process's utime+stime
+then Gets of the same objects (each read several times over when that is
+needed for a run of about 6,000 reads; nginx gets the same reads). CPU% is the store process's utime+stime
 over the run (100% = one core); CPU efficiency = ops/s x replication /
 CPU%. nginx (installed from Debian with apt-get when missing) serves the
 same objects as files from a temporary root (2 workers, sendfile,
@@ -66,10 +67,10 @@ def start_store(strata, workdir, replication, mns=3, sns=3):
     return p, addr
 
 
-def bench(strata, cluster, workload, threads, ops, size, pids, http=None):
+def bench(strata, cluster, workload, threads, ops, size, pids, http=None, passes=1):
     args = [strata, "store", "bench", "--cluster", cluster, "--workload", workload,
             "--threads", str(threads), "--ops", str(ops), "--size", str(size),
-            "--output", "json"]
+            "--passes", str(passes), "--output", "json"]
     if http:
         args += ["--http", http]
     hz = os.sysconf("SC_CLK_TCK")
@@ -140,6 +141,16 @@ def ops_for(size, threads, quick):
     return max(4, min(total // threads, budget // per))
 
 
+def read_passes(size, threads, ops, quick):
+    """Reads of each object per Get or nginx run: small objects are cheap to
+    read and slow to Post, so a run reads them several times to last long
+    enough to measure (about 6,000 reads, at most 200 MB)."""
+    target = 2000 if quick else 6000
+    by_count = target // (threads * ops)
+    by_bytes = (200 * 1000 * 1000) // max(size * threads * ops, 1)
+    return max(1, min(50, by_count, by_bytes))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--strata", default=os.path.join(ROOT, "target", "release", "strata"))
@@ -173,10 +184,12 @@ def main():
                             runs = {"post": [], "get": [], "nginx": []}
                             for _ in range(repeat):
                                 runs["post"].append(bench(a.strata, cluster, "post", t, n, s, [store.pid]))
-                                runs["get"].append(bench(a.strata, cluster, "get", t, n, s, [store.pid]))
+                                k = read_passes(s, t, n, a.quick)
+                                runs["get"].append(bench(a.strata, cluster, "get", t, n, s, [store.pid],
+                                                         passes=k))
                                 if rep == reps[0]:
                                     runs["nginx"].append(bench(a.strata, cluster, "http", t, n, s, ng_pids,
-                                                               http=f"127.0.0.1:{port}"))
+                                                               http=f"127.0.0.1:{port}", passes=k))
                             for kind, rs in runs.items():
                                 if not rs:
                                     continue

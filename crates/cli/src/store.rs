@@ -61,6 +61,10 @@ pub struct BenchArgs {
     /// Operations per client.
     #[arg(long, default_value_t = 100)]
     ops: usize,
+    /// For get and http: read each client's objects this many times (runs
+    /// long enough to measure when Posts are slow to make objects).
+    #[arg(long, default_value_t = 1)]
+    passes: usize,
     /// Object size (e.g. 2600, 306k, 2.3M).
     #[arg(long, default_value = "2600")]
     size: String,
@@ -312,6 +316,7 @@ fn bench(args: BenchArgs) -> Result<i32> {
     let cfg = BenchConfig {
         threads: args.threads.max(1),
         ops: args.ops.max(1),
+        passes: args.passes.max(1),
         size,
         workload,
     };

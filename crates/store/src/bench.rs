@@ -28,6 +28,9 @@ pub struct BenchConfig {
     pub threads: usize,
     /// Operations per client.
     pub ops: usize,
+    /// Reads of each object per client (Get and HTTP workloads; Posts
+    /// always make `ops` objects once).
+    pub passes: usize,
     /// Object size in bytes.
     pub size: u64,
     /// What to do.
@@ -90,10 +93,14 @@ pub async fn run(client: Arc<Client>, cfg: BenchConfig) -> Result<BenchResult, E
 }
 
 async fn worker(client: &Client, data: &[u8], cfg: &BenchConfig, t: usize) -> (Vec<Duration>, u64) {
-    let mut lat = Vec::with_capacity(cfg.ops);
+    let passes = match cfg.workload {
+        Workload::Post => 1,
+        _ => cfg.passes.max(1),
+    };
+    let mut lat = Vec::with_capacity(cfg.ops * passes);
     let mut errors = 0;
     let mut http: Option<BufReader<TcpStream>> = None;
-    for i in 0..cfg.ops {
+    for i in (0..passes).flat_map(|_| 0..cfg.ops) {
         let name = object_name(cfg.size, t, i);
         let t0 = Instant::now();
         let ok = match &cfg.workload {

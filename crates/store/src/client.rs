@@ -468,42 +468,7 @@ impl Client {
         out: &mut W,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<(), Error> {
-        let io = |e| Error::io("reading object data", e);
-        let size = s.read_u64().await.map_err(io)?;
-        if size != record.size {
-            return Err(Error::Corrupt(format!(
-                "replica {} holds {size} bytes; the metadata says {}",
-                crate::addr::fmt_addr(replica),
-                record.size
-            )));
-        }
-        let mut buf = vec![0u8; CHUNK];
-        let mut crc = 0u32;
-        let mut done = 0u64;
-        while done < size {
-            let want = (size - done).min(CHUNK as u64) as usize;
-            let n = s.read(&mut buf[..want]).await.map_err(io)?;
-            if n == 0 {
-                return Err(Error::Corrupt(format!(
-                    "storage node closed the stream after {done} of {size} bytes"
-                )));
-            }
-            crc = crc32c::crc32c_append(crc, &buf[..n]);
-            out.write_all(&buf[..n])
-                .await
-                .map_err(|e| Error::io("writing the output", e))?;
-            done += n as u64;
-            progress(done);
-        }
-        let verified = s.read_u8().await.map_err(io)? == 0;
-        let _node_crc = s.read_u32().await.map_err(io)?;
-        if !verified || crc != record.crc {
-            return Err(Error::Corrupt(format!(
-                "replica {} failed its checksum (got {crc:08x}, want {:08x})",
-                crate::addr::fmt_addr(replica),
-                record.crc
-            )));
-        }
+        read_get_body(s, replica, record.size, record.crc, out, progress).await?;
         out.flush()
             .await
             .map_err(|e| Error::io("writing the output", e))
@@ -692,13 +657,6 @@ async fn copy_from(
         .await
         .map_err(io)?;
     read_status(&mut from, "reading the replica to copy").await?;
-    let have = from.read_u64().await.map_err(io)?;
-    if have != size {
-        return Err(Error::Corrupt(format!(
-            "replica {} holds {have} bytes; the metadata says {size}",
-            crate::addr::fmt_addr(source)
-        )));
-    }
     let mut to = connect_replica(table, targets[0]).await?;
     let header = Request::Put {
         addr: targets[0],
@@ -706,33 +664,62 @@ async fn copy_from(
         chain: targets[1..].to_vec(),
     };
     to.write_all(&header.encode()).await.map_err(io)?;
-    let mut buf = vec![0u8; CHUNK];
+    // On any error `to` is dropped before the CRC trailer: the target
+    // discards what it received.
+    read_get_body(&mut from, source, size, crc, &mut to, &|_| {}).await?;
+    to.write_all(&crc.to_be_bytes()).await.map_err(io)?;
+    to.flush().await.map_err(io)?;
+    read_status(&mut to, "storing the copy").await?;
+    to.read_u8().await.map_err(io)
+}
+
+/// Reads the body of a storage node's Get reply (after its status): the
+/// size, which must be `size`, the data, streamed to `out`, and the
+/// trailer. The node must have verified its own checksum and the data
+/// must match the CRC-32C `crc` the metadata records.
+async fn read_get_body<W: AsyncWrite + Unpin>(
+    s: &mut TcpStream,
+    replica: Addr,
+    size: u64,
+    crc: u32,
+    out: &mut W,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<(), Error> {
+    let io = |e| Error::io("reading object data", e);
+    let have = s.read_u64().await.map_err(io)?;
+    if have != size {
+        return Err(Error::Corrupt(format!(
+            "replica {} holds {have} bytes; the metadata says {size}",
+            crate::addr::fmt_addr(replica)
+        )));
+    }
+    let mut buf = vec![0u8; CHUNK.min(size as usize)];
     let mut got = 0u32;
     let mut done = 0u64;
     while done < size {
         let want = (size - done).min(CHUNK as u64) as usize;
-        let n = from.read(&mut buf[..want]).await.map_err(io)?;
+        let n = s.read(&mut buf[..want]).await.map_err(io)?;
         if n == 0 {
             return Err(Error::Corrupt(format!(
                 "storage node closed the stream after {done} of {size} bytes"
             )));
         }
         got = crc32c::crc32c_append(got, &buf[..n]);
-        to.write_all(&buf[..n]).await.map_err(io)?;
+        out.write_all(&buf[..n])
+            .await
+            .map_err(|e| Error::io("writing the output", e))?;
         done += n as u64;
+        progress(done);
     }
-    let verified = from.read_u8().await.map_err(io)? == 0;
-    let _node_crc = from.read_u32().await.map_err(io)?;
+    let verified = s.read_u8().await.map_err(io)? == 0;
+    let _node_crc = s.read_u32().await.map_err(io)?;
     if !verified || got != crc {
         return Err(Error::Corrupt(format!(
             "replica {} failed its checksum (got {got:08x}, want {crc:08x})",
-            crate::addr::fmt_addr(source)
+            crate::addr::fmt_addr(replica)
         )));
     }
-    to.write_all(&crc.to_be_bytes()).await.map_err(io)?;
-    to.flush().await.map_err(io)?;
-    read_status(&mut to, "storing the copy").await?;
-    to.read_u8().await.map_err(io)
+    Ok(())
 }
 
 pub async fn run_call(table: &Table, call: Call) -> Result<Body, Error> {
