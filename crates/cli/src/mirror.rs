@@ -56,6 +56,10 @@ enum Tool {
         /// Cap in bytes per second shared by all clients (e.g. 125M); none by default.
         #[arg(long = "rate")]
         rate: Option<String>,
+        /// Delay before each image read is answered, in milliseconds (a
+        /// remote repository's round trip, for experiments on loopback).
+        #[arg(long = "latency-ms", default_value_t = 0)]
+        latency_ms: u64,
         /// The image.
         image: PathBuf,
     },
@@ -182,8 +186,9 @@ pub fn run(cmd: MirrorCmd) -> Result<i32> {
             bind,
             port,
             rate,
+            latency_ms,
             image,
-        }) => repo_serve(&image, &bind, port, rate.as_deref()),
+        }) => repo_serve(&image, &bind, port, rate.as_deref(), latency_ms),
         Some(Tool::Publish {
             cluster,
             part_size,
@@ -277,7 +282,13 @@ fn digest_image(image: &Path, chunk_size: &str, output: Output, progress: bool) 
     Ok(0)
 }
 
-fn repo_serve(image: &Path, bind: &str, port: u16, rate: Option<&str>) -> Result<i32> {
+fn repo_serve(
+    image: &Path,
+    bind: &str,
+    port: u16,
+    rate: Option<&str>,
+    latency_ms: u64,
+) -> Result<i32> {
     init_logging();
     let rate = rate
         .map(|r| parse_size(r).map_err(anyhow::Error::msg))
@@ -286,6 +297,7 @@ fn repo_serve(image: &Path, bind: &str, port: u16, rate: Option<&str>) -> Result
         image: image.to_path_buf(),
         bind: format!("{bind}:{port}"),
         rate,
+        latency: Duration::from_millis(latency_ms),
     })?;
     let stop = server.stopper();
     std::thread::spawn(move || {

@@ -773,3 +773,49 @@ fn mirrors_read_an_image_published_in_the_object_store() {
     let _ = store.kill();
     let _ = store.wait();
 }
+
+/// `repo-serve --latency-ms` answers each image read after the delay (the
+/// benchmark's stand-in for a remote repository), and side files at once.
+#[test]
+fn repo_serve_latency_delays_image_reads() {
+    let dir = tmp();
+    let img = image(dir.path(), MIB);
+    let repo = Proc::start(&["mirror", "repo-serve", "--latency-ms", "300", &p(&img)]);
+    let url = repo.url();
+    let hostport = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let get = |path: &str, range: Option<&str>| {
+        let mut s = TcpStream::connect(&hostport).unwrap();
+        let range = range
+            .map(|r| format!("Range: bytes={r}\r\n"))
+            .unwrap_or_default();
+        write!(
+            s,
+            "GET /{path} HTTP/1.1\r\nHost: x\r\n{range}Connection: close\r\n\r\n"
+        )
+        .unwrap();
+        let t = Instant::now();
+        let mut reply = Vec::new();
+        s.read_to_end(&mut reply).unwrap();
+        (
+            t.elapsed(),
+            String::from_utf8_lossy(&reply[..12]).into_owned(),
+        )
+    };
+    let (took, status) = get("base.raw", Some("0-4095"));
+    assert!(status.contains("206"), "{status}");
+    assert!(
+        took >= Duration::from_millis(300),
+        "image read answered in {took:?}"
+    );
+    let (took, status) = get("base.raw.digest", None);
+    assert!(status.contains("200"), "{status}");
+    assert!(
+        took < Duration::from_millis(300),
+        "side file delayed: {took:?}"
+    );
+}

@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use tiny_http::{Header, Method, Request, Response, StatusCode};
@@ -39,6 +40,9 @@ pub struct RepoServerConfig {
     pub bind: String,
     /// Cap in bytes per second shared by all clients; `None` for none.
     pub rate: Option<u64>,
+    /// Delay before each image read is answered, standing for the round
+    /// trip to a remote repository (zero on loopback otherwise).
+    pub latency: Duration,
 }
 
 /// A running repository server.
@@ -53,6 +57,7 @@ struct Shared {
     name: String,
     size: u64,
     bucket: Option<TokenBucket>,
+    latency: Duration,
     peers: Mutex<Vec<String>>,
     active: AtomicUsize,
     bytes_sent: AtomicU64,
@@ -88,6 +93,7 @@ impl RepoServer {
                 bucket: config
                     .rate
                     .map(|r| TokenBucket::new(r, (r / 20).max(SLICE as u64))),
+                latency: config.latency,
                 peers: Mutex::new(Vec::new()),
                 active: AtomicUsize::new(0),
                 bytes_sent: AtomicU64::new(0),
@@ -219,6 +225,9 @@ impl Shared {
     }
 
     fn get_image(self: &Arc<Self>, req: Request) -> std::io::Result<()> {
+        if !self.latency.is_zero() {
+            std::thread::sleep(self.latency);
+        }
         let range = req
             .headers()
             .iter()
