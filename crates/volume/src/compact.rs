@@ -286,12 +286,8 @@ impl Service {
             };
             job.update(|s| s.runs_total = s.runs_total.max(s.runs_done + 1));
             self.compact_run(volume, &run, rate, job)?;
-            let now = self
-                .catalog
-                .state()
-                .volumes
-                .get(volume)
-                .map(|v| self.catalog.state().chain(&v.top).len());
+            let after = self.catalog.state();
+            let now = after.volumes.get(volume).map(|v| after.chain(&v.top).len());
             job.update(|s| {
                 s.runs_done += 1;
                 s.layers_removed += run.len() - 1;

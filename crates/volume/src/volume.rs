@@ -102,7 +102,9 @@ impl Volume {
         let result = disk.replace_layers(first, last, merged, expected_last);
         drop(disk);
         let pause = paused.elapsed();
-        self.stats.compaction.record_pause(pause);
+        if result.is_ok() {
+            self.stats.compaction.record_pause(pause);
+        }
         result.map(|()| pause)
     }
 
