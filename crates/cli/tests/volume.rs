@@ -1113,3 +1113,87 @@ fn sigkill_at_fixed_steps_of_each_change_is_all_or_nothing() {
         check_every_layer(&pool);
     }
 }
+
+/// Snapshots, deletes, a grow and a clone while a slow compaction runs:
+/// the compaction ends (merging the new runs too), and every volume reads
+/// what was written, before and after a restart, with every layer clean.
+#[test]
+fn changes_during_a_compaction_are_kept() {
+    let dir = tmp();
+    let pool = dir.path().join("pool");
+    let d = Daemon::start(&pool);
+    d.cli(&["volume", "create", "vm", "32M"]);
+    // 8 MiB in the base layer: merging the lowest run takes about 8 s at
+    // the slowest pace, long enough for every change below to land in it.
+    common::run_ok(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 9 16M 8M", &d.uri("vm")],
+    );
+    let mut model = build_history(&d, "vm", 30, 0, &[10]);
+    d.cli(&["volume", "clone", "vm@s10", "c"]);
+    let clone_before = read_export(&d, "c", dir.path());
+    let (status, body) = d.http("POST", "/v1/volumes/vm/compact", "{\"rate\":1048576}");
+    assert_eq!(status, 202, "{body}");
+    let mut io = QemuIo::open(&d.uri("vm"));
+    write_slot(&mut io, &mut model, 0, 200, 201);
+    d.snapshot("vm", "n1");
+    write_slot(&mut io, &mut model, 0, 201, 202);
+    d.snapshot("vm", "n2");
+    write_slot(&mut io, &mut model, 0, 202, 203);
+    drop(io);
+    let mut at_n2 = model.clone();
+    at_n2[202] = 0;
+    d.delete_snapshot("vm", "n1");
+    d.cli(&["volume", "resize", "vm", "48M"]);
+    d.cli(&["volume", "clone", "vm@n2", "c2"]);
+    common::run_ok(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 77 31M 64K", &d.uri("c2")],
+    );
+    let (_, mid) = d.http("GET", "/v1/volumes/vm/compact", "");
+    assert!(
+        mid.contains("\"running\""),
+        "the changes did not overlap the compaction: {mid}"
+    );
+    let done = d.wait_compaction("vm", Duration::from_secs(120));
+    assert_eq!(done["state"], "done", "{done}");
+    let check = |d: &Daemon, what: &str| {
+        let vm = read_export(d, "vm", dir.path());
+        assert_eq!(vm.len() as u64, 48 * MIB, "{what}: grown size");
+        assert_slots(&vm, 0, &model, what);
+        let (filler, grown) = ((16 * MIB) as usize, (24 * MIB) as usize);
+        assert!(
+            vm[filler..grown].iter().all(|&b| b == 9),
+            "{what}: base data"
+        );
+        assert!(vm[grown..].iter().all(|&b| b == 0), "{what}: grown part");
+        assert_eq!(
+            read_export(d, "c", dir.path()),
+            clone_before,
+            "{what}: clone c"
+        );
+        let c2 = read_export(d, "c2", dir.path());
+        assert_slots(&c2, 0, &at_n2, what);
+        assert!(
+            c2[filler..grown].iter().all(|&b| b == 9),
+            "{what}: c2 base data"
+        );
+        let own = (31 * MIB) as usize;
+        assert!(
+            c2[own..own + 65536].iter().all(|&b| b == 77),
+            "{what}: clone c2's own write"
+        );
+    };
+    check(&d, "after the compaction");
+    assert_catalog_matches_files(&d);
+    // What the compaction could not merge while the changes came in is
+    // merged by the next one.
+    d.cli(&["volume", "compact", "vm"]);
+    assert_eq!(d.cli(&["volume", "info", "vm"])["reclaimable_layers"], 0);
+    check(&d, "after a second compaction");
+    d.stop();
+    check_every_layer(&pool);
+    let d = Daemon::start(&pool);
+    check(&d, "after a restart");
+    d.stop();
+}
