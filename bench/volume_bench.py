@@ -41,12 +41,12 @@ STRATA = Path(os.environ.get("STRATA_BIN", ROOT / "target" / "release" / "strata
 class Daemon:
     """A `strata daemon` on free ports."""
 
-    def __init__(self, pool):
+    def __init__(self, pool, cluster_size="64k"):
         self.pool = pool
         t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [str(STRATA), "daemon", "--pool", str(pool), "--listen", "127.0.0.1:0",
-             "--nbd-port", "0"],
+             "--nbd-port", "0", "--cluster-size", cluster_size],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.proc.stdout.readline()
         self.ready_s = time.monotonic() - t0
@@ -262,8 +262,10 @@ def main():
     ap.add_argument("--layers", type=int, default=200)
     ap.add_argument("--compact-rate", type=str, default="32M",
                     help="compaction pace, bytes/s with K/M/G suffix")
-    ap.add_argument("--only", choices=["compaction"],
+    ap.add_argument("--only", choices=["compaction", "throughput"],
                     help="run one section only")
+    ap.add_argument("--cluster-size", default="64k",
+                    help="cluster size of the daemon's new volumes")
     ap.add_argument("--long", action="store_true",
                     help="also compare a snapshot every 30 s (65 s runs) with its anchor")
     args = ap.parse_args()
@@ -279,7 +281,22 @@ def main():
     base = Path(tempfile.mkdtemp(prefix="volume-bench-", dir=out_dir))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     try:
-        d = Daemon(base / "pool")
+        d = Daemon(base / "pool", args.cluster_size)
+        if args.only == "throughput":
+            tp = bench_throughput(d, args, base)
+            d.stop()
+            iops = {m: statistics.median(r["iops"] for r in tp if r["mode"] == m) for m in modes(args)}
+            p99 = {m: statistics.median(r["p99_us"] for r in tp if r["mode"] == m) for m in modes(args)}
+            text = "\n".join([
+                f"### Snapshot throughput, cluster size {args.cluster_size}, "
+                f"{time.strftime('%Y-%m-%d %H:%M')} (repeat {args.repeat}, {args.runtime} s runs)", "",
+                "| fio randwrite 4k qd16 | IOPS (median) | write p99 µs (median) |", "|---|---|---|",
+                *[f"| {m} | {iops[m]:.0f} | {p99[m]:.0f} |" for m in modes(args)],
+                f"| ratio 1s/none | {iops['1s'] / iops['none']:.3f} | {p99['1s'] / p99['none']:.2f} |", ""])
+            (out_dir / f"volume-throughput-{stamp}.md").write_text(text)
+            (out_dir / f"volume-throughput-{stamp}.json").write_text(json.dumps(tp, indent=1))
+            print(text)
+            return
         if args.only == "compaction":
             rows = bench_compaction(d, args, base)
             d.stop()

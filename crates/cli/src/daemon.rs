@@ -38,6 +38,10 @@ pub struct DaemonArgs {
     /// Metadata cache bound of each volume.
     #[arg(long = "cache-size", default_value = "8M")]
     cache_size: String,
+    /// Cluster size of new volumes (512 to 2M): smaller clusters copy less
+    /// on the first write after a snapshot, at the cost of more metadata.
+    #[arg(long = "cluster-size", default_value = "64k")]
+    cluster_size: String,
     /// Seconds in-flight requests get to finish at shutdown.
     #[arg(long = "shutdown-timeout", default_value_t = 30.0)]
     shutdown_timeout: f64,
@@ -73,9 +77,16 @@ async fn serve(
     shutdown_timeout: std::time::Duration,
 ) -> Result<Option<Service>> {
     let exports = Arc::new(ExportSet::default());
+    let cluster_size = parse_size(&args.cluster_size).map_err(anyhow::Error::msg)?;
+    if !cluster_size.is_power_of_two() || !(512..=2 << 20).contains(&cluster_size) {
+        anyhow::bail!(
+            "--cluster-size {cluster_size}: must be a power of two from 512 bytes to 2 MiB"
+        );
+    }
     let config = ServiceConfig {
         pool: args.pool.clone(),
         cache_bytes,
+        cluster_size,
     };
     let (service, report) = Service::open(config, exports.clone())
         .with_context(|| format!("could not open pool '{}'", args.pool.display()))?;

@@ -30,9 +30,15 @@ impl Daemon {
 
     /// Starts a daemon with extra environment variables (crash points).
     fn start_env(pool: &Path, env: &[(&str, &str)]) -> Daemon {
+        Daemon::start_with(pool, &[], env)
+    }
+
+    /// Starts a daemon with extra arguments and environment variables.
+    fn start_with(pool: &Path, args: &[&str], env: &[(&str, &str)]) -> Daemon {
         let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
             .args(["daemon", "--pool", &p(pool), "--listen", "127.0.0.1:0"])
             .args(["--nbd-port", "0"])
+            .args(args)
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -1196,4 +1202,35 @@ fn changes_during_a_compaction_are_kept() {
     let d = Daemon::start(&pool);
     check(&d, "after a restart");
     d.stop();
+}
+
+/// `--cluster-size` sets the cluster size of new volumes; their snapshots
+/// and clones keep it; a size qcow2 cannot have is refused at start.
+#[test]
+fn the_cluster_size_of_new_volumes_is_configurable() {
+    let dir = tmp();
+    let pool = dir.path().join("pool");
+    let d = Daemon::start_with(&pool, &["--cluster-size", "16k"], &[]);
+    d.cli(&["volume", "create", "vm", "8M"]);
+    common::run_ok(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 5 4096 4096", &d.uri("vm")],
+    );
+    d.snapshot("vm", "s");
+    d.cli(&["volume", "clone", "vm@s", "c"]);
+    d.stop();
+    let files = layer_files(&pool);
+    assert_eq!(files.len(), 3, "{files:?}");
+    for f in files {
+        let path = pool.join("layers").join(&f);
+        let info: Value =
+            serde_json::from_str(&strata_ok(&["img", "info", "--output", "json", &p(&path)]))
+                .unwrap();
+        assert_eq!(info["cluster-size"], 16384, "{f}: {info}");
+    }
+    check_every_layer(&pool);
+    let out = strata(&["daemon", "--pool", &p(&pool), "--cluster-size", "3k"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("power of two"), "{err}");
 }

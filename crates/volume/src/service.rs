@@ -35,6 +35,8 @@ pub struct ServiceConfig {
     pub pool: PathBuf,
     /// Metadata cache bound of each volume.
     pub cache_bytes: u64,
+    /// Cluster size of new volumes' layers (snapshots keep their volume's).
+    pub cluster_size: u64,
 }
 
 /// A volume as the API shows it.
@@ -335,6 +337,7 @@ impl Service {
         let id = new_id()?;
         let opts = CreateOptions {
             size: Some(size),
+            cluster_size: self.config.cluster_size,
             ..CreateOptions::default()
         };
         self.add_volume(reservation, &id, &opts, None)
@@ -353,6 +356,7 @@ impl Service {
             size: Some(source.size),
             backing: Some(layer_file(&source.layer)),
             backing_format: Some(Format::Qcow2),
+            cluster_size: self.config.cluster_size,
             ..CreateOptions::default()
         };
         self.add_volume(reservation, &id, &opts, Some((key, source.layer)))
