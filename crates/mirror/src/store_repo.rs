@@ -200,13 +200,7 @@ impl StoreRepo {
     }
 
     fn put_object(&self, name: &str, data: &[u8]) -> Result<()> {
-        self.runner
-            .run(
-                self.client
-                    .put(name, data.len() as u64, &mut &data[..], &|_| {}),
-            )
-            .map(|_| ())
-            .map_err(|e| repo_err(&self.spec, format!("cannot store '{name}': {e}")))
+        put_object(&self.runner, &self.client, &self.spec, name, data)
     }
 
     /// Part `index`, from the cache or the store.
@@ -236,6 +230,20 @@ impl StoreRepo {
         self.part_size
             .min(self.size.saturating_sub(index * self.part_size))
     }
+}
+
+/// Stores `data` as object `name`.
+fn put_object(
+    runner: &Runner,
+    client: &Client,
+    spec: &StoreSpec,
+    name: &str,
+    data: &[u8],
+) -> Result<()> {
+    runner
+        .run(client.put(name, data.len() as u64, &mut &data[..], &|_| {}))
+        .map(|_| ())
+        .map_err(|e| repo_err(spec, format!("cannot store '{name}': {e}")))
 }
 
 fn repo_err(spec: &StoreSpec, detail: String) -> MirrorError {
@@ -392,18 +400,11 @@ pub fn publish(
         let len = part_size.min(size - index * part_size) as usize;
         file.read_exact(&mut buf[..len])
             .map_err(io_err(format!("cannot read '{}'", image.display())))?;
-        let name = spec.part_name(index);
-        runner
-            .run(client.put(&name, len as u64, &mut &buf[..len], &|_| {}))
-            .map_err(|e| repo_err(&spec, format!("cannot store '{name}': {e}")))?;
+        put_object(&runner, &client, &spec, &spec.part_name(index), &buf[..len])?;
         progress(index * part_size + len as u64);
     }
     let put_small = |suffix: &str, data: &[u8]| {
-        let name = spec.sidecar(suffix);
-        runner
-            .run(client.put(&name, data.len() as u64, &mut &data[..], &|_| {}))
-            .map(|_| ())
-            .map_err(|e| repo_err(&spec, format!("cannot store '{name}': {e}")))
+        put_object(&runner, &client, &spec, &spec.sidecar(suffix), data)
     };
     put_small(DIGEST_SUFFIX, &manifest.encode())?;
     // The layout last: a reader that finds it finds every part.

@@ -73,18 +73,9 @@ impl Volume {
         snapshot: bool,
         commit: impl FnOnce() -> strata_disk::Result<()>,
     ) -> strata_disk::Result<Duration> {
-        // Write back what is already written while I/O still flows, so the
-        // sync inside the pause only covers the last moment's writes.
-        self.disk.read().flush()?;
-        let mut disk = self.disk.write();
-        let paused = Instant::now();
-        let result = disk.push_top(path, backing_name, size, commit);
-        drop(disk);
-        let pause = paused.elapsed();
-        if result.is_ok() {
-            self.stats.record_pause(pause, snapshot);
-        }
-        result.map(|()| pause)
+        let pause = self.with_io_held(|disk| disk.push_top(path, backing_name, size, commit))?;
+        self.stats.record_pause(pause, snapshot);
+        Ok(pause)
     }
 
     /// Splices a merged layer in place of layers `first..=last` (see
@@ -96,16 +87,25 @@ impl Volume {
         merged: &Path,
         expected_last: &Path,
     ) -> strata_disk::Result<Duration> {
+        let pause =
+            self.with_io_held(|disk| disk.replace_layers(first, last, merged, expected_last))?;
+        self.stats.compaction.record_pause(pause);
+        Ok(pause)
+    }
+
+    /// Runs a change of the chain with the I/O gate held exclusively;
+    /// returns how long I/O was held back.
+    fn with_io_held(
+        &self,
+        change: impl FnOnce(&mut Disk) -> strata_disk::Result<()>,
+    ) -> strata_disk::Result<Duration> {
+        // Write back what is already written while I/O still flows, so the
+        // sync inside the pause only covers the last moment's writes.
         self.disk.read().flush()?;
         let mut disk = self.disk.write();
         let paused = Instant::now();
-        let result = disk.replace_layers(first, last, merged, expected_last);
-        drop(disk);
-        let pause = paused.elapsed();
-        if result.is_ok() {
-            self.stats.compaction.record_pause(pause);
-        }
-        result.map(|()| pause)
+        change(&mut disk)?;
+        Ok(paused.elapsed())
     }
 
     /// Flushes, stores the index and marks the top clean.
