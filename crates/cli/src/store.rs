@@ -110,6 +110,14 @@ pub struct UpArgs {
     /// Device type of the storage nodes.
     #[arg(long, default_value = "ssd", value_parser = ["ssd", "hdd"])]
     device: String,
+    /// Routed network mode (a new cluster only): clients and nodes send
+    /// to object and metadata addresses themselves, and the network routes
+    /// each node's prefix to it. Every node's host needs a local route for
+    /// its prefix (`ip -6 route add local PREFIX dev lo`) and every other
+    /// host a route to it; see `strata store status --output json` for the
+    /// prefixes. Default: mapped mode, through the prefix table.
+    #[arg(long)]
+    routed: bool,
     /// log2 of the number of metadata groups (4 to 16).
     #[arg(long, default_value_t = 8)]
     mg_bits: u8,
@@ -282,6 +290,7 @@ fn up(args: UpArgs) -> Result<i32> {
     cfg.sn_capacity = parse_size(&args.capacity).map_err(anyhow::Error::msg)?;
     cfg.device = device(&args.device);
     cfg.mg_bits = args.mg_bits;
+    cfg.routed = args.routed;
     runtime()?.block_on(async {
         let cluster = Cluster::start(cfg)
             .await
@@ -373,6 +382,7 @@ fn table_json(t: &Table) -> serde_json::Value {
         "epoch": t.epoch,
         "cluster_prefix": format!("{}/48", strata_store::addr::fmt_addr(t.layout.cluster)),
         "metadata_groups": t.layout.mg_count(),
+        "network_mode": if t.routed { "routed" } else { "mapped" },
         "replication": params(&t.params),
         "buckets": t.buckets.iter().map(|(b, p)| json!({"bucket": b, "replication": params(p)})).collect::<Vec<_>>(),
         "metadata_nodes": t.mns.iter().map(|m| json!({
@@ -381,6 +391,10 @@ fn table_json(t: &Table) -> serde_json::Value {
             "endpoint": m.endpoint.to_string(),
             "state": m.state.name(),
             "groups": t.mg_owner.iter().filter(|&&s| s == m.slot).count(),
+            "group_prefixes": t.mg_owner.iter().enumerate().filter(|(_, &s)| s == m.slot).map(|(mg, _)| {
+                let (prefix, len) = t.layout.mg_prefix(mg as u32);
+                format!("{}/{len}", strata_store::addr::fmt_addr(prefix))
+            }).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "storage_nodes": t.sns.iter().map(|s| json!({
             "id": format!("{:016x}", s.uuid),

@@ -476,7 +476,9 @@ fn malformed_peer_messages_get_a_clean_disconnect() {
     // Still serving, correctly.
     assert_eq!(read_all(&a.nbd(), dir.path(), "a.raw"), data);
     // Links close asynchronously, after the socket does.
-    wait_until("every hostile link closed", 20, || n(&stats(&da), "links") == 0);
+    wait_until("every hostile link closed", 20, || {
+        n(&stats(&da), "links") == 0
+    });
     let s = stats(&da);
     assert!(n(&s, "malformed_links") >= 4, "{s}");
     assert_eq!(n(&s, "links"), 0, "{s}");

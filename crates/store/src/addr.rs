@@ -60,6 +60,14 @@ impl Layout {
         addr >> 64 == self.cluster >> 64
     }
 
+    /// The prefix of metadata group `mg` and its length in bits: what a
+    /// routed network routes to the metadata node owning the group.
+    pub fn mg_prefix(&self, mg: u32) -> (Addr, u8) {
+        let shift = 64 - u32::from(self.mg_bits);
+        let low = u128::from(mg) << shift;
+        (self.cluster | low, 64 + self.mg_bits)
+    }
+
     /// The metadata group of a metadata address, or `None` when `addr` is
     /// not in the metadata space.
     pub fn mg_of(&self, addr: Addr) -> Option<u32> {
@@ -172,6 +180,27 @@ mod tests {
 
     fn layout() -> Layout {
         Layout::new(DEFAULT_CLUSTER_PREFIX, 8)
+    }
+
+    #[test]
+    fn every_metadata_address_lies_in_its_groups_prefix() {
+        for bits in [4u8, 8, 16] {
+            let l = Layout::new(DEFAULT_CLUSTER_PREFIX, bits);
+            for mg in [0, 1, (1u32 << bits) - 1] {
+                let (prefix, len) = l.mg_prefix(mg);
+                assert_eq!(len, 64 + bits);
+                assert_eq!(l.mg_of(prefix), Some(mg));
+                let last = prefix | ((1u128 << (128 - u32::from(len))) - 1);
+                assert_eq!(l.mg_of(last), Some(mg));
+            }
+            for a in l.meta_addrs(b"bucket/object", 3) {
+                let (prefix, len) = l.mg_prefix(l.mg_of(a).unwrap());
+                assert_eq!(
+                    a >> (128 - u32::from(len)),
+                    prefix >> (128 - u32::from(len))
+                );
+            }
+        }
     }
 
     #[test]

@@ -156,6 +156,8 @@ pub struct Client {
 const IDLE_SOCKETS: usize = 64;
 /// Idle data connections a client keeps per storage node.
 const IDLE_CONNS_PER_NODE: usize = 32;
+/// Idle data connections a client keeps in all.
+const IDLE_CONNS_TOTAL: usize = 256;
 
 const META_TIMEOUT_MS: u64 = 400;
 const META_ATTEMPTS: u32 = 5;
@@ -197,7 +199,7 @@ impl Client {
         let idle = self.sockets.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let sock = match idle {
             Some(s) => s,
-            None => bind_udp().await?,
+            None => bind_udp(meta_over_ipv6(&self.table())).await?,
         };
         let result = run_call_on(&sock, &self.table(), call).await;
         let mut idle = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
@@ -211,13 +213,15 @@ impl Client {
     /// `true` when it was idle (and so may have been closed meanwhile).
     async fn data_conn(&self, addr: Addr) -> Result<(TcpStream, bool), Error> {
         let table = self.table();
-        if let Some(endpoint) = table.sn_for(addr).map(|s| s.endpoint) {
-            let idle = self
-                .conns
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get_mut(&endpoint)
-                .and_then(Vec::pop);
+        if let Some(endpoint) = table.sn_endpoint(addr) {
+            let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+            let idle = conns.get_mut(&endpoint).and_then(Vec::pop);
+            // Routed mode keys connections by replica address: drop empty
+            // entries so the map does not grow with every object read.
+            if conns.get(&endpoint).is_some_and(Vec::is_empty) {
+                conns.remove(&endpoint);
+            }
+            drop(conns);
             if let Some(s) = idle {
                 return Ok((s, true));
             }
@@ -231,6 +235,9 @@ impl Client {
             return;
         };
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        if conns.values().map(Vec::len).sum::<usize>() >= IDLE_CONNS_TOTAL {
+            return;
+        }
         let idle = conns.entry(endpoint).or_default();
         if idle.len() < IDLE_CONNS_PER_NODE {
             idle.push(stream);
@@ -598,7 +605,7 @@ impl Client {
 /// Runs a metadata call over UDP, resolving addresses through `table`.
 /// Connects to the storage node that owns replica address `addr`.
 async fn connect_replica(table: &Table, addr: Addr) -> Result<TcpStream, Error> {
-    let endpoint = table.sn_for(addr).map(|s| s.endpoint).ok_or_else(|| {
+    let endpoint = table.sn_endpoint(addr).ok_or_else(|| {
         Error::Invalid(format!(
             "replica address {} is in no storage node's prefix",
             crate::addr::fmt_addr(addr)
@@ -722,13 +729,22 @@ async fn read_get_body<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
+/// Runs one metadata call on a fresh UDP socket.
 pub async fn run_call(table: &Table, call: Call) -> Result<Body, Error> {
-    let sock = bind_udp().await?;
+    let sock = bind_udp(meta_over_ipv6(table)).await?;
     run_call_on(&sock, table, call).await
 }
 
-async fn bind_udp() -> Result<UdpSocket, Error> {
-    UdpSocket::bind("0.0.0.0:0")
+/// Whether metadata messages go to IPv6 socket addresses.
+fn meta_over_ipv6(table: &Table) -> bool {
+    table.routed || table.mns.iter().any(|m| m.endpoint.is_ipv6())
+}
+
+/// A UDP socket for metadata calls: IPv6 when the metadata nodes are
+/// reached over IPv6 (routed mode sends to metadata addresses).
+async fn bind_udp(ipv6: bool) -> Result<UdpSocket, Error> {
+    let any = if ipv6 { "[::]:0" } else { "0.0.0.0:0" };
+    UdpSocket::bind(any)
         .await
         .map_err(|e| Error::io("binding a UDP socket", e))
 }
@@ -744,7 +760,7 @@ async fn run_call_on(sock: &UdpSocket, table: &Table, mut call: Call) -> Result<
             Step::Done(r) => return r,
             Step::Send(msg, deadline) => (msg, deadline),
         };
-        let endpoint = table.mn_for(msg.target).map(|m| m.endpoint);
+        let endpoint = table.mn_endpoint(msg.target);
         if let (Some(ep), Ok(bytes)) = (endpoint, msg.encode()) {
             let _ = sock.send_to(&bytes, ep).await;
         }

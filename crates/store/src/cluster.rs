@@ -41,6 +41,9 @@ pub struct ClusterConfig {
     /// Definitive-failure timer of storage nodes, in ms: past it their
     /// replicas are re-created elsewhere.
     pub definitive_failure_ms: u64,
+    /// Routed mode (a new cluster only): messages go to object and
+    /// metadata addresses, which the network routes to each node's prefix.
+    pub routed: bool,
 }
 
 impl ClusterConfig {
@@ -59,6 +62,7 @@ impl ClusterConfig {
             device: Device::Ssd,
             short_failure_ms: crate::on::SHORT_FAILURE_MS,
             definitive_failure_ms: crate::on::DEFINITIVE_FAILURE_MS,
+            routed: false,
         }
     }
 }
@@ -99,6 +103,7 @@ impl Cluster {
         let initial = Table {
             epoch: 1,
             layout: Layout::new(DEFAULT_CLUSTER_PREFIX, cfg.mg_bits),
+            routed: cfg.routed,
             params: cfg.params,
             buckets: cfg.buckets.clone(),
             mns: Vec::new(),

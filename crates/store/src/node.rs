@@ -2,8 +2,10 @@
 //! nodes on UDP, storage nodes on TCP, each refreshing the prefix table
 //! from the orchestrator and sending heartbeats.
 //!
-//! Mapped mode: a metadata or replica address is turned into an endpoint
-//! through the prefix table; the address itself travels in the message.
+//! A metadata or replica address is turned into a socket address by the
+//! prefix table ([`Table::mn_endpoint`], [`Table::sn_endpoint`]): the owning
+//! node's endpoint in mapped mode, the address itself in routed mode. The
+//! address also travels in every message, so both modes share one path.
 
 use crate::mn::{MnCore, Out};
 use crate::on::OnCore;
@@ -11,7 +13,7 @@ use crate::sn::SnStore;
 use crate::table::{Device, Table};
 use crate::wire::{Body, Code, Msg, Role, MAX_DATAGRAM};
 use crate::Error;
-use std::net::SocketAddr;
+use std::net::{Ipv6Addr, SocketAddr};
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -214,6 +216,33 @@ pub fn malformed(bytes: &[u8], e: &crate::wire::WireError) -> Msg {
     )
 }
 
+/// Where a node listening at `listen` binds its socket. In routed mode it
+/// binds the wildcard address at that port: the host's local routes for
+/// the node's prefix (or metadata groups) deliver every object or metadata
+/// address to it. In mapped mode it binds `listen` itself.
+async fn bind_address(on: SocketAddr, listen: SocketAddr) -> Result<SocketAddr, Error> {
+    if fetch_table(on).await?.routed {
+        Ok(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), listen.port()))
+    } else {
+        Ok(listen)
+    }
+}
+
+/// The endpoint a node registers: `listen`'s address (a wildcard bind has
+/// none of its own) with the port the socket got.
+fn advertised(
+    listen: SocketAddr,
+    bound: &std::io::Result<SocketAddr>,
+) -> Result<SocketAddr, Error> {
+    match bound {
+        Ok(b) => Ok(SocketAddr::new(listen.ip(), b.port())),
+        Err(e) => Err(Error::io(
+            "local address",
+            std::io::Error::new(e.kind(), e.to_string()),
+        )),
+    }
+}
+
 /// A running metadata node.
 pub struct MnHandle {
     /// Its UDP endpoint.
@@ -236,12 +265,11 @@ pub async fn start_mn(dir: &Path, bind: SocketAddr, on: SocketAddr) -> Result<Mn
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let uuid = node_uuid(dir)?;
     let db = crate::metadb::MetaDb::open(&dir.join("meta.redb"))?;
-    let sock = UdpSocket::bind(bind)
+    let at = bind_address(on, bind).await?;
+    let sock = UdpSocket::bind(at)
         .await
-        .map_err(|e| Error::io(format!("binding {bind}"), e))?;
-    let endpoint = sock
-        .local_addr()
-        .map_err(|e| Error::io("local address", e))?;
+        .map_err(|e| Error::io(format!("binding {at}"), e))?;
+    let endpoint = advertised(bind, &sock.local_addr())?;
     let slot = register(
         on,
         Body::Register {
@@ -327,16 +355,15 @@ async fn dispatch(
             }
         }
         Out::ToMeta(msg) => {
-            let Some(mn) = table.mn_for(msg.target) else {
+            let Some(endpoint) = table.mn_endpoint(msg.target) else {
                 return;
             };
             if let Ok(bytes) = msg.encode() {
-                let _ = sock.send_to(&bytes, mn.endpoint).await;
+                let _ = sock.send_to(&bytes, endpoint).await;
             }
         }
         Out::Free(addr) => {
-            if let Some(sn) = table.sn_for(addr) {
-                let endpoint = sn.endpoint;
+            if let Some(endpoint) = table.sn_endpoint(addr) {
                 tokio::spawn(async move {
                     let _ = crate::client::free_replica(endpoint, addr).await;
                 });
@@ -401,12 +428,11 @@ pub async fn start_sn(
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let uuid = node_uuid(dir)?;
-    let listener = TcpListener::bind(bind)
+    let at = bind_address(on, bind).await?;
+    let listener = TcpListener::bind(at)
         .await
-        .map_err(|e| Error::io(format!("binding {bind}"), e))?;
-    let endpoint = listener
-        .local_addr()
-        .map_err(|e| Error::io("local address", e))?;
+        .map_err(|e| Error::io(format!("binding {at}"), e))?;
+    let endpoint = advertised(bind, &listener.local_addr())?;
     // Count what is there before declaring free space.
     let probe = SnStore::open(dir, 0, on, capacity)?;
     let index = register(

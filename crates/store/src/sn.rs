@@ -98,7 +98,15 @@ impl SnStore {
         self.dir.join("replicas").join(format!("{addr:032x}"))
     }
 
-    fn check_addr(&self, table: &SharedTable, addr: Addr) -> Result<(), String> {
+    /// Checks that a request for `addr` belongs here. `addressed` is the
+    /// address the connection was made to, when it lies in this node's
+    /// prefix (routed mode): then the request must name that very address.
+    fn check_addr(
+        &self,
+        table: &SharedTable,
+        addr: Addr,
+        addressed: Option<Addr>,
+    ) -> Result<(), String> {
         let layout = crate::node::read_table(table).layout;
         if layout.sn_of(addr) != Some(self.index) || addr as u64 == 0 {
             return Err(format!(
@@ -107,7 +115,26 @@ impl SnStore {
                 fmt_addr(layout.sn_prefix(self.index))
             ));
         }
-        Ok(())
+        match addressed {
+            Some(a) if a != addr => Err(format!(
+                "connection made to replica address {} but the request names {}",
+                fmt_addr(a),
+                fmt_addr(addr)
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The replica address a connection was made to (`getsockname`), if
+    /// it lies in this node's prefix: in routed mode the address itself
+    /// says which replica is wanted.
+    fn addressed(&self, table: &SharedTable, stream: &TcpStream) -> Option<Addr> {
+        let std::net::IpAddr::V6(ip) = stream.local_addr().ok()?.ip() else {
+            return None;
+        };
+        let addr = u128::from(ip);
+        let layout = crate::node::read_table(table).layout;
+        (layout.sn_of(addr) == Some(self.index)).then_some(addr)
     }
 }
 
@@ -141,6 +168,7 @@ pub async fn serve(listener: TcpListener, store: Arc<SnStore>, table: SharedTabl
 }
 
 async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> Result<(), Error> {
+    let addressed = store.addressed(table, &stream);
     let (r, w) = stream.into_split();
     let mut r = BufReader::with_capacity(CHUNK, r);
     let mut w = BufWriter::with_capacity(CHUNK, w);
@@ -157,7 +185,7 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
         let addr = match &req {
             Request::Put { addr, .. } | Request::Get { addr } | Request::Free { addr } => *addr,
         };
-        if let Err(msg) = store.check_addr(table, addr) {
+        if let Err(msg) = store.check_addr(table, addr, addressed) {
             write_error(&mut w, &msg)
                 .await
                 .map_err(|e| Error::io("replying", e))?;
@@ -197,15 +225,13 @@ async fn open_downstream(
     chain: &[Addr],
 ) -> Option<BufWriter<TcpStream>> {
     let (&next, rest) = chain.split_first()?;
-    let known = crate::node::read_table(table)
-        .sn_for(next)
-        .map(|s| s.endpoint);
+    let known = crate::node::read_table(table).sn_endpoint(next);
     let endpoint = match known {
         Some(e) => e,
         None => {
             // A node that joined after our last refresh: ask the orchestrator now.
             let fresh = crate::node::fetch_table(on).await.ok()?;
-            let e = fresh.sn_for(next)?.endpoint;
+            let e = fresh.sn_endpoint(next)?;
             *table.write().unwrap_or_else(|e| e.into_inner()) = fresh;
             e
         }

@@ -2,12 +2,17 @@
 //! parameters, which metadata node owns which metadata group, and every
 //! storage node with its prefix, capacity, device type and state.
 //!
-//! In mapped mode clients and nodes use it to map a metadata or replica
-//! address to a UDP or TCP endpoint on loopback or any reachable host.
+//! It also says how a metadata or replica address becomes a socket
+//! address, the one place where the two network modes differ:
+//! - *mapped*: the address is looked up in the table and the message goes to
+//!   the owning node's endpoint (loopback, or any host without routing
+//!   control); the address itself travels in the message;
+//! - *routed*: the message goes to the address itself, at the owning node's
+//!   port, and the network's routes for each node's prefix deliver it.
 
 use crate::addr::{Addr, Layout, MAX_META_REPLICAS};
 use crate::wire::{Reader, WireError, Writer, MAX_DATA_REPLICAS};
-use std::net::SocketAddr;
+use std::net::{Ipv6Addr, SocketAddr};
 
 /// Replication parameters: (N, W, 1) for metadata and for data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,6 +156,8 @@ pub struct Table {
     pub epoch: u64,
     /// Address layout.
     pub layout: Layout,
+    /// Routed mode: send to object and metadata addresses themselves.
+    pub routed: bool,
     /// Cluster-wide replication.
     pub params: Params,
     /// Per-bucket overrides (bucket = name up to the first '/').
@@ -193,12 +200,35 @@ impl Table {
         self.sns.iter().find(|s| s.index == index)
     }
 
+    /// Where to send a metadata message for `addr`: the owning metadata
+    /// node's endpoint (mapped), or `addr` at that node's port (routed).
+    pub fn mn_endpoint(&self, addr: Addr) -> Option<SocketAddr> {
+        self.mn_for(addr)
+            .map(|m| self.endpoint_for(addr, m.endpoint))
+    }
+
+    /// Where to connect for replica address `addr`: the owning storage
+    /// node's endpoint (mapped), or `addr` at that node's port (routed).
+    pub fn sn_endpoint(&self, addr: Addr) -> Option<SocketAddr> {
+        self.sn_for(addr)
+            .map(|s| self.endpoint_for(addr, s.endpoint))
+    }
+
+    fn endpoint_for(&self, addr: Addr, node: SocketAddr) -> SocketAddr {
+        if self.routed {
+            SocketAddr::new(Ipv6Addr::from(addr).into(), node.port())
+        } else {
+            node
+        }
+    }
+
     /// Encodes the table.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
         w.u64(self.epoch);
         w.addr(self.layout.cluster);
         w.u8(self.layout.mg_bits);
+        w.u8(u8::from(self.routed));
         put_params(&mut w, &self.params);
         w.u16(self.buckets.len() as u16);
         for (b, p) in &self.buckets {
@@ -239,6 +269,11 @@ impl Table {
             return Err(WireError::Invalid(format!("{mg_bits} metadata-group bits")));
         }
         let layout = Layout::new(cluster, mg_bits);
+        let routed = match r.u8()? {
+            0 => false,
+            1 => true,
+            m => return Err(WireError::Invalid(format!("network mode {m}"))),
+        };
         let params = get_params(&mut r)?;
         let n = r.u16()? as usize;
         let mut buckets = Vec::with_capacity(n.min(1024));
@@ -276,6 +311,7 @@ impl Table {
         Ok(Table {
             epoch,
             layout,
+            routed,
             params,
             buckets,
             mns,
@@ -313,6 +349,7 @@ mod tests {
         Table {
             epoch: 3,
             layout,
+            routed: false,
             params: Params {
                 n_m: 3,
                 w_m: 2,
@@ -352,6 +389,20 @@ mod tests {
         assert_eq!(t.params_for("cold/a").n_d, 1);
         assert_eq!(t.params_for("cold").n_d, 3);
         assert_eq!(t.params_for("hot/a").n_d, 3);
+        let mut routed = t.clone();
+        routed.routed = true;
+        let r = Table::decode(&routed.encode()).unwrap();
+        assert!(r.routed);
+        let replica = t.layout.replica_addr(1, 9);
+        assert_eq!(t.sn_endpoint(replica), Some("[::1]:2".parse().unwrap()));
+        assert_eq!(
+            r.sn_endpoint(replica),
+            Some(SocketAddr::new(Ipv6Addr::from(replica).into(), 2))
+        );
+        assert_eq!(
+            r.mn_endpoint(a),
+            Some(SocketAddr::new(Ipv6Addr::from(a).into(), 1))
+        );
         let bytes = t.encode();
         for cut in 0..bytes.len() {
             assert!(Table::decode(&bytes[..cut]).is_err());

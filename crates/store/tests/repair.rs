@@ -17,6 +17,7 @@ fn table() -> Table {
     Table {
         epoch: 1,
         layout,
+        routed: false,
         params: Params {
             n_m: 1,
             w_m: 1,

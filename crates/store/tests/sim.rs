@@ -57,6 +57,7 @@ fn table(params: Params) -> Table {
     Table {
         epoch: 1,
         layout,
+        routed: false,
         params,
         buckets: vec![],
         mns: (0..MNS)

@@ -1,0 +1,476 @@
+//! The object store in routed mode, across real network namespaces: one
+//! orchestrator, three metadata nodes and four storage nodes, each in its
+//! own namespace on a shared bridge, with IPv6 routes for every node's
+//! prefix (storage nodes) or metadata groups (metadata nodes), and local
+//! routes on the node that owns them. The client runs in a ninth namespace
+//! where the nodes' own link addresses are prohibited, so every metadata
+//! and data message must travel to an object or metadata address and be
+//! delivered by the routing table.
+//!
+//! Needs root and iproute2 (`ip netns`); CI runs as root.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{p, tmp};
+use strata_store::data::Request;
+
+const ON_PORT: u16 = 7480;
+const MN_PORT: u16 = 7481;
+const SN_PORT: u16 = 7482;
+/// Namespace 1 is the orchestrator, 2..=4 metadata nodes, 5..=8 storage
+/// nodes, 9 the client.
+const MNS: [usize; 3] = [2, 3, 4];
+const SNS: [usize; 4] = [5, 6, 7, 8];
+const CLIENT: usize = 9;
+
+/// Namespaces on a bridge; removed (with their processes) on drop.
+struct Net {
+    tag: String,
+    procs: Vec<Child>,
+}
+
+impl Net {
+    fn ns(&self, i: usize) -> String {
+        format!("{}n{i}", self.tag)
+    }
+
+    fn link_addr(i: usize) -> String {
+        format!("fd00:99::{i}")
+    }
+
+    /// Creates the bridge namespace and nine host namespaces on it.
+    fn new() -> Net {
+        let tag = format!("st{}", std::process::id() % 100_000);
+        let net = Net {
+            tag: tag.clone(),
+            procs: Vec::new(),
+        };
+        let br = format!("{tag}br");
+        ip(&["netns", "add", &br]);
+        ip(&["-n", &br, "link", "add", "br0", "type", "bridge"]);
+        ip(&["-n", &br, "link", "set", "br0", "up"]);
+        for i in 1..=CLIENT {
+            let ns = net.ns(i);
+            let (veth, port) = (format!("{tag}v{i}"), format!("{tag}b{i}"));
+            ip(&["netns", "add", &ns]);
+            ip(&["-n", &ns, "link", "set", "lo", "up"]);
+            ip(&["link", "add", &veth, "type", "veth", "peer", "name", &port]);
+            ip(&["link", "set", &veth, "netns", &ns]);
+            ip(&["link", "set", &port, "netns", &br]);
+            ip(&["-n", &br, "link", "set", &port, "master", "br0", "up"]);
+            let addr = format!("{}/64", Net::link_addr(i));
+            ip(&["-n", &ns, "addr", "add", &addr, "dev", &veth, "nodad"]);
+            ip(&["-n", &ns, "link", "set", &veth, "up"]);
+        }
+        net
+    }
+
+    /// Starts `strata ARGS` in namespace `i` and waits for its first line.
+    fn spawn(&mut self, i: usize, args: &[&str], log: &Path) -> String {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.ns(i), env!("CARGO_BIN_EXE_strata")])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(log).expect("log file"))
+            .spawn()
+            .expect("spawn strata in a namespace");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        BufReader::new(stdout).read_line(&mut line).expect("read");
+        self.procs.push(child);
+        assert!(
+            !line.is_empty(),
+            "strata {args:?} in {} exited: {}",
+            self.ns(i),
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        line
+    }
+
+    /// Runs `strata ARGS` in the client namespace.
+    fn client(&self, args: &[&str]) -> Output {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.ns(CLIENT),
+                env!("CARGO_BIN_EXE_strata"),
+            ])
+            .args(args)
+            .args(["--cluster", &on_endpoint()])
+            .output()
+            .expect("run strata in the client namespace")
+    }
+
+    fn client_ok(&self, args: &[&str]) -> String {
+        let out = self.client(args);
+        assert!(
+            out.status.success(),
+            "strata {args:?} failed in the client namespace:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Installs the cluster's routes in every namespace: a route to each
+    /// prefix through the link address of the node that owns it, and a
+    /// local route on that node.
+    fn install_routes(&self, status: &serde_json::Value) -> usize {
+        let mut routes = Vec::new();
+        for m in status["metadata_nodes"].as_array().expect("mns") {
+            for prefix in m["group_prefixes"].as_array().expect("groups") {
+                routes.push((host_of(&m["endpoint"]), s(prefix)));
+            }
+        }
+        for sn in status["storage_nodes"].as_array().expect("sns") {
+            routes.push((host_of(&sn["endpoint"]), s(&sn["prefix"])));
+        }
+        for i in 1..=CLIENT {
+            let me = Net::link_addr(i);
+            let batch: String = routes
+                .iter()
+                .map(|(via, prefix)| {
+                    if *via == me {
+                        format!("route add local {prefix} dev lo\n")
+                    } else {
+                        format!("route add {prefix} via {via}\n")
+                    }
+                })
+                .collect();
+            ip_batch(&self.ns(i), &batch);
+        }
+        routes.len()
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for c in &mut self.procs {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for i in 1..=CLIENT {
+            let _ = Command::new("ip")
+                .args(["netns", "del", &self.ns(i)])
+                .status();
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "del", &format!("{}br", self.tag)])
+            .status();
+    }
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {args:?} failed: {} (this test needs root and iproute2)",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn ip_batch(ns: &str, batch: &str) {
+    let mut child = Command::new("ip")
+        .args(["-6", "-n", ns, "-batch", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ip -batch");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(batch.as_bytes())
+        .expect("write batch");
+    let out = child.wait_with_output().expect("ip -batch");
+    assert!(
+        out.status.success(),
+        "ip -batch in {ns} failed: {}\n{batch}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn on_endpoint() -> String {
+    format!("[{}]:{ON_PORT}", Net::link_addr(1))
+}
+
+fn s(v: &serde_json::Value) -> String {
+    v.as_str()
+        .unwrap_or_else(|| panic!("not a string: {v}"))
+        .to_string()
+}
+
+/// `[ADDR]:PORT` → `ADDR`.
+fn host_of(endpoint: &serde_json::Value) -> String {
+    let e = s(endpoint);
+    e.trim_start_matches('[')
+        .split(']')
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn status(net: &Net) -> serde_json::Value {
+    let out = net.client_ok(&["store", "status", "--output", "json"]);
+    serde_json::from_str(&out).expect("status json")
+}
+
+fn up(v: &serde_json::Value, key: &str) -> usize {
+    v[key]
+        .as_array()
+        .map(|a| a.iter().filter(|n| n["state"] == "up").count())
+        .unwrap_or(0)
+}
+
+/// Deterministic pseudo-random bytes.
+fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Sends raw bytes to `[addr]:port` from the client namespace and returns
+/// what came back (Python, because the test itself runs outside).
+fn raw_tcp(net: &Net, addr: &str, port: u16, bytes: &[u8]) -> Result<Vec<u8>, String> {
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let script = "import socket,sys\n\
+        s=socket.create_connection((sys.argv[1],int(sys.argv[2])),timeout=5)\n\
+        s.sendall(bytes.fromhex(sys.argv[3]))\n\
+        s.shutdown(socket.SHUT_WR)\n\
+        out=b''\n\
+        while True:\n\
+        \x20   b=s.recv(65536)\n\
+        \x20   if not b: break\n\
+        \x20   out+=b\n\
+        print(out.hex())\n";
+    let out = Command::new("ip")
+        .args(["netns", "exec", &net.ns(CLIENT), "python3", "-c", script])
+        .args([addr, &port.to_string(), &hex])
+        .output()
+        .expect("run python3");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let text = text.trim();
+    Ok((0..text.len() / 2)
+        .filter_map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok())
+        .collect())
+}
+
+fn start_cluster(net: &mut Net, dir: &Path) {
+    let on_dir = dir.join("on");
+    let line = net.spawn(
+        1,
+        &[
+            "store",
+            "up",
+            "--dir",
+            &p(&on_dir),
+            "--mn",
+            "0",
+            "--mn-slots",
+            "3",
+            "--sn",
+            "0",
+            "--routed",
+            "--listen",
+            &on_endpoint(),
+            "--mg-bits",
+            "4",
+            "--replication",
+            "3,2,3,2",
+        ],
+        &dir.join("on.log"),
+    );
+    assert!(line.contains("ready"), "{line}");
+    let nodes = MNS.iter().map(|&i| (i, "mn", MN_PORT));
+    for (i, role, port) in nodes.chain(SNS.iter().map(|&i| (i, "sn", SN_PORT))) {
+        let node_dir = dir.join(format!("{role}{i}"));
+        let listen = format!("[{}]:{port}", Net::link_addr(i));
+        net.spawn(
+            i,
+            &[
+                "store",
+                "node",
+                "add",
+                "--role",
+                role,
+                "--dir",
+                &p(&node_dir),
+                "--listen",
+                &listen,
+                "--cluster",
+                &on_endpoint(),
+            ],
+            &dir.join(format!("{role}{i}.log")),
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let st = status(net);
+        if up(&st, "metadata_nodes") == 3 && up(&st, "storage_nodes") == 4 {
+            assert_eq!(st["network_mode"], "routed");
+            break;
+        }
+        assert!(Instant::now() < deadline, "nodes did not come up: {st}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn routed_cluster_in_network_namespaces_serves_every_operation() {
+    let dir = tmp();
+    let mut net = Net::new();
+    start_cluster(&mut net, dir.path());
+    let st = status(&net);
+    // 16 metadata groups and 4 storage-node prefixes.
+    assert_eq!(net.install_routes(&st), 16 + 4);
+    // From here on the client cannot reach any node by its own address:
+    // only routes to object and metadata addresses lead to the nodes.
+    let mut prohibit = String::new();
+    for i in MNS.iter().chain(SNS.iter()) {
+        prohibit.push_str(&format!("route add prohibit {}/128\n", Net::link_addr(*i)));
+    }
+    ip_batch(&net.ns(CLIENT), &prohibit);
+    let first_sn = Net::link_addr(SNS[0]);
+    assert!(
+        raw_tcp(&net, &first_sn, SN_PORT, b"").is_err(),
+        "the client still reaches a storage node by its link address"
+    );
+
+    let sizes: [(usize, &str); 7] = [
+        (0, "empty"),
+        (1, "one"),
+        (2_600, "small"),
+        (306 * 1024, "medium"),
+        (2_300_000, "large"),
+        (4 * 1024 * 1024 + 17, "odd"),
+        (64 << 20, "huge"),
+    ];
+    // Metadata nodes learn of the storage nodes at their next table
+    // refresh (every 500 ms): wait until a Post is placed.
+    let probe = dir.path().join("probe");
+    std::fs::write(&probe, b"probe").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !net
+        .client(&["obj", "put", &p(&probe), "probe"])
+        .status
+        .success()
+    {
+        assert!(Instant::now() < deadline, "no Post was placed in 10 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    net.client_ok(&["obj", "rm", "probe"]);
+    let sn_prefixes: Vec<String> = st["storage_nodes"]
+        .as_array()
+        .expect("sns")
+        .iter()
+        .map(|sn| s(&sn["prefix"]).trim_end_matches("::/64").to_string() + ":")
+        .collect();
+    let mut small_replica = String::new();
+    for (k, (len, name)) in sizes.iter().enumerate() {
+        let bytes = data(*len, k as u64 + 1);
+        let src = dir.path().join(format!("{name}.in"));
+        std::fs::write(&src, &bytes).unwrap();
+        let obj = format!("b/{name}");
+        net.client_ok(&["obj", "put", &p(&src), &obj]);
+        let back = dir.path().join(format!("{name}.out"));
+        net.client_ok(&["obj", "get", &obj, &p(&back)]);
+        assert!(
+            std::fs::read(&back).unwrap() == bytes,
+            "{obj}: content differs"
+        );
+        let stat: serde_json::Value =
+            serde_json::from_str(&net.client_ok(&["obj", "stat", &obj, "--output", "json"]))
+                .expect("stat json");
+        assert_eq!(stat["size"], *len as u64, "{stat}");
+        assert_eq!(
+            stat["crc32c"],
+            format!("{:08x}", crc32c::crc32c(&bytes)),
+            "{stat}"
+        );
+        let replicas = stat["replicas"].as_array().expect("replicas");
+        assert_eq!(replicas.len(), 3, "{stat}");
+        for r in replicas {
+            let r = s(r);
+            assert!(
+                sn_prefixes.iter().any(|pre| r.starts_with(pre.as_str())),
+                "replica {r} in no storage node's prefix {sn_prefixes:?}"
+            );
+            if *name == "small" {
+                small_replica = r;
+            }
+        }
+    }
+    let listed = net.client_ok(&["obj", "ls", "b/", "--all"]);
+    for (_, name) in &sizes {
+        assert!(listed.contains(&format!("b/{name}")), "{listed}");
+    }
+
+    // Rename is metadata only; the old name is gone.
+    net.client_ok(&["obj", "mv", "b/medium", "b/renamed"]);
+    let back = dir.path().join("renamed.out");
+    net.client_ok(&["obj", "get", "b/renamed", &p(&back)]);
+    assert!(std::fs::read(&back).unwrap() == data(306 * 1024, 4));
+    assert!(!net.client(&["obj", "stat", "b/medium"]).status.success());
+
+    // Delete: the object is gone for every metadata replica.
+    net.client_ok(&["obj", "rm", "b/large"]);
+    let gone = net.client(&["obj", "get", "b/large", &p(&dir.path().join("x"))]);
+    assert!(!gone.status.success());
+    let why = String::from_utf8_lossy(&gone.stderr);
+    assert!(why.contains("was deleted"), "{why}");
+
+    // A storage node tells which replica was addressed from the address
+    // the connection was made to: asking it for another one is refused.
+    let replica: std::net::Ipv6Addr = small_replica.parse().expect("replica address");
+    let other = std::net::Ipv6Addr::from(u128::from(replica) ^ 1);
+    let get = Request::Get {
+        addr: u128::from(replica),
+    }
+    .encode();
+    let reply = raw_tcp(&net, &other.to_string(), SN_PORT, &get).expect("connect by route");
+    let text = String::from_utf8_lossy(&reply);
+    assert!(
+        text.contains("connection made to replica address"),
+        "wrong address not refused: {text:?}"
+    );
+    // The same request to the right address is served.
+    let reply = raw_tcp(&net, &replica.to_string(), SN_PORT, &get).expect("connect by route");
+    assert!(reply.len() > 2_600, "{} bytes", reply.len());
+    let expected = data(2_600, 3);
+    assert!(
+        reply.windows(64).any(|w| w == &expected[..64]),
+        "the replica's data is not in the reply"
+    );
+
+    // kill -9 one storage node: its prefix still routes to its namespace,
+    // where nothing listens now, and every Get falls back to another replica.
+    let sn = &mut net.procs[1 + MNS.len()];
+    sn.kill().expect("kill the storage node");
+    sn.wait().expect("reap the storage node");
+    for (k, (len, name)) in sizes.iter().enumerate() {
+        if matches!(*name, "medium" | "large") {
+            continue;
+        }
+        let back = dir.path().join(format!("{name}.again"));
+        net.client_ok(&["obj", "get", &format!("b/{name}"), &p(&back)]);
+        assert!(
+            std::fs::read(&back).unwrap() == data(*len, k as u64 + 1),
+            "b/{name} differs with a storage node down"
+        );
+    }
+}
