@@ -45,7 +45,7 @@ impl Disk {
                 match w.prepare_alloc(self, cluster)? {
                     AllocStep::InPlace(host) => {
                         drop(w);
-                        return top.file.write_all_at(data, host + in_cluster);
+                        return top.file.write_data(data, host + in_cluster);
                     }
                     AllocStep::Busy => self.alloc_done.wait(&mut w),
                     AllocStep::Fill { host, old } => break (host, old),
@@ -76,7 +76,7 @@ impl Disk {
     ) -> Result<()> {
         let cs = 1u64 << cb;
         if in_cluster == 0 && data.len() as u64 == cs {
-            return self.top().file.write_all_at(data, host);
+            return self.top().file.write_data(data, host);
         }
         let mut content = vec![0u8; cs as usize];
         let start = cluster << cb;
@@ -85,6 +85,6 @@ impl Disk {
             self.read_at(&mut content[..readable], start)?;
         }
         content[in_cluster as usize..in_cluster as usize + data.len()].copy_from_slice(data);
-        self.top().file.write_all_at(&content, host)
+        self.top().file.write_data(&content, host)
     }
 }

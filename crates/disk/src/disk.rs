@@ -481,9 +481,9 @@ impl Disk {
                 buf.fill(0);
                 Ok(())
             }
-            Source::Host { layer, offset } => self.layers[layer as usize - 1]
-                .file
-                .read_or_zero(buf, offset),
+            Source::Host { layer, offset } => {
+                self.layers[layer as usize - 1].file.read_data(buf, offset)
+            }
             Source::Raw { layer, offset } => self.layers[layer as usize - 1].read_raw(buf, offset),
             Source::Compressed {
                 layer,
@@ -542,7 +542,7 @@ impl Disk {
             };
             let part = &buf[(pos - offset) as usize..(seg_end - offset) as usize];
             match host {
-                Some(host) => self.top().file.write_all_at(part, host)?,
+                Some(host) => self.top().file.write_data(part, host)?,
                 None => self.write_allocating(writer, part, pos)?,
             }
             pos = seg_end;

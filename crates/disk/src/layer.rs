@@ -282,7 +282,7 @@ impl Layer {
                 Ok(())
             }
             L2Mapping::Data { host_offset, .. } => {
-                self.file.read_or_zero(buf, host_offset + in_cluster)
+                self.file.read_data(buf, host_offset + in_cluster)
             }
             L2Mapping::Compressed {
                 host_offset,
@@ -298,7 +298,7 @@ impl Layer {
 
     /// Reads raw-format data (zeros past the end of the file).
     pub(crate) fn read_raw(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.file.read_or_zero(buf, offset)
+        self.file.read_data(buf, offset)
     }
 
     /// Decompresses one compressed cluster.
@@ -316,7 +316,7 @@ impl Layer {
         }
         // max_len is at most two clusters by construction of the descriptor.
         let mut input = vec![0u8; max_len as usize];
-        self.file.read_or_zero(&mut input, host_offset)?;
+        self.file.read_data(&mut input, host_offset)?;
         let mut out = vec![0u8; cs];
         let produced = match q.compression {
             CompressionType::Zlib => {

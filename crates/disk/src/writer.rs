@@ -5,11 +5,12 @@
 //!   set (v3) and the chain-index autoclear bit cleared, then synced. A crash
 //!   from here on leaves an image that QEMU and Strata both repair on their
 //!   next open for writing, and an index nobody trusts.
-//! - Metadata is written through, in an order that never lets a table point
-//!   at something not yet written: data, then refcount, then L2 entry, then
-//!   L1 entry, then index entry. After a killed process the file is
-//!   consistent except for leaks, which the dirty bit makes the next writer
-//!   repair.
+//! - Metadata is updated in an order that never lets a table point at
+//!   something not yet written: data, then refcount, then L2 entry, then
+//!   L1 entry, then index entry. Small metadata writes wait in memory for
+//!   the next sync, which makes the data durable before writing them (see
+//!   [`crate::file`]). After a crash the file is consistent except for
+//!   leaks, which the dirty bit makes the next writer repair.
 //! - On close, the index checksum is recomputed, the autoclear bit set and
 //!   the dirty bit cleared, after a sync.
 
@@ -116,6 +117,9 @@ impl Writer {
         };
         if h.version >= 3 {
             writer.attach_index(disk, owners)?;
+            // The dirty bit is on disk: a crash between syncs is repaired
+            // on the next open, so metadata may wait for the next sync.
+            top.file.set_write_back(true)?;
         }
         Ok(writer)
     }
@@ -150,7 +154,7 @@ impl Writer {
     pub(crate) fn write(&mut self, disk: &Disk, buf: &[u8], offset: u64) -> Result<()> {
         let top = disk.top();
         let Some(cb) = top.cluster_bits() else {
-            return top.file.write_all_at(buf, offset);
+            return top.file.write_data(buf, offset);
         };
         let cs = 1u64 << cb;
         let end = offset + buf.len() as u64;
@@ -230,7 +234,7 @@ impl Writer {
             copied: true,
         } = old
         {
-            return top.file.write_all_at(data, host_offset + in_cluster);
+            return top.file.write_data(data, host_offset + in_cluster);
         }
         let reused = match old {
             L2Mapping::Zero {
@@ -409,7 +413,8 @@ impl Writer {
         }
         h.incompatible_features &= !INCOMPAT_DIRTY;
         write_header(top, &h)?;
-        top.file.sync()
+        // Writes the clean header through and syncs.
+        top.file.set_write_back(false)
     }
 
     fn allocator(&mut self) -> Result<&mut Allocator> {
