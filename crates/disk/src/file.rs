@@ -133,7 +133,11 @@ impl ImageFile {
         }
         // Under the lock: a sync removes sectors only after writing them.
         let dirty = self.dirty.lock();
-        self.read_data(buf, offset)?;
+        let end = offset + buf.len() as u64;
+        let all_dirty = (offset / SECTOR..end.div_ceil(SECTOR)).all(|s| dirty.contains_key(&s));
+        if !all_dirty {
+            self.read_data(buf, offset)?;
+        }
         patch_from(&dirty, buf, offset);
         Ok(())
     }
