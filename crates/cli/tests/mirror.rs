@@ -186,6 +186,7 @@ fn eight_mirrors_read_the_image_identically_sharing_chunks() {
     }
     let mut from_repo = 0;
     let mut from_peers = 0;
+    let mut deferred = 0;
     for i in 0..8 {
         let got = std::fs::read(dir.path().join(format!("out{i}.raw"))).unwrap();
         assert!(got == data, "mirror {i} differs from the image");
@@ -194,7 +195,11 @@ fn eight_mirrors_read_the_image_identically_sharing_chunks() {
         assert_eq!(s["remote"], 0, "{s}");
         from_repo += n(&s, "repo_demand") + n(&s, "repo_prefetch");
         from_peers += n(&s, "peer_demand") + n(&s, "peer_prefetch");
+        deferred += n(&s, "repo_deferred");
     }
+    // Mirrors reading the same chunks at once held repository fetches
+    // back for the peer first in line.
+    assert!(deferred > 0, "no repository fetch was deferred to a peer");
     // qemu-img agrees, through the NBD export.
     run_ok(
         "qemu-img",

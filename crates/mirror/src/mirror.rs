@@ -35,6 +35,12 @@ pub const TRACE_FILE: &str = "trace";
 const PARALLEL_FETCHES: usize = 8;
 /// Most repository reads in flight from one mirror.
 const REPO_READS: usize = 16;
+/// How long a mirror that is not first in line for a chunk waits for the
+/// first one to announce its repository fetch before fetching it itself.
+const REPO_DEFER: Duration = Duration::from_millis(25);
+/// Chunks either side of a wanted one: a peer holding or fetching one of
+/// them is reading the same region, so it may well fetch this one too.
+const NEARBY: u32 = 8;
 
 /// A counting semaphore: bounds this mirror's load on the repository.
 #[derive(Default)]
@@ -140,6 +146,8 @@ pub struct MirrorStats {
     pub peer_unavailable: u64,
     /// Peer requests answered "busy" (asked again, or elsewhere).
     pub peer_busy: u64,
+    /// Repository fetches held back for a peer first in line for the chunk.
+    pub repo_deferred: u64,
     /// Chunks from peers that failed their digest (discarded; peer dropped).
     pub corrupt_from_peers: u64,
     /// Peer links closed because the peer broke the protocol.
@@ -179,6 +187,7 @@ struct Counters {
     peer_timeouts: AtomicU64,
     peer_unavailable: AtomicU64,
     peer_busy: AtomicU64,
+    repo_deferred: AtomicU64,
     corrupt_from_peers: AtomicU64,
     malformed_links: AtomicU64,
     served: AtomicU64,
@@ -418,6 +427,18 @@ fn verify_recovered(
     Ok((states, kept))
 }
 
+/// A mirror's rank for chunk `c` (lower goes first): FNV-1a of its
+/// peer address and the chunk number, so every mirror computes the same
+/// order without talking.
+fn rank(addr: &str, c: u32) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in addr.bytes().chain(c.to_le_bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
 /// A trace as stored: magic, image id, count, chunk numbers.
 pub fn encode_trace(image_id: &digest::Hash, order: &[u32]) -> Vec<u8> {
     let mut b = Vec::with_capacity(44 + 4 * order.len());
@@ -480,6 +501,7 @@ impl Inner {
             peer_timeouts: get(&c.peer_timeouts),
             peer_unavailable: get(&c.peer_unavailable),
             peer_busy: get(&c.peer_busy),
+            repo_deferred: get(&c.repo_deferred),
             corrupt_from_peers: get(&c.corrupt_from_peers),
             malformed_links: get(&c.malformed_links),
             served: get(&c.served),
@@ -631,6 +653,7 @@ impl Inner {
         };
         let mut asked = 0;
         let mut waited = false;
+        let mut deferred = false;
         let busy_until = Instant::now() + timeout;
         loop {
             let mut busy = false;
@@ -664,6 +687,12 @@ impl Inner {
                 waited = true;
                 continue;
             }
+            if !deferred {
+                deferred = true;
+                if self.defer_to_peers(c) {
+                    continue;
+                }
+            }
             self.repo_gate.acquire(REPO_READS);
             if asked == 0 && !self.holders(c).is_empty() {
                 self.repo_gate.release();
@@ -676,6 +705,49 @@ impl Inner {
             self.repo_gate.release();
             return Ok((data?, Source::Repo));
         }
+    }
+
+    /// Mirrors reading the same region at once would each fetch a chunk
+    /// nobody holds yet from the repository. So a mirror goes first only
+    /// if it ranks first for the chunk among itself and its peers (a hash
+    /// of chunk and address); otherwise, when a peer reads nearby, it
+    /// waits up to [`REPO_DEFER`] for an announcement or an advertisement.
+    /// Returns `true` if it waited.
+    fn defer_to_peers(&self, c: u32) -> bool {
+        let Some(me) = self.identity.as_ref().map(|i| i.listen.as_str()) else {
+            return false;
+        };
+        let mine = rank(me, c);
+        let lo = c.saturating_sub(NEARBY);
+        let hi = c
+            .saturating_add(NEARBY)
+            .min(self.manifest.chunks().saturating_sub(1));
+        let (outranked, nearby) = {
+            let p = self.peers.lock();
+            let usable = || p.links.iter().filter(|l| l.usable());
+            let outranked = usable().any(|l| (rank(&l.remote, c), l.remote.as_str()) < (mine, me));
+            let nearby =
+                usable().any(|l| (lo..=hi).any(|n| n != c && (l.holds(n) || l.is_fetching(n))));
+            (outranked, nearby)
+        };
+        if !outranked || !nearby {
+            return false;
+        }
+        let arrived = |i: &Self| {
+            let p = i.peers.lock();
+            p.links
+                .iter()
+                .any(|l| l.usable() && (l.holds(c) || l.is_fetching(c)))
+        };
+        let deadline = Instant::now() + REPO_DEFER;
+        let mut t = self.table.lock();
+        while !arrived(self) && !self.stopping() {
+            if self.changed.wait_until(&mut t, deadline).timed_out() {
+                break;
+            }
+        }
+        bump(&self.counters.repo_deferred);
+        true
     }
 
     /// If a peer announced it is fetching `c` from the repository, waits
@@ -910,6 +982,12 @@ impl Inner {
 }
 
 impl PeerHandler for Inner {
+    fn on_coming(&self, _link: &Arc<Link>, _chunks: &[u32]) {
+        // Wakes fetches deferring to the announcing peer.
+        let _t = self.table.lock();
+        self.changed.notify_all();
+    }
+
     fn on_have(&self, _link: &Arc<Link>, chunks: &[u32]) {
         let mut t = self.table.lock();
         for c in chunks {

@@ -20,6 +20,8 @@ use crate::wire::{self, Limits, Msg};
 pub trait PeerHandler: Send + Sync + 'static {
     /// The peer holds these chunks (validated against the image).
     fn on_have(&self, link: &Arc<Link>, chunks: &[u32]);
+    /// The peer announced it is fetching these chunks from the repository.
+    fn on_coming(&self, _link: &Arc<Link>, _chunks: &[u32]) {}
     /// The peer wants chunk `c`: its data if this mirror serves it.
     fn serve(&self, c: u32) -> Option<Vec<u8>>;
     /// The link is gone; `malformed` if the peer broke the protocol.
@@ -335,9 +337,10 @@ impl Link {
                 handler.on_have(self, &list);
             }
             Msg::Coming(list) => {
-                for c in list {
+                for &c in &list {
                     set_bit(&self.coming, c, true);
                 }
+                handler.on_coming(self, &list);
             }
             Msg::Want { req, chunk, demand } => {
                 if self.queued.load(Ordering::Relaxed) >= BUSY_QUEUE {
