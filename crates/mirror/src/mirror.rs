@@ -37,7 +37,7 @@ const PARALLEL_FETCHES: usize = 8;
 const REPO_READS: usize = 16;
 /// How long a mirror that is not first in line for a chunk waits for the
 /// first one to announce its repository fetch before fetching it itself.
-const REPO_DEFER: Duration = Duration::from_millis(25);
+const REPO_DEFER: Duration = Duration::from_millis(50);
 /// Chunks either side of a wanted one: a peer holding or fetching one of
 /// them is reading the same region, so it may well fetch this one too.
 const NEARBY: u32 = 8;
