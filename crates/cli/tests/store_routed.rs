@@ -457,11 +457,14 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
         "the replica's data is not in the reply"
     );
 
-    // kill -9 one storage node: its prefix still routes to its namespace,
-    // where nothing listens now, and every Get falls back to another replica.
-    let sn = &mut net.procs[1 + MNS.len()];
-    sn.kill().expect("kill the storage node");
-    sn.wait().expect("reap the storage node");
+    // kill -9 one storage node and one metadata node: their prefixes
+    // still route to their namespaces, where nothing listens now. Every
+    // Get falls back to another metadata address and another replica.
+    for i in [1 + MNS.len(), 1] {
+        let node = &mut net.procs[i];
+        node.kill().expect("kill a node");
+        node.wait().expect("reap a node");
+    }
     for (k, (len, name)) in sizes.iter().enumerate() {
         if matches!(*name, "medium" | "large") {
             continue;
@@ -470,7 +473,7 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
         net.client_ok(&["obj", "get", &format!("b/{name}"), &p(&back)]);
         assert!(
             std::fs::read(&back).unwrap() == data(*len, k as u64 + 1),
-            "b/{name} differs with a storage node down"
+            "b/{name} differs with a storage and a metadata node down"
         );
     }
 }
