@@ -6,10 +6,10 @@ use serde_json::json;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use strata_store::client::Client;
+use strata_store::client::{Client, RenameStep};
 use strata_store::cluster::{Cluster, ClusterConfig};
 use strata_store::table::{Device, Params, Table};
-use strata_store::wire::{Body, Msg};
+use strata_store::wire::{Body, Msg, RenameLink};
 
 use crate::img::{progress_bar, Output};
 use crate::units::{human, parse_size};
@@ -535,6 +535,11 @@ fn record_json(r: &strata_store::wire::Record) -> serde_json::Value {
         "version": r.version,
         "metadata_addresses": r.meta.iter().map(|&a| strata_store::addr::fmt_addr(a)).collect::<Vec<_>>(),
         "replicas": r.replicas.iter().map(|&a| strata_store::addr::fmt_addr(a)).collect::<Vec<_>>(),
+        "rename": match &r.rename {
+            None => serde_json::Value::Null,
+            Some(RenameLink::To(n)) => json!({"to": n}),
+            Some(RenameLink::From(n)) => json!({"from": n}),
+        },
     })
 }
 
@@ -616,8 +621,17 @@ async fn obj(cmd: ObjCommand) -> Result<i32> {
         }
         ObjCommand::Mv { cluster, from, to } => {
             let client = connect(&cluster).await?;
+            // Tests stop a rename between its steps (STRATA_FAILPOINT=
+            // rename-after-marked, -linked or -dropped).
             let r = client
-                .rename(&from, &to)
+                .rename_with(&from, &to, &|step| {
+                    let point = match step {
+                        RenameStep::Marked => "rename-after-marked",
+                        RenameStep::Linked => "rename-after-linked",
+                        RenameStep::Dropped => "rename-after-dropped",
+                    };
+                    strata_volume::failpoint::failpoint(point);
+                })
                 .await
                 .with_context(|| format!("could not rename '{from}' to '{to}'"))?;
             if cluster.output == Output::Json {
@@ -637,6 +651,11 @@ async fn obj(cmd: ObjCommand) -> Result<i32> {
                 println!("size: {} ({} bytes)", human(r.size), r.size);
                 println!("crc32c: {:08x}", r.crc);
                 println!("version: {}", r.version);
+                match &r.rename {
+                    Some(RenameLink::To(n)) => println!("being renamed to: {n} (interrupted?)"),
+                    Some(RenameLink::From(n)) => println!("renamed from: {n} (not finished)"),
+                    None => {}
+                }
                 for a in &r.meta {
                     println!("metadata address: {}", strata_store::addr::fmt_addr(*a));
                 }

@@ -197,6 +197,87 @@ fn objects_from_0_bytes_to_64_mib_round_trip_with_checksums() {
     assert!(std::fs::read(&dst).unwrap() == pattern(2_300_000, 4));
 }
 
+/// `strata obj mv FROM TO` killed with SIGKILL right after `step`.
+fn interrupted_mv(store: &Store, from: &str, to: &str, step: &str) {
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["obj", "mv", from, to, "--cluster", &store.on.to_string()])
+        .env("STRATA_FAILPOINT", format!("rename-after-{step}"))
+        .output()
+        .expect("run strata");
+    assert!(
+        !out.status.success(),
+        "mv should have been killed after {step}"
+    );
+}
+
+#[test]
+fn an_interrupted_rename_loses_no_data() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("cluster"), REPLICATED);
+    let dst = dir.path().join("out");
+    let read = |name: &str| {
+        store.ok(&["obj", "get", name, &p(&dst)]);
+        std::fs::read(&dst).unwrap()
+    };
+    for (i, name) in ["a", "b", "c", "d"].iter().enumerate() {
+        let src = dir.path().join(name);
+        std::fs::write(&src, pattern(50_000, i as u64)).unwrap();
+        store.ok(&["obj", "put", &p(&src), &format!("r/{name}")]);
+    }
+    let files = store.replica_files().len();
+
+    // Stopped after both names exist: deleting the old name keeps the
+    // data under the new one.
+    interrupted_mv(&store, "r/a", "r/a2", "linked");
+    let (old, new) = (
+        store.json(&["obj", "stat", "r/a"]),
+        store.json(&["obj", "stat", "r/a2"]),
+    );
+    assert_eq!(old["replicas"], new["replicas"]);
+    store.ok(&["obj", "rm", "r/a"]);
+    assert!(read("r/a2") == pattern(50_000, 0));
+
+    // ... and deleting the new name keeps it under the old one. Renaming
+    // either name elsewhere meanwhile is refused: it would hide the link.
+    interrupted_mv(&store, "r/b", "r/b2", "linked");
+    let err = store.fails(&["obj", "mv", "r/b", "r/b3"]);
+    assert!(err.contains("interrupted"), "{err}");
+    store.ok(&["obj", "rm", "r/b2"]);
+    assert!(read("r/b") == pattern(50_000, 1));
+
+    // Running the rename again finishes it.
+    interrupted_mv(&store, "r/c", "r/c2", "linked");
+    store.ok(&["obj", "mv", "r/c", "r/c2"]);
+    store.fails(&["obj", "stat", "r/c"]);
+    assert!(read("r/c2") == pattern(50_000, 2));
+    let done = store.json(&["obj", "stat", "r/c2"]);
+    assert!(done["rename"].is_null(), "{done}");
+
+    // Stopped after marking only: the old name is whole, and a delete
+    // frees its data (no other name holds it).
+    interrupted_mv(&store, "r/d", "r/d2", "marked");
+    store.fails(&["obj", "stat", "r/d2"]);
+    assert!(read("r/d") == pattern(50_000, 3));
+    store.ok(&["obj", "rm", "r/d"]);
+
+    // Stopped after dropping the old name: the new one reads back.
+    interrupted_mv(&store, "r/c2", "r/c3", "dropped");
+    assert!(read("r/c3") == pattern(50_000, 2));
+
+    // Nothing lost: the three live objects still have all their replicas,
+    // and r/d's (deleted for real) are freed in the background.
+    let want = files - files / 4;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.replica_files().len() != want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} replica files, want {want}",
+            store.replica_files().len()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn rename_delete_and_paginated_list() {
     let dir = tmp();

@@ -252,6 +252,7 @@ mod tests {
             version,
             meta: vec![],
             replicas: vec![],
+            rename: None,
         }
     }
 

@@ -263,6 +263,10 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 self.coordinator_check(msg.target, &record.name)?;
                 self.link(now, from, msg.req, record, out)
             }
+            Body::Update { record, if_version } => {
+                self.coordinator_check(msg.target, &record.name)?;
+                self.update(now, from, msg.req, record, *if_version, out)
+            }
             Body::Get { name } => self.get(msg.target, name).map(Some),
             Body::Delete {
                 name,
@@ -504,17 +508,69 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             version,
             meta: self.table.meta_addrs(name),
             replicas: replicas.clone(),
+            rename: None,
         };
         // A Post over an existing object frees the old replicas once the new
-        // record is acknowledged.
+        // record is acknowledged, unless an interrupted rename may share
+        // them with another name (a leak then, never a loss).
         let mg0 = self.owned(record.meta[0])?;
         let old = self
             .db
             .get(mg0, name)?
+            .filter(|r| r.rename.is_none())
             .map(|r| r.replicas)
             .unwrap_or_default();
         // Answer the commit request itself (its own request id and socket).
         self.commit_record(now, from.clone(), req, record, old, out)
+    }
+
+    /// Replaces a record's rename link (nothing else may change) under a
+    /// new version, if the stored record is at `if_version`.
+    fn update(
+        &mut self,
+        now: u64,
+        from: &P,
+        req: u64,
+        record: &Record,
+        if_version: u64,
+        out: &mut Vec<Out<P>>,
+    ) -> Result<Option<Body>, Error> {
+        let name = &record.name;
+        if self.in_progress(name, from, req) {
+            return Ok(None);
+        }
+        if self.pending.contains_key(name) {
+            return Err(remote(
+                Code::Conflict,
+                format!("a Post or Delete of {name:?} is in progress"),
+            ));
+        }
+        let mg0 = self.owned(self.table.meta_addrs(name)[0])?;
+        let Some(stored) = self.db.get(mg0, name)? else {
+            return Err(remote(Code::NotFound, format!("no object named {name:?}")));
+        };
+        if stored.version != if_version {
+            return Err(remote(
+                Code::Conflict,
+                format!(
+                    "{name:?} is at version {}, not {if_version}",
+                    stored.version
+                ),
+            ));
+        }
+        if (stored.size, stored.crc, &stored.replicas)
+            != (record.size, record.crc, &record.replicas)
+        {
+            return Err(remote(
+                Code::BadRequest,
+                "an update may change only the rename link; Post to change the data",
+            ));
+        }
+        let mut rec = stored;
+        rec.rename = record.rename.clone();
+        rec.version = self.db.latest_version(mg0, name)? + 1;
+        rec.meta = self.table.meta_addrs(name);
+        self.commit_record(now, from.clone(), req, rec, Vec::new(), out)
     }
 
     fn link(
@@ -1102,7 +1158,11 @@ fn fit_page(mut entries: Vec<crate::wire::ListEntry>, mut more: bool) -> Body {
 fn is_mutation(body: &Body) -> bool {
     matches!(
         body,
-        Body::PostBegin { .. } | Body::PostCommit { .. } | Body::Link { .. } | Body::Delete { .. }
+        Body::PostBegin { .. }
+            | Body::PostCommit { .. }
+            | Body::Link { .. }
+            | Body::Update { .. }
+            | Body::Delete { .. }
     )
 }
 

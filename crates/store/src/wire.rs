@@ -111,6 +111,20 @@ pub struct Record {
     pub meta: Vec<Addr>,
     /// The addresses of its data replicas.
     pub replicas: Vec<Addr>,
+    /// Set while a rename may share these replicas with another name.
+    pub rename: Option<RenameLink>,
+}
+
+/// The other name of a rename, kept in both records: a rename marks the old
+/// name first, binds the new one, then drops the old one. If it stops
+/// half way, both names share the replicas, and a Delete of either keeps
+/// the data while the other still holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RenameLink {
+    /// In the old name's record: being renamed to this name.
+    To(String),
+    /// In the new name's record: renamed from this name.
+    From(String),
 }
 
 /// One listed object.
@@ -170,6 +184,14 @@ pub enum Body {
     Link {
         /// The record to bind under its (new) name; version is ignored.
         record: Record,
+    },
+    /// Client → coordinator: replace an object's record at `if_version`
+    /// with `record`, which may change only its rename link.
+    Update {
+        /// The new record; version is ignored.
+        record: Record,
+        /// The version the stored record must have.
+        if_version: u64,
     },
     /// Client → any metadata address: read metadata.
     Get {
@@ -450,6 +472,17 @@ fn put_record(w: &mut Writer, r: &Record) {
     w.u64(r.version);
     w.addrs(&r.meta);
     w.addrs(&r.replicas);
+    match &r.rename {
+        None => w.u8(0),
+        Some(RenameLink::To(n)) => {
+            w.u8(1);
+            w.str(n);
+        }
+        Some(RenameLink::From(n)) => {
+            w.u8(2);
+            w.str(n);
+        }
+    }
 }
 
 fn get_record(r: &mut Reader) -> Result<Record, WireError> {
@@ -467,6 +500,12 @@ fn get_record(r: &mut Reader) -> Result<Record, WireError> {
         version: r.u64()?,
         meta: r.addrs(MAX_META_REPLICAS, "metadata addresses")?,
         replicas: r.addrs(MAX_DATA_REPLICAS, "replicas")?,
+        rename: match r.u8()? {
+            0 => None,
+            1 => Some(RenameLink::To(r.name()?)),
+            2 => Some(RenameLink::From(r.name()?)),
+            k => return Err(WireError::Invalid(format!("rename link kind {k}"))),
+        },
     })
 }
 
@@ -541,6 +580,7 @@ impl Msg {
             Body::Registered { .. } => 18,
             Body::Heartbeat { .. } => 19,
             Body::Retire { .. } => 20,
+            Body::Update { .. } => 21,
         }
     }
 
@@ -565,6 +605,10 @@ impl Msg {
             }
             Body::Link { record } | Body::Found { record } | Body::Replicate { record } => {
                 put_record(w, record)
+            }
+            Body::Update { record, if_version } => {
+                put_record(w, record);
+                w.u64(*if_version);
             }
             Body::Get { name } => w.str(name),
             Body::Delete {
@@ -671,6 +715,10 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
             record: get_record(r)?,
         },
         6 => Body::Get { name: r.name()? },
+        21 => Body::Update {
+            record: get_record(r)?,
+            if_version: r.u64()?,
+        },
         7 => Body::Found {
             record: get_record(r)?,
         },
@@ -759,6 +807,7 @@ mod tests {
             version: 7,
             meta: vec![1, 2, 3],
             replicas: vec![u128::MAX, 5],
+            rename: None,
         }
     }
 
@@ -780,6 +829,19 @@ mod tests {
             Body::PostAbort {
                 name: "x".into(),
                 version: 1,
+            },
+            Body::Update {
+                record: Record {
+                    rename: Some(RenameLink::To("elsewhere".into())),
+                    ..record("u")
+                },
+                if_version: 9,
+            },
+            Body::Found {
+                record: Record {
+                    rename: Some(RenameLink::From("before".into())),
+                    ..record("r")
+                },
             },
             Body::Link {
                 record: record("l"),
