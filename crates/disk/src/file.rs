@@ -262,6 +262,9 @@ impl ImageFile {
         self.fdatasync()?;
         {
             let mut dirty = self.dirty.lock();
+            // A sector a direct write superseded meanwhile is no longer
+            // dirty: the file already holds newer bytes there.
+            copy.retain(|(s, _)| dirty.contains_key(s));
             for run in copy.chunk_by(|a, b| a.0 + 1 == b.0) {
                 let bytes: Vec<u8> = run.iter().flat_map(|(_, b)| b.iter().copied()).collect();
                 let at = run[0].0 * SECTOR;
@@ -381,6 +384,36 @@ mod tests {
             1 => Just(Op::Sync),
             1 => any::<bool>().prop_map(Op::WriteBack),
         ]
+    }
+
+    /// A direct write that supersedes dirty sectors while a sync runs must
+    /// not be overwritten by the sync's older copy of them.
+    #[test]
+    fn a_sync_racing_a_direct_write_keeps_the_newer_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![0u8; 64 * 1024]).unwrap();
+        let f = std::sync::Arc::new(ImageFile::open(&path, 1, true).unwrap());
+        f.set_write_back(true).unwrap();
+        for round in 0..200u32 {
+            let old = (round % 250) as u8 + 1;
+            f.write_all_at(&[old; 100], 8192).unwrap(); // dirty, in memory
+            let syncer = {
+                let f = f.clone();
+                std::thread::spawn(move || f.sync().unwrap())
+            };
+            let new = vec![old.wrapping_add(1); DIRECT_WRITE];
+            // Aim at the sync's first fdatasync, after it copied the sectors.
+            std::thread::sleep(std::time::Duration::from_micros(u64::from(round % 8) * 100));
+            f.write_all_at(&new, 8192).unwrap(); // whole sectors, direct
+            syncer.join().unwrap();
+            f.sync().unwrap();
+            let disk = std::fs::read(&path).unwrap();
+            assert!(
+                disk[8192..8192 + DIRECT_WRITE] == new[..],
+                "round {round}: a sync wrote older bytes over a direct write"
+            );
+        }
     }
 
     proptest! {
