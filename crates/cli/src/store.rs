@@ -118,9 +118,32 @@ pub struct UpArgs {
     /// prefixes. Default: mapped mode, through the prefix table.
     #[arg(long)]
     routed: bool,
+    #[command(flatten)]
+    gc: GcArgs,
     /// log2 of the number of metadata groups (4 to 16).
     #[arg(long, default_value_t = 8)]
     mg_bits: u8,
+}
+
+/// Collection of replicas that no record names (a storage node back
+/// from the dead, a Post whose client vanished).
+#[derive(Args)]
+pub struct GcArgs {
+    /// Milliseconds between collection rounds on each storage node.
+    #[arg(long, default_value_t = 600_000)]
+    gc_interval_ms: u64,
+    /// Replicas younger than this (ms) are never collected.
+    #[arg(long, default_value_t = 600_000)]
+    gc_grace_ms: u64,
+}
+
+impl GcArgs {
+    fn config(&self) -> strata_store::sn::GcConfig {
+        strata_store::sn::GcConfig {
+            interval: std::time::Duration::from_millis(self.gc_interval_ms.max(100)),
+            grace: std::time::Duration::from_millis(self.gc_grace_ms),
+        }
+    }
 }
 
 /// `strata store node` subcommands.
@@ -146,6 +169,8 @@ pub enum NodeCommand {
         /// Device type.
         #[arg(long, default_value = "ssd", value_parser = ["ssd", "hdd"])]
         device: String,
+        #[command(flatten)]
+        gc: GcArgs,
     },
     /// Retire a storage node by its id (see `strata store status`).
     Remove {
@@ -291,6 +316,7 @@ fn up(args: UpArgs) -> Result<i32> {
     cfg.device = device(&args.device);
     cfg.mg_bits = args.mg_bits;
     cfg.routed = args.routed;
+    cfg.gc = args.gc.config();
     runtime()?.block_on(async {
         let cluster = Cluster::start(cfg)
             .await
@@ -459,6 +485,7 @@ fn node(cmd: NodeCommand) -> Result<i32> {
             listen,
             capacity,
             device: dev,
+            gc,
         } => {
             let capacity = parse_size(&capacity).map_err(anyhow::Error::msg)?;
             runtime()?.block_on(async {
@@ -480,6 +507,7 @@ fn node(cmd: NodeCommand) -> Result<i32> {
                     cluster.cluster,
                     capacity,
                     device(&dev),
+                    gc.config(),
                 )
                 .await
                 .context("could not add the storage node")?;

@@ -627,9 +627,14 @@ struct Node(Child);
 
 impl Node {
     fn add(store: &Store, dir: &Path, role: &str) -> Node {
+        Node::add_with(store, dir, role, &[])
+    }
+
+    fn add_with(store: &Store, dir: &Path, role: &str, extra: &[&str]) -> Node {
         let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
             .args(["store", "node", "add", "--cluster", &store.on.to_string()])
             .args(["--role", role, "--dir", &p(dir)])
+            .args(extra)
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn strata store node add");
@@ -940,6 +945,52 @@ fn repair_restores_replicas_after_a_definitive_storage_node_failure() {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+    // The dead node comes back: repair re-created its replicas elsewhere,
+    // so no record names the ones it holds, and it frees them all.
+    let count_files = |d: &Path| std::fs::read_dir(d.join("replicas")).map_or(0, |r| r.count());
+    let sn_dir = dir.path().join("sn-extra");
+    assert!(
+        count_files(&sn_dir) > 0,
+        "the dead node held no replica file"
+    );
+    let gc = ["--gc-interval-ms", "300", "--gc-grace-ms", "1500"];
+    let _back = Node::add_with(&store, &sn_dir, "sn", &gc);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count_files(&sn_dir) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} unreferenced replicas left on the returned node",
+            count_files(&sn_dir)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Replicas that records do name stay, rounds after their grace ended.
+    std::thread::sleep(Duration::from_millis(1200)); // every node has the table
+    let mut fresh = Vec::new();
+    for i in 0..6 {
+        let data = pattern(20_000 + i, 500 + i as u64);
+        let src = dir.path().join(format!("fresh{i}"));
+        std::fs::write(&src, &data).unwrap();
+        store.ok(&["obj", "put", &p(&src), &format!("fresh/{i}")]);
+        fresh.push(data);
+    }
+    let on_returned = count_files(&sn_dir);
+    assert!(
+        on_returned > 0,
+        "no new object was placed on the returned node"
+    );
+    std::thread::sleep(Duration::from_millis(3000));
+    assert_eq!(
+        count_files(&sn_dir),
+        on_returned,
+        "a referenced replica was collected"
+    );
+    for (i, data) in fresh.iter().enumerate() {
+        let out = dir.path().join("fresh.out");
+        store.ok(&["obj", "get", &format!("fresh/{i}"), &p(&out)]);
+        assert!(std::fs::read(&out).unwrap() == *data);
+    }
+
     // Every metadata replica holds the repaired record, and every replica
     // it names reads back whole.
     let rt = tokio::runtime::Builder::new_current_thread()

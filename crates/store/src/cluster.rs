@@ -41,6 +41,8 @@ pub struct ClusterConfig {
     /// Definitive-failure timer of storage nodes, in ms: past it their
     /// replicas are re-created elsewhere.
     pub definitive_failure_ms: u64,
+    /// Collection of unreferenced replicas on the storage nodes.
+    pub gc: crate::sn::GcConfig,
     /// Routed mode (a new cluster only): messages go to object and
     /// metadata addresses, which the network routes to each node's prefix.
     pub routed: bool,
@@ -62,6 +64,7 @@ impl ClusterConfig {
             device: Device::Ssd,
             short_failure_ms: crate::on::SHORT_FAILURE_MS,
             definitive_failure_ms: crate::on::DEFINITIVE_FAILURE_MS,
+            gc: crate::sn::GcConfig::default(),
             routed: false,
         }
     }
@@ -131,7 +134,7 @@ impl Cluster {
         let mut sns = Vec::new();
         for k in 0..cfg.sns {
             let dir = cfg.dir.join(format!("sn-{k}"));
-            sns.push(start_sn(&dir, loopback, on, cfg.sn_capacity, cfg.device).await?);
+            sns.push(start_sn(&dir, loopback, on, cfg.sn_capacity, cfg.device, cfg.gc).await?);
         }
         let mut mns = Vec::new();
         for k in 0..cfg.mns {

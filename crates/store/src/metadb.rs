@@ -7,6 +7,7 @@
 //! - `tombstones`: the version up to which the name was deleted, so a late
 //!   or duplicated replication message can never resurrect a deleted object.
 
+use crate::addr::Addr;
 use crate::wire::{decode_record, encode_record, ListEntry, Record};
 use crate::Error;
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
@@ -230,6 +231,21 @@ impl MetaDb {
             }
         }
         Ok(out)
+    }
+
+    /// Which of `addrs` the stored records name as replicas (one pass over
+    /// every record: storage nodes ask rarely, to find leaked replicas).
+    pub fn referenced(&self, addrs: &std::collections::HashSet<Addr>) -> Result<Vec<Addr>, Error> {
+        let tx = self.db.begin_read().map_err(db_err)?;
+        let t = tx.open_table(RECORDS).map_err(db_err)?;
+        let mut found = std::collections::HashSet::new();
+        for row in t.iter().map_err(db_err)? {
+            let (_, v) = row.map_err(db_err)?;
+            if let Ok(r) = decode_record(v.value()) {
+                found.extend(r.replicas.into_iter().filter(|a| addrs.contains(a)));
+            }
+        }
+        Ok(found.into_iter().collect())
     }
 
     /// Number of records (all groups).

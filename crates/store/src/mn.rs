@@ -268,6 +268,16 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 self.update(now, from, msg.req, record, *if_version, out)
             }
             Body::Get { name } => self.get(msg.target, name).map(Some),
+            Body::Referenced { addrs } => {
+                let query: std::collections::HashSet<Addr> = addrs.iter().copied().collect();
+                let mut found: std::collections::HashSet<Addr> =
+                    self.db.referenced(&query)?.into_iter().collect();
+                // Posts not committed yet and repair copies name theirs too.
+                found.extend(self.pending_replicas().filter(|a| query.contains(a)));
+                Ok(Some(Body::ReferencedBy {
+                    addrs: found.into_iter().collect(),
+                }))
+            }
             Body::Delete {
                 name,
                 if_version,
@@ -768,6 +778,17 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         let reply = Msg::new(p.client_req, 0, body);
         // The reply's target is irrelevant to the client; keep the request id.
         self.reply(p.client, reply, out);
+    }
+
+    /// Replica addresses this node has handed out but not committed yet:
+    /// Posts waiting for their data and repair copies in flight.
+    fn pending_replicas(&self) -> impl Iterator<Item = Addr> + '_ {
+        let posts = self.pending.values().flat_map(|p| match &p.phase {
+            Phase::Data { replicas, .. } => replicas.as_slice(),
+            Phase::Replicating { .. } => &[],
+        });
+        let repairs = self.repairs.values().flat_map(|r| r.targets.iter());
+        posts.chain(repairs).copied()
     }
 
     fn get(&self, target: Addr, name: &str) -> Result<Body, Error> {

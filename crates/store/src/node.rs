@@ -417,13 +417,15 @@ impl Drop for SnHandle {
 }
 
 /// Starts a storage node stored in `dir` on `bind`, declaring `capacity`
-/// bytes of `device`, member of the cluster whose orchestrator is `on`.
+/// bytes of `device`, member of the cluster whose orchestrator is `on`;
+/// `gc` paces the collection of replicas no record names.
 pub async fn start_sn(
     dir: &Path,
     bind: SocketAddr,
     on: SocketAddr,
     capacity: u64,
     device: Device,
+    gc: crate::sn::GcConfig,
 ) -> Result<SnHandle, Error> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
@@ -451,6 +453,7 @@ pub async fn start_sn(
     let table = Arc::new(RwLock::new(fetch_table(on).await?));
     let stats_store = store.clone();
     let tasks = vec![
+        tokio::spawn(crate::sn::gc_loop(store.clone(), table.clone(), gc)),
         tokio::spawn(crate::sn::serve(listener, store, table.clone())),
         tokio::spawn(refresh_loop(on, uuid, table, None, move || {
             (stats_store.free(), stats_store.objects())

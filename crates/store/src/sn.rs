@@ -574,3 +574,148 @@ async fn stream_body<W: tokio::io::AsyncWrite + Unpin>(
     }
     Ok((crc, sent))
 }
+
+/// Garbage collection of replicas no record names any more: those of a
+/// node that came back after it was declared dead (repair re-created them
+/// elsewhere), or of a Post whose client vanished after the data was
+/// written.
+#[derive(Clone, Copy, Debug)]
+pub struct GcConfig {
+    /// Time between rounds.
+    pub interval: std::time::Duration,
+    /// Replicas younger than this are never collected: a Post or a repair
+    /// copy may still be on its way to its metadata commit.
+    pub grace: std::time::Duration,
+}
+
+impl Default for GcConfig {
+    fn default() -> Self {
+        GcConfig {
+            interval: std::time::Duration::from_secs(600),
+            grace: std::time::Duration::from_secs(600),
+        }
+    }
+}
+
+/// What one collection round did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// Replicas old enough to be looked up.
+    pub checked: usize,
+    /// Of those, freed because no metadata node named them.
+    pub freed: usize,
+    /// `false` when the round was skipped: a metadata node was not up or
+    /// did not answer, so a replica only it names could look unreferenced.
+    pub complete: bool,
+}
+
+impl SnStore {
+    /// Replica addresses older than `grace`, from the file names.
+    fn aged_replicas(&self, grace: std::time::Duration) -> Vec<Addr> {
+        let Ok(entries) = std::fs::read_dir(self.dir.join("replicas")) else {
+            return Vec::new();
+        };
+        let now = std::time::SystemTime::now();
+        entries
+            .flatten()
+            .filter(|e| {
+                e.metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age >= grace))
+            })
+            .filter_map(|e| {
+                let name = e.file_name();
+                let name = name.to_str()?;
+                (name.len() == 32)
+                    .then(|| u128::from_str_radix(name, 16).ok())
+                    .flatten()
+            })
+            .collect()
+    }
+
+    /// Removes one replica file and counts it out.
+    fn remove_replica(&self, addr: Addr) -> bool {
+        let path = self.path(addr);
+        let Ok(m) = std::fs::metadata(&path) else {
+            return false;
+        };
+        if std::fs::remove_file(&path).is_err() {
+            return false;
+        }
+        self.used.fetch_sub(m.len(), Ordering::Relaxed);
+        self.objects.fetch_sub(1, Ordering::Relaxed);
+        true
+    }
+}
+
+/// One collection round: asks every metadata node which of this node's
+/// aged replicas its records name, and frees those none names. Skipped
+/// (nothing freed) unless every metadata node is up and answers.
+pub async fn collect_garbage(
+    store: &SnStore,
+    table: &crate::table::Table,
+    grace: std::time::Duration,
+) -> GcReport {
+    use crate::wire::{Body, Msg, MAX_REFERENCED};
+    let mut report = GcReport::default();
+    if table.mns.is_empty() || table.mns.iter().any(|m| m.state != crate::table::State::Up) {
+        return report;
+    }
+    let aged = store.aged_replicas(grace);
+    report.checked = aged.len();
+    let mut unreferenced = Vec::new();
+    for batch in aged.chunks(MAX_REFERENCED) {
+        let mut named = std::collections::HashSet::new();
+        for mn in &table.mns {
+            let ask = Msg::new(
+                crate::node::request_id(),
+                0,
+                Body::Referenced {
+                    addrs: batch.to_vec(),
+                },
+            );
+            let reply =
+                crate::node::udp_call(mn.endpoint, &ask, std::time::Duration::from_secs(2), 3)
+                    .await;
+            match reply.map(|m| m.body) {
+                Ok(Body::ReferencedBy { addrs }) => named.extend(addrs),
+                _ => return report,
+            }
+        }
+        unreferenced.extend(batch.iter().copied().filter(|a| !named.contains(a)));
+    }
+    for addr in unreferenced {
+        if store.remove_replica(addr) {
+            report.freed += 1;
+            tracing::info!(
+                "freed replica {}: no metadata node names it",
+                fmt_addr(addr)
+            );
+        }
+    }
+    report.complete = true;
+    report
+}
+
+/// Runs [`collect_garbage`] every `cfg.interval` until the task is dropped.
+pub async fn gc_loop(store: std::sync::Arc<SnStore>, table: SharedTable, cfg: GcConfig) {
+    let mut tick = tokio::time::interval(cfg.interval);
+    tick.tick().await; // the first tick is immediate: wait a full interval
+    loop {
+        tick.tick().await;
+        let t = crate::node::read_table(&table);
+        let r = collect_garbage(&store, &t, cfg.grace).await;
+        if r.freed > 0 || !r.complete {
+            tracing::info!(
+                "replica collection: {} checked, {} freed{}",
+                r.checked,
+                r.freed,
+                if r.complete {
+                    ""
+                } else {
+                    " (skipped: not every metadata node answered)"
+                }
+            );
+        }
+    }
+}

@@ -293,7 +293,21 @@ pub enum Body {
         /// Node identity.
         uuid: u64,
     },
+    /// Storage node → metadata node: which of these replica addresses do
+    /// your records name? (Garbage collection of unreferenced replicas.)
+    Referenced {
+        /// Replica addresses to look up.
+        addrs: Vec<Addr>,
+    },
+    /// Metadata node → storage node: the ones its records name.
+    ReferencedBy {
+        /// The referenced subset.
+        addrs: Vec<Addr>,
+    },
 }
+
+/// Most addresses one `Referenced` message carries.
+pub const MAX_REFERENCED: usize = 2048;
 
 /// A metadata message: request id, target address and body.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -509,6 +523,15 @@ fn get_record(r: &mut Reader) -> Result<Record, WireError> {
     })
 }
 
+/// A u16-counted list of addresses, at most [`MAX_REFERENCED`].
+fn get_addr_list(r: &mut Reader) -> Result<Vec<Addr>, WireError> {
+    let n = r.u16()? as usize;
+    if n > MAX_REFERENCED {
+        return Err(WireError::Invalid(format!("{n} addresses in one message")));
+    }
+    (0..n).map(|_| r.addr()).collect()
+}
+
 /// Encodes a record alone (the metadata database's value format).
 pub fn encode_record(rec: &Record) -> Vec<u8> {
     let mut w = Writer::default();
@@ -580,6 +603,8 @@ impl Msg {
             Body::Registered { .. } => 18,
             Body::Heartbeat { .. } => 19,
             Body::Retire { .. } => 20,
+            Body::Referenced { .. } => 22,
+            Body::ReferencedBy { .. } => 23,
             Body::Update { .. } => 21,
         }
     }
@@ -671,6 +696,13 @@ impl Msg {
                 w.u64(*objects);
             }
             Body::Retire { uuid } => w.u64(*uuid),
+            Body::Referenced { addrs } | Body::ReferencedBy { addrs } => {
+                let n = addrs.len().min(MAX_REFERENCED);
+                w.u16(n as u16);
+                for &a in &addrs[..n] {
+                    w.addr(a);
+                }
+            }
         }
     }
 
@@ -790,6 +822,12 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
             objects: r.u64()?,
         },
         20 => Body::Retire { uuid: r.u64()? },
+        22 => Body::Referenced {
+            addrs: get_addr_list(r)?,
+        },
+        23 => Body::ReferencedBy {
+            addrs: get_addr_list(r)?,
+        },
         k => return Err(WireError::UnknownKind(k)),
     })
 }
@@ -899,6 +937,10 @@ mod tests {
                 objects: 3,
             },
             Body::Retire { uuid: 8 },
+            Body::Referenced {
+                addrs: vec![1, u128::MAX],
+            },
+            Body::ReferencedBy { addrs: vec![] },
         ]
     }
 
