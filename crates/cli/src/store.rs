@@ -39,6 +39,10 @@ pub enum StoreCommand {
     },
     /// Show the prefix table: nodes, groups, capacity, state.
     Status(ClusterArg),
+    /// Routed mode: print the `ip -6 route` commands one host needs. Each
+    /// storage node's prefix and each metadata group goes through the node
+    /// that owns it, and is a local route on that node itself.
+    Routes(RoutesArgs),
     /// Load generator: concurrent clients Post or Get fixed-size objects
     /// (`bench/<size>/<client>/<i>`), or GET them from an HTTP server.
     Bench(BenchArgs),
@@ -68,6 +72,20 @@ pub struct BenchArgs {
     /// Object size (e.g. 2600, 306k, 2.3M).
     #[arg(long, default_value = "2600")]
     size: String,
+}
+
+/// `strata store routes` arguments.
+#[derive(Args)]
+pub struct RoutesArgs {
+    #[command(flatten)]
+    cluster: ClusterArg,
+    /// The host's own address on the network the nodes share (its nodes
+    /// registered with it as their `--listen` address).
+    #[arg(long)]
+    host: std::net::IpAddr,
+    /// Print lines for `ip -6 -batch -` instead of whole commands.
+    #[arg(long)]
+    batch: bool,
 }
 
 /// `strata store up` arguments.
@@ -285,6 +303,7 @@ pub fn run_store(cmd: StoreCommand) -> Result<i32> {
     match cmd {
         StoreCommand::Up(args) => up(args),
         StoreCommand::Status(c) => status(&c),
+        StoreCommand::Routes(args) => routes(&args),
         StoreCommand::Node { command } => node(command),
         StoreCommand::Bench(args) => bench(args),
     }
@@ -398,6 +417,55 @@ fn status(c: &ClusterArg) -> Result<i32> {
     match c.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&table_json(&table))?),
         Output::Human => print_table(&table),
+    }
+    Ok(0)
+}
+
+fn routes(args: &RoutesArgs) -> Result<i32> {
+    let c = &args.cluster;
+    let table = runtime()?
+        .block_on(strata_store::node::fetch_table(c.cluster))
+        .with_context(|| format!("no orchestrator answered at {}", c.cluster))?;
+    if !table.routed {
+        bail!(
+            "the cluster at {} runs in mapped mode: it needs no routes",
+            c.cluster
+        );
+    }
+    let fmt = strata_store::addr::fmt_addr;
+    // (prefix, owner's address) for every metadata group and storage node.
+    let mut owned: Vec<(String, std::net::IpAddr)> = Vec::new();
+    for (mg, slot) in table.mg_owner.iter().enumerate() {
+        if let Some(m) = table.mns.iter().find(|m| m.slot == *slot) {
+            let (prefix, len) = table.layout.mg_prefix(mg as u32);
+            owned.push((format!("{}/{len}", fmt(prefix)), m.endpoint.ip()));
+        }
+    }
+    for s in &table.sns {
+        let prefix = table.layout.sn_prefix(s.index);
+        owned.push((format!("{}/64", fmt(prefix)), s.endpoint.ip()));
+    }
+    let routes: Vec<(String, Option<std::net::IpAddr>)> = owned
+        .into_iter()
+        .map(|(prefix, owner)| (prefix, (owner != args.host).then_some(owner)))
+        .collect();
+    if c.output == Output::Json {
+        let list: Vec<_> = routes
+            .iter()
+            .map(|(prefix, via)| match via {
+                Some(v) => json!({"prefix": prefix, "via": v.to_string()}),
+                None => json!({"prefix": prefix, "local": true}),
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(0);
+    }
+    let lead = if args.batch { "" } else { "ip -6 " };
+    for (prefix, via) in &routes {
+        match via {
+            Some(v) => println!("{lead}route replace {prefix} via {v}"),
+            None => println!("{lead}route replace local {prefix} dev lo"),
+        }
     }
     Ok(0)
 }

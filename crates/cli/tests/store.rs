@@ -225,6 +225,9 @@ fn an_interrupted_rename_loses_no_data() {
         store.ok(&["obj", "put", &p(&src), &format!("r/{name}")]);
     }
     let files = store.replica_files().len();
+    // A mapped-mode cluster has no routes to print.
+    let err = store.fails(&["store", "routes", "--host", "127.0.0.1"]);
+    assert!(err.contains("mapped mode"), "{err}");
 
     // Stopped after both names exist: deleting the old name keeps the
     // data under the new one.

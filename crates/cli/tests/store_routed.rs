@@ -118,34 +118,18 @@ impl Net {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Installs the cluster's routes in every namespace: a route to each
-    /// prefix through the link address of the node that owns it, and a
-    /// local route on that node.
-    fn install_routes(&self, status: &serde_json::Value) -> usize {
-        let mut routes = Vec::new();
-        for m in status["metadata_nodes"].as_array().expect("mns") {
-            for prefix in m["group_prefixes"].as_array().expect("groups") {
-                routes.push((host_of(&m["endpoint"]), s(prefix)));
-            }
-        }
-        for sn in status["storage_nodes"].as_array().expect("sns") {
-            routes.push((host_of(&sn["endpoint"]), s(&sn["prefix"])));
-        }
+    /// Installs the cluster's routes in every namespace, as
+    /// `strata store routes --host ADDR --batch` prints them for that
+    /// host, and returns how many each namespace got.
+    fn install_routes(&self) -> usize {
+        let mut per_host = 0;
         for i in 1..=CLIENT {
-            let me = Net::link_addr(i);
-            let batch: String = routes
-                .iter()
-                .map(|(via, prefix)| {
-                    if *via == me {
-                        format!("route add local {prefix} dev lo\n")
-                    } else {
-                        format!("route add {prefix} via {via}\n")
-                    }
-                })
-                .collect();
+            let host = Net::link_addr(i);
+            let batch = self.client_ok(&["store", "routes", "--host", &host, "--batch"]);
+            per_host = batch.lines().count();
             ip_batch(&self.ns(i), &batch);
         }
-        routes.len()
+        per_host
     }
 }
 
@@ -203,16 +187,6 @@ fn on_endpoint() -> String {
 fn s(v: &serde_json::Value) -> String {
     v.as_str()
         .unwrap_or_else(|| panic!("not a string: {v}"))
-        .to_string()
-}
-
-/// `[ADDR]:PORT` → `ADDR`.
-fn host_of(endpoint: &serde_json::Value) -> String {
-    let e = s(endpoint);
-    e.trim_start_matches('[')
-        .split(']')
-        .next()
-        .unwrap_or_default()
         .to_string()
 }
 
@@ -337,7 +311,10 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
     start_cluster(&mut net, dir.path());
     let st = status(&net);
     // 16 metadata groups and 4 storage-node prefixes.
-    assert_eq!(net.install_routes(&st), 16 + 4);
+    assert_eq!(net.install_routes(), 16 + 4);
+    // A node's own prefixes are local routes on its host.
+    let on_first_sn = net.client_ok(&["store", "routes", "--host", &Net::link_addr(SNS[0])]);
+    assert_eq!(on_first_sn.matches(" local ").count(), 1, "{on_first_sn}");
     // From here on the client cannot reach any node by its own address:
     // only routes to object and metadata addresses lead to the nodes.
     let mut prohibit = String::new();
