@@ -230,17 +230,9 @@ async fn bind_address(on: SocketAddr, listen: SocketAddr) -> Result<SocketAddr, 
 
 /// The endpoint a node registers: `listen`'s address (a wildcard bind has
 /// none of its own) with the port the socket got.
-fn advertised(
-    listen: SocketAddr,
-    bound: &std::io::Result<SocketAddr>,
-) -> Result<SocketAddr, Error> {
-    match bound {
-        Ok(b) => Ok(SocketAddr::new(listen.ip(), b.port())),
-        Err(e) => Err(Error::io(
-            "local address",
-            std::io::Error::new(e.kind(), e.to_string()),
-        )),
-    }
+fn advertised(listen: SocketAddr, bound: std::io::Result<SocketAddr>) -> Result<SocketAddr, Error> {
+    let bound = bound.map_err(|e| Error::io("local address", e))?;
+    Ok(SocketAddr::new(listen.ip(), bound.port()))
 }
 
 /// A running metadata node.
@@ -269,7 +261,7 @@ pub async fn start_mn(dir: &Path, bind: SocketAddr, on: SocketAddr) -> Result<Mn
     let sock = UdpSocket::bind(at)
         .await
         .map_err(|e| Error::io(format!("binding {at}"), e))?;
-    let endpoint = advertised(bind, &sock.local_addr())?;
+    let endpoint = advertised(bind, sock.local_addr())?;
     let slot = register(
         on,
         Body::Register {
@@ -434,7 +426,7 @@ pub async fn start_sn(
     let listener = TcpListener::bind(at)
         .await
         .map_err(|e| Error::io(format!("binding {at}"), e))?;
-    let endpoint = advertised(bind, &listener.local_addr())?;
+    let endpoint = advertised(bind, listener.local_addr())?;
     // Count what is there before declaring free space.
     let probe = SnStore::open(dir, 0, on, capacity)?;
     let index = register(
