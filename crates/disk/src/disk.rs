@@ -613,7 +613,8 @@ impl Disk {
     /// Makes every completed write durable.
     ///
     /// The sync runs outside the writer lock: every write this flush must
-    /// cover has already reached the file (writes are written through), and
+    /// cover has already reached the file or the metadata kept in memory
+    /// (which the sync writes out after making the data durable), and
     /// holding the lock would stall every connection's allocating writes
     /// behind one `fdatasync`.
     pub fn flush(&self) -> Result<()> {
