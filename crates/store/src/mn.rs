@@ -534,6 +534,22 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         self.commit_record(now, from.clone(), req, record, old, out)
     }
 
+    /// Whether a change of `name` may start: `Ok(false)` for a resend of
+    /// the request already in progress (its answer will come), an error
+    /// while another Post or Delete of the name runs.
+    fn admit(&self, name: &str, from: &P, req: u64) -> Result<bool, Error> {
+        if self.in_progress(name, from, req) {
+            return Ok(false);
+        }
+        if self.pending.contains_key(name) {
+            return Err(remote(
+                Code::Conflict,
+                format!("a Post or Delete of {name:?} is in progress"),
+            ));
+        }
+        Ok(true)
+    }
+
     /// Replaces a record's rename link (nothing else may change) under a
     /// new version, if the stored record is at `if_version`.
     fn update(
@@ -546,14 +562,8 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         out: &mut Vec<Out<P>>,
     ) -> Result<Option<Body>, Error> {
         let name = &record.name;
-        if self.in_progress(name, from, req) {
+        if !self.admit(name, from, req)? {
             return Ok(None);
-        }
-        if self.pending.contains_key(name) {
-            return Err(remote(
-                Code::Conflict,
-                format!("a Post or Delete of {name:?} is in progress"),
-            ));
         }
         let mg0 = self.owned(self.table.meta_addrs(name)[0])?;
         let Some(stored) = self.db.get(mg0, name)? else {
@@ -592,14 +602,8 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         out: &mut Vec<Out<P>>,
     ) -> Result<Option<Body>, Error> {
         let name = &record.name;
-        if self.in_progress(name, from, req) {
+        if !self.admit(name, from, req)? {
             return Ok(None);
-        }
-        if self.pending.contains_key(name) {
-            return Err(remote(
-                Code::Conflict,
-                format!("a Post or Delete of {name:?} is in progress"),
-            ));
         }
         let mg0 = self.owned(self.table.meta_addrs(name)[0])?;
         if self.db.get(mg0, name)?.is_some() {
@@ -813,14 +817,8 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         keep_data: bool,
         out: &mut Vec<Out<P>>,
     ) -> Result<Option<Body>, Error> {
-        if self.in_progress(name, from, req) {
+        if !self.admit(name, from, req)? {
             return Ok(None);
-        }
-        if self.pending.contains_key(name) {
-            return Err(remote(
-                Code::Conflict,
-                format!("a Post or Delete of {name:?} is in progress"),
-            ));
         }
         let addrs = self.table.meta_addrs(name);
         let mg0 = self.owned(addrs[0])?;
