@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{p, strata, tmp};
+use common::{p, pattern, strata, tmp};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -118,18 +118,6 @@ impl Drop for Store {
             let _ = c.wait();
         }
     }
-}
-
-fn pattern(size: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..size)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{p, tmp};
+use common::{p, pattern, tmp};
 use strata_store::data::Request;
 
 const ON_PORT: u16 = 7480;
@@ -202,19 +202,6 @@ fn up(v: &serde_json::Value, key: &str) -> usize {
         .unwrap_or(0)
 }
 
-/// Deterministic pseudo-random bytes.
-fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// Sends raw bytes to `[addr]:port` from the client namespace and returns
 /// what came back (Python, because the test itself runs outside).
 fn raw_tcp(net: &Net, addr: &str, port: u16, bytes: &[u8]) -> Result<Vec<u8>, String> {
@@ -359,7 +346,7 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
         .collect();
     let mut small_replica = String::new();
     for (k, (len, name)) in sizes.iter().enumerate() {
-        let bytes = data(*len, k as u64 + 1);
+        let bytes = pattern(*len, k as u64 + 1);
         let src = dir.path().join(format!("{name}.in"));
         std::fs::write(&src, &bytes).unwrap();
         let obj = format!("b/{name}");
@@ -401,7 +388,7 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
     net.client_ok(&["obj", "mv", "b/medium", "b/renamed"]);
     let back = dir.path().join("renamed.out");
     net.client_ok(&["obj", "get", "b/renamed", &p(&back)]);
-    assert!(std::fs::read(&back).unwrap() == data(306 * 1024, 4));
+    assert!(std::fs::read(&back).unwrap() == pattern(306 * 1024, 4));
     assert!(!net.client(&["obj", "stat", "b/medium"]).status.success());
 
     // Delete: the object is gone for every metadata replica.
@@ -428,7 +415,7 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
     // The same request to the right address is served.
     let reply = raw_tcp(&net, &replica.to_string(), SN_PORT, &get).expect("connect by route");
     assert!(reply.len() > 2_600, "{} bytes", reply.len());
-    let expected = data(2_600, 3);
+    let expected = pattern(2_600, 3);
     assert!(
         reply.windows(64).any(|w| w == &expected[..64]),
         "the replica's data is not in the reply"
@@ -449,7 +436,7 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
         let back = dir.path().join(format!("{name}.again"));
         net.client_ok(&["obj", "get", &format!("b/{name}"), &p(&back)]);
         assert!(
-            std::fs::read(&back).unwrap() == data(*len, k as u64 + 1),
+            std::fs::read(&back).unwrap() == pattern(*len, k as u64 + 1),
             "b/{name} differs with a storage and a metadata node down"
         );
     }

@@ -164,3 +164,17 @@ pub fn nbd_python() -> String {
     }
     panic!("no python3 with the nbd module (apt-get install python3-libnbd)");
 }
+
+/// Deterministic pseudo-random bytes (xorshift), the same for a seed in
+/// every test.
+pub fn pattern(size: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..size)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
