@@ -144,8 +144,8 @@ def ops_for(size, threads, quick):
 def read_passes(size, threads, ops, quick):
     """Reads of each object per Get or nginx run: small objects are cheap to
     read and slow to Post, so a run reads them several times to last long
-    enough to measure (about 6,000 reads, at most 200 MB)."""
-    target = 2000 if quick else 6000
+    enough to measure (about 30,000 reads, at most 200 MB)."""
+    target = 6000 if quick else 30000
     by_count = target // (threads * ops)
     by_bytes = (200 * 1000 * 1000) // max(size * threads * ops, 1)
     return max(1, min(50, by_count, by_bytes))

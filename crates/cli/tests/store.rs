@@ -177,6 +177,29 @@ fn objects_from_0_bytes_to_64_mib_round_trip_with_checksums() {
     store.ok(&["obj", "get", "sizes/306000", &p(&dst)]);
     assert!(std::fs::read(&dst).unwrap() == pattern(306_000, 3));
 
+    // A zero-byte object is read from its metadata alone: with every one of
+    // its replica files gone it still reads back, empty. An object with
+    // data in the same state fails, naming the missing replica.
+    for name in ["sizes/0", "sizes/1"] {
+        let stat = store.json(&["obj", "stat", name]);
+        for r in stat["replicas"].as_array().unwrap() {
+            let addr: std::net::Ipv6Addr = r.as_str().unwrap().parse().unwrap();
+            let file = format!("{:032x}", u128::from(addr));
+            let path = store
+                .replica_files()
+                .into_iter()
+                .find(|f| f.file_name().unwrap().to_string_lossy() == file)
+                .expect("replica file");
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let dst = dir.path().join("out-empty");
+    std::fs::write(&dst, b"old content").unwrap();
+    store.ok(&["obj", "get", "sizes/0", &p(&dst)]);
+    assert_eq!(std::fs::read(&dst).unwrap(), b"");
+    let err = store.fails(&["obj", "get", "sizes/1", &p(&dir.path().join("out-1b"))]);
+    assert!(err.contains("replica"), "{err}");
+
     // The metadata and data survive a restart of the whole cluster.
     store.stop();
     let store = Store::up(&store_dir, REPLICATED);

@@ -404,6 +404,14 @@ impl Client {
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<Record, Error> {
         let record = self.stat(name).await?;
+        if record.size == 0 && record.crc == crc32c::crc32c(&[]) {
+            // The metadata says everything an empty object holds, so there is
+            // no data to fetch: a Get is one metadata round trip, as in the
+            // design's zero-size measurements. A record whose checksum does
+            // not fit an empty object goes through the replicas and fails
+            // there with the mismatch.
+            return Ok(record);
+        }
         let mut last = None;
         for &replica in &record.replicas {
             // An idle connection the node closed meanwhile fails before any

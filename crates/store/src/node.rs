@@ -15,6 +15,7 @@ use crate::wire::{Body, Code, Msg, Role, MAX_DATAGRAM};
 use crate::Error;
 use std::net::{Ipv6Addr, SocketAddr};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, UdpSocket};
@@ -241,26 +242,44 @@ pub struct MnHandle {
     pub endpoint: SocketAddr,
     /// Its slot.
     pub slot: u16,
-    task: tokio::task::JoinHandle<()>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    refresher: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for MnHandle {
     fn drop(&mut self) {
-        self.task.abort();
+        self.refresher.abort();
+        self.stop.store(true, Ordering::Relaxed);
+        // The loop notices within one tick; joining frees the socket, so
+        // a node restarted in the same process can bind its port again.
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
+/// How often the metadata node's state machine gets a tick (repair steps,
+/// resends) and checks for a new table or a stop request.
+const MN_TICK: Duration = Duration::from_millis(20);
+
 /// Starts a metadata node stored in `dir`, listening on `bind`, member of
 /// the cluster whose orchestrator is `on`.
+///
+/// The node's loop runs on a thread of its own with a blocking socket:
+/// a metadata request is one datagram in and one out, and a blocking
+/// receive serves it without the readiness polling and task wake-ups of an
+/// async socket (the profile of zero-byte Gets was mostly those). Copies
+/// and frees still run as tasks on the caller's runtime.
 pub async fn start_mn(dir: &Path, bind: SocketAddr, on: SocketAddr) -> Result<MnHandle, Error> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let uuid = node_uuid(dir)?;
     let db = crate::metadb::MetaDb::open(&dir.join("meta.redb"))?;
     let at = bind_address(on, bind).await?;
-    let sock = UdpSocket::bind(at)
-        .await
-        .map_err(|e| Error::io(format!("binding {at}"), e))?;
+    let sock = std::net::UdpSocket::bind(at).map_err(|e| Error::io(format!("binding {at}"), e))?;
+    sock.set_read_timeout(Some(MN_TICK))
+        .map_err(|e| Error::io(format!("setting a receive timeout on {at}"), e))?;
     let endpoint = advertised(bind, sock.local_addr())?;
     let slot = register(
         on,
@@ -278,50 +297,67 @@ pub async fn start_mn(dir: &Path, bind: SocketAddr, on: SocketAddr) -> Result<Mn
     let core = MnCore::new(db, table.clone(), slot, nanos() ^ uuid);
     let shared = Arc::new(RwLock::new(table.clone()));
     let (tx, rx) = watch::channel(table);
-    let task = tokio::spawn(async move {
-        let refresher = tokio::spawn(refresh_loop(on, uuid, shared, Some(tx), || (0, 0)));
-        mn_loop(sock, core, rx).await;
-        refresher.abort();
-    });
+    let refresher = tokio::spawn(refresh_loop(on, uuid, shared, Some(tx), || (0, 0)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let runtime = tokio::runtime::Handle::current();
+    let stopped = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name(format!("strata-mn-{slot}"))
+        .spawn(move || mn_loop(sock, core, rx, runtime, &stopped))
+        .map_err(|e| Error::io("starting the metadata node's thread", e))?;
     Ok(MnHandle {
         endpoint,
         slot,
-        task,
+        stop,
+        thread: Some(thread),
+        refresher,
     })
 }
 
-async fn mn_loop(
-    sock: UdpSocket,
+/// The metadata node's loop: a datagram in, its answers out; a tick every
+/// [`MN_TICK`]; table changes and copy reports between datagrams.
+fn mn_loop(
+    sock: std::net::UdpSocket,
     mut core: MnCore<SocketAddr>,
     mut tables: watch::Receiver<Table>,
+    runtime: tokio::runtime::Handle,
+    stop: &AtomicBool,
 ) {
     let start = Instant::now();
     let now = || start.elapsed().as_millis() as u64;
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
-    let (copies, mut copied) = tokio::sync::mpsc::unbounded_channel::<CopyReport>();
-    loop {
-        let outs = tokio::select! {
-            r = sock.recv_from(&mut buf) => {
-                let Ok((n, from)) = r else { continue };
-                match Msg::decode(&buf[..n]) {
-                    Ok(msg) => core.handle(now(), from, msg),
-                    Err(e) => vec![Out::Reply(from, malformed(&buf[..n], &e))],
-                }
-            }
-            _ = tick.tick() => core.tick(now()),
-            Some(done) = copied.recv() => {
-                core.copy_done(now(), &done.name, done.version, done.targets, done.result)
-            }
-            c = tables.changed() => {
-                if c.is_err() { return; }
-                let t = tables.borrow_and_update().clone();
-                core.set_table(t);
-                continue;
-            }
+    let mut next_tick = Instant::now() + MN_TICK;
+    let (copies, copied) = std::sync::mpsc::channel::<CopyReport>();
+    while !stop.load(Ordering::Relaxed) {
+        let mut outs = match sock.recv_from(&mut buf) {
+            Ok((n, from)) => match Msg::decode(&buf[..n]) {
+                Ok(msg) => core.handle(now(), from, msg),
+                Err(e) => vec![Out::Reply(from, malformed(&buf[..n], &e))],
+            },
+            // A timeout (no datagram for a tick) or an ICMP error from an
+            // earlier send: nothing to handle.
+            Err(_) => Vec::new(),
         };
+        if Instant::now() >= next_tick {
+            next_tick = Instant::now() + MN_TICK;
+            outs.extend(core.tick(now()));
+            while let Ok(done) = copied.try_recv() {
+                outs.extend(core.copy_done(
+                    now(),
+                    &done.name,
+                    done.version,
+                    done.targets,
+                    done.result,
+                ));
+            }
+            match tables.has_changed() {
+                Ok(true) => core.set_table(tables.borrow_and_update().clone()),
+                Ok(false) => {}
+                Err(_) => return,
+            }
+        }
         for out in outs {
-            dispatch(&sock, core.table(), out, &copies).await;
+            dispatch(&sock, core.table(), out, &copies, &runtime);
         }
     }
 }
@@ -334,16 +370,17 @@ struct CopyReport {
     result: Result<u8, String>,
 }
 
-async fn dispatch(
-    sock: &UdpSocket,
+fn dispatch(
+    sock: &std::net::UdpSocket,
     table: &Table,
     out: Out<SocketAddr>,
-    copies: &tokio::sync::mpsc::UnboundedSender<CopyReport>,
+    copies: &std::sync::mpsc::Sender<CopyReport>,
+    runtime: &tokio::runtime::Handle,
 ) {
     match out {
         Out::Reply(to, msg) => {
             if let Ok(bytes) = msg.encode() {
-                let _ = sock.send_to(&bytes, to).await;
+                let _ = sock.send_to(&bytes, to);
             }
         }
         Out::ToMeta(msg) => {
@@ -351,12 +388,12 @@ async fn dispatch(
                 return;
             };
             if let Ok(bytes) = msg.encode() {
-                let _ = sock.send_to(&bytes, endpoint).await;
+                let _ = sock.send_to(&bytes, endpoint);
             }
         }
         Out::Free(addr) => {
             if let Some(endpoint) = table.sn_endpoint(addr) {
-                tokio::spawn(async move {
+                runtime.spawn(async move {
                     let _ = crate::client::free_replica(endpoint, addr).await;
                 });
             }
@@ -371,7 +408,7 @@ async fn dispatch(
         } => {
             let table = table.clone();
             let report = copies.clone();
-            tokio::spawn(async move {
+            runtime.spawn(async move {
                 let result = crate::client::copy_replica(&table, &sources, &targets, size, crc)
                     .await
                     .map_err(|e| e.to_string());
