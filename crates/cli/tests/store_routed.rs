@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::{p, pattern, tmp};
 use strata_store::data::Request;
+use strata_store::wire::{Body, Msg};
 
 const ON_PORT: u16 = 7480;
 const MN_PORT: u16 = 7481;
@@ -202,10 +203,9 @@ fn up(v: &serde_json::Value, key: &str) -> usize {
         .unwrap_or(0)
 }
 
-/// Sends raw bytes to `[addr]:port` from the client namespace and returns
-/// what came back (Python, because the test itself runs outside).
+/// Sends raw bytes to `[addr]:port` over TCP from the client namespace and
+/// returns what came back.
 fn raw_tcp(net: &Net, addr: &str, port: u16, bytes: &[u8]) -> Result<Vec<u8>, String> {
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     let script = "import socket,sys\n\
         s=socket.create_connection((sys.argv[1],int(sys.argv[2])),timeout=5)\n\
         s.sendall(bytes.fromhex(sys.argv[3]))\n\
@@ -216,6 +216,30 @@ fn raw_tcp(net: &Net, addr: &str, port: u16, bytes: &[u8]) -> Result<Vec<u8>, St
         \x20   if not b: break\n\
         \x20   out+=b\n\
         print(out.hex())\n";
+    exchange(net, script, addr, port, bytes)
+}
+
+/// Sends one datagram to `[addr]:port` from the client namespace and
+/// returns the answer.
+fn raw_udp(net: &Net, addr: &str, port: u16, bytes: &[u8]) -> Result<Vec<u8>, String> {
+    let script = "import socket,sys\n\
+        s=socket.socket(socket.AF_INET6,socket.SOCK_DGRAM)\n\
+        s.settimeout(5)\n\
+        s.sendto(bytes.fromhex(sys.argv[3]),(sys.argv[1],int(sys.argv[2])))\n\
+        print(s.recv(65536).hex())\n";
+    exchange(net, script, addr, port, bytes)
+}
+
+/// Runs a Python `script ADDR PORT HEX` in the client namespace (the test
+/// itself runs outside) and decodes the hex it prints.
+fn exchange(
+    net: &Net,
+    script: &str,
+    addr: &str,
+    port: u16,
+    bytes: &[u8],
+) -> Result<Vec<u8>, String> {
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     let out = Command::new("ip")
         .args(["netns", "exec", &net.ns(CLIENT), "python3", "-c", script])
         .args([addr, &port.to_string(), &hex])
@@ -419,6 +443,39 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
     assert!(
         reply.windows(64).any(|w| w == &expected[..64]),
         "the replica's data is not in the reply"
+    );
+
+    // A metadata node, likewise, reads the address each datagram was sent
+    // to: a request naming another metadata address than the one it was
+    // routed by is refused, and the right one is answered.
+    let stat: serde_json::Value =
+        serde_json::from_str(&net.client_ok(&["obj", "stat", "b/small", "--output", "json"]))
+            .expect("stat json");
+    let meta: std::net::Ipv6Addr = s(&stat["metadata_addresses"][0])
+        .parse()
+        .expect("metadata address");
+    let beside = std::net::Ipv6Addr::from(u128::from(meta) ^ 1);
+    let ask = Msg::new(
+        7,
+        u128::from(meta),
+        Body::Get {
+            name: "b/small".into(),
+        },
+    )
+    .encode()
+    .expect("encode a Get");
+    let reply = raw_udp(&net, &beside.to_string(), MN_PORT, &ask).expect("datagram by route");
+    let reply = Msg::decode(&reply).expect("a metadata reply");
+    assert!(
+        matches!(&reply.body, Body::Error { message, .. }
+            if message.contains("sent to metadata address")),
+        "wrong metadata address not refused: {reply:?}"
+    );
+    let reply = raw_udp(&net, &meta.to_string(), MN_PORT, &ask).expect("datagram by route");
+    let reply = Msg::decode(&reply).expect("a metadata reply");
+    assert!(
+        matches!(&reply.body, Body::Found { record } if record.size == 2_600),
+        "{reply:?}"
     );
 
     // kill -9 one storage node and one metadata node: their prefixes

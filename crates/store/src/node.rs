@@ -280,6 +280,8 @@ pub async fn start_mn(dir: &Path, bind: SocketAddr, on: SocketAddr) -> Result<Mn
     let sock = std::net::UdpSocket::bind(at).map_err(|e| Error::io(format!("binding {at}"), e))?;
     sock.set_read_timeout(Some(MN_TICK))
         .map_err(|e| Error::io(format!("setting a receive timeout on {at}"), e))?;
+    want_destinations(&sock)
+        .map_err(|e| Error::io(format!("asking for datagram destinations on {at}"), e))?;
     let endpoint = advertised(bind, sock.local_addr())?;
     let slot = register(
         on,
@@ -329,9 +331,12 @@ fn mn_loop(
     let mut next_tick = Instant::now() + MN_TICK;
     let (copies, copied) = std::sync::mpsc::channel::<CopyReport>();
     while !stop.load(Ordering::Relaxed) {
-        let mut outs = match sock.recv_from(&mut buf) {
-            Ok((n, from)) => match Msg::decode(&buf[..n]) {
-                Ok(msg) => core.handle(now(), from, msg),
+        let mut outs = match recv_with_destination(&sock, &mut buf) {
+            Ok((n, from, to)) => match Msg::decode(&buf[..n]) {
+                Ok(msg) => match misaddressed(core.table(), to, &msg) {
+                    Some(refusal) => vec![Out::Reply(from, refusal)],
+                    None => core.handle(now(), from, msg),
+                },
                 Err(e) => vec![Out::Reply(from, malformed(&buf[..n], &e))],
             },
             // A timeout (no datagram for a tick) or an ICMP error from an
@@ -360,6 +365,126 @@ fn mn_loop(
             dispatch(&sock, core.table(), out, &copies, &runtime);
         }
     }
+}
+
+/// The refusal of a request that arrived at one metadata address but
+/// names another. In routed mode the address a datagram was sent to is the
+/// one the routes delivered it for, so it must be the one the request
+/// names (as storage nodes check the address a connection was made to).
+/// Replies between nodes (`Done`, `Error`) and datagrams sent to a node's
+/// own address are not checked.
+fn misaddressed(table: &Table, to: Option<Ipv6Addr>, msg: &Msg) -> Option<Msg> {
+    let to = u128::from(to?);
+    if !table.routed
+        || table.layout.mg_of(to).is_none()
+        || to == msg.target
+        || matches!(msg.body, Body::Done { .. } | Body::Error { .. })
+    {
+        return None;
+    }
+    Some(msg.error(
+        Code::WrongAddress,
+        format!(
+            "datagram sent to metadata address {} but the request names {}",
+            crate::addr::fmt_addr(to),
+            crate::addr::fmt_addr(msg.target)
+        ),
+    ))
+}
+
+/// Receives one datagram on `sock`: its length, its sender and, on an
+/// IPv6 socket with `IPV6_RECVPKTINFO` set, the address it was sent to.
+fn recv_with_destination(
+    sock: &std::net::UdpSocket,
+    buf: &mut [u8],
+) -> std::io::Result<(usize, SocketAddr, Option<Ipv6Addr>)> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: all-zero bytes are a valid value of these plain C structs.
+    let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // u64s keep the control buffer aligned for cmsghdr.
+    let mut control = [0u64; 16];
+    // SAFETY: as above.
+    let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+    hdr.msg_name = std::ptr::addr_of_mut!(from).cast();
+    hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    hdr.msg_iov = &mut iov;
+    hdr.msg_iovlen = 1;
+    hdr.msg_control = control.as_mut_ptr().cast();
+    hdr.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: every pointer in `hdr` points at a live buffer of the length
+    // given next to it, for the duration of the call.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut hdr, 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let sender = socket_address(&from)
+        .ok_or_else(|| std::io::Error::other("datagram from an unknown address family"))?;
+    let mut to = None;
+    // SAFETY: `hdr` was filled by recvmsg; the CMSG macros walk the control
+    // bytes it reports, and the data of an IPV6_PKTINFO message is an
+    // in6_pktinfo (read unaligned, as control data need not be).
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&hdr);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::IPPROTO_IPV6 && (*c).cmsg_type == libc::IPV6_PKTINFO {
+                let info: libc::in6_pktinfo = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                to = Some(Ipv6Addr::from(info.ipi6_addr.s6_addr));
+            }
+            c = libc::CMSG_NXTHDR(&hdr, c);
+        }
+    }
+    Ok((n as usize, sender, to))
+}
+
+/// The socket address in a `sockaddr_storage` filled by the kernel.
+fn socket_address(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match s.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let a: &libc::sockaddr_in = unsafe { &*std::ptr::addr_of!(*s).cast() };
+            let ip = std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Some(SocketAddr::from((ip, u16::from_be(a.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let a: &libc::sockaddr_in6 = unsafe { &*std::ptr::addr_of!(*s).cast() };
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                Ipv6Addr::from(a.sin6_addr.s6_addr),
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// Asks the kernel for the destination address of every datagram on an
+/// IPv6 socket (a no-op on IPv4, where mapped mode needs no check).
+fn want_destinations(sock: &std::net::UdpSocket) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if !sock.local_addr()?.is_ipv6() {
+        return Ok(());
+    }
+    let on: libc::c_int = 1;
+    // SAFETY: a valid socket and an int option value of the right size.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_RECVPKTINFO,
+            std::ptr::addr_of!(on).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// How a repair copy ended, sent back to the metadata node's loop.
