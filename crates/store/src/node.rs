@@ -280,7 +280,7 @@ pub async fn start_mn(dir: &Path, bind: SocketAddr, on: SocketAddr) -> Result<Mn
     let (tx, rx) = watch::channel(table);
     let task = tokio::spawn(async move {
         let refresher = tokio::spawn(refresh_loop(on, uuid, shared, Some(tx), || (0, 0)));
-        mn_loop(sock, core, rx).await;
+        mn_loop(sock, core, rx, on).await;
         refresher.abort();
     });
     Ok(MnHandle {
@@ -294,6 +294,7 @@ async fn mn_loop(
     sock: UdpSocket,
     mut core: MnCore<SocketAddr>,
     mut tables: watch::Receiver<Table>,
+    on: SocketAddr,
 ) {
     let start = Instant::now();
     let now = || start.elapsed().as_millis() as u64;
@@ -321,7 +322,7 @@ async fn mn_loop(
             }
         };
         for out in outs {
-            dispatch(&sock, core.table(), out, &copies).await;
+            dispatch(&sock, core.table(), out, &copies, on).await;
         }
     }
 }
@@ -339,8 +340,15 @@ async fn dispatch(
     table: &Table,
     out: Out<SocketAddr>,
     copies: &tokio::sync::mpsc::UnboundedSender<CopyReport>,
+    on: SocketAddr,
 ) {
     match out {
+        Out::ToOn(msg) => {
+            // From the node's own socket: the answer comes back to the core.
+            if let Ok(bytes) = msg.encode() {
+                let _ = sock.send_to(&bytes, on).await;
+            }
+        }
         Out::Reply(to, msg) => {
             if let Ok(bytes) = msg.encode() {
                 let _ = sock.send_to(&bytes, to).await;

@@ -83,6 +83,7 @@ fn table(params: Params) -> Table {
                 state: State::Up,
             })
             .collect(),
+        moves: vec![],
     }
 }
 
@@ -259,6 +260,7 @@ impl Sim {
                 Out::Free(addr) => {
                     self.freed.insert(addr);
                 }
+                Out::ToOn(_) => {}
                 Out::Copy {
                     name,
                     version,
