@@ -1099,6 +1099,32 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
         let stop = stop.clone();
         std::thread::spawn(move || run_load(on, stop))
     };
+    // A second client only reads the objects posted before, in a loop.
+    let reader = {
+        let stop = stop.clone();
+        let names: Vec<String> = pre.iter().map(|(n, _)| n.clone()).collect();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let client = strata_store::client::Client::connect(on).await.unwrap();
+                let (mut gets, mut failures) = (0u64, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (i, name) in names.iter().enumerate() {
+                        gets += 1;
+                        match client.get_bytes(name).await {
+                            Ok((_, b)) if b == pattern(1000 + i, i as u64) => {}
+                            Ok(_) => failures.push(format!("{name}: wrong bytes")),
+                            Err(e) => failures.push(format!("{name}: {e}")),
+                        }
+                    }
+                }
+                (gets, failures)
+            })
+        })
+    };
     std::thread::sleep(Duration::from_millis(1000));
     let _sn = Node::add(&store, &dir.path().join("sn-new"), "sn");
     let _mn = Node::add(&store, &dir.path().join("mn-new"), "mn");
@@ -1135,7 +1161,15 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
         load.failed.len(),
         load.gets
     );
+    let (reads, read_failures) = reader.join().unwrap();
+    eprintln!("reader: {reads} gets");
+    assert!(
+        read_failures.is_empty(),
+        "Gets of objects posted before failed: {read_failures:?}"
+    );
     assert!(load.acked.len() > 20, "only {} Posts", load.acked.len());
+    // Posts retry while their group is frozen: none fails.
+    assert!(load.failed.is_empty(), "Posts failed: {:?}", load.failed);
     assert!(
         load.get_failures.is_empty(),
         "Gets of acknowledged objects failed: {:?}",
