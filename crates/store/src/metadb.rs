@@ -15,6 +15,10 @@ use std::path::Path;
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
 const TOMBS: TableDefinition<&[u8], u64> = TableDefinition::new("tombstones");
+/// Groups sealed for a handover's final copy, by freeze epoch: kept across
+/// a restart, so a node that restarts mid-copy does not take changes of a
+/// group whose new owner may already serve it.
+const SEALED: TableDefinition<u32, u64> = TableDefinition::new("sealed");
 
 /// The metadata database of one metadata node.
 pub struct MetaDb {
@@ -48,6 +52,7 @@ impl MetaDb {
         let tx = db.begin_write().map_err(db_err)?;
         tx.open_table(RECORDS).map_err(db_err)?;
         tx.open_table(TOMBS).map_err(db_err)?;
+        tx.open_table(SEALED).map_err(db_err)?;
         tx.commit().map_err(db_err)?;
         Ok(MetaDb { db })
     }
@@ -326,6 +331,32 @@ impl MetaDb {
         }
         tx.commit().map_err(db_err)?;
         Ok(n)
+    }
+
+    /// Groups sealed for a handover, with their freeze epochs.
+    pub fn sealed(&self) -> Result<Vec<(u32, u64)>, Error> {
+        let tx = self.db.begin_read().map_err(db_err)?;
+        let t = tx.open_table(SEALED).map_err(db_err)?;
+        let mut out = Vec::new();
+        for row in t.iter().map_err(db_err)? {
+            let (k, v) = row.map_err(db_err)?;
+            out.push((k.value(), v.value()));
+        }
+        Ok(out)
+    }
+
+    /// Records that group `mg` is sealed for the freeze of `epoch`
+    /// (`None`: no longer sealed).
+    pub fn set_sealed(&self, mg: u32, epoch: Option<u64>) -> Result<(), Error> {
+        let tx = self.db.begin_write().map_err(db_err)?;
+        {
+            let mut t = tx.open_table(SEALED).map_err(db_err)?;
+            match epoch {
+                Some(e) => t.insert(mg, e).map_err(db_err)?,
+                None => t.remove(mg).map_err(db_err)?,
+            };
+        }
+        tx.commit().map_err(db_err)
     }
 
     /// Number of records of group `mg`.

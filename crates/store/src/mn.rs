@@ -185,7 +185,10 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     /// A core over `db`, serving slot `slot` of `table`. `nonce` seeds
     /// request ids and replica ids (make it differ across restarts).
     pub fn new(db: MetaDb, table: Table, slot: u16, nonce: u64) -> Self {
-        MnCore {
+        // Seals survive a restart (see `MetaDb::sealed`); an unreadable
+        // list is treated as none, as before this node sealed anything.
+        let sealed = db.sealed().unwrap_or_default().into_iter().collect();
+        let mut core = MnCore {
             db,
             table,
             slot,
@@ -199,8 +202,33 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             repairs: BTreeMap::new(),
             repair_cursor: None,
             next_repair: 0,
-            sealed: BTreeMap::new(),
+            sealed,
             pulls: BTreeMap::new(),
+        };
+        core.prune_sealed();
+        core
+    }
+
+    /// Unseals the groups the table no longer freezes at their seal's epoch
+    /// (handed over, or the freeze called off).
+    fn prune_sealed(&mut self) {
+        let t = &self.table;
+        let gone: Vec<u32> = self
+            .sealed
+            .iter()
+            .filter(|&(&g, &e)| {
+                !t.move_of(g)
+                    .is_some_and(|m| m.phase == MovePhase::Frozen && m.frozen_epoch == e)
+            })
+            .map(|(&g, _)| g)
+            .collect();
+        for g in gone {
+            if let Err(e) = self.db.set_sealed(g, None) {
+                // Kept sealed: refusing changes is safe, the next table retries.
+                tracing::warn!("unsealing group {g}: {e}");
+                continue;
+            }
+            self.sealed.remove(&g);
         }
     }
 
@@ -210,11 +238,8 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     /// rows here would keep unreferenced replicas from being collected.
     pub fn set_table(&mut self, table: Table) {
         let old = std::mem::replace(&mut self.table, table);
+        self.prune_sealed();
         let t = &self.table;
-        self.sealed.retain(|&g, &mut e| {
-            t.move_of(g)
-                .is_some_and(|m| m.phase == MovePhase::Frozen && m.frozen_epoch == e)
-        });
         let slot = self.slot;
         self.pulls
             .retain(|&g, _| t.move_of(g).is_some_and(|m| m.to == slot));
@@ -1331,6 +1356,8 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                     format!("{in_flight} changes of group {group} are still in flight; ask again"),
                 ));
             }
+            // Durable before the first page leaves.
+            self.db.set_sealed(group, Some(epoch))?;
             self.sealed.insert(group, epoch);
         }
         let (rows, more) = self.db.group_rows(
