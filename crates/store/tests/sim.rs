@@ -555,6 +555,39 @@ impl Sim {
         }
     }
 
+    /// With W_m = N_m, every metadata address of `name` holds its
+    /// acknowledged state, asked of the node that owns it now (a handover
+    /// that lost a row, or let the new owner hand out an old version, shows).
+    fn check_every_copy(&mut self, name: &str) {
+        let acked = self.last_acked[name];
+        for addr in self.table.meta_addrs(name) {
+            let to = self.mn_of(addr).unwrap();
+            let slot = (to - MN_BASE) as usize;
+            let now = self.now;
+            let outs = self.mns[slot].as_mut().unwrap().handle(
+                now,
+                0,
+                Msg::new(self.rng.next() >> 1, addr, Body::Get { name: name.into() }),
+            );
+            let seen = outs
+                .into_iter()
+                .find_map(|o| match o {
+                    Out::Reply(0, m) => Some(m.body),
+                    _ => None,
+                })
+                .expect("a reply");
+            let seen = match seen {
+                Body::Found { record } => self.check_record(name, &record),
+                Body::Error {
+                    code: Code::NotFound | Code::Deleted,
+                    ..
+                } => Obj::Absent,
+                other => panic!("{name} at slot {slot}: {other:?}"),
+            };
+            assert_eq!(seen, acked, "{name}: the copy at slot {slot} differs");
+        }
+    }
+
     /// A fourth metadata node registers with the orchestrator, which plans
     /// the handover of a share of the groups to it.
     fn add_mn(&mut self) {
@@ -722,6 +755,9 @@ impl Sim {
                 b => Ok(b),
             };
             self.check_get(&name, result, true);
+            if self.on.is_some() && self.strict_reads && self.possible[&name].len() == 1 {
+                self.check_every_copy(&name);
+            }
         }
         // No replica of a live, acknowledged object was freed.
         for (name, state) in &self.last_acked {
@@ -828,7 +864,7 @@ fn a_group_handover_under_faults_loses_nothing() {
         let on = OnCore::open(&sim.dir.path().join("on.redb"), sim.table.clone(), MNS, 0).unwrap();
         assert_eq!(on.table().mg_owner, sim.table.mg_owner);
         sim.on = Some(on);
-        sim.add_mn_at = Some(15_000);
+        sim.add_mn_at = Some(50_000);
         sim.run(60_000, true, 150);
         sim.heal_and_check();
         let t = sim.on.as_ref().unwrap().table();
