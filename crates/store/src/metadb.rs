@@ -359,6 +359,26 @@ impl MetaDb {
         tx.commit().map_err(db_err)
     }
 
+    /// Whether group `mg` has any record or tombstone.
+    pub fn group_has_rows(&self, mg: u32) -> Result<bool, Error> {
+        let tx = self.db.begin_read().map_err(db_err)?;
+        let (start, end) = (key(mg, ""), group_end(mg));
+        let records = tx.open_table(RECORDS).map_err(db_err)?;
+        if records
+            .range(start.as_slice()..end.as_slice())
+            .map_err(db_err)?
+            .next()
+            .is_some()
+        {
+            return Ok(true);
+        }
+        let tombs = tx.open_table(TOMBS).map_err(db_err)?;
+        let mut rows = tombs
+            .range(start.as_slice()..end.as_slice())
+            .map_err(db_err)?;
+        Ok(rows.next().is_some())
+    }
+
     /// Number of records of group `mg`.
     pub fn group_count(&self, mg: u32) -> Result<u64, Error> {
         let tx = self.db.begin_read().map_err(db_err)?;
@@ -473,7 +493,9 @@ mod tests {
         // A byte budget cuts pages too.
         let (rows, more) = from.group_rows(5, false, "", 1000, 10).unwrap();
         assert!(more && rows.len() == 1, "{}", rows.len());
+        assert!(from.group_has_rows(5).unwrap());
         assert_eq!(from.drop_group(5).unwrap(), 51);
+        assert!(!from.group_has_rows(5).unwrap());
         assert_eq!(from.group_count(5).unwrap(), 0);
         assert_eq!(from.tombstone(5, "gone").unwrap(), 0);
         assert_eq!(from.group_count(6).unwrap(), 1);

@@ -206,7 +206,24 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             pulls: BTreeMap::new(),
         };
         core.prune_sealed();
+        core.drop_foreign_groups();
         core
+    }
+
+    /// Drops the rows of groups this node neither owns nor is taking over:
+    /// left by a handover that ended while this node was down (its table
+    /// then never showed the change of owner).
+    fn drop_foreign_groups(&mut self) {
+        for g in 0..self.table.mg_owner.len() as u32 {
+            let ours = self.table.mg_owner.get(g as usize) == Some(&self.slot);
+            let coming = self.table.move_of(g).is_some_and(|m| m.to == self.slot);
+            if ours || coming || !self.db.group_has_rows(g).unwrap_or(false) {
+                continue;
+            }
+            if let Err(e) = self.db.drop_group(g) {
+                tracing::warn!("dropping group {g}, handed over to another node: {e}");
+            }
+        }
     }
 
     /// Unseals the groups the table no longer freezes at their seal's epoch
