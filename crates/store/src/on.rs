@@ -522,3 +522,122 @@ impl OnCore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+    use crate::table::Params;
+
+    fn register(on: &mut OnCore, now: u64, uuid: u64) -> Msg {
+        on.handle(
+            now,
+            &Msg::new(
+                uuid,
+                0,
+                Body::Register {
+                    role: Role::Mn,
+                    uuid,
+                    endpoint: "127.0.0.1:9".parse().unwrap(),
+                    capacity: 0,
+                    free: 0,
+                    device: 0,
+                },
+            ),
+        )
+    }
+
+    fn report(on: &mut OnCore, now: u64, group: u32, ready: bool, epoch: u64) -> Body {
+        let msg = Msg::new(
+            1,
+            0,
+            Body::MoveReport {
+                group,
+                to: 2,
+                ready,
+                epoch,
+            },
+        );
+        on.handle(now, &msg).body
+    }
+
+    #[test]
+    fn a_node_beyond_the_slots_takes_groups_over_in_phases() {
+        let dir = tempfile::tempdir().unwrap();
+        let initial = Table {
+            epoch: 1,
+            layout: Layout::new(DEFAULT_CLUSTER_PREFIX, 6),
+            routed: false,
+            params: Params::default(),
+            buckets: vec![],
+            mns: vec![],
+            mg_owner: vec![],
+            sns: vec![],
+            moves: vec![],
+        };
+        let path = dir.path().join("on.redb");
+        let mut on = OnCore::open(&path, initial, 2, 0).unwrap();
+        for uuid in [1, 2] {
+            register(&mut on, 0, uuid);
+        }
+        assert!(on.table().moves.is_empty());
+        // The third takes a third of the 64 groups, from both.
+        assert_eq!(register(&mut on, 0, 3).body, Body::Registered { index: 2 });
+        let moves = on.table().moves.clone();
+        assert_eq!(moves.len(), 21);
+        assert!(moves
+            .iter()
+            .all(|m| m.to == 2 && m.phase == MovePhase::Copying));
+        let from: Vec<u16> = moves
+            .iter()
+            .map(|m| on.table().mg_owner[m.group as usize])
+            .collect();
+        assert!(from.contains(&0) && from.contains(&1));
+        let g = moves[0].group;
+        // Ready before frozen, or for another epoch, is refused.
+        assert!(matches!(
+            report(&mut on, 1, g, true, 0),
+            Body::Error {
+                code: Code::Moving,
+                ..
+            }
+        ));
+        // Copied: frozen at the next epoch.
+        assert_eq!(report(&mut on, 1, g, false, 0), Body::Done { version: 0 });
+        let m = *on.table().move_of(g).unwrap();
+        assert_eq!(m.phase, MovePhase::Frozen);
+        assert_eq!(m.frozen_epoch, on.table().epoch);
+        assert!(matches!(
+            report(&mut on, 2, g, true, m.frozen_epoch + 1),
+            Body::Error { .. }
+        ));
+        // A freeze that is not finished in time is called off.
+        on.tick(2 + FROZEN_LIMIT_MS + 1).unwrap();
+        assert_eq!(on.table().move_of(g).unwrap().phase, MovePhase::Copying);
+        assert!(matches!(
+            report(&mut on, 3, g, true, m.frozen_epoch),
+            Body::Error { .. }
+        ));
+        // Copied again, frozen again under a new epoch, then ready: the
+        // group changes owner and the answer is the new table.
+        report(&mut on, 4, g, false, 0);
+        let m2 = *on.table().move_of(g).unwrap();
+        assert!(m2.frozen_epoch > m.frozen_epoch);
+        let Body::Table { bytes } = report(&mut on, 5, g, true, m2.frozen_epoch) else {
+            panic!("no table");
+        };
+        let t = Table::decode(&bytes).unwrap();
+        assert_eq!(t.mg_owner[g as usize], 2);
+        assert!(t.move_of(g).is_none());
+        // A resent ready report gets the table again.
+        assert!(matches!(
+            report(&mut on, 6, g, true, m2.frozen_epoch),
+            Body::Table { .. }
+        ));
+        // The handovers survive an orchestrator restart.
+        drop(on);
+        let again = OnCore::open(&path, t.clone(), 2, 0).unwrap();
+        assert_eq!(again.table().moves.len(), 20);
+        assert_eq!(again.table().groups_of(2), 1);
+    }
+}
