@@ -101,7 +101,9 @@ pub struct UpArgs {
     #[arg(long = "mn", default_value_t = 1)]
     mns: u16,
     /// Metadata slots of a new cluster, when more metadata nodes will join
-    /// with `strata store node add --role mn` (default: --mn).
+    /// with `strata store node add --role mn` (default: --mn). A node added
+    /// once every slot is taken gets a new slot and takes over a share of
+    /// the metadata groups (their metadata is copied to it).
     #[arg(long)]
     mn_slots: Option<u16>,
     /// Storage nodes (more can join with `strata store node add`).
@@ -484,11 +486,18 @@ fn table_json(t: &Table) -> serde_json::Value {
             "slot": m.slot,
             "endpoint": m.endpoint.to_string(),
             "state": m.state.name(),
-            "groups": t.mg_owner.iter().filter(|&&s| s == m.slot).count(),
+            "groups": t.groups_of(m.slot),
+            "groups_incoming": t.moves.iter().filter(|mv| mv.to == m.slot).count(),
             "group_prefixes": t.mg_owner.iter().enumerate().filter(|(_, &s)| s == m.slot).map(|(mg, _)| {
                 let (prefix, len) = t.layout.mg_prefix(mg as u32);
                 format!("{}/{len}", strata_store::addr::fmt_addr(prefix))
             }).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "moves": t.moves.iter().map(|mv| json!({
+            "group": mv.group,
+            "from_slot": t.mg_owner.get(mv.group as usize),
+            "to_slot": mv.to,
+            "phase": move_phase(mv.phase),
         })).collect::<Vec<_>>(),
         "storage_nodes": t.sns.iter().map(|s| json!({
             "id": format!("{:016x}", s.uuid),
@@ -501,6 +510,15 @@ fn table_json(t: &Table) -> serde_json::Value {
             "replicas": s.objects,
         })).collect::<Vec<_>>(),
     })
+}
+
+fn move_phase(p: strata_store::table::MovePhase) -> &'static str {
+    use strata_store::table::MovePhase;
+    match p {
+        MovePhase::Copying => "copying",
+        MovePhase::Copied => "copied",
+        MovePhase::Frozen => "frozen",
+    }
 }
 
 fn print_table(t: &Table) {
@@ -521,12 +539,30 @@ fn print_table(t: &Table) {
         );
     }
     for m in &t.mns {
-        let groups = t.mg_owner.iter().filter(|&&s| s == m.slot).count();
+        let groups = t.groups_of(m.slot);
+        let incoming = t.moves.iter().filter(|mv| mv.to == m.slot).count();
+        let incoming = if incoming > 0 {
+            format!(", {incoming} being handed over to it")
+        } else {
+            String::new()
+        };
         println!(
-            "mn {:016x}  {:<22} {:<7} {groups} groups",
+            "mn {:016x}  {:<22} {:<7} slot {} {groups} groups{incoming}",
             m.uuid,
             m.endpoint,
-            m.state.name()
+            m.state.name(),
+            m.slot
+        );
+    }
+    if !t.moves.is_empty() {
+        let count = |p| t.moves.iter().filter(|mv| mv.phase == p).count();
+        use strata_store::table::MovePhase;
+        println!(
+            "handover of {} metadata groups under way: {} copying, {} copied, {} frozen",
+            t.moves.len(),
+            count(MovePhase::Copying),
+            count(MovePhase::Copied),
+            count(MovePhase::Frozen)
         );
     }
     for s in &t.sns {

@@ -1051,3 +1051,258 @@ fn repair_restores_replicas_after_a_definitive_storage_node_failure() {
         "{files} replica files for {objects} objects"
     );
 }
+
+/// Replica file names held by the storage node stored in `dir`.
+fn replica_names(dir: &Path) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(dir.join("replicas"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A cluster whose metadata slots are all taken (2 metadata nodes, 64
+/// groups, replication 2,2,2,2) gets a storage node and then a third
+/// metadata node under a load of Posts and Gets. The new metadata node
+/// takes over a third of the groups by copying their metadata: no Get of
+/// an acknowledged object fails, no replica moves, new objects land on the
+/// new storage node, the new node answers for the moved records itself,
+/// and names in moved groups can be posted again (a higher version) and
+/// deleted afterwards.
+#[test]
+fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
+    let dir = tmp();
+    let cluster = dir.path().join("cluster");
+    let store = Store::up(
+        &cluster,
+        &[
+            "--mn",
+            "2",
+            "--mn-slots",
+            "2",
+            "--sn",
+            "3",
+            "--replication",
+            "2,2,2,2",
+            "--mg-bits",
+            "6",
+        ],
+    );
+    let on = store.on;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt
+        .block_on(strata_store::client::Client::connect(on))
+        .unwrap();
+    // Objects posted before the handover, with their records.
+    let pre: Vec<(String, strata_store::wire::Record)> = (0..60)
+        .map(|i| {
+            let name = format!("pre/{i:03}");
+            let data = pattern(1000 + i, i as u64);
+            rt.block_on(client.put(&name, data.len() as u64, &mut data.as_slice(), &|_| {}))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let rec = rt.block_on(client.stat(&name)).unwrap();
+            (name, rec)
+        })
+        .collect();
+    let sn_dirs: Vec<PathBuf> = (0..3).map(|k| cluster.join(format!("sn-{k}"))).collect();
+    let before: Vec<_> = sn_dirs.iter().map(|d| replica_names(d)).collect();
+    assert_eq!(
+        before.iter().map(|s| s.len()).sum::<usize>(),
+        120,
+        "two replicas of each object"
+    );
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let stop = stop.clone();
+        std::thread::spawn(move || run_load(on, stop))
+    };
+    // A second client only reads the objects posted before, in a loop.
+    let reader = {
+        let stop = stop.clone();
+        let names: Vec<String> = pre.iter().map(|(n, _)| n.clone()).collect();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let client = strata_store::client::Client::connect(on).await.unwrap();
+                let (mut gets, mut failures) = (0u64, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (i, name) in names.iter().enumerate() {
+                        gets += 1;
+                        match client.get_bytes(name).await {
+                            Ok((_, b)) if b == pattern(1000 + i, i as u64) => {}
+                            Ok(_) => failures.push(format!("{name}: wrong bytes")),
+                            Err(e) => failures.push(format!("{name}: {e}")),
+                        }
+                    }
+                }
+                (gets, failures)
+            })
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1000));
+    let _sn = Node::add(&store, &dir.path().join("sn-new"), "sn");
+    let _mn = Node::add(&store, &dir.path().join("mn-new"), "mn");
+    let start = Instant::now();
+    let mut saw_moves = false;
+    let status = loop {
+        let s = store.status();
+        let moves = s["moves"].as_array().unwrap().len();
+        saw_moves |= moves > 0;
+        let mns = s["metadata_nodes"].as_array().unwrap();
+        if mns.len() == 3 && moves == 0 && mns[2]["groups"] == 21 {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the handover did not finish in 60 s: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("handover done in {:?}", start.elapsed());
+    assert!(saw_moves, "status never showed the handover under way");
+    let mns = status["metadata_nodes"].as_array().unwrap();
+    assert_eq!(mns[2]["slot"], 2);
+    assert_eq!(
+        mns[0]["groups"].as_u64().unwrap() + mns[1]["groups"].as_u64().unwrap(),
+        43
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let load = load.join().unwrap();
+    eprintln!(
+        "load: {} acked, {} failed, {} gets",
+        load.acked.len(),
+        load.failed.len(),
+        load.gets
+    );
+    let (reads, read_failures) = reader.join().unwrap();
+    eprintln!("reader: {reads} gets");
+    assert!(
+        read_failures.is_empty(),
+        "Gets of objects posted before failed: {read_failures:?}"
+    );
+    assert!(load.acked.len() > 20, "only {} Posts", load.acked.len());
+    // Posts retry while their group is frozen: none fails.
+    assert!(load.failed.is_empty(), "Posts failed: {:?}", load.failed);
+    assert!(
+        load.get_failures.is_empty(),
+        "Gets of acknowledged objects failed: {:?}",
+        load.get_failures
+    );
+
+    // Only metadata moved: every replica file is where it was, and every
+    // record names the same replicas.
+    for (d, had) in sn_dirs.iter().zip(&before) {
+        let now = replica_names(d);
+        assert!(had.is_subset(&now), "replicas left {}", d.display());
+    }
+    rt.block_on(client.refresh()).unwrap();
+    let table = client.table();
+    let new_mn: SocketAddr = mns[2]["endpoint"].as_str().unwrap().parse().unwrap();
+    let mut answered_by_new = 0;
+    for (name, rec) in &pre {
+        let (now, bytes) = rt
+            .block_on(client.get_bytes(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(now.replicas, rec.replicas, "{name}");
+        assert_eq!(now.version, rec.version, "{name}");
+        let i: usize = name[4..].parse().unwrap();
+        assert!(bytes == pattern(1000 + i, i as u64), "{name} differs");
+        // The new node answers from its own database for moved groups.
+        for &addr in &rec.meta {
+            if table.mn_for(addr).map(|m| m.slot) != Some(2) {
+                continue;
+            }
+            let q = Msg::new(99, addr, Body::Get { name: name.clone() });
+            match udp_ask(new_mn, &q.encode().unwrap()).body {
+                Body::Found { record } => {
+                    assert_eq!(record.version, rec.version);
+                    answered_by_new += 1;
+                }
+                other => panic!("the new metadata node answered {other:?} for {name}"),
+            }
+        }
+    }
+    assert!(
+        answered_by_new >= 10,
+        "only {answered_by_new} moved records"
+    );
+    // Every acknowledged object reads back whole.
+    for (name, seed) in &load.acked {
+        let (_, bytes) = rt
+            .block_on(client.get_bytes(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            bytes == pattern((seed * 7919) % 200_000, *seed as u64),
+            "{name} differs"
+        );
+    }
+    // No metadata copy was lost in the move: with W_m = N_m every
+    // acknowledged object is at each of its metadata addresses, asked of
+    // the node the table says owns it now.
+    let mut asked = 0;
+    for (name, _) in &load.acked {
+        let rec = rt.block_on(client.stat(name)).unwrap();
+        for &addr in &rec.meta {
+            let q = Msg::new(98, addr, Body::Get { name: name.clone() });
+            let to = table.mn_endpoint(addr).unwrap();
+            match udp_ask(to, &q.encode().unwrap()).body {
+                Body::Found { record } => assert_eq!(record.version, rec.version, "{name}"),
+                other => panic!("{name} at {to}: {other:?}"),
+            }
+            asked += 1;
+        }
+    }
+    assert_eq!(asked, 2 * load.acked.len());
+    // New objects went to the new storage node too.
+    let new_sn = replica_names(&dir.path().join("sn-new"));
+    assert!(!new_sn.is_empty(), "no replica on the new storage node");
+
+    // Names coordinated in moved groups take new versions and deletes.
+    let moved: Vec<&(String, strata_store::wire::Record)> = pre
+        .iter()
+        .filter(|(_, r)| table.mn_for(r.meta[0]).map(|m| m.slot) == Some(2))
+        .collect();
+    assert!(
+        moved.len() >= 5,
+        "only {} coordinated by the new node",
+        moved.len()
+    );
+    for (name, rec) in moved {
+        let data = pattern(77, 5);
+        let put = rt
+            .block_on(client.put(name, 77, &mut data.as_slice(), &|_| {}))
+            .unwrap_or_else(|e| panic!("posting {name} again: {e}"));
+        assert!(
+            put.version > rec.version,
+            "{name}: {} after {}",
+            put.version,
+            rec.version
+        );
+        let (r, bytes) = rt.block_on(client.get_bytes(name)).unwrap();
+        assert_eq!((r.version, bytes), (put.version, data));
+        let deleted = rt.block_on(client.delete(name)).unwrap();
+        assert!(deleted >= put.version);
+        match rt.block_on(client.stat(name)) {
+            Err(strata_store::Error::Remote { code, .. }) => assert!(
+                matches!(
+                    code,
+                    strata_store::wire::Code::NotFound | strata_store::wire::Code::Deleted
+                ),
+                "{name}: {code:?}"
+            ),
+            other => panic!("{name} after its delete: {other:?}"),
+        }
+    }
+    let err = store.fails(&["obj", "stat", &pre[0].0.replace("pre/", "never/")]);
+    assert!(err.contains("no object"), "{err}");
+}

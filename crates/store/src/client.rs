@@ -28,7 +28,10 @@ pub enum Step {
 /// One metadata request with its retry policy: each target is tried
 /// `attempts` times with `timeout_ms` between tries; a `NotFound` answer
 /// falls through to the next target when `fall_through` is set (a Get whose
-/// metadata is not at this address yet).
+/// metadata is not at this address yet). So do answers from a node that
+/// does not (or no longer, or not yet) hold the address's group; a
+/// "not found" elsewhere is then not final: the call ends with that
+/// node's answer, so the caller refreshes its table and asks again.
 pub struct Call {
     targets: Vec<Addr>,
     body: Body,
@@ -39,6 +42,9 @@ pub struct Call {
     timeout_ms: u64,
     fall_through: bool,
     last_error: Option<Error>,
+    /// An address answered WrongAddress or Moving: the error to report if
+    /// no other address has the record.
+    stale: Option<Error>,
 }
 
 impl Call {
@@ -54,6 +60,24 @@ impl Call {
             timeout_ms,
             fall_through: false,
             last_error: None,
+            stale: None,
+        }
+    }
+
+    /// The same call afresh, under a new request id (a node may have
+    /// cached its answer to the old one).
+    pub fn again(&self, req: u64) -> Call {
+        Call {
+            targets: self.targets.clone(),
+            body: self.body.clone(),
+            req,
+            idx: 0,
+            tries: 0,
+            attempts: self.attempts,
+            timeout_ms: self.timeout_ms,
+            fall_through: self.fall_through,
+            last_error: None,
+            stale: None,
         }
     }
 
@@ -101,6 +125,11 @@ impl Call {
             self.tries = 0;
             return self.send(now);
         }
+        // A node that may hold the record could not say: the other
+        // answers (not found, no answer) are not final.
+        if let Some(stale) = self.stale.take() {
+            return Step::Done(Err(stale));
+        }
         Step::Done(Err(self.last_error.take().unwrap_or_else(|| {
             Error::Timeout("no metadata node answered".into())
         })))
@@ -118,6 +147,13 @@ impl Call {
             } if self.fall_through => {
                 // Keep the most telling error: NotFound beats a timeout.
                 self.last_error = Some(Error::Remote { code, message });
+                self.next_target(now)
+            }
+            Body::Error {
+                code: code @ (Code::WrongAddress | Code::Moving),
+                message,
+            } if self.fall_through => {
+                self.stale = Some(Error::Remote { code, message });
                 self.next_target(now)
             }
             Body::Error { code, message } => Step::Done(Err(Error::Remote { code, message })),
@@ -160,6 +196,9 @@ const IDLE_CONNS_PER_NODE: usize = 32;
 const IDLE_CONNS_TOTAL: usize = 256;
 
 const META_TIMEOUT_MS: u64 = 400;
+/// How long a call is retried while the table moves under it (a metadata
+/// group handed over between nodes: each retry refreshes the table).
+const MOVING_RETRY_MS: u64 = 20_000;
 const META_ATTEMPTS: u32 = 5;
 /// A commit waits for W_m acknowledgements: give it longer.
 const COMMIT_ATTEMPTS: u32 = 20;
@@ -194,8 +233,32 @@ impl Client {
         Ok(())
     }
 
-    /// Runs a call over UDP, on an idle socket of this client's.
+    /// Runs a call over UDP, on an idle socket of this client's. An answer
+    /// that the address's group is elsewhere or being handed over (nothing
+    /// was done) makes it refresh the table and try again, for a while.
     pub async fn run(&self, call: Call) -> Result<Body, Error> {
+        let start = tokio::time::Instant::now();
+        let mut pause = Duration::from_millis(50);
+        let mut call = call;
+        loop {
+            let next = call.again(request_id());
+            match self.run_once(call).await {
+                Err(Error::Remote {
+                    code: Code::WrongAddress | Code::Moving,
+                    message,
+                }) if start.elapsed() < Duration::from_millis(MOVING_RETRY_MS) => {
+                    tracing::debug!("retrying after a refreshed table: {message}");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                    let _ = self.refresh().await;
+                    call = next;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn run_once(&self, call: Call) -> Result<Body, Error> {
         let idle = self.sockets.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let sock = match idle {
             Some(s) => s,

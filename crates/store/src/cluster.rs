@@ -112,6 +112,7 @@ impl Cluster {
             mns: Vec::new(),
             mg_owner: Vec::new(),
             sns: Vec::new(),
+            moves: Vec::new(),
         };
         let mut core = OnCore::open(
             &cfg.dir.join("orchestrator.redb"),

@@ -8,13 +8,17 @@
 //!   or duplicated replication message can never resurrect a deleted object.
 
 use crate::addr::Addr;
-use crate::wire::{decode_record, encode_record, ListEntry, Record};
+use crate::wire::{decode_record, encode_record, ListEntry, Record, Row};
 use crate::Error;
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 use std::path::Path;
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
 const TOMBS: TableDefinition<&[u8], u64> = TableDefinition::new("tombstones");
+/// Groups sealed for a handover's final copy, by freeze epoch: kept across
+/// a restart, so a node that restarts mid-copy does not take changes of a
+/// group whose new owner may already serve it.
+const SEALED: TableDefinition<u32, u64> = TableDefinition::new("sealed");
 
 /// The metadata database of one metadata node.
 pub struct MetaDb {
@@ -26,6 +30,14 @@ fn key(mg: u32, name: &str) -> Vec<u8> {
     k.extend_from_slice(&mg.to_be_bytes());
     k.extend_from_slice(name.as_bytes());
     k
+}
+
+/// The first key after group `mg`'s rows.
+fn group_end(mg: u32) -> Vec<u8> {
+    match mg.checked_add(1) {
+        Some(next) => next.to_be_bytes().to_vec(),
+        None => vec![0xff; 5],
+    }
 }
 
 fn db_err(e: impl std::fmt::Display) -> Error {
@@ -40,6 +52,7 @@ impl MetaDb {
         let tx = db.begin_write().map_err(db_err)?;
         tx.open_table(RECORDS).map_err(db_err)?;
         tx.open_table(TOMBS).map_err(db_err)?;
+        tx.open_table(SEALED).map_err(db_err)?;
         tx.commit().map_err(db_err)?;
         Ok(MetaDb { db })
     }
@@ -233,6 +246,152 @@ impl MetaDb {
         Ok(out)
     }
 
+    /// One page of group `mg`'s records (or tombstones, with `tombs`) whose
+    /// names sort after `after` ("" from the first), in name order: at most
+    /// `max_rows` rows and about `max_bytes` encoded bytes (a handover copies
+    /// a group a datagram at a time). The flag says whether more follow.
+    pub fn group_rows(
+        &self,
+        mg: u32,
+        tombs: bool,
+        after: &str,
+        max_rows: usize,
+        max_bytes: usize,
+    ) -> Result<(Vec<Row>, bool), Error> {
+        let tx = self.db.begin_read().map_err(db_err)?;
+        let mut start = key(mg, after);
+        if !after.is_empty() {
+            start.push(0);
+        }
+        let end = group_end(mg);
+        let mut rows = Vec::new();
+        let mut bytes = 0;
+        // A page holds at least one row, so a copy always progresses.
+        let mut full = |rows: &Vec<Row>, size: usize| {
+            bytes += size;
+            !rows.is_empty() && (rows.len() >= max_rows || bytes > max_bytes)
+        };
+        if tombs {
+            let t = tx.open_table(TOMBS).map_err(db_err)?;
+            for row in t.range(start.as_slice()..end.as_slice()).map_err(db_err)? {
+                let (k, v) = row.map_err(db_err)?;
+                let Ok(name) = std::str::from_utf8(&k.value()[4..]) else {
+                    continue;
+                };
+                if full(&rows, name.len() + 11) {
+                    return Ok((rows, true));
+                }
+                rows.push(Row::Tomb {
+                    name: name.to_string(),
+                    version: v.value(),
+                });
+            }
+        } else {
+            let t = tx.open_table(RECORDS).map_err(db_err)?;
+            for row in t.range(start.as_slice()..end.as_slice()).map_err(db_err)? {
+                let (_, v) = row.map_err(db_err)?;
+                if full(&rows, v.value().len() + 1) {
+                    return Ok((rows, true));
+                }
+                // Rows that do not decode were refused when written.
+                if let Ok(r) = decode_record(v.value()) {
+                    rows.push(Row::Record(r));
+                }
+            }
+        }
+        Ok((rows, false))
+    }
+
+    /// Applies a row copied from a group's previous owner, with the usual
+    /// version rules (only newer records and tombstones take effect).
+    pub fn apply_row(&self, mg: u32, row: &Row) -> Result<(), Error> {
+        match row {
+            Row::Record(r) => self.apply_record(mg, r).map(|_| ()),
+            Row::Tomb { name, version } => self.apply_delete(mg, name, *version).map(|_| ()),
+        }
+    }
+
+    /// Removes every record and tombstone of group `mg` (a group handed
+    /// over to another node); returns how many rows went.
+    pub fn drop_group(&self, mg: u32) -> Result<u64, Error> {
+        let (start, end) = (key(mg, ""), group_end(mg));
+        let tx = self.db.begin_write().map_err(db_err)?;
+        let mut n = 0;
+        {
+            let mut records = tx.open_table(RECORDS).map_err(db_err)?;
+            n += records
+                .extract_from_if(start.as_slice()..end.as_slice(), |_, _| true)
+                .map_err(db_err)?
+                .count() as u64;
+            let mut tombs = tx.open_table(TOMBS).map_err(db_err)?;
+            n += tombs
+                .extract_from_if(start.as_slice()..end.as_slice(), |_, _| true)
+                .map_err(db_err)?
+                .count() as u64;
+        }
+        tx.commit().map_err(db_err)?;
+        Ok(n)
+    }
+
+    /// Groups sealed for a handover, with their freeze epochs.
+    pub fn sealed(&self) -> Result<Vec<(u32, u64)>, Error> {
+        let tx = self.db.begin_read().map_err(db_err)?;
+        let t = tx.open_table(SEALED).map_err(db_err)?;
+        let mut out = Vec::new();
+        for row in t.iter().map_err(db_err)? {
+            let (k, v) = row.map_err(db_err)?;
+            out.push((k.value(), v.value()));
+        }
+        Ok(out)
+    }
+
+    /// Records that group `mg` is sealed for the freeze of `epoch`
+    /// (`None`: no longer sealed).
+    pub fn set_sealed(&self, mg: u32, epoch: Option<u64>) -> Result<(), Error> {
+        let tx = self.db.begin_write().map_err(db_err)?;
+        {
+            let mut t = tx.open_table(SEALED).map_err(db_err)?;
+            match epoch {
+                Some(e) => t.insert(mg, e).map_err(db_err)?,
+                None => t.remove(mg).map_err(db_err)?,
+            };
+        }
+        tx.commit().map_err(db_err)
+    }
+
+    /// Whether group `mg` has any record or tombstone.
+    pub fn group_has_rows(&self, mg: u32) -> Result<bool, Error> {
+        let tx = self.db.begin_read().map_err(db_err)?;
+        let (start, end) = (key(mg, ""), group_end(mg));
+        let records = tx.open_table(RECORDS).map_err(db_err)?;
+        if records
+            .range(start.as_slice()..end.as_slice())
+            .map_err(db_err)?
+            .next()
+            .is_some()
+        {
+            return Ok(true);
+        }
+        let tombs = tx.open_table(TOMBS).map_err(db_err)?;
+        let mut rows = tombs
+            .range(start.as_slice()..end.as_slice())
+            .map_err(db_err)?;
+        Ok(rows.next().is_some())
+    }
+
+    /// Number of records of group `mg`.
+    pub fn group_count(&self, mg: u32) -> Result<u64, Error> {
+        let tx = self.db.begin_read().map_err(db_err)?;
+        let t = tx.open_table(RECORDS).map_err(db_err)?;
+        let (start, end) = (key(mg, ""), group_end(mg));
+        let mut n = 0;
+        for row in t.range(start.as_slice()..end.as_slice()).map_err(db_err)? {
+            row.map_err(db_err)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// Which of `addrs` the stored records name as replicas (one pass over
     /// every record: storage nodes ask rarely, to find leaked replicas).
     pub fn referenced(&self, addrs: &std::collections::HashSet<Addr>) -> Result<Vec<Addr>, Error> {
@@ -292,6 +451,54 @@ mod tests {
             names(db.records_after(u32::MAX, None, 3).unwrap()),
             Vec::<String>::new()
         );
+    }
+
+    #[test]
+    fn a_group_is_copied_in_pages_and_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = MetaDb::open(&dir.path().join("a.redb")).unwrap();
+        let to = MetaDb::open(&dir.path().join("b.redb")).unwrap();
+        for i in 0..50 {
+            from.apply_record(5, &rec(&format!("n{i:02}"), 3)).unwrap();
+        }
+        from.apply_record(6, &rec("other", 1)).unwrap();
+        from.apply_delete(5, "n07", 4).unwrap();
+        from.apply_delete(5, "gone", 9).unwrap();
+        // The new owner already has an older copy of one and a newer of another.
+        to.apply_record(5, &rec("n01", 2)).unwrap();
+        to.apply_record(5, &rec("n02", 8)).unwrap();
+        for tombs in [false, true] {
+            let mut after = String::new();
+            loop {
+                let (rows, more) = from.group_rows(5, tombs, &after, 7, 60_000).unwrap();
+                assert!(rows.len() <= 7);
+                for row in &rows {
+                    to.apply_row(5, row).unwrap();
+                    after = match row {
+                        Row::Record(r) => r.name.clone(),
+                        Row::Tomb { name, .. } => name.clone(),
+                    };
+                }
+                if !more {
+                    break;
+                }
+            }
+        }
+        assert_eq!(to.group_count(5).unwrap(), 49);
+        assert_eq!(to.get(5, "n01").unwrap().unwrap().version, 3);
+        assert_eq!(to.get(5, "n02").unwrap().unwrap().version, 8);
+        assert!(to.get(5, "n07").unwrap().is_none());
+        assert_eq!(to.tombstone(5, "gone").unwrap(), 9);
+        assert!(to.get(6, "other").unwrap().is_none());
+        // A byte budget cuts pages too.
+        let (rows, more) = from.group_rows(5, false, "", 1000, 10).unwrap();
+        assert!(more && rows.len() == 1, "{}", rows.len());
+        assert!(from.group_has_rows(5).unwrap());
+        assert_eq!(from.drop_group(5).unwrap(), 51);
+        assert!(!from.group_has_rows(5).unwrap());
+        assert_eq!(from.group_count(5).unwrap(), 0);
+        assert_eq!(from.tombstone(5, "gone").unwrap(), 0);
+        assert_eq!(from.group_count(6).unwrap(), 1);
     }
 
     #[test]

@@ -13,8 +13,8 @@
 
 use crate::addr::{splitmix64, Addr};
 use crate::metadb::MetaDb;
-use crate::table::{Device, State, Table};
-use crate::wire::{Body, Code, Msg, Record};
+use crate::table::{Device, MovePhase, State, Table};
+use crate::wire::{Body, Code, Msg, Record, Row};
 use crate::Error;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::Hash;
@@ -42,6 +42,13 @@ const REPAIR_BATCH: usize = 32;
 const MAX_REPAIRS: usize = 32;
 /// Pause between two passes over every record while a node is dead.
 const REPAIR_PASS_MS: u64 = 1_000;
+/// Resend delay of a handover page request or report.
+const PULL_RESEND_MS: u64 = 300;
+/// Delay before asking again when the group's owner is not ready for the
+/// final copy (it has not seen the freeze, or changes are still in flight).
+const PULL_RETRY_MS: u64 = 100;
+/// Bytes of rows in one handover page, below the datagram limit.
+const PULL_PAGE_BYTES: usize = crate::wire::MAX_DATAGRAM - 2048;
 
 /// What the core asks its runtime to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,6 +59,9 @@ pub enum Out<P> {
     ToMeta(Msg),
     /// Free the replica at this address on its storage node.
     Free(Addr),
+    /// Send `msg` to the orchestrator (handover reports); its reply comes
+    /// back to [`MnCore::handle`] like any other message.
+    ToOn(Msg),
     /// Repair: copy the object from one of `sources` (tried in order) to
     /// `targets` (the first forwards to the others), then report with
     /// [`MnCore::copy_done`].
@@ -107,6 +117,31 @@ struct Pending<P> {
     phase: Phase,
 }
 
+/// A copy of a metadata group this node is taking over.
+struct Pull {
+    /// 0 for the first copy; the freeze epoch for the final one.
+    epoch: u64,
+    /// Copying tombstones (records come first).
+    tombs: bool,
+    /// The last name copied.
+    after: String,
+    /// Where the copy stands.
+    stage: PullStage,
+    /// The message awaiting an answer (resent until one comes).
+    msg: Msg,
+    next_send: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PullStage {
+    /// Asking the owner for pages.
+    Pulling,
+    /// Telling the orchestrator the copy is done.
+    Reporting,
+    /// The orchestrator knows; wait for the table to move on.
+    Reported,
+}
+
 /// A replication message waiting for its acknowledgement.
 struct Inflight {
     name: String,
@@ -138,13 +173,22 @@ pub struct MnCore<P> {
     repair_cursor: Option<(u32, Option<String>)>,
     /// No repair step before this time.
     next_repair: u64,
+    /// Groups this node owns and is handing over, sealed for the final
+    /// copy under the freeze of this epoch: no change of them is accepted
+    /// (and no Get answered, since the new owner may be answering already).
+    sealed: BTreeMap<u32, u64>,
+    /// Groups this node is taking over, being copied.
+    pulls: BTreeMap<u32, Pull>,
 }
 
 impl<P: Clone + Eq + Hash> MnCore<P> {
     /// A core over `db`, serving slot `slot` of `table`. `nonce` seeds
     /// request ids and replica ids (make it differ across restarts).
     pub fn new(db: MetaDb, table: Table, slot: u16, nonce: u64) -> Self {
-        MnCore {
+        // Seals survive a restart (see `MetaDb::sealed`); an unreadable
+        // list is treated as none, as before this node sealed anything.
+        let sealed = db.sealed().unwrap_or_default().into_iter().collect();
+        let mut core = MnCore {
             db,
             table,
             slot,
@@ -158,12 +202,77 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             repairs: BTreeMap::new(),
             repair_cursor: None,
             next_repair: 0,
+            sealed,
+            pulls: BTreeMap::new(),
+        };
+        core.prune_sealed();
+        core.drop_foreign_groups();
+        core
+    }
+
+    /// Drops the rows of groups this node neither owns nor is taking over:
+    /// left by a handover that ended while this node was down (its table
+    /// then never showed the change of owner).
+    fn drop_foreign_groups(&mut self) {
+        for g in 0..self.table.mg_owner.len() as u32 {
+            let ours = self.table.mg_owner.get(g as usize) == Some(&self.slot);
+            let coming = self.table.move_of(g).is_some_and(|m| m.to == self.slot);
+            if ours || coming || !self.db.group_has_rows(g).unwrap_or(false) {
+                continue;
+            }
+            if let Err(e) = self.db.drop_group(g) {
+                tracing::warn!("dropping group {g}, handed over to another node: {e}");
+            }
         }
     }
 
-    /// Replaces the prefix table (new storage nodes, states, capacities).
+    /// Unseals the groups the table no longer freezes at their seal's epoch
+    /// (handed over, or the freeze called off).
+    fn prune_sealed(&mut self) {
+        let t = &self.table;
+        let gone: Vec<u32> = self
+            .sealed
+            .iter()
+            .filter(|&(&g, &e)| {
+                !t.move_of(g)
+                    .is_some_and(|m| m.phase == MovePhase::Frozen && m.frozen_epoch == e)
+            })
+            .map(|(&g, _)| g)
+            .collect();
+        for g in gone {
+            if let Err(e) = self.db.set_sealed(g, None) {
+                // Kept sealed: refusing changes is safe, the next table retries.
+                tracing::warn!("unsealing group {g}: {e}");
+                continue;
+            }
+            self.sealed.remove(&g);
+        }
+    }
+
+    /// Replaces the prefix table (new storage nodes, states, capacities,
+    /// group owners and handovers). A group handed over to another node is
+    /// dropped from the database: the new owner holds all of it, and stale
+    /// rows here would keep unreferenced replicas from being collected.
     pub fn set_table(&mut self, table: Table) {
-        self.table = table;
+        let old = std::mem::replace(&mut self.table, table);
+        self.prune_sealed();
+        let t = &self.table;
+        let slot = self.slot;
+        self.pulls
+            .retain(|&g, _| t.move_of(g).is_some_and(|m| m.to == slot));
+        for (g, &was) in old.mg_owner.iter().enumerate() {
+            let g = g as u32;
+            let now = t.mg_owner.get(g as usize).copied();
+            // Not when the group is (again) coming to this node: a table
+            // fetched before the handover ended can arrive after the one
+            // that ended it.
+            let coming = t.move_of(g).is_some_and(|m| m.to == slot);
+            if was == slot && now.is_some_and(|o| o != slot) && !coming {
+                if let Err(e) = self.db.drop_group(g) {
+                    tracing::warn!("dropping handed-over group {g}: {e}");
+                }
+            }
+        }
     }
 
     /// The table in use.
@@ -188,9 +297,54 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         (self.table.mg_owner.get(mg as usize) == Some(&self.slot)).then_some(mg)
     }
 
+    /// Like `owns`, for writing: not a group sealed for its final copy
+    /// (such a row goes out as a replication message instead, refused
+    /// and resent until the new owner holds the group).
+    fn owns_writable(&self, addr: Addr) -> Option<u32> {
+        self.owns(addr).filter(|&mg| !self.is_sealed(mg))
+    }
+
+    /// Whether group `mg` is frozen by the table: no new change may start.
+    fn is_frozen(&self, mg: u32) -> bool {
+        self.table
+            .move_of(mg)
+            .is_some_and(|m| m.phase == MovePhase::Frozen)
+    }
+
+    /// Whether group `mg` is sealed here for its final copy.
+    fn is_sealed(&self, mg: u32) -> bool {
+        self.sealed.contains_key(&mg)
+    }
+
+    /// Refuses a new change of a name coordinated in a frozen group.
+    fn not_frozen(&self, mg: u32) -> Result<(), Error> {
+        if self.is_frozen(mg) {
+            return Err(moving(mg));
+        }
+        Ok(())
+    }
+
+    /// Refuses any change (and Get) in a group sealed for its final copy.
+    fn not_sealed(&self, mg: u32) -> Result<(), Error> {
+        if self.is_sealed(mg) {
+            return Err(moving(mg));
+        }
+        Ok(())
+    }
+
+    /// The group coordinating `name` (its first metadata address's).
+    fn coordinator_group(&self, name: &str) -> Option<u32> {
+        let first = *self.table.meta_addrs(name).first()?;
+        self.table.layout.mg_of(first)
+    }
+
     /// Handles one incoming message from `from` at time `now` (ms).
     pub fn handle(&mut self, now: u64, from: P, msg: Msg) -> Vec<Out<P>> {
         let mut out = Vec::new();
+        if let Some(g) = self.pull_awaiting(msg.req) {
+            self.on_pull_reply(now, g, msg, &mut out);
+            return out;
+        }
         match &msg.body {
             Body::Done { .. } | Body::Error { .. } => self.on_ack(now, &msg, &mut out),
             _ => {
@@ -240,7 +394,8 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     ) -> Result<Option<Body>, Error> {
         match &msg.body {
             Body::PostBegin { name, size } => {
-                self.coordinator_check(msg.target, name)?;
+                let mg = self.coordinator_check(msg.target, name)?;
+                self.not_frozen(mg)?;
                 self.post_begin(now, from, msg.req, name, *size).map(Some)
             }
             Body::PostCommit { name, version, crc } => {
@@ -260,14 +415,28 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 Ok(Some(Body::Done { version: *version }))
             }
             Body::Link { record } => {
-                self.coordinator_check(msg.target, &record.name)?;
+                let mg = self.coordinator_check(msg.target, &record.name)?;
+                if !self.in_progress(&record.name, from, msg.req) {
+                    self.not_frozen(mg)?;
+                }
                 self.link(now, from, msg.req, record, out)
             }
             Body::Update { record, if_version } => {
-                self.coordinator_check(msg.target, &record.name)?;
+                let mg = self.coordinator_check(msg.target, &record.name)?;
+                if !self.in_progress(&record.name, from, msg.req) {
+                    self.not_frozen(mg)?;
+                }
                 self.update(now, from, msg.req, record, *if_version, out)
             }
             Body::Get { name } => self.get(msg.target, name).map(Some),
+            Body::MgPull {
+                group,
+                epoch,
+                tombs,
+                after,
+            } => self
+                .serve_pull(msg.target, *group, *epoch, *tombs, after)
+                .map(Some),
             Body::Referenced { addrs } => {
                 let query: std::collections::HashSet<Addr> = addrs.iter().copied().collect();
                 let mut found: std::collections::HashSet<Addr> =
@@ -283,7 +452,10 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 if_version,
                 keep_data,
             } => {
-                self.coordinator_check(msg.target, name)?;
+                let mg = self.coordinator_check(msg.target, name)?;
+                if !self.in_progress(name, from, msg.req) {
+                    self.not_frozen(mg)?;
+                }
                 self.delete(now, from, msg.req, name, *if_version, *keep_data, out)
             }
             Body::List {
@@ -297,6 +469,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             }
             Body::Replicate { record } => {
                 let mg = self.replica_check(msg.target, &record.name)?;
+                self.not_sealed(mg)?;
                 self.db.apply_record(mg, record)?;
                 Ok(Some(Body::Done {
                     version: record.version,
@@ -304,6 +477,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             }
             Body::Unreplicate { name, version } => {
                 let mg = self.replica_check(msg.target, name)?;
+                self.not_sealed(mg)?;
                 self.db.apply_delete(mg, name, *version)?;
                 Ok(Some(Body::Done { version: *version }))
             }
@@ -487,6 +661,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     ) -> Result<Option<Body>, Error> {
         let Some(p) = self.pending.get(name) else {
             let mg0 = self.owned(self.table.meta_addrs(name)[0])?;
+            self.not_frozen(mg0)?;
             if let Some(r) = self.db.get(mg0, name)? {
                 if r.version == version {
                     // Committed here before a restart lost the replication
@@ -644,7 +819,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         self.next_op += 1;
         let op = self.next_op;
         for (i, &a) in addrs.iter().enumerate() {
-            if let Some(mg) = self.owns(a) {
+            if let Some(mg) = self.owns_writable(a) {
                 acked[i] = self.db.apply_record(mg, &record)?;
             } else {
                 let msg = Msg::new(
@@ -737,15 +912,15 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         if !self.inflight.contains_key(&msg.req) {
             return;
         }
-        if matches!(msg.body, Body::Error { code, .. } if code != Code::WrongAddress) {
-            return; // a transient failure there: keep resending
+        if matches!(msg.body, Body::Error { .. }) {
+            // A transient failure there, or a group handed over (refused
+            // while sealed; a node whose table is older or newer than
+            // ours): keep resending, each resend routed by the table then.
+            return;
         }
         let Some(inf) = self.inflight.remove(&msg.req) else {
             return;
         };
-        if matches!(msg.body, Body::Error { .. }) {
-            return; // the table moved that address: repair's business
-        }
         if let Some(p) = self.pending.get_mut(&inf.name) {
             if let (true, Phase::Replicating { acked, .. }) = (p.op == inf.op, &mut p.phase) {
                 if let Some(a) = acked.get_mut(inf.index) {
@@ -797,6 +972,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
 
     fn get(&self, target: Addr, name: &str) -> Result<Body, Error> {
         let mg = self.replica_check(target, name)?;
+        self.not_sealed(mg)?;
         if let Some(record) = self.db.get(mg, name)? {
             return Ok(Body::Found { record });
         }
@@ -851,7 +1027,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         self.next_op += 1;
         let op = self.next_op;
         for (i, &a) in addrs.iter().enumerate() {
-            if let Some(mg) = self.owns(a) {
+            if let Some(mg) = self.owns_writable(a) {
                 self.db.apply_delete(mg, name, version)?;
                 acked[i] = true;
             } else {
@@ -899,6 +1075,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             self.inflight.remove(&req);
         }
         self.repair_step(now, &mut out);
+        self.handover_step(now, &mut out);
         let expired: Vec<String> = self
             .pending
             .iter()
@@ -1004,6 +1181,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             .and_then(|&a| self.table.layout.mg_of(a))
             == Some(mg);
         if !coordinator_row
+            || self.is_frozen(mg)
             || self.pending.contains_key(&record.name)
             || self.repairs.contains_key(&record.name)
         {
@@ -1110,6 +1288,9 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         }
         let meta = self.table.meta_addrs(name);
         let mg0 = self.owned(meta[0])?;
+        // A frozen group takes no new version: its handover waits for
+        // this copy, and the next pass repairs it at the new owner.
+        self.not_frozen(mg0)?;
         let current = self
             .db
             .get(mg0, name)?
@@ -1128,7 +1309,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         self.next_op += 1;
         let op = self.next_op;
         for (i, &a) in meta.iter().enumerate() {
-            if let Some(mg) = self.owns(a) {
+            if let Some(mg) = self.owns_writable(a) {
                 self.db.apply_record(mg, &record)?;
             } else {
                 let msg = Msg::new(
@@ -1143,6 +1324,246 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         }
         out.extend(repair.targets[written..].iter().map(|&a| Out::Free(a)));
         Ok(())
+    }
+
+    /// Serves one page of group `group` to the node taking it over. For
+    /// the final copy (`epoch` > 0) the group must be frozen at that epoch
+    /// in this node's table and nothing of it in flight here; the group is
+    /// then sealed: no change of it is accepted until the table moves on.
+    fn serve_pull(
+        &mut self,
+        target: Addr,
+        group: u32,
+        epoch: u64,
+        tombs: bool,
+        after: &str,
+    ) -> Result<Body, Error> {
+        if self.table.layout.mg_of(target) != Some(group) {
+            return Err(remote(
+                Code::BadRequest,
+                format!(
+                    "a copy of group {group} must be addressed to that group, not to {}",
+                    crate::addr::fmt_addr(target)
+                ),
+            ));
+        }
+        self.owned(target)?;
+        let Some(m) = self.table.move_of(group).copied() else {
+            return Err(remote(
+                Code::BadRequest,
+                format!("group {group} is not being handed over in this node's table"),
+            ));
+        };
+        if epoch > 0 && self.sealed.get(&group) != Some(&epoch) {
+            if m.phase != MovePhase::Frozen || m.frozen_epoch != epoch {
+                return Err(remote(
+                    Code::Moving,
+                    format!("group {group} is not frozen at epoch {epoch} here yet; ask again"),
+                ));
+            }
+            let in_flight = self
+                .pending
+                .keys()
+                .chain(self.repairs.keys())
+                .filter(|n| self.coordinator_group(n) == Some(group))
+                .count();
+            if in_flight > 0 {
+                return Err(remote(
+                    Code::Moving,
+                    format!("{in_flight} changes of group {group} are still in flight; ask again"),
+                ));
+            }
+            // Durable before the first page leaves.
+            self.db.set_sealed(group, Some(epoch))?;
+            self.sealed.insert(group, epoch);
+        }
+        let (rows, more) = self.db.group_rows(
+            group,
+            tombs,
+            after,
+            crate::wire::MAX_PULL_ROWS,
+            PULL_PAGE_BYTES,
+        )?;
+        Ok(Body::MgRows { rows, more })
+    }
+
+    /// The group whose handover awaits the answer `req`, if any.
+    fn pull_awaiting(&self, req: u64) -> Option<u32> {
+        self.pulls
+            .iter()
+            .find(|(_, p)| p.stage != PullStage::Reported && p.msg.req == req)
+            .map(|(&g, _)| g)
+    }
+
+    /// Starts, resumes or resends the copies of the groups the table hands
+    /// over to this node: a first copy while the group is being copied, a
+    /// final one (under the freeze epoch) once it is frozen.
+    fn handover_step(&mut self, now: u64, out: &mut Vec<Out<P>>) {
+        let moves: Vec<_> = self
+            .table
+            .moves
+            .iter()
+            .filter(|m| m.to == self.slot)
+            .copied()
+            .collect();
+        for m in moves {
+            let epoch = match m.phase {
+                MovePhase::Copying => 0,
+                MovePhase::Frozen => m.frozen_epoch,
+                // The first copy is reported; wait for the freeze. (After a
+                // restart here the rows are in the database already.)
+                MovePhase::Copied => continue,
+            };
+            let restart = self.pulls.get(&m.group).is_none_or(|p| p.epoch != epoch);
+            if restart {
+                let msg = self.pull_msg(m.group, epoch, false, String::new());
+                self.pulls.insert(
+                    m.group,
+                    Pull {
+                        epoch,
+                        tombs: false,
+                        after: String::new(),
+                        stage: PullStage::Pulling,
+                        msg: msg.clone(),
+                        next_send: now + PULL_RESEND_MS,
+                    },
+                );
+                out.push(Out::ToMeta(msg));
+                continue;
+            }
+            if let Some(p) = self.pulls.get_mut(&m.group) {
+                if p.stage != PullStage::Reported && now >= p.next_send {
+                    p.next_send = now + PULL_RESEND_MS;
+                    out.push(match p.stage {
+                        PullStage::Reporting => Out::ToOn(p.msg.clone()),
+                        _ => Out::ToMeta(p.msg.clone()),
+                    });
+                }
+            }
+        }
+    }
+
+    fn pull_msg(&mut self, group: u32, epoch: u64, tombs: bool, after: String) -> Msg {
+        self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
+        let (prefix, _) = self.table.layout.mg_prefix(group);
+        Msg::new(
+            self.next_req,
+            prefix,
+            Body::MgPull {
+                group,
+                epoch,
+                tombs,
+                after,
+            },
+        )
+    }
+
+    /// An answer to a handover page request or report.
+    fn on_pull_reply(&mut self, now: u64, group: u32, msg: Msg, out: &mut Vec<Out<P>>) {
+        let Some(stage) = self.pulls.get(&group).map(|p| p.stage) else {
+            return;
+        };
+        match (stage, msg.body) {
+            (PullStage::Pulling, Body::MgRows { rows, more }) => {
+                for row in &rows {
+                    if let Err(e) = self.db.apply_row(group, row) {
+                        // The resend asks for the same page again.
+                        tracing::warn!("storing a row of group {group} being taken over: {e}");
+                        return;
+                    }
+                }
+                let Some(p) = self.pulls.get(&group) else {
+                    return;
+                };
+                let (epoch, mut tombs) = (p.epoch, p.tombs);
+                let mut after = match rows.last() {
+                    Some(Row::Record(r)) => r.name.clone(),
+                    Some(Row::Tomb { name, .. }) => name.clone(),
+                    None => p.after.clone(),
+                };
+                let next = if more {
+                    Some(self.pull_msg(group, epoch, tombs, after.clone()))
+                } else if !tombs {
+                    tombs = true;
+                    after.clear();
+                    Some(self.pull_msg(group, epoch, true, String::new()))
+                } else {
+                    None
+                };
+                let (msg, stage) = match next {
+                    Some(m) => (m, PullStage::Pulling),
+                    None => {
+                        self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
+                        let report = Msg::new(
+                            self.next_req,
+                            0,
+                            Body::MoveReport {
+                                group,
+                                to: self.slot,
+                                ready: epoch > 0,
+                                epoch,
+                            },
+                        );
+                        (report, PullStage::Reporting)
+                    }
+                };
+                if let Some(p) = self.pulls.get_mut(&group) {
+                    p.tombs = tombs;
+                    p.after = after;
+                    p.stage = stage;
+                    p.msg = msg.clone();
+                    p.next_send = now + PULL_RESEND_MS;
+                }
+                out.push(if stage == PullStage::Reporting {
+                    Out::ToOn(msg)
+                } else {
+                    Out::ToMeta(msg)
+                });
+            }
+            (PullStage::Pulling, _) => {
+                // Not ready for the final copy yet, or the owner's table
+                // differs from ours: ask again shortly.
+                if let Some(p) = self.pulls.get_mut(&group) {
+                    p.next_send = now + PULL_RETRY_MS;
+                }
+            }
+            (PullStage::Reporting, Body::Table { bytes }) => {
+                // The orchestrator handed the group over: serve it at once
+                // rather than at the next table refresh.
+                if let Ok(t) = Table::decode(&bytes) {
+                    if t.epoch > self.table.epoch {
+                        self.set_table(t);
+                    }
+                }
+                if let Some(p) = self.pulls.get_mut(&group) {
+                    p.stage = PullStage::Reported;
+                }
+            }
+            (PullStage::Reporting, Body::Done { .. }) => {
+                if let Some(p) = self.pulls.get_mut(&group) {
+                    p.stage = PullStage::Reported;
+                }
+            }
+            (PullStage::Reporting, _) => {
+                // Refused (the handover moved on meanwhile): start over as
+                // the table says.
+                self.pulls.remove(&group);
+            }
+            (PullStage::Reported, _) => {}
+        }
+    }
+
+    /// Groups this node is taking over: (group, final copy, copy done).
+    pub fn pulls(&self) -> Vec<(u32, bool, bool)> {
+        self.pulls
+            .iter()
+            .map(|(&g, p)| (g, p.epoch > 0, p.stage != PullStage::Pulling))
+            .collect()
+    }
+
+    /// Groups sealed here for their final copy.
+    pub fn sealed_groups(&self) -> Vec<u32> {
+        self.sealed.keys().copied().collect()
     }
 
     /// Repair copies under way.
@@ -1186,7 +1607,25 @@ fn is_mutation(body: &Body) -> bool {
 }
 
 fn is_final(body: &Body) -> bool {
-    !matches!(body, Body::Found { .. } | Body::ListPage { .. })
+    // A "moving" refusal is not: the same request may succeed later.
+    !matches!(
+        body,
+        Body::Found { .. }
+            | Body::ListPage { .. }
+            | Body::MgRows { .. }
+            | Body::Error {
+                code: Code::Moving,
+                ..
+            }
+    )
+}
+
+/// The refusal of a change (or Get) in a group being handed over.
+fn moving(mg: u32) -> Error {
+    remote(
+        Code::Moving,
+        format!("metadata group {mg} is being handed over to another metadata node; retry shortly"),
+    )
 }
 
 fn remote(code: Code, message: impl Into<String>) -> Error {

@@ -305,7 +305,7 @@ pub async fn start_mn(dir: &Path, bind: SocketAddr, on: SocketAddr) -> Result<Mn
     let stopped = stop.clone();
     let thread = std::thread::Builder::new()
         .name(format!("strata-mn-{slot}"))
-        .spawn(move || mn_loop(sock, core, rx, runtime, &stopped))
+        .spawn(move || mn_loop(sock, core, rx, on, runtime, &stopped))
         .map_err(|e| Error::io("starting the metadata node's thread", e))?;
     Ok(MnHandle {
         endpoint,
@@ -322,6 +322,7 @@ fn mn_loop(
     sock: std::net::UdpSocket,
     mut core: MnCore<SocketAddr>,
     mut tables: watch::Receiver<Table>,
+    on: SocketAddr,
     runtime: tokio::runtime::Handle,
     stop: &AtomicBool,
 ) {
@@ -362,7 +363,7 @@ fn mn_loop(
             }
         }
         for out in outs {
-            dispatch(&sock, core.table(), out, &copies, &runtime);
+            dispatch(&sock, core.table(), out, &copies, on, &runtime);
         }
     }
 }
@@ -500,9 +501,16 @@ fn dispatch(
     table: &Table,
     out: Out<SocketAddr>,
     copies: &std::sync::mpsc::Sender<CopyReport>,
+    on: SocketAddr,
     runtime: &tokio::runtime::Handle,
 ) {
     match out {
+        Out::ToOn(msg) => {
+            // From the node's own socket: the answer comes back to the core.
+            if let Ok(bytes) = msg.encode() {
+                let _ = sock.send_to(&bytes, on);
+            }
+        }
         Out::Reply(to, msg) => {
             if let Ok(bytes) = msg.encode() {
                 let _ = sock.send_to(&bytes, to);

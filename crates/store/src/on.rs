@@ -6,7 +6,7 @@
 //! Like the metadata node it is a state machine (`handle`, `tick`) driven
 //! by a runtime; its table is persisted in redb on every membership change.
 
-use crate::table::{Device, MnEntry, SnEntry, State, Table};
+use crate::table::{Device, MnEntry, Move, MovePhase, SnEntry, State, Table};
 use crate::wire::{Body, Code, Msg, Role};
 use crate::Error;
 use redb::{Database, TableDefinition};
@@ -23,6 +23,16 @@ pub const SHORT_FAILURE_MS: u64 = 3_000;
 /// Long enough that a reboot is not mistaken for a lost disk.
 pub const DEFINITIVE_FAILURE_MS: u64 = 600_000;
 
+/// Groups frozen at once during handovers: a frozen group refuses new
+/// changes (clients retry) until its final copy is taken, so only a few
+/// are frozen at a time.
+pub const FREEZE_BATCH: usize = 32;
+
+/// A group frozen this long without its final copy reported goes back to
+/// being copied (the new node may have died), so its old owner serves
+/// changes again.
+pub const FROZEN_LIMIT_MS: u64 = 15_000;
+
 /// The orchestrator's state.
 pub struct OnCore {
     db: Database,
@@ -31,6 +41,9 @@ pub struct OnCore {
     last_seen: HashMap<u64, u64>,
     short_failure_ms: u64,
     definitive_failure_ms: u64,
+    /// When each frozen group was frozen (not persisted: after a restart
+    /// every frozen group gets a full timer).
+    frozen_since: HashMap<u32, u64>,
 }
 
 fn db_err(e: impl std::fmt::Display) -> Error {
@@ -61,7 +74,17 @@ impl OnCore {
         };
         let (table, expected_mns) = match stored {
             Some(t) => {
-                let slots = t.mg_owner.iter().copied().max().unwrap_or(0) + 1;
+                // Slots in use: group owners, handover targets, and metadata
+                // nodes (a new one owns no group until its first handover).
+                let slots = t
+                    .mg_owner
+                    .iter()
+                    .copied()
+                    .chain(t.moves.iter().map(|m| m.to))
+                    .chain(t.mns.iter().map(|m| m.slot))
+                    .max()
+                    .unwrap_or(0)
+                    + 1;
                 (t, slots)
             }
             None => {
@@ -88,6 +111,7 @@ impl OnCore {
             last_seen,
             short_failure_ms: SHORT_FAILURE_MS,
             definitive_failure_ms: DEFINITIVE_FAILURE_MS,
+            frozen_since: HashMap::new(),
         };
         on.persist()?;
         Ok(on)
@@ -193,6 +217,12 @@ impl OnCore {
                 Ok(Body::Done { version: 0 })
             }
             Body::Retire { uuid } => self.retire(*uuid),
+            Body::MoveReport {
+                group,
+                to,
+                ready,
+                epoch,
+            } => self.move_report(now, *group, *to, *ready, *epoch),
             _ => Err(Error::Remote {
                 code: Code::BadRequest,
                 message: "this message is not a request the orchestrator serves".into(),
@@ -208,13 +238,32 @@ impl OnCore {
         }
         let slot = self.table.mns.len() as u16;
         if slot >= self.expected_mns {
-            return Err(Error::Remote {
-                code: Code::Unavailable,
-                message: format!(
-                    "the cluster already has its {} metadata nodes; adding one would move metadata groups, which this version does not do",
-                    self.expected_mns
-                ),
+            // Every slot is taken: a new slot, and groups handed over to it.
+            let slot = self
+                .table
+                .mns
+                .iter()
+                .map(|m| m.slot)
+                .max()
+                .map_or(0, |s| s + 1);
+            if slot as usize >= self.table.layout.mg_count() {
+                return Err(Error::Remote {
+                    code: Code::Unavailable,
+                    message: format!(
+                        "the cluster has as many metadata nodes as metadata groups ({}); another one would own none",
+                        self.table.layout.mg_count()
+                    ),
+                });
+            }
+            self.table.mns.push(MnEntry {
+                uuid,
+                slot,
+                endpoint,
+                state: State::Up,
             });
+            self.expected_mns = slot + 1;
+            self.plan_moves(slot);
+            return Ok(slot);
         }
         self.table.mns.push(MnEntry {
             uuid,
@@ -223,6 +272,131 @@ impl OnCore {
             state: State::Up,
         });
         Ok(slot)
+    }
+
+    /// Chooses the groups the new slot `to` takes over: about
+    /// groups / metadata nodes, each taken from the node that owns most
+    /// (counting handovers under way as done), and starts copying them.
+    fn plan_moves(&mut self, to: u16) {
+        let t = &self.table;
+        let mut owner: Vec<u16> = t.mg_owner.clone();
+        for m in &t.moves {
+            if let Some(o) = owner.get_mut(m.group as usize) {
+                *o = m.to;
+            }
+        }
+        let want = owner.len() / t.mns.len().max(1);
+        let mut new = Vec::new();
+        while owner.iter().filter(|&&o| o == to).count() < want {
+            let mut counts: HashMap<u16, usize> = HashMap::new();
+            for (g, &o) in owner.iter().enumerate() {
+                // Groups already moving stay where they go.
+                if o != to && t.move_of(g as u32).is_none() {
+                    *counts.entry(o).or_default() += 1;
+                }
+            }
+            let Some((&from, _)) = counts.iter().max_by_key(|(&slot, &n)| (n, slot)) else {
+                break;
+            };
+            let Some(g) = (0..owner.len())
+                .rev()
+                .find(|&g| owner[g] == from && t.move_of(g as u32).is_none())
+            else {
+                break;
+            };
+            owner[g] = to;
+            new.push(Move {
+                group: g as u32,
+                to,
+                phase: MovePhase::Copying,
+                frozen_epoch: 0,
+            });
+        }
+        new.sort_by_key(|m| m.group);
+        self.table.moves.extend(new);
+    }
+
+    /// A new owner's report on a handover: the first copy is done (the
+    /// group may be frozen), or the final copy under the freeze of `epoch`
+    /// is (the group changes owner; the answer is the new table).
+    fn move_report(
+        &mut self,
+        now: u64,
+        group: u32,
+        to: u16,
+        ready: bool,
+        epoch: u64,
+    ) -> Result<Body, Error> {
+        let Some(i) = self.table.moves.iter().position(|m| m.group == group) else {
+            if ready && self.table.mg_owner.get(group as usize) == Some(&to) {
+                // A resent report of a handover that is done.
+                return Ok(Body::Table {
+                    bytes: self.table.encode(),
+                });
+            }
+            return Err(Error::Remote {
+                code: Code::Conflict,
+                message: format!("group {group} is not being handed over"),
+            });
+        };
+        let m = self.table.moves[i];
+        if m.to != to {
+            return Err(Error::Remote {
+                code: Code::Conflict,
+                message: format!("group {group} is handed over to slot {}, not {to}", m.to),
+            });
+        }
+        if !ready {
+            if m.phase == MovePhase::Copying {
+                self.table.moves[i].phase = MovePhase::Copied;
+                self.freeze_some(now);
+                self.changed()?;
+            }
+            return Ok(Body::Done { version: 0 });
+        }
+        if m.phase != MovePhase::Frozen || m.frozen_epoch != epoch {
+            return Err(Error::Remote {
+                code: Code::Moving,
+                message: format!("group {group} is not frozen at epoch {epoch}; copy it again"),
+            });
+        }
+        self.table.moves.remove(i);
+        self.frozen_since.remove(&group);
+        if let Some(o) = self.table.mg_owner.get_mut(group as usize) {
+            *o = to;
+        }
+        self.freeze_some(now);
+        self.changed()?;
+        Ok(Body::Table {
+            bytes: self.table.encode(),
+        })
+    }
+
+    /// Freezes copied groups while fewer than [`FREEZE_BATCH`] are frozen.
+    /// Returns whether any was. The freeze epoch is the one the table gets
+    /// at the next change.
+    fn freeze_some(&mut self, now: u64) -> bool {
+        let mut frozen = self
+            .table
+            .moves
+            .iter()
+            .filter(|m| m.phase == MovePhase::Frozen)
+            .count();
+        let epoch = self.table.epoch + 1;
+        let mut any = false;
+        for m in &mut self.table.moves {
+            if frozen >= FREEZE_BATCH {
+                break;
+            }
+            if m.phase == MovePhase::Copied {
+                m.phase = MovePhase::Frozen;
+                m.frozen_epoch = epoch;
+                self.frozen_since.insert(m.group, now);
+                frozen += 1;
+                any = true;
+            }
+        }
+        any
     }
 
     fn register_sn(
@@ -327,9 +501,143 @@ impl OnCore {
                 changed = true;
             }
         }
+        // A freeze whose final copy never came is called off: the group
+        // is copied again, and its old owner takes changes meanwhile.
+        for m in &mut self.table.moves {
+            if m.phase != MovePhase::Frozen {
+                continue;
+            }
+            let since = *self.frozen_since.entry(m.group).or_insert(now);
+            if now.saturating_sub(since) > FROZEN_LIMIT_MS {
+                m.phase = MovePhase::Copying;
+                m.frozen_epoch = 0;
+                self.frozen_since.remove(&m.group);
+                changed = true;
+            }
+        }
+        changed |= self.freeze_some(now);
         if changed {
             self.changed()?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+    use crate::table::Params;
+
+    fn register(on: &mut OnCore, now: u64, uuid: u64) -> Msg {
+        on.handle(
+            now,
+            &Msg::new(
+                uuid,
+                0,
+                Body::Register {
+                    role: Role::Mn,
+                    uuid,
+                    endpoint: "127.0.0.1:9".parse().unwrap(),
+                    capacity: 0,
+                    free: 0,
+                    device: 0,
+                },
+            ),
+        )
+    }
+
+    fn report(on: &mut OnCore, now: u64, group: u32, ready: bool, epoch: u64) -> Body {
+        let msg = Msg::new(
+            1,
+            0,
+            Body::MoveReport {
+                group,
+                to: 2,
+                ready,
+                epoch,
+            },
+        );
+        on.handle(now, &msg).body
+    }
+
+    #[test]
+    fn a_node_beyond_the_slots_takes_groups_over_in_phases() {
+        let dir = tempfile::tempdir().unwrap();
+        let initial = Table {
+            epoch: 1,
+            layout: Layout::new(DEFAULT_CLUSTER_PREFIX, 6),
+            routed: false,
+            params: Params::default(),
+            buckets: vec![],
+            mns: vec![],
+            mg_owner: vec![],
+            sns: vec![],
+            moves: vec![],
+        };
+        let path = dir.path().join("on.redb");
+        let mut on = OnCore::open(&path, initial, 2, 0).unwrap();
+        for uuid in [1, 2] {
+            register(&mut on, 0, uuid);
+        }
+        assert!(on.table().moves.is_empty());
+        // The third takes a third of the 64 groups, from both.
+        assert_eq!(register(&mut on, 0, 3).body, Body::Registered { index: 2 });
+        let moves = on.table().moves.clone();
+        assert_eq!(moves.len(), 21);
+        assert!(moves
+            .iter()
+            .all(|m| m.to == 2 && m.phase == MovePhase::Copying));
+        let from: Vec<u16> = moves
+            .iter()
+            .map(|m| on.table().mg_owner[m.group as usize])
+            .collect();
+        assert!(from.contains(&0) && from.contains(&1));
+        let g = moves[0].group;
+        // Ready before frozen, or for another epoch, is refused.
+        assert!(matches!(
+            report(&mut on, 1, g, true, 0),
+            Body::Error {
+                code: Code::Moving,
+                ..
+            }
+        ));
+        // Copied: frozen at the next epoch.
+        assert_eq!(report(&mut on, 1, g, false, 0), Body::Done { version: 0 });
+        let m = *on.table().move_of(g).unwrap();
+        assert_eq!(m.phase, MovePhase::Frozen);
+        assert_eq!(m.frozen_epoch, on.table().epoch);
+        assert!(matches!(
+            report(&mut on, 2, g, true, m.frozen_epoch + 1),
+            Body::Error { .. }
+        ));
+        // A freeze that is not finished in time is called off.
+        on.tick(2 + FROZEN_LIMIT_MS + 1).unwrap();
+        assert_eq!(on.table().move_of(g).unwrap().phase, MovePhase::Copying);
+        assert!(matches!(
+            report(&mut on, 3, g, true, m.frozen_epoch),
+            Body::Error { .. }
+        ));
+        // Copied again, frozen again under a new epoch, then ready: the
+        // group changes owner and the answer is the new table.
+        report(&mut on, 4, g, false, 0);
+        let m2 = *on.table().move_of(g).unwrap();
+        assert!(m2.frozen_epoch > m.frozen_epoch);
+        let Body::Table { bytes } = report(&mut on, 5, g, true, m2.frozen_epoch) else {
+            panic!("no table");
+        };
+        let t = Table::decode(&bytes).unwrap();
+        assert_eq!(t.mg_owner[g as usize], 2);
+        assert!(t.move_of(g).is_none());
+        // A resent ready report gets the table again.
+        assert!(matches!(
+            report(&mut on, 6, g, true, m2.frozen_epoch),
+            Body::Table { .. }
+        ));
+        // The handovers survive an orchestrator restart.
+        drop(on);
+        let again = OnCore::open(&path, t.clone(), 2, 0).unwrap();
+        assert_eq!(again.table().moves.len(), 20);
+        assert_eq!(again.table().groups_of(2), 1);
     }
 }

@@ -149,6 +149,40 @@ pub struct SnEntry {
     pub state: State,
 }
 
+/// Where a metadata group's handover to a new owner stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MovePhase {
+    /// The new owner copies the group's rows; the old owner serves everything.
+    Copying = 0,
+    /// The first copy is done; the orchestrator will freeze the group when
+    /// few enough others are frozen (a frozen group refuses new changes).
+    Copied = 1,
+    /// The old owner refuses new changes of the group; once nothing is in
+    /// flight there, the new owner takes the final copy and the
+    /// orchestrator gives it the group.
+    Frozen = 2,
+}
+
+/// A metadata group being handed over to another metadata node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Move {
+    /// The group.
+    pub group: u32,
+    /// The slot taking it over.
+    pub to: u16,
+    /// Where the handover stands.
+    pub phase: MovePhase,
+    /// The table epoch at which the group was frozen (0 unless frozen):
+    /// the old owner seals the group for that freeze only, so a final copy
+    /// taken under an earlier freeze that was called off never counts.
+    pub frozen_epoch: u64,
+}
+
+/// Version of the optional trailing section of the encoded table that
+/// lists handovers (tables stored before it existed end after the storage
+/// nodes and decode with no handover).
+const MOVES_SECTION: u8 = 1;
+
 /// The prefix table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Table {
@@ -168,6 +202,8 @@ pub struct Table {
     pub mg_owner: Vec<u16>,
     /// Storage nodes.
     pub sns: Vec<SnEntry>,
+    /// Metadata groups being handed over (at most one entry per group).
+    pub moves: Vec<Move>,
 }
 
 impl Table {
@@ -192,6 +228,16 @@ impl Table {
         let mg = self.layout.mg_of(addr)? as usize;
         let slot = *self.mg_owner.get(mg)?;
         self.mns.iter().find(|m| m.slot == slot)
+    }
+
+    /// The handover of group `mg`, if one is under way.
+    pub fn move_of(&self, mg: u32) -> Option<&Move> {
+        self.moves.iter().find(|m| m.group == mg)
+    }
+
+    /// Number of groups slot `slot` owns.
+    pub fn groups_of(&self, slot: u16) -> usize {
+        self.mg_owner.iter().filter(|&&s| s == slot).count()
     }
 
     /// The storage node owning replica address `addr`.
@@ -256,6 +302,14 @@ impl Table {
             w.u8(s.device as u8);
             w.u8(s.state as u8);
         }
+        w.u8(MOVES_SECTION);
+        w.u32(self.moves.len() as u32);
+        for m in &self.moves {
+            w.u32(m.group);
+            w.u16(m.to);
+            w.u8(m.phase as u8);
+            w.u64(m.frozen_epoch);
+        }
         w.buf
     }
 
@@ -307,6 +361,12 @@ impl Table {
                 state: State::from_u8(r.u8()?),
             });
         }
+        let moves = if r.remaining() == 0 {
+            // Written before handovers existed.
+            Vec::new()
+        } else {
+            get_moves(&mut r, layout.mg_count(), &mns)?
+        };
         r.finish()?;
         Ok(Table {
             epoch,
@@ -317,8 +377,55 @@ impl Table {
             mns,
             mg_owner,
             sns,
+            moves,
         })
     }
+}
+
+/// Reads and checks the handover section: a known section version, at most
+/// one move per group, groups in range, target slots that exist.
+fn get_moves(r: &mut Reader, mg_count: usize, mns: &[MnEntry]) -> Result<Vec<Move>, WireError> {
+    let version = r.u8()?;
+    if version != MOVES_SECTION {
+        return Err(WireError::Invalid(format!(
+            "table handover section version {version}; this build reads version {MOVES_SECTION}"
+        )));
+    }
+    let n = r.u32()? as usize;
+    if n > mg_count {
+        return Err(WireError::Invalid(format!(
+            "{n} group handovers for {mg_count} groups"
+        )));
+    }
+    let mut moves: Vec<Move> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let group = r.u32()?;
+        let to = r.u16()?;
+        let phase = match r.u8()? {
+            0 => MovePhase::Copying,
+            1 => MovePhase::Copied,
+            2 => MovePhase::Frozen,
+            p => return Err(WireError::Invalid(format!("handover phase {p}"))),
+        };
+        let frozen_epoch = r.u64()?;
+        if group as usize >= mg_count || moves.iter().any(|m| m.group == group) {
+            return Err(WireError::Invalid(format!(
+                "handover of group {group}: out of range or listed twice"
+            )));
+        }
+        if !mns.iter().any(|m| m.slot == to) {
+            return Err(WireError::Invalid(format!(
+                "handover of group {group} to slot {to}, which no metadata node holds"
+            )));
+        }
+        moves.push(Move {
+            group,
+            to,
+            phase,
+            frozen_epoch,
+        });
+    }
+    Ok(moves)
 }
 
 fn put_params(w: &mut Writer, p: &Params) {
@@ -374,6 +481,7 @@ mod tests {
                 device: Device::Hdd,
                 state: State::Down,
             }],
+            moves: vec![],
         }
     }
 
@@ -405,7 +513,102 @@ mod tests {
         );
         let bytes = t.encode();
         for cut in 0..bytes.len() {
-            assert!(Table::decode(&bytes[..cut]).is_err());
+            // The handover section is optional: a table cut right before it
+            // is a valid table written before handovers existed.
+            if cut != bytes.len() - 5 {
+                assert!(Table::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            }
+        }
+        assert_eq!(Table::decode(&bytes[..bytes.len() - 5]).unwrap(), t);
+    }
+
+    fn with_moves() -> Table {
+        let mut t = table();
+        t.mns.push(MnEntry {
+            uuid: 9,
+            slot: 1,
+            endpoint: "127.0.0.1:3".parse().unwrap(),
+            state: State::Up,
+        });
+        t.moves = vec![
+            Move {
+                group: 3,
+                to: 1,
+                phase: MovePhase::Copying,
+                frozen_epoch: 0,
+            },
+            Move {
+                group: 15,
+                to: 1,
+                phase: MovePhase::Frozen,
+                frozen_epoch: 77,
+            },
+        ];
+        t
+    }
+
+    #[test]
+    fn handovers_round_trip_and_bad_ones_are_refused() {
+        let t = with_moves();
+        let bytes = t.encode();
+        let back = Table::decode(&bytes).unwrap();
+        assert_eq!(back, t);
+        assert_eq!(back.move_of(15).unwrap().frozen_epoch, 77);
+        assert!(back.move_of(4).is_none());
+        for cut in 0..bytes.len() {
+            if cut != bytes.len() - (5 + 2 * 15) {
+                assert!(Table::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            }
+        }
+        let refused = |mut bad: Table, what: &str| {
+            let err = Table::decode(&bad.encode()).unwrap_err().to_string();
+            assert!(err.contains(what), "{err}");
+            bad.moves.clear();
+            assert!(Table::decode(&bad.encode()).is_ok());
+        };
+        let mut bad = t.clone();
+        bad.moves[1].group = 16;
+        refused(bad, "out of range");
+        let mut bad = t.clone();
+        bad.moves[1].group = 3;
+        refused(bad, "listed twice");
+        let mut bad = t.clone();
+        bad.moves[0].to = 7;
+        refused(bad, "no metadata node");
+        // An unknown phase or section version, or a huge count.
+        let n = bytes.len();
+        let mut b = bytes.clone();
+        b[n - 9] = 9;
+        assert!(Table::decode(&b)
+            .unwrap_err()
+            .to_string()
+            .contains("phase 9"));
+        let mut b = bytes.clone();
+        b[n - 2 * 15 - 5] = 2;
+        assert!(Table::decode(&b)
+            .unwrap_err()
+            .to_string()
+            .contains("version 2"));
+        let mut b = bytes.clone();
+        b[n - 2 * 15 - 4..n - 2 * 15].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(Table::decode(&b)
+            .unwrap_err()
+            .to_string()
+            .contains("handovers"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn table_decode_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let _ = Table::decode(&bytes);
+        }
+
+        #[test]
+        fn damaged_tables_never_panic(at in 0usize..400, byte in proptest::prelude::any::<u8>()) {
+            let mut b = with_moves().encode();
+            let i = at % b.len();
+            b[i] = byte;
+            let _ = Table::decode(&b);
         }
     }
 }

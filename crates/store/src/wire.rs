@@ -80,6 +80,10 @@ pub enum Code {
     Unavailable = 6,
     /// The object already exists (rename target).
     Exists = 7,
+    /// The address's metadata group is being handed over to another
+    /// metadata node: nothing was done; refresh the table and retry (a
+    /// Get falls through, and its "not found" is then not authoritative).
+    Moving = 8,
 }
 
 impl Code {
@@ -91,6 +95,7 @@ impl Code {
             4 => Code::WrongAddress,
             5 => Code::BadRequest,
             7 => Code::Exists,
+            8 => Code::Moving,
             _ => Code::Unavailable,
         }
     }
@@ -137,6 +142,24 @@ pub struct ListEntry {
     /// Version.
     pub version: u64,
 }
+
+/// One row of a metadata group, as a handover copies it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Row {
+    /// A record.
+    Record(Record),
+    /// A tombstone: the name was deleted up to this version.
+    Tomb {
+        /// Object name.
+        name: String,
+        /// Tombstone version.
+        version: u64,
+    },
+}
+
+/// Most rows one [`Body::MgRows`] page carries (the sender also keeps the
+/// page under the datagram limit).
+pub const MAX_PULL_ROWS: usize = 2048;
 
 /// Node roles known to the orchestrator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -304,6 +327,40 @@ pub enum Body {
         /// The referenced subset.
         addrs: Vec<Addr>,
     },
+    /// New owner → current owner of a metadata group being handed over
+    /// (addressed to an address in the group): one page of its rows.
+    MgPull {
+        /// The group.
+        group: u32,
+        /// 0 for the first copy; for the final copy, the freeze epoch
+        /// ([`crate::table::Move::frozen_epoch`]): the owner then refuses
+        /// until it has seen that freeze and nothing of the group is in
+        /// flight, and from then on refuses every change of the group.
+        epoch: u64,
+        /// Tombstones instead of records.
+        tombs: bool,
+        /// Only names strictly after this one ("" from the start).
+        after: String,
+    },
+    /// Reply to MgPull: rows in name order.
+    MgRows {
+        /// The rows.
+        rows: Vec<Row>,
+        /// Whether more rows of that kind follow the last one.
+        more: bool,
+    },
+    /// New owner → ON: the first copy of a group is done (`ready` false),
+    /// or the final copy under the freeze of `epoch` is (`ready` true).
+    MoveReport {
+        /// The group.
+        group: u32,
+        /// The reporting node's slot.
+        to: u16,
+        /// Final copy done.
+        ready: bool,
+        /// The freeze epoch of the final copy (0 for the first).
+        epoch: u64,
+    },
 }
 
 /// Most addresses one `Referenced` message carries.
@@ -465,6 +522,10 @@ impl<'a> Reader<'a> {
         };
         Ok(SocketAddr::new(ip, port))
     }
+    /// Bytes not read yet.
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
     /// Fails if bytes remain.
     pub fn finish(&self) -> Result<(), WireError> {
         match self.buf.len() - self.pos {
@@ -606,6 +667,9 @@ impl Msg {
             Body::Referenced { .. } => 22,
             Body::ReferencedBy { .. } => 23,
             Body::Update { .. } => 21,
+            Body::MgPull { .. } => 24,
+            Body::MgRows { .. } => 25,
+            Body::MoveReport { .. } => 26,
         }
     }
 
@@ -702,6 +766,46 @@ impl Msg {
                 for &a in &addrs[..n] {
                     w.addr(a);
                 }
+            }
+            Body::MgPull {
+                group,
+                epoch,
+                tombs,
+                after,
+            } => {
+                w.u32(*group);
+                w.u64(*epoch);
+                w.u8(*tombs as u8);
+                w.str(after);
+            }
+            Body::MgRows { rows, more } => {
+                let n = rows.len().min(MAX_PULL_ROWS);
+                w.u16(n as u16);
+                for row in &rows[..n] {
+                    match row {
+                        Row::Record(r) => {
+                            w.u8(0);
+                            put_record(w, r);
+                        }
+                        Row::Tomb { name, version } => {
+                            w.u8(1);
+                            w.str(name);
+                            w.u64(*version);
+                        }
+                    }
+                }
+                w.u8(*more as u8);
+            }
+            Body::MoveReport {
+                group,
+                to,
+                ready,
+                epoch,
+            } => {
+                w.u32(*group);
+                w.u16(*to);
+                w.u8(*ready as u8);
+                w.u64(*epoch);
             }
         }
     }
@@ -828,8 +932,52 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
         23 => Body::ReferencedBy {
             addrs: get_addr_list(r)?,
         },
+        24 => Body::MgPull {
+            group: r.u32()?,
+            epoch: r.u64()?,
+            tombs: flag(r, "tombstone flag")?,
+            after: r.str(MAX_NAME, "pull cursor")?,
+        },
+        25 => {
+            let n = r.u16()? as usize;
+            if n > MAX_PULL_ROWS {
+                return Err(WireError::Invalid(format!(
+                    "{n} rows in one page; the limit is {MAX_PULL_ROWS}"
+                )));
+            }
+            let mut rows = Vec::with_capacity(n);
+            for _ in 0..n {
+                rows.push(match r.u8()? {
+                    0 => Row::Record(get_record(r)?),
+                    1 => Row::Tomb {
+                        name: r.name()?,
+                        version: r.u64()?,
+                    },
+                    k => return Err(WireError::Invalid(format!("row kind {k}"))),
+                });
+            }
+            Body::MgRows {
+                rows,
+                more: flag(r, "more flag")?,
+            }
+        }
+        26 => Body::MoveReport {
+            group: r.u32()?,
+            to: r.u16()?,
+            ready: flag(r, "ready flag")?,
+            epoch: r.u64()?,
+        },
         k => return Err(WireError::UnknownKind(k)),
     })
+}
+
+/// A boolean byte: 0 or 1, anything else refused.
+fn flag(r: &mut Reader, what: &str) -> Result<bool, WireError> {
+    match r.u8()? {
+        0 => Ok(false),
+        1 => Ok(true),
+        v => Err(WireError::Invalid(format!("{what} is {v}, not 0 or 1"))),
+    }
 }
 
 #[cfg(test)]
@@ -941,6 +1089,42 @@ mod tests {
                 addrs: vec![1, u128::MAX],
             },
             Body::ReferencedBy { addrs: vec![] },
+            Body::MgPull {
+                group: 7,
+                epoch: 0,
+                tombs: false,
+                after: "".into(),
+            },
+            Body::MgPull {
+                group: u32::MAX,
+                epoch: 99,
+                tombs: true,
+                after: "p/q".into(),
+            },
+            Body::MgRows {
+                rows: vec![
+                    Row::Record(record("a")),
+                    Row::Tomb {
+                        name: "b".into(),
+                        version: 4,
+                    },
+                ],
+                more: true,
+            },
+            Body::MgRows {
+                rows: vec![],
+                more: false,
+            },
+            Body::MoveReport {
+                group: 3,
+                to: 2,
+                ready: true,
+                epoch: 12,
+            },
+            Body::Error {
+                code: Code::Moving,
+                message: "moving".into(),
+            },
         ]
     }
 
@@ -985,6 +1169,62 @@ mod tests {
             Msg::decode(&big),
             Err(WireError::TooLarge(MAX_DATAGRAM + 1))
         );
+    }
+
+    #[test]
+    fn handover_pages_are_bounded() {
+        // A count above the limit is refused before anything is allocated.
+        let mut bytes = Msg::new(
+            1,
+            0,
+            Body::MgRows {
+                rows: vec![],
+                more: false,
+            },
+        )
+        .encode()
+        .unwrap();
+        let at = bytes.len() - 3;
+        bytes[at..at + 2].copy_from_slice(&u16::MAX.to_be_bytes());
+        let err = Msg::decode(&bytes).unwrap_err().to_string();
+        assert!(err.contains("limit is 2048"), "{err}");
+        // A flag other than 0 or 1, and an unknown row kind, are refused.
+        let mut bytes = Msg::new(
+            1,
+            0,
+            Body::MgRows {
+                rows: vec![Row::Tomb {
+                    name: "n".into(),
+                    version: 1,
+                }],
+                more: false,
+            },
+        )
+        .encode()
+        .unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] = 2;
+        assert!(Msg::decode(&bytes)
+            .unwrap_err()
+            .to_string()
+            .contains("more flag"));
+        bytes[last] = 0;
+        bytes[30] = 5;
+        assert!(Msg::decode(&bytes)
+            .unwrap_err()
+            .to_string()
+            .contains("row kind 5"));
+        // A full page of the largest rows still fits one datagram only if the
+        // sender trims it: encoding refuses an oversized one instead.
+        let big = Record {
+            name: "n".repeat(MAX_NAME),
+            ..record("x")
+        };
+        let rows = vec![Row::Record(big); 20];
+        assert!(matches!(
+            Msg::new(1, 0, Body::MgRows { rows, more: true }).encode(),
+            Err(WireError::TooLarge(_))
+        ));
     }
 
     proptest! {

@@ -44,6 +44,7 @@ fn table() -> Table {
                 state: State::Up,
             })
             .collect(),
+        moves: vec![],
     }
 }
 

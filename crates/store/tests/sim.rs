@@ -20,6 +20,12 @@
 //! random), and the checks become: a record holds the Post's replicas
 //! less those on the dead node plus repair copies, and after healing every
 //! acknowledged object has N_d replicas, none on the dead node.
+//!
+//! Another adds a fourth metadata node midway through the real
+//! orchestrator ([`OnCore`]): it takes over groups by copying them while
+//! messages are lost and nodes crash; each node sees the orchestrator's
+//! table after its own random delay. The same checks hold, and after
+//! healing the new node owns its share of the groups.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -27,6 +33,7 @@ use strata_store::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
 use strata_store::client::{Call, Step};
 use strata_store::metadb::MetaDb;
 use strata_store::mn::{MnCore, Out};
+use strata_store::on::OnCore;
 use strata_store::table::{Device, MnEntry, Params, SnEntry, State, Table};
 use strata_store::wire::{Body, Code, Msg, Record};
 
@@ -34,6 +41,10 @@ const MNS: u16 = 3;
 const CLIENTS: u32 = 4;
 const NAMES_PER_CLIENT: u32 = 3;
 const MN_BASE: u32 = 1000;
+/// The orchestrator's network identity.
+const ON_ID: u32 = 3000;
+/// Metadata slots including the one a handover adds.
+const ALL_MNS: usize = 4;
 
 /// xorshift64*: small, seeded, reproducible.
 struct Rng(u64);
@@ -83,6 +94,7 @@ fn table(params: Params) -> Table {
                 state: State::Up,
             })
             .collect(),
+        moves: vec![],
     }
 }
 
@@ -163,6 +175,12 @@ struct Sim {
     /// Addresses written by copies reported successful.
     copied: BTreeSet<u128>,
     repairs_done: u64,
+    /// The orchestrator, in runs with a handover.
+    on: Option<OnCore>,
+    /// When (ms) a fourth metadata node joins, if ever.
+    add_mn_at: Option<u64>,
+    /// Metadata nodes in the cluster (3, then 4).
+    slots: u16,
 }
 
 impl Sim {
@@ -180,8 +198,8 @@ impl Sim {
             seq: 0,
             table,
             dir,
-            mns: (0..MNS).map(|_| None).collect(),
-            down_until: vec![0; MNS as usize],
+            mns: (0..ALL_MNS).map(|_| None).collect(),
+            down_until: vec![0; ALL_MNS],
             net: BinaryHeap::new(),
             loss: 10,
             dup: 5,
@@ -198,6 +216,9 @@ impl Sim {
             freed: BTreeSet::new(),
             next_token: 1,
             strict_reads: params.w_m == params.n_m,
+            on: None,
+            add_mn_at: None,
+            slots: MNS,
             acked_ops: 0,
             checked_gets: 0,
             crashes: 0,
@@ -259,6 +280,7 @@ impl Sim {
                 Out::Free(addr) => {
                     self.freed.insert(addr);
                 }
+                Out::ToOn(msg) => self.send(MN_BASE + slot as u32, ON_ID, msg),
                 Out::Copy {
                     name,
                     version,
@@ -274,7 +296,15 @@ impl Sim {
     }
 
     fn deliver(&mut self, ev: Event) {
-        if ev.to >= MN_BASE {
+        if ev.to == ON_ID {
+            let Some(on) = self.on.as_mut() else {
+                return;
+            };
+            let reply = on.handle(self.now, &ev.msg);
+            // The network (and the clients) route by the newest table.
+            self.table = on.table().clone();
+            self.send(ON_ID, ev.from, reply);
+        } else if ev.to >= MN_BASE {
             let slot = (ev.to - MN_BASE) as u16;
             let now = self.now;
             let Some(core) = self.mns[slot as usize].as_mut() else {
@@ -466,7 +496,7 @@ impl Sim {
     }
 
     fn step_crashes(&mut self, crash_rate: u64) {
-        for s in 0..MNS as usize {
+        for s in 0..self.slots as usize {
             if self.mns[s].is_none() && self.now >= self.down_until[s] {
                 self.start_mn(s as u16);
             } else if self.mns[s].is_some() && crash_rate > 0 && self.rng.below(crash_rate) == 0 {
@@ -507,9 +537,13 @@ impl Sim {
             if self.kill_sn_at == Some(self.now) {
                 self.declare_dead(4);
             }
+            if self.add_mn_at == Some(self.now) {
+                self.add_mn();
+            }
             self.finish_copies();
             if self.now.is_multiple_of(20) {
-                for s in 0..MNS {
+                self.spread_table();
+                for s in 0..self.slots {
                     let now = self.now;
                     if let Some(core) = self.mns[s as usize].as_mut() {
                         let outs = core.tick(now);
@@ -517,6 +551,85 @@ impl Sim {
                     }
                 }
                 self.step_crashes(crash_rate);
+            }
+        }
+    }
+
+    /// With W_m = N_m, every metadata address of `name` holds its
+    /// acknowledged state, asked of the node that owns it now (a handover
+    /// that lost a row, or let the new owner hand out an old version, shows).
+    fn check_every_copy(&mut self, name: &str) {
+        let acked = self.last_acked[name];
+        for addr in self.table.meta_addrs(name) {
+            let to = self.mn_of(addr).unwrap();
+            let slot = (to - MN_BASE) as usize;
+            let now = self.now;
+            let outs = self.mns[slot].as_mut().unwrap().handle(
+                now,
+                0,
+                Msg::new(self.rng.next() >> 1, addr, Body::Get { name: name.into() }),
+            );
+            let seen = outs
+                .into_iter()
+                .find_map(|o| match o {
+                    Out::Reply(0, m) => Some(m.body),
+                    _ => None,
+                })
+                .expect("a reply");
+            let seen = match seen {
+                Body::Found { record } => self.check_record(name, &record),
+                Body::Error {
+                    code: Code::NotFound | Code::Deleted,
+                    ..
+                } => Obj::Absent,
+                other => panic!("{name} at slot {slot}: {other:?}"),
+            };
+            assert_eq!(seen, acked, "{name}: the copy at slot {slot} differs");
+        }
+    }
+
+    /// A fourth metadata node registers with the orchestrator, which plans
+    /// the handover of a share of the groups to it.
+    fn add_mn(&mut self) {
+        let on = self
+            .on
+            .as_mut()
+            .expect("a run with a handover has an orchestrator");
+        let reply = on.handle(
+            self.now,
+            &Msg::new(
+                1,
+                0,
+                Body::Register {
+                    role: strata_store::wire::Role::Mn,
+                    uuid: 4,
+                    endpoint: strata_store::wire::no_endpoint(),
+                    capacity: 0,
+                    free: 0,
+                    device: 0,
+                },
+            ),
+        );
+        assert_eq!(reply.body, Body::Registered { index: MNS });
+        self.table = on.table().clone();
+        assert!(!self.table.moves.is_empty());
+        self.slots = MNS + 1;
+        self.start_mn(MNS);
+    }
+
+    /// Each running metadata node sees the orchestrator's table after its
+    /// own random delay (nodes refresh it periodically).
+    fn spread_table(&mut self) {
+        let Some(on) = self.on.as_ref() else {
+            return;
+        };
+        for s in 0..self.slots as usize {
+            if self.rng.chance(15) {
+                if let Some(core) = self.mns[s].as_mut() {
+                    if core.table().epoch != on.table().epoch {
+                        core.set_table(on.table().clone());
+                    }
+                }
             }
         }
     }
@@ -597,10 +710,15 @@ impl Sim {
         self.run(self.now + 10_000, false, 0); // clients finish their calls
         self.loss = 0;
         self.dup = 0;
-        for s in 0..MNS as usize {
+        for s in 0..self.slots as usize {
             self.down_until[s] = 0;
         }
         self.run(self.now + 70_000, false, 0);
+        if let Some(on) = &self.on {
+            for core in self.mns.iter_mut().flatten() {
+                core.set_table(on.table().clone());
+            }
+        }
         let names: Vec<String> = self.possible.keys().cloned().collect();
         for name in names {
             let addrs = self.table.meta_addrs(&name);
@@ -637,6 +755,9 @@ impl Sim {
                 b => Ok(b),
             };
             self.check_get(&name, result, true);
+            if self.on.is_some() && self.strict_reads && self.possible[&name].len() == 1 {
+                self.check_every_copy(&name);
+            }
         }
         // No replica of a live, acknowledged object was freed.
         for (name, state) in &self.last_acked {
@@ -725,6 +846,45 @@ fn repair_of_a_dead_storage_node_under_faults_loses_nothing() {
             sim.repairs_done > 0 && sim.crashes > 5,
             "seed {seed}: {} repair copies, {} crashes",
             sim.repairs_done,
+            sim.crashes
+        );
+    }
+}
+
+#[test]
+fn a_group_handover_under_faults_loses_nothing() {
+    let p = Params {
+        n_m: 3,
+        w_m: 3,
+        n_d: 2,
+        w_d: 1,
+    };
+    for seed in seeds(3_000) {
+        let mut sim = Sim::new(seed, p);
+        let on = OnCore::open(&sim.dir.path().join("on.redb"), sim.table.clone(), MNS, 0).unwrap();
+        assert_eq!(on.table().mg_owner, sim.table.mg_owner);
+        sim.on = Some(on);
+        sim.add_mn_at = Some(50_000);
+        sim.run(60_000, true, 150);
+        sim.heal_and_check();
+        let t = sim.on.as_ref().unwrap().table();
+        assert!(
+            t.moves.is_empty(),
+            "seed {seed}: handover unfinished: {:?}",
+            t.moves
+        );
+        assert_eq!(t.groups_of(MNS), 4, "seed {seed}");
+        let new = sim.mns[MNS as usize].as_ref().unwrap();
+        assert_eq!(new.owned_groups().len(), 4);
+        for s in 0..ALL_MNS {
+            assert_eq!(sim.mns[s].as_ref().unwrap().pending_count(), 0);
+            assert!(sim.mns[s].as_ref().unwrap().sealed_groups().is_empty());
+        }
+        assert!(
+            sim.acked_ops > 50 && sim.checked_gets > 20 && sim.crashes > 5,
+            "seed {seed}: {} acked, {} gets, {} crashes",
+            sim.acked_ops,
+            sim.checked_gets,
             sim.crashes
         );
     }
