@@ -53,7 +53,7 @@ pub enum StoreCommand {
 pub struct BenchArgs {
     #[command(flatten)]
     cluster: ClusterArg,
-    /// post, get (objects a post run made), or http (GET /bench/<size>/<client>/<i>).
+    /// post, get (objects a post run made), or http (GET /PREFIX/<size>/<client>/<i>).
     #[arg(long, default_value = "post", value_parser = ["post", "get", "http"])]
     workload: String,
     /// HTTP server for --workload http.
@@ -72,6 +72,10 @@ pub struct BenchArgs {
     /// Object size (e.g. 2600, 306k, 2.3M).
     #[arg(long, default_value = "2600")]
     size: String,
+    /// Objects are named PREFIX/<size>/<client>/<i>: a post run under a new
+    /// prefix makes new objects instead of replacing the last run's.
+    #[arg(long, default_value = "bench")]
+    prefix: String,
 }
 
 /// `strata store routes` arguments.
@@ -374,6 +378,7 @@ fn bench(args: BenchArgs) -> Result<i32> {
         ops: args.ops.max(1),
         passes: args.passes.max(1),
         size,
+        prefix: args.prefix.clone(),
         workload,
     };
     let r = runtime()?.block_on(async {

@@ -293,6 +293,55 @@ fn an_interrupted_rename_loses_no_data() {
 }
 
 #[test]
+fn the_load_generator_posts_and_reads_its_objects_under_a_prefix() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("cluster"), &[]);
+    let bench = |workload: &str, prefix: &str| {
+        let out = store.run(&[
+            "store",
+            "bench",
+            "--workload",
+            workload,
+            "--threads",
+            "2",
+            "--ops",
+            "3",
+            "--passes",
+            "2",
+            "--size",
+            "100",
+            "--prefix",
+            prefix,
+            "--output",
+            "json",
+        ]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench json");
+        (out.status.success(), v)
+    };
+    for prefix in ["run1", "run2"] {
+        let (ok, v) = bench("post", prefix);
+        assert!(ok, "{v}");
+        assert_eq!(v["ops"], 6, "{v}");
+        assert_eq!(v["errors"], 0, "{v}");
+        // Each run makes its own objects, 2 clients x 3.
+        let listed = store.json(&["obj", "ls", &format!("{prefix}/"), "--all"]);
+        assert_eq!(
+            listed["objects"].as_array().map(Vec::len),
+            Some(6),
+            "{listed}"
+        );
+    }
+    let (ok, v) = bench("get", "run2");
+    assert!(ok, "{v}");
+    assert_eq!(v["ops"], 12, "{v}");
+    assert!(v["mb_per_s"].as_f64().unwrap_or(0.0) > 0.0, "{v}");
+    // Reading objects nobody posted counts errors and fails the run.
+    let (ok, v) = bench("get", "never");
+    assert!(!ok, "{v}");
+    assert_eq!(v["errors"], 12, "{v}");
+}
+
+#[test]
 fn rename_delete_and_paginated_list() {
     let dir = tmp();
     let store = Store::up(&dir.path().join("cluster"), REPLICATED);

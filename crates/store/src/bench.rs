@@ -33,6 +33,9 @@ pub struct BenchConfig {
     pub passes: usize,
     /// Object size in bytes.
     pub size: u64,
+    /// First component of every object name (runs with different prefixes
+    /// make different objects).
+    pub prefix: String,
     /// What to do.
     pub workload: Workload,
 }
@@ -54,9 +57,10 @@ pub struct BenchResult {
     pub bytes: u64,
 }
 
-/// The object name client `t` uses for its `i`th operation on objects of `size` bytes.
-pub fn object_name(size: u64, t: usize, i: usize) -> String {
-    format!("bench/{size}/{t}/{i}")
+/// The object name client `t` uses for its `i`th operation on objects of
+/// `size` bytes, under `prefix`.
+pub fn object_name(prefix: &str, size: u64, t: usize, i: usize) -> String {
+    format!("{prefix}/{size}/{t}/{i}")
 }
 
 /// Runs the load and measures it.
@@ -101,7 +105,7 @@ async fn worker(client: &Client, data: &[u8], cfg: &BenchConfig, t: usize) -> (V
     let mut errors = 0;
     let mut http: Option<BufReader<TcpStream>> = None;
     for i in (0..passes).flat_map(|_| 0..cfg.ops) {
-        let name = object_name(cfg.size, t, i);
+        let name = object_name(&cfg.prefix, cfg.size, t, i);
         let t0 = Instant::now();
         let ok = match &cfg.workload {
             Workload::Post => {
