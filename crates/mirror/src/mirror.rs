@@ -557,6 +557,13 @@ impl Inner {
                     link.close();
                     return;
                 }
+                // A peer that broke the protocol at once may have closed the
+                // link already, and `on_close` (which takes the peers lock)
+                // found nothing to remove: registering it now would leave a
+                // dead link counted forever.
+                if link.is_closed() {
+                    return;
+                }
                 let held: Vec<u32> = p
                     .acquired
                     .iter()

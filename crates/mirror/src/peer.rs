@@ -258,6 +258,12 @@ impl Link {
         }
     }
 
+    /// Whether the link has closed. It is marked closed before the
+    /// handler's `on_close` runs.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+
     /// Closes the link (both threads end).
     pub fn close(&self) {
         self.closed.store(true, Ordering::Relaxed);
