@@ -90,6 +90,20 @@ pub struct RoutesArgs {
     /// Print lines for `ip -6 -batch -` instead of whole commands.
     #[arg(long)]
     batch: bool,
+    /// Install the routes on this host now (`ip -6 route`, needs
+    /// CAP_NET_ADMIN) instead of printing them, e.g. on a client's host.
+    #[arg(long, conflicts_with = "batch")]
+    apply: bool,
+}
+
+/// Whether nodes leave the host's routes alone.
+#[derive(Args)]
+pub struct NoRoutesArg {
+    /// In a routed cluster, do not install or change this host's routes
+    /// (`ip -6 route`); the operator or a routing daemon keeps them, as
+    /// `strata store routes` prints them.
+    #[arg(long)]
+    no_routes: bool,
 }
 
 /// `strata store up` arguments.
@@ -136,12 +150,14 @@ pub struct UpArgs {
     device: String,
     /// Routed network mode (a new cluster only): clients and nodes send
     /// to object and metadata addresses themselves, and the network routes
-    /// each node's prefix to it. Every node's host needs a local route for
-    /// its prefix (`ip -6 route add local PREFIX dev lo`) and every other
-    /// host a route to it; see `strata store status --output json` for the
-    /// prefixes. Default: mapped mode, through the prefix table.
+    /// each node's prefix to it. Every node keeps its host's routes in step
+    /// with the table (a local route for what the host owns, a route via
+    /// the owner for the rest); clients' hosts need `strata store routes
+    /// --host ADDR --apply`. Default: mapped mode, through the prefix table.
     #[arg(long)]
     routed: bool,
+    #[command(flatten)]
+    routes: NoRoutesArg,
     #[command(flatten)]
     gc: GcArgs,
     /// log2 of the number of metadata groups (4 to 16).
@@ -195,6 +211,8 @@ pub enum NodeCommand {
         device: String,
         #[command(flatten)]
         gc: GcArgs,
+        #[command(flatten)]
+        routes: NoRoutesArg,
     },
     /// Retire a storage node by its id (see `strata store status`).
     Remove {
@@ -341,6 +359,7 @@ fn up(args: UpArgs) -> Result<i32> {
     cfg.device = device(&args.device);
     cfg.mg_bits = args.mg_bits;
     cfg.routed = args.routed;
+    cfg.keep_routes = !args.routes.no_routes;
     cfg.gc = args.gc.config();
     runtime()?.block_on(async {
         let cluster = Cluster::start(cfg)
@@ -439,40 +458,32 @@ fn routes(args: &RoutesArgs) -> Result<i32> {
             c.cluster
         );
     }
-    let fmt = strata_store::addr::fmt_addr;
-    // (prefix, owner's address) for every metadata group and storage node.
-    let mut owned: Vec<(String, std::net::IpAddr)> = Vec::new();
-    for (mg, slot) in table.mg_owner.iter().enumerate() {
-        if let Some(m) = table.mns.iter().find(|m| m.slot == *slot) {
-            let (prefix, len) = table.layout.mg_prefix(mg as u32);
-            owned.push((format!("{}/{len}", fmt(prefix)), m.endpoint.ip()));
+    if args.apply {
+        // One-shot: the host's routes now (nodes keep theirs themselves).
+        let n = strata_store::routes::RouteKeeper::new()
+            .sync(&table, args.host)
+            .context("could not install the routes")?;
+        match c.output {
+            Output::Json => println!("{}", json!({"installed": n})),
+            Output::Human => println!("{n} routes installed for host {}", args.host),
         }
+        return Ok(0);
     }
-    for s in &table.sns {
-        let prefix = table.layout.sn_prefix(s.index);
-        owned.push((format!("{}/64", fmt(prefix)), s.endpoint.ip()));
-    }
-    let routes: Vec<(String, Option<std::net::IpAddr>)> = owned
-        .into_iter()
-        .map(|(prefix, owner)| (prefix, (owner != args.host).then_some(owner)))
-        .collect();
+    let routes = strata_store::routes::host_routes(&table, args.host);
     if c.output == Output::Json {
         let list: Vec<_> = routes
             .iter()
-            .map(|(prefix, via)| match via {
-                Some(v) => json!({"prefix": prefix, "via": v.to_string()}),
-                None => json!({"prefix": prefix, "local": true}),
+            .map(|r| match r.via {
+                Some(v) => json!({"prefix": r.prefix, "via": v.to_string()}),
+                None => json!({"prefix": r.prefix, "local": true}),
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(0);
     }
     let lead = if args.batch { "" } else { "ip -6 " };
-    for (prefix, via) in &routes {
-        match via {
-            Some(v) => println!("{lead}route replace {prefix} via {v}"),
-            None => println!("{lead}route replace local {prefix} dev lo"),
-        }
+    for r in &routes {
+        println!("{lead}{}", r.install_line());
     }
     Ok(0)
 }
@@ -595,13 +606,16 @@ fn node(cmd: NodeCommand) -> Result<i32> {
             capacity,
             device: dev,
             gc,
+            routes,
         } => {
+            let keep_routes = !routes.no_routes;
             let capacity = parse_size(&capacity).map_err(anyhow::Error::msg)?;
             runtime()?.block_on(async {
                 if role == "mn" {
-                    let mn = strata_store::node::start_mn(&dir, listen, cluster.cluster)
-                        .await
-                        .context("could not add the metadata node")?;
+                    let mn =
+                        strata_store::node::start_mn(&dir, listen, cluster.cluster, keep_routes)
+                            .await
+                            .context("could not add the metadata node")?;
                     println!(
                         "strata store: metadata node slot {} on {}",
                         mn.slot, mn.endpoint
@@ -617,6 +631,7 @@ fn node(cmd: NodeCommand) -> Result<i32> {
                     capacity,
                     device(&dev),
                     gc.config(),
+                    keep_routes,
                 )
                 .await
                 .context("could not add the storage node")?;

@@ -1,11 +1,13 @@
 //! The object store in routed mode, across real network namespaces: one
-//! orchestrator, three metadata nodes and four storage nodes, each in its
-//! own namespace on a shared bridge, with IPv6 routes for every node's
-//! prefix (storage nodes) or metadata groups (metadata nodes), and local
-//! routes on the node that owns them. The client runs in a ninth namespace
-//! where the nodes' own link addresses are prohibited, so every metadata
-//! and data message must travel to an object or metadata address and be
-//! delivered by the routing table.
+//! orchestrator, three metadata nodes and four storage nodes (a fifth
+//! joins later), each in its own namespace on a shared bridge. Every node
+//! installs its host's IPv6 routes itself and keeps them in step with the
+//! table: a route via the owner for every node's prefix (storage nodes)
+//! or metadata group (metadata nodes), and local routes for what it owns.
+//! The client runs in a ninth namespace, with the routes `strata store
+//! routes --apply` installs, where the nodes' own link addresses are
+//! prohibited, so every metadata and data message must travel to an
+//! object or metadata address and be delivered by the routing table.
 //!
 //! Needs root and iproute2 (`ip netns`); CI runs as root.
 
@@ -24,10 +26,11 @@ const ON_PORT: u16 = 7480;
 const MN_PORT: u16 = 7481;
 const SN_PORT: u16 = 7482;
 /// Namespace 1 is the orchestrator, 2..=4 metadata nodes, 5..=8 storage
-/// nodes, 9 the client.
+/// nodes, 9 the client, 10 a storage node that joins later.
 const MNS: [usize; 3] = [2, 3, 4];
 const SNS: [usize; 4] = [5, 6, 7, 8];
 const CLIENT: usize = 9;
+const LATE_SN: usize = 10;
 
 /// Namespaces on a bridge; removed (with their processes) on drop.
 struct Net {
@@ -44,7 +47,7 @@ impl Net {
         format!("fd00:99::{i}")
     }
 
-    /// Creates the bridge namespace and nine host namespaces on it.
+    /// Creates the bridge namespace and ten host namespaces on it.
     fn new() -> Net {
         let tag = format!("st{}", std::process::id() % 100_000);
         let net = Net {
@@ -55,7 +58,7 @@ impl Net {
         ip(&["netns", "add", &br]);
         ip(&["-n", &br, "link", "add", "br0", "type", "bridge"]);
         ip(&["-n", &br, "link", "set", "br0", "up"]);
-        for i in 1..=CLIENT {
+        for i in 1..=LATE_SN {
             let ns = net.ns(i);
             let (veth, port) = (format!("{tag}v{i}"), format!("{tag}b{i}"));
             ip(&["netns", "add", &ns]);
@@ -119,18 +122,60 @@ impl Net {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Installs the cluster's routes in every namespace, as
-    /// `strata store routes --host ADDR --batch` prints them for that
-    /// host, and returns how many each namespace got.
-    fn install_routes(&self) -> usize {
-        let mut per_host = 0;
-        for i in 1..=CLIENT {
-            let host = Net::link_addr(i);
-            let batch = self.client_ok(&["store", "routes", "--host", &host, "--batch"]);
-            per_host = batch.lines().count();
-            ip_batch(&self.ns(i), &batch);
+    /// The cluster's routes in namespace `i` (any table, local or not).
+    fn routes_in(&self, i: usize) -> Vec<String> {
+        let out = Command::new("ip")
+            .args(["-6", "-n", &self.ns(i), "route", "show", "table", "all"])
+            .output()
+            .expect("run ip route show");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains("fd53:7472:6174:"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Waits until every node's namespace in `nodes` holds `want` routes of
+    /// the cluster (the nodes install them at their next table refresh).
+    fn wait_for_routes(&self, nodes: &[usize], want: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for &i in nodes {
+            while self.routes_in(i).len() != want {
+                assert!(
+                    Instant::now() < deadline,
+                    "namespace {i} has {} cluster routes, want {want}: {:?}",
+                    self.routes_in(i).len(),
+                    self.routes_in(i)
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
-        per_host
+    }
+
+    /// Adds (`op` = "add") or removes ("del") prohibit routes in the
+    /// client's namespace for the link addresses of `nodes`.
+    fn prohibit_node_links(&self, nodes: &[usize], op: &str) {
+        let batch: String = nodes
+            .iter()
+            .map(|&i| format!("route {op} prohibit {}/128\n", Net::link_addr(i)))
+            .collect();
+        ip_batch(&self.ns(CLIENT), &batch);
+    }
+
+    /// Installs the routes the client's host needs, as a client's
+    /// operator does (`strata store routes --apply`); returns how many.
+    fn apply_client_routes(&self) -> u64 {
+        let out = self.client_ok(&[
+            "store",
+            "routes",
+            "--host",
+            &Net::link_addr(CLIENT),
+            "--apply",
+            "--output",
+            "json",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&out).expect("routes json");
+        v["installed"].as_u64().expect("installed count")
     }
 }
 
@@ -140,7 +185,7 @@ impl Drop for Net {
             let _ = c.kill();
             let _ = c.wait();
         }
-        for i in 1..=CLIENT {
+        for i in 1..=LATE_SN {
             let _ = Command::new("ip")
                 .args(["netns", "del", &self.ns(i)])
                 .status();
@@ -255,6 +300,29 @@ fn exchange(
         .collect())
 }
 
+/// `strata store node add` in namespace `i`, listening on its link address.
+fn add_node(net: &mut Net, dir: &Path, i: usize, role: &str, port: u16) {
+    let node_dir = dir.join(format!("{role}{i}"));
+    let listen = format!("[{}]:{port}", Net::link_addr(i));
+    net.spawn(
+        i,
+        &[
+            "store",
+            "node",
+            "add",
+            "--role",
+            role,
+            "--dir",
+            &p(&node_dir),
+            "--listen",
+            &listen,
+            "--cluster",
+            &on_endpoint(),
+        ],
+        &dir.join(format!("{role}{i}.log")),
+    );
+}
+
 fn start_cluster(net: &mut Net, dir: &Path) {
     let on_dir = dir.join("on");
     let line = net.spawn(
@@ -283,25 +351,7 @@ fn start_cluster(net: &mut Net, dir: &Path) {
     assert!(line.contains("ready"), "{line}");
     let nodes = MNS.iter().map(|&i| (i, "mn", MN_PORT));
     for (i, role, port) in nodes.chain(SNS.iter().map(|&i| (i, "sn", SN_PORT))) {
-        let node_dir = dir.join(format!("{role}{i}"));
-        let listen = format!("[{}]:{port}", Net::link_addr(i));
-        net.spawn(
-            i,
-            &[
-                "store",
-                "node",
-                "add",
-                "--role",
-                role,
-                "--dir",
-                &p(&node_dir),
-                "--listen",
-                &listen,
-                "--cluster",
-                &on_endpoint(),
-            ],
-            &dir.join(format!("{role}{i}.log")),
-        );
+        add_node(net, dir, i, role, port);
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -321,18 +371,39 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
     let mut net = Net::new();
     start_cluster(&mut net, dir.path());
     let st = status(&net);
-    // 16 metadata groups and 4 storage-node prefixes.
-    assert_eq!(net.install_routes(), 16 + 4);
-    // A node's own prefixes are local routes on its host.
+    // Every node keeps its host's routes: 16 metadata groups and 4
+    // storage-node prefixes, and nothing was installed by hand.
+    let nodes: Vec<usize> = MNS.iter().chain(SNS.iter()).copied().collect();
+    net.wait_for_routes(&nodes, 16 + 4);
+    // A node's own prefixes are local routes on its host, as `strata store
+    // routes` prints them.
     let on_first_sn = net.client_ok(&["store", "routes", "--host", &Net::link_addr(SNS[0])]);
     assert_eq!(on_first_sn.matches(" local ").count(), 1, "{on_first_sn}");
+    let local: Vec<String> = net
+        .routes_in(SNS[0])
+        .into_iter()
+        .filter(|r| r.starts_with("local "))
+        .collect();
+    assert_eq!(local.len(), 1, "{local:?}");
+    assert!(
+        on_first_sn.contains(local[0].split_whitespace().nth(1).unwrap()),
+        "{local:?}"
+    );
+    let on_first_mn = net.routes_in(MNS[0]);
+    assert!(
+        on_first_mn
+            .iter()
+            .filter(|r| r.starts_with("local "))
+            .count()
+            >= 5,
+        "a metadata node's groups are local on its host: {on_first_mn:?}"
+    );
+    // The client's host is no node: its operator applies the routes.
+    assert_eq!(net.apply_client_routes(), 16 + 4);
+    assert_eq!(net.routes_in(CLIENT).len(), 16 + 4);
     // From here on the client cannot reach any node by its own address:
     // only routes to object and metadata addresses lead to the nodes.
-    let mut prohibit = String::new();
-    for i in MNS.iter().chain(SNS.iter()) {
-        prohibit.push_str(&format!("route add prohibit {}/128\n", Net::link_addr(*i)));
-    }
-    ip_batch(&net.ns(CLIENT), &prohibit);
+    net.prohibit_node_links(&nodes, "add");
     let first_sn = Net::link_addr(SNS[0]);
     assert!(
         raw_tcp(&net, &first_sn, SN_PORT, b"").is_err(),
@@ -476,6 +547,56 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
     assert!(
         matches!(&reply.body, Body::Found { record } if record.size == 2_600),
         "{reply:?}"
+    );
+
+    // A storage node joins: every node adds its route at its next table
+    // refresh, with no hand-made route; the client's operator applies the
+    // client's again. New objects land on it and read back through it.
+    add_node(&mut net, dir.path(), LATE_SN, "sn", SN_PORT);
+    let mut all_nodes = nodes.clone();
+    all_nodes.push(LATE_SN);
+    net.wait_for_routes(&all_nodes, 16 + 5);
+    // (A route via a node needs its link address reachable for a moment.)
+    net.prohibit_node_links(&nodes, "del");
+    assert_eq!(net.apply_client_routes(), 16 + 5);
+    net.prohibit_node_links(&all_nodes, "add");
+    let late_prefix = loop {
+        let st = status(&net);
+        let late = st["storage_nodes"].as_array().and_then(|sns| {
+            sns.iter()
+                .find(|sn| s(&sn["endpoint"]).contains(&Net::link_addr(LATE_SN)))
+                .map(|sn| s(&sn["prefix"]).trim_end_matches("::/64").to_string() + ":")
+        });
+        if let Some(prefix) = late {
+            break prefix;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut landed = 0;
+    for k in 0..12 {
+        let bytes = pattern(5_000, 100 + k);
+        let src = dir.path().join(format!("late{k}.in"));
+        std::fs::write(&src, &bytes).unwrap();
+        let obj = format!("late/{k}");
+        net.client_ok(&["obj", "put", &p(&src), &obj]);
+        let stat: serde_json::Value =
+            serde_json::from_str(&net.client_ok(&["obj", "stat", &obj, "--output", "json"]))
+                .expect("stat json");
+        let on_late = stat["replicas"]
+            .as_array()
+            .expect("replicas")
+            .iter()
+            .any(|r| s(r).starts_with(&late_prefix));
+        if on_late {
+            landed += 1;
+            let back = dir.path().join(format!("late{k}.out"));
+            net.client_ok(&["obj", "get", &obj, &p(&back)]);
+            assert!(std::fs::read(&back).unwrap() == bytes, "{obj} differs");
+        }
+    }
+    assert!(
+        landed > 0,
+        "no new object was placed on the new storage node"
     );
 
     // kill -9 one storage node and one metadata node: their prefixes

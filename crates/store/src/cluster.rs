@@ -46,6 +46,9 @@ pub struct ClusterConfig {
     /// Routed mode (a new cluster only): messages go to object and
     /// metadata addresses, which the network routes to each node's prefix.
     pub routed: bool,
+    /// In routed mode, whether the nodes keep this host's routes in step
+    /// with the table (`ip -6 route`, needs `CAP_NET_ADMIN`).
+    pub keep_routes: bool,
 }
 
 impl ClusterConfig {
@@ -66,6 +69,7 @@ impl ClusterConfig {
             definitive_failure_ms: crate::on::DEFINITIVE_FAILURE_MS,
             gc: crate::sn::GcConfig::default(),
             routed: false,
+            keep_routes: true,
         }
     }
 }
@@ -135,11 +139,23 @@ impl Cluster {
         let mut sns = Vec::new();
         for k in 0..cfg.sns {
             let dir = cfg.dir.join(format!("sn-{k}"));
-            sns.push(start_sn(&dir, loopback, on, cfg.sn_capacity, cfg.device, cfg.gc).await?);
+            sns.push(
+                start_sn(
+                    &dir,
+                    loopback,
+                    on,
+                    cfg.sn_capacity,
+                    cfg.device,
+                    cfg.gc,
+                    cfg.keep_routes,
+                )
+                .await?,
+            );
         }
         let mut mns = Vec::new();
         for k in 0..cfg.mns {
-            mns.push(start_mn(&cfg.dir.join(format!("mn-{k}")), loopback, on).await?);
+            let dir = cfg.dir.join(format!("mn-{k}"));
+            mns.push(start_mn(&dir, loopback, on, cfg.keep_routes).await?);
         }
         let cluster = Cluster {
             on,

@@ -26,6 +26,7 @@ pub mod metadb;
 pub mod mn;
 pub mod node;
 pub mod on;
+pub mod routes;
 pub mod sn;
 pub mod table;
 pub mod wire;

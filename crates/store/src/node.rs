@@ -13,7 +13,7 @@ use crate::sn::SnStore;
 use crate::table::{Device, Table};
 use crate::wire::{Body, Code, Msg, Role, MAX_DATAGRAM};
 use crate::Error;
-use std::net::{Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -141,15 +141,19 @@ async fn register(on: SocketAddr, body: Body) -> Result<u16, Error> {
     }
 }
 
-/// Keeps `table` fresh and sends heartbeats until the task is dropped.
+/// Keeps `table` fresh and sends heartbeats until the task is dropped. With
+/// `routes_of` (a host address), it also keeps that host's routes in step
+/// with the table when the cluster is routed.
 async fn refresh_loop(
     on: SocketAddr,
     uuid: u64,
     table: SharedTable,
     tx: Option<watch::Sender<Table>>,
     stats: impl Fn() -> (u64, u64),
+    routes_of: Option<IpAddr>,
 ) {
     let mut interval = tokio::time::interval(REFRESH);
+    let mut keeper = crate::routes::RouteKeeper::new();
     loop {
         interval.tick().await;
         let (free, objects) = stats();
@@ -164,6 +168,15 @@ async fn refresh_loop(
         );
         let _ = udp_call(on, &hb, Duration::from_millis(200), 1).await;
         if let Ok(t) = fetch_table(on).await {
+            if let (true, Some(host)) = (t.routed, routes_of) {
+                // Runs `ip` only when the routes change (a node joined, a
+                // group moved), so it may block this task briefly.
+                match keeper.sync(&t, host) {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!("{n} routes of host {host} installed or changed"),
+                    Err(e) => tracing::warn!("{e}"),
+                }
+            }
             *table.write().unwrap_or_else(|e| e.into_inner()) = t.clone();
             if let Some(tx) = &tx {
                 let _ = tx.send(t);
@@ -271,7 +284,15 @@ const MN_TICK: Duration = Duration::from_millis(20);
 /// receive serves it without the readiness polling and task wake-ups of an
 /// async socket (the profile of zero-byte Gets was mostly those). Copies
 /// and frees still run as tasks on the caller's runtime.
-pub async fn start_mn(dir: &Path, bind: SocketAddr, on: SocketAddr) -> Result<MnHandle, Error> {
+///
+/// With `keep_routes`, a node of a routed cluster keeps its host's routes
+/// in step with the table ([`crate::routes`]).
+pub async fn start_mn(
+    dir: &Path,
+    bind: SocketAddr,
+    on: SocketAddr,
+    keep_routes: bool,
+) -> Result<MnHandle, Error> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let uuid = node_uuid(dir)?;
@@ -299,7 +320,15 @@ pub async fn start_mn(dir: &Path, bind: SocketAddr, on: SocketAddr) -> Result<Mn
     let core = MnCore::new(db, table.clone(), slot, nanos() ^ uuid);
     let shared = Arc::new(RwLock::new(table.clone()));
     let (tx, rx) = watch::channel(table);
-    let refresher = tokio::spawn(refresh_loop(on, uuid, shared, Some(tx), || (0, 0)));
+    let routes_of = keep_routes.then_some(endpoint.ip());
+    let refresher = tokio::spawn(refresh_loop(
+        on,
+        uuid,
+        shared,
+        Some(tx),
+        || (0, 0),
+        routes_of,
+    ));
     let stop = Arc::new(AtomicBool::new(false));
     let runtime = tokio::runtime::Handle::current();
     let stopped = stop.clone();
@@ -580,7 +609,9 @@ impl Drop for SnHandle {
 
 /// Starts a storage node stored in `dir` on `bind`, declaring `capacity`
 /// bytes of `device`, member of the cluster whose orchestrator is `on`;
-/// `gc` paces the collection of replicas no record names.
+/// `gc` paces the collection of replicas no record names. With
+/// `keep_routes`, a node of a routed cluster keeps its host's routes in
+/// step with the table ([`crate::routes`]).
 pub async fn start_sn(
     dir: &Path,
     bind: SocketAddr,
@@ -588,6 +619,7 @@ pub async fn start_sn(
     capacity: u64,
     device: Device,
     gc: crate::sn::GcConfig,
+    keep_routes: bool,
 ) -> Result<SnHandle, Error> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
@@ -617,9 +649,14 @@ pub async fn start_sn(
     let tasks = vec![
         tokio::spawn(crate::sn::gc_loop(store.clone(), table.clone(), gc)),
         tokio::spawn(crate::sn::serve(listener, store, table.clone())),
-        tokio::spawn(refresh_loop(on, uuid, table, None, move || {
-            (stats_store.free(), stats_store.objects())
-        })),
+        tokio::spawn(refresh_loop(
+            on,
+            uuid,
+            table,
+            None,
+            move || (stats_store.free(), stats_store.objects()),
+            keep_routes.then_some(endpoint.ip()),
+        )),
     ];
     Ok(SnHandle {
         endpoint,
