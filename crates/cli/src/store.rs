@@ -495,7 +495,12 @@ fn table_json(t: &Table) -> serde_json::Value {
         })).collect::<Vec<_>>(),
         "moves": t.moves.iter().map(|mv| json!({
             "group": mv.group,
-            "from_slot": t.mg_owner.get(mv.group as usize),
+            "from_slot": if mv.phase == strata_store::table::MovePhase::Restoring {
+                // The previous owner is dead; the table names the new one.
+                None
+            } else {
+                t.mg_owner.get(mv.group as usize)
+            },
             "to_slot": mv.to,
             "phase": move_phase(mv.phase),
         })).collect::<Vec<_>>(),
@@ -518,6 +523,7 @@ fn move_phase(p: strata_store::table::MovePhase) -> &'static str {
         MovePhase::Copying => "copying",
         MovePhase::Copied => "copied",
         MovePhase::Frozen => "frozen",
+        MovePhase::Restoring => "restoring",
     }
 }
 
@@ -542,7 +548,7 @@ fn print_table(t: &Table) {
         let groups = t.groups_of(m.slot);
         let incoming = t.moves.iter().filter(|mv| mv.to == m.slot).count();
         let incoming = if incoming > 0 {
-            format!(", {incoming} being handed over to it")
+            format!(", {incoming} being handed over to it or restored on it")
         } else {
             String::new()
         };
@@ -558,11 +564,12 @@ fn print_table(t: &Table) {
         let count = |p| t.moves.iter().filter(|mv| mv.phase == p).count();
         use strata_store::table::MovePhase;
         println!(
-            "handover of {} metadata groups under way: {} copying, {} copied, {} frozen",
+            "handover of {} metadata groups under way: {} copying, {} copied, {} frozen, {} restoring (owner dead)",
             t.moves.len(),
             count(MovePhase::Copying),
             count(MovePhase::Copied),
-            count(MovePhase::Frozen)
+            count(MovePhase::Frozen),
+            count(MovePhase::Restoring)
         );
     }
     for s in &t.sns {

@@ -14,7 +14,7 @@
 use crate::addr::{splitmix64, Addr};
 use crate::metadb::MetaDb;
 use crate::table::{Device, MovePhase, State, Table};
-use crate::wire::{Body, Code, Msg, Record, Row};
+use crate::wire::{Body, Code, GatherCursor, Msg, Record, Row};
 use crate::Error;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::Hash;
@@ -49,6 +49,9 @@ const PULL_RESEND_MS: u64 = 300;
 const PULL_RETRY_MS: u64 = 100;
 /// Bytes of rows in one handover page, below the datagram limit.
 const PULL_PAGE_BYTES: usize = crate::wire::MAX_DATAGRAM - 2048;
+/// Rows a node looks at to answer one gather page (a restore scans every
+/// node's whole database): bounds the time one request holds the node.
+const GATHER_SCAN: usize = 8_192;
 
 /// What the core asks its runtime to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,6 +135,23 @@ struct Pull {
     next_send: u64,
 }
 
+/// A group this node is restoring (its previous owner is dead): its rows
+/// are gathered from every live metadata node, this one included.
+struct Restore {
+    /// The restore's start epoch ([`crate::table::Move::frozen_epoch`]).
+    epoch: u64,
+    /// Slots still to gather from; the first is being gathered.
+    sources: VecDeque<u16>,
+    /// Where the scan of the first source resumes.
+    cursor: GatherCursor,
+    /// Gathering (`Pulling`), then reporting to the orchestrator.
+    stage: PullStage,
+    /// The message awaiting an answer (resent until one comes); `None`
+    /// until the current source is asked (or after a refusal).
+    msg: Option<Msg>,
+    next_send: u64,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum PullStage {
     /// Asking the owner for pages.
@@ -179,6 +199,8 @@ pub struct MnCore<P> {
     sealed: BTreeMap<u32, u64>,
     /// Groups this node is taking over, being copied.
     pulls: BTreeMap<u32, Pull>,
+    /// Groups this node is restoring after their owner died.
+    restores: BTreeMap<u32, Restore>,
 }
 
 impl<P: Clone + Eq + Hash> MnCore<P> {
@@ -204,6 +226,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             next_repair: 0,
             sealed,
             pulls: BTreeMap::new(),
+            restores: BTreeMap::new(),
         };
         core.prune_sealed();
         core.drop_foreign_groups();
@@ -260,6 +283,12 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         let slot = self.slot;
         self.pulls
             .retain(|&g, _| t.move_of(g).is_some_and(|m| m.to == slot));
+        // A restore reassigned or restarted (another epoch) starts over.
+        self.restores.retain(|&g, r| {
+            t.move_of(g).is_some_and(|m| {
+                m.to == slot && m.phase == MovePhase::Restoring && m.frozen_epoch == r.epoch
+            })
+        });
         for (g, &was) in old.mg_owner.iter().enumerate() {
             let g = g as u32;
             let now = t.mg_owner.get(g as usize).copied();
@@ -304,11 +333,13 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         self.owns(addr).filter(|&mg| !self.is_sealed(mg))
     }
 
-    /// Whether group `mg` is frozen by the table: no new change may start.
+    /// Whether group `mg` is frozen by the table, or being restored: no
+    /// new change may start (a restored group's versions are not known
+    /// until its rows are gathered).
     fn is_frozen(&self, mg: u32) -> bool {
         self.table
             .move_of(mg)
-            .is_some_and(|m| m.phase == MovePhase::Frozen)
+            .is_some_and(|m| matches!(m.phase, MovePhase::Frozen | MovePhase::Restoring))
     }
 
     /// Whether group `mg` is sealed here for its final copy.
@@ -316,8 +347,12 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         self.sealed.contains_key(&mg)
     }
 
-    /// Refuses a new change of a name coordinated in a frozen group.
+    /// Refuses a new change of a name coordinated in a frozen group or
+    /// one being restored.
     fn not_frozen(&self, mg: u32) -> Result<(), Error> {
+        if self.table.restoring(mg) {
+            return Err(restoring(mg));
+        }
         if self.is_frozen(mg) {
             return Err(moving(mg));
         }
@@ -343,6 +378,10 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         let mut out = Vec::new();
         if let Some(g) = self.pull_awaiting(msg.req) {
             self.on_pull_reply(now, g, msg, &mut out);
+            return out;
+        }
+        if let Some(g) = self.restore_awaiting(msg.req) {
+            self.on_restore_reply(now, g, msg.body, &mut out);
             return out;
         }
         match &msg.body {
@@ -437,6 +476,9 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             } => self
                 .serve_pull(msg.target, *group, *epoch, *tombs, after)
                 .map(Some),
+            Body::MgGather { group, slot, from } => {
+                self.serve_gather(*group, *slot, from).map(Some)
+            }
             Body::Referenced { addrs } => {
                 let query: std::collections::HashSet<Addr> = addrs.iter().copied().collect();
                 let mut found: std::collections::HashSet<Addr> =
@@ -973,6 +1015,11 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     fn get(&self, target: Addr, name: &str) -> Result<Body, Error> {
         let mg = self.replica_check(target, name)?;
         self.not_sealed(mg)?;
+        // Rows still being gathered: a "not found" here could be wrong, so
+        // the client falls through to the name's other addresses.
+        if self.table.restoring(mg) {
+            return Err(restoring(mg));
+        }
         if let Some(record) = self.db.get(mg, name)? {
             return Ok(Body::Found { record });
         }
@@ -1076,6 +1123,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         }
         self.repair_step(now, &mut out);
         self.handover_step(now, &mut out);
+        self.restore_step(now, &mut out);
         let expired: Vec<String> = self
             .pending
             .iter()
@@ -1413,6 +1461,8 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 // The first copy is reported; wait for the freeze. (After a
                 // restart here the rows are in the database already.)
                 MovePhase::Copied => continue,
+                // Gathered from every node instead (`restore_step`).
+                MovePhase::Restoring => continue,
             };
             let restart = self.pulls.get(&m.group).is_none_or(|p| p.epoch != epoch);
             if restart {
@@ -1553,6 +1603,299 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         }
     }
 
+    /// Answers one page of a gather for group `group` (being restored by
+    /// the sender): rows from any group here whose name has a metadata
+    /// address in `group`.
+    fn serve_gather(&self, group: u32, slot: u16, from: &GatherCursor) -> Result<Body, Error> {
+        if slot != self.slot {
+            return Err(remote(
+                Code::WrongAddress,
+                format!(
+                    "this metadata node is slot {}, not {slot}; refresh the table and ask again",
+                    self.slot
+                ),
+            ));
+        }
+        if group as usize >= self.table.mg_owner.len() {
+            return Err(remote(
+                Code::BadRequest,
+                format!("there is no metadata group {group}"),
+            ));
+        }
+        let t = &self.table;
+        let wanted = |name: &str| {
+            t.meta_addrs(name)
+                .iter()
+                .any(|&a| t.layout.mg_of(a) == Some(group))
+        };
+        let (rows, next) = self.db.gather(
+            from,
+            wanted,
+            crate::wire::MAX_PULL_ROWS,
+            PULL_PAGE_BYTES,
+            GATHER_SCAN,
+        )?;
+        Ok(Body::MgGathered { rows, next })
+    }
+
+    /// The group whose restore awaits the answer `req`, if any.
+    fn restore_awaiting(&self, req: u64) -> Option<u32> {
+        self.restores
+            .iter()
+            .find(|(_, r)| {
+                r.stage != PullStage::Reported && r.msg.as_ref().is_some_and(|m| m.req == req)
+            })
+            .map(|(&g, _)| g)
+    }
+
+    /// The message asking slot `source` for the page of group `group`'s
+    /// gather at `from`, addressed to a group that slot owns (`None`: it
+    /// owns none, so it holds no row a restore needs: see `restore_sources`).
+    fn gather_msg(&mut self, group: u32, source: u16, from: GatherCursor) -> Option<Msg> {
+        let owned = self.table.mg_owner.iter().position(|&s| s == source)? as u32;
+        let (target, _) = self.table.layout.mg_prefix(owned);
+        self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
+        Some(Msg::new(
+            self.next_req,
+            target,
+            Body::MgGather {
+                group,
+                slot: source,
+                from,
+            },
+        ))
+    }
+
+    /// The nodes a restore gathers from: this one first, then every other
+    /// node not dead that owns a group. A node owning none holds only rows
+    /// of groups it is taking over, which their live owner holds too (or,
+    /// if that owner died, which this restore would be taking over).
+    fn restore_sources(&self) -> VecDeque<u16> {
+        let mut sources = VecDeque::from([self.slot]);
+        sources.extend(
+            self.table
+                .mns
+                .iter()
+                .filter(|m| m.slot != self.slot && m.state != State::Dead)
+                .filter(|m| self.table.groups_of(m.slot) > 0)
+                .map(|m| m.slot),
+        );
+        sources
+    }
+
+    /// Starts, advances or resends the restores the table gives this node.
+    fn restore_step(&mut self, now: u64, out: &mut Vec<Out<P>>) {
+        let moves: Vec<_> = self
+            .table
+            .moves
+            .iter()
+            .filter(|m| m.to == self.slot && m.phase == MovePhase::Restoring)
+            .copied()
+            .collect();
+        for m in moves {
+            let g = m.group;
+            if self
+                .restores
+                .get(&g)
+                .is_none_or(|r| r.epoch != m.frozen_epoch)
+            {
+                self.restores.insert(
+                    g,
+                    Restore {
+                        epoch: m.frozen_epoch,
+                        sources: self.restore_sources(),
+                        cursor: GatherCursor::default(),
+                        stage: PullStage::Pulling,
+                        msg: None,
+                        // Asked below.
+                        next_send: 0,
+                    },
+                );
+            }
+            let Some(r) = self.restores.get(&g) else {
+                continue;
+            };
+            match r.stage {
+                PullStage::Reported => continue,
+                PullStage::Reporting => {
+                    if now >= r.next_send {
+                        let msg = r.msg.clone();
+                        if let Some(r) = self.restores.get_mut(&g) {
+                            r.next_send = now + PULL_RESEND_MS;
+                        }
+                        out.extend(msg.map(Out::ToOn));
+                    }
+                    continue;
+                }
+                PullStage::Pulling => {}
+            }
+            let source = r.sources.front().copied();
+            let dead = source.is_some_and(|s| {
+                self.table
+                    .mns
+                    .iter()
+                    .any(|n| n.slot == s && n.state == State::Dead)
+            });
+            if dead {
+                // Died meanwhile: its rows are gone, and its own groups
+                // are being restored too.
+                self.next_source(now, g, out);
+                continue;
+            }
+            if source == Some(self.slot) {
+                // This node's own rows: read here, a page per tick.
+                let from = r.cursor.clone();
+                match self.serve_gather(g, self.slot, &from) {
+                    Ok(body) => self.on_restore_reply(now, g, body, out),
+                    Err(e) => tracing::warn!("gathering group {g} from this node: {e}"),
+                }
+                continue;
+            }
+            if now >= r.next_send {
+                let msg = r.msg.clone();
+                if let Some(r) = self.restores.get_mut(&g) {
+                    r.next_send = now + PULL_RESEND_MS;
+                }
+                match msg {
+                    Some(msg) => out.push(Out::ToMeta(msg)),
+                    // Not asked yet (just started, or refused): ask, or
+                    // move on if that source owns nothing now.
+                    None => self.ask_source(now, g, out),
+                }
+            }
+        }
+    }
+
+    /// Asks the first source of group `g`'s restore for the page at its
+    /// cursor, skipping sources that own no group; reports when none is left.
+    fn ask_source(&mut self, now: u64, g: u32, out: &mut Vec<Out<P>>) {
+        loop {
+            let Some(r) = self.restores.get(&g) else {
+                return;
+            };
+            let (source, cursor) = (r.sources.front().copied(), r.cursor.clone());
+            let Some(source) = source else {
+                self.report_restored(now, g, out);
+                return;
+            };
+            if source == self.slot {
+                // Read locally at the next tick.
+                return;
+            }
+            if let Some(msg) = self.gather_msg(g, source, cursor) {
+                if let Some(r) = self.restores.get_mut(&g) {
+                    r.msg = Some(msg.clone());
+                    r.next_send = now + PULL_RESEND_MS;
+                }
+                out.push(Out::ToMeta(msg));
+                return;
+            }
+            if let Some(r) = self.restores.get_mut(&g) {
+                r.sources.pop_front();
+                r.cursor = GatherCursor::default();
+            }
+        }
+    }
+
+    /// The first source of group `g`'s restore is done: on to the next.
+    fn next_source(&mut self, now: u64, g: u32, out: &mut Vec<Out<P>>) {
+        if let Some(r) = self.restores.get_mut(&g) {
+            r.sources.pop_front();
+            r.cursor = GatherCursor::default();
+        }
+        self.ask_source(now, g, out);
+    }
+
+    /// Every source is gathered: tell the orchestrator, under the restore's
+    /// epoch; its answer (the table naming this node the plain owner)
+    /// comes back to [`MnCore::handle`].
+    fn report_restored(&mut self, now: u64, g: u32, out: &mut Vec<Out<P>>) {
+        self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
+        let Some(r) = self.restores.get_mut(&g) else {
+            return;
+        };
+        let msg = Msg::new(
+            self.next_req,
+            0,
+            Body::MoveReport {
+                group: g,
+                to: self.slot,
+                ready: true,
+                epoch: r.epoch,
+            },
+        );
+        r.msg = Some(msg.clone());
+        r.stage = PullStage::Reporting;
+        r.next_send = now + PULL_RESEND_MS;
+        out.push(Out::ToOn(msg));
+    }
+
+    /// An answer to a gather page request (or a page read locally), or to
+    /// a restore's report.
+    fn on_restore_reply(&mut self, now: u64, g: u32, body: Body, out: &mut Vec<Out<P>>) {
+        let Some(stage) = self.restores.get(&g).map(|r| r.stage) else {
+            return;
+        };
+        match (stage, body) {
+            (PullStage::Pulling, Body::MgGathered { rows, next }) => {
+                for row in &rows {
+                    if let Err(e) = self.db.apply_row(g, row) {
+                        // The resend asks for the same page again.
+                        tracing::warn!("storing a row of group {g} being restored: {e}");
+                        return;
+                    }
+                }
+                match next {
+                    Some(cursor) => {
+                        if let Some(r) = self.restores.get_mut(&g) {
+                            r.cursor = cursor;
+                        }
+                        self.ask_source(now, g, out);
+                    }
+                    None => self.next_source(now, g, out),
+                }
+            }
+            (PullStage::Pulling, _) => {
+                // Refused (that node's table differs from ours, or it is
+                // busy): ask again shortly, as the table then says.
+                if let Some(r) = self.restores.get_mut(&g) {
+                    r.next_send = now + PULL_RETRY_MS;
+                    r.msg = None;
+                }
+            }
+            (PullStage::Reporting, Body::Table { bytes }) => {
+                // The group is this node's now: serve it at once.
+                if let Ok(t) = Table::decode(&bytes) {
+                    if t.epoch > self.table.epoch {
+                        self.set_table(t);
+                    }
+                }
+                if let Some(r) = self.restores.get_mut(&g) {
+                    r.stage = PullStage::Reported;
+                }
+            }
+            (PullStage::Reporting, Body::Done { .. }) => {
+                if let Some(r) = self.restores.get_mut(&g) {
+                    r.stage = PullStage::Reported;
+                }
+            }
+            (PullStage::Reporting, _) => {
+                // Refused (reassigned or restarted meanwhile): start over
+                // as the table says.
+                self.restores.remove(&g);
+            }
+            (PullStage::Reported, _) => {}
+        }
+    }
+
+    /// Groups this node is restoring: (group, sources left, reported).
+    pub fn restores(&self) -> Vec<(u32, usize, bool)> {
+        self.restores
+            .iter()
+            .map(|(&g, r)| (g, r.sources.len(), r.stage != PullStage::Pulling))
+            .collect()
+    }
+
     /// Groups this node is taking over: (group, final copy, copy done).
     pub fn pulls(&self) -> Vec<(u32, bool, bool)> {
         self.pulls
@@ -1617,6 +1960,16 @@ fn is_final(body: &Body) -> bool {
                 code: Code::Moving,
                 ..
             }
+    )
+}
+
+/// The refusal of a change (or Get) in a group being restored.
+fn restoring(mg: u32) -> Error {
+    remote(
+        Code::Moving,
+        format!(
+            "metadata group {mg} is being restored after its metadata node failed; retry shortly"
+        ),
     )
 }
 
