@@ -113,8 +113,9 @@ pub struct UpArgs {
     /// out of placement.
     #[arg(long, default_value_t = 3000)]
     short_failure_ms: u64,
-    /// Definitive-failure timer of storage nodes: one silent this long is
-    /// marked dead and its replicas are re-created on other nodes.
+    /// Definitive-failure timer: a node silent this long is marked dead. A
+    /// dead storage node's replicas are re-created on other nodes; a dead
+    /// metadata node's groups are restored on the other metadata nodes.
     #[arg(long, default_value_t = 600_000)]
     definitive_failure_ms: u64,
     /// Replication as N_m,W_m,N_d,W_d (a new cluster only).
