@@ -1319,7 +1319,7 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
             "--mn-slots",
             "3",
             "--sn",
-            "4",
+            "3",
             "--replication",
             "3,2,3,2",
             "--short-failure-ms",
@@ -1328,10 +1328,15 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
             "3000",
         ],
     );
-    // The third metadata node, in its own process so it can be killed.
+    // The third metadata node and the fourth storage node, in their own
+    // processes so they can be killed.
     let mut mn = Node::add(&store, &dir.path().join("mn-extra"), "mn");
-    wait_until("3 metadata nodes", || {
-        store.status()["metadata_nodes"].as_array().unwrap().len() == 3
+    let sn_dir = dir.path().join("sn-extra");
+    let mut sn = Node::add(&store, &sn_dir, "sn");
+    wait_until("3 metadata and 4 storage nodes", || {
+        let s = store.status();
+        s["metadata_nodes"].as_array().unwrap().len() == 3
+            && s["storage_nodes"].as_array().unwrap().len() == 4
     });
     std::thread::sleep(Duration::from_millis(1200)); // every node has the table
     let on = store.on;
@@ -1498,6 +1503,74 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(bytes == data_of(i), "{name} differs");
     }
+    // Then a storage node dies for good too: the objects the dead metadata
+    // node coordinated are repaired by their new coordinators.
+    let sn_prefix = store.status()["storage_nodes"][3]["prefix"]
+        .as_str()
+        .unwrap()
+        .trim_end_matches("::/64")
+        .to_string();
+    let on_sn = |stat: &serde_json::Value| {
+        stat["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r.as_str().unwrap().starts_with(&format!("{sn_prefix}:")))
+            .count()
+    };
+    let held = coordinated
+        .iter()
+        .filter(|(n, _)| on_sn(&store.json(&["obj", "stat", n])) > 0)
+        .count();
+    assert!(
+        held > 0,
+        "no object the dead node coordinated is on the storage node"
+    );
+    sn.kill9();
+    wait_until("the killed storage node marked dead", || {
+        store.status()["storage_nodes"][3]["state"] == "dead"
+    });
+    let start = Instant::now();
+    for &i in &survivors {
+        let name = &pre[i].0;
+        loop {
+            let stat = store.json(&["obj", "stat", name]);
+            if stat["replicas"].as_array().unwrap().len() == 3 && on_sn(&stat) == 0 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "{name} not repaired: {stat}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    eprintln!("storage node repaired in {:?}", start.elapsed());
+    // It comes back: its collection rounds ask the live metadata nodes only
+    // (the dead one would block them for good) and free every replica it
+    // held, which no record names any more.
+    let files = |d: &Path| std::fs::read_dir(d.join("replicas")).map_or(0, |r| r.count());
+    assert!(files(&sn_dir) > 0, "the dead storage node held no replica");
+    let gc = ["--gc-interval-ms", "300", "--gc-grace-ms", "1500"];
+    let _back = Node::add_with(&store, &sn_dir, "sn", &gc);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while files(&sn_dir) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} unreferenced replicas left on the returned storage node",
+            files(&sn_dir)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for &i in &survivors {
+        let (_, bytes) = rt.block_on(client.get_bytes(&pre[i].0)).unwrap();
+        assert!(bytes == data_of(i), "{} differs after the repair", pre[i].0);
+    }
+    // The returned node listens on a new port: every node, and this
+    // client, use the table that says so.
+    std::thread::sleep(Duration::from_millis(1200));
+    rt.block_on(client.refresh()).unwrap();
+
     // Names the dead node coordinated take new versions and deletes.
     for (name, rec) in coordinated {
         let data = pattern(99, 7);
