@@ -538,16 +538,23 @@ impl OnCore {
                 continue;
             }
             // A handover from it cannot finish (nothing to copy from): the
-            // group is restored instead.
+            // group is restored instead, on the node that was taking it
+            // over if it is up (it holds part of the rows already, and
+            // would otherwise keep rows of a group it does not own).
+            let target = self.table.move_of(g as u32).map(|m| m.to);
             self.table.moves.retain(|m| m.group != g as u32);
-            let Some(least) = counts.iter_mut().min_by_key(|(s, n)| (*n, *s)) else {
+            let chosen = match counts.iter_mut().find(|(s, _)| Some(*s) == target) {
+                Some(c) => Some(c),
+                None => counts.iter_mut().min_by_key(|(s, n)| (*n, *s)),
+            };
+            let Some(chosen) = chosen else {
                 break;
             };
-            least.1 += 1;
-            self.table.mg_owner[g] = least.0;
+            chosen.1 += 1;
+            self.table.mg_owner[g] = chosen.0;
             self.table.moves.push(Move {
                 group: g as u32,
-                to: least.0,
+                to: chosen.0,
                 phase: MovePhase::Restoring,
                 frozen_epoch: epoch,
             });
@@ -839,5 +846,59 @@ mod tests {
         drop(on);
         let again = OnCore::open(&path, after.clone(), 3, 0).unwrap();
         assert_eq!(again.table().moves.len(), 20);
+    }
+
+    #[test]
+    fn a_handover_from_a_node_that_dies_becomes_a_restore_on_its_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let initial = Table {
+            epoch: 1,
+            layout: Layout::new(DEFAULT_CLUSTER_PREFIX, 6),
+            routed: false,
+            params: Params::default(),
+            buckets: vec![],
+            mns: vec![],
+            mg_owner: vec![],
+            sns: vec![],
+            moves: vec![],
+        };
+        let mut on = OnCore::open(&dir.path().join("on.redb"), initial, 3, 0).unwrap();
+        on.set_definitive_failure(5_000);
+        for uuid in [1, 2, 3, 4] {
+            register(&mut on, 0, uuid);
+        }
+        let from_dying: Vec<u32> = on
+            .table()
+            .moves
+            .iter()
+            .filter(|m| on.table().mg_owner[m.group as usize] == 2)
+            .map(|m| m.group)
+            .collect();
+        let others = on.table().moves.len() - from_dying.len();
+        assert!(!from_dying.is_empty() && others > 0);
+        for uuid in [1, 2, 4] {
+            let beat = Body::Heartbeat {
+                uuid,
+                free: 0,
+                objects: 0,
+            };
+            on.handle(6_000, &Msg::new(uuid, 0, beat));
+        }
+        on.tick(6_000).unwrap();
+        let t = on.table();
+        assert_eq!(t.mns[2].state, State::Dead);
+        for g in from_dying {
+            let m = t.move_of(g).unwrap();
+            assert_eq!((m.to, m.phase), (3, MovePhase::Restoring), "group {g}");
+        }
+        // Handovers from live nodes go on.
+        assert_eq!(
+            t.moves
+                .iter()
+                .filter(|m| m.phase == MovePhase::Copying)
+                .count(),
+            others
+        );
+        assert_eq!(t.groups_of(2), 0);
     }
 }
