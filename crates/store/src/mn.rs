@@ -135,19 +135,29 @@ struct Pull {
     next_send: u64,
 }
 
-/// A group this node is restoring (its previous owner is dead): its rows
-/// are gathered from every live metadata node, this one included.
+/// Groups this node is restoring (their previous owner is dead), gathered
+/// together: one scan of each live metadata node's database (this one's
+/// included) serves them all.
 struct Restore {
-    /// The restore's start epoch ([`crate::table::Move::frozen_epoch`]).
-    epoch: u64,
+    /// The groups, with their restores' start epochs
+    /// ([`crate::table::Move::frozen_epoch`]).
+    groups: BTreeMap<u32, u64>,
     /// Slots still to gather from; the first is being gathered.
     sources: VecDeque<u16>,
     /// Where the scan of the first source resumes.
     cursor: GatherCursor,
-    /// Gathering (`Pulling`), then reporting to the orchestrator.
-    stage: PullStage,
-    /// The message awaiting an answer (resent until one comes); `None`
-    /// until the current source is asked (or after a refusal).
+    /// The page request awaiting an answer (resent until one comes);
+    /// `None` until the current source is asked (or after a refusal).
+    msg: Option<Msg>,
+    next_send: u64,
+}
+
+/// A restored group's ready report to the orchestrator.
+struct RestoreReport {
+    /// The restore's start epoch.
+    epoch: u64,
+    /// The report, resent until answered; `None` once answered (then the
+    /// table moves on).
     msg: Option<Msg>,
     next_send: u64,
 }
@@ -199,8 +209,10 @@ pub struct MnCore<P> {
     sealed: BTreeMap<u32, u64>,
     /// Groups this node is taking over, being copied.
     pulls: BTreeMap<u32, Pull>,
-    /// Groups this node is restoring after their owner died.
-    restores: BTreeMap<u32, Restore>,
+    /// Groups this node is gathering after their owner died.
+    restore: Option<Restore>,
+    /// Restored groups reported (or being reported) to the orchestrator.
+    restored: BTreeMap<u32, RestoreReport>,
 }
 
 impl<P: Clone + Eq + Hash> MnCore<P> {
@@ -226,7 +238,8 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             next_repair: 0,
             sealed,
             pulls: BTreeMap::new(),
-            restores: BTreeMap::new(),
+            restore: None,
+            restored: BTreeMap::new(),
         };
         core.prune_sealed();
         core.drop_foreign_groups();
@@ -284,11 +297,18 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         self.pulls
             .retain(|&g, _| t.move_of(g).is_some_and(|m| m.to == slot));
         // A restore reassigned or restarted (another epoch) starts over.
-        self.restores.retain(|&g, r| {
+        let still = |g: u32, epoch: u64| {
             t.move_of(g).is_some_and(|m| {
-                m.to == slot && m.phase == MovePhase::Restoring && m.frozen_epoch == r.epoch
+                m.to == slot && m.phase == MovePhase::Restoring && m.frozen_epoch == epoch
             })
-        });
+        };
+        self.restored.retain(|&g, r| still(g, r.epoch));
+        if let Some(r) = self.restore.as_mut() {
+            r.groups.retain(|&g, &mut e| still(g, e));
+            if r.groups.is_empty() {
+                self.restore = None;
+            }
+        }
         for (g, &was) in old.mg_owner.iter().enumerate() {
             let g = g as u32;
             let now = t.mg_owner.get(g as usize).copied();
@@ -380,8 +400,17 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             self.on_pull_reply(now, g, msg, &mut out);
             return out;
         }
-        if let Some(g) = self.restore_awaiting(msg.req) {
-            self.on_restore_reply(now, g, msg.body, &mut out);
+        if self
+            .restore
+            .as_ref()
+            .and_then(|r| r.msg.as_ref())
+            .is_some_and(|m| m.req == msg.req)
+        {
+            self.on_gathered(now, msg.body, &mut out);
+            return out;
+        }
+        if let Some(g) = self.report_awaiting(msg.req) {
+            self.on_report_reply(g, msg.body);
             return out;
         }
         match &msg.body {
@@ -476,8 +505,8 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             } => self
                 .serve_pull(msg.target, *group, *epoch, *tombs, after)
                 .map(Some),
-            Body::MgGather { group, slot, from } => {
-                self.serve_gather(*group, *slot, from).map(Some)
+            Body::MgGather { groups, slot, from } => {
+                self.serve_gather(groups, *slot, from).map(Some)
             }
             Body::Referenced { addrs } => {
                 let query: std::collections::HashSet<Addr> = addrs.iter().copied().collect();
@@ -1603,10 +1632,10 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         }
     }
 
-    /// Answers one page of a gather for group `group` (being restored by
-    /// the sender): rows from any group here whose name has a metadata
-    /// address in `group`.
-    fn serve_gather(&self, group: u32, slot: u16, from: &GatherCursor) -> Result<Body, Error> {
+    /// Answers one page of a gather for `groups` (being restored by the
+    /// sender): rows from any group here whose name has a metadata address
+    /// in one of them.
+    fn serve_gather(&self, groups: &[u32], slot: u16, from: &GatherCursor) -> Result<Body, Error> {
         if slot != self.slot {
             return Err(remote(
                 Code::WrongAddress,
@@ -1616,21 +1645,15 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 ),
             ));
         }
-        if group as usize >= self.table.mg_owner.len() {
-            return Err(remote(
-                Code::BadRequest,
-                format!("there is no metadata group {group}"),
-            ));
-        }
+        let wanted: std::collections::BTreeSet<u32> = groups.iter().copied().collect();
         let t = &self.table;
-        let wanted = |name: &str| {
-            t.meta_addrs(name)
-                .iter()
-                .any(|&a| t.layout.mg_of(a) == Some(group))
-        };
         let (rows, next) = self.db.gather(
             from,
-            wanted,
+            |name| {
+                t.meta_addrs(name)
+                    .iter()
+                    .any(|&a| t.layout.mg_of(a).is_some_and(|g| wanted.contains(&g)))
+            },
             crate::wire::MAX_PULL_ROWS,
             PULL_PAGE_BYTES,
             GATHER_SCAN,
@@ -1638,20 +1661,18 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         Ok(Body::MgGathered { rows, next })
     }
 
-    /// The group whose restore awaits the answer `req`, if any.
-    fn restore_awaiting(&self, req: u64) -> Option<u32> {
-        self.restores
+    /// The group whose ready report awaits the answer `req`, if any.
+    fn report_awaiting(&self, req: u64) -> Option<u32> {
+        self.restored
             .iter()
-            .find(|(_, r)| {
-                r.stage != PullStage::Reported && r.msg.as_ref().is_some_and(|m| m.req == req)
-            })
+            .find(|(_, r)| r.msg.as_ref().is_some_and(|m| m.req == req))
             .map(|(&g, _)| g)
     }
 
-    /// The message asking slot `source` for the page of group `group`'s
-    /// gather at `from`, addressed to a group that slot owns (`None`: it
-    /// owns none, so it holds no row a restore needs: see `restore_sources`).
-    fn gather_msg(&mut self, group: u32, source: u16, from: GatherCursor) -> Option<Msg> {
+    /// The page request for slot `source` at `from`, addressed to a group
+    /// that slot owns (`None`: it owns none, so it holds no row a restore
+    /// needs: see `restore_sources`).
+    fn gather_msg(&mut self, groups: Vec<u32>, source: u16, from: GatherCursor) -> Option<Msg> {
         let owned = self.table.mg_owner.iter().position(|&s| s == source)? as u32;
         let (target, _) = self.table.layout.mg_prefix(owned);
         self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
@@ -1659,7 +1680,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             self.next_req,
             target,
             Body::MgGather {
-                group,
+                groups,
                 slot: source,
                 from,
             },
@@ -1669,7 +1690,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     /// The nodes a restore gathers from: this one first, then every other
     /// node not dead that owns a group. A node owning none holds only rows
     /// of groups it is taking over, which their live owner holds too (or,
-    /// if that owner died, which this restore would be taking over).
+    /// if that owner died, which a restore would be taking over).
     fn restore_sources(&self) -> VecDeque<u16> {
         let mut sources = VecDeque::from([self.slot]);
         sources.extend(
@@ -1683,217 +1704,223 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         sources
     }
 
-    /// Starts, advances or resends the restores the table gives this node.
+    /// Starts, advances or resends the restores the table gives this node,
+    /// and their ready reports.
     fn restore_step(&mut self, now: u64, out: &mut Vec<Out<P>>) {
-        let moves: Vec<_> = self
-            .table
-            .moves
-            .iter()
-            .filter(|m| m.to == self.slot && m.phase == MovePhase::Restoring)
-            .copied()
-            .collect();
-        for m in moves {
-            let g = m.group;
-            if self
-                .restores
-                .get(&g)
-                .is_none_or(|r| r.epoch != m.frozen_epoch)
-            {
-                self.restores.insert(
-                    g,
-                    Restore {
-                        epoch: m.frozen_epoch,
-                        sources: self.restore_sources(),
-                        cursor: GatherCursor::default(),
-                        stage: PullStage::Pulling,
-                        msg: None,
-                        // Asked below.
-                        next_send: 0,
-                    },
-                );
+        for r in self.restored.values_mut() {
+            if let Some(msg) = r.msg.as_ref().filter(|_| now >= r.next_send) {
+                r.next_send = now + PULL_RESEND_MS;
+                out.push(Out::ToOn(msg.clone()));
             }
-            let Some(r) = self.restores.get(&g) else {
-                continue;
-            };
-            match r.stage {
-                PullStage::Reported => continue,
-                PullStage::Reporting => {
-                    if now >= r.next_send {
-                        let msg = r.msg.clone();
-                        if let Some(r) = self.restores.get_mut(&g) {
-                            r.next_send = now + PULL_RESEND_MS;
-                        }
-                        out.extend(msg.map(Out::ToOn));
-                    }
-                    continue;
-                }
-                PullStage::Pulling => {}
+        }
+        if self.restore.is_none() {
+            // Groups given since the last gather began wait for the next.
+            let groups: BTreeMap<u32, u64> = self
+                .table
+                .moves
+                .iter()
+                .filter(|m| m.to == self.slot && m.phase == MovePhase::Restoring)
+                .filter(|m| !self.restored.contains_key(&m.group))
+                .take(crate::wire::MAX_GATHER_GROUPS)
+                .map(|m| (m.group, m.frozen_epoch))
+                .collect();
+            if groups.is_empty() {
+                return;
             }
-            let source = r.sources.front().copied();
-            let dead = source.is_some_and(|s| {
-                self.table
-                    .mns
-                    .iter()
-                    .any(|n| n.slot == s && n.state == State::Dead)
+            self.restore = Some(Restore {
+                groups,
+                sources: self.restore_sources(),
+                cursor: GatherCursor::default(),
+                msg: None,
+                next_send: 0,
             });
-            if dead {
-                // Died meanwhile: its rows are gone, and its own groups
-                // are being restored too.
-                self.next_source(now, g, out);
-                continue;
+        }
+        let Some(r) = self.restore.as_ref() else {
+            return;
+        };
+        let source = r.sources.front().copied();
+        let dead = source.is_some_and(|s| {
+            self.table
+                .mns
+                .iter()
+                .any(|n| n.slot == s && n.state == State::Dead)
+        });
+        if dead {
+            // Died meanwhile: its rows are gone, and its own groups are
+            // being restored too.
+            self.next_source(now, out);
+        } else if source == Some(self.slot) {
+            // This node's own rows: read here, a page per tick.
+            let groups: Vec<u32> = r.groups.keys().copied().collect();
+            let from = r.cursor.clone();
+            match self.serve_gather(&groups, self.slot, &from) {
+                Ok(body) => self.on_gathered(now, body, out),
+                Err(e) => tracing::warn!("gathering restored groups from this node: {e}"),
             }
-            if source == Some(self.slot) {
-                // This node's own rows: read here, a page per tick.
-                let from = r.cursor.clone();
-                match self.serve_gather(g, self.slot, &from) {
-                    Ok(body) => self.on_restore_reply(now, g, body, out),
-                    Err(e) => tracing::warn!("gathering group {g} from this node: {e}"),
+        } else if now >= r.next_send {
+            match r.msg.clone() {
+                Some(msg) => {
+                    if let Some(r) = self.restore.as_mut() {
+                        r.next_send = now + PULL_RESEND_MS;
+                    }
+                    out.push(Out::ToMeta(msg));
                 }
-                continue;
-            }
-            if now >= r.next_send {
-                let msg = r.msg.clone();
-                if let Some(r) = self.restores.get_mut(&g) {
-                    r.next_send = now + PULL_RESEND_MS;
-                }
-                match msg {
-                    Some(msg) => out.push(Out::ToMeta(msg)),
-                    // Not asked yet (just started, or refused): ask, or
-                    // move on if that source owns nothing now.
-                    None => self.ask_source(now, g, out),
-                }
+                // Not asked yet (just started, or refused): ask, or move on
+                // if that source owns nothing now.
+                None => self.ask_source(now, out),
             }
         }
     }
 
-    /// Asks the first source of group `g`'s restore for the page at its
-    /// cursor, skipping sources that own no group; reports when none is left.
-    fn ask_source(&mut self, now: u64, g: u32, out: &mut Vec<Out<P>>) {
+    /// Asks the first source for the page at the cursor, skipping sources
+    /// that own no group; reports every group when none is left.
+    fn ask_source(&mut self, now: u64, out: &mut Vec<Out<P>>) {
         loop {
-            let Some(r) = self.restores.get(&g) else {
+            let Some(r) = self.restore.as_ref() else {
                 return;
             };
-            let (source, cursor) = (r.sources.front().copied(), r.cursor.clone());
-            let Some(source) = source else {
-                self.report_restored(now, g, out);
+            let Some(source) = r.sources.front().copied() else {
+                self.report_restored(now, out);
                 return;
             };
             if source == self.slot {
                 // Read locally at the next tick.
                 return;
             }
-            if let Some(msg) = self.gather_msg(g, source, cursor) {
-                if let Some(r) = self.restores.get_mut(&g) {
+            let (groups, cursor) = (r.groups.keys().copied().collect(), r.cursor.clone());
+            if let Some(msg) = self.gather_msg(groups, source, cursor) {
+                if let Some(r) = self.restore.as_mut() {
                     r.msg = Some(msg.clone());
                     r.next_send = now + PULL_RESEND_MS;
                 }
                 out.push(Out::ToMeta(msg));
                 return;
             }
-            if let Some(r) = self.restores.get_mut(&g) {
+            if let Some(r) = self.restore.as_mut() {
                 r.sources.pop_front();
                 r.cursor = GatherCursor::default();
             }
         }
     }
 
-    /// The first source of group `g`'s restore is done: on to the next.
-    fn next_source(&mut self, now: u64, g: u32, out: &mut Vec<Out<P>>) {
-        if let Some(r) = self.restores.get_mut(&g) {
+    /// The first source is done: on to the next.
+    fn next_source(&mut self, now: u64, out: &mut Vec<Out<P>>) {
+        if let Some(r) = self.restore.as_mut() {
             r.sources.pop_front();
             r.cursor = GatherCursor::default();
+            r.msg = None;
         }
-        self.ask_source(now, g, out);
+        self.ask_source(now, out);
     }
 
-    /// Every source is gathered: tell the orchestrator, under the restore's
-    /// epoch; its answer (the table naming this node the plain owner)
-    /// comes back to [`MnCore::handle`].
-    fn report_restored(&mut self, now: u64, g: u32, out: &mut Vec<Out<P>>) {
-        self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
-        let Some(r) = self.restores.get_mut(&g) else {
+    /// Every source is gathered: tell the orchestrator, for each group,
+    /// under its restore's epoch; its answer (the table naming this node
+    /// the plain owner) comes back to [`MnCore::handle`].
+    fn report_restored(&mut self, now: u64, out: &mut Vec<Out<P>>) {
+        let Some(r) = self.restore.take() else {
             return;
         };
-        let msg = Msg::new(
-            self.next_req,
-            0,
-            Body::MoveReport {
-                group: g,
-                to: self.slot,
-                ready: true,
-                epoch: r.epoch,
-            },
-        );
-        r.msg = Some(msg.clone());
-        r.stage = PullStage::Reporting;
-        r.next_send = now + PULL_RESEND_MS;
-        out.push(Out::ToOn(msg));
+        for (g, epoch) in r.groups {
+            self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
+            let msg = Msg::new(
+                self.next_req,
+                0,
+                Body::MoveReport {
+                    group: g,
+                    to: self.slot,
+                    ready: true,
+                    epoch,
+                },
+            );
+            out.push(Out::ToOn(msg.clone()));
+            self.restored.insert(
+                g,
+                RestoreReport {
+                    epoch,
+                    msg: Some(msg),
+                    next_send: now + PULL_RESEND_MS,
+                },
+            );
+        }
     }
 
-    /// An answer to a gather page request (or a page read locally), or to
-    /// a restore's report.
-    fn on_restore_reply(&mut self, now: u64, g: u32, body: Body, out: &mut Vec<Out<P>>) {
-        let Some(stage) = self.restores.get(&g).map(|r| r.stage) else {
+    /// A page of the gather (from another node, or read here): each row is
+    /// stored in every group being restored that its name has an address in.
+    fn on_gathered(&mut self, now: u64, body: Body, out: &mut Vec<Out<P>>) {
+        let Some(r) = self.restore.as_ref() else {
             return;
         };
-        match (stage, body) {
-            (PullStage::Pulling, Body::MgGathered { rows, next }) => {
-                for row in &rows {
-                    if let Err(e) = self.db.apply_row(g, row) {
-                        // The resend asks for the same page again.
-                        tracing::warn!("storing a row of group {g} being restored: {e}");
-                        return;
-                    }
+        let Body::MgGathered { rows, next } = body else {
+            // Refused (that node's table differs from ours, or it failed):
+            // ask again shortly, as the table then says.
+            if let Some(r) = self.restore.as_mut() {
+                r.next_send = now + PULL_RETRY_MS;
+                r.msg = None;
+            }
+            return;
+        };
+        for row in &rows {
+            let name = match row {
+                Row::Record(rec) => &rec.name,
+                Row::Tomb { name, .. } => name,
+            };
+            for a in self.table.meta_addrs(name) {
+                let Some(g) = self.table.layout.mg_of(a) else {
+                    continue;
+                };
+                if !r.groups.contains_key(&g) {
+                    continue;
                 }
-                match next {
-                    Some(cursor) => {
-                        if let Some(r) = self.restores.get_mut(&g) {
-                            r.cursor = cursor;
-                        }
-                        self.ask_source(now, g, out);
-                    }
-                    None => self.next_source(now, g, out),
+                if let Err(e) = self.db.apply_row(g, row) {
+                    // The resend asks for the same page again.
+                    tracing::warn!("storing a row of group {g} being restored: {e}");
+                    return;
                 }
             }
-            (PullStage::Pulling, _) => {
-                // Refused (that node's table differs from ours, or it is
-                // busy): ask again shortly, as the table then says.
-                if let Some(r) = self.restores.get_mut(&g) {
-                    r.next_send = now + PULL_RETRY_MS;
+        }
+        match next {
+            Some(cursor) => {
+                if let Some(r) = self.restore.as_mut() {
+                    r.cursor = cursor;
                     r.msg = None;
                 }
+                self.ask_source(now, out);
             }
-            (PullStage::Reporting, Body::Table { bytes }) => {
+            None => self.next_source(now, out),
+        }
+    }
+
+    /// The orchestrator's answer to the ready report of group `g`.
+    fn on_report_reply(&mut self, g: u32, body: Body) {
+        match body {
+            Body::Table { bytes } => {
                 // The group is this node's now: serve it at once.
                 if let Ok(t) = Table::decode(&bytes) {
                     if t.epoch > self.table.epoch {
                         self.set_table(t);
                     }
                 }
-                if let Some(r) = self.restores.get_mut(&g) {
-                    r.stage = PullStage::Reported;
+                if let Some(r) = self.restored.get_mut(&g) {
+                    r.msg = None;
                 }
             }
-            (PullStage::Reporting, Body::Done { .. }) => {
-                if let Some(r) = self.restores.get_mut(&g) {
-                    r.stage = PullStage::Reported;
-                }
-            }
-            (PullStage::Reporting, _) => {
+            _ => {
                 // Refused (reassigned or restarted meanwhile): start over
                 // as the table says.
-                self.restores.remove(&g);
+                self.restored.remove(&g);
             }
-            (PullStage::Reported, _) => {}
         }
     }
 
-    /// Groups this node is restoring: (group, sources left, reported).
-    pub fn restores(&self) -> Vec<(u32, usize, bool)> {
-        self.restores
-            .iter()
-            .map(|(&g, r)| (g, r.sources.len(), r.stage != PullStage::Pulling))
-            .collect()
+    /// Restores under way: (groups being gathered, sources left, ready
+    /// reports not answered yet).
+    pub fn restore_progress(&self) -> (usize, usize, usize) {
+        let (groups, sources) = self
+            .restore
+            .as_ref()
+            .map_or((0, 0), |r| (r.groups.len(), r.sources.len()));
+        let reports = self.restored.values().filter(|r| r.msg.is_some()).count();
+        (groups, sources, reports)
     }
 
     /// Groups this node is taking over: (group, final copy, copy done).

@@ -174,6 +174,10 @@ pub struct GatherCursor {
     pub after: String,
 }
 
+/// Most groups one [`Body::MgGather`] names (a node restoring more gathers
+/// them in several passes).
+pub const MAX_GATHER_GROUPS: usize = 4096;
+
 /// Node roles known to the orchestrator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -365,10 +369,10 @@ pub enum Body {
     /// New owner of a group being restored (its previous owner is dead) →
     /// a live metadata node, addressed to an address in a group that node
     /// owns: one page of the rows, from any group of its database, of names
-    /// with a metadata address in `group`.
+    /// with a metadata address in one of `groups`.
     MgGather {
-        /// The group being restored.
-        group: u32,
+        /// The groups being restored (at most [`MAX_GATHER_GROUPS`]).
+        groups: Vec<u32>,
         /// The slot the request is meant for: another node refuses it (the
         /// address changed owner), so a page is never counted for the
         /// wrong node.
@@ -820,8 +824,12 @@ impl Msg {
                 put_rows(w, rows);
                 w.u8(*more as u8);
             }
-            Body::MgGather { group, slot, from } => {
-                w.u32(*group);
+            Body::MgGather { groups, slot, from } => {
+                let n = groups.len().min(MAX_GATHER_GROUPS);
+                w.u16(n as u16);
+                for &g in &groups[..n] {
+                    w.u32(g);
+                }
                 w.u16(*slot);
                 put_cursor(w, from);
             }
@@ -982,7 +990,15 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
             more: flag(r, "more flag")?,
         },
         27 => Body::MgGather {
-            group: r.u32()?,
+            groups: {
+                let n = r.u16()? as usize;
+                if n > MAX_GATHER_GROUPS {
+                    return Err(WireError::Invalid(format!(
+                        "{n} groups in one gather; the limit is {MAX_GATHER_GROUPS}"
+                    )));
+                }
+                (0..n).map(|_| r.u32()).collect::<Result<Vec<_>, _>>()?
+            },
             slot: r.u16()?,
             from: get_cursor(r)?,
         },
@@ -1215,12 +1231,12 @@ mod tests {
                 message: "moving".into(),
             },
             Body::MgGather {
-                group: 9,
+                groups: vec![9],
                 slot: 1,
                 from: GatherCursor::default(),
             },
             Body::MgGather {
-                group: u32::MAX,
+                groups: vec![0, 7, u32::MAX],
                 slot: u16::MAX,
                 from: GatherCursor {
                     tombs: true,
@@ -1385,7 +1401,7 @@ mod tests {
                 1,
                 0,
                 Body::MgGather {
-                    group: 1,
+                    groups: vec![1],
                     slot: 0,
                     from: GatherCursor {
                         tombs: false,
@@ -1407,6 +1423,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("gather cursor"), "{err}");
+        // A group count above the limit is refused before any allocation.
+        let mut bytes = gather("x".into());
+        bytes[28..30].copy_from_slice(&u16::MAX.to_be_bytes());
+        let err = Msg::decode(&bytes).unwrap_err().to_string();
+        assert!(err.contains("limit is 4096"), "{err}");
     }
 
     proptest! {
