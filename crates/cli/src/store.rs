@@ -131,8 +131,9 @@ pub struct UpArgs {
     /// out of placement.
     #[arg(long, default_value_t = 3000)]
     short_failure_ms: u64,
-    /// Definitive-failure timer of storage nodes: one silent this long is
-    /// marked dead and its replicas are re-created on other nodes.
+    /// Definitive-failure timer: a node silent this long is marked dead. A
+    /// dead storage node's replicas are re-created on other nodes; a dead
+    /// metadata node's groups are restored on the other metadata nodes.
     #[arg(long, default_value_t = 600_000)]
     definitive_failure_ms: u64,
     /// Replication as N_m,W_m,N_d,W_d (a new cluster only).
@@ -511,7 +512,12 @@ fn table_json(t: &Table) -> serde_json::Value {
         })).collect::<Vec<_>>(),
         "moves": t.moves.iter().map(|mv| json!({
             "group": mv.group,
-            "from_slot": t.mg_owner.get(mv.group as usize),
+            "from_slot": if mv.phase == strata_store::table::MovePhase::Restoring {
+                // The previous owner is dead; the table names the new one.
+                None
+            } else {
+                t.mg_owner.get(mv.group as usize)
+            },
             "to_slot": mv.to,
             "phase": move_phase(mv.phase),
         })).collect::<Vec<_>>(),
@@ -534,6 +540,7 @@ fn move_phase(p: strata_store::table::MovePhase) -> &'static str {
         MovePhase::Copying => "copying",
         MovePhase::Copied => "copied",
         MovePhase::Frozen => "frozen",
+        MovePhase::Restoring => "restoring",
     }
 }
 
@@ -558,7 +565,7 @@ fn print_table(t: &Table) {
         let groups = t.groups_of(m.slot);
         let incoming = t.moves.iter().filter(|mv| mv.to == m.slot).count();
         let incoming = if incoming > 0 {
-            format!(", {incoming} being handed over to it")
+            format!(", {incoming} being handed over to it or restored on it")
         } else {
             String::new()
         };
@@ -574,11 +581,12 @@ fn print_table(t: &Table) {
         let count = |p| t.moves.iter().filter(|mv| mv.phase == p).count();
         use strata_store::table::MovePhase;
         println!(
-            "handover of {} metadata groups under way: {} copying, {} copied, {} frozen",
+            "handover of {} metadata groups under way: {} copying, {} copied, {} frozen, {} restoring (owner dead)",
             t.moves.len(),
             count(MovePhase::Copying),
             count(MovePhase::Copied),
-            count(MovePhase::Frozen)
+            count(MovePhase::Frozen),
+            count(MovePhase::Restoring)
         );
     }
     for s in &t.sns {

@@ -1355,3 +1355,307 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
     let err = store.fails(&["obj", "stat", &pre[0].0.replace("pre/", "never/")]);
     assert!(err.contains("no object"), "{err}");
 }
+
+#[test]
+fn a_metadata_node_dead_for_good_has_its_groups_restored() {
+    let dir = tmp();
+    let cluster = dir.path().join("cluster");
+    let store = Store::up(
+        &cluster,
+        &[
+            "--mn",
+            "2",
+            "--mn-slots",
+            "3",
+            "--sn",
+            "3",
+            "--replication",
+            "3,2,3,2",
+            "--short-failure-ms",
+            "1000",
+            "--definitive-failure-ms",
+            "3000",
+        ],
+    );
+    // The third metadata node and the fourth storage node, in their own
+    // processes so they can be killed.
+    let mut mn = Node::add(&store, &dir.path().join("mn-extra"), "mn");
+    let sn_dir = dir.path().join("sn-extra");
+    let mut sn = Node::add(&store, &sn_dir, "sn");
+    wait_until("3 metadata and 4 storage nodes", || {
+        let s = store.status();
+        s["metadata_nodes"].as_array().unwrap().len() == 3
+            && s["storage_nodes"].as_array().unwrap().len() == 4
+    });
+    std::thread::sleep(Duration::from_millis(1200)); // every node has the table
+    let on = store.on;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt
+        .block_on(strata_store::client::Client::connect(on))
+        .unwrap();
+    let data_of = |i: usize| pattern(500 + i * 13, i as u64 + 3);
+    let pre: Vec<(String, strata_store::wire::Record)> = (0..60)
+        .map(|i| {
+            let name = format!("pre/{i:03}");
+            let data = data_of(i);
+            rt.block_on(client.put(&name, data.len() as u64, &mut data.as_slice(), &|_| {}))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            (name.clone(), rt.block_on(client.stat(&name)).unwrap())
+        })
+        .collect();
+    // A few deleted ones, whose tombstones must be restored too.
+    for (name, _) in &pre[50..] {
+        rt.block_on(client.delete(name)).unwrap();
+    }
+    // Replication to the third metadata address finishes in the background.
+    std::thread::sleep(Duration::from_millis(500));
+    rt.block_on(client.refresh()).unwrap();
+    let before = client.table();
+    let dead_slot = 2u16;
+    let coordinated: Vec<&(String, strata_store::wire::Record)> = pre[..50]
+        .iter()
+        .filter(|(_, r)| before.mn_for(r.meta[0]).map(|m| m.slot) == Some(dead_slot))
+        .collect();
+    // Names whose every metadata address is in a group of the node to kill
+    // (groups are spread over nodes, not by quadrant, so this happens):
+    // no copy survives it. They are left out (see docs/store.md).
+    let only_there: Vec<usize> = (0..60)
+        .filter(|&i| {
+            pre[i]
+                .1
+                .meta
+                .iter()
+                .all(|&a| before.mn_for(a).map(|m| m.slot) == Some(dead_slot))
+        })
+        .collect();
+    eprintln!("names with every metadata copy on the node to kill: {only_there:?}");
+    let survivors: Vec<usize> = (0..50).filter(|i| !only_there.contains(i)).collect();
+    let coordinated: Vec<_> = coordinated
+        .into_iter()
+        .filter(|(n, _)| !only_there.iter().any(|&i| pre[i].0 == *n))
+        .collect();
+    assert!(
+        coordinated.len() >= 5,
+        "only {} names coordinated by the node to kill",
+        coordinated.len()
+    );
+
+    // A reader goes on through the failure and the restore.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let stop = stop.clone();
+        let survivors = survivors.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let client = strata_store::client::Client::connect(on).await.unwrap();
+                let (mut gets, mut failures) = (0u64, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for &i in &survivors {
+                        let name = format!("pre/{i:03}");
+                        gets += 1;
+                        match client.get_bytes(&name).await {
+                            Ok((_, b)) if b == pattern(500 + i * 13, i as u64 + 3) => {}
+                            Ok(_) => failures.push(format!("{name}: wrong bytes")),
+                            Err(e) => failures.push(format!("{name}: {e}")),
+                        }
+                    }
+                }
+                (gets, failures)
+            })
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    mn.kill9();
+    let start = Instant::now();
+    let mut saw_restoring = false;
+    let status = loop {
+        let s = store.status();
+        let moves = s["moves"].as_array().unwrap();
+        saw_restoring |= moves.iter().any(|m| m["phase"] == "restoring");
+        let m = &s["metadata_nodes"][dead_slot as usize];
+        if m["state"] == "dead" && m["groups"] == 0 && moves.is_empty() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the restore did not finish in 20 s: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("dead and restored {:?} after the kill", start.elapsed());
+    assert!(saw_restoring, "status never showed a restore under way");
+    let human = store.ok(&["store", "status"]);
+    assert!(human.contains(" dead "), "{human}");
+    let mns = status["metadata_nodes"].as_array().unwrap();
+    assert_eq!(
+        mns[0]["groups"].as_u64().unwrap() + mns[1]["groups"].as_u64().unwrap(),
+        256
+    );
+    // Spread evenly over the two that are left.
+    assert!(
+        mns[0]["groups"].as_u64().unwrap().abs_diff(128) <= 1,
+        "{status}"
+    );
+    std::thread::sleep(Duration::from_millis(1000));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (reads, read_failures) = reader.join().unwrap();
+    eprintln!("reader: {reads} gets");
+    assert!(reads >= 50, "only {reads} Gets");
+    assert!(
+        read_failures.is_empty(),
+        "Gets failed during the repair: {read_failures:?}"
+    );
+
+    // Every metadata copy is back: each object (or tombstone) is at each
+    // of its metadata addresses, asked of the node the table names.
+    rt.block_on(client.refresh()).unwrap();
+    let table = client.table();
+    let mut restored = 0;
+    for (i, (name, rec)) in pre.iter().enumerate() {
+        if only_there.contains(&i) {
+            continue;
+        }
+        for &addr in &rec.meta {
+            let to = table.mn_endpoint(addr).unwrap();
+            let q = Msg::new(97, addr, Body::Get { name: name.clone() });
+            let body = udp_ask(to, &q.encode().unwrap()).body;
+            if before.mn_for(addr).map(|m| m.slot) == Some(dead_slot) {
+                restored += 1;
+            }
+            match body {
+                Body::Found { record } if i < 50 => {
+                    assert_eq!(record.version, rec.version, "{name} at {to}")
+                }
+                Body::Error {
+                    code: strata_store::wire::Code::Deleted,
+                    ..
+                } if i >= 50 => {}
+                other => panic!("{name} at {to}: {other:?}"),
+            }
+        }
+    }
+    assert!(
+        restored >= 20,
+        "only {restored} copies were on the dead node"
+    );
+    for &i in &survivors {
+        let name = &pre[i].0;
+        let (_, bytes) = rt
+            .block_on(client.get_bytes(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(bytes == data_of(i), "{name} differs");
+    }
+    // Then a storage node dies for good too: the objects the dead metadata
+    // node coordinated are repaired by their new coordinators.
+    let sn_prefix = store.status()["storage_nodes"][3]["prefix"]
+        .as_str()
+        .unwrap()
+        .trim_end_matches("::/64")
+        .to_string();
+    let on_sn = |stat: &serde_json::Value| {
+        stat["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r.as_str().unwrap().starts_with(&format!("{sn_prefix}:")))
+            .count()
+    };
+    let held = coordinated
+        .iter()
+        .filter(|(n, _)| on_sn(&store.json(&["obj", "stat", n])) > 0)
+        .count();
+    assert!(
+        held > 0,
+        "no object the dead node coordinated is on the storage node"
+    );
+    sn.kill9();
+    wait_until("the killed storage node marked dead", || {
+        store.status()["storage_nodes"][3]["state"] == "dead"
+    });
+    let start = Instant::now();
+    for &i in &survivors {
+        let name = &pre[i].0;
+        loop {
+            let stat = store.json(&["obj", "stat", name]);
+            if stat["replicas"].as_array().unwrap().len() == 3 && on_sn(&stat) == 0 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "{name} not repaired: {stat}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    eprintln!("storage node repaired in {:?}", start.elapsed());
+    // It comes back: its collection rounds ask the live metadata nodes only
+    // (the dead one would block them for good) and free every replica it
+    // held, which no record names any more.
+    let files = |d: &Path| std::fs::read_dir(d.join("replicas")).map_or(0, |r| r.count());
+    assert!(files(&sn_dir) > 0, "the dead storage node held no replica");
+    let gc = ["--gc-interval-ms", "300", "--gc-grace-ms", "1500"];
+    let _back = Node::add_with(&store, &sn_dir, "sn", &gc);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while files(&sn_dir) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} unreferenced replicas left on the returned storage node",
+            files(&sn_dir)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for &i in &survivors {
+        let (_, bytes) = rt.block_on(client.get_bytes(&pre[i].0)).unwrap();
+        assert!(bytes == data_of(i), "{} differs after the repair", pre[i].0);
+    }
+    // The returned node listens on a new port: every node, and this
+    // client, use the table that says so.
+    std::thread::sleep(Duration::from_millis(1200));
+    rt.block_on(client.refresh()).unwrap();
+
+    // Names the dead node coordinated take new versions and deletes.
+    for (name, rec) in coordinated {
+        let data = pattern(99, 7);
+        let put = rt
+            .block_on(client.put(name, 99, &mut data.as_slice(), &|_| {}))
+            .unwrap_or_else(|e| panic!("posting {name} again: {e}"));
+        assert!(
+            put.version > rec.version,
+            "{name}: {} after {}",
+            put.version,
+            rec.version
+        );
+        let (r, bytes) = rt.block_on(client.get_bytes(name)).unwrap();
+        assert_eq!((r.version, bytes), (put.version, data));
+        rt.block_on(client.delete(name))
+            .unwrap_or_else(|e| panic!("deleting {name}: {e}"));
+        match rt.block_on(client.stat(name)) {
+            Err(strata_store::Error::Remote { code, .. }) => assert!(
+                matches!(
+                    code,
+                    strata_store::wire::Code::NotFound | strata_store::wire::Code::Deleted
+                ),
+                "{name}: {code:?}"
+            ),
+            other => panic!("{name} after its delete: {other:?}"),
+        }
+    }
+    // A deleted name coordinated there is posted again above its tombstone.
+    if let Some((name, rec)) = pre[50..].iter().find(|(n, r)| {
+        before.mn_for(r.meta[0]).map(|m| m.slot) == Some(dead_slot)
+            && !only_there.iter().any(|&i| pre[i].0 == *n)
+    }) {
+        let put = rt
+            .block_on(client.put(name, 5, &mut &b"again"[..], &|_| {}))
+            .unwrap();
+        // Above the restored tombstone (at the deleted record's version).
+        assert!(put.version > rec.version, "{name}: {}", put.version);
+    }
+}

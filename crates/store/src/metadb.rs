@@ -8,7 +8,7 @@
 //!   or duplicated replication message can never resurrect a deleted object.
 
 use crate::addr::Addr;
-use crate::wire::{decode_record, encode_record, ListEntry, Record, Row};
+use crate::wire::{decode_record, encode_record, GatherCursor, ListEntry, Record, Row};
 use crate::Error;
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 use std::path::Path;
@@ -310,6 +310,104 @@ impl MetaDb {
         Ok((rows, false))
     }
 
+    /// One page of a scan of the whole database (every group, records
+    /// then tombstones) from `from`, keeping the rows whose name `wanted`
+    /// accepts: at most `max_rows` rows and about `max_bytes` bytes, and at
+    /// most `max_scan` rows looked at, so one page never takes long. The
+    /// second value is where the next page starts (`None`: done).
+    pub fn gather(
+        &self,
+        from: &GatherCursor,
+        wanted: impl Fn(&str) -> bool,
+        max_rows: usize,
+        max_bytes: usize,
+        max_scan: usize,
+    ) -> Result<(Vec<Row>, Option<GatherCursor>), Error> {
+        let tx = self.db.begin_read().map_err(db_err)?;
+        let mut start = key(from.group, &from.after);
+        if !from.after.is_empty() {
+            start.push(0);
+        }
+        let mut rows = Vec::new();
+        let mut bytes = 0;
+        let mut scanned = 0;
+        // Where a page cut short resumes: after the last key looked at.
+        let cursor = |tombs: bool, k: &[u8]| {
+            let group = k
+                .get(..4)
+                .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                .map_or(0, u32::from_be_bytes);
+            let after = k
+                .get(4..)
+                .and_then(|n| std::str::from_utf8(n).ok())
+                .unwrap_or("")
+                .to_string();
+            GatherCursor {
+                tombs,
+                group,
+                after,
+            }
+        };
+        if !from.tombs {
+            let t = tx.open_table(RECORDS).map_err(db_err)?;
+            let mut last: Option<Vec<u8>> = None;
+            for row in t.range(start.as_slice()..).map_err(db_err)? {
+                let (k, v) = row.map_err(db_err)?;
+                if scanned >= max_scan || rows.len() >= max_rows || bytes > max_bytes {
+                    if let Some(l) = &last {
+                        return Ok((rows, Some(cursor(false, l))));
+                    }
+                }
+                scanned += 1;
+                last = Some(k.value().to_vec());
+                let Some(name) = k.value().get(4..).and_then(|n| std::str::from_utf8(n).ok())
+                else {
+                    continue;
+                };
+                if !wanted(name) {
+                    continue;
+                }
+                // Rows that do not decode were refused when written.
+                if let Ok(r) = decode_record(v.value()) {
+                    bytes += v.value().len() + 1;
+                    rows.push(Row::Record(r));
+                }
+            }
+            // Records are done: tombstones next, from the start.
+            start = Vec::new();
+        }
+        let t = tx.open_table(TOMBS).map_err(db_err)?;
+        let mut last: Option<Vec<u8>> = None;
+        for row in t.range(start.as_slice()..).map_err(db_err)? {
+            let (k, v) = row.map_err(db_err)?;
+            if scanned >= max_scan || rows.len() >= max_rows || bytes > max_bytes {
+                let l = last.clone().unwrap_or_default();
+                // A page cut before any tombstone resumes at their start.
+                let mut c = cursor(true, &l);
+                if l.is_empty() {
+                    c = GatherCursor {
+                        tombs: true,
+                        ..GatherCursor::default()
+                    };
+                }
+                return Ok((rows, Some(c)));
+            }
+            scanned += 1;
+            last = Some(k.value().to_vec());
+            let Some(name) = k.value().get(4..).and_then(|n| std::str::from_utf8(n).ok()) else {
+                continue;
+            };
+            if wanted(name) {
+                bytes += name.len() + 11;
+                rows.push(Row::Tomb {
+                    name: name.to_string(),
+                    version: v.value(),
+                });
+            }
+        }
+        Ok((rows, None))
+    }
+
     /// Applies a row copied from a group's previous owner, with the usual
     /// version rules (only newer records and tombstones take effect).
     pub fn apply_row(&self, mg: u32, row: &Row) -> Result<(), Error> {
@@ -459,6 +557,51 @@ mod tests {
             names(db.records_after(u32::MAX, None, 3).unwrap()),
             Vec::<String>::new()
         );
+    }
+
+    #[test]
+    fn a_gather_scans_every_group_in_bounded_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = MetaDb::open(&dir.path().join("m.redb")).unwrap();
+        for g in 0..4u32 {
+            for i in 0..50 {
+                db.apply_record(g, &rec(&format!("n{i:03}"), 1)).unwrap();
+            }
+            db.apply_delete(g, &format!("n{:03}", g * 10), 5).unwrap();
+        }
+        db.apply_delete(2, "gone", 3).unwrap();
+        // Names ending in 7, plus the tombstones: pages of at most 10
+        // rows and 25 rows looked at, resumed from each page's cursor.
+        let wanted = |n: &str| n.ends_with('7') || n == "gone" || n.ends_with('0');
+        let mut from = GatherCursor::default();
+        let mut all = Vec::new();
+        let mut pages = 0;
+        loop {
+            let (rows, next) = db.gather(&from, wanted, 10, 1 << 20, 25).unwrap();
+            assert!(rows.len() <= 10);
+            all.extend(rows);
+            pages += 1;
+            match next {
+                Some(c) => from = c,
+                None => break,
+            }
+            assert!(pages < 100, "the scan does not progress");
+        }
+        let records = all.iter().filter(|r| matches!(r, Row::Record(_))).count();
+        let tombs: Vec<_> = all
+            .iter()
+            .filter_map(|r| match r {
+                Row::Tomb { name, .. } => Some(name.clone()),
+                _ => None,
+            })
+            .collect();
+        // 5 names ending in 7 and 5 ending in 0 per group, minus each
+        // group's deleted one (which ends in 0).
+        assert_eq!(records, 4 * (5 + 5 - 1));
+        assert_eq!(tombs.len(), 5);
+        assert!(tombs.contains(&"gone".to_string()));
+        // 200 records and 5 tombstones at 25 a page.
+        assert!(pages >= 205 / 25, "{pages} pages");
     }
 
     #[test]

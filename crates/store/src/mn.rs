@@ -14,7 +14,7 @@
 use crate::addr::{splitmix64, Addr};
 use crate::metadb::MetaDb;
 use crate::table::{Device, MovePhase, State, Table};
-use crate::wire::{Body, Code, Msg, Record, Row};
+use crate::wire::{Body, Code, GatherCursor, Msg, Record, Row};
 use crate::Error;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::Hash;
@@ -49,6 +49,9 @@ const PULL_RESEND_MS: u64 = 300;
 const PULL_RETRY_MS: u64 = 100;
 /// Bytes of rows in one handover page, below the datagram limit.
 const PULL_PAGE_BYTES: usize = crate::wire::MAX_DATAGRAM - 2048;
+/// Rows a node looks at to answer one gather page (a restore scans every
+/// node's whole database): bounds the time one request holds the node.
+const GATHER_SCAN: usize = 8_192;
 
 /// What the core asks its runtime to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,6 +135,33 @@ struct Pull {
     next_send: u64,
 }
 
+/// Groups this node is restoring (their previous owner is dead), gathered
+/// together: one scan of each live metadata node's database (this one's
+/// included) serves them all.
+struct Restore {
+    /// The groups, with their restores' start epochs
+    /// ([`crate::table::Move::frozen_epoch`]).
+    groups: BTreeMap<u32, u64>,
+    /// Slots still to gather from; the first is being gathered.
+    sources: VecDeque<u16>,
+    /// Where the scan of the first source resumes.
+    cursor: GatherCursor,
+    /// The page request awaiting an answer (resent until one comes);
+    /// `None` until the current source is asked (or after a refusal).
+    msg: Option<Msg>,
+    next_send: u64,
+}
+
+/// A restored group's ready report to the orchestrator.
+struct RestoreReport {
+    /// The restore's start epoch.
+    epoch: u64,
+    /// The report, resent until answered; `None` once answered (then the
+    /// table moves on).
+    msg: Option<Msg>,
+    next_send: u64,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum PullStage {
     /// Asking the owner for pages.
@@ -179,6 +209,10 @@ pub struct MnCore<P> {
     sealed: BTreeMap<u32, u64>,
     /// Groups this node is taking over, being copied.
     pulls: BTreeMap<u32, Pull>,
+    /// Groups this node is gathering after their owner died.
+    restore: Option<Restore>,
+    /// Restored groups reported (or being reported) to the orchestrator.
+    restored: BTreeMap<u32, RestoreReport>,
 }
 
 impl<P: Clone + Eq + Hash> MnCore<P> {
@@ -204,6 +238,8 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             next_repair: 0,
             sealed,
             pulls: BTreeMap::new(),
+            restore: None,
+            restored: BTreeMap::new(),
         };
         core.prune_sealed();
         core.drop_foreign_groups();
@@ -260,6 +296,19 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         let slot = self.slot;
         self.pulls
             .retain(|&g, _| t.move_of(g).is_some_and(|m| m.to == slot));
+        // A restore reassigned or restarted (another epoch) starts over.
+        let still = |g: u32, epoch: u64| {
+            t.move_of(g).is_some_and(|m| {
+                m.to == slot && m.phase == MovePhase::Restoring && m.frozen_epoch == epoch
+            })
+        };
+        self.restored.retain(|&g, r| still(g, r.epoch));
+        if let Some(r) = self.restore.as_mut() {
+            r.groups.retain(|&g, &mut e| still(g, e));
+            if r.groups.is_empty() {
+                self.restore = None;
+            }
+        }
         for (g, &was) in old.mg_owner.iter().enumerate() {
             let g = g as u32;
             let now = t.mg_owner.get(g as usize).copied();
@@ -304,11 +353,13 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         self.owns(addr).filter(|&mg| !self.is_sealed(mg))
     }
 
-    /// Whether group `mg` is frozen by the table: no new change may start.
+    /// Whether group `mg` is frozen by the table, or being restored: no
+    /// new change may start (a restored group's versions are not known
+    /// until its rows are gathered).
     fn is_frozen(&self, mg: u32) -> bool {
         self.table
             .move_of(mg)
-            .is_some_and(|m| m.phase == MovePhase::Frozen)
+            .is_some_and(|m| matches!(m.phase, MovePhase::Frozen | MovePhase::Restoring))
     }
 
     /// Whether group `mg` is sealed here for its final copy.
@@ -316,8 +367,12 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         self.sealed.contains_key(&mg)
     }
 
-    /// Refuses a new change of a name coordinated in a frozen group.
+    /// Refuses a new change of a name coordinated in a frozen group or
+    /// one being restored.
     fn not_frozen(&self, mg: u32) -> Result<(), Error> {
+        if self.table.restoring(mg) {
+            return Err(restoring(mg));
+        }
         if self.is_frozen(mg) {
             return Err(moving(mg));
         }
@@ -343,6 +398,19 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         let mut out = Vec::new();
         if let Some(g) = self.pull_awaiting(msg.req) {
             self.on_pull_reply(now, g, msg, &mut out);
+            return out;
+        }
+        if self
+            .restore
+            .as_ref()
+            .and_then(|r| r.msg.as_ref())
+            .is_some_and(|m| m.req == msg.req)
+        {
+            self.on_gathered(now, msg.body, &mut out);
+            return out;
+        }
+        if let Some(g) = self.report_awaiting(msg.req) {
+            self.on_report_reply(g, msg.body);
             return out;
         }
         match &msg.body {
@@ -437,6 +505,9 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             } => self
                 .serve_pull(msg.target, *group, *epoch, *tombs, after)
                 .map(Some),
+            Body::MgGather { groups, slot, from } => {
+                self.serve_gather(groups, *slot, from).map(Some)
+            }
             Body::Referenced { addrs } => {
                 let query: std::collections::HashSet<Addr> = addrs.iter().copied().collect();
                 let mut found: std::collections::HashSet<Addr> =
@@ -973,6 +1044,11 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     fn get(&self, target: Addr, name: &str) -> Result<Body, Error> {
         let mg = self.replica_check(target, name)?;
         self.not_sealed(mg)?;
+        // Rows still being gathered: a "not found" here could be wrong, so
+        // the client falls through to the name's other addresses.
+        if self.table.restoring(mg) {
+            return Err(restoring(mg));
+        }
         if let Some(record) = self.db.get(mg, name)? {
             return Ok(Body::Found { record });
         }
@@ -1076,6 +1152,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         }
         self.repair_step(now, &mut out);
         self.handover_step(now, &mut out);
+        self.restore_step(now, &mut out);
         let expired: Vec<String> = self
             .pending
             .iter()
@@ -1413,6 +1490,8 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 // The first copy is reported; wait for the freeze. (After a
                 // restart here the rows are in the database already.)
                 MovePhase::Copied => continue,
+                // Gathered from every node instead (`restore_step`).
+                MovePhase::Restoring => continue,
             };
             let restart = self.pulls.get(&m.group).is_none_or(|p| p.epoch != epoch);
             if restart {
@@ -1553,6 +1632,297 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         }
     }
 
+    /// Answers one page of a gather for `groups` (being restored by the
+    /// sender): rows from any group here whose name has a metadata address
+    /// in one of them.
+    fn serve_gather(&self, groups: &[u32], slot: u16, from: &GatherCursor) -> Result<Body, Error> {
+        if slot != self.slot {
+            return Err(remote(
+                Code::WrongAddress,
+                format!(
+                    "this metadata node is slot {}, not {slot}; refresh the table and ask again",
+                    self.slot
+                ),
+            ));
+        }
+        let wanted: std::collections::BTreeSet<u32> = groups.iter().copied().collect();
+        let t = &self.table;
+        let (rows, next) = self.db.gather(
+            from,
+            |name| {
+                t.meta_addrs(name)
+                    .iter()
+                    .any(|&a| t.layout.mg_of(a).is_some_and(|g| wanted.contains(&g)))
+            },
+            crate::wire::MAX_PULL_ROWS,
+            PULL_PAGE_BYTES,
+            GATHER_SCAN,
+        )?;
+        Ok(Body::MgGathered { rows, next })
+    }
+
+    /// The group whose ready report awaits the answer `req`, if any.
+    fn report_awaiting(&self, req: u64) -> Option<u32> {
+        self.restored
+            .iter()
+            .find(|(_, r)| r.msg.as_ref().is_some_and(|m| m.req == req))
+            .map(|(&g, _)| g)
+    }
+
+    /// The page request for slot `source` at `from`, addressed to a group
+    /// that slot owns (`None`: it owns none, so it holds no row a restore
+    /// needs: see `restore_sources`).
+    fn gather_msg(&mut self, groups: Vec<u32>, source: u16, from: GatherCursor) -> Option<Msg> {
+        let owned = self.table.mg_owner.iter().position(|&s| s == source)? as u32;
+        let (target, _) = self.table.layout.mg_prefix(owned);
+        self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
+        Some(Msg::new(
+            self.next_req,
+            target,
+            Body::MgGather {
+                groups,
+                slot: source,
+                from,
+            },
+        ))
+    }
+
+    /// The nodes a restore gathers from: this one first, then every other
+    /// node not dead that owns a group. A node owning none holds only rows
+    /// of groups it is taking over, which their live owner holds too (or,
+    /// if that owner died, which a restore would be taking over).
+    fn restore_sources(&self) -> VecDeque<u16> {
+        let mut sources = VecDeque::from([self.slot]);
+        sources.extend(
+            self.table
+                .mns
+                .iter()
+                .filter(|m| m.slot != self.slot && m.state != State::Dead)
+                .filter(|m| self.table.groups_of(m.slot) > 0)
+                .map(|m| m.slot),
+        );
+        sources
+    }
+
+    /// Starts, advances or resends the restores the table gives this node,
+    /// and their ready reports.
+    fn restore_step(&mut self, now: u64, out: &mut Vec<Out<P>>) {
+        for r in self.restored.values_mut() {
+            if let Some(msg) = r.msg.as_ref().filter(|_| now >= r.next_send) {
+                r.next_send = now + PULL_RESEND_MS;
+                out.push(Out::ToOn(msg.clone()));
+            }
+        }
+        if self.restore.is_none() {
+            // Groups given since the last gather began wait for the next.
+            let groups: BTreeMap<u32, u64> = self
+                .table
+                .moves
+                .iter()
+                .filter(|m| m.to == self.slot && m.phase == MovePhase::Restoring)
+                .filter(|m| !self.restored.contains_key(&m.group))
+                .take(crate::wire::MAX_GATHER_GROUPS)
+                .map(|m| (m.group, m.frozen_epoch))
+                .collect();
+            if groups.is_empty() {
+                return;
+            }
+            self.restore = Some(Restore {
+                groups,
+                sources: self.restore_sources(),
+                cursor: GatherCursor::default(),
+                msg: None,
+                next_send: 0,
+            });
+        }
+        let Some(r) = self.restore.as_ref() else {
+            return;
+        };
+        let source = r.sources.front().copied();
+        let dead = source.is_some_and(|s| {
+            self.table
+                .mns
+                .iter()
+                .any(|n| n.slot == s && n.state == State::Dead)
+        });
+        if dead {
+            // Died meanwhile: its rows are gone, and its own groups are
+            // being restored too.
+            self.next_source(now, out);
+        } else if source == Some(self.slot) {
+            // This node's own rows: read here, a page per tick.
+            let groups: Vec<u32> = r.groups.keys().copied().collect();
+            let from = r.cursor.clone();
+            match self.serve_gather(&groups, self.slot, &from) {
+                Ok(body) => self.on_gathered(now, body, out),
+                Err(e) => tracing::warn!("gathering restored groups from this node: {e}"),
+            }
+        } else if now >= r.next_send {
+            match r.msg.clone() {
+                Some(msg) => {
+                    if let Some(r) = self.restore.as_mut() {
+                        r.next_send = now + PULL_RESEND_MS;
+                    }
+                    out.push(Out::ToMeta(msg));
+                }
+                // Not asked yet (just started, or refused): ask, or move on
+                // if that source owns nothing now.
+                None => self.ask_source(now, out),
+            }
+        }
+    }
+
+    /// Asks the first source for the page at the cursor, skipping sources
+    /// that own no group; reports every group when none is left.
+    fn ask_source(&mut self, now: u64, out: &mut Vec<Out<P>>) {
+        loop {
+            let Some(r) = self.restore.as_ref() else {
+                return;
+            };
+            let Some(source) = r.sources.front().copied() else {
+                self.report_restored(now, out);
+                return;
+            };
+            if source == self.slot {
+                // Read locally at the next tick.
+                return;
+            }
+            let (groups, cursor) = (r.groups.keys().copied().collect(), r.cursor.clone());
+            if let Some(msg) = self.gather_msg(groups, source, cursor) {
+                if let Some(r) = self.restore.as_mut() {
+                    r.msg = Some(msg.clone());
+                    r.next_send = now + PULL_RESEND_MS;
+                }
+                out.push(Out::ToMeta(msg));
+                return;
+            }
+            if let Some(r) = self.restore.as_mut() {
+                r.sources.pop_front();
+                r.cursor = GatherCursor::default();
+            }
+        }
+    }
+
+    /// The first source is done: on to the next.
+    fn next_source(&mut self, now: u64, out: &mut Vec<Out<P>>) {
+        if let Some(r) = self.restore.as_mut() {
+            r.sources.pop_front();
+            r.cursor = GatherCursor::default();
+            r.msg = None;
+        }
+        self.ask_source(now, out);
+    }
+
+    /// Every source is gathered: tell the orchestrator, for each group,
+    /// under its restore's epoch; its answer (the table naming this node
+    /// the plain owner) comes back to [`MnCore::handle`].
+    fn report_restored(&mut self, now: u64, out: &mut Vec<Out<P>>) {
+        let Some(r) = self.restore.take() else {
+            return;
+        };
+        for (g, epoch) in r.groups {
+            self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
+            let msg = Msg::new(
+                self.next_req,
+                0,
+                Body::MoveReport {
+                    group: g,
+                    to: self.slot,
+                    ready: true,
+                    epoch,
+                },
+            );
+            out.push(Out::ToOn(msg.clone()));
+            self.restored.insert(
+                g,
+                RestoreReport {
+                    epoch,
+                    msg: Some(msg),
+                    next_send: now + PULL_RESEND_MS,
+                },
+            );
+        }
+    }
+
+    /// A page of the gather (from another node, or read here): each row is
+    /// stored in every group being restored that its name has an address in.
+    fn on_gathered(&mut self, now: u64, body: Body, out: &mut Vec<Out<P>>) {
+        let Some(r) = self.restore.as_ref() else {
+            return;
+        };
+        let Body::MgGathered { rows, next } = body else {
+            // Refused (that node's table differs from ours, or it failed):
+            // ask again shortly, as the table then says.
+            if let Some(r) = self.restore.as_mut() {
+                r.next_send = now + PULL_RETRY_MS;
+                r.msg = None;
+            }
+            return;
+        };
+        for row in &rows {
+            let name = match row {
+                Row::Record(rec) => &rec.name,
+                Row::Tomb { name, .. } => name,
+            };
+            for a in self.table.meta_addrs(name) {
+                let Some(g) = self.table.layout.mg_of(a) else {
+                    continue;
+                };
+                if !r.groups.contains_key(&g) {
+                    continue;
+                }
+                if let Err(e) = self.db.apply_row(g, row) {
+                    // The resend asks for the same page again.
+                    tracing::warn!("storing a row of group {g} being restored: {e}");
+                    return;
+                }
+            }
+        }
+        match next {
+            Some(cursor) => {
+                if let Some(r) = self.restore.as_mut() {
+                    r.cursor = cursor;
+                    r.msg = None;
+                }
+                self.ask_source(now, out);
+            }
+            None => self.next_source(now, out),
+        }
+    }
+
+    /// The orchestrator's answer to the ready report of group `g`.
+    fn on_report_reply(&mut self, g: u32, body: Body) {
+        match body {
+            Body::Table { bytes } => {
+                // The group is this node's now: serve it at once.
+                if let Ok(t) = Table::decode(&bytes) {
+                    if t.epoch > self.table.epoch {
+                        self.set_table(t);
+                    }
+                }
+                if let Some(r) = self.restored.get_mut(&g) {
+                    r.msg = None;
+                }
+            }
+            _ => {
+                // Refused (reassigned or restarted meanwhile): start over
+                // as the table says.
+                self.restored.remove(&g);
+            }
+        }
+    }
+
+    /// Restores under way: (groups being gathered, sources left, ready
+    /// reports not answered yet).
+    pub fn restore_progress(&self) -> (usize, usize, usize) {
+        let (groups, sources) = self
+            .restore
+            .as_ref()
+            .map_or((0, 0), |r| (r.groups.len(), r.sources.len()));
+        let reports = self.restored.values().filter(|r| r.msg.is_some()).count();
+        (groups, sources, reports)
+    }
+
     /// Groups this node is taking over: (group, final copy, copy done).
     pub fn pulls(&self) -> Vec<(u32, bool, bool)> {
         self.pulls
@@ -1617,6 +1987,16 @@ fn is_final(body: &Body) -> bool {
                 code: Code::Moving,
                 ..
             }
+    )
+}
+
+/// The refusal of a change (or Get) in a group being restored.
+fn restoring(mg: u32) -> Error {
+    remote(
+        Code::Moving,
+        format!(
+            "metadata group {mg} is being restored after its metadata node failed; retry shortly"
+        ),
     )
 }
 

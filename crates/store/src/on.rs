@@ -18,8 +18,9 @@ const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("orchestrator")
 /// Default short-failure timer: a node silent this long is marked down.
 pub const SHORT_FAILURE_MS: u64 = 3_000;
 
-/// Default definitive-failure timer: a storage node silent this long is
-/// marked dead and the metadata nodes re-create its replicas elsewhere.
+/// Default definitive-failure timer: a node silent this long is marked
+/// dead; the metadata nodes re-create a storage node's replicas elsewhere,
+/// and a metadata node's groups are restored on the others.
 /// Long enough that a reboot is not mistaken for a lost disk.
 pub const DEFINITIVE_FAILURE_MS: u64 = 600_000;
 
@@ -122,7 +123,7 @@ impl OnCore {
         self.short_failure_ms = ms;
     }
 
-    /// Sets the definitive-failure timer of storage nodes.
+    /// Sets the definitive-failure timer (storage and metadata nodes).
     pub fn set_definitive_failure(&mut self, ms: u64) {
         self.definitive_failure_ms = ms;
     }
@@ -198,7 +199,9 @@ impl OnCore {
                         s.state = State::Up;
                     }
                 } else if let Some(m) = self.table.mns.iter_mut().find(|m| m.uuid == *uuid) {
-                    revived = m.state == State::Down;
+                    // A dead one is up again but owns nothing: its groups
+                    // were restored elsewhere, and it drops their rows.
+                    revived = matches!(m.state, State::Down | State::Dead);
                     if revived {
                         m.state = State::Up;
                     }
@@ -346,6 +349,24 @@ impl OnCore {
                 message: format!("group {group} is handed over to slot {}, not {to}", m.to),
             });
         }
+        if m.phase == MovePhase::Restoring {
+            if !ready || m.frozen_epoch != epoch {
+                return Err(Error::Remote {
+                    code: Code::Conflict,
+                    message: format!(
+                        "group {group} is being restored since epoch {}, not {epoch}; gather it again",
+                        m.frozen_epoch
+                    ),
+                });
+            }
+            // The node owns it already (see `declare_dead`); now it serves it.
+            self.table.moves.remove(i);
+            self.freeze_some(now);
+            self.changed()?;
+            return Ok(Body::Table {
+                bytes: self.table.encode(),
+            });
+        }
         if !ready {
             if m.phase == MovePhase::Copying {
                 self.table.moves[i].phase = MovePhase::Copied;
@@ -376,6 +397,17 @@ impl OnCore {
     /// Returns whether any was. The freeze epoch is the one the table gets
     /// at the next change.
     fn freeze_some(&mut self, now: u64) -> bool {
+        // No handover ends while a group is being restored: the restore
+        // reads every live node's rows once, and a group changing owner
+        // meanwhile could be read at neither.
+        if self
+            .table
+            .moves
+            .iter()
+            .any(|m| m.phase == MovePhase::Restoring)
+        {
+            return false;
+        }
         let mut frozen = self
             .table
             .moves
@@ -472,9 +504,75 @@ impl OnCore {
         Ok(Body::Done { version: 0 })
     }
 
+    /// Declares the metadata node in `slot` dead, if another one is up to
+    /// take its groups: handovers to it are called off, and each group it
+    /// owned (or was restoring) goes to the up node owning fewest, as a
+    /// restore (the new node gathers the group's rows from every live node
+    /// before it serves the group). Freezes are called off: no handover
+    /// ends during a restore (see `freeze_some`). Returns whether it did.
+    fn declare_dead(&mut self, slot: u16) -> bool {
+        let mut counts: Vec<(u16, usize)> = self
+            .table
+            .mns
+            .iter()
+            .filter(|m| m.slot != slot && m.state == State::Up)
+            .map(|m| (m.slot, self.table.groups_of(m.slot)))
+            .collect();
+        if counts.is_empty() {
+            // Nobody to take the groups: stay down, and wait.
+            if let Some(m) = self.table.mns.iter_mut().find(|m| m.slot == slot) {
+                if m.state == State::Up {
+                    m.state = State::Down;
+                    return true;
+                }
+            }
+            return false;
+        }
+        if let Some(m) = self.table.mns.iter_mut().find(|m| m.slot == slot) {
+            m.state = State::Dead;
+        }
+        let epoch = self.table.epoch + 1;
+        self.table.moves.retain(|m| m.to != slot);
+        for g in 0..self.table.mg_owner.len() {
+            if self.table.mg_owner[g] != slot {
+                continue;
+            }
+            // A handover from it cannot finish (nothing to copy from): the
+            // group is restored instead, on the node that was taking it
+            // over if it is up (it holds part of the rows already, and
+            // would otherwise keep rows of a group it does not own).
+            let target = self.table.move_of(g as u32).map(|m| m.to);
+            self.table.moves.retain(|m| m.group != g as u32);
+            let chosen = match counts.iter_mut().find(|(s, _)| Some(*s) == target) {
+                Some(c) => Some(c),
+                None => counts.iter_mut().min_by_key(|(s, n)| (*n, *s)),
+            };
+            let Some(chosen) = chosen else {
+                break;
+            };
+            chosen.1 += 1;
+            self.table.mg_owner[g] = chosen.0;
+            self.table.moves.push(Move {
+                group: g as u32,
+                to: chosen.0,
+                phase: MovePhase::Restoring,
+                frozen_epoch: epoch,
+            });
+        }
+        for m in &mut self.table.moves {
+            if m.phase == MovePhase::Frozen {
+                m.phase = MovePhase::Copied;
+                m.frozen_epoch = 0;
+                self.frozen_since.remove(&m.group);
+            }
+        }
+        self.table.moves.sort_by_key(|m| m.group);
+        true
+    }
+
     /// Marks nodes silent for longer than the short-failure timer as down,
-    /// and storage nodes silent for longer than the definitive-failure
-    /// timer as dead.
+    /// and nodes silent for longer than the definitive-failure timer as
+    /// dead (a dead metadata node's groups are restored elsewhere).
     pub fn tick(&mut self, now: u64) -> Result<(), Error> {
         let silent = |uuid: u64, seen: &HashMap<u64, u64>, limit: u64| {
             seen.get(&uuid)
@@ -495,11 +593,19 @@ impl OnCore {
                 changed = true;
             }
         }
+        let mut dead = Vec::new();
         for m in &mut self.table.mns {
-            if m.state == State::Up && silent(m.uuid, &self.last_seen, short) {
+            if matches!(m.state, State::Up | State::Down)
+                && silent(m.uuid, &self.last_seen, definitive)
+            {
+                dead.push(m.slot);
+            } else if m.state == State::Up && silent(m.uuid, &self.last_seen, short) {
                 m.state = State::Down;
                 changed = true;
             }
+        }
+        for slot in dead {
+            changed |= self.declare_dead(slot);
         }
         // A freeze whose final copy never came is called off: the group
         // is copied again, and its old owner takes changes meanwhile.
@@ -639,5 +745,160 @@ mod tests {
         let again = OnCore::open(&path, t.clone(), 2, 0).unwrap();
         assert_eq!(again.table().moves.len(), 20);
         assert_eq!(again.table().groups_of(2), 1);
+    }
+
+    #[test]
+    fn a_dead_metadata_node_s_groups_are_restored_on_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let initial = Table {
+            epoch: 1,
+            layout: Layout::new(DEFAULT_CLUSTER_PREFIX, 6),
+            routed: false,
+            params: Params::default(),
+            buckets: vec![],
+            mns: vec![],
+            mg_owner: vec![],
+            sns: vec![],
+            moves: vec![],
+        };
+        let path = dir.path().join("on.redb");
+        let mut on = OnCore::open(&path, initial, 3, 0).unwrap();
+        on.set_short_failure(1_000);
+        on.set_definitive_failure(5_000);
+        for uuid in [1, 2, 3] {
+            register(&mut on, 0, uuid);
+        }
+        let beat = |on: &mut OnCore, now: u64, uuid: u64| {
+            on.handle(
+                now,
+                &Msg::new(
+                    uuid,
+                    0,
+                    Body::Heartbeat {
+                        uuid,
+                        free: 0,
+                        objects: 0,
+                    },
+                ),
+            )
+        };
+        let owned = on.table().groups_of(2);
+        assert_eq!(owned, 21);
+        // Slot 2 goes silent: down after the short timer, dead after the
+        // definitive one, its groups restored on slots 0 and 1.
+        for now in (500..=4_500).step_by(500) {
+            beat(&mut on, now, 1);
+            beat(&mut on, now, 2);
+            on.tick(now).unwrap();
+        }
+        assert_eq!(on.table().mns[2].state, State::Down);
+        assert_eq!(on.table().groups_of(2), 21);
+        beat(&mut on, 5_500, 1);
+        beat(&mut on, 5_500, 2);
+        on.tick(5_500).unwrap();
+        let t = on.table().clone();
+        assert_eq!(t.mns[2].state, State::Dead);
+        assert_eq!(t.groups_of(2), 0);
+        assert_eq!(t.moves.len(), 21);
+        assert!(t.moves.iter().all(|m| m.phase == MovePhase::Restoring
+            && m.frozen_epoch == t.epoch
+            && t.mg_owner[m.group as usize] == m.to));
+        // Spread evenly: 64 groups, 32 each.
+        assert_eq!((t.groups_of(0), t.groups_of(1)), (32, 32));
+        assert_eq!(t.gc_mns().count(), 2);
+        let m = t.moves[0];
+        let msg = |epoch| {
+            Msg::new(
+                9,
+                0,
+                Body::MoveReport {
+                    group: m.group,
+                    to: m.to,
+                    ready: true,
+                    epoch,
+                },
+            )
+        };
+        // A report under another epoch, or from another slot, is refused.
+        assert!(matches!(
+            on.handle(5_600, &msg(m.frozen_epoch - 1)).body,
+            Body::Error { .. }
+        ));
+        let mut other = msg(m.frozen_epoch);
+        other.body = Body::MoveReport {
+            group: m.group,
+            to: 1 - m.to,
+            ready: true,
+            epoch: m.frozen_epoch,
+        };
+        assert!(matches!(on.handle(5_600, &other).body, Body::Error { .. }));
+        let Body::Table { bytes } = on.handle(5_600, &msg(m.frozen_epoch)).body else {
+            panic!("no table");
+        };
+        let after = Table::decode(&bytes).unwrap();
+        assert!(after.move_of(m.group).is_none());
+        assert_eq!(after.mg_owner[m.group as usize], m.to);
+        // The dead node comes back: up, owning nothing; restores survive
+        // an orchestrator restart.
+        beat(&mut on, 6_000, 3);
+        assert_eq!(on.table().mns[2].state, State::Up);
+        assert_eq!(on.table().groups_of(2), 0);
+        drop(on);
+        let again = OnCore::open(&path, after.clone(), 3, 0).unwrap();
+        assert_eq!(again.table().moves.len(), 20);
+    }
+
+    #[test]
+    fn a_handover_from_a_node_that_dies_becomes_a_restore_on_its_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let initial = Table {
+            epoch: 1,
+            layout: Layout::new(DEFAULT_CLUSTER_PREFIX, 6),
+            routed: false,
+            params: Params::default(),
+            buckets: vec![],
+            mns: vec![],
+            mg_owner: vec![],
+            sns: vec![],
+            moves: vec![],
+        };
+        let mut on = OnCore::open(&dir.path().join("on.redb"), initial, 3, 0).unwrap();
+        on.set_definitive_failure(5_000);
+        for uuid in [1, 2, 3, 4] {
+            register(&mut on, 0, uuid);
+        }
+        let from_dying: Vec<u32> = on
+            .table()
+            .moves
+            .iter()
+            .filter(|m| on.table().mg_owner[m.group as usize] == 2)
+            .map(|m| m.group)
+            .collect();
+        let others = on.table().moves.len() - from_dying.len();
+        assert!(!from_dying.is_empty() && others > 0);
+        for uuid in [1, 2, 4] {
+            let beat = Body::Heartbeat {
+                uuid,
+                free: 0,
+                objects: 0,
+            };
+            on.handle(6_000, &Msg::new(uuid, 0, beat));
+        }
+        on.tick(6_000).unwrap();
+        let t = on.table();
+        assert_eq!(t.mns[2].state, State::Dead);
+        for g in from_dying {
+            let m = t.move_of(g).unwrap();
+            assert_eq!((m.to, m.phase), (3, MovePhase::Restoring), "group {g}");
+        }
+        // Handovers from live nodes go on.
+        assert_eq!(
+            t.moves
+                .iter()
+                .filter(|m| m.phase == MovePhase::Copying)
+                .count(),
+            others
+        );
+        assert_eq!(t.groups_of(2), 0);
     }
 }

@@ -650,7 +650,8 @@ impl SnStore {
 
 /// One collection round: asks every metadata node which of this node's
 /// aged replicas its records name, and frees those none names. Skipped
-/// (nothing freed) unless every metadata node is up and answers.
+/// (nothing freed) unless every metadata node is up and answers (a dead
+/// one whose groups were all restored elsewhere is not asked).
 pub async fn collect_garbage(
     store: &SnStore,
     table: &crate::table::Table,
@@ -658,7 +659,11 @@ pub async fn collect_garbage(
 ) -> GcReport {
     use crate::wire::{Body, Msg, MAX_REFERENCED};
     let mut report = GcReport::default();
-    if table.mns.is_empty() || table.mns.iter().any(|m| m.state != crate::table::State::Up) {
+    // A dead metadata node that owns nothing any more is not asked: its
+    // groups were restored on the others (otherwise it would block every
+    // round for good). Every other one must be up and answer.
+    let asked: Vec<_> = table.gc_mns().collect();
+    if asked.is_empty() || asked.iter().any(|m| m.state != crate::table::State::Up) {
         return report;
     }
     let aged = store.aged_replicas(grace);
@@ -666,7 +671,7 @@ pub async fn collect_garbage(
     let mut unreferenced = Vec::new();
     for batch in aged.chunks(MAX_REFERENCED) {
         let mut named = std::collections::HashSet::new();
-        for mn in &table.mns {
+        for mn in &asked {
             let ask = Msg::new(
                 crate::node::request_id(),
                 0,

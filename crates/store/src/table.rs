@@ -161,6 +161,11 @@ pub enum MovePhase {
     /// flight there, the new owner takes the final copy and the
     /// orchestrator gives it the group.
     Frozen = 2,
+    /// The previous owner is dead: the new owner (already named in
+    /// `mg_owner`) gathers the group's rows from every live metadata node
+    /// and refuses changes and Gets of it until the orchestrator has its
+    /// ready report. `frozen_epoch` holds the epoch the restore started at.
+    Restoring = 3,
 }
 
 /// A metadata group being handed over to another metadata node.
@@ -175,6 +180,8 @@ pub struct Move {
     /// The table epoch at which the group was frozen (0 unless frozen):
     /// the old owner seals the group for that freeze only, so a final copy
     /// taken under an earlier freeze that was called off never counts.
+    /// For a restore, the epoch it started at: a ready report must name it,
+    /// so a report from a restore that was reassigned never counts.
     pub frozen_epoch: u64,
 }
 
@@ -233,6 +240,23 @@ impl Table {
     /// The handover of group `mg`, if one is under way.
     pub fn move_of(&self, mg: u32) -> Option<&Move> {
         self.moves.iter().find(|m| m.group == mg)
+    }
+
+    /// Whether group `mg` is being restored (its previous owner is dead).
+    pub fn restoring(&self, mg: u32) -> bool {
+        self.move_of(mg)
+            .is_some_and(|m| m.phase == MovePhase::Restoring)
+    }
+
+    /// The metadata nodes a storage node's collection round must ask: all
+    /// but the dead ones that own no group and take none over (their rows
+    /// were restored elsewhere, and a dead node never answers).
+    pub fn gc_mns(&self) -> impl Iterator<Item = &MnEntry> {
+        self.mns.iter().filter(|m| {
+            m.state != State::Dead
+                || self.groups_of(m.slot) > 0
+                || self.moves.iter().any(|mv| mv.to == m.slot)
+        })
     }
 
     /// Number of groups slot `slot` owns.
@@ -365,7 +389,7 @@ impl Table {
             // Written before handovers existed.
             Vec::new()
         } else {
-            get_moves(&mut r, layout.mg_count(), &mns)?
+            get_moves(&mut r, &mg_owner, &mns)?
         };
         r.finish()?;
         Ok(Table {
@@ -384,7 +408,9 @@ impl Table {
 
 /// Reads and checks the handover section: a known section version, at most
 /// one move per group, groups in range, target slots that exist.
-fn get_moves(r: &mut Reader, mg_count: usize, mns: &[MnEntry]) -> Result<Vec<Move>, WireError> {
+fn get_moves(r: &mut Reader, mg_owner: &[u16], mns: &[MnEntry]) -> Result<Vec<Move>, WireError> {
+    let mg_count = mg_owner.len();
+    let owner = |g: u32| mg_owner.get(g as usize).copied();
     let version = r.u8()?;
     if version != MOVES_SECTION {
         return Err(WireError::Invalid(format!(
@@ -405,6 +431,7 @@ fn get_moves(r: &mut Reader, mg_count: usize, mns: &[MnEntry]) -> Result<Vec<Mov
             0 => MovePhase::Copying,
             1 => MovePhase::Copied,
             2 => MovePhase::Frozen,
+            3 => MovePhase::Restoring,
             p => return Err(WireError::Invalid(format!("handover phase {p}"))),
         };
         let frozen_epoch = r.u64()?;
@@ -416,6 +443,13 @@ fn get_moves(r: &mut Reader, mg_count: usize, mns: &[MnEntry]) -> Result<Vec<Mov
         if !mns.iter().any(|m| m.slot == to) {
             return Err(WireError::Invalid(format!(
                 "handover of group {group} to slot {to}, which no metadata node holds"
+            )));
+        }
+        // A restored group is owned by its new node from the start (the old
+        // one is dead): a table saying otherwise would have two owners.
+        if phase == MovePhase::Restoring && owner(group) != Some(to) {
+            return Err(WireError::Invalid(format!(
+                "restore of group {group} to slot {to}, which does not own it"
             )));
         }
         moves.push(Move {
@@ -595,6 +629,38 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("handovers"));
+    }
+
+    #[test]
+    fn restores_round_trip_and_must_name_the_owner() {
+        let mut t = with_moves();
+        t.mns[0].state = State::Dead;
+        t.mg_owner[5] = 1;
+        t.moves.push(Move {
+            group: 5,
+            to: 1,
+            phase: MovePhase::Restoring,
+            frozen_epoch: 41,
+        });
+        t.moves.sort_by_key(|m| m.group);
+        let back = Table::decode(&t.encode()).unwrap();
+        assert_eq!(back, t);
+        assert!(back.restoring(5));
+        assert!(!back.restoring(3) && !back.restoring(15));
+        assert_eq!(back.mns[0].state, State::Dead);
+        // The dead node still owns groups, so storage nodes still ask it.
+        assert_eq!(back.gc_mns().count(), 2);
+        // Owning none, it is no longer asked.
+        let mut empty = back.clone();
+        for o in &mut empty.mg_owner {
+            *o = 1;
+        }
+        assert_eq!(empty.gc_mns().map(|m| m.slot).collect::<Vec<_>>(), vec![1]);
+        // A restore to a slot that does not own the group is refused.
+        let mut bad = t.clone();
+        bad.mg_owner[5] = 0;
+        let err = Table::decode(&bad.encode()).unwrap_err().to_string();
+        assert!(err.contains("does not own it"), "{err}");
     }
 
     proptest::proptest! {

@@ -161,6 +161,23 @@ pub enum Row {
 /// page under the datagram limit).
 pub const MAX_PULL_ROWS: usize = 2048;
 
+/// Where a gather (see [`Body::MgGather`]) resumes its scan of a metadata
+/// node's whole database: records first, then tombstones, each in
+/// (group, name) order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GatherCursor {
+    /// Scanning tombstones (records are done).
+    pub tombs: bool,
+    /// The group the scan is in.
+    pub group: u32,
+    /// Only names strictly after this one in `group` ("" from its start).
+    pub after: String,
+}
+
+/// Most groups one [`Body::MgGather`] names (a node restoring more gathers
+/// them in several passes).
+pub const MAX_GATHER_GROUPS: usize = 4096;
+
 /// Node roles known to the orchestrator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -348,6 +365,29 @@ pub enum Body {
         rows: Vec<Row>,
         /// Whether more rows of that kind follow the last one.
         more: bool,
+    },
+    /// New owner of a group being restored (its previous owner is dead) →
+    /// a live metadata node, addressed to an address in a group that node
+    /// owns: one page of the rows, from any group of its database, of names
+    /// with a metadata address in one of `groups`.
+    MgGather {
+        /// The groups being restored (at most [`MAX_GATHER_GROUPS`]).
+        groups: Vec<u32>,
+        /// The slot the request is meant for: another node refuses it (the
+        /// address changed owner), so a page is never counted for the
+        /// wrong node.
+        slot: u16,
+        /// Where the scan resumes.
+        from: GatherCursor,
+    },
+    /// Reply to MgGather: matching rows, and where the next page starts
+    /// (`None`: the scan is complete). A page may hold no row and still
+    /// move the cursor on: each page scans a bounded number of rows.
+    MgGathered {
+        /// The rows.
+        rows: Vec<Row>,
+        /// The next page's cursor.
+        next: Option<GatherCursor>,
     },
     /// New owner → ON: the first copy of a group is done (`ready` false),
     /// or the final copy under the freeze of `epoch` is (`ready` true).
@@ -670,6 +710,8 @@ impl Msg {
             Body::MgPull { .. } => 24,
             Body::MgRows { .. } => 25,
             Body::MoveReport { .. } => 26,
+            Body::MgGather { .. } => 27,
+            Body::MgGathered { .. } => 28,
         }
     }
 
@@ -779,22 +821,27 @@ impl Msg {
                 w.str(after);
             }
             Body::MgRows { rows, more } => {
-                let n = rows.len().min(MAX_PULL_ROWS);
+                put_rows(w, rows);
+                w.u8(*more as u8);
+            }
+            Body::MgGather { groups, slot, from } => {
+                let n = groups.len().min(MAX_GATHER_GROUPS);
                 w.u16(n as u16);
-                for row in &rows[..n] {
-                    match row {
-                        Row::Record(r) => {
-                            w.u8(0);
-                            put_record(w, r);
-                        }
-                        Row::Tomb { name, version } => {
-                            w.u8(1);
-                            w.str(name);
-                            w.u64(*version);
-                        }
+                for &g in &groups[..n] {
+                    w.u32(g);
+                }
+                w.u16(*slot);
+                put_cursor(w, from);
+            }
+            Body::MgGathered { rows, next } => {
+                put_rows(w, rows);
+                match next {
+                    None => w.u8(0),
+                    Some(c) => {
+                        w.u8(1);
+                        put_cursor(w, c);
                     }
                 }
-                w.u8(*more as u8);
             }
             Body::MoveReport {
                 group,
@@ -938,29 +985,31 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
             tombs: flag(r, "tombstone flag")?,
             after: r.str(MAX_NAME, "pull cursor")?,
         },
-        25 => {
-            let n = r.u16()? as usize;
-            if n > MAX_PULL_ROWS {
-                return Err(WireError::Invalid(format!(
-                    "{n} rows in one page; the limit is {MAX_PULL_ROWS}"
-                )));
-            }
-            let mut rows = Vec::with_capacity(n);
-            for _ in 0..n {
-                rows.push(match r.u8()? {
-                    0 => Row::Record(get_record(r)?),
-                    1 => Row::Tomb {
-                        name: r.name()?,
-                        version: r.u64()?,
-                    },
-                    k => return Err(WireError::Invalid(format!("row kind {k}"))),
-                });
-            }
-            Body::MgRows {
-                rows,
-                more: flag(r, "more flag")?,
-            }
-        }
+        25 => Body::MgRows {
+            rows: get_rows(r)?,
+            more: flag(r, "more flag")?,
+        },
+        27 => Body::MgGather {
+            groups: {
+                let n = r.u16()? as usize;
+                if n > MAX_GATHER_GROUPS {
+                    return Err(WireError::Invalid(format!(
+                        "{n} groups in one gather; the limit is {MAX_GATHER_GROUPS}"
+                    )));
+                }
+                (0..n).map(|_| r.u32()).collect::<Result<Vec<_>, _>>()?
+            },
+            slot: r.u16()?,
+            from: get_cursor(r)?,
+        },
+        28 => Body::MgGathered {
+            rows: get_rows(r)?,
+            next: if flag(r, "next-page flag")? {
+                Some(get_cursor(r)?)
+            } else {
+                None
+            },
+        },
         26 => Body::MoveReport {
             group: r.u32()?,
             to: r.u16()?,
@@ -968,6 +1017,62 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
             epoch: r.u64()?,
         },
         k => return Err(WireError::UnknownKind(k)),
+    })
+}
+
+/// Writes at most [`MAX_PULL_ROWS`] rows (the sender keeps pages smaller).
+fn put_rows(w: &mut Writer, rows: &[Row]) {
+    let n = rows.len().min(MAX_PULL_ROWS);
+    w.u16(n as u16);
+    for row in &rows[..n] {
+        match row {
+            Row::Record(r) => {
+                w.u8(0);
+                put_record(w, r);
+            }
+            Row::Tomb { name, version } => {
+                w.u8(1);
+                w.str(name);
+                w.u64(*version);
+            }
+        }
+    }
+}
+
+/// Reads a page of rows; a count above [`MAX_PULL_ROWS`] is refused before
+/// anything is allocated.
+fn get_rows(r: &mut Reader) -> Result<Vec<Row>, WireError> {
+    let n = r.u16()? as usize;
+    if n > MAX_PULL_ROWS {
+        return Err(WireError::Invalid(format!(
+            "{n} rows in one page; the limit is {MAX_PULL_ROWS}"
+        )));
+    }
+    let mut rows = Vec::with_capacity(n);
+    for _ in 0..n {
+        rows.push(match r.u8()? {
+            0 => Row::Record(get_record(r)?),
+            1 => Row::Tomb {
+                name: r.name()?,
+                version: r.u64()?,
+            },
+            k => return Err(WireError::Invalid(format!("row kind {k}"))),
+        });
+    }
+    Ok(rows)
+}
+
+fn put_cursor(w: &mut Writer, c: &GatherCursor) {
+    w.u8(c.tombs as u8);
+    w.u32(c.group);
+    w.str(&c.after);
+}
+
+fn get_cursor(r: &mut Reader) -> Result<GatherCursor, WireError> {
+    Ok(GatherCursor {
+        tombs: flag(r, "gather tombstone flag")?,
+        group: r.u32()?,
+        after: r.str(MAX_NAME, "gather cursor")?,
     })
 }
 
@@ -1125,6 +1230,38 @@ mod tests {
                 code: Code::Moving,
                 message: "moving".into(),
             },
+            Body::MgGather {
+                groups: vec![9],
+                slot: 1,
+                from: GatherCursor::default(),
+            },
+            Body::MgGather {
+                groups: vec![0, 7, u32::MAX],
+                slot: u16::MAX,
+                from: GatherCursor {
+                    tombs: true,
+                    group: 200,
+                    after: "a/b".into(),
+                },
+            },
+            Body::MgGathered {
+                rows: vec![
+                    Row::Record(record("c")),
+                    Row::Tomb {
+                        name: "d".into(),
+                        version: 7,
+                    },
+                ],
+                next: Some(GatherCursor {
+                    tombs: false,
+                    group: 3,
+                    after: "d".into(),
+                }),
+            },
+            Body::MgGathered {
+                rows: vec![],
+                next: None,
+            },
         ]
     }
 
@@ -1227,14 +1364,96 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn gather_pages_and_cursors_are_bounded() {
+        // A row count above the limit is refused before any allocation.
+        let mut bytes = Msg::new(
+            1,
+            0,
+            Body::MgGathered {
+                rows: vec![],
+                next: None,
+            },
+        )
+        .encode()
+        .unwrap();
+        let at = bytes.len() - 3;
+        bytes[at..at + 2].copy_from_slice(&u16::MAX.to_be_bytes());
+        let err = Msg::decode(&bytes).unwrap_err().to_string();
+        assert!(err.contains("limit is 2048"), "{err}");
+        // A next-page flag or a tombstone flag other than 0 or 1.
+        let mut bytes = Msg::new(
+            1,
+            0,
+            Body::MgGathered {
+                rows: vec![],
+                next: None,
+            },
+        )
+        .encode()
+        .unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] = 7;
+        let err = Msg::decode(&bytes).unwrap_err().to_string();
+        assert!(err.contains("next-page flag"), "{err}");
+        let gather = |after: String| {
+            Msg::new(
+                1,
+                0,
+                Body::MgGather {
+                    groups: vec![1],
+                    slot: 0,
+                    from: GatherCursor {
+                        tombs: false,
+                        group: 1,
+                        after,
+                    },
+                },
+            )
+            .encode()
+            .unwrap()
+        };
+        let mut bytes = gather("x".into());
+        let at = bytes.len() - 1 - 2 - 4 - 1;
+        bytes[at] = 3;
+        let err = Msg::decode(&bytes).unwrap_err().to_string();
+        assert!(err.contains("gather tombstone flag"), "{err}");
+        // A cursor name longer than any object name is refused.
+        let err = Msg::decode(&gather("n".repeat(MAX_NAME + 1)))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gather cursor"), "{err}");
+        // A group count above the limit is refused before any allocation.
+        let mut bytes = gather("x".into());
+        bytes[28..30].copy_from_slice(&u16::MAX.to_be_bytes());
+        let err = Msg::decode(&bytes).unwrap_err().to_string();
+        assert!(err.contains("limit is 4096"), "{err}");
+    }
+
     proptest! {
+        #[test]
+        fn gather_messages_never_panic_when_damaged(at in 0usize..200, byte in any::<u8>()) {
+            let msg = Msg::new(
+                5,
+                9,
+                Body::MgGathered {
+                    rows: vec![Row::Record(record("c")), Row::Tomb { name: "d".into(), version: 7 }],
+                    next: Some(GatherCursor { tombs: true, group: 3, after: "d".into() }),
+                },
+            );
+            let mut b = msg.encode().unwrap();
+            let i = at % b.len();
+            b[i] = byte;
+            let _ = Msg::decode(&b);
+        }
+
         #[test]
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let _ = Msg::decode(&bytes);
         }
 
         #[test]
-        fn decode_never_panics_after_a_valid_header(kind in 0u8..30, rest in proptest::collection::vec(any::<u8>(), 0..256)) {
+        fn decode_never_panics_after_a_valid_header(kind in 0u8..32, rest in proptest::collection::vec(any::<u8>(), 0..256)) {
             let mut bytes = b"S6\x01".to_vec();
             bytes.push(kind);
             bytes.extend_from_slice(&[0; 24]);

@@ -181,6 +181,14 @@ struct Sim {
     add_mn_at: Option<u64>,
     /// Metadata nodes in the cluster (3, then 4).
     slots: u16,
+    /// When (ms) a metadata node crashes for good, and which, if ever: the
+    /// orchestrator then runs its clock (heartbeats from every running
+    /// node) and declares it dead.
+    kill_mn_at: Option<(u64, u16)>,
+    /// The slot that crashed for good.
+    gone: Option<u16>,
+    /// Orchestrator ticks that saw a group being restored.
+    restoring_ticks: u64,
 }
 
 impl Sim {
@@ -219,6 +227,9 @@ impl Sim {
             on: None,
             add_mn_at: None,
             slots: MNS,
+            kill_mn_at: None,
+            gone: None,
+            restoring_ticks: 0,
             acked_ops: 0,
             checked_gets: 0,
             crashes: 0,
@@ -497,6 +508,9 @@ impl Sim {
 
     fn step_crashes(&mut self, crash_rate: u64) {
         for s in 0..self.slots as usize {
+            if self.gone == Some(s as u16) {
+                continue;
+            }
             if self.mns[s].is_none() && self.now >= self.down_until[s] {
                 self.start_mn(s as u16);
             } else if self.mns[s].is_some() && crash_rate > 0 && self.rng.below(crash_rate) == 0 {
@@ -539,6 +553,15 @@ impl Sim {
             }
             if self.add_mn_at == Some(self.now) {
                 self.add_mn();
+            }
+            if let Some((at, slot)) = self.kill_mn_at {
+                if at == self.now {
+                    self.mns[slot as usize] = None;
+                    self.gone = Some(slot);
+                }
+                if self.now.is_multiple_of(20) {
+                    self.orchestrator_clock();
+                }
             }
             self.finish_copies();
             if self.now.is_multiple_of(20) {
@@ -615,6 +638,35 @@ impl Sim {
         assert!(!self.table.moves.is_empty());
         self.slots = MNS + 1;
         self.start_mn(MNS);
+    }
+
+    /// The orchestrator's clock: every running node (and every storage
+    /// node) heartbeats, and its timers run; the network and the clients
+    /// route by its newest table.
+    fn orchestrator_clock(&mut self) {
+        let Some(on) = self.on.as_mut() else {
+            return;
+        };
+        let running = (0..self.slots).filter(|&s| self.mns[s as usize].is_some());
+        let uuids: Vec<u64> = running.map(|s| s as u64 + 1).chain(101..=104).collect();
+        for uuid in uuids {
+            let beat = Body::Heartbeat {
+                uuid,
+                free: 1 << 40,
+                objects: 0,
+            };
+            on.handle(self.now, &Msg::new(1, 0, beat));
+        }
+        on.tick(self.now).unwrap();
+        self.table = on.table().clone();
+        if self
+            .table
+            .moves
+            .iter()
+            .any(|m| self.table.restoring(m.group))
+        {
+            self.restoring_ticks += 1;
+        }
     }
 
     /// Each running metadata node sees the orchestrator's table after its
@@ -879,6 +931,67 @@ fn a_group_handover_under_faults_loses_nothing() {
         for s in 0..ALL_MNS {
             assert_eq!(sim.mns[s].as_ref().unwrap().pending_count(), 0);
             assert!(sim.mns[s].as_ref().unwrap().sealed_groups().is_empty());
+        }
+        assert!(
+            sim.acked_ops > 50 && sim.checked_gets > 20 && sim.crashes > 5,
+            "seed {seed}: {} acked, {} gets, {} crashes",
+            sim.acked_ops,
+            sim.checked_gets,
+            sim.crashes
+        );
+    }
+}
+
+#[test]
+fn a_metadata_node_lost_for_good_is_restored_under_faults() {
+    let p = Params {
+        n_m: 3,
+        w_m: 3,
+        n_d: 2,
+        w_d: 1,
+    };
+    for seed in seeds(4_000) {
+        let mut sim = Sim::new(seed, p);
+        // A slot that does not hold every metadata address of some name:
+        // such a name has no copy left when that node is lost.
+        let t = sim.table.clone();
+        let gone = (0..MNS)
+            .find(|&slot| {
+                sim.possible.keys().all(|name| {
+                    t.meta_addrs(name)
+                        .iter()
+                        .any(|&a| t.mn_for(a).map(|m| m.slot) != Some(slot))
+                })
+            })
+            .expect("a slot no name lives on alone");
+        let mut on =
+            OnCore::open(&sim.dir.path().join("on.redb"), sim.table.clone(), MNS, 0).unwrap();
+        on.set_definitive_failure(5_000);
+        sim.on = Some(on);
+        sim.kill_mn_at = Some((20_000, gone));
+        sim.run(60_000, true, 150);
+        sim.heal_and_check();
+        let t = sim.on.as_ref().unwrap().table();
+        assert_eq!(t.mns[gone as usize].state, State::Dead, "seed {seed}");
+        assert_eq!(t.groups_of(gone), 0, "seed {seed}");
+        assert!(
+            t.moves.is_empty(),
+            "seed {seed}: restore unfinished: {:?}",
+            t.moves
+        );
+        // The restore took a while (faults), but it ended.
+        assert!(sim.restoring_ticks > 0, "seed {seed}: no restore seen");
+        eprintln!(
+            "seed {seed}: restored over {} ms; {} acked, {} gets, {} crashes",
+            sim.restoring_ticks * 20,
+            sim.acked_ops,
+            sim.checked_gets,
+            sim.crashes
+        );
+        for s in (0..MNS).filter(|&s| s != gone) {
+            let core = sim.mns[s as usize].as_ref().unwrap();
+            assert_eq!(core.pending_count(), 0, "seed {seed}: a name stayed locked");
+            assert_eq!(core.restore_progress(), (0, 0, 0), "seed {seed}");
         }
         assert!(
             sim.acked_ops > 50 && sim.checked_gets > 20 && sim.crashes > 5,
