@@ -51,6 +51,24 @@ fn db_err(e: impl std::fmt::Display) -> Error {
     Error::Db(e.to_string())
 }
 
+/// The first owner slot of each of `mg_count` groups: contiguous runs of
+/// groups, one per slot.
+///
+/// Groups are numbered by address, so a quadrant of the metadata space is
+/// a run of groups, and an object's metadata addresses lie in distinct
+/// quadrants. With runs, a slot spans at most `⌈quadrants / slots⌉ + 1`
+/// quadrants, so with as many slots as quadrants (or more), or with
+/// `N_m = 3` on 2 or 3 slots, no name has all its copies on one node and a
+/// node's loss leaves a copy to restore from. Dealing groups out in turn
+/// (`mg % slots`) put all three copies of about 1 name in 27 on one node
+/// of three.
+pub fn initial_owners(mg_count: usize, slots: u16) -> Vec<u16> {
+    let slots = slots.max(1) as usize;
+    (0..mg_count)
+        .map(|mg| (mg * slots / mg_count.max(1)) as u16)
+        .collect()
+}
+
 impl OnCore {
     /// Opens the orchestrator database at `path`. A new cluster takes
     /// `initial` (its layout, replication and `expected_mns` metadata slots,
@@ -91,9 +109,7 @@ impl OnCore {
             None => {
                 let mut t = initial;
                 let slots = expected_mns.max(1);
-                t.mg_owner = (0..t.layout.mg_count())
-                    .map(|mg| (mg % slots as usize) as u16)
-                    .collect();
+                t.mg_owner = initial_owners(t.layout.mg_count(), slots);
                 (t, slots)
             }
         };
@@ -632,6 +648,44 @@ impl OnCore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_owners_never_put_every_copy_of_a_name_on_one_node() {
+        use crate::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+        let layout = Layout::new(DEFAULT_CLUSTER_PREFIX, 8);
+        for (slots, n_m) in [
+            (2u16, 3usize),
+            (3, 3),
+            (4, 3),
+            (4, 4),
+            (2, 2),
+            (4, 2),
+            (5, 3),
+        ] {
+            let owners = initial_owners(layout.mg_count(), slots);
+            // Balanced: every slot owns its share, give or take one group.
+            for s in 0..slots {
+                let n = owners.iter().filter(|&&o| o == s).count();
+                assert!(
+                    n.abs_diff(layout.mg_count() / slots as usize) <= 1,
+                    "{slots} slots: {n}"
+                );
+            }
+            for i in 0..20_000 {
+                let name = format!("obj/{i}");
+                let slots_of: Vec<u16> = layout
+                    .meta_addrs(name.as_bytes(), n_m)
+                    .iter()
+                    .map(|&a| owners[layout.mg_of(a).unwrap() as usize])
+                    .collect();
+                assert!(
+                    slots_of.iter().any(|&s| s != slots_of[0]),
+                    "{slots} slots, N_m = {n_m}: every copy of {name} on slot {}",
+                    slots_of[0]
+                );
+            }
+        }
+    }
     use crate::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
     use crate::table::Params;
 

@@ -79,9 +79,7 @@ fn table(params: Params) -> Table {
                 state: State::Up,
             })
             .collect(),
-        mg_owner: (0..layout.mg_count())
-            .map(|mg| (mg % MNS as usize) as u16)
-            .collect(),
+        mg_owner: strata_store::on::initial_owners(layout.mg_count(), MNS),
         sns: (1..=4)
             .map(|index| SnEntry {
                 uuid: 100 + index as u64,
