@@ -1183,6 +1183,7 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
             rt.block_on(async {
                 let client = strata_store::client::Client::connect(on).await.unwrap();
                 let (mut gets, mut failures) = (0u64, Vec::new());
+                let mut lists = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     for (i, name) in names.iter().enumerate() {
                         gets += 1;
@@ -1192,7 +1193,29 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
                             Err(e) => failures.push(format!("{name}: {e}")),
                         }
                     }
+                    // Listed in pages while groups move: each name once.
+                    lists += 1;
+                    let (mut listed, mut after) = (Vec::new(), String::new());
+                    loop {
+                        match client.list("pre/", &after, 25).await {
+                            Ok((entries, next)) => {
+                                listed.extend(entries.into_iter().map(|e| e.name));
+                                match next {
+                                    Some(c) => after = c,
+                                    None => break,
+                                }
+                            }
+                            Err(e) => {
+                                failures.push(format!("list: {e}"));
+                                break;
+                            }
+                        }
+                    }
+                    if listed != names {
+                        failures.push(format!("list {lists} saw {} names", listed.len()));
+                    }
                 }
+                eprintln!("reader: {lists} lists");
                 (gets, failures)
             })
         })
