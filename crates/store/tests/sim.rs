@@ -93,6 +93,7 @@ fn table(params: Params) -> Table {
             })
             .collect(),
         moves: vec![],
+        stand_ins: vec![],
     }
 }
 
