@@ -569,6 +569,15 @@ impl OnCore {
             }
             return false;
         }
+        if !dead && !self.may_stand_in(slot) {
+            if let Some(m) = self.table.mns.iter_mut().find(|m| m.slot == slot) {
+                if m.state == State::Up {
+                    m.state = State::Down;
+                    return true;
+                }
+            }
+            return false;
+        }
         if let Some(m) = self.table.mns.iter_mut().find(|m| m.slot == slot) {
             m.state = if dead { State::Dead } else { State::Down };
         }
@@ -626,6 +635,24 @@ impl OnCore {
         self.table.moves.sort_by_key(|m| m.group);
         self.table.stand_ins.sort_by_key(|s| s.group);
         true
+    }
+
+    /// Whether the groups of the down node in `slot` may stand in now: no
+    /// group is being restored, and no other down node still owns groups.
+    /// A stand-in hands out versions above the rows it gathered, so it must
+    /// gather every copy a live node holds: a restore under way may still
+    /// need rows from a node that is down, and a down node that owns
+    /// groups holds rows no one else may have (two nodes down at once;
+    /// its stand-ins come once the first restores are done, gathering the
+    /// first node's rows from its stand-ins). Otherwise the groups wait
+    /// for the node as before.
+    fn may_stand_in(&self, slot: u16) -> bool {
+        let t = &self.table;
+        !t.moves.iter().any(|m| m.phase == MovePhase::Restoring)
+            && !t
+                .mns
+                .iter()
+                .any(|m| m.slot != slot && m.state == State::Down && t.groups_of(m.slot) > 0)
     }
 
     /// Starts handing each group standing in for an up node back to it
@@ -695,6 +722,13 @@ impl OnCore {
         }
         for slot in dead {
             changed |= self.declare_dead(slot);
+        }
+        // All down first: no group goes to a node that is silent too.
+        for m in &mut self.table.mns {
+            if down.contains(&m.slot) && m.state == State::Up {
+                m.state = State::Down;
+                changed = true;
+            }
         }
         for slot in down {
             changed |= self.stand_in(slot);
@@ -1115,6 +1149,98 @@ mod tests {
         beat(&mut on, 65_000, 3);
         assert_eq!(on.table().groups_of(2), 0);
         assert!(on.table().moves.iter().all(|m| m.to != 2));
+    }
+
+    #[test]
+    fn two_nodes_down_at_once_stand_in_one_after_the_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let initial = Table {
+            epoch: 1,
+            layout: Layout::new(DEFAULT_CLUSTER_PREFIX, 6),
+            routed: false,
+            params: Params::default(),
+            buckets: vec![],
+            mns: vec![],
+            mg_owner: vec![],
+            sns: vec![],
+            moves: vec![],
+            stand_ins: vec![],
+        };
+        let mut on = OnCore::open(&dir.path().join("on.redb"), initial, 3, 0).unwrap();
+        on.set_short_failure(1_000);
+        on.set_definitive_failure(60_000);
+        for uuid in [1, 2, 3] {
+            register(&mut on, 0, uuid);
+        }
+        let beat = |on: &mut OnCore, now: u64, uuids: &[u64]| {
+            for &uuid in uuids {
+                let body = Body::Heartbeat {
+                    uuid,
+                    free: 0,
+                    objects: 0,
+                };
+                on.handle(now, &Msg::new(uuid, 0, body));
+            }
+            on.tick(now).unwrap();
+        };
+        let owners = on.table().mg_owner.clone();
+        // Slots 1 and 2 silent at once: both down, and no stand-in (each
+        // holds rows a restore of the other's groups would need).
+        beat(&mut on, 1_500, &[1]);
+        let t = on.table().clone();
+        assert_eq!((t.mns[1].state, t.mns[2].state), (State::Down, State::Down));
+        assert_eq!(t.mg_owner, owners);
+        assert!(t.stand_ins.is_empty() && t.moves.is_empty());
+        // Slot 2 back: slot 1's groups stand in on slots 0 and 2.
+        beat(&mut on, 1_600, &[1, 3]);
+        let t = on.table().clone();
+        assert_eq!(t.mns[2].state, State::Up);
+        assert_eq!(t.groups_of(1), 0);
+        assert!(t.groups_of(0) > 22 && t.groups_of(2) > 21);
+        assert_eq!(t.stand_ins.len(), 21);
+        // Slot 2 down again while they are being restored: it keeps its
+        // groups until the restores are done, then they stand in too.
+        beat(&mut on, 2_700, &[1]);
+        let t = on.table().clone();
+        assert_eq!(t.mns[2].state, State::Down);
+        assert!(t.groups_of(2) > 0);
+        for m in t.moves.iter().filter(|m| m.to == 0) {
+            let report = Body::MoveReport {
+                group: m.group,
+                to: m.to,
+                ready: true,
+                epoch: m.frozen_epoch,
+            };
+            let reply = on.handle(2_800, &Msg::new(9, 0, report)).body;
+            assert!(matches!(reply, Body::Table { .. }), "{reply:?}");
+        }
+        // Slot 2's own restores cannot finish while it is down (and slot
+        // 0 could not gather the rows only slots 1 and 2 hold): its groups
+        // wait for it.
+        beat(&mut on, 2_900, &[1]);
+        let t = on.table().clone();
+        assert!(t.groups_of(2) > 0);
+        assert!(!t.moves.is_empty() && t.moves.iter().all(|m| m.to == 2));
+        // Both back: the restores finish, and slot 1's groups are handed
+        // back to it.
+        beat(&mut on, 3_000, &[1, 3]);
+        for m in on.table().moves.clone() {
+            let report = Body::MoveReport {
+                group: m.group,
+                to: m.to,
+                ready: true,
+                epoch: m.frozen_epoch,
+            };
+            on.handle(3_100, &Msg::new(9, 0, report));
+        }
+        beat(&mut on, 3_200, &[1, 2, 3]);
+        let t = on.table().clone();
+        assert_eq!(t.mns[1].state, State::Up);
+        assert_eq!(t.moves.len(), 21);
+        assert!(t
+            .moves
+            .iter()
+            .all(|m| m.to == 1 && m.phase == MovePhase::Copying));
     }
 
     #[test]
