@@ -646,9 +646,18 @@ impl OnCore {
     /// its stand-ins come once the first restores are done, gathering the
     /// first node's rows from its stand-ins). Otherwise the groups wait
     /// for the node as before.
+    ///
+    /// Nor may a node that holds groups standing in for another: it may
+    /// hold every copy of a name (the stand-in's own groups and those it
+    /// stands in for), so they wait for it too.
     fn may_stand_in(&self, slot: u16) -> bool {
         let t = &self.table;
-        !t.moves.iter().any(|m| m.phase == MovePhase::Restoring)
+        let standing_in_here = t
+            .stand_ins
+            .iter()
+            .any(|s| t.mg_owner.get(s.group as usize) == Some(&slot));
+        !standing_in_here
+            && !t.moves.iter().any(|m| m.phase == MovePhase::Restoring)
             && !t
                 .mns
                 .iter()
