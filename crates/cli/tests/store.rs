@@ -856,10 +856,10 @@ fn kill_9_of_a_storage_node_then_a_metadata_node_under_load() {
         load.acked.len()
     );
     assert!(load.gets > 20);
-    // Gets never return wrong bytes. While the metadata node is down, a Get
-    // whose reachable metadata addresses all sit on it times out: there is
-    // no stand-in for a down metadata node yet (docs/store.md, issue 5).
-    // Any other failure is a defect.
+    // Gets never return wrong bytes. Until the down metadata node's groups
+    // stand in elsewhere (a second or two after the short timer), a Get
+    // whose reachable metadata addresses all sit on it times out
+    // (docs/store.md, stand-ins). Any other failure is a defect.
     let unexpected: Vec<&String> = load
         .get_failures
         .iter()
