@@ -520,6 +520,13 @@ fn table_json(t: &Table) -> serde_json::Value {
             },
             "to_slot": mv.to,
             "phase": move_phase(mv.phase),
+            // The down node the group goes back to, if it stands in for one.
+            "home_slot": t.home_of(mv.group),
+        })).collect::<Vec<_>>(),
+        "stand_ins": t.stand_ins.iter().map(|s| json!({
+            "group": s.group,
+            "slot": t.mg_owner.get(s.group as usize),
+            "home_slot": s.home,
         })).collect::<Vec<_>>(),
         "storage_nodes": t.sns.iter().map(|s| json!({
             "id": format!("{:016x}", s.uuid),
@@ -588,6 +595,15 @@ fn print_table(t: &Table) {
             count(MovePhase::Frozen),
             count(MovePhase::Restoring)
         );
+    }
+    if !t.stand_ins.is_empty() {
+        let mut homes: Vec<u16> = t.stand_ins.iter().map(|s| s.home).collect();
+        homes.sort_unstable();
+        homes.dedup();
+        for h in homes {
+            let n = t.stand_ins.iter().filter(|s| s.home == h).count();
+            println!("{n} metadata groups of slot {h} stand in on other nodes until it is back");
+        }
     }
     for s in &t.sns {
         println!(

@@ -856,10 +856,10 @@ fn kill_9_of_a_storage_node_then_a_metadata_node_under_load() {
         load.acked.len()
     );
     assert!(load.gets > 20);
-    // Gets never return wrong bytes. While the metadata node is down, a Get
-    // whose reachable metadata addresses all sit on it times out: there is
-    // no stand-in for a down metadata node yet (docs/store.md, issue 5).
-    // Any other failure is a defect.
+    // Gets never return wrong bytes. Until the down metadata node's groups
+    // stand in elsewhere (a second or two after the short timer), a Get
+    // whose reachable metadata addresses all sit on it times out
+    // (docs/store.md, stand-ins). Any other failure is a defect.
     let unexpected: Vec<&String> = load
         .get_failures
         .iter()
@@ -1683,5 +1683,263 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
             .unwrap();
         // Above the restored tombstone (at the deleted record's version).
         assert!(put.version > rec.version, "{name}: {}", put.version);
+    }
+}
+
+/// Kill -9 of a metadata node for less than the definitive-failure timer:
+/// its groups stand in on the other two (restored there), names it
+/// coordinated are posted and deleted while it is down, a reader never
+/// fails, and once it is back (same directory) its groups are handed back
+/// to it with the newest version of every row.
+#[test]
+fn a_metadata_node_down_for_a_while_has_stand_ins_then_gets_its_groups_back() {
+    let dir = tmp();
+    let store = Store::up(
+        &dir.path().join("cluster"),
+        &[
+            "--mn",
+            "2",
+            "--mn-slots",
+            "3",
+            "--sn",
+            "3",
+            "--replication",
+            "3,2,3,2",
+            "--short-failure-ms",
+            "1000",
+            "--definitive-failure-ms",
+            "600000",
+        ],
+    );
+    let mn_dir = dir.path().join("mn-extra");
+    let mut mn = Node::add(&store, &mn_dir, "mn");
+    wait_until("3 metadata nodes", || {
+        store.status()["metadata_nodes"].as_array().unwrap().len() == 3
+    });
+    std::thread::sleep(Duration::from_millis(1200)); // every node has the table
+    let on = store.on;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt
+        .block_on(strata_store::client::Client::connect(on))
+        .unwrap();
+    let data_of = |i: usize| pattern(300 + i * 11, i as u64 + 7);
+    let names: Vec<String> = (0..60).map(|i| format!("pre/{i:03}")).collect();
+    let mut version: Vec<u64> = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let data = data_of(i);
+        let put = rt
+            .block_on(client.put(name, data.len() as u64, &mut data.as_slice(), &|_| {}))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        version.push(put.version);
+    }
+    std::thread::sleep(Duration::from_millis(500)); // background replication
+    rt.block_on(client.refresh()).unwrap();
+    let before = client.table();
+    let home = 2u16;
+    let home_groups = before.groups_of(home);
+    assert!(home_groups > 0);
+    let on_home = |t: &strata_store::table::Table, name: &str| {
+        t.mn_for(t.meta_addrs(name)[0]).map(|m| m.slot) == Some(home)
+    };
+    let coordinated: Vec<usize> = (0..60).filter(|&i| on_home(&before, &names[i])).collect();
+    assert!(
+        coordinated.len() >= 6,
+        "only {} names coordinated by the node to kill",
+        coordinated.len()
+    );
+    let touched: Vec<usize> = coordinated[..6].to_vec();
+    let untouched: Vec<usize> = (0..60).filter(|i| !touched.contains(i)).collect();
+
+    // A reader of the untouched objects goes on through it all.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let stop = stop.clone();
+        let untouched = untouched.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let client = strata_store::client::Client::connect(on).await.unwrap();
+                let (mut gets, mut failures) = (0u64, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for &i in &untouched {
+                        let name = format!("pre/{i:03}");
+                        gets += 1;
+                        match client.get_bytes(&name).await {
+                            Ok((_, b)) if b == pattern(300 + i * 11, i as u64 + 7) => {}
+                            Ok(_) => failures.push(format!("{name}: wrong bytes")),
+                            Err(e) => failures.push(format!("{name}: {e}")),
+                        }
+                    }
+                }
+                (gets, failures)
+            })
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    mn.kill9();
+    let killed = Instant::now();
+    let mut saw_restoring = false;
+    loop {
+        let s = store.status();
+        let moves = s["moves"].as_array().unwrap();
+        saw_restoring |= moves
+            .iter()
+            .any(|m| m["phase"] == "restoring" && m["home_slot"] == home);
+        let stand_ins = s["stand_ins"].as_array().unwrap();
+        if s["metadata_nodes"][home as usize]["state"] == "down"
+            && stand_ins.len() == home_groups
+            && stand_ins.iter().all(|x| x["home_slot"] == home)
+            && moves.is_empty()
+        {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(20),
+            "no stand-ins in 20 s: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("stand-ins serving {:?} after the kill", killed.elapsed());
+    assert!(
+        saw_restoring,
+        "status never showed a stand-in being restored"
+    );
+    let human = store.ok(&["store", "status"]);
+    assert!(human.contains("stand in on other nodes"), "{human}");
+
+    // While it is down: names it coordinated are posted again or deleted,
+    // and new names it would coordinate are posted.
+    let mut deleted = Vec::new();
+    let mut expect: Vec<(String, Vec<u8>, u64)> = Vec::new();
+    for (k, &i) in touched.iter().enumerate() {
+        let name = &names[i];
+        if k % 2 == 0 {
+            let v = rt
+                .block_on(client.delete(name))
+                .unwrap_or_else(|e| panic!("deleting {name} while its coordinator is down: {e}"));
+            assert!(v >= version[i], "{name}: {v}");
+            deleted.push(name.clone());
+        } else {
+            let data = pattern(999 + k, 42);
+            let put = rt
+                .block_on(client.put(name, data.len() as u64, &mut data.as_slice(), &|_| {}))
+                .unwrap_or_else(|e| panic!("posting {name} while its coordinator is down: {e}"));
+            assert!(put.version > version[i], "{name}");
+            expect.push((name.clone(), data, put.version));
+        }
+    }
+    let mut fresh = 0;
+    for j in 0..200 {
+        let name = format!("new/{j:03}");
+        if fresh == 4 || !on_home(&before, &name) {
+            continue;
+        }
+        let data = pattern(123 + j, 9);
+        let put = rt
+            .block_on(client.put(&name, data.len() as u64, &mut data.as_slice(), &|_| {}))
+            .unwrap_or_else(|e| panic!("posting {name} while its coordinator is down: {e}"));
+        expect.push((name, data, put.version));
+        fresh += 1;
+    }
+    assert_eq!(fresh, 4);
+    for (i, name) in names.iter().enumerate() {
+        if untouched.contains(&i) {
+            expect.push((name.clone(), data_of(i), version[i]));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500)); // background replication
+    assert_eq!(
+        store.status()["metadata_nodes"][home as usize]["state"],
+        "down"
+    );
+
+    // Back (same directory): its groups come home.
+    let _mn = Node::add(&store, &mn_dir, "mn");
+    let back = Instant::now();
+    loop {
+        let s = store.status();
+        let m = &s["metadata_nodes"][home as usize];
+        if m["state"] == "up"
+            && m["groups"] == home_groups
+            && s["stand_ins"].as_array().unwrap().is_empty()
+            && s["moves"].as_array().unwrap().is_empty()
+        {
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(30),
+            "its groups did not come back in 30 s: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("groups home {:?} after the restart", back.elapsed());
+    std::thread::sleep(Duration::from_millis(1200)); // every node has the table
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (reads, failures) = reader.join().unwrap();
+    eprintln!("reader: {reads} gets");
+    assert!(reads >= 50, "only {reads} Gets");
+    assert!(failures.is_empty(), "Gets failed: {failures:?}");
+
+    // Every row, at each metadata address, on the node the table names
+    // (the same groups as before the kill), with the newest version.
+    rt.block_on(client.refresh()).unwrap();
+    let table = client.table();
+    assert_eq!(table.mg_owner, before.mg_owner);
+    let mut at_home = 0;
+    let mut ask = |name: &str| {
+        table
+            .meta_addrs(name)
+            .into_iter()
+            .map(|addr| {
+                let to = table.mn_endpoint(addr).unwrap();
+                if table.mn_for(addr).map(|m| m.slot) == Some(home) {
+                    at_home += 1;
+                }
+                let q = Msg::new(96, addr, Body::Get { name: name.into() });
+                (to, udp_ask(to, &q.encode().unwrap()).body)
+            })
+            .collect::<Vec<_>>()
+    };
+    for (name, _, v) in &expect {
+        for (to, body) in ask(name) {
+            match body {
+                Body::Found { record } => assert_eq!(record.version, *v, "{name} at {to}"),
+                other => panic!("{name} at {to}: {other:?}"),
+            }
+        }
+    }
+    for name in &deleted {
+        for (to, body) in ask(name) {
+            assert!(
+                matches!(
+                    body,
+                    Body::Error {
+                        code: strata_store::wire::Code::Deleted,
+                        ..
+                    }
+                ),
+                "{name} at {to}: {body:?}"
+            );
+        }
+    }
+    assert!(at_home >= 30, "only {at_home} rows asked of the node back");
+    for (name, data, v) in &expect {
+        let (r, bytes) = rt
+            .block_on(client.get_bytes(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(r.version, *v, "{name}");
+        assert!(bytes == *data, "{name} differs");
+    }
+    for name in &deleted {
+        assert!(
+            rt.block_on(client.get_bytes(name)).is_err(),
+            "{name} reads after its delete"
+        );
     }
 }

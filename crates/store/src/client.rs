@@ -199,7 +199,8 @@ const IDLE_CONNS_TOTAL: usize = 256;
 
 const META_TIMEOUT_MS: u64 = 400;
 /// How long a call is retried while the table moves under it (a metadata
-/// group handed over between nodes: each retry refreshes the table).
+/// group handed over between nodes, or given to a stand-in while its node
+/// is down: each retry refreshes the table).
 const MOVING_RETRY_MS: u64 = 20_000;
 const META_ATTEMPTS: u32 = 5;
 /// A commit waits for W_m acknowledgements: give it longer.
@@ -253,6 +254,25 @@ impl Client {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(500));
                     let _ = self.refresh().await;
+                    call = next;
+                }
+                // A node that does not answer may have been replaced by a
+                // stand-in (its groups given to another node while it is
+                // down): ask again if the table now sends elsewhere.
+                Err(Error::Timeout(message))
+                    if start.elapsed() < Duration::from_millis(MOVING_RETRY_MS) =>
+                {
+                    let old = self.table();
+                    let _ = self.refresh().await;
+                    let new = self.table();
+                    let moved = next
+                        .targets
+                        .iter()
+                        .any(|&a| old.mn_endpoint(a) != new.mn_endpoint(a));
+                    if !moved {
+                        return Err(Error::Timeout(message));
+                    }
+                    tracing::debug!("retrying on a refreshed table: {message}");
                     call = next;
                 }
                 other => return other,

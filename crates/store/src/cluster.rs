@@ -117,6 +117,7 @@ impl Cluster {
             mg_owner: Vec::new(),
             sns: Vec::new(),
             moves: Vec::new(),
+            stand_ins: Vec::new(),
         };
         let mut core = OnCore::open(
             &cfg.dir.join("orchestrator.redb"),

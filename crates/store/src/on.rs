@@ -6,7 +6,7 @@
 //! Like the metadata node it is a state machine (`handle`, `tick`) driven
 //! by a runtime; its table is persisted in redb on every membership change.
 
-use crate::table::{Device, MnEntry, Move, MovePhase, SnEntry, State, Table};
+use crate::table::{Device, MnEntry, Move, MovePhase, SnEntry, StandIn, State, Table};
 use crate::wire::{Body, Code, Msg, Role};
 use crate::Error;
 use redb::{Database, TableDefinition};
@@ -216,10 +216,12 @@ impl OnCore {
                     }
                 } else if let Some(m) = self.table.mns.iter_mut().find(|m| m.uuid == *uuid) {
                     // A dead one is up again but owns nothing: its groups
-                    // were restored elsewhere, and it drops their rows.
+                    // were restored elsewhere, and it drops their rows. A
+                    // down one gets back the groups standing in for it.
                     revived = matches!(m.state, State::Down | State::Dead);
                     if revived {
                         m.state = State::Up;
+                        self.hand_back();
                     }
                 } else {
                     return Err(Error::Remote {
@@ -253,7 +255,10 @@ impl OnCore {
         if let Some(m) = self.table.mns.iter_mut().find(|m| m.uuid == uuid) {
             m.endpoint = endpoint;
             m.state = State::Up;
-            return Ok(m.slot);
+            let slot = m.slot;
+            // Back before it was declared dead: its groups come home.
+            self.hand_back();
+            return Ok(slot);
         }
         let slot = self.table.mns.len() as u16;
         if slot >= self.expected_mns {
@@ -309,18 +314,18 @@ impl OnCore {
         while owner.iter().filter(|&&o| o == to).count() < want {
             let mut counts: HashMap<u16, usize> = HashMap::new();
             for (g, &o) in owner.iter().enumerate() {
-                // Groups already moving stay where they go.
-                if o != to && t.move_of(g as u32).is_none() {
+                // Groups already moving stay where they go; groups standing
+                // in for a down node go back to it.
+                if o != to && t.move_of(g as u32).is_none() && t.home_of(g as u32).is_none() {
                     *counts.entry(o).or_default() += 1;
                 }
             }
             let Some((&from, _)) = counts.iter().max_by_key(|(&slot, &n)| (n, slot)) else {
                 break;
             };
-            let Some(g) = (0..owner.len())
-                .rev()
-                .find(|&g| owner[g] == from && t.move_of(g as u32).is_none())
-            else {
+            let Some(g) = (0..owner.len()).rev().find(|&g| {
+                owner[g] == from && t.move_of(g as u32).is_none() && t.home_of(g as u32).is_none()
+            }) else {
                 break;
             };
             owner[g] = to;
@@ -377,6 +382,7 @@ impl OnCore {
             }
             // The node owns it already (see `declare_dead`); now it serves it.
             self.table.moves.remove(i);
+            self.hand_back();
             self.freeze_some(now);
             self.changed()?;
             return Ok(Body::Table {
@@ -402,6 +408,10 @@ impl OnCore {
         if let Some(o) = self.table.mg_owner.get_mut(group as usize) {
             *o = to;
         }
+        // A group that stood in for `to` is home again.
+        self.table
+            .stand_ins
+            .retain(|s| !(s.group == group && s.home == to));
         self.freeze_some(now);
         self.changed()?;
         Ok(Body::Table {
@@ -525,8 +535,23 @@ impl OnCore {
     /// owned (or was restoring) goes to the up node owning fewest, as a
     /// restore (the new node gathers the group's rows from every live node
     /// before it serves the group). Freezes are called off: no handover
-    /// ends during a restore (see `freeze_some`). Returns whether it did.
+    /// ends during a restore (see `freeze_some`). Groups standing in for
+    /// it stay where they are. Returns whether it did.
     fn declare_dead(&mut self, slot: u16) -> bool {
+        self.reassign(slot, true)
+    }
+
+    /// Marks the metadata node in `slot` down and, if another one is up,
+    /// gives its groups to stand-ins the way [`OnCore::declare_dead`] does,
+    /// remembering each group's home so it goes back when the node is up
+    /// again. Returns whether anything changed.
+    fn stand_in(&mut self, slot: u16) -> bool {
+        self.reassign(slot, false)
+    }
+
+    /// Gives the groups of `slot` (dead, or down with `dead` false) to the
+    /// up nodes as restores.
+    fn reassign(&mut self, slot: u16, dead: bool) -> bool {
         let mut counts: Vec<(u16, usize)> = self
             .table
             .mns
@@ -544,8 +569,21 @@ impl OnCore {
             }
             return false;
         }
+        if !dead && !self.may_stand_in(slot) {
+            if let Some(m) = self.table.mns.iter_mut().find(|m| m.slot == slot) {
+                if m.state == State::Up {
+                    m.state = State::Down;
+                    return true;
+                }
+            }
+            return false;
+        }
         if let Some(m) = self.table.mns.iter_mut().find(|m| m.slot == slot) {
-            m.state = State::Dead;
+            m.state = if dead { State::Dead } else { State::Down };
+        }
+        if dead {
+            // Groups standing in for it stay with their stand-ins.
+            self.table.stand_ins.retain(|s| s.home != slot);
         }
         let epoch = self.table.epoch + 1;
         self.table.moves.retain(|m| m.to != slot);
@@ -568,6 +606,18 @@ impl OnCore {
             };
             chosen.1 += 1;
             self.table.mg_owner[g] = chosen.0;
+            // A group the node was giving away has no home to go back to;
+            // one already standing in keeps its first home.
+            let g32 = g as u32;
+            if !dead && target.is_none() && self.table.home_of(g32).is_none() {
+                self.table.stand_ins.push(StandIn {
+                    group: g32,
+                    home: slot,
+                });
+            }
+            self.table
+                .stand_ins
+                .retain(|s| !(s.group == g32 && s.home == chosen.0));
             self.table.moves.push(Move {
                 group: g as u32,
                 to: chosen.0,
@@ -583,7 +633,63 @@ impl OnCore {
             }
         }
         self.table.moves.sort_by_key(|m| m.group);
+        self.table.stand_ins.sort_by_key(|s| s.group);
         true
+    }
+
+    /// Whether the groups of the down node in `slot` may stand in now: no
+    /// group is being restored, and no other down node still owns groups.
+    /// A stand-in hands out versions above the rows it gathered, so it must
+    /// gather every copy a live node holds: a restore under way may still
+    /// need rows from a node that is down, and a down node that owns
+    /// groups holds rows no one else may have (two nodes down at once;
+    /// its stand-ins come once the first restores are done, gathering the
+    /// first node's rows from its stand-ins). Otherwise the groups wait
+    /// for the node as before.
+    ///
+    /// Nor may a node that holds groups standing in for another: it may
+    /// hold every copy of a name (the stand-in's own groups and those it
+    /// stands in for), so they wait for it too.
+    fn may_stand_in(&self, slot: u16) -> bool {
+        let t = &self.table;
+        let standing_in_here = t
+            .stand_ins
+            .iter()
+            .any(|s| t.mg_owner.get(s.group as usize) == Some(&slot));
+        !standing_in_here
+            && !t.moves.iter().any(|m| m.phase == MovePhase::Restoring)
+            && !t
+                .mns
+                .iter()
+                .any(|m| m.slot != slot && m.state == State::Down && t.groups_of(m.slot) > 0)
+    }
+
+    /// Starts handing each group standing in for an up node back to it
+    /// (a regular handover from the stand-in, once the group is not being
+    /// restored or handed over any more), and forgets the stand-ins whose
+    /// group is home. Returns whether the table changed.
+    fn hand_back(&mut self) -> bool {
+        let t = &self.table;
+        let up = |slot: u16| t.mns.iter().any(|m| m.slot == slot && m.state == State::Up);
+        let mut new = Vec::new();
+        let mut home = Vec::new();
+        for s in &t.stand_ins {
+            if t.mg_owner.get(s.group as usize) == Some(&s.home) {
+                home.push(s.group);
+            } else if up(s.home) && t.move_of(s.group).is_none() {
+                new.push(Move {
+                    group: s.group,
+                    to: s.home,
+                    phase: MovePhase::Copying,
+                    frozen_epoch: 0,
+                });
+            }
+        }
+        let changed = !new.is_empty() || !home.is_empty();
+        self.table.stand_ins.retain(|s| !home.contains(&s.group));
+        self.table.moves.extend(new);
+        self.table.moves.sort_by_key(|m| m.group);
+        changed
     }
 
     /// Marks nodes silent for longer than the short-failure timer as down,
@@ -610,19 +716,33 @@ impl OnCore {
             }
         }
         let mut dead = Vec::new();
-        for m in &mut self.table.mns {
+        let mut down = Vec::new();
+        for m in &self.table.mns {
             if matches!(m.state, State::Up | State::Down)
                 && silent(m.uuid, &self.last_seen, definitive)
             {
                 dead.push(m.slot);
-            } else if m.state == State::Up && silent(m.uuid, &self.last_seen, short) {
-                m.state = State::Down;
-                changed = true;
+            } else if (m.state == State::Up && silent(m.uuid, &self.last_seen, short))
+                || (m.state == State::Down && self.table.groups_of(m.slot) > 0)
+            {
+                // Down (or down with groups nobody could take before).
+                down.push(m.slot);
             }
         }
         for slot in dead {
             changed |= self.declare_dead(slot);
         }
+        // All down first: no group goes to a node that is silent too.
+        for m in &mut self.table.mns {
+            if down.contains(&m.slot) && m.state == State::Up {
+                m.state = State::Down;
+                changed = true;
+            }
+        }
+        for slot in down {
+            changed |= self.stand_in(slot);
+        }
+        changed |= self.hand_back();
         // A freeze whose final copy never came is called off: the group
         // is copied again, and its old owner takes changes meanwhile.
         for m in &mut self.table.moves {
@@ -734,9 +854,12 @@ mod tests {
             mg_owner: vec![],
             sns: vec![],
             moves: vec![],
+            stand_ins: vec![],
         };
         let path = dir.path().join("on.redb");
         let mut on = OnCore::open(&path, initial, 2, 0).unwrap();
+        // No heartbeats here: nobody is marked down.
+        on.set_short_failure(100_000);
         for uuid in [1, 2] {
             register(&mut on, 0, uuid);
         }
@@ -814,6 +937,7 @@ mod tests {
             mg_owner: vec![],
             sns: vec![],
             moves: vec![],
+            stand_ins: vec![],
         };
         let path = dir.path().join("on.redb");
         let mut on = OnCore::open(&path, initial, 3, 0).unwrap();
@@ -845,17 +969,23 @@ mod tests {
             beat(&mut on, now, 2);
             on.tick(now).unwrap();
         }
+        // Down: its groups stand in on the others (restored there), and
+        // remember their home.
         assert_eq!(on.table().mns[2].state, State::Down);
-        assert_eq!(on.table().groups_of(2), 21);
+        assert_eq!(on.table().groups_of(2), 0);
+        assert_eq!(on.table().stand_ins.len(), 21);
+        assert!(on.table().stand_ins.iter().all(|s| s.home == 2));
         beat(&mut on, 5_500, 1);
         beat(&mut on, 5_500, 2);
         on.tick(5_500).unwrap();
         let t = on.table().clone();
         assert_eq!(t.mns[2].state, State::Dead);
         assert_eq!(t.groups_of(2), 0);
+        // Dead: the stand-ins keep the groups for good.
+        assert!(t.stand_ins.is_empty());
         assert_eq!(t.moves.len(), 21);
         assert!(t.moves.iter().all(|m| m.phase == MovePhase::Restoring
-            && m.frozen_epoch == t.epoch
+            && m.frozen_epoch < t.epoch
             && t.mg_owner[m.group as usize] == m.to));
         // Spread evenly: 64 groups, 32 each.
         assert_eq!((t.groups_of(0), t.groups_of(1)), (32, 32));
@@ -903,6 +1033,226 @@ mod tests {
     }
 
     #[test]
+    fn a_down_metadata_node_s_groups_stand_in_elsewhere_and_come_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let initial = Table {
+            epoch: 1,
+            layout: Layout::new(DEFAULT_CLUSTER_PREFIX, 6),
+            routed: false,
+            params: Params::default(),
+            buckets: vec![],
+            mns: vec![],
+            mg_owner: vec![],
+            sns: vec![],
+            moves: vec![],
+            stand_ins: vec![],
+        };
+        let path = dir.path().join("on.redb");
+        let mut on = OnCore::open(&path, initial, 3, 0).unwrap();
+        on.set_short_failure(1_000);
+        on.set_definitive_failure(60_000);
+        for uuid in [1, 2, 3] {
+            register(&mut on, 0, uuid);
+        }
+        let beat = |on: &mut OnCore, now: u64, uuid: u64| {
+            let body = Body::Heartbeat {
+                uuid,
+                free: 0,
+                objects: 0,
+            };
+            on.handle(now, &Msg::new(uuid, 0, body))
+        };
+        let home: Vec<u32> = (0..64u32)
+            .filter(|&g| on.table().mg_owner[g as usize] == 2)
+            .collect();
+        assert_eq!(home.len(), 21);
+        beat(&mut on, 1_500, 1);
+        beat(&mut on, 1_500, 2);
+        on.tick(1_500).unwrap();
+        let t = on.table().clone();
+        assert_eq!(t.mns[2].state, State::Down);
+        for &g in &home {
+            assert_eq!(t.home_of(g), Some(2), "group {g}");
+            let m = t.move_of(g).unwrap();
+            assert_eq!(m.phase, MovePhase::Restoring);
+            assert_eq!(t.mg_owner[g as usize], m.to);
+        }
+        // A new node takes no group standing in.
+        let ready = |on: &mut OnCore, now: u64, g: u32| {
+            let m = *on.table().move_of(g).unwrap();
+            let msg = Msg::new(
+                9,
+                0,
+                Body::MoveReport {
+                    group: g,
+                    to: m.to,
+                    ready: true,
+                    epoch: m.frozen_epoch,
+                },
+            );
+            on.handle(now, &msg).body
+        };
+        // One stand-in is restored, the others not yet.
+        let first = home[0];
+        assert!(matches!(ready(&mut on, 1_600, first), Body::Table { .. }));
+        assert!(on.table().move_of(first).is_none());
+        assert_eq!(on.table().home_of(first), Some(2));
+        // Back: the restored group is handed back (copying), the others
+        // once restored.
+        beat(&mut on, 2_000, 3);
+        let t = on.table().clone();
+        assert_eq!(t.mns[2].state, State::Up);
+        assert_eq!(
+            t.move_of(first).map(|m| (m.to, m.phase)),
+            Some((2, MovePhase::Copying))
+        );
+        assert_eq!(t.move_of(home[1]).unwrap().phase, MovePhase::Restoring);
+        for &g in &home[1..] {
+            assert!(matches!(ready(&mut on, 2_100, g), Body::Table { .. }));
+        }
+        let t = on.table().clone();
+        assert!(home.iter().all(|&g| t.move_of(g).unwrap().to == 2));
+        // The handback runs like any handover; done, the group is home.
+        assert_eq!(
+            report(&mut on, 2_200, first, false, 0),
+            Body::Done { version: 0 }
+        );
+        let m = *on.table().move_of(first).unwrap();
+        assert_eq!(m.phase, MovePhase::Frozen);
+        let Body::Table { bytes } = report(&mut on, 2_300, first, true, m.frozen_epoch) else {
+            panic!("no table");
+        };
+        let t = Table::decode(&bytes).unwrap();
+        assert_eq!(t.mg_owner[first as usize], 2);
+        assert_eq!(t.home_of(first), None);
+        assert_eq!(t.stand_ins.len(), 20);
+        // Down again mid-handback: the handbacks are called off, the
+        // groups stay with their stand-ins, still homed on slot 2.
+        for now in [3_000, 3_400] {
+            beat(&mut on, now, 1);
+            beat(&mut on, now, 2);
+            on.tick(now).unwrap();
+        }
+        let t = on.table().clone();
+        assert_eq!(t.mns[2].state, State::Down);
+        // Its one group home stands in again.
+        assert_eq!(t.stand_ins.len(), 21);
+        assert!(home.iter().all(|&g| t.home_of(g) == Some(2)));
+        assert!(home[1..].iter().all(|&g| t.move_of(g).is_none()));
+        assert_eq!(t.groups_of(2), 0);
+        // The stand-ins survive an orchestrator restart.
+        drop(on);
+        let mut on = OnCore::open(&path, t.clone(), 3, 3_400).unwrap();
+        assert_eq!(on.table().stand_ins, t.stand_ins);
+        on.set_short_failure(1_000);
+        on.set_definitive_failure(60_000);
+        // Dead meanwhile: the groups stay where they are, for good.
+        for now in (4_000..=64_000).step_by(4_000) {
+            beat(&mut on, now, 1);
+            beat(&mut on, now, 2);
+            on.tick(now).unwrap();
+        }
+        let t = on.table().clone();
+        assert_eq!(t.mns[2].state, State::Dead);
+        assert!(t.stand_ins.is_empty());
+        beat(&mut on, 65_000, 3);
+        assert_eq!(on.table().groups_of(2), 0);
+        assert!(on.table().moves.iter().all(|m| m.to != 2));
+    }
+
+    #[test]
+    fn two_nodes_down_at_once_stand_in_one_after_the_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let initial = Table {
+            epoch: 1,
+            layout: Layout::new(DEFAULT_CLUSTER_PREFIX, 6),
+            routed: false,
+            params: Params::default(),
+            buckets: vec![],
+            mns: vec![],
+            mg_owner: vec![],
+            sns: vec![],
+            moves: vec![],
+            stand_ins: vec![],
+        };
+        let mut on = OnCore::open(&dir.path().join("on.redb"), initial, 3, 0).unwrap();
+        on.set_short_failure(1_000);
+        on.set_definitive_failure(60_000);
+        for uuid in [1, 2, 3] {
+            register(&mut on, 0, uuid);
+        }
+        let beat = |on: &mut OnCore, now: u64, uuids: &[u64]| {
+            for &uuid in uuids {
+                let body = Body::Heartbeat {
+                    uuid,
+                    free: 0,
+                    objects: 0,
+                };
+                on.handle(now, &Msg::new(uuid, 0, body));
+            }
+            on.tick(now).unwrap();
+        };
+        let owners = on.table().mg_owner.clone();
+        // Slots 1 and 2 silent at once: both down, and no stand-in (each
+        // holds rows a restore of the other's groups would need).
+        beat(&mut on, 1_500, &[1]);
+        let t = on.table().clone();
+        assert_eq!((t.mns[1].state, t.mns[2].state), (State::Down, State::Down));
+        assert_eq!(t.mg_owner, owners);
+        assert!(t.stand_ins.is_empty() && t.moves.is_empty());
+        // Slot 2 back: slot 1's groups stand in on slots 0 and 2.
+        beat(&mut on, 1_600, &[1, 3]);
+        let t = on.table().clone();
+        assert_eq!(t.mns[2].state, State::Up);
+        assert_eq!(t.groups_of(1), 0);
+        assert!(t.groups_of(0) > 22 && t.groups_of(2) > 21);
+        assert_eq!(t.stand_ins.len(), 21);
+        // Slot 2 down again while they are being restored: it keeps its
+        // groups until the restores are done, then they stand in too.
+        beat(&mut on, 2_700, &[1]);
+        let t = on.table().clone();
+        assert_eq!(t.mns[2].state, State::Down);
+        assert!(t.groups_of(2) > 0);
+        for m in t.moves.iter().filter(|m| m.to == 0) {
+            let report = Body::MoveReport {
+                group: m.group,
+                to: m.to,
+                ready: true,
+                epoch: m.frozen_epoch,
+            };
+            let reply = on.handle(2_800, &Msg::new(9, 0, report)).body;
+            assert!(matches!(reply, Body::Table { .. }), "{reply:?}");
+        }
+        // Slot 2's own restores cannot finish while it is down (and slot
+        // 0 could not gather the rows only slots 1 and 2 hold): its groups
+        // wait for it.
+        beat(&mut on, 2_900, &[1]);
+        let t = on.table().clone();
+        assert!(t.groups_of(2) > 0);
+        assert!(!t.moves.is_empty() && t.moves.iter().all(|m| m.to == 2));
+        // Both back: the restores finish, and slot 1's groups are handed
+        // back to it.
+        beat(&mut on, 3_000, &[1, 3]);
+        for m in on.table().moves.clone() {
+            let report = Body::MoveReport {
+                group: m.group,
+                to: m.to,
+                ready: true,
+                epoch: m.frozen_epoch,
+            };
+            on.handle(3_100, &Msg::new(9, 0, report));
+        }
+        beat(&mut on, 3_200, &[1, 2, 3]);
+        let t = on.table().clone();
+        assert_eq!(t.mns[1].state, State::Up);
+        assert_eq!(t.moves.len(), 21);
+        assert!(t
+            .moves
+            .iter()
+            .all(|m| m.to == 1 && m.phase == MovePhase::Copying));
+    }
+
+    #[test]
     fn a_handover_from_a_node_that_dies_becomes_a_restore_on_its_target() {
         let dir = tempfile::tempdir().unwrap();
         let initial = Table {
@@ -915,6 +1265,7 @@ mod tests {
             mg_owner: vec![],
             sns: vec![],
             moves: vec![],
+            stand_ins: vec![],
         };
         let mut on = OnCore::open(&dir.path().join("on.redb"), initial, 3, 0).unwrap();
         on.set_definitive_failure(5_000);

@@ -198,6 +198,7 @@ mod tests {
                 state: State::Up,
             }],
             moves: vec![],
+            stand_ins: vec![],
         }
     }
 

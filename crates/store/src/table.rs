@@ -185,6 +185,22 @@ pub struct Move {
     pub frozen_epoch: u64,
 }
 
+/// A metadata group standing in for its home: its home metadata node is
+/// down (not dead), so another node owns it meanwhile, and gets it back
+/// through a handover when the home node is up again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StandIn {
+    /// The group.
+    pub group: u32,
+    /// The slot it goes back to (never its current owner).
+    pub home: u16,
+}
+
+/// Version of the optional trailing section of the encoded table that
+/// lists groups standing in for a down metadata node (tables stored
+/// before it existed end after the handovers and decode with none).
+const STAND_INS_SECTION: u8 = 1;
+
 /// Version of the optional trailing section of the encoded table that
 /// lists handovers (tables stored before it existed end after the storage
 /// nodes and decode with no handover).
@@ -211,6 +227,9 @@ pub struct Table {
     pub sns: Vec<SnEntry>,
     /// Metadata groups being handed over (at most one entry per group).
     pub moves: Vec<Move>,
+    /// Metadata groups standing in for a down node (at most one entry per
+    /// group).
+    pub stand_ins: Vec<StandIn>,
 }
 
 impl Table {
@@ -240,6 +259,14 @@ impl Table {
     /// The handover of group `mg`, if one is under way.
     pub fn move_of(&self, mg: u32) -> Option<&Move> {
         self.moves.iter().find(|m| m.group == mg)
+    }
+
+    /// The home slot of group `mg`, if it stands in for a down node.
+    pub fn home_of(&self, mg: u32) -> Option<u16> {
+        self.stand_ins
+            .iter()
+            .find(|s| s.group == mg)
+            .map(|s| s.home)
     }
 
     /// Whether group `mg` is being restored (its previous owner is dead).
@@ -334,6 +361,12 @@ impl Table {
             w.u8(m.phase as u8);
             w.u64(m.frozen_epoch);
         }
+        w.u8(STAND_INS_SECTION);
+        w.u32(self.stand_ins.len() as u32);
+        for s in &self.stand_ins {
+            w.u32(s.group);
+            w.u16(s.home);
+        }
         w.buf
     }
 
@@ -391,6 +424,12 @@ impl Table {
         } else {
             get_moves(&mut r, &mg_owner, &mns)?
         };
+        let stand_ins = if r.remaining() == 0 {
+            // Written before stand-ins existed.
+            Vec::new()
+        } else {
+            get_stand_ins(&mut r, &mg_owner, &mns)?
+        };
         r.finish()?;
         Ok(Table {
             epoch,
@@ -402,8 +441,54 @@ impl Table {
             mg_owner,
             sns,
             moves,
+            stand_ins,
         })
     }
+}
+
+/// Reads and checks the stand-in section: a known section version, at
+/// most one entry per group, groups in range, home slots that exist and
+/// do not own the group already.
+fn get_stand_ins(
+    r: &mut Reader,
+    mg_owner: &[u16],
+    mns: &[MnEntry],
+) -> Result<Vec<StandIn>, WireError> {
+    let mg_count = mg_owner.len();
+    let version = r.u8()?;
+    if version != STAND_INS_SECTION {
+        return Err(WireError::Invalid(format!(
+            "table stand-in section version {version}; this build reads version {STAND_INS_SECTION}"
+        )));
+    }
+    let n = r.u32()? as usize;
+    if n > mg_count {
+        return Err(WireError::Invalid(format!(
+            "{n} stand-in groups for {mg_count} groups"
+        )));
+    }
+    let mut out: Vec<StandIn> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let group = r.u32()?;
+        let home = r.u16()?;
+        if group as usize >= mg_count || out.iter().any(|s| s.group == group) {
+            return Err(WireError::Invalid(format!(
+                "stand-in for group {group}: out of range or listed twice"
+            )));
+        }
+        if !mns.iter().any(|m| m.slot == home) {
+            return Err(WireError::Invalid(format!(
+                "group {group} stands in for slot {home}, which no metadata node holds"
+            )));
+        }
+        if mg_owner.get(group as usize) == Some(&home) {
+            return Err(WireError::Invalid(format!(
+                "group {group} stands in for slot {home}, which owns it"
+            )));
+        }
+        out.push(StandIn { group, home });
+    }
+    Ok(out)
 }
 
 /// Reads and checks the handover section: a known section version, at most
@@ -516,6 +601,7 @@ mod tests {
                 state: State::Down,
             }],
             moves: vec![],
+            stand_ins: vec![],
         }
     }
 
@@ -547,12 +633,14 @@ mod tests {
         );
         let bytes = t.encode();
         for cut in 0..bytes.len() {
-            // The handover section is optional: a table cut right before it
-            // is a valid table written before handovers existed.
-            if cut != bytes.len() - 5 {
+            // The handover and stand-in sections are optional: a table cut
+            // right before either is a valid table written before they
+            // existed.
+            if cut != bytes.len() - 5 && cut != bytes.len() - 10 {
                 assert!(Table::decode(&bytes[..cut]).is_err(), "cut at {cut}");
             }
         }
+        assert_eq!(Table::decode(&bytes[..bytes.len() - 10]).unwrap(), t);
         assert_eq!(Table::decode(&bytes[..bytes.len() - 5]).unwrap(), t);
     }
 
@@ -590,7 +678,7 @@ mod tests {
         assert_eq!(back.move_of(15).unwrap().frozen_epoch, 77);
         assert!(back.move_of(4).is_none());
         for cut in 0..bytes.len() {
-            if cut != bytes.len() - (5 + 2 * 15) {
+            if cut != bytes.len() - 5 && cut != bytes.len() - (10 + 2 * 15) {
                 assert!(Table::decode(&bytes[..cut]).is_err(), "cut at {cut}");
             }
         }
@@ -610,7 +698,8 @@ mod tests {
         bad.moves[0].to = 7;
         refused(bad, "no metadata node");
         // An unknown phase or section version, or a huge count.
-        let n = bytes.len();
+        // (Past the empty stand-in section, 5 bytes.)
+        let n = bytes.len() - 5;
         let mut b = bytes.clone();
         b[n - 9] = 9;
         assert!(Table::decode(&b)
@@ -661,6 +750,52 @@ mod tests {
         bad.mg_owner[5] = 0;
         let err = Table::decode(&bad.encode()).unwrap_err().to_string();
         assert!(err.contains("does not own it"), "{err}");
+    }
+
+    #[test]
+    fn stand_ins_round_trip_and_bad_ones_are_refused() {
+        let mut t = with_moves();
+        t.mns[0].state = State::Down;
+        t.mg_owner[4] = 1;
+        t.mg_owner[9] = 1;
+        t.stand_ins = vec![StandIn { group: 4, home: 0 }, StandIn { group: 9, home: 0 }];
+        let bytes = t.encode();
+        let back = Table::decode(&bytes).unwrap();
+        assert_eq!(back, t);
+        assert_eq!(back.home_of(4), Some(0));
+        assert_eq!(back.home_of(5), None);
+        for cut in 0..bytes.len() {
+            // Cut before the stand-in section (or the handovers): an older table.
+            if cut != bytes.len() - (5 + 2 * 6) && cut != bytes.len() - (10 + 2 * 6 + 2 * 15) {
+                assert!(Table::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            }
+        }
+        let refused = |bad: Table, what: &str| {
+            let err = Table::decode(&bad.encode()).unwrap_err().to_string();
+            assert!(err.contains(what), "{err}");
+        };
+        let mut bad = t.clone();
+        bad.stand_ins[1].group = 16;
+        refused(bad, "out of range");
+        let mut bad = t.clone();
+        bad.stand_ins[1].group = 4;
+        refused(bad, "listed twice");
+        let mut bad = t.clone();
+        bad.stand_ins[0].home = 7;
+        refused(bad, "no metadata node");
+        let mut bad = t.clone();
+        bad.stand_ins[0].home = 1;
+        refused(bad, "which owns it");
+        // An unknown section version, or a huge count.
+        let n = bytes.len() - 2 * 6;
+        let mut b = bytes.clone();
+        b[n - 5] = 2;
+        let err = Table::decode(&b).unwrap_err().to_string();
+        assert!(err.contains("stand-in section version 2"), "{err}");
+        let mut b = bytes.clone();
+        b[n - 4..n].copy_from_slice(&u32::MAX.to_be_bytes());
+        let err = Table::decode(&b).unwrap_err().to_string();
+        assert!(err.contains("stand-in groups"), "{err}");
     }
 
     proptest::proptest! {

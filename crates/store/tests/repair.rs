@@ -45,6 +45,7 @@ fn table() -> Table {
             })
             .collect(),
         moves: vec![],
+        stand_ins: vec![],
     }
 }
 

@@ -93,6 +93,7 @@ fn table(params: Params) -> Table {
             })
             .collect(),
         moves: vec![],
+        stand_ins: vec![],
     }
 }
 
@@ -185,6 +186,9 @@ struct Sim {
     kill_mn_at: Option<(u64, u16)>,
     /// The slot that crashed for good.
     gone: Option<u16>,
+    /// When (ms) the slot that crashed starts again (same database), if
+    /// ever: it was down, not dead.
+    revive_mn_at: Option<u64>,
     /// Orchestrator ticks that saw a group being restored.
     restoring_ticks: u64,
 }
@@ -227,6 +231,7 @@ impl Sim {
             slots: MNS,
             kill_mn_at: None,
             gone: None,
+            revive_mn_at: None,
             restoring_ticks: 0,
             acked_ops: 0,
             checked_gets: 0,
@@ -560,6 +565,10 @@ impl Sim {
                 if self.now.is_multiple_of(20) {
                     self.orchestrator_clock();
                 }
+            }
+            if self.revive_mn_at == Some(self.now) {
+                // Started again by `step_crashes`, with its database.
+                self.gone = None;
             }
             self.finish_copies();
             if self.now.is_multiple_of(20) {
@@ -999,6 +1008,85 @@ fn a_metadata_node_lost_for_good_is_restored_under_faults() {
             sim.crashes
         );
     }
+}
+
+#[test]
+fn a_metadata_node_down_for_a_while_stands_in_then_comes_back_under_faults() {
+    let p = Params {
+        n_m: 3,
+        w_m: 3,
+        n_d: 2,
+        w_d: 1,
+    };
+    let mut stand_in_runs = 0;
+    let all = seeds(5_000);
+    let runs = all.end - all.start;
+    for seed in all {
+        let mut sim = Sim::new(seed, p);
+        let t = sim.table.clone();
+        let gone = (0..MNS)
+            .find(|&slot| {
+                sim.possible.keys().all(|name| {
+                    t.meta_addrs(name)
+                        .iter()
+                        .any(|&a| t.mn_for(a).map(|m| m.slot) != Some(slot))
+                })
+            })
+            .expect("a slot no name lives on alone");
+        let mut on =
+            OnCore::open(&sim.dir.path().join("on.redb"), sim.table.clone(), MNS, 0).unwrap();
+        // Random crashes (0.3 to 1.8 s) stand in too.
+        on.set_short_failure(1_000);
+        on.set_definitive_failure(600_000);
+        sim.on = Some(on);
+        let owners = sim.table.mg_owner.clone();
+        sim.kill_mn_at = Some((20_000, gone));
+        let (mut stood_in, mut held) = (false, false);
+        let mut at = 20_000;
+        while at < 35_000 {
+            at += 500;
+            sim.run(at, true, 150);
+            let t = sim.on.as_ref().unwrap().table();
+            stood_in |= t.stand_ins.iter().any(|s| s.home == gone) && t.groups_of(gone) == 0;
+            // A node holding groups that stand in for another gets no
+            // stand-in itself (it may hold every copy of a name).
+            held |= t
+                .stand_ins
+                .iter()
+                .any(|s| t.mg_owner[s.group as usize] == gone);
+        }
+        assert!(stood_in || held, "seed {seed}: no stand-in for slot {gone}");
+        stand_in_runs += u32::from(stood_in);
+        sim.revive_mn_at = Some(35_001);
+        sim.run(60_000, true, 150);
+        sim.heal_and_check();
+        let t = sim.on.as_ref().unwrap().table();
+        assert_eq!(t.mns[gone as usize].state, State::Up, "seed {seed}");
+        assert!(t.stand_ins.is_empty(), "seed {seed}: {:?}", t.stand_ins);
+        assert!(t.moves.is_empty(), "seed {seed}: {:?}", t.moves);
+        assert_eq!(t.mg_owner, owners, "seed {seed}: not every group home");
+        eprintln!(
+            "seed {seed}: {} acked, {} gets, {} crashes, restoring over {} ms",
+            sim.acked_ops,
+            sim.checked_gets,
+            sim.crashes,
+            sim.restoring_ticks * 20
+        );
+        for s in 0..MNS {
+            let core = sim.mns[s as usize].as_ref().unwrap();
+            assert_eq!(core.pending_count(), 0, "seed {seed}: a name stayed locked");
+        }
+        assert!(
+            sim.acked_ops > 50 && sim.checked_gets > 20,
+            "seed {seed}: {} acked, {} gets",
+            sim.acked_ops,
+            sim.checked_gets
+        );
+    }
+    assert!(
+        stand_in_runs * 2 >= runs as u32,
+        "stand-ins in only {stand_in_runs} runs of {runs}"
+    );
 }
 
 #[test]
