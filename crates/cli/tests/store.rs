@@ -133,6 +133,36 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 
 const REPLICATED: &[&str] = &["--mn", "3", "--sn", "4", "--replication", "3,2,3,2"];
 
+/// A client thread that Gets every `(name, bytes)` in turn until `stop`,
+/// and returns how many Gets it made and the ones that failed.
+fn spawn_reader(
+    on: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    objects: Vec<(String, Vec<u8>)>,
+) -> std::thread::JoinHandle<(u64, Vec<String>)> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let client = strata_store::client::Client::connect(on).await.unwrap();
+            let (mut gets, mut failures) = (0u64, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for (name, want) in &objects {
+                    gets += 1;
+                    match client.get_bytes(name).await {
+                        Ok((_, b)) if b == *want => {}
+                        Ok(_) => failures.push(format!("{name}: wrong bytes")),
+                        Err(e) => failures.push(format!("{name}: {e}")),
+                    }
+                }
+            }
+            (gets, failures)
+        })
+    })
+}
+
 #[test]
 fn objects_from_0_bytes_to_64_mib_round_trip_with_checksums() {
     let dir = tmp();
@@ -1471,32 +1501,11 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
 
     // A reader goes on through the failure and the restore.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reader = {
-        let stop = stop.clone();
-        let survivors = survivors.clone();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let client = strata_store::client::Client::connect(on).await.unwrap();
-                let (mut gets, mut failures) = (0u64, Vec::new());
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    for &i in &survivors {
-                        let name = format!("pre/{i:03}");
-                        gets += 1;
-                        match client.get_bytes(&name).await {
-                            Ok((_, b)) if b == pattern(500 + i * 13, i as u64 + 3) => {}
-                            Ok(_) => failures.push(format!("{name}: wrong bytes")),
-                            Err(e) => failures.push(format!("{name}: {e}")),
-                        }
-                    }
-                }
-                (gets, failures)
-            })
-        })
-    };
+    let expected: Vec<(String, Vec<u8>)> = survivors
+        .iter()
+        .map(|&i| (format!("pre/{i:03}"), pattern(500 + i * 13, i as u64 + 3)))
+        .collect();
+    let reader = spawn_reader(on, stop.clone(), expected);
     std::thread::sleep(Duration::from_millis(300));
     mn.kill9();
     let start = Instant::now();
@@ -1755,32 +1764,11 @@ fn a_metadata_node_down_for_a_while_has_stand_ins_then_gets_its_groups_back() {
 
     // A reader of the untouched objects goes on through it all.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reader = {
-        let stop = stop.clone();
-        let untouched = untouched.clone();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let client = strata_store::client::Client::connect(on).await.unwrap();
-                let (mut gets, mut failures) = (0u64, Vec::new());
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    for &i in &untouched {
-                        let name = format!("pre/{i:03}");
-                        gets += 1;
-                        match client.get_bytes(&name).await {
-                            Ok((_, b)) if b == pattern(300 + i * 11, i as u64 + 7) => {}
-                            Ok(_) => failures.push(format!("{name}: wrong bytes")),
-                            Err(e) => failures.push(format!("{name}: {e}")),
-                        }
-                    }
-                }
-                (gets, failures)
-            })
-        })
-    };
+    let expected: Vec<(String, Vec<u8>)> = untouched
+        .iter()
+        .map(|&i| (format!("pre/{i:03}"), pattern(300 + i * 11, i as u64 + 7)))
+        .collect();
+    let reader = spawn_reader(on, stop.clone(), expected);
     std::thread::sleep(Duration::from_millis(300));
     mn.kill9();
     let killed = Instant::now();
