@@ -444,6 +444,30 @@ fn rename_delete_and_paginated_list() {
     assert!(v["version"].as_u64().unwrap() > after_mv["version"].as_u64().unwrap());
 }
 
+/// A runtime on this thread and a client of the cluster at `on`.
+fn connect_client(on: SocketAddr) -> (tokio::runtime::Runtime, strata_store::client::Client) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt
+        .block_on(strata_store::client::Client::connect(on))
+        .unwrap();
+    (rt, client)
+}
+
+/// Asks the node that `table` says owns metadata address `addr` for the
+/// copy of `name` kept there; returns that node and its answer.
+fn ask_copy(
+    table: &strata_store::table::Table,
+    addr: strata_store::addr::Addr,
+    name: &str,
+) -> (SocketAddr, Body) {
+    let to = table.mn_endpoint(addr).expect("an owner for the address");
+    let q = Msg::new(96, addr, Body::Get { name: name.into() });
+    (to, udp_ask(to, &q.encode().unwrap()).body)
+}
+
 fn udp_ask(to: SocketAddr, bytes: &[u8]) -> Msg {
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
@@ -1170,13 +1194,7 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
         ],
     );
     let on = store.on;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = rt
-        .block_on(strata_store::client::Client::connect(on))
-        .unwrap();
+    let (rt, client) = connect_client(on);
     // Objects posted before the handover, with their records.
     let pre: Vec<(String, strata_store::wire::Record)> = (0..60)
         .map(|i| {
@@ -1355,9 +1373,8 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
     for (name, _) in &load.acked {
         let rec = rt.block_on(client.stat(name)).unwrap();
         for &addr in &rec.meta {
-            let q = Msg::new(98, addr, Body::Get { name: name.clone() });
-            let to = table.mn_endpoint(addr).unwrap();
-            match udp_ask(to, &q.encode().unwrap()).body {
+            let (to, body) = ask_copy(&table, addr, name);
+            match body {
                 Body::Found { record } => assert_eq!(record.version, rec.version, "{name}"),
                 other => panic!("{name} at {to}: {other:?}"),
             }
@@ -1442,13 +1459,7 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
     });
     std::thread::sleep(Duration::from_millis(1200)); // every node has the table
     let on = store.on;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = rt
-        .block_on(strata_store::client::Client::connect(on))
-        .unwrap();
+    let (rt, client) = connect_client(on);
     let data_of = |i: usize| pattern(500 + i * 13, i as u64 + 3);
     let pre: Vec<(String, strata_store::wire::Record)> = (0..60)
         .map(|i| {
@@ -1558,9 +1569,7 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
             continue;
         }
         for &addr in &rec.meta {
-            let to = table.mn_endpoint(addr).unwrap();
-            let q = Msg::new(97, addr, Body::Get { name: name.clone() });
-            let body = udp_ask(to, &q.encode().unwrap()).body;
+            let (to, body) = ask_copy(&table, addr, name);
             if before.mn_for(addr).map(|m| m.slot) == Some(dead_slot) {
                 restored += 1;
             }
@@ -1727,13 +1736,7 @@ fn a_metadata_node_down_for_a_while_has_stand_ins_then_gets_its_groups_back() {
     });
     std::thread::sleep(Duration::from_millis(1200)); // every node has the table
     let on = store.on;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = rt
-        .block_on(strata_store::client::Client::connect(on))
-        .unwrap();
+    let (rt, client) = connect_client(on);
     let data_of = |i: usize| pattern(300 + i * 11, i as u64 + 7);
     let names: Vec<String> = (0..60).map(|i| format!("pre/{i:03}")).collect();
     let mut version: Vec<u64> = Vec::new();
@@ -1885,12 +1888,10 @@ fn a_metadata_node_down_for_a_while_has_stand_ins_then_gets_its_groups_back() {
             .meta_addrs(name)
             .into_iter()
             .map(|addr| {
-                let to = table.mn_endpoint(addr).unwrap();
                 if table.mn_for(addr).map(|m| m.slot) == Some(home) {
                     at_home += 1;
                 }
-                let q = Msg::new(96, addr, Body::Get { name: name.into() });
-                (to, udp_ask(to, &q.encode().unwrap()).body)
+                ask_copy(&table, addr, name)
             })
             .collect::<Vec<_>>()
     };

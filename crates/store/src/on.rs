@@ -809,6 +809,32 @@ mod tests {
     use crate::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
     use crate::table::Params;
 
+    /// A new cluster's table with 64 metadata groups and no node yet.
+    fn empty_table() -> Table {
+        Table {
+            epoch: 1,
+            layout: Layout::new(DEFAULT_CLUSTER_PREFIX, 6),
+            routed: false,
+            params: Params::default(),
+            buckets: vec![],
+            mns: vec![],
+            mg_owner: vec![],
+            sns: vec![],
+            moves: vec![],
+            stand_ins: vec![],
+        }
+    }
+
+    /// A heartbeat of node `uuid` (no space, no objects) at `now`.
+    fn heartbeat(on: &mut OnCore, now: u64, uuid: u64) -> Msg {
+        let body = Body::Heartbeat {
+            uuid,
+            free: 0,
+            objects: 0,
+        };
+        on.handle(now, &Msg::new(uuid, 0, body))
+    }
+
     fn register(on: &mut OnCore, now: u64, uuid: u64) -> Msg {
         on.handle(
             now,
@@ -844,18 +870,7 @@ mod tests {
     #[test]
     fn a_node_beyond_the_slots_takes_groups_over_in_phases() {
         let dir = tempfile::tempdir().unwrap();
-        let initial = Table {
-            epoch: 1,
-            layout: Layout::new(DEFAULT_CLUSTER_PREFIX, 6),
-            routed: false,
-            params: Params::default(),
-            buckets: vec![],
-            mns: vec![],
-            mg_owner: vec![],
-            sns: vec![],
-            moves: vec![],
-            stand_ins: vec![],
-        };
+        let initial = empty_table();
         let path = dir.path().join("on.redb");
         let mut on = OnCore::open(&path, initial, 2, 0).unwrap();
         // No heartbeats here: nobody is marked down.
@@ -927,18 +942,7 @@ mod tests {
     #[test]
     fn a_dead_metadata_node_s_groups_are_restored_on_the_others() {
         let dir = tempfile::tempdir().unwrap();
-        let initial = Table {
-            epoch: 1,
-            layout: Layout::new(DEFAULT_CLUSTER_PREFIX, 6),
-            routed: false,
-            params: Params::default(),
-            buckets: vec![],
-            mns: vec![],
-            mg_owner: vec![],
-            sns: vec![],
-            moves: vec![],
-            stand_ins: vec![],
-        };
+        let initial = empty_table();
         let path = dir.path().join("on.redb");
         let mut on = OnCore::open(&path, initial, 3, 0).unwrap();
         on.set_short_failure(1_000);
@@ -946,27 +950,13 @@ mod tests {
         for uuid in [1, 2, 3] {
             register(&mut on, 0, uuid);
         }
-        let beat = |on: &mut OnCore, now: u64, uuid: u64| {
-            on.handle(
-                now,
-                &Msg::new(
-                    uuid,
-                    0,
-                    Body::Heartbeat {
-                        uuid,
-                        free: 0,
-                        objects: 0,
-                    },
-                ),
-            )
-        };
         let owned = on.table().groups_of(2);
         assert_eq!(owned, 21);
         // Slot 2 goes silent: down after the short timer, dead after the
         // definitive one, its groups restored on slots 0 and 1.
         for now in (500..=4_500).step_by(500) {
-            beat(&mut on, now, 1);
-            beat(&mut on, now, 2);
+            heartbeat(&mut on, now, 1);
+            heartbeat(&mut on, now, 2);
             on.tick(now).unwrap();
         }
         // Down: its groups stand in on the others (restored there), and
@@ -975,8 +965,8 @@ mod tests {
         assert_eq!(on.table().groups_of(2), 0);
         assert_eq!(on.table().stand_ins.len(), 21);
         assert!(on.table().stand_ins.iter().all(|s| s.home == 2));
-        beat(&mut on, 5_500, 1);
-        beat(&mut on, 5_500, 2);
+        heartbeat(&mut on, 5_500, 1);
+        heartbeat(&mut on, 5_500, 2);
         on.tick(5_500).unwrap();
         let t = on.table().clone();
         assert_eq!(t.mns[2].state, State::Dead);
@@ -1024,7 +1014,7 @@ mod tests {
         assert_eq!(after.mg_owner[m.group as usize], m.to);
         // The dead node comes back: up, owning nothing; restores survive
         // an orchestrator restart.
-        beat(&mut on, 6_000, 3);
+        heartbeat(&mut on, 6_000, 3);
         assert_eq!(on.table().mns[2].state, State::Up);
         assert_eq!(on.table().groups_of(2), 0);
         drop(on);
@@ -1035,18 +1025,7 @@ mod tests {
     #[test]
     fn a_down_metadata_node_s_groups_stand_in_elsewhere_and_come_back() {
         let dir = tempfile::tempdir().unwrap();
-        let initial = Table {
-            epoch: 1,
-            layout: Layout::new(DEFAULT_CLUSTER_PREFIX, 6),
-            routed: false,
-            params: Params::default(),
-            buckets: vec![],
-            mns: vec![],
-            mg_owner: vec![],
-            sns: vec![],
-            moves: vec![],
-            stand_ins: vec![],
-        };
+        let initial = empty_table();
         let path = dir.path().join("on.redb");
         let mut on = OnCore::open(&path, initial, 3, 0).unwrap();
         on.set_short_failure(1_000);
@@ -1054,20 +1033,12 @@ mod tests {
         for uuid in [1, 2, 3] {
             register(&mut on, 0, uuid);
         }
-        let beat = |on: &mut OnCore, now: u64, uuid: u64| {
-            let body = Body::Heartbeat {
-                uuid,
-                free: 0,
-                objects: 0,
-            };
-            on.handle(now, &Msg::new(uuid, 0, body))
-        };
         let home: Vec<u32> = (0..64u32)
             .filter(|&g| on.table().mg_owner[g as usize] == 2)
             .collect();
         assert_eq!(home.len(), 21);
-        beat(&mut on, 1_500, 1);
-        beat(&mut on, 1_500, 2);
+        heartbeat(&mut on, 1_500, 1);
+        heartbeat(&mut on, 1_500, 2);
         on.tick(1_500).unwrap();
         let t = on.table().clone();
         assert_eq!(t.mns[2].state, State::Down);
@@ -1099,7 +1070,7 @@ mod tests {
         assert_eq!(on.table().home_of(first), Some(2));
         // Back: the restored group is handed back (copying), the others
         // once restored.
-        beat(&mut on, 2_000, 3);
+        heartbeat(&mut on, 2_000, 3);
         let t = on.table().clone();
         assert_eq!(t.mns[2].state, State::Up);
         assert_eq!(
@@ -1129,8 +1100,8 @@ mod tests {
         // Down again mid-handback: the handbacks are called off, the
         // groups stay with their stand-ins, still homed on slot 2.
         for now in [3_000, 3_400] {
-            beat(&mut on, now, 1);
-            beat(&mut on, now, 2);
+            heartbeat(&mut on, now, 1);
+            heartbeat(&mut on, now, 2);
             on.tick(now).unwrap();
         }
         let t = on.table().clone();
@@ -1148,14 +1119,14 @@ mod tests {
         on.set_definitive_failure(60_000);
         // Dead meanwhile: the groups stay where they are, for good.
         for now in (4_000..=64_000).step_by(4_000) {
-            beat(&mut on, now, 1);
-            beat(&mut on, now, 2);
+            heartbeat(&mut on, now, 1);
+            heartbeat(&mut on, now, 2);
             on.tick(now).unwrap();
         }
         let t = on.table().clone();
         assert_eq!(t.mns[2].state, State::Dead);
         assert!(t.stand_ins.is_empty());
-        beat(&mut on, 65_000, 3);
+        heartbeat(&mut on, 65_000, 3);
         assert_eq!(on.table().groups_of(2), 0);
         assert!(on.table().moves.iter().all(|m| m.to != 2));
     }
@@ -1163,18 +1134,7 @@ mod tests {
     #[test]
     fn two_nodes_down_at_once_stand_in_one_after_the_other() {
         let dir = tempfile::tempdir().unwrap();
-        let initial = Table {
-            epoch: 1,
-            layout: Layout::new(DEFAULT_CLUSTER_PREFIX, 6),
-            routed: false,
-            params: Params::default(),
-            buckets: vec![],
-            mns: vec![],
-            mg_owner: vec![],
-            sns: vec![],
-            moves: vec![],
-            stand_ins: vec![],
-        };
+        let initial = empty_table();
         let mut on = OnCore::open(&dir.path().join("on.redb"), initial, 3, 0).unwrap();
         on.set_short_failure(1_000);
         on.set_definitive_failure(60_000);
@@ -1183,12 +1143,7 @@ mod tests {
         }
         let beat = |on: &mut OnCore, now: u64, uuids: &[u64]| {
             for &uuid in uuids {
-                let body = Body::Heartbeat {
-                    uuid,
-                    free: 0,
-                    objects: 0,
-                };
-                on.handle(now, &Msg::new(uuid, 0, body));
+                heartbeat(on, now, uuid);
             }
             on.tick(now).unwrap();
         };
@@ -1255,18 +1210,7 @@ mod tests {
     #[test]
     fn a_handover_from_a_node_that_dies_becomes_a_restore_on_its_target() {
         let dir = tempfile::tempdir().unwrap();
-        let initial = Table {
-            epoch: 1,
-            layout: Layout::new(DEFAULT_CLUSTER_PREFIX, 6),
-            routed: false,
-            params: Params::default(),
-            buckets: vec![],
-            mns: vec![],
-            mg_owner: vec![],
-            sns: vec![],
-            moves: vec![],
-            stand_ins: vec![],
-        };
+        let initial = empty_table();
         let mut on = OnCore::open(&dir.path().join("on.redb"), initial, 3, 0).unwrap();
         on.set_definitive_failure(5_000);
         for uuid in [1, 2, 3, 4] {
@@ -1282,12 +1226,7 @@ mod tests {
         let others = on.table().moves.len() - from_dying.len();
         assert!(!from_dying.is_empty() && others > 0);
         for uuid in [1, 2, 4] {
-            let beat = Body::Heartbeat {
-                uuid,
-                free: 0,
-                objects: 0,
-            };
-            on.handle(6_000, &Msg::new(uuid, 0, beat));
+            heartbeat(&mut on, 6_000, uuid);
         }
         on.tick(6_000).unwrap();
         let t = on.table();

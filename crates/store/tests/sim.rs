@@ -194,6 +194,26 @@ struct Sim {
 }
 
 impl Sim {
+    /// An orchestrator for this run's table, in its directory.
+    fn orchestrator(&self) -> OnCore {
+        OnCore::open(&self.dir.path().join("on.redb"), self.table.clone(), MNS, 0).unwrap()
+    }
+
+    /// A slot that does not hold every metadata address of any name: a
+    /// name living on it alone would have no copy left when it is lost.
+    fn slot_no_name_lives_on_alone(&self) -> u16 {
+        let t = &self.table;
+        (0..MNS)
+            .find(|&slot| {
+                self.possible.keys().all(|name| {
+                    t.meta_addrs(name)
+                        .iter()
+                        .any(|&a| t.mn_for(a).map(|m| m.slot) != Some(slot))
+                })
+            })
+            .expect("a slot no name lives on alone")
+    }
+
     fn new(seed: u64, params: Params) -> Sim {
         let base = std::path::Path::new("/dev/shm");
         let dir = if base.is_dir() {
@@ -920,7 +940,7 @@ fn a_group_handover_under_faults_loses_nothing() {
     };
     for seed in seeds(3_000) {
         let mut sim = Sim::new(seed, p);
-        let on = OnCore::open(&sim.dir.path().join("on.redb"), sim.table.clone(), MNS, 0).unwrap();
+        let on = sim.orchestrator();
         assert_eq!(on.table().mg_owner, sim.table.mg_owner);
         sim.on = Some(on);
         sim.add_mn_at = Some(50_000);
@@ -961,18 +981,8 @@ fn a_metadata_node_lost_for_good_is_restored_under_faults() {
         let mut sim = Sim::new(seed, p);
         // A slot that does not hold every metadata address of some name:
         // such a name has no copy left when that node is lost.
-        let t = sim.table.clone();
-        let gone = (0..MNS)
-            .find(|&slot| {
-                sim.possible.keys().all(|name| {
-                    t.meta_addrs(name)
-                        .iter()
-                        .any(|&a| t.mn_for(a).map(|m| m.slot) != Some(slot))
-                })
-            })
-            .expect("a slot no name lives on alone");
-        let mut on =
-            OnCore::open(&sim.dir.path().join("on.redb"), sim.table.clone(), MNS, 0).unwrap();
+        let gone = sim.slot_no_name_lives_on_alone();
+        let mut on = sim.orchestrator();
         on.set_definitive_failure(5_000);
         sim.on = Some(on);
         sim.kill_mn_at = Some((20_000, gone));
@@ -1023,18 +1033,8 @@ fn a_metadata_node_down_for_a_while_stands_in_then_comes_back_under_faults() {
     let runs = all.end - all.start;
     for seed in all {
         let mut sim = Sim::new(seed, p);
-        let t = sim.table.clone();
-        let gone = (0..MNS)
-            .find(|&slot| {
-                sim.possible.keys().all(|name| {
-                    t.meta_addrs(name)
-                        .iter()
-                        .any(|&a| t.mn_for(a).map(|m| m.slot) != Some(slot))
-                })
-            })
-            .expect("a slot no name lives on alone");
-        let mut on =
-            OnCore::open(&sim.dir.path().join("on.redb"), sim.table.clone(), MNS, 0).unwrap();
+        let gone = sim.slot_no_name_lives_on_alone();
+        let mut on = sim.orchestrator();
         // Random crashes (0.3 to 1.8 s) stand in too.
         on.set_short_failure(1_000);
         on.set_definitive_failure(600_000);
