@@ -1308,22 +1308,23 @@ mod tests {
         );
     }
 
+    /// The decoding error of an empty page of `body` whose row count
+    /// (just before its one-byte trailer) is made `count`.
+    fn with_row_count(body: Body, count: u16) -> String {
+        let mut bytes = Msg::new(1, 0, body).encode().unwrap();
+        let at = bytes.len() - 3;
+        bytes[at..at + 2].copy_from_slice(&count.to_be_bytes());
+        Msg::decode(&bytes).unwrap_err().to_string()
+    }
+
     #[test]
     fn handover_pages_are_bounded() {
         // A count above the limit is refused before anything is allocated.
-        let mut bytes = Msg::new(
-            1,
-            0,
-            Body::MgRows {
-                rows: vec![],
-                more: false,
-            },
-        )
-        .encode()
-        .unwrap();
-        let at = bytes.len() - 3;
-        bytes[at..at + 2].copy_from_slice(&u16::MAX.to_be_bytes());
-        let err = Msg::decode(&bytes).unwrap_err().to_string();
+        let body = Body::MgRows {
+            rows: vec![],
+            more: false,
+        };
+        let err = with_row_count(body, u16::MAX);
         assert!(err.contains("limit is 2048"), "{err}");
         // A flag other than 0 or 1, and an unknown row kind, are refused.
         let mut bytes = Msg::new(
@@ -1367,19 +1368,11 @@ mod tests {
     #[test]
     fn gather_pages_and_cursors_are_bounded() {
         // A row count above the limit is refused before any allocation.
-        let mut bytes = Msg::new(
-            1,
-            0,
-            Body::MgGathered {
-                rows: vec![],
-                next: None,
-            },
-        )
-        .encode()
-        .unwrap();
-        let at = bytes.len() - 3;
-        bytes[at..at + 2].copy_from_slice(&u16::MAX.to_be_bytes());
-        let err = Msg::decode(&bytes).unwrap_err().to_string();
+        let body = Body::MgGathered {
+            rows: vec![],
+            next: None,
+        };
+        let err = with_row_count(body, u16::MAX);
         assert!(err.contains("limit is 2048"), "{err}");
         // A next-page flag or a tombstone flag other than 0 or 1.
         let mut bytes = Msg::new(
