@@ -158,8 +158,10 @@ async fn http_get(
         if line == "\r\n" || line.is_empty() {
             break;
         }
-        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-            len = v.trim().parse::<u64>().ok();
+        if let Some((key, value)) = line.split_once(':') {
+            if key.eq_ignore_ascii_case("content-length") {
+                len = value.trim().parse::<u64>().ok();
+            }
         }
     }
     let len = len.ok_or_else(|| std::io::Error::other("no Content-Length"))?;
@@ -167,7 +169,8 @@ async fn http_get(
         return Err(std::io::Error::other("wrong length"));
     }
     let mut left = len;
-    let mut buf = vec![0u8; 256 * 1024];
+    // Sized to the body: an empty one needs no buffer at all.
+    let mut buf = vec![0u8; len.min(256 * 1024) as usize];
     while left > 0 {
         let want = left.min(buf.len() as u64) as usize;
         let n = c.read(&mut buf[..want]).await?;

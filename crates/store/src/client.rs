@@ -290,6 +290,13 @@ impl Client {
             ),
         };
         let result = run_call_on(&sock, &mut buf, &self.table(), call).await;
+        // The reply was taken, so the socket is most likely empty now:
+        // forget its readiness, or the next call's first receive would be
+        // a system call that finds nothing. (A datagram still queued is a
+        // stale one; the next call's own reply wakes it again.)
+        let _ = sock.try_io(tokio::io::Interest::READABLE, || {
+            Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
+        });
         let mut idle = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() < IDLE_SOCKETS {
             idle.push((sock, buf));

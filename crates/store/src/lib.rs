@@ -23,6 +23,7 @@ pub mod client;
 pub mod cluster;
 pub mod data;
 pub mod metadb;
+pub mod mmsg;
 pub mod mn;
 pub mod node;
 pub mod on;

@@ -11,6 +11,7 @@ use crate::addr::Addr;
 use crate::wire::{decode_record, encode_record, GatherCursor, ListEntry, Record, Row};
 use crate::Error;
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
+use std::collections::HashMap;
 use std::path::Path;
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
@@ -23,7 +24,17 @@ const SEALED: TableDefinition<u32, u64> = TableDefinition::new("sealed");
 /// The metadata database of one metadata node.
 pub struct MetaDb {
     db: Database,
+    /// Recently read records by key (`None`: known absent). A Get is one
+    /// lookup, and a redb read transaction was more than half of a
+    /// metadata node's user time per zero-byte Get. Every write goes
+    /// through this type and drops what it changes, under this lock, so
+    /// the cache never outlives a change (see [`MetaDb::forget`]).
+    hot: std::sync::Mutex<HashMap<Vec<u8>, Option<Record>>>,
 }
+
+/// Records the read cache holds at most; when full it starts over, which
+/// keeps it simple and its memory bounded (a few MiB).
+const HOT_RECORDS: usize = 16_384;
 
 /// Memory the database may keep as its page cache. The metadata itself
 /// lives on disk; this bounds a metadata node's memory whatever the number
@@ -62,20 +73,63 @@ impl MetaDb {
         tx.open_table(TOMBS).map_err(db_err)?;
         tx.open_table(SEALED).map_err(db_err)?;
         tx.commit().map_err(db_err)?;
-        Ok(MetaDb { db })
+        Ok(MetaDb {
+            db,
+            hot: std::sync::Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn hot(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, Option<Record>>> {
+        self.hot.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The record of `name` in group `mg`.
     pub fn get(&self, mg: u32, name: &str) -> Result<Option<Record>, Error> {
+        let k = key(mg, name);
+        // Held across the read, so a write cannot slip in between the read
+        // and the caching of what it found.
+        let mut hot = self.hot();
+        if let Some(r) = hot.get(&k) {
+            return Ok(r.clone());
+        }
+        let found = self.read_record(mg, name, &k)?;
+        if hot.len() >= HOT_RECORDS {
+            hot.clear();
+        }
+        hot.insert(k, found.clone());
+        Ok(found)
+    }
+
+    fn read_record(&self, mg: u32, name: &str, k: &[u8]) -> Result<Option<Record>, Error> {
         let tx = self.db.begin_read().map_err(db_err)?;
         let t = tx.open_table(RECORDS).map_err(db_err)?;
-        let Some(v) = t.get(key(mg, name).as_slice()).map_err(db_err)? else {
+        let Some(v) = t.get(k).map_err(db_err)? else {
             return Ok(None);
         };
         // A row that does not decode is reported, not trusted.
         decode_record(v.value())
             .map(Some)
             .map_err(|e| Error::Db(format!("record of {name:?} in group {mg}: {e}")))
+    }
+
+    /// Runs a write of the records under `k` (`None`: possibly any) with
+    /// the read cache locked, and drops what the cache held for them, so a
+    /// concurrent `get` can neither serve the old row after the write nor
+    /// cache it again.
+    fn forget<T>(
+        &self,
+        k: Option<&[u8]>,
+        write: impl FnOnce() -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let mut hot = self.hot();
+        let result = write();
+        match k {
+            Some(k) => {
+                hot.remove(k);
+            }
+            None => hot.clear(),
+        }
+        result
     }
 
     /// The tombstone version of `name` in group `mg` (0: none).
@@ -98,22 +152,26 @@ impl MetaDb {
     /// there. Returns whether the stored state now has `rec.version`.
     pub fn apply_record(&self, mg: u32, rec: &Record) -> Result<bool, Error> {
         let k = key(mg, &rec.name);
+        self.forget(Some(&k), || self.write_record(&k, rec))
+    }
+
+    fn write_record(&self, k: &[u8], rec: &Record) -> Result<bool, Error> {
         let tx = self.db.begin_write().map_err(db_err)?;
         let applied = {
             let mut records = tx.open_table(RECORDS).map_err(db_err)?;
             let tombs = tx.open_table(TOMBS).map_err(db_err)?;
             let tomb = tombs
-                .get(k.as_slice())
+                .get(k)
                 .map_err(db_err)?
                 .map(|v| v.value())
                 .unwrap_or(0);
-            let current = match records.get(k.as_slice()).map_err(db_err)? {
+            let current = match records.get(k).map_err(db_err)? {
                 Some(v) => decode_record(v.value()).map(|r| r.version).unwrap_or(0),
                 None => 0,
             };
             if rec.version > current && rec.version > tomb {
                 records
-                    .insert(k.as_slice(), encode_record(rec).as_slice())
+                    .insert(k, encode_record(rec).as_slice())
                     .map_err(db_err)?;
                 true
             } else {
@@ -128,25 +186,29 @@ impl MetaDb {
     /// removes a record that is not newer. Returns the removed record.
     pub fn apply_delete(&self, mg: u32, name: &str, version: u64) -> Result<Option<Record>, Error> {
         let k = key(mg, name);
+        self.forget(Some(&k), || self.write_delete(&k, version))
+    }
+
+    fn write_delete(&self, k: &[u8], version: u64) -> Result<Option<Record>, Error> {
         let tx = self.db.begin_write().map_err(db_err)?;
         let removed = {
             let mut records = tx.open_table(RECORDS).map_err(db_err)?;
             let mut tombs = tx.open_table(TOMBS).map_err(db_err)?;
             let tomb = tombs
-                .get(k.as_slice())
+                .get(k)
                 .map_err(db_err)?
                 .map(|v| v.value())
                 .unwrap_or(0);
             if version > tomb {
-                tombs.insert(k.as_slice(), version).map_err(db_err)?;
+                tombs.insert(k, version).map_err(db_err)?;
             }
             let current = records
-                .get(k.as_slice())
+                .get(k)
                 .map_err(db_err)?
                 .and_then(|v| decode_record(v.value()).ok());
             match current {
                 Some(r) if r.version <= version => {
-                    records.remove(k.as_slice()).map_err(db_err)?;
+                    records.remove(k).map_err(db_err)?;
                     Some(r)
                 }
                 _ => None,
@@ -420,6 +482,10 @@ impl MetaDb {
     /// Removes every record and tombstone of group `mg` (a group handed
     /// over to another node); returns how many rows went.
     pub fn drop_group(&self, mg: u32) -> Result<u64, Error> {
+        self.forget(None, || self.drop_rows(mg))
+    }
+
+    fn drop_rows(&self, mg: u32) -> Result<u64, Error> {
         let (start, end) = (key(mg, ""), group_end(mg));
         let tx = self.db.begin_write().map_err(db_err)?;
         let mut n = 0;
@@ -650,6 +716,32 @@ mod tests {
         assert_eq!(from.group_count(5).unwrap(), 0);
         assert_eq!(from.tombstone(5, "gone").unwrap(), 0);
         assert_eq!(from.group_count(6).unwrap(), 1);
+    }
+
+    #[test]
+    fn the_read_cache_never_serves_a_row_a_write_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = MetaDb::open(&dir.path().join("m.redb")).unwrap();
+        // Absence is cached too, and a write ends it.
+        assert!(db.get(1, "a").unwrap().is_none());
+        assert!(db.apply_record(1, &rec("a", 1)).unwrap());
+        assert_eq!(db.get(1, "a").unwrap().unwrap().version, 1);
+        assert!(db.apply_record(1, &rec("a", 4)).unwrap());
+        assert_eq!(db.get(1, "a").unwrap().unwrap().version, 4);
+        assert!(db.apply_delete(1, "a", 4).unwrap().is_some());
+        assert!(db.get(1, "a").unwrap().is_none());
+        // Rows copied in from a handover and a group dropped after one.
+        db.apply_row(2, &Row::Record(rec("b", 7))).unwrap();
+        assert_eq!(db.get(2, "b").unwrap().unwrap().version, 7);
+        db.drop_group(2).unwrap();
+        assert!(db.get(2, "b").unwrap().is_none());
+        // Past its bound the cache starts over and still answers right.
+        for i in 0..HOT_RECORDS + 10 {
+            assert!(db.get(9, &format!("n{i}")).unwrap().is_none());
+        }
+        assert!(db.hot().len() <= HOT_RECORDS);
+        assert!(db.apply_record(9, &rec("n3", 1)).unwrap());
+        assert_eq!(db.get(9, "n3").unwrap().unwrap().version, 1);
     }
 
     #[test]
