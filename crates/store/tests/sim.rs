@@ -94,6 +94,7 @@ fn table(params: Params) -> Table {
             .collect(),
         moves: vec![],
         stand_ins: vec![],
+        drains: vec![],
     }
 }
 
