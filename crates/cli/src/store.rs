@@ -215,7 +215,10 @@ pub enum NodeCommand {
         #[command(flatten)]
         routes: NoRoutesArg,
     },
-    /// Retire a storage node by its id (see `strata store status`).
+    /// Retire a storage node by its id (see `strata store status`): it
+    /// takes no new object at once, its replicas are re-placed on other
+    /// nodes, then it is marked retired and frees its space. Asking again
+    /// is harmless.
     Remove {
         #[command(flatten)]
         cluster: ClusterArg,
@@ -532,13 +535,47 @@ fn table_json(t: &Table) -> serde_json::Value {
             "id": format!("{:016x}", s.uuid),
             "prefix": format!("{}/64", strata_store::addr::fmt_addr(t.layout.sn_prefix(s.index))),
             "endpoint": s.endpoint.to_string(),
-            "state": s.state.name(),
+            "state": sn_state(t, s),
             "device": s.device.name(),
             "capacity": s.capacity,
             "free": s.free,
             "replicas": s.objects,
+            "drain": t.drain_of(s.index).map(|d| json!({
+                "replicas_left": d.left,
+                "metadata_copies_left": d.copies,
+                "unplaceable": d.unplaceable,
+                "unreported_metadata_nodes": d.unreported,
+                "waiting": drain_waiting(d),
+            })),
         })).collect::<Vec<_>>(),
     })
+}
+
+/// A storage node's state as shown: "retiring" while it is drained and up
+/// (a drained node that is down or dead shows that, as it matters more).
+fn sn_state(t: &Table, s: &strata_store::table::SnEntry) -> &'static str {
+    if t.retiring(s.index) && s.state == strata_store::table::State::Up {
+        "retiring"
+    } else {
+        s.state.name()
+    }
+}
+
+/// Why a drain is not progressing, if it is waiting for something.
+fn drain_waiting(d: &strata_store::table::Drain) -> Option<String> {
+    if d.unplaceable > 0 {
+        Some(format!(
+            "{} objects have no other storage node up with room for a new replica: add storage nodes or free space",
+            d.unplaceable
+        ))
+    } else if d.unreported > 0 {
+        Some(format!(
+            "{} metadata nodes have not reported yet (they report after each scan; a down one holds the drain)",
+            d.unreported
+        ))
+    } else {
+        None
+    }
 }
 
 fn move_phase(p: strata_store::table::MovePhase) -> &'static str {
@@ -607,16 +644,25 @@ fn print_table(t: &Table) {
     }
     for s in &t.sns {
         println!(
-            "sn {:016x}  {:<22} {:<7} {} {}/64  {} free of {}, {} replicas",
+            "sn {:016x}  {:<22} {:<8} {} {}/64  {} free of {}, {} replicas",
             s.uuid,
             s.endpoint,
-            s.state.name(),
+            sn_state(t, s),
             s.device.name(),
             strata_store::addr::fmt_addr(t.layout.sn_prefix(s.index)),
             human(s.free),
             human(s.capacity),
             s.objects
         );
+        if let Some(d) = t.drain_of(s.index) {
+            let waiting = drain_waiting(d)
+                .map(|w| format!("; waiting: {w}"))
+                .unwrap_or_default();
+            println!(
+                "   draining: {} replicas left to re-place, {} metadata copies left to update{waiting}",
+                d.left, d.copies
+            );
+        }
     }
 }
 
@@ -672,7 +718,7 @@ fn node(cmd: NodeCommand) -> Result<i32> {
             let uuid = u64::from_str_radix(&id, 16)
                 .with_context(|| format!("invalid node id '{id}': expected 16 hex digits"))?;
             let msg = Msg::new(strata_store::node::request_id(), 0, Body::Retire { uuid });
-            runtime()?.block_on(async {
+            let table = runtime()?.block_on(async {
                 let reply = strata_store::node::udp_call(
                     cluster.cluster,
                     &msg,
@@ -681,12 +727,26 @@ fn node(cmd: NodeCommand) -> Result<i32> {
                 )
                 .await?;
                 strata_store::node::ok_body(reply)?;
-                anyhow::Ok(())
+                anyhow::Ok(strata_store::node::fetch_table(cluster.cluster).await?)
             })?;
-            if cluster.output == Output::Json {
-                println!("{}", json!({"retired": id}));
-            } else {
-                println!("retired {id}");
+            // Accepted: the node is drained, then retired (or was already).
+            let drain = table
+                .sns
+                .iter()
+                .find(|s| s.uuid == uuid)
+                .and_then(|s| table.drain_of(s.index));
+            match (cluster.output, drain) {
+                (Output::Json, Some(d)) => println!(
+                    "{}",
+                    json!({"id": id, "state": "retiring", "replicas_left": d.left})
+                ),
+                (Output::Json, None) => println!("{}", json!({"id": id, "state": "retired"})),
+                (Output::Human, Some(d)) => println!(
+                    "retiring {id}: its {} replicas are being re-placed on other nodes; \
+                     `strata store status` shows the progress",
+                    d.left
+                ),
+                (Output::Human, None) => println!("retired {id}"),
             }
             Ok(0)
         }

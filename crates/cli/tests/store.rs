@@ -120,13 +120,14 @@ impl Drop for Store {
     }
 }
 
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+fn wait_until(what: &str, f: impl FnMut() -> bool) {
+    wait_until_long(what, Duration::from_secs(10), f)
+}
+
+fn wait_until_long(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
     while !f() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "timed out waiting for {what}"
-        );
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -726,16 +727,33 @@ fn a_storage_node_added_to_a_running_cluster_takes_new_objects() {
         .starts_with("fd53:7472:6174:1:"));
     let dst = dir.path().join("back");
     store.ok(&["obj", "get", "before", &p(&dst)]);
-    // Retiring a node that holds replicas is refused; the error says why.
+    // Retiring the new node drains it (its one replica goes back to the
+    // first node); retiring the last one is refused, since no node would
+    // be left to hold replicas.
     wait_until("the new node's replica count published", || {
         store.status()["storage_nodes"][1]["replicas"] == 1
     });
-    let id = store.status()["storage_nodes"][1]["id"]
+    let id = |k: usize| {
+        store.status()["storage_nodes"][k]["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (first, new) = (id(0), id(1));
+    let out = store.ok(&["store", "node", "remove", &new]);
+    assert!(out.contains("retiring"), "{out}");
+    let err = store.fails(&["store", "node", "remove", &first]);
+    assert!(err.contains("N_d=1"), "{err}");
+    wait_until_long("the new node retired", Duration::from_secs(30), || {
+        store.status()["storage_nodes"][1]["state"] == "retired"
+    });
+    let stat = store.json(&["obj", "stat", "after"]);
+    assert!(stat["replicas"][0]
         .as_str()
         .unwrap()
-        .to_string();
-    let err = store.fails(&["store", "node", "remove", &id]);
-    assert!(err.contains("still holds"), "{err}");
+        .starts_with("fd53:7472:6174:1:"));
+    store.ok(&["obj", "get", "after", &p(&dst)]);
+    assert_eq!(std::fs::read(&dst).unwrap(), pattern(2 << 20, 3));
 }
 
 /// A `strata store node add` process (a node of its own, so it can be
@@ -1930,5 +1948,238 @@ fn a_metadata_node_down_for_a_while_has_stand_ins_then_gets_its_groups_back() {
             rt.block_on(client.get_bytes(name)).is_err(),
             "{name} reads after its delete"
         );
+    }
+}
+
+/// The node directories of a cluster's storage nodes by node id: the
+/// `sn-K` directories of `strata store up` and any in `extra`.
+fn sn_dirs(store: &Store, extra: &[&Path]) -> std::collections::HashMap<u64, PathBuf> {
+    (0..8)
+        .map(|k| store.dir.join(format!("sn-{k}")))
+        .chain(extra.iter().map(|d| d.to_path_buf()))
+        .filter_map(|d| {
+            let id = std::fs::read_to_string(d.join("node-id")).ok()?;
+            Some((u64::from_str_radix(id.trim(), 16).ok()?, d))
+        })
+        .collect()
+}
+
+/// Removing a storage node drains it before it is retired. A cluster of 3
+/// metadata and 4 storage nodes (N_m = N_d = 3) holds objects from 0 B to
+/// 5 MiB. One storage node is killed (down), then another is removed: the
+/// records whose only possible new home is the down node cannot be
+/// re-placed, so the drain waits and the status says why; the refusals
+/// (too few nodes left, unknown node) are clear, and asking again is
+/// harmless. Once the down node is back, the drain ends and the node is
+/// retired. Meanwhile a reader Gets every object without one failure;
+/// Posts made after the removal never land on the drained node. At the
+/// end every object has N_d replicas, none on the retired node, in every
+/// metadata copy of its record and as files on the nodes the record
+/// names; everything reads back whole, and the retired node holds no
+/// replica file.
+#[test]
+fn a_removed_storage_node_is_drained_then_retired_without_a_failed_read() {
+    let dir = tmp();
+    let store = Store::up(
+        &dir.path().join("cluster"),
+        &[
+            "--mn",
+            "3",
+            "--sn",
+            "3",
+            "--replication",
+            "3,2,3,2",
+            "--short-failure-ms",
+            "500",
+        ],
+    );
+    let extra_dir = dir.path().join("sn-extra");
+    let mut extra = Node::add(&store, &extra_dir, "sn");
+    wait_until("4 storage nodes", || {
+        store.status()["storage_nodes"].as_array().unwrap().len() == 4
+    });
+    std::thread::sleep(Duration::from_millis(1200)); // metadata nodes see it
+    let dirs = sn_dirs(&store, &[&extra_dir]);
+    assert_eq!(dirs.len(), 4);
+    let (rt, client) = connect_client(store.on);
+    let table = rt
+        .block_on(strata_store::node::fetch_table(store.on))
+        .unwrap();
+    let index_of = |uuid: u64| table.sns.iter().find(|s| s.uuid == uuid).unwrap().index;
+    let extra_index = index_of(strata_store::node::node_uuid(&extra_dir).unwrap());
+    let gone_uuid = strata_store::node::node_uuid(&store.dir.join("sn-0")).unwrap();
+    let gone = index_of(gone_uuid);
+    let on = |index: u16, r: &strata_store::wire::Record| {
+        r.replicas
+            .iter()
+            .any(|&a| table.layout.sn_of(a) == Some(index))
+    };
+    // Objects of every size, until some can only be re-placed on the node
+    // that will be down (they name the node to remove and not it).
+    let mut objects: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut stuck = 0;
+    for i in 0..60usize {
+        let size = match i {
+            0 => 0,
+            1 => 1,
+            2 => 3 << 20,
+            3 => 5 << 20,
+            4 => 1 << 20,
+            _ => (i * 7_919) % 150_000,
+        };
+        let name = format!("drain/{i:02}");
+        let data = pattern(size, i as u64 + 40);
+        rt.block_on(client.put(&name, size as u64, &mut data.as_slice(), &|_| {}))
+            .unwrap();
+        let (record, _) = rt.block_on(client.get_bytes(&name)).unwrap();
+        if on(gone, &record) && !on(extra_index, &record) {
+            stuck += 1;
+        }
+        objects.push((name, data));
+        if i >= 20 && stuck > 0 {
+            break;
+        }
+    }
+    assert!(stuck > 0, "no object would wait for the down node");
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = spawn_reader(store.on, stop.clone(), objects.clone());
+    std::thread::sleep(Duration::from_millis(300));
+    extra.kill9();
+    wait_until("the killed storage node marked down", || {
+        let st = store.status();
+        st["storage_nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["state"] == "down")
+    });
+
+    // Refusals: an unknown node, a malformed id.
+    let err = store.fails(&["store", "node", "remove", "00000000000000ff"]);
+    assert!(err.contains("no node 00000000000000ff"), "{err}");
+    let err = store.fails(&["store", "node", "remove", "nope"]);
+    assert!(err.contains("invalid node id"), "{err}");
+    let id = format!("{gone_uuid:016x}");
+    let out = store.ok(&["store", "node", "remove", &id]);
+    assert!(out.contains(&format!("retiring {id}")), "{out}");
+    let removed_at = Instant::now();
+    let sn_json = |st: &serde_json::Value| {
+        st["storage_nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id.as_str())
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(sn_json(&store.status())["state"], "retiring");
+    // Asking again changes nothing; a second node would leave 2 storage
+    // nodes (one of them down) for N_d = 3.
+    let again = store.json(&["store", "node", "remove", &id]);
+    assert_eq!(again["state"], "retiring", "{again}");
+    let other = format!(
+        "{:016x}",
+        strata_store::node::node_uuid(&store.dir.join("sn-1")).unwrap()
+    );
+    let err = store.fails(&["store", "node", "remove", &other]);
+    assert!(
+        err.contains("N_d=3") && err.contains("add a storage node"),
+        "{err}"
+    );
+
+    // The drain waits for room, and says so.
+    wait_until_long(
+        "the drain waiting for room",
+        Duration::from_secs(20),
+        || {
+            let d = &sn_json(&store.status())["drain"];
+            d["unplaceable"].as_u64().unwrap_or(0) > 0
+                && d["waiting"]
+                    .as_str()
+                    .is_some_and(|w| w.contains("no other storage node up with room"))
+        },
+    );
+    let text = store.ok(&["store", "status"]);
+    assert!(
+        text.contains("retiring") && text.contains("draining:") && text.contains("waiting:"),
+        "{text}"
+    );
+    let left = sn_json(&store.status())["drain"]["replicas_left"]
+        .as_u64()
+        .unwrap();
+    assert!(left >= stuck, "{left} replicas left, {stuck} stuck");
+
+    // Posts after the removal (once the metadata nodes have the table)
+    // never land on the drained node.
+    std::thread::sleep(Duration::from_millis(
+        1500u64.saturating_sub(removed_at.elapsed().as_millis() as u64),
+    ));
+    let mut fresh = Vec::new();
+    for i in 0..12usize {
+        let name = format!("fresh/{i:02}");
+        let data = pattern(i * 10_007 + (i % 3) * (1 << 20), 700 + i as u64);
+        rt.block_on(client.put(&name, data.len() as u64, &mut data.as_slice(), &|_| {}))
+            .unwrap();
+        let (record, _) = rt.block_on(client.get_bytes(&name)).unwrap();
+        assert!(!on(gone, &record), "{name} placed on the drained node");
+        fresh.push((name, data));
+    }
+    assert_ne!(sn_json(&store.status())["state"], "retired");
+
+    // The down node is back: the drain ends.
+    let _back = Node::add(&store, &extra_dir, "sn");
+    wait_until_long("the node retired", Duration::from_secs(60), || {
+        sn_json(&store.status())["state"] == "retired"
+    });
+    assert!(sn_json(&store.status())["drain"].is_null());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (gets, failures) = reader.join().unwrap();
+    assert!(
+        failures.is_empty(),
+        "Gets failed during the drain: {failures:?}"
+    );
+    assert!(gets > objects.len() as u64, "the reader made no progress");
+
+    // Every object: N_d replicas, none on the retired node, the same in
+    // every metadata copy, each a file on the node it names; whole data.
+    let gone_dir = &dirs[&gone_uuid];
+    wait_until("the retired node's replicas freed", || {
+        replica_names(gone_dir).is_empty()
+    });
+    objects.extend(fresh);
+    for (name, data) in &objects {
+        // Fresh objects may still be waiting for their third replica.
+        let record = {
+            let start = Instant::now();
+            loop {
+                let (record, bytes) = rt.block_on(client.get_bytes(name)).unwrap();
+                assert!(bytes == *data, "{name} reads back wrong");
+                if record.replicas.len() == 3 || start.elapsed() > Duration::from_secs(20) {
+                    break record;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        };
+        assert_eq!(record.replicas.len(), 3, "{name}: {record:?}");
+        assert!(!on(gone, &record), "{name} still names the retired node");
+        for &a in &record.replicas {
+            let index = table.layout.sn_of(a).unwrap();
+            let uuid = table.sns.iter().find(|s| s.index == index).unwrap().uuid;
+            let file = format!("{a:032x}");
+            assert!(
+                replica_names(&dirs[&uuid]).contains(&file),
+                "{name}: no replica file {file} on node {uuid:016x}"
+            );
+        }
+        for &meta in &record.meta {
+            let (_, answer) = ask_copy(&client.table(), meta, name);
+            match answer {
+                Body::Found { record: copy } => {
+                    assert_eq!(copy.replicas, record.replicas, "{name}: metadata copy")
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
     }
 }

@@ -118,6 +118,7 @@ impl Cluster {
             sns: Vec::new(),
             moves: Vec::new(),
             stand_ins: Vec::new(),
+            drains: Vec::new(),
         };
         let mut core = OnCore::open(
             &cfg.dir.join("orchestrator.redb"),

@@ -84,6 +84,18 @@ pub enum Out<P> {
     },
 }
 
+/// One full scan of the groups this node owns while storage nodes are
+/// being drained, counting the rows that still name each of them (see
+/// [`Body::DrainReport`]).
+struct DrainPass {
+    /// The table epoch when the scan started.
+    epoch: u64,
+    /// The groups owned then: the scan starts over if they change.
+    groups: Vec<u32>,
+    /// Per drained node index: (records left, metadata copies, unplaceable).
+    counts: BTreeMap<u16, (u64, u64, u64)>,
+}
+
 /// A repair copy under way.
 struct Repair {
     /// Version of the record when the copy started.
@@ -203,6 +215,8 @@ pub struct MnCore<P> {
     repair_cursor: Option<(u32, Option<String>)>,
     /// No repair step before this time.
     next_repair: u64,
+    /// The repair scan's drain counts, while storage nodes are drained.
+    drain_pass: Option<DrainPass>,
     /// Groups this node owns and is handing over, sealed for the final
     /// copy under the freeze of this epoch: no change of them is accepted
     /// (and no Get answered, since the new owner may be answering already).
@@ -236,6 +250,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             repairs: BTreeMap::new(),
             repair_cursor: None,
             next_repair: 0,
+            drain_pass: None,
             sealed,
             pulls: BTreeMap::new(),
             restore: None,
@@ -691,7 +706,13 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             .table
             .sns
             .iter()
-            .filter(|s| s.state == State::Up && s.free >= size && !exclude.contains(&s.index))
+            .filter(|s| {
+                s.state == State::Up
+                    && s.free >= size
+                    && !exclude.contains(&s.index)
+                    // A node being drained takes no new replica.
+                    && !self.table.retiring(s.index)
+            })
             .map(|s| {
                 let jitter = splitmix64(seed ^ s.uuid) % 1024 + 1;
                 let score = (s.free >> 20).saturating_add(1).saturating_mul(jitter);
@@ -702,8 +723,8 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             return Err(remote(
                 Code::Unavailable,
                 format!(
-                    "{} storage nodes are up with {size} bytes free and {min} are needed: \
-                     add storage nodes or free space",
+                    "{} storage nodes are up (and not being retired) with {size} bytes free \
+                     and {min} are needed: add storage nodes or free space",
                     candidates.len(),
                 ),
             ));
@@ -1185,9 +1206,14 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     }
 
     /// One step of repair: expires stuck copies and, while some storage
-    /// node is dead, looks at the next batch of records this node
-    /// coordinates and starts a copy for each that has fewer than N_d
-    /// replicas on live nodes.
+    /// node is dead or being drained, looks at the next batch of records
+    /// this node coordinates and starts a copy for each that has fewer
+    /// than N_d replicas on live nodes that are not being drained.
+    ///
+    /// While nodes are drained, each full pass over the groups this node
+    /// owns also counts the rows naming each drained node, and ends with
+    /// a [`Body::DrainReport`] to the orchestrator per node: sent every
+    /// pass, so a lost report is replaced by the next one.
     fn repair_step(&mut self, now: u64, out: &mut Vec<Out<P>>) {
         let expired: Vec<String> = self
             .repairs
@@ -1201,18 +1227,34 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             }
         }
         let any_dead = self.table.sns.iter().any(|s| s.state == State::Dead);
-        if !any_dead || now < self.next_repair || self.repairs.len() >= MAX_REPAIRS {
+        let draining = !self.table.drains.is_empty();
+        if !draining {
+            self.drain_pass = None;
+        }
+        if !(any_dead || draining) || now < self.next_repair || self.repairs.len() >= MAX_REPAIRS {
             return;
         }
         let groups = self.owned_groups();
         let Some(&first_group) = groups.first() else {
+            self.drain_pass = None;
             return;
         };
-        let (mut mg, mut after) = self
+        let resumed = self
             .repair_cursor
             .take()
-            .filter(|(g, _)| groups.contains(g))
-            .unwrap_or((first_group, None));
+            .filter(|(g, _)| groups.contains(g));
+        // A drain count is only worth reporting for a pass over the same
+        // groups from its first record on.
+        let pass_holds = self.drain_pass.as_ref().is_some_and(|p| p.groups == groups);
+        let (mut mg, mut after) = match resumed {
+            Some(cursor) if !draining || pass_holds => cursor,
+            _ => {
+                if draining {
+                    self.drain_pass = Some(self.start_drain_pass(groups.clone()));
+                }
+                (first_group, None)
+            }
+        };
         let mut examined = 0;
         loop {
             let Ok(records) = self
@@ -1220,6 +1262,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 .records_after(mg, after.as_deref(), REPAIR_BATCH - examined)
             else {
                 self.next_repair = now + REPAIR_PASS_MS;
+                self.drain_pass = None;
                 return;
             };
             for record in records {
@@ -1230,7 +1273,32 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 }
                 examined += 1;
                 after = Some(record.name.clone());
-                self.repair_record(now, mg, record, out);
+                let coordinator_row = record
+                    .meta
+                    .first()
+                    .and_then(|&a| self.table.layout.mg_of(a))
+                    == Some(mg);
+                let drained: Vec<u16> = match &self.drain_pass {
+                    Some(p) => record
+                        .replicas
+                        .iter()
+                        .filter_map(|&a| self.table.layout.sn_of(a))
+                        .filter(|i| p.counts.contains_key(i))
+                        .collect(),
+                    None => Vec::new(),
+                };
+                let unplaceable = self.repair_record(now, mg, record, out);
+                if let Some(p) = self.drain_pass.as_mut() {
+                    for i in drained {
+                        let c = p.counts.entry(i).or_default();
+                        if coordinator_row {
+                            c.0 += 1;
+                            c.2 += u64::from(unplaceable);
+                        } else {
+                            c.1 += 1;
+                        }
+                    }
+                }
             }
             if examined >= REPAIR_BATCH {
                 self.repair_cursor = Some((mg, after));
@@ -1241,15 +1309,69 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 Some(&next) => (mg, after) = (next, None),
                 None => {
                     self.next_repair = now + REPAIR_PASS_MS;
+                    self.report_drains(out);
                     return;
                 }
             }
         }
     }
 
+    /// A new drain pass over `groups`. Posts waiting for their data and
+    /// repair copies under way that place a replica on a drained node
+    /// count as records left: they may commit after the scan has passed
+    /// their group. (No new one can start: this node's table shows the
+    /// drains, so placement leaves those nodes out.)
+    fn start_drain_pass(&self, groups: Vec<u32>) -> DrainPass {
+        let mut counts: BTreeMap<u16, (u64, u64, u64)> = self
+            .table
+            .drains
+            .iter()
+            .map(|d| (d.index, (0, 0, 0)))
+            .collect();
+        for a in self.pending_replicas() {
+            if let Some(c) = self.table.layout.sn_of(a).and_then(|i| counts.get_mut(&i)) {
+                c.0 += 1;
+            }
+        }
+        DrainPass {
+            epoch: self.table.epoch,
+            groups,
+            counts,
+        }
+    }
+
+    /// Ends a drain pass: one report per drained node to the orchestrator.
+    fn report_drains(&mut self, out: &mut Vec<Out<P>>) {
+        let Some(pass) = self.drain_pass.take() else {
+            return;
+        };
+        for (index, (left, copies, unplaceable)) in pass.counts {
+            if !self.table.retiring(index) {
+                continue;
+            }
+            self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
+            out.push(Out::ToOn(Msg::new(
+                self.next_req,
+                0,
+                Body::DrainReport {
+                    slot: self.slot,
+                    epoch: pass.epoch,
+                    index,
+                    left,
+                    copies,
+                    unplaceable: unplaceable.min(left),
+                },
+            )));
+        }
+    }
+
     /// Starts a copy for `record` (read from group `mg`) if this node
-    /// coordinates it and it lacks replicas on live storage nodes.
-    fn repair_record(&mut self, now: u64, mg: u32, record: Record, out: &mut Vec<Out<P>>) {
+    /// coordinates it and it lacks replicas on live storage nodes that are
+    /// not being drained. A replica on a drained node does not count
+    /// toward N_d but may still be read from; the record committed after
+    /// the copy no longer names it. Returns whether the record needs a new
+    /// replica that no storage node can take (no room, or too few nodes).
+    fn repair_record(&mut self, now: u64, mg: u32, record: Record, out: &mut Vec<Out<P>>) -> bool {
         // Each name is stored under all its metadata addresses; only the
         // coordinator's row starts a repair, so it is done once.
         let coordinator_row = record
@@ -1262,25 +1384,58 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             || self.pending.contains_key(&record.name)
             || self.repairs.contains_key(&record.name)
         {
-            return;
+            return false;
         }
-        let state_of = |a: Addr| self.table.sn_for(a).map(|s| s.state);
+        let t = &self.table;
+        // (liveness, being drained) of a replica's node.
+        let state_of = |a: Addr| t.sn_for(a).map(|s| (s.state, t.retiring(s.index)));
         let live: Vec<Addr> = record
             .replicas
             .iter()
             .copied()
-            .filter(|&a| matches!(state_of(a), Some(State::Up | State::Down)))
+            .filter(|&a| matches!(state_of(a), Some((State::Up | State::Down, false))))
             .collect();
-        let n_d = self.table.params_for(&record.name).n_d as usize;
-        let sources: Vec<Addr> = live
+        let n_d = t.params_for(&record.name).n_d as usize;
+        // Copy sources: the up replicas on nodes that stay first, then
+        // those on drained nodes. Every drain copy would otherwise read
+        // from the one drained disk; reading from the others spreads the
+        // load, and the drained node remains the fallback (the only one
+        // left when the others are down).
+        let mut sources: Vec<Addr> = live
             .iter()
             .copied()
-            .filter(|&a| state_of(a) == Some(State::Up))
+            .filter(|&a| state_of(a) == Some((State::Up, false)))
             .collect();
-        // Nothing missing, or nothing left to copy from (data lost, or its
-        // holders only briefly down: wait for them).
-        if live.len() >= n_d || sources.is_empty() {
-            return;
+        sources.extend(
+            record
+                .replicas
+                .iter()
+                .copied()
+                .filter(|&a| state_of(a) == Some((State::Up, true))),
+        );
+        let names_drained = record
+            .replicas
+            .iter()
+            .any(|&a| state_of(a).is_some_and(|(_, drained)| drained));
+        if live.len() >= n_d {
+            if names_drained {
+                // Enough replicas elsewhere already (more than N_d were
+                // written): the record just stops naming the drained one,
+                // through the same commit as a copy's.
+                let repair = Repair {
+                    version: record.version,
+                    keep: live,
+                    targets: Vec::new(),
+                    deadline: now,
+                };
+                let _ = self.commit_repair(now, &record.name, repair, 0, out);
+            }
+            return false;
+        }
+        // Nothing left to copy from (data lost, or its holders only
+        // briefly down: wait for them).
+        if sources.is_empty() {
+            return false;
         }
         let exclude: Vec<u16> = record
             .replicas
@@ -1296,7 +1451,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             1,
             &exclude,
         ) else {
-            return;
+            return true;
         };
         self.repairs.insert(
             record.name.clone(),
@@ -1315,6 +1470,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             size: record.size,
             crc: record.crc,
         });
+        false
     }
 
     /// The runtime's report on an [`Out::Copy`]: `Ok(copies)` replicas were

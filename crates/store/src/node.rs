@@ -595,6 +595,7 @@ pub async fn start_sn(
     let stats_store = store.clone();
     let tasks = vec![
         tokio::spawn(crate::sn::gc_loop(store.clone(), table.clone(), gc)),
+        tokio::spawn(crate::sn::retire_watch(store.clone(), table.clone(), uuid)),
         tokio::spawn(crate::sn::serve(listener, store, table.clone())),
         tokio::spawn(refresh_loop(
             on,

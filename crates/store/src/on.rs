@@ -6,7 +6,7 @@
 //! Like the metadata node it is a state machine (`handle`, `tick`) driven
 //! by a runtime; its table is persisted in redb on every membership change.
 
-use crate::table::{Device, MnEntry, Move, MovePhase, SnEntry, StandIn, State, Table};
+use crate::table::{Device, Drain, MnEntry, Move, MovePhase, SnEntry, StandIn, State, Table};
 use crate::wire::{Body, Code, Msg, Role};
 use crate::Error;
 use redb::{Database, TableDefinition};
@@ -45,10 +45,38 @@ pub struct OnCore {
     /// When each frozen group was frozen (not persisted: after a restart
     /// every frozen group gets a full timer).
     frozen_since: HashMap<u32, u64>,
+    /// The latest drain report of each (drained node index, metadata
+    /// slot). Not persisted: after a restart the reports come again.
+    drain_reports: HashMap<(u16, u16), DrainCount>,
+    /// The epoch at which group owners last changed: a drain report only
+    /// counts for a scan that started with a table at least this new (an
+    /// older scan may have missed a group the node owns now). After a
+    /// restart, the epoch the orchestrator opened at.
+    owners_epoch: u64,
+    /// The owners (and handover targets) at `owners_epoch`.
+    owners: (Vec<u16>, Vec<(u32, u16)>),
+}
+
+/// One metadata node's latest drain report.
+#[derive(Clone, Copy, Debug)]
+struct DrainCount {
+    epoch: u64,
+    left: u64,
+    copies: u64,
+    unplaceable: u64,
 }
 
 fn db_err(e: impl std::fmt::Display) -> Error {
     Error::Db(e.to_string())
+}
+
+/// Group owners and handover targets: a drain report counts only for a
+/// scan made under the same ones.
+fn owners_of(t: &Table) -> (Vec<u16>, Vec<(u32, u16)>) {
+    (
+        t.mg_owner.clone(),
+        t.moves.iter().map(|m| (m.group, m.to)).collect(),
+    )
 }
 
 /// The first owner slot of each of `mg_count` groups: contiguous runs of
@@ -121,14 +149,18 @@ impl OnCore {
             .chain(table.sns.iter().map(|s| s.uuid))
             .map(|u| (u, now))
             .collect();
+        let owners = owners_of(&table);
         let mut on = OnCore {
             db,
+            owners_epoch: table.epoch,
+            owners,
             table,
             expected_mns,
             last_seen,
             short_failure_ms: SHORT_FAILURE_MS,
             definitive_failure_ms: DEFINITIVE_FAILURE_MS,
             frozen_since: HashMap::new(),
+            drain_reports: HashMap::new(),
         };
         on.persist()?;
         Ok(on)
@@ -161,6 +193,11 @@ impl OnCore {
 
     fn changed(&mut self) -> Result<(), Error> {
         self.table.epoch += 1;
+        let owners = owners_of(&self.table);
+        if owners != self.owners {
+            self.owners = owners;
+            self.owners_epoch = self.table.epoch;
+        }
         self.persist()
     }
 
@@ -238,6 +275,22 @@ impl OnCore {
                 Ok(Body::Done { version: 0 })
             }
             Body::Retire { uuid } => self.retire(*uuid),
+            Body::DrainReport {
+                slot,
+                epoch,
+                index,
+                left,
+                copies,
+                unplaceable,
+            } => {
+                let count = DrainCount {
+                    epoch: *epoch,
+                    left: *left,
+                    copies: *copies,
+                    unplaceable: *unplaceable,
+                };
+                self.drain_report(*slot, *index, count)
+            }
             Body::MoveReport {
                 group,
                 to,
@@ -499,8 +552,12 @@ impl OnCore {
         Ok(index)
     }
 
-    /// Retires a storage node that holds no replicas (re-placing replicas
-    /// before retirement is not implemented, so a non-empty node is refused).
+    /// Starts retiring a storage node: it is drained (see [`Drain`]) and
+    /// marked retired once no record names it. Idempotent: asking again
+    /// for a node being drained or retired changes nothing (an operator's
+    /// resent request, or a retry after a lost answer, must not fail).
+    /// Refused for a node that would leave fewer than N_d storage nodes
+    /// to hold replicas.
     fn retire(&mut self, uuid: u64) -> Result<Body, Error> {
         if self.table.mns.iter().any(|m| m.uuid == uuid) {
             return Err(Error::Remote {
@@ -510,24 +567,133 @@ impl OnCore {
                         .into(),
             });
         }
-        let Some(s) = self.table.sns.iter_mut().find(|s| s.uuid == uuid) else {
+        let Some(s) = self.table.sns.iter().find(|s| s.uuid == uuid) else {
             return Err(Error::Remote {
                 code: Code::NotFound,
                 message: format!("no node {uuid:016x}; see `strata store status`"),
             });
         };
-        if s.objects > 0 {
+        let index = s.index;
+        if s.state == State::Retired || self.table.retiring(index) {
+            return Ok(Body::Done { version: 0 });
+        }
+        // Nodes that keep holding replicas: neither retired, retiring nor
+        // dead (a down one may come back, a dead one's replicas are gone).
+        let remaining = self
+            .table
+            .sns
+            .iter()
+            .filter(|o| {
+                o.uuid != uuid
+                    && matches!(o.state, State::Up | State::Down)
+                    && !self.table.retiring(o.index)
+            })
+            .count();
+        let n_d = self.table.max_n_d() as usize;
+        if remaining < n_d {
             return Err(Error::Remote {
                 code: Code::Conflict,
                 message: format!(
-                    "storage node {uuid:016x} still holds {} replicas; re-placing them before retirement is not implemented",
-                    s.objects
+                    "retiring storage node {uuid:016x} would leave {remaining} storage nodes to hold replicas, and N_d={n_d} are needed: add a storage node first"
                 ),
             });
         }
-        s.state = State::Retired;
+        let left = s.objects;
+        self.table.drains.push(Drain {
+            index,
+            since: self.table.epoch + 1,
+            left,
+            copies: 0,
+            unplaceable: 0,
+            unreported: self.slots_owning_groups().len() as u16,
+        });
+        self.table.drains.sort_by_key(|d| d.index);
         self.changed()?;
         Ok(Body::Done { version: 0 })
+    }
+
+    /// Slots that own at least one metadata group.
+    fn slots_owning_groups(&self) -> Vec<u16> {
+        let mut slots = self.table.mg_owner.clone();
+        slots.sort_unstable();
+        slots.dedup();
+        slots
+    }
+
+    /// A metadata node's report on a drain: records it, publishes the
+    /// progress, and retires the node once it is drained.
+    fn drain_report(&mut self, slot: u16, index: u16, count: DrainCount) -> Result<Body, Error> {
+        let Some(drain) = self.table.drain_of(index).copied() else {
+            // Retired already (or never drained): nothing to count.
+            return Ok(Body::Done { version: 0 });
+        };
+        if !self.table.mns.iter().any(|m| m.slot == slot) {
+            return Err(Error::Remote {
+                code: Code::BadRequest,
+                message: format!("no metadata node holds slot {slot}"),
+            });
+        }
+        // A scan that started before the drain or before the owners last
+        // changed proves nothing about the groups the node owns now.
+        if count.epoch >= drain.since.max(self.owners_epoch) {
+            self.drain_reports.insert((index, slot), count);
+        }
+        self.update_drain(index)?;
+        Ok(Body::Done { version: 0 })
+    }
+
+    /// Sums the valid reports of the drain of `index` into the table and
+    /// retires the node once every slot owning groups reports no row
+    /// naming it, and no group is being restored (a restoring node's
+    /// rows are incomplete until it has gathered them).
+    fn update_drain(&mut self, index: u16) -> Result<(), Error> {
+        let Some(pos) = self.table.drains.iter().position(|d| d.index == index) else {
+            return Ok(());
+        };
+        let since = self.table.drains[pos].since.max(self.owners_epoch);
+        let (mut left, mut copies, mut unplaceable, mut unreported) = (0u64, 0u64, 0u64, 0u16);
+        for slot in self.slots_owning_groups() {
+            match self.drain_reports.get(&(index, slot)) {
+                Some(c) if c.epoch >= since => {
+                    left = left.saturating_add(c.left);
+                    copies = copies.saturating_add(c.copies);
+                    unplaceable = unplaceable.saturating_add(c.unplaceable);
+                }
+                _ => unreported = unreported.saturating_add(1),
+            }
+        }
+        let restoring = self
+            .table
+            .moves
+            .iter()
+            .any(|m| m.phase == MovePhase::Restoring);
+        if unreported == 0 && left == 0 && copies == 0 && !restoring {
+            self.table.drains.remove(pos);
+            self.drain_reports.retain(|&(i, _), _| i != index);
+            if let Some(s) = self.table.sns.iter_mut().find(|s| s.index == index) {
+                s.state = State::Retired;
+            }
+            return self.changed();
+        }
+        let d = &mut self.table.drains[pos];
+        // Before every slot has reported, the heartbeat's replica count
+        // is the better estimate of what is left.
+        if unreported > 0 {
+            left = left.max(d.left);
+        }
+        let next = Drain {
+            left,
+            copies,
+            unplaceable: unplaceable.min(left),
+            unreported,
+            ..*d
+        };
+        if next != *d {
+            *d = next;
+            // Progress is published but not worth an fsync.
+            self.table.epoch += 1;
+        }
+        Ok(())
     }
 
     /// Declares the metadata node in `slot` dead, if another one is up to
@@ -822,6 +988,7 @@ mod tests {
             sns: vec![],
             moves: vec![],
             stand_ins: vec![],
+            drains: vec![],
         }
     }
 
@@ -865,6 +1032,106 @@ mod tests {
             },
         );
         on.handle(now, &msg).body
+    }
+
+    fn register_sn(on: &mut OnCore, uuid: u64) {
+        let body = Body::Register {
+            role: Role::Sn,
+            uuid,
+            endpoint: "127.0.0.1:9".parse().unwrap(),
+            capacity: 100,
+            free: 100,
+            device: 0,
+        };
+        let reply = on.handle(0, &Msg::new(uuid, 0, body)).body;
+        assert!(matches!(reply, Body::Registered { .. }), "{reply:?}");
+    }
+
+    fn drain_report(on: &mut OnCore, slot: u16, epoch: u64, index: u16, left: u64) -> Body {
+        let body = Body::DrainReport {
+            slot,
+            epoch,
+            index,
+            left,
+            copies: 0,
+            unplaceable: 0,
+        };
+        on.handle(0, &Msg::new(7, 0, body)).body
+    }
+
+    #[test]
+    fn a_storage_node_is_retired_only_once_every_owner_reports_it_drained() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut initial = empty_table();
+        initial.params.n_d = 2;
+        let path = dir.path().join("on.redb");
+        let mut on = OnCore::open(&path, initial, 2, 0).unwrap();
+        on.set_short_failure(100_000);
+        for uuid in [1, 2] {
+            register(&mut on, 0, uuid);
+        }
+        for uuid in [11, 12, 13] {
+            register_sn(&mut on, uuid);
+        }
+        let retire =
+            |on: &mut OnCore, uuid: u64| on.handle(0, &Msg::new(5, 0, Body::Retire { uuid })).body;
+        // Unknown, or a metadata node: refused.
+        assert!(matches!(
+            retire(&mut on, 99),
+            Body::Error {
+                code: Code::NotFound,
+                ..
+            }
+        ));
+        assert!(matches!(
+            retire(&mut on, 1),
+            Body::Error {
+                code: Code::BadRequest,
+                ..
+            }
+        ));
+        assert_eq!(retire(&mut on, 11), Body::Done { version: 0 });
+        let d = *on.table().drain_of(1).unwrap();
+        assert_eq!((d.since, d.unreported), (on.table().epoch, 2));
+        // Asked again: nothing changes.
+        let epoch = on.table().epoch;
+        assert_eq!(retire(&mut on, 11), Body::Done { version: 0 });
+        assert_eq!(on.table().epoch, epoch);
+        // A second one would leave 1 storage node for N_d = 2.
+        let Body::Error { code, message } = retire(&mut on, 12) else {
+            panic!("retired below N_d");
+        };
+        assert_eq!(code, Code::Conflict);
+        assert!(message.contains("N_d=2"), "{message}");
+        // A report from a scan older than the drain does not count; a
+        // clean report from one slot is not enough.
+        drain_report(&mut on, 0, d.since - 1, 1, 0);
+        drain_report(&mut on, 1, d.since, 1, 4);
+        let t = on.table().drain_of(1).copied().unwrap();
+        assert_eq!((t.left, t.unreported), (4, 1));
+        drain_report(&mut on, 0, d.since, 1, 0);
+        assert_eq!(on.table().drain_of(1).unwrap().unreported, 0);
+        assert_eq!(on.table().sns[0].state, State::Up);
+        // Owners change (a third metadata node takes groups): reports
+        // from scans before that no longer count.
+        register(&mut on, 0, 3);
+        let changed = on.table().epoch;
+        drain_report(&mut on, 1, d.since, 1, 0);
+        drain_report(&mut on, 0, d.since, 1, 0);
+        assert!(on.table().retiring(1));
+        drain_report(&mut on, 1, changed, 1, 0);
+        assert!(on.table().retiring(1));
+        drain_report(&mut on, 0, changed, 1, 0);
+        let t = on.table().clone();
+        assert!(!t.retiring(1));
+        assert_eq!(t.sns[0].state, State::Retired);
+        // Removing it again is harmless; it cannot register again.
+        assert_eq!(retire(&mut on, 11), Body::Done { version: 0 });
+        // Retirement survives a restart.
+        drop(on);
+        let again = OnCore::open(&path, t.clone(), 2, 0).unwrap();
+        assert_eq!(again.table().sns[0].state, State::Retired);
+        assert!(again.table().drains.is_empty());
     }
 
     #[test]

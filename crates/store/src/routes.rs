@@ -199,6 +199,7 @@ mod tests {
             }],
             moves: vec![],
             stand_ins: vec![],
+            drains: vec![],
         }
     }
 

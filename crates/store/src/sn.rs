@@ -30,6 +30,9 @@ pub struct SnStore {
     used: AtomicU64,
     objects: AtomicU64,
     tmp_seq: AtomicU64,
+    /// Set once the orchestrator has retired this node: its replicas are
+    /// freed and Puts refused.
+    retired: std::sync::atomic::AtomicBool,
 }
 
 impl SnStore {
@@ -72,6 +75,7 @@ impl SnStore {
             used: AtomicU64::new(used),
             objects: AtomicU64::new(objects),
             tmp_seq: AtomicU64::new(0),
+            retired: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -92,6 +96,31 @@ impl SnStore {
     /// Configured capacity.
     pub fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// Whether the node has been retired (see [`SnStore::retire`]).
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Relaxed)
+    }
+
+    /// Retirement: the orchestrator marked this node retired after its
+    /// drain, so no record names any replica it holds. Refuses Puts from
+    /// now on and frees every replica; returns how many were freed.
+    /// Gets are still answered (a client holding a record read before
+    /// the drain ended is told the replica is gone, and tries the next).
+    pub fn retire(&self) -> usize {
+        self.retired.store(true, Ordering::Relaxed);
+        let Ok(entries) = std::fs::read_dir(self.dir.join("replicas")) else {
+            return 0;
+        };
+        let addrs: Vec<Addr> = entries
+            .flatten()
+            .filter_map(|e| u128::from_str_radix(e.file_name().to_str()?, 16).ok())
+            .collect();
+        addrs
+            .into_iter()
+            .filter(|&a| self.remove_replica(a))
+            .count()
     }
 
     fn path(&self, addr: Addr) -> PathBuf {
@@ -196,6 +225,13 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
             continue;
         }
         match req {
+            Request::Put { .. } if store.is_retired() => {
+                write_error(&mut w, "this storage node is retired: it takes no replica")
+                    .await
+                    .map_err(|e| Error::io("replying", e))?;
+                // The refused Put's data would follow.
+                return Ok(());
+            }
             Request::Put { addr, size, chain } => {
                 put(&mut r, &mut w, store, table, addr, size, chain).await?
             }
@@ -700,6 +736,24 @@ pub async fn collect_garbage(
     }
     report.complete = true;
     report
+}
+
+/// Watches the table until the task is dropped; once it shows the node
+/// `uuid` retired, retires the store ([`SnStore::retire`]) and stops.
+pub async fn retire_watch(store: std::sync::Arc<SnStore>, table: SharedTable, uuid: u64) {
+    let mut tick = tokio::time::interval(crate::node::REFRESH);
+    loop {
+        tick.tick().await;
+        let retired = crate::node::read_table(&table)
+            .sns
+            .iter()
+            .any(|s| s.uuid == uuid && s.state == crate::table::State::Retired);
+        if retired {
+            let freed = store.retire();
+            tracing::info!("storage node retired: {freed} replicas freed");
+            return;
+        }
+    }
 }
 
 /// Runs [`collect_garbage`] every `cfg.interval` until the task is dropped.

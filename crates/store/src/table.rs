@@ -96,13 +96,16 @@ pub enum State {
 }
 
 impl State {
-    fn from_u8(v: u8) -> State {
-        match v {
+    /// From its wire value; an unknown one is refused (read leniently, a
+    /// damaged byte could retire a node or bring a dead one back).
+    fn from_u8(v: u8) -> Result<State, WireError> {
+        Ok(match v {
             0 => State::Up,
             1 => State::Down,
+            2 => State::Retired,
             3 => State::Dead,
-            _ => State::Retired,
-        }
+            _ => return Err(WireError::Invalid(format!("node state {v}"))),
+        })
     }
     /// Lower-case name.
     pub fn name(&self) -> &'static str {
@@ -196,6 +199,39 @@ pub struct StandIn {
     pub home: u16,
 }
 
+/// A storage node being drained before retirement (`strata store node
+/// remove`): no new object is placed on it, the metadata nodes' repair
+/// re-places each replica it holds on another node, and once every
+/// metadata node owning groups reports that none of its rows names it any
+/// more, the orchestrator marks it [`State::Retired`]. Its liveness state
+/// stays in [`SnEntry::state`]: a draining node may also be down or dead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Drain {
+    /// Prefix index of the storage node.
+    pub index: u16,
+    /// The table epoch the drain started at: a metadata node's report
+    /// counts only for a scan that started with a table at least as new.
+    pub since: u64,
+    /// Records (coordinator rows) still naming a replica on the node,
+    /// summed over the latest reports (before the first, the node's
+    /// replica count at its last heartbeat).
+    pub left: u64,
+    /// Metadata copies (non-coordinator rows) still naming it: they are
+    /// updated when the repaired record is replicated to them.
+    pub copies: u64,
+    /// Of `left`, records no other storage node has room or a place for:
+    /// the drain waits for capacity.
+    pub unplaceable: u64,
+    /// Metadata nodes owning groups whose report for the current group
+    /// layout has not come yet (the drain waits for them).
+    pub unreported: u16,
+}
+
+/// Version of the optional trailing section of the encoded table that
+/// lists storage nodes being drained (tables stored before it existed end
+/// after the stand-ins and decode with none).
+const DRAINS_SECTION: u8 = 1;
+
 /// Version of the optional trailing section of the encoded table that
 /// lists groups standing in for a down metadata node (tables stored
 /// before it existed end after the handovers and decode with none).
@@ -230,6 +266,9 @@ pub struct Table {
     /// Metadata groups standing in for a down node (at most one entry per
     /// group).
     pub stand_ins: Vec<StandIn>,
+    /// Storage nodes being drained before retirement (at most one entry
+    /// per node).
+    pub drains: Vec<Drain>,
 }
 
 impl Table {
@@ -289,6 +328,29 @@ impl Table {
     /// Number of groups slot `slot` owns.
     pub fn groups_of(&self, slot: u16) -> usize {
         self.mg_owner.iter().filter(|&&s| s == slot).count()
+    }
+
+    /// The drain of the storage node with prefix index `index`, if it is
+    /// being retired.
+    pub fn drain_of(&self, index: u16) -> Option<&Drain> {
+        self.drains.iter().find(|d| d.index == index)
+    }
+
+    /// Whether the storage node with prefix index `index` is being
+    /// drained: it takes no new replica, and a replica on it does not
+    /// count toward N_d.
+    pub fn retiring(&self, index: u16) -> bool {
+        self.drain_of(index).is_some()
+    }
+
+    /// The largest N_d of the cluster and its bucket overrides.
+    pub fn max_n_d(&self) -> u8 {
+        self.buckets
+            .iter()
+            .map(|(_, p)| p.n_d)
+            .chain([self.params.n_d])
+            .max()
+            .unwrap_or(1)
     }
 
     /// The storage node owning replica address `addr`.
@@ -367,6 +429,16 @@ impl Table {
             w.u32(s.group);
             w.u16(s.home);
         }
+        w.u8(DRAINS_SECTION);
+        w.u32(self.drains.len() as u32);
+        for d in &self.drains {
+            w.u16(d.index);
+            w.u64(d.since);
+            w.u64(d.left);
+            w.u64(d.copies);
+            w.u64(d.unplaceable);
+            w.u16(d.unreported);
+        }
         w.buf
     }
 
@@ -398,7 +470,7 @@ impl Table {
                 uuid: r.u64()?,
                 slot: r.u16()?,
                 endpoint: r.sockaddr()?,
-                state: State::from_u8(r.u8()?),
+                state: State::from_u8(r.u8()?)?,
             });
         }
         let mg_owner = (0..layout.mg_count())
@@ -415,7 +487,7 @@ impl Table {
                 free: r.u64()?,
                 objects: r.u64()?,
                 device: Device::from_u8(r.u8()?),
-                state: State::from_u8(r.u8()?),
+                state: State::from_u8(r.u8()?)?,
             });
         }
         let moves = if r.remaining() == 0 {
@@ -430,6 +502,12 @@ impl Table {
         } else {
             get_stand_ins(&mut r, &mg_owner, &mns)?
         };
+        let drains = if r.remaining() == 0 {
+            // Written before drains existed.
+            Vec::new()
+        } else {
+            get_drains(&mut r, &sns, epoch)?
+        };
         r.finish()?;
         Ok(Table {
             epoch,
@@ -442,8 +520,75 @@ impl Table {
             sns,
             moves,
             stand_ins,
+            drains,
         })
     }
+}
+
+/// Reads and checks the drain section: a known section version, at most
+/// one entry per storage node, nodes that exist and are not retired
+/// already, a start no later than the table itself, and no more
+/// unplaceable records than records left.
+fn get_drains(r: &mut Reader, sns: &[SnEntry], epoch: u64) -> Result<Vec<Drain>, WireError> {
+    let version = r.u8()?;
+    if version != DRAINS_SECTION {
+        return Err(WireError::Invalid(format!(
+            "table drain section version {version}; this build reads version {DRAINS_SECTION}"
+        )));
+    }
+    let n = r.u32()? as usize;
+    if n > sns.len() {
+        return Err(WireError::Invalid(format!(
+            "{n} drains for {} storage nodes",
+            sns.len()
+        )));
+    }
+    let mut out: Vec<Drain> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let d = Drain {
+            index: r.u16()?,
+            since: r.u64()?,
+            left: r.u64()?,
+            copies: r.u64()?,
+            unplaceable: r.u64()?,
+            unreported: r.u16()?,
+        };
+        if out.iter().any(|o| o.index == d.index) {
+            return Err(WireError::Invalid(format!(
+                "drain of storage node {} listed twice",
+                d.index
+            )));
+        }
+        match sns.iter().find(|s| s.index == d.index) {
+            None => {
+                return Err(WireError::Invalid(format!(
+                    "drain of storage node {}, which the table does not hold",
+                    d.index
+                )))
+            }
+            Some(s) if s.state == State::Retired => {
+                return Err(WireError::Invalid(format!(
+                    "drain of storage node {}, which is retired already",
+                    d.index
+                )))
+            }
+            Some(_) => {}
+        }
+        if d.since > epoch {
+            return Err(WireError::Invalid(format!(
+                "drain of storage node {} starts at epoch {}, after the table's {epoch}",
+                d.index, d.since
+            )));
+        }
+        if d.unplaceable > d.left {
+            return Err(WireError::Invalid(format!(
+                "drain of storage node {}: {} unplaceable of {} left",
+                d.index, d.unplaceable, d.left
+            )));
+        }
+        out.push(d);
+    }
+    Ok(out)
 }
 
 /// Reads and checks the stand-in section: a known section version, at
@@ -602,6 +747,7 @@ mod tests {
             }],
             moves: vec![],
             stand_ins: vec![],
+            drains: vec![],
         }
     }
 
@@ -633,13 +779,14 @@ mod tests {
         );
         let bytes = t.encode();
         for cut in 0..bytes.len() {
-            // The handover and stand-in sections are optional: a table cut
-            // right before either is a valid table written before they
-            // existed.
-            if cut != bytes.len() - 5 && cut != bytes.len() - 10 {
+            // The handover, stand-in and drain sections are optional: a
+            // table cut right before one is a valid table written before
+            // they existed.
+            if ![5, 10, 15].contains(&(bytes.len() - cut)) {
                 assert!(Table::decode(&bytes[..cut]).is_err(), "cut at {cut}");
             }
         }
+        assert_eq!(Table::decode(&bytes[..bytes.len() - 15]).unwrap(), t);
         assert_eq!(Table::decode(&bytes[..bytes.len() - 10]).unwrap(), t);
         assert_eq!(Table::decode(&bytes[..bytes.len() - 5]).unwrap(), t);
     }
@@ -678,7 +825,7 @@ mod tests {
         assert_eq!(back.move_of(15).unwrap().frozen_epoch, 77);
         assert!(back.move_of(4).is_none());
         for cut in 0..bytes.len() {
-            if cut != bytes.len() - 5 && cut != bytes.len() - (10 + 2 * 15) {
+            if ![5, 10, 15 + 2 * 15].contains(&(bytes.len() - cut)) {
                 assert!(Table::decode(&bytes[..cut]).is_err(), "cut at {cut}");
             }
         }
@@ -698,8 +845,8 @@ mod tests {
         bad.moves[0].to = 7;
         refused(bad, "no metadata node");
         // An unknown phase or section version, or a huge count.
-        // (Past the empty stand-in section, 5 bytes.)
-        let n = bytes.len() - 5;
+        // (Past the empty stand-in and drain sections, 5 bytes each.)
+        let n = bytes.len() - 10;
         let mut b = bytes.clone();
         b[n - 9] = 9;
         assert!(Table::decode(&b)
@@ -766,7 +913,7 @@ mod tests {
         assert_eq!(back.home_of(5), None);
         for cut in 0..bytes.len() {
             // Cut before the stand-in section (or the handovers): an older table.
-            if cut != bytes.len() - (5 + 2 * 6) && cut != bytes.len() - (10 + 2 * 6 + 2 * 15) {
+            if ![5, 10 + 2 * 6, 15 + 2 * 6 + 2 * 15].contains(&(bytes.len() - cut)) {
                 assert!(Table::decode(&bytes[..cut]).is_err(), "cut at {cut}");
             }
         }
@@ -787,7 +934,7 @@ mod tests {
         bad.stand_ins[0].home = 1;
         refused(bad, "which owns it");
         // An unknown section version, or a huge count.
-        let n = bytes.len() - 2 * 6;
+        let n = bytes.len() - 5 - 2 * 6;
         let mut b = bytes.clone();
         b[n - 5] = 2;
         let err = Table::decode(&b).unwrap_err().to_string();
@@ -796,6 +943,76 @@ mod tests {
         b[n - 4..n].copy_from_slice(&u32::MAX.to_be_bytes());
         let err = Table::decode(&b).unwrap_err().to_string();
         assert!(err.contains("stand-in groups"), "{err}");
+    }
+
+    #[test]
+    fn drains_round_trip_and_bad_ones_are_refused() {
+        let mut t = table();
+        t.sns[0].state = State::Up;
+        t.sns.push(SnEntry {
+            uuid: 5,
+            index: 2,
+            endpoint: "[::1]:5".parse().unwrap(),
+            capacity: 100,
+            free: 100,
+            objects: 0,
+            device: Device::Ssd,
+            state: State::Retired,
+        });
+        t.drains = vec![Drain {
+            index: 1,
+            since: 2,
+            left: 9,
+            copies: 4,
+            unplaceable: 3,
+            unreported: 1,
+        }];
+        let bytes = t.encode();
+        let back = Table::decode(&bytes).unwrap();
+        assert_eq!(back, t);
+        assert!(back.retiring(1) && !back.retiring(2));
+        assert_eq!(back.drain_of(1).unwrap().left, 9);
+        for cut in 0..bytes.len() {
+            // Cut before the drain section (or the ones before it).
+            if ![5 + 36, 10 + 36, 15 + 36].contains(&(bytes.len() - cut)) {
+                assert!(Table::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            }
+        }
+        let refused = |bad: Table, what: &str| {
+            let err = Table::decode(&bad.encode()).unwrap_err().to_string();
+            assert!(err.contains(what), "{err}");
+        };
+        let mut bad = t.clone();
+        bad.drains.push(bad.drains[0]);
+        refused(bad, "listed twice");
+        let mut bad = t.clone();
+        bad.drains[0].index = 7;
+        refused(bad, "does not hold");
+        let mut bad = t.clone();
+        bad.drains[0].index = 2;
+        refused(bad, "retired already");
+        let mut bad = t.clone();
+        bad.drains[0].since = 4;
+        refused(bad, "after the table's 3");
+        let mut bad = t.clone();
+        bad.drains[0].unplaceable = 10;
+        refused(bad, "unplaceable");
+        // An unknown section version, a huge count, an unknown node state.
+        let n = bytes.len() - 36;
+        let mut b = bytes.clone();
+        b[n - 5] = 2;
+        let err = Table::decode(&b).unwrap_err().to_string();
+        assert!(err.contains("drain section version 2"), "{err}");
+        let mut b = bytes.clone();
+        b[n - 4..n].copy_from_slice(&u32::MAX.to_be_bytes());
+        let err = Table::decode(&b).unwrap_err().to_string();
+        assert!(err.contains("drains for 2 storage nodes"), "{err}");
+        let mut b = bytes.clone();
+        // The second storage node's state byte: just before the handover
+        // section (5), the stand-in section (5) and the drains (5 + 36).
+        b[n - 5 - 10 - 1] = 9;
+        let err = Table::decode(&b).unwrap_err().to_string();
+        assert!(err.contains("node state 9"), "{err}");
     }
 
     proptest::proptest! {

@@ -401,6 +401,27 @@ pub enum Body {
         /// The freeze epoch of the final copy (0 for the first).
         epoch: u64,
     },
+    /// Metadata node → ON, after each full scan of the groups it owns
+    /// while a storage node is being drained: how many of its rows still
+    /// name a replica on that node. Sent every pass (a lost one is
+    /// replaced by the next); the ON retires the node once every node
+    /// owning groups reports none, from a scan that started no earlier
+    /// than the drain and the last change of group owners.
+    DrainReport {
+        /// The reporting node's slot.
+        slot: u16,
+        /// The epoch of the node's table when the scan started.
+        epoch: u64,
+        /// The drained storage node's prefix index.
+        index: u16,
+        /// Records this node coordinates that name it (plus Posts and
+        /// repair copies under way that place a replica on it).
+        left: u64,
+        /// Metadata copies kept here for other coordinators that name it.
+        copies: u64,
+        /// Of `left`, records no other storage node could take.
+        unplaceable: u64,
+    },
 }
 
 /// Most addresses one `Referenced` message carries.
@@ -712,6 +733,7 @@ impl Msg {
             Body::MoveReport { .. } => 26,
             Body::MgGather { .. } => 27,
             Body::MgGathered { .. } => 28,
+            Body::DrainReport { .. } => 29,
         }
     }
 
@@ -853,6 +875,21 @@ impl Msg {
                 w.u16(*to);
                 w.u8(*ready as u8);
                 w.u64(*epoch);
+            }
+            Body::DrainReport {
+                slot,
+                epoch,
+                index,
+                left,
+                copies,
+                unplaceable,
+            } => {
+                w.u16(*slot);
+                w.u64(*epoch);
+                w.u16(*index);
+                w.u64(*left);
+                w.u64(*copies);
+                w.u64(*unplaceable);
             }
         }
     }
@@ -1016,6 +1053,23 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
             ready: flag(r, "ready flag")?,
             epoch: r.u64()?,
         },
+        29 => {
+            let (slot, epoch, index, left, copies, unplaceable) =
+                (r.u16()?, r.u64()?, r.u16()?, r.u64()?, r.u64()?, r.u64()?);
+            if unplaceable > left {
+                return Err(WireError::Invalid(format!(
+                    "drain report: {unplaceable} unplaceable of {left} records left"
+                )));
+            }
+            Body::DrainReport {
+                slot,
+                epoch,
+                index,
+                left,
+                copies,
+                unplaceable,
+            }
+        }
         k => return Err(WireError::UnknownKind(k)),
     })
 }
@@ -1225,6 +1279,14 @@ mod tests {
                 to: 2,
                 ready: true,
                 epoch: 12,
+            },
+            Body::DrainReport {
+                slot: 1,
+                epoch: 40,
+                index: 3,
+                left: 7,
+                copies: 2,
+                unplaceable: 7,
             },
             Body::Error {
                 code: Code::Moving,

@@ -46,6 +46,7 @@ fn table() -> Table {
             .collect(),
         moves: vec![],
         stand_ins: vec![],
+        drains: vec![],
     }
 }
 
