@@ -1683,7 +1683,7 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
     rt.block_on(client.refresh()).unwrap();
 
     // Names the dead node coordinated take new versions and deletes.
-    for (name, rec) in coordinated {
+    for (name, rec) in &coordinated {
         let data = pattern(99, 7);
         let put = rt
             .block_on(client.put(name, 99, &mut data.as_slice(), &|_| {}))
@@ -1720,6 +1720,61 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
         // Above the restored tombstone (at the deleted record's version).
         assert!(put.version > rec.version, "{name}: {}", put.version);
     }
+
+    // The dead node comes back with its old directory: it takes a share
+    // of the groups again by handovers (its stale rows dropped first) and
+    // answers for them with the rows of today.
+    drop(mn);
+    let _back = Node::add(&store, &dir.path().join("mn-extra"), "mn");
+    let start = Instant::now();
+    loop {
+        let s = store.status();
+        let m = &s["metadata_nodes"][dead_slot as usize];
+        if m["state"] == "up" && m["groups"] == 85 && s["moves"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the returned node did not take its share in 20 s: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("returned node took 85 groups in {:?}", start.elapsed());
+    std::thread::sleep(Duration::from_millis(1200)); // every node has the table
+    rt.block_on(client.refresh()).unwrap();
+    let table = client.table();
+    let deleted_since: Vec<&String> = coordinated.iter().map(|(n, _)| n).collect();
+    let mut answered_there = 0;
+    for &i in &survivors {
+        let (name, rec) = &pre[i];
+        // Repair of the dead storage node gave some records a new version.
+        let newest = match deleted_since.contains(&name) {
+            true => 0,
+            false => rt.block_on(client.stat(name)).unwrap().version,
+        };
+        for &addr in &rec.meta {
+            let (to, body) = ask_copy(&table, addr, name);
+            answered_there += usize::from(table.mn_for(addr).map(|m| m.slot) == Some(dead_slot));
+            match body {
+                Body::Found { record } if !deleted_since.contains(&name) => {
+                    assert_eq!(record.version, newest, "{name} at {to}")
+                }
+                Body::Error {
+                    code: strata_store::wire::Code::Deleted,
+                    ..
+                } if deleted_since.contains(&name) => {}
+                other => panic!("{name} at {to} after the node came back: {other:?}"),
+            }
+        }
+        if !deleted_since.contains(&name) {
+            let (_, bytes) = rt.block_on(client.get_bytes(name)).unwrap();
+            assert!(bytes == data_of(i), "{name} differs after the return");
+        }
+    }
+    assert!(
+        answered_there >= 20,
+        "only {answered_there} copies asked of the returned node"
+    );
 }
 
 /// Kill -9 of a metadata node for less than the definitive-failure timer:

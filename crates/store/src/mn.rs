@@ -1650,6 +1650,9 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 MovePhase::Restoring => continue,
             };
             let restart = self.pulls.get(&m.group).is_none_or(|p| p.epoch != epoch);
+            if restart && epoch == 0 {
+                self.forget_stale_rows(m.group);
+            }
             if restart {
                 let msg = self.pull_msg(m.group, epoch, false, String::new());
                 self.pulls.insert(
@@ -1675,6 +1678,23 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                     });
                 }
             }
+        }
+    }
+
+    /// Before the first copy of a group taken over, drops what this node
+    /// still holds of it from an earlier time it owned it (a node declared
+    /// dead and back: its groups were restored elsewhere, and a row only
+    /// it kept may name replicas since collected). Not for a group handed
+    /// back after a stand-in: the home node's rows are newest where the
+    /// stand-in missed a write, and the copy's version rules merge them.
+    fn forget_stale_rows(&mut self, group: u32) {
+        if self.table.home_of(group) == Some(self.slot)
+            || !self.db.group_has_rows(group).unwrap_or(false)
+        {
+            return;
+        }
+        if let Err(e) = self.db.drop_group(group) {
+            tracing::warn!("dropping stale rows of group {group} before taking it over: {e}");
         }
     }
 

@@ -256,9 +256,15 @@ impl OnCore {
                     // were restored elsewhere, and it drops their rows. A
                     // down one gets back the groups standing in for it.
                     revived = matches!(m.state, State::Down | State::Dead);
+                    let (was_dead, slot) = (m.state == State::Dead, m.slot);
                     if revived {
                         m.state = State::Up;
                         self.hand_back();
+                    }
+                    // Back after its groups were restored elsewhere for
+                    // good: it takes a share again, as a new node would.
+                    if was_dead {
+                        self.plan_moves(slot);
                     }
                 } else {
                     return Err(Error::Remote {
@@ -307,10 +313,14 @@ impl OnCore {
     fn register_mn(&mut self, uuid: u64, endpoint: std::net::SocketAddr) -> Result<u16, Error> {
         if let Some(m) = self.table.mns.iter_mut().find(|m| m.uuid == uuid) {
             m.endpoint = endpoint;
+            let was_dead = m.state == State::Dead;
             m.state = State::Up;
             let slot = m.slot;
             // Back before it was declared dead: its groups come home.
             self.hand_back();
+            if was_dead {
+                self.plan_moves(slot);
+            }
             return Ok(slot);
         }
         let slot = self.table.mns.len() as u16;
@@ -351,9 +361,10 @@ impl OnCore {
         Ok(slot)
     }
 
-    /// Chooses the groups the new slot `to` takes over: about
-    /// groups / metadata nodes, each taken from the node that owns most
-    /// (counting handovers under way as done), and starts copying them.
+    /// Chooses the groups slot `to` takes over (a new node, or one back
+    /// after it was declared dead): about groups / live metadata nodes,
+    /// each taken from the node that owns most (counting handovers under
+    /// way as done), and starts copying them.
     fn plan_moves(&mut self, to: u16) {
         let t = &self.table;
         let mut owner: Vec<u16> = t.mg_owner.clone();
@@ -362,7 +373,8 @@ impl OnCore {
                 *o = m.to;
             }
         }
-        let want = owner.len() / t.mns.len().max(1);
+        let live = t.mns.iter().filter(|m| m.state != State::Dead).count();
+        let want = owner.len() / live.max(1);
         let mut new = Vec::new();
         while owner.iter().filter(|&&o| o == to).count() < want {
             let mut counts: HashMap<u16, usize> = HashMap::new();

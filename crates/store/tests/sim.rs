@@ -1070,7 +1070,6 @@ fn a_metadata_node_lost_for_good_is_restored_under_faults() {
         sim.on = Some(on);
         sim.kill_mn_at = Some((20_000, gone));
         sim.run(60_000, true, 150);
-        sim.heal_and_check();
         let t = sim.on.as_ref().unwrap().table();
         assert_eq!(t.mns[gone as usize].state, State::Dead, "seed {seed}");
         assert_eq!(t.groups_of(gone), 0, "seed {seed}");
@@ -1081,6 +1080,21 @@ fn a_metadata_node_lost_for_good_is_restored_under_faults() {
         );
         // The restore took a while (faults), but it ended.
         assert!(sim.restoring_ticks > 0, "seed {seed}: no restore seen");
+        // The node comes back with its old database: it takes a share of
+        // the groups again by handovers, under the same faults.
+        sim.revive_mn_at = Some(60_001);
+        sim.run(110_000, true, 150);
+        sim.heal_and_check();
+        let t = sim.on.as_ref().unwrap().table();
+        assert_eq!(t.mns[gone as usize].state, State::Up, "seed {seed}");
+        assert!(t.moves.is_empty(), "seed {seed}: {:?}", t.moves);
+        let share = t.layout.mg_count() / MNS as usize;
+        assert_eq!(
+            t.groups_of(gone),
+            share,
+            "seed {seed}: the returned node owns {} groups, want {share}",
+            t.groups_of(gone)
+        );
         eprintln!(
             "seed {seed}: restored over {} ms; {} acked, {} gets, {} crashes",
             sim.restoring_ticks * 20,
@@ -1088,7 +1102,7 @@ fn a_metadata_node_lost_for_good_is_restored_under_faults() {
             sim.checked_gets,
             sim.crashes
         );
-        for s in (0..MNS).filter(|&s| s != gone) {
+        for s in 0..MNS {
             let core = sim.mns[s as usize].as_ref().unwrap();
             assert_eq!(core.pending_count(), 0, "seed {seed}: a name stayed locked");
             assert_eq!(core.restore_progress(), (0, 0, 0), "seed {seed}");
@@ -1192,4 +1206,52 @@ fn the_simulation_is_deterministic() {
         )
     };
     assert_eq!(run(5), run(5));
+}
+
+/// A node taking a group over starts from nothing (a node declared dead
+/// and back may hold rows of its old groups that no other node kept, and
+/// whose replicas were collected since), except when the group is handed
+/// back to it after a stand-in: then its rows are merged by version.
+#[test]
+fn a_group_taken_over_is_copied_into_an_empty_group_unless_it_comes_home() {
+    use strata_store::table::{Move, MovePhase, StandIn};
+    let p = Params {
+        n_m: 3,
+        w_m: 3,
+        n_d: 2,
+        w_d: 1,
+    };
+    for home in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let db = MetaDb::open(&dir.path().join("meta.redb")).unwrap();
+        let mut t = table(p);
+        let group = t.mg_owner.iter().position(|&o| o == 1).unwrap() as u32;
+        let stale = Record {
+            name: "stale".into(),
+            size: 1,
+            crc: 0,
+            version: 3,
+            meta: vec![],
+            replicas: vec![],
+            rename: None,
+        };
+        db.apply_record(group, &stale).unwrap();
+        t.moves.push(Move {
+            group,
+            to: 0,
+            phase: MovePhase::Copying,
+            frozen_epoch: 0,
+        });
+        if home {
+            t.stand_ins.push(StandIn { group, home: 0 });
+        }
+        let mut core: MnCore<u32> = MnCore::new(db, t, 0, 7);
+        let outs = core.tick(1_000);
+        assert!(
+            outs.iter().any(|o| matches!(o, Out::ToMeta(m) if matches!(m.body, Body::MgPull { group: g, .. } if g == group))),
+            "no copy of group {group} started"
+        );
+        let kept = core.db().get(group, "stale").unwrap().is_some();
+        assert_eq!(kept, home, "home {home}: stale row kept {kept}");
+    }
 }
