@@ -97,6 +97,54 @@ pub fn initial_owners(mg_count: usize, slots: u16) -> Vec<u16> {
         .collect()
 }
 
+/// The share of names whose every metadata copy would lie on one node
+/// (other than `skip`) if groups had owners `owner`: such names lose every
+/// copy when that node dies. A name's `n_m` addresses lie in `n_m`
+/// distinct quadrants, all subsets equally likely, each address spread
+/// evenly over its quadrant's groups; so with `f(s, q)` the part of
+/// quadrant `q` that slot `s` owns, the share is
+/// `Σ_s e_{n_m}(f(s, ·)) / C(quadrants, n_m)`, `e_k` being the elementary
+/// symmetric polynomial of degree `k`.
+pub fn lone_copy_share(owner: &[u16], mg_bits: u8, n_m: usize, skip: Option<u16>) -> f64 {
+    let q_bits = crate::addr::quadrant_bits(n_m);
+    let quadrants = 1usize << q_bits;
+    if n_m < 2 || owner.is_empty() {
+        return 0.0;
+    }
+    let slots = owner.iter().copied().max().map_or(0, |m| m as usize + 1);
+    let mut part = vec![vec![0.0f64; quadrants]; slots];
+    if mg_bits >= q_bits {
+        let per = (1usize << (mg_bits - q_bits)) as f64;
+        for (g, &o) in owner.iter().enumerate() {
+            part[o as usize][g >> (mg_bits - q_bits)] += 1.0 / per;
+        }
+    } else {
+        // Fewer groups than quadrants: each group holds whole quadrants.
+        for (q, p) in (0..quadrants).map(|q| (q, q >> (q_bits - mg_bits))) {
+            if let Some(&o) = owner.get(p) {
+                part[o as usize][q] = 1.0;
+            }
+        }
+    }
+    let subsets = (0..n_m).fold(1.0, |c, i| c * (quadrants - i) as f64 / (i + 1) as f64);
+    let mut share = 0.0;
+    for (s, f) in part.iter().enumerate() {
+        if skip == Some(s as u16) {
+            continue;
+        }
+        // e[k] over the quadrants seen so far.
+        let mut e = vec![0.0f64; n_m + 1];
+        e[0] = 1.0;
+        for &x in f {
+            for k in (1..=n_m).rev() {
+                e[k] += e[k - 1] * x;
+            }
+        }
+        share += e[n_m];
+    }
+    share / subsets
+}
+
 impl OnCore {
     /// Opens the orchestrator database at `path`. A new cluster takes
     /// `initial` (its layout, replication and `expected_mns` metadata slots,
@@ -361,10 +409,35 @@ impl OnCore {
         Ok(slot)
     }
 
+    /// The live node to give group `g` of node `from` to: among the nodes
+    /// (`counts`: slot and groups owned) still under an even share, the one
+    /// that leaves fewest names with every metadata copy on one node
+    /// ([`lone_copy_share`]), then the one owning fewest.
+    fn safest_owner(&self, g: usize, from: u16, counts: &[(u16, usize)]) -> Option<u16> {
+        let t = &self.table;
+        let even = t.mg_owner.len().div_ceil(counts.len().max(1));
+        let under: Vec<(u16, usize)> = counts.iter().copied().filter(|&(_, n)| n < even).collect();
+        let pool = if under.is_empty() {
+            counts.to_vec()
+        } else {
+            under
+        };
+        let mut owner = t.mg_owner.clone();
+        let risk = |slot: u16, owner: &mut Vec<u16>| {
+            owner[g] = slot;
+            lone_copy_share(owner, t.layout.mg_bits, t.params.n_m as usize, Some(from))
+        };
+        pool.iter()
+            .map(|&(slot, n)| (risk(slot, &mut owner), n, slot))
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)))
+            .map(|(_, _, slot)| slot)
+    }
+
     /// Chooses the groups slot `to` takes over (a new node, or one back
     /// after it was declared dead): about groups / live metadata nodes,
     /// each taken from the node that owns most (counting handovers under
-    /// way as done), and starts copying them.
+    /// way as done), the one leaving fewest names with every metadata copy
+    /// on one node ([`lone_copy_share`]); and starts copying them.
     fn plan_moves(&mut self, to: u16) {
         let t = &self.table;
         let mut owner: Vec<u16> = t.mg_owner.clone();
@@ -388,9 +461,26 @@ impl OnCore {
             let Some((&from, _)) = counts.iter().max_by_key(|(&slot, &n)| (n, slot)) else {
                 break;
             };
-            let Some(g) = (0..owner.len()).rev().find(|&g| {
-                owner[g] == from && t.move_of(g as u32).is_none() && t.home_of(g as u32).is_none()
-            }) else {
+            // Of its groups, the one whose move leaves fewest names with
+            // every metadata copy on one node.
+            let n_m = t.params.n_m as usize;
+            let mut trial = owner.clone();
+            let Some(g) = (0..owner.len())
+                .rev()
+                .filter(|&g| {
+                    owner[g] == from
+                        && t.move_of(g as u32).is_none()
+                        && t.home_of(g as u32).is_none()
+                })
+                .map(|g| {
+                    trial[g] = to;
+                    let risk = lone_copy_share(&trial, t.layout.mg_bits, n_m, None);
+                    trial[g] = from;
+                    (risk, g)
+                })
+                .min_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)))
+                .map(|(_, g)| g)
+            else {
                 break;
             };
             owner[g] = to;
@@ -775,11 +865,11 @@ impl OnCore {
             // would otherwise keep rows of a group it does not own).
             let target = self.table.move_of(g as u32).map(|m| m.to);
             self.table.moves.retain(|m| m.group != g as u32);
-            let chosen = match counts.iter_mut().find(|(s, _)| Some(*s) == target) {
-                Some(c) => Some(c),
-                None => counts.iter_mut().min_by_key(|(s, n)| (*n, *s)),
+            let pick = match target.filter(|t| counts.iter().any(|(s, _)| s == t)) {
+                Some(t) => Some(t),
+                None => self.safest_owner(g, slot, &counts),
             };
-            let Some(chosen) = chosen else {
+            let Some(chosen) = pick.and_then(|p| counts.iter_mut().find(|(s, _)| *s == p)) else {
                 break;
             };
             chosen.1 += 1;
@@ -946,6 +1036,117 @@ impl OnCore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lone_copy_share_matches_real_names() {
+        use crate::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+        let layout = Layout::new(DEFAULT_CLUSTER_PREFIX, 6);
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        for (slots, n_m) in [(2u16, 3usize), (3, 3), (3, 2), (4, 4), (3, 5)] {
+            // Random owners: far from the first placement's zero.
+            let owners: Vec<u16> = (0..layout.mg_count())
+                .map(|_| {
+                    rng = crate::addr::splitmix64(rng);
+                    (rng % slots as u64) as u16
+                })
+                .collect();
+            let names = 40_000;
+            let lone = (0..names)
+                .filter(|i| {
+                    let addrs = layout.meta_addrs(format!("n/{i}").as_bytes(), n_m);
+                    let first = owners[layout.mg_of(addrs[0]).unwrap() as usize];
+                    addrs
+                        .iter()
+                        .all(|&a| owners[layout.mg_of(a).unwrap() as usize] == first)
+                })
+                .count();
+            let measured = lone as f64 / names as f64;
+            let predicted = lone_copy_share(&owners, layout.mg_bits, n_m, None);
+            assert!(
+                (measured - predicted).abs() < 0.01,
+                "{slots} slots, N_m = {n_m}: {measured} of names, predicted {predicted}"
+            );
+        }
+        // The first placement: none.
+        let first = initial_owners(layout.mg_count(), 3);
+        assert_eq!(lone_copy_share(&first, layout.mg_bits, 3, None), 0.0);
+    }
+
+    #[test]
+    fn a_restore_places_groups_so_fewest_names_lose_every_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut initial = empty_table();
+        initial.params.n_m = 3;
+        initial.params.w_m = 2;
+        let mut on = OnCore::open(&dir.path().join("on.redb"), initial, 3, 0).unwrap();
+        on.set_definitive_failure(1_000);
+        for uuid in [1, 2, 3] {
+            register(&mut on, 0, uuid);
+        }
+        for now in (500..=2_000).step_by(500) {
+            heartbeat(&mut on, now, 1);
+            heartbeat(&mut on, now, 2);
+            on.tick(now).unwrap();
+        }
+        let t = on.table().clone();
+        assert_eq!(t.mns[2].state, State::Dead);
+        let n_m = t.params.n_m as usize;
+        let share = lone_copy_share(&t.mg_owner, t.layout.mg_bits, n_m, None);
+        // The former rule, fewest groups first, on the same layout.
+        let mut naive = initial_owners(t.mg_owner.len(), 3);
+        let mut counts = [0usize; 2];
+        for o in naive.iter().filter(|&&o| o < 2) {
+            counts[*o as usize] += 1;
+        }
+        for o in naive.iter_mut().filter(|o| **o == 2) {
+            let s = if counts[0] <= counts[1] { 0 } else { 1 };
+            counts[s] += 1;
+            *o = s as u16;
+        }
+        let before = lone_copy_share(&naive, t.layout.mg_bits, n_m, None);
+        assert!(
+            share < before * 0.9,
+            "every copy on one node for {share} of names, {before} with the former rule"
+        );
+        // Still even.
+        assert!(t.groups_of(0).abs_diff(t.groups_of(1)) <= 1);
+    }
+
+    #[test]
+    fn a_new_node_takes_the_groups_that_keep_copies_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut initial = empty_table();
+        initial.params.n_m = 3;
+        initial.params.w_m = 2;
+        let mut on = OnCore::open(&dir.path().join("on.redb"), initial, 3, 0).unwrap();
+        for uuid in [1, 2, 3, 4] {
+            register(&mut on, 0, uuid);
+        }
+        let t = on.table();
+        let mut owner = t.mg_owner.clone();
+        for m in &t.moves {
+            owner[m.group as usize] = m.to;
+        }
+        assert_eq!(owner.iter().filter(|&&o| o == 3).count(), 16);
+        let share = lone_copy_share(&owner, t.layout.mg_bits, 3, None);
+        // The former choice: the highest group of the node owning most.
+        let mut former = initial_owners(owner.len(), 3);
+        for _ in 0..16 {
+            let most = (0..3u16)
+                .max_by_key(|&s| (former.iter().filter(|&&o| o == s).count(), s))
+                .unwrap();
+            let g = (0..former.len())
+                .rev()
+                .find(|&g| former[g] == most)
+                .unwrap();
+            former[g] = 3;
+        }
+        let before = lone_copy_share(&former, t.layout.mg_bits, 3, None);
+        assert!(
+            share < before,
+            "every copy on one node for {share} of names, {before} with the former choice"
+        );
+    }
 
     #[test]
     fn first_owners_never_put_every_copy_of_a_name_on_one_node() {
@@ -1291,14 +1492,29 @@ mod tests {
         let after = Table::decode(&bytes).unwrap();
         assert!(after.move_of(m.group).is_none());
         assert_eq!(after.mg_owner[m.group as usize], m.to);
-        // The dead node comes back: up, owning nothing; restores survive
-        // an orchestrator restart.
+        // The dead node comes back: up, owning nothing yet, with a share of
+        // the groups coming by handovers; restores and handovers survive an
+        // orchestrator restart.
         heartbeat(&mut on, 6_000, 3);
         assert_eq!(on.table().mns[2].state, State::Up);
         assert_eq!(on.table().groups_of(2), 0);
+        let coming = |t: &Table| {
+            t.moves
+                .iter()
+                .filter(|m| m.to == 2 && m.phase == MovePhase::Copying)
+                .count()
+        };
+        assert_eq!(coming(on.table()), 64 / 3);
         drop(on);
         let again = OnCore::open(&path, after.clone(), 3, 0).unwrap();
-        assert_eq!(again.table().moves.len(), 20);
+        let restoring = |t: &Table| {
+            t.moves
+                .iter()
+                .filter(|m| m.phase == MovePhase::Restoring)
+                .count()
+        };
+        assert_eq!(restoring(again.table()), 20);
+        assert_eq!(coming(again.table()), 64 / 3);
     }
 
     #[test]
@@ -1405,9 +1621,15 @@ mod tests {
         let t = on.table().clone();
         assert_eq!(t.mns[2].state, State::Dead);
         assert!(t.stand_ins.is_empty());
+        // Back after that: no stand-in to hand back, but a share of the
+        // groups by regular handovers, as a new node would get.
         heartbeat(&mut on, 65_000, 3);
-        assert_eq!(on.table().groups_of(2), 0);
-        assert!(on.table().moves.iter().all(|m| m.to != 2));
+        let t = on.table();
+        assert_eq!(t.groups_of(2), 0);
+        assert!(t.stand_ins.is_empty());
+        let to_it: Vec<_> = t.moves.iter().filter(|m| m.to == 2).collect();
+        assert_eq!(to_it.len(), 64 / 3);
+        assert!(to_it.iter().all(|m| m.phase == MovePhase::Copying));
     }
 
     #[test]
