@@ -42,6 +42,11 @@ pub struct DaemonArgs {
     /// on the first write after a snapshot, at the cost of more metadata.
     #[arg(long = "cluster-size", default_value = "64k")]
     cluster_size: String,
+    /// Extended L2 entries (32 subclusters per cluster) in new volumes'
+    /// layers: a small first write after a snapshot writes a subcluster,
+    /// not a whole cluster. Needs clusters of 16 KiB or more.
+    #[arg(long = "extended-l2", default_value = "on", value_parser = ["on", "off"])]
+    extended_l2: String,
     /// Seconds in-flight requests get to finish at shutdown.
     #[arg(long = "shutdown-timeout", default_value_t = 30.0)]
     shutdown_timeout: f64,
@@ -87,6 +92,7 @@ async fn serve(
         pool: args.pool.clone(),
         cache_bytes,
         cluster_size,
+        extended_l2: args.extended_l2 == "on",
     };
     let (service, report) = Service::open(config, exports.clone())
         .with_context(|| format!("could not open pool '{}'", args.pool.display()))?;
