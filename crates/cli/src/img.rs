@@ -323,6 +323,8 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
             }
             if let Some(q) = &current.format_specific {
                 opts.refcount_bits = q.refcount_bits;
+                // The new layer keeps the L2 format of the one it covers.
+                opts.extended_l2 = q.extended_l2;
                 if q.compression_type == "zstd" {
                     opts.compression = CompressionType::Zstd;
                 }
