@@ -41,12 +41,12 @@ STRATA = Path(os.environ.get("STRATA_BIN", ROOT / "target" / "release" / "strata
 class Daemon:
     """A `strata daemon` on free ports."""
 
-    def __init__(self, pool, cluster_size="64k"):
+    def __init__(self, pool, cluster_size="64k", extended_l2="on"):
         self.pool = pool
         t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [str(STRATA), "daemon", "--pool", str(pool), "--listen", "127.0.0.1:0",
-             "--nbd-port", "0", "--cluster-size", cluster_size],
+             "--nbd-port", "0", "--cluster-size", cluster_size, "--extended-l2", extended_l2],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.proc.stdout.readline()
         self.ready_s = time.monotonic() - t0
@@ -266,6 +266,8 @@ def main():
                     help="run one section only")
     ap.add_argument("--cluster-size", default="64k",
                     help="cluster size of the daemon's new volumes")
+    ap.add_argument("--extended-l2", choices=["on", "off"], default="on",
+                    help="extended L2 entries (subclusters) in the daemon's new volumes")
     ap.add_argument("--long", action="store_true",
                     help="also compare a snapshot every 30 s (65 s runs) with its anchor")
     args = ap.parse_args()
@@ -281,7 +283,7 @@ def main():
     base = Path(tempfile.mkdtemp(prefix="volume-bench-", dir=out_dir))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     try:
-        d = Daemon(base / "pool", args.cluster_size)
+        d = Daemon(base / "pool", args.cluster_size, args.extended_l2)
         if args.only == "throughput":
             tp = bench_throughput(d, args, base)
             d.stop()
@@ -289,6 +291,7 @@ def main():
             p99 = {m: statistics.median(r["p99_us"] for r in tp if r["mode"] == m) for m in modes(args)}
             text = "\n".join([
                 f"### Snapshot throughput, cluster size {args.cluster_size}, "
+                f"extended L2 {args.extended_l2}, "
                 f"{time.strftime('%Y-%m-%d %H:%M')} (repeat {args.repeat}, {args.runtime} s runs)", "",
                 "| fio randwrite 4k qd16 | IOPS (median) | write p99 µs (median) |", "|---|---|---|",
                 *[f"| {m} | {iops[m]:.0f} | {p99[m]:.0f} |" for m in modes(args)],

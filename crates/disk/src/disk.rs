@@ -341,6 +341,14 @@ impl Disk {
         scratch: &mut Scratch,
     ) -> Result<()> {
         let layer = &self.layers[k as usize - 1];
+        // The invariant lookups rest on: a unit never spans two of a
+        // layer's allocation units (clusters, or subclusters with extended
+        // L2 entries), so exactly one layer holds all of it.
+        debug_assert!(
+            layer.unit_bits().is_none_or(|b| b >= self.unit_bits),
+            "index unit 2^{} larger than layer {k}'s allocation unit",
+            self.unit_bits
+        );
         if layer.qcow2.is_none() {
             for u in units {
                 slots[(u - first) as usize] = Slot {

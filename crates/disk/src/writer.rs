@@ -640,6 +640,7 @@ impl Writer {
         let sb = top.subcluster_bits();
         self.write_l2_raw(disk, cluster, word, bitmap)?;
         let ub = disk.unit_bits;
+        debug_assert!(sb >= ub, "subcluster smaller than the index unit");
         let held = (bitmap as u32) | ((bitmap >> 32) as u32);
         let mut rest = changed;
         while rest != 0 {
