@@ -55,11 +55,11 @@ class Daemon:
         self.nbd = line.split(" on ")[1].split(",")[0]
         self.api = line.split("http://")[1].split(",")[0]
 
-    def call(self, method, path, body=None):
+    def call(self, method, path, body=None, timeout=120):
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(f"http://{self.api}{path}", data=data, method=method,
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
 
     def uri(self, vol):
@@ -126,7 +126,11 @@ def bench_throughput(d, args, workdir):
                      pause_ms_median=statistics.median(pauses) if pauses else 0,
                      pause_ms_max=max(pauses) if pauses else 0)
             rows.append(r)
-            d.call("DELETE", f"/v1/volumes/{vol}")
+            # Unlinking layers that subcluster writes fragmented can take
+            # minutes on a file system mounted with online `discard`.
+            t0 = time.monotonic()
+            d.call("DELETE", f"/v1/volumes/{vol}", timeout=1800)
+            r["delete_s"] = time.monotonic() - t0
     return rows
 
 

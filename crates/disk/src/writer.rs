@@ -218,7 +218,12 @@ impl Writer {
                 }
                 L2Mapping::Compressed { .. } => (self.allocator()?.alloc(top, 1)?, true, true),
                 L2Mapping::Unallocated | L2Mapping::Zero { .. } => {
-                    (self.allocator()?.alloc(top, 1)?, true, false)
+                    let cs = self.allocator()?.cs;
+                    let host = self.allocator()?.alloc(top, 1)?;
+                    // Only some subclusters get written now: reserve the
+                    // whole cluster so the file stays in large extents.
+                    top.file.preallocate(host, cs);
+                    (host, true, false)
                 }
             };
             self.in_flight.insert(cluster);
