@@ -35,8 +35,12 @@ pub struct DaemonArgs {
     /// Most NBD clients served at once, over all volumes.
     #[arg(long = "max-connections", default_value_t = 256)]
     max_connections: usize,
-    /// Metadata cache bound of each volume.
-    #[arg(long = "cache-size", default_value = "8M")]
+    /// Metadata cache bound of each volume. Layers with extended L2
+    /// entries resolve lookups per 2 KiB subcluster instead of per 64 KiB
+    /// cluster, so the same bound covers 32 times less of the disk: 32 MiB
+    /// covers about 2.6 GiB of such a volume (it is a bound: a volume only
+    /// takes what its lookups filled).
+    #[arg(long = "cache-size", default_value = "32M")]
     cache_size: String,
     /// Cluster size of new volumes (512 to 2M): smaller clusters copy less
     /// on the first write after a snapshot, at the cost of more metadata.
