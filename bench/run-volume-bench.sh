@@ -3,6 +3,7 @@
 #
 # Usage: bench/run-volume-bench.sh [--quick] [--repeat 3] [--runtime 10] [--only compaction] [--compact-rate 32M]
 #                                  [--volumes 500] [--snap-volume-gib 50] [--long]
+#                                  [--cluster-size 64k] [--extended-l2 on|off]
 #
 # --long adds a snapshot every 30 s (65 s runs) next to its own anchor.
 #

@@ -41,12 +41,12 @@ STRATA = Path(os.environ.get("STRATA_BIN", ROOT / "target" / "release" / "strata
 class Daemon:
     """A `strata daemon` on free ports."""
 
-    def __init__(self, pool, cluster_size="64k"):
+    def __init__(self, pool, cluster_size="64k", extended_l2="on"):
         self.pool = pool
         t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [str(STRATA), "daemon", "--pool", str(pool), "--listen", "127.0.0.1:0",
-             "--nbd-port", "0", "--cluster-size", cluster_size],
+             "--nbd-port", "0", "--cluster-size", cluster_size, "--extended-l2", extended_l2],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.proc.stdout.readline()
         self.ready_s = time.monotonic() - t0
@@ -55,11 +55,11 @@ class Daemon:
         self.nbd = line.split(" on ")[1].split(",")[0]
         self.api = line.split("http://")[1].split(",")[0]
 
-    def call(self, method, path, body=None):
+    def call(self, method, path, body=None, timeout=120):
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(f"http://{self.api}{path}", data=data, method=method,
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
 
     def uri(self, vol):
@@ -126,7 +126,11 @@ def bench_throughput(d, args, workdir):
                      pause_ms_median=statistics.median(pauses) if pauses else 0,
                      pause_ms_max=max(pauses) if pauses else 0)
             rows.append(r)
-            d.call("DELETE", f"/v1/volumes/{vol}")
+            # Unlinking layers that subcluster writes fragmented can take
+            # minutes on a file system mounted with online `discard`.
+            t0 = time.monotonic()
+            d.call("DELETE", f"/v1/volumes/{vol}", timeout=1800)
+            r["delete_s"] = time.monotonic() - t0
     return rows
 
 
@@ -266,6 +270,8 @@ def main():
                     help="run one section only")
     ap.add_argument("--cluster-size", default="64k",
                     help="cluster size of the daemon's new volumes")
+    ap.add_argument("--extended-l2", choices=["on", "off"], default="on",
+                    help="extended L2 entries (subclusters) in the daemon's new volumes")
     ap.add_argument("--long", action="store_true",
                     help="also compare a snapshot every 30 s (65 s runs) with its anchor")
     args = ap.parse_args()
@@ -281,7 +287,7 @@ def main():
     base = Path(tempfile.mkdtemp(prefix="volume-bench-", dir=out_dir))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     try:
-        d = Daemon(base / "pool", args.cluster_size)
+        d = Daemon(base / "pool", args.cluster_size, args.extended_l2)
         if args.only == "throughput":
             tp = bench_throughput(d, args, base)
             d.stop()
@@ -289,6 +295,7 @@ def main():
             p99 = {m: statistics.median(r["p99_us"] for r in tp if r["mode"] == m) for m in modes(args)}
             text = "\n".join([
                 f"### Snapshot throughput, cluster size {args.cluster_size}, "
+                f"extended L2 {args.extended_l2}, "
                 f"{time.strftime('%Y-%m-%d %H:%M')} (repeat {args.repeat}, {args.runtime} s runs)", "",
                 "| fio randwrite 4k qd16 | IOPS (median) | write p99 µs (median) |", "|---|---|---|",
                 *[f"| {m} | {iops[m]:.0f} | {p99[m]:.0f} |" for m in modes(args)],

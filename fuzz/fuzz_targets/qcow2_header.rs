@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use strata_format::entry::{decode_reftable_entry, L1Entry, L2Mapping};
+use strata_format::entry::{decode_reftable_entry, ExtendedL2, L1Entry, L2Mapping, SUBCLUSTERS};
 use strata_format::header::{Header, V3_HEADER_LEN};
 use strata_format::index::{ChainIndexExt, LayerIdentity, LINEAGE_RECORD_BYTES};
 use strata_format::{refcount, snapshot};
@@ -63,9 +63,14 @@ fn parsed(data: &[u8], file_len: u64, h: &Header) {
         }
     }
 
-    // L2 entries: every word of the input, as this image would read them.
+    // L2 entries: every word of the input, as this image would read them,
+    // and every pair of words as an extended (128-bit) entry.
     for raw in words(data) {
         l2_entry(raw, h.cluster_bits, h.version);
+    }
+    let w: Vec<u64> = words(data).collect();
+    for pair in w.chunks_exact(2) {
+        extended_l2_entry(pair[0], pair[1], h.cluster_bits);
     }
 
     // Refcount table entries and refcount blocks of this width.
@@ -145,6 +150,30 @@ fn l2_entry(raw: u64, cluster_bits: u32, version: u32) {
     }
     if let Some((first, last)) = m.host_range() {
         assert!(first <= last);
+    }
+}
+
+/// An extended L2 entry that decodes is consistent: no subcluster both
+/// allocated and zero, none allocated without a host cluster, no bitmap on
+/// a compressed cluster, and what it encodes decodes back.
+fn extended_l2_entry(raw: u64, bitmap: u64, cluster_bits: u32) {
+    let Ok(e) = ExtendedL2::decode(raw, bitmap, cluster_bits) else {
+        return;
+    };
+    assert_eq!(e.alloc & e.zero, 0);
+    match e.cluster {
+        L2Mapping::Compressed { .. } => assert_eq!((e.alloc, e.zero), (0, 0)),
+        L2Mapping::Unallocated => assert_eq!(e.alloc, 0),
+        L2Mapping::Data { .. } => {}
+        L2Mapping::Zero { .. } => panic!("extended entries have no zero flag"),
+    }
+    for i in 0..SUBCLUSTERS {
+        let _ = e.subcluster(i);
+    }
+    if let Some((host, _)) = e.host() {
+        let (w0, w1) = ExtendedL2::encode(host, e.alloc, e.zero);
+        let back = ExtendedL2::decode(w0, w1, cluster_bits).expect("encoded entry decodes");
+        assert_eq!((back.alloc, back.zero, back.host()), (e.alloc, e.zero, Some((host, true))));
     }
 }
 

@@ -323,6 +323,8 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
             }
             if let Some(q) = &current.format_specific {
                 opts.refcount_bits = q.refcount_bits;
+                // The new layer keeps the L2 format of the one it covers.
+                opts.extended_l2 = q.extended_l2;
                 if q.compression_type == "zstd" {
                     opts.compression = CompressionType::Zstd;
                 }
@@ -604,9 +606,8 @@ fn create_options(options: &[String]) -> Result<CreateOptions> {
             "backing_file" => o.backing = Some(v.to_string()),
             "backing_fmt" => o.backing_format = Some(parse_format(v)?),
             "preallocation" if v == "off" => {}
-            "extended_l2" if !on(v)? => {}
-            "extended_l2" => bail!("extended_l2=on (subclusters) is not supported by Strata"),
-            _ => bail!("unknown option '{k}' (known: cluster_size, compat, refcount_bits, lazy_refcounts, compression_type, chain_index, backing_file, backing_fmt)"),
+            "extended_l2" => o.extended_l2 = on(v)?,
+            _ => bail!("unknown option '{k}' (known: cluster_size, compat, refcount_bits, lazy_refcounts, compression_type, chain_index, extended_l2, backing_file, backing_fmt)"),
         }
     }
     Ok(o)

@@ -791,16 +791,77 @@ fn missing_backing_file() {
 // ---------------------------------------------------------------------------
 // Features Strata does not write or read
 
-#[test]
-fn extended_l2_is_refused_clearly() {
-    let dir = tmp();
-    let img = at(&dir, "ext.qcow2");
+/// Offset of the extended (128-bit) L2 entry of guest cluster `c`; its
+/// subcluster bitmap is the 8 bytes after it.
+fn ext_l2_entry_at(path: &Path, c: u64) -> u64 {
+    let h = header(path);
+    let per_table = h.cluster_size() / 16;
+    l2_table(path, c / per_table) + 16 * (c % per_table)
+}
+
+/// An extended L2 image QEMU wrote: 4 KiB of data in cluster 0, a
+/// compressed cluster 2, the rest unallocated.
+fn extended_image(dir: &tempfile::TempDir, name: &str) -> PathBuf {
+    let img = at(dir, name);
     qemu_create(&img, "extended_l2=on", "1M");
-    qemu_io(&img, &["write -P 0x42 0 4k"]);
-    all_readers_fail(&img, &[], &["extended L2"]);
+    qemu_io(&img, &["write -P 0x42 0 4k", "write -c -P 0x43 128k 64k"]);
+    img
+}
+
+#[test]
+fn extended_l2_images_are_read() {
+    let dir = tmp();
+    let img = extended_image(&dir, "ext.qcow2");
+    let q = at(&dir, "qemu.raw");
+    qemu_img(&["convert", "-O", "raw", &p(&img), &p(&q)]);
+    expect_ok(&["img", "compare", &p(&img), &p(&q)], &[&img]);
+    expect_ok(&["img", "check", &p(&img)], &[&img]);
+}
+
+#[test]
+fn extended_l2_subcluster_both_allocated_and_zero() {
+    let dir = tmp();
+    let img = extended_image(&dir, "both.qcow2");
+    let at0 = ext_l2_entry_at(&img, 0) + 8;
+    let bitmap = read64(&img, at0);
+    assert_eq!(bitmap & 0b11, 0b11, "subclusters 0-1 allocated");
+    put64(&img, at0, bitmap | (1 << 5) | (1 << 37));
+    expect_check_corrupt(&img, &["entry 0", "subcluster 5 both allocated and zero"]);
+    assert_ne!(qemu_check(&img), 0, "qemu-img check agrees");
     expect_fail(
-        &["img", "bench", "-w", "-c", "1", &p(&img)],
-        &["extended L2"],
+        &["img", "convert", "-O", "raw", &p(&img), "/dev/null"],
+        &["L2 entry 0", "subcluster 5 both allocated and zero"],
+        &[&img],
+    );
+    expect_fail(&["img", "map", &p(&img)], &["subcluster 5"], &[&img]);
+}
+
+#[test]
+fn extended_l2_allocated_subcluster_without_offset() {
+    let dir = tmp();
+    let img = extended_image(&dir, "nohost.qcow2");
+    let at5 = ext_l2_entry_at(&img, 5);
+    assert_eq!(read64(&img, at5), 0, "cluster 5 unallocated");
+    put64(&img, at5 + 8, 1 << 4);
+    expect_check_corrupt(&img, &["entry 5", "subcluster 4", "no host offset"]);
+    expect_fail(
+        &["img", "convert", "-O", "raw", &p(&img), "/dev/null"],
+        &["L2 entry 5", "no host offset"],
+        &[&img],
+    );
+}
+
+#[test]
+fn extended_l2_compressed_cluster_with_a_bitmap() {
+    let dir = tmp();
+    let img = extended_image(&dir, "comp.qcow2");
+    let at2 = ext_l2_entry_at(&img, 2);
+    assert_ne!(read64(&img, at2) & COMPRESSED, 0, "cluster 2 compressed");
+    put64(&img, at2 + 8, 1);
+    expect_check_corrupt(&img, &["entry 2", "compressed", "bitmap"]);
+    expect_fail(
+        &["img", "convert", "-O", "raw", &p(&img), "/dev/null"],
+        &["L2 entry 2", "compressed", "bitmap"],
         &[&img],
     );
 }

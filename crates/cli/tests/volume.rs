@@ -1227,10 +1227,29 @@ fn the_cluster_size_of_new_volumes_is_configurable() {
             serde_json::from_str(&strata_ok(&["img", "info", "--output", "json", &p(&path)]))
                 .unwrap();
         assert_eq!(info["cluster-size"], 16384, "{f}: {info}");
+        // Extended L2 entries by default, in snapshots and clones too.
+        assert_eq!(info["format-specific"]["extended-l2"], true, "{f}: {info}");
     }
     check_every_layer(&pool);
     let out = strata(&["daemon", "--pool", &p(&pool), "--cluster-size", "3k"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("power of two"), "{err}");
+}
+
+#[test]
+fn extended_l2_can_be_turned_off() {
+    let dir = tmp();
+    let pool = dir.path().join("pool");
+    let d = Daemon::start_with(&pool, &["--extended-l2", "off"], &[]);
+    d.cli(&["volume", "create", "vm", "8M"]);
+    d.snapshot("vm", "s");
+    d.stop();
+    for f in layer_files(&pool) {
+        let path = pool.join("layers").join(&f);
+        let info: Value =
+            serde_json::from_str(&strata_ok(&["img", "info", "--output", "json", &p(&path)]))
+                .unwrap();
+        assert_eq!(info["format-specific"]["extended-l2"], false, "{f}: {info}");
+    }
 }

@@ -21,8 +21,14 @@ pub const PAGE_UNITS: u64 = 256;
 pub struct Slot {
     /// Owning layer, 1 = base; 0 = nobody (reads as zeros).
     pub layer: u16,
-    /// The owner's raw L2 entry (unused for raw layers).
+    /// The owner's raw L2 entry (unused for raw layers); with extended L2
+    /// entries its first word.
     pub entry: u64,
+    /// The owner's subcluster bitmap (0 for standard L2 entries). With
+    /// extended L2 entries a unit is at most one subcluster, so the owner
+    /// is the topmost layer whose entry allocates or zeroes *that*
+    /// subcluster: a lookup never needs a second layer.
+    pub bitmap: u64,
 }
 
 /// A resolved page.

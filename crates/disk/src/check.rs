@@ -6,7 +6,7 @@ use std::path::Path;
 
 use strata_format::entry::{L1Entry, OFFSET_MASK};
 use strata_format::header::{Header, EXT_BITMAPS};
-use strata_format::{refcount, HeaderExtension, L2Mapping};
+use strata_format::{refcount, ExtendedL2, HeaderExtension, L2Mapping};
 
 use crate::cache::PAGE_UNITS;
 use crate::disk::{Disk, OpenOptions};
@@ -178,6 +178,8 @@ struct Counter<'a> {
     cs: u64,
     cluster_bits: u32,
     version: u32,
+    /// L2 entries are 128 bits (subcluster bitmaps).
+    extended: bool,
     refs: Vec<u32>,
     corruptions: u64,
     messages: Vec<String>,
@@ -206,6 +208,7 @@ impl<'a> Counter<'a> {
             cs,
             cluster_bits: h.cluster_bits,
             version: h.version,
+            extended: h.extended_l2(),
             refs: vec![0; clusters as usize],
             corruptions: 0,
             messages: Vec::new(),
@@ -319,8 +322,23 @@ impl<'a> Counter<'a> {
 
     fn count_l2(&mut self, table: u64, active: bool) -> Result<()> {
         let l2 = self.read(table, self.cs)?;
-        for (i, raw) in words(&l2).enumerate() {
-            let m = match L2Mapping::decode(raw, self.cluster_bits, self.version) {
+        let w: Vec<u64> = words(&l2).collect();
+        let step = if self.extended { 2 } else { 1 };
+        for (i, pair) in w.chunks_exact(step).enumerate() {
+            let decoded = if self.extended {
+                // One mapping for the whole cluster: its host cluster (the
+                // reference to count), or zeros when only zero bits are set.
+                ExtendedL2::decode(pair[0], pair[1], self.cluster_bits).map(|e| match e.cluster {
+                    L2Mapping::Unallocated if e.zero != 0 => L2Mapping::Zero {
+                        prealloc: None,
+                        copied: false,
+                    },
+                    c => c,
+                })
+            } else {
+                L2Mapping::decode(pair[0], self.cluster_bits, self.version)
+            };
+            let m = match decoded {
                 Ok(m) => m,
                 Err(e) => {
                     self.corrupt(format!("L2 table 0x{table:x} entry {i}: {e}"));

@@ -86,9 +86,23 @@ pub fn merge_layers(
             run_top.display()
         )));
     }
+    // The merged layer must allocate units as small as the run's: with
+    // subclusters in the chain, an extended L2 layer of the smallest
+    // cluster size when qcow2 allows it, else clusters of one unit.
+    let min_cluster_bits = run.layers().iter().filter_map(|l| l.cluster_bits()).min();
+    let extended_l2 = min_cluster_bits.is_some_and(|cb| {
+        cb > run.unit_bits
+            && cb >= strata_format::entry::MIN_EXTENDED_CLUSTER_BITS
+            && cb - strata_format::entry::SUBCLUSTERS.trailing_zeros() == run.unit_bits
+    });
+    let cluster_size = match min_cluster_bits {
+        Some(cb) if extended_l2 => 1u64 << cb,
+        _ => run.unit_size(),
+    };
     let opts = CreateOptions {
         size: Some(run.size()),
-        cluster_size: run.unit_size(),
+        cluster_size,
+        extended_l2,
         backing: backing_name_for(&run, first, out),
         backing_format: (first > 1).then(|| run.layers()[first as usize - 2].format()),
         ..CreateOptions::default()
@@ -397,7 +411,7 @@ impl Disk {
         self.unit_bits = self
             .layers
             .iter()
-            .filter_map(|l| l.cluster_bits())
+            .filter_map(|l| l.unit_bits())
             .min()
             .unwrap_or(16);
         self.cache.clear();

@@ -15,8 +15,19 @@
 //!   crash never leaves an entry pointing at unwritten data (at worst a
 //!   leaked cluster, repaired on the next open for writing);
 //! - reads keep seeing the old mapping until the publish.
+//!
+//! With extended L2 entries (subclusters) there is no copy-on-write of the
+//! cluster: the write goes into the top layer's host cluster for this guest
+//! cluster (allocated on first use) and only the subclusters it touches
+//! are marked allocated; the others keep reading from the layers below.
+//! Only a subcluster the write covers partially is completed from what it
+//! reads as now. The same invariants hold: the bitmap bits are published
+//! after the subclusters' data is written, so an allocated subcluster never
+//! points at unwritten bytes (a crash leaves at most unreferenced bytes in
+//! a host cluster, or a leaked one).
 
 use parking_lot::Mutex;
+use strata_format::entry::{subcluster_mask, SUBCLUSTERS};
 use strata_format::L2Mapping;
 
 use crate::disk::Disk;
@@ -39,16 +50,35 @@ impl Disk {
         let cluster = pos >> cb;
         let in_cluster = pos & ((1 << cb) - 1);
         debug_assert!(in_cluster + data.len() as u64 <= 1 << cb);
+        let need = self.subcluster_span(in_cluster, data.len() as u64);
         let (host, old) = {
             let mut w = writer.lock();
             loop {
-                match w.prepare_alloc(self, cluster)? {
+                match w.prepare_alloc(self, cluster, need)? {
                     AllocStep::InPlace(host) => {
                         drop(w);
                         return top.file.write_data(data, host + in_cluster);
                     }
                     AllocStep::Busy => self.alloc_done.wait(&mut w),
                     AllocStep::Fill { host, old } => break (host, old),
+                    AllocStep::FillSub {
+                        host,
+                        fresh,
+                        alloc,
+                        whole,
+                    } => {
+                        drop(w);
+                        let filled = self
+                            .fill_subclusters(cluster, cb, in_cluster, data, host, alloc, whole);
+                        let mut w = writer.lock();
+                        let result = match filled {
+                            Ok(mask) => w.publish_subclusters(self, cluster, host, mask),
+                            Err(e) => w.abort_subclusters(self, cluster, host, fresh).and(Err(e)),
+                        };
+                        drop(w);
+                        self.alloc_done.notify_all();
+                        return result;
+                    }
                 }
             }
         };
@@ -86,5 +116,79 @@ impl Disk {
         }
         content[in_cluster as usize..in_cluster as usize + data.len()].copy_from_slice(data);
         self.top().file.write_data(&content, host)
+    }
+}
+
+impl Disk {
+    /// Mask of the top layer's subclusters that bytes
+    /// `in_cluster..in_cluster + len` of one cluster touch (all bits for a
+    /// standard top layer).
+    pub(crate) fn subcluster_span(&self, in_cluster: u64, len: u64) -> u32 {
+        let top = self.top();
+        if !top.extended_l2() || len == 0 {
+            return u32::MAX;
+        }
+        let sb = top.subcluster_bits();
+        let first = (in_cluster >> sb) as u32;
+        let last = ((in_cluster + len - 1) >> sb) as u32;
+        subcluster_mask(first, last.min(SUBCLUSTERS - 1))
+    }
+
+    /// Writes `data` at `in_cluster` of guest `cluster` into host cluster
+    /// `host` of an extended L2 top layer, and completes the subclusters it
+    /// touches partially from what they read as now, unless the top layer
+    /// already has them (`alloc`: their bytes in `host` are current and
+    /// may be overwritten concurrently in place, so they are not
+    /// rewritten). `whole` rewrites the whole cluster (replacing a
+    /// compressed one). Returns the mask of subclusters to publish.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn fill_subclusters(
+        &self,
+        cluster: u64,
+        cb: u32,
+        in_cluster: u64,
+        data: &[u8],
+        host: u64,
+        alloc: u32,
+        whole: bool,
+    ) -> Result<u32> {
+        let sb = self.top().subcluster_bits();
+        let in_end = in_cluster + data.len() as u64;
+        let (s0, s1) = if whole {
+            (0, SUBCLUSTERS - 1)
+        } else {
+            ((in_cluster >> sb) as u32, ((in_end - 1) >> sb) as u32)
+        };
+        let owned = |s: u32| !whole && alloc & (1 << s) != 0;
+        let start = if owned(s0) {
+            in_cluster
+        } else {
+            u64::from(s0) << sb
+        };
+        let end = if owned(s1) {
+            in_end
+        } else {
+            u64::from(s1 + 1) << sb
+        };
+        let mask = subcluster_mask(s0, s1);
+        if start == in_cluster && end == in_end {
+            self.top().file.write_data(data, host + in_cluster)?;
+            return Ok(mask);
+        }
+        let base = cluster << cb;
+        let mut content = vec![0u8; (end - start) as usize];
+        // What the bytes around the write read as now; nothing past the
+        // end of the disk (those stay zero).
+        for (lo, hi) in [(start, in_cluster), (in_end, end)] {
+            let hi_in_disk = hi.min(self.size().saturating_sub(base));
+            if lo < hi_in_disk {
+                let at = (lo - start) as usize;
+                self.read_at(&mut content[at..at + (hi_in_disk - lo) as usize], base + lo)?;
+            }
+        }
+        let at = (in_cluster - start) as usize;
+        content[at..at + data.len()].copy_from_slice(data);
+        self.top().file.write_data(&content, host + start)?;
+        Ok(mask)
     }
 }

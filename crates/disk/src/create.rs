@@ -43,6 +43,9 @@ pub struct CreateOptions {
     pub backing_format: Option<Format>,
     /// Store a chain index in the new image (v3 only).
     pub chain_index: bool,
+    /// Extended L2 entries: 32 subclusters per cluster, allocated one by
+    /// one (v3, clusters of 16 KiB or more). Off by default, as in QEMU.
+    pub extended_l2: bool,
 }
 
 impl Default for CreateOptions {
@@ -58,6 +61,7 @@ impl Default for CreateOptions {
             backing: None,
             backing_format: None,
             chain_index: true,
+            extended_l2: false,
         }
     }
 }
@@ -149,18 +153,10 @@ pub(crate) fn create_on(
             "a chain is limited to {MAX_CHAIN_DEPTH} layers"
         )));
     }
+    let unit_bits = backing.map_or(geometry.unit_bits, |b| b.unit_bits.min(geometry.unit_bits));
     let with_index = opts.chain_index
         && opts.version >= 3
-        && ChainIndexExt::region_len_for(
-            size,
-            geometry
-                .cluster_bits
-                .min(backing.map_or(32, |b| b.unit_bits)),
-            depth,
-        ) <= MAX_REGION_BYTES;
-    let unit_bits = backing.map_or(geometry.cluster_bits, |b| {
-        b.unit_bits.min(geometry.cluster_bits)
-    });
+        && ChainIndexExt::region_len_for(size, unit_bits, depth) <= MAX_REGION_BYTES;
     let index = with_index.then(|| {
         let region_len = ChainIndexExt::region_len_for(size, unit_bits, depth);
         ChainIndexExt {
@@ -282,6 +278,8 @@ fn write_carried_index(
 struct Geometry {
     cs: u64,
     cluster_bits: u32,
+    /// log2 of the allocation unit: the subcluster with extended L2.
+    unit_bits: u32,
     refcount_order: u32,
     l1_entries: u64,
     reftable_offset: u64,
@@ -324,8 +322,20 @@ impl Geometry {
             )));
         }
         let cluster_bits = cs.trailing_zeros();
+        if opts.extended_l2
+            && (opts.version < 3 || cluster_bits < strata_format::entry::MIN_EXTENDED_CLUSTER_BITS)
+        {
+            return Err(DiskError::Invalid(format!(
+                "extended_l2=on needs compat=1.1 and a cluster size of at least 16 KiB (got {cs})"
+            )));
+        }
+        let unit_bits = if opts.extended_l2 {
+            cluster_bits - strata_format::entry::SUBCLUSTERS.trailing_zeros()
+        } else {
+            cluster_bits
+        };
         let refcount_order = rb.trailing_zeros();
-        let l1_entries = Header::l1_entries_for(cluster_bits, size).max(1);
+        let l1_entries = Header::l1_entries_for_l2(cluster_bits, opts.extended_l2, size).max(1);
         if l1_entries > strata_format::MAX_L1_ENTRIES {
             return Err(DiskError::Invalid(format!(
                 "size {size} needs an L1 table of {l1_entries} entries (limit {}); use a larger cluster size",
@@ -353,6 +363,7 @@ impl Geometry {
         Ok(Geometry {
             cs,
             cluster_bits,
+            unit_bits,
             refcount_order,
             l1_entries,
             reftable_offset,
@@ -383,6 +394,10 @@ impl Geometry {
             snapshots_offset: 0,
             incompatible_features: if opts.compression == CompressionType::Zstd {
                 INCOMPAT_COMPRESSION
+            } else {
+                0
+            } | if opts.extended_l2 {
+                strata_format::header::INCOMPAT_EXTL2
             } else {
                 0
             },

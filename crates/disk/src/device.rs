@@ -83,7 +83,14 @@ impl BlockDevice for Disk {
         self.top()
             .header()
             .filter(|h| h.version >= 3)
-            .map(|h| h.cluster_bits)
+            // With extended L2 entries a subcluster zeroes by metadata alone.
+            .map(|h| {
+                if h.extended_l2() {
+                    h.cluster_bits - strata_format::entry::SUBCLUSTERS.trailing_zeros()
+                } else {
+                    h.cluster_bits
+                }
+            })
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {

@@ -106,9 +106,11 @@ impl Disk {
         for (i, layer) in layers.iter_mut().enumerate() {
             layer.file.place.depth = i as u32 + 1;
         }
+        // The index unit is the chain's smallest allocation unit (a
+        // subcluster with extended L2 entries), so one layer holds each unit.
         let unit_bits = layers
             .iter()
-            .filter_map(|l| l.cluster_bits())
+            .filter_map(|l| l.unit_bits())
             .min()
             .unwrap_or(16);
         let top = &layers[layers.len() - 1];
@@ -242,7 +244,7 @@ impl Disk {
         }
         by_layer.sort_unstable();
         let mut units: Vec<u64> = Vec::with_capacity(PAGE_UNITS as usize);
-        let mut found: Vec<u64> = Vec::with_capacity(PAGE_UNITS as usize);
+        let mut found: Vec<(u64, u64)> = Vec::with_capacity(PAGE_UNITS as usize);
         let mut scratch = Scratch::default();
         for group in by_layer.chunk_by(|a, b| a.0 == b.0) {
             let k = u32::from(group[0].0);
@@ -293,7 +295,7 @@ impl Disk {
         let mut pending: Vec<u64> = Vec::with_capacity(PAGE_UNITS as usize);
         pending.extend_from_slice(units);
         let mut still: Vec<u64> = Vec::with_capacity(PAGE_UNITS as usize);
-        let mut found: Vec<u64> = Vec::with_capacity(PAGE_UNITS as usize);
+        let mut found: Vec<(u64, u64)> = Vec::with_capacity(PAGE_UNITS as usize);
         let mut scratch = Scratch::default();
         for k in (1..=from).rev() {
             if pending.is_empty() {
@@ -335,27 +337,37 @@ impl Disk {
         first: u64,
         slots: &mut [Slot],
         rest: &mut Vec<u64>,
-        found: &mut Vec<u64>,
+        found: &mut Vec<(u64, u64)>,
         scratch: &mut Scratch,
     ) -> Result<()> {
         let layer = &self.layers[k as usize - 1];
+        // The invariant lookups rest on: a unit never spans two of a
+        // layer's allocation units (clusters, or subclusters with extended
+        // L2 entries), so exactly one layer holds all of it.
+        debug_assert!(
+            layer.unit_bits().is_none_or(|b| b >= self.unit_bits),
+            "index unit 2^{} larger than layer {k}'s allocation unit",
+            self.unit_bits
+        );
         if layer.qcow2.is_none() {
             for u in units {
                 slots[(u - first) as usize] = Slot {
                     layer: k as u16,
                     entry: 0,
+                    bitmap: 0,
                 };
             }
             return Ok(());
         }
         self.lookup_units_into(layer, units, found, scratch)?;
-        for (u, raw) in units.iter().zip(found.iter().copied()) {
-            if entry_unallocated(layer, raw) {
+        for (u, (raw, bitmap)) in units.iter().zip(found.iter().copied()) {
+            if entry_unallocated(layer, raw, bitmap, u << self.unit_bits) {
                 rest.push(*u);
             } else {
                 slots[(u - first) as usize] = Slot {
                     layer: k as u16,
                     entry: raw,
+                    bitmap,
                 };
             }
         }
@@ -371,14 +383,14 @@ impl Disk {
         &self,
         layer: &Layer,
         units: &[u64],
-        out: &mut Vec<u64>,
+        out: &mut Vec<(u64, u64)>,
         scratch: &mut Scratch,
     ) -> Result<()> {
         let cb = layer.cluster_bits().unwrap_or(16);
-        let l2_entries = 1u64 << (cb - 3);
+        let l2_entries = layer.l2_entries();
         let cluster_of = |u: u64| (u << self.unit_bits) >> cb;
         out.clear();
-        out.resize(units.len(), 0);
+        out.resize(units.len(), (0, 0));
         let mut i = 0;
         while i < units.len() {
             let table = cluster_of(units[i]) / l2_entries;
@@ -390,7 +402,7 @@ impl Disk {
             let hi = cluster_of(units[j]);
             let entries = &mut scratch.entries;
             entries.clear();
-            entries.resize((hi - lo + 1) as usize, 0);
+            entries.resize((hi - lo + 1) as usize, (0, 0));
             layer.read_l2_entries_with(lo, entries, &mut scratch.bytes)?;
             for k in i..=j {
                 out[k] = entries[(cluster_of(units[k]) - lo) as usize];
@@ -452,7 +464,7 @@ impl Disk {
                 },
                 Some(cb) => {
                     let in_cluster = pos & ((1 << cb) - 1);
-                    match layer.decode_l2(slot.entry)? {
+                    match layer.decode_at(slot.entry, slot.bitmap, pos)? {
                         L2Mapping::Data { host_offset, .. } => Source::Host {
                             layer: slot.layer,
                             offset: host_offset + in_cluster,
@@ -538,7 +550,9 @@ impl Disk {
         while pos < end {
             let (seg_end, host) = match self.in_place_target(pos)? {
                 Some(host) => (self.owned_run_end(pos, end)?, Some(host)),
-                None => (self.in_place_end(pos, end)?, None),
+                // An allocating write handles a whole cluster at once, even
+                // when the top layer allocates it subcluster by subcluster.
+                None => (self.cluster_end(pos, end), None),
             };
             let part = &buf[(pos - offset) as usize..(seg_end - offset) as usize];
             match host {
@@ -550,9 +564,18 @@ impl Disk {
         Ok(())
     }
 
-    /// End of the cluster holding `pos`, capped at `end`.
-    fn in_place_end(&self, pos: u64, end: u64) -> Result<u64> {
+    /// End of the top layer's cluster holding `pos`, capped at `end`.
+    fn cluster_end(&self, pos: u64, end: u64) -> u64 {
         let cb = self.top().cluster_bits().unwrap_or(63);
+        end.min(((pos >> cb) + 1) << cb)
+    }
+
+    /// End of the unit the top layer allocates (cluster, or subcluster
+    /// with extended L2 entries) holding `pos`, capped at `end`.
+    fn in_place_end(&self, pos: u64, end: u64) -> Result<u64> {
+        // A subcluster with extended L2 entries: its neighbours may still
+        // belong to lower layers.
+        let cb = self.top().unit_bits().unwrap_or(63);
         Ok(end.min(((pos >> cb) + 1) << cb))
     }
 
@@ -567,7 +590,7 @@ impl Disk {
         if u32::from(slot.layer) != self.depth() {
             return Ok(None);
         }
-        Ok(match top.decode_l2(slot.entry)? {
+        Ok(match top.decode_at(slot.entry, slot.bitmap, pos)? {
             L2Mapping::Data {
                 host_offset,
                 copied: true,
@@ -607,6 +630,31 @@ impl Disk {
     /// Makes `len` bytes at `offset` read as zeros.
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         self.check_range(offset, len)?;
+        if self.top().extended_l2() && len > 0 {
+            // Partial subclusters at either end are written with zeros on
+            // the unlocked path, which waits for writes in flight to the
+            // same cluster; whole subclusters only get their zero bit.
+            let ss = 1u64 << self.top().subcluster_bits();
+            let end = offset + len;
+            let head_end = offset.div_ceil(ss).saturating_mul(ss).min(end);
+            let tail_start = if end == self.size {
+                end
+            } else {
+                (end / ss * ss).max(head_end)
+            };
+            if head_end > offset {
+                self.write_at(&vec![0u8; (head_end - offset) as usize], offset)?;
+            }
+            if tail_start > head_end {
+                self.writer()?
+                    .lock()
+                    .write_zeroes(self, head_end, tail_start - head_end)?;
+            }
+            if end > tail_start {
+                self.write_at(&vec![0u8; (end - tail_start) as usize], tail_start)?;
+            }
+            return Ok(());
+        }
         self.writer()?.lock().write_zeroes(self, offset, len)
     }
 
@@ -658,7 +706,7 @@ impl Drop for Disk {
 /// Reusable buffers of a page fill.
 #[derive(Default)]
 struct Scratch {
-    entries: Vec<u64>,
+    entries: Vec<(u64, u64)>,
     bytes: Vec<u8>,
 }
 
@@ -730,8 +778,11 @@ impl Extent {
 /// does not decode (reserved bits, misaligned offset...) counts as owned by
 /// its layer, so the error surfaces when *that* cluster is read, instead of
 /// failing the whole resolved page and every neighbouring cluster with it.
-fn entry_unallocated(layer: &Layer, raw: u64) -> bool {
-    matches!(layer.decode_l2(raw), Ok(L2Mapping::Unallocated))
+fn entry_unallocated(layer: &Layer, raw: u64, bitmap: u64, pos: u64) -> bool {
+    matches!(
+        layer.decode_at(raw, bitmap, pos),
+        Ok(L2Mapping::Unallocated)
+    )
 }
 
 /// Follows backing file names from `top` down; returns layers base first.
@@ -889,7 +940,11 @@ impl Disk {
                     if layer.cluster_bits().is_none() {
                         return Ok(false);
                     }
-                    if !matches!(layer.decode_l2(slot.entry)?, L2Mapping::Zero { .. }) {
+                    let at = unit << self.unit_bits;
+                    if !matches!(
+                        layer.decode_at(slot.entry, slot.bitmap, at)?,
+                        L2Mapping::Zero { .. }
+                    ) {
                         return Ok(false);
                     }
                 }
@@ -923,7 +978,7 @@ impl Disk {
         let mut cursor = self.data_cursor();
         while pos < end {
             let unit_end = (((pos >> self.unit_bits) + 1) << self.unit_bits).min(end);
-            let (hole, zero) = self.slot_state(self.slot_at(pos)?)?;
+            let (hole, zero) = self.slot_state(self.slot_at(pos)?, pos)?;
             // Inside a hole, jump over whatever no layer maps at all. The
             // probe asks every layer, so on a long chain it costs more than
             // walking a page of resolved slots: pay it only where more than
@@ -959,7 +1014,7 @@ impl Disk {
     }
 
     /// (hole, zero) of one resolved slot.
-    fn slot_state(&self, slot: Slot) -> Result<(bool, bool)> {
+    fn slot_state(&self, slot: Slot, pos: u64) -> Result<(bool, bool)> {
         if slot.layer == 0 {
             return Ok((true, true));
         }
@@ -967,7 +1022,7 @@ impl Disk {
         if layer.cluster_bits().is_none() {
             return Ok((false, false));
         }
-        Ok(match layer.decode_l2(slot.entry)? {
+        Ok(match layer.decode_at(slot.entry, slot.bitmap, pos)? {
             L2Mapping::Zero { .. } | L2Mapping::Unallocated => (true, true),
             _ => (false, false),
         })

@@ -174,6 +174,27 @@ impl ImageFile {
         Ok(())
     }
 
+    /// Reserves `len` bytes at `offset` in the file system without writing
+    /// them (they read as zeros), so the small writes that later fill them
+    /// land in one extent instead of fragmenting the file. Best effort: a
+    /// file system without `fallocate` just gets the writes.
+    pub(crate) fn preallocate(&self, offset: u64, len: u64) {
+        use std::os::fd::AsRawFd;
+        if !self.writable {
+            return;
+        }
+        let (Ok(off), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return;
+        };
+        // SAFETY: fallocate on a file descriptor this struct owns.
+        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, off, n) };
+        if rc == 0 {
+            let end = offset + len;
+            self.disk_len.fetch_max(end, Ordering::AcqRel);
+            self.len.fetch_max(end, Ordering::AcqRel);
+        }
+    }
+
     /// Writes metadata: into memory in write-back mode (small writes),
     /// else to the file.
     pub(crate) fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()> {

@@ -169,7 +169,7 @@ fn describe(layer: &Layer, filename: String) -> Result<ImageInfo> {
         lazy_refcounts: h.compatible_features & COMPAT_LAZY_REFCOUNTS != 0,
         refcount_bits: h.refcount_bits(),
         corrupt: h.incompatible_features & INCOMPAT_CORRUPT != 0,
-        extended_l2: false,
+        extended_l2: h.extended_l2(),
     });
     if h.nb_snapshots > 0 {
         let avail = layer

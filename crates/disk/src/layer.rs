@@ -5,9 +5,10 @@ use std::path::Path;
 
 use parking_lot::RwLock;
 use strata_format::entry::L1Entry;
+use strata_format::entry::SUBCLUSTERS;
 use strata_format::header::Header;
 use strata_format::index::LayerIdentity;
-use strata_format::{CompressionType, L2Mapping, QCOW2_MAGIC};
+use strata_format::{CompressionType, ExtendedL2, L2Mapping, QCOW2_MAGIC};
 
 use crate::error::{DiskError, Place, Result};
 use crate::file::ImageFile;
@@ -50,6 +51,8 @@ pub(crate) struct Qcow2Meta {
     pub(crate) cluster_bits: u32,
     pub(crate) version: u32,
     pub(crate) compression: CompressionType,
+    /// L2 entries are 128 bits with a subcluster bitmap.
+    pub(crate) extended: bool,
     /// Active L1 table, loaded on first use.
     pub(crate) l1: RwLock<Option<Vec<u64>>>,
 }
@@ -90,6 +93,7 @@ impl Layer {
                     cluster_bits: header.cluster_bits,
                     version: header.version,
                     compression: header.compression_type,
+                    extended: header.extended_l2(),
                     header: RwLock::new(header.clone()),
                     l1: RwLock::new(None),
                 };
@@ -144,6 +148,28 @@ impl Layer {
 
     pub(crate) fn cluster_bits(&self) -> Option<u32> {
         self.qcow2.as_ref().map(|q| q.cluster_bits)
+    }
+
+    /// Whether this is a qcow2 layer with extended L2 entries (subclusters).
+    pub fn extended_l2(&self) -> bool {
+        self.qcow2.as_ref().is_some_and(|q| q.extended)
+    }
+
+    /// log2 of the smallest unit this layer allocates: its subcluster with
+    /// extended L2 entries, else its cluster (`None` for raw layers).
+    pub(crate) fn unit_bits(&self) -> Option<u32> {
+        self.qcow2.as_ref().map(|q| {
+            if q.extended {
+                q.cluster_bits - SUBCLUSTERS.trailing_zeros()
+            } else {
+                q.cluster_bits
+            }
+        })
+    }
+
+    /// log2 of the subcluster size (the cluster size without extended L2).
+    pub(crate) fn subcluster_bits(&self) -> u32 {
+        self.unit_bits().unwrap_or(63)
     }
 
     /// How an index recognises this layer.
@@ -231,20 +257,36 @@ impl Layer {
     }
 
     /// Reads the raw L2 entries of guest clusters `first..first+out.len()`,
-    /// which must lie in one L2 table.
-    pub(crate) fn read_l2_entries(&self, first_cluster: u64, out: &mut [u64]) -> Result<()> {
+    /// which must lie in one L2 table, as (first word, subcluster bitmap);
+    /// the bitmap is 0 for standard entries.
+    pub(crate) fn read_l2_entries(&self, first_cluster: u64, out: &mut [(u64, u64)]) -> Result<()> {
         self.read_l2_entries_with(first_cluster, out, &mut Vec::new())
+    }
+
+    /// Entries per L2 table.
+    pub(crate) fn l2_entries(&self) -> u64 {
+        let q = self.meta();
+        1u64 << (q.cluster_bits - if q.extended { 4 } else { 3 })
+    }
+
+    /// Bytes per L2 entry.
+    pub(crate) fn l2_entry_bytes(&self) -> u64 {
+        if self.meta().extended {
+            16
+        } else {
+            8
+        }
     }
 
     /// As [`Layer::read_l2_entries`], reading through a reusable buffer.
     pub(crate) fn read_l2_entries_with(
         &self,
         first_cluster: u64,
-        out: &mut [u64],
+        out: &mut [(u64, u64)],
         bytes: &mut Vec<u8>,
     ) -> Result<()> {
-        let q = self.meta();
-        let l2_entries = 1u64 << (q.cluster_bits - 3);
+        let l2_entries = self.l2_entries();
+        let eb = self.l2_entry_bytes();
         let l1_index = first_cluster / l2_entries;
         debug_assert_eq!(
             l1_index,
@@ -253,20 +295,56 @@ impl Layer {
         );
         let table = self.l2_table(l1_index)?;
         if table == 0 {
-            out.fill(0);
+            out.fill((0, 0));
             return Ok(());
         }
         bytes.clear();
-        bytes.resize(out.len() * 8, 0);
-        let at = table + (first_cluster % l2_entries) * 8;
+        bytes.resize(out.len() * eb as usize, 0);
+        let at = table + (first_cluster % l2_entries) * eb;
         self.file.read_exact_at(bytes, at)?;
-        for (o, c) in out.iter_mut().zip(bytes.chunks_exact(8)) {
-            *o = u64::from_be_bytes(c.try_into().unwrap_or([0; 8]));
+        let word = |c: &[u8]| u64::from_be_bytes(c.try_into().unwrap_or([0; 8]));
+        for (o, c) in out.iter_mut().zip(bytes.chunks_exact(eb as usize)) {
+            *o = if eb == 16 {
+                (word(&c[..8]), word(&c[8..]))
+            } else {
+                (word(c), 0)
+            };
         }
         Ok(())
     }
 
-    /// Decodes a raw L2 entry of this layer.
+    /// Decodes an extended L2 entry of this layer (for guest `cluster`,
+    /// named in errors).
+    pub(crate) fn decode_extended(
+        &self,
+        cluster: u64,
+        raw: u64,
+        bitmap: u64,
+    ) -> Result<ExtendedL2> {
+        let q = self.meta();
+        ExtendedL2::decode(raw, bitmap, q.cluster_bits).map_err(|e| {
+            DiskError::corrupt(
+                self.place(),
+                format!("L2 entry {cluster} of layer {}: {e}", self.path().display()),
+            )
+        })
+    }
+
+    /// What guest offset `pos` reads as in this layer, given the raw L2
+    /// entry of its cluster: for extended entries, the state of the
+    /// subcluster holding `pos`.
+    pub(crate) fn decode_at(&self, raw: u64, bitmap: u64, pos: u64) -> Result<L2Mapping> {
+        let q = self.meta();
+        if !q.extended {
+            return self.decode_l2(raw);
+        }
+        let cluster = pos >> q.cluster_bits;
+        let sc = ((pos >> self.subcluster_bits()) % u64::from(SUBCLUSTERS)) as u32;
+        Ok(self.decode_extended(cluster, raw, bitmap)?.subcluster(sc))
+    }
+
+    /// Decodes a raw standard L2 entry of this layer (for extended entries
+    /// see [`Layer::decode_at`]).
     pub(crate) fn decode_l2(&self, raw: u64) -> Result<L2Mapping> {
         let q = self.meta();
         L2Mapping::decode(raw, q.cluster_bits, q.version)
@@ -426,7 +504,7 @@ impl Layer {
         let Some(cb) = self.cluster_bits() else {
             return Ok(pos);
         };
-        let span = 1u64 << (cb + cb - 3);
+        let span = (1u64 << cb) * self.l2_entries();
         let first = pos / span;
         let next = self.with_l1(|l1| {
             l1.iter()

@@ -69,7 +69,7 @@ impl Disk {
         };
         // Committed: from here on the new file is the top, whatever happens.
         let (old_size, old_unit_bits) = (self.size, self.unit_bits);
-        let unit_bits = layer.cluster_bits().unwrap_or(self.unit_bits);
+        let unit_bits = layer.unit_bits().unwrap_or(self.unit_bits);
         self.layers.push(layer);
         self.size = size;
         self.unit_bits = self.unit_bits.min(unit_bits);
@@ -94,6 +94,9 @@ impl Disk {
         let opts = CreateOptions {
             size: Some(size),
             cluster_size,
+            // A snapshot keeps the L2 format of the layer it freezes, so a
+            // chain the engine grows stays extended if it started so.
+            extended_l2: self.top().extended_l2(),
             backing: Some(backing_name.to_string()),
             backing_format: Some(self.top().format()),
             ..defaults

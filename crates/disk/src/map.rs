@@ -49,7 +49,7 @@ pub fn map(disk: &Disk) -> Result<Vec<MapExtent>> {
         if next >= start + page_bytes {
             let skip_to = (next / page_bytes).max(page_no + 1);
             let end = (skip_to * page_bytes).min(disk.size());
-            let ext = describe(disk, n, 0, 0, start, end - start)?;
+            let ext = describe(disk, n, 0, (0, 0), start, end - start)?;
             match out.last_mut() {
                 Some(prev) if continues(prev, &ext) => prev.length += ext.length,
                 _ => out.push(ext),
@@ -61,7 +61,14 @@ pub fn map(disk: &Disk) -> Result<Vec<MapExtent>> {
         for (i, slot) in slots.iter().enumerate() {
             let start = (page_no * PAGE_UNITS + i as u64) * unit;
             let length = unit.min(disk.size() - start);
-            let ext = describe(disk, n, slot.layer, slot.entry, start, length)?;
+            let ext = describe(
+                disk,
+                n,
+                slot.layer,
+                (slot.entry, slot.bitmap),
+                start,
+                length,
+            )?;
             match out.last_mut() {
                 Some(prev) if continues(prev, &ext) => prev.length += ext.length,
                 _ => out.push(ext),
@@ -76,7 +83,7 @@ fn describe(
     disk: &Disk,
     n: u32,
     owner: u16,
-    entry: u64,
+    (entry, bitmap): (u64, u64),
     start: u64,
     length: u64,
 ) -> Result<MapExtent> {
@@ -106,7 +113,7 @@ fn describe(
             e.data = true;
             e.offset = Some(start);
         }
-        Some(cb) => match layer.decode_l2(entry)? {
+        Some(cb) => match layer.decode_at(entry, bitmap, start)? {
             L2Mapping::Data { host_offset, .. } => {
                 e.data = true;
                 e.offset = Some(host_offset + (start & ((1 << cb) - 1)));

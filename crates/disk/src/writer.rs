@@ -15,9 +15,10 @@
 //!   the dirty bit cleared, after a sync.
 
 use strata_format::entry::OFLAG_COPIED;
+use strata_format::entry::{subcluster_mask, SUBCLUSTERS};
 use strata_format::header::{Header, AUTOCLEAR_STRATA_INDEX, INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
 use strata_format::index::{ChainIndexExt, LINEAGE_RECORD_BYTES, MAX_REGION_BYTES};
-use strata_format::{refcount, L2Mapping};
+use strata_format::{refcount, ExtendedL2, L2Mapping};
 
 use std::collections::HashSet;
 
@@ -57,6 +58,22 @@ pub(crate) enum AllocStep {
         host: u64,
         /// The mapping the write replaces, for copy-on-write.
         old: L2Mapping,
+    },
+    /// Extended L2 top layer: the write's subclusters go into host cluster
+    /// `host` (the cluster's existing one, or a new one when `fresh`).
+    /// Fill them with [`Disk::fill_subclusters`], then publish them with
+    /// [`Writer::publish_subclusters`].
+    FillSub {
+        /// Host offset of the cluster in the top file.
+        host: u64,
+        /// Whether `host` was allocated for this write.
+        fresh: bool,
+        /// Subclusters the top layer had allocated when the write began:
+        /// their bytes are current in `host` and must not be rewritten
+        /// with older content.
+        alloc: u32,
+        /// The old entry is compressed: the whole cluster must be written.
+        whole: bool,
     },
 }
 
@@ -171,11 +188,52 @@ impl Writer {
 
     /// First step of an allocating write to guest `cluster`: decides
     /// between in place, wait, and a fresh cluster to fill outside the lock.
-    pub(crate) fn prepare_alloc(&mut self, disk: &Disk, cluster: u64) -> Result<AllocStep> {
+    ///
+    /// `need` is the mask of subclusters the write touches (used only with
+    /// extended L2 entries).
+    pub(crate) fn prepare_alloc(
+        &mut self,
+        disk: &Disk,
+        cluster: u64,
+        need: u32,
+    ) -> Result<AllocStep> {
         if self.in_flight.contains(&cluster) {
             return Ok(AllocStep::Busy);
         }
         let top = disk.top();
+        if top.extended_l2() {
+            let e = top_extended(top, cluster)?;
+            let (host, fresh, whole) = match e.cluster {
+                L2Mapping::Data {
+                    host_offset,
+                    copied: true,
+                } => {
+                    if need & !e.alloc == 0 {
+                        return Ok(AllocStep::InPlace(host_offset));
+                    }
+                    (host_offset, false, false)
+                }
+                L2Mapping::Data { copied: false, .. } => {
+                    return Err(shared_cluster(top, cluster));
+                }
+                L2Mapping::Compressed { .. } => (self.allocator()?.alloc(top, 1)?, true, true),
+                L2Mapping::Unallocated | L2Mapping::Zero { .. } => {
+                    let cs = self.allocator()?.cs;
+                    let host = self.allocator()?.alloc(top, 1)?;
+                    // Only some subclusters get written now: reserve the
+                    // whole cluster so the file stays in large extents.
+                    top.file.preallocate(host, cs);
+                    (host, true, false)
+                }
+            };
+            self.in_flight.insert(cluster);
+            return Ok(AllocStep::FillSub {
+                host,
+                fresh,
+                alloc: e.alloc,
+                whole,
+            });
+        }
         let old = top_mapping(top, cluster)?;
         if let L2Mapping::Data {
             host_offset,
@@ -203,6 +261,63 @@ impl Writer {
         self.release(top, current, host)
     }
 
+    /// Last step of an allocating write into an extended L2 top layer:
+    /// marks subclusters `mask` allocated in `host` (their data is in the
+    /// file) and drops whatever compressed cluster the entry replaces.
+    ///
+    /// The entry is read again: a zero write may have changed other
+    /// subclusters meanwhile (discards and zero writes never free the host
+    /// cluster of a cluster in flight, so it is still `host` or none).
+    pub(crate) fn publish_subclusters(
+        &mut self,
+        disk: &Disk,
+        cluster: u64,
+        host: u64,
+        mask: u32,
+    ) -> Result<()> {
+        self.in_flight.remove(&cluster);
+        let top = disk.top();
+        let cur = top_extended(top, cluster)?;
+        let (alloc, zero) = match cur.host() {
+            Some((h, _)) if h == host => (cur.alloc | mask, cur.zero & !mask),
+            Some((h, _)) => {
+                // Cannot happen while the cluster is in flight; refuse
+                // rather than lose the subclusters `h` holds.
+                return Err(DiskError::corrupt(
+                    top.place(),
+                    format!(
+                        "L2 entry {cluster} changed host cluster (0x{h:x}, expected 0x{host:x}) \
+                         during a write"
+                    ),
+                ));
+            }
+            // Compressed or no host: only our subclusters are allocated.
+            None => (mask, cur.zero & !mask),
+        };
+        self.set_l2_ext(disk, cluster, ExtendedL2::encode(host, alloc, zero), mask)?;
+        if matches!(cur.cluster, L2Mapping::Compressed { .. }) {
+            self.release(top, cur.cluster, host)?;
+        }
+        Ok(())
+    }
+
+    /// Gives up an allocating write into an extended L2 top layer: a host
+    /// cluster allocated for it is freed; an existing one keeps its
+    /// entry (the subclusters written are not marked allocated).
+    pub(crate) fn abort_subclusters(
+        &mut self,
+        disk: &Disk,
+        cluster: u64,
+        host: u64,
+        fresh: bool,
+    ) -> Result<()> {
+        self.in_flight.remove(&cluster);
+        if fresh {
+            self.free_cluster(disk.top(), host)?;
+        }
+        Ok(())
+    }
+
     /// Gives up an allocating write whose fill failed: the new cluster is
     /// freed and the guest cluster keeps its old mapping.
     pub(crate) fn abort_alloc(&mut self, disk: &Disk, cluster: u64, host: u64) -> Result<()> {
@@ -228,6 +343,9 @@ impl Writer {
         cs: u64,
     ) -> Result<()> {
         let top = disk.top();
+        if top.extended_l2() {
+            return self.write_in_cluster_ext(disk, cluster, in_cluster, data, cs);
+        }
         let old = top_mapping(top, cluster)?;
         if let L2Mapping::Data {
             host_offset,
@@ -260,9 +378,134 @@ impl Writer {
         Ok(())
     }
 
+    /// The locked path of a write into an extended L2 top layer (the same
+    /// steps as the unlocked one in [`crate::cow`], run in sequence).
+    fn write_in_cluster_ext(
+        &mut self,
+        disk: &Disk,
+        cluster: u64,
+        in_cluster: u64,
+        data: &[u8],
+        cs: u64,
+    ) -> Result<()> {
+        let top = disk.top();
+        let cb = cs.trailing_zeros();
+        let need = disk.subcluster_span(in_cluster, data.len() as u64);
+        match self.prepare_alloc(disk, cluster, need)? {
+            AllocStep::InPlace(host) => top.file.write_data(data, host + in_cluster),
+            AllocStep::FillSub {
+                host,
+                fresh,
+                alloc,
+                whole,
+            } => match disk.fill_subclusters(cluster, cb, in_cluster, data, host, alloc, whole) {
+                Ok(mask) => self.publish_subclusters(disk, cluster, host, mask),
+                Err(e) => self
+                    .abort_subclusters(disk, cluster, host, fresh)
+                    .and(Err(e)),
+            },
+            // The locked path cannot wait for an unlocked write without
+            // deadlocking; only a partial zero write into a compressed
+            // cluster that is being rewritten gets here.
+            AllocStep::Busy => Err(DiskError::Invalid(format!(
+                "guest cluster {cluster} is being written concurrently; retry"
+            ))),
+            AllocStep::Fill { .. } => Err(DiskError::Invalid(
+                "unexpected allocation step for an extended L2 layer".into(),
+            )),
+        }
+    }
+
+    /// Makes `len` bytes at `offset` of an extended L2 top layer read as
+    /// zeros: whole subclusters get their zero bit (metadata only), the
+    /// rest is written with zeros.
+    fn write_zeroes_ext(&mut self, disk: &Disk, offset: u64, len: u64) -> Result<()> {
+        let top = disk.top();
+        let cb = top.cluster_bits().unwrap_or(16);
+        let sb = top.subcluster_bits();
+        let ss = 1u64 << sb;
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end {
+            let cluster = pos >> cb;
+            let c_start = cluster << cb;
+            let seg_end = end.min(c_start + (1 << cb));
+            // Whole subclusters of [pos, seg_end); a last subcluster cut
+            // short by the end of the disk counts as whole.
+            let first = (pos - c_start).div_ceil(ss);
+            let last_excl = if seg_end == disk.size() {
+                (seg_end - c_start).div_ceil(ss)
+            } else {
+                (seg_end - c_start) / ss
+            };
+            let (head_end, tail_start) = if first < last_excl {
+                (
+                    c_start + first * ss,
+                    (c_start + last_excl * ss).min(seg_end),
+                )
+            } else {
+                (seg_end, seg_end)
+            };
+            if head_end > pos {
+                self.write(disk, &vec![0u8; (head_end - pos) as usize], pos)?;
+            }
+            if first < last_excl {
+                let mask = subcluster_mask(first as u32, last_excl as u32 - 1);
+                self.zero_subclusters(disk, cluster, mask)?;
+            }
+            if seg_end > tail_start {
+                self.write(
+                    disk,
+                    &vec![0u8; (seg_end - tail_start) as usize],
+                    tail_start,
+                )?;
+            }
+            pos = seg_end;
+        }
+        Ok(())
+    }
+
+    /// Sets the zero bit of subclusters `mask` of guest `cluster`. The host
+    /// cluster is released when no subcluster is left allocated, unless a
+    /// write to the cluster is in flight (it will publish into it).
+    fn zero_subclusters(&mut self, disk: &Disk, cluster: u64, mask: u32) -> Result<()> {
+        let top = disk.top();
+        let cur = top_extended(top, cluster)?;
+        if let L2Mapping::Compressed { .. } = cur.cluster {
+            if mask != u32::MAX {
+                // A compressed cluster has no subclusters: rewrite it.
+                let cb = top.cluster_bits().unwrap_or(16);
+                let sb = top.subcluster_bits();
+                let lo = u64::from(mask.trailing_zeros());
+                let hi = u64::from(32 - mask.leading_zeros());
+                let start = (cluster << cb) + (lo << sb);
+                let stop = ((cluster << cb) + (hi << sb)).min(disk.size());
+                return self.write(disk, &vec![0u8; (stop - start) as usize], start);
+            }
+            self.set_l2_ext(disk, cluster, ExtendedL2::encode(0, 0, u32::MAX), mask)?;
+            return self.release(top, cur.cluster, 0);
+        }
+        if cur.alloc & mask == 0 && cur.zero & mask == mask {
+            return Ok(());
+        }
+        let alloc = cur.alloc & !mask;
+        let zero = cur.zero | mask;
+        let host = cur.host().map_or(0, |h| h.0);
+        let free = alloc == 0 && host != 0 && !self.in_flight.contains(&cluster);
+        let keep = if free { 0 } else { host };
+        self.set_l2_ext(disk, cluster, ExtendedL2::encode(keep, alloc, zero), mask)?;
+        if free {
+            self.release(top, cur.cluster, 0)?;
+        }
+        Ok(())
+    }
+
     /// Makes `len` bytes at `offset` read as zeros.
     pub(crate) fn write_zeroes(&mut self, disk: &Disk, offset: u64, len: u64) -> Result<()> {
         let top = disk.top();
+        if top.extended_l2() {
+            return self.write_zeroes_ext(disk, offset, len);
+        }
         let zero_flag = top.header().is_some_and(|h| h.version >= 3);
         let cb = top.cluster_bits().unwrap_or(16);
         let cs = 1u64 << cb;
@@ -306,6 +549,28 @@ impl Writer {
         if has_backing && h.version < 3 {
             return Ok(());
         }
+        if top.extended_l2() {
+            for cluster in first..last {
+                // Advisory: leave a cluster being written alone.
+                if self.in_flight.contains(&cluster) {
+                    continue;
+                }
+                let cur = top_extended(top, cluster)?;
+                let zero = if has_backing { u32::MAX } else { 0 };
+                if cur.cluster.is_unallocated() && cur.alloc == 0 && cur.zero == zero {
+                    continue;
+                }
+                // Subclusters whose state changes (all of a compressed one).
+                let changed = if matches!(cur.cluster, L2Mapping::Compressed { .. }) {
+                    u32::MAX
+                } else {
+                    (cur.alloc | cur.zero) ^ zero | cur.alloc
+                };
+                self.set_l2_ext(disk, cluster, ExtendedL2::encode(0, 0, zero), changed)?;
+                self.release(top, cur.cluster, 0)?;
+            }
+            return Ok(());
+        }
         for cluster in first..last {
             let old = top_mapping(top, cluster)?;
             let entry = if has_backing {
@@ -322,12 +587,13 @@ impl Writer {
         Ok(())
     }
 
-    /// Points guest cluster `cluster` of the top layer at `entry`, then
-    /// updates the index and the cache.
-    fn set_l2(&mut self, disk: &Disk, cluster: u64, entry: u64) -> Result<()> {
+    /// Writes the raw L2 entry of guest `cluster` in the top layer (8 or
+    /// 16 bytes), allocating its L2 table if needed.
+    fn write_l2_raw(&mut self, disk: &Disk, cluster: u64, word: u64, bitmap: u64) -> Result<()> {
         let top = disk.top();
         let cb = top.cluster_bits().unwrap_or(16);
-        let l2_entries = 1u64 << (cb - 3);
+        let l2_entries = top.l2_entries();
+        let eb = top.l2_entry_bytes();
         let l1_index = cluster / l2_entries;
         let mut table = top.l2_table(l1_index)?;
         if table == 0 {
@@ -336,8 +602,19 @@ impl Writer {
             top.file.write_all_at(&vec![0u8; 1 << cb], table)?;
             set_l1_entry(top, l1_index, table | OFLAG_COPIED)?;
         }
+        let mut raw = [0u8; 16];
+        raw[..8].copy_from_slice(&word.to_be_bytes());
+        raw[8..].copy_from_slice(&bitmap.to_be_bytes());
         top.file
-            .write_all_at(&entry.to_be_bytes(), table + (cluster % l2_entries) * 8)?;
+            .write_all_at(&raw[..eb as usize], table + (cluster % l2_entries) * eb)
+    }
+
+    /// Points guest cluster `cluster` of the top layer at `entry`, then
+    /// updates the index and the cache.
+    fn set_l2(&mut self, disk: &Disk, cluster: u64, entry: u64) -> Result<()> {
+        let top = disk.top();
+        let cb = top.cluster_bits().unwrap_or(16);
+        self.write_l2_raw(disk, cluster, entry, 0)?;
         // Units of this cluster now belong to the top layer, or to nobody
         // when it was unallocated (only done without a backing file).
         let ub = disk.unit_bits;
@@ -348,6 +625,70 @@ impl Writer {
             "unallocating over a backing file"
         );
         let depth = if entry == 0 { 0 } else { disk.depth() as u16 };
+        self.publish_units(disk, first, last, depth, entry, 0)
+    }
+
+    /// Writes the extended entry `(word, bitmap)` of guest `cluster`, then
+    /// gives the units of subclusters `changed` to the top layer (or to
+    /// nobody when they became unallocated, only done without a backing
+    /// file). Units of other subclusters keep their owners: an unallocated
+    /// subcluster still reads from the layer below that owns it.
+    fn set_l2_ext(
+        &mut self,
+        disk: &Disk,
+        cluster: u64,
+        (word, bitmap): (u64, u64),
+        changed: u32,
+    ) -> Result<()> {
+        let top = disk.top();
+        let cb = top.cluster_bits().unwrap_or(16);
+        let sb = top.subcluster_bits();
+        self.write_l2_raw(disk, cluster, word, bitmap)?;
+        let ub = disk.unit_bits;
+        debug_assert!(sb >= ub, "subcluster smaller than the index unit");
+        let held = (bitmap as u32) | ((bitmap >> 32) as u32);
+        let mut rest = changed;
+        while rest != 0 {
+            // One run of consecutive changed subclusters with one new state.
+            let lo = rest.trailing_zeros();
+            let owned = held & (1 << lo) != 0;
+            let mut hi = lo;
+            while hi + 1 < SUBCLUSTERS
+                && rest & (1 << (hi + 1)) != 0
+                && (held & (1 << (hi + 1)) != 0) == owned
+            {
+                hi += 1;
+            }
+            rest &= !subcluster_mask(lo, hi);
+            let start = (cluster << cb) + (u64::from(lo) << sb);
+            if start >= disk.size() {
+                break;
+            }
+            let stop = ((cluster << cb) + (u64::from(hi + 1) << sb)).min(disk.size());
+            let first = start >> ub;
+            let last = stop.div_ceil(1 << ub);
+            debug_assert!(
+                owned || disk.depth() == 1,
+                "unallocating a subcluster over a backing file"
+            );
+            let depth = if owned { disk.depth() as u16 } else { 0 };
+            self.publish_units(disk, first, last, depth, word, bitmap)?;
+        }
+        Ok(())
+    }
+
+    /// Records `depth` as the owner of units `first..last` in the index
+    /// and in cached pages, with the owner's raw entry.
+    fn publish_units(
+        &mut self,
+        disk: &Disk,
+        first: u64,
+        last: u64,
+        depth: u16,
+        entry: u64,
+        bitmap: u64,
+    ) -> Result<()> {
+        let top = disk.top();
         if let Some(ext) = &self.index {
             let owners: Vec<u8> = (first..last).flat_map(|_| depth.to_be_bytes()).collect();
             top.file
@@ -363,6 +704,7 @@ impl Writer {
                         *s = Slot {
                             layer: depth,
                             entry,
+                            bitmap,
                         };
                     }
                 }
@@ -424,11 +766,29 @@ impl Writer {
     }
 }
 
-/// The top layer's current mapping of guest `cluster`.
+/// The top layer's current mapping of guest `cluster` (standard entries).
 fn top_mapping(top: &Layer, cluster: u64) -> Result<L2Mapping> {
-    let mut raw = [0u64];
+    let mut raw = [(0u64, 0u64)];
     top.read_l2_entries(cluster, &mut raw)?;
-    top.decode_l2(raw[0])
+    top.decode_l2(raw[0].0)
+}
+
+/// The top layer's current extended entry of guest `cluster`.
+fn top_extended(top: &Layer, cluster: u64) -> Result<ExtendedL2> {
+    let mut raw = [(0u64, 0u64)];
+    top.read_l2_entries(cluster, &mut raw)?;
+    top.decode_extended(cluster, raw[0].0, raw[0].1)
+}
+
+/// A shared (refcount > 1) host cluster in an extended L2 top layer: only
+/// internal snapshots make those, and Strata does not write such images.
+fn shared_cluster(top: &Layer, cluster: u64) -> DiskError {
+    DiskError::Unsupported {
+        place: top.place().clone(),
+        detail: format!(
+            "L2 entry {cluster}: writing into a shared cluster of an extended L2 layer"
+        ),
+    }
 }
 
 /// Builds a fresh index for the top layer from the chain as it is now.

@@ -181,6 +181,130 @@ impl L2Mapping {
     }
 }
 
+/// Subclusters per cluster in images with extended L2 entries.
+pub const SUBCLUSTERS: u32 = 32;
+/// Smallest cluster size (log2) Strata accepts with extended L2 entries:
+/// 16 KiB clusters have 512-byte subclusters, the smallest I/O unit.
+pub const MIN_EXTENDED_CLUSTER_BITS: u32 = 14;
+
+/// A decoded extended (128-bit) L2 entry: the cluster descriptor of the
+/// first word plus the subcluster allocation bitmap of the second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtendedL2 {
+    /// The cluster descriptor: `Data` (a host cluster, whichever of its
+    /// subclusters are allocated), `Compressed`, or `Unallocated` (no host
+    /// cluster). Never `Zero`: zeros are per subcluster.
+    pub cluster: L2Mapping,
+    /// Bit `i` set: subcluster `i` is allocated in the host cluster.
+    pub alloc: u32,
+    /// Bit `i` set: subcluster `i` reads as zeros.
+    pub zero: u32,
+}
+
+impl ExtendedL2 {
+    /// Decodes and validates an extended L2 entry (`raw` is the first word,
+    /// `bitmap` the second).
+    pub fn decode(raw: u64, bitmap: u64, cluster_bits: u32) -> Result<ExtendedL2, FormatError> {
+        if raw & OFLAG_COMPRESSED != 0 {
+            if bitmap != 0 {
+                return Err(FormatError::invalid(
+                    "L2 entry",
+                    format!("compressed cluster with a non-zero subcluster bitmap 0x{bitmap:016x}"),
+                ));
+            }
+            let cluster = L2Mapping::decode(raw, cluster_bits, 3)?;
+            return Ok(ExtendedL2 {
+                cluster,
+                alloc: 0,
+                zero: 0,
+            });
+        }
+        // Bit 0 (the standard zero flag) is reserved with extended entries:
+        // zeros are described by the bitmap.
+        if raw & OFLAG_ZERO != 0 {
+            return Err(FormatError::invalid(
+                "L2 entry",
+                format!("0x{raw:016x}: zero flag set in an extended L2 entry"),
+            ));
+        }
+        let cluster = L2Mapping::decode(raw, cluster_bits, 3)?;
+        let alloc = bitmap as u32;
+        let zero = (bitmap >> 32) as u32;
+        let both = alloc & zero;
+        if both != 0 {
+            return Err(FormatError::invalid(
+                "L2 entry",
+                format!(
+                    "subcluster {} both allocated and zero (bitmap 0x{bitmap:016x})",
+                    both.trailing_zeros()
+                ),
+            ));
+        }
+        if alloc != 0 && cluster.is_unallocated() {
+            return Err(FormatError::invalid(
+                "L2 entry",
+                format!(
+                    "subcluster {} allocated but the entry has no host offset",
+                    alloc.trailing_zeros()
+                ),
+            ));
+        }
+        Ok(ExtendedL2 {
+            cluster,
+            alloc,
+            zero,
+        })
+    }
+
+    /// What subcluster `i` (0..32) reads as, in the terms of a standard
+    /// entry: `Data` (the cluster's host offset), `Zero`, `Compressed`
+    /// (the whole cluster), or `Unallocated` (read the backing chain).
+    pub fn subcluster(&self, i: u32) -> L2Mapping {
+        let bit = 1u32 << (i % SUBCLUSTERS);
+        match self.cluster {
+            L2Mapping::Compressed { .. } => self.cluster,
+            _ if self.alloc & bit != 0 => self.cluster,
+            _ if self.zero & bit != 0 => L2Mapping::Zero {
+                prealloc: None,
+                copied: false,
+            },
+            _ => L2Mapping::Unallocated,
+        }
+    }
+
+    /// The host cluster of a standard (non-compressed) entry, with its
+    /// COPIED flag, if it has one.
+    pub fn host(&self) -> Option<(u64, bool)> {
+        match self.cluster {
+            L2Mapping::Data {
+                host_offset,
+                copied,
+            } => Some((host_offset, copied)),
+            _ => None,
+        }
+    }
+
+    /// Encodes an entry with host cluster `host` (0 for none) owned only by
+    /// the active L1 table, and the given subcluster bits.
+    pub fn encode(host: u64, alloc: u32, zero: u32) -> (u64, u64) {
+        debug_assert_eq!(alloc & zero, 0, "subcluster both allocated and zero");
+        debug_assert!(host != 0 || alloc == 0, "allocated subcluster without host");
+        let word = if host == 0 { 0 } else { host | OFLAG_COPIED };
+        (word, u64::from(alloc) | (u64::from(zero) << 32))
+    }
+}
+
+/// Subcluster bits `first..=last` (of 32) set.
+pub fn subcluster_mask(first: u32, last: u32) -> u32 {
+    debug_assert!(first <= last && last < SUBCLUSTERS);
+    let hi = if last == 31 {
+        u32::MAX
+    } else {
+        (1u32 << (last + 1)) - 1
+    };
+    hi & !((1u32 << first) - 1)
+}
+
 /// Decodes a refcount table entry into a refcount block offset (0 = none).
 pub fn decode_reftable_entry(raw: u64, cluster_size: u64) -> Result<u64, FormatError> {
     if raw & !REFTABLE_OFFSET_MASK != 0 {
@@ -223,10 +347,46 @@ mod tests {
         assert!(L1Entry::decode(0x10000 | 1, 65536).is_err());
     }
 
+    #[test]
+    fn extended_entries() {
+        let host = 0x30000u64;
+        let e = ExtendedL2::decode(host | OFLAG_COPIED, 0b101 | (0b10 << 32), 16).unwrap();
+        assert_eq!(
+            e.subcluster(0),
+            L2Mapping::Data {
+                host_offset: host,
+                copied: true
+            }
+        );
+        assert!(matches!(e.subcluster(1), L2Mapping::Zero { .. }));
+        assert_eq!(e.subcluster(3), L2Mapping::Unallocated);
+        let both = ExtendedL2::decode(host, (1 << 5) | (1 << 37), 16).unwrap_err();
+        assert!(
+            both.to_string()
+                .contains("subcluster 5 both allocated and zero"),
+            "{both}"
+        );
+        let nohost = ExtendedL2::decode(0, 1 << 4, 16).unwrap_err();
+        assert!(nohost.to_string().contains("no host offset"), "{nohost}");
+        let comp = ExtendedL2::decode(OFLAG_COMPRESSED | 0x12345, 1, 16).unwrap_err();
+        assert!(comp.to_string().contains("compressed"), "{comp}");
+        assert!(ExtendedL2::decode(host | 1, 0, 16).is_err());
+        let (w, b) = ExtendedL2::encode(host, 0xf0, 0xf00);
+        let d = ExtendedL2::decode(w, b, 16).unwrap();
+        assert_eq!((d.alloc, d.zero), (0xf0, 0xf00));
+        assert_eq!(subcluster_mask(0, 31), u32::MAX);
+        assert_eq!(subcluster_mask(2, 4), 0b11100);
+    }
+
     proptest! {
         #[test]
-        fn decode_never_panics(raw: u64, bits in 9u32..=21, v in 2u32..=3) {
+        fn decode_never_panics(raw: u64, bm: u64, bits in 9u32..=21, v in 2u32..=3) {
             let _ = L2Mapping::decode(raw, bits, v);
+            if let Ok(e) = ExtendedL2::decode(raw, bm, bits) {
+                for i in 0..SUBCLUSTERS {
+                    let _ = e.subcluster(i);
+                }
+            }
             let _ = L1Entry::decode(raw, 1 << bits);
         }
 

@@ -123,9 +123,23 @@ impl Header {
         1u64 << self.cluster_bits
     }
 
+    /// Whether L2 entries are extended (128 bits, with subclusters).
+    pub fn extended_l2(&self) -> bool {
+        self.incompatible_features & INCOMPAT_EXTL2 != 0
+    }
+
+    /// Bytes per L2 entry: 16 with extended L2 entries, else 8.
+    pub fn l2_entry_bytes(&self) -> u64 {
+        if self.extended_l2() {
+            16
+        } else {
+            8
+        }
+    }
+
     /// L2 entries per L2 table.
     pub fn l2_entries(&self) -> u64 {
-        self.cluster_size() / 8
+        self.cluster_size() / self.l2_entry_bytes()
     }
 
     /// Refcount width in bits.
@@ -135,8 +149,15 @@ impl Header {
 
     /// L1 entries needed to map `size` bytes with this cluster size.
     pub fn l1_entries_for(cluster_bits: u32, size: u64) -> u64 {
+        Self::l1_entries_for_l2(cluster_bits, false, size)
+    }
+
+    /// L1 entries needed to map `size` bytes with this cluster size and
+    /// L2 entry width (extended entries halve what one L2 table maps).
+    pub fn l1_entries_for_l2(cluster_bits: u32, extended: bool, size: u64) -> u64 {
         let cluster_size = 1u64 << cluster_bits;
-        let per_l1 = cluster_size * (cluster_size / 8);
+        let entry = if extended { 16 } else { 8 };
+        let per_l1 = cluster_size * (cluster_size / entry);
         size.div_ceil(per_l1)
     }
 
@@ -301,12 +322,20 @@ impl Header {
         if self.incompatible_features & INCOMPAT_DATA_FILE != 0 {
             return Err(FormatError::Unsupported("external data file".into()));
         }
-        if self.incompatible_features & INCOMPAT_EXTL2 != 0 {
-            return Err(FormatError::Unsupported(
-                "extended L2 entries (subclusters); convert the image with \
-                 `qemu-img convert -O qcow2 -o extended_l2=off` first"
-                    .into(),
-            ));
+        if self.extended_l2() {
+            if self.version < 3 {
+                return Err(FormatError::invalid(
+                    "incompatible_features",
+                    "extended L2 entries in a version 2 image".to_string(),
+                ));
+            }
+            if self.cluster_bits < crate::entry::MIN_EXTENDED_CLUSTER_BITS {
+                return Err(FormatError::Unsupported(format!(
+                    "extended L2 entries with {}-byte clusters (subclusters \
+                     smaller than 512 bytes); 16 KiB clusters or larger are supported",
+                    self.cluster_size()
+                )));
+            }
         }
         if self.size >= MAX_HOST_OFFSET {
             return Err(FormatError::invalid(
@@ -317,7 +346,7 @@ impl Header {
                 ),
             ));
         }
-        let needed = Self::l1_entries_for(self.cluster_bits, self.size);
+        let needed = Self::l1_entries_for_l2(self.cluster_bits, self.extended_l2(), self.size);
         if u64::from(self.l1_size) < needed {
             return Err(FormatError::invalid(
                 "l1_size",

@@ -12,7 +12,7 @@ pub mod index;
 pub mod refcount;
 pub mod snapshot;
 
-pub use entry::{L1Entry, L2Mapping};
+pub use entry::{ExtendedL2, L1Entry, L2Mapping};
 pub use error::FormatError;
 pub use header::{CompressionType, Header, HeaderExtension};
 pub use index::{ChainIndexExt, LayerIdentity};

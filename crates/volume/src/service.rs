@@ -37,6 +37,18 @@ pub struct ServiceConfig {
     pub cache_bytes: u64,
     /// Cluster size of new volumes' layers (snapshots keep their volume's).
     pub cluster_size: u64,
+    /// Give new volumes' layers extended L2 entries (subclusters), so the
+    /// first small write to a cluster after a snapshot writes one
+    /// subcluster instead of copying the whole cluster. Ignored for
+    /// clusters under 16 KiB, which qcow2 subclusters cannot divide.
+    pub extended_l2: bool,
+}
+
+impl ServiceConfig {
+    /// Whether new layers get extended L2 entries.
+    fn extended_l2(&self) -> bool {
+        self.extended_l2 && self.cluster_size >= 16 << 10
+    }
 }
 
 /// A volume as the API shows it.
@@ -338,6 +350,7 @@ impl Service {
         let opts = CreateOptions {
             size: Some(size),
             cluster_size: self.config.cluster_size,
+            extended_l2: self.config.extended_l2(),
             ..CreateOptions::default()
         };
         self.add_volume(reservation, &id, &opts, None)
@@ -357,6 +370,7 @@ impl Service {
             backing: Some(layer_file(&source.layer)),
             backing_format: Some(Format::Qcow2),
             cluster_size: self.config.cluster_size,
+            extended_l2: self.config.extended_l2(),
             ..CreateOptions::default()
         };
         self.add_volume(reservation, &id, &opts, Some((key, source.layer)))
