@@ -514,9 +514,19 @@ fn bad_api_input_is_refused_and_changes_nothing() {
 /// numbered writes acknowledged before it.
 #[test]
 fn snapshots_under_fio_hold_exactly_the_acknowledged_writes() {
+    check_snapshots_under_fio(&[]);
+}
+
+/// The same with extended L2 entries (subclusters).
+#[test]
+fn snapshots_under_fio_hold_exactly_the_acknowledged_writes_with_extended_l2() {
+    check_snapshots_under_fio(&["--extended-l2", "on"]);
+}
+
+fn check_snapshots_under_fio(args: &[&str]) {
     let dir = tmp();
     let pool = dir.path().join("pool");
-    let d = Daemon::start(&pool);
+    let d = Daemon::start_with(&pool, args, &[]);
     d.cli(&["volume", "create", "busy", "64M"]);
     let fio = spawn_fio_verify(&d.uri("busy"), dir.path(), 6);
     // Numbered writes to 32 MiB.. while fio runs: 64 KiB slots, pattern k.
@@ -573,12 +583,22 @@ fn snapshots_under_fio_hold_exactly_the_acknowledged_writes() {
 /// the files, and every layer is clean.
 #[test]
 fn sigkill_at_any_point_loses_no_flushed_write() {
+    check_sigkill_at_any_point(&[]);
+}
+
+/// The same with extended L2 entries (subclusters).
+#[test]
+fn sigkill_at_any_point_loses_no_flushed_write_with_extended_l2() {
+    check_sigkill_at_any_point(&["--extended-l2", "on"]);
+}
+
+fn check_sigkill_at_any_point(args: &[&str]) {
     let dir = tmp();
     let pool = dir.path().join("pool");
     let mut flushed: Vec<(u64, u8)> = Vec::new();
     let slots = 64u64;
     for round in 0..4u64 {
-        let d = Daemon::start(&pool);
+        let d = Daemon::start_with(&pool, args, &[]);
         if round == 0 {
             d.cli(&["volume", "create", "crash", "32M"]);
         }
@@ -682,7 +702,7 @@ fn sigkill_at_any_point_loses_no_flushed_write() {
         drop(io);
         let _ = action.join();
     }
-    let d = Daemon::start(&pool);
+    let d = Daemon::start_with(&pool, args, &[]);
     let mut io = QemuIo::open(&d.uri("crash"));
     for &(slot, pattern) in &flushed {
         io.run(&format!("read -P {pattern} {} 64K", slot * 65536));
@@ -803,9 +823,19 @@ fn build_history(d: &Daemon, volume: &str, layers: usize, base: u64, keep: &[usi
 /// passes both checks.
 #[test]
 fn compaction_of_200_layers_under_fio_keeps_data_and_clones() {
+    check_compaction_of_200_layers(&[]);
+}
+
+/// The same with extended L2 entries (subclusters).
+#[test]
+fn compaction_of_200_layers_under_fio_keeps_data_and_clones_with_extended_l2() {
+    check_compaction_of_200_layers(&["--extended-l2", "on"]);
+}
+
+fn check_compaction_of_200_layers(args: &[&str]) {
     let dir = tmp();
     let pool = dir.path().join("pool");
-    let d = Daemon::start(&pool);
+    let d = Daemon::start_with(&pool, args, &[]);
     d.cli(&["volume", "create", "vm", "64M"]);
     let base = 32 * MIB;
     let model = build_history(&d, "vm", 200, base, &[100, 150]);
@@ -869,7 +899,7 @@ fn compaction_of_200_layers_under_fio_keeps_data_and_clones() {
     check_every_layer(&pool);
 
     // After a restart the chain is the short one, with the same data.
-    let d = Daemon::start(&pool);
+    let d = Daemon::start_with(&pool, args, &[]);
     assert_eq!(d.chain_length("vm"), 6);
     assert_slots(
         &read_export(&d, "vm", dir.path()),
@@ -1227,8 +1257,8 @@ fn the_cluster_size_of_new_volumes_is_configurable() {
             serde_json::from_str(&strata_ok(&["img", "info", "--output", "json", &p(&path)]))
                 .unwrap();
         assert_eq!(info["cluster-size"], 16384, "{f}: {info}");
-        // Extended L2 entries by default, in snapshots and clones too.
-        assert_eq!(info["format-specific"]["extended-l2"], true, "{f}: {info}");
+        // Standard L2 entries by default, in snapshots and clones too.
+        assert_eq!(info["format-specific"]["extended-l2"], false, "{f}: {info}");
     }
     check_every_layer(&pool);
     let out = strata(&["daemon", "--pool", &p(&pool), "--cluster-size", "3k"]);
@@ -1238,10 +1268,10 @@ fn the_cluster_size_of_new_volumes_is_configurable() {
 }
 
 #[test]
-fn extended_l2_can_be_turned_off() {
+fn extended_l2_can_be_turned_on() {
     let dir = tmp();
     let pool = dir.path().join("pool");
-    let d = Daemon::start_with(&pool, &["--extended-l2", "off"], &[]);
+    let d = Daemon::start_with(&pool, &["--extended-l2", "on"], &[]);
     d.cli(&["volume", "create", "vm", "8M"]);
     d.snapshot("vm", "s");
     d.stop();
@@ -1250,6 +1280,6 @@ fn extended_l2_can_be_turned_off() {
         let info: Value =
             serde_json::from_str(&strata_ok(&["img", "info", "--output", "json", &p(&path)]))
                 .unwrap();
-        assert_eq!(info["format-specific"]["extended-l2"], false, "{f}: {info}");
+        assert_eq!(info["format-specific"]["extended-l2"], true, "{f}: {info}");
     }
 }
