@@ -26,11 +26,13 @@ const ON_PORT: u16 = 7480;
 const MN_PORT: u16 = 7481;
 const SN_PORT: u16 = 7482;
 /// Namespace 1 is the orchestrator, 2..=4 metadata nodes, 5..=8 storage
-/// nodes, 9 the client, 10 a storage node that joins later.
+/// nodes, 9 the client, 10 a storage node and 11 a metadata node that
+/// join later.
 const MNS: [usize; 3] = [2, 3, 4];
 const SNS: [usize; 4] = [5, 6, 7, 8];
 const CLIENT: usize = 9;
 const LATE_SN: usize = 10;
+const LATE_MN: usize = 11;
 
 /// Namespaces on a bridge; removed (with their processes) on drop.
 struct Net {
@@ -47,7 +49,7 @@ impl Net {
         format!("fd00:99::{i}")
     }
 
-    /// Creates the bridge namespace and ten host namespaces on it.
+    /// Creates the bridge namespace and eleven host namespaces on it.
     fn new() -> Net {
         let tag = format!("st{}", std::process::id() % 100_000);
         let net = Net {
@@ -58,7 +60,7 @@ impl Net {
         ip(&["netns", "add", &br]);
         ip(&["-n", &br, "link", "add", "br0", "type", "bridge"]);
         ip(&["-n", &br, "link", "set", "br0", "up"]);
-        for i in 1..=LATE_SN {
+        for i in 1..=LATE_MN {
             let ns = net.ns(i);
             let (veth, port) = (format!("{tag}v{i}"), format!("{tag}b{i}"));
             ip(&["netns", "add", &ns]);
@@ -185,7 +187,7 @@ impl Drop for Net {
             let _ = c.kill();
             let _ = c.wait();
         }
-        for i in 1..=LATE_SN {
+        for i in 1..=LATE_MN {
             let _ = Command::new("ip")
                 .args(["netns", "del", &self.ns(i)])
                 .status();
@@ -598,6 +600,109 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
         landed > 0,
         "no new object was placed on the new storage node"
     );
+
+    // A metadata node joins beyond the three slots and takes 4 of the 16
+    // groups by handover: every node points its routes for them at the new
+    // node (local routes on its own host), the client's operator applies
+    // the routes again, and every object's metadata, asked by route,
+    // comes from wherever the groups now are.
+    add_node(&mut net, dir.path(), LATE_MN, "mn", MN_PORT);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = status(&net);
+        let mns = st["metadata_nodes"].as_array().expect("mns");
+        let late = mns
+            .iter()
+            .find(|m| s(&m["endpoint"]).contains(&Net::link_addr(LATE_MN)));
+        let moves = st["moves"].as_array().map_or(0, Vec::len);
+        if late.is_some_and(|m| m["groups"] == 4) && moves == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no handover to the new metadata node: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    all_nodes.push(LATE_MN);
+    let via_late = format!("via {} ", Net::link_addr(LATE_MN));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for &i in &all_nodes {
+        loop {
+            let routes = net.routes_in(i);
+            let want = |r: &String| {
+                if i == LATE_MN {
+                    r.starts_with("local ")
+                } else {
+                    r.contains(&via_late)
+                }
+            };
+            if routes.len() == 16 + 5 && routes.iter().filter(|r| want(r)).count() == 4 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "namespace {i} does not route the 4 moved groups to the new node: {routes:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    net.prohibit_node_links(&all_nodes[..all_nodes.len() - 1], "del");
+    assert_eq!(net.apply_client_routes(), 16 + 5);
+    net.prohibit_node_links(&all_nodes, "add");
+    assert_eq!(
+        net.routes_in(CLIENT)
+            .iter()
+            .filter(|r| r.contains(&via_late))
+            .count(),
+        4
+    );
+    // Metadata addresses in the moved groups are routed to the new node,
+    // which answers for them from the rows it copied.
+    let mut asked_there = 0;
+    let small = sizes
+        .iter()
+        .filter(|(_, name)| !matches!(*name, "medium" | "large" | "huge"))
+        .map(|&(len, name)| (len, format!("b/{name}")));
+    let late = (0..12).map(|k| (5_000, format!("late/{k}")));
+    for (len, obj) in small.chain(late) {
+        let stat: serde_json::Value =
+            serde_json::from_str(&net.client_ok(&["obj", "stat", &obj, "--output", "json"]))
+                .expect("stat json");
+        for addr in stat["metadata_addresses"].as_array().expect("addresses") {
+            let route = Command::new("ip")
+                .args(["-6", "-n", &net.ns(CLIENT), "route", "get", &s(addr)])
+                .output()
+                .expect("ip route get");
+            let route = String::from_utf8_lossy(&route.stdout).into_owned();
+            if !route.contains(&via_late) {
+                continue;
+            }
+            let meta: std::net::Ipv6Addr = s(addr).parse().expect("metadata address");
+            let ask = Msg::new(8, u128::from(meta), Body::Get { name: obj.clone() })
+                .encode()
+                .expect("encode a Get");
+            let reply = raw_udp(&net, &meta.to_string(), MN_PORT, &ask).expect("a reply by route");
+            let reply = Msg::decode(&reply).expect("a metadata reply");
+            assert!(
+                matches!(&reply.body, Body::Found { record } if record.size == len as u64),
+                "{obj} at {meta} after the handover: {reply:?}"
+            );
+            asked_there += 1;
+        }
+    }
+    assert!(asked_there > 0, "no metadata address lies in a moved group");
+    for (k, (len, name)) in sizes.iter().enumerate() {
+        if matches!(*name, "medium" | "large" | "huge") {
+            continue;
+        }
+        let back = dir.path().join(format!("{name}.moved"));
+        net.client_ok(&["obj", "get", &format!("b/{name}"), &p(&back)]);
+        assert!(
+            std::fs::read(&back).unwrap() == pattern(*len, k as u64 + 1),
+            "b/{name} differs after the handover"
+        );
+    }
 
     // kill -9 one storage node and one metadata node: their prefixes
     // still route to their namespaces, where nothing listens now. Every
