@@ -145,6 +145,20 @@ pub fn lone_copy_share(owner: &[u16], mg_bits: u8, n_m: usize, skip: Option<u16>
     share / subsets
 }
 
+/// [`lone_copy_share`] summed over every `N_m` in use (the cluster's and
+/// each bucket's override), so placement weighs every bucket's names.
+fn lone_copy_risk(t: &Table, owner: &[u16], skip: Option<u16>) -> f64 {
+    let mut n_ms: Vec<usize> = std::iter::once(&t.params)
+        .chain(t.buckets.iter().map(|(_, p)| p))
+        .map(|p| p.n_m as usize)
+        .collect();
+    n_ms.sort_unstable();
+    n_ms.dedup();
+    n_ms.iter()
+        .map(|&n_m| lone_copy_share(owner, t.layout.mg_bits, n_m, skip))
+        .sum()
+}
+
 impl OnCore {
     /// Opens the orchestrator database at `path`. A new cluster takes
     /// `initial` (its layout, replication and `expected_mns` metadata slots,
@@ -425,7 +439,7 @@ impl OnCore {
         let mut owner = t.mg_owner.clone();
         let risk = |slot: u16, owner: &mut Vec<u16>| {
             owner[g] = slot;
-            lone_copy_share(owner, t.layout.mg_bits, t.params.n_m as usize, Some(from))
+            lone_copy_risk(t, owner, Some(from))
         };
         pool.iter()
             .map(|&(slot, n)| (risk(slot, &mut owner), n, slot))
@@ -463,7 +477,6 @@ impl OnCore {
             };
             // Of its groups, the one whose move leaves fewest names with
             // every metadata copy on one node.
-            let n_m = t.params.n_m as usize;
             let mut trial = owner.clone();
             let Some(g) = (0..owner.len())
                 .rev()
@@ -474,7 +487,7 @@ impl OnCore {
                 })
                 .map(|g| {
                     trial[g] = to;
-                    let risk = lone_copy_share(&trial, t.layout.mg_bits, n_m, None);
+                    let risk = lone_copy_risk(t, &trial, None);
                     trial[g] = from;
                     (risk, g)
                 })
@@ -1074,10 +1087,25 @@ mod tests {
 
     #[test]
     fn a_restore_places_groups_so_fewest_names_lose_every_copy() {
+        // N_m = 3 for the whole cluster, then only for one bucket.
+        for bucket_only in [false, true] {
+            restore_keeps_copies_apart(bucket_only);
+        }
+    }
+
+    fn restore_keeps_copies_apart(bucket_only: bool) {
         let dir = tempfile::tempdir().unwrap();
         let mut initial = empty_table();
-        initial.params.n_m = 3;
-        initial.params.w_m = 2;
+        let three = Params {
+            n_m: 3,
+            w_m: 2,
+            ..initial.params
+        };
+        if bucket_only {
+            initial.buckets.push(("vm".into(), three));
+        } else {
+            initial.params = three;
+        }
         let mut on = OnCore::open(&dir.path().join("on.redb"), initial, 3, 0).unwrap();
         on.set_definitive_failure(1_000);
         for uuid in [1, 2, 3] {
@@ -1090,7 +1118,7 @@ mod tests {
         }
         let t = on.table().clone();
         assert_eq!(t.mns[2].state, State::Dead);
-        let n_m = t.params.n_m as usize;
+        let n_m = 3;
         let share = lone_copy_share(&t.mg_owner, t.layout.mg_bits, n_m, None);
         // The former rule, fewest groups first, on the same layout.
         let mut naive = initial_owners(t.mg_owner.len(), 3);
