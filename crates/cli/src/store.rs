@@ -694,7 +694,7 @@ fn node(cmd: NodeCommand) -> Result<i32> {
                     crate::serve::wait_for_signal().await;
                     return anyhow::Ok(0);
                 }
-                let sn = strata_store::node::start_sn(
+                let mut sn = strata_store::node::start_sn(
                     &dir,
                     listen,
                     cluster.cluster,
@@ -710,7 +710,14 @@ fn node(cmd: NodeCommand) -> Result<i32> {
                     sn.uuid, sn.index, sn.endpoint
                 );
                 std::io::stdout().flush()?;
-                crate::serve::wait_for_signal().await;
+                tokio::select! {
+                    _ = crate::serve::wait_for_signal() => {}
+                    _ = sn.retired() => eprintln!(
+                        "strata store: storage node {:016x} retired (its replicas were \
+                         re-placed and freed); exiting",
+                        sn.uuid
+                    ),
+                }
                 anyhow::Ok(0)
             })
         }

@@ -2238,3 +2238,60 @@ fn a_removed_storage_node_is_drained_then_retired_without_a_failed_read() {
         }
     }
 }
+
+/// A storage node running in its own process (`strata store node add`)
+/// exits by itself once it is retired: drained, its replicas freed.
+#[test]
+fn a_retired_storage_node_process_exits_when_its_drain_ends() {
+    let dir = tmp();
+    let store = Store::up(
+        &dir.path().join("cluster"),
+        &["--mn", "1", "--sn", "2", "--replication", "1,1,2,1"],
+    );
+    let extra_dir = dir.path().join("sn-extra");
+    let mut extra = Node::add(&store, &extra_dir, "sn");
+    wait_until("3 storage nodes", || {
+        store.status()["storage_nodes"].as_array().unwrap().len() == 3
+    });
+    std::thread::sleep(Duration::from_millis(1200)); // the metadata node sees it
+    let (rt, client) = connect_client(store.on);
+    let objects: Vec<(String, Vec<u8>)> = (0..24)
+        .map(|i| (format!("r/{i}"), pattern(3_000 + i * 7, i as u64)))
+        .collect();
+    for (name, data) in &objects {
+        rt.block_on(client.put(name, data.len() as u64, &mut data.as_slice(), &|_| {}))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    assert!(
+        replica_names(&extra_dir).len() > 2,
+        "too few replicas on the node to remove"
+    );
+    let uuid = strata_store::node::node_uuid(&extra_dir).unwrap();
+    store.ok(&["store", "node", "remove", &format!("{uuid:016x}")]);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = extra.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the retired node's process is still running: {}",
+            store.status()["storage_nodes"]
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status}");
+    let st = store.status();
+    let sn = st["storage_nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == format!("{uuid:016x}"))
+        .unwrap_or_else(|| panic!("no node {uuid:016x} in {st}"));
+    assert_eq!(sn["state"], "retired", "{st}");
+    assert!(replica_names(&extra_dir).is_empty(), "replicas left behind");
+    for (name, data) in &objects {
+        let (_, bytes) = rt.block_on(client.get_bytes(name)).unwrap();
+        assert!(bytes == *data, "{name} differs after the retirement");
+    }
+}

@@ -543,11 +543,27 @@ pub struct SnHandle {
     pub index: u16,
     /// Its persistent identity.
     pub uuid: u64,
+    /// Ends once the orchestrator has retired the node and its replicas
+    /// are freed ([`crate::sn::retire_watch`]).
+    retire: tokio::task::JoinHandle<()>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl SnHandle {
+    /// Waits until the orchestrator has retired this node (drained, then
+    /// retired) and its replicas are freed: a process running only this
+    /// node has nothing left to do.
+    pub async fn retired(&mut self) {
+        if (&mut self.retire).await.is_err() {
+            // Cancelled or failed: never call that a retirement.
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 impl Drop for SnHandle {
     fn drop(&mut self) {
+        self.retire.abort();
         for t in &self.tasks {
             t.abort();
         }
@@ -593,9 +609,9 @@ pub async fn start_sn(
     let store = Arc::new(SnStore::open(dir, index, on, capacity)?);
     let table = Arc::new(RwLock::new(fetch_table(on).await?));
     let stats_store = store.clone();
+    let retire = tokio::spawn(crate::sn::retire_watch(store.clone(), table.clone(), uuid));
     let tasks = vec![
         tokio::spawn(crate::sn::gc_loop(store.clone(), table.clone(), gc)),
-        tokio::spawn(crate::sn::retire_watch(store.clone(), table.clone(), uuid)),
         tokio::spawn(crate::sn::serve(listener, store, table.clone())),
         tokio::spawn(refresh_loop(
             on,
@@ -610,6 +626,7 @@ pub async fn start_sn(
         endpoint,
         index,
         uuid,
+        retire,
         tasks,
     })
 }
