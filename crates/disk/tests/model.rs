@@ -3,6 +3,8 @@
 //! layers. Every read must match the model exactly, whether lookups use the
 //! chain index or walk the chain, and with a cache small enough to evict.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
@@ -302,7 +304,7 @@ fn thousand_layer_chain_matches_the_model() {
 #[test]
 fn concurrent_writers_sharing_clusters() {
     let dir = tempfile::tempdir().unwrap();
-    let (top, disk) = top_over_base(dir.path(), &vec![0xee; 64 << 10]);
+    let (top, disk) = common::top_over_base(dir.path(), SIZE, &vec![0xee; 64 << 10], false);
     const THREADS: u64 = 8;
     const BLOCK: u64 = 4096;
     let rounds = 3u8;
@@ -368,7 +370,7 @@ fn extended_allocating_writes_race_discards_and_zero_writes() {
 #[test]
 fn extended_concurrent_writers_sharing_clusters() {
     let dir = tempfile::tempdir().unwrap();
-    let (top, disk) = top_over_base_with(dir.path(), &vec![0xee; 64 << 10], true);
+    let (top, disk) = common::top_over_base(dir.path(), SIZE, &vec![0xee; 64 << 10], true);
     const THREADS: u64 = 8;
     const BLOCK: u64 = 1536;
     std::thread::scope(|s| {
@@ -409,7 +411,7 @@ fn race_round() {
 
 fn race_round_with(extended: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let (top, disk) = top_over_base_with(dir.path(), &vec![0x11; SIZE as usize], extended);
+    let (top, disk) = common::top_over_base(dir.path(), SIZE, &vec![0x11; SIZE as usize], extended);
     const CLUSTER: u64 = 64 << 10;
     let clusters = SIZE / CLUSTER;
     std::thread::scope(|s| {
@@ -450,35 +452,4 @@ fn race_round_with(extended: bool) {
         d.read_at(&mut buf, c * CLUSTER + 512).unwrap();
         assert!(buf.iter().all(|b| *b == 0xa0 | c as u8), "cluster {c}");
     }
-}
-
-/// A base image holding `base_data` at offset 0, and an empty top layer on
-/// it, opened for writing.
-fn top_over_base(dir: &Path, base_data: &[u8]) -> (PathBuf, Disk) {
-    top_over_base_with(dir, base_data, false)
-}
-
-/// As [`top_over_base`], with extended L2 entries in both layers when
-/// `extended`.
-fn top_over_base_with(dir: &Path, base_data: &[u8], extended: bool) -> (PathBuf, Disk) {
-    let base = dir.join("base.qcow2");
-    let opts = CreateOptions {
-        size: Some(SIZE),
-        extended_l2: extended,
-        ..CreateOptions::default()
-    };
-    create(&base, &opts).unwrap();
-    let d = Disk::open(&base, &OpenOptions::read_write()).unwrap();
-    d.write_at(base_data, 0).unwrap();
-    d.close().unwrap();
-    let top = dir.join("top.qcow2");
-    let opts = CreateOptions {
-        backing: Some("base.qcow2".into()),
-        backing_format: Some(Format::Qcow2),
-        extended_l2: extended,
-        ..CreateOptions::default()
-    };
-    create(&top, &opts).unwrap();
-    let disk = Disk::open(&top, &OpenOptions::read_write()).unwrap();
-    (top, disk)
 }

@@ -1,10 +1,9 @@
 //! Subclusters (extended L2 entries) end copy-on-write amplification: after
 //! a snapshot, a small write to a cluster writes that much, not a cluster.
 
-use std::path::Path;
+mod common;
 
-use strata_disk::layer::Format;
-use strata_disk::{create, CreateOptions, Disk, OpenOptions};
+use std::path::Path;
 
 const SIZE: u64 = 64 << 20;
 const CLUSTER: u64 = 64 << 10;
@@ -26,28 +25,7 @@ fn bytes_written() -> u64 {
 /// Bytes written for `WRITES` 4 KiB writes to distinct clusters after a
 /// snapshot, each over data in the base layer, metadata flush included.
 fn growth_after_snapshot(dir: &Path, extended: bool) -> u64 {
-    let base = dir.join("base.qcow2");
-    let opts = CreateOptions {
-        size: Some(SIZE),
-        extended_l2: extended,
-        ..CreateOptions::default()
-    };
-    create(&base, &opts).unwrap();
-    let d = Disk::open(&base, &OpenOptions::read_write()).unwrap();
-    let fill = vec![0x11u8; 4 << 20];
-    for at in (0..SIZE).step_by(fill.len()) {
-        d.write_at(&fill, at).unwrap();
-    }
-    d.close().unwrap();
-    let top = dir.join("top.qcow2");
-    let opts = CreateOptions {
-        backing: Some("base.qcow2".into()),
-        backing_format: Some(Format::Qcow2),
-        extended_l2: extended,
-        ..CreateOptions::default()
-    };
-    create(&top, &opts).unwrap();
-    let disk = Disk::open(&top, &OpenOptions::read_write()).unwrap();
+    let (_, disk) = common::top_over_base(dir, SIZE, &vec![0x11u8; SIZE as usize], extended);
     // Metadata (L2 tables, refcounts) first, so the growth is data only.
     disk.write_at(&[0x22; 4096], SIZE - 4096).unwrap();
     disk.flush().unwrap();
