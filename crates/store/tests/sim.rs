@@ -63,6 +63,18 @@ impl Rng {
     }
 }
 
+/// Replication where a metadata write waits for every copy (W_m = N_m =
+/// 3) and data for one of two replicas: the setting of the handover,
+/// restore and stand-in scenarios.
+fn every_metadata_copy_acks() -> Params {
+    Params {
+        n_m: 3,
+        w_m: 3,
+        n_d: 2,
+        w_d: 1,
+    }
+}
+
 fn table(params: Params) -> Table {
     let layout = Layout::new(DEFAULT_CLUSTER_PREFIX, 4);
     Table {
@@ -1015,12 +1027,7 @@ fn draining_a_storage_node_under_faults_retires_it_with_nothing_lost() {
 
 #[test]
 fn a_group_handover_under_faults_loses_nothing() {
-    let p = Params {
-        n_m: 3,
-        w_m: 3,
-        n_d: 2,
-        w_d: 1,
-    };
+    let p = every_metadata_copy_acks();
     for seed in seeds(3_000) {
         let mut sim = Sim::new(seed, p);
         let on = sim.orchestrator();
@@ -1054,12 +1061,7 @@ fn a_group_handover_under_faults_loses_nothing() {
 
 #[test]
 fn a_metadata_node_lost_for_good_is_restored_under_faults() {
-    let p = Params {
-        n_m: 3,
-        w_m: 3,
-        n_d: 2,
-        w_d: 1,
-    };
+    let p = every_metadata_copy_acks();
     for seed in seeds(4_000) {
         let mut sim = Sim::new(seed, p);
         // A slot that does not hold every metadata address of some name:
@@ -1119,12 +1121,7 @@ fn a_metadata_node_lost_for_good_is_restored_under_faults() {
 
 #[test]
 fn a_metadata_node_down_for_a_while_stands_in_then_comes_back_under_faults() {
-    let p = Params {
-        n_m: 3,
-        w_m: 3,
-        n_d: 2,
-        w_d: 1,
-    };
+    let p = every_metadata_copy_acks();
     let mut stand_in_runs = 0;
     let all = seeds(5_000);
     let runs = all.end - all.start;
@@ -1215,12 +1212,7 @@ fn the_simulation_is_deterministic() {
 #[test]
 fn a_group_taken_over_is_copied_into_an_empty_group_unless_it_comes_home() {
     use strata_store::table::{Move, MovePhase, StandIn};
-    let p = Params {
-        n_m: 3,
-        w_m: 3,
-        n_d: 2,
-        w_d: 1,
-    };
+    let p = every_metadata_copy_acks();
     for home in [false, true] {
         let dir = tempfile::tempdir().unwrap();
         let db = MetaDb::open(&dir.path().join("meta.redb")).unwrap();
