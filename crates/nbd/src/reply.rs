@@ -145,19 +145,20 @@ impl<'a> Reply<'a> {
         }
     }
 
-    fn slices(&self) -> Vec<&[u8]> {
-        let mut out = Vec::with_capacity(self.parts.len());
-        for part in &self.parts {
-            let s: &[u8] = match part {
-                Part::Inline { bytes, len } => &bytes[..*len as usize],
-                Part::Owned(v) => v,
-                Part::Data { start, end } => self.data.get(*start..*end).unwrap_or(&[]),
-            };
-            if !s.is_empty() {
-                out.push(s);
-            }
+    fn part<'s>(&'s self, part: &'s Part) -> &'s [u8] {
+        match part {
+            Part::Inline { bytes, len } => &bytes[..*len as usize],
+            Part::Owned(v) => v,
+            Part::Data { start, end } => self.data.get(*start..*end).unwrap_or(&[]),
         }
-        out
+    }
+
+    fn slices(&self) -> Vec<&[u8]> {
+        self.parts
+            .iter()
+            .map(|p| self.part(p))
+            .filter(|s| !s.is_empty())
+            .collect()
     }
 
     /// Writes the whole reply to `w`, gathering its parts into as few
@@ -189,6 +190,18 @@ impl<'a> Reply<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Length of the encoded reply in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.parts.iter().map(|p| self.part(p).len()).sum()
+    }
+
+    /// Appends the encoded reply to `out`.
+    pub(crate) fn append_to(&self, out: &mut Vec<u8>) {
+        for p in &self.parts {
+            out.extend_from_slice(self.part(p));
+        }
     }
 
     /// Every byte of the reply, concatenated (for tests).

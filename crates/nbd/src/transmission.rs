@@ -54,6 +54,9 @@ const THREAD_STACK: usize = 1024 * 1024;
 /// reading and dropping what the client still sends before closing, so
 /// the client sees the error reply and an orderly end, not a reset.
 const LINGER: Duration = Duration::from_secs(2);
+/// Replies up to this size are queued and written in batches (see
+/// [`Conn::send`]); larger ones (read data) go straight to the socket.
+const BATCHED_REPLY: usize = 512;
 
 /// A connected socket in blocking mode.
 pub(crate) enum Socket {
@@ -150,6 +153,9 @@ struct Conn {
     reader: Mutex<BufReader<Socket>>,
     /// Serializes replies on the socket.
     writer: Mutex<Socket>,
+    /// Small replies waiting for the socket, written by whichever thread
+    /// holds `writer` next.
+    queued: Mutex<Vec<u8>>,
     /// Threads waiting to become the leader.
     waiting: AtomicUsize,
     /// Most threads (requests running at once) for this connection.
@@ -324,6 +330,7 @@ impl Conn {
             peer,
             reader: Mutex::new(BufReader::with_capacity(READ_BUF, reader)),
             writer: Mutex::new(socket),
+            queued: Mutex::new(Vec::new()),
             waiting: AtomicUsize::new(0),
             state: Mutex::new(State {
                 threads: 0,
@@ -450,15 +457,54 @@ impl Conn {
         }
     }
 
+    /// Sends one reply. Small replies (write, flush, trim acknowledgements)
+    /// are queued, and the thread that holds the socket writes every queued
+    /// one in a single system call: on loopback each `writev` costs a trip
+    /// through the TCP stack, and threads used to spin waiting for the
+    /// socket while another wrote 16 bytes.
     fn send(&self, reply: &Reply) {
-        let mut w = self.writer.lock();
-        if let Err(e) = reply.write_to(&mut *w) {
+        if reply.len() <= BATCHED_REPLY {
+            reply.append_to(&mut self.queued.lock());
+        } else {
+            let mut w = self.writer.lock();
+            let sent = reply.write_to(&mut *w);
             drop(w);
-            tracing::debug!(peer = self.peer, "writing a reply failed: {e}");
-            self.stop(End::Gone(e.to_string()));
-            // Wake the leader: nobody will read the replies.
-            self.shutdown_socket(Shutdown::Read);
+            if let Err(e) = sent {
+                self.write_failed(e);
+                return;
+            }
         }
+        self.send_queued();
+    }
+
+    /// Writes queued replies while nobody else holds the socket.
+    ///
+    /// Every thread checks the queue again after releasing the socket, so a
+    /// reply queued by a thread that found the socket taken is always
+    /// written: by the holder, or by a later one.
+    fn send_queued(&self) {
+        loop {
+            if self.queued.lock().is_empty() {
+                return;
+            }
+            let Some(mut w) = self.writer.try_lock() else {
+                return;
+            };
+            let batch = std::mem::take(&mut *self.queued.lock());
+            let sent = w.write_all(&batch);
+            drop(w);
+            if let Err(e) = sent {
+                self.write_failed(e);
+                return;
+            }
+        }
+    }
+
+    fn write_failed(&self, e: std::io::Error) {
+        tracing::debug!(peer = self.peer, "writing a reply failed: {e}");
+        self.stop(End::Gone(e.to_string()));
+        // Wake the leader: nobody will read the replies.
+        self.shutdown_socket(Shutdown::Read);
     }
 
     /// Closes the connection after the last thread is done.
