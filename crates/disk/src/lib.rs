@@ -30,6 +30,7 @@ pub mod info;
 pub mod layer;
 mod live;
 pub mod map;
+mod sector_crc;
 mod writer;
 
 pub use compact::{merge_layers, set_backing_file, MergeProgress, MergeReport};
@@ -37,6 +38,7 @@ pub use create::{create, CreateOptions};
 pub use device::{BlockDevice, DEFAULT_PARALLEL_REQUESTS};
 pub use disk::{BlockStatus, Disk, OpenOptions};
 pub use error::{DiskError, Result};
+pub use live::{PreparedTop, PushReport};
 
 /// Default bound of the chain's metadata cache.
 pub const DEFAULT_CACHE_BYTES: u64 = 32 * 1024 * 1024;

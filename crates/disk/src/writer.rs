@@ -17,7 +17,7 @@
 use strata_format::entry::OFLAG_COPIED;
 use strata_format::entry::{subcluster_mask, SUBCLUSTERS};
 use strata_format::header::{Header, AUTOCLEAR_STRATA_INDEX, INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
-use strata_format::index::{ChainIndexExt, LINEAGE_RECORD_BYTES, MAX_REGION_BYTES};
+use strata_format::index::{ChainIndexExt, ENTRY_BYTES, LINEAGE_RECORD_BYTES, MAX_REGION_BYTES};
 use strata_format::{refcount, ExtendedL2, L2Mapping};
 
 use std::collections::HashSet;
@@ -26,6 +26,7 @@ use crate::cache::{Slot, PAGE_UNITS};
 use crate::disk::{region_crc, Disk, IndexState};
 use crate::error::{DiskError, Result};
 use crate::layer::Layer;
+use crate::sector_crc::SECTOR;
 
 /// Units of owners written per chunk when (re)building an index.
 const OWNER_CHUNK: u64 = 1 << 16;
@@ -40,6 +41,42 @@ pub(crate) struct Writer {
     /// not yet published in the L2 table: their data is being written
     /// outside the lock. Another allocating write to one of them waits.
     in_flight: HashSet<u64>,
+    /// Index sectors changed since a top was prepared (see
+    /// [`Disk::prepare_top`]); kept only while a prepare is pending.
+    track: Option<IndexTrack>,
+}
+
+/// The index sectors ([`SECTOR`] bytes of the region) whose owners changed
+/// since a prepared top copied the index: the push copies only those again.
+pub(crate) struct IndexTrack {
+    /// Which prepare this belongs to; a newer prepare replaces it.
+    pub(crate) generation: u64,
+    /// One bit per sector, set when an owner in it was written.
+    dirty: Vec<u64>,
+}
+
+impl IndexTrack {
+    fn mark(&mut self, first_unit: u64, last_unit: u64) {
+        if last_unit <= first_unit {
+            return;
+        }
+        let first = first_unit * ENTRY_BYTES / SECTOR;
+        let last = (last_unit * ENTRY_BYTES - 1) / SECTOR;
+        for s in first..=last {
+            let word = (s / 64) as usize;
+            if word >= self.dirty.len() {
+                self.dirty.resize(word + 1, 0);
+            }
+            self.dirty[word] |= 1 << (s % 64);
+        }
+    }
+
+    /// Whether sector `s` changed.
+    pub(crate) fn is_dirty(&self, s: u64) -> bool {
+        self.dirty
+            .get((s / 64) as usize)
+            .is_some_and(|w| w & (1 << (s % 64)) != 0)
+    }
 }
 
 /// What an allocating write to one guest cluster must do, decided under
@@ -93,6 +130,7 @@ impl Writer {
                 alloc: None,
                 index: None,
                 in_flight: HashSet::new(),
+                track: None,
             });
         };
         if header.nb_snapshots > 0 {
@@ -131,6 +169,7 @@ impl Writer {
             alloc: Some(alloc),
             index: None,
             in_flight: HashSet::new(),
+            track: None,
         };
         if h.version >= 3 {
             writer.attach_index(disk, owners)?;
@@ -693,6 +732,9 @@ impl Writer {
             let owners: Vec<u8> = (first..last).flat_map(|_| depth.to_be_bytes()).collect();
             top.file
                 .write_all_at(&owners, ext.region_offset + first * 2)?;
+            if let Some(track) = &mut self.track {
+                track.mark(first, last);
+            }
         }
         let mut unit = first;
         while unit < last {
@@ -738,8 +780,38 @@ impl Writer {
         Ok(())
     }
 
+    /// Starts recording which index sectors change, for a top being
+    /// prepared, replacing any earlier record. Returns the index region
+    /// this writer maintains (`None`: there is none to track).
+    pub(crate) fn track_index(&mut self, generation: u64) -> Option<ChainIndexExt> {
+        let ext = self.index.clone()?;
+        let sectors = (ext.entry_count() * ENTRY_BYTES).div_ceil(SECTOR);
+        self.track = Some(IndexTrack {
+            generation,
+            dirty: vec![0; sectors.div_ceil(64) as usize],
+        });
+        Some(ext)
+    }
+
+    /// Ends the record of changed index sectors and returns it.
+    pub(crate) fn take_track(&mut self) -> Option<IndexTrack> {
+        self.track.take()
+    }
+
+    /// The index region this writer maintains.
+    pub(crate) fn index(&self) -> Option<&ChainIndexExt> {
+        self.index.as_ref()
+    }
+
     /// Syncs, stores the index checksum and marks the image clean.
     pub(crate) fn close(self, disk: &Disk) -> Result<()> {
+        self.close_with_crc(disk, None)
+    }
+
+    /// [`Writer::close`] with the index checksum already known (`crc`,
+    /// computed by a caller that tracked the changes), so the region is
+    /// not read again.
+    pub(crate) fn close_with_crc(self, disk: &Disk, crc: Option<u32>) -> Result<()> {
         let top = disk.top();
         top.file.sync()?;
         let Some(mut h) = top.header() else {
@@ -749,7 +821,13 @@ impl Writer {
             return Ok(());
         }
         if let Some(mut ext) = self.index {
-            ext.crc32c = region_crc(top, &ext)?;
+            ext.crc32c = match crc {
+                Some(c) => {
+                    debug_assert_eq!(Some(c), region_crc(top, &ext).ok(), "tracked index CRC");
+                    c
+                }
+                None => region_crc(top, &ext)?,
+            };
             h.set_chain_index(Some(ext));
             h.autoclear_features |= AUTOCLEAR_STRATA_INDEX;
         }

@@ -48,7 +48,8 @@ impl Chain {
             chain.scribble(6);
             let path = chain.layer_path(n);
             let below = format!("l{}.qcow2", n - 1);
-            chain.disk.push_top(&path, &below, None, || Ok(())).unwrap();
+            let top = chain.disk.prepare_top(&path, &below, None).unwrap();
+            chain.disk.push_top(top, || Ok(())).unwrap();
         }
         chain.scribble(6);
         chain

@@ -28,7 +28,8 @@ fn pushed_top_freezes_earlier_writes_and_takes_later_ones() {
     disk.write_at(&vec![0xaa; 3 * 65536 + 100], 4096).unwrap();
     let top2 = dir.path().join("top2.qcow2");
     let mut committed = false;
-    disk.push_top(&top2, "base.qcow2", None, || {
+    let prepared = disk.prepare_top(&top2, "base.qcow2", None).unwrap();
+    disk.push_top(prepared, || {
         committed = true;
         Ok(())
     })
@@ -79,8 +80,9 @@ fn failed_commit_keeps_writing_to_the_old_top() {
     let dir = tempfile::tempdir().unwrap();
     let mut disk = new_disk(dir.path(), 4 * MIB);
     let top2 = dir.path().join("top2.qcow2");
+    let prepared = disk.prepare_top(&top2, "base.qcow2", None).unwrap();
     let err = disk
-        .push_top(&top2, "base.qcow2", None, || {
+        .push_top(prepared, || {
             Err(DiskError::Invalid("catalog refused".into()))
         })
         .unwrap_err();
@@ -99,14 +101,17 @@ fn grown_top_reads_zeros_past_the_smaller_layers() {
     let dir = tempfile::tempdir().unwrap();
     let mut disk = new_disk(dir.path(), 4 * MIB);
     disk.write_at(&vec![0x11; 4 * MIB as usize], 0).unwrap();
-    let shrink = disk.push_top(&dir.path().join("x.qcow2"), "base.qcow2", Some(MIB), || {
-        Ok(())
-    });
+    let shrink = disk.prepare_top(&dir.path().join("x.qcow2"), "base.qcow2", Some(MIB));
     assert!(shrink.unwrap_err().to_string().contains("shrink"));
+    assert!(!dir.path().join("x.qcow2").exists());
     assert_eq!(disk.size(), 4 * MIB);
     let top2 = dir.path().join("top2.qcow2");
-    disk.push_top(&top2, "base.qcow2", Some(10 * MIB), || Ok(()))
+    let prepared = disk
+        .prepare_top(&top2, "base.qcow2", Some(10 * MIB))
         .unwrap();
+    assert!(prepared.index_copied());
+    let report = disk.push_top(prepared, || Ok(())).unwrap();
+    assert!(report.patched, "a grown top is patched too");
     assert_eq!(disk.size(), 10 * MIB);
     let mut buf = vec![0u8; 2 * MIB as usize];
     disk.read_at(&mut buf, 3 * MIB).unwrap();

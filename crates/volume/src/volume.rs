@@ -8,6 +8,7 @@ use parking_lot::RwLock;
 use strata_disk::disk::BlockStatus;
 use strata_disk::{BlockDevice, Disk};
 
+use crate::failpoint::failpoint;
 use crate::metrics::{Op, VolumeGauges, VolumeStats};
 
 /// A volume being served.
@@ -62,9 +63,11 @@ impl Volume {
         }
     }
 
-    /// Switches to a new top layer at `path` (see [`Disk::push_top`]),
-    /// with I/O held back; `commit` runs once the new file is durable and
-    /// before anything is written to it. Returns the I/O pause.
+    /// Switches to a new top layer at `path` (see [`Disk::prepare_top`]
+    /// and [`Disk::push_top`]): the file and its copy of the chain index
+    /// are made while I/O goes on, then finished with I/O held back;
+    /// `commit` runs once the new file is durable and before anything is
+    /// written to it. Returns the I/O pause.
     pub fn push_top(
         &self,
         path: &Path,
@@ -73,7 +76,11 @@ impl Volume {
         snapshot: bool,
         commit: impl FnOnce() -> strata_disk::Result<()>,
     ) -> strata_disk::Result<Duration> {
-        let pause = self.with_io_held(|disk| disk.push_top(path, backing_name, size, commit))?;
+        // The part of the work that grows with the disk (writing and
+        // syncing the index copy) happens here, outside the pause.
+        let prepared = self.disk.read().prepare_top(path, backing_name, size)?;
+        failpoint("switch-after-prepare");
+        let pause = self.with_io_held(|disk| disk.push_top(prepared, commit).map(|_| ()))?;
         self.stats.record_pause(pause, snapshot);
         Ok(pause)
     }

@@ -1,0 +1,245 @@
+//! A new top prepared while the disk keeps writing, then pushed: the
+//! prepared file's copy of the chain index is patched with the owners that
+//! changed after the prepare, and the chain reads, checks and reopens
+//! exactly as if the top had been created whole inside the pause.
+
+use std::path::Path;
+
+mod common;
+
+use common::qemu_check_clean;
+use strata_disk::check::{check, Repair};
+use strata_disk::disk::IndexState;
+use strata_disk::{create, CreateOptions, Disk, DiskError, OpenOptions};
+
+/// Granule of the model: the smallest index unit (a 2 KiB subcluster).
+const G: u64 = 2048;
+
+/// A disk and what every granule of it must read as (0 = zeros).
+struct Model {
+    disk: Disk,
+    pattern: Vec<u8>,
+}
+
+impl Model {
+    fn new(dir: &Path, size: u64, extended: bool) -> Model {
+        let base = dir.join("l1.qcow2");
+        let opts = CreateOptions {
+            size: Some(size),
+            extended_l2: extended,
+            ..CreateOptions::default()
+        };
+        create(&base, &opts).unwrap();
+        let disk = Disk::open(&base, &OpenOptions::read_write()).unwrap();
+        Model {
+            disk,
+            pattern: vec![0; (size / G) as usize],
+        }
+    }
+
+    /// Writes `p` over granules `first..first + count`.
+    fn write(&mut self, first: u64, count: u64, p: u8) {
+        self.disk
+            .write_at(&vec![p; (count * G) as usize], first * G)
+            .unwrap();
+        for g in first..first + count {
+            self.pattern[g as usize] = p;
+        }
+    }
+
+    fn zero(&mut self, first: u64, count: u64) {
+        self.disk.write_zeroes(first * G, count * G).unwrap();
+        for g in first..first + count {
+            self.pattern[g as usize] = 0;
+        }
+    }
+
+    /// Writes `p` into granules spread over the whole disk: every
+    /// `stride`-th, starting at `offset`, `count` granules each.
+    fn scatter(&mut self, offset: u64, stride: u64, count: u64, p: u8) {
+        let total = self.pattern.len() as u64;
+        let mut g = offset;
+        while g + count <= total {
+            self.write(g, count, p);
+            g += stride;
+        }
+    }
+
+    fn push(&mut self, dir: &Path, n: u32) -> strata_disk::PushReport {
+        let path = dir.join(format!("l{n}.qcow2"));
+        let below = format!("l{}.qcow2", n - 1);
+        let top = self.disk.prepare_top(&path, &below, None).unwrap();
+        assert!(top.index_copied(), "the index is copied at the prepare");
+        self.disk.push_top(top, || Ok(())).unwrap()
+    }
+}
+
+/// Every granule of `disk` reads as `pattern` says.
+fn assert_reads(disk: &Disk, pattern: &[u8], what: &str) {
+    let chunk = 512u64;
+    let mut buf = vec![0u8; (chunk * G) as usize];
+    for first in (0..pattern.len() as u64).step_by(chunk as usize) {
+        let n = chunk.min(pattern.len() as u64 - first);
+        let buf = &mut buf[..(n * G) as usize];
+        disk.read_at(buf, first * G).unwrap();
+        for i in 0..n {
+            let want = pattern[(first + i) as usize];
+            let got = &buf[(i * G) as usize..((i + 1) * G) as usize];
+            assert!(
+                got.iter().all(|&b| b == want),
+                "{what}: granule {} should read {want}, reads {}",
+                first + i,
+                got[0]
+            );
+        }
+    }
+}
+
+/// Closes the disk, then checks every layer (Strata's check, the index
+/// against a walk of the chain included, and `qemu-img check`), reopens
+/// the chain from disk and checks its stored index is used and reads right.
+fn close_and_verify(m: Model, dir: &Path, layers: u32) {
+    m.disk.close().unwrap();
+    for n in 1..=layers {
+        let path = dir.join(format!("l{n}.qcow2"));
+        let report = check(&path, Repair::None).unwrap();
+        assert_eq!(report.exit_code(), 0, "l{n}: {:?}", report.messages);
+        let index = report.chain_index.unwrap_or_default();
+        assert!(index.starts_with("valid"), "l{n}: chain index {index}");
+        qemu_check_clean(&path);
+    }
+    let top = dir.join(format!("l{layers}.qcow2"));
+    let reopened = Disk::open(&top, &OpenOptions::read_only()).unwrap();
+    assert_eq!(
+        reopened.index_state(),
+        IndexState::Stored { depth: layers },
+        "the stored index is valid, not walked around"
+    );
+    assert_reads(&reopened, &m.pattern, "reopened");
+}
+
+/// Writes before the prepare, many writes (new units and overwritten ones,
+/// in every sector of the index) and zero writes between the prepare and
+/// the push, more writes after; then every granule reads right live, after
+/// a reopen from disk, and every layer checks clean.
+fn prepared_top_carries_changes_made_after_the_prepare(extended: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    // 1 GiB: 16,384 units of 64 KiB (8 index sectors), or 524,288 of
+    // 2 KiB subclusters (256 sectors).
+    let size = 1u64 << 30;
+    let mut m = Model::new(dir, size, extended);
+    m.scatter(0, 1021, 3, 0x11);
+    let top = dir.join("l2.qcow2");
+    let prepared = m.disk.prepare_top(&top, "l1.qcow2", None).unwrap();
+    assert!(prepared.index_copied());
+    // After the prepare: owners change in every sector of the index.
+    m.scatter(5, 1229, 2, 0x22);
+    m.scatter(0, 1021 * 3, 1, 0x33);
+    m.zero(50, 40);
+    m.write(m.pattern.len() as u64 - 1, 1, 0x44);
+    // As a restart right after the commit finds it: the new top's index
+    // is durable and valid, and the chain reads every write so far.
+    let pattern = m.pattern.clone();
+    let report = m
+        .disk
+        .push_top(prepared, || {
+            let fresh = Disk::open(&top, &OpenOptions::read_only())?;
+            assert_eq!(fresh.index_state(), IndexState::Stored { depth: 2 });
+            assert_reads(&fresh, &pattern, "new top at the commit");
+            Ok(())
+        })
+        .unwrap();
+    assert!(report.patched, "{report:?}");
+    assert!(report.sectors_patched > 0, "{report:?}");
+    assert_reads(&m.disk, &m.pattern, "live after push");
+    // The new top takes later writes; the chain grows once more.
+    m.scatter(3, 1511, 1, 0x55);
+    let report = m.push(dir, 3);
+    assert!(report.patched, "{report:?}");
+    m.scatter(7, 1709, 4, 0x66);
+    assert_reads(&m.disk, &m.pattern, "live after second push");
+    close_and_verify(m, dir, 3);
+}
+
+#[test]
+fn prepared_top_carries_changes_made_after_the_prepare_standard() {
+    prepared_top_carries_changes_made_after_the_prepare(false);
+}
+
+#[test]
+fn prepared_top_carries_changes_made_after_the_prepare_extended_l2() {
+    prepared_top_carries_changes_made_after_the_prepare(true);
+}
+
+/// Owners change in one sector only: exactly that sector is copied again.
+#[test]
+fn push_copies_only_the_sectors_that_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let mut m = Model::new(dir, 1 << 30, true);
+    m.scatter(0, 1000, 1, 0x11);
+    let top = dir.join("l2.qcow2");
+    let prepared = m.disk.prepare_top(&top, "l1.qcow2", None).unwrap();
+    // Granules 2048..4096 are index units 2048..4096: sector 1 (4 KiB of
+    // 2-byte owners).
+    m.write(3000, 8, 0x22);
+    let report = m.disk.push_top(prepared, || Ok(())).unwrap();
+    assert_eq!(report.sectors_patched, 1, "{report:?}");
+    close_and_verify(m, dir, 2);
+}
+
+/// A prepared top never pushed, or whose commit fails, leaves no file and
+/// the disk writing to its old top.
+#[test]
+fn abandoned_prepared_top_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let mut m = Model::new(dir, 64 << 20, true);
+    m.write(0, 10, 0x11);
+    let top = dir.join("l2.qcow2");
+    let prepared = m.disk.prepare_top(&top, "l1.qcow2", None).unwrap();
+    assert!(top.exists());
+    drop(prepared);
+    assert!(!top.exists(), "a dropped prepare removes its file");
+    m.write(5, 10, 0x22);
+    let prepared = m.disk.prepare_top(&top, "l1.qcow2", None).unwrap();
+    m.write(100, 10, 0x33);
+    let err = m
+        .disk
+        .push_top(prepared, || {
+            Err(DiskError::Invalid("catalog refused".into()))
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("catalog refused"));
+    assert!(!top.exists(), "an uncommitted prepared top is removed");
+    assert_eq!(m.disk.depth(), 1);
+    m.write(200, 10, 0x44);
+    assert_reads(&m.disk, &m.pattern, "old top after the failed push");
+    close_and_verify(m, dir, 1);
+}
+
+/// A prepare superseded by a later one cannot trust its change record: its
+/// push creates the file whole, and the chain is still right.
+#[test]
+fn superseded_prepare_falls_back_to_the_full_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let mut m = Model::new(dir, 256 << 20, true);
+    m.scatter(0, 50, 2, 0x11);
+    let first = m
+        .disk
+        .prepare_top(&dir.join("l2.qcow2"), "l1.qcow2", None)
+        .unwrap();
+    m.scatter(1, 70, 1, 0x22);
+    let other = dir.join("other.qcow2");
+    let second = m.disk.prepare_top(&other, "l1.qcow2", None).unwrap();
+    m.scatter(3, 90, 1, 0x33);
+    let report = m.disk.push_top(first, || Ok(())).unwrap();
+    assert!(!report.patched, "{report:?}");
+    drop(second);
+    assert!(!other.exists());
+    m.scatter(4, 110, 1, 0x44);
+    assert_reads(&m.disk, &m.pattern, "after the full path");
+    close_and_verify(m, dir, 2);
+}
