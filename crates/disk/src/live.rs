@@ -352,9 +352,29 @@ impl Disk {
         f: &Prepared,
         track: &IndexTrack,
     ) -> Result<(u32, Vec<u8>, u64)> {
-        let old = self.top();
-        let sectors = f.sector_crcs.len() as u64;
         let mut crcs = f.sector_crcs.clone();
+        let patched = self.copy_changed(file, place, f, track, &mut crcs)?;
+        let whole = f.sector_crcs.len() as u64 * SECTOR;
+        let mut tail = vec![0u8; (f.from.region_len - whole) as usize];
+        self.top()
+            .file
+            .read_exact_at(&mut tail, f.from.region_offset + whole)?;
+        Ok((fold(&crcs), tail, patched))
+    }
+
+    /// Copies the whole sectors `track` marks from the old top's region
+    /// into the prepared file, in runs, updating their CRCs in `crcs`.
+    /// Returns how many sectors were copied.
+    fn copy_changed(
+        &self,
+        file: &std::fs::File,
+        place: &Place,
+        f: &Prepared,
+        track: &IndexTrack,
+        crcs: &mut [u32],
+    ) -> Result<u64> {
+        let old = self.top();
+        let sectors = crcs.len() as u64;
         let mut buf = Vec::new();
         let mut patched = 0u64;
         let mut s = 0u64;
@@ -378,11 +398,52 @@ impl Disk {
             patched += e - s;
             s = e;
         }
-        let whole = sectors * SECTOR;
-        let mut tail = vec![0u8; (f.from.region_len - whole) as usize];
-        old.file
-            .read_exact_at(&mut tail, f.from.region_offset + whole)?;
-        Ok((fold(&crcs), tail, patched))
+        Ok(patched)
+    }
+
+    /// Brings a prepared top up to date while I/O goes on: copies the index
+    /// sectors that changed since the prepare (or the last refresh) into
+    /// it. Each pass copies what the previous one took to copy, so a
+    /// caller repeats it until little is left, and the push, inside the
+    /// pause, copies only the last moment's changes (as live migration
+    /// copies memory). Returns the sectors copied; 0 if the prepared top
+    /// cannot be patched anyway (its push will create the file whole).
+    pub fn refresh_prepared(&self, top: &mut PreparedTop) -> Result<u64> {
+        let Some(f) = top.fast.as_mut() else {
+            return Ok(0);
+        };
+        let Some(track) = self.writer()?.lock().drain_track(f.generation) else {
+            return Ok(0);
+        };
+        let place = Place {
+            depth: f.depth + 1,
+            path: top.path.clone(),
+        };
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&top.path)
+            .map_err(|e| DiskError::io(&place, "open", e))?;
+        let mut crcs = std::mem::take(&mut f.sector_crcs);
+        // Synced here, so the push's one sync covers only its own patch.
+        let copied = self
+            .copy_changed(&file, &place, f, &track, &mut crcs)
+            .and_then(|n| {
+                file.sync_data()
+                    .map_err(|e| DiskError::io(&place, "fdatasync", e))?;
+                Ok(n)
+            });
+        match copied {
+            Ok(copied) => {
+                f.sector_crcs = crcs;
+                Ok(copied)
+            }
+            Err(e) => {
+                // The record of what this pass took is gone: the file can
+                // no longer be trusted, so the push creates it whole.
+                top.fast = None;
+                Err(e)
+            }
+        }
     }
 
     /// After the old top is closed: writes the prepared file's index tail

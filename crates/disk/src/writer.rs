@@ -793,6 +793,18 @@ impl Writer {
         Some(ext)
     }
 
+    /// The sectors changed since the prepare `generation` began or since
+    /// the last call, clearing the record (`None`: the record belongs to
+    /// another prepare, or there is none).
+    pub(crate) fn drain_track(&mut self, generation: u64) -> Option<IndexTrack> {
+        let track = self.track.as_mut().filter(|t| t.generation == generation)?;
+        let dirty = vec![0; track.dirty.len()];
+        Some(IndexTrack {
+            generation,
+            dirty: std::mem::replace(&mut track.dirty, dirty),
+        })
+    }
+
     /// Ends the record of changed index sectors and returns it.
     pub(crate) fn take_track(&mut self) -> Option<IndexTrack> {
         self.track.take()

@@ -189,6 +189,36 @@ fn push_copies_only_the_sectors_that_changed() {
     close_and_verify(m, dir, 2);
 }
 
+/// Refreshes between the prepare and the push copy what changed so far and
+/// clear it: the push then copies only the sectors changed after the last
+/// refresh, a sector changed again after being refreshed is copied again,
+/// and the chain reads and checks right.
+#[test]
+fn refreshes_leave_the_push_only_the_last_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let mut m = Model::new(dir, 1 << 30, true);
+    m.scatter(0, 1000, 1, 0x11);
+    let top = dir.join("l2.qcow2");
+    let mut prepared = m.disk.prepare_top(&top, "l1.qcow2", None).unwrap();
+    // Every sector of the index changes, then is refreshed.
+    m.scatter(1, 1024, 1, 0x22);
+    let copied = m.disk.refresh_prepared(&mut prepared).unwrap();
+    assert_eq!(copied, 256, "every index sector is copied once");
+    assert_eq!(m.disk.refresh_prepared(&mut prepared).unwrap(), 0);
+    // Sector 1 changes again, sector 3 for the first time since.
+    m.write(3001, 8, 0x33);
+    m.write(6200, 2, 0x44);
+    assert_eq!(m.disk.refresh_prepared(&mut prepared).unwrap(), 2);
+    // One more change after the last refresh: the push copies only it.
+    m.write(5000, 4, 0x55);
+    let report = m.disk.push_top(prepared, || Ok(())).unwrap();
+    assert!(report.patched, "{report:?}");
+    assert_eq!(report.sectors_patched, 1, "{report:?}");
+    assert_reads(&m.disk, &m.pattern, "live after push");
+    close_and_verify(m, dir, 2);
+}
+
 /// A prepared top never pushed, or whose commit fails, leaves no file and
 /// the disk writing to its old top.
 #[test]

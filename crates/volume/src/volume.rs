@@ -11,6 +11,11 @@ use strata_disk::{BlockDevice, Disk};
 use crate::failpoint::failpoint;
 use crate::metrics::{Op, VolumeGauges, VolumeStats};
 
+/// Most catch-up passes over a prepared top's index before a switch.
+const REFRESH_PASSES: usize = 4;
+/// Index sectors (4 KiB each) few enough to leave to the pause.
+const REFRESH_ENOUGH: u64 = 64;
+
 /// A volume being served.
 ///
 /// Every request holds the gate shared for its duration; a top switch
@@ -78,8 +83,17 @@ impl Volume {
     ) -> strata_disk::Result<Duration> {
         // The part of the work that grows with the disk (writing and
         // syncing the index copy) happens here, outside the pause.
-        let prepared = self.disk.read().prepare_top(path, backing_name, size)?;
+        let mut prepared = self.disk.read().prepare_top(path, backing_name, size)?;
         failpoint("switch-after-prepare");
+        // Under write load the index keeps changing while the copy is made:
+        // write back, then catch the copy up a few times, each pass shorter
+        // than the one before, so the pause copies only the last changes.
+        self.disk.read().flush()?;
+        for _ in 0..REFRESH_PASSES {
+            if self.disk.read().refresh_prepared(&mut prepared)? <= REFRESH_ENOUGH {
+                break;
+            }
+        }
         let pause = self.with_io_held(|disk| disk.push_top(prepared, commit).map(|_| ()))?;
         self.stats.record_pause(pause, snapshot);
         Ok(pause)
