@@ -1290,3 +1290,56 @@ fn extended_l2_can_be_turned_on() {
         assert_eq!(info["format-specific"]["extended-l2"], true, "{f}: {info}");
     }
 }
+
+/// Deleting moves layer files into `POOL/trash/` and a background thread
+/// unlinks them: a daemon killed before the unlink (crash point
+/// `trash-before-unlink`) leaves them in the trash, out of `layers/`, and
+/// the next start unlinks them; a plain delete empties the trash by itself.
+#[test]
+fn deleted_layers_go_through_the_trash() {
+    let dir = tmp();
+    let pool = dir.path().join("pool");
+    let trash = pool.join("trash");
+    let trash_files = || std::fs::read_dir(&trash).map_or(0, |r| r.count());
+    let eventually = |what: &str, done: &dyn Fn() -> bool| {
+        let ok = (0..300).any(|_| {
+            done() || {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                false
+            }
+        });
+        assert!(ok, "{what}");
+    };
+    let d = Daemon::start(&pool);
+    d.cli(&["volume", "create", "vm", "8M"]);
+    d.snapshot("vm", "s1");
+    d.snapshot("vm", "s2");
+    assert_eq!(layer_files(&pool).len(), 3);
+    d.stop();
+
+    let mut d = Daemon::start_env(&pool, &[("STRATA_FAILPOINT", "trash-before-unlink")]);
+    // The daemon may die before or after it answers.
+    let _ = strata(&["volume", "delete", "vm", "--api", &d.api]);
+    let pid = d.child.id();
+    eventually("the crash point kills the daemon", &|| {
+        // Gone or a zombie: the crash point fired.
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "))
+    });
+    let status = d.child.wait().unwrap();
+    assert!(!status.success(), "killed by its crash point");
+    assert!(layer_files(&pool).is_empty(), "{:?}", layer_files(&pool));
+    assert!(trash_files() >= 1, "the deleted layers wait in the trash");
+
+    let d = Daemon::start(&pool);
+    eventually("the trash is emptied after a restart", &|| {
+        trash_files() == 0
+    });
+    assert_eq!(d.cli_pool()["trash_pending"], 0);
+    assert_catalog_matches_files(&d);
+    d.cli(&["volume", "create", "db", "8M"]);
+    d.snapshot("db", "s1");
+    d.cli(&["volume", "delete", "db"]);
+    assert!(layer_files(&pool).is_empty());
+    eventually("a delete empties the trash", &|| trash_files() == 0);
+    d.stop();
+}

@@ -11,8 +11,12 @@
 //!   snapshot or clone names;
 //! - [`http`]: the JSON control API; [`metrics`]: Prometheus text.
 //!
-//! Pool layout: `POOL/catalog.redb` and `POOL/layers/<id>.qcow2`, each
-//! layer backed by its parent's file name.
+//! - [`trash`]: layer files of deleted volumes and snapshots are unlinked
+//!   in the background.
+//!
+//! Pool layout: `POOL/catalog.redb`, `POOL/layers/<id>.qcow2`, each layer
+//! backed by its parent's file name, and `POOL/trash/` for files on their
+//! way out.
 //!
 //! The library never prints and never exits; it logs with `tracing`.
 
@@ -24,6 +28,7 @@ pub mod http;
 pub mod metrics;
 pub mod names;
 pub mod service;
+pub mod trash;
 pub mod volume;
 
 pub use error::{Result, VolumeError};

@@ -26,6 +26,7 @@ use crate::error::{Result, VolumeError};
 use crate::failpoint::failpoint;
 use crate::metrics;
 use crate::names::{check_name, check_size};
+use crate::trash::Trash;
 use crate::volume::Volume;
 
 /// How a service runs.
@@ -138,6 +139,8 @@ pub struct PoolInfo {
     pub snapshots: usize,
     /// Layer files in the catalog.
     pub layers: usize,
+    /// Removed layer files a background thread has not unlinked yet.
+    pub trash_pending: usize,
     /// Problems found at startup (missing files, chains that do not match).
     pub problems: Vec<String>,
 }
@@ -187,6 +190,8 @@ pub struct Service {
     /// Held while volumes are cloned and while a compaction decides which
     /// volumes read the layers it replaces, so no clone slips in between.
     pub(crate) topology: Mutex<()>,
+    /// Where removed layer files go to be unlinked in the background.
+    trash: Trash,
 }
 
 /// Bound on the runs one compaction merges (each removes a layer; chains
@@ -212,7 +217,8 @@ impl Service {
         let dead = catalog.update(Txn::collect_garbage)?;
         report.unreachable_removed = dead;
         report.rebased = rebase_to_catalog(&layers_dir, &catalog.state())?;
-        report.orphans_removed = remove_orphans(&layers_dir, &catalog.state())?;
+        let trash = Trash::open(&config.pool)?;
+        report.orphans_removed = remove_orphans(&layers_dir, &catalog.state(), &trash)?;
         let mut service = Service {
             config,
             catalog,
@@ -221,6 +227,7 @@ impl Service {
             problems: Vec::new(),
             compactions: Jobs::default(),
             topology: Mutex::new(()),
+            trash,
         };
         let state = service.catalog.state();
         for v in state.volumes.values() {
@@ -507,7 +514,7 @@ impl Service {
     /// Removes layer files after the catalog no longer names them.
     pub(crate) fn unlink_layers(&self, ids: &[String]) {
         for id in ids {
-            if let Err(e) = std::fs::remove_file(self.layer_path(id)) {
+            if let Err(e) = self.trash.discard(&self.layer_path(id)) {
                 // Harmless: the next startup removes it as an orphan.
                 tracing::warn!("could not remove layer {id}: {e}");
             }
@@ -712,6 +719,7 @@ impl Service {
             volumes: state.volumes.len(),
             snapshots: state.snapshots.len(),
             layers: state.layers.len(),
+            trash_pending: self.trash.pending(),
             problems: self.problems.clone(),
         }
     }
@@ -805,7 +813,7 @@ fn is_layer_file(name: &str) -> Option<&str> {
 }
 
 /// Removes layer files the catalog does not name; returns their names.
-fn remove_orphans(dir: &Path, state: &State) -> Result<Vec<String>> {
+fn remove_orphans(dir: &Path, state: &State, trash: &Trash) -> Result<Vec<String>> {
     let entries = std::fs::read_dir(dir)
         .map_err(|e| VolumeError::Io(format!("cannot list {}: {e}", dir.display())))?;
     let mut removed = Vec::new();
@@ -815,7 +823,7 @@ fn remove_orphans(dir: &Path, state: &State) -> Result<Vec<String>> {
             continue;
         };
         if !state.layers.contains_key(id) {
-            std::fs::remove_file(entry.path()).map_err(|e| {
+            trash.discard(&entry.path()).map_err(|e| {
                 VolumeError::Io(format!(
                     "cannot remove orphan layer {}: {e}",
                     entry.path().display()
