@@ -41,7 +41,7 @@ STRATA = Path(os.environ.get("STRATA_BIN", ROOT / "target" / "release" / "strata
 class Daemon:
     """A `strata daemon` on free ports."""
 
-    def __init__(self, pool, cluster_size="64k", extended_l2="off"):
+    def __init__(self, pool, cluster_size="64k", extended_l2="on"):
         self.pool = pool
         t0 = time.monotonic()
         self.proc = subprocess.Popen(
@@ -270,7 +270,7 @@ def main():
                     help="run one section only")
     ap.add_argument("--cluster-size", default="64k",
                     help="cluster size of the daemon's new volumes")
-    ap.add_argument("--extended-l2", choices=["on", "off"], default="off",
+    ap.add_argument("--extended-l2", choices=["on", "off"], default="on",
                     help="extended L2 entries (subclusters) in the daemon's new volumes")
     ap.add_argument("--long", action="store_true",
                     help="also compare a snapshot every 30 s (65 s runs) with its anchor")

@@ -35,8 +35,8 @@ pub struct DaemonArgs {
     /// Most NBD clients served at once, over all volumes.
     #[arg(long = "max-connections", default_value_t = 256)]
     max_connections: usize,
-    /// Metadata cache bound of each volume [default: 8M, 32M with
-    /// `--extended-l2 on`]. Layers with extended L2 entries resolve
+    /// Metadata cache bound of each volume [default: 32M, 8M with
+    /// `--extended-l2 off`]. Layers with extended L2 entries resolve
     /// lookups per 2 KiB subcluster instead of per 64 KiB cluster, so the
     /// same bound covers 32 times less of the disk: 32 MiB covers about
     /// 2.6 GiB of such a volume (it is a bound: a volume only takes what
@@ -49,11 +49,11 @@ pub struct DaemonArgs {
     cluster_size: String,
     /// Extended L2 entries (32 subclusters per cluster) in new volumes'
     /// layers: a small first write after a snapshot writes a subcluster,
-    /// not a whole cluster (2.5 times the writes per second with a
-    /// snapshot every second), but the chain index grows 27-fold, so a
-    /// snapshot of a large volume pauses I/O longer (142 ms instead of
-    /// 8 ms at 50 GiB). Needs clusters of 16 KiB or more.
-    #[arg(long = "extended-l2", default_value = "off", value_parser = ["on", "off"])]
+    /// not a whole cluster (about 2.5 times the writes per second with a
+    /// snapshot every second). `off` gives standard entries, which older
+    /// readers (QEMU before 5.2) need. Clusters under 16 KiB never get
+    /// them.
+    #[arg(long = "extended-l2", default_value = "on", value_parser = ["on", "off"])]
     extended_l2: String,
     /// Seconds in-flight requests get to finish at shutdown.
     #[arg(long = "shutdown-timeout", default_value_t = 30.0)]
