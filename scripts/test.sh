@@ -36,9 +36,16 @@ echo "== tests"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
-cargo test --workspace --release 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+# Into a file, not a pipe: a process a failed test left running would
+# hold a pipe open and keep this script waiting forever.
+cargo test --workspace --release >"$log" 2>&1 &
+tests=$!
+tail -n +1 -f --pid="$tests" "$log"
+wait "$tests"
+status=$?
 set -e
+# Whatever a failed test left running from this checkout goes too.
+pkill -f "^$PWD/target/release/strata " || true
 # One closing line for the whole run (cargo's own last line is a doc-test
 # summary of whichever crate came last).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }

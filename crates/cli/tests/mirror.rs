@@ -599,7 +599,7 @@ fn mirrors_find_each_other_through_the_repository() {
         });
     }
     assert_eq!(read_all(&ms[0].nbd(), dir.path(), "0.raw"), data);
-    wait_until("advertisements", 10, || {
+    wait_until("advertisements", 30, || {
         dirs[1..].iter().all(|d| n(&stats(d), "links") == 2)
     });
     assert_eq!(read_all(&ms[1].nbd(), dir.path(), "1.raw"), data);
@@ -700,8 +700,10 @@ fn a_prefetch_that_times_out_falls_back_to_the_repository() {
     assert_eq!(read_all(&b.nbd(), dir.path(), "b.raw"), data);
 }
 
-/// `strata store up` on a free port; returns the process and its address.
-fn store_up(dir: &Path) -> (Child, String) {
+/// `strata store up` on a free port; returns the process (killed when
+/// dropped, so a failed test leaves no store holding the test's output
+/// open) and its address.
+fn store_up(dir: &Path) -> (Proc, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args(["store", "up", "--dir", &p(dir), "--listen", "127.0.0.1:0"])
         .stdout(Stdio::piped())
@@ -718,7 +720,7 @@ fn store_up(dir: &Path) -> (Child, String) {
         .nth(4)
         .unwrap_or_else(|| panic!("no readiness line: {line:?}"))
         .to_string();
-    (child, addr)
+    (Proc { child, line }, addr)
 }
 
 /// An image published to the object store and mirrored from it: three
@@ -730,7 +732,7 @@ fn mirrors_read_an_image_published_in_the_object_store() {
     let dir = tmp();
     let img = image(dir.path(), 2 * MIB + 4096);
     let data = std::fs::read(&img).unwrap();
-    let (mut store, on) = store_up(&dir.path().join("store"));
+    let (store, on) = store_up(&dir.path().join("store"));
     let published: serde_json::Value = serde_json::from_str(&common::strata_ok(&[
         "mirror",
         "publish",
@@ -762,7 +764,7 @@ fn mirrors_read_an_image_published_in_the_object_store() {
         &read_all(&ms[0].nbd(), dir.path(), "0.raw")[..len],
         &data[..]
     );
-    wait_until("advertisements", 10, || {
+    wait_until("advertisements", 30, || {
         dirs[1..].iter().all(|d| n(&stats(d), "links") == 2)
     });
     assert_eq!(
@@ -788,8 +790,7 @@ fn mirrors_read_an_image_published_in_the_object_store() {
     );
     bad("store://127.0.0.1:1/x", "cannot reach the store");
     bad("store://localhost/x", "expected store://HOST:PORT/NAME");
-    let _ = store.kill();
-    let _ = store.wait();
+    drop(store);
 }
 
 /// `repo-serve --latency-ms` answers each image read after the delay (the
