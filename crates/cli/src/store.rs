@@ -218,10 +218,19 @@ pub enum NodeCommand {
     /// Retire a storage node by its id (see `strata store status`): it
     /// takes no new object at once, its replicas are re-placed on other
     /// nodes, then it is marked retired and frees its space. Asking again
-    /// is harmless.
+    /// is harmless. With `--cancel`, stop a removal that has not finished:
+    /// the node is up again and takes new objects.
     Remove {
         #[command(flatten)]
         cluster: ClusterArg,
+        /// Cancel the node's drain instead: it goes back to taking new
+        /// objects and counting toward replication. Replicas already
+        /// re-placed stay on their new nodes; the node's own copies that
+        /// no record names any more are freed by its collection round. A
+        /// node that is not being removed is left as it is (not an error);
+        /// a retired node cannot come back (add it again as a new node).
+        #[arg(long)]
+        cancel: bool,
         /// Node id (16 hex digits).
         id: String,
     },
@@ -721,9 +730,17 @@ fn node(cmd: NodeCommand) -> Result<i32> {
                 anyhow::Ok(0)
             })
         }
-        NodeCommand::Remove { cluster, id } => {
-            let uuid = u64::from_str_radix(&id, 16)
-                .with_context(|| format!("invalid node id '{id}': expected 16 hex digits"))?;
+        NodeCommand::Remove {
+            cluster,
+            cancel: true,
+            id,
+        } => cancel_removal(&cluster, &id),
+        NodeCommand::Remove {
+            cluster,
+            cancel: false,
+            id,
+        } => {
+            let uuid = parse_node_id(&id)?;
             let msg = Msg::new(strata_store::node::request_id(), 0, Body::Retire { uuid });
             let table = runtime()?.block_on(async {
                 let reply = strata_store::node::udp_call(
@@ -758,6 +775,66 @@ fn node(cmd: NodeCommand) -> Result<i32> {
             Ok(0)
         }
     }
+}
+
+/// A node id as `strata store status` shows it: 16 hex digits.
+fn parse_node_id(id: &str) -> Result<u64> {
+    u64::from_str_radix(id, 16)
+        .with_context(|| format!("invalid node id '{id}': expected 16 hex digits"))
+}
+
+/// `strata store node remove --cancel ID`: asks the orchestrator to cancel
+/// the node's drain, then prints its state from a fresh table.
+fn cancel_removal(cluster: &ClusterArg, id: &str) -> Result<i32> {
+    let uuid = parse_node_id(id)?;
+    let msg = Msg::new(
+        strata_store::node::request_id(),
+        0,
+        Body::CancelRetire { uuid },
+    );
+    let (before, after) = runtime()?.block_on(async {
+        // Whether it was being drained decides what to print: the answer
+        // is the same either way (a resent request must not fail).
+        let before = strata_store::node::fetch_table(cluster.cluster).await?;
+        let reply = strata_store::node::udp_call(
+            cluster.cluster,
+            &msg,
+            std::time::Duration::from_millis(500),
+            4,
+        )
+        .await?;
+        strata_store::node::ok_body(reply)?;
+        let after = strata_store::node::fetch_table(cluster.cluster).await?;
+        anyhow::Ok((before, after))
+    })?;
+    let was_draining = before
+        .sns
+        .iter()
+        .any(|s| s.uuid == uuid && before.retiring(s.index));
+    let state = after
+        .sns
+        .iter()
+        .find(|s| s.uuid == uuid)
+        .map_or("unknown", |s| sn_state(&after, s));
+    match cluster.output {
+        Output::Json => println!(
+            "{}",
+            json!({"id": id, "state": state, "cancelled": was_draining})
+        ),
+        Output::Human if was_draining => {
+            let takes = if state == "up" {
+                "it is up and takes new objects again".to_string()
+            } else {
+                format!("it is {state}, and takes new objects again once it is up")
+            };
+            println!(
+                "cancelled the removal of {id}: {takes}; replicas already re-placed \
+                 stay on their new nodes"
+            )
+        }
+        Output::Human => println!("{id} is not being removed ({state}): nothing to cancel"),
+    }
+    Ok(0)
 }
 
 /// Runs a `strata obj` subcommand.

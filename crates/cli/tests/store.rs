@@ -2295,3 +2295,218 @@ fn a_retired_storage_node_process_exits_when_its_drain_ends() {
         assert!(bytes == *data, "{name} differs after the retirement");
     }
 }
+
+/// A removal can be cancelled before it ends. A cluster of 1 metadata and
+/// 3 storage nodes (N_d = 2) holds objects on every pair of nodes; one
+/// storage node is killed (down) and another removed, so the drain
+/// re-places what it can and then waits for room. Cancelled, the node is
+/// up again at once in the status, Posts land on it again, every object
+/// reads back, the copies the drain made redundant are collected, and
+/// refusals and a repeated cancel are clear. Removed again once the down
+/// node is back, it is drained and retired normally.
+#[test]
+fn a_cancelled_removal_puts_the_storage_node_back_and_a_later_one_retires_it() {
+    let dir = tmp();
+    let store = Store::up(
+        &dir.path().join("cluster"),
+        &[
+            "--mn",
+            "1",
+            "--sn",
+            "2",
+            "--replication",
+            "1,1,2,1",
+            "--short-failure-ms",
+            "500",
+            // Collect the copies the drain left unreferenced quickly.
+            "--gc-interval-ms",
+            "500",
+            "--gc-grace-ms",
+            "1000",
+        ],
+    );
+    let extra_dir = dir.path().join("sn-extra");
+    let mut extra = Node::add(&store, &extra_dir, "sn");
+    wait_until("3 storage nodes", || {
+        store.status()["storage_nodes"].as_array().unwrap().len() == 3
+    });
+    std::thread::sleep(Duration::from_millis(1200)); // the metadata node sees it
+    let (rt, client) = connect_client(store.on);
+    let table = rt
+        .block_on(strata_store::node::fetch_table(store.on))
+        .unwrap();
+    let index_of = |uuid: u64| table.sns.iter().find(|s| s.uuid == uuid).unwrap().index;
+    let gone_uuid = strata_store::node::node_uuid(&store.dir.join("sn-0")).unwrap();
+    let gone = index_of(gone_uuid);
+    let gone_dir = store.dir.join("sn-0");
+    let extra_index = index_of(strata_store::node::node_uuid(&extra_dir).unwrap());
+    let on = |index: u16, r: &strata_store::wire::Record| {
+        r.replicas
+            .iter()
+            .any(|&a| table.layout.sn_of(a) == Some(index))
+    };
+    // Objects until some can be re-placed (they name the down node, whose
+    // replica still counts) and some cannot (their only new home would be
+    // the down node).
+    let (mut objects, mut movable, mut stuck) = (Vec::new(), 0, 0);
+    for i in 0..60usize {
+        let name = format!("keep/{i:02}");
+        let data = pattern(1_000 + (i * 7_919) % 60_000, 900 + i as u64);
+        rt.block_on(client.put(&name, data.len() as u64, &mut data.as_slice(), &|_| {}))
+            .unwrap();
+        let (record, _) = rt.block_on(client.get_bytes(&name)).unwrap();
+        if on(gone, &record) {
+            if on(extra_index, &record) {
+                movable += 1;
+            } else {
+                stuck += 1;
+            }
+        }
+        objects.push((name, data));
+        if i >= 12 && movable > 0 && stuck > 0 {
+            break;
+        }
+    }
+    assert!(movable > 0 && stuck > 0, "{movable} movable, {stuck} stuck");
+    extra.kill9();
+    wait_until("the killed storage node marked down", || {
+        store.status()["storage_nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["state"] == "down")
+    });
+    let id = format!("{gone_uuid:016x}");
+    let sn_json = |st: &serde_json::Value| {
+        st["storage_nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id.as_str())
+            .cloned()
+            .unwrap()
+    };
+    store.ok(&["store", "node", "remove", &id]);
+    assert_eq!(sn_json(&store.status())["state"], "retiring");
+    // The drain re-places what it can, then waits for room.
+    wait_until_long(
+        "the drain re-placing what it can",
+        Duration::from_secs(20),
+        || {
+            let d = &sn_json(&store.status())["drain"];
+            d["replicas_left"].as_u64() == Some(stuck)
+                && d["unplaceable"].as_u64() == Some(stuck)
+                && d["waiting"]
+                    .as_str()
+                    .is_some_and(|w| w.contains("no other storage node up with room"))
+        },
+    );
+    let text = store.ok(&["store", "status"]);
+    assert!(
+        text.contains("retiring") && text.contains("waiting:"),
+        "{text}"
+    );
+
+    // Refusals: an unknown node, a malformed id. A node that is not being
+    // removed is left as it is.
+    let err = store.fails(&["store", "node", "remove", "--cancel", "00000000000000ff"]);
+    assert!(err.contains("no node 00000000000000ff"), "{err}");
+    let err = store.fails(&["store", "node", "remove", "--cancel", "nope"]);
+    assert!(err.contains("invalid node id"), "{err}");
+    let other = format!(
+        "{:016x}",
+        strata_store::node::node_uuid(&store.dir.join("sn-1")).unwrap()
+    );
+    let out = store.json(&["store", "node", "remove", "--cancel", &other]);
+    assert_eq!(out["cancelled"], false, "{out}");
+    assert_eq!(out["state"], "up", "{out}");
+    let out = store.ok(&["store", "node", "remove", "--cancel", &other]);
+    assert!(out.contains("is not being removed"), "{out}");
+
+    // Cancelled: up at once, no drain; asking again is harmless.
+    let out = store.json(&["store", "node", "remove", "--cancel", &id]);
+    assert_eq!(out["cancelled"], true, "{out}");
+    assert_eq!(out["state"], "up", "{out}");
+    let cancelled_at = Instant::now();
+    let sn = sn_json(&store.status());
+    assert_eq!(sn["state"], "up", "{sn}");
+    assert!(sn["drain"].is_null(), "{sn}");
+    let out = store.ok(&["store", "node", "remove", "--cancel", &id]);
+    assert!(out.contains("is not being removed (up)"), "{out}");
+    let text = store.ok(&["store", "status"]);
+    assert!(!text.contains("retiring"), "{text}");
+
+    // Posts land on it again (once the metadata node has the table): with
+    // the other node down, it is one of the two left.
+    std::thread::sleep(Duration::from_millis(
+        1200u64.saturating_sub(cancelled_at.elapsed().as_millis() as u64),
+    ));
+    for i in 0..6usize {
+        let name = format!("back/{i}");
+        let data = pattern(5_000 + i * 1_001, 950 + i as u64);
+        rt.block_on(client.put(&name, data.len() as u64, &mut data.as_slice(), &|_| {}))
+            .unwrap();
+        let (record, _) = rt.block_on(client.get_bytes(&name)).unwrap();
+        assert!(
+            on(gone, &record),
+            "{name} not placed on the node back: {record:?}"
+        );
+        objects.push((name, data));
+    }
+    // Everything reads back; the node holds exactly the replicas records
+    // name (the drain's copies made its own redundant, and the collection
+    // round frees those).
+    let mut named = std::collections::BTreeSet::new();
+    for (name, data) in &objects {
+        let (record, bytes) = rt.block_on(client.get_bytes(name)).unwrap();
+        assert!(bytes == *data, "{name} reads back wrong");
+        named.extend(
+            record
+                .replicas
+                .iter()
+                .filter(|&&a| table.layout.sn_of(a) == Some(gone))
+                .map(|a| format!("{a:032x}")),
+        );
+    }
+    assert_eq!(
+        named.len(),
+        stuck as usize + 6,
+        "records moved after the cancel"
+    );
+    wait_until("the redundant copies collected", || {
+        replica_names(&gone_dir) == named
+    });
+
+    // Removed again once the down node is back: drained and retired.
+    let _back = Node::add(&store, &extra_dir, "sn");
+    wait_until("the killed node back", || {
+        store.status()["storage_nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["state"] == "up")
+    });
+    let out = store.ok(&["store", "node", "remove", &id]);
+    assert!(out.contains(&format!("retiring {id}")), "{out}");
+    wait_until_long("the node retired", Duration::from_secs(30), || {
+        sn_json(&store.status())["state"] == "retired"
+    });
+    // A retirement cannot be cancelled.
+    let err = store.fails(&["store", "node", "remove", "--cancel", &id]);
+    assert!(
+        err.contains("retired already") && err.contains("add it again as a new node"),
+        "{err}"
+    );
+    wait_until("the retired node's replicas freed", || {
+        replica_names(&gone_dir).is_empty()
+    });
+    for (name, data) in &objects {
+        let (record, bytes) = rt.block_on(client.get_bytes(name)).unwrap();
+        assert!(
+            bytes == *data,
+            "{name} reads back wrong after the retirement"
+        );
+        assert_eq!(record.replicas.len(), 2, "{name}: {record:?}");
+        assert!(!on(gone, &record), "{name} still names the retired node");
+    }
+}

@@ -94,6 +94,10 @@ struct DrainPass {
     groups: Vec<u32>,
     /// Per drained node index: (records left, metadata copies, unplaceable).
     counts: BTreeMap<u16, (u64, u64, u64)>,
+    /// Per drained node index, the drain counted for ([`crate::table::Drain::since`]
+    /// when the scan started): a drain cancelled and started again
+    /// meanwhile is another drain, which this scan says nothing about.
+    drains: BTreeMap<u16, u64>,
 }
 
 /// A repair copy under way.
@@ -1337,6 +1341,12 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             epoch: self.table.epoch,
             groups,
             counts,
+            drains: self
+                .table
+                .drains
+                .iter()
+                .map(|d| (d.index, d.since))
+                .collect(),
         }
     }
 
@@ -1346,7 +1356,12 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             return;
         };
         for (index, (left, copies, unplaceable)) in pass.counts {
-            if !self.table.retiring(index) {
+            // Cancelled (or cancelled and started again) since the scan
+            // began: nothing to report for the drain it counted.
+            let Some(&drain) = pass.drains.get(&index) else {
+                continue;
+            };
+            if self.table.drain_of(index).map(|d| d.since) != Some(drain) {
                 continue;
             }
             self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
@@ -1356,6 +1371,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 Body::DrainReport {
                     slot: self.slot,
                     epoch: pass.epoch,
+                    drain,
                     index,
                     left,
                     copies,

@@ -61,6 +61,8 @@ pub struct OnCore {
 #[derive(Clone, Copy, Debug)]
 struct DrainCount {
     epoch: u64,
+    /// The drain counted for ([`Drain::since`]).
+    drain: u64,
     left: u64,
     copies: u64,
     unplaceable: u64,
@@ -343,9 +345,11 @@ impl OnCore {
                 Ok(Body::Done { version: 0 })
             }
             Body::Retire { uuid } => self.retire(*uuid),
+            Body::CancelRetire { uuid } => self.cancel_retire(*uuid),
             Body::DrainReport {
                 slot,
                 epoch,
+                drain,
                 index,
                 left,
                 copies,
@@ -353,6 +357,7 @@ impl OnCore {
             } => {
                 let count = DrainCount {
                     epoch: *epoch,
+                    drain: *drain,
                     left: *left,
                     copies: *copies,
                     unplaceable: *unplaceable,
@@ -727,6 +732,56 @@ impl OnCore {
         Ok(Body::Done { version: 0 })
     }
 
+    /// Cancels the drain of a storage node (see [`OnCore::retire`]): the
+    /// drain leaves the table, so the node takes new objects and repair
+    /// copies again and its replicas count toward N_d. Records the drain
+    /// already rewrote keep naming the new replicas; the copies left on
+    /// the node that no record names any more are freed by its collection
+    /// round. Reports for the cancelled drain are dropped, and any still
+    /// in flight are ignored: they name a drain that no longer exists (a
+    /// new drain of the node has a later `since`).
+    ///
+    /// A node that is not being drained is answered `Done` with nothing
+    /// changed (a resent request after a lost answer must not fail). A
+    /// retired node is refused: its replicas were freed, and it cannot
+    /// register again.
+    fn cancel_retire(&mut self, uuid: u64) -> Result<Body, Error> {
+        if self.table.mns.iter().any(|m| m.uuid == uuid) {
+            return Err(Error::Remote {
+                code: Code::BadRequest,
+                message: format!(
+                    "node {uuid:016x} is a metadata node: only storage nodes are drained"
+                ),
+            });
+        }
+        let Some(s) = self.table.sns.iter().find(|s| s.uuid == uuid) else {
+            return Err(Error::Remote {
+                code: Code::NotFound,
+                message: format!("no node {uuid:016x}; see `strata store status`"),
+            });
+        };
+        if s.state == State::Retired {
+            return Err(Error::Remote {
+                code: Code::Conflict,
+                message: format!(
+                    "storage node {uuid:016x} is retired already and its replicas were freed: \
+                     a retirement cannot be cancelled; add it again as a new node \
+                     (`strata store node add` with an empty directory)"
+                ),
+            });
+        }
+        let index = s.index;
+        let Some(pos) = self.table.drains.iter().position(|d| d.index == index) else {
+            return Ok(Body::Done { version: 0 });
+        };
+        self.table.drains.remove(pos);
+        self.drain_reports.retain(|&(i, _), _| i != index);
+        // Persisted: the epoch the drain ended at must survive a restart,
+        // so that a later drain of the node gets a later `since`.
+        self.changed()?;
+        Ok(Body::Done { version: 0 })
+    }
+
     /// Slots that own at least one metadata group.
     fn slots_owning_groups(&self) -> Vec<u16> {
         let mut slots = self.table.mg_owner.clone();
@@ -749,8 +804,13 @@ impl OnCore {
             });
         }
         // A scan that started before the drain or before the owners last
-        // changed proves nothing about the groups the node owns now.
-        if count.epoch >= drain.since.max(self.owners_epoch) {
+        // changed proves nothing about the groups the node owns now; one
+        // that counted for another drain of the node (cancelled, then
+        // started again) proves nothing about this one. The epoch test
+        // alone would not do: epochs published without an fsync (progress,
+        // heartbeats) are lost by a restart, so a scan under the old drain
+        // may carry an epoch later than the new drain's start.
+        if count.drain == drain.since && count.epoch >= drain.since.max(self.owners_epoch) {
             self.drain_reports.insert((index, slot), count);
         }
         self.update_drain(index)?;
@@ -769,7 +829,7 @@ impl OnCore {
         let (mut left, mut copies, mut unplaceable, mut unreported) = (0u64, 0u64, 0u64, 0u16);
         for slot in self.slots_owning_groups() {
             match self.drain_reports.get(&(index, slot)) {
-                Some(c) if c.epoch >= since => {
+                Some(c) if c.epoch >= since && c.drain == self.table.drains[pos].since => {
                     left = left.saturating_add(c.left);
                     copies = copies.saturating_add(c.copies);
                     unplaceable = unplaceable.saturating_add(c.unplaceable);
@@ -1288,10 +1348,26 @@ mod tests {
         assert!(matches!(reply, Body::Registered { .. }), "{reply:?}");
     }
 
+    /// A report from `slot` for the current drain of `index` (if any).
     fn drain_report(on: &mut OnCore, slot: u16, epoch: u64, index: u16, left: u64) -> Body {
+        let drain = on.table().drain_of(index).map_or(0, |d| d.since);
+        drain_report_for(on, slot, epoch, drain, index, left)
+    }
+
+    /// A report from `slot` for the drain of `index` that started at
+    /// `drain`.
+    fn drain_report_for(
+        on: &mut OnCore,
+        slot: u16,
+        epoch: u64,
+        drain: u64,
+        index: u16,
+        left: u64,
+    ) -> Body {
         let body = Body::DrainReport {
             slot,
             epoch,
+            drain,
             index,
             left,
             copies: 0,
@@ -1373,6 +1449,144 @@ mod tests {
         let again = OnCore::open(&path, t.clone(), 2, 0).unwrap();
         assert_eq!(again.table().sns[0].state, State::Retired);
         assert!(again.table().drains.is_empty());
+    }
+
+    /// A cluster of 2 metadata nodes (slots 0 and 1) and storage nodes
+    /// 11, 12, 13 (indexes 1, 2, 3), N_d = 2.
+    fn drain_cluster(path: &Path) -> OnCore {
+        let mut initial = empty_table();
+        initial.params.n_d = 2;
+        let mut on = OnCore::open(path, initial, 2, 0).unwrap();
+        on.set_short_failure(100_000);
+        for uuid in [1, 2] {
+            register(&mut on, 0, uuid);
+        }
+        for uuid in [11, 12, 13] {
+            register_sn(&mut on, uuid);
+        }
+        on
+    }
+
+    fn retire(on: &mut OnCore, uuid: u64) -> Body {
+        on.handle(0, &Msg::new(5, 0, Body::Retire { uuid })).body
+    }
+
+    fn cancel(on: &mut OnCore, uuid: u64) -> Body {
+        on.handle(0, &Msg::new(6, 0, Body::CancelRetire { uuid }))
+            .body
+    }
+
+    #[test]
+    fn a_cancelled_drain_leaves_the_node_active_and_ignores_its_reports() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut on = drain_cluster(&dir.path().join("on.redb"));
+        // Refusals: an unknown node, a metadata node.
+        let Body::Error { code, message } = cancel(&mut on, 99) else {
+            panic!("cancelled an unknown node");
+        };
+        assert_eq!(code, Code::NotFound);
+        assert!(message.contains("no node 0000000000000063"), "{message}");
+        assert!(matches!(
+            cancel(&mut on, 1),
+            Body::Error {
+                code: Code::BadRequest,
+                ..
+            }
+        ));
+        // A node that is not being drained: answered, nothing changes.
+        let epoch = on.table().epoch;
+        assert_eq!(cancel(&mut on, 11), Body::Done { version: 0 });
+        assert_eq!(on.table().epoch, epoch);
+
+        assert_eq!(retire(&mut on, 11), Body::Done { version: 0 });
+        let d = *on.table().drain_of(1).unwrap();
+        drain_report(&mut on, 0, d.since, 1, 0);
+        assert_eq!(on.table().drain_of(1).unwrap().unreported, 1);
+        // Cancelled: out of the table, up, counted for placement (a second
+        // removal is no longer refused below N_d because of it).
+        assert_eq!(cancel(&mut on, 11), Body::Done { version: 0 });
+        let t = on.table().clone();
+        assert!(!t.retiring(1) && t.drains.is_empty(), "{:?}", t.drains);
+        assert_eq!(t.sns[0].state, State::Up);
+        assert!(t.epoch > d.since);
+        // Asked again: nothing changes.
+        assert_eq!(cancel(&mut on, 11), Body::Done { version: 0 });
+        assert_eq!(on.table().epoch, t.epoch);
+        // Reports in flight for the cancelled drain, even clean ones from
+        // every slot, retire nothing.
+        drain_report_for(&mut on, 0, t.epoch, d.since, 1, 0);
+        drain_report_for(&mut on, 1, t.epoch, d.since, 1, 0);
+        assert_eq!(on.table().sns[0].state, State::Up);
+        assert!(on.table().drains.is_empty());
+        // The cancel survives a restart.
+        drop(on);
+        let mut on = OnCore::open(&dir.path().join("on.redb"), empty_table(), 2, 0).unwrap();
+        assert!(on.table().drains.is_empty());
+        assert_eq!(on.table().sns[0].state, State::Up);
+        // Another node can now be removed, as the cancelled one holds
+        // replicas again.
+        assert_eq!(retire(&mut on, 12), Body::Done { version: 0 });
+        let Body::Error { code, .. } = retire(&mut on, 11) else {
+            panic!("retired below N_d");
+        };
+        assert_eq!(code, Code::Conflict);
+    }
+
+    #[test]
+    fn a_drain_started_again_after_a_cancel_needs_fresh_reports() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("on.redb");
+        let mut on = drain_cluster(&path);
+        assert_eq!(retire(&mut on, 11), Body::Done { version: 0 });
+        let first = *on.table().drain_of(1).unwrap();
+        // Progress is published without an fsync: the epoch moves on.
+        drain_report(&mut on, 0, first.since, 1, 5);
+        drain_report(&mut on, 1, first.since, 1, 3);
+        drain_report(&mut on, 1, first.since, 1, 2);
+        let late = on.table().epoch;
+        assert!(late > first.since + 1);
+        // The orchestrator restarts (the epoch goes back to the one
+        // stored), the drain is cancelled and started again.
+        drop(on);
+        let mut on = OnCore::open(&path, empty_table(), 2, 0).unwrap();
+        assert!(on.table().epoch < late);
+        assert_eq!(cancel(&mut on, 11), Body::Done { version: 0 });
+        assert!(!on.table().retiring(1));
+        assert_eq!(retire(&mut on, 11), Body::Done { version: 0 });
+        let second = *on.table().drain_of(1).unwrap();
+        assert!(second.since > first.since);
+        assert!(
+            second.since <= late,
+            "the test needs a scan epoch past the restart"
+        );
+        assert_eq!(second.unreported, 2);
+        // Clean reports from scans under the first drain, with epochs as
+        // new as the second one's start, do not count.
+        drain_report_for(&mut on, 0, late, first.since, 1, 0);
+        drain_report_for(&mut on, 1, late, first.since, 1, 0);
+        let d = *on.table().drain_of(1).unwrap();
+        assert_eq!(d.unreported, 2, "{d:?}");
+        assert_eq!(on.table().sns[0].state, State::Up);
+        // Reports for the second drain from scans that started before it
+        // do not count either.
+        drain_report(&mut on, 0, second.since - 1, 1, 0);
+        assert_eq!(on.table().drain_of(1).unwrap().unreported, 2);
+        // Fresh reports do: the node is retired.
+        drain_report(&mut on, 0, second.since, 1, 0);
+        assert!(on.table().retiring(1));
+        drain_report(&mut on, 1, second.since, 1, 0);
+        assert!(!on.table().retiring(1));
+        assert_eq!(on.table().sns[0].state, State::Retired);
+        // A retired node's drain cannot be cancelled.
+        let Body::Error { code, message } = cancel(&mut on, 11) else {
+            panic!("cancelled a retirement");
+        };
+        assert_eq!(code, Code::Conflict);
+        assert!(
+            message.contains("retired already") && message.contains("add it again as a new node"),
+            "{message}"
+        );
+        assert_eq!(on.table().sns[0].state, State::Retired);
     }
 
     #[test]

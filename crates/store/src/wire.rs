@@ -333,6 +333,14 @@ pub enum Body {
         /// Node identity.
         uuid: u64,
     },
+    /// Operator → ON: cancel the drain of a storage node that is being
+    /// retired; it goes back to taking new objects. Answered `Done` also
+    /// for a node that is not being drained (a resent request after a lost
+    /// answer must not fail); refused for a node already retired.
+    CancelRetire {
+        /// Node identity.
+        uuid: u64,
+    },
     /// Storage node → metadata node: which of these replica addresses do
     /// your records name? (Garbage collection of unreferenced replicas.)
     Referenced {
@@ -412,6 +420,11 @@ pub enum Body {
         slot: u16,
         /// The epoch of the node's table when the scan started.
         epoch: u64,
+        /// The drain the scan counted for: its start epoch
+        /// ([`crate::table::Drain::since`]). A drain cancelled and started
+        /// again has a new one, so a report for the old drain never counts
+        /// for the new one.
+        drain: u64,
         /// The drained storage node's prefix index.
         index: u16,
         /// Records this node coordinates that name it (plus Posts and
@@ -725,6 +738,7 @@ impl Msg {
             Body::Registered { .. } => 18,
             Body::Heartbeat { .. } => 19,
             Body::Retire { .. } => 20,
+            Body::CancelRetire { .. } => 30,
             Body::Referenced { .. } => 22,
             Body::ReferencedBy { .. } => 23,
             Body::Update { .. } => 21,
@@ -823,7 +837,7 @@ impl Msg {
                 w.u64(*free);
                 w.u64(*objects);
             }
-            Body::Retire { uuid } => w.u64(*uuid),
+            Body::Retire { uuid } | Body::CancelRetire { uuid } => w.u64(*uuid),
             Body::Referenced { addrs } | Body::ReferencedBy { addrs } => {
                 let n = addrs.len().min(MAX_REFERENCED);
                 w.u16(n as u16);
@@ -879,6 +893,7 @@ impl Msg {
             Body::DrainReport {
                 slot,
                 epoch,
+                drain,
                 index,
                 left,
                 copies,
@@ -886,6 +901,7 @@ impl Msg {
             } => {
                 w.u16(*slot);
                 w.u64(*epoch);
+                w.u64(*drain);
                 w.u16(*index);
                 w.u64(*left);
                 w.u64(*copies);
@@ -1010,6 +1026,7 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
             objects: r.u64()?,
         },
         20 => Body::Retire { uuid: r.u64()? },
+        30 => Body::CancelRetire { uuid: r.u64()? },
         22 => Body::Referenced {
             addrs: get_addr_list(r)?,
         },
@@ -1054,8 +1071,8 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
             epoch: r.u64()?,
         },
         29 => {
-            let (slot, epoch, index, left, copies, unplaceable) =
-                (r.u16()?, r.u64()?, r.u16()?, r.u64()?, r.u64()?, r.u64()?);
+            let (slot, epoch, drain, index) = (r.u16()?, r.u64()?, r.u64()?, r.u16()?);
+            let (left, copies, unplaceable) = (r.u64()?, r.u64()?, r.u64()?);
             if unplaceable > left {
                 return Err(WireError::Invalid(format!(
                     "drain report: {unplaceable} unplaceable of {left} records left"
@@ -1064,6 +1081,7 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
             Body::DrainReport {
                 slot,
                 epoch,
+                drain,
                 index,
                 left,
                 copies,
@@ -1244,6 +1262,7 @@ mod tests {
                 objects: 3,
             },
             Body::Retire { uuid: 8 },
+            Body::CancelRetire { uuid: u64::MAX },
             Body::Referenced {
                 addrs: vec![1, u128::MAX],
             },
@@ -1283,6 +1302,7 @@ mod tests {
             Body::DrainReport {
                 slot: 1,
                 epoch: 40,
+                drain: 38,
                 index: 3,
                 left: 7,
                 copies: 2,

@@ -1,13 +1,14 @@
 //! Repair in the metadata node's state machine, step by step: a storage
 //! node declared dead makes the coordinator copy what it held, a finished
 //! copy rewrites the record under a new version, and a failed or
-//! superseded copy frees what it wrote. (The socket runtime and the copy
+//! superseded copy frees what it wrote; a drain scan reports only for the
+//! drain it began under. (The socket runtime and the copy
 //! itself are exercised by `crates/cli/tests/store.rs`.)
 
 use strata_store::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
 use strata_store::metadb::MetaDb;
 use strata_store::mn::{MnCore, Out};
-use strata_store::table::{Device, MnEntry, Params, SnEntry, State, Table};
+use strata_store::table::{Device, Drain, MnEntry, Params, SnEntry, State, Table};
 use strata_store::wire::{Body, Msg};
 
 const CLIENT: u32 = 7;
@@ -55,16 +56,24 @@ fn core_with_object(dir: &std::path::Path, name: &str) -> (MnCore<u32>, Table) {
     let t = table();
     let db = MetaDb::open(&dir.join("m.redb")).unwrap();
     let mut core = MnCore::new(db, t.clone(), 0, 42);
+    post(&mut core, &t, name, 0);
+    (core, t)
+}
+
+/// Posts `name` (1,000 bytes) through `core` at `now`.
+fn post(core: &mut MnCore<u32>, t: &Table, name: &str, now: u64) {
     let coord = t.meta_addrs(name)[0];
+    // Request ids differ per Post: a resent one is answered from the
+    // reply cache.
     let begin = Msg::new(
-        1,
+        1 + 2 * now,
         coord,
         Body::PostBegin {
             name: name.into(),
             size: 1000,
         },
     );
-    let version = match &core.handle(0, CLIENT, begin)[..] {
+    let version = match &core.handle(now, CLIENT, begin)[..] {
         [Out::Reply(_, m)] => match &m.body {
             Body::PostPlan { version, replicas } => {
                 assert_eq!(replicas.len(), 3);
@@ -75,7 +84,7 @@ fn core_with_object(dir: &std::path::Path, name: &str) -> (MnCore<u32>, Table) {
         other => panic!("{other:?}"),
     };
     let commit = Msg::new(
-        2,
+        2 + 2 * now,
         coord,
         Body::PostCommit {
             name: name.into(),
@@ -83,13 +92,12 @@ fn core_with_object(dir: &std::path::Path, name: &str) -> (MnCore<u32>, Table) {
             crc: 0xabcd,
         },
     );
-    let outs = core.handle(1, CLIENT, commit);
+    let outs = core.handle(now + 1, CLIENT, commit);
     assert!(
         outs.iter()
             .any(|o| matches!(o, Out::Reply(_, m) if matches!(m.body, Body::Done { .. }))),
         "{outs:?}"
     );
-    (core, t)
 }
 
 fn record(core: &MnCore<u32>, t: &Table, name: &str) -> strata_store::wire::Record {
@@ -210,4 +218,88 @@ fn a_copy_overtaken_by_a_new_post_is_dropped() {
     // A report for a copy the core does not know frees its targets too.
     let outs = core.copy_done(30, "c/obj", version, targets.clone(), Ok(1));
     assert_eq!(outs, vec![Out::Free(targets[0])]);
+}
+
+/// The drain reports in `outs`: (scan epoch, drain, node index, left).
+fn drain_reports(outs: &[Out<u32>]) -> Vec<(u64, u64, u16, u64)> {
+    outs.iter()
+        .filter_map(|o| match o {
+            Out::ToOn(Msg {
+                body:
+                    Body::DrainReport {
+                        epoch,
+                        drain,
+                        index,
+                        left,
+                        ..
+                    },
+                ..
+            }) => Some((*epoch, *drain, *index, *left)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// One tick of `core` at `now`, every copy it starts failing at once (so
+/// the scan never waits for copies, and records keep their replicas).
+fn tick_failing_copies(core: &mut MnCore<u32>, now: u64) -> Vec<Out<u32>> {
+    let outs = core.tick(now);
+    for o in &outs {
+        if let Out::Copy {
+            name,
+            version,
+            targets,
+            ..
+        } = o
+        {
+            core.copy_done(now, name, *version, targets.clone(), Err("failed".into()));
+        }
+    }
+    outs
+}
+
+/// A scan that began under a drain that was then cancelled and started
+/// again reports nothing (it may have passed groups while the node took
+/// Posts again); the next scan reports for the new drain.
+#[test]
+fn a_drain_scan_reports_only_for_the_drain_it_began_under() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut core, mut t) = core_with_object(dir.path(), "d/0");
+    // More records than one step of the scan looks at.
+    for i in 1..40 {
+        post(&mut core, &t, &format!("d/{i}"), 2 * i);
+    }
+    let drain = |since| Drain {
+        index: 1,
+        since,
+        left: 0,
+        copies: 0,
+        unplaceable: 0,
+        unreported: 1,
+    };
+    t.epoch = 2;
+    t.drains = vec![drain(2)];
+    core.set_table(t.clone());
+    let outs = tick_failing_copies(&mut core, 100);
+    assert!(!copies(&outs).is_empty(), "no drain copy started");
+    assert!(
+        drain_reports(&outs).is_empty(),
+        "the scan ended in one step"
+    );
+    // Cancelled, then started again, before the scan ends: it ends with
+    // no report.
+    t.epoch = 4;
+    t.drains = vec![drain(4)];
+    core.set_table(t.clone());
+    let outs = tick_failing_copies(&mut core, 120);
+    assert_eq!(drain_reports(&outs), vec![], "a report for the old drain");
+    assert_eq!(core.repair_count(), 0);
+    // The next scan (a second later) reports for the new drain.
+    let reports: Vec<_> = (0..10)
+        .flat_map(|k| drain_reports(&tick_failing_copies(&mut core, 1_200 + k * 20)))
+        .collect();
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    let (epoch, since, index, left) = reports[0];
+    assert_eq!((epoch, since, index), (4, 4, 1));
+    assert!(left > 0, "no record names the drained node");
 }
