@@ -741,16 +741,8 @@ fn node(cmd: NodeCommand) -> Result<i32> {
             id,
         } => {
             let uuid = parse_node_id(&id)?;
-            let msg = Msg::new(strata_store::node::request_id(), 0, Body::Retire { uuid });
             let table = runtime()?.block_on(async {
-                let reply = strata_store::node::udp_call(
-                    cluster.cluster,
-                    &msg,
-                    std::time::Duration::from_millis(500),
-                    4,
-                )
-                .await?;
-                strata_store::node::ok_body(reply)?;
+                ask_orchestrator(cluster.cluster, Body::Retire { uuid }).await?;
                 anyhow::Ok(strata_store::node::fetch_table(cluster.cluster).await?)
             })?;
             // Accepted: the node is drained, then retired (or was already).
@@ -777,6 +769,17 @@ fn node(cmd: NodeCommand) -> Result<i32> {
     }
 }
 
+/// Sends one control request to the orchestrator at `cluster` (resent on
+/// loss) and fails unless it is accepted.
+async fn ask_orchestrator(cluster: std::net::SocketAddr, body: Body) -> Result<()> {
+    let msg = Msg::new(strata_store::node::request_id(), 0, body);
+    let reply =
+        strata_store::node::udp_call(cluster, &msg, std::time::Duration::from_millis(500), 4)
+            .await?;
+    strata_store::node::ok_body(reply)?;
+    Ok(())
+}
+
 /// A node id as `strata store status` shows it: 16 hex digits.
 fn parse_node_id(id: &str) -> Result<u64> {
     u64::from_str_radix(id, 16)
@@ -787,23 +790,11 @@ fn parse_node_id(id: &str) -> Result<u64> {
 /// the node's drain, then prints its state from a fresh table.
 fn cancel_removal(cluster: &ClusterArg, id: &str) -> Result<i32> {
     let uuid = parse_node_id(id)?;
-    let msg = Msg::new(
-        strata_store::node::request_id(),
-        0,
-        Body::CancelRetire { uuid },
-    );
     let (before, after) = runtime()?.block_on(async {
         // Whether it was being drained decides what to print: the answer
         // is the same either way (a resent request must not fail).
         let before = strata_store::node::fetch_table(cluster.cluster).await?;
-        let reply = strata_store::node::udp_call(
-            cluster.cluster,
-            &msg,
-            std::time::Duration::from_millis(500),
-            4,
-        )
-        .await?;
-        strata_store::node::ok_body(reply)?;
+        ask_orchestrator(cluster.cluster, Body::CancelRetire { uuid }).await?;
         let after = strata_store::node::fetch_table(cluster.cluster).await?;
         anyhow::Ok((before, after))
     })?;
