@@ -210,6 +210,21 @@ impl ImageFile {
         }
     }
 
+    /// Frees the space [`ImageFile::preallocate`] reserved past the end of
+    /// the file. Best effort: truncating to the current size drops blocks
+    /// reserved beyond it (ext4 and XFS do); the content is unchanged.
+    pub(crate) fn release_reserved(&self) {
+        if self.reserved.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        // The size the file system has, not our count: nothing is cut.
+        if let Ok(meta) = self.file.metadata() {
+            if self.file.set_len(meta.len()).is_ok() {
+                self.reserved.store(0, Ordering::Release);
+            }
+        }
+    }
+
     /// Writes metadata: into memory in write-back mode (small writes),
     /// else to the file.
     pub(crate) fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()> {

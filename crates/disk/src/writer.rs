@@ -846,7 +846,11 @@ impl Writer {
         h.incompatible_features &= !INCOMPAT_DIRTY;
         write_header(top, &h)?;
         // Writes the clean header through and syncs.
-        top.file.set_write_back(false)
+        top.file.set_write_back(false)?;
+        // A frozen layer takes no more clusters: give back the space
+        // reserved past its end (up to 4 MiB per layer of a long chain).
+        top.file.release_reserved();
+        Ok(())
     }
 
     fn allocator(&mut self) -> Result<&mut Allocator> {

@@ -273,3 +273,32 @@ fn superseded_prepare_falls_back_to_the_full_path() {
     assert_reads(&m.disk, &m.pattern, "after the full path");
     close_and_verify(m, dir, 2);
 }
+
+/// Clusters of an extended layer are reserved ahead of its end, several
+/// MiB at a time; a layer frozen by a push gives back what it did not use,
+/// so a long chain does not keep megabytes of reserved space per layer.
+#[test]
+fn a_frozen_layer_keeps_no_reserved_space_past_its_end() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let mut m = Model::new(dir, 64 << 20, true);
+    m.write(0, 2, 0x11);
+    let on_disk = |n: u32| {
+        let meta = std::fs::metadata(dir.join(format!("l{n}.qcow2"))).unwrap();
+        (meta.len(), meta.blocks() * 512)
+    };
+    let (len, used) = on_disk(1);
+    assert!(
+        used > len + (1 << 20),
+        "the writer reserves ahead: {used} of {len}"
+    );
+    m.push(dir, 2);
+    let (len, used) = on_disk(1);
+    assert!(
+        used <= len + (64 << 10),
+        "frozen layer keeps {used} bytes for {len}"
+    );
+    assert_reads(&m.disk, &m.pattern, "after the push");
+    close_and_verify(m, dir, 2);
+}
