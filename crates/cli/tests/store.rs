@@ -77,6 +77,18 @@ impl Store {
         serde_json::from_str(&self.ok(&a)).expect("json output")
     }
 
+    /// Waits until the status lists `count` nodes of `kind` ("storage" or
+    /// "metadata").
+    fn wait_for_nodes(&self, kind: &str, count: usize) {
+        wait_until(&format!("{count} {kind} nodes"), || {
+            self.status()[format!("{kind}_nodes")]
+                .as_array()
+                .unwrap()
+                .len()
+                == count
+        });
+    }
+
     fn status(&self) -> serde_json::Value {
         self.json(&["store", "status"])
     }
@@ -999,9 +1011,7 @@ fn repair_restores_replicas_after_a_definitive_storage_node_failure() {
         ],
     );
     let mut sn = Node::add(&store, &dir.path().join("sn-extra"), "sn");
-    wait_until("4 storage nodes", || {
-        store.status()["storage_nodes"].as_array().unwrap().len() == 4
-    });
+    store.wait_for_nodes("storage", 4);
     // Every metadata node has fetched the table with the new node.
     std::thread::sleep(Duration::from_millis(1200));
     let objects = 16usize;
@@ -1804,9 +1814,7 @@ fn a_metadata_node_down_for_a_while_has_stand_ins_then_gets_its_groups_back() {
     );
     let mn_dir = dir.path().join("mn-extra");
     let mut mn = Node::add(&store, &mn_dir, "mn");
-    wait_until("3 metadata nodes", || {
-        store.status()["metadata_nodes"].as_array().unwrap().len() == 3
-    });
+    store.wait_for_nodes("metadata", 3);
     std::thread::sleep(Duration::from_millis(1200)); // every node has the table
     let on = store.on;
     let (rt, client) = connect_client(on);
@@ -2050,9 +2058,7 @@ fn a_removed_storage_node_is_drained_then_retired_without_a_failed_read() {
     );
     let extra_dir = dir.path().join("sn-extra");
     let mut extra = Node::add(&store, &extra_dir, "sn");
-    wait_until("4 storage nodes", || {
-        store.status()["storage_nodes"].as_array().unwrap().len() == 4
-    });
+    store.wait_for_nodes("storage", 4);
     std::thread::sleep(Duration::from_millis(1200)); // metadata nodes see it
     let dirs = sn_dirs(&store, &[&extra_dir]);
     assert_eq!(dirs.len(), 4);
@@ -2250,9 +2256,7 @@ fn a_retired_storage_node_process_exits_when_its_drain_ends() {
     );
     let extra_dir = dir.path().join("sn-extra");
     let mut extra = Node::add(&store, &extra_dir, "sn");
-    wait_until("3 storage nodes", || {
-        store.status()["storage_nodes"].as_array().unwrap().len() == 3
-    });
+    store.wait_for_nodes("storage", 3);
     std::thread::sleep(Duration::from_millis(1200)); // the metadata node sees it
     let (rt, client) = connect_client(store.on);
     let objects: Vec<(String, Vec<u8>)> = (0..24)
@@ -2327,9 +2331,7 @@ fn a_cancelled_removal_puts_the_storage_node_back_and_a_later_one_retires_it() {
     );
     let extra_dir = dir.path().join("sn-extra");
     let mut extra = Node::add(&store, &extra_dir, "sn");
-    wait_until("3 storage nodes", || {
-        store.status()["storage_nodes"].as_array().unwrap().len() == 3
-    });
+    store.wait_for_nodes("storage", 3);
     std::thread::sleep(Duration::from_millis(1200)); // the metadata node sees it
     let (rt, client) = connect_client(store.on);
     let table = rt

@@ -11,8 +11,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
-use parking_lot::Mutex;
-
 use crate::error::{Result, VolumeError};
 use crate::failpoint::failpoint;
 
@@ -20,7 +18,7 @@ use crate::failpoint::failpoint;
 #[derive(Debug)]
 pub struct Trash {
     dir: PathBuf,
-    reaper: Mutex<mpsc::Sender<PathBuf>>,
+    reaper: mpsc::Sender<PathBuf>,
     /// Files renamed into the trash and not unlinked yet.
     pending: Arc<AtomicUsize>,
 }
@@ -53,7 +51,7 @@ impl Trash {
             .map_err(|e| VolumeError::Io(format!("cannot start the trash reaper: {e}")))?;
         let trash = Trash {
             dir,
-            reaper: Mutex::new(tx),
+            reaper: tx,
             pending,
         };
         let entries = std::fs::read_dir(&trash.dir)
@@ -88,7 +86,7 @@ impl Trash {
 
     fn reap(&self, path: PathBuf) {
         self.pending.fetch_add(1, Ordering::AcqRel);
-        if let Err(mpsc::SendError(path)) = self.reaper.lock().send(path) {
+        if let Err(mpsc::SendError(path)) = self.reaper.send(path) {
             // The reaper is gone (it never panics; only at exit): unlink here.
             let _ = std::fs::remove_file(path);
             self.pending.fetch_sub(1, Ordering::AcqRel);
