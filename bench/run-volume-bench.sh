@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the volume service benchmark (bench/volume_bench.py).
 #
-# Usage: bench/run-volume-bench.sh [--quick] [--repeat 3] [--runtime 10] [--only compaction] [--compact-rate 32M]
+# Usage: bench/run-volume-bench.sh [--quick] [--repeat 3] [--runtime 10] [--only compaction|throughput|big] [--compact-rate 32M]
 #                                  [--volumes 500] [--snap-volume-gib 50] [--long]
 #                                  [--cluster-size 64k] [--extended-l2 on|off]
 #

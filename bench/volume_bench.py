@@ -18,7 +18,10 @@ Measures, against the same daemon build in the same run:
 
 Usage: bench/run-volume-bench.sh [--quick] [--repeat 3] [--runtime 10]
                                   [--volumes 500] [--snap-volume-gib 50]
-                                  [--compact-rate 64M] [--only compaction]
+                                  [--compact-rate 64M] [--only compaction|throughput|big]
+
+--only big compares the 50 GiB snapshot with standby tops (the default)
+and without (`strata daemon --standby-min-index off`) in the same run.
 Results: bench/out/volume-bench-<timestamp>.{md,json}, markdown on stdout.
 """
 
@@ -41,12 +44,13 @@ STRATA = Path(os.environ.get("STRATA_BIN", ROOT / "target" / "release" / "strata
 class Daemon:
     """A `strata daemon` on free ports."""
 
-    def __init__(self, pool, cluster_size="64k", extended_l2="on"):
+    def __init__(self, pool, cluster_size="64k", extended_l2="on", extra=()):
         self.pool = pool
         t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [str(STRATA), "daemon", "--pool", str(pool), "--listen", "127.0.0.1:0",
-             "--nbd-port", "0", "--cluster-size", cluster_size, "--extended-l2", extended_l2],
+             "--nbd-port", "0", "--cluster-size", cluster_size, "--extended-l2", extended_l2,
+             *extra],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.proc.stdout.readline()
         self.ready_s = time.monotonic() - t0
@@ -164,6 +168,32 @@ def bench_big_snapshot(d, args, workdir):
             "busy_pause_ms_max": max(x[0] for x in busy)}
 
 
+def big_ab(args, base):
+    """The 50 GiB snapshot with standby tops (the default) and without
+    (`--standby-min-index off`), alternated --repeat times in one run."""
+    rows = {"default": [], "off": []}
+    for rep in range(args.repeat):
+        for mode, extra in (("default", ()), ("off", ("--standby-min-index", "off"))):
+            pool = base / f"pool-big-{mode}-{rep}"
+            d = Daemon(pool, args.cluster_size, args.extended_l2, extra)
+            try:
+                rows[mode].append(bench_big_snapshot(d, args, base))
+            finally:
+                d.stop()
+                shutil.rmtree(pool, ignore_errors=True)
+    med = lambda m, k: statistics.median(r[k] for r in rows[m])
+    lines = [f"### Snapshot of a {args.snap_volume_gib} GiB volume, extended L2 {args.extended_l2}, "
+             f"{time.strftime('%Y-%m-%d %H:%M')} (repeat {args.repeat}, {args.snapshots} snapshots "
+             "idle and under fio each; medians of the per-run medians)", "",
+             "| standby tops | idle pause ms | idle API call ms | busy pause ms | busy API call ms | busy pause max ms |",
+             "|---|---|---|---|---|---|"]
+    for m, label in (("default", "on (default)"), ("off", "off")):
+        lines.append(f"| {label} | {med(m, 'idle_pause_ms'):.1f} | {med(m, 'idle_call_ms'):.1f} | "
+                     f"{med(m, 'busy_pause_ms'):.1f} | {med(m, 'busy_call_ms'):.1f} | "
+                     f"{max(r['busy_pause_ms_max'] for r in rows[m]):.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def build_chain(d, vol, layers, workdir):
     """A 1 GiB volume with data everywhere and a chain of `layers` layers,
     each holding about 1 s of random writes, with every snapshot deleted."""
@@ -266,7 +296,7 @@ def main():
     ap.add_argument("--layers", type=int, default=200)
     ap.add_argument("--compact-rate", type=str, default="32M",
                     help="compaction pace, bytes/s with K/M/G suffix")
-    ap.add_argument("--only", choices=["compaction", "throughput"],
+    ap.add_argument("--only", choices=["compaction", "throughput", "big"],
                     help="run one section only")
     ap.add_argument("--cluster-size", default="64k",
                     help="cluster size of the daemon's new volumes")
@@ -302,6 +332,12 @@ def main():
                 f"| ratio 1s/none | {iops['1s'] / iops['none']:.3f} | {p99['1s'] / p99['none']:.2f} |", ""])
             (out_dir / f"volume-throughput-{stamp}.md").write_text(text)
             (out_dir / f"volume-throughput-{stamp}.json").write_text(json.dumps(tp, indent=1))
+            print(text)
+            return
+        if args.only == "big":
+            d.stop()
+            text = big_ab(args, base)
+            (out_dir / f"volume-big-{stamp}.md").write_text(text)
             print(text)
             return
         if args.only == "compaction":

@@ -1345,3 +1345,127 @@ fn deleted_layers_go_through_the_trash() {
     eventually("a delete empties the trash", &|| trash_files() == 0);
     d.stop();
 }
+
+/// Waits until `volume` has a standby top other than `not`, whose file
+/// exists; returns its layer id.
+fn wait_standby(d: &Daemon, volume: &str, not: Option<&str>) -> String {
+    let started = Instant::now();
+    loop {
+        let info = d.cli(&["volume", "info", volume]);
+        if let Some(id) = info["standby_layer"].as_str() {
+            if Some(id) != not {
+                assert!(
+                    layer_files(&d.pool).contains(&format!("{id}.qcow2")),
+                    "standby {id} has no file"
+                );
+                return id.to_string();
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no standby top for '{volume}': {info}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// With `--standby-min-index 0` every volume's next top is prepared ahead
+/// and refreshed in the background. A snapshot pushes that file (the new
+/// top is the standby), with every write made before the call in the
+/// snapshot, including those made after the standby was prepared; the
+/// index it carries passes `strata img check`'s comparison with a walk of
+/// the chain. A grow does not use it (other size) and drops it. A clean
+/// stop removes the standby; after a SIGKILL, startup removes it as an
+/// orphan.
+#[test]
+fn snapshots_push_the_standby_top_prepared_ahead() {
+    let dir = tmp();
+    let pool = dir.path().join("pool");
+    let args = ["--standby-min-index", "0"];
+    let d = Daemon::start_with(&pool, &args, &[]);
+    d.cli(&["volume", "create", "vm", "256M"]);
+    let slots = (256 * MIB / 65536) as usize;
+    let mut model = vec![0u8; slots];
+    let mut io = QemuIo::open(&d.uri("vm"));
+    let spread = |i: usize| (i * 97) % slots;
+    for i in 0..40 {
+        write_slot(&mut io, &mut model, 0, spread(i), 1);
+    }
+    let standby = wait_standby(&d, "vm", None);
+    // Owners change after the prepare: some before a background refresh,
+    // some right before the snapshot (left to the snapshot's own passes).
+    for i in 40..120 {
+        write_slot(&mut io, &mut model, 0, spread(i), 2);
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    for i in 120..200 {
+        write_slot(&mut io, &mut model, 0, spread(i + 7), 3);
+    }
+    let at_snapshot = model.clone();
+    d.snapshot("vm", "s1");
+    let info = d.cli(&["volume", "info", "vm"]);
+    assert_eq!(
+        info["top_layer"],
+        standby.as_str(),
+        "snapshot used the standby"
+    );
+    for i in 0..60 {
+        write_slot(&mut io, &mut model, 0, spread(i * 3), 4);
+    }
+    let s1_layer = d.cli(&["snapshot", "list", "vm"])[0]["layer"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_slots(
+        &read_layer(&pool, &s1_layer, dir.path()),
+        0,
+        &at_snapshot,
+        "s1",
+    );
+    assert_slots(&read_export(&d, "vm", dir.path()), 0, &model, "vm");
+
+    // The keeper makes the next one; a grow does not take it.
+    let next = wait_standby(&d, "vm", Some(&standby));
+    d.cli(&["volume", "resize", "vm", "320M"]);
+    let info = d.cli(&["volume", "info", "vm"]);
+    assert_ne!(
+        info["top_layer"],
+        next.as_str(),
+        "a grow used a standby of the old size"
+    );
+    assert!(
+        !layer_files(&pool).contains(&format!("{next}.qcow2")),
+        "stale standby kept"
+    );
+    write_slot(&mut io, &mut model, 0, 5, 5);
+    assert_slots(
+        &read_export(&d, "vm", dir.path()),
+        0,
+        &model,
+        "vm after grow",
+    );
+    drop(io);
+    wait_standby(&d, "vm", Some(&next));
+    let catalog_layers = d.cli_pool()["layers"].as_u64().unwrap() as usize;
+    d.stop();
+    assert_eq!(
+        layer_files(&pool).len(),
+        catalog_layers,
+        "standby left after a clean stop"
+    );
+    check_every_layer(&pool);
+
+    // A standby left by a SIGKILL is an orphan for the next start.
+    let d = Daemon::start_with(&pool, &args, &[]);
+    wait_standby(&d, "vm", None);
+    d.kill();
+    let d = Daemon::start_with(&pool, &["--standby-min-index", "off"], &[]);
+    assert_catalog_matches_files(&d);
+    assert_slots(
+        &read_export(&d, "vm", dir.path()),
+        0,
+        &model,
+        "vm after restart",
+    );
+    d.stop();
+}

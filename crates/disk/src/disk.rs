@@ -175,6 +175,13 @@ impl Disk {
         self.index_state.read().clone()
     }
 
+    /// Bytes of the chain index in use (`None`: lookups walk the chain).
+    /// A new top copies this much, which is what makes a snapshot of a
+    /// big disk slow to prepare.
+    pub fn index_bytes(&self) -> Option<u64> {
+        self.index.read().as_ref().map(|ext| ext.region_len)
+    }
+
     /// Metadata cache statistics.
     pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()

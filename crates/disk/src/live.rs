@@ -94,6 +94,11 @@ impl PreparedTop {
     pub fn index_copied(&self) -> bool {
         self.fast.is_some()
     }
+
+    /// The disk size the new top will have.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
 }
 
 impl Drop for PreparedTop {
@@ -217,6 +222,26 @@ impl Disk {
             }
             _ => self.push_whole(w, &mut top, before_writing),
         }
+    }
+
+    /// Whether `top` can still be pushed by patching: its index copy was
+    /// made from this disk's current top, chain and size, and the writer
+    /// still records changes for it (no newer prepare, no restarted
+    /// writer). A top kept ready for later, such as a volume's standby
+    /// for its next snapshot, is checked with this before it is used.
+    pub fn prepared_is_current(&self, top: &PreparedTop) -> bool {
+        let Some(f) = &top.fast else {
+            return false;
+        };
+        let Ok(writer) = self.writer() else {
+            return false;
+        };
+        let w = writer.lock();
+        w.is_tracking(f.generation)
+            && w.index() == Some(&f.from)
+            && self.depth() == f.depth
+            && self.size == f.old_size
+            && self.top().path() == f.top_path
     }
 
     fn refuse_shrink(&self, size: u64) -> Result<()> {
@@ -428,8 +453,10 @@ impl Disk {
         let copied = self
             .copy_changed(&file, &place, f, &track, &mut crcs)
             .and_then(|n| {
-                file.sync_data()
-                    .map_err(|e| DiskError::io(&place, "fdatasync", e))?;
+                if n > 0 {
+                    file.sync_data()
+                        .map_err(|e| DiskError::io(&place, "fdatasync", e))?;
+                }
                 Ok(n)
             });
         match copied {

@@ -805,6 +805,14 @@ impl Writer {
         })
     }
 
+    /// Whether the record of changed index sectors is the one prepare
+    /// `generation` began (a newer prepare or a restarted writer ends it).
+    pub(crate) fn is_tracking(&self, generation: u64) -> bool {
+        self.track
+            .as_ref()
+            .is_some_and(|t| t.generation == generation)
+    }
+
     /// Ends the record of changed index sectors and returns it.
     pub(crate) fn take_track(&mut self) -> Option<IndexTrack> {
         self.track.take()

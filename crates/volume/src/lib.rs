@@ -11,6 +11,7 @@
 //!   snapshot or clone names;
 //! - [`http`]: the JSON control API; [`metrics`]: Prometheus text.
 //!
+//! - [`standby`]: big volumes' next snapshot tops, prepared ahead;
 //! - [`trash`]: layer files of deleted volumes and snapshots are unlinked
 //!   in the background.
 //!
@@ -28,6 +29,7 @@ pub mod http;
 pub mod metrics;
 pub mod names;
 pub mod service;
+pub mod standby;
 pub mod trash;
 pub mod volume;
 

@@ -26,6 +26,7 @@ use crate::error::{Result, VolumeError};
 use crate::failpoint::failpoint;
 use crate::metrics;
 use crate::names::{check_name, check_size};
+use crate::standby::{Keeper, Standby};
 use crate::trash::Trash;
 use crate::volume::Volume;
 
@@ -43,6 +44,10 @@ pub struct ServiceConfig {
     /// subcluster instead of copying the whole cluster. Ignored for
     /// clusters under 16 KiB, which qcow2 subclusters cannot divide.
     pub extended_l2: bool,
+    /// Keep the next snapshot's top prepared ahead for volumes whose chain
+    /// index is at least this many bytes (`None`: never). See
+    /// [`crate::standby`].
+    pub standby_min_index: Option<u64>,
 }
 
 impl ServiceConfig {
@@ -63,6 +68,9 @@ pub struct VolumeInfo {
     pub chain_length: usize,
     /// The layer it writes to.
     pub top_layer: String,
+    /// The layer file prepared ahead for its next snapshot, if any (see
+    /// [`crate::standby`]); the catalog names it once a snapshot uses it.
+    pub standby_layer: Option<String>,
     /// The snapshot it was cloned from.
     pub origin: Option<String>,
     /// Its snapshots, oldest first.
@@ -168,6 +176,8 @@ pub struct RecoveryReport {
 pub(crate) struct Live {
     pub(crate) volume: Arc<Volume>,
     pub(crate) changes: Mutex<()>,
+    /// The next snapshot's top, prepared ahead (big volumes only).
+    pub(crate) standby: Mutex<Option<Standby>>,
 }
 
 #[derive(Debug, Default)]
@@ -180,7 +190,7 @@ struct Registry {
 /// The volume service of one pool.
 #[derive(Debug)]
 pub struct Service {
-    config: ServiceConfig,
+    pub(crate) config: ServiceConfig,
     pub(crate) catalog: Catalog,
     exports: Arc<ExportSet>,
     registry: Mutex<Registry>,
@@ -192,6 +202,8 @@ pub struct Service {
     pub(crate) topology: Mutex<()>,
     /// Where removed layer files go to be unlinked in the background.
     trash: Trash,
+    /// The thread keeping standby tops ready.
+    pub(crate) keeper: Keeper,
 }
 
 /// Bound on the runs one compaction merges (each removes a layer; chains
@@ -228,6 +240,7 @@ impl Service {
             compactions: Jobs::default(),
             topology: Mutex::new(()),
             trash,
+            keeper: Keeper::default(),
         };
         let state = service.catalog.state();
         for v in state.volumes.values() {
@@ -290,6 +303,7 @@ impl Service {
         Ok(Arc::new(Live {
             volume: Arc::new(Volume::new(&v.name, disk)),
             changes: Mutex::new(()),
+            standby: Mutex::new(None),
         }))
     }
 
@@ -307,6 +321,11 @@ impl Service {
             .map_err(|e| VolumeError::Invalid(format!("cannot export '{name}': {e}")))?;
         self.exports.replace(export);
         Ok(())
+    }
+
+    /// Names of the served volumes.
+    pub(crate) fn volume_names(&self) -> Vec<String> {
+        self.registry.lock().live.keys().cloned().collect()
     }
 
     /// The live entry of volume `name`, if it is served.
@@ -427,6 +446,7 @@ impl Service {
         let live = Arc::new(Live {
             volume: Arc::new(Volume::new(&name, disk)),
             changes: Mutex::new(()),
+            standby: Mutex::new(None),
         });
         self.export(&name, &live)?;
         self.registry.lock().live.insert(name.clone(), live);
@@ -458,6 +478,9 @@ impl Service {
             size: v.size,
             chain_length: state.chain(&v.top).len(),
             top_layer: v.top.clone(),
+            standby_layer: live
+                .as_ref()
+                .and_then(|l| l.standby.lock().as_ref().map(|s| s.id.clone())),
             origin: v.origin.clone(),
             snapshots: state
                 .snapshots_of(&v.name)
@@ -494,6 +517,8 @@ impl Service {
             Ok((dead, kept))
         })?;
         self.registry.lock().live.remove(name);
+        // Its file is not in the catalog: dropping it removes it.
+        live.standby.lock().take();
         drop(_changes);
         // Close the disk before its files go; a client still connected
         // keeps it open until it disconnects.
@@ -558,7 +583,6 @@ impl Service {
             .get(volume)
             .cloned()
             .ok_or_else(|| not_found(volume))?;
-        let id = new_id()?;
         let rec = SnapshotRec {
             volume: volume.to_string(),
             name: snapshot.to_string(),
@@ -566,7 +590,7 @@ impl Service {
             size: v.size,
             created: now(),
         };
-        let pause = self.switch_top(&live, &v, &id, None, true, |t| t.put_snapshot(rec.clone()))?;
+        let pause = self.switch_top(&live, &v, None, true, |t| t.put_snapshot(rec.clone()))?;
         Ok(SnapshotReport {
             snapshot: self.snapshot_info(&self.catalog.state(), &rec),
             pause_ms: ms(pause),
@@ -595,8 +619,7 @@ impl Service {
         }
         let mut pause = Duration::ZERO;
         if size > v.size {
-            let id = new_id()?;
-            pause = self.switch_top(&live, &v, &id, Some(size), false, |_| Ok(()))?;
+            pause = self.switch_top(&live, &v, Some(size), false, |_| Ok(()))?;
             self.export(name, &live)?;
         }
         Ok(ResizeReport {
@@ -607,17 +630,22 @@ impl Service {
         })
     }
 
-    /// Pushes layer `id` as the new top of a live volume and commits it
-    /// (with `extra` changes) inside the I/O pause. Returns the pause.
+    /// Pushes a new layer as the top of a live volume and commits it
+    /// (with `extra` changes) inside the I/O pause: the volume's standby
+    /// top when it has one that fits, else a new one. Returns the pause.
     fn switch_top(
         &self,
         live: &Live,
         v: &VolumeRec,
-        id: &str,
         size: Option<u64>,
         snapshot: bool,
         extra: impl FnOnce(&mut Txn) -> Result<()>,
     ) -> Result<Duration> {
+        let (id, ready) = match self.take_standby(live, size) {
+            Some(s) => (s.id, Some(s.top)),
+            None => (new_id()?, None),
+        };
+        let id = id.as_str();
         let new_size = size.unwrap_or(v.size);
         let mut failed: Option<VolumeError> = None;
         let commit = || {
@@ -650,6 +678,7 @@ impl Service {
             &layer_file(&v.top),
             size,
             snapshot,
+            ready,
             commit,
         );
         match (result, failed) {
@@ -739,6 +768,7 @@ impl Service {
     /// the NBD server has stopped.
     pub fn close(self) -> Result<()> {
         self.stop_compactions();
+        self.stop_standby_keeper();
         let lives: Vec<Arc<Live>> = self.registry.lock().live.drain().map(|(_, l)| l).collect();
         let mut first_error = None;
         for live in lives {

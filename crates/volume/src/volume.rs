@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 use strata_disk::disk::BlockStatus;
-use strata_disk::{BlockDevice, Disk};
+use strata_disk::{BlockDevice, Disk, PreparedTop};
 
 use crate::failpoint::failpoint;
 use crate::metrics::{Op, VolumeGauges, VolumeStats};
@@ -68,22 +68,51 @@ impl Volume {
         }
     }
 
+    /// Bytes of the chain index a new top copies (`None`: no stored
+    /// index, so there is nothing to copy ahead).
+    pub fn index_bytes(&self) -> Option<u64> {
+        self.disk.read().index_bytes()
+    }
+
+    /// Prepares a new top at `path` over the current one while I/O goes
+    /// on (see [`Disk::prepare_top`]), to be pushed later.
+    pub fn prepare_top(&self, path: &Path, backing_name: &str) -> strata_disk::Result<PreparedTop> {
+        self.disk.read().prepare_top(path, backing_name, None)
+    }
+
+    /// Whether a top prepared earlier can still be pushed by patching it.
+    pub fn prepared_is_current(&self, top: &PreparedTop) -> bool {
+        self.disk.read().prepared_is_current(top)
+    }
+
+    /// Copies the index changes made since `top` was prepared or last
+    /// refreshed into it; returns the 4 KiB sectors copied.
+    pub fn refresh_prepared(&self, top: &mut PreparedTop) -> strata_disk::Result<u64> {
+        self.disk.read().refresh_prepared(top)
+    }
+
     /// Switches to a new top layer at `path` (see [`Disk::prepare_top`]
     /// and [`Disk::push_top`]): the file and its copy of the chain index
-    /// are made while I/O goes on, then finished with I/O held back;
-    /// `commit` runs once the new file is durable and before anything is
-    /// written to it. Returns the I/O pause.
+    /// are made while I/O goes on (or were made earlier: `ready`, a top
+    /// prepared at `path` and still current), then finished with I/O held
+    /// back; `commit` runs once the new file is durable and before
+    /// anything is written to it. Returns the I/O pause.
     pub fn push_top(
         &self,
         path: &Path,
         backing_name: &str,
         size: Option<u64>,
         snapshot: bool,
+        ready: Option<PreparedTop>,
         commit: impl FnOnce() -> strata_disk::Result<()>,
     ) -> strata_disk::Result<Duration> {
         // The part of the work that grows with the disk (writing and
-        // syncing the index copy) happens here, outside the pause.
-        let mut prepared = self.disk.read().prepare_top(path, backing_name, size)?;
+        // syncing the index copy) happens outside the pause: here, or
+        // before the call for a top kept ready.
+        let mut prepared = match ready {
+            Some(top) if top.path() == path => top,
+            _ => self.disk.read().prepare_top(path, backing_name, size)?,
+        };
         failpoint("switch-after-prepare");
         // Under write load the index keeps changing while the copy is made:
         // write back, then catch the copy up a few times, each pass shorter
