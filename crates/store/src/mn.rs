@@ -759,9 +759,12 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             let mg0 = self.owned(self.table.meta_addrs(name)[0])?;
             self.not_frozen(mg0)?;
             if let Some(r) = self.db.get(mg0, name)? {
-                if r.version == version {
-                    // Committed here before a restart lost the replication
-                    // state: replicate again before acknowledging.
+                // Committed here before a restart lost the replication
+                // state: replicate again before acknowledging. The version
+                // alone does not tell: the plan was lost with the restart,
+                // so a repair may have taken the same version since (for
+                // the old data); the checksum must be this Post's too.
+                if r.version == version && r.crc == crc && r.rename.is_none() {
                     return self.commit_record(now, from.clone(), req, r, Vec::new(), out);
                 }
             }

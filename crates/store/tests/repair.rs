@@ -303,3 +303,51 @@ fn a_drain_scan_reports_only_for_the_drain_it_began_under() {
     assert_eq!((epoch, since, index), (4, 4, 1));
     assert!(left > 0, "no record names the drained node");
 }
+
+/// A Post planned before a coordinator restart, committed after it: a
+/// repair has meanwhile taken the planned version (for the old data), so
+/// the commit is refused rather than acknowledged over the repair's record.
+#[test]
+fn a_post_commit_after_a_restart_is_not_acknowledged_over_a_repair() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut core, mut t) = core_with_object(dir.path(), "f/obj");
+    let coord = t.meta_addrs("f/obj")[0];
+    let begin = Msg::new(
+        31,
+        coord,
+        Body::PostBegin {
+            name: "f/obj".into(),
+            size: 10,
+        },
+    );
+    let planned = match &core.handle(10, CLIENT, begin)[..] {
+        [Out::Reply(_, m)] => match m.body {
+            Body::PostPlan { version, .. } => version,
+            ref other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    };
+    // The restart loses the plan; a repair then takes its version.
+    drop(core);
+    let db = MetaDb::open(&dir.path().join("m.redb")).unwrap();
+    let mut core = MnCore::new(db, t.clone(), 0, 43);
+    let before = record(&core, &t, "f/obj");
+    kill_holder(&mut core, &mut t, before.replicas[0]);
+    let (version, _, targets, _) = copies(&core.tick(20))[0].clone();
+    core.copy_done(30, "f/obj", version, targets, Ok(1));
+    assert_eq!(record(&core, &t, "f/obj").version, planned);
+    let commit = Msg::new(
+        32,
+        coord,
+        Body::PostCommit {
+            name: "f/obj".into(),
+            version: planned,
+            crc: 0x1234,
+        },
+    );
+    let outs = core.handle(40, CLIENT, commit);
+    assert!(
+        matches!(&outs[..], [Out::Reply(_, m)] if matches!(m.body, Body::Error { code: strata_store::wire::Code::Conflict, .. })),
+        "{outs:?}"
+    );
+}
