@@ -571,6 +571,15 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 self.db.apply_delete(mg, name, *version)?;
                 Ok(Some(Body::Done { version: *version }))
             }
+            Body::Refresh {
+                name,
+                version,
+                copy,
+            } => {
+                self.refresh(msg.target, name, *version, *copy, out)?;
+                // Answered by the replication message, if any.
+                Ok(None)
+            }
             _ => Err(remote(
                 Code::BadRequest,
                 "this message is not a request a metadata node serves",
@@ -759,9 +768,12 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             let mg0 = self.owned(self.table.meta_addrs(name)[0])?;
             self.not_frozen(mg0)?;
             if let Some(r) = self.db.get(mg0, name)? {
-                if r.version == version {
-                    // Committed here before a restart lost the replication
-                    // state: replicate again before acknowledging.
+                // Committed here before a restart lost the replication
+                // state: replicate again before acknowledging. The version
+                // alone does not tell: the plan was lost with the restart,
+                // so a repair may have taken the same version since (for
+                // the old data); the checksum must be this Post's too.
+                if r.version == version && r.crc == crc && r.rename.is_none() {
                     return self.commit_record(now, from.clone(), req, r, Vec::new(), out);
                 }
             }
@@ -1291,6 +1303,9 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                         .collect(),
                     None => Vec::new(),
                 };
+                if !coordinator_row && !drained.is_empty() {
+                    self.ask_refresh(mg, &record, out);
+                }
                 let unplaceable = self.repair_record(now, mg, record, out);
                 if let Some(p) = self.drain_pass.as_mut() {
                     for i in drained {
@@ -1379,6 +1394,83 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 },
             )));
         }
+    }
+
+    /// Asks the coordinator of `record` (a metadata copy kept here that
+    /// names a drained storage node) for anything newer. A copy that
+    /// missed a rewrite for good (its coordinator crashed before the
+    /// replication reached it, losing the resends) would otherwise keep
+    /// naming the node, and hold its drain, forever: the coordinator's own
+    /// row is current, so its scan never rewrites the object again.
+    fn ask_refresh(&mut self, mg: u32, record: &Record, out: &mut Vec<Out<P>>) {
+        let (Some(&coordinator), Some(copy)) = (
+            record.meta.first(),
+            record
+                .meta
+                .iter()
+                .copied()
+                .find(|&a| self.table.layout.mg_of(a) == Some(mg)),
+        ) else {
+            return;
+        };
+        self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
+        let body = Body::Refresh {
+            name: record.name.clone(),
+            version: record.version,
+            copy,
+        };
+        out.push(Out::ToMeta(Msg::new(self.next_req, coordinator, body)));
+    }
+
+    /// Serves a [`Body::Refresh`] sent to coordinator address `target`:
+    /// pushes this node's row of `name` to the copy at `copy` if it is
+    /// newer than the copy's `version`, or its tombstone if that is at
+    /// least as new. Sent once, not
+    /// tracked: the copy asks again on its next scan if it is lost, and
+    /// the copy applies it only if it is still newer (version rules).
+    fn refresh(
+        &mut self,
+        target: Addr,
+        name: &str,
+        version: u64,
+        copy: Addr,
+        out: &mut Vec<Out<P>>,
+    ) -> Result<(), Error> {
+        let mg = self.coordinator_check(target, name)?;
+        if copy == target || !self.table.meta_addrs(name).contains(&copy) {
+            return Err(remote(
+                Code::BadRequest,
+                format!(
+                    "refresh of {name:?}: {} is not one of its metadata copies",
+                    crate::addr::fmt_addr(copy)
+                ),
+            ));
+        }
+        // Rows still arriving (restore) or maybe newer at the next owner
+        // (handover): answer nothing, the copy asks again.
+        self.not_sealed(mg)?;
+        if self.table.restoring(mg) {
+            return Err(restoring(mg));
+        }
+        let tomb = self.db.tombstone(mg, name)?;
+        let body = match self.db.get(mg, name)? {
+            Some(record) if record.version > tomb => {
+                if record.version <= version {
+                    return Ok(());
+                }
+                Body::Replicate { record }
+            }
+            // A Delete's tombstone carries the version it deleted: one at
+            // the copy's version supersedes it too.
+            _ if tomb >= version && tomb > 0 => Body::Unreplicate {
+                name: name.to_string(),
+                version: tomb,
+            },
+            _ => return Ok(()),
+        };
+        self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
+        out.push(Out::ToMeta(Msg::new(self.next_req, copy, body)));
+        Ok(())
     }
 
     /// Starts a copy for `record` (read from group `mg`) if this node

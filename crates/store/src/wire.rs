@@ -435,6 +435,20 @@ pub enum Body {
         /// Of `left`, records no other storage node could take.
         unplaceable: u64,
     },
+    /// Metadata copy → coordinator, from the drain scan: the sender holds
+    /// `name` at `version` under metadata address `copy`, and that row
+    /// names a replica on a drained storage node. A coordinator holding a
+    /// newer version (record or tombstone) sends it to `copy` in one
+    /// `Replicate` or `Unreplicate`; nothing else answers (the next scan
+    /// asks again if either datagram is lost).
+    Refresh {
+        /// Object name.
+        name: String,
+        /// The version the copy holds.
+        version: u64,
+        /// The metadata address of the copy: one of `name`'s.
+        copy: Addr,
+    },
 }
 
 /// Most addresses one `Referenced` message carries.
@@ -748,6 +762,7 @@ impl Msg {
             Body::MgGather { .. } => 27,
             Body::MgGathered { .. } => 28,
             Body::DrainReport { .. } => 29,
+            Body::Refresh { .. } => 31,
         }
     }
 
@@ -778,6 +793,15 @@ impl Msg {
                 w.u64(*if_version);
             }
             Body::Get { name } => w.str(name),
+            Body::Refresh {
+                name,
+                version,
+                copy,
+            } => {
+                w.str(name);
+                w.u64(*version);
+                w.addr(*copy);
+            }
             Body::Delete {
                 name,
                 if_version,
@@ -1088,6 +1112,11 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
                 unplaceable,
             }
         }
+        31 => Body::Refresh {
+            name: r.name()?,
+            version: r.u64()?,
+            copy: r.addr()?,
+        },
         k => return Err(WireError::UnknownKind(k)),
     })
 }
@@ -1210,6 +1239,11 @@ mod tests {
                 record: record("l"),
             },
             Body::Get { name: "g".into() },
+            Body::Refresh {
+                name: "s".into(),
+                version: 6,
+                copy: u128::MAX,
+            },
             Body::Found {
                 record: record("f"),
             },

@@ -2,7 +2,8 @@
 //! node declared dead makes the coordinator copy what it held, a finished
 //! copy rewrites the record under a new version, and a failed or
 //! superseded copy frees what it wrote; a drain scan reports only for the
-//! drain it began under. (The socket runtime and the copy
+//! drain it began under, and refreshes a stale metadata copy naming the
+//! drained node from its coordinator. (The socket runtime and the copy
 //! itself are exercised by `crates/cli/tests/store.rs`.)
 
 use strata_store::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
@@ -302,4 +303,217 @@ fn a_drain_scan_reports_only_for_the_drain_it_began_under() {
     let (epoch, since, index, left) = reports[0];
     assert_eq!((epoch, since, index), (4, 4, 1));
     assert!(left > 0, "no record names the drained node");
+}
+
+/// Two metadata nodes sharing every name: each owns half the groups, and
+/// with N_m = 2 a name's two addresses lie in different halves. Returns
+/// (the core owning `name`'s coordinator address, the other, the table).
+fn coordinator_and_copy(dir: &std::path::Path, name: &str) -> (MnCore<u32>, MnCore<u32>, Table) {
+    let mut t = table();
+    t.params.n_m = 2;
+    let mut second = t.mns[0].clone();
+    (second.uuid, second.slot) = (2, 1);
+    t.mns.push(second);
+    let half = t.mg_owner.len() / 2;
+    for (g, owner) in t.mg_owner.iter_mut().enumerate() {
+        *owner = u16::from(g >= half);
+    }
+    let slot_of = |a| t.mg_owner[t.layout.mg_of(a).unwrap() as usize];
+    let [coord, copy] = t.meta_addrs(name)[..] else {
+        panic!("two metadata addresses")
+    };
+    assert_ne!(slot_of(coord), slot_of(copy));
+    let open = |slot: u16| {
+        let db = MetaDb::open(&dir.join(format!("m{slot}.redb"))).unwrap();
+        MnCore::new(db, t.clone(), slot, 42 + u64::from(slot))
+    };
+    (open(slot_of(coord)), open(slot_of(copy)), t)
+}
+
+/// The metadata messages in `outs` (replication, refresh requests).
+fn to_meta(outs: Vec<Out<u32>>) -> Vec<Msg> {
+    outs.into_iter()
+        .filter_map(|o| match o {
+            Out::ToMeta(m) => Some(m),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The version the copy core holds at `name`'s second address (0: none).
+fn copy_version(core: &MnCore<u32>, t: &Table, name: &str) -> u64 {
+    let mg = t.layout.mg_of(t.meta_addrs(name)[1]).unwrap();
+    core.db().get(mg, name).unwrap().map_or(0, |r| r.version)
+}
+
+/// A metadata copy that missed its coordinator's later writes for good
+/// (the replication lost, as when the coordinator crashes) and names a
+/// drained node asks the coordinator during the drain scan, which pushes
+/// its newer record, then its tombstone: the copy stops holding the drain.
+#[test]
+fn a_stale_metadata_copy_naming_a_drained_node_is_refreshed_by_its_coordinator() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "e/obj";
+    let (mut coord, mut copy, mut t) = coordinator_and_copy(dir.path(), name);
+    let copy_addr = t.meta_addrs(name)[1];
+    // Version 1 reaches the copy; version 2's replication is lost.
+    post(&mut coord, &t, name, 0);
+    let [replicate] = &to_meta(coord.tick(200))[..] else {
+        panic!("one resend of the replication")
+    };
+    copy.handle(201, 1000, replicate.clone());
+    assert_eq!(copy_version(&copy, &t, name), 1);
+    let v1 = record(&coord, &t, name);
+    post(&mut coord, &t, name, 300);
+    let v2 = record(&coord, &t, name);
+    assert_eq!((v2.version, copy_version(&copy, &t, name)), (2, 1));
+    // Drain a node both versions use (3 of 4 nodes each).
+    let index = v1
+        .replicas
+        .iter()
+        .filter_map(|&a| t.layout.sn_of(a))
+        .find(|&i| v2.replicas.iter().any(|&a| t.layout.sn_of(a) == Some(i)))
+        .unwrap();
+    t.epoch = 2;
+    t.drains = vec![Drain {
+        index,
+        since: 2,
+        left: 0,
+        copies: 0,
+        unplaceable: 0,
+        unreported: 2,
+    }];
+    copy.set_table(t.clone());
+    coord.set_table(t.clone());
+    // The copy's scan asks the coordinator, which pushes version 2.
+    let refresh = |copy: &mut MnCore<u32>, now| {
+        let asks: Vec<Msg> = to_meta(copy.tick(now))
+            .into_iter()
+            .filter(|m| matches!(m.body, Body::Refresh { .. }))
+            .collect();
+        assert_eq!(asks.len(), 1, "{asks:?}");
+        asks[0].clone()
+    };
+    let ask = refresh(&mut copy, 1_000);
+    assert_eq!(
+        ask.body,
+        Body::Refresh {
+            name: name.into(),
+            version: 1,
+            copy: copy_addr
+        }
+    );
+    let [push] = &to_meta(coord.handle(1_001, 1001, ask.clone()))[..] else {
+        panic!("one push")
+    };
+    assert_eq!(push.target, copy_addr);
+    copy.handle(1_002, 1000, push.clone());
+    assert_eq!(copy_version(&copy, &t, name), 2);
+    // Nothing newer: nothing pushed. A copy address that is not one of
+    // the name's is refused.
+    let mut same = ask.clone();
+    same.body = Body::Refresh {
+        name: name.into(),
+        version: 2,
+        copy: copy_addr,
+    };
+    assert!(to_meta(coord.handle(1_003, 1001, same)).is_empty());
+    let mut bogus = ask;
+    bogus.body = Body::Refresh {
+        name: name.into(),
+        version: 1,
+        copy: copy_addr ^ 1,
+    };
+    let outs = coord.handle(1_004, 1001, bogus);
+    assert!(
+        matches!(&outs[..], [Out::Reply(1001, m)] if matches!(&m.body, Body::Error { message, .. } if message.contains("not one of its metadata copies"))),
+        "{outs:?}"
+    );
+    // Deleted at the coordinator, the tombstone lost on its way: the
+    // tombstone (at the version it deleted) is pushed on the next pass.
+    let del = Msg::new(
+        77,
+        t.meta_addrs(name)[0],
+        Body::Delete {
+            name: name.into(),
+            if_version: 0,
+            keep_data: false,
+        },
+    );
+    coord.handle(1_100, CLIENT, del);
+    let ask = refresh(&mut copy, 2_100);
+    let [push] = &to_meta(coord.handle(2_101, 1001, ask))[..] else {
+        panic!("one push")
+    };
+    assert_eq!(
+        push.body,
+        Body::Unreplicate {
+            name: name.into(),
+            version: 2
+        }
+    );
+    copy.handle(2_102, 1000, push.clone());
+    assert_eq!(copy_version(&copy, &t, name), 0);
+    // The next pass finds no copy naming the node, and asks nothing.
+    let outs = copy.tick(3_200);
+    assert!(to_meta(outs.clone()).is_empty(), "{outs:?}");
+    let reports: Vec<_> = outs
+        .iter()
+        .filter_map(|o| match o {
+            Out::ToOn(Msg {
+                body: Body::DrainReport { left, copies, .. },
+                ..
+            }) => Some((*left, *copies)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reports, vec![(0, 0)]);
+}
+
+/// A Post planned before a coordinator restart, committed after it: a
+/// repair has meanwhile taken the planned version (for the old data), so
+/// the commit is refused rather than acknowledged over the repair's record.
+#[test]
+fn a_post_commit_after_a_restart_is_not_acknowledged_over_a_repair() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut core, mut t) = core_with_object(dir.path(), "f/obj");
+    let coord = t.meta_addrs("f/obj")[0];
+    let begin = Msg::new(
+        31,
+        coord,
+        Body::PostBegin {
+            name: "f/obj".into(),
+            size: 10,
+        },
+    );
+    let planned = match &core.handle(10, CLIENT, begin)[..] {
+        [Out::Reply(_, m)] => match m.body {
+            Body::PostPlan { version, .. } => version,
+            ref other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    };
+    // The restart loses the plan; a repair then takes its version.
+    drop(core);
+    let db = MetaDb::open(&dir.path().join("m.redb")).unwrap();
+    let mut core = MnCore::new(db, t.clone(), 0, 43);
+    let before = record(&core, &t, "f/obj");
+    kill_holder(&mut core, &mut t, before.replicas[0]);
+    let (version, _, targets, _) = copies(&core.tick(20))[0].clone();
+    core.copy_done(30, "f/obj", version, targets, Ok(1));
+    assert_eq!(record(&core, &t, "f/obj").version, planned);
+    let commit = Msg::new(
+        32,
+        coord,
+        Body::PostCommit {
+            name: "f/obj".into(),
+            version: planned,
+            crc: 0x1234,
+        },
+    );
+    let outs = core.handle(40, CLIENT, commit);
+    assert!(
+        matches!(&outs[..], [Out::Reply(_, m)] if matches!(m.body, Body::Error { code: strata_store::wire::Code::Conflict, .. })),
+        "{outs:?}"
+    );
 }
