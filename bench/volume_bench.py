@@ -329,7 +329,9 @@ def main():
                 f"{time.strftime('%Y-%m-%d %H:%M')} (repeat {args.repeat}, {args.runtime} s runs)", "",
                 "| fio randwrite 4k qd16 | IOPS (median) | write p99 µs (median) |", "|---|---|---|",
                 *[f"| {m} | {iops[m]:.0f} | {p99[m]:.0f} |" for m in modes(args)],
-                f"| ratio 1s/none | {iops['1s'] / iops['none']:.3f} | {p99['1s'] / p99['none']:.2f} |", ""])
+                f"| ratio 1s/none | {iops['1s'] / iops['none']:.3f} | {p99['1s'] / p99['none']:.2f} |",
+                *([f"| ratio 30s/none-long | {iops['30s'] / iops['none-long']:.3f} "
+                   f"| {p99['30s'] / p99['none-long']:.2f} |"] if args.long else []), ""])
             (out_dir / f"volume-throughput-{stamp}.md").write_text(text)
             (out_dir / f"volume-throughput-{stamp}.json").write_text(json.dumps(tp, indent=1))
             print(text)
