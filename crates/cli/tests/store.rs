@@ -243,9 +243,18 @@ fn objects_from_0_bytes_to_64_mib_round_trip_with_checksums() {
     let err = store.fails(&["obj", "get", "sizes/1", &p(&dir.path().join("out-1b"))]);
     assert!(err.contains("replica"), "{err}");
 
-    // The metadata and data survive a restart of the whole cluster.
+    // The metadata and data survive a restart of the whole cluster. The
+    // table epoch goes on above the one published before (heartbeats
+    // moved it past the one stored with the last membership change).
+    let epoch = |s: &Store| s.status()["epoch"].as_u64().expect("epoch in the status");
+    let before = epoch(&store);
     store.stop();
     let store = Store::up(&store_dir, REPLICATED);
+    let after = epoch(&store);
+    assert!(
+        after > before,
+        "epoch {after} after the restart, {before} before"
+    );
     let dst = dir.path().join("after-restart");
     store.ok(&["obj", "get", "sizes/2300000", &p(&dst)]);
     assert!(std::fs::read(&dst).unwrap() == pattern(2_300_000, 4));

@@ -394,7 +394,15 @@ fn mn_loop(
                 ));
             }
             match tables.has_changed() {
-                Ok(true) => core.set_table(tables.borrow_and_update().clone()),
+                Ok(true) => {
+                    // Epochs only go up (across orchestrator restarts
+                    // too): an older table is one fetched before the
+                    // table an orchestrator's answer gave the node.
+                    let t = tables.borrow_and_update().clone();
+                    if t.epoch > core.table().epoch {
+                        core.set_table(t);
+                    }
+                }
                 Ok(false) => {}
                 Err(_) => return,
             }

@@ -5,6 +5,12 @@
 //!
 //! Like the metadata node it is a state machine (`handle`, `tick`) driven
 //! by a runtime; its table is persisted in redb on every membership change.
+//!
+//! Table epochs only go up, across restarts too: nodes keep the newer of
+//! two tables, and drain and handover checks compare epochs. Changes not
+//! worth an fsync (free space, drain progress) still move the epoch, so
+//! the database also holds an epoch limit: no epoch above it is published
+//! before a higher limit is stored, and a restart starts above it.
 
 use crate::table::{Device, Drain, MnEntry, Move, MovePhase, SnEntry, StandIn, State, Table};
 use crate::wire::{Body, Code, Msg, Role};
@@ -14,6 +20,24 @@ use std::collections::HashMap;
 use std::path::Path;
 
 const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("orchestrator");
+
+/// The key of the stored table in [`STATE`].
+const TABLE_KEY: &str = "table";
+
+/// The key of the epoch limit in [`STATE`]: 8 bytes, big-endian, never
+/// below the stored table's epoch. Every epoch published so far is at or
+/// below it.
+const EPOCH_LIMIT_KEY: &str = "epoch-limit";
+
+/// Epochs reserved by each store of the limit: one fsync per this many
+/// unstored changes, and a restart skips at most this many epochs.
+const EPOCH_RESERVE: u64 = 1 << 10;
+
+/// How far a database stored before the epoch limit existed moves its
+/// epoch on its first open: past any epoch its orchestrator may have
+/// published without storing it (one per heartbeat or drain progress
+/// between two membership changes).
+const UNLIMITED_EPOCH_GAP: u64 = 1 << 32;
 
 /// Default short-failure timer: a node silent this long is marked down.
 pub const SHORT_FAILURE_MS: u64 = 3_000;
@@ -51,10 +75,14 @@ pub struct OnCore {
     /// The epoch at which group owners last changed: a drain report only
     /// counts for a scan that started with a table at least this new (an
     /// older scan may have missed a group the node owns now). After a
-    /// restart, the epoch the orchestrator opened at.
+    /// restart, the epoch the orchestrator opened at: above every epoch
+    /// published before, so no scan from before the restart counts (the
+    /// owners it saw are not known any more).
     owners_epoch: u64,
     /// The owners (and handover targets) at `owners_epoch`.
     owners: (Vec<u16>, Vec<(u32, u16)>),
+    /// The stored epoch limit: the table's epoch never goes above it.
+    epoch_limit: u64,
 }
 
 /// One metadata node's latest drain report.
@@ -161,29 +189,69 @@ fn lone_copy_risk(t: &Table, owner: &[u16], skip: Option<u16>) -> f64 {
         .sum()
 }
 
+/// Reads the stored table and epoch limit (each `None` in a new
+/// database), checking both.
+fn read_state(db: &Database, path: &Path) -> Result<(Option<Table>, Option<u64>), Error> {
+    let tx = db.begin_write().map_err(db_err)?;
+    tx.open_table(STATE).map_err(db_err)?;
+    tx.commit().map_err(db_err)?;
+    let tx = db.begin_read().map_err(db_err)?;
+    let state = tx.open_table(STATE).map_err(db_err)?;
+    let table =
+        match state.get(TABLE_KEY).map_err(db_err)? {
+            Some(v) => Some(Table::decode(v.value()).map_err(|e| {
+                Error::Db(format!("stored prefix table in {}: {e}", path.display()))
+            })?),
+            None => None,
+        };
+    let limit = match state.get(EPOCH_LIMIT_KEY).map_err(db_err)? {
+        Some(v) => Some(
+            decode_limit(v.value())
+                .map_err(|e| Error::Db(format!("stored epoch limit in {}: {e}", path.display())))?,
+        ),
+        None => None,
+    };
+    Ok((table, limit))
+}
+
+/// Decodes a stored epoch limit: 8 bytes, big-endian.
+fn decode_limit(bytes: &[u8]) -> Result<u64, String> {
+    let raw: [u8; 8] = bytes
+        .try_into()
+        .map_err(|_| format!("{} bytes, expected 8", bytes.len()))?;
+    Ok(u64::from_be_bytes(raw))
+}
+
+/// The epoch an orchestrator opens at: above every epoch published
+/// before (the stored limit, or for a database from before the limit,
+/// the stored table's epoch plus [`UNLIMITED_EPOCH_GAP`]); a new cluster
+/// keeps its initial table's.
+fn first_epoch(stored: Option<&Table>, limit: Option<u64>, initial: u64) -> Result<u64, String> {
+    let exhausted = |e: u64| format!("table epoch {e} is exhausted");
+    match (stored.map(|t| t.epoch), limit) {
+        (Some(epoch), Some(limit)) if limit < epoch => Err(format!(
+            "the stored epoch limit {limit} is below the stored table's epoch {epoch} (damaged database)"
+        )),
+        (_, Some(limit)) => limit.checked_add(1).ok_or_else(|| exhausted(limit)),
+        (Some(epoch), None) => epoch
+            .checked_add(UNLIMITED_EPOCH_GAP)
+            .ok_or_else(|| exhausted(epoch)),
+        (None, None) => Ok(initial),
+    }
+}
+
 impl OnCore {
     /// Opens the orchestrator database at `path`. A new cluster takes
     /// `initial` (its layout, replication and `expected_mns` metadata slots,
     /// each owning `mg_count / expected_mns` groups); an existing one keeps
-    /// what it stored.
+    /// what it stored, at an epoch above every one it published before.
     pub fn open(path: &Path, initial: Table, expected_mns: u16, now: u64) -> Result<OnCore, Error> {
         let db = Database::create(path)
             .map_err(|e| Error::Db(format!("opening {}: {e}", path.display())))?;
-        let stored = {
-            let tx = db.begin_write().map_err(db_err)?;
-            tx.open_table(STATE).map_err(db_err)?;
-            tx.commit().map_err(db_err)?;
-            let tx = db.begin_read().map_err(db_err)?;
-            let t = tx.open_table(STATE).map_err(db_err)?;
-            let v = t.get("table").map_err(db_err)?;
-            match v {
-                Some(v) => Some(Table::decode(v.value()).map_err(|e| {
-                    Error::Db(format!("stored prefix table in {}: {e}", path.display()))
-                })?),
-                None => None,
-            }
-        };
-        let (table, expected_mns) = match stored {
+        let (stored, limit) = read_state(&db, path)?;
+        let start = first_epoch(stored.as_ref(), limit, initial.epoch)
+            .map_err(|e| Error::Db(format!("{}: {e}", path.display())))?;
+        let (mut table, expected_mns) = match stored {
             Some(t) => {
                 // Slots in use: group owners, handover targets, and metadata
                 // nodes (a new one owns no group until its first handover).
@@ -205,6 +273,7 @@ impl OnCore {
                 (t, slots)
             }
         };
+        table.epoch = start;
         // Everyone gets a full timer after an orchestrator restart.
         let last_seen = table
             .mns
@@ -225,7 +294,15 @@ impl OnCore {
             definitive_failure_ms: DEFINITIVE_FAILURE_MS,
             frozen_since: HashMap::new(),
             drain_reports: HashMap::new(),
+            epoch_limit: start.checked_add(EPOCH_RESERVE).ok_or_else(|| {
+                Error::Db(format!(
+                    "{}: table epoch {start} is exhausted",
+                    path.display()
+                ))
+            })?,
         };
+        // Stored before anything is served: the epoch it opened at is
+        // above every one published before, and stays below the limit.
         on.persist()?;
         Ok(on)
     }
@@ -245,18 +322,47 @@ impl OnCore {
         &self.table
     }
 
+    /// Stores the table with the epoch limit, in one transaction.
     fn persist(&mut self) -> Result<(), Error> {
         let bytes = self.table.encode();
         let tx = self.db.begin_write().map_err(db_err)?;
-        tx.open_table(STATE)
-            .map_err(db_err)?
-            .insert("table", bytes.as_slice())
-            .map_err(db_err)?;
+        {
+            let mut state = tx.open_table(STATE).map_err(db_err)?;
+            state.insert(TABLE_KEY, bytes.as_slice()).map_err(db_err)?;
+            state
+                .insert(EPOCH_LIMIT_KEY, self.epoch_limit.to_be_bytes().as_slice())
+                .map_err(db_err)?;
+        }
         tx.commit().map_err(db_err)
     }
 
+    /// Moves the table to the next epoch. Past the stored limit, a new
+    /// limit is stored first: the new epoch is published only once a
+    /// restart is sure to start above it. On failure the epoch is left
+    /// as it was.
+    fn next_epoch(&mut self) -> Result<(), Error> {
+        let next =
+            self.table.epoch.checked_add(1).ok_or_else(|| {
+                Error::Db(format!("table epoch {} is exhausted", self.table.epoch))
+            })?;
+        if next > self.epoch_limit {
+            let limit = next.saturating_add(EPOCH_RESERVE);
+            let tx = self.db.begin_write().map_err(db_err)?;
+            tx.open_table(STATE)
+                .map_err(db_err)?
+                .insert(EPOCH_LIMIT_KEY, limit.to_be_bytes().as_slice())
+                .map_err(db_err)?;
+            tx.commit().map_err(db_err)?;
+            self.epoch_limit = limit;
+        }
+        self.table.epoch = next;
+        Ok(())
+    }
+
+    /// A change worth storing: the next epoch, then the table stored
+    /// before the caller answers anyone.
     fn changed(&mut self) -> Result<(), Error> {
-        self.table.epoch += 1;
+        self.next_epoch()?;
         let owners = owners_of(&self.table);
         if owners != self.owners {
             self.owners = owners;
@@ -339,8 +445,9 @@ impl OnCore {
                 if revived {
                     self.changed()?;
                 } else {
-                    // Free space changes are published but not worth an fsync.
-                    self.table.epoch += 1;
+                    // Free space changes are published but not worth an
+                    // fsync (only one per `EPOCH_RESERVE` for the limit).
+                    self.next_epoch()?;
                 }
                 Ok(Body::Done { version: 0 })
             }
@@ -806,10 +913,10 @@ impl OnCore {
         // A scan that started before the drain or before the owners last
         // changed proves nothing about the groups the node owns now; one
         // that counted for another drain of the node (cancelled, then
-        // started again) proves nothing about this one. The epoch test
-        // alone would not do: epochs published without an fsync (progress,
-        // heartbeats) are lost by a restart, so a scan under the old drain
-        // may carry an epoch later than the new drain's start.
+        // started again) proves nothing about this one. Epochs only go up,
+        // across restarts too, so a scan under an earlier drain has an
+        // epoch below this one's start; the drain it names is checked as
+        // well, since it costs nothing and the metadata nodes send it.
         if count.drain == drain.since && count.epoch >= drain.since.max(self.owners_epoch) {
             self.drain_reports.insert((index, slot), count);
         }
@@ -850,7 +957,7 @@ impl OnCore {
             }
             return self.changed();
         }
-        let d = &mut self.table.drains[pos];
+        let d = self.table.drains[pos];
         // Before every slot has reported, the heartbeat's replica count
         // is the better estimate of what is left.
         if unreported > 0 {
@@ -861,12 +968,13 @@ impl OnCore {
             copies,
             unplaceable: unplaceable.min(left),
             unreported,
-            ..*d
+            ..d
         };
-        if next != *d {
-            *d = next;
-            // Progress is published but not worth an fsync.
-            self.table.epoch += 1;
+        if next != d {
+            // Progress is published but not worth an fsync (only one per
+            // `EPOCH_RESERVE` for the limit).
+            self.next_epoch()?;
+            self.table.drains[pos] = next;
         }
         Ok(())
     }
@@ -1545,25 +1653,25 @@ mod tests {
         drain_report(&mut on, 1, first.since, 1, 2);
         let late = on.table().epoch;
         assert!(late > first.since + 1);
-        // The orchestrator restarts (the epoch goes back to the one
-        // stored), the drain is cancelled and started again.
+        // The orchestrator restarts (above every epoch it published),
+        // the drain is cancelled and started again: it starts after any
+        // scan under the first drain.
         drop(on);
         let mut on = OnCore::open(&path, empty_table(), 2, 0).unwrap();
-        assert!(on.table().epoch < late);
+        assert!(on.table().epoch > late);
         assert_eq!(cancel(&mut on, 11), Body::Done { version: 0 });
         assert!(!on.table().retiring(1));
         assert_eq!(retire(&mut on, 11), Body::Done { version: 0 });
         let second = *on.table().drain_of(1).unwrap();
-        assert!(second.since > first.since);
-        assert!(
-            second.since <= late,
-            "the test needs a scan epoch past the restart"
-        );
+        assert!(second.since > late);
         assert_eq!(second.unreported, 2);
-        // Clean reports from scans under the first drain, with epochs as
-        // new as the second one's start, do not count.
+        // Clean reports from scans under the first drain do not count,
+        // by their epoch, and by the drain they name even with an epoch
+        // as new as the second one's start.
         drain_report_for(&mut on, 0, late, first.since, 1, 0);
-        drain_report_for(&mut on, 1, late, first.since, 1, 0);
+        drain_report_for(&mut on, 1, late, second.since, 1, 0);
+        drain_report_for(&mut on, 0, second.since, first.since, 1, 0);
+        drain_report_for(&mut on, 1, second.since, first.since, 1, 0);
         let d = *on.table().drain_of(1).unwrap();
         assert_eq!(d.unreported, 2, "{d:?}");
         assert_eq!(on.table().sns[0].state, State::Up);
@@ -1586,6 +1694,139 @@ mod tests {
             message.contains("retired already") && message.contains("add it again as a new node"),
             "{message}"
         );
+        assert_eq!(on.table().sns[0].state, State::Retired);
+    }
+
+    /// A cluster of `drain_cluster` whose epoch moved past the stored one
+    /// by heartbeats (published, never stored on their own); returns the
+    /// last epoch published.
+    fn publish_unstored_epochs(on: &mut OnCore, count: usize) -> u64 {
+        for i in 0..count {
+            let reply = heartbeat(on, 0, [1, 2, 11, 12, 13][i % 5]);
+            assert_eq!(reply.body, Body::Done { version: 0 });
+        }
+        on.table().epoch
+    }
+
+    #[test]
+    fn the_epoch_only_goes_up_across_restarts() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("on.redb");
+        let mut on = drain_cluster(&path);
+        let stored = on.table().epoch;
+        // More heartbeats than one reservation covers.
+        let late = publish_unstored_epochs(&mut on, 1_500);
+        assert!(late > stored + 1_024);
+        drop(on);
+        let on = OnCore::open(&path, empty_table(), 2, 0).unwrap();
+        let reopened = on.table().epoch;
+        assert!(
+            reopened > late,
+            "epoch {reopened} after a restart, {late} before"
+        );
+        // A restart with nothing published since still moves on.
+        drop(on);
+        let mut on = OnCore::open(&path, empty_table(), 2, 0).unwrap();
+        assert!(on.table().epoch > reopened);
+        // A change after the restart publishes a newer table than any a
+        // node holds from before it.
+        let before = on.table().epoch;
+        register_sn(&mut on, 14);
+        assert!(on.table().epoch > before && on.table().sns.len() == 4);
+        let Body::Table { bytes } = on.handle(0, &Msg::new(9, 0, Body::GetTable)).body else {
+            panic!("no table");
+        };
+        assert!(Table::decode(&bytes).unwrap().epoch > late);
+    }
+
+    /// Stores `value` under `key` in the orchestrator database at `path`
+    /// (closed), as a damaged or older database would hold it.
+    fn store_raw(path: &Path, key: &str, value: Option<&[u8]>) {
+        let db = Database::create(path).unwrap();
+        let tx = db.begin_write().unwrap();
+        {
+            let mut state = tx.open_table(STATE).unwrap();
+            match value {
+                Some(v) => state.insert(key, v).map(drop).unwrap(),
+                None => state.remove(key).map(drop).unwrap(),
+            }
+        }
+        tx.commit().unwrap();
+    }
+
+    #[test]
+    fn a_damaged_epoch_limit_is_refused_and_an_older_database_moves_past_its_epochs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("on.redb");
+        let on = drain_cluster(&path);
+        let stored = on.table().epoch;
+        drop(on);
+        let open = || OnCore::open(&path, empty_table(), 2, 0).map(|on| on.table().epoch);
+        let below = (stored - 1).to_be_bytes();
+        let cases: [(&[u8], &str); 4] = [
+            (&[], "stored epoch limit in"),
+            (&[0, 0, 7], "3 bytes, expected 8"),
+            (&below, "below the stored table's epoch"),
+            (&[0xff; 8], "is exhausted"),
+        ];
+        for (bytes, want) in cases {
+            store_raw(&path, EPOCH_LIMIT_KEY, Some(bytes));
+            let err = open().unwrap_err().to_string();
+            assert!(err.contains(want), "{bytes:?}: {err}");
+            assert!(err.contains("on.redb"), "{bytes:?}: {err}");
+        }
+        // A database from before the limit: its orchestrator may have
+        // published epochs far past the stored one.
+        store_raw(&path, EPOCH_LIMIT_KEY, None);
+        let first = open().unwrap();
+        assert!(first >= stored + UNLIMITED_EPOCH_GAP, "{first}");
+        // Then the stored limit holds, and the next restart goes past it.
+        let second = open().unwrap();
+        assert!(
+            second > first && second <= first + EPOCH_RESERVE + 1,
+            "{second}"
+        );
+        // Arbitrary bytes never panic.
+        let mut rng = 7u64;
+        for len in 0..40 {
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    rng = crate::addr::splitmix64(rng);
+                    rng as u8
+                })
+                .collect();
+            let _ = decode_limit(&bytes);
+        }
+    }
+
+    #[test]
+    fn a_scan_from_before_a_restart_does_not_count_once_owners_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("on.redb");
+        let mut on = drain_cluster(&path);
+        assert_eq!(retire(&mut on, 11), Body::Done { version: 0 });
+        let d = *on.table().drain_of(1).unwrap();
+        // Both metadata nodes start scans under a table published by
+        // heartbeats, with the owners of before the restart.
+        let scan = publish_unstored_epochs(&mut on, 10);
+        drop(on);
+        let mut on = OnCore::open(&path, empty_table(), 2, 0).unwrap();
+        // A third metadata node takes groups over: owners change.
+        register(&mut on, 0, 3);
+        assert!(!on.table().moves.is_empty());
+        // The old scans' clean reports prove nothing about the new owners.
+        drain_report_for(&mut on, 0, scan, d.since, 1, 0);
+        drain_report_for(&mut on, 1, scan, d.since, 1, 0);
+        assert!(
+            on.table().retiring(1),
+            "retired on scans from before the owners changed"
+        );
+        assert_eq!(on.table().drain_of(1).unwrap().unreported, 2);
+        // Scans under the new owners do count.
+        let now = on.table().epoch;
+        drain_report_for(&mut on, 0, now, d.since, 1, 0);
+        drain_report_for(&mut on, 1, now, d.since, 1, 0);
+        assert!(!on.table().retiring(1));
         assert_eq!(on.table().sns[0].state, State::Retired);
     }
 

@@ -758,10 +758,16 @@ impl Sim {
         for s in 0..self.slots as usize {
             if self.rng.chance(15) {
                 if let Some(core) = self.mns[s].as_mut() {
-                    // Compared whole, as the runtime takes every table
-                    // it fetches: an orchestrator restart can publish a
-                    // different table under an epoch seen before.
-                    if core.table() != on.table() {
+                    // As the runtime does, only a newer table replaces
+                    // a node's: epochs only go up, across orchestrator
+                    // restarts too.
+                    assert!(
+                        core.table().epoch <= on.table().epoch,
+                        "slot {s} holds epoch {}, the orchestrator publishes {}",
+                        core.table().epoch,
+                        on.table().epoch
+                    );
+                    if on.table().epoch > core.table().epoch {
                         core.set_table(on.table().clone());
                     }
                 }
@@ -799,10 +805,10 @@ impl Sim {
     }
 
     /// Restarts the orchestrator (from its database: progress published
-    /// since the last stored change is lost, so the epoch goes back), then
-    /// cancels the drain of storage node `index`. Reports of scans under
-    /// the cancelled drain may still be in flight, with epochs as new as a
-    /// later drain's start.
+    /// since the last stored change is lost, but the epoch goes on above
+    /// every one published), then cancels the drain of storage node
+    /// `index`. Reports of scans under the cancelled drain may still be in
+    /// flight.
     fn cancel_drain(&mut self, index: u16) {
         let uuid = self
             .table
@@ -811,8 +817,13 @@ impl Sim {
             .find(|s| s.index == index)
             .unwrap()
             .uuid;
-        self.on = None;
+        let before = self.on.take().map_or(0, |on| on.table().epoch);
         let mut on = self.orchestrator();
+        assert!(
+            on.table().epoch > before,
+            "epoch {} after a restart, {before} before",
+            on.table().epoch
+        );
         let reply = on.handle(self.now, &Msg::new(1, 0, Body::CancelRetire { uuid }));
         assert_eq!(reply.body, Body::Done { version: 0 });
         self.table = on.table().clone();
