@@ -681,6 +681,8 @@ impl Service {
             ready,
             commit,
         );
+        // The standby was used or dropped: have the keeper make the next.
+        self.keeper.kick();
         match (result, failed) {
             (Ok(pause), _) => Ok(pause),
             (Err(_), Some(e)) => Err(e),

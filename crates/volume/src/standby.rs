@@ -32,6 +32,9 @@ use crate::service::{layer_file, new_id, Live, Service};
 /// How often the keeper catches standbys up.
 const KEEP_PERIOD: Duration = Duration::from_secs(1);
 
+/// How long a pass waits for a volume's change lock before skipping it.
+const LOCK_WAIT: Duration = Duration::from_millis(200);
+
 /// A volume's next top, prepared ahead.
 #[derive(Debug)]
 pub(crate) struct Standby {
@@ -48,6 +51,14 @@ pub(crate) struct Keeper {
 }
 
 impl Keeper {
+    /// Wakes the thread for a pass now (after a switch used or dropped a
+    /// volume's standby), instead of at the next period.
+    pub(crate) fn kick(&self) {
+        if let Some((_, thread)) = self.running.lock().as_ref() {
+            thread.thread().unpark();
+        }
+    }
+
     /// Stops the thread and waits for it.
     fn stop(&self) {
         if let Some((stop, thread)) = self.running.lock().take() {
@@ -92,7 +103,9 @@ impl Service {
             let Some(live) = self.live_entry(&name) else {
                 continue;
             };
-            let Some(_changes) = live.changes.try_lock() else {
+            // A kick comes from a change still holding the lock: wait for
+            // it a little rather than a whole period.
+            let Some(_changes) = live.changes.try_lock_for(LOCK_WAIT) else {
                 continue;
             };
             if let Err(e) = self.keep_standby(&name, &live, min) {
