@@ -1118,10 +1118,10 @@ fn a_drain_cancelled_then_started_again_under_faults_retires_with_nothing_lost()
         let mut sim = Sim::new(seed, p);
         sim.on = Some(sim.orchestrator());
         sim.drain_sn_at = Some(20_000);
-        // Before any drain could end: a node's first pass under the drain
-        // still finds records naming the node, and the next starts a second
-        // later (with nothing stale left to hold it, a drain here has
-        // retired 1.2 s after it began).
+        // Before any drain could end: retiring takes two rounds of clean
+        // passes, and a node's next pass starts a second after its last.
+        // (With one round, a first pass finding nothing let some seeds
+        // retire the node before this cancel.)
         sim.cancel_drain_at = Some(20_700);
         sim.redrain_sn_at = Some(25_000);
         sim.run(27_000, true, 150);
