@@ -1366,10 +1366,18 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     }
 
     /// Ends a drain pass: one report per drained node to the orchestrator.
+    /// Replication messages still being resent that carry a record naming
+    /// a drained node count as records left (see
+    /// [`MnCore::inflight_naming`]).
     fn report_drains(&mut self, out: &mut Vec<Out<P>>) {
-        let Some(pass) = self.drain_pass.take() else {
+        let Some(mut pass) = self.drain_pass.take() else {
             return;
         };
+        for (index, n) in self.inflight_naming(&pass.counts) {
+            if let Some(c) = pass.counts.get_mut(&index) {
+                c.0 = c.0.saturating_add(n);
+            }
+        }
         for (index, (left, copies, unplaceable)) in pass.counts {
             // Cancelled (or cancelled and started again) since the scan
             // began: nothing to report for the drain it counted.
@@ -1394,6 +1402,36 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 },
             )));
         }
+    }
+
+    /// Per drained node index (a key of `drained`), the replication
+    /// messages this node is still resending whose record names it. The
+    /// scan sees rows, not these: one landing at a metadata copy after
+    /// that copy's scan passed its group writes a row naming the node
+    /// there, while this node's own row may have moved on to a version
+    /// that does not (the copy applies an older version it lacks). Only
+    /// once none is left can every copy's next scan be trusted to show
+    /// every such row.
+    fn inflight_naming<V>(&self, drained: &BTreeMap<u16, V>) -> BTreeMap<u16, u64> {
+        let mut counts = BTreeMap::new();
+        for inf in self.inflight.values() {
+            let Body::Replicate { record } = &inf.msg.body else {
+                continue;
+            };
+            let mut named: Vec<u16> = record
+                .replicas
+                .iter()
+                .filter_map(|&a| self.table.layout.sn_of(a))
+                .filter(|i| drained.contains_key(i))
+                .collect();
+            // One count per message, however many replicas it names there.
+            named.sort_unstable();
+            named.dedup();
+            for i in named {
+                *counts.entry(i).or_insert(0u64) += 1;
+            }
+        }
+        counts
     }
 
     /// Asks the coordinator of `record` (a metadata copy kept here that

@@ -72,6 +72,12 @@ pub struct OnCore {
     /// The latest drain report of each (drained node index, metadata
     /// slot). Not persisted: after a restart the reports come again.
     drain_reports: HashMap<(u16, u16), DrainCount>,
+    /// Per drained node index, the epoch published once every report
+    /// showed nothing left: the node retires only on reports from scans
+    /// started at that epoch or later that show nothing left again (see
+    /// [`OnCore::update_drain`]). Not persisted: after a restart both
+    /// rounds come again. Stale once owners change after it.
+    drain_confirm: HashMap<u16, u64>,
     /// The epoch at which group owners last changed: a drain report only
     /// counts for a scan that started with a table at least this new (an
     /// older scan may have missed a group the node owns now). After a
@@ -98,6 +104,15 @@ struct DrainCount {
 
 fn db_err(e: impl std::fmt::Display) -> Error {
     Error::Db(e.to_string())
+}
+
+/// Reports on one drain summed over the slots owning groups.
+#[derive(Clone, Copy, Debug, Default)]
+struct DrainSum {
+    left: u64,
+    copies: u64,
+    unplaceable: u64,
+    unreported: u16,
 }
 
 /// Group owners and handover targets: a drain report counts only for a
@@ -300,6 +315,7 @@ impl OnCore {
                     path.display()
                 ))
             })?,
+            drain_confirm: HashMap::new(),
         };
         // Stored before anything is served: the epoch it opened at is
         // above every one published before, and stays below the limit.
@@ -882,7 +898,7 @@ impl OnCore {
             return Ok(Body::Done { version: 0 });
         };
         self.table.drains.remove(pos);
-        self.drain_reports.retain(|&(i, _), _| i != index);
+        self.forget_drain(index);
         // Persisted: the epoch the drain ended at must survive a restart,
         // so that a later drain of the node gets a later `since`.
         self.changed()?;
@@ -925,49 +941,65 @@ impl OnCore {
     }
 
     /// Sums the valid reports of the drain of `index` into the table and
-    /// retires the node once every slot owning groups reports no row
-    /// naming it, and no group is being restored (a restoring node's
-    /// rows are incomplete until it has gathered them).
+    /// retires the node once it is drained: no group is being restored (a
+    /// restoring node's rows are incomplete until it has gathered them)
+    /// and every slot owning groups reports no row naming it, in two
+    /// rounds. Reports come from scans made at different times, so a
+    /// replication message landing at a metadata copy after that copy's
+    /// scan passed (while its coordinator's row moved on) escapes the
+    /// first round. When the first round is clean, the epoch is bumped
+    /// and only scans started at that epoch or later count: coordinators
+    /// count their replication messages still being resent (see
+    /// `MnCore::report_drains`), so a clean first round means none naming
+    /// the node was left, and anything they wrote before is in place for
+    /// the second round to see.
     fn update_drain(&mut self, index: u16) -> Result<(), Error> {
         let Some(pos) = self.table.drains.iter().position(|d| d.index == index) else {
             return Ok(());
         };
-        let since = self.table.drains[pos].since.max(self.owners_epoch);
-        let (mut left, mut copies, mut unplaceable, mut unreported) = (0u64, 0u64, 0u64, 0u16);
-        for slot in self.slots_owning_groups() {
-            match self.drain_reports.get(&(index, slot)) {
-                Some(c) if c.epoch >= since && c.drain == self.table.drains[pos].since => {
-                    left = left.saturating_add(c.left);
-                    copies = copies.saturating_add(c.copies);
-                    unplaceable = unplaceable.saturating_add(c.unplaceable);
-                }
-                _ => unreported = unreported.saturating_add(1),
-            }
-        }
+        let drain = self.table.drains[pos];
+        let base = drain.since.max(self.owners_epoch);
+        // A confirmation asked for before owners last changed is void:
+        // the first round starts over under the new owners.
+        let confirm = self
+            .drain_confirm
+            .get(&index)
+            .copied()
+            .filter(|&e| e > base);
+        let mut sum = self.sum_drain_reports(index, drain.since, confirm.unwrap_or(base));
         let restoring = self
             .table
             .moves
             .iter()
             .any(|m| m.phase == MovePhase::Restoring);
-        if unreported == 0 && left == 0 && copies == 0 && !restoring {
+        let clean = sum.unreported == 0 && sum.left == 0 && sum.copies == 0 && !restoring;
+        if clean && confirm.is_some() {
             self.table.drains.remove(pos);
-            self.drain_reports.retain(|&(i, _), _| i != index);
+            self.forget_drain(index);
             if let Some(s) = self.table.sns.iter_mut().find(|s| s.index == index) {
                 s.state = State::Retired;
             }
             return self.changed();
         }
+        if clean {
+            // Published without an fsync of its own (the limit takes one
+            // per `EPOCH_RESERVE`; a restart forgets the round anyway) so
+            // that the metadata nodes' next scans carry it.
+            self.next_epoch()?;
+            self.drain_confirm.insert(index, self.table.epoch);
+            sum = self.sum_drain_reports(index, drain.since, self.table.epoch);
+        }
         let d = self.table.drains[pos];
         // Before every slot has reported, the heartbeat's replica count
         // is the better estimate of what is left.
-        if unreported > 0 {
-            left = left.max(d.left);
+        if sum.unreported > 0 {
+            sum.left = sum.left.max(d.left);
         }
         let next = Drain {
-            left,
-            copies,
-            unplaceable: unplaceable.min(left),
-            unreported,
+            left: sum.left,
+            copies: sum.copies,
+            unplaceable: sum.unplaceable.min(sum.left),
+            unreported: sum.unreported,
             ..d
         };
         if next != d {
@@ -977,6 +1009,29 @@ impl OnCore {
             self.table.drains[pos] = next;
         }
         Ok(())
+    }
+
+    /// Sums the latest reports on drain `since` of `index` from scans
+    /// started at epoch `from` or later; slots without one are unreported.
+    fn sum_drain_reports(&self, index: u16, since: u64, from: u64) -> DrainSum {
+        let mut sum = DrainSum::default();
+        for slot in self.slots_owning_groups() {
+            match self.drain_reports.get(&(index, slot)) {
+                Some(c) if c.epoch >= from && c.drain == since => {
+                    sum.left = sum.left.saturating_add(c.left);
+                    sum.copies = sum.copies.saturating_add(c.copies);
+                    sum.unplaceable = sum.unplaceable.saturating_add(c.unplaceable);
+                }
+                _ => sum.unreported = sum.unreported.saturating_add(1),
+            }
+        }
+        sum
+    }
+
+    /// Drops what was gathered on the drain of `index` (ended).
+    fn forget_drain(&mut self, index: u16) {
+        self.drain_reports.retain(|&(i, _), _| i != index);
+        self.drain_confirm.remove(&index);
     }
 
     /// Declares the metadata node in `slot` dead, if another one is up to
@@ -1484,6 +1539,67 @@ mod tests {
         on.handle(0, &Msg::new(7, 0, body)).body
     }
 
+    /// Sends the second round of clean reports on the drain of `index`,
+    /// from scans of every slot in `slots` started at the current epoch,
+    /// after checking that the first round alone retired nothing.
+    fn confirm_drain(on: &mut OnCore, slots: &[u16], index: u16) {
+        let d = *on.table().drain_of(index).unwrap();
+        assert_eq!(usize::from(d.unreported), slots.len(), "{d:?}");
+        let epoch = on.table().epoch;
+        for &slot in slots {
+            drain_report(on, slot, epoch, index, 0);
+        }
+    }
+
+    /// Reports come from scans made at different times: a clean first
+    /// round retires nothing, only a second clean round from scans that
+    /// started after it does; owners changing in between, or a restart,
+    /// start the rounds over.
+    #[test]
+    fn a_drain_retires_only_on_a_second_clean_round() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("on.redb");
+        let mut on = drain_cluster(&path);
+        assert_eq!(retire(&mut on, 11), Body::Done { version: 0 });
+        let d = *on.table().drain_of(1).unwrap();
+        drain_report(&mut on, 0, d.since, 1, 0);
+        let before = on.table().epoch;
+        drain_report(&mut on, 1, d.since, 1, 0);
+        // Clean: not retired, and a new epoch asks for fresh scans.
+        let t = *on.table().drain_of(1).unwrap();
+        assert_eq!((t.left, t.copies, t.unreported), (0, 0, 2), "{t:?}");
+        assert!(on.table().epoch > before);
+        assert_eq!(on.table().sns[0].state, State::Up);
+        // Scans started before the first clean round was seen count no
+        // more, clean or not.
+        drain_report(&mut on, 0, before, 1, 0);
+        drain_report(&mut on, 1, before, 1, 0);
+        assert_eq!(on.table().drain_of(1).unwrap().unreported, 2);
+        // A fresh scan finds a record again (a copy written late): held.
+        let fresh = on.table().epoch;
+        drain_report(&mut on, 0, fresh, 1, 1);
+        drain_report(&mut on, 1, fresh, 1, 0);
+        let t = *on.table().drain_of(1).unwrap();
+        assert_eq!((t.left, t.unreported), (1, 0), "{t:?}");
+        // Owners change: the confirmation is void, the rounds start over.
+        register(&mut on, 0, 3);
+        let changed = on.table().epoch;
+        drain_report(&mut on, 0, changed, 1, 0);
+        drain_report(&mut on, 1, changed, 1, 0);
+        assert!(on.table().retiring(1));
+        // A restart forgets the first round too.
+        drop(on);
+        let mut on = OnCore::open(&path, empty_table(), 2, 0).unwrap();
+        on.set_short_failure(100_000);
+        let opened = on.table().epoch;
+        drain_report(&mut on, 0, opened, 1, 0);
+        drain_report(&mut on, 1, opened, 1, 0);
+        assert!(on.table().retiring(1));
+        confirm_drain(&mut on, &[0, 1], 1);
+        assert!(!on.table().retiring(1));
+        assert_eq!(on.table().sns[0].state, State::Retired);
+    }
+
     #[test]
     fn a_storage_node_is_retired_only_once_every_owner_reports_it_drained() {
         let dir = tempfile::tempdir().unwrap();
@@ -1547,6 +1663,7 @@ mod tests {
         drain_report(&mut on, 1, changed, 1, 0);
         assert!(on.table().retiring(1));
         drain_report(&mut on, 0, changed, 1, 0);
+        confirm_drain(&mut on, &[0, 1], 1);
         let t = on.table().clone();
         assert!(!t.retiring(1));
         assert_eq!(t.sns[0].state, State::Retired);
@@ -1683,6 +1800,7 @@ mod tests {
         drain_report(&mut on, 0, second.since, 1, 0);
         assert!(on.table().retiring(1));
         drain_report(&mut on, 1, second.since, 1, 0);
+        confirm_drain(&mut on, &[0, 1], 1);
         assert!(!on.table().retiring(1));
         assert_eq!(on.table().sns[0].state, State::Retired);
         // A retired node's drain cannot be cancelled.
@@ -1826,6 +1944,8 @@ mod tests {
         let now = on.table().epoch;
         drain_report_for(&mut on, 0, now, d.since, 1, 0);
         drain_report_for(&mut on, 1, now, d.since, 1, 0);
+        // ... in two clean rounds.
+        confirm_drain(&mut on, &[0, 1], 1);
         assert!(!on.table().retiring(1));
         assert_eq!(on.table().sns[0].state, State::Retired);
     }

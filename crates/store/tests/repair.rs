@@ -470,6 +470,91 @@ fn a_stale_metadata_copy_naming_a_drained_node_is_refreshed_by_its_coordinator()
     assert_eq!(reports, vec![(0, 0)]);
 }
 
+/// The (left, copies) of the drain reports in `outs`.
+fn drain_counts(outs: &[Out<u32>]) -> Vec<(u64, u64)> {
+    outs.iter()
+        .filter_map(|o| match o {
+            Out::ToOn(Msg {
+                body: Body::DrainReport { left, copies, .. },
+                ..
+            }) => Some((*left, *copies)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A coordinator still resending an old version that names a drained
+/// node counts it as a record left, though its own row has moved on to a
+/// version that does not: the copy may apply the old version after its
+/// own scan passed the name (as it does here), and only a report that
+/// counts the resend keeps the orchestrator from retiring the node on
+/// scans that all missed that row.
+#[test]
+fn a_replication_still_resent_that_names_a_drained_node_counts_as_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "r/obj";
+    let (mut coord, mut copy, mut t) = coordinator_and_copy(dir.path(), name);
+    // Versions acknowledged by the coordinator alone (W_m = 1), their
+    // replication to the copy lost, until one no longer uses a node the
+    // first used.
+    post(&mut coord, &t, name, 0);
+    let first = record(&coord, &t, name);
+    let sn = |a| t.layout.sn_of(a).unwrap();
+    let mut now = 0;
+    let index = loop {
+        now += 10;
+        post(&mut coord, &t, name, now);
+        let latest = record(&coord, &t, name);
+        let dropped = first
+            .replicas
+            .iter()
+            .map(|&a| sn(a))
+            .find(|&i| latest.replicas.iter().all(|&a| sn(a) != i));
+        if let Some(i) = dropped {
+            break i;
+        }
+        assert!(now < 200, "placement never left a node out");
+    };
+    assert_eq!(copy_version(&copy, &t, name), 0);
+    t.epoch = 2;
+    t.drains = vec![Drain {
+        index,
+        since: 2,
+        left: 0,
+        copies: 0,
+        unplaceable: 0,
+        unreported: 2,
+    }];
+    copy.set_table(t.clone());
+    coord.set_table(t.clone());
+    // The copy's scan finds nothing yet.
+    assert_eq!(drain_counts(&copy.tick(1_000)), vec![(0, 0)]);
+    // The coordinator's row does not name the node, but the first
+    // version's replication, still resent, does.
+    let outs = coord.tick(1_000);
+    assert_eq!(drain_counts(&outs), vec![(1, 0)], "{outs:?}");
+    // That resend lands at the copy after its scan: the copy now names
+    // the node (its next scan counts it, and asks for a refresh), and
+    // acknowledges it.
+    let resends = to_meta(outs);
+    let old = resends
+        .iter()
+        .find(|m| matches!(&m.body, Body::Replicate { record } if record.version == first.version))
+        .expect("the first version resent");
+    let acks = copy.handle(1_001, 1000, old.clone());
+    assert_eq!(copy_version(&copy, &t, name), first.version);
+    for ack in acks {
+        if let Out::Reply(_, m) = ack {
+            coord.handle(1_002, 1001, m);
+        }
+    }
+    // Acknowledged: nothing of it is left at the coordinator, and the
+    // copy's next scan reports the row it wrote.
+    let outs = coord.tick(2_100);
+    assert_eq!(drain_counts(&outs), vec![(0, 0)], "{outs:?}");
+    assert_eq!(drain_counts(&copy.tick(2_100)), vec![(0, 1)]);
+}
+
 /// A Post planned before a coordinator restart, committed after it: a
 /// repair has meanwhile taken the planned version (for the old data), so
 /// the commit is refused rather than acknowledged over the repair's record.
