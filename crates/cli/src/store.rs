@@ -6,6 +6,7 @@ use serde_json::json;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use strata_store::auth::{ClusterKey, KEY_FILE};
 use strata_store::client::{Client, RenameStep};
 use strata_store::cluster::{Cluster, ClusterConfig};
 use strata_store::table::{Device, Params, Table};
@@ -23,6 +24,43 @@ pub struct ClusterArg {
     /// Output format.
     #[arg(long, value_enum, default_value = "human")]
     output: Output,
+}
+
+/// The cluster key, which nodes and control commands need.
+#[derive(Args, Clone)]
+pub struct KeyArg {
+    /// The cluster key's file: the `cluster.key` that `strata store up`
+    /// makes in its directory (32 random bytes, mode 0600). Copy it to
+    /// every host of the cluster.
+    #[arg(long = "key", env = "STRATA_CLUSTER_KEY", value_name = "FILE")]
+    path: Option<PathBuf>,
+}
+
+impl KeyArg {
+    /// The key in `--key`, else in the first of `defaults` that exists.
+    fn load(&self, defaults: &[PathBuf]) -> Result<ClusterKey> {
+        if let Some(path) = &self.path {
+            return Ok(ClusterKey::load(path)?);
+        }
+        match defaults.iter().find(|p| p.exists()) {
+            Some(path) => Ok(ClusterKey::load(path)?),
+            None => {
+                let tried: Vec<String> = defaults
+                    .iter()
+                    .map(|p| format!("'{}'", p.display()))
+                    .collect();
+                let tried = if tried.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (no {} either)", tried.join(" or "))
+                };
+                bail!(
+                    "this command needs the cluster key{tried}: give --key FILE or set \
+                     STRATA_CLUSTER_KEY to the {KEY_FILE} in the directory of `strata store up`"
+                )
+            }
+        }
+    }
 }
 
 /// `strata store` subcommands.
@@ -164,6 +202,9 @@ pub struct UpArgs {
     /// log2 of the number of metadata groups (4 to 16).
     #[arg(long, default_value_t = 8)]
     mg_bits: u8,
+    /// Default: DIR/cluster.key, made with a new random key if missing.
+    #[command(flatten)]
+    key: KeyArg,
 }
 
 /// Collection of replicas that no record names (a storage node back
@@ -214,6 +255,10 @@ pub enum NodeCommand {
         gc: GcArgs,
         #[command(flatten)]
         routes: NoRoutesArg,
+        /// Default: DIR/cluster.key, else the cluster.key of DIR's parent
+        /// (a node's directory inside the cluster's).
+        #[command(flatten)]
+        key: KeyArg,
     },
     /// Retire a storage node by its id (see `strata store status`): it
     /// takes no new object at once, its replicas are re-placed on other
@@ -231,6 +276,8 @@ pub enum NodeCommand {
         /// a retired node cannot come back (add it again as a new node).
         #[arg(long)]
         cancel: bool,
+        #[command(flatten)]
+        key: KeyArg,
         /// Node id (16 hex digits).
         id: String,
     },
@@ -374,6 +421,7 @@ fn up(args: UpArgs) -> Result<i32> {
     cfg.routed = args.routed;
     cfg.keep_routes = !args.routes.no_routes;
     cfg.gc = args.gc.config();
+    cfg.key = args.key.path.clone();
     runtime()?.block_on(async {
         let cluster = Cluster::start(cfg)
             .await
@@ -451,7 +499,7 @@ fn bench(args: BenchArgs) -> Result<i32> {
 
 fn status(c: &ClusterArg) -> Result<i32> {
     let table = runtime()?
-        .block_on(strata_store::node::fetch_table(c.cluster))
+        .block_on(strata_store::node::fetch_table(c.cluster, None))
         .with_context(|| format!("no orchestrator answered at {}", c.cluster))?;
     match c.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&table_json(&table))?),
@@ -463,7 +511,7 @@ fn status(c: &ClusterArg) -> Result<i32> {
 fn routes(args: &RoutesArgs) -> Result<i32> {
     let c = &args.cluster;
     let table = runtime()?
-        .block_on(strata_store::node::fetch_table(c.cluster))
+        .block_on(strata_store::node::fetch_table(c.cluster, None))
         .with_context(|| format!("no orchestrator answered at {}", c.cluster))?;
     if !table.routed {
         bail!(
@@ -686,15 +734,25 @@ fn node(cmd: NodeCommand) -> Result<i32> {
             device: dev,
             gc,
             routes,
+            key,
         } => {
+            let parent = dir.parent().map(|d| d.join(KEY_FILE));
+            let defaults: Vec<PathBuf> =
+                std::iter::once(dir.join(KEY_FILE)).chain(parent).collect();
+            let key = key.load(&defaults)?;
             let keep_routes = !routes.no_routes;
             let capacity = parse_size(&capacity).map_err(anyhow::Error::msg)?;
             runtime()?.block_on(async {
                 if role == "mn" {
-                    let mn =
-                        strata_store::node::start_mn(&dir, listen, cluster.cluster, keep_routes)
-                            .await
-                            .context("could not add the metadata node")?;
+                    let mn = strata_store::node::start_mn(
+                        &dir,
+                        listen,
+                        cluster.cluster,
+                        keep_routes,
+                        &key,
+                    )
+                    .await
+                    .context("could not add the metadata node")?;
                     println!(
                         "strata store: metadata node slot {} on {}",
                         mn.slot, mn.endpoint
@@ -711,6 +769,7 @@ fn node(cmd: NodeCommand) -> Result<i32> {
                     device(&dev),
                     gc.config(),
                     keep_routes,
+                    &key,
                 )
                 .await
                 .context("could not add the storage node")?;
@@ -733,17 +792,21 @@ fn node(cmd: NodeCommand) -> Result<i32> {
         NodeCommand::Remove {
             cluster,
             cancel: true,
+            key,
             id,
-        } => cancel_removal(&cluster, &id),
+        } => cancel_removal(&cluster, &key.load(&[])?, &id),
         NodeCommand::Remove {
             cluster,
             cancel: false,
+            key,
             id,
         } => {
             let uuid = parse_node_id(&id)?;
+            let key = key.load(&[])?;
             let table = runtime()?.block_on(async {
-                ask_orchestrator(cluster.cluster, Body::Retire { uuid }).await?;
-                anyhow::Ok(strata_store::node::fetch_table(cluster.cluster).await?)
+                ask_orchestrator(cluster.cluster, &key, Body::Retire { uuid }).await?;
+                let t = strata_store::node::fetch_table(cluster.cluster, Some(&key)).await?;
+                anyhow::Ok(t)
             })?;
             // Accepted: the node is drained, then retired (or was already).
             let drain = table
@@ -769,13 +832,17 @@ fn node(cmd: NodeCommand) -> Result<i32> {
     }
 }
 
-/// Sends one control request to the orchestrator at `cluster` (resent on
-/// loss) and fails unless it is accepted.
-async fn ask_orchestrator(cluster: std::net::SocketAddr, body: Body) -> Result<()> {
+/// Sends one control request, sealed with the cluster `key`, to the
+/// orchestrator at `cluster` (resent on loss) and fails unless it is
+/// accepted.
+async fn ask_orchestrator(
+    cluster: std::net::SocketAddr,
+    key: &ClusterKey,
+    body: Body,
+) -> Result<()> {
     let msg = Msg::new(strata_store::node::request_id(), 0, body);
-    let reply =
-        strata_store::node::udp_call(cluster, &msg, std::time::Duration::from_millis(500), 4)
-            .await?;
+    let timeout = std::time::Duration::from_millis(500);
+    let reply = strata_store::node::udp_call(cluster, &msg, timeout, 4, Some(key)).await?;
     strata_store::node::ok_body(reply)?;
     Ok(())
 }
@@ -788,14 +855,14 @@ fn parse_node_id(id: &str) -> Result<u64> {
 
 /// `strata store node remove --cancel ID`: asks the orchestrator to cancel
 /// the node's drain, then prints its state from a fresh table.
-fn cancel_removal(cluster: &ClusterArg, id: &str) -> Result<i32> {
+fn cancel_removal(cluster: &ClusterArg, key: &ClusterKey, id: &str) -> Result<i32> {
     let uuid = parse_node_id(id)?;
     let (before, after) = runtime()?.block_on(async {
         // Whether it was being drained decides what to print: the answer
         // is the same either way (a resent request must not fail).
-        let before = strata_store::node::fetch_table(cluster.cluster).await?;
-        ask_orchestrator(cluster.cluster, Body::CancelRetire { uuid }).await?;
-        let after = strata_store::node::fetch_table(cluster.cluster).await?;
+        let before = strata_store::node::fetch_table(cluster.cluster, Some(key)).await?;
+        ask_orchestrator(cluster.cluster, key, Body::CancelRetire { uuid }).await?;
+        let after = strata_store::node::fetch_table(cluster.cluster, Some(key)).await?;
         anyhow::Ok((before, after))
     })?;
     let was_draining = before

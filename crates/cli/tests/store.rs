@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{p, pattern, strata, tmp};
+use common::{p, pattern, tmp};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -45,13 +45,20 @@ impl Store {
         }
     }
 
-    /// `strata ARGS --cluster ON`.
+    /// `strata ARGS --cluster ON`, with the cluster key in the
+    /// environment (control commands need it).
     fn run(&self, args: &[&str]) -> std::process::Output {
-        let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        all.push("--cluster".into());
-        all.push(self.on.to_string());
-        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
-        strata(&refs)
+        Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(args)
+            .args(["--cluster", &self.on.to_string()])
+            .env("STRATA_CLUSTER_KEY", self.key_path())
+            .output()
+            .expect("run strata")
+    }
+
+    /// The cluster key `strata store up` made.
+    fn key_path(&self) -> PathBuf {
+        self.dir.join("cluster.key")
     }
 
     fn ok(&self, args: &[&str]) -> String {
@@ -534,7 +541,10 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
         truncated.truncate(truncated.len() - 1);
         let reply = udp_ask(to, &truncated);
         assert_eq!(reply.req, 42);
-        assert!(error_text(&reply).contains("truncated"), "{reply:?}");
+        // The orchestrator takes no Get unsealed: it refuses it before
+        // decoding the body.
+        let why = if to == mn { "truncated" } else { "cluster key" };
+        assert!(error_text(&reply).contains(why), "{reply:?}");
         let reply = udp_ask(to, &vec![0x53; 65_100]);
         assert!(error_text(&reply).contains("exceeds"), "{reply:?}");
     }
@@ -716,6 +726,7 @@ fn a_storage_node_added_to_a_running_cluster_takes_new_objects() {
             "hdd",
         ])
         .args(["--dir", &p(&dir.path().join("new-sn"))])
+        .env("STRATA_CLUSTER_KEY", store.key_path())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -777,6 +788,93 @@ fn a_storage_node_added_to_a_running_cluster_takes_new_objects() {
     assert_eq!(std::fs::read(&dst).unwrap(), pattern(2 << 20, 3));
 }
 
+/// Control and internal messages need the cluster key: a Retire sent by
+/// a raw socket, unsealed or sealed with another key, is refused and the
+/// node stays; so is a forged Replicate to a metadata node. The real
+/// `strata store node remove` (with the key) retires it.
+#[test]
+fn a_forged_retire_is_refused_and_the_real_removal_works() {
+    use strata_store::auth::{unix_ms, ClusterKey, KEY_LEN};
+    let dir = tmp();
+    let store = Store::up(
+        &dir.path().join("cluster"),
+        &["--sn", "2", "--replication", "1,1,1,1"],
+    );
+    let key = std::fs::metadata(store.key_path()).expect("up makes the cluster key");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(key.permissions().mode() & 0o777, 0o600);
+    assert_eq!(key.len(), KEY_LEN as u64);
+    let id = store.status()["storage_nodes"][1]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let uuid = u64::from_str_radix(&id, 16).unwrap();
+    let retire = Msg::new(31, 0, Body::Retire { uuid });
+    let wrong = ClusterKey::from_bytes(&[7; KEY_LEN]);
+    for bytes in [
+        retire.encode().unwrap(),
+        retire.seal(&wrong, unix_ms()).unwrap(),
+    ] {
+        let reply = udp_ask(store.on, &bytes);
+        assert!(error_text(&reply).contains("cluster key"), "{reply:?}");
+    }
+    // A forged metadata copy is refused by the metadata node too.
+    let mn: SocketAddr = store.status()["metadata_nodes"][0]["endpoint"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let forged = Msg::new(
+        32,
+        0,
+        Body::Unreplicate {
+            name: "x".into(),
+            version: u64::MAX,
+        },
+    );
+    let reply = udp_ask(mn, &forged.encode().unwrap());
+    assert!(
+        error_text(&reply).contains("no cluster-key tag"),
+        "{reply:?}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(store.status()["storage_nodes"][1]["state"], "up");
+    // The command with a wrong key, a damaged key file, or no key fails
+    // and says why.
+    let wrong_file = dir.path().join("wrong.key");
+    std::fs::write(&wrong_file, [7u8; KEY_LEN]).unwrap();
+    let err = store.fails(&["store", "node", "remove", "--key", &p(&wrong_file), &id]);
+    assert!(err.contains("does not match"), "{err}");
+    std::fs::write(&wrong_file, b"short").unwrap();
+    let err = store.fails(&["store", "node", "remove", "--key", &p(&wrong_file), &id]);
+    assert!(
+        err.contains("5 bytes") && err.contains("wrong.key"),
+        "{err}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "store",
+            "node",
+            "remove",
+            &id,
+            "--cluster",
+            &store.on.to_string(),
+        ])
+        .env_remove("STRATA_CLUSTER_KEY")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("needs the cluster key"), "{err}");
+    assert_eq!(store.status()["storage_nodes"][1]["state"], "up");
+    // The real command, with the key.
+    let out = store.ok(&["store", "node", "remove", &id]);
+    assert!(out.contains("retir"), "{out}");
+    wait_until_long("the node retired", Duration::from_secs(30), || {
+        store.status()["storage_nodes"][1]["state"] == "retired"
+    });
+}
+
 /// A `strata store node add` process (a node of its own, so it can be
 /// killed with SIGKILL), killed on drop.
 struct Node(Child);
@@ -791,6 +889,7 @@ impl Node {
             .args(["store", "node", "add", "--cluster", &store.on.to_string()])
             .args(["--role", role, "--dir", &p(dir)])
             .args(extra)
+            .env("STRATA_CLUSTER_KEY", store.key_path())
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn strata store node add");
@@ -2073,7 +2172,7 @@ fn a_removed_storage_node_is_drained_then_retired_without_a_failed_read() {
     assert_eq!(dirs.len(), 4);
     let (rt, client) = connect_client(store.on);
     let table = rt
-        .block_on(strata_store::node::fetch_table(store.on))
+        .block_on(strata_store::node::fetch_table(store.on, None))
         .unwrap();
     let index_of = |uuid: u64| table.sns.iter().find(|s| s.uuid == uuid).unwrap().index;
     let extra_index = index_of(strata_store::node::node_uuid(&extra_dir).unwrap());
@@ -2344,7 +2443,7 @@ fn a_cancelled_removal_puts_the_storage_node_back_and_a_later_one_retires_it() {
     std::thread::sleep(Duration::from_millis(1200)); // the metadata node sees it
     let (rt, client) = connect_client(store.on);
     let table = rt
-        .block_on(strata_store::node::fetch_table(store.on))
+        .block_on(strata_store::node::fetch_table(store.on, None))
         .unwrap();
     let index_of = |uuid: u64| table.sns.iter().find(|s| s.uuid == uuid).unwrap().index;
     let gone_uuid = strata_store::node::node_uuid(&store.dir.join("sn-0")).unwrap();

@@ -320,6 +320,8 @@ fn add_node(net: &mut Net, dir: &Path, i: usize, role: &str, port: u16) {
             &listen,
             "--cluster",
             &on_endpoint(),
+            "--key",
+            &p(&dir.join("on").join("cluster.key")),
         ],
         &dir.join(format!("{role}{i}.log")),
     );

@@ -210,7 +210,7 @@ const CHUNK: usize = 256 * 1024;
 impl Client {
     /// Connects to the cluster whose orchestrator listens on `on`.
     pub async fn connect(on: SocketAddr) -> Result<Client, Error> {
-        let table = fetch_table(on).await.map_err(|e| match e {
+        let table = fetch_table(on, None).await.map_err(|e| match e {
             Error::Timeout(_) => Error::Timeout(format!(
                 "no orchestrator answered at {on}; is `strata store up` running there?"
             )),
@@ -231,7 +231,7 @@ impl Client {
 
     /// Fetches the table again (after a node joined or moved).
     pub async fn refresh(&self) -> Result<(), Error> {
-        let t = fetch_table(self.on).await?;
+        let t = fetch_table(self.on, None).await?;
         *self.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(t);
         Ok(())
     }

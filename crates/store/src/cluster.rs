@@ -1,8 +1,10 @@
 //! A whole cluster in one process (`strata store up`): the orchestrator,
 //! `mns` metadata nodes and `sns` storage nodes, each with its own
-//! directory under `dir`, in mapped mode on loopback.
+//! directory under `dir`, in mapped mode on loopback. The cluster key
+//! ([`crate::auth`]) is `dir/cluster.key`, made on the first start.
 
 use crate::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+use crate::auth::{ClusterKey, KEY_FILE};
 use crate::node::{fetch_table, run_on, start_mn, start_sn, MnHandle, SnHandle};
 use crate::on::OnCore;
 use crate::table::{Device, Params, State, Table};
@@ -49,6 +51,9 @@ pub struct ClusterConfig {
     /// In routed mode, whether the nodes keep this host's routes in step
     /// with the table (`ip -6 route`, needs `CAP_NET_ADMIN`).
     pub keep_routes: bool,
+    /// The cluster key's file (`None`: `dir/cluster.key`); made, with a
+    /// new random key, if missing.
+    pub key: Option<PathBuf>,
 }
 
 impl ClusterConfig {
@@ -70,6 +75,7 @@ impl ClusterConfig {
             gc: crate::sn::GcConfig::default(),
             routed: false,
             keep_routes: true,
+            key: None,
         }
     }
 }
@@ -82,6 +88,8 @@ pub struct Cluster {
     pub mns: Vec<MnHandle>,
     /// Storage nodes.
     pub sns: Vec<SnHandle>,
+    /// The cluster key.
+    pub key: ClusterKey,
     on_task: tokio::task::JoinHandle<()>,
 }
 
@@ -107,6 +115,8 @@ impl Cluster {
         }
         std::fs::create_dir_all(&cfg.dir)
             .map_err(|e| Error::io(format!("creating {}", cfg.dir.display()), e))?;
+        let key_path = cfg.key.clone().unwrap_or_else(|| cfg.dir.join(KEY_FILE));
+        let key = ClusterKey::load_or_create(&key_path)?;
         let initial = Table {
             epoch: 1,
             layout: Layout::new(DEFAULT_CLUSTER_PREFIX, cfg.mg_bits),
@@ -134,7 +144,7 @@ impl Cluster {
         let on = sock
             .local_addr()
             .map_err(|e| Error::io("local address", e))?;
-        let on_task = tokio::spawn(run_on(sock, core));
+        let on_task = tokio::spawn(run_on(sock, core, key.clone()));
         let loopback = SocketAddr::new(on.ip(), 0);
         // Storage nodes first, so metadata nodes start with a table that
         // already lists them all.
@@ -150,6 +160,7 @@ impl Cluster {
                     cfg.device,
                     cfg.gc,
                     cfg.keep_routes,
+                    &key,
                 )
                 .await?,
             );
@@ -157,12 +168,13 @@ impl Cluster {
         let mut mns = Vec::new();
         for k in 0..cfg.mns {
             let dir = cfg.dir.join(format!("mn-{k}"));
-            mns.push(start_mn(&dir, loopback, on, cfg.keep_routes).await?);
+            mns.push(start_mn(&dir, loopback, on, cfg.keep_routes, &key).await?);
         }
         let cluster = Cluster {
             on,
             mns,
             sns,
+            key,
             on_task,
         };
         cluster.wait_ready(Duration::from_secs(10)).await?;
@@ -173,7 +185,7 @@ impl Cluster {
     async fn wait_ready(&self, limit: Duration) -> Result<(), Error> {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
-            let t = fetch_table(self.on).await?;
+            let t = fetch_table(self.on, Some(&self.key)).await?;
             let mns_up = t.mns.iter().filter(|m| m.state == State::Up).count();
             let sns_up = t.sns.iter().filter(|s| s.state == State::Up).count();
             if mns_up >= self.mns.len() && sns_up >= self.sns.len() {

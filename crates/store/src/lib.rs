@@ -12,12 +12,14 @@
 //! - [`sn`]: the storage node (replica files with CRC-32C, fsync before
 //!   acknowledging, chain forwarding).
 //! - [`on`]: the orchestrator (admission, prefix assignment, heartbeats).
+//! - [`auth`]: the cluster key and the seals of internal messages.
 //! - [`node`]: runtimes that put the roles on sockets; [`cluster`] starts
 //!   a whole cluster in one process (`strata store up`).
 //!
 //! The library never prints and never exits.
 
 pub mod addr;
+pub mod auth;
 pub mod bench;
 pub mod client;
 pub mod cluster;

@@ -7,6 +7,7 @@
 //! node's endpoint in mapped mode, the address itself in routed mode. The
 //! address also travels in every message, so both modes share one path.
 
+use crate::auth::{ClusterKey, Gate, Receiver, Verdict};
 use crate::mn::{MnCore, Out};
 use crate::on::OnCore;
 use crate::sn::SnStore;
@@ -33,12 +34,15 @@ pub fn read_table(t: &SharedTable) -> Table {
 pub const REFRESH: Duration = Duration::from_millis(500);
 
 /// Sends `msg` to `to` and waits for the reply with the same request id,
-/// resending up to `attempts` times.
+/// resending up to `attempts` times. With `key`, the request is sealed
+/// (again for each attempt: a resend is not a replay) and only a sealed
+/// answer is taken ([`crate::auth::open_answer`]).
 pub async fn udp_call(
     to: SocketAddr,
     msg: &Msg,
     timeout: Duration,
     attempts: u32,
+    key: Option<&ClusterKey>,
 ) -> Result<Msg, Error> {
     let bind: SocketAddr = if to.is_ipv4() {
         "0.0.0.0:0"
@@ -52,9 +56,9 @@ pub async fn udp_call(
     let sock = UdpSocket::bind(bind)
         .await
         .map_err(|e| Error::io("binding a UDP socket", e))?;
-    let bytes = msg.encode()?;
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
     for _ in 0..attempts.max(1) {
+        let bytes = crate::auth::encode(msg, key, crate::auth::unix_ms())?;
         sock.send_to(&bytes, to)
             .await
             .map_err(|e| Error::io(format!("sending to {to}"), e))?;
@@ -64,7 +68,8 @@ pub async fn udp_call(
                 Err(_) => break,
                 Ok(Err(_)) => break, // ICMP unreachable and the like: resend
                 Ok(Ok((n, _))) => {
-                    if let Ok(reply) = Msg::decode(&buf[..n]) {
+                    let now = crate::auth::unix_ms();
+                    if let Some(reply) = crate::auth::open_answer(&buf[..n], key, now) {
                         if reply.req == msg.req {
                             return Ok(reply);
                         }
@@ -104,10 +109,11 @@ fn nanos() -> u64 {
         .unwrap_or(0)
 }
 
-/// Fetches the prefix table from the orchestrator.
-pub async fn fetch_table(on: SocketAddr) -> Result<Table, Error> {
+/// Fetches the prefix table from the orchestrator. Nodes pass the
+/// cluster key, and take only a table sealed with it; tenants pass none.
+pub async fn fetch_table(on: SocketAddr, key: Option<&ClusterKey>) -> Result<Table, Error> {
     let msg = Msg::new(request_id(), 0, Body::GetTable);
-    match ok_body(udp_call(on, &msg, Duration::from_millis(300), 5).await?)? {
+    match ok_body(udp_call(on, &msg, Duration::from_millis(300), 5, key).await?)? {
         Body::Table { bytes } => Ok(Table::decode(&bytes)?),
         other => Err(Error::Invalid(format!(
             "the orchestrator at {on} answered {other:?} to a table request"
@@ -134,9 +140,9 @@ pub fn node_uuid(dir: &Path) -> Result<u64, Error> {
     Ok(uuid)
 }
 
-async fn register(on: SocketAddr, body: Body) -> Result<u16, Error> {
+async fn register(on: SocketAddr, body: Body, key: &ClusterKey) -> Result<u16, Error> {
     let msg = Msg::new(request_id(), 0, body);
-    match ok_body(udp_call(on, &msg, Duration::from_millis(300), 10).await?)? {
+    match ok_body(udp_call(on, &msg, Duration::from_millis(300), 10, Some(key)).await?)? {
         Body::Registered { index } => Ok(index),
         other => Err(Error::Invalid(format!(
             "the orchestrator answered {other:?} to a registration"
@@ -154,6 +160,7 @@ async fn refresh_loop(
     tx: Option<watch::Sender<Table>>,
     stats: impl Fn() -> (u64, u64),
     routes_of: Option<IpAddr>,
+    key: ClusterKey,
 ) {
     let mut interval = tokio::time::interval(REFRESH);
     let mut keeper = crate::routes::RouteKeeper::new();
@@ -169,8 +176,8 @@ async fn refresh_loop(
                 objects,
             },
         );
-        let _ = udp_call(on, &hb, Duration::from_millis(200), 1).await;
-        if let Ok(t) = fetch_table(on).await {
+        let _ = udp_call(on, &hb, Duration::from_millis(200), 1, Some(&key)).await;
+        if let Ok(t) = fetch_table(on, Some(&key)).await {
             if let (true, Some(host)) = (t.routed, routes_of) {
                 // Runs `ip` only when the routes change (a node joined, a
                 // group moved), so it may block this task briefly.
@@ -188,9 +195,11 @@ async fn refresh_loop(
     }
 }
 
-/// Serves the orchestrator on `sock` until the task is dropped.
-pub async fn run_on(sock: UdpSocket, mut core: OnCore) {
+/// Serves the orchestrator on `sock` until the task is dropped; `key` is
+/// the cluster's.
+pub async fn run_on(sock: UdpSocket, mut core: OnCore, key: ClusterKey) {
     let start = Instant::now();
+    let mut gate = Gate::new(key, Receiver::On);
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
@@ -198,11 +207,8 @@ pub async fn run_on(sock: UdpSocket, mut core: OnCore) {
             r = sock.recv_from(&mut buf) => {
                 let Ok((n, from)) = r else { continue };
                 let now = start.elapsed().as_millis() as u64;
-                let reply = match Msg::decode(&buf[..n]) {
-                    Ok(msg) => core.handle(now, &msg),
-                    Err(e) => malformed(&buf[..n], &e),
-                };
-                if let Ok(bytes) = reply.encode() {
+                let wall = crate::auth::unix_ms();
+                if let Some(bytes) = on_receive(&mut core, &mut gate, wall, now, &buf[..n]) {
                     let _ = sock.send_to(&bytes, from).await;
                 }
             }
@@ -213,6 +219,59 @@ pub async fn run_on(sock: UdpSocket, mut core: OnCore) {
             }
         }
     }
+}
+
+/// Handles one datagram at the orchestrator, received at wall-clock time
+/// `wall` (ms since the Unix epoch) and core time `now`: the gate first,
+/// then the core. Returns the answer to send, sealed if the request was.
+pub fn on_receive(
+    core: &mut OnCore,
+    gate: &mut Gate,
+    wall: u64,
+    now: u64,
+    bytes: &[u8],
+) -> Option<Vec<u8>> {
+    match gate.admit(bytes, wall) {
+        Verdict::Accept { msg, sealed } => {
+            let key = sealed.then_some(gate.key());
+            crate::auth::encode(&core.handle(now, &msg), key, wall).ok()
+        }
+        Verdict::Refuse(reply) => reply.encode().ok(),
+        Verdict::Drop => None,
+    }
+}
+
+/// Handles one datagram at a metadata node, received at wall-clock time
+/// `wall` and core time `now` from `from`, sent to `to` (routed mode): the
+/// gate first, then the core. Each output comes with whether to seal it:
+/// everything but the direct answer to an unsealed (tenant's) request,
+/// so that a zero-byte Get and its answer pay for no HMAC.
+pub fn mn_receive<P: Copy + Eq + std::hash::Hash>(
+    core: &mut MnCore<P>,
+    gate: &mut Gate,
+    wall: u64,
+    now: u64,
+    from: P,
+    to: Option<Ipv6Addr>,
+    bytes: &[u8],
+) -> Vec<(Out<P>, bool)> {
+    let (msg, sealed) = match gate.admit(bytes, wall) {
+        Verdict::Accept { msg, sealed } => (msg, sealed),
+        Verdict::Refuse(reply) => return vec![(Out::Reply(from, reply), false)],
+        Verdict::Drop => return Vec::new(),
+    };
+    if let Some(refusal) = misaddressed(core.table(), to, &msg) {
+        return vec![(Out::Reply(from, refusal), sealed)];
+    }
+    let req = msg.req;
+    core.handle(now, from, msg)
+        .into_iter()
+        .map(|out| {
+            let direct = matches!(&out, Out::Reply(p, m) if *p == from && m.req == req);
+            let seal = sealed || !direct;
+            (out, seal)
+        })
+        .collect()
 }
 
 /// The error reply to an undecodable datagram (with its request id when
@@ -237,8 +296,12 @@ pub fn malformed(bytes: &[u8], e: &crate::wire::WireError) -> Msg {
 /// binds the wildcard address at that port: the host's local routes for
 /// the node's prefix (or metadata groups) deliver every object or metadata
 /// address to it. In mapped mode it binds `listen` itself.
-async fn bind_address(on: SocketAddr, listen: SocketAddr) -> Result<SocketAddr, Error> {
-    if fetch_table(on).await?.routed {
+async fn bind_address(
+    on: SocketAddr,
+    listen: SocketAddr,
+    key: &ClusterKey,
+) -> Result<SocketAddr, Error> {
+    if fetch_table(on, Some(key)).await?.routed {
         Ok(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), listen.port()))
     } else {
         Ok(listen)
@@ -295,12 +358,13 @@ pub async fn start_mn(
     bind: SocketAddr,
     on: SocketAddr,
     keep_routes: bool,
+    key: &ClusterKey,
 ) -> Result<MnHandle, Error> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let uuid = node_uuid(dir)?;
     let db = crate::metadb::MetaDb::open(&dir.join("meta.redb"))?;
-    let at = bind_address(on, bind).await?;
+    let at = bind_address(on, bind, key).await?;
     let sock = std::net::UdpSocket::bind(at).map_err(|e| Error::io(format!("binding {at}"), e))?;
     sock.set_read_timeout(Some(MN_TICK))
         .map_err(|e| Error::io(format!("setting a receive timeout on {at}"), e))?;
@@ -317,9 +381,10 @@ pub async fn start_mn(
             free: 0,
             device: 0,
         },
+        key,
     )
     .await?;
-    let table = fetch_table(on).await?;
+    let table = fetch_table(on, Some(key)).await?;
     let core = MnCore::new(db, table.clone(), slot, nanos() ^ uuid);
     let shared = Arc::new(RwLock::new(table.clone()));
     let (tx, rx) = watch::channel(table);
@@ -331,13 +396,15 @@ pub async fn start_mn(
         Some(tx),
         || (0, 0),
         routes_of,
+        key.clone(),
     ));
     let stop = Arc::new(AtomicBool::new(false));
     let runtime = tokio::runtime::Handle::current();
     let stopped = stop.clone();
+    let gate = Gate::new(key.clone(), Receiver::Mn);
     let thread = std::thread::Builder::new()
         .name(format!("strata-mn-{slot}"))
-        .spawn(move || mn_loop(sock, core, rx, on, runtime, &stopped))
+        .spawn(move || mn_loop(sock, core, gate, rx, on, runtime, &stopped))
         .map_err(|e| Error::io("starting the metadata node's thread", e))?;
     Ok(MnHandle {
         endpoint,
@@ -353,6 +420,7 @@ pub async fn start_mn(
 fn mn_loop(
     sock: std::net::UdpSocket,
     mut core: MnCore<SocketAddr>,
+    mut gate: Gate,
     mut tables: watch::Receiver<Table>,
     on: SocketAddr,
     runtime: tokio::runtime::Handle,
@@ -373,25 +441,25 @@ fn mn_loop(
             let Some((r, bytes)) = batch.get(i) else {
                 continue;
             };
-            match Msg::decode(bytes) {
-                Ok(msg) => match misaddressed(core.table(), r.to, &msg) {
-                    Some(refusal) => outs.push(Out::Reply(r.from, refusal)),
-                    None => outs.extend(core.handle(now(), r.from, msg)),
-                },
-                Err(e) => outs.push(Out::Reply(r.from, malformed(bytes, &e))),
-            }
+            let wall = crate::auth::unix_ms();
+            outs.extend(mn_receive(
+                &mut core,
+                &mut gate,
+                wall,
+                now(),
+                r.from,
+                r.to,
+                bytes,
+            ));
         }
         if Instant::now() >= next_tick {
             next_tick = Instant::now() + MN_TICK;
-            outs.extend(core.tick(now()));
+            // Outputs not answering a request are sealed.
+            outs.extend(core.tick(now()).into_iter().map(|o| (o, true)));
             while let Ok(done) = copied.try_recv() {
-                outs.extend(core.copy_done(
-                    now(),
-                    &done.name,
-                    done.version,
-                    done.targets,
-                    done.result,
-                ));
+                let outs_done =
+                    core.copy_done(now(), &done.name, done.version, done.targets, done.result);
+                outs.extend(outs_done.into_iter().map(|o| (o, true)));
             }
             match tables.has_changed() {
                 Ok(true) => {
@@ -407,8 +475,11 @@ fn mn_loop(
                 Err(_) => return,
             }
         }
-        for out in outs {
-            dispatch(core.table(), out, &mut outgoing, &copies, on, &runtime);
+        let wall = crate::auth::unix_ms();
+        for (out, seal) in outs {
+            let key = seal.then_some(gate.key());
+            let table = core.table();
+            dispatch(table, out, key, wall, &mut outgoing, &copies, on, &runtime);
         }
         crate::mmsg::send_batch(&sock, &outgoing);
         outgoing.clear();
@@ -473,10 +544,14 @@ struct CopyReport {
 }
 
 /// Carries out one of the core's outputs: datagrams go to `outgoing`
-/// (sent together after the batch), copies and frees become tasks.
+/// (sent together after the batch), sealed with `key` if given at `wall`;
+/// copies and frees become tasks.
+#[allow(clippy::too_many_arguments)]
 fn dispatch(
     table: &Table,
     out: Out<SocketAddr>,
+    key: Option<&ClusterKey>,
+    wall: u64,
     outgoing: &mut Vec<(Vec<u8>, SocketAddr)>,
     copies: &std::sync::mpsc::Sender<CopyReport>,
     on: SocketAddr,
@@ -492,7 +567,7 @@ fn dispatch(
         },
         other => return spawn_work(table, other, copies, runtime),
     };
-    if let Ok(bytes) = msg.encode() {
+    if let Ok(bytes) = crate::auth::encode(&msg, key, wall) {
         outgoing.push((bytes, to));
     }
 }
@@ -583,6 +658,7 @@ impl Drop for SnHandle {
 /// `gc` paces the collection of replicas no record names. With
 /// `keep_routes`, a node of a routed cluster keeps its host's routes in
 /// step with the table ([`crate::routes`]).
+#[allow(clippy::too_many_arguments)]
 pub async fn start_sn(
     dir: &Path,
     bind: SocketAddr,
@@ -591,11 +667,12 @@ pub async fn start_sn(
     device: Device,
     gc: crate::sn::GcConfig,
     keep_routes: bool,
+    key: &ClusterKey,
 ) -> Result<SnHandle, Error> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let uuid = node_uuid(dir)?;
-    let at = bind_address(on, bind).await?;
+    let at = bind_address(on, bind, key).await?;
     let listener = TcpListener::bind(at)
         .await
         .map_err(|e| Error::io(format!("binding {at}"), e))?;
@@ -612,10 +689,11 @@ pub async fn start_sn(
             free: probe.free(),
             device: device as u8,
         },
+        key,
     )
     .await?;
-    let store = Arc::new(SnStore::open(dir, index, on, capacity)?);
-    let table = Arc::new(RwLock::new(fetch_table(on).await?));
+    let store = Arc::new(SnStore::open(dir, index, on, capacity)?.with_key(key.clone()));
+    let table = Arc::new(RwLock::new(fetch_table(on, Some(key)).await?));
     let stats_store = store.clone();
     let retire = tokio::spawn(crate::sn::retire_watch(store.clone(), table.clone(), uuid));
     let tasks = vec![
@@ -628,6 +706,7 @@ pub async fn start_sn(
             None,
             move || (stats_store.free(), stats_store.objects()),
             keep_routes.then_some(endpoint.ip()),
+            key.clone(),
         )),
     ];
     Ok(SnHandle {

@@ -33,6 +33,9 @@ pub struct SnStore {
     /// Set once the orchestrator has retired this node: its replicas are
     /// freed and Puts refused.
     retired: std::sync::atomic::AtomicBool,
+    /// The cluster key: seals the node's requests to metadata nodes and
+    /// the orchestrator (none in tests that run no cluster).
+    key: Option<crate::auth::ClusterKey>,
 }
 
 impl SnStore {
@@ -76,7 +79,14 @@ impl SnStore {
             objects: AtomicU64::new(objects),
             tmp_seq: AtomicU64::new(0),
             retired: std::sync::atomic::AtomicBool::new(false),
+            key: None,
         })
+    }
+
+    /// The store, sealing its requests with the cluster's `key`.
+    pub fn with_key(mut self, key: crate::auth::ClusterKey) -> SnStore {
+        self.key = Some(key);
+        self
     }
 
     /// Bytes still free: the configured capacity minus what is stored,
@@ -255,7 +265,7 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
 
 /// Opens the next replica of a chain, sending it the Put header.
 async fn open_downstream(
-    on: std::net::SocketAddr,
+    store: &SnStore,
     table: &SharedTable,
     size: u64,
     chain: &[Addr],
@@ -266,7 +276,9 @@ async fn open_downstream(
         Some(e) => e,
         None => {
             // A node that joined after our last refresh: ask the orchestrator now.
-            let fresh = crate::node::fetch_table(on).await.ok()?;
+            let fresh = crate::node::fetch_table(store.on, store.key.as_ref())
+                .await
+                .ok()?;
             let e = fresh.sn_endpoint(next)?;
             *table.write().unwrap_or_else(|e| e.into_inner()) = fresh;
             e
@@ -380,7 +392,7 @@ async fn receive<R: tokio::io::AsyncRead + Unpin>(
     file.write_all(&header)
         .await
         .map_err(|e| refuse("writing the replica", e))?;
-    let mut down = open_downstream(store.on, table, size, chain).await;
+    let mut down = open_downstream(store, table, size, chain).await;
     let mut buf = vec![0u8; CHUNK];
     let mut left = size;
     let mut crc = 0u32;
@@ -715,9 +727,9 @@ pub async fn collect_garbage(
                     addrs: batch.to_vec(),
                 },
             );
-            let reply =
-                crate::node::udp_call(mn.endpoint, &ask, std::time::Duration::from_secs(2), 3)
-                    .await;
+            let timeout = std::time::Duration::from_secs(2);
+            let key = store.key.as_ref();
+            let reply = crate::node::udp_call(mn.endpoint, &ask, timeout, 3, key).await;
             match reply.map(|m| m.body) {
                 Ok(Body::ReferencedBy { addrs }) => named.extend(addrs),
                 _ => return report,

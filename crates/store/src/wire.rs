@@ -22,6 +22,79 @@ pub const MAX_OBJECT: u64 = 1 << 40;
 const MAGIC: [u8; 2] = *b"S6";
 const VERSION: u8 = 1;
 
+/// Bytes of a message's header: magic, version, kind, request id, target.
+pub const HEADER_LEN: usize = 28;
+
+/// Set in the kind byte of a sealed message: its body is followed by the
+/// sender's clock (u64, ms since the Unix epoch) and a tag over all the
+/// bytes before the tag ([`crate::auth`]).
+const SEALED: u8 = 0x80;
+
+/// Bytes a seal adds to a message.
+pub const SEAL_LEN: usize = 8 + crate::auth::TAG_LEN;
+
+/// The kind of [`Body::GetTable`] (tenants may send it unsealed).
+pub const KIND_GET_TABLE: u8 = 15;
+
+/// Whether `kind` is a tenant's request to a metadata node (Post, Link,
+/// Update, Get, Delete, List): taken without the cluster key's seal.
+pub fn is_client_request(kind: u8) -> bool {
+    matches!(kind, 1 | 3 | 4 | 5 | 6 | 8 | 9 | 21)
+}
+
+/// Whether `kind` only ever answers a request (never answered itself).
+pub fn is_answer(kind: u8) -> bool {
+    matches!(kind, 2 | 7 | 10 | 13 | 14 | 16 | 18 | 23 | 25 | 28)
+}
+
+/// Whether `kind` is an operator's control request (retire, cancel): not
+/// idempotent across each other, so a replayed copy is refused.
+pub fn is_control(kind: u8) -> bool {
+    matches!(kind, 20 | 30)
+}
+
+/// A message's header, read without decoding its body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// The message kind (without the seal flag).
+    pub kind: u8,
+    /// The request id.
+    pub req: u64,
+    /// The target address.
+    pub target: Addr,
+    /// Whether the message is sealed.
+    pub sealed: bool,
+}
+
+/// Reads the header of `buf`.
+pub fn peek(buf: &[u8]) -> Result<Header, WireError> {
+    if buf.len() > MAX_DATAGRAM {
+        return Err(WireError::TooLarge(buf.len()));
+    }
+    let mut r = Reader::new(buf);
+    if r.take(2)? != MAGIC || r.u8()? != VERSION {
+        return Err(WireError::BadMagic);
+    }
+    let kind = r.u8()?;
+    Ok(Header {
+        kind: kind & !SEALED,
+        req: r.u64()?,
+        target: r.addr()?,
+        sealed: kind & SEALED != 0,
+    })
+}
+
+/// The parts of a sealed message: the bytes its tag covers, the sender's
+/// clock, and the tag. `None` if `buf` is not a sealed message.
+pub fn seal_parts(buf: &[u8]) -> Option<(&[u8], u64, [u8; crate::auth::TAG_LEN])> {
+    if !peek(buf).ok()?.sealed || buf.len() < HEADER_LEN + SEAL_LEN {
+        return None;
+    }
+    let (signed, tag) = buf.split_at(buf.len() - crate::auth::TAG_LEN);
+    let at = signed.get(signed.len() - 8..)?.try_into().ok()?;
+    Some((signed, u64::from_be_bytes(at), tag.try_into().ok()?))
+}
+
 /// Why a message could not be decoded.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WireError {
@@ -84,6 +157,9 @@ pub enum Code {
     /// metadata node: nothing was done; refresh the table and retry (a
     /// Get falls through, and its "not found" is then not authoritative).
     Moving = 8,
+    /// The request needs the cluster key's seal and has none, or a wrong
+    /// or stale one ([`crate::auth`]): nothing was done.
+    Unauthenticated = 9,
 }
 
 impl Code {
@@ -96,6 +172,7 @@ impl Code {
             5 => Code::BadRequest,
             7 => Code::Exists,
             8 => Code::Moving,
+            9 => Code::Unauthenticated,
             _ => Code::Unavailable,
         }
     }
@@ -715,19 +792,37 @@ impl Msg {
         })
     }
 
-    /// Encodes the message into one datagram.
+    /// Encodes the message into one datagram, unsealed.
     pub fn encode(&self) -> Result<Vec<u8>, WireError> {
-        let mut w = Writer::default();
-        w.buf.extend_from_slice(&MAGIC);
-        w.u8(VERSION);
-        w.u8(self.kind());
-        w.u64(self.req);
-        w.addr(self.target);
-        self.encode_body(&mut w);
+        let w = self.encode_with(self.kind());
         if w.buf.len() > MAX_DATAGRAM {
             return Err(WireError::TooLarge(w.buf.len()));
         }
         Ok(w.buf)
+    }
+
+    /// Encodes the message into one datagram sealed with `key` at the
+    /// sender's clock `now_ms` (ms since the Unix epoch).
+    pub fn seal(&self, key: &crate::auth::ClusterKey, now_ms: u64) -> Result<Vec<u8>, WireError> {
+        let mut w = self.encode_with(self.kind() | SEALED);
+        w.u64(now_ms);
+        let tag = key.tag(&w.buf);
+        w.buf.extend_from_slice(&tag);
+        if w.buf.len() > MAX_DATAGRAM {
+            return Err(WireError::TooLarge(w.buf.len()));
+        }
+        Ok(w.buf)
+    }
+
+    fn encode_with(&self, kind: u8) -> Writer {
+        let mut w = Writer::default();
+        w.buf.extend_from_slice(&MAGIC);
+        w.u8(VERSION);
+        w.u8(kind);
+        w.u64(self.req);
+        w.addr(self.target);
+        self.encode_body(&mut w);
+        w
     }
 
     fn kind(&self) -> u8 {
@@ -934,21 +1029,28 @@ impl Msg {
         }
     }
 
-    /// Decodes one datagram.
+    /// Decodes one datagram, sealed or not. The seal is not checked here
+    /// (tenants hold no key to check it with): a node checks it first
+    /// ([`crate::auth::Gate`]).
     pub fn decode(buf: &[u8]) -> Result<Msg, WireError> {
-        if buf.len() > MAX_DATAGRAM {
-            return Err(WireError::TooLarge(buf.len()));
-        }
-        let mut r = Reader::new(buf);
-        if r.take(2)? != MAGIC || r.u8()? != VERSION {
-            return Err(WireError::BadMagic);
-        }
-        let kind = r.u8()?;
-        let req = r.u64()?;
-        let target = r.addr()?;
-        let body = decode_body(kind, &mut r)?;
+        let head = peek(buf)?;
+        let end = if head.sealed {
+            buf.len()
+                .checked_sub(SEAL_LEN)
+                .filter(|&end| end >= HEADER_LEN)
+                .ok_or(WireError::Truncated(buf.len()))?
+        } else {
+            buf.len()
+        };
+        let mut r = Reader::new(&buf[..end]);
+        r.take(HEADER_LEN)?;
+        let body = decode_body(head.kind, &mut r)?;
         r.finish()?;
-        Ok(Msg { req, target, body })
+        Ok(Msg {
+            req: head.req,
+            target: head.target,
+            body,
+        })
     }
 }
 
@@ -1539,7 +1641,116 @@ mod tests {
         assert!(err.contains("limit is 4096"), "{err}");
     }
 
+    fn key(byte: u8) -> crate::auth::ClusterKey {
+        crate::auth::ClusterKey::from_bytes(&[byte; crate::auth::KEY_LEN])
+    }
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    #[test]
+    fn sealed_messages_round_trip_and_check() {
+        use crate::auth::{check_seal, AuthError};
+        let k = key(1);
+        for body in samples() {
+            let m = Msg::new(77, 0xabc, body);
+            let bytes = m.seal(&k, NOW).unwrap();
+            assert_eq!(bytes.len(), m.encode().unwrap().len() + SEAL_LEN);
+            assert_eq!(Msg::decode(&bytes).unwrap(), m, "a tenant reads it too");
+            assert!(check_seal(&bytes, &k, NOW + 5).is_ok(), "{m:?}");
+            assert!(peek(&bytes).unwrap().sealed);
+            let plain = m.encode().unwrap();
+            assert!(!peek(&plain).unwrap().sealed);
+            assert_eq!(check_seal(&plain, &k, NOW), Err(AuthError::Unsealed));
+        }
+    }
+
+    #[test]
+    fn a_flipped_bit_a_wrong_key_a_stale_or_missing_tag_is_refused() {
+        use crate::auth::{check_seal, AuthError, WINDOW_MS};
+        let k = key(1);
+        let m = Msg::new(
+            9,
+            3,
+            Body::DrainReport {
+                slot: 1,
+                epoch: 40,
+                drain: 38,
+                index: 3,
+                left: 0,
+                copies: 0,
+                unplaceable: 0,
+            },
+        );
+        let good = m.seal(&k, NOW).unwrap();
+        // Every bit, header and clock included, is covered by the tag.
+        for i in 0..good.len() * 8 {
+            let mut b = good.clone();
+            b[i / 8] ^= 1 << (i % 8);
+            assert!(check_seal(&b, &k, NOW).is_err(), "bit {i} flipped");
+        }
+        assert_eq!(check_seal(&good, &key(2), NOW), Err(AuthError::BadTag));
+        let late = NOW + WINDOW_MS + 1;
+        assert_eq!(
+            check_seal(&good, &k, late),
+            Err(AuthError::Stale(WINDOW_MS + 1))
+        );
+        assert!(check_seal(&good, &k, NOW - WINDOW_MS).is_ok());
+        // A tag cut short, or dropped with the flag left set.
+        for cut in 1..=SEAL_LEN {
+            let b = &good[..good.len() - cut];
+            assert!(check_seal(b, &k, NOW).is_err(), "cut by {cut}");
+        }
+        // The flag cleared and the seal stripped: an unsealed message.
+        let mut stripped = good[..good.len() - SEAL_LEN].to_vec();
+        stripped[3] &= !SEALED;
+        assert_eq!(check_seal(&stripped, &k, NOW), Err(AuthError::Unsealed));
+        // A sealed flag on a message too short for a seal is refused.
+        let mut short = Msg::new(1, 0, Body::GetTable).encode().unwrap();
+        short[3] |= SEALED;
+        assert!(Msg::decode(&short).is_err());
+        assert_eq!(check_seal(&short, &k, NOW), Err(AuthError::Unsealed));
+    }
+
     proptest! {
+        #[test]
+        fn sealed_messages_never_panic_or_pass_when_damaged(at in 0usize..400, byte in any::<u8>(), which in 0usize..40) {
+            let all = samples();
+            let m = Msg::new(5, 9, all[which % all.len()].clone());
+            let k = key(7);
+            let mut b = m.seal(&k, NOW).unwrap();
+            let i = at % b.len();
+            let changed = b[i] != byte;
+            b[i] = byte;
+            let _ = Msg::decode(&b);
+            let checked = crate::auth::check_seal(&b, &k, NOW);
+            prop_assert!(!changed || checked.is_err());
+            for receiver in [crate::auth::Receiver::Mn, crate::auth::Receiver::On] {
+                let mut gate = crate::auth::Gate::new(k.clone(), receiver);
+                let _ = gate.admit(&b, NOW);
+            }
+        }
+
+        #[test]
+        fn a_gate_never_panics_nor_takes_unsealed_internal_kinds(bytes in proptest::collection::vec(any::<u8>(), 0..300), kind in 0u8..=255) {
+            let mut b = b"S6\x01".to_vec();
+            b.push(kind);
+            b.extend_from_slice(&bytes);
+            for receiver in [crate::auth::Receiver::Mn, crate::auth::Receiver::On] {
+                let mut gate = crate::auth::Gate::new(key(3), receiver);
+                for buf in [&b[..], &bytes[..]] {
+                    if let crate::auth::Verdict::Accept { msg, sealed } = gate.admit(buf, NOW) {
+                        prop_assert!(!sealed, "a random datagram passed as sealed");
+                        let k = msg.kind();
+                        let open = match receiver {
+                            crate::auth::Receiver::Mn => is_client_request(k),
+                            crate::auth::Receiver::On => k == KIND_GET_TABLE,
+                        };
+                        prop_assert!(open, "unsealed kind {k} taken");
+                    }
+                }
+            }
+        }
+
         #[test]
         fn gather_messages_never_panic_when_damaged(at in 0usize..200, byte in any::<u8>()) {
             let msg = Msg::new(

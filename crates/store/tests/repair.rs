@@ -602,3 +602,235 @@ fn a_post_commit_after_a_restart_is_not_acknowledged_over_a_repair() {
         "{outs:?}"
     );
 }
+
+// Authentication: every datagram goes through the gate of the socket
+// runtime (`node::mn_receive`, `node::on_receive`) before the core sees
+// it. Forged internal messages (unsealed, or sealed with another key)
+// change nothing; the same messages sealed with the cluster key do.
+
+mod unauthenticated {
+    use super::*;
+    use strata_store::auth::{unix_ms, ClusterKey, Gate, Receiver, KEY_LEN};
+    use strata_store::node::{mn_receive, on_receive};
+    use strata_store::on::OnCore;
+    use strata_store::table::{Move, MovePhase};
+    use strata_store::wire::{Code, Record, Role, Row};
+
+    fn cluster_key() -> ClusterKey {
+        ClusterKey::from_bytes(&[0x5a; KEY_LEN])
+    }
+
+    fn other_key() -> ClusterKey {
+        ClusterKey::from_bytes(&[0x5b; KEY_LEN])
+    }
+
+    /// The message unsealed, sealed with another key, and sealed with
+    /// the cluster key (in that order).
+    fn forms(msg: &Msg) -> [Vec<u8>; 3] {
+        [
+            msg.encode().unwrap(),
+            msg.seal(&other_key(), unix_ms()).unwrap(),
+            msg.seal(&cluster_key(), unix_ms()).unwrap(),
+        ]
+    }
+
+    fn receive(core: &mut MnCore<u32>, gate: &mut Gate, bytes: &[u8]) -> Vec<Out<u32>> {
+        let outs = mn_receive(core, gate, unix_ms(), 10, CLIENT, None, bytes);
+        outs.into_iter().map(|(o, _)| o).collect()
+    }
+
+    fn refusal(outs: &[Out<u32>]) -> bool {
+        matches!(outs, [Out::Reply(_, m)] if matches!(&m.body, Body::Error { code: Code::Unauthenticated, .. }))
+    }
+
+    #[test]
+    fn a_forged_replicate_stores_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = table();
+        let db = MetaDb::open(&dir.path().join("m.redb")).unwrap();
+        let mut core = MnCore::new(db, t.clone(), 0, 42);
+        let mut gate = Gate::new(cluster_key(), Receiver::Mn);
+        let name = "forged/object";
+        let meta = t.meta_addrs(name);
+        let rec = Record {
+            name: name.into(),
+            size: 5,
+            crc: 1,
+            version: 9,
+            meta: meta.clone(),
+            replicas: vec![t.layout.sn_prefix(1) | 77],
+            rename: None,
+        };
+        let msg = Msg::new(5, meta[0], Body::Replicate { record: rec });
+        let [plain, wrong, good] = forms(&msg);
+        for bytes in [&plain, &wrong] {
+            let outs = receive(&mut core, &mut gate, bytes);
+            assert!(refusal(&outs), "{outs:?}");
+            let mg = t.layout.mg_of(meta[0]).unwrap();
+            assert_eq!(core.db().get(mg, name).unwrap(), None);
+        }
+        receive(&mut core, &mut gate, &good);
+        assert_eq!(record(&core, &t, name).version, 9);
+    }
+
+    #[test]
+    fn a_forged_handover_page_stores_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = "moving/object";
+        let mut t = table();
+        t.mns.push(MnEntry {
+            uuid: 2,
+            slot: 1,
+            endpoint: strata_store::wire::no_endpoint(),
+            state: State::Up,
+        });
+        let group = t.layout.mg_of(t.meta_addrs(name)[0]).unwrap();
+        t.moves.push(Move {
+            group,
+            to: 1,
+            phase: MovePhase::Copying,
+            frozen_epoch: 0,
+        });
+        let db = MetaDb::open(&dir.path().join("m.redb")).unwrap();
+        let mut core = MnCore::new(db, t.clone(), 1, 43);
+        let mut gate = Gate::new(cluster_key(), Receiver::Mn);
+        // The new owner asks the old one for the group's first page.
+        let pull = core
+            .tick(1)
+            .into_iter()
+            .find_map(|o| match o {
+                Out::ToMeta(m) if matches!(m.body, Body::MgPull { .. }) => Some(m),
+                _ => None,
+            })
+            .expect("a pull of the group being taken over");
+        let row = Row::Record(Record {
+            name: name.into(),
+            size: 5,
+            crc: 1,
+            version: 3,
+            meta: t.meta_addrs(name),
+            replicas: vec![t.layout.sn_prefix(1) | 9],
+            rename: None,
+        });
+        let page = pull.reply(Body::MgRows {
+            rows: vec![row],
+            more: true,
+        });
+        let [plain, wrong, good] = forms(&page);
+        for bytes in [&plain, &wrong] {
+            // An answer is dropped silently (never answered back).
+            assert_eq!(receive(&mut core, &mut gate, bytes), vec![]);
+            assert_eq!(core.db().get(group, name).unwrap(), None);
+        }
+        receive(&mut core, &mut gate, &good);
+        assert_eq!(core.db().get(group, name).unwrap().unwrap().version, 3);
+    }
+
+    fn on_table() -> Table {
+        let mut t = table();
+        t.epoch = 1;
+        t.params.n_d = 2;
+        t.mns.clear();
+        t.sns.clear();
+        t.mg_owner.clear();
+        t
+    }
+
+    /// Sends `bytes` to the orchestrator; the answer's body, if any.
+    fn ask(on: &mut OnCore, gate: &mut Gate, bytes: &[u8]) -> Option<Body> {
+        let answer = on_receive(on, gate, unix_ms(), 0, bytes)?;
+        Some(Msg::decode(&answer).unwrap().body)
+    }
+
+    fn sealed(body: Body) -> Vec<u8> {
+        Msg::new(strata_store::node::request_id(), 0, body)
+            .seal(&cluster_key(), unix_ms())
+            .unwrap()
+    }
+
+    #[test]
+    fn a_forged_retire_or_drain_report_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut on = OnCore::open(&dir.path().join("on.redb"), on_table(), 2, 0).unwrap();
+        let mut gate = Gate::new(cluster_key(), Receiver::On);
+        for (role, uuid) in [
+            (Role::Mn, 1),
+            (Role::Mn, 2),
+            (Role::Sn, 11),
+            (Role::Sn, 12),
+            (Role::Sn, 13),
+        ] {
+            let body = Body::Register {
+                role,
+                uuid,
+                endpoint: "127.0.0.1:9".parse().unwrap(),
+                capacity: 100,
+                free: 100,
+                device: 0,
+            };
+            let reply = ask(&mut on, &mut gate, &sealed(body));
+            assert!(matches!(reply, Some(Body::Registered { .. })), "{reply:?}");
+        }
+        // A forged retire: refused, no drain.
+        let retire = Msg::new(77, 0, Body::Retire { uuid: 11 });
+        let [plain, wrong, good] = forms(&retire);
+        for bytes in [&plain, &wrong] {
+            let reply = ask(&mut on, &mut gate, bytes);
+            assert!(
+                matches!(
+                    &reply,
+                    Some(Body::Error {
+                        code: Code::Unauthenticated,
+                        ..
+                    })
+                ),
+                "{reply:?}"
+            );
+            assert!(!on.table().retiring(1));
+        }
+        assert_eq!(
+            ask(&mut on, &mut gate, &good),
+            Some(Body::Done { version: 0 })
+        );
+        assert!(on.table().retiring(1));
+        // The same datagram again (a replay): refused.
+        let reply = ask(&mut on, &mut gate, &good);
+        assert!(
+            matches!(
+                &reply,
+                Some(Body::Error {
+                    code: Code::Unauthenticated,
+                    ..
+                })
+            ),
+            "{reply:?}"
+        );
+        // Forged "nothing left" reports from every metadata node: the
+        // node is not retired early.
+        let since = on.table().drain_of(1).unwrap().since;
+        let report = |slot: u16, epoch: u64| Body::DrainReport {
+            slot,
+            epoch,
+            drain: since,
+            index: 1,
+            left: 0,
+            copies: 0,
+            unplaceable: 0,
+        };
+        let epoch = on.table().epoch;
+        for slot in [0, 1] {
+            let msg = Msg::new(80 + slot as u64, 0, report(slot, epoch));
+            let [plain, wrong, _] = forms(&msg);
+            for bytes in [&plain, &wrong] {
+                ask(&mut on, &mut gate, bytes);
+            }
+        }
+        assert!(on.table().retiring(1));
+        assert_eq!(on.table().drain_of(1).unwrap().unreported, 2);
+        for slot in [0, 1] {
+            ask(&mut on, &mut gate, &sealed(report(slot, epoch)));
+        }
+        assert!(!on.table().retiring(1));
+        assert_eq!(on.table().sns[0].state, State::Retired);
+    }
+}

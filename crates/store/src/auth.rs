@@ -1,0 +1,534 @@
+//! The cluster key, and the seals that authenticate internal and control
+//! messages with it.
+//!
+//! A cluster has one 32-byte random key, in the file `cluster.key` of the
+//! directory of `strata store up` (mode 0600). Every node and every
+//! operator command that changes the cluster holds it. A message they
+//! send between themselves is *sealed*: the kind byte carries a flag, and
+//! the message ends with the sender's clock (ms since the Unix epoch) and
+//! an HMAC-SHA256 tag over everything before it, truncated to 16 bytes.
+//!
+//! Tenants do not hold the key: their data-path requests to metadata nodes
+//! (Post, Get, Delete, List...) and the table request to the orchestrator
+//! stay unsealed, so a zero-byte Get pays for no HMAC. Every other kind is
+//! refused unsealed ([`Gate`]), and a node that sent a sealed request takes
+//! only a sealed answer ([`open_answer`]).
+//!
+//! Replays: a seal older or newer than [`WINDOW_MS`] is refused, so a
+//! captured message is only good for a minute; within it, the operator's
+//! control requests (retire, cancel) are refused when their tag was seen
+//! already, and every other internal request is idempotent or ordered by
+//! version (see `docs/store.md`).
+
+use crate::wire::{self, Body, Code, Msg, WireError};
+use crate::Error;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Length of a cluster key, in bytes.
+pub const KEY_LEN: usize = 32;
+
+/// Length of a message's tag (HMAC-SHA256 truncated).
+pub const TAG_LEN: usize = 16;
+
+/// Name of the key file in the cluster's directory.
+pub const KEY_FILE: &str = "cluster.key";
+
+/// How far a seal's clock may be from the receiver's, either way. Nodes'
+/// clocks must agree to within this (NTP does much better).
+pub const WINDOW_MS: u64 = 60_000;
+
+/// Most control tags a gate remembers (each is kept for the window).
+const MAX_SEEN: usize = 65_536;
+
+/// A cluster's secret key, keyed into HMAC-SHA256 once.
+#[derive(Clone)]
+pub struct ClusterKey {
+    // Keyed state: each tag clones it rather than hashing the key pads again.
+    mac: Hmac<Sha256>,
+}
+
+impl std::fmt::Debug for ClusterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterKey(secret)")
+    }
+}
+
+impl ClusterKey {
+    /// A key from its bytes.
+    pub fn from_bytes(bytes: &[u8; KEY_LEN]) -> ClusterKey {
+        let Ok(mac) = Hmac::<Sha256>::new_from_slice(bytes) else {
+            unreachable!("HMAC takes keys of any length");
+        };
+        ClusterKey { mac }
+    }
+
+    /// Reads the key in `path`: exactly [`KEY_LEN`] bytes.
+    pub fn load(path: &Path) -> Result<ClusterKey, Error> {
+        let bytes = std::fs::read(path).map_err(|e| {
+            Error::io(
+                format!(
+                    "reading the cluster key {} (the {KEY_FILE} that `strata store up` \
+                     creates in its directory; give its path with --key)",
+                    path.display()
+                ),
+                e,
+            )
+        })?;
+        let bytes: [u8; KEY_LEN] = bytes.as_slice().try_into().map_err(|_| {
+            Error::Invalid(format!(
+                "{} holds {} bytes, but a cluster key is exactly {KEY_LEN} bytes: \
+                 copy the {KEY_FILE} of the cluster's `strata store up` directory",
+                path.display(),
+                bytes.len()
+            ))
+        })?;
+        Ok(ClusterKey::from_bytes(&bytes))
+    }
+
+    /// Reads the key in `path`, or makes a new random one there (mode
+    /// 0600) if there is no file.
+    pub fn load_or_create(path: &Path) -> Result<ClusterKey, Error> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut bytes = [0u8; KEY_LEN];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| Error::Invalid(format!("no randomness for a new cluster key: {e}")))?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path);
+        let mut file = match file {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return ClusterKey::load(path)
+            }
+            Err(e) => {
+                return Err(Error::io(
+                    format!("creating the cluster key {}", path.display()),
+                    e,
+                ))
+            }
+        };
+        file.write_all(&bytes)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| Error::io(format!("writing the cluster key {}", path.display()), e))?;
+        Ok(ClusterKey::from_bytes(&bytes))
+    }
+
+    /// The tag of `data`.
+    pub fn tag(&self, data: &[u8]) -> [u8; TAG_LEN] {
+        let mut mac = self.mac.clone();
+        mac.update(data);
+        let full = mac.finalize().into_bytes();
+        let mut tag = [0u8; TAG_LEN];
+        tag.copy_from_slice(&full[..TAG_LEN]);
+        tag
+    }
+
+    /// Whether `tag` is the tag of `data` (compared in constant time).
+    pub fn verify(&self, data: &[u8], tag: &[u8]) -> bool {
+        let mut mac = self.mac.clone();
+        mac.update(data);
+        tag.len() == TAG_LEN && mac.verify_truncated_left(tag).is_ok()
+    }
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Why a datagram was not taken as authentic.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AuthError {
+    /// The datagram is not sealed.
+    #[error("it carries no cluster-key tag")]
+    Unsealed,
+    /// The tag does not match (another cluster's key, or damage).
+    #[error("its tag does not match this cluster's key")]
+    BadTag,
+    /// The sender's clock is too far from the receiver's.
+    #[error("it was sealed {0} ms away from this node's clock (limit {WINDOW_MS} ms): clocks apart, or a replay")]
+    Stale(u64),
+    /// A control request whose tag was seen already.
+    #[error("it is a replay of a request already handled")]
+    Replayed,
+}
+
+/// Checks the seal of `buf` with `key` at wall-clock time `now_ms`;
+/// returns its tag. Nothing after the header is decoded before this.
+pub fn check_seal(buf: &[u8], key: &ClusterKey, now_ms: u64) -> Result<[u8; TAG_LEN], AuthError> {
+    let Some((signed, at, tag)) = wire::seal_parts(buf) else {
+        return Err(AuthError::Unsealed);
+    };
+    if !key.verify(signed, &tag) {
+        return Err(AuthError::BadTag);
+    }
+    let apart = now_ms.abs_diff(at);
+    if apart > WINDOW_MS {
+        return Err(AuthError::Stale(apart));
+    }
+    Ok(tag)
+}
+
+/// Decodes an answer to a request sealed with `key` (or, with no key, to
+/// an unsealed one). A sealed request takes only a sealed answer, except
+/// an unsealed refusal as unauthenticated: that can only make the call
+/// fail, and it tells an operator with the wrong key why.
+pub fn open_answer(buf: &[u8], key: Option<&ClusterKey>, now_ms: u64) -> Option<Msg> {
+    let msg = Msg::decode(buf).ok()?;
+    let Some(key) = key else { return Some(msg) };
+    match check_seal(buf, key, now_ms) {
+        Ok(_) => Some(msg),
+        Err(_) if is_refusal(&msg) => Some(msg),
+        Err(_) => None,
+    }
+}
+
+fn is_refusal(msg: &Msg) -> bool {
+    matches!(
+        msg.body,
+        Body::Error {
+            code: Code::Unauthenticated,
+            ..
+        }
+    )
+}
+
+/// Which role a [`Gate`] guards: it decides the kinds let in unsealed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Receiver {
+    /// A metadata node: tenants' data-path requests are let in unsealed.
+    Mn,
+    /// The orchestrator: only the table request is let in unsealed.
+    On,
+}
+
+/// What a [`Gate`] makes of one datagram.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Hand it to the node; `sealed` says whether it was authenticated.
+    Accept {
+        /// The message.
+        msg: Msg,
+        /// Authenticated with the cluster key.
+        sealed: bool,
+    },
+    /// Do not handle it; send this (unsealed) answer back instead.
+    Refuse(Msg),
+    /// Do not handle it and do not answer (an answer to an answer could
+    /// bounce between two nodes forever).
+    Drop,
+}
+
+/// The check every datagram to a metadata node or the orchestrator goes
+/// through before the node acts on it.
+pub struct Gate {
+    key: ClusterKey,
+    receiver: Receiver,
+    /// Tags of control requests taken, with their seal's clock.
+    seen: HashMap<[u8; TAG_LEN], u64>,
+}
+
+impl Gate {
+    /// A gate for `receiver` holding the cluster's `key`.
+    pub fn new(key: ClusterKey, receiver: Receiver) -> Gate {
+        Gate {
+            key,
+            receiver,
+            seen: HashMap::new(),
+        }
+    }
+
+    /// The cluster key (answers to sealed requests are sealed with it).
+    pub fn key(&self) -> &ClusterKey {
+        &self.key
+    }
+
+    /// Checks `buf`, received at wall-clock time `now_ms`.
+    pub fn admit(&mut self, buf: &[u8], now_ms: u64) -> Verdict {
+        let head = match wire::peek(buf) {
+            Ok(h) => h,
+            Err(e) => return Verdict::Refuse(crate::node::malformed(buf, &e)),
+        };
+        let checked = if head.sealed {
+            self.check(buf, head.kind, now_ms)
+        } else if self.open_kind(head.kind) {
+            Ok(())
+        } else {
+            Err(AuthError::Unsealed)
+        };
+        if let Err(why) = checked {
+            return refuse(&head, &why);
+        }
+        match Msg::decode(buf) {
+            Ok(msg) => Verdict::Accept {
+                msg,
+                sealed: head.sealed,
+            },
+            Err(e) => Verdict::Refuse(crate::node::malformed(buf, &e)),
+        }
+    }
+
+    /// Kinds taken unsealed: what tenants, who do not hold the key, send.
+    fn open_kind(&self, kind: u8) -> bool {
+        match self.receiver {
+            Receiver::Mn => wire::is_client_request(kind),
+            Receiver::On => kind == wire::KIND_GET_TABLE,
+        }
+    }
+
+    fn check(&mut self, buf: &[u8], kind: u8, now_ms: u64) -> Result<(), AuthError> {
+        let tag = check_seal(buf, &self.key, now_ms)?;
+        if wire::is_control(kind) {
+            self.first_sight(tag, now_ms)?;
+        }
+        Ok(())
+    }
+
+    /// Remembers a control request's tag for the window; refuses one seen
+    /// already. A resend after a lost answer is sealed again (another
+    /// clock, another tag), so only a copy of the same datagram is refused.
+    fn first_sight(&mut self, tag: [u8; TAG_LEN], now_ms: u64) -> Result<(), AuthError> {
+        self.seen
+            .retain(|_, at| now_ms.saturating_sub(*at) <= 2 * WINDOW_MS);
+        if self.seen.contains_key(&tag) {
+            return Err(AuthError::Replayed);
+        }
+        if self.seen.len() >= MAX_SEEN {
+            // Only authentic requests get here: a flood means a key holder
+            // misbehaves; refusing is safer than forgetting.
+            return Err(AuthError::Replayed);
+        }
+        self.seen.insert(tag, now_ms);
+        Ok(())
+    }
+}
+
+/// The verdict on an unauthentic datagram: an answer is dropped, a
+/// request refused with a short error.
+fn refuse(head: &wire::Header, why: &AuthError) -> Verdict {
+    if wire::is_answer(head.kind) {
+        tracing::debug!(
+            "dropped an unauthenticated answer of kind {}: {why}",
+            head.kind
+        );
+        return Verdict::Drop;
+    }
+    Verdict::Refuse(Msg::new(
+        head.req,
+        head.target,
+        Body::Error {
+            code: Code::Unauthenticated,
+            message: format!(
+                "unauthenticated request of kind {}: {why}; it needs the cluster key (--key)",
+                head.kind
+            ),
+        },
+    ))
+}
+
+/// Encodes `msg`, sealed with `key` at `now_ms` when there is one.
+pub fn encode(msg: &Msg, key: Option<&ClusterKey>, now_ms: u64) -> Result<Vec<u8>, WireError> {
+    match key {
+        Some(k) => msg.seal(k, now_ms),
+        None => msg.encode(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Record;
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    fn key(b: u8) -> ClusterKey {
+        ClusterKey::from_bytes(&[b; KEY_LEN])
+    }
+
+    fn replicate() -> Msg {
+        let record = Record {
+            name: "bucket/some/object-name".into(),
+            size: 0,
+            crc: 0,
+            version: 12,
+            meta: vec![1, 2, 3],
+            replicas: vec![4, 5, 6],
+            rename: None,
+        };
+        Msg::new(42, 1, Body::Replicate { record })
+    }
+
+    fn refused(v: Verdict) -> String {
+        match v {
+            Verdict::Refuse(Msg {
+                body:
+                    Body::Error {
+                        code: Code::Unauthenticated,
+                        message,
+                    },
+                ..
+            }) => message,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn internal_kinds_need_the_seal_and_tenant_kinds_do_not() {
+        let mut mn = Gate::new(key(1), Receiver::Mn);
+        let plain = replicate().encode().unwrap();
+        assert!(refused(mn.admit(&plain, NOW)).contains("no cluster-key tag"));
+        let forged = replicate().seal(&key(2), NOW).unwrap();
+        assert!(refused(mn.admit(&forged, NOW)).contains("does not match"));
+        let stale = replicate().seal(&key(1), NOW - WINDOW_MS - 1).unwrap();
+        assert!(refused(mn.admit(&stale, NOW)).contains("clocks apart"));
+        let good = replicate().seal(&key(1), NOW).unwrap();
+        assert_eq!(
+            mn.admit(&good, NOW),
+            Verdict::Accept {
+                msg: replicate(),
+                sealed: true
+            }
+        );
+        // A tenant's Get goes in unsealed; the orchestrator takes only
+        // the table request unsealed.
+        let get = Msg::new(1, 2, Body::Get { name: "x".into() });
+        let verdict = mn.admit(&get.encode().unwrap(), NOW);
+        assert!(matches!(verdict, Verdict::Accept { sealed: false, .. }));
+        let mut on = Gate::new(key(1), Receiver::On);
+        refused(on.admit(&get.encode().unwrap(), NOW));
+        let table = Msg::new(1, 0, Body::GetTable).encode().unwrap();
+        assert!(matches!(on.admit(&table, NOW), Verdict::Accept { .. }));
+        let retire = Msg::new(1, 0, Body::Retire { uuid: 5 }).encode().unwrap();
+        refused(on.admit(&retire, NOW));
+        // An unsealed answer is dropped, never answered.
+        for body in [
+            Body::Done { version: 1 },
+            Body::MgRows {
+                rows: vec![],
+                more: false,
+            },
+        ] {
+            let b = Msg::new(1, 0, body).encode().unwrap();
+            assert_eq!(mn.admit(&b, NOW), Verdict::Drop);
+        }
+    }
+
+    #[test]
+    fn a_replayed_control_request_is_refused_but_a_resealed_resend_is_not() {
+        let mut on = Gate::new(key(1), Receiver::On);
+        let retire = Msg::new(8, 0, Body::Retire { uuid: 5 });
+        let first = retire.seal(&key(1), NOW).unwrap();
+        assert!(matches!(
+            on.admit(&first, NOW),
+            Verdict::Accept { sealed: true, .. }
+        ));
+        assert!(refused(on.admit(&first, NOW + 10)).contains("replay"));
+        let resent = retire.seal(&key(1), NOW + 300).unwrap();
+        assert!(matches!(
+            on.admit(&resent, NOW + 300),
+            Verdict::Accept { .. }
+        ));
+        // Other internal kinds are idempotent: a copy is let through.
+        let hb = Msg::new(
+            9,
+            0,
+            Body::Heartbeat {
+                uuid: 1,
+                free: 2,
+                objects: 3,
+            },
+        );
+        let hb = hb.seal(&key(1), NOW).unwrap();
+        for _ in 0..2 {
+            assert!(matches!(on.admit(&hb, NOW), Verdict::Accept { .. }));
+        }
+    }
+
+    #[test]
+    fn an_answer_to_a_sealed_request_must_be_sealed() {
+        let k = key(1);
+        let done = Msg::new(3, 0, Body::Done { version: 1 });
+        assert_eq!(open_answer(&done.encode().unwrap(), Some(&k), NOW), None);
+        let sealed = done.seal(&k, NOW).unwrap();
+        assert_eq!(open_answer(&sealed, Some(&k), NOW), Some(done.clone()));
+        assert_eq!(open_answer(&sealed, Some(&key(2)), NOW), None);
+        assert_eq!(open_answer(&sealed, None, NOW), Some(done));
+        // A refusal is let through unsealed: it can only fail the call.
+        let no = Msg::new(
+            3,
+            0,
+            Body::Error {
+                code: Code::Unauthenticated,
+                message: "no".into(),
+            },
+        );
+        assert!(open_answer(&no.encode().unwrap(), Some(&k), NOW).is_some());
+    }
+
+    #[test]
+    fn key_files_are_made_private_and_checked() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(KEY_FILE);
+        let made = ClusterKey::load_or_create(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(std::fs::read(&path).unwrap().len(), KEY_LEN);
+        // Loaded again, it is the same key.
+        let again = ClusterKey::load_or_create(&path).unwrap();
+        assert_eq!(made.tag(b"x"), again.tag(b"x"));
+        assert_eq!(ClusterKey::load(&path).unwrap().tag(b"x"), made.tag(b"x"));
+        std::fs::write(&path, [0u8; 31]).unwrap();
+        let err = ClusterKey::load(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("31 bytes") && err.contains(&path.display().to_string()),
+            "{err}"
+        );
+        let missing = dir.path().join("nope.key");
+        let err = ClusterKey::load(&missing).unwrap_err().to_string();
+        assert!(err.contains("nope.key") && err.contains("--key"), "{err}");
+    }
+
+    /// The cost of a seal and of its check on a Replicate (the commonest
+    /// internal message). Run with `--ignored --nocapture` in release.
+    #[test]
+    #[ignore]
+    fn seal_cost() {
+        let k = key(1);
+        let m = replicate();
+        let n = 200_000;
+        let plain = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(m.encode().unwrap());
+        }
+        let plain = plain.elapsed();
+        let start = std::time::Instant::now();
+        let mut last = Vec::new();
+        for i in 0..n {
+            last = std::hint::black_box(m.seal(&k, NOW + i as u64).unwrap());
+        }
+        let seal = start.elapsed();
+        let start = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(check_seal(&last, &k, NOW + n as u64).unwrap());
+        }
+        let check = start.elapsed();
+        let per = |d: std::time::Duration| d.as_nanos() as f64 / n as f64;
+        println!(
+            "{} bytes sealed: encode {:.0} ns, encode+seal {:.0} ns, check {:.0} ns",
+            last.len(),
+            per(plain),
+            per(seal),
+            per(check)
+        );
+    }
+}
