@@ -827,8 +827,16 @@ mod unauthenticated {
         }
         assert!(on.table().retiring(1));
         assert_eq!(on.table().drain_of(1).unwrap().unreported, 2);
+        // Sealed reports count: a first clean round, then a second from
+        // passes that began at the epoch it published.
         for slot in [0, 1] {
             ask(&mut on, &mut gate, &sealed(report(slot, epoch)));
+        }
+        assert!(on.table().retiring(1), "retired on one round");
+        let confirm = on.table().epoch;
+        assert!(confirm > epoch);
+        for slot in [0, 1] {
+            ask(&mut on, &mut gate, &sealed(report(slot, confirm)));
         }
         assert!(!on.table().retiring(1));
         assert_eq!(on.table().sns[0].state, State::Retired);
