@@ -340,6 +340,23 @@ fn to_meta(outs: Vec<Out<u32>>) -> Vec<Msg> {
         .collect()
 }
 
+/// Starts the drain of SN `index` at epoch 2 in `t`, as both metadata
+/// nodes (coordinator and copy) report it, and gives them the table.
+fn start_drain(t: &mut Table, index: u16, cores: &mut [&mut MnCore<u32>]) {
+    t.epoch = 2;
+    t.drains = vec![Drain {
+        index,
+        since: 2,
+        left: 0,
+        copies: 0,
+        unplaceable: 0,
+        unreported: 2,
+    }];
+    for core in cores {
+        core.set_table(t.clone());
+    }
+}
+
 /// The version the copy core holds at `name`'s second address (0: none).
 fn copy_version(core: &MnCore<u32>, t: &Table, name: &str) -> u64 {
     let mg = t.layout.mg_of(t.meta_addrs(name)[1]).unwrap();
@@ -374,17 +391,7 @@ fn a_stale_metadata_copy_naming_a_drained_node_is_refreshed_by_its_coordinator()
         .filter_map(|&a| t.layout.sn_of(a))
         .find(|&i| v2.replicas.iter().any(|&a| t.layout.sn_of(a) == Some(i)))
         .unwrap();
-    t.epoch = 2;
-    t.drains = vec![Drain {
-        index,
-        since: 2,
-        left: 0,
-        copies: 0,
-        unplaceable: 0,
-        unreported: 2,
-    }];
-    copy.set_table(t.clone());
-    coord.set_table(t.clone());
+    start_drain(&mut t, index, &mut [&mut coord, &mut copy]);
     // The copy's scan asks the coordinator, which pushes version 2.
     let refresh = |copy: &mut MnCore<u32>, now| {
         let asks: Vec<Msg> = to_meta(copy.tick(now))
@@ -516,17 +523,7 @@ fn a_replication_still_resent_that_names_a_drained_node_counts_as_left() {
         assert!(now < 200, "placement never left a node out");
     };
     assert_eq!(copy_version(&copy, &t, name), 0);
-    t.epoch = 2;
-    t.drains = vec![Drain {
-        index,
-        since: 2,
-        left: 0,
-        copies: 0,
-        unplaceable: 0,
-        unreported: 2,
-    }];
-    copy.set_table(t.clone());
-    coord.set_table(t.clone());
+    start_drain(&mut t, index, &mut [&mut coord, &mut copy]);
     // The copy's scan finds nothing yet.
     assert_eq!(drain_counts(&copy.tick(1_000)), vec![(0, 0)]);
     // The coordinator's row does not name the node, but the first
