@@ -844,6 +844,9 @@ fn a_forged_retire_is_refused_and_the_real_removal_works() {
     let wrong_file = dir.path().join("wrong.key");
     std::fs::write(&wrong_file, [7u8; KEY_LEN]).unwrap();
     let err = store.fails(&["store", "node", "remove", "--key", &p(&wrong_file), &id]);
+    assert!(err.contains("chmod 600"), "a key others can read: {err}");
+    std::fs::set_permissions(&wrong_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let err = store.fails(&["store", "node", "remove", "--key", &p(&wrong_file), &id]);
     assert!(err.contains("does not match"), "{err}");
     std::fs::write(&wrong_file, b"short").unwrap();
     let err = store.fails(&["store", "node", "remove", "--key", &p(&wrong_file), &id]);

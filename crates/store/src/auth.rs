@@ -56,6 +56,25 @@ impl std::fmt::Debug for ClusterKey {
     }
 }
 
+/// Refuses a key file whose mode lets other users read or write it.
+fn refuse_shared(path: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::PermissionsExt;
+    // A missing file is reported by the read, with its own advice.
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(Error::Invalid(format!(
+            "the cluster key {} can be read or written by other users (mode {mode:04o}); \
+             run `chmod 600 {}`",
+            path.display(),
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 impl ClusterKey {
     /// A key from its bytes.
     pub fn from_bytes(bytes: &[u8; KEY_LEN]) -> ClusterKey {
@@ -65,8 +84,11 @@ impl ClusterKey {
         ClusterKey { mac }
     }
 
-    /// Reads the key in `path`: exactly [`KEY_LEN`] bytes.
+    /// Reads the key in `path`: exactly [`KEY_LEN`] bytes, in a file no
+    /// other user can read or write (as ssh treats private keys: a key
+    /// others can read is no longer a secret).
     pub fn load(path: &Path) -> Result<ClusterKey, Error> {
+        refuse_shared(path)?;
         let bytes = std::fs::read(path).map_err(|e| {
             Error::io(
                 format!(
@@ -491,6 +513,13 @@ mod tests {
         let err = ClusterKey::load(&path).unwrap_err().to_string();
         assert!(
             err.contains("31 bytes") && err.contains(&path.display().to_string()),
+            "{err}"
+        );
+        // Readable by others: refused, with the fix named.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = ClusterKey::load(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("mode 0644") && err.contains("chmod 600"),
             "{err}"
         );
         let missing = dir.path().join("nope.key");
