@@ -733,6 +733,20 @@ mod unauthenticated {
         t
     }
 
+    /// The orchestrator refused a datagram as unauthenticated.
+    fn assert_unauthenticated(reply: &Option<Body>) {
+        assert!(
+            matches!(
+                reply,
+                Some(Body::Error {
+                    code: Code::Unauthenticated,
+                    ..
+                })
+            ),
+            "{reply:?}"
+        );
+    }
+
     /// Sends `bytes` to the orchestrator; the answer's body, if any.
     fn ask(on: &mut OnCore, gate: &mut Gate, bytes: &[u8]) -> Option<Body> {
         let answer = on_receive(on, gate, unix_ms(), 0, bytes)?;
@@ -772,17 +786,7 @@ mod unauthenticated {
         let retire = Msg::new(77, 0, Body::Retire { uuid: 11 });
         let [plain, wrong, good] = forms(&retire);
         for bytes in [&plain, &wrong] {
-            let reply = ask(&mut on, &mut gate, bytes);
-            assert!(
-                matches!(
-                    &reply,
-                    Some(Body::Error {
-                        code: Code::Unauthenticated,
-                        ..
-                    })
-                ),
-                "{reply:?}"
-            );
+            assert_unauthenticated(&ask(&mut on, &mut gate, bytes));
             assert!(!on.table().retiring(1));
         }
         assert_eq!(
@@ -791,17 +795,7 @@ mod unauthenticated {
         );
         assert!(on.table().retiring(1));
         // The same datagram again (a replay): refused.
-        let reply = ask(&mut on, &mut gate, &good);
-        assert!(
-            matches!(
-                &reply,
-                Some(Body::Error {
-                    code: Code::Unauthenticated,
-                    ..
-                })
-            ),
-            "{reply:?}"
-        );
+        assert_unauthenticated(&ask(&mut on, &mut gate, &good));
         // Forged "nothing left" reports from every metadata node: the
         // node is not retired early.
         let since = on.table().drain_of(1).unwrap().since;
