@@ -103,6 +103,11 @@ impl Service {
             let Some(live) = self.live_entry(&name) else {
                 continue;
             };
+            // Most volumes are small: skip them without their lock.
+            let small = live.volume.index_bytes().is_none_or(|b| b < min);
+            if small && live.standby.lock().is_none() {
+                continue;
+            }
             // A kick comes from a change still holding the lock: wait for
             // it a little rather than a whole period.
             let Some(_changes) = live.changes.try_lock_for(LOCK_WAIT) else {
