@@ -1006,6 +1006,23 @@ fn assert_repairs_ran_under_crashes(sim: &Sim, seed: u64) {
     );
 }
 
+/// After a drain of storage node 4 and healing: the orchestrator retired
+/// it, no row on any metadata node (all running again) names it, every
+/// acknowledged object has N_d replicas, and repairs ran under crashes.
+fn assert_drained_node_retired(sim: &mut Sim, seed: u64, p: Params) {
+    let t = sim.on.as_ref().unwrap().table();
+    let state = t.sns.iter().find(|s| s.index == 4).unwrap().state;
+    assert_eq!(
+        state,
+        State::Retired,
+        "seed {seed}: not retired: {:?}",
+        t.drains
+    );
+    sim.check_none_names(4);
+    sim.check_repaired(p.n_d as usize);
+    assert_repairs_ran_under_crashes(sim, seed);
+}
+
 /// Three seeds by default; `SIM_SEEDS=N` explores N of them, and
 /// `SIM_SKIP=K` starts K seeds later: `SIM_SKIP=70 SIM_SEEDS=1` replays
 /// the 71st seed of every scenario alone.
@@ -1095,17 +1112,7 @@ fn draining_a_storage_node_under_faults_retires_it_with_nothing_lost() {
         sim.run(25_000, true, 150);
         sim.run(60_000, false, 150);
         sim.heal_and_check();
-        let state = sim.table.sns.iter().find(|s| s.index == 4).unwrap().state;
-        assert_eq!(
-            state,
-            State::Retired,
-            "seed {seed}: not retired: {:?}",
-            sim.on.as_ref().unwrap().table().drains
-        );
-        // Every metadata copy too, on every node (all running again).
-        sim.check_none_names(4);
-        sim.check_repaired(p.n_d as usize);
-        assert_repairs_ran_under_crashes(&sim, seed);
+        assert_drained_node_retired(&mut sim, seed, p);
     }
 }
 
@@ -1138,21 +1145,11 @@ fn a_drain_cancelled_then_started_again_under_faults_retires_with_nothing_lost()
         sim.run(27_000, true, 150);
         sim.run(65_000, false, 150);
         sim.heal_and_check();
-        let t = sim.on.as_ref().unwrap().table();
-        let state = t.sns.iter().find(|s| s.index == 4).unwrap().state;
-        assert_eq!(
-            state,
-            State::Retired,
-            "seed {seed}: not retired: {:?}",
-            t.drains
-        );
-        sim.check_none_names(4);
-        sim.check_repaired(p.n_d as usize);
+        assert_drained_node_retired(&mut sim, seed, p);
         assert!(
             sim.placed_while_cancelled > 0,
             "seed {seed}: no Post placed on the node while its drain was cancelled"
         );
-        assert_repairs_ran_under_crashes(&sim, seed);
     }
 }
 
