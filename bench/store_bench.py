@@ -16,7 +16,12 @@ over the run (100% = one core); CPU efficiency = ops/s x replication /
 CPU%. nginx (installed from Debian with apt-get when missing) serves the
 same objects as files from a temporary root (2 workers, sendfile,
 keep-alive) and the same load generator GETs them over HTTP/1.1
-keep-alive. MN memory: the RSS growth of a 1-MN, 1-SN store process per
+keep-alive; wrk (a standard HTTP load generator in C, installed from
+Debian when missing) GETs them too, for 2 s per run. Zero-byte Gets also
+run with `--engine batched`: the generator drives every client from one
+thread and one UDP socket with batched sends and receives, as a generator
+on machines of its own costs the servers nothing; the last table sets it
+against nginx driven by wrk. MN memory: the RSS growth of a 1-MN, 1-SN store process per
 zero-byte object posted past a warm-up batch of 20,000 (80,000 more),
 scaled to a million, and the metadata database's bytes per object.
 
@@ -68,10 +73,11 @@ def start_store(strata, workdir, replication, mns=3, sns=3, d=None):
     return p, addr
 
 
-def bench(strata, cluster, workload, threads, ops, size, pids, http=None, passes=1):
+def bench(strata, cluster, workload, threads, ops, size, pids, http=None, passes=1,
+          engine="tasks"):
     args = [strata, "store", "bench", "--cluster", cluster, "--workload", workload,
             "--threads", str(threads), "--ops", str(ops), "--size", str(size),
-            "--passes", str(passes), "--output", "json"]
+            "--passes", str(passes), "--output", "json", "--engine", engine]
     if http:
         args += ["--http", http]
     hz = os.sysconf("SC_CLK_TCK")
@@ -85,10 +91,15 @@ def bench(strata, cluster, workload, threads, ops, size, pids, http=None, passes
     return r
 
 
-def ensure_nginx():
+def ensure_tools():
+    """nginx and wrk (the reference server and a standard HTTP load
+    generator), from Debian when missing."""
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    if not shutil.which("wrk"):
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=True, env=env)
     if shutil.which("nginx") or os.path.exists("/usr/sbin/nginx"):
         return
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
     subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "nginx-light"],
                    check=False, env=env)
@@ -125,6 +136,49 @@ http {{
     return p, [p.pid] + [int(k) for k in kids]
 
 
+def wrk_bench(port, threads, ops, size, pids, workdir, seconds=2):
+    """nginx driven by wrk (one thread, `threads` keep-alive connections)
+    GETting the same files the generator's HTTP workload reads, in turn."""
+    lua = os.path.join(workdir, f"paths-{size}-{threads}.lua")
+    with open(lua, "w") as f:
+        # Built in init: wrk fills in the Host header only by then.
+        f.write("reqs = {}\n"
+                "init = function(args)\n"
+                f"  for t = 0, {threads - 1} do for i = 0, {ops - 1} do\n"
+                f"    reqs[#reqs + 1] = wrk.format('GET', '/bench/{size}/' .. t .. '/' .. i)\n"
+                "  end end\n"
+                "end\n"
+                "n = 0\n"
+                "request = function() n = n % #reqs + 1; return reqs[n] end\n")
+    hz = os.sysconf("SC_CLK_TCK")
+    t0 = ticks(pids)
+    out = subprocess.run(["wrk", "-t1", f"-c{threads}", f"-d{seconds}s", "--latency", "-s", lua,
+                          f"http://127.0.0.1:{port}/"], capture_output=True, text=True, check=True).stdout
+    cpu_ticks = ticks(pids) - t0
+    units = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+    def ms(text):
+        for u in ("us", "ms", "s"):
+            if text.endswith(u):
+                return float(text[:-len(u)]) * units[u]
+        return float(text)
+
+    lat, rate, errors = {}, 0.0, 0
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in ("50%", "99%"):
+            lat[parts[0]] = ms(parts[1])
+        elif line.startswith("Requests/sec:"):
+            rate = float(parts[1])
+        elif line.strip().startswith("Non-2xx"):
+            errors += int(parts[-1])
+        elif line.strip().startswith("Socket errors:"):
+            errors += sum(int(x.strip(",")) for x in parts[3::2])
+    return {"ops_per_s": rate, "mb_per_s": rate * size / 1e6, "p50_ms": lat.get("50%", 0.0),
+            "p99_ms": lat.get("99%", 0.0), "cpu_pct": 100.0 * cpu_ticks / hz / seconds,
+            "errors": errors}
+
+
 def write_files(root, size, threads, ops):
     data = bytes((i * 31 % 251) for i in range(size))
     for t in range(threads):
@@ -145,11 +199,12 @@ def ops_for(size, threads, quick):
 def read_passes(size, threads, ops, quick):
     """Reads of each object per Get or nginx run: small objects are cheap to
     read and slow to Post, so a run reads them several times to last long
-    enough to measure (about 30,000 reads, at most 200 MB)."""
-    target = 6000 if quick else 30000
+    enough to measure (about 30,000 reads, at most 200 MB; 150,000 of
+    zero-byte objects, a run of about 2 s)."""
+    target = 6000 if quick else (150000 if size == 0 else 30000)
     by_count = target // (threads * ops)
     by_bytes = (200 * 1000 * 1000) // max(size * threads * ops, 1)
-    return max(1, min(50, by_count, by_bytes))
+    return max(1, min(250 if size == 0 else 50, by_count, by_bytes))
 
 
 def main():
@@ -165,7 +220,7 @@ def main():
     sizes = [int(x) for x in a.sizes.split(",")]
     reps = [int(x) for x in a.replication.split(",")]
     repeat = 1 if a.quick else a.repeat
-    ensure_nginx()
+    ensure_tools()
     work = tempfile.mkdtemp(prefix="strata-store-bench-")
     rows = []
     try:
@@ -182,21 +237,28 @@ def main():
                     for s in sizes:
                         for t in threads:
                             n = ops_for(s, t, a.quick)
-                            runs = {"post": [], "get": [], "nginx": []}
+                            runs = {"post": [], "get": [], "get-batched": [], "nginx": [],
+                                    "nginx-wrk": []}
                             for _ in range(repeat):
                                 runs["post"].append(bench(a.strata, cluster, "post", t, n, s, [store.pid]))
                                 k = read_passes(s, t, n, a.quick)
                                 runs["get"].append(bench(a.strata, cluster, "get", t, n, s, [store.pid],
                                                          passes=k))
+                                if s == 0:
+                                    runs["get-batched"].append(bench(a.strata, cluster, "get", t, n, s,
+                                                                     [store.pid], passes=k,
+                                                                     engine="batched"))
                                 if rep == reps[0]:
                                     runs["nginx"].append(bench(a.strata, cluster, "http", t, n, s, ng_pids,
                                                                http=f"127.0.0.1:{port}", passes=k))
+                                    runs["nginx-wrk"].append(wrk_bench(port, t, n, s, ng_pids, work))
                             for kind, rs in runs.items():
                                 if not rs:
                                     continue
                                 med = {k: statistics.median(r[k] for r in rs)
                                        for k in ("ops_per_s", "mb_per_s", "p50_ms", "p99_ms", "cpu_pct")}
-                                med.update(kind=kind, rep=rep if kind != "nginx" else 1, size=s, threads=t,
+                                med.update(kind=kind, rep=1 if kind.startswith("nginx") else rep, size=s,
+                                           threads=t,
                                            errors=sum(r["errors"] for r in rs))
                                 factor = med["rep"] if kind == "post" else 1
                                 med["eff"] = med["ops_per_s"] * factor / max(med["cpu_pct"], 1e-9)
@@ -248,6 +310,22 @@ def main():
     for r in rows:
         print(f"| {r['kind']} | {r['rep']} | {r['size']} | {r['threads']} | {r['ops_per_s']:.0f} | {r['mb_per_s']:.1f} | "
               f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['cpu_pct']:.0f} | {r['eff']:.1f} | {r['errors']} |")
+    print()
+    print("Request rate against nginx (repl 1 Gets; each server with each generator):")
+    print()
+    print("| size | clients | get / nginx (generator's HTTP) | get-batched / nginx-wrk | get-batched / best nginx |")
+    print("|---|---|---|---|---|")
+    by = {(r["kind"], r["rep"], r["size"], r["threads"]): r["ops_per_s"] for r in rows}
+    for s in sizes:
+        for t in threads:
+            ng = by.get(("nginx", 1, s, t), 0)
+            wrk = by.get(("nginx-wrk", 1, s, t), 0)
+            get = by.get(("get", 1, s, t), 0)
+            batched = by.get(("get-batched", 1, s, t))
+            cells = [f"{get / ng:.2f}x" if ng else "-"]
+            cells.append(f"{batched / wrk:.2f}x" if batched and wrk else "-")
+            cells.append(f"{batched / max(ng, wrk):.2f}x" if batched and max(ng, wrk) else "-")
+            print(f"| {s} | {t} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

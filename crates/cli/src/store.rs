@@ -114,6 +114,12 @@ pub struct BenchArgs {
     /// prefix makes new objects instead of replacing the last run's.
     #[arg(long, default_value = "bench")]
     prefix: String,
+    /// tasks: one task per client, each call as `strata obj` makes it;
+    /// batched: zero-byte Gets only, every client driven from one thread
+    /// and one socket with batched sends and receives (a generator that
+    /// leaves the CPU to the server, as one on machines of its own would).
+    #[arg(long, default_value = "tasks", value_parser = ["tasks", "batched"])]
+    engine: String,
 }
 
 /// `strata store routes` arguments.
@@ -445,7 +451,7 @@ fn up(args: UpArgs) -> Result<i32> {
 }
 
 fn bench(args: BenchArgs) -> Result<i32> {
-    use strata_store::bench::{run, BenchConfig, Workload};
+    use strata_store::bench::{run, run_batched_gets, BenchConfig, Workload};
     let size = parse_size(&args.size).map_err(anyhow::Error::msg)?;
     let workload = match (args.workload.as_str(), args.http) {
         ("post", _) => Workload::Post,
@@ -461,8 +467,18 @@ fn bench(args: BenchArgs) -> Result<i32> {
         prefix: args.prefix.clone(),
         workload,
     };
+    let batched = args.engine == "batched";
+    if batched && !matches!(cfg.workload, Workload::Get) {
+        bail!("--engine batched runs --workload get only");
+    }
     let r = runtime()?.block_on(async {
         let client = std::sync::Arc::new(Client::connect(args.cluster.cluster).await?);
+        if batched {
+            let table = client.table();
+            return anyhow::Ok(tokio::task::block_in_place(|| {
+                run_batched_gets(&table, &cfg)
+            })?);
+        }
         anyhow::Ok(run(client, cfg).await?)
     })?;
     let secs = r.elapsed.as_secs_f64();

@@ -356,26 +356,10 @@ fn the_load_generator_posts_and_reads_its_objects_under_a_prefix() {
     let dir = tmp();
     let store = Store::up(&dir.path().join("cluster"), &[]);
     let bench = |workload: &str, prefix: &str| {
-        let out = store.run(&[
-            "store",
-            "bench",
-            "--workload",
-            workload,
-            "--threads",
-            "2",
-            "--ops",
-            "3",
-            "--passes",
-            "2",
-            "--size",
-            "100",
-            "--prefix",
-            prefix,
-            "--output",
-            "json",
-        ]);
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench json");
-        (out.status.success(), v)
+        run_bench(
+            &store,
+            &["--workload", workload, "--size", "100", "--prefix", prefix],
+        )
     };
     for prefix in ["run1", "run2"] {
         let (ok, v) = bench("post", prefix);
@@ -398,6 +382,94 @@ fn the_load_generator_posts_and_reads_its_objects_under_a_prefix() {
     let (ok, v) = bench("get", "never");
     assert!(!ok, "{v}");
     assert_eq!(v["errors"], 12, "{v}");
+}
+
+/// Runs `strata store bench` with 2 clients, 3 objects each, read twice,
+/// plus `args`; returns whether it succeeded and its JSON.
+fn run_bench(store: &Store, args: &[&str]) -> (bool, serde_json::Value) {
+    let mut all = vec![
+        "store",
+        "bench",
+        "--threads",
+        "2",
+        "--ops",
+        "3",
+        "--passes",
+        "2",
+        "--output",
+        "json",
+    ];
+    all.extend_from_slice(args);
+    let out = store.run(&all);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| serde_json::json!({ "stderr": String::from_utf8_lossy(&out.stderr) }));
+    (out.status.success(), v)
+}
+
+#[test]
+fn the_batched_load_generator_reads_zero_byte_objects_and_counts_misses() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("cluster"), &["--mn", "3"]);
+    let (ok, v) = run_bench(
+        &store,
+        &["--workload", "post", "--size", "0", "--prefix", "z"],
+    );
+    assert!(ok && v["ops"] == 6, "{v}");
+    let batched = |prefix: &str| {
+        run_bench(
+            &store,
+            &[
+                "--workload",
+                "get",
+                "--size",
+                "0",
+                "--prefix",
+                prefix,
+                "--engine",
+                "batched",
+            ],
+        )
+    };
+    // Every client reads its 3 objects twice, over one socket.
+    let (ok, v) = batched("z");
+    assert!(ok, "{v}");
+    assert_eq!(
+        (v["ops"].as_u64(), v["errors"].as_u64()),
+        (Some(12), Some(0)),
+        "{v}"
+    );
+    // Names nobody posted are answered "not found": each one is an error.
+    let (ok, v) = batched("never");
+    assert!(!ok, "{v}");
+    assert_eq!(
+        (v["ops"].as_u64(), v["errors"].as_u64()),
+        (Some(0), Some(12)),
+        "{v}"
+    );
+    // Objects with data need a storage node: the batched engine refuses them.
+    let out = store.run(&[
+        "store",
+        "bench",
+        "--workload",
+        "get",
+        "--size",
+        "100",
+        "--engine",
+        "batched",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("zero-byte Gets only"), "{err}");
+    let out = store.run(&[
+        "store",
+        "bench",
+        "--workload",
+        "post",
+        "--engine",
+        "batched",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--workload get only"));
 }
 
 #[test]

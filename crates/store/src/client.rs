@@ -1002,7 +1002,7 @@ pub async fn run_call(table: &Table, call: Call) -> Result<Body, Error> {
 }
 
 /// Whether metadata messages go to IPv6 socket addresses.
-fn meta_over_ipv6(table: &Table) -> bool {
+pub(crate) fn meta_over_ipv6(table: &Table) -> bool {
     table.routed || table.mns.iter().any(|m| m.endpoint.is_ipv6())
 }
 
