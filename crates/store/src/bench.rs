@@ -247,8 +247,8 @@ pub fn run_batched_gets(table: &Table, cfg: &BenchConfig) -> Result<BenchResult,
         })
         .collect();
     let mut out = Vec::with_capacity(cfg.threads);
-    for t in 0..clients.len() {
-        out.push(send_get(table, &mut clients[t], t, 1)?);
+    for (t, c) in clients.iter_mut().enumerate() {
+        out.push(send_get(table, c, t, 1)?);
     }
     mmsg::send_batch(&sock, &out);
     let mut lat = Vec::with_capacity(total * cfg.threads);
