@@ -776,7 +776,10 @@ fn unsealed_or_unticketed_data_requests_are_refused_and_change_nothing() {
     // Frees: unsealed, sealed with another key, sealed too long ago, or
     // with a ticket instead of a seal.
     let free = Request::Free { addr: a };
-    refused(&tcp_exchange(sn, &free.encode(Credential::None)), "not sealed");
+    refused(
+        &tcp_exchange(sn, &free.encode(Credential::None)),
+        "not sealed",
+    );
     refused(
         &tcp_exchange(sn, &free.encode(Credential::Seal(&wrong))),
         "does not match",
@@ -885,7 +888,11 @@ fn unsealed_or_unticketed_data_requests_are_refused_and_change_nothing() {
         "expired",
     );
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(store.replica_files().len(), files, "a refused request stored or freed a replica");
+    assert_eq!(
+        store.replica_files().len(),
+        files,
+        "a refused request stored or freed a replica"
+    );
     assert_eq!(store.tmp_files(), 0);
 
     // Everything still reads back.

@@ -561,7 +561,6 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
         "the replica's data is not in the reply"
     );
 
-
     // A storage node joins: every node adds its route at its next table
     // refresh, with no hand-made route; the client's operator applies the
     // client's again. New objects land on it and read back through it.

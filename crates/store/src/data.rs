@@ -214,9 +214,7 @@ impl Incoming {
                 w.u8(MODE_SEALED);
                 w.u64(*at);
                 if !key.verify(&w.buf, tag) {
-                    return Err(refuse(
-                        "its seal does not match this cluster's key".into(),
-                    ));
+                    return Err(refuse("its seal does not match this cluster's key".into()));
                 }
                 let apart = now_ms.abs_diff(*at);
                 if apart > WINDOW_MS {
@@ -399,7 +397,11 @@ mod tests {
         let rt = rt();
         let k = key(1);
         let t = ticket(TicketOp::Put, NOW + 1, 100, vec![7, 1, 2]);
-        for req in [put(), Request::Get { addr: 9 }, Request::Free { addr: u128::MAX }] {
+        for req in [
+            put(),
+            Request::Get { addr: 9 },
+            Request::Free { addr: u128::MAX },
+        ] {
             for cred in [
                 Credential::None,
                 Credential::Seal(&k),
@@ -430,7 +432,10 @@ mod tests {
         // The version before credentials existed is refused as such.
         let mut old = Request::Get { addr: 1 }.encode(Credential::None);
         old[3] = b'1';
-        assert!(read(&rt, &old).unwrap_err().to_string().contains("bad magic"));
+        assert!(read(&rt, &old)
+            .unwrap_err()
+            .to_string()
+            .contains("bad magic"));
         let zero = Request::Put {
             addr: 1,
             size: 0,
@@ -468,10 +473,16 @@ mod tests {
             assert!(err.contains("clocks apart, or a replay"), "{err}");
             let err = good.authorize(Some(&key(2)), NOW).unwrap_err();
             assert!(err.contains("does not match"), "{err}");
-            assert!(good.authorize(None, NOW).unwrap_err().contains("no cluster key"));
+            assert!(good
+                .authorize(None, NOW)
+                .unwrap_err()
+                .contains("no cluster key"));
             let plain = read(&rt, &req.encode_at(Credential::None, NOW)).unwrap();
             let err = plain.authorize(Some(&k), NOW).unwrap_err();
-            assert!(err.starts_with("unauthenticated") && err.contains("nothing done"), "{err}");
+            assert!(
+                err.starts_with("unauthenticated") && err.contains("nothing done"),
+                "{err}"
+            );
         }
         // Every flipped bit of a sealed header is refused, on decoding or
         // on the check.
@@ -506,7 +517,10 @@ mod tests {
             size: 101,
             chain: vec![1, 2],
         };
-        refused(check(&bigger, &put_t), "of 100 bytes but this one sends 101");
+        refused(
+            check(&bigger, &put_t),
+            "of 100 bytes but this one sends 101",
+        );
         let shorter = Request::Put {
             addr: 7,
             size: 100,
@@ -521,12 +535,24 @@ mod tests {
         refused(check(&second, &put_t), "but this one writes");
         // A Put ticket reads nothing, a Get ticket writes nothing, and
         // neither frees.
-        refused(check(&Request::Get { addr: 7 }, &put_t), "for a Put, not a Get");
+        refused(
+            check(&Request::Get { addr: 7 }, &put_t),
+            "for a Put, not a Get",
+        );
         let get_t = ticket(TicketOp::Get, NOW + 1000, 100, vec![7, 1, 2]);
-        assert_eq!(check(&Request::Get { addr: 1 }, &get_t), Ok(Authority::Tenant));
-        refused(check(&Request::Get { addr: 8 }, &get_t), "does not cover replica");
+        assert_eq!(
+            check(&Request::Get { addr: 1 }, &get_t),
+            Ok(Authority::Tenant)
+        );
+        refused(
+            check(&Request::Get { addr: 8 }, &get_t),
+            "does not cover replica",
+        );
         refused(check(&put(), &get_t), "for a Get, not a Put");
-        refused(check(&Request::Free { addr: 7 }, &get_t), "needs the cluster key's seal");
+        refused(
+            check(&Request::Free { addr: 7 }, &get_t),
+            "needs the cluster key's seal",
+        );
         // Expired, forged (another key), damaged, empty.
         let old = ticket(TicketOp::Get, NOW - 1, 100, vec![7]);
         refused(check(&Request::Get { addr: 7 }, &old), "expired 1 ms ago");

@@ -612,8 +612,8 @@ fn spawn_work(table: &Table, out: Out<SocketAddr>, work: &Work) {
             work.runtime.spawn(async move {
                 let result =
                     crate::client::copy_replica(&table, &key, &sources, &targets, size, crc)
-                    .await
-                    .map_err(|e| e.to_string());
+                        .await
+                        .map_err(|e| e.to_string());
                 if let Err(e) = &result {
                     tracing::warn!("repair copy of {name:?} failed: {e}");
                 }
