@@ -10,6 +10,7 @@ use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use strata_store::data::{Credential, Request};
 use strata_store::wire::{Body, Msg};
 
 /// A `strata store up` process, killed on drop.
@@ -694,7 +695,12 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
         size: 4096,
     };
     match udp_ask(coord, &Msg::new(10, addrs[0], begin).encode().unwrap()).body {
-        Body::PostPlan { replicas, .. } => assert_eq!(replicas.len(), 3),
+        Body::PostPlan {
+            replicas, ticket, ..
+        } => {
+            assert_eq!(replicas.len(), 3);
+            assert!(!ticket.is_empty(), "a plan without a Put ticket");
+        }
         b => panic!("{b:?}"),
     }
     let t0 = Instant::now();
@@ -702,7 +708,11 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
     assert!(err.contains("in progress"), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(3));
 
-    // TCP: garbage, an oversized Put, an address outside the node's prefix.
+    // TCP: garbage, an oversized Put, an address outside the node's prefix
+    // (sealed with the cluster key, as a node's: a tenant's is refused
+    // before, for want of a ticket).
+    let key = strata_store::auth::ClusterKey::load(&store.key_path()).unwrap();
+    let sealed = Credential::Seal(&key);
     let tcp_error = |bytes: &[u8]| {
         let mut s = TcpStream::connect(sn).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -714,7 +724,7 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
         String::from_utf8_lossy(&reply[3..]).into_owned()
     };
     assert!(tcp_error(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").contains("not a Strata"));
-    let mut huge = b"S6D1\x01".to_vec();
+    let mut huge = b"S6D2\x01".to_vec();
     huge.extend_from_slice(&table.layout.replica_addr(1, 5).to_be_bytes());
     huge.extend_from_slice(&u64::MAX.to_be_bytes());
     huge.push(0);
@@ -722,7 +732,7 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
     let foreign = strata_store::data::Request::Get {
         addr: table.layout.replica_addr(3, 5),
     }
-    .encode();
+    .encode(sealed);
     let first_index = table.sns.iter().find(|s| s.endpoint == sn).unwrap().index;
     if first_index != 3 {
         assert!(tcp_error(&foreign).contains("not in this storage node's prefix"));
@@ -738,7 +748,7 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
             size: 1 << 20,
             chain: vec![table.layout.replica_addr(first_index % 4 + 1, 0xbeef)],
         };
-        s.write_all(&put.encode()).unwrap();
+        s.write_all(&put.encode(sealed)).unwrap();
         s.write_all(&[7u8; 100_000]).unwrap();
     }
     std::thread::sleep(Duration::from_millis(500));
@@ -752,7 +762,7 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
             size: 3,
             chain: vec![],
         };
-        s.write_all(&put.encode()).unwrap();
+        s.write_all(&put.encode(sealed)).unwrap();
         s.write_all(b"abc\0\0\0\0").unwrap();
         let _ = s.shutdown(std::net::Shutdown::Write);
         let mut reply = Vec::new();
@@ -776,6 +786,192 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
     let dst = dir.path().join("after");
     store.ok(&["obj", "get", "after/bad", &p(&dst)]);
     assert!(std::fs::read(&dst).unwrap() == pattern(4096, 1));
+}
+
+/// Sends `bytes` to a storage node, closes the writing half, and returns
+/// everything it answers.
+fn tcp_exchange(sn: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(sn).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut reply = Vec::new();
+    let _ = s.read_to_end(&mut reply);
+    reply
+}
+
+/// The data path is authenticated: a storage node takes a Free only
+/// sealed with the cluster key, and a Put or Get only sealed or with a
+/// valid ticket from a metadata node; anything else is refused and
+/// changes nothing.
+#[test]
+fn unsealed_or_unticketed_data_requests_are_refused_and_change_nothing() {
+    use strata_store::auth::{unix_ms, ClusterKey, Ticket, TicketOp, KEY_LEN, WINDOW_MS};
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("cluster"), REPLICATED);
+    let key = ClusterKey::load(&store.key_path()).unwrap();
+    let wrong = ClusterKey::from_bytes(&[7; KEY_LEN]);
+    let data = pattern(5000, 9);
+    let src = dir.path().join("o");
+    std::fs::write(&src, &data).unwrap();
+    store.ok(&["obj", "put", &p(&src), "keep/a"]);
+    store.ok(&["obj", "put", &p(&src), "keep/b"]);
+    let (rt, client) = connect_client(store.on);
+    let table = client.table();
+    let replica = |name: &str| -> u128 {
+        let stat = store.json(&["obj", "stat", name]);
+        let r: std::net::Ipv6Addr = stat["replicas"][0].as_str().unwrap().parse().unwrap();
+        u128::from(r)
+    };
+    let (a, b) = (replica("keep/a"), replica("keep/b"));
+    let sn = table.sn_endpoint(a).unwrap();
+    let files = store.replica_files().len();
+    let refused = |reply: &[u8], want: &str| {
+        assert_eq!(reply.first(), Some(&1), "not refused: {reply:?}");
+        let text = String::from_utf8_lossy(reply);
+        assert!(
+            text.contains("unauthenticated") && text.contains(want),
+            "{text:?} lacks {want:?}"
+        );
+        // Refused before anything was served.
+        assert!(!reply.windows(64).any(|w| w == &data[..64]), "data served");
+    };
+
+    // The Get ticket a metadata node's answer carries.
+    let meta = table.meta_addrs("keep/a");
+    let (_, found) = ask_copy(&table, meta[0], "keep/a");
+    let Body::Found { ticket, .. } = found else {
+        panic!("{found:?}")
+    };
+    assert!(!ticket.is_empty(), "a Get answer without a ticket");
+
+    // Frees: unsealed, sealed with another key, sealed too long ago, or
+    // with a ticket instead of a seal.
+    let free = Request::Free { addr: a };
+    refused(
+        &tcp_exchange(sn, &free.encode(Credential::None)),
+        "not sealed",
+    );
+    refused(
+        &tcp_exchange(sn, &free.encode(Credential::Seal(&wrong))),
+        "does not match",
+    );
+    let old = free.encode_at(Credential::Seal(&key), unix_ms() - WINDOW_MS - 5_000);
+    refused(&tcp_exchange(sn, &old), "a replay");
+    refused(
+        &tcp_exchange(sn, &free.encode(Credential::Ticket(&ticket))),
+        "needs the cluster key's seal",
+    );
+
+    // Gets: without a ticket, with a ticket for other replicas, forged,
+    // expired.
+    let get = Request::Get { addr: a };
+    refused(&tcp_exchange(sn, &get.encode(Credential::None)), "neither");
+    if table.sn_endpoint(b) == Some(sn) {
+        let other = Request::Get { addr: b };
+        refused(
+            &tcp_exchange(sn, &other.encode(Credential::Ticket(&ticket))),
+            "does not cover",
+        );
+    }
+    let mine = |op, expires, size, replicas: Vec<u128>, k: &ClusterKey| {
+        Ticket {
+            op,
+            expires,
+            size,
+            replicas,
+        }
+        .seal(k)
+    };
+    let forged = mine(TicketOp::Get, unix_ms() + 60_000, 5000, vec![a], &wrong);
+    refused(
+        &tcp_exchange(sn, &get.encode(Credential::Ticket(&forged))),
+        "does not match",
+    );
+    let expired = mine(TicketOp::Get, unix_ms() - 1_000, 5000, vec![a], &key);
+    refused(
+        &tcp_exchange(sn, &get.encode(Credential::Ticket(&expired))),
+        "expired",
+    );
+    // With the metadata node's ticket it is served.
+    let served = tcp_exchange(sn, &get.encode(Credential::Ticket(&ticket)));
+    assert_eq!(served.first(), Some(&0));
+    assert!(served.windows(64).any(|w| w == &data[..64]));
+
+    // Puts: without a ticket, with a Get ticket, and with the Put ticket
+    // of a real plan but another size or chain; nothing is stored.
+    let index = table.sns.iter().find(|s| s.endpoint == sn).unwrap().index;
+    let fresh = table.layout.replica_addr(index, 0x5eed);
+    let put = |addr, size, chain: Vec<u128>| Request::Put { addr, size, chain };
+    let body = |n: usize| {
+        let mut v = vec![3u8; n];
+        v.extend_from_slice(&crc32c::crc32c(&v[..n]).to_be_bytes());
+        v
+    };
+    let send = |req: Request, cred: Credential, n: usize| {
+        let mut bytes = req.encode(cred);
+        bytes.extend(body(n));
+        tcp_exchange(sn, &bytes)
+    };
+    refused(&send(put(fresh, 3, vec![]), Credential::None, 3), "neither");
+    refused(
+        &send(put(a, 3, vec![]), Credential::Ticket(&ticket), 3),
+        "for a Get, not a Put",
+    );
+    let coord = table.mn_endpoint(table.meta_addrs("keep/c")[0]).unwrap();
+    let begin = Msg::new(
+        77,
+        table.meta_addrs("keep/c")[0],
+        Body::PostBegin {
+            name: "keep/c".into(),
+            size: 3,
+        },
+    );
+    let Body::PostPlan {
+        replicas,
+        ticket: put_ticket,
+        ..
+    } = udp_ask(coord, &begin.encode().unwrap()).body
+    else {
+        panic!("no plan")
+    };
+    let first = table.sn_endpoint(replicas[0]).unwrap();
+    let send_to = |req: Request, cred: Credential, n: usize| {
+        let mut bytes = req.encode(cred);
+        bytes.extend(body(n));
+        tcp_exchange(first, &bytes)
+    };
+    let ticketed = Credential::Ticket(&put_ticket);
+    refused(
+        &send_to(put(replicas[0], 4, replicas[1..].to_vec()), ticketed, 4),
+        "of 3 bytes but this one sends 4",
+    );
+    refused(
+        &send_to(put(replicas[0], 3, vec![]), ticketed, 3),
+        "but this one writes",
+    );
+    let expired = mine(TicketOp::Put, unix_ms() - 1, 3, replicas.clone(), &key);
+    refused(
+        &send_to(
+            put(replicas[0], 3, replicas[1..].to_vec()),
+            Credential::Ticket(&expired),
+            3,
+        ),
+        "expired",
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        store.replica_files().len(),
+        files,
+        "a refused request stored or freed a replica"
+    );
+    assert_eq!(store.tmp_files(), 0);
+
+    // Everything still reads back.
+    for name in ["keep/a", "keep/b"] {
+        let (_, got) = rt.block_on(client.get_bytes(name)).unwrap();
+        assert!(got == data, "{name}");
+    }
 }
 
 #[test]
@@ -1350,7 +1546,7 @@ fn repair_restores_replicas_after_a_definitive_storage_node_failure() {
                     500,
                 );
                 match client.run(call).await.unwrap() {
-                    Body::Found { record: copy } => {
+                    Body::Found { record: copy, .. } => {
                         assert_eq!(copy.replicas, record.replicas, "{name}: metadata replica");
                         assert_eq!(copy.version, record.version, "{name}: metadata replica");
                     }
@@ -1555,7 +1751,7 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
             }
             let q = Msg::new(99, addr, Body::Get { name: name.clone() });
             match udp_ask(new_mn, &q.encode().unwrap()).body {
-                Body::Found { record } => {
+                Body::Found { record, .. } => {
                     assert_eq!(record.version, rec.version);
                     answered_by_new += 1;
                 }
@@ -1586,7 +1782,7 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
         for &addr in &rec.meta {
             let (to, body) = ask_copy(&table, addr, name);
             match body {
-                Body::Found { record } => assert_eq!(record.version, rec.version, "{name}"),
+                Body::Found { record, .. } => assert_eq!(record.version, rec.version, "{name}"),
                 other => panic!("{name} at {to}: {other:?}"),
             }
             asked += 1;
@@ -1785,7 +1981,7 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
                 restored += 1;
             }
             match body {
-                Body::Found { record } if i < 50 => {
+                Body::Found { record, .. } if i < 50 => {
                     assert_eq!(record.version, rec.version, "{name} at {to}")
                 }
                 Body::Error {
@@ -1949,7 +2145,7 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
             let (to, body) = ask_copy(&table, addr, name);
             answered_there += usize::from(table.mn_for(addr).map(|m| m.slot) == Some(dead_slot));
             match body {
-                Body::Found { record } if !deleted_since.contains(&name) => {
+                Body::Found { record, .. } if !deleted_since.contains(&name) => {
                     assert_eq!(record.version, newest, "{name} at {to}")
                 }
                 Body::Error {
@@ -2162,7 +2358,7 @@ fn a_metadata_node_down_for_a_while_has_stand_ins_then_gets_its_groups_back() {
     for (name, _, v) in &expect {
         for (to, body) in ask(name) {
             match body {
-                Body::Found { record } => assert_eq!(record.version, *v, "{name} at {to}"),
+                Body::Found { record, .. } => assert_eq!(record.version, *v, "{name} at {to}"),
                 other => panic!("{name} at {to}: {other:?}"),
             }
         }
@@ -2419,7 +2615,7 @@ fn a_removed_storage_node_is_drained_then_retired_without_a_failed_read() {
         for &meta in &record.meta {
             let (_, answer) = ask_copy(&client.table(), meta, name);
             match answer {
-                Body::Found { record: copy } => {
+                Body::Found { record: copy, .. } => {
                     assert_eq!(copy.replicas, record.replicas, "{name}: metadata copy")
                 }
                 other => panic!("{name}: {other:?}"),

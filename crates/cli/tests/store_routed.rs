@@ -19,7 +19,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{p, pattern, tmp};
-use strata_store::data::Request;
+use strata_store::data::{Credential, Request};
 use strata_store::wire::{Body, Msg};
 
 const ON_PORT: u16 = 7480;
@@ -497,31 +497,7 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
     let why = String::from_utf8_lossy(&gone.stderr);
     assert!(why.contains("was deleted"), "{why}");
 
-    // A storage node tells which replica was addressed from the address
-    // the connection was made to: asking it for another one is refused.
-    let replica: std::net::Ipv6Addr = small_replica.parse().expect("replica address");
-    let other = std::net::Ipv6Addr::from(u128::from(replica) ^ 1);
-    let get = Request::Get {
-        addr: u128::from(replica),
-    }
-    .encode();
-    let reply = raw_tcp(&net, &other.to_string(), SN_PORT, &get).expect("connect by route");
-    let text = String::from_utf8_lossy(&reply);
-    assert!(
-        text.contains("connection made to replica address"),
-        "wrong address not refused: {text:?}"
-    );
-    // The same request to the right address is served.
-    let reply = raw_tcp(&net, &replica.to_string(), SN_PORT, &get).expect("connect by route");
-    assert!(reply.len() > 2_600, "{} bytes", reply.len());
-    let expected = pattern(2_600, 3);
-    assert!(
-        reply.windows(64).any(|w| w == &expected[..64]),
-        "the replica's data is not in the reply"
-    );
-
-    // A metadata node, likewise, reads the address each datagram was sent
-    // to: a request naming another metadata address than the one it was
+    // A metadata node reads the address each datagram was sent to: a request naming another metadata address than the one it was
     // routed by is refused, and the right one is answered.
     let stat: serde_json::Value =
         serde_json::from_str(&net.client_ok(&["obj", "stat", "b/small", "--output", "json"]))
@@ -548,9 +524,41 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
     );
     let reply = raw_udp(&net, &meta.to_string(), MN_PORT, &ask).expect("datagram by route");
     let reply = Msg::decode(&reply).expect("a metadata reply");
+    let ticket = match reply.body {
+        Body::Found { record, ticket } if record.size == 2_600 => ticket,
+        other => panic!("{other:?}"),
+    };
+
+    // A storage node, likewise (asked with the Get ticket of that
+    // answer), tells which replica was addressed from the address
+    // the connection was made to: asking it for another one is refused.
+    let replica: std::net::Ipv6Addr = small_replica.parse().expect("replica address");
+    let other = std::net::Ipv6Addr::from(u128::from(replica) ^ 1);
+    let get = Request::Get {
+        addr: u128::from(replica),
+    }
+    .encode(Credential::Ticket(&ticket));
+    let reply = raw_tcp(&net, &other.to_string(), SN_PORT, &get).expect("connect by route");
+    let text = String::from_utf8_lossy(&reply);
     assert!(
-        matches!(&reply.body, Body::Found { record } if record.size == 2_600),
-        "{reply:?}"
+        text.contains("connection made to replica address"),
+        "wrong address not refused: {text:?}"
+    );
+    // Without the ticket, the right address refuses it.
+    let bare = Request::Get {
+        addr: u128::from(replica),
+    }
+    .encode(Credential::None);
+    let reply = raw_tcp(&net, &replica.to_string(), SN_PORT, &bare).expect("connect by route");
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.contains("unauthenticated Get"), "{text:?}");
+    // The same request to the right address is served.
+    let reply = raw_tcp(&net, &replica.to_string(), SN_PORT, &get).expect("connect by route");
+    assert!(reply.len() > 2_600, "{} bytes", reply.len());
+    let expected = pattern(2_600, 3);
+    assert!(
+        reply.windows(64).any(|w| w == &expected[..64]),
+        "the replica's data is not in the reply"
     );
 
     // A storage node joins: every node adds its route at its next table
@@ -687,7 +695,7 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
             let reply = raw_udp(&net, &meta.to_string(), MN_PORT, &ask).expect("a reply by route");
             let reply = Msg::decode(&reply).expect("a metadata reply");
             assert!(
-                matches!(&reply.body, Body::Found { record } if record.size == len as u64),
+                matches!(&reply.body, Body::Found { record, .. } if record.size == len as u64),
                 "{obj} at {meta} after the handover: {reply:?}"
             );
             asked_there += 1;

@@ -14,12 +14,19 @@
 //! refused unsealed ([`Gate`]), and a node that sent a sealed request takes
 //! only a sealed answer ([`open_answer`]).
 //!
+//! On the TCP data path ([`crate::data`]) a node's request to a storage
+//! node is sealed the same way, and a tenant's carries a [`Ticket`]: a
+//! capability for one Put or Get of given replicas, until an expiry, that
+//! the metadata node answering the tenant's `PostBegin` or `Get` issued
+//! with the key ([`issue_ticket`]) and the storage node checks with it.
+//!
 //! Replays: a seal older or newer than [`WINDOW_MS`] is refused, so a
 //! captured message is only good for a minute; within it, the operator's
 //! control requests (retire, cancel) are refused when their tag was seen
 //! already, and every other internal request is idempotent or ordered by
 //! version (see `docs/store.md`).
 
+use crate::addr::Addr;
 use crate::wire::{self, Body, Code, Msg, WireError};
 use crate::Error;
 use hmac::{Hmac, Mac};
@@ -357,6 +364,223 @@ fn refuse(head: &wire::Header, why: &AuthError) -> Verdict {
     ))
 }
 
+/// What a [`Ticket`] lets its holder do at a storage node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TicketOp {
+    /// Store the replicas of one Post (the first one, which forwards to
+    /// the others).
+    Put = 1,
+    /// Read any of the replicas of one record.
+    Get = 2,
+}
+
+impl TicketOp {
+    fn name(self) -> &'static str {
+        match self {
+            TicketOp::Put => "Put",
+            TicketOp::Get => "Get",
+        }
+    }
+}
+
+/// A capability for a tenant's request to a storage node, issued by the
+/// metadata node that authorised it (in its `PostPlan` or `Found`
+/// answer) and checked by the storage node with the cluster key. Tenants
+/// carry it without being able to read its tag's key or make one.
+///
+/// Encoding: `S6T1`, op (u8), expiry (u64, ms since the Unix epoch, the
+/// issuer's clock), size (u64), replica count (u8, 1 to 16) and
+/// addresses, then an HMAC-SHA256 tag truncated to [`TAG_LEN`] bytes over
+/// everything before it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    /// What it allows.
+    pub op: TicketOp,
+    /// When it stops being valid (ms since the Unix epoch).
+    pub expires: u64,
+    /// The object's size: a Put must send exactly this many bytes.
+    pub size: u64,
+    /// The replicas it covers: a Put must write exactly these, in this
+    /// order; a Get may read any of them.
+    pub replicas: Vec<Addr>,
+}
+
+const TICKET_MAGIC: [u8; 4] = *b"S6T1";
+/// Bytes of a ticket without its replicas.
+const TICKET_FIXED: usize = 4 + 1 + 8 + 8 + 1 + TAG_LEN;
+
+/// How long a Put ticket lasts: a minute, and a second more per 16 MiB
+/// (the storage node checks it when the Put starts; the Post's own data
+/// deadline scales the same way).
+pub fn put_ticket_ms(size: u64) -> u64 {
+    60_000u64.saturating_add(size / (16 << 20) * 1000)
+}
+
+/// How long a Get ticket lasts: a minute, and a second more per MiB, so a
+/// client that reads a large replica whole before finding it damaged can
+/// still read the next one with the same ticket.
+pub fn get_ticket_ms(size: u64) -> u64 {
+    60_000u64.saturating_add(size / (1 << 20) * 1000)
+}
+
+/// Why a ticket was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TicketError {
+    /// The ticket is too short, too long or badly formed.
+    #[error("the ticket is malformed ({0})")]
+    Malformed(String),
+    /// The tag does not match the cluster key (forged or damaged).
+    #[error("the ticket's tag does not match this cluster's key (forged or damaged)")]
+    BadTag,
+    /// The ticket's expiry has passed.
+    #[error("the ticket expired {0} ms ago; ask the metadata node again")]
+    Expired(u64),
+}
+
+impl Ticket {
+    /// Encodes the ticket with its tag under `key`.
+    pub fn seal(&self, key: &ClusterKey) -> Vec<u8> {
+        let mut w = wire::Writer::default();
+        w.buf.extend_from_slice(&TICKET_MAGIC);
+        w.u8(self.op as u8);
+        w.u64(self.expires);
+        w.u64(self.size);
+        w.addrs(&self.replicas[..self.replicas.len().min(wire::MAX_DATA_REPLICAS)]);
+        let tag = key.tag(&w.buf);
+        w.buf.extend_from_slice(&tag);
+        w.buf
+    }
+
+    /// Checks a ticket's tag with `key` (in constant time, before reading
+    /// anything else) and its expiry at `now_ms`, and decodes it.
+    pub fn open(bytes: &[u8], key: &ClusterKey, now_ms: u64) -> Result<Ticket, TicketError> {
+        let most = TICKET_FIXED + 16 * wire::MAX_DATA_REPLICAS;
+        if bytes.len() < TICKET_FIXED + 16 || bytes.len() > most {
+            return Err(TicketError::Malformed(format!(
+                "{} bytes; a ticket has {} to {most}",
+                bytes.len(),
+                TICKET_FIXED + 16
+            )));
+        }
+        let (signed, tag) = bytes.split_at(bytes.len() - TAG_LEN);
+        if !key.verify(signed, tag) {
+            return Err(TicketError::BadTag);
+        }
+        let bad = |e: WireError| TicketError::Malformed(e.to_string());
+        let mut r = wire::Reader::new(signed);
+        if r.take(4).map_err(bad)? != TICKET_MAGIC {
+            return Err(TicketError::Malformed("not a ticket".into()));
+        }
+        let op = match r.u8().map_err(bad)? {
+            1 => TicketOp::Put,
+            2 => TicketOp::Get,
+            k => return Err(TicketError::Malformed(format!("operation {k}"))),
+        };
+        let expires = r.u64().map_err(bad)?;
+        let size = r.u64().map_err(bad)?;
+        let replicas = r.addrs(wire::MAX_DATA_REPLICAS, "replicas").map_err(bad)?;
+        r.finish().map_err(bad)?;
+        if replicas.is_empty() {
+            return Err(TicketError::Malformed("no replica".into()));
+        }
+        if now_ms > expires {
+            return Err(TicketError::Expired(now_ms - expires));
+        }
+        Ok(Ticket {
+            op,
+            expires,
+            size,
+            replicas,
+        })
+    }
+
+    /// Whether the ticket covers a request `op` on `addr` followed by
+    /// `chain` (a Put's forward chain; empty for a Get) of `size` bytes
+    /// (a Put's; ignored for a Get). The error says what does not match.
+    pub fn allows(
+        &self,
+        op: TicketOp,
+        addr: Addr,
+        chain: &[Addr],
+        size: u64,
+    ) -> Result<(), String> {
+        if self.op != op {
+            return Err(format!(
+                "the ticket is for a {}, not a {}",
+                self.op.name(),
+                op.name()
+            ));
+        }
+        match op {
+            TicketOp::Get if !self.replicas.contains(&addr) => Err(format!(
+                "the ticket does not cover replica {}",
+                crate::addr::fmt_addr(addr)
+            )),
+            TicketOp::Get => Ok(()),
+            TicketOp::Put => {
+                let written = std::iter::once(&addr).chain(chain);
+                if !written.eq(self.replicas.iter()) {
+                    return Err(format!(
+                        "the ticket covers a Put of replicas {} but this one writes {}",
+                        fmt_list(&self.replicas),
+                        fmt_list(&[&[addr][..], chain].concat())
+                    ));
+                }
+                if size != self.size {
+                    return Err(format!(
+                        "the ticket covers a Put of {} bytes but this one sends {size}",
+                        self.size
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn fmt_list(addrs: &[Addr]) -> String {
+    let v: Vec<String> = addrs.iter().map(|&a| crate::addr::fmt_addr(a)).collect();
+    v.join(",")
+}
+
+/// Puts a ticket in a metadata node's answer that needs one, issued with
+/// `key` at `now_ms`: a `PostPlan` gets a Put ticket for its replicas,
+/// a `Found` a Get ticket for the record's replicas, except for an empty
+/// object, which a client reads from the record alone (so a zero-byte Get
+/// pays for no HMAC). Other answers are left as they are.
+pub fn issue_ticket(body: &mut Body, key: &ClusterKey, now_ms: u64) {
+    match body {
+        Body::PostPlan {
+            size,
+            replicas,
+            ticket,
+            ..
+        } if ticket.is_empty() && !replicas.is_empty() => {
+            *ticket = Ticket {
+                op: TicketOp::Put,
+                expires: now_ms.saturating_add(put_ticket_ms(*size)),
+                size: *size,
+                replicas: replicas.clone(),
+            }
+            .seal(key);
+        }
+        Body::Found { record, ticket }
+            if ticket.is_empty()
+                && !record.replicas.is_empty()
+                && !(record.size == 0 && record.crc == crc32c::crc32c(&[])) =>
+        {
+            *ticket = Ticket {
+                op: TicketOp::Get,
+                expires: now_ms.saturating_add(get_ticket_ms(record.size)),
+                size: record.size,
+                replicas: record.replicas.clone(),
+            }
+            .seal(key);
+        }
+        _ => {}
+    }
+}
+
 /// Encodes `msg`, sealed with `key` at `now_ms` when there is one.
 pub fn encode(msg: &Msg, key: Option<&ClusterKey>, now_ms: u64) -> Result<Vec<u8>, WireError> {
     match key {
@@ -525,6 +749,163 @@ mod tests {
         let missing = dir.path().join("nope.key");
         let err = ClusterKey::load(&missing).unwrap_err().to_string();
         assert!(err.contains("nope.key") && err.contains("--key"), "{err}");
+    }
+
+    fn get_ticket() -> Ticket {
+        Ticket {
+            op: TicketOp::Get,
+            expires: NOW + 5_000,
+            size: 1 << 20,
+            replicas: vec![u128::MAX - 1, 1 << 80, 77],
+        }
+    }
+
+    #[test]
+    fn tickets_round_trip_and_refuse_any_change() {
+        let k = key(1);
+        let t = get_ticket();
+        let bytes = t.seal(&k);
+        assert_eq!(bytes.len(), TICKET_FIXED + 3 * 16);
+        assert_eq!(Ticket::open(&bytes, &k, NOW), Ok(t.clone()));
+        assert_eq!(Ticket::open(&bytes, &k, t.expires), Ok(t.clone()));
+        assert_eq!(
+            Ticket::open(&bytes, &k, t.expires + 7),
+            Err(TicketError::Expired(7))
+        );
+        assert_eq!(Ticket::open(&bytes, &key(2), NOW), Err(TicketError::BadTag));
+        // Every flipped bit, every cut and every extra byte is refused.
+        for i in 0..bytes.len() * 8 {
+            let mut b = bytes.clone();
+            b[i / 8] ^= 1 << (i % 8);
+            assert!(Ticket::open(&b, &k, NOW).is_err(), "bit {i}");
+        }
+        for cut in 0..bytes.len() {
+            assert!(Ticket::open(&bytes[..cut], &k, NOW).is_err(), "cut {cut}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(Ticket::open(&longer, &k, NOW).is_err());
+        // A well-tagged ticket that says nothing sensible is refused too.
+        let none = Ticket {
+            replicas: vec![],
+            ..t.clone()
+        };
+        let mut w = wire::Writer::default();
+        w.buf
+            .extend_from_slice(&none.seal(&k)[..TICKET_FIXED - TAG_LEN]);
+        w.buf.extend_from_slice(&[0u8; 16]);
+        let tag = k.tag(&w.buf);
+        w.buf.extend_from_slice(&tag);
+        assert!(Ticket::open(&w.buf, &k, NOW).is_err());
+    }
+
+    #[test]
+    fn answers_get_tickets_except_an_empty_objects() {
+        let k = key(1);
+        let mut plan = Body::PostPlan {
+            version: 3,
+            size: 40 << 20,
+            replicas: vec![5, 6],
+            ticket: vec![],
+        };
+        issue_ticket(&mut plan, &k, NOW);
+        let Body::PostPlan { ticket, .. } = &plan else {
+            unreachable!()
+        };
+        let t = Ticket::open(ticket, &k, NOW).unwrap();
+        assert_eq!(t.op, TicketOp::Put);
+        assert_eq!((t.size, t.replicas), (40 << 20, vec![5, 6]));
+        assert_eq!(t.expires, NOW + 62_000);
+        let mut record = replicate_record();
+        record.size = 3;
+        let mut found = Body::Found {
+            record: record.clone(),
+            ticket: vec![],
+        };
+        issue_ticket(&mut found, &k, NOW);
+        let Body::Found { ticket, .. } = &found else {
+            unreachable!()
+        };
+        let t = Ticket::open(ticket, &k, NOW).unwrap();
+        assert_eq!((t.op, t.expires), (TicketOp::Get, NOW + 60_000));
+        assert!(t.allows(TicketOp::Get, 5, &[], 0).is_ok());
+        // An empty object is read from its record: no ticket, no HMAC.
+        record.size = 0;
+        record.crc = crc32c::crc32c(&[]);
+        let mut empty = Body::Found {
+            record,
+            ticket: vec![],
+        };
+        issue_ticket(&mut empty, &k, NOW);
+        assert!(matches!(empty, Body::Found { ticket, .. } if ticket.is_empty()));
+        let mut other = Body::Done { version: 1 };
+        issue_ticket(&mut other, &k, NOW);
+        assert_eq!(other, Body::Done { version: 1 });
+    }
+
+    fn replicate_record() -> Record {
+        match replicate().body {
+            Body::Replicate { record } => record,
+            _ => unreachable!(),
+        }
+    }
+
+    /// The cost a ticket adds to a Get: issuing it at the metadata node
+    /// (an HMAC and a larger answer) and checking it at the storage node.
+    /// Run with `--ignored --nocapture` in release.
+    #[test]
+    #[ignore]
+    fn ticket_cost() {
+        let k = key(1);
+        let mut record = replicate_record();
+        record.size = 4096;
+        let n = 200_000;
+        let plain = Msg::new(
+            1,
+            2,
+            Body::Found {
+                record: record.clone(),
+                ticket: vec![],
+            },
+        );
+        // The answer is cloned in both loops (as the issuing one must).
+        let start = std::time::Instant::now();
+        for _ in 0..n {
+            let m = std::hint::black_box(plain.clone());
+            std::hint::black_box(m.encode().unwrap());
+        }
+        let encode = start.elapsed();
+        let start = std::time::Instant::now();
+        let mut last = Vec::new();
+        for i in 0..n {
+            let mut m = plain.clone();
+            issue_ticket(&mut m.body, &k, NOW + i as u64);
+            last = std::hint::black_box(m.encode().unwrap());
+        }
+        let issue = start.elapsed();
+        let Ok(Msg {
+            body: Body::Found { ticket, .. },
+            ..
+        }) = Msg::decode(&last)
+        else {
+            unreachable!()
+        };
+        let start = std::time::Instant::now();
+        for _ in 0..n {
+            let t = Ticket::open(&ticket, &k, NOW).unwrap();
+            std::hint::black_box(t.allows(TicketOp::Get, 5, &[], 0)).unwrap();
+        }
+        let check = start.elapsed();
+        let per = |d: std::time::Duration| d.as_nanos() as f64 / n as f64;
+        println!(
+            "Found of {} bytes with a {}-byte ticket: encode {:.0} ns, \
+             issue+encode {:.0} ns, ticket check {:.0} ns",
+            last.len(),
+            ticket.len(),
+            per(encode),
+            per(issue),
+            per(check)
+        );
     }
 
     /// The cost of a seal and of its check on a Replicate (the commonest

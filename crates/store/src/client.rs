@@ -2,7 +2,8 @@
 //! [`Call`], so the simulation drives the same logic) and data over TCP.
 
 use crate::addr::Addr;
-use crate::data::{read_status, Request};
+use crate::auth::ClusterKey;
+use crate::data::{read_status, Credential, Request};
 use crate::node::{fetch_table, request_id};
 use crate::table::Table;
 use crate::wire::{check_name, Body, Code, ListEntry, Msg, Record, RenameLink, MAX_DATAGRAM};
@@ -346,6 +347,12 @@ impl Client {
 
     /// Reads an object's metadata from the first metadata address that has it.
     pub async fn stat(&self, name: &str) -> Result<Record, Error> {
+        Ok(self.stat_ticketed(name).await?.0)
+    }
+
+    /// [`Client::stat`], with the Get ticket the metadata node issued for
+    /// the record's replicas (empty for an empty object).
+    async fn stat_ticketed(&self, name: &str) -> Result<(Record, Vec<u8>), Error> {
         check_name(name).map_err(Error::Invalid)?;
         let targets = self.table().meta_addrs(name);
         let call = Call::new(
@@ -359,7 +366,7 @@ impl Client {
         )
         .falling_through();
         match self.run(call).await? {
-            Body::Found { record } if record.name == name => Ok(record),
+            Body::Found { record, ticket } if record.name == name => Ok((record, ticket)),
             other => Err(unexpected("Get", &other)),
         }
     }
@@ -384,12 +391,19 @@ impl Client {
             META_ATTEMPTS,
             META_TIMEOUT_MS,
         );
-        let (version, replicas) = match self.run(begin).await? {
-            Body::PostPlan { version, replicas } if !replicas.is_empty() => (version, replicas),
+        let (version, replicas, ticket) = match self.run(begin).await? {
+            Body::PostPlan {
+                version,
+                replicas,
+                ticket,
+                ..
+            } if !replicas.is_empty() => (version, replicas, ticket),
             other => return Err(unexpected("PostBegin", &other)),
         };
         let w_d = self.table().params_for(name).w_d;
-        let sent = self.send_data(&replicas, size, data, progress).await;
+        let sent = self
+            .send_data(&replicas, &ticket, size, data, progress)
+            .await;
         let (crc, copies) = match sent {
             Ok((crc, copies)) if copies >= w_d => (crc, copies),
             other => {
@@ -442,6 +456,7 @@ impl Client {
     async fn send_data<R: AsyncRead + Unpin>(
         &self,
         replicas: &[Addr],
+        ticket: &[u8],
         size: u64,
         data: &mut R,
         progress: &(dyn Fn(u64) + Sync),
@@ -453,7 +468,7 @@ impl Client {
             size,
             chain: replicas[1..].to_vec(),
         }
-        .encode();
+        .encode(Credential::Ticket(ticket));
         let io = |e| Error::io("sending object data", e);
         s.write_all(&header).await.map_err(io)?;
         let mut buf = vec![0u8; CHUNK];
@@ -498,7 +513,7 @@ impl Client {
         out: &mut W,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<Record, Error> {
-        let record = self.stat(name).await?;
+        let (record, ticket) = self.stat_ticketed(name).await?;
         if record.size == 0 && record.crc == crc32c::crc32c(&[]) {
             // The metadata says everything an empty object holds, so there is
             // no data to fetch: a Get is one metadata round trip, as in the
@@ -524,7 +539,7 @@ impl Client {
                     }
                 };
                 match self
-                    .read_replica(stream, replica, &record, out, progress)
+                    .read_replica(stream, replica, &ticket, &record, out, progress)
                     .await
                 {
                     Ok(stream) => {
@@ -550,13 +565,14 @@ impl Client {
         &self,
         mut s: TcpStream,
         replica: Addr,
+        ticket: &[u8],
         record: &Record,
         out: &mut W,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<TcpStream, (Error, bool)> {
         let io = |e| Error::io("reading object data", e);
         let before = |e| (e, false);
-        s.write_all(&Request::Get { addr: replica }.encode())
+        s.write_all(&Request::Get { addr: replica }.encode(Credential::Ticket(ticket)))
             .await
             .map_err(io)
             .map_err(before)?;
@@ -874,8 +890,11 @@ async fn connect_replica(table: &Table, addr: Addr) -> Result<TcpStream, Error> 
 /// the other targets. A source that fails its checksum is not committed:
 /// the connection to the target is dropped before the CRC trailer, so the
 /// target discards what it got. Returns the number of copies written.
+/// Both requests are sealed with the cluster `key` (a repair copy is a
+/// metadata node's).
 pub async fn copy_replica(
     table: &Table,
+    key: &ClusterKey,
     sources: &[Addr],
     targets: &[Addr],
     size: u64,
@@ -887,7 +906,7 @@ pub async fn copy_replica(
     let limit = Duration::from_millis(30_000 + size / (16 << 20) * 1000);
     let mut last = None;
     for &source in sources {
-        match tokio::time::timeout(limit, copy_from(table, source, targets, size, crc)).await {
+        match tokio::time::timeout(limit, copy_from(table, key, source, targets, size, crc)).await {
             Ok(Ok(copies)) => return Ok(copies),
             Ok(Err(e)) => last = Some(e),
             Err(_) => {
@@ -903,6 +922,7 @@ pub async fn copy_replica(
 
 async fn copy_from(
     table: &Table,
+    key: &ClusterKey,
     source: Addr,
     targets: &[Addr],
     size: u64,
@@ -910,7 +930,7 @@ async fn copy_from(
 ) -> Result<u8, Error> {
     let io = |e| Error::io("copying a replica", e);
     let mut from = connect_replica(table, source).await?;
-    from.write_all(&Request::Get { addr: source }.encode())
+    from.write_all(&Request::Get { addr: source }.encode(Credential::Seal(key)))
         .await
         .map_err(io)?;
     read_status(&mut from, "reading the replica to copy").await?;
@@ -920,7 +940,9 @@ async fn copy_from(
         size,
         chain: targets[1..].to_vec(),
     };
-    to.write_all(&header.encode()).await.map_err(io)?;
+    to.write_all(&header.encode(Credential::Seal(key)))
+        .await
+        .map_err(io)?;
     // On any error `to` is dropped before the CRC trailer: the target
     // discards what it received.
     read_get_body(&mut from, source, size, crc, &mut to, &|_| {}).await?;
@@ -1055,12 +1077,13 @@ fn unexpected(what: &str, body: &Body) -> Error {
     Error::Invalid(format!("unexpected answer to {what}: {body:?}"))
 }
 
-/// Asks a storage node to free a replica.
-pub async fn free_replica(endpoint: SocketAddr, addr: Addr) -> Result<(), Error> {
+/// Asks a storage node to free a replica (sealed with the cluster `key`:
+/// only nodes free replicas).
+pub async fn free_replica(endpoint: SocketAddr, addr: Addr, key: &ClusterKey) -> Result<(), Error> {
     let mut s = TcpStream::connect(endpoint)
         .await
         .map_err(|e| Error::io(format!("connecting to {endpoint}"), e))?;
-    s.write_all(&Request::Free { addr }.encode())
+    s.write_all(&Request::Free { addr }.encode(Credential::Seal(key)))
         .await
         .map_err(|e| Error::io("sending Free", e))?;
     read_status(&mut s, "freeing a replica").await

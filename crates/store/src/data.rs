@@ -1,23 +1,38 @@
 //! TCP data frames between clients and storage nodes, and between storage
 //! nodes along a replication chain.
 //!
-//! Request: `S6D1`, kind (u8), replica address (16 bytes), then
-//! - Put: size (u64), forward chain (u8 count ≤ 15, addresses), the data,
-//!   and the data's CRC-32C (u32);
-//! - Get and Free: nothing more.
+//! Request: `S6D2`, kind (u8), replica address (16 bytes), then
+//! - Put: size (u64), forward chain (u8 count ≤ 15, addresses);
+//! - Get and Free: nothing more;
+//!
+//! then its credentials: a mode byte and
+//! - 0: nothing (refused by every storage node);
+//! - 1, sealed by a node holding the cluster key: the sender's clock (u64,
+//!   ms since the Unix epoch) and an HMAC-SHA256 tag truncated to 16
+//!   bytes over every request byte before it;
+//! - 2, a tenant's: a ticket ([`crate::auth::Ticket`]) its metadata node
+//!   issued, u16-length-prefixed (at most [`MAX_TICKET`] bytes).
+//!
+//! For Put the data follows, then its CRC-32C (u32).
 //!
 //! Reply: status (u8, 0 = ok), then for Put the number of durable copies
 //! (u8); for Get the size (u64), the data, and a trailer: status (u8, 0 =
 //! checksum verified) and the CRC-32C (u32); errors carry a message.
 
 use crate::addr::Addr;
-use crate::wire::{Reader, WireError, Writer, MAX_DATA_REPLICAS, MAX_OBJECT};
+use crate::auth::{ClusterKey, Ticket, TicketOp, TAG_LEN, WINDOW_MS};
+use crate::wire::{Reader, WireError, Writer, MAX_DATA_REPLICAS, MAX_OBJECT, MAX_TICKET};
 use crate::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-const MAGIC: [u8; 4] = *b"S6D1";
+/// Version 2 (`S6D2`): requests carry credentials.
+const MAGIC: [u8; 4] = *b"S6D2";
 /// Size of the fixed request prefix.
 pub const HEADER: usize = 21;
+
+const MODE_NONE: u8 = 0;
+const MODE_SEALED: u8 = 1;
+const MODE_TICKET: u8 = 2;
 
 /// Data frame kinds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,9 +58,70 @@ pub enum Request {
     },
 }
 
+/// What a request is sent with: nothing, a seal with the cluster key (a
+/// node's request), or a ticket (a tenant's).
+#[derive(Clone, Copy, Debug)]
+pub enum Credential<'a> {
+    /// Nothing: every storage node refuses it (tests send it on purpose).
+    None,
+    /// Sealed with the cluster key at the sender's clock.
+    Seal(&'a ClusterKey),
+    /// A ticket from a metadata node's answer.
+    Ticket(&'a [u8]),
+}
+
+/// The credentials a request arrived with, not checked yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Proof {
+    /// None.
+    None,
+    /// A seal: the sender's clock and the tag.
+    Sealed {
+        /// The sender's clock (ms since the Unix epoch).
+        at: u64,
+        /// The tag over the request's bytes and the clock.
+        tag: [u8; TAG_LEN],
+    },
+    /// A ticket's bytes.
+    Ticket(Vec<u8>),
+}
+
+/// A request as read from a stream, with its credentials.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Incoming {
+    /// The request.
+    pub req: Request,
+    /// What it was sent with.
+    pub proof: Proof,
+}
+
+/// Who a request was authenticated as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Authority {
+    /// A node holding the cluster key.
+    Node,
+    /// A tenant holding a valid ticket for this request.
+    Tenant,
+}
+
 impl Request {
-    /// Encodes the request header (for Put, the data follows it).
-    pub fn encode(&self) -> Vec<u8> {
+    /// The replica the request is for.
+    pub fn addr(&self) -> Addr {
+        match self {
+            Request::Put { addr, .. } | Request::Get { addr } | Request::Free { addr } => *addr,
+        }
+    }
+
+    fn what(&self) -> &'static str {
+        match self {
+            Request::Put { .. } => "Put",
+            Request::Get { .. } => "Get",
+            Request::Free { .. } => "Free",
+        }
+    }
+
+    /// The header without credentials.
+    fn plain(&self) -> Writer {
         let mut w = Writer::default();
         w.buf.extend_from_slice(&MAGIC);
         match self {
@@ -62,6 +138,31 @@ impl Request {
             Request::Free { addr } => {
                 w.u8(3);
                 w.addr(*addr);
+            }
+        }
+        w
+    }
+
+    /// Encodes the request header with `cred` (a seal at the current
+    /// clock); for Put, the data follows it.
+    pub fn encode(&self, cred: Credential) -> Vec<u8> {
+        self.encode_at(cred, crate::auth::unix_ms())
+    }
+
+    /// Encodes the request header with `cred`, a seal made at `now_ms`.
+    pub fn encode_at(&self, cred: Credential, now_ms: u64) -> Vec<u8> {
+        let mut w = self.plain();
+        match cred {
+            Credential::None => w.u8(MODE_NONE),
+            Credential::Seal(key) => {
+                w.u8(MODE_SEALED);
+                w.u64(now_ms);
+                let tag = key.tag(&w.buf);
+                w.buf.extend_from_slice(&tag);
+            }
+            Credential::Ticket(t) => {
+                w.u8(MODE_TICKET);
+                w.bytes16(&t[..t.len().min(MAX_TICKET)]);
             }
         }
         w.buf
@@ -81,9 +182,70 @@ impl Request {
     }
 }
 
-/// Reads one request header from a stream. `Ok(None)` on a clean EOF
-/// before the first byte.
-pub async fn read_request<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Request>, Error> {
+impl Incoming {
+    /// Checks the request's credentials with the storage node's `key` at
+    /// its clock `now_ms`: a node's seal (tag, then a clock within
+    /// [`WINDOW_MS`]) allows any request; a tenant's ticket (tag, expiry,
+    /// then operation, replicas and size) allows the Put or Get it was
+    /// issued for, never a Free. The error says why, for the reply.
+    pub fn authorize(&self, key: Option<&ClusterKey>, now_ms: u64) -> Result<Authority, String> {
+        let what = self.req.what();
+        let refuse = |why: String| {
+            format!(
+                "unauthenticated {what} of replica {}: {why}; nothing done",
+                crate::addr::fmt_addr(self.req.addr())
+            )
+        };
+        let Some(key) = key else {
+            return Err(refuse(
+                "this storage node holds no cluster key to check it with".into(),
+            ));
+        };
+        match &self.proof {
+            Proof::None => Err(refuse(match self.req {
+                Request::Free { .. } => "it is not sealed with the cluster key".into(),
+                _ => "it carries neither the cluster key's seal nor a ticket \
+                      (a tenant's Put or Get needs the ticket of its metadata \
+                      node's answer)"
+                    .into(),
+            })),
+            Proof::Sealed { at, tag } => {
+                let mut w = self.req.plain();
+                w.u8(MODE_SEALED);
+                w.u64(*at);
+                if !key.verify(&w.buf, tag) {
+                    return Err(refuse("its seal does not match this cluster's key".into()));
+                }
+                let apart = now_ms.abs_diff(*at);
+                if apart > WINDOW_MS {
+                    return Err(refuse(format!(
+                        "it was sealed {apart} ms away from this node's clock \
+                         (limit {WINDOW_MS} ms): clocks apart, or a replay"
+                    )));
+                }
+                Ok(Authority::Node)
+            }
+            Proof::Ticket(bytes) => {
+                let ticket = Ticket::open(bytes, key, now_ms).map_err(|e| refuse(e.to_string()))?;
+                let allowed = match &self.req {
+                    Request::Put { addr, size, chain } => {
+                        ticket.allows(TicketOp::Put, *addr, chain, *size)
+                    }
+                    Request::Get { addr } => ticket.allows(TicketOp::Get, *addr, &[], 0),
+                    Request::Free { .. } => {
+                        Err("a Free needs the cluster key's seal; a ticket allows none".into())
+                    }
+                };
+                allowed.map_err(refuse)?;
+                Ok(Authority::Tenant)
+            }
+        }
+    }
+}
+
+/// Reads one request header and its credentials from a stream.
+/// `Ok(None)` on a clean EOF before the first byte.
+pub async fn read_request<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Incoming>, Error> {
     let mut prefix = [0u8; HEADER];
     match r.read(&mut prefix[..1]).await {
         Ok(0) => return Ok(None),
@@ -94,7 +256,7 @@ pub async fn read_request<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Requ
         .await
         .map_err(|e| Error::io("reading a data request header", e))?;
     let (kind, addr) = Request::decode_prefix(&prefix)?;
-    Ok(Some(match kind {
+    let req = match kind {
         1 => {
             let size = r
                 .read_u64()
@@ -127,7 +289,34 @@ pub async fn read_request<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Requ
         }
         2 => Request::Get { addr },
         _ => Request::Free { addr },
-    }))
+    };
+    let io = |e| Error::io("reading a data request's credentials", e);
+    let proof = match r.read_u8().await.map_err(io)? {
+        MODE_NONE => Proof::None,
+        MODE_SEALED => {
+            let at = r.read_u64().await.map_err(io)?;
+            let mut tag = [0u8; TAG_LEN];
+            r.read_exact(&mut tag).await.map_err(io)?;
+            Proof::Sealed { at, tag }
+        }
+        MODE_TICKET => {
+            let n = r.read_u16().await.map_err(io)? as usize;
+            if n > MAX_TICKET {
+                return Err(Error::Wire(WireError::Invalid(format!(
+                    "ticket of {n} bytes; the limit is {MAX_TICKET}"
+                ))));
+            }
+            let mut t = vec![0u8; n];
+            r.read_exact(&mut t).await.map_err(io)?;
+            Proof::Ticket(t)
+        }
+        m => {
+            return Err(Error::Wire(WireError::Invalid(format!(
+                "credential mode {m} (0 none, 1 sealed, 2 ticket)"
+            ))))
+        }
+    };
+    Ok(Some(Incoming { req, proof }))
 }
 
 /// Writes an error reply: status 1 and a message.
@@ -166,60 +355,231 @@ pub async fn read_status<R: AsyncRead + Unpin>(r: &mut R, what: &str) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::KEY_LEN;
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    fn key(b: u8) -> ClusterKey {
+        ClusterKey::from_bytes(&[b; KEY_LEN])
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+    }
+
+    fn read(rt: &tokio::runtime::Runtime, bytes: &[u8]) -> Result<Incoming, Error> {
+        rt.block_on(read_request(&mut &bytes[..]))
+            .and_then(|r| r.ok_or_else(|| Error::Invalid("empty".into())))
+    }
+
+    fn put() -> Request {
+        Request::Put {
+            addr: 7,
+            size: 100,
+            chain: vec![1, 2],
+        }
+    }
+
+    fn ticket(op: TicketOp, expires: u64, size: u64, replicas: Vec<Addr>) -> Vec<u8> {
+        Ticket {
+            op,
+            expires,
+            size,
+            replicas,
+        }
+        .seal(&key(1))
+    }
 
     #[test]
-    fn requests_round_trip() {
+    fn requests_round_trip_with_each_credential() {
+        let rt = rt();
+        let k = key(1);
+        let t = ticket(TicketOp::Put, NOW + 1, 100, vec![7, 1, 2]);
         for req in [
-            Request::Put {
-                addr: 7,
-                size: 100,
-                chain: vec![1, 2],
-            },
+            put(),
             Request::Get { addr: 9 },
             Request::Free { addr: u128::MAX },
         ] {
-            let bytes = req.encode();
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .build()
-                .unwrap();
-            let back = rt
-                .block_on(read_request(&mut bytes.as_slice()))
-                .unwrap()
-                .unwrap();
-            assert_eq!(back, req);
-            for cut in 1..bytes.len() {
-                assert!(rt.block_on(read_request(&mut &bytes[..cut])).is_err());
+            for cred in [
+                Credential::None,
+                Credential::Seal(&k),
+                Credential::Ticket(&t),
+            ] {
+                let bytes = req.encode_at(cred, NOW);
+                let back = read(&rt, &bytes).unwrap();
+                assert_eq!(back.req, req);
+                match (cred, &back.proof) {
+                    (Credential::None, Proof::None) => {}
+                    (Credential::Seal(_), Proof::Sealed { at, .. }) => assert_eq!(*at, NOW),
+                    (Credential::Ticket(t), Proof::Ticket(b)) => assert_eq!(t, &b[..]),
+                    other => panic!("{other:?}"),
+                }
+                for cut in 1..bytes.len() {
+                    assert!(read(&rt, &bytes[..cut]).is_err());
+                }
             }
         }
     }
 
     #[test]
     fn hostile_headers_are_refused() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let mut bad = Request::Get { addr: 1 }.encode();
+        let rt = rt();
+        let mut bad = Request::Get { addr: 1 }.encode(Credential::None);
         bad[0] = b'X';
-        assert!(rt.block_on(read_request(&mut bad.as_slice())).is_err());
-        let mut huge = Request::Put {
+        assert!(read(&rt, &bad).is_err());
+        // The version before credentials existed is refused as such.
+        let mut old = Request::Get { addr: 1 }.encode(Credential::None);
+        old[3] = b'1';
+        assert!(read(&rt, &old)
+            .unwrap_err()
+            .to_string()
+            .contains("bad magic"));
+        let zero = Request::Put {
             addr: 1,
             size: 0,
             chain: vec![],
-        }
-        .encode();
+        };
+        let mut huge = zero.encode(Credential::None);
         huge[HEADER..HEADER + 8].copy_from_slice(&u64::MAX.to_be_bytes());
-        let err = rt.block_on(read_request(&mut huge.as_slice())).unwrap_err();
+        let err = read(&rt, &huge).unwrap_err();
         assert!(err.to_string().contains("object limit"), "{err}");
-        let mut chain = Request::Put {
-            addr: 1,
-            size: 0,
-            chain: vec![],
-        }
-        .encode();
+        let mut chain = zero.encode(Credential::None);
         chain[HEADER + 8] = 200;
-        let err = rt
-            .block_on(read_request(&mut chain.as_slice()))
-            .unwrap_err();
+        let err = read(&rt, &chain).unwrap_err();
         assert!(err.to_string().contains("forward chain"), "{err}");
+        let mut mode = zero.encode(Credential::None);
+        *mode.last_mut().unwrap() = 9;
+        let err = read(&rt, &mode).unwrap_err();
+        assert!(err.to_string().contains("credential mode 9"), "{err}");
+        let mut long = zero.encode(Credential::None);
+        *long.last_mut().unwrap() = MODE_TICKET;
+        long.extend_from_slice(&(MAX_TICKET as u16 + 1).to_be_bytes());
+        let err = read(&rt, &long).unwrap_err();
+        assert!(err.to_string().contains("ticket of 513 bytes"), "{err}");
+    }
+
+    #[test]
+    fn seals_are_checked() {
+        let rt = rt();
+        let k = key(1);
+        for req in [put(), Request::Get { addr: 9 }, Request::Free { addr: 3 }] {
+            let good = read(&rt, &req.encode_at(Credential::Seal(&k), NOW)).unwrap();
+            assert_eq!(good.authorize(Some(&k), NOW), Ok(Authority::Node));
+            // Within the window either way, and not beyond.
+            assert!(good.authorize(Some(&k), NOW + WINDOW_MS).is_ok());
+            let err = good.authorize(Some(&k), NOW + WINDOW_MS + 1).unwrap_err();
+            assert!(err.contains("clocks apart, or a replay"), "{err}");
+            let err = good.authorize(Some(&key(2)), NOW).unwrap_err();
+            assert!(err.contains("does not match"), "{err}");
+            assert!(good
+                .authorize(None, NOW)
+                .unwrap_err()
+                .contains("no cluster key"));
+            let plain = read(&rt, &req.encode_at(Credential::None, NOW)).unwrap();
+            let err = plain.authorize(Some(&k), NOW).unwrap_err();
+            assert!(
+                err.starts_with("unauthenticated") && err.contains("nothing done"),
+                "{err}"
+            );
+        }
+        // Every flipped bit of a sealed header is refused, on decoding or
+        // on the check.
+        let bytes = put().encode_at(Credential::Seal(&k), NOW);
+        for i in 0..bytes.len() * 8 {
+            let mut b = bytes.clone();
+            b[i / 8] ^= 1 << (i % 8);
+            if let Ok(got) = read(&rt, &b) {
+                assert!(got.authorize(Some(&k), NOW).is_err(), "bit {i} passed");
+            }
+        }
+    }
+
+    #[test]
+    fn tickets_allow_only_what_they_were_issued_for() {
+        let rt = rt();
+        let k = key(1);
+        let check = |req: &Request, t: &[u8]| {
+            read(&rt, &req.encode(Credential::Ticket(t)))
+                .unwrap()
+                .authorize(Some(&k), NOW)
+        };
+        let put_t = ticket(TicketOp::Put, NOW + 1000, 100, vec![7, 1, 2]);
+        assert_eq!(check(&put(), &put_t), Ok(Authority::Tenant));
+        let refused = |r: Result<Authority, String>, want: &str| {
+            let err = r.unwrap_err();
+            assert!(err.contains(want) && err.contains("nothing done"), "{err}");
+        };
+        // Another size, another chain, another first replica.
+        let bigger = Request::Put {
+            addr: 7,
+            size: 101,
+            chain: vec![1, 2],
+        };
+        refused(
+            check(&bigger, &put_t),
+            "of 100 bytes but this one sends 101",
+        );
+        let shorter = Request::Put {
+            addr: 7,
+            size: 100,
+            chain: vec![1],
+        };
+        refused(check(&shorter, &put_t), "but this one writes");
+        let second = Request::Put {
+            addr: 1,
+            size: 100,
+            chain: vec![2],
+        };
+        refused(check(&second, &put_t), "but this one writes");
+        // A Put ticket reads nothing, a Get ticket writes nothing, and
+        // neither frees.
+        refused(
+            check(&Request::Get { addr: 7 }, &put_t),
+            "for a Put, not a Get",
+        );
+        let get_t = ticket(TicketOp::Get, NOW + 1000, 100, vec![7, 1, 2]);
+        assert_eq!(
+            check(&Request::Get { addr: 1 }, &get_t),
+            Ok(Authority::Tenant)
+        );
+        refused(
+            check(&Request::Get { addr: 8 }, &get_t),
+            "does not cover replica",
+        );
+        refused(check(&put(), &get_t), "for a Get, not a Put");
+        refused(
+            check(&Request::Free { addr: 7 }, &get_t),
+            "needs the cluster key's seal",
+        );
+        // Expired, forged (another key), damaged, empty.
+        let old = ticket(TicketOp::Get, NOW - 1, 100, vec![7]);
+        refused(check(&Request::Get { addr: 7 }, &old), "expired 1 ms ago");
+        let forged = Ticket {
+            op: TicketOp::Get,
+            expires: NOW + 1000,
+            size: 100,
+            replicas: vec![7],
+        }
+        .seal(&key(2));
+        refused(check(&Request::Get { addr: 7 }, &forged), "does not match");
+        let mut damaged = get_t.clone();
+        damaged[6] ^= 1;
+        refused(check(&Request::Get { addr: 7 }, &damaged), "does not match");
+        refused(check(&Request::Get { addr: 7 }, &[]), "malformed");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn random_requests_never_panic_nor_pass(kind in 1u8..=3, rest in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
+            let rt = rt();
+            let mut b = MAGIC.to_vec();
+            b.push(kind);
+            b.extend_from_slice(&rest);
+            if let Ok(got) = read(&rt, &b) {
+                proptest::prop_assert!(got.authorize(Some(&key(1)), NOW).is_err());
+            }
+        }
     }
 }

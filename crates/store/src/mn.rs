@@ -678,7 +678,13 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 },
             },
         );
-        Ok(Body::PostPlan { version, replicas })
+        // The runtime puts the ticket in (it holds the key).
+        Ok(Body::PostPlan {
+            version,
+            size,
+            replicas,
+            ticket: Vec::new(),
+        })
     }
 
     /// Chooses storage nodes: up, with room, the preferred device type
@@ -1087,7 +1093,10 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             return Err(restoring(mg));
         }
         if let Some(record) = self.db.get(mg, name)? {
-            return Ok(Body::Found { record });
+            return Ok(Body::Found {
+                record,
+                ticket: Vec::new(),
+            });
         }
         if self.db.tombstone(mg, name)? > 0 {
             return Err(remote(Code::Deleted, format!("{name:?} was deleted")));

@@ -479,7 +479,12 @@ fn mn_loop(
         for (out, seal) in outs {
             let key = seal.then_some(gate.key());
             let table = core.table();
-            dispatch(table, out, key, wall, &mut outgoing, &copies, on, &runtime);
+            let work = Work {
+                key: gate.key(),
+                copies: &copies,
+                runtime: &runtime,
+            };
+            dispatch(table, out, key, wall, &mut outgoing, &work, on);
         }
         crate::mmsg::send_batch(&sock, &outgoing);
         outgoing.clear();
@@ -543,21 +548,29 @@ struct CopyReport {
     result: Result<u8, String>,
 }
 
+/// What a metadata node's runtime needs to start data-path work: the
+/// cluster key (work on storage nodes is sealed with it, and tickets are
+/// issued with it), where copies report, and the runtime to spawn on.
+struct Work<'a> {
+    key: &'a ClusterKey,
+    copies: &'a std::sync::mpsc::Sender<CopyReport>,
+    runtime: &'a tokio::runtime::Handle,
+}
+
 /// Carries out one of the core's outputs: datagrams go to `outgoing`
 /// (sent together after the batch), sealed with `key` if given at `wall`;
-/// copies and frees become tasks.
-#[allow(clippy::too_many_arguments)]
+/// a `PostPlan` or `Found` answer gets its ticket
+/// ([`crate::auth::issue_ticket`]); copies and frees become tasks.
 fn dispatch(
     table: &Table,
     out: Out<SocketAddr>,
     key: Option<&ClusterKey>,
     wall: u64,
     outgoing: &mut Vec<(Vec<u8>, SocketAddr)>,
-    copies: &std::sync::mpsc::Sender<CopyReport>,
+    work: &Work,
     on: SocketAddr,
-    runtime: &tokio::runtime::Handle,
 ) {
-    let (msg, to) = match out {
+    let (mut msg, to) = match out {
         // From the node's own socket: the answer comes back to the core.
         Out::ToOn(msg) => (msg, on),
         Out::Reply(to, msg) => (msg, to),
@@ -565,8 +578,9 @@ fn dispatch(
             Some(endpoint) => (msg, endpoint),
             None => return,
         },
-        other => return spawn_work(table, other, copies, runtime),
+        other => return spawn_work(table, other, work),
     };
+    crate::auth::issue_ticket(&mut msg.body, work.key, wall);
     if let Ok(bytes) = crate::auth::encode(&msg, key, wall) {
         outgoing.push((bytes, to));
     }
@@ -574,17 +588,13 @@ fn dispatch(
 
 /// Starts a core output that is work rather than a datagram: freeing a
 /// replica or copying one for repair.
-fn spawn_work(
-    table: &Table,
-    out: Out<SocketAddr>,
-    copies: &std::sync::mpsc::Sender<CopyReport>,
-    runtime: &tokio::runtime::Handle,
-) {
+fn spawn_work(table: &Table, out: Out<SocketAddr>, work: &Work) {
     match out {
         Out::Free(addr) => {
             if let Some(endpoint) = table.sn_endpoint(addr) {
-                runtime.spawn(async move {
-                    let _ = crate::client::free_replica(endpoint, addr).await;
+                let key = work.key.clone();
+                work.runtime.spawn(async move {
+                    let _ = crate::client::free_replica(endpoint, addr, &key).await;
                 });
             }
         }
@@ -597,11 +607,13 @@ fn spawn_work(
             crc,
         } => {
             let table = table.clone();
-            let report = copies.clone();
-            runtime.spawn(async move {
-                let result = crate::client::copy_replica(&table, &sources, &targets, size, crc)
-                    .await
-                    .map_err(|e| e.to_string());
+            let report = work.copies.clone();
+            let key = work.key.clone();
+            work.runtime.spawn(async move {
+                let result =
+                    crate::client::copy_replica(&table, &key, &sources, &targets, size, crc)
+                        .await
+                        .map_err(|e| e.to_string());
                 if let Err(e) = &result {
                     tracing::warn!("repair copy of {name:?} failed: {e}");
                 }

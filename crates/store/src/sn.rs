@@ -6,7 +6,7 @@
 //! verifies the checksum and reports the result in the reply's trailer.
 
 use crate::addr::{fmt_addr, Addr};
-use crate::data::{read_request, read_status, write_error, Request};
+use crate::data::{read_request, read_status, write_error, Credential, Request};
 use crate::node::SharedTable;
 use crate::Error;
 use std::path::{Path, PathBuf};
@@ -212,7 +212,7 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
     let mut r = BufReader::with_capacity(CHUNK, r);
     let mut w = BufWriter::with_capacity(CHUNK, w);
     loop {
-        let req = match read_request(&mut r).await {
+        let incoming = match read_request(&mut r).await {
             Ok(Some(req)) => req,
             Ok(None) => return Ok(()),
             Err(e) => {
@@ -221,9 +221,18 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
                 return Err(e);
             }
         };
-        let addr = match &req {
-            Request::Put { addr, .. } | Request::Get { addr } | Request::Free { addr } => *addr,
-        };
+        // Nothing is read, stored, served or freed before this check.
+        if let Err(msg) = incoming.authorize(store.key.as_ref(), crate::auth::unix_ms()) {
+            tracing::info!("refused a data request: {msg}");
+            write_error(&mut w, &msg)
+                .await
+                .map_err(|e| Error::io("replying", e))?;
+            // A refused Put's data would follow, and a peer without
+            // credentials gets nothing more from this connection.
+            return Ok(());
+        }
+        let req = incoming.req;
+        let addr = req.addr();
         if let Err(msg) = store.check_addr(table, addr, addressed) {
             write_error(&mut w, &msg)
                 .await
@@ -287,12 +296,18 @@ async fn open_downstream(
     let stream = TcpStream::connect(endpoint).await.ok()?;
     let _ = stream.set_nodelay(true);
     let mut w = BufWriter::with_capacity(CHUNK, stream);
+    // The next node takes the Put on this node's seal (the tenant's
+    // ticket was checked here).
+    let cred = match &store.key {
+        Some(k) => Credential::Seal(k),
+        None => Credential::None,
+    };
     let header = Request::Put {
         addr: next,
         size,
         chain: rest.to_vec(),
     }
-    .encode();
+    .encode(cred);
     w.write_all(&header).await.ok()?;
     Some(w)
 }

@@ -20,7 +20,11 @@ pub const MAX_DATA_REPLICAS: usize = 16;
 pub const MAX_OBJECT: u64 = 1 << 40;
 
 const MAGIC: [u8; 2] = *b"S6";
-const VERSION: u8 = 1;
+/// Version 2: `PostPlan` and `Found` carry a data-path ticket.
+const VERSION: u8 = 2;
+
+/// Longest ticket a `PostPlan` or `Found` carries ([`crate::auth::Ticket`]).
+pub const MAX_TICKET: usize = 512;
 
 /// Bytes of a message's header: magic, version, kind, request id, target.
 pub const HEADER_LEN: usize = 28;
@@ -278,8 +282,13 @@ pub enum Body {
     PostPlan {
         /// Version this Post will create.
         version: u64,
+        /// The size the Post announced (its ticket binds it).
+        size: u64,
         /// Replica addresses, first one first.
         replicas: Vec<Addr>,
+        /// The Put ticket for those replicas ([`crate::auth::Ticket`]),
+        /// filled in by the node's runtime; empty when none was issued.
+        ticket: Vec<u8>,
     },
     /// Client → coordinator: data is durable on W_d replicas; commit.
     PostCommit {
@@ -319,6 +328,10 @@ pub enum Body {
     Found {
         /// The record.
         record: Record,
+        /// The Get ticket for its replicas ([`crate::auth::Ticket`]),
+        /// filled in by the node's runtime; empty for an empty object
+        /// (no storage node is asked) or when none was issued.
+        ticket: Vec<u8>,
     },
     /// Client → coordinator: delete (metadata first, data later).
     Delete {
@@ -749,6 +762,19 @@ fn get_record(r: &mut Reader) -> Result<Record, WireError> {
     })
 }
 
+/// A ticket's bytes, at most [`MAX_TICKET`] (checked by the storage node
+/// that takes it, not here).
+fn get_ticket(r: &mut Reader) -> Result<Vec<u8>, WireError> {
+    let b = r.bytes16()?;
+    if b.len() > MAX_TICKET {
+        return Err(WireError::Invalid(format!(
+            "ticket of {} bytes; the limit is {MAX_TICKET}",
+            b.len()
+        )));
+    }
+    Ok(b.to_vec())
+}
+
 /// A u16-counted list of addresses, at most [`MAX_REFERENCED`].
 fn get_addr_list(r: &mut Reader) -> Result<Vec<Addr>, WireError> {
     let n = r.u16()? as usize;
@@ -867,9 +893,16 @@ impl Msg {
                 w.str(name);
                 w.u64(*size);
             }
-            Body::PostPlan { version, replicas } => {
+            Body::PostPlan {
+                version,
+                size,
+                replicas,
+                ticket,
+            } => {
                 w.u64(*version);
+                w.u64(*size);
                 w.addrs(replicas);
+                w.bytes16(ticket);
             }
             Body::PostCommit { name, version, crc } => {
                 w.str(name);
@@ -880,8 +913,10 @@ impl Msg {
                 w.str(name);
                 w.u64(*version);
             }
-            Body::Link { record } | Body::Found { record } | Body::Replicate { record } => {
-                put_record(w, record)
+            Body::Link { record } | Body::Replicate { record } => put_record(w, record),
+            Body::Found { record, ticket } => {
+                put_record(w, record);
+                w.bytes16(ticket);
             }
             Body::Update { record, if_version } => {
                 put_record(w, record);
@@ -1060,10 +1095,21 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
             name: r.name()?,
             size: r.u64()?,
         },
-        2 => Body::PostPlan {
-            version: r.u64()?,
-            replicas: r.addrs(MAX_DATA_REPLICAS, "replicas")?,
-        },
+        2 => {
+            let version = r.u64()?;
+            let size = r.u64()?;
+            if size > MAX_OBJECT {
+                return Err(WireError::Invalid(format!(
+                    "object size {size} exceeds the {MAX_OBJECT}-byte limit"
+                )));
+            }
+            Body::PostPlan {
+                version,
+                size,
+                replicas: r.addrs(MAX_DATA_REPLICAS, "replicas")?,
+                ticket: get_ticket(r)?,
+            }
+        }
         3 => Body::PostCommit {
             name: r.name()?,
             version: r.u64()?,
@@ -1083,6 +1129,7 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
         },
         7 => Body::Found {
             record: get_record(r)?,
+            ticket: get_ticket(r)?,
         },
         8 => Body::Delete {
             name: r.name()?,
@@ -1313,7 +1360,9 @@ mod tests {
             },
             Body::PostPlan {
                 version: 3,
+                size: 12,
                 replicas: vec![1, 2],
+                ticket: vec![7; 40],
             },
             Body::PostCommit {
                 name: "x".into(),
@@ -1336,6 +1385,7 @@ mod tests {
                     rename: Some(RenameLink::From("before".into())),
                     ..record("r")
                 },
+                ticket: vec![],
             },
             Body::Link {
                 record: record("l"),
@@ -1348,6 +1398,7 @@ mod tests {
             },
             Body::Found {
                 record: record("f"),
+                ticket: vec![1; MAX_TICKET],
             },
             Body::Delete {
                 name: "d".into(),
@@ -1732,7 +1783,7 @@ mod tests {
 
         #[test]
         fn a_gate_never_panics_nor_takes_unsealed_internal_kinds(bytes in proptest::collection::vec(any::<u8>(), 0..300), kind in 0u8..=255) {
-            let mut b = b"S6\x01".to_vec();
+            let mut b = b"S6\x02".to_vec();
             b.push(kind);
             b.extend_from_slice(&bytes);
             for receiver in [crate::auth::Receiver::Mn, crate::auth::Receiver::On] {
@@ -1774,7 +1825,7 @@ mod tests {
 
         #[test]
         fn decode_never_panics_after_a_valid_header(kind in 0u8..32, rest in proptest::collection::vec(any::<u8>(), 0..256)) {
-            let mut bytes = b"S6\x01".to_vec();
+            let mut bytes = b"S6\x02".to_vec();
             bytes.push(kind);
             bytes.extend_from_slice(&[0; 24]);
             bytes.extend_from_slice(&rest);

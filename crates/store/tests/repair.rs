@@ -76,7 +76,9 @@ fn post(core: &mut MnCore<u32>, t: &Table, name: &str, now: u64) {
     );
     let version = match &core.handle(now, CLIENT, begin)[..] {
         [Out::Reply(_, m)] => match &m.body {
-            Body::PostPlan { version, replicas } => {
+            Body::PostPlan {
+                version, replicas, ..
+            } => {
                 assert_eq!(replicas.len(), 3);
                 *version
             }

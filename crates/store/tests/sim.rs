@@ -476,7 +476,9 @@ impl Sim {
         match op {
             Op::Idle => {}
             Op::PostBegin { name, token } => match result {
-                Ok(Body::PostPlan { version, replicas }) => {
+                Ok(Body::PostPlan {
+                    version, replicas, ..
+                }) => {
                     if self.cancelled
                         && replicas
                             .iter()
@@ -554,7 +556,7 @@ impl Sim {
         final_read: bool,
     ) {
         let seen = match result {
-            Ok(Body::Found { record }) => self.check_record(name, &record),
+            Ok(Body::Found { record, .. }) => self.check_record(name, &record),
             Err(e) if matches!(e.code(), Some(Code::NotFound | Code::Deleted)) => Obj::Absent,
             Ok(other) => panic!("Get answered {other:?}"),
             Err(e) => {
@@ -688,7 +690,7 @@ impl Sim {
                 })
                 .expect("a reply");
             let seen = match seen {
-                Body::Found { record } => self.check_record(name, &record),
+                Body::Found { record, .. } => self.check_record(name, &record),
                 Body::Error {
                     code: Code::NotFound | Code::Deleted,
                     ..
