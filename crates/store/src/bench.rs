@@ -277,7 +277,7 @@ pub fn run_batched_gets(table: &Table, cfg: &BenchConfig) -> Result<BenchResult,
                 continue; // an answer to a request asked again, or not ours
             };
             match msg.body {
-                Body::Found { record } if record.name == c.name && record.size == 0 => {
+                Body::Found { record, .. } if record.name == c.name && record.size == 0 => {
                     lat.push(c.started.elapsed());
                 }
                 _ => errors += 1,
