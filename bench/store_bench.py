@@ -4,7 +4,7 @@ objects as files, in the same run (docs/benchmarks.md, section 5).
 
 Usage:
     python3 bench/store_bench.py [--strata PATH] [--threads 5,25]
-        [--sizes 0,2600,306000,2300000] [--replication 1,3] [--quick]
+        [--sizes 0,2600,306000,2300000] [--replication 1,3] [--quick] [--pin]
 
 For each replication (1: N_m=W_m=N_d=W_d=1; 3: N_m=3 W_m=2 N_d=3 W_d=2) it
 starts `strata store up` (3 metadata and 3 storage nodes in one process,
@@ -38,6 +38,11 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Command prefixes that pin the servers and the load generators to CPUs of
+# their own (`--pin`): servers on CPU 0, generators on CPU 1, as if the
+# clients ran on machines apart from the servers.
+SERVER_CPU = []
+CLIENT_CPU = []
 ROOT = os.path.dirname(HERE)
 
 
@@ -65,7 +70,7 @@ def start_store(strata, workdir, replication, mns=3, sns=3, d=None):
     d = d or tempfile.mkdtemp(dir=workdir)
     rep = "1,1,1,1" if replication == 1 else "3,2,3,2"
     p = subprocess.Popen(
-        [strata, "store", "up", "--dir", d, "--listen", "127.0.0.1:0",
+        SERVER_CPU + [strata, "store", "up", "--dir", d, "--listen", "127.0.0.1:0",
          "--mn", str(mns), "--sn", str(sns), "--replication", rep],
         stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline()
@@ -82,7 +87,7 @@ def bench(strata, cluster, workload, threads, ops, size, pids, http=None, passes
         args += ["--http", http]
     hz = os.sysconf("SC_CLK_TCK")
     t0 = ticks(pids)
-    out = subprocess.run(args, capture_output=True, text=True)
+    out = subprocess.run(CLIENT_CPU + args, capture_output=True, text=True)
     cpu_ticks = ticks(pids) - t0
     if out.returncode != 0 and not out.stdout:
         sys.exit(f"bench failed: {out.stderr}")
@@ -130,7 +135,7 @@ http {{
 }}
 """)
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    p = subprocess.Popen([nginx, "-c", conf, "-p", workdir])
+    p = subprocess.Popen(SERVER_CPU + [nginx, "-c", conf, "-p", workdir])
     time.sleep(0.5)
     kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
     return p, [p.pid] + [int(k) for k in kids]
@@ -152,7 +157,7 @@ def wrk_bench(port, threads, ops, size, pids, workdir, seconds=2):
                 "request = function() n = n % #reqs + 1; return reqs[n] end\n")
     hz = os.sysconf("SC_CLK_TCK")
     t0 = ticks(pids)
-    out = subprocess.run(["wrk", "-t1", f"-c{threads}", f"-d{seconds}s", "--latency", "-s", lua,
+    out = subprocess.run(CLIENT_CPU + ["wrk", "-t1", f"-c{threads}", f"-d{seconds}s", "--latency", "-s", lua,
                           f"http://127.0.0.1:{port}/"], capture_output=True, text=True, check=True).stdout
     cpu_ticks = ticks(pids) - t0
     units = {"us": 1e-3, "ms": 1.0, "s": 1e3}
@@ -215,7 +220,12 @@ def main():
     ap.add_argument("--replication", default="1,3")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--pin", action="store_true",
+                    help="servers on CPU 0, load generators on CPU 1 (taskset)")
     a = ap.parse_args()
+    if a.pin:
+        SERVER_CPU.extend(["taskset", "-c", "0"])
+        CLIENT_CPU.extend(["taskset", "-c", "1"])
     threads = [int(x) for x in a.threads.split(",")]
     sizes = [int(x) for x in a.sizes.split(",")]
     reps = [int(x) for x in a.replication.split(",")]

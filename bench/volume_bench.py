@@ -96,8 +96,12 @@ def fio(uri, runtime, workdir, size="1G", rw="randwrite", extra=()):
 
 
 def snapshot_loop(d, vol, every, stop, pauses, prefix):
+    """A snapshot every `every` seconds, on a fixed clock: the next call
+    starts `every` after the previous one started (at once when that one
+    took longer), so slow calls do not thin the snapshots out."""
     n = 0
-    while not stop.wait(every):
+    start = time.monotonic()
+    while not stop.wait(max(0.0, start + (n + 1) * every - time.monotonic())):
         n += 1
         r = d.call("POST", f"/v1/volumes/{vol}/snapshots", {"name": f"{prefix}-{n}"})
         pauses.append(r["pause_ms"])
