@@ -15,6 +15,12 @@ use crate::metrics::{Op, VolumeGauges, VolumeStats};
 const REFRESH_PASSES: usize = 4;
 /// Index sectors (4 KiB each) few enough to leave to the pause.
 const REFRESH_ENOUGH: u64 = 64;
+/// Write-back rounds before a pause at most. Under write load each round
+/// writes back what was written while the one before ran, so the sync
+/// inside the pause only has the last round's writes left.
+const FLUSH_ROUNDS: usize = 4;
+/// A write-back round this quick leaves little for the pause: stop there.
+const FLUSH_QUICK: Duration = Duration::from_millis(10);
 
 /// A volume being served.
 ///
@@ -151,7 +157,13 @@ impl Volume {
     ) -> strata_disk::Result<Duration> {
         // Write back what is already written while I/O still flows, so the
         // sync inside the pause only covers the last moment's writes.
-        self.disk.read().flush()?;
+        for _ in 0..FLUSH_ROUNDS {
+            let round = Instant::now();
+            self.disk.read().flush()?;
+            if round.elapsed() < FLUSH_QUICK {
+                break;
+            }
+        }
         let mut disk = self.disk.write();
         let paused = Instant::now();
         change(&mut disk)?;
