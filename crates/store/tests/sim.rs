@@ -188,19 +188,25 @@ struct Sim {
     acked_ops: u64,
     checked_gets: u64,
     crashes: u64,
-    /// When (ms) storage node 4 is declared dead, if ever.
+    /// When (ms) the target storage node is declared dead, if ever.
     kill_sn_at: Option<u64>,
-    /// When storage node 4 is removed through the orchestrator (drained,
-    /// then retired), if it is.
+    /// When the target storage node is removed through the orchestrator
+    /// (drained, then retired), if it is.
     drain_sn_at: Option<u64>,
-    /// When the drain of storage node 4 is cancelled (after an
-    /// orchestrator restart), if it is.
+    /// When the target's drain is cancelled (after an orchestrator
+    /// restart), if it is.
     cancel_drain_at: Option<u64>,
-    /// When storage node 4 is removed again after the cancel, if it is.
+    /// When the target is removed again after the cancel, if it is.
     redrain_sn_at: Option<u64>,
-    /// Whether node 4's drain is cancelled and not started again yet.
+    /// The storage node declared dead or removed: the one naming the most
+    /// live objects when that first happens (a fixed node could hold no
+    /// replica by then, and the run would test nothing).
+    target: u16,
+    /// Live objects with a replica on the target when it was chosen.
+    target_held: usize,
+    /// Whether the target's drain is cancelled and not started again yet.
     cancelled: bool,
-    /// Posts planned with a replica on node 4 while its drain was
+    /// Posts planned with a replica on the target while its drain was
     /// cancelled.
     placed_while_cancelled: u64,
     /// Repair copies under way: (done at, MN slot, name, version, targets).
@@ -294,6 +300,8 @@ impl Sim {
             drain_sn_at: None,
             cancel_drain_at: None,
             redrain_sn_at: None,
+            target: 4,
+            target_held: 0,
             cancelled: false,
             placed_while_cancelled: 0,
             copies: Vec::new(),
@@ -378,10 +386,10 @@ impl Sim {
             };
             let reply = on.handle(self.now, &ev.msg);
             // The network (and the clients) route by the newest table.
-            let was_retiring = self.table.retiring(4);
+            let was_retiring = self.table.retiring(self.target);
             self.table = on.table().clone();
-            if was_retiring && !self.table.retiring(4) {
-                self.check_none_names(4);
+            if was_retiring && !self.table.retiring(self.target) {
+                self.check_none_names(self.target);
             }
             self.send(ON_ID, ev.from, reply);
         } else if ev.to >= MN_BASE {
@@ -480,7 +488,7 @@ impl Sim {
                     if self.cancelled
                         && replicas
                             .iter()
-                            .any(|&a| self.table.layout.sn_of(a) == Some(4))
+                            .any(|&a| self.table.layout.sn_of(a) == Some(self.target))
                     {
                         self.placed_while_cancelled += 1;
                     }
@@ -625,14 +633,18 @@ impl Sim {
                 }
             }
             if self.kill_sn_at == Some(self.now) {
-                self.declare_dead(4);
+                self.choose_target();
+                self.declare_dead(self.target);
+            }
+            if self.drain_sn_at == Some(self.now) {
+                self.choose_target();
             }
             if self.drain_sn_at == Some(self.now) || self.redrain_sn_at == Some(self.now) {
-                self.remove_sn(4);
+                self.remove_sn(self.target);
                 self.cancelled = false;
             }
             if self.cancel_drain_at == Some(self.now) {
-                self.cancel_drain(4);
+                self.cancel_drain(self.target);
                 self.cancelled = true;
             }
             if self.add_mn_at == Some(self.now) {
@@ -781,6 +793,42 @@ impl Sim {
                 }
             }
         }
+    }
+
+    /// Chooses the storage node the run declares dead or removes: the one
+    /// holding replicas of the most live objects, in the newest row of
+    /// each name found on a running metadata node (the highest index on a
+    /// tie).
+    fn choose_target(&mut self) {
+        let mut newest: BTreeMap<String, Record> = BTreeMap::new();
+        for core in self.mns.iter().flatten() {
+            for g in core.owned_groups() {
+                for r in core.db().records_after(g, None, usize::MAX).unwrap() {
+                    if newest.get(&r.name).is_none_or(|n| n.version < r.version) {
+                        newest.insert(r.name.clone(), r);
+                    }
+                }
+            }
+        }
+        let held = |index: u16| {
+            newest
+                .values()
+                .filter(|r| {
+                    r.replicas
+                        .iter()
+                        .any(|&a| self.table.layout.sn_of(a) == Some(index))
+                })
+                .count()
+        };
+        let (held, index) = self
+            .table
+            .sns
+            .iter()
+            .map(|s| (held(s.index), s.index))
+            .max()
+            .expect("storage nodes");
+        self.target = index;
+        self.target_held = held;
     }
 
     /// Marks storage node `index` dead in every metadata node's table.
@@ -995,30 +1043,38 @@ fn simulate(seed: u64, params: Params) -> (u64, u64, u64) {
     (sim.acked_ops, sim.checked_gets, sim.crashes)
 }
 
-/// A run counts only if it made repair copies and crashed nodes: a seed
-/// that exercised neither would pass without testing anything.
+/// A run counts only if it crashed nodes and, when the target held a
+/// replica of some live object as it was chosen, made repair copies: a
+/// seed that exercised neither would pass without testing anything. (With
+/// N_d = 3 of 4 storage nodes, every live object has a replica on the node
+/// chosen; it holds none only when no object was live on a running
+/// metadata node then, and the run checks that the node is dropped all the
+/// same.)
 fn assert_repairs_ran_under_crashes(sim: &Sim, seed: u64) {
     assert!(
-        sim.repairs_done > 0 && sim.crashes > 5,
-        "seed {seed}: {} repair copies, {} crashes",
+        (sim.target_held == 0 || sim.repairs_done > 0) && sim.crashes > 5,
+        "seed {seed}: node {} held {} live objects; {} repair copies, {} crashes",
+        sim.target,
+        sim.target_held,
         sim.repairs_done,
         sim.crashes
     );
 }
 
-/// After a drain of storage node 4 and healing: the orchestrator retired
-/// it, no row on any metadata node (all running again) names it, every
-/// acknowledged object has N_d replicas, and repairs ran under crashes.
+/// After a drain of the target storage node and healing: the orchestrator
+/// retired it, no row on any metadata node (all running again) names it,
+/// every acknowledged object has N_d replicas, and repairs ran under
+/// crashes.
 fn assert_drained_node_retired(sim: &mut Sim, seed: u64, p: Params) {
     let t = sim.on.as_ref().unwrap().table();
-    let state = t.sns.iter().find(|s| s.index == 4).unwrap().state;
+    let state = t.sns.iter().find(|s| s.index == sim.target).unwrap().state;
     assert_eq!(
         state,
         State::Retired,
         "seed {seed}: not retired: {:?}",
         t.drains
     );
-    sim.check_none_names(4);
+    sim.check_none_names(sim.target);
     sim.check_repaired(p.n_d as usize);
     assert_repairs_ran_under_crashes(sim, seed);
 }
@@ -1305,8 +1361,10 @@ fn a_metadata_node_down_for_a_while_stands_in_then_comes_back_under_faults() {
             sim.checked_gets
         );
     }
+    // A share of runs: replaying one seed alone (`SIM_SEEDS=1`) checks
+    // that run, not the share.
     assert!(
-        stand_in_runs * 2 >= runs as u32,
+        runs < 3 || stand_in_runs * 2 >= runs as u32,
         "stand-ins in only {stand_in_runs} runs of {runs}"
     );
 }
