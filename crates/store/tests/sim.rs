@@ -887,9 +887,9 @@ impl Sim {
         self.on = Some(on);
     }
 
-    /// At retirement (and after healing): no row of a running metadata
-    /// node, coordinator row or metadata copy, names storage node `index`
-    /// any more.
+    /// At retirement (and after healing, or after the repair of a dead
+    /// node): no row of a running metadata node, coordinator row or
+    /// metadata copy, names storage node `index` any more.
     fn check_none_names(&self, index: u16) {
         for core in self.mns.iter().flatten() {
             for g in core.owned_groups() {
@@ -898,7 +898,7 @@ impl Sim {
                         r.replicas
                             .iter()
                             .all(|&a| self.table.layout.sn_of(a) != Some(index)),
-                        "retired while {r:?} names it"
+                        "{r:?} still names node {index}"
                     );
                 }
             }
@@ -1142,6 +1142,34 @@ fn repair_of_a_dead_storage_node_under_faults_loses_nothing() {
         sim.run(60_000, true, 150);
         sim.heal_and_check();
         sim.check_repaired(p.n_d as usize);
+        sim.check_none_names(sim.target);
+        assert_repairs_ran_under_crashes(&sim, seed);
+    }
+}
+
+/// A storage node declared dead midway, with Posts stopping soon after
+/// (they would otherwise rewrite every metadata copy): under crashes, some
+/// copies miss the rewrite of a repair for good (the coordinator crashed,
+/// losing its resends, while the copy's node was down). The scan has them
+/// ask their coordinator for the newer record, so after healing no row on
+/// any metadata node, coordinator row or metadata copy, names the dead
+/// node, and every acknowledged object has N_d replicas.
+#[test]
+fn repair_of_a_dead_storage_node_refreshes_every_metadata_copy() {
+    let p = Params {
+        n_m: 3,
+        w_m: 2,
+        n_d: 3,
+        w_d: 2,
+    };
+    for seed in seeds(2_500) {
+        let mut sim = Sim::new(seed, p);
+        sim.kill_sn_at = Some(20_000);
+        sim.run(25_000, true, 150);
+        sim.run(60_000, false, 150);
+        sim.heal_and_check();
+        sim.check_repaired(p.n_d as usize);
+        sim.check_none_names(sim.target);
         assert_repairs_ran_under_crashes(&sim, seed);
     }
 }
