@@ -1086,11 +1086,11 @@ fn simulate(seed: u64, params: Params) -> (u64, u64, u64) {
 
 /// A run counts only if it crashed nodes and, when the target held a
 /// replica of some live object as it was chosen, made repair copies: a
-/// seed that exercised neither would pass without testing anything. (With
-/// N_d = 3 of 4 storage nodes, every live object has a replica on the node
-/// chosen; it holds none only when no object was live on a running
-/// metadata node then, and the run checks that the node is dropped all the
-/// same.)
+/// seed that exercised neither would pass without testing anything. (The
+/// node chosen holds replicas of the most live objects, with N_d = 3 of 4
+/// storage nodes at least three in four; it holds none only when no object
+/// was live on a running metadata node then, and the run checks that the
+/// node is dropped all the same.)
 fn assert_repairs_ran_under_crashes(sim: &Sim, seed: u64) {
     assert!(
         (sim.target_held == 0 || sim.repairs_done > 0) && sim.crashes > 5,
