@@ -1312,7 +1312,15 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                         .collect(),
                     None => Vec::new(),
                 };
-                if !coordinator_row && !drained.is_empty() {
+                // A metadata copy naming a drained or dead node may have
+                // missed the coordinator's rewrite for good.
+                let names_dead = || {
+                    record
+                        .replicas
+                        .iter()
+                        .any(|&a| self.table.sn_for(a).is_some_and(|s| s.state == State::Dead))
+                };
+                if !coordinator_row && (!drained.is_empty() || names_dead()) {
                     self.ask_refresh(mg, &record, out);
                 }
                 let unplaceable = self.repair_record(now, mg, record, out);
@@ -1444,11 +1452,12 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     }
 
     /// Asks the coordinator of `record` (a metadata copy kept here that
-    /// names a drained storage node) for anything newer. A copy that
-    /// missed a rewrite for good (its coordinator crashed before the
-    /// replication reached it, losing the resends) would otherwise keep
-    /// naming the node, and hold its drain, forever: the coordinator's own
-    /// row is current, so its scan never rewrites the object again.
+    /// names a drained or dead storage node) for anything newer. A copy
+    /// that missed a rewrite for good (its coordinator crashed before the
+    /// replication reached it, losing the resends, or they gave up) would
+    /// otherwise keep naming the node forever, and hold its drain: the
+    /// coordinator's own row is current, so its scan never rewrites the
+    /// object again.
     fn ask_refresh(&mut self, mg: u32, record: &Record, out: &mut Vec<Out<P>>) {
         let (Some(&coordinator), Some(copy)) = (
             record.meta.first(),

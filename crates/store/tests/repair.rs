@@ -3,7 +3,8 @@
 //! copy rewrites the record under a new version, and a failed or
 //! superseded copy frees what it wrote; a drain scan reports only for the
 //! drain it began under, and refreshes a stale metadata copy naming the
-//! drained node from its coordinator. (The socket runtime and the copy
+//! drained node from its coordinator; so does the repair scan for a copy
+//! naming a dead node. (The socket runtime and the copy
 //! itself are exercised by `crates/cli/tests/store.rs`.)
 
 use strata_store::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
@@ -477,6 +478,83 @@ fn a_stale_metadata_copy_naming_a_drained_node_is_refreshed_by_its_coordinator()
         })
         .collect();
     assert_eq!(reports, vec![(0, 0)]);
+}
+
+/// A metadata copy that missed the repair of a dead node's replica for
+/// good (the rewrite's replication lost, as when the coordinator crashes
+/// or its resends give up) asks the coordinator during the repair scan,
+/// which pushes the repaired record: afterwards no copy names the dead
+/// node, and a current copy asks nothing.
+#[test]
+fn a_stale_metadata_copy_naming_a_dead_node_is_refreshed_by_its_coordinator() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "e/obj";
+    let (mut coord, mut copy, mut t) = coordinator_and_copy(dir.path(), name);
+    let copy_addr = t.meta_addrs(name)[1];
+    post(&mut coord, &t, name, 0);
+    let [replicate] = &to_meta(coord.tick(200))[..] else {
+        panic!("one resend of the replication")
+    };
+    copy.handle(201, 1000, replicate.clone());
+    let before = record(&coord, &t, name);
+    assert_eq!(copy_version(&copy, &t, name), before.version);
+    // The node holding its first replica is declared dead; the
+    // coordinator copies that replica and rewrites the record, whose
+    // replication to the copy is lost.
+    let dead = t.layout.sn_of(before.replicas[0]).unwrap();
+    for s in &mut t.sns {
+        if s.index == dead {
+            s.state = State::Dead;
+        }
+    }
+    t.epoch = 2;
+    coord.set_table(t.clone());
+    copy.set_table(t.clone());
+    let outs = coord.tick(1_000);
+    let [(version, _, targets, _)] = &copies(&outs)[..] else {
+        panic!("one repair copy: {outs:?}")
+    };
+    coord.copy_done(1_010, name, *version, targets.clone(), Ok(1));
+    let repaired = record(&coord, &t, name);
+    assert!(repaired
+        .replicas
+        .iter()
+        .all(|&a| t.layout.sn_of(a) != Some(dead)));
+    let names_dead = |copy: &MnCore<u32>| {
+        let mg = t.layout.mg_of(copy_addr).unwrap();
+        let row = copy.db().get(mg, name).unwrap().unwrap();
+        row.replicas
+            .iter()
+            .any(|&a| t.layout.sn_of(a) == Some(dead))
+    };
+    assert!(names_dead(&copy));
+    // The copy's scan asks its coordinator, which pushes the repaired
+    // record.
+    let asks: Vec<Msg> = to_meta(copy.tick(2_000))
+        .into_iter()
+        .filter(|m| matches!(m.body, Body::Refresh { .. }))
+        .collect();
+    let [ask] = &asks[..] else {
+        panic!("one refresh request: {asks:?}")
+    };
+    assert_eq!(
+        ask.body,
+        Body::Refresh {
+            name: name.into(),
+            version: before.version,
+            copy: copy_addr
+        }
+    );
+    let [push] = &to_meta(coord.handle(2_001, 1001, ask.clone()))[..] else {
+        panic!("one push")
+    };
+    assert_eq!(push.target, copy_addr);
+    copy.handle(2_002, 1000, push.clone());
+    assert_eq!(copy_version(&copy, &t, name), repaired.version);
+    assert!(!names_dead(&copy));
+    // Current now: the next pass asks nothing.
+    let outs = copy.tick(3_100);
+    assert!(to_meta(outs.clone()).is_empty(), "{outs:?}");
 }
 
 /// The (left, copies) of the drain reports in `outs`.

@@ -26,6 +26,11 @@
 //! messages are lost and nodes crash; each node sees the orchestrator's
 //! table after its own random delay. The same checks hold, and after
 //! healing the new node owns its share of the groups.
+//!
+//! Drains of a storage node (the one most live objects have a replica on)
+//! run through the orchestrator too: alone, cancelled and started again,
+//! or with a metadata node going down meanwhile; the node is retired only
+//! once no row names it, and after healing no row names it.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -188,19 +193,25 @@ struct Sim {
     acked_ops: u64,
     checked_gets: u64,
     crashes: u64,
-    /// When (ms) storage node 4 is declared dead, if ever.
+    /// When (ms) the target storage node is declared dead, if ever.
     kill_sn_at: Option<u64>,
-    /// When storage node 4 is removed through the orchestrator (drained,
-    /// then retired), if it is.
+    /// When the target storage node is removed through the orchestrator
+    /// (drained, then retired), if it is.
     drain_sn_at: Option<u64>,
-    /// When the drain of storage node 4 is cancelled (after an
-    /// orchestrator restart), if it is.
+    /// When the target's drain is cancelled (after an orchestrator
+    /// restart), if it is.
     cancel_drain_at: Option<u64>,
-    /// When storage node 4 is removed again after the cancel, if it is.
+    /// When the target is removed again after the cancel, if it is.
     redrain_sn_at: Option<u64>,
-    /// Whether node 4's drain is cancelled and not started again yet.
+    /// The storage node declared dead or removed: the one naming the most
+    /// live objects when that first happens (a fixed node could hold no
+    /// replica by then, and the run would test nothing).
+    target: u16,
+    /// Live objects with a replica on the target when it was chosen.
+    target_held: usize,
+    /// Whether the target's drain is cancelled and not started again yet.
     cancelled: bool,
-    /// Posts planned with a replica on node 4 while its drain was
+    /// Posts planned with a replica on the target while its drain was
     /// cancelled.
     placed_while_cancelled: u64,
     /// Repair copies under way: (done at, MN slot, name, version, targets).
@@ -225,6 +236,12 @@ struct Sim {
     revive_mn_at: Option<u64>,
     /// Orchestrator ticks that saw a group being restored.
     restoring_ticks: u64,
+    /// Replication messages naming the drained target sent to the slot
+    /// that crashed for good while it was down.
+    lost_to_gone: u64,
+    /// A slot to crash for good (as `kill_mn_at` does) on the first
+    /// replication message naming the drained target sent to it.
+    crash_on_resend: Option<u16>,
 }
 
 impl Sim {
@@ -287,6 +304,8 @@ impl Sim {
             gone: None,
             revive_mn_at: None,
             restoring_ticks: 0,
+            lost_to_gone: 0,
+            crash_on_resend: None,
             acked_ops: 0,
             checked_gets: 0,
             crashes: 0,
@@ -294,6 +313,8 @@ impl Sim {
             drain_sn_at: None,
             cancel_drain_at: None,
             redrain_sn_at: None,
+            target: 4,
+            target_held: 0,
             cancelled: false,
             placed_while_cancelled: 0,
             copies: Vec::new(),
@@ -347,6 +368,7 @@ impl Sim {
                 Out::Reply(to, msg) => self.send(MN_BASE + slot as u32, to, msg),
                 Out::ToMeta(msg) => {
                     if let Some(to) = self.mn_of(msg.target) {
+                        self.count_lost_naming_target(to, &msg);
                         self.send(MN_BASE + slot as u32, to, msg);
                     }
                 }
@@ -378,10 +400,10 @@ impl Sim {
             };
             let reply = on.handle(self.now, &ev.msg);
             // The network (and the clients) route by the newest table.
-            let was_retiring = self.table.retiring(4);
+            let was_retiring = self.table.retiring(self.target);
             self.table = on.table().clone();
-            if was_retiring && !self.table.retiring(4) {
-                self.check_none_names(4);
+            if was_retiring && !self.table.retiring(self.target) {
+                self.check_none_names(self.target);
             }
             self.send(ON_ID, ev.from, reply);
         } else if ev.to >= MN_BASE {
@@ -482,7 +504,7 @@ impl Sim {
                     if self.cancelled
                         && replicas
                             .iter()
-                            .any(|&a| self.table.layout.sn_of(a) == Some(4))
+                            .any(|&a| self.table.layout.sn_of(a) == Some(self.target))
                     {
                         self.placed_while_cancelled += 1;
                     }
@@ -627,14 +649,18 @@ impl Sim {
                 }
             }
             if self.kill_sn_at == Some(self.now) {
-                self.declare_dead(4);
+                self.choose_target();
+                self.declare_dead(self.target);
+            }
+            if self.drain_sn_at == Some(self.now) {
+                self.choose_target();
             }
             if self.drain_sn_at == Some(self.now) || self.redrain_sn_at == Some(self.now) {
-                self.remove_sn(4);
+                self.remove_sn(self.target);
                 self.cancelled = false;
             }
             if self.cancel_drain_at == Some(self.now) {
-                self.cancel_drain(4);
+                self.cancel_drain(self.target);
                 self.cancelled = true;
             }
             if self.add_mn_at == Some(self.now) {
@@ -785,6 +811,42 @@ impl Sim {
         }
     }
 
+    /// Chooses the storage node the run declares dead or removes: the one
+    /// holding replicas of the most live objects, in the newest row of
+    /// each name found on a running metadata node (the highest index on a
+    /// tie).
+    fn choose_target(&mut self) {
+        let mut newest: BTreeMap<String, Record> = BTreeMap::new();
+        for core in self.mns.iter().flatten() {
+            for g in core.owned_groups() {
+                for r in core.db().records_after(g, None, usize::MAX).unwrap() {
+                    if newest.get(&r.name).is_none_or(|n| n.version < r.version) {
+                        newest.insert(r.name.clone(), r);
+                    }
+                }
+            }
+        }
+        let held = |index: u16| {
+            newest
+                .values()
+                .filter(|r| {
+                    r.replicas
+                        .iter()
+                        .any(|&a| self.table.layout.sn_of(a) == Some(index))
+                })
+                .count()
+        };
+        let (held, index) = self
+            .table
+            .sns
+            .iter()
+            .map(|s| (held(s.index), s.index))
+            .max()
+            .expect("storage nodes");
+        self.target = index;
+        self.target_held = held;
+    }
+
     /// Marks storage node `index` dead in every metadata node's table.
     fn declare_dead(&mut self, index: u16) {
         for sn in &mut self.table.sns {
@@ -814,6 +876,33 @@ impl Sim {
         assert!(self.table.retiring(index));
     }
 
+    /// Counts the replication messages naming the target sent, while it
+    /// is drained, to the metadata node crashed for good (lost); with
+    /// `crash_on_resend`, crashes that node for good on the first such
+    /// message sent to it.
+    fn count_lost_naming_target(&mut self, to: u32, msg: &Msg) {
+        let Body::Replicate { record } = &msg.body else {
+            return;
+        };
+        if !(self.table.retiring(self.target)
+            && record
+                .replicas
+                .iter()
+                .any(|&a| self.table.layout.sn_of(a) == Some(self.target)))
+        {
+            return;
+        }
+        if let Some(slot) = self.crash_on_resend {
+            if self.gone.is_none() && MN_BASE + slot as u32 == to {
+                self.mns[slot as usize] = None;
+                self.gone = Some(slot);
+            }
+        }
+        if self.gone.is_some_and(|g| MN_BASE + g as u32 == to) {
+            self.lost_to_gone += 1;
+        }
+    }
+
     /// Restarts the orchestrator (from its database: progress published
     /// since the last stored change is lost, but the epoch goes on above
     /// every one published), then cancels the drain of storage node
@@ -841,9 +930,9 @@ impl Sim {
         self.on = Some(on);
     }
 
-    /// At retirement (and after healing): no row of a running metadata
-    /// node, coordinator row or metadata copy, names storage node `index`
-    /// any more.
+    /// At retirement (and after healing, or after the repair of a dead
+    /// node): no row of a running metadata node, coordinator row or
+    /// metadata copy, names storage node `index` any more.
     fn check_none_names(&self, index: u16) {
         for core in self.mns.iter().flatten() {
             for g in core.owned_groups() {
@@ -852,7 +941,7 @@ impl Sim {
                         r.replicas
                             .iter()
                             .all(|&a| self.table.layout.sn_of(a) != Some(index)),
-                        "retired while {r:?} names it"
+                        "{r:?} still names node {index}"
                     );
                 }
             }
@@ -997,30 +1086,38 @@ fn simulate(seed: u64, params: Params) -> (u64, u64, u64) {
     (sim.acked_ops, sim.checked_gets, sim.crashes)
 }
 
-/// A run counts only if it made repair copies and crashed nodes: a seed
-/// that exercised neither would pass without testing anything.
+/// A run counts only if it crashed nodes and, when the target held a
+/// replica of some live object as it was chosen, made repair copies: a
+/// seed that exercised neither would pass without testing anything. (The
+/// node chosen holds replicas of the most live objects, with N_d = 3 of 4
+/// storage nodes at least three in four; it holds none only when no object
+/// was live on a running metadata node then, and the run checks that the
+/// node is dropped all the same.)
 fn assert_repairs_ran_under_crashes(sim: &Sim, seed: u64) {
     assert!(
-        sim.repairs_done > 0 && sim.crashes > 5,
-        "seed {seed}: {} repair copies, {} crashes",
+        (sim.target_held == 0 || sim.repairs_done > 0) && sim.crashes > 5,
+        "seed {seed}: node {} held {} live objects; {} repair copies, {} crashes",
+        sim.target,
+        sim.target_held,
         sim.repairs_done,
         sim.crashes
     );
 }
 
-/// After a drain of storage node 4 and healing: the orchestrator retired
-/// it, no row on any metadata node (all running again) names it, every
-/// acknowledged object has N_d replicas, and repairs ran under crashes.
+/// After a drain of the target storage node and healing: the orchestrator
+/// retired it, no row on any metadata node (all running again) names it,
+/// every acknowledged object has N_d replicas, and repairs ran under
+/// crashes.
 fn assert_drained_node_retired(sim: &mut Sim, seed: u64, p: Params) {
     let t = sim.on.as_ref().unwrap().table();
-    let state = t.sns.iter().find(|s| s.index == 4).unwrap().state;
+    let state = t.sns.iter().find(|s| s.index == sim.target).unwrap().state;
     assert_eq!(
         state,
         State::Retired,
         "seed {seed}: not retired: {:?}",
         t.drains
     );
-    sim.check_none_names(4);
+    sim.check_none_names(sim.target);
     sim.check_repaired(p.n_d as usize);
     assert_repairs_ran_under_crashes(sim, seed);
 }
@@ -1088,6 +1185,34 @@ fn repair_of_a_dead_storage_node_under_faults_loses_nothing() {
         sim.run(60_000, true, 150);
         sim.heal_and_check();
         sim.check_repaired(p.n_d as usize);
+        sim.check_none_names(sim.target);
+        assert_repairs_ran_under_crashes(&sim, seed);
+    }
+}
+
+/// A storage node declared dead midway, with Posts stopping soon after
+/// (they would otherwise rewrite every metadata copy): under crashes, some
+/// copies miss the rewrite of a repair for good (the coordinator crashed,
+/// losing its resends, while the copy's node was down). The scan has them
+/// ask their coordinator for the newer record, so after healing no row on
+/// any metadata node, coordinator row or metadata copy, names the dead
+/// node, and every acknowledged object has N_d replicas.
+#[test]
+fn repair_of_a_dead_storage_node_refreshes_every_metadata_copy() {
+    let p = Params {
+        n_m: 3,
+        w_m: 2,
+        n_d: 3,
+        w_d: 2,
+    };
+    for seed in seeds(2_500) {
+        let mut sim = Sim::new(seed, p);
+        sim.kill_sn_at = Some(20_000);
+        sim.run(25_000, true, 150);
+        sim.run(60_000, false, 150);
+        sim.heal_and_check();
+        sim.check_repaired(p.n_d as usize);
+        sim.check_none_names(sim.target);
         assert_repairs_ran_under_crashes(&sim, seed);
     }
 }
@@ -1153,6 +1278,67 @@ fn a_drain_cancelled_then_started_again_under_faults_retires_with_nothing_lost()
             "seed {seed}: no Post placed on the node while its drain was cancelled"
         );
     }
+}
+
+/// A storage node drained while a metadata node goes down (just after the
+/// drain starts, back about 50 s later): coordinators resend records naming the
+/// drained node to the down node's addresses (lost), until their tables
+/// give its groups to stand-ins, which take the resends. The drain ends
+/// while the node is still down, before the resends would have given up
+/// (60 s after the first), and is sound: at retirement no row names the drained node,
+/// nor after the down node returns with its old rows and healing. The down
+/// node crashes on the first record naming the drained node sent to it
+/// after the drain started, if one is before 22 s: in at least one run in
+/// five (over 10 runs or more) some were lost there. (With the stand-ins
+/// refusing those resends, the third default seed already fails.)
+#[test]
+fn a_drain_does_not_wait_for_resends_to_a_metadata_node_that_is_down() {
+    let p = every_metadata_copy_acks();
+    let (mut runs, mut lost_runs) = (0, 0);
+    for seed in seeds(6_000) {
+        let mut sim = Sim::new(seed, p);
+        let gone = sim.slot_no_name_lives_on_alone();
+        let mut on = sim.orchestrator();
+        on.set_short_failure(1_000);
+        on.set_definitive_failure(600_000);
+        sim.on = Some(on);
+        sim.drain_sn_at = Some(20_000);
+        // Down once a record naming the drained node is on its way to it
+        // (or at 22 s): it is then resent to a node that is down.
+        sim.crash_on_resend = Some(gone);
+        sim.kill_mn_at = Some((22_000, gone));
+        // No random crashes: a node down while it holds groups standing
+        // in for another gets no stand-in, and its groups hold the drain
+        // until it is back (it cannot report).
+        // Checked at 70 s: a Post begun just before 25 s whose commit
+        // was lost holds its name, and the repair of the record there, for
+        // 30 s; the first resends lost at the down node give up after 80 s.
+        sim.run(25_000, true, 0);
+        sim.run(70_000, false, 0);
+        let t = sim.on.as_ref().unwrap().table();
+        let state = t.sns.iter().find(|s| s.index == sim.target).unwrap().state;
+        assert_eq!(
+            state,
+            State::Retired,
+            "seed {seed}: not retired 50 s into the drain with slot {gone} down \
+             ({} resends naming it lost there): {:?}",
+            sim.lost_to_gone,
+            t.drains
+        );
+        assert!(sim.mns[gone as usize].is_none());
+        runs += 1;
+        lost_runs += u32::from(sim.lost_to_gone > 0);
+        sim.revive_mn_at = Some(70_001);
+        sim.run(90_000, false, 0);
+        sim.heal_and_check();
+        sim.check_none_names(sim.target);
+        sim.check_repaired(p.n_d as usize);
+        assert!(sim.target_held == 0 || sim.repairs_done > 0, "seed {seed}");
+    }
+    assert!(
+        runs < 10 || lost_runs * 5 >= runs,
+        "resends to the down node in only {lost_runs} runs of {runs}"
+    );
 }
 
 #[test]
@@ -1307,8 +1493,10 @@ fn a_metadata_node_down_for_a_while_stands_in_then_comes_back_under_faults() {
             sim.checked_gets
         );
     }
+    // A share of runs: replaying one seed alone (`SIM_SEEDS=1`) checks
+    // that run, not the share.
     assert!(
-        stand_in_runs * 2 >= runs as u32,
+        runs < 3 || stand_in_runs * 2 >= runs as u32,
         "stand-ins in only {stand_in_runs} runs of {runs}"
     );
 }
