@@ -361,6 +361,16 @@ fn start_drain(t: &mut Table, index: u16, cores: &mut [&mut MnCore<u32>]) {
 }
 
 /// The version the copy core holds at `name`'s second address (0: none).
+/// Posts `name` at time 0 and hands the coordinator's first resend of its
+/// replication to the copy, which then holds version 1.
+fn post_and_replicate(coord: &mut MnCore<u32>, copy: &mut MnCore<u32>, t: &Table, name: &str) {
+    post(coord, t, name, 0);
+    let [replicate] = &to_meta(coord.tick(200))[..] else {
+        panic!("one resend of the replication")
+    };
+    copy.handle(201, 1000, replicate.clone());
+}
+
 fn copy_version(core: &MnCore<u32>, t: &Table, name: &str) -> u64 {
     let mg = t.layout.mg_of(t.meta_addrs(name)[1]).unwrap();
     core.db().get(mg, name).unwrap().map_or(0, |r| r.version)
@@ -377,11 +387,7 @@ fn a_stale_metadata_copy_naming_a_drained_node_is_refreshed_by_its_coordinator()
     let (mut coord, mut copy, mut t) = coordinator_and_copy(dir.path(), name);
     let copy_addr = t.meta_addrs(name)[1];
     // Version 1 reaches the copy; version 2's replication is lost.
-    post(&mut coord, &t, name, 0);
-    let [replicate] = &to_meta(coord.tick(200))[..] else {
-        panic!("one resend of the replication")
-    };
-    copy.handle(201, 1000, replicate.clone());
+    post_and_replicate(&mut coord, &mut copy, &t, name);
     assert_eq!(copy_version(&copy, &t, name), 1);
     let v1 = record(&coord, &t, name);
     post(&mut coord, &t, name, 300);
@@ -491,11 +497,7 @@ fn a_stale_metadata_copy_naming_a_dead_node_is_refreshed_by_its_coordinator() {
     let name = "e/obj";
     let (mut coord, mut copy, mut t) = coordinator_and_copy(dir.path(), name);
     let copy_addr = t.meta_addrs(name)[1];
-    post(&mut coord, &t, name, 0);
-    let [replicate] = &to_meta(coord.tick(200))[..] else {
-        panic!("one resend of the replication")
-    };
-    copy.handle(201, 1000, replicate.clone());
+    post_and_replicate(&mut coord, &mut copy, &t, name);
     let before = record(&coord, &t, name);
     assert_eq!(copy_version(&copy, &t, name), before.version);
     // The node holding its first replica is declared dead; the

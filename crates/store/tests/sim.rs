@@ -1180,14 +1180,23 @@ fn repair_of_a_dead_storage_node_under_faults_loses_nothing() {
         w_d: 2,
     };
     for seed in seeds(2_000) {
-        let mut sim = Sim::new(seed, p);
-        sim.kill_sn_at = Some(20_000);
-        sim.run(60_000, true, 150);
-        sim.heal_and_check();
-        sim.check_repaired(p.n_d as usize);
-        sim.check_none_names(sim.target);
-        assert_repairs_ran_under_crashes(&sim, seed);
+        check_dead_sn_repair(seed, p, &[(60_000, true)]);
     }
+}
+
+/// Kills a storage node at 20 s, runs each phase (until when, with Posts
+/// or not), heals, and checks the repair: N_d replicas of every
+/// acknowledged object, no row naming the dead node, repairs ran.
+fn check_dead_sn_repair(seed: u64, p: Params, phases: &[(u64, bool)]) {
+    let mut sim = Sim::new(seed, p);
+    sim.kill_sn_at = Some(20_000);
+    for &(until, posts) in phases {
+        sim.run(until, posts, 150);
+    }
+    sim.heal_and_check();
+    sim.check_repaired(p.n_d as usize);
+    sim.check_none_names(sim.target);
+    assert_repairs_ran_under_crashes(&sim, seed);
 }
 
 /// A storage node declared dead midway, with Posts stopping soon after
@@ -1206,14 +1215,7 @@ fn repair_of_a_dead_storage_node_refreshes_every_metadata_copy() {
         w_d: 2,
     };
     for seed in seeds(2_500) {
-        let mut sim = Sim::new(seed, p);
-        sim.kill_sn_at = Some(20_000);
-        sim.run(25_000, true, 150);
-        sim.run(60_000, false, 150);
-        sim.heal_and_check();
-        sim.check_repaired(p.n_d as usize);
-        sim.check_none_names(sim.target);
-        assert_repairs_ran_under_crashes(&sim, seed);
+        check_dead_sn_repair(seed, p, &[(25_000, true), (60_000, false)]);
     }
 }
 
