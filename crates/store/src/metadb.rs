@@ -60,7 +60,10 @@ impl SyncIndex {
 
 /// The hash of one name's newest state in the anti-entropy digests.
 pub fn sync_hash(name: &str, version: u64, deleted: bool) -> u64 {
-    crate::addr::hash(name.as_bytes(), crate::addr::splitmix64(version) ^ deleted as u64)
+    crate::addr::hash(
+        name.as_bytes(),
+        crate::addr::splitmix64(version) ^ deleted as u64,
+    )
 }
 
 /// The newest state of a row: its record's version, or its tombstone's
@@ -229,7 +232,11 @@ impl MetaDb {
     /// Writes `rec` if newer; returns whether the stored state has its
     /// version, and the state it replaced if it wrote.
     #[allow(clippy::type_complexity)]
-    fn write_record(&self, k: &[u8], rec: &Record) -> Result<(bool, Option<Option<(u64, bool)>>), Error> {
+    fn write_record(
+        &self,
+        k: &[u8],
+        rec: &Record,
+    ) -> Result<(bool, Option<Option<(u64, bool)>>), Error> {
         let tx = self.db.begin_write().map_err(db_err)?;
         let applied = {
             let mut records = tx.open_table(RECORDS).map_err(db_err)?;
@@ -239,10 +246,10 @@ impl MetaDb {
                 .map_err(db_err)?
                 .map(|v| v.value())
                 .unwrap_or(0);
-            let stored = match records.get(k).map_err(db_err)? {
-                Some(v) => Some(decode_record(v.value()).map(|r| r.version).unwrap_or(0)),
-                None => None,
-            };
+            let stored = records
+                .get(k)
+                .map_err(db_err)?
+                .map(|v| decode_record(v.value()).map(|r| r.version).unwrap_or(0));
             let current = stored.unwrap_or(0);
             if rec.version > current && rec.version > tomb {
                 records
@@ -576,8 +583,9 @@ impl MetaDb {
         self.forget(None, || {
             let n = self.drop_rows(mg)?;
             if let Some(ix) = self.sync_index().as_mut() {
-                ix.sums
-                    .retain(|&(coord, _, copy, ours), _| if ours { coord != mg } else { copy != mg });
+                ix.sums.retain(
+                    |&(coord, _, copy, ours), _| if ours { coord != mg } else { copy != mg },
+                );
             }
             Ok(n)
         })

@@ -1653,7 +1653,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     /// Starts an anti-entropy pass when one is due and the last one's
     /// walks are done, then advances the walks by one page.
     fn sync_step(&mut self, now: u64, out: &mut Vec<Out<P>>) {
-        if self.sync_ms == 0 || std::env::var_os("NO_SYNC").is_some() {
+        if self.sync_ms == 0 {
             return;
         }
         let next = *self.next_sync.get_or_insert(now + self.sync_ms);
@@ -1848,10 +1848,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 let Some(&slot) = self.table.mg_owner.get(h as usize) else {
                     continue;
                 };
-                if only
-                    .as_ref()
-                    .is_some_and(|o| !o.contains(&(i as u8, slot)))
-                {
+                if only.as_ref().is_some_and(|o| !o.contains(&(i as u8, slot))) {
                     continue;
                 }
                 if slot == self.slot {
@@ -1912,7 +1909,8 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     /// Brings this node's own copy of `name` in group `h` up to the
     /// coordinator row in group `g` (both here), if it is behind.
     fn sync_local(&self, g: u32, h: u32, name: &str, version: u64, deleted: bool) {
-        if self.is_sealed(h) || !matches!(self.db.newest(h, name), Ok(c) if behind(c, version, deleted))
+        if self.is_sealed(h)
+            || !matches!(self.db.newest(h, name), Ok(c) if behind(c, version, deleted))
         {
             return;
         }

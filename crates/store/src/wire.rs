@@ -1923,6 +1923,38 @@ mod tests {
         assert_eq!(check_seal(&short, &k, NOW), Err(AuthError::Unsealed));
     }
 
+    #[test]
+    fn sync_lists_above_their_limits_are_refused() {
+        let over = |kind: u8, max: usize| {
+            let mut b = b"S6\x02".to_vec();
+            b.push(kind);
+            b.extend_from_slice(&[0; 24]);
+            b.extend_from_slice(&((max + 1) as u16).to_be_bytes());
+            b.extend_from_slice(&[0; 64]);
+            Msg::decode(&b)
+        };
+        assert!(over(32, MAX_SYNC_ENTRIES).is_err());
+        assert!(over(33, MAX_SYNC_SUMS).is_err());
+        assert!(over(34, MAX_SYNC_SUMS).is_err());
+        // A deleted flag other than 0 or 1 is refused.
+        let m = Msg::new(
+            1,
+            2,
+            Body::SyncCheck {
+                entries: vec![SyncEntry {
+                    name: "n".into(),
+                    copy: 3,
+                    version: 4,
+                    deleted: true,
+                }],
+            },
+        );
+        let mut b = m.encode().unwrap();
+        let last = b.len() - 1;
+        b[last] = 2;
+        assert!(Msg::decode(&b).is_err());
+    }
+
     proptest! {
         #[test]
         fn sealed_messages_never_panic_or_pass_when_damaged(at in 0usize..400, byte in any::<u8>(), which in 0usize..40) {

@@ -598,7 +598,9 @@ fn route(
 ) {
     for o in outs {
         match o {
-            Out::Reply(peer, m) if peer >= 1000 => queue.push_back(((peer - 1000) as u16, 1000 + u32::from(slot), m)),
+            Out::Reply(peer, m) if peer >= 1000 => {
+                queue.push_back(((peer - 1000) as u16, 1000 + u32::from(slot), m))
+            }
             Out::ToMeta(m) => {
                 let owner = t.mn_for(m.target).unwrap().slot;
                 queue.push_back((owner, 1000 + u32::from(slot), m));
@@ -659,13 +661,20 @@ fn a_metadata_copy_that_missed_a_write_is_brought_up_to_date_by_anti_entropy() {
     // same Replicate) meanwhile.
     post(&mut cores[c], &t, name, 300);
     let lost = run_pair(&mut cores, &t, 320, 61_000, &is_replication);
-    assert!(lost.iter().any(|m| matches!(m.body, Body::SyncCheck { .. })), "passes ran");
+    assert!(
+        lost.iter()
+            .any(|m| matches!(m.body, Body::SyncCheck { .. })),
+        "passes ran"
+    );
     assert_eq!(record(&cores[c], &t, name).version, 2);
     assert_eq!(copy_state(&cores, cs, &t, name), (1, 0));
     // Nothing lost any more: the next pass brings the copy up to date.
     let sent = run_pair(&mut cores, &t, 61_000, 63_100, &|_| false);
     assert_eq!(copy_state(&cores, cs, &t, name), (2, 0));
-    let kinds: Vec<_> = sent.iter().map(|m| std::mem::discriminant(&m.body)).collect();
+    let kinds: Vec<_> = sent
+        .iter()
+        .map(|m| std::mem::discriminant(&m.body))
+        .collect();
     for body in [
         Body::SyncDigest { sums: vec![] },
         Body::SyncDiff { pairs: vec![] },
@@ -707,7 +716,11 @@ fn a_metadata_copy_that_missed_a_delete_loses_the_record_by_anti_entropy() {
     };
     delete(&mut cores, 77, 300);
     run_pair(&mut cores, &t, 320, 61_000, &is_replication);
-    assert_eq!(copy_state(&cores, cs, &t, name), (1, 0), "the Delete was lost");
+    assert_eq!(
+        copy_state(&cores, cs, &t, name),
+        (1, 0),
+        "the Delete was lost"
+    );
     run_pair(&mut cores, &t, 61_000, 63_100, &|_| false);
     assert_eq!(copy_state(&cores, cs, &t, name), (0, 1));
     // Posted again and deleted again, the copy missing both.
@@ -927,6 +940,45 @@ mod unauthenticated {
         }
         receive(&mut core, &mut gate, &good);
         assert_eq!(record(&core, &t, name).version, 9);
+    }
+
+    /// A `SyncCheck` makes a metadata copy that is behind ask its
+    /// coordinator, only when sealed with the cluster key.
+    #[test]
+    fn a_forged_sync_check_asks_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = "e/obj";
+        let (_coord, mut copy, t) = coordinator_and_copy(dir.path(), name);
+        let copy_addr = t.meta_addrs(name)[1];
+        let mut gate = Gate::new(cluster_key(), Receiver::Mn);
+        let entry = strata_store::wire::SyncEntry {
+            name: name.into(),
+            copy: copy_addr,
+            version: 3,
+            deleted: false,
+        };
+        let msg = Msg::new(
+            5,
+            copy_addr,
+            Body::SyncCheck {
+                entries: vec![entry],
+            },
+        );
+        let [plain, wrong, good] = forms(&msg);
+        for bytes in [&plain, &wrong] {
+            let outs = receive(&mut copy, &mut gate, bytes);
+            assert!(refusal(&outs), "{outs:?}");
+        }
+        let outs = receive(&mut copy, &mut gate, &good);
+        let ask = Body::Refresh {
+            name: name.into(),
+            version: 0,
+            copy: copy_addr,
+        };
+        assert!(
+            matches!(&outs[..], [Out::ToMeta(m)] if m.body == ask && m.target == t.meta_addrs(name)[0]),
+            "{outs:?}"
+        );
     }
 
     #[test]

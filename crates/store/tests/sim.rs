@@ -385,8 +385,14 @@ impl Sim {
                         "seed {seed}: {name}: the copy at {a:x} differs from its coordinator's"
                     ),
                     None => {
-                        assert_eq!(copy, None, "seed {seed}: {name}: deleted, but a copy remains at {a:x}");
-                        assert!(tomb >= coord_tomb, "seed {seed}: {name}: tombstone {tomb} < {coord_tomb}");
+                        assert_eq!(
+                            copy, None,
+                            "seed {seed}: {name}: deleted, but a copy remains at {a:x}"
+                        );
+                        assert!(
+                            tomb >= coord_tomb,
+                            "seed {seed}: {name}: tombstone {tomb} < {coord_tomb}"
+                        );
                     }
                 }
                 compared += 1;
