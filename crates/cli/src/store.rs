@@ -205,6 +205,8 @@ pub struct UpArgs {
     routes: NoRoutesArg,
     #[command(flatten)]
     gc: GcArgs,
+    #[command(flatten)]
+    sync: SyncArgs,
     /// log2 of the number of metadata groups (4 to 16).
     #[arg(long, default_value_t = 8)]
     mg_bits: u8,
@@ -223,6 +225,15 @@ pub struct GcArgs {
     /// Replicas younger than this (ms) are never collected.
     #[arg(long, default_value_t = 600_000)]
     gc_grace_ms: u64,
+}
+
+/// Anti-entropy of metadata copies.
+#[derive(Args)]
+pub struct SyncArgs {
+    /// Milliseconds between two anti-entropy passes of each metadata node
+    /// over the metadata copies of the names it coordinates (0: none).
+    #[arg(long, default_value_t = strata_store::mn::DEFAULT_SYNC_MS)]
+    metadata_sync_ms: u64,
 }
 
 impl GcArgs {
@@ -259,6 +270,9 @@ pub enum NodeCommand {
         device: String,
         #[command(flatten)]
         gc: GcArgs,
+        /// Used by a metadata node (`--role mn`).
+        #[command(flatten)]
+        sync: SyncArgs,
         #[command(flatten)]
         routes: NoRoutesArg,
         /// Default: DIR/cluster.key, else the cluster.key of DIR's parent
@@ -427,6 +441,7 @@ fn up(args: UpArgs) -> Result<i32> {
     cfg.routed = args.routed;
     cfg.keep_routes = !args.routes.no_routes;
     cfg.gc = args.gc.config();
+    cfg.metadata_sync_ms = args.sync.metadata_sync_ms;
     cfg.key = args.key.path.clone();
     runtime()?.block_on(async {
         let cluster = Cluster::start(cfg)
@@ -749,6 +764,7 @@ fn node(cmd: NodeCommand) -> Result<i32> {
             capacity,
             device: dev,
             gc,
+            sync,
             routes,
             key,
         } => {
@@ -766,6 +782,7 @@ fn node(cmd: NodeCommand) -> Result<i32> {
                         cluster.cluster,
                         keep_routes,
                         &key,
+                        sync.metadata_sync_ms,
                     )
                     .await
                     .context("could not add the metadata node")?;

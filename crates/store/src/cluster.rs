@@ -45,6 +45,9 @@ pub struct ClusterConfig {
     pub definitive_failure_ms: u64,
     /// Collection of unreferenced replicas on the storage nodes.
     pub gc: crate::sn::GcConfig,
+    /// Pause between two anti-entropy passes of each metadata node over
+    /// the metadata copies of the names it coordinates, in ms (0: none).
+    pub metadata_sync_ms: u64,
     /// Routed mode (a new cluster only): messages go to object and
     /// metadata addresses, which the network routes to each node's prefix.
     pub routed: bool,
@@ -73,6 +76,7 @@ impl ClusterConfig {
             short_failure_ms: crate::on::SHORT_FAILURE_MS,
             definitive_failure_ms: crate::on::DEFINITIVE_FAILURE_MS,
             gc: crate::sn::GcConfig::default(),
+            metadata_sync_ms: crate::mn::DEFAULT_SYNC_MS,
             routed: false,
             keep_routes: true,
             key: None,
@@ -168,7 +172,17 @@ impl Cluster {
         let mut mns = Vec::new();
         for k in 0..cfg.mns {
             let dir = cfg.dir.join(format!("mn-{k}"));
-            mns.push(start_mn(&dir, loopback, on, cfg.keep_routes, &key).await?);
+            mns.push(
+                start_mn(
+                    &dir,
+                    loopback,
+                    on,
+                    cfg.keep_routes,
+                    &key,
+                    cfg.metadata_sync_ms,
+                )
+                .await?,
+            );
         }
         let cluster = Cluster {
             on,

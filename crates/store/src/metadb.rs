@@ -21,9 +21,66 @@ const TOMBS: TableDefinition<&[u8], u64> = TableDefinition::new("tombstones");
 /// group whose new owner may already serve it.
 const SEALED: TableDefinition<u32, u64> = TableDefinition::new("sealed");
 
+/// Which anti-entropy digest a row counts in: (coordinator group, copy
+/// index, copy group, whether the row is the coordinator's). A
+/// coordinator's row of a name counts once per copy of the name; a copy's
+/// row once.
+pub type SyncKey = (u32, u8, u32, bool);
+
+/// The digest keys of the row of `name` in group `mg` (see
+/// [`MetaDb::index_sync`]).
+pub type Classify = Box<dyn Fn(u32, &str) -> Vec<SyncKey> + Send + Sync>;
+
+/// The anti-entropy digests, kept in step with every write.
+struct SyncIndex {
+    classify: Classify,
+    /// XOR of [`sync_hash`] over the rows counted in each key (no entry:
+    /// zero).
+    sums: HashMap<SyncKey, u64>,
+}
+
+impl SyncIndex {
+    /// Moves the row of `name` in group `mg` from state `old` to `new`
+    /// ((newest version, deleted); `None`: no row).
+    fn change(&mut self, mg: u32, name: &str, old: Option<(u64, bool)>, new: Option<(u64, bool)>) {
+        if old == new {
+            return;
+        }
+        let h = |s: Option<(u64, bool)>| s.map_or(0, |(v, d)| sync_hash(name, v, d));
+        let delta = h(old) ^ h(new);
+        for k in (self.classify)(mg, name) {
+            let sum = self.sums.entry(k).or_insert(0);
+            *sum ^= delta;
+            if *sum == 0 {
+                self.sums.remove(&k);
+            }
+        }
+    }
+}
+
+/// The hash of one name's newest state in the anti-entropy digests.
+pub fn sync_hash(name: &str, version: u64, deleted: bool) -> u64 {
+    crate::addr::hash(
+        name.as_bytes(),
+        crate::addr::splitmix64(version) ^ deleted as u64,
+    )
+}
+
+/// The newest state of a row: its record's version, or its tombstone's
+/// (a record is stored only above the tombstone).
+fn state(record: Option<u64>, tomb: u64) -> Option<(u64, bool)> {
+    match record {
+        Some(v) if v > tomb => Some((v, false)),
+        _ if tomb > 0 => Some((tomb, true)),
+        _ => None,
+    }
+}
+
 /// The metadata database of one metadata node.
 pub struct MetaDb {
     db: Database,
+    /// Anti-entropy digests, once [`MetaDb::index_sync`] set them up.
+    sync: std::sync::Mutex<Option<SyncIndex>>,
     /// Recently read records by key (`None`: known absent). A Get is one
     /// lookup, and a redb read transaction was more than half of a
     /// metadata node's user time per zero-byte Get. Every write goes
@@ -75,6 +132,7 @@ impl MetaDb {
         tx.commit().map_err(db_err)?;
         Ok(MetaDb {
             db,
+            sync: std::sync::Mutex::new(None),
             hot: std::sync::Mutex::new(HashMap::new()),
         })
     }
@@ -152,10 +210,33 @@ impl MetaDb {
     /// there. Returns whether the stored state now has `rec.version`.
     pub fn apply_record(&self, mg: u32, rec: &Record) -> Result<bool, Error> {
         let k = key(mg, &rec.name);
-        self.forget(Some(&k), || self.write_record(&k, rec))
+        self.forget(Some(&k), || {
+            let (applied, old) = self.write_record(&k, rec)?;
+            if let Some(old) = old {
+                self.sync_change(mg, &rec.name, old, Some((rec.version, false)));
+            }
+            Ok(applied)
+        })
     }
 
-    fn write_record(&self, k: &[u8], rec: &Record) -> Result<bool, Error> {
+    fn sync_index(&self) -> std::sync::MutexGuard<'_, Option<SyncIndex>> {
+        self.sync.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn sync_change(&self, mg: u32, name: &str, old: Option<(u64, bool)>, new: Option<(u64, bool)>) {
+        if let Some(ix) = self.sync_index().as_mut() {
+            ix.change(mg, name, old, new);
+        }
+    }
+
+    /// Writes `rec` if newer; returns whether the stored state has its
+    /// version, and the state it replaced if it wrote.
+    #[allow(clippy::type_complexity)]
+    fn write_record(
+        &self,
+        k: &[u8],
+        rec: &Record,
+    ) -> Result<(bool, Option<Option<(u64, bool)>>), Error> {
         let tx = self.db.begin_write().map_err(db_err)?;
         let applied = {
             let mut records = tx.open_table(RECORDS).map_err(db_err)?;
@@ -165,17 +246,18 @@ impl MetaDb {
                 .map_err(db_err)?
                 .map(|v| v.value())
                 .unwrap_or(0);
-            let current = match records.get(k).map_err(db_err)? {
-                Some(v) => decode_record(v.value()).map(|r| r.version).unwrap_or(0),
-                None => 0,
-            };
+            let stored = records
+                .get(k)
+                .map_err(db_err)?
+                .map(|v| decode_record(v.value()).map(|r| r.version).unwrap_or(0));
+            let current = stored.unwrap_or(0);
             if rec.version > current && rec.version > tomb {
                 records
                     .insert(k, encode_record(rec).as_slice())
                     .map_err(db_err)?;
-                true
+                (true, Some(state(stored, tomb)))
             } else {
-                current == rec.version
+                (current == rec.version, None)
             }
         };
         tx.commit().map_err(db_err)?;
@@ -186,10 +268,21 @@ impl MetaDb {
     /// removes a record that is not newer. Returns the removed record.
     pub fn apply_delete(&self, mg: u32, name: &str, version: u64) -> Result<Option<Record>, Error> {
         let k = key(mg, name);
-        self.forget(Some(&k), || self.write_delete(&k, version))
+        self.forget(Some(&k), || {
+            let (removed, old, new) = self.write_delete(&k, version)?;
+            self.sync_change(mg, name, old, new);
+            Ok(removed)
+        })
     }
 
-    fn write_delete(&self, k: &[u8], version: u64) -> Result<Option<Record>, Error> {
+    /// Deletes up to `version`; returns the removed record and the
+    /// states before and after.
+    #[allow(clippy::type_complexity)]
+    fn write_delete(
+        &self,
+        k: &[u8],
+        version: u64,
+    ) -> Result<(Option<Record>, Option<(u64, bool)>, Option<(u64, bool)>), Error> {
         let tx = self.db.begin_write().map_err(db_err)?;
         let removed = {
             let mut records = tx.open_table(RECORDS).map_err(db_err)?;
@@ -206,12 +299,17 @@ impl MetaDb {
                 .get(k)
                 .map_err(db_err)?
                 .and_then(|v| decode_record(v.value()).ok());
+            let old = state(current.as_ref().map(|r| r.version), tomb);
+            let tomb = tomb.max(version);
             match current {
                 Some(r) if r.version <= version => {
                     records.remove(k).map_err(db_err)?;
-                    Some(r)
+                    (Some(r), old, state(None, tomb))
                 }
-                _ => None,
+                r => {
+                    let new = state(r.map(|r| r.version), tomb);
+                    (None, old, new)
+                }
             }
         };
         tx.commit().map_err(db_err)?;
@@ -482,7 +580,69 @@ impl MetaDb {
     /// Removes every record and tombstone of group `mg` (a group handed
     /// over to another node); returns how many rows went.
     pub fn drop_group(&self, mg: u32) -> Result<u64, Error> {
-        self.forget(None, || self.drop_rows(mg))
+        self.forget(None, || {
+            let n = self.drop_rows(mg)?;
+            if let Some(ix) = self.sync_index().as_mut() {
+                ix.sums.retain(
+                    |&(coord, _, copy, ours), _| if ours { coord != mg } else { copy != mg },
+                );
+            }
+            Ok(n)
+        })
+    }
+
+    /// Sets up the anti-entropy digests: `classify` names the digests
+    /// each row counts in (it depends on the address layout, which the
+    /// database does not know), and every stored row is counted (one read
+    /// of the whole database). From then on every write keeps them in
+    /// step, under the same lock as the read cache.
+    pub fn index_sync(&self, classify: Classify) -> Result<(), Error> {
+        let _hot = self.hot();
+        let mut ix = SyncIndex {
+            classify,
+            sums: HashMap::new(),
+        };
+        let tx = self.db.begin_read().map_err(db_err)?;
+        let records = tx.open_table(RECORDS).map_err(db_err)?;
+        let tombs = tx.open_table(TOMBS).map_err(db_err)?;
+        let split = |k: &[u8]| -> Option<(u32, String)> {
+            let g = u32::from_be_bytes(k.get(..4)?.try_into().ok()?);
+            let name = std::str::from_utf8(k.get(4..)?).ok()?;
+            Some((g, name.to_string()))
+        };
+        for row in records.iter().map_err(db_err)? {
+            let (k, v) = row.map_err(db_err)?;
+            let (Some((g, name)), Ok(r)) = (split(k.value()), decode_record(v.value())) else {
+                continue;
+            };
+            ix.change(g, &name, None, Some((r.version, false)));
+        }
+        for row in tombs.iter().map_err(db_err)? {
+            let (k, v) = row.map_err(db_err)?;
+            let Some((g, name)) = split(k.value()) else {
+                continue;
+            };
+            // A record there is newer than the tombstone: counted above.
+            if records.get(k.value()).map_err(db_err)?.is_some() {
+                continue;
+            }
+            ix.change(g, &name, None, state(None, v.value()));
+        }
+        *self.sync_index() = Some(ix);
+        Ok(())
+    }
+
+    /// Runs `f` over the anti-entropy digests (`None` before
+    /// [`MetaDb::index_sync`]).
+    pub fn with_sync_sums<R>(&self, f: impl FnOnce(&HashMap<SyncKey, u64>) -> R) -> Option<R> {
+        self.sync_index().as_ref().map(|ix| f(&ix.sums))
+    }
+
+    /// The newest state of `name` in group `mg`: (version, deleted), or
+    /// `None` if it has no row.
+    pub fn newest(&self, mg: u32, name: &str) -> Result<Option<(u64, bool)>, Error> {
+        let rec = self.get(mg, name)?.map(|r| r.version);
+        Ok(state(rec, self.tombstone(mg, name)?))
     }
 
     fn drop_rows(&self, mg: u32) -> Result<u64, Error> {

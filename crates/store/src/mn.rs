@@ -12,9 +12,9 @@
 //! Delete follows the same path with tombstones; SN space is freed after.
 
 use crate::addr::{splitmix64, Addr};
-use crate::metadb::MetaDb;
+use crate::metadb::{Classify, MetaDb};
 use crate::table::{Device, MovePhase, State, Table};
-use crate::wire::{Body, Code, GatherCursor, Msg, Record, Row};
+use crate::wire::{Body, Code, GatherCursor, Msg, Record, Row, SyncEntry, SyncSum};
 use crate::Error;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::Hash;
@@ -52,6 +52,13 @@ const PULL_PAGE_BYTES: usize = crate::wire::MAX_DATAGRAM - 2048;
 /// Rows a node looks at to answer one gather page (a restore scans every
 /// node's whole database): bounds the time one request holds the node.
 const GATHER_SCAN: usize = 8_192;
+/// Default pause between two anti-entropy passes over the metadata copies
+/// (see [`MnCore::set_sync_interval`]).
+pub const DEFAULT_SYNC_MS: u64 = 30_000;
+/// Rows of a group an anti-entropy walk looks at per tick.
+const SYNC_PAGE_ROWS: usize = 256;
+/// Bytes of entries in one [`Body::SyncCheck`], below the datagram limit.
+const SYNC_CHECK_BYTES: usize = crate::wire::MAX_DATAGRAM - 2048;
 
 /// What the core asks its runtime to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -188,6 +195,18 @@ enum PullStage {
     Reported,
 }
 
+/// An anti-entropy walk over the coordinator rows of one group, checking
+/// their copies name by name.
+struct SyncWalk {
+    /// The (copy index, slot owning the copy) pairs to check; `None`:
+    /// every copy.
+    only: Option<std::collections::BTreeSet<(u8, u16)>>,
+    /// Walking tombstones (records are done).
+    tombs: bool,
+    /// The last name looked at ("" from the start).
+    after: String,
+}
+
 /// A replication message waiting for its acknowledgement.
 struct Inflight {
     name: String,
@@ -231,6 +250,63 @@ pub struct MnCore<P> {
     restore: Option<Restore>,
     /// Restored groups reported (or being reported) to the orchestrator.
     restored: BTreeMap<u32, RestoreReport>,
+    /// Pause between anti-entropy passes (0: none).
+    sync_ms: u64,
+    /// When the next anti-entropy pass starts (set at the first tick).
+    next_sync: Option<u64>,
+    /// Digests sent this pass, awaiting their answer: the slot asked.
+    sync_asks: BTreeMap<u64, u16>,
+    /// Groups whose copies are being checked name by name.
+    sync_walks: BTreeMap<u32, SyncWalk>,
+}
+
+/// The anti-entropy digest keys of a row of `name` in group `mg` (see
+/// [`crate::metadb::SyncKey`]), under the address layout and replication
+/// of `t` (fixed when the cluster is created).
+fn classifier(t: &Table) -> Classify {
+    let t = Table {
+        mns: Vec::new(),
+        sns: Vec::new(),
+        mg_owner: Vec::new(),
+        moves: Vec::new(),
+        stand_ins: Vec::new(),
+        drains: Vec::new(),
+        ..t.clone()
+    };
+    Box::new(move |mg, name| {
+        let groups: Vec<u32> = t
+            .meta_addrs(name)
+            .iter()
+            .filter_map(|&a| t.layout.mg_of(a))
+            .collect();
+        let Some(&coord) = groups.first() else {
+            return Vec::new();
+        };
+        if coord == mg {
+            groups
+                .iter()
+                .enumerate()
+                .skip(1)
+                .map(|(i, &h)| (coord, i as u8, h, true))
+                .collect()
+        } else {
+            groups
+                .iter()
+                .position(|&h| h == mg)
+                .map(|i| vec![(coord, i as u8, mg, false)])
+                .unwrap_or_default()
+        }
+    })
+}
+
+/// Whether a copy whose newest state is `copy` is behind the
+/// coordinator's (`version`, `deleted`): older, missing, or a record
+/// where the coordinator deleted that very version.
+fn behind(copy: Option<(u64, bool)>, version: u64, deleted: bool) -> bool {
+    match copy {
+        None => true,
+        Some((v, d)) => v < version || (v == version && deleted && !d),
+    }
 }
 
 impl<P: Clone + Eq + Hash> MnCore<P> {
@@ -259,7 +335,16 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             pulls: BTreeMap::new(),
             restore: None,
             restored: BTreeMap::new(),
+            sync_ms: DEFAULT_SYNC_MS,
+            next_sync: None,
+            sync_asks: BTreeMap::new(),
+            sync_walks: BTreeMap::new(),
         };
+        // Without digests (a database error), every pass walks every
+        // group name by name instead.
+        if let Err(e) = core.db.index_sync(classifier(&core.table)) {
+            tracing::warn!("indexing the anti-entropy digests: {e}");
+        }
         core.prune_sealed();
         core.drop_foreign_groups();
         core
@@ -341,6 +426,16 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 }
             }
         }
+    }
+
+    /// Sets the pause between two anti-entropy passes, in milliseconds
+    /// (0: no pass). Each pass sends every metadata node holding copies of
+    /// the names this node coordinates one digest per (group, copy index),
+    /// then checks name by name the copies whose digest differs. The
+    /// first pass starts one pause after the first tick.
+    pub fn set_sync_interval(&mut self, ms: u64) {
+        self.sync_ms = ms;
+        self.next_sync = None;
     }
 
     /// The table in use.
@@ -430,6 +525,12 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         }
         if let Some(g) = self.report_awaiting(msg.req) {
             self.on_report_reply(g, msg.body);
+            return out;
+        }
+        if let Body::SyncDiff { pairs } = &msg.body {
+            if let Some(slot) = self.sync_asks.remove(&msg.req) {
+                self.on_sync_diff(slot, pairs);
+            }
             return out;
         }
         match &msg.body {
@@ -578,6 +679,15 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             } => {
                 self.refresh(msg.target, name, *version, *copy, out)?;
                 // Answered by the replication message, if any.
+                Ok(None)
+            }
+            Body::SyncDigest { sums } => {
+                self.owned(msg.target)?;
+                Ok(Some(self.sync_diff(sums)))
+            }
+            Body::SyncCheck { entries } => {
+                self.sync_check(entries, out);
+                // Answered by refresh requests to the coordinators, if any.
                 Ok(None)
             }
             _ => Err(remote(
@@ -1199,6 +1309,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         self.repair_step(now, &mut out);
         self.handover_step(now, &mut out);
         self.restore_step(now, &mut out);
+        self.sync_step(now, &mut out);
         let expired: Vec<String> = self
             .pending
             .iter()
@@ -1527,6 +1638,327 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
         out.push(Out::ToMeta(Msg::new(self.next_req, copy, body)));
         Ok(())
+    }
+
+    /// Whether this node may check the copies of the names group `mg`
+    /// coordinates: it owns the group, which is not being handed over,
+    /// sealed or restored (its rows may not be complete or current).
+    fn syncable(&self, mg: u32) -> bool {
+        self.table.mg_owner.get(mg as usize) == Some(&self.slot)
+            && !self.is_frozen(mg)
+            && !self.is_sealed(mg)
+            && self.table.move_of(mg).is_none()
+    }
+
+    /// Starts an anti-entropy pass when one is due and the last one's
+    /// walks are done, then advances the walks by one page.
+    fn sync_step(&mut self, now: u64, out: &mut Vec<Out<P>>) {
+        if self.sync_ms == 0 {
+            return;
+        }
+        let next = *self.next_sync.get_or_insert(now + self.sync_ms);
+        if now >= next && self.sync_walks.is_empty() {
+            self.next_sync = Some(now + self.sync_ms);
+            self.start_sync_pass(out);
+        }
+        self.sync_walk_step(out);
+    }
+
+    /// Compares the digests of every copy of the names this node
+    /// coordinates: its own copies here, the others' through one
+    /// [`Body::SyncDigest`] per metadata node (or more, above
+    /// [`crate::wire::MAX_SYNC_SUMS`] sums). A (group, copy index) whose
+    /// digest differs is walked name by name ([`MnCore::sync_walk_step`]).
+    fn start_sync_pass(&mut self, out: &mut Vec<Out<P>>) {
+        self.sync_asks.clear();
+        let groups: std::collections::BTreeSet<u32> = self
+            .owned_groups()
+            .into_iter()
+            .filter(|&g| self.syncable(g))
+            .collect();
+        let t = &self.table;
+        let owner = |h: u32| t.mg_owner.get(h as usize).copied();
+        // Per slot holding copies: (coordinator group, copy index) -> sum.
+        let mut theirs: BTreeMap<u16, BTreeMap<(u32, u8), u64>> = BTreeMap::new();
+        // This node's own copies: (group, index) -> (coordinator's, copies').
+        let mut local: BTreeMap<(u32, u8), (u64, u64)> = BTreeMap::new();
+        let summed = self.db.with_sync_sums(|sums| {
+            for (&(g, i, h, coordinator), &sum) in sums {
+                let Some(s) = owner(h) else {
+                    continue;
+                };
+                if coordinator && groups.contains(&g) {
+                    if s == self.slot {
+                        local.entry((g, i)).or_default().0 ^= sum;
+                    } else {
+                        *theirs.entry(s).or_default().entry((g, i)).or_insert(0) ^= sum;
+                    }
+                } else if !coordinator && s == self.slot && groups.contains(&g) {
+                    local.entry((g, i)).or_default().1 ^= sum;
+                }
+            }
+        });
+        if summed.is_none() {
+            // No digests: check every copy name by name.
+            for g in groups {
+                self.sync_walks.insert(
+                    g,
+                    SyncWalk {
+                        only: None,
+                        tombs: false,
+                        after: String::new(),
+                    },
+                );
+            }
+            return;
+        }
+        for ((g, i), (ours, copies)) in local {
+            if ours != copies {
+                self.walk_copies(g, i, self.slot);
+            }
+        }
+        for (s, sums) in theirs {
+            // Addressed to a group the slot owns (it checks that).
+            let Some(owned) = self.table.mg_owner.iter().position(|&o| o == s) else {
+                continue;
+            };
+            let (target, _) = self.table.layout.mg_prefix(owned as u32);
+            let sums: Vec<SyncSum> = sums
+                .into_iter()
+                .filter(|&(_, sum)| sum != 0)
+                .map(|((group, index), sum)| SyncSum { group, index, sum })
+                .collect();
+            for chunk in sums.chunks(crate::wire::MAX_SYNC_SUMS) {
+                self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
+                self.sync_asks.insert(self.next_req, s);
+                let body = Body::SyncDigest {
+                    sums: chunk.to_vec(),
+                };
+                out.push(Out::ToMeta(Msg::new(self.next_req, target, body)));
+            }
+        }
+    }
+
+    /// Schedules a name-by-name check of the copies with index `index`,
+    /// held at slot `slot`, of the names group `g` coordinates. A walk of
+    /// the group under way starts over to cover them from its first name.
+    fn walk_copies(&mut self, g: u32, index: u8, slot: u16) {
+        if !self.syncable(g) {
+            return;
+        }
+        let w = self.sync_walks.entry(g).or_insert(SyncWalk {
+            only: Some(Default::default()),
+            tombs: false,
+            after: String::new(),
+        });
+        if let Some(only) = w.only.as_mut() {
+            if only.insert((index, slot)) {
+                w.tombs = false;
+                w.after.clear();
+            }
+        }
+    }
+
+    /// The answer to one of this pass's digests, from `slot`: the pairs
+    /// whose copies differ there.
+    fn on_sync_diff(&mut self, slot: u16, pairs: &[(u32, u8)]) {
+        for &(g, i) in pairs {
+            self.walk_copies(g, i, slot);
+        }
+    }
+
+    /// Serves a [`Body::SyncDigest`]: the pairs whose digest over the
+    /// copies held here (in groups this node owns) differs.
+    fn sync_diff(&self, sums: &[SyncSum]) -> Body {
+        let t = &self.table;
+        let wanted: std::collections::BTreeSet<(u32, u8)> =
+            sums.iter().map(|s| (s.group, s.index)).collect();
+        let mut mine: BTreeMap<(u32, u8), u64> = BTreeMap::new();
+        self.db.with_sync_sums(|all| {
+            for (&(g, i, h, coordinator), &sum) in all {
+                if !coordinator
+                    && t.mg_owner.get(h as usize) == Some(&self.slot)
+                    && wanted.contains(&(g, i))
+                {
+                    *mine.entry((g, i)).or_insert(0) ^= sum;
+                }
+            }
+        });
+        let pairs = sums
+            .iter()
+            .filter(|s| mine.get(&(s.group, s.index)).copied().unwrap_or(0) != s.sum)
+            .map(|s| (s.group, s.index))
+            .collect();
+        Body::SyncDiff { pairs }
+    }
+
+    /// One page of the first anti-entropy walk: for each coordinator row
+    /// of its group (records, then tombstones of names with no newer
+    /// record), the copies it checks are compared here (copies this node
+    /// holds: brought up to date at once) or sent in a
+    /// [`Body::SyncCheck`] per slot holding them.
+    fn sync_walk_step(&mut self, out: &mut Vec<Out<P>>) {
+        let Some((&g, w)) = self.sync_walks.iter().next() else {
+            return;
+        };
+        if !self.syncable(g) {
+            self.sync_walks.remove(&g);
+            return;
+        }
+        let (tombs, after, only) = (w.tombs, w.after.clone(), w.only.clone());
+        let (rows, more) =
+            match self
+                .db
+                .group_rows(g, tombs, &after, SYNC_PAGE_ROWS, PULL_PAGE_BYTES)
+            {
+                Ok(page) => page,
+                Err(e) => {
+                    // The next pass tries again.
+                    tracing::warn!("anti-entropy walk of group {g}: {e}");
+                    self.sync_walks.remove(&g);
+                    return;
+                }
+            };
+        let mut batches: BTreeMap<u16, Vec<SyncEntry>> = BTreeMap::new();
+        let mut last = None;
+        for row in &rows {
+            let (name, version, deleted) = match row {
+                Row::Record(r) => (&r.name, r.version, false),
+                Row::Tomb { name, version } => (name, *version, true),
+            };
+            last = Some(name.clone());
+            if deleted
+                && self
+                    .db
+                    .get(g, name)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|r| r.version > version)
+            {
+                continue; // posted again since: the record counts
+            }
+            let addrs = self.table.meta_addrs(name);
+            if addrs.first().and_then(|&a| self.table.layout.mg_of(a)) != Some(g) {
+                continue; // a copy kept here for another coordinator
+            }
+            for (i, &copy) in addrs.iter().enumerate().skip(1) {
+                let Some(h) = self.table.layout.mg_of(copy) else {
+                    continue;
+                };
+                let Some(&slot) = self.table.mg_owner.get(h as usize) else {
+                    continue;
+                };
+                if only.as_ref().is_some_and(|o| !o.contains(&(i as u8, slot))) {
+                    continue;
+                }
+                if slot == self.slot {
+                    self.sync_local(g, h, name, version, deleted);
+                } else {
+                    batches.entry(slot).or_default().push(SyncEntry {
+                        name: name.clone(),
+                        copy,
+                        version,
+                        deleted,
+                    });
+                }
+            }
+        }
+        if let Some(w) = self.sync_walks.get_mut(&g) {
+            if more {
+                w.after = last.unwrap_or_default();
+            } else if !w.tombs {
+                w.tombs = true;
+                w.after.clear();
+            } else {
+                self.sync_walks.remove(&g);
+            }
+        }
+        for entries in batches.into_values() {
+            let mut page = Vec::new();
+            let mut bytes = 0;
+            for e in entries {
+                let size = e.name.len() + 2 + 16 + 8 + 1;
+                if !page.is_empty()
+                    && (page.len() >= crate::wire::MAX_SYNC_ENTRIES
+                        || bytes + size > SYNC_CHECK_BYTES)
+                {
+                    self.send_sync_check(std::mem::take(&mut page), out);
+                    bytes = 0;
+                }
+                bytes += size;
+                page.push(e);
+            }
+            if !page.is_empty() {
+                self.send_sync_check(page, out);
+            }
+        }
+    }
+
+    fn send_sync_check(&mut self, entries: Vec<SyncEntry>, out: &mut Vec<Out<P>>) {
+        let Some(target) = entries.first().map(|e| e.copy) else {
+            return;
+        };
+        self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
+        out.push(Out::ToMeta(Msg::new(
+            self.next_req,
+            target,
+            Body::SyncCheck { entries },
+        )));
+    }
+
+    /// Brings this node's own copy of `name` in group `h` up to the
+    /// coordinator row in group `g` (both here), if it is behind.
+    fn sync_local(&self, g: u32, h: u32, name: &str, version: u64, deleted: bool) {
+        if self.is_sealed(h)
+            || !matches!(self.db.newest(h, name), Ok(c) if behind(c, version, deleted))
+        {
+            return;
+        }
+        let done = if deleted {
+            self.db.apply_delete(h, name, version).map(|_| ())
+        } else {
+            match self.db.get(g, name) {
+                Ok(Some(rec)) => self.db.apply_record(h, &rec).map(|_| ()),
+                other => other.map(|_| ()),
+            }
+        };
+        if let Err(e) = done {
+            tracing::warn!("anti-entropy: updating the copy of {name:?} in group {h}: {e}");
+        }
+    }
+
+    /// Serves a [`Body::SyncCheck`]: for each entry naming a copy this
+    /// node holds that is behind the coordinator's state, asks the
+    /// coordinator for it with a [`Body::Refresh`] (answered by the
+    /// usual `Replicate` or `Unreplicate`, applied by the version rules).
+    /// Entries for copies elsewhere (the sender's table differs) or in a
+    /// group sealed for a handover are skipped: the next pass sees them.
+    fn sync_check(&mut self, entries: &[SyncEntry], out: &mut Vec<Out<P>>) {
+        for e in entries {
+            let addrs = self.table.meta_addrs(&e.name);
+            let Some(&coordinator) = addrs.first() else {
+                continue;
+            };
+            if !addrs.iter().skip(1).any(|&a| a == e.copy) {
+                continue;
+            }
+            let Some(mg) = self.owns(e.copy).filter(|&mg| !self.is_sealed(mg)) else {
+                continue;
+            };
+            let Ok(copy) = self.db.newest(mg, &e.name) else {
+                continue;
+            };
+            if !behind(copy, e.version, e.deleted) {
+                continue;
+            }
+            self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
+            let body = Body::Refresh {
+                name: e.name.clone(),
+                version: copy.map_or(0, |(v, _)| v),
+                copy: e.copy,
+            };
+            out.push(Out::ToMeta(Msg::new(self.next_req, coordinator, body)));
+        }
     }
 
     /// Starts a copy for `record` (read from group `mg`) if this node
@@ -2323,6 +2755,7 @@ fn is_final(body: &Body) -> bool {
         Body::Found { .. }
             | Body::ListPage { .. }
             | Body::MgRows { .. }
+            | Body::SyncDiff { .. }
             | Body::Error {
                 code: Code::Moving,
                 ..

@@ -352,13 +352,16 @@ const MN_TICK: Duration = Duration::from_millis(20);
 /// and frees still run as tasks on the caller's runtime.
 ///
 /// With `keep_routes`, a node of a routed cluster keeps its host's routes
-/// in step with the table ([`crate::routes`]).
+/// in step with the table ([`crate::routes`]). `sync_ms` is the pause
+/// between two anti-entropy passes over the metadata copies of the names
+/// the node coordinates (0: none; see [`MnCore::set_sync_interval`]).
 pub async fn start_mn(
     dir: &Path,
     bind: SocketAddr,
     on: SocketAddr,
     keep_routes: bool,
     key: &ClusterKey,
+    sync_ms: u64,
 ) -> Result<MnHandle, Error> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
@@ -385,7 +388,8 @@ pub async fn start_mn(
     )
     .await?;
     let table = fetch_table(on, Some(key)).await?;
-    let core = MnCore::new(db, table.clone(), slot, nanos() ^ uuid);
+    let mut core = MnCore::new(db, table.clone(), slot, nanos() ^ uuid);
+    core.set_sync_interval(sync_ms);
     let shared = Arc::new(RwLock::new(table.clone()));
     let (tx, rx) = watch::channel(table);
     let routes_of = keep_routes.then_some(endpoint.ip());

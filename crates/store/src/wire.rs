@@ -48,7 +48,7 @@ pub fn is_client_request(kind: u8) -> bool {
 
 /// Whether `kind` only ever answers a request (never answered itself).
 pub fn is_answer(kind: u8) -> bool {
-    matches!(kind, 2 | 7 | 10 | 13 | 14 | 16 | 18 | 23 | 25 | 28)
+    matches!(kind, 2 | 7 | 10 | 13 | 14 | 16 | 18 | 23 | 25 | 28 | 34)
 }
 
 /// Whether `kind` is an operator's control request (retire, cancel): not
@@ -539,7 +539,66 @@ pub enum Body {
         /// The metadata address of the copy: one of `name`'s.
         copy: Addr,
     },
+    /// Coordinator → the metadata node holding some of its names' copies,
+    /// from the anti-entropy pass: what the coordinator holds of each
+    /// name. The receiver checks each entry against its own row under
+    /// `copy` and sends a [`Body::Refresh`] to the name's coordinator
+    /// address for each copy that is behind (its newest version, record
+    /// or tombstone, older; or a record where the coordinator holds a
+    /// tombstone of that version). Nothing else answers.
+    SyncCheck {
+        /// At most [`MAX_SYNC_ENTRIES`] entries.
+        entries: Vec<SyncEntry>,
+    },
+    /// Coordinator → a metadata node holding copies, from the
+    /// anti-entropy pass: per (coordinator group, copy index), the digest
+    /// of the coordinator's rows whose copy lands in a group the receiver
+    /// owns (in the sender's table). Answered with [`Body::SyncDiff`].
+    SyncDigest {
+        /// At most [`MAX_SYNC_SUMS`] sums.
+        sums: Vec<SyncSum>,
+    },
+    /// The answer to a [`Body::SyncDigest`]: the (coordinator group, copy
+    /// index) pairs whose digest differs from the receiver's copies.
+    SyncDiff {
+        /// At most [`MAX_SYNC_SUMS`] pairs.
+        pairs: Vec<(u32, u8)>,
+    },
 }
+
+/// One name in a [`Body::SyncCheck`]: the coordinator's newest state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncEntry {
+    /// Object name.
+    pub name: String,
+    /// The metadata address of the copy checked: one of `name`'s, not the
+    /// first.
+    pub copy: Addr,
+    /// The coordinator's newest version of `name` (record or tombstone).
+    pub version: u64,
+    /// Whether that version is a tombstone (the object is deleted).
+    pub deleted: bool,
+}
+
+/// One digest in a [`Body::SyncDigest`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncSum {
+    /// The coordinator group.
+    pub group: u32,
+    /// The copy index (1 to N_m - 1: which of the name's metadata
+    /// addresses).
+    pub index: u8,
+    /// XOR of a hash of (name, newest version, deleted) over the rows.
+    pub sum: u64,
+}
+
+/// Most entries one [`Body::SyncCheck`] carries (the sender also keeps
+/// it within one datagram).
+pub const MAX_SYNC_ENTRIES: usize = 1024;
+
+/// Most sums one [`Body::SyncDigest`] (or pairs one [`Body::SyncDiff`])
+/// carries: 13 bytes each, well within one datagram.
+pub const MAX_SYNC_SUMS: usize = 4096;
 
 /// Most addresses one `Referenced` message carries.
 pub const MAX_REFERENCED: usize = 2048;
@@ -884,6 +943,9 @@ impl Msg {
             Body::MgGathered { .. } => 28,
             Body::DrainReport { .. } => 29,
             Body::Refresh { .. } => 31,
+            Body::SyncCheck { .. } => 32,
+            Body::SyncDigest { .. } => 33,
+            Body::SyncDiff { .. } => 34,
         }
     }
 
@@ -931,6 +993,33 @@ impl Msg {
                 w.str(name);
                 w.u64(*version);
                 w.addr(*copy);
+            }
+            Body::SyncCheck { entries } => {
+                let n = entries.len().min(MAX_SYNC_ENTRIES);
+                w.u16(n as u16);
+                for e in &entries[..n] {
+                    w.str(&e.name);
+                    w.addr(e.copy);
+                    w.u64(e.version);
+                    w.u8(e.deleted as u8);
+                }
+            }
+            Body::SyncDigest { sums } => {
+                let n = sums.len().min(MAX_SYNC_SUMS);
+                w.u16(n as u16);
+                for s in &sums[..n] {
+                    w.u32(s.group);
+                    w.u8(s.index);
+                    w.u64(s.sum);
+                }
+            }
+            Body::SyncDiff { pairs } => {
+                let n = pairs.len().min(MAX_SYNC_SUMS);
+                w.u16(n as u16);
+                for &(g, i) in &pairs[..n] {
+                    w.u32(g);
+                    w.u8(i);
+                }
             }
             Body::Delete {
                 name,
@@ -1266,6 +1355,39 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
             version: r.u64()?,
             copy: r.addr()?,
         },
+        32 => {
+            let n = sync_count(r, MAX_SYNC_ENTRIES, "entries")?;
+            let mut entries = Vec::with_capacity(n);
+            for _ in 0..n {
+                entries.push(SyncEntry {
+                    name: r.name()?,
+                    copy: r.addr()?,
+                    version: r.u64()?,
+                    deleted: flag(r, "sync deleted flag")?,
+                });
+            }
+            Body::SyncCheck { entries }
+        }
+        33 => {
+            let n = sync_count(r, MAX_SYNC_SUMS, "sums")?;
+            let mut sums = Vec::with_capacity(n);
+            for _ in 0..n {
+                sums.push(SyncSum {
+                    group: r.u32()?,
+                    index: r.u8()?,
+                    sum: r.u64()?,
+                });
+            }
+            Body::SyncDigest { sums }
+        }
+        34 => {
+            let n = sync_count(r, MAX_SYNC_SUMS, "pairs")?;
+            let mut pairs = Vec::with_capacity(n);
+            for _ in 0..n {
+                pairs.push((r.u32()?, r.u8()?));
+            }
+            Body::SyncDiff { pairs }
+        }
         k => return Err(WireError::UnknownKind(k)),
     })
 }
@@ -1324,6 +1446,18 @@ fn get_cursor(r: &mut Reader) -> Result<GatherCursor, WireError> {
         group: r.u32()?,
         after: r.str(MAX_NAME, "gather cursor")?,
     })
+}
+
+/// The count of an anti-entropy list, refused above `max` before
+/// anything is allocated.
+fn sync_count(r: &mut Reader, max: usize, what: &str) -> Result<usize, WireError> {
+    let n = r.u16()? as usize;
+    if n > max {
+        return Err(WireError::Invalid(format!(
+            "{n} sync {what} in one message; the limit is {max}"
+        )));
+    }
+    Ok(n)
 }
 
 /// A boolean byte: 0 or 1, anything else refused.
@@ -1395,6 +1529,33 @@ mod tests {
                 name: "s".into(),
                 version: 6,
                 copy: u128::MAX,
+            },
+            Body::SyncCheck { entries: vec![] },
+            Body::SyncCheck {
+                entries: vec![
+                    SyncEntry {
+                        name: "a/b".into(),
+                        copy: u128::MAX,
+                        version: 3,
+                        deleted: false,
+                    },
+                    SyncEntry {
+                        name: "c".into(),
+                        copy: 1,
+                        version: u64::MAX,
+                        deleted: true,
+                    },
+                ],
+            },
+            Body::SyncDigest {
+                sums: vec![SyncSum {
+                    group: u32::MAX,
+                    index: 2,
+                    sum: 0x1234_5678_9abc_def0,
+                }],
+            },
+            Body::SyncDiff {
+                pairs: vec![(0, 1), (u32::MAX, 255)],
             },
             Body::Found {
                 record: record("f"),
@@ -1762,6 +1923,38 @@ mod tests {
         assert_eq!(check_seal(&short, &k, NOW), Err(AuthError::Unsealed));
     }
 
+    #[test]
+    fn sync_lists_above_their_limits_are_refused() {
+        let over = |kind: u8, max: usize| {
+            let mut b = b"S6\x02".to_vec();
+            b.push(kind);
+            b.extend_from_slice(&[0; 24]);
+            b.extend_from_slice(&((max + 1) as u16).to_be_bytes());
+            b.extend_from_slice(&[0; 64]);
+            Msg::decode(&b)
+        };
+        assert!(over(32, MAX_SYNC_ENTRIES).is_err());
+        assert!(over(33, MAX_SYNC_SUMS).is_err());
+        assert!(over(34, MAX_SYNC_SUMS).is_err());
+        // A deleted flag other than 0 or 1 is refused.
+        let m = Msg::new(
+            1,
+            2,
+            Body::SyncCheck {
+                entries: vec![SyncEntry {
+                    name: "n".into(),
+                    copy: 3,
+                    version: 4,
+                    deleted: true,
+                }],
+            },
+        );
+        let mut b = m.encode().unwrap();
+        let last = b.len() - 1;
+        b[last] = 2;
+        assert!(Msg::decode(&b).is_err());
+    }
+
     proptest! {
         #[test]
         fn sealed_messages_never_panic_or_pass_when_damaged(at in 0usize..400, byte in any::<u8>(), which in 0usize..40) {
@@ -1824,7 +2017,7 @@ mod tests {
         }
 
         #[test]
-        fn decode_never_panics_after_a_valid_header(kind in 0u8..32, rest in proptest::collection::vec(any::<u8>(), 0..256)) {
+        fn decode_never_panics_after_a_valid_header(kind in 0u8..40, rest in proptest::collection::vec(any::<u8>(), 0..256)) {
             let mut bytes = b"S6\x02".to_vec();
             bytes.push(kind);
             bytes.extend_from_slice(&[0; 24]);

@@ -559,6 +559,198 @@ fn a_stale_metadata_copy_naming_a_dead_node_is_refreshed_by_its_coordinator() {
     assert!(to_meta(outs.clone()).is_empty(), "{outs:?}");
 }
 
+/// Two metadata nodes, by slot, exchanging datagrams instantly: every 20
+/// ms from `from` to `to` both tick, and every metadata message (a reply
+/// to its sender, a `ToMeta` to the slot owning its target) is delivered
+/// at once, unless `drop` selects it. Returns the messages delivered.
+fn run_pair(
+    cores: &mut [MnCore<u32>; 2],
+    t: &Table,
+    from: u64,
+    to: u64,
+    drop: &dyn Fn(&Msg) -> bool,
+) -> Vec<Msg> {
+    let mut delivered = Vec::new();
+    let mut now = from;
+    while now < to {
+        let mut queue: std::collections::VecDeque<(u16, u32, Msg)> = Default::default();
+        for slot in 0..2u16 {
+            let outs = cores[slot as usize].tick(now);
+            route(t, slot, outs, &mut queue);
+        }
+        while let Some((slot, sender, msg)) = queue.pop_front() {
+            if drop(&msg) {
+                continue;
+            }
+            delivered.push(msg.clone());
+            let outs = cores[slot as usize].handle(now, sender, msg);
+            route(t, slot, outs, &mut queue);
+        }
+        now += 20;
+    }
+    delivered
+}
+
+/// Queues the metadata messages among `outs` of the core at `slot`.
+fn route(
+    t: &Table,
+    slot: u16,
+    outs: Vec<Out<u32>>,
+    queue: &mut std::collections::VecDeque<(u16, u32, Msg)>,
+) {
+    for o in outs {
+        match o {
+            Out::Reply(peer, m) if peer >= 1000 => {
+                queue.push_back(((peer - 1000) as u16, 1000 + u32::from(slot), m))
+            }
+            Out::ToMeta(m) => {
+                let owner = t.mn_for(m.target).unwrap().slot;
+                queue.push_back((owner, 1000 + u32::from(slot), m));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A coordinator and a copy (as `coordinator_and_copy`), in an array by
+/// slot, with anti-entropy passes every second; and the coordinator's
+/// slot.
+fn sync_pair(dir: &std::path::Path, name: &str) -> ([MnCore<u32>; 2], u16, Table) {
+    let (mut coord, mut copy, t) = coordinator_and_copy(dir, name);
+    let coord_slot = t.mn_for(t.meta_addrs(name)[0]).unwrap().slot;
+    coord.set_sync_interval(1_000);
+    copy.set_sync_interval(1_000);
+    let cores = if coord_slot == 0 {
+        [coord, copy]
+    } else {
+        [copy, coord]
+    };
+    (cores, coord_slot, t)
+}
+
+/// The copy's newest state of `name` at its second metadata address:
+/// (record version, tombstone).
+fn copy_state(cores: &[MnCore<u32>; 2], coord_slot: u16, t: &Table, name: &str) -> (u64, u64) {
+    let copy = &cores[1 - coord_slot as usize];
+    let mg = t.layout.mg_of(t.meta_addrs(name)[1]).unwrap();
+    (
+        copy.db().get(mg, name).unwrap().map_or(0, |r| r.version),
+        copy.db().tombstone(mg, name).unwrap(),
+    )
+}
+
+fn is_replication(m: &Msg) -> bool {
+    matches!(m.body, Body::Replicate { .. } | Body::Unreplicate { .. })
+}
+
+/// A metadata copy that missed a write for good (every Replicate of it
+/// lost until the coordinator gave up its resends) gets the newest
+/// version at the next anti-entropy pass: the coordinator's digest
+/// differs from the copy's, the group is checked name by name, the copy
+/// asks for what it lacks and the coordinator pushes it. Then a pass over
+/// copies in step costs one digest and its empty answer.
+#[test]
+fn a_metadata_copy_that_missed_a_write_is_brought_up_to_date_by_anti_entropy() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "e/obj";
+    let (mut cores, cs, t) = sync_pair(dir.path(), name);
+    let c = cs as usize;
+    post(&mut cores[c], &t, name, 0);
+    run_pair(&mut cores, &t, 100, 300, &|_| false);
+    assert_eq!(copy_state(&cores, cs, &t, name), (1, 0));
+    // Version 2: every replication message to the copy is lost, and the
+    // resends give up after 60 s; so is every anti-entropy push (the
+    // same Replicate) meanwhile.
+    post(&mut cores[c], &t, name, 300);
+    let lost = run_pair(&mut cores, &t, 320, 61_000, &is_replication);
+    assert!(
+        lost.iter()
+            .any(|m| matches!(m.body, Body::SyncCheck { .. })),
+        "passes ran"
+    );
+    assert_eq!(record(&cores[c], &t, name).version, 2);
+    assert_eq!(copy_state(&cores, cs, &t, name), (1, 0));
+    // Nothing lost any more: the next pass brings the copy up to date.
+    let sent = run_pair(&mut cores, &t, 61_000, 63_100, &|_| false);
+    assert_eq!(copy_state(&cores, cs, &t, name), (2, 0));
+    let kinds: Vec<_> = sent
+        .iter()
+        .map(|m| std::mem::discriminant(&m.body))
+        .collect();
+    for body in [
+        Body::SyncDigest { sums: vec![] },
+        Body::SyncDiff { pairs: vec![] },
+        Body::SyncCheck { entries: vec![] },
+    ] {
+        assert!(kinds.contains(&std::mem::discriminant(&body)), "{sent:?}");
+    }
+    // In step: a pass is one digest and its empty answer.
+    let sent = run_pair(&mut cores, &t, 63_100, 64_100, &|_| false);
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert!(matches!(sent[0].body, Body::SyncDigest { ref sums } if sums.len() == 1));
+    assert_eq!(sent[1].body, Body::SyncDiff { pairs: vec![] });
+}
+
+/// A metadata copy that missed a Delete for good loses the record at the
+/// next anti-entropy pass (it gets the tombstone, at the version deleted),
+/// and one that missed both the Post and the Delete gets the tombstone.
+#[test]
+fn a_metadata_copy_that_missed_a_delete_loses_the_record_by_anti_entropy() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "e/obj";
+    let (mut cores, cs, t) = sync_pair(dir.path(), name);
+    let c = cs as usize;
+    let coord_addr = t.meta_addrs(name)[0];
+    post(&mut cores[c], &t, name, 0);
+    run_pair(&mut cores, &t, 100, 300, &|_| false);
+    assert_eq!(copy_state(&cores, cs, &t, name), (1, 0));
+    let delete = |cores: &mut [MnCore<u32>; 2], req, now| {
+        let del = Msg::new(
+            req,
+            coord_addr,
+            Body::Delete {
+                name: name.into(),
+                if_version: 0,
+                keep_data: false,
+            },
+        );
+        cores[c].handle(now, CLIENT, del);
+    };
+    delete(&mut cores, 77, 300);
+    run_pair(&mut cores, &t, 320, 61_000, &is_replication);
+    assert_eq!(
+        copy_state(&cores, cs, &t, name),
+        (1, 0),
+        "the Delete was lost"
+    );
+    run_pair(&mut cores, &t, 61_000, 63_100, &|_| false);
+    assert_eq!(copy_state(&cores, cs, &t, name), (0, 1));
+    // Posted again and deleted again, the copy missing both.
+    let other = (0..)
+        .map(|i| format!("e/o{i}"))
+        .find(|n| {
+            let a = t.meta_addrs(n);
+            t.mn_for(a[0]).unwrap().slot == cs && t.mn_for(a[1]).unwrap().slot != cs
+        })
+        .unwrap();
+    post(&mut cores[c], &t, &other, 64_000);
+    let del = Msg::new(
+        99,
+        t.meta_addrs(&other)[0],
+        Body::Delete {
+            name: other.clone(),
+            if_version: 0,
+            keep_data: false,
+        },
+    );
+    cores[c].handle(64_010, CLIENT, del);
+    run_pair(&mut cores, &t, 64_020, 125_000, &is_replication);
+    assert_eq!(copy_state(&cores, cs, &t, &other), (0, 0));
+    run_pair(&mut cores, &t, 125_000, 127_100, &|_| false);
+    assert_eq!(copy_state(&cores, cs, &t, &other), (0, 1));
+    assert_eq!(copy_state(&cores, cs, &t, name), (0, 1));
+}
+
 /// The (left, copies) of the drain reports in `outs`.
 fn drain_counts(outs: &[Out<u32>]) -> Vec<(u64, u64)> {
     outs.iter()
@@ -750,6 +942,45 @@ mod unauthenticated {
         }
         receive(&mut core, &mut gate, &good);
         assert_eq!(record(&core, &t, name).version, 9);
+    }
+
+    /// A `SyncCheck` makes a metadata copy that is behind ask its
+    /// coordinator, only when sealed with the cluster key.
+    #[test]
+    fn a_forged_sync_check_asks_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = "e/obj";
+        let (_coord, mut copy, t) = coordinator_and_copy(dir.path(), name);
+        let copy_addr = t.meta_addrs(name)[1];
+        let mut gate = Gate::new(cluster_key(), Receiver::Mn);
+        let entry = strata_store::wire::SyncEntry {
+            name: name.into(),
+            copy: copy_addr,
+            version: 3,
+            deleted: false,
+        };
+        let msg = Msg::new(
+            5,
+            copy_addr,
+            Body::SyncCheck {
+                entries: vec![entry],
+            },
+        );
+        let [plain, wrong, good] = forms(&msg);
+        for bytes in [&plain, &wrong] {
+            let outs = receive(&mut copy, &mut gate, bytes);
+            assert!(refusal(&outs), "{outs:?}");
+        }
+        let outs = receive(&mut copy, &mut gate, &good);
+        let ask = Body::Refresh {
+            name: name.into(),
+            version: 0,
+            copy: copy_addr,
+        };
+        assert!(
+            matches!(&outs[..], [Out::ToMeta(m)] if m.body == ask && m.target == t.meta_addrs(name)[0]),
+            "{outs:?}"
+        );
     }
 
     #[test]
