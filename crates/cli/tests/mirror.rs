@@ -668,8 +668,13 @@ fn a_prefetch_that_times_out_falls_back_to_the_repository() {
     // requests cannot be answered within B's 0.5 s prefetch timeout.
     let a = mirror(&p(&img), &da, &["--peer-rate", "64k"]);
     assert_eq!(read_all(&a.nbd(), dir.path(), "a.raw"), data);
+    // B's repository answers each read after 300 ms, as a remote one
+    // would: B's prefetch cannot take the whole image from it before its
+    // link to A is up (a local file could, on a loaded machine), so it
+    // asks A first for most chunks.
+    let repo = Proc::start(&["mirror", "repo-serve", "--latency-ms", "300", &p(&img)]);
     let b = mirror(
-        &p(&img),
+        &repo.url(),
         &db,
         &[
             "--peers",
