@@ -6,7 +6,7 @@ use serde_json::json;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use strata_store::auth::{ClusterKey, KEY_FILE};
+use strata_store::auth::{sibling, ClusterKey, KEY_FILE, NEXT_SUFFIX, PREV_SUFFIX};
 use strata_store::client::{Client, RenameStep};
 use strata_store::cluster::{Cluster, ClusterConfig};
 use strata_store::table::{Device, Params, Table};
@@ -81,9 +81,54 @@ pub enum StoreCommand {
     /// storage node's prefix and each metadata group goes through the node
     /// that owns it, and is a local route on that node itself.
     Routes(RoutesArgs),
+    /// Make a new cluster key, or swap it in: the steps of a rotation
+    /// without downtime (see `docs/store.md`, "The cluster key"). Nodes
+    /// re-read their key files on SIGHUP.
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
     /// Load generator: concurrent clients Post or Get fixed-size objects
     /// (`bench/<size>/<client>/<i>`), or GET them from an HTTP server.
     Bench(BenchArgs),
+}
+
+/// Which key file a `strata store key` command works on.
+#[derive(Args)]
+pub struct KeyFileArg {
+    /// The cluster's directory: its key file is DIR/cluster.key.
+    #[arg(long, conflicts_with = "key", required_unless_present = "key")]
+    dir: Option<PathBuf>,
+    /// The key file itself (the files of a rotation are next to it).
+    #[arg(long, value_name = "FILE")]
+    key: Option<PathBuf>,
+}
+
+impl KeyFileArg {
+    fn path(&self) -> PathBuf {
+        match (&self.key, &self.dir) {
+            (Some(key), _) => key.clone(),
+            (None, Some(dir)) => dir.join(KEY_FILE),
+            // clap requires one of them.
+            (None, None) => PathBuf::from(KEY_FILE),
+        }
+    }
+}
+
+/// `strata store key` subcommands.
+#[derive(Subcommand)]
+pub enum KeyCommand {
+    /// Step 1 of a rotation: write a new random key to `cluster.key.next`
+    /// (mode 0600) next to the key file. Copy it next to the key file of
+    /// every host, then SIGHUP every node: they accept it, and still seal
+    /// with the current key.
+    New(KeyFileArg),
+    /// Step 2, on every host once every node accepts the new key: the key
+    /// file's key is copied to `cluster.key.prev` and `cluster.key.next`
+    /// becomes the key file; then SIGHUP every node: they seal with the
+    /// new key and still accept the old one. Step 3: remove
+    /// `cluster.key.prev` on every host and SIGHUP every node.
+    Swap(KeyFileArg),
 }
 
 /// `strata store bench` arguments.
@@ -410,7 +455,104 @@ pub fn run_store(cmd: StoreCommand) -> Result<i32> {
         StoreCommand::Routes(args) => routes(&args),
         StoreCommand::Node { command } => node(command),
         StoreCommand::Bench(args) => bench(args),
+        StoreCommand::Key { command } => key_command(command),
     }
+}
+
+fn key_command(cmd: KeyCommand) -> Result<i32> {
+    match cmd {
+        KeyCommand::New(arg) => {
+            let path = arg.path();
+            let next = sibling(&path, NEXT_SUFFIX);
+            ClusterKey::create(&next)?;
+            println!(
+                "wrote a new cluster key to {}: copy it next to the key file of every host \
+                 (mode 0600), SIGHUP every node, then run `strata store key swap`",
+                next.display()
+            );
+            Ok(0)
+        }
+        KeyCommand::Swap(arg) => {
+            let path = arg.path();
+            swap_keys(&path)?;
+            println!(
+                "{} now holds the new key and {} the old one: SIGHUP every node; once \
+                 every host has swapped, remove {} on every host and SIGHUP every node again",
+                path.display(),
+                sibling(&path, PREV_SUFFIX).display(),
+                sibling(&path, PREV_SUFFIX).display()
+            );
+            Ok(0)
+        }
+    }
+}
+
+/// Makes `path.next` the key file and the key file's key `path.prev`. The
+/// key file exists at every moment (a node restarted meanwhile starts with
+/// the old key or the new one, both accepted by every node), and each file
+/// is checked before anything changes.
+fn swap_keys(path: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let next = sibling(path, NEXT_SUFFIX);
+    let prev = sibling(path, PREV_SUFFIX);
+    if !next.exists() {
+        bail!(
+            "there is no {} to swap in: make it with `strata store key new` (and copy it \
+             to every host) first",
+            next.display()
+        );
+    }
+    // Both files hold valid keys, and no third key lies around.
+    ClusterKey::load(path)?;
+    ClusterKey::load(&next)?;
+    let old = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let tmp = sibling(&prev, ".tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    file.write_all(&old)
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &prev)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), prev.display()))?;
+    std::fs::rename(&next, path)
+        .with_context(|| format!("renaming {} to {}", next.display(), path.display()))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
+}
+
+/// Re-reads the cluster key files on every SIGHUP, for every node holding
+/// a clone of `key` (see [`ClusterKey::reload`]); an error keeps the keys
+/// in use and is printed.
+fn reload_on_hangup(key: ClusterKey) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup()).context("could not install the SIGHUP handler")?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            let from = key
+                .path()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
+            match key.reload() {
+                Ok(n) => eprintln!(
+                    "strata store: reloaded the cluster key {from} ({n} key{} accepted)",
+                    if n == 1 { "" } else { "s" }
+                ),
+                Err(e) => eprintln!(
+                    "strata store: could not reload the cluster key, keeping the keys in use: {e}"
+                ),
+            }
+        }
+    });
+    Ok(())
 }
 
 fn up(args: UpArgs) -> Result<i32> {
@@ -447,6 +589,7 @@ fn up(args: UpArgs) -> Result<i32> {
         let cluster = Cluster::start(cfg)
             .await
             .with_context(|| format!("could not start the cluster in '{}'", args.dir.display()))?;
+        reload_on_hangup(cluster.key.clone())?;
         let mut out = std::io::stdout().lock();
         writeln!(
             out,
@@ -775,6 +918,7 @@ fn node(cmd: NodeCommand) -> Result<i32> {
             let keep_routes = !routes.no_routes;
             let capacity = parse_size(&capacity).map_err(anyhow::Error::msg)?;
             runtime()?.block_on(async {
+                reload_on_hangup(key.clone())?;
                 if role == "mn" {
                     let mn = strata_store::node::start_mn(
                         &dir,

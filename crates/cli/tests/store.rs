@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{p, pattern, tmp};
+use common::{p, pattern, strata, strata_ok, tmp};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -2890,4 +2890,162 @@ fn a_cancelled_removal_puts_the_storage_node_back_and_a_later_one_retires_it() {
         assert_eq!(record.replicas.len(), 2, "{name}: {record:?}");
         assert!(!on(gone, &record), "{name} still names the retired node");
     }
+}
+
+/// Sends a GetTable sealed with `key` to the orchestrator; returns the
+/// raw answer.
+fn sealed_table_ask(on: SocketAddr, key: &strata_store::auth::ClusterKey) -> Vec<u8> {
+    let q = Msg::new(77, 0, Body::GetTable)
+        .seal(key, strata_store::auth::unix_ms())
+        .unwrap();
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    sock.send_to(&q, on).unwrap();
+    let mut buf = vec![0u8; 70_000];
+    let (n, _) = sock.recv_from(&mut buf).expect("an answer");
+    buf.truncate(n);
+    buf
+}
+
+fn hangup(pid: u32) {
+    // SAFETY: sending SIGHUP to our own child.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGHUP);
+    }
+}
+
+#[test]
+fn the_cluster_key_is_rotated_in_three_reloads_under_load_without_a_failed_request() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use strata_store::auth::{open_answer, unix_ms, ClusterKey};
+    let dir = tmp();
+    let cdir = dir.path().join("cluster");
+    let store = Store::up(
+        &cdir,
+        &["--mn", "2", "--sn", "2", "--replication", "2,2,2,2"],
+    );
+    // A storage node in a process of its own, with the same key files.
+    let node = Node::add(&store, &cdir.join("sn-added"), "sn");
+    store.wait_for_nodes("storage", 3);
+    let added = store.status()["storage_nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .nth(2)
+        .unwrap();
+    let pids = [store.child.as_ref().unwrap().id(), node.0.id()];
+    let mut before = Vec::new();
+    for i in 0..6usize {
+        let data = pattern(1000 + i * 50_000, i as u64);
+        let src = dir.path().join(format!("in-{i}"));
+        std::fs::write(&src, &data).unwrap();
+        let name = format!("rot/{i}");
+        store.ok(&["obj", "put", &p(&src), &name]);
+        before.push((name, data));
+    }
+    let old_file = dir.path().join("old.key");
+    std::fs::copy(store.key_path(), &old_file).unwrap();
+    let old = ClusterKey::load(&old_file).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = spawn_reader(store.on, stop.clone(), before.clone());
+    let load = {
+        let stop = stop.clone();
+        let on = store.on;
+        std::thread::spawn(move || run_load(on, stop))
+    };
+    let under_load = || std::thread::sleep(Duration::from_millis(1500));
+    under_load();
+
+    // 1: a new key, accepted everywhere, used nowhere.
+    let out = strata_ok(&["store", "key", "new", "--dir", &p(&cdir)]);
+    assert!(out.contains("cluster.key.next"), "{out}");
+    let new = ClusterKey::load(&cdir.join("cluster.key.next")).unwrap();
+    // A second `new` does not overwrite it.
+    let out = strata(&["store", "key", "new", "--dir", &p(&cdir)]);
+    assert!(!out.status.success());
+    for pid in pids {
+        hangup(pid);
+    }
+    wait_until("the orchestrator accepts the new key", || {
+        open_answer(&sealed_table_ask(store.on, &new), None, 0)
+            .is_some_and(|m| matches!(m.body, Body::Table { .. }))
+    });
+    // Still sealing with the old key.
+    assert!(open_answer(&sealed_table_ask(store.on, &old), Some(&old), unix_ms()).is_some());
+    under_load();
+
+    // 2: swapped, one process after the other: the added node seals with
+    // the new key while the others still seal (and issue tickets) with
+    // the old one.
+    strata_ok(&["store", "key", "swap", "--dir", &p(&cdir)]);
+    assert!(cdir.join("cluster.key.prev").exists() && !cdir.join("cluster.key.next").exists());
+    hangup(pids[1]);
+    under_load();
+    hangup(pids[0]);
+    wait_until("the orchestrator seals with the new key", || {
+        let answer = sealed_table_ask(store.on, &old);
+        open_answer(&answer, Some(&new), unix_ms())
+            .is_some_and(|m| matches!(m.body, Body::Table { .. }))
+    });
+    under_load();
+
+    // 3: the old key is gone.
+    std::fs::remove_file(cdir.join("cluster.key.prev")).unwrap();
+    for pid in pids {
+        hangup(pid);
+    }
+    wait_until("the orchestrator refuses the old key", || {
+        let answer = Msg::decode(&sealed_table_ask(store.on, &old)).unwrap();
+        matches!(answer.body, Body::Error { .. })
+    });
+    under_load();
+    stop.store(true, Ordering::Relaxed);
+    let load = load.join().unwrap();
+    let (gets, failures) = reader.join().unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} of {gets} Gets failed: {failures:?}",
+        failures.len()
+    );
+    assert!(
+        load.failed.is_empty() && load.get_failures.is_empty(),
+        "{} of {} Puts and {} of {} Gets failed: {:?} {:?}",
+        load.failed.len(),
+        load.failed.len() + load.acked.len(),
+        load.get_failures.len(),
+        load.gets,
+        load.failed,
+        load.get_failures
+    );
+    assert!(
+        load.acked.len() > 10 && gets > 10,
+        "{} {gets}",
+        load.acked.len()
+    );
+    // Everything reads back.
+    let (rt, client) = connect_client(store.on);
+    for (name, want) in &before {
+        assert_eq!(
+            &rt.block_on(client.get_bytes(name)).unwrap().1,
+            want,
+            "{name}"
+        );
+    }
+    for (name, seed) in &load.acked {
+        let want = pattern((seed * 7919) % 200_000, *seed as u64);
+        assert_eq!(
+            rt.block_on(client.get_bytes(name)).unwrap().1,
+            want,
+            "{name}"
+        );
+    }
+    // A control request sealed with the old key is refused, clearly; with
+    // the new one it works.
+    let err = store.fails(&["store", "node", "remove", "--key", &p(&old_file), &added]);
+    assert!(err.contains("does not match"), "{err}");
+    assert_eq!(store.status()["storage_nodes"][2]["state"], "up");
+    let out = store.ok(&["store", "node", "remove", &added]);
+    assert!(out.contains("retir"), "{out}");
 }

@@ -1,7 +1,7 @@
 //! The cluster key, and the seals that authenticate internal and control
 //! messages with it.
 //!
-//! A cluster has one 32-byte random key, in the file `cluster.key` of the
+//! A cluster has a 32-byte random key, in the file `cluster.key` of the
 //! directory of `strata store up` (mode 0600). Every node and every
 //! operator command that changes the cluster holds it. A message they
 //! send between themselves is *sealed*: the kind byte carries a flag, and
@@ -20,6 +20,12 @@
 //! the metadata node answering the tenant's `PostBegin` or `Get` issued
 //! with the key ([`issue_ticket`]) and the storage node checks with it.
 //!
+//! Rotation ([`ClusterKey`] is a keyring): a node seals and issues
+//! tickets with the *active* key, in the key file, and also accepts the
+//! key in `cluster.key.next` or `cluster.key.prev` next to it, if there is
+//! one; [`ClusterKey::reload`] (on SIGHUP) re-reads the files, so the key
+//! is changed in three reloads without stopping a node (`docs/store.md`).
+//!
 //! Replays: a seal older or newer than [`WINDOW_MS`] is refused, so a
 //! captured message is only good for a minute; within it, the operator's
 //! control requests (retire, cancel) are refused when their tag was seen
@@ -32,7 +38,8 @@ use crate::Error;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
 /// Length of a cluster key, in bytes.
 pub const KEY_LEN: usize = 32;
@@ -50,16 +57,52 @@ pub const WINDOW_MS: u64 = 60_000;
 /// Most control tags a gate remembers (each is kept for the window).
 const MAX_SEEN: usize = 65_536;
 
-/// A cluster's secret key, keyed into HMAC-SHA256 once.
+/// Suffix of the file, next to the key file, holding the next key of a
+/// rotation (accepted, not used to seal).
+pub const NEXT_SUFFIX: &str = ".next";
+
+/// Suffix of the file, next to the key file, holding the previous key of
+/// a rotation (accepted, not used to seal).
+pub const PREV_SUFFIX: &str = ".prev";
+
+/// The file next to the key file `path` with `suffix` appended to its
+/// name (`cluster.key` gives `cluster.key.next`).
+pub fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// The keys a node holds, each keyed into HMAC-SHA256 once.
+struct Ring {
+    /// Seals messages and tickets.
+    active: Hmac<Sha256>,
+    /// Also accepted (the next or the previous key of a rotation).
+    other: Option<Hmac<Sha256>>,
+}
+
+struct Shared {
+    /// The key file the ring is reloaded from (none: made from bytes).
+    path: Option<PathBuf>,
+    ring: RwLock<Ring>,
+}
+
+/// A cluster's keyring: the *active* key, which seals messages and
+/// issues tickets, and at most one other key that is accepted too (the
+/// next or previous key while the key is rotated). Clones share the ring,
+/// so [`ClusterKey::reload`] on one is seen by every node holding a clone.
+///
+/// A seal or ticket is checked against the active key, then, only if that
+/// fails, against the other one: at most two HMACs, each compared in
+/// constant time.
 #[derive(Clone)]
 pub struct ClusterKey {
-    // Keyed state: each tag clones it rather than hashing the key pads again.
-    mac: Hmac<Sha256>,
+    shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for ClusterKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ClusterKey(secret)")
+        write!(f, "ClusterKey(secret, {} accepted)", self.accepted())
     }
 }
 
@@ -82,75 +125,185 @@ fn refuse_shared(path: &Path) -> Result<(), Error> {
     Ok(())
 }
 
-impl ClusterKey {
-    /// A key from its bytes.
-    pub fn from_bytes(bytes: &[u8; KEY_LEN]) -> ClusterKey {
-        let Ok(mac) = Hmac::<Sha256>::new_from_slice(bytes) else {
-            unreachable!("HMAC takes keys of any length");
-        };
-        ClusterKey { mac }
-    }
+/// Reads one key file: exactly [`KEY_LEN`] bytes, mode 0600.
+fn read_key(path: &Path) -> Result<[u8; KEY_LEN], Error> {
+    refuse_shared(path)?;
+    let bytes = std::fs::read(path).map_err(|e| {
+        Error::io(
+            format!(
+                "reading the cluster key {} (the {KEY_FILE} that `strata store up` \
+                 creates in its directory; give its path with --key)",
+                path.display()
+            ),
+            e,
+        )
+    })?;
+    bytes.as_slice().try_into().map_err(|_| {
+        Error::Invalid(format!(
+            "{} holds {} bytes, but a cluster key is exactly {KEY_LEN} bytes: \
+             copy the {KEY_FILE} of the cluster's `strata store up` directory",
+            path.display(),
+            bytes.len()
+        ))
+    })
+}
 
-    /// Reads the key in `path`: exactly [`KEY_LEN`] bytes, in a file no
-    /// other user can read or write (as ssh treats private keys: a key
-    /// others can read is no longer a secret).
-    pub fn load(path: &Path) -> Result<ClusterKey, Error> {
-        refuse_shared(path)?;
-        let bytes = std::fs::read(path).map_err(|e| {
-            Error::io(
-                format!(
-                    "reading the cluster key {} (the {KEY_FILE} that `strata store up` \
-                     creates in its directory; give its path with --key)",
+fn keyed(bytes: &[u8; KEY_LEN]) -> Hmac<Sha256> {
+    let Ok(mac) = Hmac::<Sha256>::new_from_slice(bytes) else {
+        unreachable!("HMAC takes keys of any length");
+    };
+    mac
+}
+
+/// Reads the key in `path` and the keys in its `.next` and `.prev`
+/// siblings that exist: at most two distinct keys in all.
+fn read_ring(path: &Path) -> Result<Ring, Error> {
+    let active = read_key(path)?;
+    let mut other: Option<([u8; KEY_LEN], PathBuf)> = None;
+    for suffix in [NEXT_SUFFIX, PREV_SUFFIX] {
+        let file = sibling(path, suffix);
+        if std::fs::symlink_metadata(&file).is_err() {
+            continue;
+        }
+        let bytes = read_key(&file)?;
+        if bytes == active {
+            continue;
+        }
+        match &other {
+            Some((b, _)) if *b == bytes => {}
+            Some((_, first)) => {
+                return Err(Error::Invalid(format!(
+                    "{} and {} hold two different keys besides the active key {}: \
+                     a node accepts at most one other key; finish the rotation and \
+                     remove the old key's file",
+                    first.display(),
+                    file.display(),
                     path.display()
-                ),
-                e,
-            )
-        })?;
-        let bytes: [u8; KEY_LEN] = bytes.as_slice().try_into().map_err(|_| {
-            Error::Invalid(format!(
-                "{} holds {} bytes, but a cluster key is exactly {KEY_LEN} bytes: \
-                 copy the {KEY_FILE} of the cluster's `strata store up` directory",
-                path.display(),
-                bytes.len()
-            ))
-        })?;
-        Ok(ClusterKey::from_bytes(&bytes))
+                )))
+            }
+            None => other = Some((bytes, file)),
+        }
+    }
+    Ok(Ring {
+        active: keyed(&active),
+        other: other.map(|(b, _)| keyed(&b)),
+    })
+}
+
+impl ClusterKey {
+    /// A ring of one key, from its bytes ([`ClusterKey::reload`] keeps it).
+    pub fn from_bytes(bytes: &[u8; KEY_LEN]) -> ClusterKey {
+        ClusterKey::from_ring(bytes, None)
     }
 
-    /// Reads the key in `path`, or makes a new random one there (mode
-    /// 0600) if there is no file.
-    pub fn load_or_create(path: &Path) -> Result<ClusterKey, Error> {
+    /// A ring that seals with `active` and accepts `active` and `other`.
+    pub fn from_ring(active: &[u8; KEY_LEN], other: Option<&[u8; KEY_LEN]>) -> ClusterKey {
+        ClusterKey::new(
+            None,
+            Ring {
+                active: keyed(active),
+                other: other.filter(|o| *o != active).map(keyed),
+            },
+        )
+    }
+
+    fn new(path: Option<PathBuf>, ring: Ring) -> ClusterKey {
+        ClusterKey {
+            shared: Arc::new(Shared {
+                path,
+                ring: RwLock::new(ring),
+            }),
+        }
+    }
+
+    fn ring(&self) -> std::sync::RwLockReadGuard<'_, Ring> {
+        // Nothing panics while holding the lock; a poisoned one is whole.
+        self.shared.ring.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reads the keyring of the key file `path`: the active key in `path`
+    /// itself, and the accepted key in `path.next` or `path.prev` if one
+    /// exists (both may, holding the same key). Each file holds exactly
+    /// [`KEY_LEN`] bytes, and no other user can read or write it (as ssh
+    /// treats private keys: a key others can read is no longer a secret).
+    pub fn load(path: &Path) -> Result<ClusterKey, Error> {
+        let ring = read_ring(path)?;
+        Ok(ClusterKey::new(Some(path.to_path_buf()), ring))
+    }
+
+    /// Writes a new random key to `path` (mode 0600), which must not
+    /// exist yet.
+    pub fn create(path: &Path) -> Result<(), Error> {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let mut bytes = [0u8; KEY_LEN];
         getrandom::fill(&mut bytes)
             .map_err(|e| Error::Invalid(format!("no randomness for a new cluster key: {e}")))?;
-        let file = std::fs::OpenOptions::new()
+        let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .open(path);
-        let mut file = match file {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                return ClusterKey::load(path)
-            }
-            Err(e) => {
-                return Err(Error::io(
-                    format!("creating the cluster key {}", path.display()),
-                    e,
-                ))
-            }
-        };
+            .open(path)
+            .map_err(|e| Error::io(format!("creating the cluster key {}", path.display()), e))?;
         file.write_all(&bytes)
             .and_then(|()| file.sync_all())
-            .map_err(|e| Error::io(format!("writing the cluster key {}", path.display()), e))?;
-        Ok(ClusterKey::from_bytes(&bytes))
+            .map_err(|e| Error::io(format!("writing the cluster key {}", path.display()), e))
     }
 
-    /// The tag of `data`.
+    /// Reads the keyring of `path` ([`ClusterKey::load`]), or makes a new
+    /// random key there (mode 0600) if there is no file and no `.next` or
+    /// `.prev` one (those mean a rotation in progress lost its key file:
+    /// refused rather than replaced by a key no other node holds).
+    pub fn load_or_create(path: &Path) -> Result<ClusterKey, Error> {
+        if std::fs::symlink_metadata(path).is_err() {
+            for suffix in [NEXT_SUFFIX, PREV_SUFFIX] {
+                let file = sibling(path, suffix);
+                if std::fs::symlink_metadata(&file).is_ok() {
+                    return Err(Error::Invalid(format!(
+                        "the cluster key {} is missing but {} exists: a key rotation \
+                         was left half done; put the active key back in {}",
+                        path.display(),
+                        file.display(),
+                        path.display()
+                    )));
+                }
+            }
+            match ClusterKey::create(path) {
+                Ok(()) => {}
+                // Made by another process meanwhile: load it.
+                Err(Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
+        ClusterKey::load(path)
+    }
+
+    /// Re-reads the key files this ring was loaded from (see
+    /// [`ClusterKey::load`]) and uses them from now on, in every clone;
+    /// returns how many keys are accepted. On an error the ring is left
+    /// as it was. A ring made from bytes is kept.
+    pub fn reload(&self) -> Result<usize, Error> {
+        if let Some(path) = &self.shared.path {
+            let ring = read_ring(path)?;
+            *self.shared.ring.write().unwrap_or_else(|e| e.into_inner()) = ring;
+        }
+        Ok(self.accepted())
+    }
+
+    /// The key file this ring was loaded from, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.shared.path.as_deref()
+    }
+
+    /// How many keys are accepted (1, or 2 during a rotation).
+    pub fn accepted(&self) -> usize {
+        1 + usize::from(self.ring().other.is_some())
+    }
+
+    /// The tag of `data` under the active key.
     pub fn tag(&self, data: &[u8]) -> [u8; TAG_LEN] {
-        let mut mac = self.mac.clone();
+        let mut mac = self.ring().active.clone();
         mac.update(data);
         let full = mac.finalize().into_bytes();
         let mut tag = [0u8; TAG_LEN];
@@ -158,11 +311,19 @@ impl ClusterKey {
         tag
     }
 
-    /// Whether `tag` is the tag of `data` (compared in constant time).
+    /// Whether `tag` is the tag of `data` under an accepted key: the
+    /// active one, else the other one (each compared in constant time).
     pub fn verify(&self, data: &[u8], tag: &[u8]) -> bool {
-        let mut mac = self.mac.clone();
-        mac.update(data);
-        tag.len() == TAG_LEN && mac.verify_truncated_left(tag).is_ok()
+        if tag.len() != TAG_LEN {
+            return false;
+        }
+        let ring = self.ring();
+        let matches = |key: &Hmac<Sha256>| {
+            let mut mac = key.clone();
+            mac.update(data);
+            mac.verify_truncated_left(tag).is_ok()
+        };
+        matches(&ring.active) || ring.other.as_ref().is_some_and(matches)
     }
 }
 
@@ -181,7 +342,9 @@ pub enum AuthError {
     #[error("it carries no cluster-key tag")]
     Unsealed,
     /// The tag does not match (another cluster's key, or damage).
-    #[error("its tag does not match this cluster's key")]
+    #[error(
+        "its tag does not match this cluster's key (nor the other key accepted during a rotation)"
+    )]
     BadTag,
     /// The sender's clock is too far from the receiver's.
     #[error("it was sealed {0} ms away from this node's clock (limit {WINDOW_MS} ms): clocks apart, or a replay")]
@@ -751,6 +914,121 @@ mod tests {
         assert!(err.contains("nope.key") && err.contains("--key"), "{err}");
     }
 
+    #[test]
+    fn a_ring_accepts_its_two_keys_and_seals_with_the_active_one() {
+        let (a, b) = ([1u8; KEY_LEN], [2u8; KEY_LEN]);
+        let only_a = ClusterKey::from_bytes(&a);
+        let only_b = ClusterKey::from_bytes(&b);
+        let a_then_b = ClusterKey::from_ring(&a, Some(&b));
+        let b_then_a = ClusterKey::from_ring(&b, Some(&a));
+        assert_eq!((only_a.accepted(), a_then_b.accepted()), (1, 2));
+        // The same key twice is one key.
+        assert_eq!(ClusterKey::from_ring(&a, Some(&a)).accepted(), 1);
+        let m = replicate();
+        let by_a = m.seal(&only_a, NOW).unwrap();
+        let by_b = m.seal(&only_b, NOW).unwrap();
+        // A ring seals with its active key only.
+        assert_eq!(m.seal(&a_then_b, NOW).unwrap(), by_a);
+        assert_eq!(m.seal(&b_then_a, NOW).unwrap(), by_b);
+        for ring in [&a_then_b, &b_then_a] {
+            assert!(check_seal(&by_a, ring, NOW).is_ok());
+            assert!(check_seal(&by_b, ring, NOW).is_ok());
+        }
+        assert_eq!(check_seal(&by_a, &only_b, NOW), Err(AuthError::BadTag));
+        assert_eq!(check_seal(&by_b, &only_a, NOW), Err(AuthError::BadTag));
+        let c = ClusterKey::from_ring(&[3; KEY_LEN], Some(&[4; KEY_LEN]));
+        assert_eq!(check_seal(&by_a, &c, NOW), Err(AuthError::BadTag));
+        // A gate takes both; its answers are sealed with the active key.
+        let mut gate = Gate::new(b_then_a.clone(), Receiver::Mn);
+        for bytes in [&by_a, &by_b] {
+            assert!(matches!(
+                gate.admit(bytes, NOW),
+                Verdict::Accept { sealed: true, .. }
+            ));
+        }
+        let done = Msg::new(3, 0, Body::Done { version: 1 });
+        let answer = done.seal(gate.key(), NOW).unwrap();
+        assert_eq!(open_answer(&answer, Some(&only_b), NOW), Some(done.clone()));
+        assert_eq!(open_answer(&answer, Some(&only_a), NOW), None);
+        // Tickets likewise.
+        let t = get_ticket();
+        let t_a = t.seal(&only_a);
+        let t_b = t.seal(&only_b);
+        assert_eq!(t.seal(&a_then_b), t_a);
+        for ring in [&a_then_b, &b_then_a] {
+            assert_eq!(Ticket::open(&t_a, ring, NOW), Ok(t.clone()));
+            assert_eq!(Ticket::open(&t_b, ring, NOW), Ok(t.clone()));
+        }
+        assert_eq!(Ticket::open(&t_a, &only_b, NOW), Err(TicketError::BadTag));
+        assert_eq!(Ticket::open(&t_b, &only_a, NOW), Err(TicketError::BadTag));
+        assert_eq!(Ticket::open(&t_a, &c, NOW), Err(TicketError::BadTag));
+    }
+
+    #[test]
+    fn a_ring_is_reloaded_from_its_files_through_a_rotation() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(KEY_FILE);
+        let next = sibling(&path, NEXT_SUFFIX);
+        let prev = sibling(&path, PREV_SUFFIX);
+        assert!(next.ends_with("cluster.key.next"), "{}", next.display());
+        let ring = ClusterKey::load_or_create(&path).unwrap();
+        let node = ring.clone(); // as another node of the process holds it
+        let old = std::fs::read(&path).unwrap();
+        let old: [u8; KEY_LEN] = old.as_slice().try_into().unwrap();
+        let old = ClusterKey::from_bytes(&old);
+        assert_eq!(ring.reload().unwrap(), 1);
+        // 1: the next key is accepted, not used.
+        ClusterKey::create(&next).unwrap();
+        assert_eq!(ring.reload().unwrap(), 2);
+        let new = ClusterKey::load(&next).unwrap();
+        assert_eq!(new.accepted(), 1);
+        assert_eq!(node.tag(b"x"), old.tag(b"x"));
+        assert!(node.verify(b"x", &new.tag(b"x")));
+        // 2: swapped (the copy step of `strata store key swap` included,
+        // when .next and .prev both exist).
+        std::fs::copy(&path, &prev).unwrap();
+        assert_eq!(ring.reload().unwrap(), 2);
+        std::fs::rename(&next, &path).unwrap();
+        assert_eq!(ring.reload().unwrap(), 2);
+        assert_eq!(node.tag(b"x"), new.tag(b"x"));
+        assert!(node.verify(b"x", &old.tag(b"x")));
+        // 3: the old key is gone.
+        std::fs::remove_file(&prev).unwrap();
+        assert_eq!(ring.reload().unwrap(), 1);
+        assert!(!node.verify(b"x", &old.tag(b"x")));
+        assert!(node.verify(b"x", &new.tag(b"x")));
+        // A bad file fails the reload, names the file, and the ring stays.
+        std::fs::write(&next, [9u8; 5]).unwrap();
+        std::fs::set_permissions(&next, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let err = ring.reload().unwrap_err().to_string();
+        assert!(
+            err.contains("cluster.key.next") && err.contains("5 bytes"),
+            "{err}"
+        );
+        std::fs::write(&next, [9u8; KEY_LEN]).unwrap();
+        std::fs::set_permissions(&next, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = ring.reload().unwrap_err().to_string();
+        assert!(
+            err.contains("cluster.key.next") && err.contains("chmod 600"),
+            "{err}"
+        );
+        assert_eq!(node.accepted(), 1);
+        assert!(node.verify(b"x", &new.tag(b"x")));
+        // Three different keys: refused, both extra files named.
+        std::fs::set_permissions(&next, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(&prev, [8u8; KEY_LEN]).unwrap();
+        std::fs::set_permissions(&prev, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let err = ClusterKey::load(&path).unwrap_err().to_string();
+        assert!(err.contains(".next") && err.contains(".prev"), "{err}");
+        // A missing key file with a rotation's file next to it is not
+        // replaced by a new key.
+        std::fs::remove_file(&path).unwrap();
+        let err = ClusterKey::load_or_create(&path).unwrap_err().to_string();
+        assert!(err.contains("half done"), "{err}");
+        assert!(!path.exists());
+    }
+
     fn get_ticket() -> Ticket {
         Ticket {
             op: TicketOp::Get,
@@ -896,15 +1174,23 @@ mod tests {
             std::hint::black_box(t.allows(TicketOp::Get, 5, &[], 0)).unwrap();
         }
         let check = start.elapsed();
+        let ring = ClusterKey::from_ring(&[2; KEY_LEN], Some(&[1; KEY_LEN]));
+        let start = std::time::Instant::now();
+        for _ in 0..n {
+            let t = Ticket::open(&ticket, &ring, NOW).unwrap();
+            std::hint::black_box(t.allows(TicketOp::Get, 5, &[], 0)).unwrap();
+        }
+        let second = start.elapsed();
         let per = |d: std::time::Duration| d.as_nanos() as f64 / n as f64;
         println!(
             "Found of {} bytes with a {}-byte ticket: encode {:.0} ns, \
-             issue+encode {:.0} ns, ticket check {:.0} ns",
+             issue+encode {:.0} ns, ticket check {:.0} ns, by the other key of a ring {:.0} ns",
             last.len(),
             ticket.len(),
             per(encode),
             per(issue),
-            per(check)
+            per(check),
+            per(second)
         );
     }
 
@@ -932,13 +1218,29 @@ mod tests {
             std::hint::black_box(check_seal(&last, &k, NOW + n as u64).unwrap());
         }
         let check = start.elapsed();
+        // During a rotation, a seal made with the other key: two HMACs.
+        let ring = ClusterKey::from_ring(&[2; KEY_LEN], Some(&[1; KEY_LEN]));
+        let start = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(check_seal(&last, &ring, NOW + n as u64).unwrap());
+        }
+        let second = start.elapsed();
+        let start = std::time::Instant::now();
+        for _ in 0..n {
+            let bad = check_seal(&last, &key(3), NOW + n as u64);
+            assert_eq!(std::hint::black_box(bad), Err(AuthError::BadTag));
+        }
+        let refused = start.elapsed();
         let per = |d: std::time::Duration| d.as_nanos() as f64 / n as f64;
         println!(
-            "{} bytes sealed: encode {:.0} ns, encode+seal {:.0} ns, check {:.0} ns",
+            "{} bytes sealed: encode {:.0} ns, encode+seal {:.0} ns, check {:.0} ns, \
+             check by the other key of a ring {:.0} ns, refused by one key {:.0} ns",
             last.len(),
             per(plain),
             per(seal),
-            per(check)
+            per(check),
+            per(second),
+            per(refused)
         );
     }
 }
