@@ -1200,6 +1200,15 @@ fn seeds(base: u64) -> std::ops::Range<u64> {
     first..first + var("SIM_SEEDS", 3)
 }
 
+/// Three copies of metadata and data, two to acknowledge: the scenarios'
+/// usual parameters.
+const MAJORITY: Params = Params {
+    n_m: 3,
+    w_m: 2,
+    n_d: 3,
+    w_d: 2,
+};
+
 #[test]
 fn metadata_protocol_with_w_equal_n_has_no_lost_or_stale_reads() {
     let p = Params {
@@ -1275,12 +1284,7 @@ fn anti_entropy_brings_every_metadata_copy_to_its_coordinator_s_state() {
 
 #[test]
 fn repair_of_a_dead_storage_node_under_faults_loses_nothing() {
-    let p = Params {
-        n_m: 3,
-        w_m: 2,
-        n_d: 3,
-        w_d: 2,
-    };
+    let p = MAJORITY;
     for seed in seeds(2_000) {
         check_dead_sn_repair(seed, p, &[(60_000, true)]);
     }
@@ -1310,12 +1314,7 @@ fn check_dead_sn_repair(seed: u64, p: Params, phases: &[(u64, bool)]) {
 /// node, and every acknowledged object has N_d replicas.
 #[test]
 fn repair_of_a_dead_storage_node_refreshes_every_metadata_copy() {
-    let p = Params {
-        n_m: 3,
-        w_m: 2,
-        n_d: 3,
-        w_d: 2,
-    };
+    let p = MAJORITY;
     for seed in seeds(2_500) {
         check_dead_sn_repair(seed, p, &[(25_000, true), (60_000, false)]);
     }
@@ -1327,12 +1326,7 @@ fn repair_of_a_dead_storage_node_refreshes_every_metadata_copy() {
 /// object has N_d replicas, none on it.
 #[test]
 fn draining_a_storage_node_under_faults_retires_it_with_nothing_lost() {
-    let p = Params {
-        n_m: 3,
-        w_m: 2,
-        n_d: 3,
-        w_d: 2,
-    };
+    let p = MAJORITY;
     for seed in seeds(5_000) {
         let mut sim = Sim::new(seed, p);
         sim.on = Some(sim.orchestrator());
@@ -1357,12 +1351,7 @@ fn draining_a_storage_node_under_faults_retires_it_with_nothing_lost() {
 /// N_d replicas, none on it.
 #[test]
 fn a_drain_cancelled_then_started_again_under_faults_retires_with_nothing_lost() {
-    let p = Params {
-        n_m: 3,
-        w_m: 2,
-        n_d: 3,
-        w_d: 2,
-    };
+    let p = MAJORITY;
     for seed in seeds(5_500) {
         let mut sim = Sim::new(seed, p);
         sim.on = Some(sim.orchestrator());
