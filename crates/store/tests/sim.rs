@@ -1373,6 +1373,19 @@ fn a_drain_cancelled_then_started_again_under_faults_retires_with_nothing_lost()
     }
 }
 
+/// A simulation whose orchestrator gives a metadata node down for over a
+/// second a stand-in and never declares one dead, and the slot of a node
+/// whose loss leaves every name a copy elsewhere.
+fn sim_with_stand_ins(seed: u64, p: Params) -> (Sim, u16) {
+    let mut sim = Sim::new(seed, p);
+    let gone = sim.slot_no_name_lives_on_alone();
+    let mut on = sim.orchestrator();
+    on.set_short_failure(1_000);
+    on.set_definitive_failure(600_000);
+    sim.on = Some(on);
+    (sim, gone)
+}
+
 /// A storage node drained while a metadata node goes down (just after the
 /// drain starts, back about 50 s later): coordinators resend records naming the
 /// drained node to the down node's addresses (lost), until their tables
@@ -1389,12 +1402,7 @@ fn a_drain_does_not_wait_for_resends_to_a_metadata_node_that_is_down() {
     let p = every_metadata_copy_acks();
     let (mut runs, mut lost_runs) = (0, 0);
     for seed in seeds(6_000) {
-        let mut sim = Sim::new(seed, p);
-        let gone = sim.slot_no_name_lives_on_alone();
-        let mut on = sim.orchestrator();
-        on.set_short_failure(1_000);
-        on.set_definitive_failure(600_000);
-        sim.on = Some(on);
+        let (mut sim, gone) = sim_with_stand_ins(seed, p);
         sim.drain_sn_at = Some(20_000);
         // Down once a record naming the drained node is on its way to it
         // (or at 22 s): it is then resent to a node that is down.
@@ -1535,13 +1543,8 @@ fn a_metadata_node_down_for_a_while_stands_in_then_comes_back_under_faults() {
     let all = seeds(5_000);
     let runs = all.end - all.start;
     for seed in all {
-        let mut sim = Sim::new(seed, p);
-        let gone = sim.slot_no_name_lives_on_alone();
-        let mut on = sim.orchestrator();
         // Random crashes (0.3 to 1.8 s) stand in too.
-        on.set_short_failure(1_000);
-        on.set_definitive_failure(600_000);
-        sim.on = Some(on);
+        let (mut sim, gone) = sim_with_stand_ins(seed, p);
         let owners = sim.table.mg_owner.clone();
         sim.kill_mn_at = Some((20_000, gone));
         let (mut stood_in, mut held) = (false, false);
