@@ -6,7 +6,9 @@ use serde_json::json;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use strata_store::auth::{sibling, ClusterKey, KEY_FILE, NEXT_SUFFIX, PREV_SUFFIX};
+use strata_store::auth::{
+    fmt_fingerprint, sibling, ClusterKey, Fingerprints, KEY_FILE, NEXT_SUFFIX, PREV_SUFFIX,
+};
 use strata_store::client::{Client, RenameStep};
 use strata_store::cluster::{Cluster, ClusterConfig};
 use strata_store::table::{Device, Params, Table};
@@ -129,6 +131,21 @@ pub enum KeyCommand {
     /// new key and still accept the old one. Step 3: remove
     /// `cluster.key.prev` on every host and SIGHUP every node.
     Swap(KeyFileArg),
+    /// Print the fingerprints of the keyring a node would load from the
+    /// key file (the active key, and the `.next` or `.prev` key it also
+    /// accepts): compare them with what `strata store status` shows for
+    /// every node before the next step of a rotation.
+    Fingerprint(KeyFingerprintArgs),
+}
+
+/// `strata store key fingerprint` arguments.
+#[derive(Args)]
+pub struct KeyFingerprintArgs {
+    #[command(flatten)]
+    file: KeyFileArg,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "human")]
+    output: Output,
 }
 
 /// `strata store bench` arguments.
@@ -484,7 +501,35 @@ fn key_command(cmd: KeyCommand) -> Result<i32> {
             );
             Ok(0)
         }
+        KeyCommand::Fingerprint(args) => {
+            let prints = ClusterKey::load(&args.file.path())?.fingerprints();
+            match args.output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&prints_json(prints))?),
+                Output::Human => {
+                    println!("active {}", fmt_fingerprint(prints.active));
+                    if let Some(o) = prints.other {
+                        println!("also accepted {}", fmt_fingerprint(o));
+                    }
+                }
+            }
+            Ok(0)
+        }
     }
+}
+
+/// A keyring's fingerprints in JSON: `{"active": hex, "other": hex or null}`.
+fn prints_json(k: Fingerprints) -> serde_json::Value {
+    json!({
+        "active": fmt_fingerprint(k.active),
+        "other": k.other.map(fmt_fingerprint),
+    })
+}
+
+/// The fingerprints node `uuid` reported, as shown: `active[+other]`, or
+/// `?` if it has not reported any (yet, or it runs an older build).
+fn node_keys(t: &Table, uuid: u64) -> String {
+    t.keys_of(uuid)
+        .map_or_else(|| "?".to_string(), |k| k.to_string())
 }
 
 /// Makes `path.next` the key file and the key file's key `path.prev`. The
@@ -732,8 +777,10 @@ fn table_json(t: &Table) -> serde_json::Value {
         "network_mode": if t.routed { "routed" } else { "mapped" },
         "replication": params(&t.params),
         "buckets": t.buckets.iter().map(|(b, p)| json!({"bucket": b, "replication": params(p)})).collect::<Vec<_>>(),
+        "orchestrator_key": t.on_keys.map(prints_json),
         "metadata_nodes": t.mns.iter().map(|m| json!({
             "id": format!("{:016x}", m.uuid),
+            "key": t.keys_of(m.uuid).map(prints_json),
             "slot": m.slot,
             "endpoint": m.endpoint.to_string(),
             "state": m.state.name(),
@@ -764,6 +811,7 @@ fn table_json(t: &Table) -> serde_json::Value {
         })).collect::<Vec<_>>(),
         "storage_nodes": t.sns.iter().map(|s| json!({
             "id": format!("{:016x}", s.uuid),
+            "key": t.keys_of(s.uuid).map(prints_json),
             "prefix": format!("{}/64", strata_store::addr::fmt_addr(t.layout.sn_prefix(s.index))),
             "endpoint": s.endpoint.to_string(),
             "state": sn_state(t, s),
@@ -830,6 +878,9 @@ fn print_table(t: &Table) {
         p.n_d,
         p.w_d
     );
+    if let Some(k) = t.on_keys {
+        println!("orchestrator key {k}");
+    }
     for (b, p) in &t.buckets {
         println!(
             "bucket {b}: N_m={} W_m={} N_d={} W_d={}",
@@ -845,11 +896,12 @@ fn print_table(t: &Table) {
             String::new()
         };
         println!(
-            "mn {:016x}  {:<22} {:<7} slot {} {groups} groups{incoming}",
+            "mn {:016x}  {:<22} {:<7} slot {} {groups} groups{incoming}  key {}",
             m.uuid,
             m.endpoint,
             m.state.name(),
-            m.slot
+            m.slot,
+            node_keys(t, m.uuid)
         );
     }
     if !t.moves.is_empty() {
@@ -875,7 +927,7 @@ fn print_table(t: &Table) {
     }
     for s in &t.sns {
         println!(
-            "sn {:016x}  {:<22} {:<8} {} {}/64  {} free of {}, {} replicas",
+            "sn {:016x}  {:<22} {:<8} {} {}/64  {} free of {}, {} replicas  key {}",
             s.uuid,
             s.endpoint,
             sn_state(t, s),
@@ -883,7 +935,8 @@ fn print_table(t: &Table) {
             strata_store::addr::fmt_addr(t.layout.sn_prefix(s.index)),
             human(s.free),
             human(s.capacity),
-            s.objects
+            s.objects,
+            node_keys(t, s.uuid)
         );
         if let Some(d) = t.drain_of(s.index) {
             let waiting = drain_waiting(d)

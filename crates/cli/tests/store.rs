@@ -2914,6 +2914,56 @@ fn hangup(pid: u32) {
     }
 }
 
+/// Waits until `strata store status --output json` shows the keyring
+/// that `strata store key fingerprint` prints for the key file of `cdir`
+/// for the orchestrator and every node, and checks that print against
+/// `want` (the active key's fingerprint, then the other accepted one's).
+fn every_node_shows_the_keys_of(store: &Store, cdir: &Path, want: (u64, Option<u64>)) {
+    let hex = |fp: u64| format!("{fp:016x}");
+    let out = strata_ok(&[
+        "store",
+        "key",
+        "fingerprint",
+        "--dir",
+        &p(cdir),
+        "--output",
+        "json",
+    ]);
+    let printed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        printed,
+        serde_json::json!({"active": hex(want.0), "other": want.1.map(hex)}),
+        "{out}"
+    );
+    let human = strata_ok(&["store", "key", "fingerprint", "--dir", &p(cdir)]);
+    assert!(
+        human.contains(&format!("active {}", hex(want.0))),
+        "{human}"
+    );
+    let mut last = serde_json::Value::Null;
+    wait_until("every node shows the expected key fingerprints", || {
+        last = store.status();
+        let nodes = ["metadata_nodes", "storage_nodes"]
+            .iter()
+            .flat_map(|k| last[*k].as_array().cloned().unwrap_or_default())
+            .collect::<Vec<_>>();
+        !nodes.is_empty()
+            && last["orchestrator_key"] == printed
+            && nodes.iter().all(|n| n["key"] == printed)
+    });
+    let text = store.ok(&["store", "status"]);
+    let shown = match want.1 {
+        Some(o) => format!("key {}+{}", hex(want.0), hex(o)),
+        None => format!("key {}", hex(want.0)),
+    };
+    assert!(
+        text.lines()
+            .filter(|l| l.starts_with("mn ") || l.starts_with("sn "))
+            .all(|l| l.ends_with(&shown)),
+        "{text}"
+    );
+}
+
 #[test]
 fn the_cluster_key_is_rotated_in_three_reloads_under_load_without_a_failed_request() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -2948,6 +2998,8 @@ fn the_cluster_key_is_rotated_in_three_reloads_under_load_without_a_failed_reque
     let old_file = dir.path().join("old.key");
     std::fs::copy(store.key_path(), &old_file).unwrap();
     let old = ClusterKey::load(&old_file).unwrap();
+    let old_fp = old.fingerprints().active;
+    every_node_shows_the_keys_of(&store, &cdir, (old_fp, None));
     let stop = Arc::new(AtomicBool::new(false));
     let reader = spawn_reader(store.on, stop.clone(), before.clone());
     let load = {
@@ -2962,6 +3014,8 @@ fn the_cluster_key_is_rotated_in_three_reloads_under_load_without_a_failed_reque
     let out = strata_ok(&["store", "key", "new", "--dir", &p(&cdir)]);
     assert!(out.contains("cluster.key.next"), "{out}");
     let new = ClusterKey::load(&cdir.join("cluster.key.next")).unwrap();
+    let new_fp = new.fingerprints().active;
+    assert_ne!(new_fp, old_fp);
     // A second `new` does not overwrite it.
     let out = strata(&["store", "key", "new", "--dir", &p(&cdir)]);
     assert!(!out.status.success());
@@ -2974,6 +3028,8 @@ fn the_cluster_key_is_rotated_in_three_reloads_under_load_without_a_failed_reque
     });
     // Still sealing with the old key.
     assert!(open_answer(&sealed_table_ask(store.on, &old), Some(&old), unix_ms()).is_some());
+    // Every node says so before the next step.
+    every_node_shows_the_keys_of(&store, &cdir, (old_fp, Some(new_fp)));
     under_load();
 
     // 2: swapped, one process after the other: the added node seals with
@@ -2989,6 +3045,7 @@ fn the_cluster_key_is_rotated_in_three_reloads_under_load_without_a_failed_reque
         open_answer(&answer, Some(&new), unix_ms())
             .is_some_and(|m| matches!(m.body, Body::Table { .. }))
     });
+    every_node_shows_the_keys_of(&store, &cdir, (new_fp, Some(old_fp)));
     under_load();
 
     // 3: the old key is gone.
@@ -3000,6 +3057,7 @@ fn the_cluster_key_is_rotated_in_three_reloads_under_load_without_a_failed_reque
         let answer = Msg::decode(&sealed_table_ask(store.on, &old)).unwrap();
         matches!(answer.body, Body::Error { .. })
     });
+    every_node_shows_the_keys_of(&store, &cdir, (new_fp, None));
     under_load();
     stop.store(true, Ordering::Relaxed);
     let load = load.join().unwrap();

@@ -73,12 +73,70 @@ pub fn sibling(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// Domain-separation prefix of a key's fingerprint ([`fingerprint`]).
+const FINGERPRINT_DOMAIN: &[u8] = b"strata store cluster key fingerprint v1\0";
+
+/// A key's fingerprint: the first 8 bytes, big-endian, of SHA-256 over
+/// a fixed domain-separation prefix and the key. It names a key without
+/// revealing it (nor any HMAC under it), so nodes publish theirs.
+pub fn fingerprint(key: &[u8; KEY_LEN]) -> u64 {
+    use sha2::Digest;
+    let mut hash = Sha256::new();
+    hash.update(FINGERPRINT_DOMAIN);
+    hash.update(key);
+    let full = hash.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&full[..8]);
+    u64::from_be_bytes(first)
+}
+
+/// A fingerprint as shown: 16 lowercase hex digits.
+pub fn fmt_fingerprint(fp: u64) -> String {
+    format!("{fp:016x}")
+}
+
+/// The fingerprints of a keyring ([`ClusterKey::fingerprints`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fingerprints {
+    /// The active key's, which seals.
+    pub active: u64,
+    /// The other accepted key's (next or previous), if there is one.
+    pub other: Option<u64>,
+}
+
+impl std::fmt::Display for Fingerprints {
+    /// `active` or `active+other`, in hex.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", fmt_fingerprint(self.active))?;
+        if let Some(o) = self.other {
+            write!(f, "+{}", fmt_fingerprint(o))?;
+        }
+        Ok(())
+    }
+}
+
 /// The keys a node holds, each keyed into HMAC-SHA256 once.
 struct Ring {
     /// Seals messages and tickets.
     active: Hmac<Sha256>,
     /// Also accepted (the next or the previous key of a rotation).
     other: Option<Hmac<Sha256>>,
+    /// The fingerprints of the two.
+    prints: Fingerprints,
+}
+
+impl Ring {
+    fn new(active: &[u8; KEY_LEN], other: Option<&[u8; KEY_LEN]>) -> Ring {
+        let other = other.filter(|o| *o != active);
+        Ring {
+            active: keyed(active),
+            other: other.map(keyed),
+            prints: Fingerprints {
+                active: fingerprint(active),
+                other: other.map(fingerprint),
+            },
+        }
+    }
 }
 
 struct Shared {
@@ -184,10 +242,7 @@ fn read_ring(path: &Path) -> Result<Ring, Error> {
             None => other = Some((bytes, file)),
         }
     }
-    Ok(Ring {
-        active: keyed(&active),
-        other: other.map(|(b, _)| keyed(&b)),
-    })
+    Ok(Ring::new(&active, other.as_ref().map(|(b, _)| b)))
 }
 
 impl ClusterKey {
@@ -198,13 +253,7 @@ impl ClusterKey {
 
     /// A ring that seals with `active` and accepts `active` and `other`.
     pub fn from_ring(active: &[u8; KEY_LEN], other: Option<&[u8; KEY_LEN]>) -> ClusterKey {
-        ClusterKey::new(
-            None,
-            Ring {
-                active: keyed(active),
-                other: other.filter(|o| *o != active).map(keyed),
-            },
-        )
+        ClusterKey::new(None, Ring::new(active, other))
     }
 
     fn new(path: Option<PathBuf>, ring: Ring) -> ClusterKey {
@@ -299,6 +348,12 @@ impl ClusterKey {
     /// How many keys are accepted (1, or 2 during a rotation).
     pub fn accepted(&self) -> usize {
         1 + usize::from(self.ring().other.is_some())
+    }
+
+    /// The fingerprints of the active key and of the other accepted one,
+    /// if any ([`fingerprint`]): what `strata store status` shows per node.
+    pub fn fingerprints(&self) -> Fingerprints {
+        self.ring().prints
     }
 
     /// The tag of `data` under the active key.
@@ -763,6 +818,42 @@ mod tests {
         ClusterKey::from_bytes(&[b; KEY_LEN])
     }
 
+    #[test]
+    fn a_fingerprint_is_stable_differs_per_key_and_is_not_the_key() {
+        let (a, b) = ([7u8; KEY_LEN], [8u8; KEY_LEN]);
+        assert_eq!(fingerprint(&a), fingerprint(&a));
+        assert_ne!(fingerprint(&a), fingerprint(&b));
+        // Pinned: a node and the CLI of another build must agree.
+        assert_eq!(fmt_fingerprint(fingerprint(&[0u8; KEY_LEN])).len(), 16);
+        assert_eq!(
+            fmt_fingerprint(fingerprint(&a)),
+            fmt_fingerprint(fingerprint(&[7u8; KEY_LEN]))
+        );
+        // Not the key's bytes, nor a bare hash of them.
+        let fp = fingerprint(&a).to_be_bytes();
+        assert_ne!(fp[..], a[..8]);
+        use sha2::Digest;
+        assert_ne!(fp[..], Sha256::digest(a)[..8]);
+        // The ring's: active, then the other accepted key.
+        let ring = ClusterKey::from_ring(&a, Some(&b));
+        let prints = ring.fingerprints();
+        assert_eq!(prints.active, fingerprint(&a));
+        assert_eq!(prints.other, Some(fingerprint(&b)));
+        assert_eq!(
+            prints.to_string(),
+            format!(
+                "{}+{}",
+                fmt_fingerprint(fingerprint(&a)),
+                fmt_fingerprint(fingerprint(&b))
+            )
+        );
+        assert_eq!(key(7).fingerprints().other, None);
+        assert_eq!(
+            ClusterKey::from_ring(&a, Some(&a)).fingerprints().other,
+            None
+        );
+    }
+
     fn replicate() -> Msg {
         let record = Record {
             name: "bucket/some/object-name".into(),
@@ -854,6 +945,7 @@ mod tests {
                 uuid: 1,
                 free: 2,
                 objects: 3,
+                keys: None,
             },
         );
         let hb = hb.seal(&key(1), NOW).unwrap();

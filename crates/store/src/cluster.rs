@@ -133,6 +133,8 @@ impl Cluster {
             moves: Vec::new(),
             stand_ins: Vec::new(),
             drains: Vec::new(),
+            keys: Vec::new(),
+            on_keys: None,
         };
         let mut core = OnCore::open(
             &cfg.dir.join("orchestrator.redb"),

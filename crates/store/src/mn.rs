@@ -271,6 +271,8 @@ fn classifier(t: &Table) -> Classify {
         moves: Vec::new(),
         stand_ins: Vec::new(),
         drains: Vec::new(),
+        keys: Vec::new(),
+        on_keys: None,
         ..t.clone()
     };
     Box::new(move |mg, name| {

@@ -174,6 +174,7 @@ async fn refresh_loop(
                 uuid,
                 free,
                 objects,
+                keys: Some(key.fingerprints()),
             },
         );
         let _ = udp_call(on, &hb, Duration::from_millis(200), 1, Some(&key)).await;
@@ -202,6 +203,7 @@ pub async fn run_on(sock: UdpSocket, mut core: OnCore, key: ClusterKey) {
     let mut gate = Gate::new(key, Receiver::On);
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
     let mut tick = tokio::time::interval(Duration::from_millis(250));
+    core.set_own_keys(gate.key().fingerprints());
     loop {
         tokio::select! {
             r = sock.recv_from(&mut buf) => {
@@ -213,6 +215,8 @@ pub async fn run_on(sock: UdpSocket, mut core: OnCore, key: ClusterKey) {
                 }
             }
             _ = tick.tick() => {
+                // As reloaded on SIGHUP, for `strata store status`.
+                core.set_own_keys(gate.key().fingerprints());
                 if let Err(e) = core.tick(start.elapsed().as_millis() as u64) {
                     tracing::warn!("orchestrator: {e}");
                 }
@@ -383,6 +387,7 @@ pub async fn start_mn(
             capacity: 0,
             free: 0,
             device: 0,
+            keys: Some(key.fingerprints()),
         },
         key,
     )
@@ -704,6 +709,7 @@ pub async fn start_sn(
             capacity,
             free: probe.free(),
             device: device as u8,
+            keys: Some(key.fingerprints()),
         },
         key,
     )

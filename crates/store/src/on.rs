@@ -13,7 +13,7 @@
 //! before a higher limit is stored, and a restart starts above it.
 
 use crate::table::{Device, Drain, MnEntry, Move, MovePhase, SnEntry, StandIn, State, Table};
-use crate::wire::{Body, Code, Msg, Role};
+use crate::wire::{Body, Code, Fingerprints, Msg, Role};
 use crate::Error;
 use redb::{Database, TableDefinition};
 use std::collections::HashMap;
@@ -289,6 +289,9 @@ impl OnCore {
             }
         };
         table.epoch = start;
+        // Fingerprints are reported again by every node that is up.
+        table.keys.clear();
+        table.on_keys = None;
         // Everyone gets a full timer after an orchestrator restart.
         let last_seen = table
             .mns
@@ -387,6 +390,12 @@ impl OnCore {
         self.persist()
     }
 
+    /// Publishes the orchestrator's own keyring fingerprints in the table
+    /// it serves (its server calls this as it reloads its key).
+    pub fn set_own_keys(&mut self, prints: Fingerprints) {
+        self.table.on_keys = Some(prints);
+    }
+
     /// Handles one request; returns the reply.
     pub fn handle(&mut self, now: u64, msg: &Msg) -> Msg {
         match self.request(now, msg) {
@@ -408,6 +417,7 @@ impl OnCore {
                 capacity,
                 free,
                 device,
+                keys,
             } => {
                 self.last_seen.insert(*uuid, now);
                 let index = match role {
@@ -420,6 +430,9 @@ impl OnCore {
                         Device::from_u8(*device),
                     )?,
                 };
+                if let Some(k) = keys {
+                    self.table.set_keys_of(*uuid, *k);
+                }
                 self.changed()?;
                 Ok(Body::Registered { index })
             }
@@ -427,6 +440,7 @@ impl OnCore {
                 uuid,
                 free,
                 objects,
+                keys,
             } => {
                 self.last_seen.insert(*uuid, now);
                 let revived;
@@ -457,6 +471,9 @@ impl OnCore {
                         code: Code::NotFound,
                         message: format!("node {uuid:016x} is not a member; register first"),
                     });
+                }
+                if let Some(k) = keys {
+                    self.table.set_keys_of(*uuid, *k);
                 }
                 if revived {
                     self.changed()?;
@@ -1453,6 +1470,8 @@ mod tests {
             moves: vec![],
             stand_ins: vec![],
             drains: vec![],
+            keys: Vec::new(),
+            on_keys: None,
         }
     }
 
@@ -1462,6 +1481,7 @@ mod tests {
             uuid,
             free: 0,
             objects: 0,
+            keys: None,
         };
         on.handle(now, &Msg::new(uuid, 0, body))
     }
@@ -1479,6 +1499,7 @@ mod tests {
                     capacity: 0,
                     free: 0,
                     device: 0,
+                    keys: None,
                 },
             ),
         )
@@ -1506,6 +1527,7 @@ mod tests {
             capacity: 100,
             free: 100,
             device: 0,
+            keys: None,
         };
         let reply = on.handle(0, &Msg::new(uuid, 0, body)).body;
         assert!(matches!(reply, Body::Registered { .. }), "{reply:?}");
@@ -1598,6 +1620,57 @@ mod tests {
         confirm_drain(&mut on, &[0, 1], 1);
         assert!(!on.table().retiring(1));
         assert_eq!(on.table().sns[0].state, State::Retired);
+    }
+
+    #[test]
+    fn nodes_fingerprints_are_kept_per_node_and_served_in_the_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("on.redb");
+        let mut on = OnCore::open(&path, empty_table(), 2, 0).unwrap();
+        let (old, new) = (
+            Fingerprints {
+                active: 1,
+                other: None,
+            },
+            Fingerprints {
+                active: 1,
+                other: Some(2),
+            },
+        );
+        let body = Body::Register {
+            role: Role::Mn,
+            uuid: 7,
+            endpoint: "127.0.0.1:9".parse().unwrap(),
+            capacity: 0,
+            free: 0,
+            device: 0,
+            keys: Some(old),
+        };
+        on.handle(0, &Msg::new(7, 0, body));
+        register(&mut on, 0, 8);
+        on.set_own_keys(new);
+        assert_eq!(on.table().keys_of(7), Some(old));
+        // An older node's heartbeat (no fingerprints) keeps what it said.
+        heartbeat(&mut on, 10, 7);
+        assert_eq!(on.table().keys_of(7), Some(old));
+        let beat = Body::Heartbeat {
+            uuid: 7,
+            free: 0,
+            objects: 0,
+            keys: Some(new),
+        };
+        on.handle(20, &Msg::new(7, 0, beat));
+        let Body::Table { bytes } = on.handle(30, &Msg::new(9, 0, Body::GetTable)).body else {
+            panic!("no table");
+        };
+        let served = Table::decode(&bytes).unwrap();
+        assert_eq!(served.keys_of(7), Some(new));
+        assert_eq!(served.keys_of(8), None);
+        assert_eq!(served.on_keys, Some(new));
+        // Not kept across a restart: nodes report again.
+        drop(on);
+        let on = OnCore::open(&path, empty_table(), 2, 0).unwrap();
+        assert!(on.table().keys.is_empty() && on.table().on_keys.is_none());
     }
 
     #[test]

@@ -200,6 +200,8 @@ mod tests {
             moves: vec![],
             stand_ins: vec![],
             drains: vec![],
+            keys: Vec::new(),
+            on_keys: None,
         }
     }
 

@@ -11,7 +11,7 @@
 //!   port, and the network's routes for each node's prefix deliver it.
 
 use crate::addr::{Addr, Layout, MAX_META_REPLICAS};
-use crate::wire::{Reader, WireError, Writer, MAX_DATA_REPLICAS};
+use crate::wire::{Fingerprints, Reader, WireError, Writer, MAX_DATA_REPLICAS};
 use std::net::{Ipv6Addr, SocketAddr};
 
 /// Replication parameters: (N, W, 1) for metadata and for data.
@@ -228,6 +228,12 @@ pub struct Drain {
 }
 
 /// Version of the optional trailing section of the encoded table that
+/// holds the keyring fingerprints of the orchestrator and of each node
+/// (tables stored before it existed end after the drains and decode with
+/// none).
+const KEYS_SECTION: u8 = 1;
+
+/// Version of the optional trailing section of the encoded table that
 /// lists storage nodes being drained (tables stored before it existed end
 /// after the stand-ins and decode with none).
 const DRAINS_SECTION: u8 = 1;
@@ -269,6 +275,12 @@ pub struct Table {
     /// Storage nodes being drained before retirement (at most one entry
     /// per node).
     pub drains: Vec<Drain>,
+    /// The keyring fingerprints each node (by identity) last reported in
+    /// its registration or heartbeat, sorted by identity; a node of an
+    /// older build reports none. Not kept across an orchestrator restart.
+    pub keys: Vec<(u64, Fingerprints)>,
+    /// The orchestrator's own keyring fingerprints, if it published them.
+    pub on_keys: Option<Fingerprints>,
 }
 
 impl Table {
@@ -439,6 +451,23 @@ impl Table {
             w.u64(d.unplaceable);
             w.u16(d.unreported);
         }
+        // Left out when empty: it decodes the same.
+        if self.on_keys.is_some() || !self.keys.is_empty() {
+            w.u8(KEYS_SECTION);
+            match &self.on_keys {
+                Some(k) => {
+                    w.u8(1);
+                    w.prints(k);
+                }
+                None => w.u8(0),
+            }
+            let n = self.keys.len().min(u16::MAX as usize);
+            w.u16(n as u16);
+            for (uuid, k) in &self.keys[..n] {
+                w.u64(*uuid);
+                w.prints(k);
+            }
+        }
         w.buf
     }
 
@@ -508,6 +537,12 @@ impl Table {
         } else {
             get_drains(&mut r, &sns, epoch)?
         };
+        let (keys, on_keys) = if r.remaining() == 0 {
+            // Written before fingerprints were published.
+            (Vec::new(), None)
+        } else {
+            get_keys(&mut r)?
+        };
         r.finish()?;
         Ok(Table {
             epoch,
@@ -521,8 +556,63 @@ impl Table {
             moves,
             stand_ins,
             drains,
+            keys,
+            on_keys,
         })
     }
+
+    /// The keyring fingerprints node `uuid` last reported, if any.
+    pub fn keys_of(&self, uuid: u64) -> Option<Fingerprints> {
+        self.keys
+            .binary_search_by_key(&uuid, |(u, _)| *u)
+            .ok()
+            .map(|i| self.keys[i].1)
+    }
+
+    /// Records the keyring fingerprints node `uuid` reported (keeps the
+    /// list sorted by identity).
+    pub fn set_keys_of(&mut self, uuid: u64, prints: Fingerprints) {
+        match self.keys.binary_search_by_key(&uuid, |(u, _)| *u) {
+            Ok(i) => self.keys[i].1 = prints,
+            Err(i) => self.keys.insert(i, (uuid, prints)),
+        }
+    }
+}
+
+/// Reads the fingerprint section: a known section version, the
+/// orchestrator's fingerprints if flagged, and one entry per node,
+/// sorted by identity without repeats.
+/// The fingerprints of each node (by identity) and of the orchestrator.
+type KeySection = (Vec<(u64, Fingerprints)>, Option<Fingerprints>);
+
+fn get_keys(r: &mut Reader) -> Result<KeySection, WireError> {
+    let version = r.u8()?;
+    if version != KEYS_SECTION {
+        return Err(WireError::Invalid(format!(
+            "table fingerprint section version {version}; this build reads version {KEYS_SECTION}"
+        )));
+    }
+    let on_keys = match r.u8()? {
+        0 => None,
+        1 => Some(r.prints()?),
+        x => {
+            return Err(WireError::Invalid(format!(
+                "orchestrator fingerprint flag {x}"
+            )))
+        }
+    };
+    let n = r.u16()? as usize;
+    let mut keys: Vec<(u64, Fingerprints)> = Vec::with_capacity(n.min(1024));
+    for _ in 0..n {
+        let uuid = r.u64()?;
+        if keys.last().is_some_and(|(u, _)| *u >= uuid) {
+            return Err(WireError::Invalid(format!(
+                "fingerprints of node {uuid:016x} out of order"
+            )));
+        }
+        keys.push((uuid, r.prints()?));
+    }
+    Ok((keys, on_keys))
 }
 
 /// Reads and checks the drain section: a known section version, at most
@@ -748,7 +838,60 @@ mod tests {
             moves: vec![],
             stand_ins: vec![],
             drains: vec![],
+            keys: Vec::new(),
+            on_keys: None,
         }
+    }
+
+    #[test]
+    fn fingerprints_round_trip_and_an_older_table_has_none() {
+        let mut t = table();
+        let older = t.encode();
+        t.on_keys = Some(Fingerprints {
+            active: 5,
+            other: Some(6),
+        });
+        t.set_keys_of(
+            9,
+            Fingerprints {
+                active: 5,
+                other: None,
+            },
+        );
+        t.set_keys_of(
+            2,
+            Fingerprints {
+                active: 6,
+                other: Some(5),
+            },
+        );
+        t.set_keys_of(
+            9,
+            Fingerprints {
+                active: 6,
+                other: None,
+            },
+        );
+        assert_eq!(t.keys.iter().map(|(u, _)| *u).collect::<Vec<_>>(), [2, 9]);
+        assert_eq!(t.keys_of(9).map(|k| k.active), Some(6));
+        assert_eq!(t.keys_of(3), None);
+        let bytes = t.encode();
+        assert_eq!(Table::decode(&bytes).unwrap(), t);
+        // A table without the section (older, or nothing reported).
+        assert_eq!(&bytes[..older.len()], &older[..]);
+        let back = Table::decode(&older).unwrap();
+        assert!(back.keys.is_empty() && back.on_keys.is_none());
+        for cut in older.len() + 1..bytes.len() {
+            assert!(Table::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        // An unknown section version, nodes out of order.
+        let mut bad = bytes.clone();
+        bad[older.len()] = 2;
+        let err = Table::decode(&bad).unwrap_err().to_string();
+        assert!(err.contains("fingerprint section version 2"), "{err}");
+        let mut unsorted = t.clone();
+        unsorted.keys.swap(0, 1);
+        assert!(Table::decode(&unsorted.encode()).is_err());
     }
 
     #[test]

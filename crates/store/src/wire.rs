@@ -5,6 +5,7 @@
 //! anything is allocated, and every decoder returns an error, never panics.
 
 use crate::addr::{Addr, MAX_META_REPLICAS};
+pub use crate::auth::Fingerprints;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// Largest metadata datagram we send or accept.
@@ -403,6 +404,9 @@ pub enum Body {
         free: u64,
         /// Device type (0 SSD, 1 HDD).
         device: u8,
+        /// The fingerprints of the node's keyring: an optional trailing
+        /// field (a node of an older build sends none).
+        keys: Option<Fingerprints>,
     },
     /// ON → node: admitted, with index (SN prefix index or MN slot).
     Registered {
@@ -417,6 +421,9 @@ pub enum Body {
         free: u64,
         /// Replicas held (SN).
         objects: u64,
+        /// The fingerprints of the node's keyring, as reloaded: an
+        /// optional trailing field (a node of an older build sends none).
+        keys: Option<Fingerprints>,
     },
     /// Operator → ON: retire a node.
     Retire {
@@ -660,6 +667,19 @@ impl Writer {
             self.addr(a);
         }
     }
+    /// A keyring's fingerprints: the active one, a flag, and the other
+    /// one if the flag is 1.
+    pub fn prints(&mut self, v: &Fingerprints) {
+        self.u64(v.active);
+        match v.other {
+            Some(o) => {
+                self.u8(1);
+                self.u64(o);
+            }
+            None => self.u8(0),
+        }
+    }
+
     /// Appends a socket address.
     pub fn sockaddr(&mut self, v: SocketAddr) {
         let ip = match v.ip() {
@@ -696,6 +716,26 @@ impl<'a> Reader<'a> {
         a.copy_from_slice(self.take(N)?);
         Ok(a)
     }
+    /// A keyring's fingerprints ([`Writer::prints`]).
+    pub fn prints(&mut self) -> Result<Fingerprints, WireError> {
+        let active = self.u64()?;
+        let other = match self.u8()? {
+            0 => None,
+            1 => Some(self.u64()?),
+            x => return Err(WireError::Invalid(format!("key fingerprint flag {x}"))),
+        };
+        Ok(Fingerprints { active, other })
+    }
+
+    /// An optional trailing [`Reader::prints`]: none if nothing is left.
+    pub fn opt_prints(&mut self) -> Result<Option<Fingerprints>, WireError> {
+        if self.remaining() == 0 {
+            Ok(None)
+        } else {
+            self.prints().map(Some)
+        }
+    }
+
     /// Reads a byte.
     pub fn u8(&mut self) -> Result<u8, WireError> {
         Ok(self.take(1)?[0])
@@ -1062,6 +1102,7 @@ impl Msg {
                 capacity,
                 free,
                 device,
+                keys,
             } => {
                 w.u8(*role as u8);
                 w.u64(*uuid);
@@ -1069,16 +1110,23 @@ impl Msg {
                 w.u64(*capacity);
                 w.u64(*free);
                 w.u8(*device);
+                if let Some(k) = keys {
+                    w.prints(k);
+                }
             }
             Body::Registered { index } => w.u16(*index),
             Body::Heartbeat {
                 uuid,
                 free,
                 objects,
+                keys,
             } => {
                 w.u64(*uuid);
                 w.u64(*free);
                 w.u64(*objects);
+                if let Some(k) = keys {
+                    w.prints(k);
+                }
             }
             Body::Retire { uuid } | Body::CancelRetire { uuid } => w.u64(*uuid),
             Body::Referenced { addrs } | Body::ReferencedBy { addrs } => {
@@ -1280,12 +1328,14 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
             capacity: r.u64()?,
             free: r.u64()?,
             device: r.u8()?,
+            keys: r.opt_prints()?,
         },
         18 => Body::Registered { index: r.u16()? },
         19 => Body::Heartbeat {
             uuid: r.u64()?,
             free: r.u64()?,
             objects: r.u64()?,
+            keys: r.opt_prints()?,
         },
         20 => Body::Retire { uuid: r.u64()? },
         30 => Body::CancelRetire { uuid: r.u64()? },
@@ -1602,12 +1652,35 @@ mod tests {
                 capacity: 10,
                 free: 5,
                 device: 1,
+                keys: Some(Fingerprints {
+                    active: 1,
+                    other: Some(u64::MAX),
+                }),
+            },
+            Body::Register {
+                role: Role::Mn,
+                uuid: 42,
+                endpoint: "[::1]:9000".parse().unwrap(),
+                capacity: 0,
+                free: 0,
+                device: 0,
+                keys: None,
             },
             Body::Registered { index: 3 },
             Body::Heartbeat {
                 uuid: 1,
                 free: 2,
                 objects: 3,
+                keys: None,
+            },
+            Body::Heartbeat {
+                uuid: 1,
+                free: 2,
+                objects: 3,
+                keys: Some(Fingerprints {
+                    active: 9,
+                    other: None,
+                }),
             },
             Body::Retire { uuid: 8 },
             Body::CancelRetire { uuid: u64::MAX },
@@ -1704,8 +1777,17 @@ mod tests {
             // Every strict prefix is rejected, never accepted or panicking
             // (a table's bytes are opaque here: the table decoder checks them).
             let header_only = matches!(m.body, Body::Table { .. });
+            // Except a cut before an optional trailing field, which
+            // decodes as the message without it (as an older node sent it).
+            let mut older = m.clone();
+            if let Body::Register { keys, .. } | Body::Heartbeat { keys, .. } = &mut older.body {
+                *keys = None;
+            }
             for cut in 0..if header_only { 28 } else { bytes.len() } {
-                assert!(Msg::decode(&bytes[..cut]).is_err(), "{m:?} cut at {cut}");
+                match Msg::decode(&bytes[..cut]) {
+                    Ok(d) if older != m && d == older => {}
+                    r => assert!(r.is_err(), "{m:?} cut at {cut}"),
+                }
             }
         }
     }

@@ -50,6 +50,8 @@ fn table() -> Table {
         moves: vec![],
         stand_ins: vec![],
         drains: vec![],
+        keys: Vec::new(),
+        on_keys: None,
     }
 }
 
@@ -1091,6 +1093,7 @@ mod unauthenticated {
                 capacity: 100,
                 free: 100,
                 device: 0,
+                keys: None,
             };
             let reply = ask(&mut on, &mut gate, &sealed(body));
             assert!(matches!(reply, Some(Body::Registered { .. })), "{reply:?}");

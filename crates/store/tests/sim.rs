@@ -120,6 +120,8 @@ fn table(params: Params) -> Table {
         moves: vec![],
         stand_ins: vec![],
         drains: vec![],
+        keys: Vec::new(),
+        on_keys: None,
     }
 }
 
@@ -810,6 +812,7 @@ impl Sim {
                     capacity: 0,
                     free: 0,
                     device: 0,
+                    keys: None,
                 },
             ),
         );
@@ -834,6 +837,7 @@ impl Sim {
                 uuid,
                 free: 1 << 40,
                 objects: 0,
+                keys: None,
             };
             on.handle(self.now, &Msg::new(1, 0, beat));
         }
