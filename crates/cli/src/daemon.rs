@@ -62,6 +62,14 @@ pub struct DaemonArgs {
     /// big one is most of a snapshot's time.
     #[arg(long = "standby-min-index", default_value = "4M")]
     standby_min_index: String,
+    /// Seconds a layer a snapshot froze may wait for the volume's next
+    /// flush before the daemon syncs it (a snapshot's pause does not sync;
+    /// its writes become durable with the client's flush, as they would
+    /// have without the snapshot). `0`: every snapshot call syncs its
+    /// layer before it returns (after the pause, while I/O goes on), as a
+    /// per-call `"sync": true` does.
+    #[arg(long = "durable-within", default_value_t = 30.0)]
+    durable_within: f64,
     /// Seconds in-flight requests get to finish at shutdown.
     #[arg(long = "shutdown-timeout", default_value_t = 30.0)]
     shutdown_timeout: f64,
@@ -75,6 +83,16 @@ fn parse_standby_min(arg: &str) -> Result<Option<u64>> {
     parse_size(arg)
         .map(Some)
         .map_err(|e| anyhow::anyhow!("--standby-min-index {arg}: {e} (or `off`)"))
+}
+
+/// `--durable-within`: seconds, 0 allowed.
+fn durable_within(v: f64) -> Result<std::time::Duration> {
+    if v == 0.0 {
+        return Ok(std::time::Duration::ZERO);
+    }
+    seconds(v, "--durable-within").map_err(|_| {
+        anyhow::anyhow!("--durable-within {v}: give a number of seconds from 0 to 1e9")
+    })
 }
 
 /// Runs the daemon until a signal; returns the exit code.
@@ -125,6 +143,7 @@ async fn serve(
         cluster_size,
         extended_l2: args.extended_l2 == "on",
         standby_min_index: parse_standby_min(&args.standby_min_index)?,
+        durable_within: durable_within(args.durable_within)?,
     };
     let (service, report) = Service::open(config, exports.clone())
         .with_context(|| format!("could not open pool '{}'", args.pool.display()))?;
@@ -132,6 +151,11 @@ async fn serve(
         eprintln!(
             "strata: rebased layer file {layer} onto the parent the catalog records \
              (left by an interrupted compaction)"
+        );
+    }
+    for layer in &report.repaired {
+        eprintln!(
+            "strata: repaired layer file {layer}, left dirty by a crash before its snapshot              was durable (writes not flushed before the crash may be lost, as without it)"
         );
     }
     for orphan in &report.orphans_removed {

@@ -93,6 +93,11 @@ pub enum SnapshotCommand {
         volume: String,
         /// Snapshot name.
         name: String,
+        /// Return only once the snapshot's layer is durable on disk (by
+        /// default it becomes durable with the volume's next flush, or
+        /// within the daemon's `--durable-within`).
+        #[arg(long)]
+        sync: bool,
     },
     /// List a volume's snapshots.
     List {
@@ -176,10 +181,10 @@ pub fn run_volume(client: ClientArgs, command: VolumeCommand) -> Result<i32> {
 pub fn run_snapshot(client: ClientArgs, command: SnapshotCommand) -> Result<i32> {
     let api = Api::new(&client.api);
     let value = match command {
-        SnapshotCommand::Create { volume, name } => api.call(
+        SnapshotCommand::Create { volume, name, sync } => api.call(
             "POST",
             &format!("/v1/volumes/{volume}/snapshots"),
-            Some(json!({"name": name})),
+            Some(json!({"name": name, "sync": sync})),
         )?,
         SnapshotCommand::List { volume } => {
             api.call("GET", &format!("/v1/volumes/{volume}/snapshots"), None)?

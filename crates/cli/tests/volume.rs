@@ -1469,3 +1469,108 @@ fn snapshots_push_the_standby_top_prepared_ahead() {
     );
     d.stop();
 }
+
+/// Whether a layer file's header says dirty (written to and not sealed).
+fn dirty_flag(path: &Path) -> bool {
+    let info: Value =
+        serde_json::from_str(&strata_ok(&["img", "info", "--output", "json", &p(path)]))
+            .expect("info json");
+    info["dirty-flag"].as_bool().expect("dirty-flag")
+}
+
+/// `strata_volume_frozen_layers` of `volume` in `/metrics`.
+fn frozen_layers(d: &Daemon, volume: &str) -> u64 {
+    let metrics = d.http("GET", "/metrics", "").1;
+    let key = format!("strata_volume_frozen_layers{{volume=\"{volume}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {metrics}"))
+}
+
+/// A flush from the client, on a connection of its own.
+fn client_flush(d: &Daemon, volume: &str) {
+    common::run_ok("qemu-io", &["-f", "raw", "-c", "flush", &d.uri(volume)]);
+}
+
+/// A snapshot's pause only freezes the old top. Its layer becomes durable
+/// and complete on disk at the volume's next flush, at once with `--sync`,
+/// or by the daemon within `--durable-within`; a crash before that leaves
+/// it dirty, and the restart repairs it without losing a flushed write.
+#[test]
+fn snapshots_become_durable_at_the_next_flush_or_when_asked() {
+    let dir = tmp();
+    let pool = dir.path().join("pool");
+    let layer_path = |r: &Value| {
+        pool.join("layers").join(format!(
+            "{}.qcow2",
+            r["snapshot"]["layer"].as_str().expect("layer")
+        ))
+    };
+    let first_mib = |r: &Value| {
+        let layer = r["snapshot"]["layer"].as_str().unwrap().to_string();
+        read_layer(&pool, &layer, dir.path())[..MIB as usize].to_vec()
+    };
+
+    let d = Daemon::start(&pool);
+    d.cli(&["volume", "create", "lazy", "16M"]);
+    let mut io = QemuIo::open(&d.uri("lazy"));
+    io.run("write -P 5 0 1M");
+    let s1 = d.cli(&["snapshot", "create", "lazy", "s1"]);
+    assert_eq!(s1["durable"], false, "{s1}");
+    assert!(dirty_flag(&layer_path(&s1)), "frozen, not sealed yet");
+    assert_eq!(frozen_layers(&d, "lazy"), 1);
+    // The client's flush covers the writes the snapshot froze.
+    client_flush(&d, "lazy");
+    assert!(!dirty_flag(&layer_path(&s1)), "sealed by the flush");
+    assert_eq!(frozen_layers(&d, "lazy"), 0);
+    assert!(first_mib(&s1).iter().all(|&b| b == 5));
+    // `--sync`: durable and complete when the call returns.
+    io.run("write -P 6 0 1M");
+    let s2 = d.cli(&["snapshot", "create", "lazy", "s2", "--sync"]);
+    assert_eq!(s2["durable"], true, "{s2}");
+    assert!(!dirty_flag(&layer_path(&s2)));
+    assert!(first_mib(&s2).iter().all(|&b| b == 6));
+    drop(io);
+    d.stop();
+    check_every_layer(&pool);
+
+    // Unflushed, the daemon syncs the layer itself within --durable-within.
+    let d = Daemon::start_with(&pool, &["--durable-within", "1"], &[]);
+    let mut io = QemuIo::open(&d.uri("lazy"));
+    io.run("write -P 7 0 1M");
+    let s3 = d.cli(&["snapshot", "create", "lazy", "s3"]);
+    assert_eq!(s3["durable"], false, "{s3}");
+    let started = Instant::now();
+    while frozen_layers(&d, "lazy") > 0 {
+        assert!(started.elapsed() < Duration::from_secs(20), "never synced");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!dirty_flag(&layer_path(&s3)));
+    assert!(first_mib(&s3).iter().all(|&b| b == 7));
+    drop(io);
+    d.stop();
+
+    // SIGKILL before the seal: the restart repairs the dirty layer, and
+    // what was flushed before the snapshot is in it and in the volume.
+    let d = Daemon::start(&pool);
+    common::run_ok(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 8 0 1M", &d.uri("lazy")],
+    );
+    let mut io = QemuIo::open(&d.uri("lazy"));
+    io.run("write -P 9 1M 1M");
+    let s4 = d.cli(&["snapshot", "create", "lazy", "s4"]);
+    assert!(dirty_flag(&layer_path(&s4)), "still frozen at the kill");
+    d.kill();
+    drop(io);
+    let d = Daemon::start(&pool);
+    assert!(!dirty_flag(&layer_path(&s4)), "repaired at startup");
+    assert_catalog_matches_files(&d);
+    assert!(first_mib(&s4).iter().all(|&b| b == 8));
+    let data = read_export(&d, "lazy", dir.path());
+    assert!(data[..MIB as usize].iter().all(|&b| b == 8));
+    d.stop();
+    check_every_layer(&pool);
+}

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use strata_format::entry::{L1Entry, OFFSET_MASK};
-use strata_format::header::{Header, EXT_BITMAPS};
+use strata_format::header::{Header, EXT_BITMAPS, INCOMPAT_DIRTY};
 use strata_format::{refcount, ExtendedL2, HeaderExtension, L2Mapping};
 
 use crate::cache::PAGE_UNITS;
@@ -89,6 +89,37 @@ pub fn check(path: &Path, repair: Repair) -> Result<CheckReport> {
     drop(layer);
     report.chain_index = index_status(path, &mut report);
     Ok(report)
+}
+
+/// Repairs a layer a crash left marked dirty, typically a former top
+/// frozen by an online snapshot and not sealed yet: rebuilds its refcounts
+/// from its references and clears the dirty bit. Its chain index stays
+/// invalid (a writer cleared it), so the chain above walks or rebuilds
+/// its own. Returns whether the file was dirty; a clean file is not
+/// opened for writing at all.
+///
+/// Only for a layer no process writes to: a top being written is dirty
+/// by design and repaired by its next writer.
+pub fn repair_dirty(path: &Path) -> Result<bool> {
+    let layer = Layer::open(path, 0, false, Some(Format::Qcow2))?;
+    let dirty = layer
+        .header()
+        .is_some_and(|h| h.incompatible_features & INCOMPAT_DIRTY != 0);
+    drop(layer);
+    if !dirty {
+        return Ok(false);
+    }
+    let layer = Layer::open(path, 0, true, Some(Format::Qcow2))?;
+    repair_refcounts(&layer)?;
+    let mut h = layer
+        .header()
+        .ok_or_else(|| DiskError::Invalid(format!("{}: not qcow2", path.display())))?;
+    // Refcounts first, durable, then the header that calls them right.
+    layer.file.sync()?;
+    h.incompatible_features &= !INCOMPAT_DIRTY;
+    crate::writer::write_header(&layer, &h)?;
+    layer.file.sync()?;
+    Ok(true)
 }
 
 /// Rebuilds refcounts from references (after a crash left the image dirty).

@@ -65,7 +65,9 @@ pub struct MergeReport {
 ///
 /// `on_step` runs before every copy step; an error from it stops the merge
 /// (that is how a caller cancels or paces it). On any error `out` is
-/// removed. The layers of the run are only read.
+/// removed. The layers of the run are only read, from their files: a
+/// live disk's frozen layers must be made durable first
+/// ([`Disk::sync_frozen`]), or the merge misses what they hold in memory.
 pub fn merge_layers(
     run_top: &Path,
     first: u32,
@@ -291,6 +293,10 @@ impl Disk {
         merged: &Path,
         expected_last: &Path,
     ) -> Result<()> {
+        // Frozen layers are named by position, which the splice changes,
+        // and their headers must be final before a rebase rewrites one.
+        // Callers seal them before merging; this only catches the rest.
+        self.sync_frozen()?;
         let depth = self.depth();
         if first == 0 || first > last || last >= depth {
             return Err(DiskError::Invalid(format!(

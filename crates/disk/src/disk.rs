@@ -4,6 +4,7 @@ use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use strata_format::index::{ChainIndexExt, LayerIdentity, LINEAGE_RECORD_BYTES, MAX_CHAIN_DEPTH};
@@ -86,6 +87,18 @@ pub struct Disk {
     /// Signalled whenever an allocating write publishes or gives up its
     /// cluster, waking writes that wait for the same cluster.
     pub(crate) alloc_done: parking_lot::Condvar,
+    /// Former tops a push froze without making them durable, oldest first
+    /// (see [`Disk::sync_frozen`]).
+    pub(crate) frozen: Mutex<Vec<Frozen>>,
+}
+
+/// A layer frozen by a push whose writes are not yet durable.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Frozen {
+    /// 0-based position in the chain (never the top).
+    pub(crate) position: usize,
+    /// When it was frozen.
+    pub(crate) since: Instant,
 }
 
 impl std::fmt::Debug for Disk {
@@ -137,6 +150,7 @@ impl Disk {
             index_state: parking_lot::RwLock::new(state),
             writer: None,
             alloc_done: parking_lot::Condvar::new(),
+            frozen: Mutex::new(Vec::new()),
         };
         if opts.writable {
             let writer = Writer::start(&disk)?;
@@ -673,9 +687,62 @@ impl Disk {
     /// holding the lock would stall every connection's allocating writes
     /// behind one `fdatasync`.
     pub fn flush(&self) -> Result<()> {
+        // Writes acknowledged before a push live in the layers it froze:
+        // a flush covers them too.
+        self.sync_frozen()?;
         match &self.writer {
             Some(_) => self.top().file.sync(),
             None => Ok(()),
+        }
+    }
+
+    /// Makes every layer a push froze (see [`Disk::push_top`]) durable
+    /// and clean on disk, oldest first, while I/O goes on. Returns how
+    /// many were sealed. A concurrent caller waits for the seals in
+    /// progress, so when any call returns, every layer frozen before it
+    /// began is durable.
+    pub fn sync_frozen(&self) -> Result<usize> {
+        let mut frozen = self.frozen.lock();
+        let mut sealed = 0;
+        while let Some(f) = frozen.first().copied() {
+            debug_assert!(
+                f.position + 1 < self.layers.len(),
+                "the top is never frozen"
+            );
+            crate::writer::seal_layer(&self.layers[f.position])?;
+            frozen.remove(0);
+            sealed += 1;
+        }
+        Ok(sealed)
+    }
+
+    /// Layers frozen and not yet durable, and how long ago the oldest of
+    /// them was frozen.
+    pub fn frozen_pending(&self) -> (usize, Option<Duration>) {
+        let frozen = self.frozen.lock();
+        (frozen.len(), frozen.first().map(|f| f.since.elapsed()))
+    }
+
+    /// Files of the layers frozen and not yet durable, oldest first.
+    pub fn frozen_paths(&self) -> Vec<PathBuf> {
+        self.frozen
+            .lock()
+            .iter()
+            .map(|f| self.layers[f.position].path().to_path_buf())
+            .collect()
+    }
+
+    /// Closes without making anything durable: for a disk whose top and
+    /// frozen layers are about to be removed (a deleted volume), whose
+    /// unsynced writes nobody will read. Layers already durable are not
+    /// touched.
+    pub fn close_discarding(mut self) {
+        let frozen = std::mem::take(&mut *self.frozen.lock());
+        for f in frozen {
+            self.layers[f.position].file.forget_dirty();
+        }
+        if self.writer.take().is_some() {
+            self.top().file.forget_dirty();
         }
     }
 
@@ -685,10 +752,12 @@ impl Disk {
     }
 
     fn finish(&mut self) -> Result<()> {
-        match self.writer.take() {
+        let frozen = self.sync_frozen().map(|_| ());
+        let top = match self.writer.take() {
             Some(w) => w.into_inner().close(self),
             None => Ok(()),
-        }
+        };
+        frozen.and(top)
     }
 
     pub(crate) fn writer(&self) -> Result<&Mutex<Writer>> {

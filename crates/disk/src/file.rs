@@ -335,6 +335,15 @@ impl ImageFile {
         self.fdatasync()
     }
 
+    /// Forgets the metadata not yet written out, for a file about to be
+    /// removed: nothing of it is written, now or when it is dropped.
+    pub(crate) fn forget_dirty(&self) {
+        let _one = self.syncing.lock();
+        let mut dirty = self.dirty.lock();
+        dirty.clear();
+        self.dirty_count.store(0, Ordering::Release);
+    }
+
     fn fdatasync(&self) -> Result<()> {
         self.file
             .sync_data()

@@ -22,13 +22,14 @@
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use parking_lot::Mutex;
 use strata_format::header::{Header, AUTOCLEAR_STRATA_INDEX};
 use strata_format::index::{ChainIndexExt, ENTRY_BYTES};
 
 use crate::create::{create_on, create_with, Carry, CreateOptions};
-use crate::disk::{validate_index, Disk, IndexState};
+use crate::disk::{validate_index, Disk, Frozen, IndexState};
 use crate::error::{DiskError, Place, Result};
 use crate::layer::{Format, Layer};
 use crate::sector_crc::{fold, sector_crcs, SECTOR};
@@ -189,9 +190,15 @@ impl Disk {
 
     /// Freezes the top layer and continues on the prepared one.
     ///
-    /// The current top is synced, its index stored and it is marked clean:
-    /// from then on it is a read-only layer holding exactly the writes that
-    /// completed before this call. The prepared file gets what changed
+    /// The current top becomes a read-only layer holding exactly the writes
+    /// that completed before this call. On the fast path (a prepared top
+    /// that can be patched) it is only *frozen*: its final header is kept
+    /// in memory and the file stays marked dirty until the next
+    /// [`Disk::flush`] or [`Disk::sync_frozen`] makes it durable and clean,
+    /// outside the pause. Durability thus follows the client's flushes, as
+    /// it would have without the push; a crash before the seal loses only
+    /// writes no flush covered, and startup repairs the dirty file. On the
+    /// full path the old top is synced and closed here. The prepared file gets what changed
     /// since [`Disk::prepare_top`] (or is created whole if it cannot be
     /// patched), is made durable, and `before_writing` runs: a caller
     /// commits its catalog there, so a crash never leaves the catalog
@@ -331,7 +338,10 @@ impl Disk {
             Err(e) => return self.abandon(w, e),
         };
         let old_crc = crc32c::crc32c_append(prefix, &old_tail);
-        if let Err(e) = w.close_with_crc(self, Some(old_crc)) {
+        // Frozen, not synced: the old top holds exactly the writes that
+        // completed before now, and becomes durable at the next flush (or
+        // when the caller calls `sync_frozen`), outside this pause.
+        if let Err(e) = w.freeze(self, Some(old_crc)) {
             self.restart_writer()?;
             return Err(e);
         }
@@ -348,6 +358,10 @@ impl Disk {
         };
         top.committed = true;
         let (layer, ext) = layer;
+        self.frozen.lock().push(Frozen {
+            position: self.layers.len() - 1,
+            since: Instant::now(),
+        });
         self.install_top(layer, top.size);
         // The process just wrote and summed this index: install it without
         // reading the region back (debug builds check it the slow way).

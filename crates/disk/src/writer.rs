@@ -832,8 +832,18 @@ impl Writer {
     /// computed by a caller that tracked the changes), so the region is
     /// not read again.
     pub(crate) fn close_with_crc(self, disk: &Disk, crc: Option<u32>) -> Result<()> {
+        self.freeze(disk, crc)?;
+        seal_layer(disk.top())
+    }
+
+    /// Stops writing to the top without making it durable: its final
+    /// header (clean, with the index checksum) is kept in memory only, so
+    /// the layer reads and identifies itself as it will once sealed, while
+    /// the file still says dirty until [`seal_layer`] writes it back. The
+    /// frozen layer takes no more writes, so a seal any time later stores
+    /// exactly what it holds now.
+    pub(crate) fn freeze(self, disk: &Disk, crc: Option<u32>) -> Result<()> {
         let top = disk.top();
-        top.file.sync()?;
         let Some(mut h) = top.header() else {
             return Ok(());
         };
@@ -852,12 +862,9 @@ impl Writer {
             h.autoclear_features |= AUTOCLEAR_STRATA_INDEX;
         }
         h.incompatible_features &= !INCOMPAT_DIRTY;
-        write_header(top, &h)?;
-        // Writes the clean header through and syncs.
-        top.file.set_write_back(false)?;
-        // A frozen layer takes no more clusters: give back the space
-        // reserved past its end (up to 4 MiB per layer of a long chain).
-        top.file.release_reserved();
+        if let Some(q) = &top.qcow2 {
+            *q.header.write() = h;
+        }
         Ok(())
     }
 
@@ -866,6 +873,27 @@ impl Writer {
             .as_mut()
             .ok_or_else(|| DiskError::Invalid("raw images have no allocator".into()))
     }
+}
+
+/// Makes a frozen layer durable and marks it clean on disk: its data,
+/// then the metadata that points at it, then (only once those are
+/// durable) the clean header [`Writer::freeze`] kept in memory. A crash
+/// before the end leaves the file marked dirty, and startup repairs it.
+pub(crate) fn seal_layer(layer: &Layer) -> Result<()> {
+    layer.file.sync()?;
+    let Some(h) = layer.header() else {
+        return Ok(());
+    };
+    if h.version < 3 {
+        return Ok(());
+    }
+    write_header(layer, &h)?;
+    // Writes the clean header through and syncs.
+    layer.file.set_write_back(false)?;
+    // A frozen layer takes no more clusters: give back the space
+    // reserved past its end (up to 4 MiB per layer of a long chain).
+    layer.file.release_reserved();
+    Ok(())
 }
 
 /// The top layer's current mapping of guest `cluster` (standard entries).

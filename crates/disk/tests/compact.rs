@@ -100,6 +100,8 @@ impl Chain {
     /// Merges layers `first..=last` into `merged.qcow2` and splices it in.
     fn compact(&mut self, first: u32, last: u32) -> PathBuf {
         let merged = self.dir.path().join(format!("m{first}-{last}.qcow2"));
+        // The merge reads the files: layers a push froze must be on disk.
+        self.disk.sync_frozen().unwrap();
         let mut steps = 0;
         let report = merge_layers(&self.layer_path(last), first, &merged, |_| {
             steps += 1;
@@ -223,6 +225,7 @@ fn a_splice_with_a_stale_view_of_the_chain_is_refused() {
 #[test]
 fn a_cancelled_merge_leaves_no_file() {
     let chain = Chain::new(5);
+    chain.disk.sync_frozen().unwrap();
     let merged = chain.dir.path().join("cancelled.qcow2");
     let err = merge_layers(&chain.layer_path(4), 2, &merged, |p| {
         if p.bytes_copied > 0 {

@@ -138,18 +138,24 @@ fn prepared_top_carries_changes_made_after_the_prepare(extended: bool) {
     m.scatter(0, 1021 * 3, 1, 0x33);
     m.zero(50, 40);
     m.write(m.pattern.len() as u64 - 1, 1, 0x44);
-    // As a restart right after the commit finds it: the new top's index
-    // is durable and valid, and the chain reads every write so far.
+    // As a restart right after the commit finds it: the new top is
+    // durable, and the chain reads every write the last flush covered
+    // (the push freezes the old top without syncing it).
+    m.disk.flush().unwrap();
     let pattern = m.pattern.clone();
     let report = m
         .disk
         .push_top(prepared, || {
             let fresh = Disk::open(&top, &OpenOptions::read_only())?;
-            assert_eq!(fresh.index_state(), IndexState::Stored { depth: 2 });
+            assert_eq!(fresh.depth(), 2);
             assert_reads(&fresh, &pattern, "new top at the commit");
             Ok(())
         })
         .unwrap();
+    // Once the frozen top is sealed, the new top's index copy is valid
+    // for the files as they are on disk.
+    assert_eq!(m.disk.sync_frozen().unwrap(), 1);
+    assert_eq!(m.disk.frozen_pending().0, 0);
     assert!(report.patched, "{report:?}");
     assert!(report.sectors_patched > 0, "{report:?}");
     assert_reads(&m.disk, &m.pattern, "live after push");
@@ -294,6 +300,8 @@ fn a_frozen_layer_keeps_no_reserved_space_past_its_end() {
         "the writer reserves ahead: {used} of {len}"
     );
     m.push(dir, 2);
+    // Frozen, the layer keeps its reservation until it is sealed.
+    assert_eq!(m.disk.sync_frozen().unwrap(), 1);
     let (len, used) = on_disk(1);
     assert!(
         used <= len + (64 << 10),

@@ -332,6 +332,9 @@ impl Service {
             }
             Ok(())
         };
+        // The merge reads the run's files: a layer a snapshot froze must
+        // hold all its writes on disk first.
+        self.sync_frozen_of_readers(lowest)?;
         let report = merge_layers(&self.layer_path(highest), first, &merged_path, pace)?;
         if let Some(v) = &stats {
             v.stats()
@@ -370,6 +373,11 @@ impl Service {
         readers.sort();
         let lives: Vec<_> = readers.iter().filter_map(|n| self.live_entry(n)).collect();
         let _changes: Vec<_> = lives.iter().map(|l| l.changes.lock()).collect();
+        // A snapshot taken during the merge may have frozen the child: its
+        // final header must be on disk before the rebase rewrites it.
+        for live in &lives {
+            live.volume.sync_frozen()?;
+        }
         let state = self.catalog.state();
         let child = run_child(&state, run)?;
         let below = state.layers.get(lowest).and_then(|l| l.parent.clone());
@@ -422,6 +430,23 @@ impl Service {
             Some(e) => Err(e.into()),
             None => Ok(longest),
         }
+    }
+}
+
+impl Service {
+    /// Makes durable the frozen layers of every served volume whose chain
+    /// holds `layer`.
+    fn sync_frozen_of_readers(&self, layer: &str) -> Result<()> {
+        let state = self.catalog.state();
+        for v in state.volumes.values() {
+            if !state.chain(&v.top).iter().any(|id| id == layer) {
+                continue;
+            }
+            if let Some(live) = self.live_volume(&v.name) {
+                live.sync_frozen()?;
+            }
+        }
+        Ok(())
     }
 }
 

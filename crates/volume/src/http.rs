@@ -48,6 +48,19 @@ pub struct Named {
     pub name: String,
 }
 
+/// `POST /v1/volumes/{name}/snapshots`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// Name of the snapshot.
+    pub name: String,
+    /// Return only once the snapshot's layer is durable (default: it
+    /// becomes durable with the volume's next flush, or within the
+    /// daemon's `--durable-within`).
+    #[serde(default)]
+    pub sync: bool,
+}
+
 /// An API error: status and message, rendered as `{"error": message}`.
 #[derive(Debug)]
 pub struct ApiError(StatusCode, String);
@@ -215,8 +228,8 @@ async fn create_snapshot(
     Path(name): Path<String>,
     body: Body,
 ) -> ApiResult<crate::service::SnapshotReport> {
-    let req: Named = parse(&body)?;
-    let report = blocking(s, move |s| s.create_snapshot(&name, &req.name)).await?;
+    let req: SnapshotRequest = parse(&body)?;
+    let report = blocking(s, move |s| s.create_snapshot(&name, &req.name, req.sync)).await?;
     Ok((StatusCode::CREATED, Json(report)))
 }
 

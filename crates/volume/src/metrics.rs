@@ -201,6 +201,8 @@ pub struct VolumeGauges {
     pub cache_hits: u64,
     /// Metadata cache misses.
     pub cache_misses: u64,
+    /// Layers snapshots froze whose writes are not durable yet.
+    pub frozen_layers: usize,
 }
 
 /// Renders every volume's metrics in the Prometheus text format.
@@ -379,6 +381,16 @@ pub fn render(volumes: &[(VolumeGauges, &VolumeStats)]) -> String {
         &|o| {
             counter(o, "strata_volume_chain_length", &|g, _| {
                 f64::from(g.chain_length)
+            })
+        },
+    );
+    family(
+        "strata_volume_frozen_layers",
+        "gauge",
+        "Layers snapshots froze that wait for a flush to be durable.",
+        &|o| {
+            counter(o, "strata_volume_frozen_layers", &|g, _| {
+                g.frozen_layers as f64
             })
         },
     );

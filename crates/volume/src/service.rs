@@ -48,7 +48,16 @@ pub struct ServiceConfig {
     /// index is at least this many bytes (`None`: never). See
     /// [`crate::standby`].
     pub standby_min_index: Option<u64>,
+    /// How long a layer a snapshot froze may wait for the client's next
+    /// flush before the daemon makes it durable itself. Zero: every
+    /// snapshot call returns only once its layer is durable. See
+    /// [`Service::create_snapshot`].
+    pub durable_within: Duration,
 }
+
+/// Default of [`ServiceConfig::durable_within`]: the kernel's own bound
+/// on how long written data stays in memory (`dirty_expire_centisecs`).
+pub const DEFAULT_DURABLE_WITHIN: Duration = Duration::from_secs(30);
 
 impl ServiceConfig {
     /// Whether new layers get extended L2 entries.
@@ -110,6 +119,12 @@ pub struct SnapshotReport {
     pub pause_ms: f64,
     /// Wall time of the whole call, in ms.
     pub total_ms: f64,
+    /// Whether the snapshot's layer was durable (synced, and clean on
+    /// disk) when the call returned. If not, it becomes durable at the
+    /// volume's next flush, or within the daemon's `--durable-within`.
+    pub durable: bool,
+    /// Time spent making it durable after the pause, in ms (0 if not).
+    pub sync_ms: f64,
 }
 
 /// What a grow did.
@@ -169,6 +184,9 @@ pub struct RecoveryReport {
     /// Layer files whose backing name was set to the parent the catalog
     /// records (left by a compaction interrupted after its commit).
     pub rebased: Vec<String>,
+    /// Layer files a crash left marked dirty (a snapshot's layer not yet
+    /// made durable), whose refcounts were rebuilt and which are clean now.
+    pub repaired: Vec<String>,
 }
 
 /// A served volume and the lock that serializes changes to it.
@@ -231,6 +249,7 @@ impl Service {
         report.rebased = rebase_to_catalog(&layers_dir, &catalog.state())?;
         let trash = Trash::open(&config.pool)?;
         report.orphans_removed = remove_orphans(&layers_dir, &catalog.state(), &trash)?;
+        repair_frozen_layers(&layers_dir, &catalog.state(), &mut report);
         let mut service = Service {
             config,
             catalog,
@@ -388,6 +407,10 @@ impl Service {
         check_name("volume", new)?;
         let key = snapshot_key(volume, snapshot);
         let source = self.snapshot_rec(volume, snapshot)?;
+        // The clone opens the snapshot's files: they must hold everything.
+        if let Some(origin) = self.live_volume(volume) {
+            origin.sync_frozen()?;
+        }
         let reservation = self.reserve(new)?;
         let id = new_id()?;
         let _topology = self.topology.lock();
@@ -502,6 +525,13 @@ impl Service {
         let live = self.live(name)?;
         let _changes = live.changes.lock();
         self.exports.remove(name);
+        let top = self
+            .catalog
+            .state()
+            .volumes
+            .get(name)
+            .map(|v| v.top.clone())
+            .ok_or_else(|| not_found(name))?;
         let (dead, kept) = self.catalog.update(|t| {
             let chain = t.state().volumes.get(name).map(|v| t.state().chain(&v.top));
             t.remove_volume(name)?;
@@ -524,7 +554,15 @@ impl Service {
         // keeps it open until it disconnects.
         if let Ok(live) = Arc::try_unwrap(live) {
             if let Ok(volume) = Arc::try_unwrap(live.volume) {
-                volume.close()?;
+                // Writes about to be removed need no sync (a volume's
+                // unsynced layers are its own: a clone syncs what it uses).
+                let dead_path = |p: &PathBuf| dead.iter().any(|id| self.layer_path(id) == *p);
+                let top_dead = dead.contains(&top);
+                if top_dead && volume.frozen_paths().iter().all(dead_path) {
+                    volume.close_discarding();
+                } else {
+                    volume.close()?;
+                }
             }
         }
         failpoint("delete-after-commit");
@@ -566,7 +604,20 @@ impl Service {
 
     /// Takes a snapshot of a volume while it serves I/O. Writes completed
     /// before the call are in the snapshot; writes after it returns are not.
-    pub fn create_snapshot(&self, volume: &str, snapshot: &str) -> Result<SnapshotReport> {
+    ///
+    /// Durability follows the volume's: the pause only freezes the old top,
+    /// and its writes become durable with the client's next flush (which
+    /// covers every write acknowledged before it, wherever it lives), or
+    /// when the daemon syncs layers frozen longer than
+    /// [`ServiceConfig::durable_within`]. With `sync` (or a zero
+    /// `durable_within`) the call makes the layer durable before it
+    /// returns, after the pause, while I/O goes on.
+    pub fn create_snapshot(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        sync: bool,
+    ) -> Result<SnapshotReport> {
         check_name("snapshot", snapshot)?;
         let started = Instant::now();
         let live = self.live(volume)?;
@@ -591,10 +642,17 @@ impl Service {
             created: now(),
         };
         let pause = self.switch_top(&live, &v, None, true, |t| t.put_snapshot(rec.clone()))?;
+        let synced = Instant::now();
+        let durable = sync || self.config.durable_within.is_zero();
+        if durable {
+            live.volume.sync_frozen()?;
+        }
         Ok(SnapshotReport {
             snapshot: self.snapshot_info(&self.catalog.state(), &rec),
             pause_ms: ms(pause),
             total_ms: ms(started.elapsed()),
+            durable,
+            sync_ms: if durable { ms(synced.elapsed()) } else { 0.0 },
         })
     }
 
@@ -834,6 +892,31 @@ fn ms(d: Duration) -> f64 {
 fn sync_dir(dir: &Path) {
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all();
+    }
+}
+
+/// Repairs layers a crash left marked dirty: snapshots' layers frozen but
+/// not yet durable when the daemon died. Volume tops are left to their
+/// writer, which repairs its own file when it opens it.
+fn repair_frozen_layers(dir: &Path, state: &State, report: &mut RecoveryReport) {
+    let tops: std::collections::HashSet<&str> =
+        state.volumes.values().map(|v| v.top.as_str()).collect();
+    for id in state.layers.keys() {
+        if tops.contains(id.as_str()) {
+            continue;
+        }
+        let path = dir.join(layer_file(id));
+        if !path.exists() {
+            continue; // reported when its volume is opened
+        }
+        match strata_disk::check::repair_dirty(&path) {
+            Ok(true) => report.repaired.push(layer_file(id)),
+            Ok(false) => {}
+            Err(e) => report.problems.push(format!(
+                "layer {} was left dirty and not repaired: {e}",
+                path.display()
+            )),
+        }
     }
 }
 

@@ -17,6 +17,10 @@
 //! the keeper makes a new one. Volumes whose index is smaller than
 //! [`crate::service::ServiceConfig::standby_min_index`] get none: their
 //! copy takes a few milliseconds, not worth a file and a sync a second.
+//!
+//! The same thread makes durable the layers snapshots froze once they have
+//! waited [`crate::service::ServiceConfig::durable_within`] for a flush
+//! from the volume's client (see [`Service::create_snapshot`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -70,10 +74,11 @@ impl Keeper {
 }
 
 impl Service {
-    /// Starts the thread that keeps big volumes' standby tops ready (see
-    /// the module documentation). Does nothing when standbys are off.
+    /// Starts the thread that keeps big volumes' standby tops ready and
+    /// syncs frozen layers when due (see the module documentation). Does
+    /// nothing when standbys are off and every snapshot syncs its layer.
     pub fn start_standby_keeper(service: &Arc<Service>) {
-        if service.config.standby_min_index.is_none() {
+        if service.config.standby_min_index.is_none() && service.config.durable_within.is_zero() {
             return;
         }
         let stop = Arc::new(AtomicBool::new(false));
@@ -115,6 +120,28 @@ impl Service {
             };
             if let Err(e) = self.keep_standby(&name, &live, min) {
                 tracing::warn!("volume '{name}': standby top not kept: {e}");
+            }
+        }
+    }
+
+    /// Syncs the layers snapshots froze on volumes whose oldest frozen
+    /// layer has waited [`crate::service::ServiceConfig::durable_within`].
+    /// Volumes being changed are skipped until the next pass.
+    pub fn sync_frozen_when_due(&self) {
+        let within = self.config.durable_within;
+        for name in self.volume_names() {
+            let Some(live) = self.live_entry(&name) else {
+                continue;
+            };
+            let (_, oldest) = live.volume.frozen_pending();
+            if oldest.is_none_or(|age| age < within) {
+                continue;
+            }
+            let Some(_changes) = live.changes.try_lock_for(LOCK_WAIT) else {
+                continue;
+            };
+            if let Err(e) = live.volume.sync_frozen() {
+                tracing::warn!("volume '{name}': frozen layers not synced: {e}");
             }
         }
     }
@@ -167,7 +194,10 @@ fn keep_loop(service: &Weak<Service>, stop: &AtomicBool) {
         }
         // Hold the service only for the pass, so it can be closed.
         match service.upgrade() {
-            Some(s) => s.keep_standbys(),
+            Some(s) => {
+                s.keep_standbys();
+                s.sync_frozen_when_due();
+            }
             None => break,
         }
     }

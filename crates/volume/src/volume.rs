@@ -71,6 +71,7 @@ impl Volume {
             size: disk.size(),
             cache_hits: cache.hits,
             cache_misses: cache.misses,
+            frozen_layers: disk.frozen_pending().0,
         }
     }
 
@@ -121,15 +122,17 @@ impl Volume {
         };
         failpoint("switch-after-prepare");
         // Under write load the index keeps changing while the copy is made:
-        // write back, then catch the copy up a few times, each pass shorter
-        // than the one before, so the pause copies only the last changes.
-        self.disk.read().flush()?;
+        // catch the copy up a few times, each pass shorter than the one
+        // before, so the pause copies only the last changes.
         for _ in 0..REFRESH_PASSES {
             if self.disk.read().refresh_prepared(&mut prepared)? <= REFRESH_ENOUGH {
                 break;
             }
         }
-        let pause = self.with_io_held(|disk| disk.push_top(prepared, commit).map(|_| ()))?;
+        // No write-back first: the push freezes the old top without
+        // syncing it (see `Disk::push_top`), so the pause does not grow
+        // with what was written since the last flush.
+        let pause = self.with_io_held(false, |disk| disk.push_top(prepared, commit).map(|_| ()))?;
         self.stats.record_pause(pause, snapshot);
         Ok(pause)
     }
@@ -143,21 +146,24 @@ impl Volume {
         merged: &Path,
         expected_last: &Path,
     ) -> strata_disk::Result<Duration> {
-        let pause =
-            self.with_io_held(|disk| disk.replace_layers(first, last, merged, expected_last))?;
+        let pause = self.with_io_held(true, |disk| {
+            disk.replace_layers(first, last, merged, expected_last)
+        })?;
         self.stats.compaction.record_pause(pause);
         Ok(pause)
     }
 
     /// Runs a change of the chain with the I/O gate held exclusively;
-    /// returns how long I/O was held back.
+    /// returns how long I/O was held back. With `write_back_first`, for a
+    /// change that syncs the top inside the pause (a compaction's splice
+    /// closes it), what is already written is written back first while
+    /// I/O still flows, so that sync only covers the last moment's writes.
     fn with_io_held(
         &self,
+        write_back_first: bool,
         change: impl FnOnce(&mut Disk) -> strata_disk::Result<()>,
     ) -> strata_disk::Result<Duration> {
-        // Write back what is already written while I/O still flows, so the
-        // sync inside the pause only covers the last moment's writes.
-        for _ in 0..FLUSH_ROUNDS {
+        for _ in 0..if write_back_first { FLUSH_ROUNDS } else { 0 } {
             let round = Instant::now();
             self.disk.read().flush()?;
             if round.elapsed() < FLUSH_QUICK {
@@ -168,6 +174,28 @@ impl Volume {
         let paused = Instant::now();
         change(&mut disk)?;
         Ok(paused.elapsed())
+    }
+
+    /// Makes the layers earlier snapshots froze durable and clean on disk
+    /// (see [`Disk::sync_frozen`]) while I/O goes on; returns how many.
+    pub fn sync_frozen(&self) -> strata_disk::Result<usize> {
+        self.disk.read().sync_frozen()
+    }
+
+    /// Frozen layers not yet durable, and the age of the oldest.
+    pub fn frozen_pending(&self) -> (usize, Option<Duration>) {
+        self.disk.read().frozen_pending()
+    }
+
+    /// Files of the layers frozen and not yet durable.
+    pub fn frozen_paths(&self) -> Vec<std::path::PathBuf> {
+        self.disk.read().frozen_paths()
+    }
+
+    /// Closes without syncing (see [`Disk::close_discarding`]): for a
+    /// deleted volume whose top and frozen layers are being removed.
+    pub fn close_discarding(self) {
+        self.disk.into_inner().close_discarding();
     }
 
     /// Flushes, stores the index and marks the top clean.
