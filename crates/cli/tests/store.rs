@@ -11,7 +11,30 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use strata_store::data::{Credential, Request};
+use strata_store::tenant::{TenantCredential, ADMIN_CREDENTIAL_FILE, CREDENTIAL_ENV};
 use strata_store::wire::{Body, Msg};
+
+/// The directory of each running `strata store up`, by its orchestrator's
+/// endpoint: clients in the tests act as its admin tenant.
+static STORE_DIRS: std::sync::Mutex<Vec<(SocketAddr, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+
+/// The admin credential `strata store up` wrote for the cluster at `on`.
+fn admin(on: SocketAddr) -> TenantCredential {
+    let dirs = STORE_DIRS.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = dirs
+        .iter()
+        .rev()
+        .find(|(o, _)| *o == on)
+        .map(|(_, d)| d.clone())
+        .unwrap_or_else(|| panic!("no store at {on}"));
+    TenantCredential::load(&dir.join(ADMIN_CREDENTIAL_FILE)).unwrap()
+}
+
+/// `msg` sealed as the admin tenant of the cluster at `on`.
+fn as_admin(on: SocketAddr, msg: &Msg) -> Vec<u8> {
+    msg.seal_tenant(&admin(on), strata_store::auth::unix_ms())
+        .unwrap()
+}
 
 /// A `strata store up` process, killed on drop.
 struct Store {
@@ -39,6 +62,10 @@ impl Store {
             .nth(4)
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| panic!("no readiness line: {line:?}"));
+        STORE_DIRS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((on, dir.to_path_buf()));
         Store {
             child: Some(child),
             on,
@@ -53,6 +80,7 @@ impl Store {
             .args(args)
             .args(["--cluster", &self.on.to_string()])
             .env("STRATA_CLUSTER_KEY", self.key_path())
+            .env(CREDENTIAL_ENV, self.dir.join(ADMIN_CREDENTIAL_FILE))
             .output()
             .expect("run strata")
     }
@@ -167,7 +195,7 @@ fn spawn_reader(
             .build()
             .unwrap();
         rt.block_on(async {
-            let client = strata_store::client::Client::connect(on).await.unwrap();
+            let client = strata_store::client::Client::connect(on, admin(on)).await.unwrap();
             let (mut gets, mut failures) = (0u64, Vec::new());
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for (name, want) in &objects {
@@ -273,6 +301,7 @@ fn interrupted_mv(store: &Store, from: &str, to: &str, step: &str) {
     let out = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args(["obj", "mv", from, to, "--cluster", &store.on.to_string()])
         .env("STRATA_FAILPOINT", format!("rename-after-{step}"))
+        .env(CREDENTIAL_ENV, store.dir.join(ADMIN_CREDENTIAL_FILE))
         .output()
         .expect("run strata");
     assert!(
@@ -553,7 +582,7 @@ fn connect_client(on: SocketAddr) -> (tokio::runtime::Runtime, strata_store::cli
         .build()
         .unwrap();
     let client = rt
-        .block_on(strata_store::client::Client::connect(on))
+        .block_on(strata_store::client::Client::connect(on, admin(on)))
         .unwrap();
     (rt, client)
 }
@@ -561,13 +590,31 @@ fn connect_client(on: SocketAddr) -> (tokio::runtime::Runtime, strata_store::cli
 /// Asks the node that `table` says owns metadata address `addr` for the
 /// copy of `name` kept there; returns that node and its answer.
 fn ask_copy(
+    credential: &TenantCredential,
     table: &strata_store::table::Table,
     addr: strata_store::addr::Addr,
     name: &str,
 ) -> (SocketAddr, Body) {
     let to = table.mn_endpoint(addr).expect("an owner for the address");
     let q = Msg::new(96, addr, Body::Get { name: name.into() });
-    (to, udp_ask(to, &q.encode().unwrap()).body)
+    let bytes = q
+        .seal_tenant(credential, strata_store::auth::unix_ms())
+        .unwrap();
+    (to, udp_ask(to, &bytes).body)
+}
+
+/// Seals the datagram `bytes` as `credential`'s tenant, whatever they
+/// hold (the tenant flag set in the kind byte, then the tenant id, its
+/// length, the clock and the tag): what a tenant could send.
+fn seal_raw(credential: &TenantCredential, bytes: &[u8]) -> Vec<u8> {
+    let mut b = bytes.to_vec();
+    b[3] |= 0x40;
+    b.extend_from_slice(credential.tenant().as_bytes());
+    b.push(credential.tenant().len() as u8);
+    b.extend_from_slice(&strata_store::auth::unix_ms().to_be_bytes());
+    let tag = credential.tag(&b);
+    b.extend_from_slice(&tag);
+    b
 }
 
 fn udp_ask(to: SocketAddr, bytes: &[u8]) -> Msg {
@@ -612,12 +659,22 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
             .encode()
             .unwrap();
         truncated.truncate(truncated.len() - 1);
+        // Unsealed, a metadata node refuses it for want of a tenant's
+        // credential, the orchestrator for want of the cluster key, both
+        // before decoding the body.
         let reply = udp_ask(to, &truncated);
         assert_eq!(reply.req, 42);
-        // The orchestrator takes no Get unsealed: it refuses it before
-        // decoding the body.
-        let why = if to == mn { "truncated" } else { "cluster key" };
+        let why = if to == mn {
+            "no tenant credential"
+        } else {
+            "cluster key"
+        };
         assert!(error_text(&reply).contains(why), "{reply:?}");
+        // Sealed by the tenant as it is, the metadata node finds it cut.
+        if to == mn {
+            let reply = udp_ask(to, &seal_raw(&admin(store.on), &truncated));
+            assert!(error_text(&reply).contains("truncated"), "{reply:?}");
+        }
         let reply = udp_ask(to, &vec![0x53; 65_100]);
         assert!(error_text(&reply).contains("exceeds"), "{reply:?}");
     }
@@ -625,22 +682,21 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
     let long = "n".repeat(10_000);
     let reply = udp_ask(
         mn,
-        &Msg::new(7, 0, Body::Get { name: long.clone() })
-            .encode()
-            .unwrap(),
+        &as_admin(store.on, &Msg::new(7, 0, Body::Get { name: long.clone() })),
     );
     assert!(error_text(&reply).contains("limit is 4096"), "{reply:?}");
     let reply = udp_ask(
         mn,
-        &Msg::new(
-            7,
-            0,
-            Body::Get {
-                name: String::new(),
-            },
-        )
-        .encode()
-        .unwrap(),
+        &as_admin(
+            store.on,
+            &Msg::new(
+                7,
+                0,
+                Body::Get {
+                    name: String::new(),
+                },
+            ),
+        ),
     );
     assert!(error_text(&reply).contains("empty"), "{reply:?}");
     assert!(store
@@ -664,15 +720,16 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
     let owner = table.mn_for(addrs[1]).unwrap().endpoint;
     let reply = udp_ask(
         owner,
-        &Msg::new(
-            8,
-            addrs[1] ^ 1,
-            Body::Get {
-                name: "obj/a".into(),
-            },
-        )
-        .encode()
-        .unwrap(),
+        &as_admin(
+            store.on,
+            &Msg::new(
+                8,
+                addrs[1] ^ 1,
+                Body::Get {
+                    name: "obj/a".into(),
+                },
+            ),
+        ),
     );
     assert!(
         error_text(&reply).contains("not a metadata address"),
@@ -682,7 +739,7 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
         name: "obj/a".into(),
         size: 1,
     };
-    let reply = udp_ask(owner, &Msg::new(9, addrs[1], begin).encode().unwrap());
+    let reply = udp_ask(owner, &as_admin(store.on, &Msg::new(9, addrs[1], begin)));
     assert!(
         error_text(&reply).contains("not the coordinator"),
         "{reply:?}"
@@ -694,7 +751,7 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
         name: "obj/a".into(),
         size: 4096,
     };
-    match udp_ask(coord, &Msg::new(10, addrs[0], begin).encode().unwrap()).body {
+    match udp_ask(coord, &as_admin(store.on, &Msg::new(10, addrs[0], begin))).body {
         Body::PostPlan {
             replicas, ticket, ..
         } => {
@@ -839,7 +896,7 @@ fn unsealed_or_unticketed_data_requests_are_refused_and_change_nothing() {
 
     // The Get ticket a metadata node's answer carries.
     let meta = table.meta_addrs("keep/a");
-    let (_, found) = ask_copy(&table, meta[0], "keep/a");
+    let (_, found) = ask_copy(&admin(store.on), &table, meta[0], "keep/a");
     let Body::Found { ticket, .. } = found else {
         panic!("{found:?}")
     };
@@ -931,7 +988,7 @@ fn unsealed_or_unticketed_data_requests_are_refused_and_change_nothing() {
         replicas,
         ticket: put_ticket,
         ..
-    } = udp_ask(coord, &begin.encode().unwrap()).body
+    } = udp_ask(coord, &as_admin(store.on, &begin)).body
     else {
         panic!("no plan")
     };
@@ -1201,7 +1258,7 @@ fn run_load(on: SocketAddr, stop: std::sync::Arc<std::sync::atomic::AtomicBool>)
         .build()
         .unwrap();
     rt.block_on(async move {
-        let client = strata_store::client::Client::connect(on).await.unwrap();
+        let client = strata_store::client::Client::connect(on, admin(on)).await.unwrap();
         let mut load = Load::default();
         let mut i = 0usize;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -1344,7 +1401,7 @@ fn kill_9_of_a_storage_node_then_a_metadata_node_under_load() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let client = strata_store::client::Client::connect(on).await.unwrap();
+        let client = strata_store::client::Client::connect(on, admin(on)).await.unwrap();
         for (name, seed) in &load.acked {
             let (_, bytes) = client
                 .get_bytes(name)
@@ -1532,7 +1589,7 @@ fn repair_restores_replicas_after_a_definitive_storage_node_failure() {
         (name.clone(), pattern((i * 7919) % 200_000, i as u64))
     }));
     rt.block_on(async move {
-        let client = strata_store::client::Client::connect(on).await.unwrap();
+        let client = strata_store::client::Client::connect(on, admin(on)).await.unwrap();
         for (name, data) in &all {
             let name = name.clone();
             let (record, bytes) = client.get_bytes(&name).await.unwrap();
@@ -1636,7 +1693,7 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
                 .build()
                 .unwrap();
             rt.block_on(async {
-                let client = strata_store::client::Client::connect(on).await.unwrap();
+                let client = strata_store::client::Client::connect(on, admin(on)).await.unwrap();
                 let (mut gets, mut failures) = (0u64, Vec::new());
                 let mut lists = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -1750,7 +1807,7 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
                 continue;
             }
             let q = Msg::new(99, addr, Body::Get { name: name.clone() });
-            match udp_ask(new_mn, &q.encode().unwrap()).body {
+            match udp_ask(new_mn, &as_admin(store.on, &q)).body {
                 Body::Found { record, .. } => {
                     assert_eq!(record.version, rec.version);
                     answered_by_new += 1;
@@ -1780,7 +1837,7 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
     for (name, _) in &load.acked {
         let rec = rt.block_on(client.stat(name)).unwrap();
         for &addr in &rec.meta {
-            let (to, body) = ask_copy(&table, addr, name);
+            let (to, body) = ask_copy(&admin(store.on), &table, addr, name);
             match body {
                 Body::Found { record, .. } => assert_eq!(record.version, rec.version, "{name}"),
                 other => panic!("{name} at {to}: {other:?}"),
@@ -1976,7 +2033,7 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
             continue;
         }
         for &addr in &rec.meta {
-            let (to, body) = ask_copy(&table, addr, name);
+            let (to, body) = ask_copy(&admin(store.on), &table, addr, name);
             if before.mn_for(addr).map(|m| m.slot) == Some(dead_slot) {
                 restored += 1;
             }
@@ -2142,7 +2199,7 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
             false => rt.block_on(client.stat(name)).unwrap().version,
         };
         for &addr in &rec.meta {
-            let (to, body) = ask_copy(&table, addr, name);
+            let (to, body) = ask_copy(&admin(store.on), &table, addr, name);
             answered_there += usize::from(table.mn_for(addr).map(|m| m.slot) == Some(dead_slot));
             match body {
                 Body::Found { record, .. } if !deleted_since.contains(&name) => {
@@ -2351,7 +2408,7 @@ fn a_metadata_node_down_for_a_while_has_stand_ins_then_gets_its_groups_back() {
                 if table.mn_for(addr).map(|m| m.slot) == Some(home) {
                     at_home += 1;
                 }
-                ask_copy(&table, addr, name)
+                ask_copy(&admin(store.on), &table, addr, name)
             })
             .collect::<Vec<_>>()
     };
@@ -2613,7 +2670,7 @@ fn a_removed_storage_node_is_drained_then_retired_without_a_failed_read() {
             );
         }
         for &meta in &record.meta {
-            let (_, answer) = ask_copy(&client.table(), meta, name);
+            let (_, answer) = ask_copy(client.credential(), &client.table(), meta, name);
             match answer {
                 Body::Found { record: copy, .. } => {
                     assert_eq!(copy.replicas, record.replicas, "{name}: metadata copy")

@@ -597,7 +597,7 @@ impl Gate {
         };
         let tenant = match checked {
             Ok(t) => t,
-            Err(why) => return refuse(&head, &why),
+            Err(why) => return refuse(&head, &why, self.receiver),
         };
         let msg = match Msg::decode(buf) {
             Ok(msg) => msg,
@@ -664,7 +664,7 @@ impl Gate {
 
 /// The verdict on an unauthentic datagram: an answer is dropped, a
 /// request refused with a short error.
-fn refuse(head: &wire::Header, why: &AuthError) -> Verdict {
+fn refuse(head: &wire::Header, why: &AuthError, receiver: Receiver) -> Verdict {
     if wire::is_answer(head.kind) {
         tracing::debug!(
             "dropped an unauthenticated answer of kind {}: {why}",
@@ -672,7 +672,7 @@ fn refuse(head: &wire::Header, why: &AuthError) -> Verdict {
         );
         return Verdict::Drop;
     }
-    let advice = if wire::is_client_request(head.kind) {
+    let advice = if receiver == Receiver::Mn && wire::is_client_request(head.kind) {
         "a tenant seals its requests with its credential (`strata store tenant add` \
          makes one; `strata obj --credential FILE` uses it)"
     } else {
