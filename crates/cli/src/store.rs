@@ -713,8 +713,8 @@ fn reload_on_hangup(key: ClusterKey, admin_credential: Option<PathBuf>) -> Resul
                         if n == 1 { "" } else { "s" }
                     );
                     if let Some(path) = &admin_credential {
-                        let issued = TenantCredential::issue(&key, ADMIN)
-                            .and_then(|c| c.save(path));
+                        let issued =
+                            TenantCredential::issue(&key, ADMIN).and_then(|c| c.save(path));
                         if let Err(e) = issued {
                             eprintln!(
                                 "strata store: could not issue the admin credential again: {e}"

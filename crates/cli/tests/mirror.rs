@@ -742,7 +742,9 @@ fn mirrors_read_an_image_published_in_the_object_store() {
     // from the environment, which the commands below inherit.
     std::env::set_var(
         strata_store::tenant::CREDENTIAL_ENV,
-        dir.path().join("store").join(strata_store::tenant::ADMIN_CREDENTIAL_FILE),
+        dir.path()
+            .join("store")
+            .join(strata_store::tenant::ADMIN_CREDENTIAL_FILE),
     );
     let published: serde_json::Value = serde_json::from_str(&common::strata_ok(&[
         "mirror",

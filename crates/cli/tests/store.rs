@@ -195,7 +195,9 @@ fn spawn_reader(
             .build()
             .unwrap();
         rt.block_on(async {
-            let client = strata_store::client::Client::connect(on, admin(on)).await.unwrap();
+            let client = strata_store::client::Client::connect(on, admin(on))
+                .await
+                .unwrap();
             let (mut gets, mut failures) = (0u64, Vec::new());
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for (name, want) in &objects {
@@ -1031,6 +1033,253 @@ fn unsealed_or_unticketed_data_requests_are_refused_and_change_nothing() {
     }
 }
 
+/// Tenants' metadata requests are authenticated and held to a scope: a
+/// metadata node refuses requests that are unsealed, forged, sealed with
+/// a wrong tenant key or an expired clock, or that name anything outside
+/// the tenant's names, with a clear error; none of them changes anything
+/// or hands out a ticket.
+#[test]
+fn unsealed_forged_stale_or_out_of_scope_metadata_requests_are_refused_and_change_nothing() {
+    use strata_store::auth::{unix_ms, ClusterKey, KEY_LEN, WINDOW_MS};
+    use strata_store::wire::{Record, RenameLink};
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("cluster"), REPLICATED);
+    let src = dir.path().join("o");
+    std::fs::write(&src, pattern(3000, 5)).unwrap();
+    store.ok(&["obj", "put", &p(&src), "other/x"]);
+    store.ok(&["obj", "put", &p(&src), "acme/mine"]);
+    let before = store.json(&["obj", "stat", "other/x"]);
+    let (rt, client) = connect_client(store.on);
+    let table = client.table();
+    let key = ClusterKey::load(&store.key_path()).unwrap();
+    let acme = TenantCredential::issue(&key, "acme").unwrap();
+    let foreign = TenantCredential::issue(&ClusterKey::from_bytes(&[9; KEY_LEN]), "acme").unwrap();
+    // acme's secret, claimed for the admin.
+    let impostor = TenantCredential::new("*", acme.secret_bytes()).unwrap();
+    let coordinator = |name: &str| {
+        let addr = table.meta_addrs(name)[0];
+        (addr, table.mn_endpoint(addr).unwrap())
+    };
+    let record: Record = {
+        let meta = table.meta_addrs("other/x");
+        match ask_copy(&admin(store.on), &table, meta[0], "other/x").1 {
+            Body::Found { record, .. } => record,
+            b => panic!("{b:?}"),
+        }
+    };
+    // Every kind of tenant request, on other/x (or naming it).
+    let requests = |name: &str| -> Vec<Body> {
+        vec![
+            Body::Get { name: name.into() },
+            Body::Delete {
+                name: name.into(),
+                if_version: 0,
+                keep_data: false,
+            },
+            Body::PostBegin {
+                name: name.into(),
+                size: 3,
+            },
+            Body::Update {
+                record: Record {
+                    rename: Some(RenameLink::To("acme/stolen".into())),
+                    ..record.clone()
+                },
+                if_version: record.version,
+            },
+        ]
+    };
+    let refused = |reply: &Msg, want: &str| {
+        match &reply.body {
+            Body::Error { message, .. } => {
+                assert!(message.contains(want), "{message:?} lacks {want:?}")
+            }
+            other => panic!("not refused ({want}): {other:?}"),
+        };
+    };
+    let now = unix_ms();
+    for body in requests("other/x") {
+        let (addr, mn) = coordinator("other/x");
+        let msg = Msg::new(500, addr, body);
+        refused(&udp_ask(mn, &msg.encode().unwrap()), "no tenant credential");
+        refused(
+            &udp_ask(mn, &msg.seal_tenant(&foreign, now).unwrap()),
+            "does not match tenant \"acme\"'s key",
+        );
+        refused(
+            &udp_ask(mn, &msg.seal_tenant(&impostor, now).unwrap()),
+            "does not match",
+        );
+        let stale = msg
+            .seal_tenant(&admin(store.on), now - WINDOW_MS - 5_000)
+            .unwrap();
+        refused(&udp_ask(mn, &stale), "clocks apart, or a replay");
+        let mut forged = msg.seal_tenant(&acme, now).unwrap();
+        let last = forged.len() - 1;
+        forged[last] ^= 1;
+        refused(&udp_ask(mn, &forged), "does not match");
+        refused(
+            &udp_ask(mn, &msg.seal_tenant(&acme, now).unwrap()),
+            "tenant 'acme' may only use names under 'acme/'; 'other/x' refused",
+        );
+    }
+    // A rename out of acme's scope, a Link into it of other/x's replicas,
+    // and a List outside it.
+    let (addr, mn) = coordinator("acme/stolen");
+    let link = Msg::new(
+        501,
+        addr,
+        Body::Link {
+            record: Record {
+                name: "acme/stolen".into(),
+                rename: Some(RenameLink::From("other/x".into())),
+                ..record.clone()
+            },
+        },
+    );
+    refused(
+        &udp_ask(mn, &link.seal_tenant(&acme, now).unwrap()),
+        "'other/x' refused",
+    );
+    let (addr, mn) = coordinator("acme/mine");
+    let list = Msg::new(
+        502,
+        addr,
+        Body::List {
+            prefix: String::new(),
+            after: String::new(),
+            limit: 10,
+        },
+    );
+    refused(
+        &udp_ask(mn, &list.seal_tenant(&acme, now).unwrap()),
+        "List prefix ''",
+    );
+    // acme's own name is served, with a ticket.
+    let (addr, mn) = coordinator("acme/mine");
+    let mine = Msg::new(
+        503,
+        addr,
+        Body::Get {
+            name: "acme/mine".into(),
+        },
+    );
+    match udp_ask(mn, &mine.seal_tenant(&acme, unix_ms()).unwrap()).body {
+        Body::Found { record, ticket } => {
+            assert_eq!(record.name, "acme/mine");
+            assert!(!ticket.is_empty());
+        }
+        b => panic!("{b:?}"),
+    }
+    // Nothing changed: other/x is as it was and reads back; acme/stolen
+    // does not exist.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(store.json(&["obj", "stat", "other/x"]), before);
+    let (_, got) = rt.block_on(client.get_bytes("other/x")).unwrap();
+    assert!(got == pattern(3000, 5));
+    let err = store.fails(&["obj", "stat", "acme/stolen"]);
+    assert!(err.contains("no object named"), "{err}");
+}
+
+/// `strata store up --dir D` writes an admin credential that `strata obj
+/// --dir D` uses; `strata store tenant add` writes a tenant's, which
+/// works in its scope and is refused outside it.
+#[test]
+fn the_admin_credential_works_and_a_tenant_is_held_to_its_names() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tmp();
+    let d = dir.path().join("cluster");
+    let store = Store::up(&d, &[]);
+    let on = store.on.to_string();
+    // No STRATA_CREDENTIAL from the test's Store::run here.
+    let obj = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_strata"))
+            .arg("obj")
+            .args(args)
+            .args(["--cluster", &on])
+            .env_remove(CREDENTIAL_ENV)
+            .output()
+            .expect("run strata obj")
+    };
+    let ok = |args: &[&str]| {
+        let out = obj(args);
+        assert!(
+            out.status.success(),
+            "strata obj {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let fails = |args: &[&str]| {
+        let out = obj(args);
+        assert!(!out.status.success(), "strata obj {args:?} was accepted");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let admin_file = d.join(ADMIN_CREDENTIAL_FILE);
+    let mode = std::fs::metadata(&admin_file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let src = dir.path().join("src");
+    std::fs::write(&src, pattern(10_000, 3)).unwrap();
+    let back = dir.path().join("back");
+    let dp = p(&d);
+    ok(&["put", "--dir", &dp, &p(&src), "other/x"]);
+    ok(&["get", "--dir", &dp, "other/x", &p(&back)]);
+    assert!(std::fs::read(&back).unwrap() == pattern(10_000, 3));
+    // Without any credential: refused before sending, with what to do.
+    let err = fails(&["stat", "other/x"]);
+    assert!(
+        err.contains("--credential") && err.contains("store tenant add"),
+        "{err}"
+    );
+
+    let out = strata_ok(&[
+        "store", "tenant", "add", "--dir", &dp, "--tenant", "acme", "--output", "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let cred = PathBuf::from(v["credential"].as_str().unwrap());
+    assert_eq!(cred, d.join("acme.credential"));
+    assert_eq!(v["scope"], "names under 'acme/'");
+    let mode = std::fs::metadata(&cred).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let c = p(&cred);
+    ok(&["put", "--credential", &c, &p(&src), "acme/a"]);
+    ok(&["get", "--credential", &c, "acme/a", &p(&back)]);
+    assert!(std::fs::read(&back).unwrap() == pattern(10_000, 3));
+    ok(&["mv", "--credential", &c, "acme/a", "acme/b"]);
+    let listed = ok(&["ls", "--credential", &c, "acme/"]);
+    assert!(listed.contains("acme/b"), "{listed}");
+    let scope = "tenant 'acme' may only use names under 'acme/'";
+    for args in [
+        vec!["put", "--credential", &c, &p(&src), "other/y"],
+        vec!["get", "--credential", &c, "other/x", &p(&back)],
+        vec!["stat", "--credential", &c, "other/x"],
+        vec!["rm", "--credential", &c, "other/x"],
+        vec!["mv", "--credential", &c, "acme/b", "other/b"],
+        vec!["ls", "--credential", &c, ""],
+    ] {
+        let err = fails(&args);
+        assert!(err.contains(scope), "{args:?}: {err}");
+    }
+    // Nothing of that happened: the admin sees other/x unchanged, acme/b
+    // still there, and no other/y or other/b.
+    let stat = |name: &str| obj(&["stat", "--dir", &dp, name]);
+    assert!(stat("other/x").status.success());
+    assert!(stat("acme/b").status.success());
+    assert!(!stat("other/y").status.success());
+    assert!(!stat("other/b").status.success());
+    // The environment variable names a credential too.
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["obj", "stat", "other/x", "--cluster", &on])
+        .env(CREDENTIAL_ENV, &cred)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains(scope));
+    // A bad tenant id is refused with the rule.
+    let out = strata(&["store", "tenant", "add", "--dir", &dp, "--tenant", "a/b"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not valid"));
+}
+
 #[test]
 fn a_storage_node_added_to_a_running_cluster_takes_new_objects() {
     let dir = tmp();
@@ -1258,7 +1507,9 @@ fn run_load(on: SocketAddr, stop: std::sync::Arc<std::sync::atomic::AtomicBool>)
         .build()
         .unwrap();
     rt.block_on(async move {
-        let client = strata_store::client::Client::connect(on, admin(on)).await.unwrap();
+        let client = strata_store::client::Client::connect(on, admin(on))
+            .await
+            .unwrap();
         let mut load = Load::default();
         let mut i = 0usize;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -1401,7 +1652,9 @@ fn kill_9_of_a_storage_node_then_a_metadata_node_under_load() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let client = strata_store::client::Client::connect(on, admin(on)).await.unwrap();
+        let client = strata_store::client::Client::connect(on, admin(on))
+            .await
+            .unwrap();
         for (name, seed) in &load.acked {
             let (_, bytes) = client
                 .get_bytes(name)
@@ -1589,7 +1842,9 @@ fn repair_restores_replicas_after_a_definitive_storage_node_failure() {
         (name.clone(), pattern((i * 7919) % 200_000, i as u64))
     }));
     rt.block_on(async move {
-        let client = strata_store::client::Client::connect(on, admin(on)).await.unwrap();
+        let client = strata_store::client::Client::connect(on, admin(on))
+            .await
+            .unwrap();
         for (name, data) in &all {
             let name = name.clone();
             let (record, bytes) = client.get_bytes(&name).await.unwrap();
@@ -1693,7 +1948,9 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
                 .build()
                 .unwrap();
             rt.block_on(async {
-                let client = strata_store::client::Client::connect(on, admin(on)).await.unwrap();
+                let client = strata_store::client::Client::connect(on, admin(on))
+                    .await
+                    .unwrap();
                 let (mut gets, mut failures) = (0u64, Vec::new());
                 let mut lists = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {

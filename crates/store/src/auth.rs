@@ -623,12 +623,7 @@ impl Gate {
 
     /// Checks a tenant's seal: only tenants' request kinds, and only at a
     /// metadata node (the orchestrator takes none); returns the tenant.
-    fn check_tenant<'a>(
-        &self,
-        buf: &'a [u8],
-        kind: u8,
-        now_ms: u64,
-    ) -> Result<&'a str, AuthError> {
+    fn check_tenant<'a>(&self, buf: &'a [u8], kind: u8, now_ms: u64) -> Result<&'a str, AuthError> {
         if self.receiver != Receiver::Mn || !wire::is_client_request(kind) {
             return Err(AuthError::TenantKind(kind));
         }

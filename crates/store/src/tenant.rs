@@ -271,7 +271,12 @@ impl TenantCredential {
         let mut tmp = PathBuf::from(path.as_os_str());
         tmp.set_extension("credential.tmp");
         let _ = std::fs::remove_file(&tmp);
-        let what = |e| Error::io(format!("writing the tenant credential {}", path.display()), e);
+        let what = |e| {
+            Error::io(
+                format!("writing the tenant credential {}", path.display()),
+                e,
+            )
+        };
         let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -341,7 +346,15 @@ mod tests {
         for good in ["acme", "a", "A-b_c.9", ADMIN, &"x".repeat(MAX_TENANT_ID)] {
             assert!(check_tenant_id(good).is_ok(), "{good}");
         }
-        for bad in ["", "a/b", "a b", "é", "**", "a*", &"x".repeat(MAX_TENANT_ID + 1)] {
+        for bad in [
+            "",
+            "a/b",
+            "a b",
+            "é",
+            "**",
+            "a*",
+            &"x".repeat(MAX_TENANT_ID + 1),
+        ] {
             let err = check_tenant_id(bad).unwrap_err();
             assert!(err.contains("not valid"), "{bad}: {err}");
         }
@@ -409,7 +422,9 @@ mod tests {
             record: rec("acme/old", Some(RenameLink::To("zeta/new".into()))),
             if_version: 1,
         };
-        assert!(check_scope("acme", &update).unwrap_err().contains("zeta/new"));
+        assert!(check_scope("acme", &update)
+            .unwrap_err()
+            .contains("zeta/new"));
         let list = |p: &str| Body::List {
             prefix: p.into(),
             after: String::new(),
