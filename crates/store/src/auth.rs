@@ -8,11 +8,13 @@
 //! the message ends with the sender's clock (ms since the Unix epoch) and
 //! an HMAC-SHA256 tag over everything before it, truncated to 16 bytes.
 //!
-//! Tenants do not hold the key: their data-path requests to metadata nodes
-//! (Post, Get, Delete, List...) and the table request to the orchestrator
-//! stay unsealed, so a zero-byte Get pays for no HMAC. Every other kind is
-//! refused unsealed ([`Gate`]), and a node that sent a sealed request takes
-//! only a sealed answer ([`open_answer`]).
+//! Tenants do not hold the key: they seal their requests to metadata
+//! nodes (Post, Get, Delete, List...) with a credential derived from it
+//! ([`crate::tenant`]; [`check_tenant_seal`]), and a metadata node takes
+//! them only for names in the tenant's scope; answers to them stay
+//! unsealed. The orchestrator takes the table request unsealed. Every
+//! other kind is refused unsealed ([`Gate`]), and a node that sent a
+//! sealed request takes only a sealed answer ([`open_answer`]).
 //!
 //! On the TCP data path ([`crate::data`]) a node's request to a storage
 //! node is sealed the same way, and a tenant's carries a [`Ticket`]: a
