@@ -3314,13 +3314,51 @@ fn the_cluster_key_is_rotated_in_three_reloads_under_load_without_a_failed_reque
     let old = ClusterKey::load(&old_file).unwrap();
     let old_fp = old.fingerprints().active;
     every_node_shows_the_keys_of(&store, &cdir, (old_fp, None));
-    let stop = Arc::new(AtomicBool::new(false));
-    let reader = spawn_reader(store.on, stop.clone(), before.clone());
-    let load = {
-        let stop = stop.clone();
-        let on = store.on;
-        std::thread::spawn(move || run_load(on, stop))
+    // Tenants' credentials are derived from the key: the clients run
+    // with the admin credential of the old key until step 3, then with
+    // the one `strata store up` issued again on its step-2 reload.
+    let old_admin = admin(store.on);
+    let start_clients = || {
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = spawn_reader(store.on, stop.clone(), before.clone());
+        let load = {
+            let stop = stop.clone();
+            let on = store.on;
+            std::thread::spawn(move || run_load(on, stop))
+        };
+        (stop, reader, load)
     };
+    let check_clients = |(stop, reader, load): (
+        Arc<AtomicBool>,
+        std::thread::JoinHandle<(u64, Vec<String>)>,
+        std::thread::JoinHandle<Load>,
+    )| {
+        stop.store(true, Ordering::Relaxed);
+        let load = load.join().unwrap();
+        let (gets, failures) = reader.join().unwrap();
+        assert!(
+            failures.is_empty(),
+            "{} of {gets} Gets failed: {failures:?}",
+            failures.len()
+        );
+        assert!(
+            load.failed.is_empty() && load.get_failures.is_empty(),
+            "{} of {} Puts and {} of {} Gets failed: {:?} {:?}",
+            load.failed.len(),
+            load.failed.len() + load.acked.len(),
+            load.get_failures.len(),
+            load.gets,
+            load.failed,
+            load.get_failures
+        );
+        assert!(
+            load.acked.len() > 5 && gets > 5,
+            "{} {gets}",
+            load.acked.len()
+        );
+        load
+    };
+    let clients = start_clients();
     let under_load = || std::thread::sleep(Duration::from_millis(1500));
     under_load();
 
@@ -3361,6 +3399,14 @@ fn the_cluster_key_is_rotated_in_three_reloads_under_load_without_a_failed_reque
     });
     every_node_shows_the_keys_of(&store, &cdir, (new_fp, Some(old_fp)));
     under_load();
+    // The admin credential was issued again with the new key; clients
+    // switch to it before step 3 (as every tenant must).
+    wait_until("the admin credential issued with the new key", || {
+        admin(store.on).secret_bytes() != old_admin.secret_bytes()
+    });
+    let mut acked = check_clients(clients).acked;
+    let clients = start_clients();
+    under_load();
 
     // 3: the old key is gone.
     std::fs::remove_file(cdir.join("cluster.key.prev")).unwrap();
@@ -3373,29 +3419,22 @@ fn the_cluster_key_is_rotated_in_three_reloads_under_load_without_a_failed_reque
     });
     every_node_shows_the_keys_of(&store, &cdir, (new_fp, None));
     under_load();
-    stop.store(true, Ordering::Relaxed);
-    let load = load.join().unwrap();
-    let (gets, failures) = reader.join().unwrap();
-    assert!(
-        failures.is_empty(),
-        "{} of {gets} Gets failed: {failures:?}",
-        failures.len()
-    );
-    assert!(
-        load.failed.is_empty() && load.get_failures.is_empty(),
-        "{} of {} Puts and {} of {} Gets failed: {:?} {:?}",
-        load.failed.len(),
-        load.failed.len() + load.acked.len(),
-        load.get_failures.len(),
-        load.gets,
-        load.failed,
-        load.get_failures
-    );
-    assert!(
-        load.acked.len() > 10 && gets > 10,
-        "{} {gets}",
-        load.acked.len()
-    );
+    let mut load = check_clients(clients);
+    acked.append(&mut load.acked);
+    load.acked = acked;
+    // A credential of the old key is refused now, saying what to do.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let stale = rt
+        .block_on(strata_store::client::Client::connect(store.on, old_admin))
+        .unwrap();
+    let err = rt
+        .block_on(stale.get_bytes("rot/0"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("issue it again"), "{err}");
     // Everything reads back.
     let (rt, client) = connect_client(store.on);
     for (name, want) in &before {
