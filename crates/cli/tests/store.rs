@@ -1490,6 +1490,13 @@ impl Drop for Node {
     }
 }
 
+/// The reader and load threads of a test, and their stop flag.
+type Clients = (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<(u64, Vec<String>)>,
+    std::thread::JoinHandle<Load>,
+);
+
 /// Outcome of the load generator.
 #[derive(Default)]
 struct Load {
@@ -3328,11 +3335,7 @@ fn the_cluster_key_is_rotated_in_three_reloads_under_load_without_a_failed_reque
         };
         (stop, reader, load)
     };
-    let check_clients = |(stop, reader, load): (
-        Arc<AtomicBool>,
-        std::thread::JoinHandle<(u64, Vec<String>)>,
-        std::thread::JoinHandle<Load>,
-    )| {
+    let check_clients = |(stop, reader, load): Clients| {
         stop.store(true, Ordering::Relaxed);
         let load = load.join().unwrap();
         let (gets, failures) = reader.join().unwrap();
