@@ -64,7 +64,8 @@ enum Tool {
         image: PathBuf,
     },
     /// Store an image in the object store for mirrors to read as
-    /// store://CLUSTER/NAME (parts, layout and chunk manifest).
+    /// store://CLUSTER/NAME (parts, layout and chunk manifest). The
+    /// store's tenant credential comes from STRATA_CREDENTIAL=FILE.
     Publish {
         /// The store's orchestrator (as printed by `strata store up`).
         #[arg(
@@ -104,7 +105,8 @@ enum Tool {
 #[derive(Args)]
 struct RunArgs {
     /// The image: an http:// URL (range reads), store://CLUSTER/NAME (an
-    /// image stored with `strata mirror publish`) or a file path. Its
+    /// image stored with `strata mirror publish`; the store's tenant
+    /// credential comes from STRATA_CREDENTIAL=FILE) or a file path. Its
     /// manifest (IMAGE.digest) must be next to it.
     #[arg(long = "repo")]
     repo: Option<String>,

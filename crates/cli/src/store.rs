@@ -12,6 +12,9 @@ use strata_store::auth::{
 use strata_store::client::{Client, RenameStep};
 use strata_store::cluster::{Cluster, ClusterConfig};
 use strata_store::table::{Device, Params, Table};
+use strata_store::tenant::{
+    describe_scope, TenantCredential, ADMIN, ADMIN_CREDENTIAL_FILE, CREDENTIAL_ENV,
+};
 use strata_store::wire::{Body, Msg, RenameLink};
 
 use crate::img::{progress_bar, Output};
@@ -26,6 +29,35 @@ pub struct ClusterArg {
     /// Output format.
     #[arg(long, value_enum, default_value = "human")]
     output: Output,
+}
+
+/// The tenant credential that seals a client's metadata requests.
+#[derive(Args, Clone)]
+pub struct TenantArg {
+    /// The tenant's credential file (`strata store tenant add` writes
+    /// one; `strata store up --dir DIR` writes DIR/admin.credential).
+    #[arg(long, env = CREDENTIAL_ENV, value_name = "FILE")]
+    credential: Option<PathBuf>,
+    /// The directory of `strata store up`: without --credential (or
+    /// STRATA_CREDENTIAL), its admin.credential is used.
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+}
+
+impl TenantArg {
+    /// The credential of `--credential` (or the environment), else the
+    /// admin credential in `--dir`.
+    fn load(&self) -> Result<TenantCredential> {
+        match (&self.credential, &self.dir) {
+            (Some(path), _) => Ok(TenantCredential::load(path)?),
+            (None, Some(dir)) => Ok(TenantCredential::load(&dir.join(ADMIN_CREDENTIAL_FILE))?),
+            (None, None) => bail!(
+                "this command needs a tenant credential: give --credential FILE (or set \
+                 {CREDENTIAL_ENV}), or --dir DIR of `strata store up` to use its \
+                 {ADMIN_CREDENTIAL_FILE}; `strata store tenant add` makes a tenant's"
+            ),
+        }
+    }
 }
 
 /// The cluster key, which nodes and control commands need.
@@ -93,6 +125,43 @@ pub enum StoreCommand {
     /// Load generator: concurrent clients Post or Get fixed-size objects
     /// (`bench/<size>/<client>/<i>`), or GET them from an HTTP server.
     Bench(BenchArgs),
+    /// Issue tenants' credentials: a tenant seals its metadata requests
+    /// with one, and may use only the names of its scope.
+    Tenant {
+        #[command(subcommand)]
+        command: TenantCommand,
+    },
+}
+
+/// `strata store tenant` subcommands.
+#[derive(Subcommand)]
+pub enum TenantCommand {
+    /// Write tenant ID's credential (mode 0600): its id and a secret
+    /// derived from the cluster key. Tenant ID may use only the names
+    /// under `ID/`; the tenant `*` may use every name. Run it again after a
+    /// cluster key rotation (the old credential stops working once the old
+    /// key is dropped). A credential cannot be revoked alone: rotating the
+    /// cluster key revokes every one.
+    Add(TenantAddArgs),
+}
+
+/// `strata store tenant add` arguments.
+#[derive(Args)]
+pub struct TenantAddArgs {
+    /// The cluster key: DIR/cluster.key with --dir, or --key FILE.
+    #[command(flatten)]
+    file: KeyFileArg,
+    /// The tenant id: 1 to 64 ASCII letters, digits, '.', '_' or '-' (its
+    /// names are those under 'ID/'), or '*' for every name.
+    #[arg(long)]
+    tenant: String,
+    /// Where to write the credential. Default: ID.credential next to the
+    /// key file (admin.credential for '*').
+    #[arg(long = "out", value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "human")]
+    output: Output,
 }
 
 /// Which key file a `strata store key` command works on.
@@ -153,6 +222,8 @@ pub struct KeyFingerprintArgs {
 pub struct BenchArgs {
     #[command(flatten)]
     cluster: ClusterArg,
+    #[command(flatten)]
+    tenant: TenantArg,
     /// post, get (objects a post run made), or http (GET /PREFIX/<size>/<client>/<i>).
     #[arg(long, default_value = "post", value_parser = ["post", "get", "http"])]
     workload: String,
@@ -372,6 +443,8 @@ pub enum ObjCommand {
     Put {
         #[command(flatten)]
         cluster: ClusterArg,
+        #[command(flatten)]
+        tenant: TenantArg,
         /// Show a progress bar.
         #[arg(short = 'p')]
         progress: bool,
@@ -384,6 +457,8 @@ pub enum ObjCommand {
     Get {
         #[command(flatten)]
         cluster: ClusterArg,
+        #[command(flatten)]
+        tenant: TenantArg,
         /// Show a progress bar.
         #[arg(short = 'p')]
         progress: bool,
@@ -396,6 +471,8 @@ pub enum ObjCommand {
     Rm {
         #[command(flatten)]
         cluster: ClusterArg,
+        #[command(flatten)]
+        tenant: TenantArg,
         /// Object name.
         name: String,
     },
@@ -403,6 +480,8 @@ pub enum ObjCommand {
     Mv {
         #[command(flatten)]
         cluster: ClusterArg,
+        #[command(flatten)]
+        tenant: TenantArg,
         /// Current name.
         from: String,
         /// New name (must not exist).
@@ -412,6 +491,8 @@ pub enum ObjCommand {
     Stat {
         #[command(flatten)]
         cluster: ClusterArg,
+        #[command(flatten)]
+        tenant: TenantArg,
         /// Object name.
         name: String,
     },
@@ -419,6 +500,8 @@ pub enum ObjCommand {
     Ls {
         #[command(flatten)]
         cluster: ClusterArg,
+        #[command(flatten)]
+        tenant: TenantArg,
         /// Name prefix.
         #[arg(default_value = "")]
         prefix: String,
@@ -473,7 +556,42 @@ pub fn run_store(cmd: StoreCommand) -> Result<i32> {
         StoreCommand::Node { command } => node(command),
         StoreCommand::Bench(args) => bench(args),
         StoreCommand::Key { command } => key_command(command),
+        StoreCommand::Tenant {
+            command: TenantCommand::Add(args),
+        } => tenant_add(args),
     }
+}
+
+fn tenant_add(args: TenantAddArgs) -> Result<i32> {
+    let key_path = args.file.path();
+    let key = ClusterKey::load(&key_path)?;
+    let cred = TenantCredential::issue(&key, &args.tenant)?;
+    let out = args.out.clone().unwrap_or_else(|| {
+        let name = if args.tenant == ADMIN {
+            ADMIN_CREDENTIAL_FILE.to_string()
+        } else {
+            format!("{}.credential", args.tenant)
+        };
+        match key_path.parent() {
+            Some(dir) => dir.join(name),
+            None => PathBuf::from(name),
+        }
+    });
+    cred.save(&out)?;
+    let scope = describe_scope(&args.tenant);
+    match args.output {
+        Output::Json => println!(
+            "{}",
+            json!({"tenant": args.tenant, "scope": scope, "credential": out})
+        ),
+        Output::Human => println!(
+            "wrote tenant '{}''s credential to {} ({scope}): give it to the tenant, who runs \
+             `strata obj --credential FILE ...` (or sets {CREDENTIAL_ENV}=FILE)",
+            args.tenant,
+            out.display()
+        ),
+    }
+    Ok(0)
 }
 
 fn key_command(cmd: KeyCommand) -> Result<i32> {
@@ -577,7 +695,9 @@ fn swap_keys(path: &std::path::Path) -> Result<()> {
 /// Re-reads the cluster key files on every SIGHUP, for every node holding
 /// a clone of `key` (see [`ClusterKey::reload`]); an error keeps the keys
 /// in use and is printed.
-fn reload_on_hangup(key: ClusterKey) -> Result<()> {
+/// With `admin_credential`, the admin tenant's credential is issued again
+/// there after each reload (it follows the active key).
+fn reload_on_hangup(key: ClusterKey, admin_credential: Option<PathBuf>) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hup = signal(SignalKind::hangup()).context("could not install the SIGHUP handler")?;
     tokio::spawn(async move {
@@ -587,10 +707,21 @@ fn reload_on_hangup(key: ClusterKey) -> Result<()> {
                 .map(|p| p.display().to_string())
                 .unwrap_or_default();
             match key.reload() {
-                Ok(n) => eprintln!(
-                    "strata store: reloaded the cluster key {from} ({n} key{} accepted)",
-                    if n == 1 { "" } else { "s" }
-                ),
+                Ok(n) => {
+                    eprintln!(
+                        "strata store: reloaded the cluster key {from} ({n} key{} accepted)",
+                        if n == 1 { "" } else { "s" }
+                    );
+                    if let Some(path) = &admin_credential {
+                        let issued =
+                            TenantCredential::issue(&key, ADMIN).and_then(|c| c.save(path));
+                        if let Err(e) = issued {
+                            eprintln!(
+                                "strata store: could not issue the admin credential again: {e}"
+                            );
+                        }
+                    }
+                }
                 Err(e) => eprintln!(
                     "strata store: could not reload the cluster key, keeping the keys in use: {e}"
                 ),
@@ -634,7 +765,11 @@ fn up(args: UpArgs) -> Result<i32> {
         let cluster = Cluster::start(cfg)
             .await
             .with_context(|| format!("could not start the cluster in '{}'", args.dir.display()))?;
-        reload_on_hangup(cluster.key.clone())?;
+        // The operator's credential, issued again at every start (and on
+        // every reload), so it follows a key rotation.
+        let admin = args.dir.join(ADMIN_CREDENTIAL_FILE);
+        TenantCredential::issue(&cluster.key, ADMIN)?.save(&admin)?;
+        reload_on_hangup(cluster.key.clone(), Some(admin))?;
         let mut out = std::io::stdout().lock();
         writeln!(
             out,
@@ -675,11 +810,13 @@ fn bench(args: BenchArgs) -> Result<i32> {
         bail!("--engine batched runs --workload get only");
     }
     let r = runtime()?.block_on(async {
-        let client = std::sync::Arc::new(Client::connect(args.cluster.cluster).await?);
+        let credential = args.tenant.load()?;
+        let client = std::sync::Arc::new(Client::connect(args.cluster.cluster, credential).await?);
         if batched {
             let table = client.table();
+            let credential = client.credential().clone();
             return anyhow::Ok(tokio::task::block_in_place(|| {
-                run_batched_gets(&table, &cfg)
+                run_batched_gets(&table, &credential, &cfg)
             })?);
         }
         anyhow::Ok(run(client, cfg).await?)
@@ -971,7 +1108,7 @@ fn node(cmd: NodeCommand) -> Result<i32> {
             let keep_routes = !routes.no_routes;
             let capacity = parse_size(&capacity).map_err(anyhow::Error::msg)?;
             runtime()?.block_on(async {
-                reload_on_hangup(key.clone())?;
+                reload_on_hangup(key.clone(), None)?;
                 if role == "mn" {
                     let mn = strata_store::node::start_mn(
                         &dir,
@@ -1131,8 +1268,9 @@ pub fn run_obj(cmd: ObjCommand) -> Result<i32> {
     runtime()?.block_on(obj(cmd))
 }
 
-async fn connect(c: &ClusterArg) -> Result<Client> {
-    Ok(Client::connect(c.cluster).await?)
+async fn connect(c: &ClusterArg, tenant: &TenantArg) -> Result<Client> {
+    let credential = tenant.load()?;
+    Ok(Client::connect(c.cluster, credential).await?)
 }
 
 fn record_json(r: &strata_store::wire::Record) -> serde_json::Value {
@@ -1155,11 +1293,12 @@ async fn obj(cmd: ObjCommand) -> Result<i32> {
     match cmd {
         ObjCommand::Put {
             cluster,
+            tenant,
             progress,
             file,
             name,
         } => {
-            let client = connect(&cluster).await?;
+            let client = connect(&cluster, &tenant).await?;
             let mut f = tokio::fs::File::open(&file)
                 .await
                 .with_context(|| format!("could not open '{}'", file.display()))?;
@@ -1188,11 +1327,12 @@ async fn obj(cmd: ObjCommand) -> Result<i32> {
         }
         ObjCommand::Get {
             cluster,
+            tenant,
             progress,
             name,
             file,
         } => {
-            let client = connect(&cluster).await?;
+            let client = connect(&cluster, &tenant).await?;
             let tmp = tmp_path(&file);
             let mut f = tokio::fs::File::create(&tmp)
                 .await
@@ -1217,8 +1357,12 @@ async fn obj(cmd: ObjCommand) -> Result<i32> {
                 println!("{}", record_json(&record));
             }
         }
-        ObjCommand::Rm { cluster, name } => {
-            let client = connect(&cluster).await?;
+        ObjCommand::Rm {
+            cluster,
+            tenant,
+            name,
+        } => {
+            let client = connect(&cluster, &tenant).await?;
             let v = client
                 .delete(&name)
                 .await
@@ -1227,8 +1371,13 @@ async fn obj(cmd: ObjCommand) -> Result<i32> {
                 println!("{}", json!({"deleted": name, "version": v}));
             }
         }
-        ObjCommand::Mv { cluster, from, to } => {
-            let client = connect(&cluster).await?;
+        ObjCommand::Mv {
+            cluster,
+            tenant,
+            from,
+            to,
+        } => {
+            let client = connect(&cluster, &tenant).await?;
             // Tests stop a rename between its steps (STRATA_FAILPOINT=
             // rename-after-marked, -linked or -dropped).
             let r = client
@@ -1246,8 +1395,12 @@ async fn obj(cmd: ObjCommand) -> Result<i32> {
                 println!("{}", record_json(&r));
             }
         }
-        ObjCommand::Stat { cluster, name } => {
-            let client = connect(&cluster).await?;
+        ObjCommand::Stat {
+            cluster,
+            tenant,
+            name,
+        } => {
+            let client = connect(&cluster, &tenant).await?;
             let r = client
                 .stat(&name)
                 .await
@@ -1274,12 +1427,13 @@ async fn obj(cmd: ObjCommand) -> Result<i32> {
         }
         ObjCommand::Ls {
             cluster,
+            tenant,
             prefix,
             limit,
             after,
             all,
         } => {
-            let client = connect(&cluster).await?;
+            let client = connect(&cluster, &tenant).await?;
             let mut after = after;
             let mut entries = Vec::new();
             let cursor = loop {

@@ -738,6 +738,14 @@ fn mirrors_read_an_image_published_in_the_object_store() {
     let img = image(dir.path(), 2 * MIB + 4096);
     let data = std::fs::read(&img).unwrap();
     let (store, on) = store_up(&dir.path().join("store"));
+    // The mirror acts as the store's admin tenant: its credential comes
+    // from the environment, which the commands below inherit.
+    std::env::set_var(
+        strata_store::tenant::CREDENTIAL_ENV,
+        dir.path()
+            .join("store")
+            .join(strata_store::tenant::ADMIN_CREDENTIAL_FILE),
+    );
     let published: serde_json::Value = serde_json::from_str(&common::strata_ok(&[
         "mirror",
         "publish",

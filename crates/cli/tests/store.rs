@@ -11,7 +11,30 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use strata_store::data::{Credential, Request};
+use strata_store::tenant::{TenantCredential, ADMIN_CREDENTIAL_FILE, CREDENTIAL_ENV};
 use strata_store::wire::{Body, Msg};
+
+/// The directory of each running `strata store up`, by its orchestrator's
+/// endpoint: clients in the tests act as its admin tenant.
+static STORE_DIRS: std::sync::Mutex<Vec<(SocketAddr, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+
+/// The admin credential `strata store up` wrote for the cluster at `on`.
+fn admin(on: SocketAddr) -> TenantCredential {
+    let dirs = STORE_DIRS.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = dirs
+        .iter()
+        .rev()
+        .find(|(o, _)| *o == on)
+        .map(|(_, d)| d.clone())
+        .unwrap_or_else(|| panic!("no store at {on}"));
+    TenantCredential::load(&dir.join(ADMIN_CREDENTIAL_FILE)).unwrap()
+}
+
+/// `msg` sealed as the admin tenant of the cluster at `on`.
+fn as_admin(on: SocketAddr, msg: &Msg) -> Vec<u8> {
+    msg.seal_tenant(&admin(on), strata_store::auth::unix_ms())
+        .unwrap()
+}
 
 /// A `strata store up` process, killed on drop.
 struct Store {
@@ -39,6 +62,10 @@ impl Store {
             .nth(4)
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| panic!("no readiness line: {line:?}"));
+        STORE_DIRS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((on, dir.to_path_buf()));
         Store {
             child: Some(child),
             on,
@@ -53,6 +80,7 @@ impl Store {
             .args(args)
             .args(["--cluster", &self.on.to_string()])
             .env("STRATA_CLUSTER_KEY", self.key_path())
+            .env(CREDENTIAL_ENV, self.dir.join(ADMIN_CREDENTIAL_FILE))
             .output()
             .expect("run strata")
     }
@@ -167,7 +195,9 @@ fn spawn_reader(
             .build()
             .unwrap();
         rt.block_on(async {
-            let client = strata_store::client::Client::connect(on).await.unwrap();
+            let client = strata_store::client::Client::connect(on, admin(on))
+                .await
+                .unwrap();
             let (mut gets, mut failures) = (0u64, Vec::new());
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for (name, want) in &objects {
@@ -273,6 +303,7 @@ fn interrupted_mv(store: &Store, from: &str, to: &str, step: &str) {
     let out = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args(["obj", "mv", from, to, "--cluster", &store.on.to_string()])
         .env("STRATA_FAILPOINT", format!("rename-after-{step}"))
+        .env(CREDENTIAL_ENV, store.dir.join(ADMIN_CREDENTIAL_FILE))
         .output()
         .expect("run strata");
     assert!(
@@ -553,7 +584,7 @@ fn connect_client(on: SocketAddr) -> (tokio::runtime::Runtime, strata_store::cli
         .build()
         .unwrap();
     let client = rt
-        .block_on(strata_store::client::Client::connect(on))
+        .block_on(strata_store::client::Client::connect(on, admin(on)))
         .unwrap();
     (rt, client)
 }
@@ -561,13 +592,31 @@ fn connect_client(on: SocketAddr) -> (tokio::runtime::Runtime, strata_store::cli
 /// Asks the node that `table` says owns metadata address `addr` for the
 /// copy of `name` kept there; returns that node and its answer.
 fn ask_copy(
+    credential: &TenantCredential,
     table: &strata_store::table::Table,
     addr: strata_store::addr::Addr,
     name: &str,
 ) -> (SocketAddr, Body) {
     let to = table.mn_endpoint(addr).expect("an owner for the address");
     let q = Msg::new(96, addr, Body::Get { name: name.into() });
-    (to, udp_ask(to, &q.encode().unwrap()).body)
+    let bytes = q
+        .seal_tenant(credential, strata_store::auth::unix_ms())
+        .unwrap();
+    (to, udp_ask(to, &bytes).body)
+}
+
+/// Seals the datagram `bytes` as `credential`'s tenant, whatever they
+/// hold (the tenant flag set in the kind byte, then the tenant id, its
+/// length, the clock and the tag): what a tenant could send.
+fn seal_raw(credential: &TenantCredential, bytes: &[u8]) -> Vec<u8> {
+    let mut b = bytes.to_vec();
+    b[3] |= 0x40;
+    b.extend_from_slice(credential.tenant().as_bytes());
+    b.push(credential.tenant().len() as u8);
+    b.extend_from_slice(&strata_store::auth::unix_ms().to_be_bytes());
+    let tag = credential.tag(&b);
+    b.extend_from_slice(&tag);
+    b
 }
 
 fn udp_ask(to: SocketAddr, bytes: &[u8]) -> Msg {
@@ -612,12 +661,22 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
             .encode()
             .unwrap();
         truncated.truncate(truncated.len() - 1);
+        // Unsealed, a metadata node refuses it for want of a tenant's
+        // credential, the orchestrator for want of the cluster key, both
+        // before decoding the body.
         let reply = udp_ask(to, &truncated);
         assert_eq!(reply.req, 42);
-        // The orchestrator takes no Get unsealed: it refuses it before
-        // decoding the body.
-        let why = if to == mn { "truncated" } else { "cluster key" };
+        let why = if to == mn {
+            "no tenant credential"
+        } else {
+            "cluster key"
+        };
         assert!(error_text(&reply).contains(why), "{reply:?}");
+        // Sealed by the tenant as it is, the metadata node finds it cut.
+        if to == mn {
+            let reply = udp_ask(to, &seal_raw(&admin(store.on), &truncated));
+            assert!(error_text(&reply).contains("truncated"), "{reply:?}");
+        }
         let reply = udp_ask(to, &vec![0x53; 65_100]);
         assert!(error_text(&reply).contains("exceeds"), "{reply:?}");
     }
@@ -625,22 +684,21 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
     let long = "n".repeat(10_000);
     let reply = udp_ask(
         mn,
-        &Msg::new(7, 0, Body::Get { name: long.clone() })
-            .encode()
-            .unwrap(),
+        &as_admin(store.on, &Msg::new(7, 0, Body::Get { name: long.clone() })),
     );
     assert!(error_text(&reply).contains("limit is 4096"), "{reply:?}");
     let reply = udp_ask(
         mn,
-        &Msg::new(
-            7,
-            0,
-            Body::Get {
-                name: String::new(),
-            },
-        )
-        .encode()
-        .unwrap(),
+        &as_admin(
+            store.on,
+            &Msg::new(
+                7,
+                0,
+                Body::Get {
+                    name: String::new(),
+                },
+            ),
+        ),
     );
     assert!(error_text(&reply).contains("empty"), "{reply:?}");
     assert!(store
@@ -664,15 +722,16 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
     let owner = table.mn_for(addrs[1]).unwrap().endpoint;
     let reply = udp_ask(
         owner,
-        &Msg::new(
-            8,
-            addrs[1] ^ 1,
-            Body::Get {
-                name: "obj/a".into(),
-            },
-        )
-        .encode()
-        .unwrap(),
+        &as_admin(
+            store.on,
+            &Msg::new(
+                8,
+                addrs[1] ^ 1,
+                Body::Get {
+                    name: "obj/a".into(),
+                },
+            ),
+        ),
     );
     assert!(
         error_text(&reply).contains("not a metadata address"),
@@ -682,7 +741,7 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
         name: "obj/a".into(),
         size: 1,
     };
-    let reply = udp_ask(owner, &Msg::new(9, addrs[1], begin).encode().unwrap());
+    let reply = udp_ask(owner, &as_admin(store.on, &Msg::new(9, addrs[1], begin)));
     assert!(
         error_text(&reply).contains("not the coordinator"),
         "{reply:?}"
@@ -694,7 +753,7 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
         name: "obj/a".into(),
         size: 4096,
     };
-    match udp_ask(coord, &Msg::new(10, addrs[0], begin).encode().unwrap()).body {
+    match udp_ask(coord, &as_admin(store.on, &Msg::new(10, addrs[0], begin))).body {
         Body::PostPlan {
             replicas, ticket, ..
         } => {
@@ -839,7 +898,7 @@ fn unsealed_or_unticketed_data_requests_are_refused_and_change_nothing() {
 
     // The Get ticket a metadata node's answer carries.
     let meta = table.meta_addrs("keep/a");
-    let (_, found) = ask_copy(&table, meta[0], "keep/a");
+    let (_, found) = ask_copy(&admin(store.on), &table, meta[0], "keep/a");
     let Body::Found { ticket, .. } = found else {
         panic!("{found:?}")
     };
@@ -931,7 +990,7 @@ fn unsealed_or_unticketed_data_requests_are_refused_and_change_nothing() {
         replicas,
         ticket: put_ticket,
         ..
-    } = udp_ask(coord, &begin.encode().unwrap()).body
+    } = udp_ask(coord, &as_admin(store.on, &begin)).body
     else {
         panic!("no plan")
     };
@@ -972,6 +1031,253 @@ fn unsealed_or_unticketed_data_requests_are_refused_and_change_nothing() {
         let (_, got) = rt.block_on(client.get_bytes(name)).unwrap();
         assert!(got == data, "{name}");
     }
+}
+
+/// Tenants' metadata requests are authenticated and held to a scope: a
+/// metadata node refuses requests that are unsealed, forged, sealed with
+/// a wrong tenant key or an expired clock, or that name anything outside
+/// the tenant's names, with a clear error; none of them changes anything
+/// or hands out a ticket.
+#[test]
+fn unsealed_forged_stale_or_out_of_scope_metadata_requests_are_refused_and_change_nothing() {
+    use strata_store::auth::{unix_ms, ClusterKey, KEY_LEN, WINDOW_MS};
+    use strata_store::wire::{Record, RenameLink};
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("cluster"), REPLICATED);
+    let src = dir.path().join("o");
+    std::fs::write(&src, pattern(3000, 5)).unwrap();
+    store.ok(&["obj", "put", &p(&src), "other/x"]);
+    store.ok(&["obj", "put", &p(&src), "acme/mine"]);
+    let before = store.json(&["obj", "stat", "other/x"]);
+    let (rt, client) = connect_client(store.on);
+    let table = client.table();
+    let key = ClusterKey::load(&store.key_path()).unwrap();
+    let acme = TenantCredential::issue(&key, "acme").unwrap();
+    let foreign = TenantCredential::issue(&ClusterKey::from_bytes(&[9; KEY_LEN]), "acme").unwrap();
+    // acme's secret, claimed for the admin.
+    let impostor = TenantCredential::new("*", acme.secret_bytes()).unwrap();
+    let coordinator = |name: &str| {
+        let addr = table.meta_addrs(name)[0];
+        (addr, table.mn_endpoint(addr).unwrap())
+    };
+    let record: Record = {
+        let meta = table.meta_addrs("other/x");
+        match ask_copy(&admin(store.on), &table, meta[0], "other/x").1 {
+            Body::Found { record, .. } => record,
+            b => panic!("{b:?}"),
+        }
+    };
+    // Every kind of tenant request, on other/x (or naming it).
+    let requests = |name: &str| -> Vec<Body> {
+        vec![
+            Body::Get { name: name.into() },
+            Body::Delete {
+                name: name.into(),
+                if_version: 0,
+                keep_data: false,
+            },
+            Body::PostBegin {
+                name: name.into(),
+                size: 3,
+            },
+            Body::Update {
+                record: Record {
+                    rename: Some(RenameLink::To("acme/stolen".into())),
+                    ..record.clone()
+                },
+                if_version: record.version,
+            },
+        ]
+    };
+    let refused = |reply: &Msg, want: &str| {
+        match &reply.body {
+            Body::Error { message, .. } => {
+                assert!(message.contains(want), "{message:?} lacks {want:?}")
+            }
+            other => panic!("not refused ({want}): {other:?}"),
+        };
+    };
+    let now = unix_ms();
+    for body in requests("other/x") {
+        let (addr, mn) = coordinator("other/x");
+        let msg = Msg::new(500, addr, body);
+        refused(&udp_ask(mn, &msg.encode().unwrap()), "no tenant credential");
+        refused(
+            &udp_ask(mn, &msg.seal_tenant(&foreign, now).unwrap()),
+            "does not match tenant \"acme\"'s key",
+        );
+        refused(
+            &udp_ask(mn, &msg.seal_tenant(&impostor, now).unwrap()),
+            "does not match",
+        );
+        let stale = msg
+            .seal_tenant(&admin(store.on), now - WINDOW_MS - 5_000)
+            .unwrap();
+        refused(&udp_ask(mn, &stale), "clocks apart, or a replay");
+        let mut forged = msg.seal_tenant(&acme, now).unwrap();
+        let last = forged.len() - 1;
+        forged[last] ^= 1;
+        refused(&udp_ask(mn, &forged), "does not match");
+        refused(
+            &udp_ask(mn, &msg.seal_tenant(&acme, now).unwrap()),
+            "tenant 'acme' may only use names under 'acme/'; 'other/x' refused",
+        );
+    }
+    // A rename out of acme's scope, a Link into it of other/x's replicas,
+    // and a List outside it.
+    let (addr, mn) = coordinator("acme/stolen");
+    let link = Msg::new(
+        501,
+        addr,
+        Body::Link {
+            record: Record {
+                name: "acme/stolen".into(),
+                rename: Some(RenameLink::From("other/x".into())),
+                ..record.clone()
+            },
+        },
+    );
+    refused(
+        &udp_ask(mn, &link.seal_tenant(&acme, now).unwrap()),
+        "'other/x' refused",
+    );
+    let (addr, mn) = coordinator("acme/mine");
+    let list = Msg::new(
+        502,
+        addr,
+        Body::List {
+            prefix: String::new(),
+            after: String::new(),
+            limit: 10,
+        },
+    );
+    refused(
+        &udp_ask(mn, &list.seal_tenant(&acme, now).unwrap()),
+        "List prefix ''",
+    );
+    // acme's own name is served, with a ticket.
+    let (addr, mn) = coordinator("acme/mine");
+    let mine = Msg::new(
+        503,
+        addr,
+        Body::Get {
+            name: "acme/mine".into(),
+        },
+    );
+    match udp_ask(mn, &mine.seal_tenant(&acme, unix_ms()).unwrap()).body {
+        Body::Found { record, ticket } => {
+            assert_eq!(record.name, "acme/mine");
+            assert!(!ticket.is_empty());
+        }
+        b => panic!("{b:?}"),
+    }
+    // Nothing changed: other/x is as it was and reads back; acme/stolen
+    // does not exist.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(store.json(&["obj", "stat", "other/x"]), before);
+    let (_, got) = rt.block_on(client.get_bytes("other/x")).unwrap();
+    assert!(got == pattern(3000, 5));
+    let err = store.fails(&["obj", "stat", "acme/stolen"]);
+    assert!(err.contains("no object named"), "{err}");
+}
+
+/// `strata store up --dir D` writes an admin credential that `strata obj
+/// --dir D` uses; `strata store tenant add` writes a tenant's, which
+/// works in its scope and is refused outside it.
+#[test]
+fn the_admin_credential_works_and_a_tenant_is_held_to_its_names() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tmp();
+    let d = dir.path().join("cluster");
+    let store = Store::up(&d, &[]);
+    let on = store.on.to_string();
+    // No STRATA_CREDENTIAL from the test's Store::run here.
+    let obj = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_strata"))
+            .arg("obj")
+            .args(args)
+            .args(["--cluster", &on])
+            .env_remove(CREDENTIAL_ENV)
+            .output()
+            .expect("run strata obj")
+    };
+    let ok = |args: &[&str]| {
+        let out = obj(args);
+        assert!(
+            out.status.success(),
+            "strata obj {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let fails = |args: &[&str]| {
+        let out = obj(args);
+        assert!(!out.status.success(), "strata obj {args:?} was accepted");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let admin_file = d.join(ADMIN_CREDENTIAL_FILE);
+    let mode = std::fs::metadata(&admin_file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let src = dir.path().join("src");
+    std::fs::write(&src, pattern(10_000, 3)).unwrap();
+    let back = dir.path().join("back");
+    let dp = p(&d);
+    ok(&["put", "--dir", &dp, &p(&src), "other/x"]);
+    ok(&["get", "--dir", &dp, "other/x", &p(&back)]);
+    assert!(std::fs::read(&back).unwrap() == pattern(10_000, 3));
+    // Without any credential: refused before sending, with what to do.
+    let err = fails(&["stat", "other/x"]);
+    assert!(
+        err.contains("--credential") && err.contains("store tenant add"),
+        "{err}"
+    );
+
+    let out = strata_ok(&[
+        "store", "tenant", "add", "--dir", &dp, "--tenant", "acme", "--output", "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let cred = PathBuf::from(v["credential"].as_str().unwrap());
+    assert_eq!(cred, d.join("acme.credential"));
+    assert_eq!(v["scope"], "names under 'acme/'");
+    let mode = std::fs::metadata(&cred).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let c = p(&cred);
+    ok(&["put", "--credential", &c, &p(&src), "acme/a"]);
+    ok(&["get", "--credential", &c, "acme/a", &p(&back)]);
+    assert!(std::fs::read(&back).unwrap() == pattern(10_000, 3));
+    ok(&["mv", "--credential", &c, "acme/a", "acme/b"]);
+    let listed = ok(&["ls", "--credential", &c, "acme/"]);
+    assert!(listed.contains("acme/b"), "{listed}");
+    let scope = "tenant 'acme' may only use names under 'acme/'";
+    for args in [
+        vec!["put", "--credential", &c, &p(&src), "other/y"],
+        vec!["get", "--credential", &c, "other/x", &p(&back)],
+        vec!["stat", "--credential", &c, "other/x"],
+        vec!["rm", "--credential", &c, "other/x"],
+        vec!["mv", "--credential", &c, "acme/b", "other/b"],
+        vec!["ls", "--credential", &c, ""],
+    ] {
+        let err = fails(&args);
+        assert!(err.contains(scope), "{args:?}: {err}");
+    }
+    // Nothing of that happened: the admin sees other/x unchanged, acme/b
+    // still there, and no other/y or other/b.
+    let stat = |name: &str| obj(&["stat", "--dir", &dp, name]);
+    assert!(stat("other/x").status.success());
+    assert!(stat("acme/b").status.success());
+    assert!(!stat("other/y").status.success());
+    assert!(!stat("other/b").status.success());
+    // The environment variable names a credential too.
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["obj", "stat", "other/x", "--cluster", &on])
+        .env(CREDENTIAL_ENV, &cred)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains(scope));
+    // A bad tenant id is refused with the rule.
+    let out = strata(&["store", "tenant", "add", "--dir", &dp, "--tenant", "a/b"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not valid"));
 }
 
 #[test]
@@ -1184,6 +1490,13 @@ impl Drop for Node {
     }
 }
 
+/// The reader and load threads of a test, and their stop flag.
+type Clients = (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<(u64, Vec<String>)>,
+    std::thread::JoinHandle<Load>,
+);
+
 /// Outcome of the load generator.
 #[derive(Default)]
 struct Load {
@@ -1201,7 +1514,9 @@ fn run_load(on: SocketAddr, stop: std::sync::Arc<std::sync::atomic::AtomicBool>)
         .build()
         .unwrap();
     rt.block_on(async move {
-        let client = strata_store::client::Client::connect(on).await.unwrap();
+        let client = strata_store::client::Client::connect(on, admin(on))
+            .await
+            .unwrap();
         let mut load = Load::default();
         let mut i = 0usize;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -1344,7 +1659,9 @@ fn kill_9_of_a_storage_node_then_a_metadata_node_under_load() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let client = strata_store::client::Client::connect(on).await.unwrap();
+        let client = strata_store::client::Client::connect(on, admin(on))
+            .await
+            .unwrap();
         for (name, seed) in &load.acked {
             let (_, bytes) = client
                 .get_bytes(name)
@@ -1532,7 +1849,9 @@ fn repair_restores_replicas_after_a_definitive_storage_node_failure() {
         (name.clone(), pattern((i * 7919) % 200_000, i as u64))
     }));
     rt.block_on(async move {
-        let client = strata_store::client::Client::connect(on).await.unwrap();
+        let client = strata_store::client::Client::connect(on, admin(on))
+            .await
+            .unwrap();
         for (name, data) in &all {
             let name = name.clone();
             let (record, bytes) = client.get_bytes(&name).await.unwrap();
@@ -1636,7 +1955,9 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
                 .build()
                 .unwrap();
             rt.block_on(async {
-                let client = strata_store::client::Client::connect(on).await.unwrap();
+                let client = strata_store::client::Client::connect(on, admin(on))
+                    .await
+                    .unwrap();
                 let (mut gets, mut failures) = (0u64, Vec::new());
                 let mut lists = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -1750,7 +2071,7 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
                 continue;
             }
             let q = Msg::new(99, addr, Body::Get { name: name.clone() });
-            match udp_ask(new_mn, &q.encode().unwrap()).body {
+            match udp_ask(new_mn, &as_admin(store.on, &q)).body {
                 Body::Found { record, .. } => {
                     assert_eq!(record.version, rec.version);
                     answered_by_new += 1;
@@ -1780,7 +2101,7 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
     for (name, _) in &load.acked {
         let rec = rt.block_on(client.stat(name)).unwrap();
         for &addr in &rec.meta {
-            let (to, body) = ask_copy(&table, addr, name);
+            let (to, body) = ask_copy(&admin(store.on), &table, addr, name);
             match body {
                 Body::Found { record, .. } => assert_eq!(record.version, rec.version, "{name}"),
                 other => panic!("{name} at {to}: {other:?}"),
@@ -1976,7 +2297,7 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
             continue;
         }
         for &addr in &rec.meta {
-            let (to, body) = ask_copy(&table, addr, name);
+            let (to, body) = ask_copy(&admin(store.on), &table, addr, name);
             if before.mn_for(addr).map(|m| m.slot) == Some(dead_slot) {
                 restored += 1;
             }
@@ -2142,7 +2463,7 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
             false => rt.block_on(client.stat(name)).unwrap().version,
         };
         for &addr in &rec.meta {
-            let (to, body) = ask_copy(&table, addr, name);
+            let (to, body) = ask_copy(&admin(store.on), &table, addr, name);
             answered_there += usize::from(table.mn_for(addr).map(|m| m.slot) == Some(dead_slot));
             match body {
                 Body::Found { record, .. } if !deleted_since.contains(&name) => {
@@ -2351,7 +2672,7 @@ fn a_metadata_node_down_for_a_while_has_stand_ins_then_gets_its_groups_back() {
                 if table.mn_for(addr).map(|m| m.slot) == Some(home) {
                     at_home += 1;
                 }
-                ask_copy(&table, addr, name)
+                ask_copy(&admin(store.on), &table, addr, name)
             })
             .collect::<Vec<_>>()
     };
@@ -2613,7 +2934,7 @@ fn a_removed_storage_node_is_drained_then_retired_without_a_failed_read() {
             );
         }
         for &meta in &record.meta {
-            let (_, answer) = ask_copy(&client.table(), meta, name);
+            let (_, answer) = ask_copy(client.credential(), &client.table(), meta, name);
             match answer {
                 Body::Found { record: copy, .. } => {
                     assert_eq!(copy.replicas, record.replicas, "{name}: metadata copy")
@@ -3000,13 +3321,47 @@ fn the_cluster_key_is_rotated_in_three_reloads_under_load_without_a_failed_reque
     let old = ClusterKey::load(&old_file).unwrap();
     let old_fp = old.fingerprints().active;
     every_node_shows_the_keys_of(&store, &cdir, (old_fp, None));
-    let stop = Arc::new(AtomicBool::new(false));
-    let reader = spawn_reader(store.on, stop.clone(), before.clone());
-    let load = {
-        let stop = stop.clone();
-        let on = store.on;
-        std::thread::spawn(move || run_load(on, stop))
+    // Tenants' credentials are derived from the key: the clients run
+    // with the admin credential of the old key until step 3, then with
+    // the one `strata store up` issued again on its step-2 reload.
+    let old_admin = admin(store.on);
+    let start_clients = || {
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = spawn_reader(store.on, stop.clone(), before.clone());
+        let load = {
+            let stop = stop.clone();
+            let on = store.on;
+            std::thread::spawn(move || run_load(on, stop))
+        };
+        (stop, reader, load)
     };
+    let check_clients = |(stop, reader, load): Clients| {
+        stop.store(true, Ordering::Relaxed);
+        let load = load.join().unwrap();
+        let (gets, failures) = reader.join().unwrap();
+        assert!(
+            failures.is_empty(),
+            "{} of {gets} Gets failed: {failures:?}",
+            failures.len()
+        );
+        assert!(
+            load.failed.is_empty() && load.get_failures.is_empty(),
+            "{} of {} Puts and {} of {} Gets failed: {:?} {:?}",
+            load.failed.len(),
+            load.failed.len() + load.acked.len(),
+            load.get_failures.len(),
+            load.gets,
+            load.failed,
+            load.get_failures
+        );
+        assert!(
+            load.acked.len() > 5 && gets > 5,
+            "{} {gets}",
+            load.acked.len()
+        );
+        load
+    };
+    let clients = start_clients();
     let under_load = || std::thread::sleep(Duration::from_millis(1500));
     under_load();
 
@@ -3047,6 +3402,14 @@ fn the_cluster_key_is_rotated_in_three_reloads_under_load_without_a_failed_reque
     });
     every_node_shows_the_keys_of(&store, &cdir, (new_fp, Some(old_fp)));
     under_load();
+    // The admin credential was issued again with the new key; clients
+    // switch to it before step 3 (as every tenant must).
+    wait_until("the admin credential issued with the new key", || {
+        admin(store.on).secret_bytes() != old_admin.secret_bytes()
+    });
+    let mut acked = check_clients(clients).acked;
+    let clients = start_clients();
+    under_load();
 
     // 3: the old key is gone.
     std::fs::remove_file(cdir.join("cluster.key.prev")).unwrap();
@@ -3059,29 +3422,22 @@ fn the_cluster_key_is_rotated_in_three_reloads_under_load_without_a_failed_reque
     });
     every_node_shows_the_keys_of(&store, &cdir, (new_fp, None));
     under_load();
-    stop.store(true, Ordering::Relaxed);
-    let load = load.join().unwrap();
-    let (gets, failures) = reader.join().unwrap();
-    assert!(
-        failures.is_empty(),
-        "{} of {gets} Gets failed: {failures:?}",
-        failures.len()
-    );
-    assert!(
-        load.failed.is_empty() && load.get_failures.is_empty(),
-        "{} of {} Puts and {} of {} Gets failed: {:?} {:?}",
-        load.failed.len(),
-        load.failed.len() + load.acked.len(),
-        load.get_failures.len(),
-        load.gets,
-        load.failed,
-        load.get_failures
-    );
-    assert!(
-        load.acked.len() > 10 && gets > 10,
-        "{} {gets}",
-        load.acked.len()
-    );
+    let mut load = check_clients(clients);
+    acked.append(&mut load.acked);
+    load.acked = acked;
+    // A credential of the old key is refused now, saying what to do.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let stale = rt
+        .block_on(strata_store::client::Client::connect(store.on, old_admin))
+        .unwrap();
+    let err = rt
+        .block_on(stale.get_bytes("rot/0"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("issue it again"), "{err}");
     // Everything reads back.
     let (rt, client) = connect_client(store.on);
     for (name, want) in &before {

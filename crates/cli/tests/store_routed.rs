@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::{p, pattern, tmp};
 use strata_store::data::{Credential, Request};
+use strata_store::tenant::{TenantCredential, ADMIN_CREDENTIAL_FILE, CREDENTIAL_ENV};
 use strata_store::wire::{Body, Msg};
 
 const ON_PORT: u16 = 7480;
@@ -38,9 +39,18 @@ const LATE_MN: usize = 11;
 struct Net {
     tag: String,
     procs: Vec<Child>,
+    /// The admin credential `strata store up` wrote (once started).
+    credential: Option<std::path::PathBuf>,
 }
 
 impl Net {
+    /// The cluster's admin credential (metadata requests are sealed with
+    /// a tenant's credential).
+    fn admin(&self) -> TenantCredential {
+        TenantCredential::load(self.credential.as_ref().expect("a started cluster"))
+            .expect("the admin credential")
+    }
+
     fn ns(&self, i: usize) -> String {
         format!("{}n{i}", self.tag)
     }
@@ -55,6 +65,7 @@ impl Net {
         let net = Net {
             tag: tag.clone(),
             procs: Vec::new(),
+            credential: None,
         };
         let br = format!("{tag}br");
         ip(&["netns", "add", &br]);
@@ -109,6 +120,7 @@ impl Net {
             ])
             .args(args)
             .args(["--cluster", &on_endpoint()])
+            .envs(self.credential.iter().map(|c| (CREDENTIAL_ENV, c)))
             .output()
             .expect("run strata in the client namespace")
     }
@@ -353,6 +365,7 @@ fn start_cluster(net: &mut Net, dir: &Path) {
         &dir.join("on.log"),
     );
     assert!(line.contains("ready"), "{line}");
+    net.credential = Some(on_dir.join(ADMIN_CREDENTIAL_FILE));
     let nodes = MNS.iter().map(|&i| (i, "mn", MN_PORT));
     for (i, role, port) in nodes.chain(SNS.iter().map(|&i| (i, "sn", SN_PORT))) {
         add_node(net, dir, i, role, port);
@@ -513,7 +526,7 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
             name: "b/small".into(),
         },
     )
-    .encode()
+    .seal_tenant(&net.admin(), strata_store::auth::unix_ms())
     .expect("encode a Get");
     let reply = raw_udp(&net, &beside.to_string(), MN_PORT, &ask).expect("datagram by route");
     let reply = Msg::decode(&reply).expect("a metadata reply");
@@ -690,7 +703,7 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
             }
             let meta: std::net::Ipv6Addr = s(addr).parse().expect("metadata address");
             let ask = Msg::new(8, u128::from(meta), Body::Get { name: obj.clone() })
-                .encode()
+                .seal_tenant(&net.admin(), strata_store::auth::unix_ms())
                 .expect("encode a Get");
             let reply = raw_udp(&net, &meta.to_string(), MN_PORT, &ask).expect("a reply by route");
             let reply = Msg::decode(&reply).expect("a metadata reply");

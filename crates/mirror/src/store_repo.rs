@@ -147,8 +147,12 @@ impl StoreRepo {
     pub fn open(spec: &str) -> Result<StoreRepo> {
         let spec = StoreSpec::parse(spec)?;
         let runner = Runner::new()?;
+        // The tenant's credential comes from STRATA_CREDENTIAL: the store
+        // takes only sealed metadata requests.
+        let credential = strata_store::tenant::TenantCredential::from_env()
+            .map_err(|e| repo_err(&spec, e.to_string()))?;
         let client = runner
-            .run(Client::connect(spec.orchestrator))
+            .run(Client::connect(spec.orchestrator, credential))
             .map_err(|e| repo_err(&spec, format!("cannot reach the store: {e}")))?;
         let mut repo = StoreRepo {
             spec,
@@ -388,8 +392,12 @@ pub fn publish(
     }
     let manifest = Manifest::compute(image, chunk_size, |_| {})?;
     let runner = Runner::new()?;
+    // The tenant's credential comes from STRATA_CREDENTIAL: the store
+    // takes only sealed metadata requests.
+    let credential = strata_store::tenant::TenantCredential::from_env()
+        .map_err(|e| repo_err(&spec, e.to_string()))?;
     let client = runner
-        .run(Client::connect(spec.orchestrator))
+        .run(Client::connect(spec.orchestrator, credential))
         .map_err(|e| repo_err(&spec, format!("cannot reach the store: {e}")))?;
     let mut file =
         std::fs::File::open(image).map_err(io_err(format!("cannot open '{}'", image.display())))?;

@@ -8,11 +8,13 @@
 //! the message ends with the sender's clock (ms since the Unix epoch) and
 //! an HMAC-SHA256 tag over everything before it, truncated to 16 bytes.
 //!
-//! Tenants do not hold the key: their data-path requests to metadata nodes
-//! (Post, Get, Delete, List...) and the table request to the orchestrator
-//! stay unsealed, so a zero-byte Get pays for no HMAC. Every other kind is
-//! refused unsealed ([`Gate`]), and a node that sent a sealed request takes
-//! only a sealed answer ([`open_answer`]).
+//! Tenants do not hold the key: they seal their requests to metadata
+//! nodes (Post, Get, Delete, List...) with a credential derived from it
+//! ([`crate::tenant`]; [`check_tenant_seal`]), and a metadata node takes
+//! them only for names in the tenant's scope; answers to them stay
+//! unsealed. The orchestrator takes the table request unsealed. Every
+//! other kind is refused unsealed ([`Gate`]), and a node that sent a
+//! sealed request takes only a sealed answer ([`open_answer`]).
 //!
 //! On the TCP data path ([`crate::data`]) a node's request to a storage
 //! node is sealed the same way, and a tenant's carries a [`Ticket`]: a
@@ -380,6 +382,36 @@ impl ClusterKey {
         };
         matches(&ring.active) || ring.other.as_ref().is_some_and(matches)
     }
+
+    /// A secret derived from the active key: the full HMAC-SHA256 of
+    /// `label` (which starts with a domain-separation prefix of its own,
+    /// as [`crate::tenant`]'s do).
+    pub fn derive(&self, label: &[u8]) -> [u8; KEY_LEN] {
+        derive_with(&self.ring().active, label)
+    }
+
+    /// Whether `tag` is the tag of `data` under the secret derived from
+    /// `label` by an accepted key: the active one, else the other one
+    /// (each tag compared in constant time).
+    pub fn verify_derived(&self, label: &[u8], data: &[u8], tag: &[u8]) -> bool {
+        if tag.len() != TAG_LEN {
+            return false;
+        }
+        let ring = self.ring();
+        let matches = |key: &Hmac<Sha256>| {
+            let mut mac = keyed(&derive_with(key, label));
+            mac.update(data);
+            mac.verify_truncated_left(tag).is_ok()
+        };
+        matches(&ring.active) || ring.other.as_ref().is_some_and(matches)
+    }
+}
+
+/// The full HMAC of `label` under `key`.
+fn derive_with(key: &Hmac<Sha256>, label: &[u8]) -> [u8; KEY_LEN] {
+    let mut mac = key.clone();
+    mac.update(label);
+    mac.finalize().into_bytes().into()
 }
 
 /// Milliseconds since the Unix epoch (0 if the clock is before it).
@@ -407,6 +439,22 @@ pub enum AuthError {
     /// A control request whose tag was seen already.
     #[error("it is a replay of a request already handled")]
     Replayed,
+    /// A tenant's request with no seal at all.
+    #[error("it carries no tenant credential")]
+    NoCredential,
+    /// A tenant's seal whose tag does not match the tenant's key.
+    #[error(
+        "its tag does not match tenant {0:?}'s key under this cluster's key (a forged or \
+         damaged request, or a credential of another cluster or from before a key rotation: \
+         issue it again with `strata store tenant add`)"
+    )]
+    BadTenantTag(String),
+    /// A tenant's seal that is cut short or names no valid tenant.
+    #[error("its tenant seal is malformed")]
+    BadTenantSeal,
+    /// A tenant's seal on a kind that is not a tenant's request.
+    #[error("a tenant's credential does not authorise kind {0} (only Post, Link, Update, Get, Delete and List)")]
+    TenantKind(u8),
 }
 
 /// Checks the seal of `buf` with `key` at wall-clock time `now_ms`;
@@ -423,6 +471,34 @@ pub fn check_seal(buf: &[u8], key: &ClusterKey, now_ms: u64) -> Result<[u8; TAG_
         return Err(AuthError::Stale(apart));
     }
     Ok(tag)
+}
+
+/// Checks the tenant's seal of `buf` with the tenant key `key` derives for
+/// the tenant id it names, at wall-clock time `now_ms`; returns the tenant
+/// id. Nothing but the seal's trailer is read before the tag is checked.
+pub fn check_tenant_seal<'a>(
+    buf: &'a [u8],
+    key: &ClusterKey,
+    now_ms: u64,
+) -> Result<&'a str, AuthError> {
+    let head = wire::peek(buf).map_err(|_| AuthError::BadTenantSeal)?;
+    if !head.tenant {
+        return Err(AuthError::NoCredential);
+    }
+    let Some(parts) = wire::tenant_parts(buf) else {
+        return Err(AuthError::BadTenantSeal);
+    };
+    if crate::tenant::check_tenant_id(parts.tenant).is_err() {
+        return Err(AuthError::BadTenantSeal);
+    }
+    if !crate::tenant::verify(key, parts.tenant, parts.signed, parts.tag) {
+        return Err(AuthError::BadTenantTag(parts.tenant.to_string()));
+    }
+    let apart = now_ms.abs_diff(parts.at);
+    if apart > WINDOW_MS {
+        return Err(AuthError::Stale(apart));
+    }
+    Ok(parts.tenant)
 }
 
 /// Decodes an answer to a request sealed with `key` (or, with no key, to
@@ -452,7 +528,8 @@ fn is_refusal(msg: &Msg) -> bool {
 /// Which role a [`Gate`] guards: it decides the kinds let in unsealed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Receiver {
-    /// A metadata node: tenants' data-path requests are let in unsealed.
+    /// A metadata node: tenants' requests are let in with a tenant's seal
+    /// ([`crate::tenant`]) and only for names in the tenant's scope.
     Mn,
     /// The orchestrator: only the table request is let in unsealed.
     On,
@@ -499,37 +576,60 @@ impl Gate {
         &self.key
     }
 
-    /// Checks `buf`, received at wall-clock time `now_ms`.
+    /// Checks `buf`, received at wall-clock time `now_ms`: a node's seal
+    /// (any kind), or at a metadata node a tenant's seal (a tenant's
+    /// request kind, names in its scope), or at the orchestrator nothing
+    /// for the table request. Every check that needs no decoding (the
+    /// tags) comes before the body is decoded.
     pub fn admit(&mut self, buf: &[u8], now_ms: u64) -> Verdict {
         let head = match wire::peek(buf) {
             Ok(h) => h,
             Err(e) => return Verdict::Refuse(crate::node::malformed(buf, &e)),
         };
         let checked = if head.sealed {
-            self.check(buf, head.kind, now_ms)
-        } else if self.open_kind(head.kind) {
-            Ok(())
+            self.check(buf, head.kind, now_ms).map(|()| None)
+        } else if head.tenant {
+            self.check_tenant(buf, head.kind, now_ms).map(Some)
+        } else if self.receiver == Receiver::On && head.kind == wire::KIND_GET_TABLE {
+            Ok(None)
+        } else if self.receiver == Receiver::Mn && wire::is_client_request(head.kind) {
+            Err(AuthError::NoCredential)
         } else {
             Err(AuthError::Unsealed)
         };
-        if let Err(why) = checked {
-            return refuse(&head, &why);
+        let tenant = match checked {
+            Ok(t) => t,
+            Err(why) => return refuse(&head, &why, self.receiver),
+        };
+        let msg = match Msg::decode(buf) {
+            Ok(msg) => msg,
+            Err(e) => return Verdict::Refuse(crate::node::malformed(buf, &e)),
+        };
+        if let Some(tenant) = tenant {
+            if let Err(why) = crate::tenant::check_scope(tenant, &msg.body) {
+                return Verdict::Refuse(Msg::new(
+                    head.req,
+                    head.target,
+                    Body::Error {
+                        code: Code::Forbidden,
+                        message: format!("{why}; nothing done"),
+                    },
+                ));
+            }
         }
-        match Msg::decode(buf) {
-            Ok(msg) => Verdict::Accept {
-                msg,
-                sealed: head.sealed,
-            },
-            Err(e) => Verdict::Refuse(crate::node::malformed(buf, &e)),
+        Verdict::Accept {
+            msg,
+            sealed: head.sealed,
         }
     }
 
-    /// Kinds taken unsealed: what tenants, who do not hold the key, send.
-    fn open_kind(&self, kind: u8) -> bool {
-        match self.receiver {
-            Receiver::Mn => wire::is_client_request(kind),
-            Receiver::On => kind == wire::KIND_GET_TABLE,
+    /// Checks a tenant's seal: only tenants' request kinds, and only at a
+    /// metadata node (the orchestrator takes none); returns the tenant.
+    fn check_tenant<'a>(&self, buf: &'a [u8], kind: u8, now_ms: u64) -> Result<&'a str, AuthError> {
+        if self.receiver != Receiver::Mn || !wire::is_client_request(kind) {
+            return Err(AuthError::TenantKind(kind));
         }
+        check_tenant_seal(buf, &self.key, now_ms)
     }
 
     fn check(&mut self, buf: &[u8], kind: u8, now_ms: u64) -> Result<(), AuthError> {
@@ -561,7 +661,7 @@ impl Gate {
 
 /// The verdict on an unauthentic datagram: an answer is dropped, a
 /// request refused with a short error.
-fn refuse(head: &wire::Header, why: &AuthError) -> Verdict {
+fn refuse(head: &wire::Header, why: &AuthError, receiver: Receiver) -> Verdict {
     if wire::is_answer(head.kind) {
         tracing::debug!(
             "dropped an unauthenticated answer of kind {}: {why}",
@@ -569,13 +669,19 @@ fn refuse(head: &wire::Header, why: &AuthError) -> Verdict {
         );
         return Verdict::Drop;
     }
+    let advice = if receiver == Receiver::Mn && wire::is_client_request(head.kind) {
+        "a tenant seals its requests with its credential (`strata store tenant add` \
+         makes one; `strata obj --credential FILE` uses it)"
+    } else {
+        "it needs the cluster key (--key)"
+    };
     Verdict::Refuse(Msg::new(
         head.req,
         head.target,
         Body::Error {
             code: Code::Unauthenticated,
             message: format!(
-                "unauthenticated request of kind {}: {why}; it needs the cluster key (--key)",
+                "unauthenticated request of kind {}: {why}; nothing done; {advice}",
                 head.kind
             ),
         },
@@ -810,6 +916,7 @@ pub fn encode(msg: &Msg, key: Option<&ClusterKey>, now_ms: u64) -> Result<Vec<u8
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tenant::TenantCredential;
     use crate::wire::Record;
 
     const NOW: u64 = 1_700_000_000_000;
@@ -854,6 +961,82 @@ mod tests {
         );
     }
 
+    fn forbidden(v: Verdict) -> String {
+        match v {
+            Verdict::Refuse(Msg {
+                body:
+                    Body::Error {
+                        code: Code::Forbidden,
+                        message,
+                    },
+                ..
+            }) => message,
+            other => panic!("expected a refusal for scope, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_gate_checks_a_tenants_seal_clock_kind_and_scope() {
+        let ring = ClusterKey::from_ring(&[1; KEY_LEN], Some(&[2; KEY_LEN]));
+        let mut mn = Gate::new(ring, Receiver::Mn);
+        let acme = TenantCredential::issue(&key(1), "acme").unwrap();
+        let get = |n: &str| Msg::new(4, 9, Body::Get { name: n.into() });
+        let mine = get("acme/x").seal_tenant(&acme, NOW).unwrap();
+        assert_eq!(
+            mn.admit(&mine, NOW),
+            Verdict::Accept {
+                msg: get("acme/x"),
+                sealed: false
+            }
+        );
+        // Issued under the other key of the ring (a rotation): accepted.
+        let rotated = TenantCredential::issue(&key(2), "acme").unwrap();
+        let by_other = get("acme/x").seal_tenant(&rotated, NOW).unwrap();
+        assert!(matches!(mn.admit(&by_other, NOW), Verdict::Accept { .. }));
+        // Out of scope: refused with the rule said.
+        let theirs = get("other/x").seal_tenant(&acme, NOW).unwrap();
+        let why = forbidden(mn.admit(&theirs, NOW));
+        assert!(
+            why.contains("tenant 'acme' may only use names under 'acme/'; 'other/x' refused"),
+            "{why}"
+        );
+        // A key of another cluster; a secret claimed for another tenant.
+        let foreign = TenantCredential::issue(&key(3), "acme").unwrap();
+        let why = refused(mn.admit(&get("acme/x").seal_tenant(&foreign, NOW).unwrap(), NOW));
+        assert!(why.contains("tenant \"acme\"'s key"), "{why}");
+        let impostor = TenantCredential::new("other", acme.secret_bytes()).unwrap();
+        let why = refused(mn.admit(&get("other/x").seal_tenant(&impostor, NOW).unwrap(), NOW));
+        assert!(why.contains("does not match"), "{why}");
+        // Out of the window either way.
+        for at in [NOW - WINDOW_MS - 1, NOW + WINDOW_MS + 1] {
+            let stale = get("acme/x").seal_tenant(&acme, at).unwrap();
+            assert!(refused(mn.admit(&stale, NOW)).contains("clocks apart"));
+        }
+        // A tenant's seal on an internal kind is refused before anything.
+        let rep = replicate().seal_tenant(&acme, NOW).unwrap();
+        assert!(refused(mn.admit(&rep, NOW)).contains("does not authorise kind 11"));
+        // Every flipped bit and every cut is refused.
+        for i in 0..mine.len() * 8 {
+            let mut b = mine.clone();
+            b[i / 8] ^= 1 << (i % 8);
+            assert!(
+                !matches!(mn.admit(&b, NOW), Verdict::Accept { .. }),
+                "bit {i}"
+            );
+        }
+        for cut in 0..mine.len() {
+            assert!(
+                !matches!(mn.admit(&mine[..cut], NOW), Verdict::Accept { .. }),
+                "cut {cut}"
+            );
+        }
+        // The body swapped under a valid trailer: the tag covers it.
+        let other_body = get("acme/y").seal_tenant(&acme, NOW).unwrap();
+        let mut spliced = other_body[..wire::HEADER_LEN + 8].to_vec();
+        spliced.extend_from_slice(&mine[wire::HEADER_LEN + 8..]);
+        assert!(!matches!(mn.admit(&spliced, NOW), Verdict::Accept { .. }));
+    }
+
     fn replicate() -> Msg {
         let record = Record {
             name: "bucket/some/object-name".into(),
@@ -882,7 +1065,7 @@ mod tests {
     }
 
     #[test]
-    fn internal_kinds_need_the_seal_and_tenant_kinds_do_not() {
+    fn internal_kinds_need_the_seal_and_tenant_kinds_a_tenants_seal() {
         let mut mn = Gate::new(key(1), Receiver::Mn);
         let plain = replicate().encode().unwrap();
         assert!(refused(mn.admit(&plain, NOW)).contains("no cluster-key tag"));
@@ -898,13 +1081,17 @@ mod tests {
                 sealed: true
             }
         );
-        // A tenant's Get goes in unsealed; the orchestrator takes only
-        // the table request unsealed.
+        // A tenant's Get goes in with its tenant's seal, not unsealed;
+        // the orchestrator takes only the table request unsealed.
         let get = Msg::new(1, 2, Body::Get { name: "x".into() });
-        let verdict = mn.admit(&get.encode().unwrap(), NOW);
+        let admin = TenantCredential::issue(&key(1), crate::tenant::ADMIN).unwrap();
+        let verdict = mn.admit(&get.seal_tenant(&admin, NOW).unwrap(), NOW);
         assert!(matches!(verdict, Verdict::Accept { sealed: false, .. }));
+        let why = refused(mn.admit(&get.encode().unwrap(), NOW));
+        assert!(why.contains("no tenant credential"), "{why}");
         let mut on = Gate::new(key(1), Receiver::On);
         refused(on.admit(&get.encode().unwrap(), NOW));
+        refused(on.admit(&get.seal_tenant(&admin, NOW).unwrap(), NOW));
         let table = Msg::new(1, 0, Body::GetTable).encode().unwrap();
         assert!(matches!(on.admit(&table, NOW), Verdict::Accept { .. }));
         let retire = Msg::new(1, 0, Body::Retire { uuid: 5 }).encode().unwrap();
@@ -1282,6 +1469,71 @@ mod tests {
             per(encode),
             per(issue),
             per(check),
+            per(second)
+        );
+    }
+
+    /// The cost a tenant's seal adds to a zero-byte Get: sealing it at
+    /// the client, and the gate's check at the metadata node (derive the
+    /// tenant's secret, check the tag, decode, check the scope), against
+    /// a plain encode and decode. Run with `--ignored --nocapture` in
+    /// release.
+    #[test]
+    #[ignore]
+    fn tenant_seal_cost() {
+        let k = key(1);
+        let cred = TenantCredential::issue(&k, "acme").unwrap();
+        let get = Msg::new(
+            1,
+            2,
+            Body::Get {
+                name: "acme/0/3/1234".into(),
+            },
+        );
+        let n = 200_000;
+        let per = |d: std::time::Duration| d.as_nanos() as f64 / n as f64;
+        let start = std::time::Instant::now();
+        let mut plain = Vec::new();
+        for _ in 0..n {
+            plain = std::hint::black_box(get.encode().unwrap());
+        }
+        let encode = start.elapsed();
+        let start = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(Msg::decode(&plain).unwrap());
+        }
+        let decode = start.elapsed();
+        let start = std::time::Instant::now();
+        let mut sealed = Vec::new();
+        for i in 0..n {
+            sealed = std::hint::black_box(get.seal_tenant(&cred, NOW + i as u64).unwrap());
+        }
+        let seal = start.elapsed();
+        let mut gate = Gate::new(k.clone(), Receiver::Mn);
+        let start = std::time::Instant::now();
+        for _ in 0..n {
+            let v = gate.admit(&sealed, NOW + n as u64);
+            assert!(matches!(std::hint::black_box(v), Verdict::Accept { .. }));
+        }
+        let admit = start.elapsed();
+        let ring = ClusterKey::from_ring(&[2; KEY_LEN], Some(&[1; KEY_LEN]));
+        let mut gate = Gate::new(ring, Receiver::Mn);
+        let start = std::time::Instant::now();
+        for _ in 0..n {
+            let v = gate.admit(&sealed, NOW + n as u64);
+            assert!(matches!(std::hint::black_box(v), Verdict::Accept { .. }));
+        }
+        let second = start.elapsed();
+        println!(
+            "zero-byte Get, {} bytes plain, {} sealed by a tenant: encode {:.0} ns, \
+             encode+tenant seal {:.0} ns, decode {:.0} ns, gate check+decode+scope {:.0} ns, \
+             by the other key of a ring {:.0} ns",
+            plain.len(),
+            sealed.len(),
+            per(encode),
+            per(seal),
+            per(decode),
+            per(admit),
             per(second)
         );
     }

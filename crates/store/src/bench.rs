@@ -5,6 +5,7 @@
 use crate::client::{meta_over_ipv6, Client};
 use crate::mmsg;
 use crate::table::Table;
+use crate::tenant::TenantCredential;
 use crate::wire::{Body, Msg, MAX_DATAGRAM};
 use crate::Error;
 use std::io::ErrorKind;
@@ -217,8 +218,13 @@ struct BatchedClient {
 ///
 /// Only zero-byte objects: their Get is one metadata round trip, with
 /// nothing to fetch from a storage node. Each client asks the first
-/// metadata address of each name, as the design's generator did.
-pub fn run_batched_gets(table: &Table, cfg: &BenchConfig) -> Result<BenchResult, Error> {
+/// metadata address of each name, as the design's generator did. Every
+/// request is sealed with the tenant's `credential`, as a real client's.
+pub fn run_batched_gets(
+    table: &Table,
+    credential: &TenantCredential,
+    cfg: &BenchConfig,
+) -> Result<BenchResult, Error> {
     if cfg.size != 0 {
         return Err(Error::Invalid(format!(
             "the batched engine runs zero-byte Gets only (one metadata round trip each); \
@@ -248,7 +254,7 @@ pub fn run_batched_gets(table: &Table, cfg: &BenchConfig) -> Result<BenchResult,
         .collect();
     let mut out = Vec::with_capacity(cfg.threads);
     for (t, c) in clients.iter_mut().enumerate() {
-        out.push(send_get(table, c, t, 1)?);
+        out.push(send_get(table, credential, c, t, 1)?);
     }
     mmsg::send_batch(&sock, &out);
     let mut lat = Vec::with_capacity(total * cfg.threads);
@@ -282,7 +288,7 @@ pub fn run_batched_gets(table: &Table, cfg: &BenchConfig) -> Result<BenchResult,
                 }
                 _ => errors += 1,
             }
-            if next_get(table, cfg, c, t, total, &mut out)? {
+            if next_get(table, credential, cfg, c, t, total, &mut out)? {
                 live -= 1;
             }
         }
@@ -294,10 +300,10 @@ pub fn run_batched_gets(table: &Table, cfg: &BenchConfig) -> Result<BenchResult,
             }
             if c.attempts < BATCHED_ATTEMPTS {
                 let attempts = c.attempts + 1;
-                out.push(send_get(table, c, t, attempts)?);
+                out.push(send_get(table, credential, c, t, attempts)?);
             } else {
                 errors += 1;
-                if next_get(table, cfg, c, t, total, &mut out)? {
+                if next_get(table, credential, cfg, c, t, total, &mut out)? {
                     live -= 1;
                 }
             }
@@ -311,6 +317,7 @@ pub fn run_batched_gets(table: &Table, cfg: &BenchConfig) -> Result<BenchResult,
 /// `true` when it has done all `total`.
 fn next_get(
     table: &Table,
+    credential: &TenantCredential,
     cfg: &BenchConfig,
     c: &mut BatchedClient,
     t: usize,
@@ -323,7 +330,7 @@ fn next_get(
     }
     c.name = object_name(&cfg.prefix, 0, t, c.done % cfg.ops);
     c.started = Instant::now();
-    out.push(send_get(table, c, t, 1)?);
+    out.push(send_get(table, credential, c, t, 1)?);
     Ok(false)
 }
 
@@ -331,6 +338,7 @@ fn next_get(
 /// The request id carries the client in its high half.
 fn send_get(
     table: &Table,
+    credential: &TenantCredential,
     c: &mut BatchedClient,
     t: usize,
     attempts: u32,
@@ -349,7 +357,7 @@ fn send_get(
             name: c.name.clone(),
         },
     )
-    .encode()
+    .seal_tenant(credential, crate::auth::unix_ms())
     .map_err(|e| Error::Invalid(format!("encoding a Get: {e}")))?;
     Ok((bytes, endpoint))
 }

@@ -6,6 +6,7 @@ use crate::auth::ClusterKey;
 use crate::data::{read_status, Credential, Request};
 use crate::node::{fetch_table, request_id};
 use crate::table::Table;
+use crate::tenant::TenantCredential;
 use crate::wire::{check_name, Body, Code, ListEntry, Msg, Record, RenameLink, MAX_DATAGRAM};
 use crate::Error;
 use std::collections::HashMap;
@@ -189,6 +190,9 @@ pub struct Client {
     /// Idle data connections by storage node endpoint, each at a request
     /// boundary (the storage node serves requests one after another).
     conns: std::sync::Mutex<HashMap<SocketAddr, Vec<TcpStream>>>,
+    /// The tenant's credential: every metadata request is sealed with it
+    /// ([`crate::tenant`]).
+    credential: TenantCredential,
 }
 
 /// Idle UDP sockets a client keeps.
@@ -209,8 +213,9 @@ const COMMIT_ATTEMPTS: u32 = 20;
 const CHUNK: usize = 256 * 1024;
 
 impl Client {
-    /// Connects to the cluster whose orchestrator listens on `on`.
-    pub async fn connect(on: SocketAddr) -> Result<Client, Error> {
+    /// Connects to the cluster whose orchestrator listens on `on`, as the
+    /// tenant of `credential` (which seals every metadata request).
+    pub async fn connect(on: SocketAddr, credential: TenantCredential) -> Result<Client, Error> {
         let table = fetch_table(on, None).await.map_err(|e| match e {
             Error::Timeout(_) => Error::Timeout(format!(
                 "no orchestrator answered at {on}; is `strata store up` running there?"
@@ -222,7 +227,13 @@ impl Client {
             table: RwLock::new(Arc::new(table)),
             sockets: std::sync::Mutex::new(Vec::new()),
             conns: std::sync::Mutex::new(HashMap::new()),
+            credential,
         })
+    }
+
+    /// The tenant this client acts as.
+    pub fn credential(&self) -> &TenantCredential {
+        &self.credential
     }
 
     /// The prefix table in use.
@@ -290,7 +301,7 @@ impl Client {
                 vec![0u8; MAX_DATAGRAM + 1],
             ),
         };
-        let result = run_call_on(&sock, &mut buf, &self.table(), call).await;
+        let result = run_call_on(&sock, &mut buf, &self.table(), &self.credential, call).await;
         // The reply was taken, so the socket is most likely empty now:
         // forget its readiness, or the next call's first receive would be
         // a system call that finds nothing. (A datagram still queued is a
@@ -839,7 +850,8 @@ impl Client {
                 META_TIMEOUT_MS,
             );
             let table = table.clone();
-            calls.spawn(async move { run_call(&table, call).await });
+            let credential = self.credential.clone();
+            calls.spawn(async move { run_call(&table, &credential, call).await });
         }
         let mut all: Vec<ListEntry> = Vec::new();
         let mut more = false;
@@ -1017,10 +1029,21 @@ fn shares_replicas(a: &Record, b: &Record) -> bool {
     a.replicas.iter().any(|r| b.replicas.contains(r))
 }
 
-/// Runs one metadata call on a fresh UDP socket.
-pub async fn run_call(table: &Table, call: Call) -> Result<Body, Error> {
+/// Runs one metadata call on a fresh UDP socket, sealed with `credential`.
+pub async fn run_call(
+    table: &Table,
+    credential: &TenantCredential,
+    call: Call,
+) -> Result<Body, Error> {
     let sock = bind_udp(meta_over_ipv6(table)).await?;
-    run_call_on(&sock, &mut vec![0u8; MAX_DATAGRAM + 1], table, call).await
+    run_call_on(
+        &sock,
+        &mut vec![0u8; MAX_DATAGRAM + 1],
+        table,
+        credential,
+        call,
+    )
+    .await
 }
 
 /// Whether metadata messages go to IPv6 socket addresses.
@@ -1038,11 +1061,13 @@ async fn bind_udp(ipv6: bool) -> Result<UdpSocket, Error> {
 }
 
 /// Runs `call` on `sock`, receiving into `buf` (at least a datagram and a
-/// byte long), ignoring replies to other calls.
+/// byte long), ignoring replies to other calls. Each send is sealed anew
+/// with `credential` (a resend carries a fresh clock).
 async fn run_call_on(
     sock: &UdpSocket,
     buf: &mut [u8],
     table: &Table,
+    credential: &TenantCredential,
     mut call: Call,
 ) -> Result<Body, Error> {
     let start = tokio::time::Instant::now();
@@ -1054,7 +1079,8 @@ async fn run_call_on(
             Step::Send(msg, deadline) => (msg, deadline),
         };
         let endpoint = table.mn_endpoint(msg.target);
-        if let (Some(ep), Ok(bytes)) = (endpoint, msg.encode()) {
+        let bytes = msg.seal_tenant(credential, crate::auth::unix_ms());
+        if let (Some(ep), Ok(bytes)) = (endpoint, bytes) {
             let _ = sock.send_to(&bytes, ep).await;
         }
         step = loop {

@@ -32,6 +32,7 @@ pub mod on;
 pub mod routes;
 pub mod sn;
 pub mod table;
+pub mod tenant;
 pub mod wire;
 
 pub use wire::Code;

@@ -1,0 +1,496 @@
+//! Tenants' credentials, and the name scope each one grants.
+//!
+//! A tenant does not hold the cluster key. It holds a *credential*: its
+//! tenant id and a 32-byte secret derived from the cluster key,
+//! `HMAC-SHA256(cluster key, "strata store tenant key v1\0" || id)`, so
+//! metadata nodes check a tenant's requests with no state besides the
+//! key they already hold. It seals each metadata request (Post, Link,
+//! Update, Get, Delete, List) with that secret: the datagram carries the
+//! tenant id, the client's clock and a truncated HMAC tag over every byte
+//! before the tag ([`crate::wire::Msg::seal_tenant`]). A metadata node
+//! derives the tenant's secret from each key of its keyring (the active
+//! one, then the other one during a rotation), checks the tag in constant
+//! time before decoding the body, refuses a clock more than
+//! [`crate::auth::WINDOW_MS`] away, then refuses every name outside the
+//! tenant's scope ([`check_scope`]).
+//!
+//! The scope rule: the tenant id [`ADMIN`] (`*`) may use every name; any
+//! other tenant id `ID` (1 to [`MAX_TENANT_ID`] bytes of ASCII letters,
+//! digits, `.`, `_` and `-`) may use only the names that begin with `ID/`
+//! (the bucket `ID`), and list only prefixes that begin with `ID/`.
+//!
+//! A derived secret cannot be revoked alone: it stays valid while the
+//! cluster key that derived it is accepted. Rotating the cluster key
+//! revokes every tenant's credential at once, and each must be issued
+//! again under the new key (`strata store tenant add`).
+
+use crate::auth::{ClusterKey, KEY_LEN, TAG_LEN};
+use crate::wire::{Body, RenameLink};
+use crate::Error;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use std::path::{Path, PathBuf};
+
+/// The tenant id whose scope is every name (the cluster's operator).
+pub const ADMIN: &str = "*";
+
+/// Longest tenant id, in bytes.
+pub const MAX_TENANT_ID: usize = 64;
+
+/// The credential file `strata store up` writes in its directory: the
+/// [`ADMIN`] tenant's, so `strata obj --dir DIR` works with no setup.
+pub const ADMIN_CREDENTIAL_FILE: &str = "admin.credential";
+
+/// The environment variable naming a credential file (read by the
+/// command-line tools and by [`TenantCredential::from_env`]).
+pub const CREDENTIAL_ENV: &str = "STRATA_CREDENTIAL";
+
+/// Domain-separation prefix of a tenant's secret: a tenant secret is
+/// never a tag or ticket the cluster key makes for anything else.
+const TENANT_DOMAIN: &[u8] = b"strata store tenant key v1\0";
+
+/// Checks a tenant id: [`ADMIN`], or 1 to [`MAX_TENANT_ID`] bytes of ASCII
+/// letters, digits, `.`, `_` and `-` (it is a bucket name, so no `/`).
+pub fn check_tenant_id(id: &str) -> Result<(), String> {
+    if id == ADMIN {
+        return Ok(());
+    }
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if id.is_empty() || id.len() > MAX_TENANT_ID || !id.chars().all(allowed) {
+        return Err(format!(
+            "tenant id {id:?} is not valid: use 1 to {MAX_TENANT_ID} ASCII letters, digits, \
+             '.', '_' or '-' (the tenant then uses the names under 'ID/'), or '{ADMIN}' \
+             for every name"
+        ));
+    }
+    Ok(())
+}
+
+/// The prefix every name of tenant `id` begins with; `None` for
+/// [`ADMIN`], whose scope is every name.
+pub fn scope_prefix(id: &str) -> Option<String> {
+    (id != ADMIN).then(|| format!("{id}/"))
+}
+
+/// How a tenant's scope is shown: `every name`, or `names under 'acme/'`.
+pub fn describe_scope(id: &str) -> String {
+    match scope_prefix(id) {
+        None => "every name".into(),
+        Some(p) => format!("names under '{p}'"),
+    }
+}
+
+/// Whether tenant `id` may use the object name (or List prefix) `name`.
+pub fn in_scope(id: &str, name: &str) -> bool {
+    match scope_prefix(id) {
+        None => true,
+        Some(p) => name.starts_with(&p),
+    }
+}
+
+/// Checks that every name request `body` touches is in tenant `id`'s
+/// scope: the name of a Post, Get or Delete; both names of a rename's
+/// Link or Update (the record's and the one its rename link names); a
+/// List's prefix. The error says what was refused and what is allowed.
+pub fn check_scope(id: &str, body: &Body) -> Result<(), String> {
+    let Some(prefix) = scope_prefix(id) else {
+        return Ok(());
+    };
+    let refuse = |what: &str, name: &str| {
+        Err(format!(
+            "tenant '{id}' may only use names under '{prefix}'; {what}'{name}' refused"
+        ))
+    };
+    let names: Vec<&str> = match body {
+        Body::PostBegin { name, .. }
+        | Body::PostCommit { name, .. }
+        | Body::PostAbort { name, .. }
+        | Body::Get { name }
+        | Body::Delete { name, .. } => vec![name],
+        Body::Link { record } | Body::Update { record, .. } => {
+            let mut v = vec![record.name.as_str()];
+            match &record.rename {
+                Some(RenameLink::To(other) | RenameLink::From(other)) => v.push(other),
+                None => {}
+            }
+            v
+        }
+        Body::List { prefix: asked, .. } => {
+            if asked.starts_with(&prefix) {
+                return Ok(());
+            }
+            return refuse("the List prefix ", asked);
+        }
+        // Not a tenant's request: the gate never lets one in with a
+        // tenant's seal; refuse rather than guess.
+        _ => return Err(format!("tenant '{id}' may not send this kind of request")),
+    };
+    match names.into_iter().find(|n| !n.starts_with(&prefix)) {
+        Some(outside) => refuse("", outside),
+        None => Ok(()),
+    }
+}
+
+/// A tenant's credential: its id and its secret, keyed into HMAC-SHA256
+/// once. Made by [`TenantCredential::issue`] (with the cluster key) or
+/// read from a file ([`TenantCredential::load`]).
+#[derive(Clone)]
+pub struct TenantCredential {
+    tenant: String,
+    secret: [u8; KEY_LEN],
+    mac: Hmac<Sha256>,
+}
+
+impl std::fmt::Debug for TenantCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TenantCredential({:?}, secret)", self.tenant)
+    }
+}
+
+/// First line of a credential file (a reminder of what it is).
+const FILE_HEADER: &str = "# strata store tenant credential: a secret; keep it mode 0600";
+
+impl TenantCredential {
+    /// The credential of tenant `tenant` with `secret`.
+    pub fn new(tenant: &str, secret: [u8; KEY_LEN]) -> Result<TenantCredential, Error> {
+        check_tenant_id(tenant).map_err(Error::Invalid)?;
+        let Ok(mac) = Hmac::<Sha256>::new_from_slice(&secret) else {
+            unreachable!("HMAC takes keys of any length");
+        };
+        Ok(TenantCredential {
+            tenant: tenant.to_string(),
+            secret,
+            mac,
+        })
+    }
+
+    /// Issues tenant `tenant`'s credential under the active key of `key`.
+    pub fn issue(key: &ClusterKey, tenant: &str) -> Result<TenantCredential, Error> {
+        check_tenant_id(tenant).map_err(Error::Invalid)?;
+        TenantCredential::new(tenant, key.derive(&tenant_label(tenant)))
+    }
+
+    /// The tenant id.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    /// The tag of `data` under the tenant's secret.
+    pub fn tag(&self, data: &[u8]) -> [u8; TAG_LEN] {
+        let mut mac = self.mac.clone();
+        mac.update(data);
+        let full = mac.finalize().into_bytes();
+        let mut tag = [0u8; TAG_LEN];
+        tag.copy_from_slice(&full[..TAG_LEN]);
+        tag
+    }
+
+    /// The secret's bytes.
+    pub fn secret_bytes(&self) -> [u8; KEY_LEN] {
+        self.secret
+    }
+
+    /// The secret as 64 lowercase hex digits (what the file holds).
+    pub fn secret_hex(&self) -> String {
+        self.secret.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The file's text: a comment, `tenant ID` and `secret HEX`.
+    pub fn to_file_text(&self) -> String {
+        format!(
+            "{FILE_HEADER}\ntenant {}\nsecret {}\n",
+            self.tenant,
+            self.secret_hex()
+        )
+    }
+
+    /// Parses a credential file's text; `source` names it in errors.
+    pub fn parse(text: &str, source: &str) -> Result<TenantCredential, Error> {
+        let bad = |why: &str| {
+            Error::Invalid(format!(
+                "{source} is not a tenant credential ({why}); make one with \
+                 `strata store tenant add --dir DIR --tenant ID`"
+            ))
+        };
+        let (mut tenant, mut secret) = (None, None);
+        for line in text.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            match line.split_once(' ') {
+                Some(("tenant", v)) => tenant = Some(v.trim()),
+                Some(("secret", v)) => secret = Some(v.trim()),
+                _ => return Err(bad(&format!("unexpected line {line:?}"))),
+            }
+        }
+        let tenant = tenant.ok_or_else(|| bad("no `tenant` line"))?;
+        let hex = secret.ok_or_else(|| bad("no `secret` line"))?;
+        let secret = parse_secret(hex).ok_or_else(|| bad("the secret is not 64 hex digits"))?;
+        TenantCredential::new(tenant, secret)
+    }
+
+    /// Reads a credential file, which no other user may read or write
+    /// (like a cluster key).
+    pub fn load(path: &Path) -> Result<TenantCredential, Error> {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(path).map_err(|e| {
+            Error::io(
+                format!(
+                    "reading the tenant credential {} (`strata store up --dir DIR` writes \
+                     DIR/{ADMIN_CREDENTIAL_FILE}; `strata store tenant add` makes others)",
+                    path.display()
+                ),
+                e,
+            )
+        })?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(Error::Invalid(format!(
+                "the tenant credential {} can be read or written by other users \
+                 (mode {mode:04o}); run `chmod 600 {}`",
+                path.display(),
+                path.display()
+            )));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::io(
+                format!("reading the tenant credential {}", path.display()),
+                e,
+            )
+        })?;
+        TenantCredential::parse(&text, &path.display().to_string())
+    }
+
+    /// Writes the credential to `path` (mode 0600), replacing the file if
+    /// it exists (a re-issue after a key rotation writes the same path).
+    pub fn save(&self, path: &Path) -> Result<(), Error> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        // Written beside, then renamed: the file is whole at every moment
+        // and never readable by others.
+        let mut tmp = PathBuf::from(path.as_os_str());
+        tmp.set_extension("credential.tmp");
+        let _ = std::fs::remove_file(&tmp);
+        let what = |e| {
+            Error::io(
+                format!("writing the tenant credential {}", path.display()),
+                e,
+            )
+        };
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(what)?;
+        file.write_all(self.to_file_text().as_bytes())
+            .and_then(|()| file.sync_all())
+            .map_err(what)?;
+        std::fs::rename(&tmp, path).map_err(what)
+    }
+
+    /// The credential in the file named by [`CREDENTIAL_ENV`]; an error
+    /// that says how to get one when the variable is not set.
+    pub fn from_env() -> Result<TenantCredential, Error> {
+        match std::env::var_os(CREDENTIAL_ENV) {
+            Some(path) => TenantCredential::load(Path::new(&path)),
+            None => Err(Error::Invalid(format!(
+                "the object store needs a tenant credential: set {CREDENTIAL_ENV}=FILE \
+                 (`strata store up --dir DIR` writes DIR/{ADMIN_CREDENTIAL_FILE}; \
+                 `strata store tenant add` makes a tenant's)"
+            ))),
+        }
+    }
+}
+
+fn parse_secret(hex: &str) -> Option<[u8; KEY_LEN]> {
+    if hex.len() != 2 * KEY_LEN || !hex.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; KEY_LEN];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// What the cluster key's HMAC covers to derive tenant `id`'s secret.
+fn tenant_label(id: &str) -> Vec<u8> {
+    let mut label = Vec::with_capacity(TENANT_DOMAIN.len() + id.len());
+    label.extend_from_slice(TENANT_DOMAIN);
+    label.extend_from_slice(id.as_bytes());
+    label
+}
+
+/// Whether `tag` is tenant `id`'s tag of `data`, under a secret derived
+/// from an accepted key of `key` (the active one, else the other one):
+/// two HMACs per key tried, the tag compared in constant time.
+pub fn verify(key: &ClusterKey, id: &str, data: &[u8], tag: &[u8]) -> bool {
+    if tag.len() != TAG_LEN || check_tenant_id(id).is_err() {
+        return false;
+    }
+    key.verify_derived(&tenant_label(id), data, tag)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Record;
+
+    fn key(b: u8) -> ClusterKey {
+        ClusterKey::from_bytes(&[b; KEY_LEN])
+    }
+
+    #[test]
+    fn tenant_ids_follow_the_rule() {
+        for good in ["acme", "a", "A-b_c.9", ADMIN, &"x".repeat(MAX_TENANT_ID)] {
+            assert!(check_tenant_id(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "a/b",
+            "a b",
+            "é",
+            "**",
+            "a*",
+            &"x".repeat(MAX_TENANT_ID + 1),
+        ] {
+            let err = check_tenant_id(bad).unwrap_err();
+            assert!(err.contains("not valid"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn secrets_are_derived_per_tenant_and_per_key() {
+        let a = TenantCredential::issue(&key(1), "acme").unwrap();
+        let again = TenantCredential::issue(&key(1), "acme").unwrap();
+        assert_eq!(a.secret, again.secret);
+        assert_ne!(a.secret, [1u8; KEY_LEN]);
+        let other = TenantCredential::issue(&key(1), "acmf").unwrap();
+        assert_ne!(a.secret, other.secret);
+        let rotated = TenantCredential::issue(&key(2), "acme").unwrap();
+        assert_ne!(a.secret, rotated.secret);
+        let tag = a.tag(b"request");
+        assert!(verify(&key(1), "acme", b"request", &tag));
+        // Another tenant's name, another key, another message, a cut tag.
+        assert!(!verify(&key(1), "acmf", b"request", &tag));
+        assert!(!verify(&key(2), "acme", b"request", &tag));
+        assert!(!verify(&key(1), "acme", b"requesT", &tag));
+        assert!(!verify(&key(1), "acme", b"request", &tag[..15]));
+        assert!(!verify(&key(1), "a/b", b"request", &tag));
+        // Both keys of a ring are accepted; issued with the active one.
+        let ring = ClusterKey::from_ring(&[2; KEY_LEN], Some(&[1; KEY_LEN]));
+        assert!(verify(&ring, "acme", b"request", &tag));
+        assert!(verify(&ring, "acme", b"request", &rotated.tag(b"request")));
+        let issued = TenantCredential::issue(&ring, "acme").unwrap();
+        assert_eq!(issued.secret, rotated.secret);
+        // The admin's secret is not the key either.
+        let admin = TenantCredential::issue(&key(1), ADMIN).unwrap();
+        assert_ne!(admin.secret, a.secret);
+        assert!(TenantCredential::issue(&key(1), "a/b").is_err());
+    }
+
+    #[test]
+    fn scopes_cover_every_name_a_request_touches() {
+        let get = |n: &str| Body::Get { name: n.into() };
+        assert!(check_scope("acme", &get("acme/x")).is_ok());
+        let err = check_scope("acme", &get("other/x")).unwrap_err();
+        assert_eq!(
+            err,
+            "tenant 'acme' may only use names under 'acme/'; 'other/x' refused"
+        );
+        // A name that merely starts with the id is another bucket.
+        assert!(check_scope("acme", &get("acme")).is_err());
+        assert!(check_scope("acme", &get("acmex/y")).is_err());
+        assert!(check_scope(ADMIN, &get("anything")).is_ok());
+        let rec = |name: &str, rename: Option<RenameLink>| Record {
+            name: name.into(),
+            size: 0,
+            crc: 0,
+            version: 1,
+            meta: vec![],
+            replicas: vec![],
+            rename,
+        };
+        let link = |from: &str| Body::Link {
+            record: rec("acme/new", Some(RenameLink::From(from.into()))),
+        };
+        assert!(check_scope("acme", &link("acme/old")).is_ok());
+        let err = check_scope("acme", &link("other/old")).unwrap_err();
+        assert!(err.contains("'other/old' refused"), "{err}");
+        let update = Body::Update {
+            record: rec("acme/old", Some(RenameLink::To("zeta/new".into()))),
+            if_version: 1,
+        };
+        assert!(check_scope("acme", &update)
+            .unwrap_err()
+            .contains("zeta/new"));
+        let list = |p: &str| Body::List {
+            prefix: p.into(),
+            after: String::new(),
+            limit: 10,
+        };
+        assert!(check_scope("acme", &list("acme/")).is_ok());
+        assert!(check_scope("acme", &list("acme/sub")).is_ok());
+        for p in ["", "acme", "other/"] {
+            let err = check_scope("acme", &list(p)).unwrap_err();
+            assert!(err.contains("List prefix"), "{p}: {err}");
+        }
+        assert!(check_scope(ADMIN, &list("")).is_ok());
+        for body in [
+            Body::PostBegin {
+                name: "b/x".into(),
+                size: 1,
+            },
+            Body::PostCommit {
+                name: "b/x".into(),
+                version: 1,
+                crc: 0,
+            },
+            Body::PostAbort {
+                name: "b/x".into(),
+                version: 1,
+            },
+            Body::Delete {
+                name: "b/x".into(),
+                if_version: 0,
+                keep_data: false,
+            },
+        ] {
+            assert!(check_scope("acme", &body).is_err(), "{body:?}");
+            assert!(check_scope("b", &body).is_ok(), "{body:?}");
+        }
+        // Never an internal kind.
+        let done = Body::Done { version: 1 };
+        assert!(check_scope("acme", &done).is_err());
+    }
+
+    #[test]
+    fn credential_files_round_trip_and_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("acme.credential");
+        let cred = TenantCredential::issue(&key(1), "acme").unwrap();
+        cred.save(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let back = TenantCredential::load(&path).unwrap();
+        assert_eq!((back.tenant(), back.secret), ("acme", cred.secret));
+        // Saved again over itself (a re-issue).
+        cred.save(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = TenantCredential::load(&path).unwrap_err().to_string();
+        assert!(err.contains("chmod 600"), "{err}");
+        let bad_id = format!("tenant a/b\nsecret {}\n", "0".repeat(64));
+        for (text, want) in [
+            ("tenant acme\n", "no `secret`"),
+            ("secret 00\n", "no `tenant`"),
+            ("tenant acme\nsecret 00\n", "64 hex"),
+            (bad_id.as_str(), "not valid"),
+            ("hello\n", "unexpected line"),
+        ] {
+            let err = TenantCredential::parse(text, "F").unwrap_err().to_string();
+            assert!(err.contains(want), "{text:?}: {err}");
+        }
+    }
+}
