@@ -317,6 +317,7 @@ impl Disk {
         track: &IndexTrack,
         before_writing: impl FnOnce() -> Result<()>,
     ) -> Result<PushReport> {
+        let started = Instant::now();
         let place = Place {
             depth: f.depth + 1,
             path: top.path.clone(),
@@ -345,9 +346,10 @@ impl Disk {
             self.restart_writer()?;
             return Err(e);
         }
-        let layer = match self
-            .finish_prepared(&file, &place, &f, prefix, &old_tail)
-            .and_then(|(layer, ext)| before_writing().map(|()| (layer, ext)))
+        let patched_at = started.elapsed();
+        let finished = self.finish_prepared(&file, &place, &f, prefix, &old_tail);
+        let synced_at = started.elapsed();
+        let layer = match finished.and_then(|(layer, ext)| before_writing().map(|()| (layer, ext)))
         {
             Ok(v) => v,
             Err(e) => {
@@ -374,7 +376,17 @@ impl Disk {
         *self.index_state.write() = IndexState::Stored {
             depth: self.depth(),
         };
+        let committed_at = started.elapsed();
         self.start_writer()?;
+        // Where a pause goes, for whoever tunes it (`STRATA_LOG=debug`).
+        tracing::debug!(
+            sectors_patched,
+            patch_ms = patched_at.as_secs_f64() * 1e3,
+            new_top_sync_ms = (synced_at - patched_at).as_secs_f64() * 1e3,
+            commit_ms = (committed_at - synced_at).as_secs_f64() * 1e3,
+            writer_ms = (started.elapsed() - committed_at).as_secs_f64() * 1e3,
+            "pushed a prepared top"
+        );
         Ok(PushReport {
             patched: true,
             sectors_patched,
@@ -556,7 +568,7 @@ impl Disk {
     /// Opens the new top for writing. If this fails the disk stays
     /// read-only until it is reopened.
     fn start_writer(&mut self) -> Result<()> {
-        let w = Writer::start(self)?;
+        let w = Writer::start_on_new_top(self)?;
         self.writer = Some(Mutex::new(w));
         Ok(())
     }
