@@ -584,7 +584,7 @@ pub enum AuthError {
     #[error("its tenant seal is malformed")]
     BadTenantSeal,
     /// A tenant's seal on a kind that is not a tenant's request.
-    #[error("a tenant's credential does not authorise kind {0} (only Post, Link, Update, Get, Delete and List)")]
+    #[error("a tenant's credential does not authorise kind {0} (only Post, Link, Update, Get, GetLinkProof, Delete and List)")]
     TenantKind(u8),
 }
 

@@ -28,7 +28,9 @@ const MAGIC: [u8; 2] = *b"S6";
 /// and `Found`.) Other versions are refused as "bad magic or version".
 const VERSION: u8 = 4;
 
-/// Longest ticket a `PostPlan` or `Found` carries ([`crate::auth::Ticket`]).
+/// Longest ticket a `PostPlan` or `Found` carries ([`crate::auth::Ticket`]),
+/// and longest link proof a `Link` or `LinkProof` carries
+/// ([`crate::auth::LinkProof`]).
 pub const MAX_TICKET: usize = 512;
 
 /// Bytes of a message's header: magic, version, kind, request id, target.
