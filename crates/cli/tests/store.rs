@@ -1135,6 +1135,7 @@ fn unsealed_forged_stale_or_out_of_scope_metadata_requests_are_refused_and_chang
                 rename: Some(RenameLink::From("other/x".into())),
                 ..record.clone()
             },
+            proof: vec![],
         },
     );
     refused(
@@ -1179,6 +1180,186 @@ fn unsealed_forged_stale_or_out_of_scope_metadata_requests_are_refused_and_chang
     assert!(got == pattern(3000, 5));
     let err = store.fails(&["obj", "stat", "acme/stolen"]);
     assert!(err.contains("no object named"), "{err}");
+}
+
+/// A rename's `Link` binds existing replicas under a new name, so a
+/// tenant's Link must carry a link proof for exactly those replicas,
+/// issued to that tenant by a metadata node that answered its
+/// `GetLinkProof` of a name in its scope. Tenant bee, which learned
+/// acme's replica addresses (here from the admin's lookup), tries to bind
+/// them under `bee/stolen` with no proof, a forged one, a genuine proof
+/// for its own other replicas, and acme's genuine proof: each is refused
+/// as forbidden, saying why; nothing is bound and no ticket handed out. A
+/// proved Link (and its resend) and `strata obj mv` within a tenant's
+/// scope still work, and the data reads back.
+#[test]
+fn a_tenant_cannot_link_another_tenants_replicas_under_its_own_names() {
+    use strata_store::auth::unix_ms;
+    use strata_store::wire::{Code, Record, RenameLink};
+    let dir = tmp();
+    let d = dir.path().join("cluster");
+    let store = Store::up(&d, REPLICATED);
+    let dp = p(&d);
+    let credential = |tenant: &str| {
+        strata_ok(&["store", "tenant", "add", "--dir", &dp, "--tenant", tenant]);
+        let file = d.join(format!("{tenant}.credential"));
+        (TenantCredential::load(&file).unwrap(), p(&file))
+    };
+    let (acme, acme_file) = credential("acme");
+    let (bee, bee_file) = credential("bee");
+    let secret_src = dir.path().join("secret");
+    std::fs::write(&secret_src, pattern(5000, 7)).unwrap();
+    let own_src = dir.path().join("own");
+    std::fs::write(&own_src, pattern(4000, 8)).unwrap();
+    let put = |cred: &str, src: &Path, name: &str| {
+        store.ok(&["obj", "put", "--credential", cred, &p(src), name]);
+    };
+    put(&acme_file, &secret_src, "acme/secret");
+    put(&bee_file, &own_src, "bee/own");
+    let before = store.json(&["obj", "stat", "acme/secret"]);
+    let (rt, client) = connect_client(store.on);
+    let table = client.table();
+    let coordinator = |name: &str| {
+        let addr = table.meta_addrs(name)[0];
+        (addr, table.mn_endpoint(addr).unwrap())
+    };
+    // What the admin sees, bee learns: acme's replica addresses.
+    let record_of =
+        |name: &str| match ask_copy(&admin(store.on), &table, table.meta_addrs(name)[0], name).1 {
+            Body::Found { record, .. } => record,
+            b => panic!("{name}: {b:?}"),
+        };
+    let secret = record_of("acme/secret");
+    let own = record_of("bee/own");
+    assert!(!secret.replicas.is_empty());
+    let ask_proof = |cred: &TenantCredential, name: &str| {
+        let (addr, mn) = coordinator(name);
+        let q = Msg::new(700, addr, Body::GetLinkProof { name: name.into() });
+        udp_ask(mn, &q.seal_tenant(cred, unix_ms()).unwrap())
+    };
+    let proof_of = |cred: &TenantCredential, name: &str| match ask_proof(cred, name).body {
+        Body::LinkProof { record, proof } => {
+            assert_eq!(record.name, name);
+            assert!(!proof.is_empty(), "no proof for {name}");
+            proof
+        }
+        b => panic!("{name}: {b:?}"),
+    };
+    let acme_proof = proof_of(&acme, "acme/secret");
+    let bee_proof = proof_of(&bee, "bee/own");
+    // bee cannot ask for a proof of acme's name.
+    let err = error_text(&ask_proof(&bee, "acme/secret"));
+    assert!(
+        err.contains("tenant 'bee' may only use names under 'bee/'"),
+        "{err}"
+    );
+    let mut forged = bee_proof.clone();
+    let last = forged.len() - 1;
+    forged[last] ^= 1;
+    let stolen = Record {
+        name: "bee/stolen".into(),
+        rename: Some(RenameLink::From("bee/own".into())),
+        ..secret.clone()
+    };
+    let (addr, mn) = coordinator("bee/stolen");
+    let attempts = [
+        (Vec::new(), "it carries no link proof for its replicas"),
+        (
+            forged,
+            "does not match this cluster's key for tenant \"bee\"",
+        ),
+        (bee_proof.clone(), "but the Link binds"),
+        (acme_proof.clone(), "issued to another tenant"),
+    ];
+    for (i, (proof, want)) in attempts.into_iter().enumerate() {
+        let link = Msg::new(
+            710 + i as u64,
+            addr,
+            Body::Link {
+                record: stolen.clone(),
+                proof,
+            },
+        );
+        let reply = udp_ask(mn, &link.seal_tenant(&bee, unix_ms()).unwrap());
+        match &reply.body {
+            Body::Error { code, message } => {
+                assert_eq!(*code, Code::Forbidden, "{message}");
+                assert!(message.contains(want), "{message:?} lacks {want:?}");
+                assert!(
+                    message.contains("Link of \"bee/stolen\" refused"),
+                    "{message}"
+                );
+                assert!(message.ends_with("nothing done"), "{message}");
+            }
+            other => panic!("attempt {i} not refused: {other:?}"),
+        }
+    }
+    // Nothing was bound: no copy of bee/stolen anywhere, so no Get ticket
+    // for acme's replicas under it.
+    std::thread::sleep(Duration::from_millis(300));
+    for meta in table.meta_addrs("bee/stolen") {
+        match ask_copy(&bee, &table, meta, "bee/stolen").1 {
+            Body::Error { code, .. } => assert_eq!(code, Code::NotFound),
+            b => panic!("bee/stolen bound: {b:?}"),
+        }
+    }
+    let err = store.fails(&["obj", "stat", "--credential", &bee_file, "bee/stolen"]);
+    assert!(err.contains("no object named"), "{err}");
+    // A proved Link works, and its resend (same request, same socket) is
+    // answered the same from the reply cache.
+    let (addr, mn) = coordinator("acme/alias");
+    let alias = Msg::new(
+        720,
+        addr,
+        Body::Link {
+            record: Record {
+                name: "acme/alias".into(),
+                rename: Some(RenameLink::From("acme/secret".into())),
+                ..secret.clone()
+            },
+            proof: acme_proof,
+        },
+    );
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let bytes = alias.seal_tenant(&acme, unix_ms()).unwrap();
+    let mut versions = Vec::new();
+    for _ in 0..2 {
+        sock.send_to(&bytes, mn).unwrap();
+        let mut buf = vec![0u8; 70_000];
+        let (n, _) = sock.recv_from(&mut buf).unwrap();
+        match Msg::decode(&buf[..n]).unwrap().body {
+            Body::Done { version } => versions.push(version),
+            b => panic!("a proved Link refused: {b:?}"),
+        }
+    }
+    assert_eq!(versions[0], versions[1]);
+    // `strata obj mv` within each tenant's scope, and the data reads back.
+    let back = dir.path().join("back");
+    store.ok(&[
+        "obj",
+        "mv",
+        "--credential",
+        &bee_file,
+        "bee/own",
+        "bee/moved",
+    ]);
+    store.ok(&[
+        "obj",
+        "get",
+        "--credential",
+        &bee_file,
+        "bee/moved",
+        &p(&back),
+    ]);
+    assert!(std::fs::read(&back).unwrap() == pattern(4000, 8));
+    assert_eq!(record_of("bee/moved").replicas, own.replicas);
+    let err = store.fails(&["obj", "stat", "--credential", &bee_file, "bee/own"]);
+    assert!(err.contains("\"bee/own\" was deleted"), "{err}");
+    // acme's object is as it was, and reads back.
+    assert_eq!(store.json(&["obj", "stat", "acme/secret"]), before);
+    let (_, got) = rt.block_on(client.get_bytes("acme/secret")).unwrap();
+    assert!(got == pattern(5000, 7));
 }
 
 /// `strata store up --dir D` writes an admin credential that `strata obj

@@ -22,6 +22,12 @@
 //! the metadata node answering the tenant's `PostBegin` or `Get` issued
 //! with the key ([`issue_ticket`]) and the storage node checks with it.
 //!
+//! A rename's `Link` binds existing replicas under a new name; a tenant's
+//! `Link` must carry a [`LinkProof`] for exactly those replicas, issued
+//! to that tenant by a metadata node that answered its `GetLinkProof` of
+//! the old name ([`issue_link_proof`]), and the [`Gate`] checks it
+//! before the node sees the `Link`.
+//!
 //! Rotation ([`ClusterKey`] is a keyring): a node seals and issues
 //! tickets with the *active* key, in the key file, and also accepts the
 //! key in `cluster.key.next` or `cluster.key.prev` next to it, if there is
@@ -35,7 +41,7 @@
 //! version (see `docs/store.md`).
 
 use crate::addr::Addr;
-use crate::wire::{self, Body, Code, Msg, WireError};
+use crate::wire::{self, Body, Code, Msg, Record, WireError};
 use crate::Error;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -407,6 +413,131 @@ impl ClusterKey {
     }
 }
 
+/// Most derived secrets a [`DerivedKeys`] cache holds, over every key.
+pub const DERIVED_CACHE: usize = 1024;
+
+/// A bounded cache of secrets derived from the keys of a ring (tenants'
+/// secrets), each already keyed into HMAC-SHA256, by the fingerprint of
+/// the key that derived it and a name (the tenant id). Deriving a secret
+/// costs an HMAC and keying another, about half of a tenant's seal check.
+///
+/// Only a secret whose tag just verified is kept, so a flood of requests
+/// with made-up tenant ids (or forged tags) does not fill it; at
+/// [`DERIVED_CACHE`] entries one is dropped, arbitrarily, for each new
+/// one. Secrets of a key the ring no longer holds are dropped when the
+/// cache is next used.
+#[derive(Default)]
+pub struct DerivedKeys {
+    by_key: HashMap<u64, HashMap<String, Hmac<Sha256>>>,
+    len: usize,
+}
+
+impl DerivedKeys {
+    /// How many secrets are cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no secret is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Drops the secrets of keys other than `prints`' (a reloaded ring).
+    fn keep_only(&mut self, prints: &Fingerprints) {
+        if self
+            .by_key
+            .keys()
+            .all(|p| *p == prints.active || Some(*p) == prints.other)
+        {
+            return;
+        }
+        self.by_key
+            .retain(|p, _| *p == prints.active || Some(*p) == prints.other);
+        self.len = self.by_key.values().map(HashMap::len).sum();
+    }
+
+    fn get(&self, print: u64, name: &str) -> Option<&Hmac<Sha256>> {
+        self.by_key.get(&print)?.get(name)
+    }
+
+    fn insert(&mut self, print: u64, name: &str, mac: Hmac<Sha256>) {
+        while self.len >= DERIVED_CACHE {
+            let Some((&p, names)) = self.by_key.iter_mut().find(|(_, n)| !n.is_empty()) else {
+                self.len = 0;
+                break;
+            };
+            if let Some(victim) = names.keys().next().cloned() {
+                names.remove(&victim);
+                self.len -= 1;
+            }
+            if names.is_empty() {
+                self.by_key.remove(&p);
+            }
+        }
+        if self
+            .by_key
+            .entry(print)
+            .or_default()
+            .insert(name.to_string(), mac)
+            .is_none()
+        {
+            self.len += 1;
+        }
+    }
+}
+
+impl ClusterKey {
+    /// [`ClusterKey::verify_derived`] for the secret of `name`, whose
+    /// label `label` makes, using and filling `cache`: a secret derived
+    /// before by the same key is not derived again.
+    pub fn verify_derived_cached(
+        &self,
+        cache: &mut DerivedKeys,
+        name: &str,
+        label: &dyn Fn() -> Vec<u8>,
+        data: &[u8],
+        tag: &[u8],
+    ) -> bool {
+        if tag.len() != TAG_LEN {
+            return false;
+        }
+        let ring = self.ring();
+        cache.keep_only(&ring.prints);
+        // Secrets derived for this request, kept only if one of them
+        // verifies: then the tenant is genuine, and during a rotation the
+        // active key's secret (which did not match) is kept too, so a
+        // credential of the other key is not derived again either.
+        let mut derived: Vec<(u64, Hmac<Sha256>)> = Vec::new();
+        let mut matches = |key: &Hmac<Sha256>, print: u64| {
+            let check = |secret: &Hmac<Sha256>| {
+                let mut mac = secret.clone();
+                mac.update(data);
+                mac.verify_truncated_left(tag).is_ok()
+            };
+            if let Some(secret) = cache.get(print, name) {
+                return check(secret);
+            }
+            let secret = keyed(&derive_with(key, &label()));
+            let ok = check(&secret);
+            derived.push((print, secret));
+            ok
+        };
+        let ok = matches(&ring.active, ring.prints.active)
+            || ring
+                .other
+                .as_ref()
+                .zip(ring.prints.other)
+                .is_some_and(|(key, print)| matches(key, print));
+        if ok {
+            for (print, secret) in derived {
+                cache.insert(print, name, secret);
+            }
+        }
+        ok
+    }
+}
+
 /// The full HMAC of `label` under `key`.
 fn derive_with(key: &Hmac<Sha256>, label: &[u8]) -> [u8; KEY_LEN] {
     let mut mac = key.clone();
@@ -453,7 +584,7 @@ pub enum AuthError {
     #[error("its tenant seal is malformed")]
     BadTenantSeal,
     /// A tenant's seal on a kind that is not a tenant's request.
-    #[error("a tenant's credential does not authorise kind {0} (only Post, Link, Update, Get, Delete and List)")]
+    #[error("a tenant's credential does not authorise kind {0} (only Post, Link, Update, Get, GetLinkProof, Delete and List)")]
     TenantKind(u8),
 }
 
@@ -474,11 +605,13 @@ pub fn check_seal(buf: &[u8], key: &ClusterKey, now_ms: u64) -> Result<[u8; TAG_
 }
 
 /// Checks the tenant's seal of `buf` with the tenant key `key` derives for
-/// the tenant id it names, at wall-clock time `now_ms`; returns the tenant
-/// id. Nothing but the seal's trailer is read before the tag is checked.
+/// the tenant id it names (kept in `cache`), at wall-clock time `now_ms`;
+/// returns the tenant id. Nothing but the seal's trailer is read before
+/// the tag is checked.
 pub fn check_tenant_seal<'a>(
     buf: &'a [u8],
     key: &ClusterKey,
+    cache: &mut DerivedKeys,
     now_ms: u64,
 ) -> Result<&'a str, AuthError> {
     let head = wire::peek(buf).map_err(|_| AuthError::BadTenantSeal)?;
@@ -491,7 +624,7 @@ pub fn check_tenant_seal<'a>(
     if crate::tenant::check_tenant_id(parts.tenant).is_err() {
         return Err(AuthError::BadTenantSeal);
     }
-    if !crate::tenant::verify(key, parts.tenant, parts.signed, parts.tag) {
+    if !crate::tenant::verify_cached(key, cache, parts.tenant, parts.signed, parts.tag) {
         return Err(AuthError::BadTenantTag(parts.tenant.to_string()));
     }
     let apart = now_ms.abs_diff(parts.at);
@@ -544,6 +677,8 @@ pub enum Verdict {
         msg: Msg,
         /// Authenticated with the cluster key.
         sealed: bool,
+        /// The tenant whose credential sealed it, if a tenant's did.
+        tenant: Option<String>,
     },
     /// Do not handle it; send this (unsealed) answer back instead.
     Refuse(Msg),
@@ -559,6 +694,8 @@ pub struct Gate {
     receiver: Receiver,
     /// Tags of control requests taken, with their seal's clock.
     seen: HashMap<[u8; TAG_LEN], u64>,
+    /// Tenants' secrets derived from the key, so each is derived once.
+    derived: DerivedKeys,
 }
 
 impl Gate {
@@ -568,6 +705,7 @@ impl Gate {
             key,
             receiver,
             seen: HashMap::new(),
+            derived: DerivedKeys::default(),
         }
     }
 
@@ -576,9 +714,15 @@ impl Gate {
         &self.key
     }
 
+    /// How many tenants' secrets the gate has cached.
+    pub fn derived_cached(&self) -> usize {
+        self.derived.len()
+    }
+
     /// Checks `buf`, received at wall-clock time `now_ms`: a node's seal
     /// (any kind), or at a metadata node a tenant's seal (a tenant's
-    /// request kind, names in its scope), or at the orchestrator nothing
+    /// request kind, names in its scope, and for a `Link` a proof for its
+    /// replicas: [`check_link_proof`]), or at the orchestrator nothing
     /// for the table request. Every check that needs no decoding (the
     /// tags) comes before the body is decoded.
     pub fn admit(&mut self, buf: &[u8], now_ms: u64) -> Verdict {
@@ -606,7 +750,14 @@ impl Gate {
             Err(e) => return Verdict::Refuse(crate::node::malformed(buf, &e)),
         };
         if let Some(tenant) = tenant {
-            if let Err(why) = crate::tenant::check_scope(tenant, &msg.body) {
+            let allowed =
+                crate::tenant::check_scope(tenant, &msg.body).and_then(|()| match &msg.body {
+                    Body::Link { record, proof } => {
+                        check_link_proof(record, proof, &self.key, tenant, now_ms)
+                    }
+                    _ => Ok(()),
+                });
+            if let Err(why) = allowed {
                 return Verdict::Refuse(Msg::new(
                     head.req,
                     head.target,
@@ -620,16 +771,22 @@ impl Gate {
         Verdict::Accept {
             msg,
             sealed: head.sealed,
+            tenant: tenant.map(str::to_string),
         }
     }
 
     /// Checks a tenant's seal: only tenants' request kinds, and only at a
     /// metadata node (the orchestrator takes none); returns the tenant.
-    fn check_tenant<'a>(&self, buf: &'a [u8], kind: u8, now_ms: u64) -> Result<&'a str, AuthError> {
+    fn check_tenant<'a>(
+        &mut self,
+        buf: &'a [u8],
+        kind: u8,
+        now_ms: u64,
+    ) -> Result<&'a str, AuthError> {
         if self.receiver != Receiver::Mn || !wire::is_client_request(kind) {
             return Err(AuthError::TenantKind(kind));
         }
-        check_tenant_seal(buf, &self.key, now_ms)
+        check_tenant_seal(buf, &self.key, &mut self.derived, now_ms)
     }
 
     fn check(&mut self, buf: &[u8], kind: u8, now_ms: u64) -> Result<(), AuthError> {
@@ -905,6 +1062,216 @@ pub fn issue_ticket(body: &mut Body, key: &ClusterKey, now_ms: u64) {
     }
 }
 
+/// How long a link proof lasts: two minutes, enough for a rename's first
+/// two steps (each a call retried for up to 20 s while the table moves)
+/// and the Link's resends, which must carry the same proof.
+pub const LINK_PROOF_MS: u64 = 120_000;
+
+const LINK_PROOF_MAGIC: [u8; 4] = *b"S6L1";
+/// Bytes of a link proof without its replicas.
+const LINK_PROOF_FIXED: usize = 4 + 8 + 8 + 4 + 1 + TAG_LEN;
+
+/// A tenant's proof, for the `Link` of a rename, that it may bind a
+/// record's replicas under a new name: a metadata node issues it, with
+/// the cluster key, in its `LinkProof` answer to the tenant's
+/// `GetLinkProof` of the old name, which passed that tenant's scope
+/// check ([`issue_link_proof`]). So the tenant could read those replicas
+/// under a name of its own when it was issued, and a `Link` with it gives
+/// the tenant nothing it did not have.
+///
+/// Encoding: `S6L1`, expiry (u64, ms since the Unix epoch, the issuer's
+/// clock), size (u64), CRC-32C (u32), replica count (u8, 1 to 16) and
+/// addresses, then an HMAC-SHA256 tag truncated to [`TAG_LEN`] bytes. The
+/// tag covers the magic, the tenant id (its length, a u8, then its
+/// bytes) and everything after the magic: the tenant id is not sent, the
+/// checker takes it from the `Link`'s seal, so a proof issued to one
+/// tenant does not match in another's `Link`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkProof {
+    /// When it stops being valid (ms since the Unix epoch).
+    pub expires: u64,
+    /// The record's size.
+    pub size: u64,
+    /// The record's CRC-32C.
+    pub crc: u32,
+    /// The record's replicas.
+    pub replicas: Vec<Addr>,
+}
+
+/// Why a link proof was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LinkProofError {
+    /// The `Link` binds replicas but carries no proof.
+    #[error("it carries no link proof for its replicas")]
+    Missing,
+    /// Too short, too long or badly formed.
+    #[error("its link proof is malformed ({0})")]
+    Malformed(String),
+    /// The tag does not match: forged, damaged, or issued to another tenant.
+    #[error(
+        "its link proof does not match this cluster's key for tenant {0:?} (forged, damaged, \
+         or issued to another tenant)"
+    )]
+    BadTag(String),
+    /// The proof's expiry has passed.
+    #[error("its link proof expired {0} ms ago")]
+    Expired(u64),
+    /// The proof is for another record.
+    #[error("its link proof covers {proven}, but the Link binds {bound}")]
+    Mismatch {
+        /// What the proof covers.
+        proven: String,
+        /// What the Link binds.
+        bound: String,
+    },
+}
+
+impl LinkProof {
+    /// The proof for `record`'s replicas, valid until `expires`.
+    pub fn of(record: &Record, expires: u64) -> LinkProof {
+        LinkProof {
+            expires,
+            size: record.size,
+            crc: record.crc,
+            replicas: record.replicas.clone(),
+        }
+    }
+
+    /// What the tag covers: the magic, the tenant id and `sent` without
+    /// its magic.
+    fn signed(tenant: &str, sent: &[u8]) -> Vec<u8> {
+        let id = &tenant.as_bytes()[..tenant.len().min(u8::MAX as usize)];
+        let mut signed = Vec::with_capacity(sent.len() + 1 + id.len());
+        signed.extend_from_slice(&LINK_PROOF_MAGIC);
+        signed.push(id.len() as u8);
+        signed.extend_from_slice(id);
+        signed.extend_from_slice(sent.get(LINK_PROOF_MAGIC.len()..).unwrap_or(&[]));
+        signed
+    }
+
+    /// Encodes the proof for `tenant` with its tag under `key`.
+    pub fn seal(&self, key: &ClusterKey, tenant: &str) -> Vec<u8> {
+        let mut w = wire::Writer::default();
+        w.buf.extend_from_slice(&LINK_PROOF_MAGIC);
+        w.u64(self.expires);
+        w.u64(self.size);
+        w.u32(self.crc);
+        w.addrs(&self.replicas[..self.replicas.len().min(wire::MAX_DATA_REPLICAS)]);
+        let tag = key.tag(&LinkProof::signed(tenant, &w.buf));
+        w.buf.extend_from_slice(&tag);
+        w.buf
+    }
+
+    /// Checks a proof's tag for `tenant` with `key` (in constant time,
+    /// before reading anything else) and its expiry at `now_ms`, and
+    /// decodes it.
+    pub fn open(
+        bytes: &[u8],
+        key: &ClusterKey,
+        tenant: &str,
+        now_ms: u64,
+    ) -> Result<LinkProof, LinkProofError> {
+        let most = LINK_PROOF_FIXED + 16 * wire::MAX_DATA_REPLICAS;
+        if bytes.is_empty() {
+            return Err(LinkProofError::Missing);
+        }
+        if bytes.len() < LINK_PROOF_FIXED + 16 || bytes.len() > most {
+            return Err(LinkProofError::Malformed(format!(
+                "{} bytes; a link proof has {} to {most}",
+                bytes.len(),
+                LINK_PROOF_FIXED + 16
+            )));
+        }
+        let (sent, tag) = bytes.split_at(bytes.len() - TAG_LEN);
+        if !key.verify(&LinkProof::signed(tenant, sent), tag) {
+            return Err(LinkProofError::BadTag(tenant.to_string()));
+        }
+        let bad = |e: WireError| LinkProofError::Malformed(e.to_string());
+        let mut r = wire::Reader::new(sent);
+        if r.take(4).map_err(bad)? != LINK_PROOF_MAGIC {
+            return Err(LinkProofError::Malformed("not a link proof".into()));
+        }
+        let expires = r.u64().map_err(bad)?;
+        let size = r.u64().map_err(bad)?;
+        let crc = r.u32().map_err(bad)?;
+        let replicas = r.addrs(wire::MAX_DATA_REPLICAS, "replicas").map_err(bad)?;
+        r.finish().map_err(bad)?;
+        if now_ms > expires {
+            return Err(LinkProofError::Expired(now_ms - expires));
+        }
+        Ok(LinkProof {
+            expires,
+            size,
+            crc,
+            replicas,
+        })
+    }
+
+    /// Whether the proof covers `record`: the same size and CRC-32C, and
+    /// the same set of replicas (their order does not matter).
+    pub fn covers(&self, record: &Record) -> Result<(), LinkProofError> {
+        let sorted = |v: &[Addr]| {
+            let mut v = v.to_vec();
+            v.sort_unstable();
+            v
+        };
+        let same = self.size == record.size
+            && self.crc == record.crc
+            && sorted(&self.replicas) == sorted(&record.replicas);
+        if same {
+            return Ok(());
+        }
+        let show = |size: u64, crc: u32, replicas: &[Addr]| {
+            format!(
+                "replicas {} of {size} bytes (CRC-32C {crc:08x})",
+                fmt_list(replicas)
+            )
+        };
+        Err(LinkProofError::Mismatch {
+            proven: show(self.size, self.crc, &self.replicas),
+            bound: show(record.size, record.crc, &record.replicas),
+        })
+    }
+}
+
+/// Checks the proof of a tenant's `Link` of `record` (see [`LinkProof`]):
+/// a record with no replicas needs none (it binds no data); otherwise the
+/// proof must have been issued to `tenant` with an accepted key of `key`,
+/// not have expired at `now_ms`, and cover exactly the record's size,
+/// CRC-32C and replicas. The error says what was wrong and what to do.
+pub fn check_link_proof(
+    record: &Record,
+    proof: &[u8],
+    key: &ClusterKey,
+    tenant: &str,
+    now_ms: u64,
+) -> Result<(), String> {
+    if record.replicas.is_empty() {
+        return Ok(());
+    }
+    LinkProof::open(proof, key, tenant, now_ms)
+        .and_then(|p| p.covers(record))
+        .map_err(|why| {
+            format!(
+                "Link of {:?} refused: {why}; a rename binds only the replicas of a name the \
+                 tenant may use, proved by looking that name up (`strata obj mv` does; run \
+                 it again)",
+                record.name
+            )
+        })
+}
+
+/// Puts a link proof for `tenant`, issued with `key` at `now_ms`, in a
+/// `LinkProof` answer that has none yet and whose record has replicas.
+/// Other answers are left as they are.
+pub fn issue_link_proof(body: &mut Body, key: &ClusterKey, tenant: &str, now_ms: u64) {
+    if let Body::LinkProof { record, proof } = body {
+        if proof.is_empty() && !record.replicas.is_empty() {
+            *proof = LinkProof::of(record, now_ms.saturating_add(LINK_PROOF_MS)).seal(key, tenant);
+        }
+    }
+}
+
 /// Encodes `msg`, sealed with `key` at `now_ms` when there is one.
 pub fn encode(msg: &Msg, key: Option<&ClusterKey>, now_ms: u64) -> Result<Vec<u8>, WireError> {
     match key {
@@ -986,7 +1353,8 @@ mod tests {
             mn.admit(&mine, NOW),
             Verdict::Accept {
                 msg: get("acme/x"),
-                sealed: false
+                sealed: false,
+                tenant: Some("acme".into()),
             }
         );
         // Issued under the other key of the ring (a rotation): accepted.
@@ -1078,7 +1446,8 @@ mod tests {
             mn.admit(&good, NOW),
             Verdict::Accept {
                 msg: replicate(),
-                sealed: true
+                sealed: true,
+                tenant: None,
             }
         );
         // A tenant's Get goes in with its tenant's seal, not unsealed;
@@ -1407,6 +1776,250 @@ mod tests {
         }
     }
 
+    fn linked(name: &str) -> Record {
+        Record {
+            name: name.into(),
+            size: 300,
+            crc: 0xdead_beef,
+            version: 0,
+            meta: vec![],
+            replicas: vec![1 << 70, 5, u128::MAX - 3],
+            rename: Some(wire::RenameLink::From("acme/old".into())),
+        }
+    }
+
+    #[test]
+    fn a_link_proof_binds_the_tenant_the_replicas_the_size_and_an_expiry() {
+        let ring = ClusterKey::from_ring(&[1; KEY_LEN], Some(&[2; KEY_LEN]));
+        let record = linked("acme/new");
+        let proof = LinkProof::of(&record, NOW + 10).seal(&key(1), "acme");
+        assert_eq!(proof.len(), LINK_PROOF_FIXED + 3 * 16);
+        assert_eq!(
+            check_link_proof(&record, &proof, &ring, "acme", NOW),
+            Ok(())
+        );
+        // Issued with the other key of a ring (a rotation): accepted.
+        let rotated = LinkProof::of(&record, NOW + 10).seal(&key(2), "acme");
+        assert_eq!(
+            check_link_proof(&record, &rotated, &ring, "acme", NOW),
+            Ok(())
+        );
+        // The same replicas in another order bind nothing more.
+        let mut reordered = record.clone();
+        reordered.replicas.reverse();
+        assert_eq!(
+            check_link_proof(&reordered, &proof, &ring, "acme", NOW),
+            Ok(())
+        );
+        let refused = |record: &Record, proof: &[u8], tenant: &str, now: u64| {
+            check_link_proof(record, proof, &ring, tenant, now).unwrap_err()
+        };
+        let why = refused(&record, &[], "acme", NOW);
+        assert!(why.contains("carries no link proof"), "{why}");
+        assert!(
+            why.contains("acme/new") && why.contains("strata obj mv"),
+            "{why}"
+        );
+        // Another tenant's genuine proof: its tag covers the tenant id.
+        let why = refused(&record, &proof, "evil", NOW);
+        assert!(why.contains("issued to another tenant"), "{why}");
+        let why = refused(&record, &proof, crate::tenant::ADMIN, NOW);
+        assert!(why.contains("does not match"), "{why}");
+        // A key the ring does not hold.
+        let foreign = LinkProof::of(&record, NOW + 10).seal(&key(3), "acme");
+        assert!(refused(&record, &foreign, "acme", NOW).contains("does not match"));
+        let why = refused(&record, &proof, "acme", NOW + 17);
+        assert!(why.contains("expired 7 ms ago"), "{why}");
+        // A genuine proof for other replicas, size or checksum.
+        let mut other = record.clone();
+        other.replicas[1] = 6;
+        let why = refused(&other, &proof, "acme", NOW);
+        assert!(
+            why.contains("covers replicas") && why.contains("but the Link binds"),
+            "{why}"
+        );
+        let mut fewer = record.clone();
+        fewer.replicas.pop();
+        assert!(refused(&fewer, &proof, "acme", NOW).contains("but the Link binds"));
+        let mut more = record.clone();
+        more.replicas.push(9);
+        assert!(refused(&more, &proof, "acme", NOW).contains("but the Link binds"));
+        let bigger = Record {
+            size: 301,
+            ..record.clone()
+        };
+        assert!(refused(&bigger, &proof, "acme", NOW).contains("but the Link binds"));
+        let other_crc = Record {
+            crc: 1,
+            ..record.clone()
+        };
+        assert!(refused(&other_crc, &proof, "acme", NOW).contains("but the Link binds"));
+        // A ticket (same key, same replicas) is not a link proof.
+        let ticket = Ticket {
+            op: TicketOp::Get,
+            expires: NOW + 10,
+            size: 300,
+            replicas: record.replicas.clone(),
+        }
+        .seal(&key(1));
+        assert!(refused(&record, &ticket, "acme", NOW).contains("link proof"));
+        // Every flipped bit, every cut and every extra byte is refused.
+        for i in 0..proof.len() * 8 {
+            let mut b = proof.clone();
+            b[i / 8] ^= 1 << (i % 8);
+            assert!(
+                check_link_proof(&record, &b, &ring, "acme", NOW).is_err(),
+                "bit {i}"
+            );
+        }
+        for cut in 0..proof.len() {
+            let cut = &proof[..cut];
+            assert!(
+                check_link_proof(&record, cut, &ring, "acme", NOW).is_err(),
+                "cut"
+            );
+        }
+        let mut longer = proof.clone();
+        longer.push(0);
+        assert!(check_link_proof(&record, &longer, &ring, "acme", NOW).is_err());
+        // A record with no replicas binds no data: nothing to prove.
+        let bare = Record {
+            replicas: vec![],
+            ..record.clone()
+        };
+        assert_eq!(check_link_proof(&bare, &[], &ring, "acme", NOW), Ok(()));
+    }
+
+    #[test]
+    fn link_proofs_are_issued_in_link_proof_answers_with_replicas_only() {
+        let k = key(1);
+        let record = linked("acme/old");
+        let mut answer = Body::LinkProof {
+            record: record.clone(),
+            proof: vec![],
+        };
+        issue_link_proof(&mut answer, &k, "acme", NOW);
+        let Body::LinkProof { proof, .. } = &answer else {
+            unreachable!()
+        };
+        let p = LinkProof::open(proof, &k, "acme", NOW).unwrap();
+        assert_eq!(p, LinkProof::of(&record, NOW + LINK_PROOF_MS));
+        // A zero-byte object with replicas gets one too (a Link of them
+        // must be proved like any other); one with none needs none.
+        let empty = Record {
+            size: 0,
+            crc: crc32c::crc32c(&[]),
+            ..record.clone()
+        };
+        let mut answer = Body::LinkProof {
+            record: empty,
+            proof: vec![],
+        };
+        issue_link_proof(&mut answer, &k, "acme", NOW);
+        assert!(matches!(&answer, Body::LinkProof { proof, .. } if !proof.is_empty()));
+        let bare = Record {
+            replicas: vec![],
+            ..record.clone()
+        };
+        let mut answer = Body::LinkProof {
+            record: bare,
+            proof: vec![],
+        };
+        issue_link_proof(&mut answer, &k, "acme", NOW);
+        assert!(matches!(&answer, Body::LinkProof { proof, .. } if proof.is_empty()));
+        // A Get's Found gets its ticket, never a link proof.
+        let mut found = Body::Found {
+            record,
+            ticket: vec![],
+        };
+        issue_link_proof(&mut found, &k, "acme", NOW);
+        assert!(matches!(&found, Body::Found { ticket, .. } if ticket.is_empty()));
+    }
+
+    #[test]
+    fn a_gate_lets_a_tenants_link_in_only_with_a_proof_for_its_replicas() {
+        let k = key(1);
+        let mut mn = Gate::new(k.clone(), Receiver::Mn);
+        let acme = TenantCredential::issue(&k, "acme").unwrap();
+        let evil = TenantCredential::issue(&k, "evil").unwrap();
+        let link = |record: Record, proof: Vec<u8>| Msg::new(3, 9, Body::Link { record, proof });
+        let record = linked("acme/new");
+        let proof = LinkProof::of(&record, NOW + 10).seal(&k, "acme");
+        let good = link(record.clone(), proof.clone());
+        let verdict = mn.admit(&good.seal_tenant(&acme, NOW).unwrap(), NOW);
+        assert!(matches!(verdict, Verdict::Accept { ref msg, .. } if *msg == good));
+        let bare = link(record.clone(), vec![]);
+        let why = forbidden(mn.admit(&bare.seal_tenant(&acme, NOW).unwrap(), NOW));
+        assert!(
+            why.contains("carries no link proof") && why.ends_with("nothing done"),
+            "{why}"
+        );
+        // Tenant evil, with acme's genuine proof, under a name of its own.
+        let mut theirs = record.clone();
+        theirs.name = "evil/new".into();
+        theirs.rename = Some(wire::RenameLink::From("evil/old".into()));
+        let stolen = link(theirs.clone(), proof);
+        let why = forbidden(mn.admit(&stolen.seal_tenant(&evil, NOW).unwrap(), NOW));
+        assert!(why.contains("issued to another tenant"), "{why}");
+        // Out of scope is said first, proof or not.
+        let why = forbidden(mn.admit(&good.seal_tenant(&evil, NOW).unwrap(), NOW));
+        assert!(why.contains("may only use names under 'evil/'"), "{why}");
+        // A node's Link (cluster key) needs no proof: nodes hold the key.
+        let verdict = mn.admit(&bare.seal(&k, NOW).unwrap(), NOW);
+        assert!(matches!(verdict, Verdict::Accept { sealed: true, .. }));
+    }
+
+    #[test]
+    fn tenants_secrets_are_cached_bounded_verified_only_and_per_key() {
+        let k = key(1);
+        let mut mn = Gate::new(k.clone(), Receiver::Mn);
+        let get = |n: String| Msg::new(4, 9, Body::Get { name: n });
+        for i in 0..DERIVED_CACHE + 50 {
+            let id = format!("t{i}");
+            let cred = TenantCredential::issue(&k, &id).unwrap();
+            let bytes = get(format!("{id}/x")).seal_tenant(&cred, NOW).unwrap();
+            assert!(
+                matches!(mn.admit(&bytes, NOW), Verdict::Accept { .. }),
+                "{id}"
+            );
+            // Again, from the cache: still accepted.
+            assert!(
+                matches!(mn.admit(&bytes, NOW), Verdict::Accept { .. }),
+                "{id}"
+            );
+            assert!(mn.derived_cached() <= DERIVED_CACHE);
+        }
+        assert_eq!(mn.derived_cached(), DERIVED_CACHE);
+        // Forged seals of made-up tenants are not kept.
+        let mut fresh = Gate::new(k.clone(), Receiver::Mn);
+        for i in 0..100 {
+            let id = format!("f{i}");
+            let forged = TenantCredential::new(&id, [7; KEY_LEN]).unwrap();
+            let bytes = get(format!("{id}/x")).seal_tenant(&forged, NOW).unwrap();
+            assert!(!matches!(fresh.admit(&bytes, NOW), Verdict::Accept { .. }));
+        }
+        assert_eq!(fresh.derived_cached(), 0);
+        // A cached secret is only good for the key that derived it: a
+        // cache used with another ring forgets the old key's secrets, and
+        // a credential of the old key is refused.
+        let mut cache = DerivedKeys::default();
+        let cred = TenantCredential::issue(&k, "acme").unwrap();
+        let data = b"some request";
+        let tag = cred.tag(data);
+        let label = || crate::tenant::tenant_label("acme");
+        assert!(k.verify_derived_cached(&mut cache, "acme", &label, data, &tag));
+        assert_eq!(cache.len(), 1);
+        let rotated = ClusterKey::from_bytes(&[2; KEY_LEN]);
+        assert!(!rotated.verify_derived_cached(&mut cache, "acme", &label, data, &tag));
+        assert_eq!(cache.len(), 0);
+        let both = ClusterKey::from_ring(&[2; KEY_LEN], Some(&[1; KEY_LEN]));
+        assert!(both.verify_derived_cached(&mut cache, "acme", &label, data, &tag));
+        assert!(both.verify_derived_cached(&mut cache, "acme", &label, data, &tag));
+        assert!(!both.verify_derived_cached(&mut cache, "acme", &label, b"other", &tag));
+        // Both keys' secrets of the genuine tenant: neither is derived again.
+        assert_eq!(cache.len(), 2);
+    }
+
     /// The cost a ticket adds to a Get: issuing it at the metadata node
     /// (an HMAC and a larger answer) and checking it at the storage node.
     /// Run with `--ignored --nocapture` in release.
@@ -1524,17 +2137,36 @@ mod tests {
             assert!(matches!(std::hint::black_box(v), Verdict::Accept { .. }));
         }
         let second = start.elapsed();
+        // The seal check alone, with the tenant's secret cached (as a
+        // gate keeps it) and derived anew each time (an empty cache).
+        let mut cache = DerivedKeys::default();
+        let start = std::time::Instant::now();
+        for _ in 0..n {
+            let t = check_tenant_seal(&sealed, &k, &mut cache, NOW + n as u64);
+            assert_eq!(std::hint::black_box(t), Ok("acme"));
+        }
+        let cached = start.elapsed();
+        let start = std::time::Instant::now();
+        for _ in 0..n {
+            let mut cache = DerivedKeys::default();
+            let t = check_tenant_seal(&sealed, &k, &mut cache, NOW + n as u64);
+            assert_eq!(std::hint::black_box(t), Ok("acme"));
+        }
+        let derived = start.elapsed();
         println!(
             "zero-byte Get, {} bytes plain, {} sealed by a tenant: encode {:.0} ns, \
              encode+tenant seal {:.0} ns, decode {:.0} ns, gate check+decode+scope {:.0} ns, \
-             by the other key of a ring {:.0} ns",
+             by the other key of a ring {:.0} ns; seal check alone: secret cached {:.0} ns, \
+             derived each time {:.0} ns",
             plain.len(),
             sealed.len(),
             per(encode),
             per(seal),
             per(decode),
             per(admit),
-            per(second)
+            per(second),
+            per(cached),
+            per(derived)
         );
     }
 

@@ -382,6 +382,29 @@ impl Client {
         }
     }
 
+    /// [`Client::stat`], with the link proof the metadata node issued to
+    /// this client's tenant for the record's replicas (empty when it has
+    /// none): what a rename's `Link` of them under a new name must carry
+    /// ([`crate::auth::LinkProof`]).
+    async fn stat_for_link(&self, name: &str) -> Result<(Record, Vec<u8>), Error> {
+        check_name(name).map_err(Error::Invalid)?;
+        let targets = self.table().meta_addrs(name);
+        let call = Call::new(
+            request_id(),
+            targets,
+            Body::GetLinkProof {
+                name: name.to_string(),
+            },
+            META_ATTEMPTS,
+            META_TIMEOUT_MS,
+        )
+        .falling_through();
+        match self.run(call).await? {
+            Body::LinkProof { record, proof } if record.name == name => Ok((record, proof)),
+            other => Err(unexpected("GetLinkProof", &other)),
+        }
+    }
+
     /// Posts an object of `size` bytes read from `data`; `progress` is told
     /// how many bytes went out so far.
     pub async fn put<R: AsyncRead + Unpin>(
@@ -681,6 +704,10 @@ impl Client {
     /// A rename stopped after step 2 leaves both names on the same
     /// replicas, each naming the other: deleting either keeps the data
     /// ([`Client::delete`]), and running the rename again finishes it.
+    ///
+    /// The old name is looked up with a link proof for its replicas
+    /// (issued to this tenant), which the `Link` of step 2 carries: a
+    /// metadata node binds only replicas a tenant proves it may read.
     pub async fn rename_with(
         &self,
         from: &str,
@@ -688,7 +715,7 @@ impl Client {
         after_step: &(dyn Fn(RenameStep) + Sync),
     ) -> Result<Record, Error> {
         check_name(to).map_err(Error::Invalid)?;
-        let mut record = self.stat(from).await?;
+        let (mut record, proof) = self.stat_for_link(from).await?;
         if from == to {
             return Ok(record);
         }
@@ -716,6 +743,7 @@ impl Client {
             vec![self.coordinator(to)?],
             Body::Link {
                 record: record.clone(),
+                proof,
             },
             COMMIT_ATTEMPTS,
             META_TIMEOUT_MS,
@@ -723,23 +751,23 @@ impl Client {
         match self.run(call).await {
             Ok(Body::Done { version }) => record.version = version,
             Ok(other) => return Err(unexpected("Link", &other)),
-            // An earlier, interrupted run of this rename bound it already.
-            Err(Error::Remote {
-                code: Code::Exists, ..
-            }) if self
-                .stat(to)
-                .await
-                .is_ok_and(|t| shares_replicas(&t, &record)) =>
-            {
-                record = self.stat(to).await?;
-            }
-            Err(e) => {
-                // Nothing shares the replicas: take the mark off again.
-                if let Ok(marked_record) = self.stat(from).await {
-                    let _ = self.update(&marked_record, None).await;
+            // An earlier, interrupted run of this rename bound it already
+            // (`Exists`), or this one did and its answer was lost (a
+            // resend refused or timed out): the replicas are bound, so
+            // the mark on `from` must stay.
+            Err(e) => match self.stat(to).await {
+                Ok(bound) if shares_replicas(&bound, &record) => {
+                    tracing::debug!("{to:?} holds the replicas already: {e}");
+                    record = bound;
                 }
-                return Err(e);
-            }
+                _ => {
+                    // Nothing shares the replicas: take the mark off again.
+                    if let Ok(marked_record) = self.stat(from).await {
+                        let _ = self.update(&marked_record, None).await;
+                    }
+                    return Err(e);
+                }
+            },
         }
         after_step(RenameStep::Linked);
         self.delete_if(from, marked, true).await?;

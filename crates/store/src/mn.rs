@@ -604,7 +604,9 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 }
                 Ok(Some(Body::Done { version: *version }))
             }
-            Body::Link { record } => {
+            // A tenant's Link reaches the core only with a proof for its
+            // replicas, checked by the gate (`auth::check_link_proof`).
+            Body::Link { record, .. } => {
                 let mg = self.coordinator_check(msg.target, &record.name)?;
                 if !self.in_progress(&record.name, from, msg.req) {
                     self.not_frozen(mg)?;
@@ -619,6 +621,14 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 self.update(now, from, msg.req, record, *if_version, out)
             }
             Body::Get { name } => self.get(msg.target, name).map(Some),
+            // The runtime adds the proof, for the tenant the gate admitted.
+            Body::GetLinkProof { name } => match self.get(msg.target, name)? {
+                Body::Found { record, .. } => Ok(Some(Body::LinkProof {
+                    record,
+                    proof: Vec::new(),
+                })),
+                other => Ok(Some(other)),
+            },
             Body::MgPull {
                 group,
                 epoch,
@@ -2755,6 +2765,7 @@ fn is_final(body: &Body) -> bool {
     !matches!(
         body,
         Body::Found { .. }
+            | Body::LinkProof { .. }
             | Body::ListPage { .. }
             | Body::MgRows { .. }
             | Body::SyncDiff { .. }

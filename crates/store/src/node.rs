@@ -236,7 +236,7 @@ pub fn on_receive(
     bytes: &[u8],
 ) -> Option<Vec<u8>> {
     match gate.admit(bytes, wall) {
-        Verdict::Accept { msg, sealed } => {
+        Verdict::Accept { msg, sealed, .. } => {
             let key = sealed.then_some(gate.key());
             crate::auth::encode(&core.handle(now, &msg), key, wall).ok()
         }
@@ -249,7 +249,10 @@ pub fn on_receive(
 /// `wall` and core time `now` from `from`, sent to `to` (routed mode): the
 /// gate first, then the core. Each output comes with whether to seal it:
 /// everything but the direct answer to an unsealed (tenant's) request,
-/// so that a zero-byte Get and its answer pay for no HMAC.
+/// so that a zero-byte Get and its answer pay for no HMAC. The direct
+/// answer to a tenant's `GetLinkProof` gets its link proof for that
+/// tenant here ([`crate::auth::issue_link_proof`]): only the gate knows
+/// who asked.
 pub fn mn_receive<P: Copy + Eq + std::hash::Hash>(
     core: &mut MnCore<P>,
     gate: &mut Gate,
@@ -259,8 +262,12 @@ pub fn mn_receive<P: Copy + Eq + std::hash::Hash>(
     to: Option<Ipv6Addr>,
     bytes: &[u8],
 ) -> Vec<(Out<P>, bool)> {
-    let (msg, sealed) = match gate.admit(bytes, wall) {
-        Verdict::Accept { msg, sealed } => (msg, sealed),
+    let (msg, sealed, tenant) = match gate.admit(bytes, wall) {
+        Verdict::Accept {
+            msg,
+            sealed,
+            tenant,
+        } => (msg, sealed, tenant),
         Verdict::Refuse(reply) => return vec![(Out::Reply(from, reply), false)],
         Verdict::Drop => return Vec::new(),
     };
@@ -270,8 +277,11 @@ pub fn mn_receive<P: Copy + Eq + std::hash::Hash>(
     let req = msg.req;
     core.handle(now, from, msg)
         .into_iter()
-        .map(|out| {
+        .map(|mut out| {
             let direct = matches!(&out, Out::Reply(p, m) if *p == from && m.req == req);
+            if let (true, Some(tenant), Out::Reply(_, m)) = (direct, &tenant, &mut out) {
+                crate::auth::issue_link_proof(&mut m.body, gate.key(), tenant, wall);
+            }
             let seal = sealed || !direct;
             (out, seal)
         })

@@ -24,7 +24,7 @@
 //! revokes every tenant's credential at once, and each must be issued
 //! again under the new key (`strata store tenant add`).
 
-use crate::auth::{ClusterKey, KEY_LEN, TAG_LEN};
+use crate::auth::{ClusterKey, DerivedKeys, KEY_LEN, TAG_LEN};
 use crate::wire::{Body, RenameLink};
 use crate::Error;
 use hmac::{Hmac, Mac};
@@ -89,7 +89,7 @@ pub fn in_scope(id: &str, name: &str) -> bool {
 }
 
 /// Checks that every name request `body` touches is in tenant `id`'s
-/// scope: the name of a Post, Get or Delete; both names of a rename's
+/// scope: the name of a Post, Get (or GetLinkProof) or Delete; both names of a rename's
 /// Link or Update (the record's and the one its rename link names); a
 /// List's prefix. The error says what was refused and what is allowed.
 pub fn check_scope(id: &str, body: &Body) -> Result<(), String> {
@@ -106,8 +106,9 @@ pub fn check_scope(id: &str, body: &Body) -> Result<(), String> {
         | Body::PostCommit { name, .. }
         | Body::PostAbort { name, .. }
         | Body::Get { name }
+        | Body::GetLinkProof { name }
         | Body::Delete { name, .. } => vec![name],
-        Body::Link { record } | Body::Update { record, .. } => {
+        Body::Link { record, .. } | Body::Update { record, .. } => {
             let mut v = vec![record.name.as_str()];
             match &record.rename {
                 Some(RenameLink::To(other) | RenameLink::From(other)) => v.push(other),
@@ -315,7 +316,7 @@ fn parse_secret(hex: &str) -> Option<[u8; KEY_LEN]> {
 }
 
 /// What the cluster key's HMAC covers to derive tenant `id`'s secret.
-fn tenant_label(id: &str) -> Vec<u8> {
+pub(crate) fn tenant_label(id: &str) -> Vec<u8> {
     let mut label = Vec::with_capacity(TENANT_DOMAIN.len() + id.len());
     label.extend_from_slice(TENANT_DOMAIN);
     label.extend_from_slice(id.as_bytes());
@@ -330,6 +331,21 @@ pub fn verify(key: &ClusterKey, id: &str, data: &[u8], tag: &[u8]) -> bool {
         return false;
     }
     key.verify_derived(&tenant_label(id), data, tag)
+}
+
+/// [`verify`], with the tenant's secret derived once per key and kept in
+/// `cache` (a metadata node's gate holds one).
+pub fn verify_cached(
+    key: &ClusterKey,
+    cache: &mut DerivedKeys,
+    id: &str,
+    data: &[u8],
+    tag: &[u8],
+) -> bool {
+    if tag.len() != TAG_LEN || check_tenant_id(id).is_err() {
+        return false;
+    }
+    key.verify_derived_cached(cache, id, &|| tenant_label(id), data, tag)
 }
 
 #[cfg(test)]
@@ -403,6 +419,9 @@ mod tests {
         assert!(check_scope("acme", &get("acme")).is_err());
         assert!(check_scope("acme", &get("acmex/y")).is_err());
         assert!(check_scope(ADMIN, &get("anything")).is_ok());
+        let prove = |n: &str| Body::GetLinkProof { name: n.into() };
+        assert!(check_scope("acme", &prove("acme/x")).is_ok());
+        assert!(check_scope("acme", &prove("other/x")).is_err());
         let rec = |name: &str, rename: Option<RenameLink>| Record {
             name: name.into(),
             size: 0,
@@ -414,6 +433,7 @@ mod tests {
         };
         let link = |from: &str| Body::Link {
             record: rec("acme/new", Some(RenameLink::From(from.into()))),
+            proof: vec![],
         };
         assert!(check_scope("acme", &link("acme/old")).is_ok());
         let err = check_scope("acme", &link("other/old")).unwrap_err();

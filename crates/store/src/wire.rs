@@ -21,13 +21,16 @@ pub const MAX_DATA_REPLICAS: usize = 16;
 pub const MAX_OBJECT: u64 = 1 << 40;
 
 const MAGIC: [u8; 2] = *b"S6";
-/// Version 3: tenants seal their metadata requests with their credential
-/// ([`Msg::seal_tenant`]). (Version 2 added the data-path tickets of
-/// `PostPlan` and `Found`.) Other versions are refused as "bad magic or
-/// version".
-const VERSION: u8 = 3;
+/// Version 4: a tenant's `Link` carries a link proof
+/// ([`crate::auth::LinkProof`]), asked for with `GetLinkProof` and
+/// answered with `LinkProof`. (Version 3 added tenants' seals
+/// ([`Msg::seal_tenant`]), version 2 the data-path tickets of `PostPlan`
+/// and `Found`.) Other versions are refused as "bad magic or version".
+const VERSION: u8 = 4;
 
-/// Longest ticket a `PostPlan` or `Found` carries ([`crate::auth::Ticket`]).
+/// Longest ticket a `PostPlan` or `Found` carries ([`crate::auth::Ticket`]),
+/// and longest link proof a `Link` or `LinkProof` carries
+/// ([`crate::auth::LinkProof`]).
 pub const MAX_TICKET: usize = 512;
 
 /// Bytes of a message's header: magic, version, kind, request id, target.
@@ -56,15 +59,18 @@ pub const TENANT_SEAL_FIXED: usize = 1 + 8 + crate::auth::TAG_LEN;
 pub const KIND_GET_TABLE: u8 = 15;
 
 /// Whether `kind` is a tenant's request to a metadata node (Post, Link,
-/// Update, Get, Delete, List): taken with a tenant's seal
+/// Update, Get, GetLinkProof, Delete, List): taken with a tenant's seal
 /// ([`crate::tenant`]) instead of the cluster key's.
 pub fn is_client_request(kind: u8) -> bool {
-    matches!(kind, 1 | 3 | 4 | 5 | 6 | 8 | 9 | 21)
+    matches!(kind, 1 | 3 | 4 | 5 | 6 | 8 | 9 | 21 | 35)
 }
 
 /// Whether `kind` only ever answers a request (never answered itself).
 pub fn is_answer(kind: u8) -> bool {
-    matches!(kind, 2 | 7 | 10 | 13 | 14 | 16 | 18 | 23 | 25 | 28 | 34)
+    matches!(
+        kind,
+        2 | 7 | 10 | 13 | 14 | 16 | 18 | 23 | 25 | 28 | 34 | 36
+    )
 }
 
 /// Whether `kind` is an operator's control request (retire, cancel): not
@@ -379,6 +385,10 @@ pub enum Body {
     Link {
         /// The record to bind under its (new) name; version is ignored.
         record: Record,
+        /// A tenant's proof that it may bind these replicas
+        /// ([`crate::auth::LinkProof`], from a `LinkProof` answer about the
+        /// old name); empty for a record with no replicas, or from a node.
+        proof: Vec<u8>,
     },
     /// Client → coordinator: replace an object's record at `if_version`
     /// with `record`, which may change only its rename link.
@@ -401,6 +411,21 @@ pub enum Body {
         /// filled in by the node's runtime; empty for an empty object
         /// (no storage node is asked) or when none was issued.
         ticket: Vec<u8>,
+    },
+    /// Client → any metadata address: read metadata, as `Get` does, with a
+    /// link proof for the asking tenant (the first step of a rename).
+    GetLinkProof {
+        /// Object name.
+        name: String,
+    },
+    /// Reply to GetLinkProof.
+    LinkProof {
+        /// The record.
+        record: Record,
+        /// The link proof for its replicas, bound to the asking tenant
+        /// ([`crate::auth::LinkProof`]), filled in by the node's runtime;
+        /// empty for a record with no replicas or a request from a node.
+        proof: Vec<u8>,
     },
     /// Client → coordinator: delete (metadata first, data later).
     Delete {
@@ -1076,6 +1101,8 @@ impl Msg {
             Body::SyncCheck { .. } => 32,
             Body::SyncDigest { .. } => 33,
             Body::SyncDiff { .. } => 34,
+            Body::GetLinkProof { .. } => 35,
+            Body::LinkProof { .. } => 36,
         }
     }
 
@@ -1105,7 +1132,11 @@ impl Msg {
                 w.str(name);
                 w.u64(*version);
             }
-            Body::Link { record } | Body::Replicate { record } => put_record(w, record),
+            Body::Replicate { record } => put_record(w, record),
+            Body::Link { record, proof } | Body::LinkProof { record, proof } => {
+                put_record(w, record);
+                w.bytes16(proof);
+            }
             Body::Found { record, ticket } => {
                 put_record(w, record);
                 w.bytes16(ticket);
@@ -1114,7 +1145,7 @@ impl Msg {
                 put_record(w, record);
                 w.u64(*if_version);
             }
-            Body::Get { name } => w.str(name),
+            Body::Get { name } | Body::GetLinkProof { name } => w.str(name),
             Body::Refresh {
                 name,
                 version,
@@ -1352,6 +1383,12 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
         },
         5 => Body::Link {
             record: get_record(r)?,
+            proof: get_ticket(r)?,
+        },
+        35 => Body::GetLinkProof { name: r.name()? },
+        36 => Body::LinkProof {
+            record: get_record(r)?,
+            proof: get_ticket(r)?,
         },
         6 => Body::Get { name: r.name()? },
         21 => Body::Update {
@@ -1667,6 +1704,16 @@ mod tests {
             },
             Body::Link {
                 record: record("l"),
+                proof: vec![],
+            },
+            Body::Link {
+                record: record("l"),
+                proof: vec![9; 60],
+            },
+            Body::GetLinkProof { name: "p".into() },
+            Body::LinkProof {
+                record: record("p"),
+                proof: vec![8; 70],
             },
             Body::Get { name: "g".into() },
             Body::Refresh {
@@ -2102,7 +2149,7 @@ mod tests {
     #[test]
     fn sync_lists_above_their_limits_are_refused() {
         let over = |kind: u8, max: usize| {
-            let mut b = b"S6\x03".to_vec();
+            let mut b = b"S6\x04".to_vec();
             b.push(kind);
             b.extend_from_slice(&[0; 24]);
             b.extend_from_slice(&((max + 1) as u16).to_be_bytes());
@@ -2152,13 +2199,13 @@ mod tests {
 
         #[test]
         fn a_gate_never_panics_nor_takes_unsealed_internal_kinds(bytes in proptest::collection::vec(any::<u8>(), 0..300), kind in 0u8..=255) {
-            let mut b = b"S6\x03".to_vec();
+            let mut b = b"S6\x04".to_vec();
             b.push(kind);
             b.extend_from_slice(&bytes);
             for receiver in [crate::auth::Receiver::Mn, crate::auth::Receiver::On] {
                 let mut gate = crate::auth::Gate::new(key(3), receiver);
                 for buf in [&b[..], &bytes[..]] {
-                    if let crate::auth::Verdict::Accept { msg, sealed } = gate.admit(buf, NOW) {
+                    if let crate::auth::Verdict::Accept { msg, sealed, .. } = gate.admit(buf, NOW) {
                         prop_assert!(!sealed, "a random datagram passed as sealed");
                         // Only the orchestrator's table request is taken
                         // without any seal; a metadata node takes nothing.
@@ -2181,7 +2228,7 @@ mod tests {
             // A well-formed header and trailer around random bytes, with
             // the tenant flag: a metadata node never takes it, whatever
             // the tenant it names.
-            let mut b = b"S6\x03".to_vec();
+            let mut b = b"S6\x04".to_vec();
             b.push(kind | TENANT);
             b.extend_from_slice(&[0; 24]);
             b.extend_from_slice(&body);
@@ -2202,7 +2249,18 @@ mod tests {
         #[test]
         fn tenant_sealed_requests_never_pass_when_damaged(at in 0usize..200, byte in any::<u8>(), which in 0usize..40) {
             let cred = crate::tenant::TenantCredential::issue(&key(7), crate::tenant::ADMIN).unwrap();
-            let all: Vec<Body> = samples().into_iter().filter(|b| is_client_request(Msg::new(0, 0, b.clone()).kind())).collect();
+            // A tenant's Link is taken only with a genuine link proof.
+            let proved = Body::Link {
+                record: record("l"),
+                proof: crate::auth::LinkProof::of(&record("l"), NOW + 1)
+                    .seal(&key(7), crate::tenant::ADMIN),
+            };
+            let all: Vec<Body> = samples()
+                .into_iter()
+                .filter(|b| is_client_request(Msg::new(0, 0, b.clone()).kind()))
+                .filter(|b| !matches!(b, Body::Link { .. }))
+                .chain([proved])
+                .collect();
             let m = Msg::new(5, 9, all[which % all.len()].clone());
             let mut b = m.seal_tenant(&cred, NOW).unwrap();
             let i = at % b.len();
@@ -2238,7 +2296,7 @@ mod tests {
 
         #[test]
         fn decode_never_panics_after_a_valid_header(kind in 0u8..40, rest in proptest::collection::vec(any::<u8>(), 0..256)) {
-            let mut bytes = b"S6\x03".to_vec();
+            let mut bytes = b"S6\x04".to_vec();
             bytes.push(kind);
             bytes.extend_from_slice(&[0; 24]);
             bytes.extend_from_slice(&rest);
