@@ -364,22 +364,14 @@ impl Client {
     /// [`Client::stat`], with the Get ticket the metadata node issued for
     /// the record's replicas (empty for an empty object).
     async fn stat_ticketed(&self, name: &str) -> Result<(Record, Vec<u8>), Error> {
-        check_name(name).map_err(Error::Invalid)?;
-        let targets = self.table().meta_addrs(name);
-        let call = Call::new(
-            request_id(),
-            targets,
-            Body::Get {
-                name: name.to_string(),
-            },
-            META_ATTEMPTS,
-            META_TIMEOUT_MS,
-        )
-        .falling_through();
-        match self.run(call).await? {
-            Body::Found { record, ticket } if record.name == name => Ok((record, ticket)),
-            other => Err(unexpected("Get", &other)),
-        }
+        let body = Body::Get {
+            name: name.to_string(),
+        };
+        self.look_up(name, body, "Get", |answer| match answer {
+            Body::Found { record, ticket } => Ok((record, ticket)),
+            other => Err(Box::new(other)),
+        })
+        .await
     }
 
     /// [`Client::stat`], with the link proof the metadata node issued to
@@ -387,21 +379,44 @@ impl Client {
     /// none): what a rename's `Link` of them under a new name must carry
     /// ([`crate::auth::LinkProof`]).
     async fn stat_for_link(&self, name: &str) -> Result<(Record, Vec<u8>), Error> {
+        let body = Body::GetLinkProof {
+            name: name.to_string(),
+        };
+        self.look_up(name, body, "GetLinkProof", |answer| match answer {
+            Body::LinkProof { record, proof } => Ok((record, proof)),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    /// Asks `name`'s metadata addresses (falling through to the next on a
+    /// miss) with `request`, and takes the record and credential `pick`
+    /// finds in the answer (it gives back any other answer), if the record
+    /// is `name`'s.
+    async fn look_up(
+        &self,
+        name: &str,
+        request: Body,
+        kind: &str,
+        pick: impl Fn(Body) -> Result<(Record, Vec<u8>), Box<Body>>,
+    ) -> Result<(Record, Vec<u8>), Error> {
         check_name(name).map_err(Error::Invalid)?;
         let targets = self.table().meta_addrs(name);
         let call = Call::new(
             request_id(),
             targets,
-            Body::GetLinkProof {
-                name: name.to_string(),
-            },
+            request,
             META_ATTEMPTS,
             META_TIMEOUT_MS,
         )
         .falling_through();
-        match self.run(call).await? {
-            Body::LinkProof { record, proof } if record.name == name => Ok((record, proof)),
-            other => Err(unexpected("GetLinkProof", &other)),
+        match pick(self.run(call).await?) {
+            Ok((record, credential)) if record.name == name => Ok((record, credential)),
+            Ok((record, _)) => Err(Error::Invalid(format!(
+                "unexpected answer to {kind}: the record of '{}', not '{name}'",
+                record.name
+            ))),
+            Err(other) => Err(unexpected(kind, &other)),
         }
     }
 
