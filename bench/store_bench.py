@@ -75,6 +75,9 @@ def start_store(strata, workdir, replication, mns=3, sns=3, d=None):
         stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline()
     addr = line.split()[4]
+    # Tenants seal their requests: the load generators (run one cluster at
+    # a time) use the admin credential `store up` wrote.
+    os.environ["STRATA_CREDENTIAL"] = os.path.join(d, "admin.credential")
     return p, addr
 
 
