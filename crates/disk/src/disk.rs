@@ -90,6 +90,9 @@ pub struct Disk {
     /// Former tops a push froze without making them durable, oldest first
     /// (see [`Disk::sync_frozen`]).
     pub(crate) frozen: Mutex<Vec<Frozen>>,
+    /// Held while frozen layers are sealed (the list's own lock is held
+    /// only briefly, so gauges never wait for a sync).
+    pub(crate) sealing: Mutex<()>,
 }
 
 /// A layer frozen by a push whose writes are not yet durable.
@@ -151,6 +154,7 @@ impl Disk {
             writer: None,
             alloc_done: parking_lot::Condvar::new(),
             frozen: Mutex::new(Vec::new()),
+            sealing: Mutex::new(()),
         };
         if opts.writable {
             let writer = Writer::start(&disk)?;
@@ -702,18 +706,19 @@ impl Disk {
     /// progress, so when any call returns, every layer frozen before it
     /// began is durable.
     pub fn sync_frozen(&self) -> Result<usize> {
-        let mut frozen = self.frozen.lock();
-        let mut sealed = 0;
-        while let Some(f) = frozen.first().copied() {
+        let _one = self.sealing.lock();
+        // Only a push adds to the list, and it takes `&mut self`: nothing
+        // is frozen while this runs.
+        let pending = self.frozen.lock().clone();
+        for f in &pending {
             debug_assert!(
                 f.position + 1 < self.layers.len(),
                 "the top is never frozen"
             );
             crate::writer::seal_layer(&self.layers[f.position])?;
-            frozen.remove(0);
-            sealed += 1;
+            self.frozen.lock().retain(|g| g.position != f.position);
         }
-        Ok(sealed)
+        Ok(pending.len())
     }
 
     /// Layers frozen and not yet durable, and how long ago the oldest of
