@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use strata_nbd::server::DEFAULT_PORT;
 use strata_nbd::{ExportSet, Server, ServerConfig};
+use strata_volume::service::DEFAULT_DURABLE_WITHIN;
 use strata_volume::{Service, ServiceConfig};
 
 use crate::serve::{init_logging, seconds, wait_for_signal};
@@ -68,7 +69,7 @@ pub struct DaemonArgs {
     /// have without the snapshot). `0`: every snapshot call syncs its
     /// layer before it returns (after the pause, while I/O goes on), as a
     /// per-call `"sync": true` does.
-    #[arg(long = "durable-within", default_value_t = 30.0)]
+    #[arg(long = "durable-within", default_value_t = DEFAULT_DURABLE_WITHIN.as_secs_f64())]
     durable_within: f64,
     /// Seconds in-flight requests get to finish at shutdown.
     #[arg(long = "shutdown-timeout", default_value_t = 30.0)]
