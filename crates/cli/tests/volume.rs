@@ -466,6 +466,13 @@ fn bad_api_input_is_refused_and_changes_nothing() {
         ),
         (
             "POST",
+            "/v1/volumes/v/snapshots",
+            r#"{"name":"s2","sync":"yes"}"#,
+            400,
+            "expected a boolean",
+        ),
+        (
+            "POST",
             "/v1/volumes/v/snapshots/s/clone",
             r#"{"name":"c"}"#,
             409,
