@@ -262,6 +262,9 @@ pub fn mn_receive<P: Copy + Eq + std::hash::Hash>(
     to: Option<Ipv6Addr>,
     bytes: &[u8],
 ) -> Vec<(Out<P>, bool)> {
+    // Revocations in a table the node took since the last datagram apply
+    // from this one on.
+    gate.follow_table(core.table());
     let (msg, sealed, tenant) = match gate.admit(bytes, wall) {
         Verdict::Accept {
             msg,
