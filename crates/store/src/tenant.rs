@@ -1,12 +1,14 @@
 //! Tenants' credentials, and the name scope each one grants.
 //!
 //! A tenant does not hold the cluster key. It holds a *credential*: its
-//! tenant id and a 32-byte secret derived from the cluster key,
-//! `HMAC-SHA256(cluster key, "strata store tenant key v1\0" || id)`, so
+//! tenant id, a generation, and a 32-byte secret derived from the cluster
+//! key, `HMAC-SHA256(cluster key, "strata store tenant key v1\0" || id)`
+//! for generation 0 (and `... || id || 0x00 || generation` above it), so
 //! metadata nodes check a tenant's requests with no state besides the
-//! key they already hold. It seals each metadata request (Post, Link,
-//! Update, Get, Delete, List) with that secret: the datagram carries the
-//! tenant id, the client's clock and a truncated HMAC tag over every byte
+//! key they already hold and the table's revocation list. It seals each
+//! metadata request (Post, Link, Update, Get, Delete, List) with that
+//! secret: the datagram carries the tenant id, the generation, the
+//! client's clock and a truncated HMAC tag over every byte
 //! before the tag ([`crate::wire::Msg::seal_tenant`]). A metadata node
 //! derives the tenant's secret from each key of its keyring (the active
 //! one, then the other one during a rotation), checks the tag in constant
@@ -20,8 +22,7 @@
 //! (the bucket `ID`), and list only prefixes that begin with `ID/`.
 //!
 //! Generations. The secret's derivation also covers a *generation*
-//! number ([`tenant_label`]), which the credential file and every sealed
-//! request carry. The orchestrator keeps, per tenant, the lowest
+//! number, which the credential file and every sealed request carry. The orchestrator keeps, per tenant, the lowest
 //! generation still valid and publishes it in the table
 //! ([`crate::table::Table::min_generation`]); a metadata node's gate
 //! refuses a request whose generation is below it before checking its
