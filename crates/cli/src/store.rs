@@ -1021,6 +1021,8 @@ fn table_json(t: &Table) -> serde_json::Value {
         "replication": params(&t.params),
         "buckets": t.buckets.iter().map(|(b, p)| json!({"bucket": b, "replication": params(p)})).collect::<Vec<_>>(),
         "orchestrator_key": t.on_keys.map(prints_json),
+        // Tenants with a revoked credential generation (listed by hash).
+        "revoked_tenants": t.revoked.len(),
         "metadata_nodes": t.mns.iter().map(|m| json!({
             "id": format!("{:016x}", m.uuid),
             "key": t.keys_of(m.uuid).map(prints_json),

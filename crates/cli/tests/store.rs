@@ -1521,6 +1521,7 @@ fn a_revoked_tenant_credential_is_refused_and_the_next_generation_works() {
         u128::from(bound),
         strata_store::node::REVOCATION_BOUND.as_millis()
     );
+    assert_eq!(store.status()["revoked_tenants"], 1);
     let human = store.ok(&[
         "store", "tenant", "revoke", "--tenant", "bee", "--output", "human",
     ]);
