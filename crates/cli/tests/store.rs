@@ -1493,6 +1493,9 @@ fn a_revoked_tenant_credential_is_refused_and_the_next_generation_works() {
     let bee = dir.path().join("bee.credential");
     assert_eq!(issue(&store, "acme", &acme_old), 0);
     assert_eq!(issue(&store, "bee", &bee), 0);
+    // Never revoked: its generation-0 credential must work throughout.
+    let cat = dir.path().join("cat.credential");
+    assert_eq!(issue(&store, "cat", &cat), 0);
     let obj = |store: &Store, cred: &Path, args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_strata"))
             .arg("obj")
@@ -1513,6 +1516,7 @@ fn a_revoked_tenant_credential_is_refused_and_the_next_generation_works() {
     ok(&store, &acme_old, &["put", &p(&src), "acme/a"]);
     ok(&store, &acme_old, &["get", "acme/a", &p(&back)]);
     ok(&store, &bee, &["put", &p(&src), "bee/a"]);
+    ok(&store, &cat, &["put", &p(&src), "cat/a"]);
 
     let v = store.json(&["store", "tenant", "revoke", "--tenant", "acme"]);
     assert_eq!(v["revoked_below"], 1, "{v}");
@@ -1563,6 +1567,8 @@ fn a_revoked_tenant_credential_is_refused_and_the_next_generation_works() {
     ok(&store, &acme_new, &["put", &p(&src), "acme/b"]);
     ok(&store, &bee_new, &["get", "bee/a", &p(&back)]);
     assert!(!obj(&store, &bee, &["stat", "bee/a"]).status.success());
+    ok(&store, &cat, &["get", "cat/a", &p(&back)]);
+    ok(&store, &cat, &["put", &p(&src), "cat/b"]);
     // The admin tenant cannot be revoked alone.
     let err = store.fails(&["store", "tenant", "revoke", "--tenant", "*"]);
     assert!(err.contains("rotate the cluster key"), "{err}");
@@ -1575,6 +1581,7 @@ fn a_revoked_tenant_credential_is_refused_and_the_next_generation_works() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains(revoked));
     ok(&store, &acme_new, &["stat", "acme/a"]);
+    ok(&store, &cat, &["stat", "cat/b"]);
     assert_eq!(
         issue(&store, "acme", &dir.path().join("again.credential")),
         1
