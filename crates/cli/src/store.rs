@@ -136,13 +136,34 @@ pub enum StoreCommand {
 /// `strata store tenant` subcommands.
 #[derive(Subcommand)]
 pub enum TenantCommand {
-    /// Write tenant ID's credential (mode 0600): its id and a secret
-    /// derived from the cluster key. Tenant ID may use only the names
-    /// under `ID/`; the tenant `*` may use every name. Run it again after a
-    /// cluster key rotation (the old credential stops working once the old
-    /// key is dropped). A credential cannot be revoked alone: rotating the
-    /// cluster key revokes every one.
+    /// Write tenant ID's credential (mode 0600): its id, its generation
+    /// and a secret derived from the cluster key for both. Tenant ID may
+    /// use only the names under `ID/`; the tenant `*` may use every name.
+    /// With --cluster, the credential is of the tenant's current minimum
+    /// generation, asked of the orchestrator (after `tenant revoke`, the
+    /// next one); without it, of --generation (default 0). Run it again
+    /// after a cluster key rotation (the old credential stops working once
+    /// the old key is dropped).
     Add(TenantAddArgs),
+    /// Revoke tenant ID's credentials: the orchestrator raises the
+    /// tenant's minimum generation by one, and metadata nodes refuse
+    /// every credential below it once they fetch the table (about 1 s).
+    /// Other tenants are untouched; issue the tenant a new credential
+    /// with `strata store tenant add --cluster ADDR --tenant ID`.
+    Revoke(TenantRevokeArgs),
+}
+
+/// `strata store tenant revoke` arguments.
+#[derive(Args)]
+pub struct TenantRevokeArgs {
+    #[command(flatten)]
+    cluster: ClusterArg,
+    #[command(flatten)]
+    key: KeyArg,
+    /// The tenant id whose credentials to revoke (not '*': rotate the
+    /// cluster key to revoke the admin credential).
+    #[arg(long)]
+    tenant: String,
 }
 
 /// `strata store tenant add` arguments.
@@ -159,6 +180,15 @@ pub struct TenantAddArgs {
     /// key file (admin.credential for '*').
     #[arg(long = "out", value_name = "FILE")]
     out: Option<PathBuf>,
+    /// The orchestrator's UDP endpoint: issue the tenant's current
+    /// minimum generation, read from its table.
+    #[arg(long, env = "STRATA_CLUSTER", value_name = "ADDR")]
+    cluster: Option<SocketAddr>,
+    /// Without --cluster: the generation to issue (default 0). A
+    /// generation below the tenant's minimum is refused by every
+    /// metadata node.
+    #[arg(long, conflicts_with = "cluster", value_name = "N")]
+    generation: Option<u32>,
     /// Output format.
     #[arg(long, value_enum, default_value = "human")]
     output: Output,
@@ -559,13 +589,81 @@ pub fn run_store(cmd: StoreCommand) -> Result<i32> {
         StoreCommand::Tenant {
             command: TenantCommand::Add(args),
         } => tenant_add(args),
+        StoreCommand::Tenant {
+            command: TenantCommand::Revoke(args),
+        } => tenant_revoke(args),
     }
+}
+
+/// `strata store tenant revoke`: asks the orchestrator to raise the
+/// tenant's minimum generation to one above the one its table shows.
+fn tenant_revoke(args: TenantRevokeArgs) -> Result<i32> {
+    strata_store::tenant::check_tenant_id(&args.tenant).map_err(anyhow::Error::msg)?;
+    if args.tenant == ADMIN {
+        bail!(
+            "the admin tenant '{ADMIN}' cannot be revoked alone (`strata store up` issues its \
+             credential again at every start): rotate the cluster key instead"
+        );
+    }
+    let key = args.key.load(&[])?;
+    let on = args.cluster.cluster;
+    let (before, min) = runtime()?.block_on(async {
+        let table = strata_store::node::fetch_table(on, Some(&key)).await?;
+        let before = table.min_generation(&args.tenant);
+        let below = before.checked_add(1).with_context(|| {
+            format!(
+                "tenant '{}' is at the last generation ({before}): rotate the cluster key",
+                args.tenant
+            )
+        })?;
+        let body = Body::RevokeTenant {
+            tenant: args.tenant.clone(),
+            below,
+        };
+        let answer = ask_orchestrator_for(on, &key, body).await?;
+        match answer {
+            Body::Done { version } => anyhow::Ok((before, version)),
+            other => bail!("the orchestrator answered {other:?} to a tenant revocation"),
+        }
+    })?;
+    let bound_ms = strata_store::node::REVOCATION_BOUND.as_millis();
+    match args.cluster.output {
+        Output::Json => println!(
+            "{}",
+            json!({
+                "tenant": args.tenant,
+                "revoked_below": min,
+                "previous_min_generation": before,
+                "takes_effect_within_ms": bound_ms,
+            })
+        ),
+        Output::Human => println!(
+            "revoked tenant '{}''s credentials of generations below {min}: metadata nodes \
+             refuse them within {bound_ms} ms (their next table refresh; a node that cannot \
+             reach the orchestrator keeps its last table until it can); issue a new one with \
+             `strata store tenant add --cluster {on} --tenant {}`",
+            args.tenant, args.tenant
+        ),
+    }
+    Ok(0)
 }
 
 fn tenant_add(args: TenantAddArgs) -> Result<i32> {
     let key_path = args.file.path();
     let key = ClusterKey::load(&key_path)?;
-    let cred = TenantCredential::issue(&key, &args.tenant)?;
+    strata_store::tenant::check_tenant_id(&args.tenant).map_err(anyhow::Error::msg)?;
+    let generation = match args.cluster {
+        // The table sealed with the key: a forged one cannot make this
+        // issue a revoked generation.
+        Some(on) => runtime()?
+            .block_on(strata_store::node::fetch_table(on, Some(&key)))
+            .with_context(|| {
+                format!("could not ask the orchestrator at {on} for the tenant's generation")
+            })?
+            .min_generation(&args.tenant),
+        None => args.generation.unwrap_or(0),
+    };
+    let cred = TenantCredential::issue_generation(&key, &args.tenant, generation)?;
     let out = args.out.clone().unwrap_or_else(|| {
         let name = if args.tenant == ADMIN {
             ADMIN_CREDENTIAL_FILE.to_string()
@@ -582,13 +680,21 @@ fn tenant_add(args: TenantAddArgs) -> Result<i32> {
     match args.output {
         Output::Json => println!(
             "{}",
-            json!({"tenant": args.tenant, "scope": scope, "credential": out})
+            json!({"tenant": args.tenant, "scope": scope, "credential": out,
+                   "generation": generation})
         ),
         Output::Human => println!(
-            "wrote tenant '{}''s credential to {} ({scope}): give it to the tenant, who runs \
-             `strata obj --credential FILE ...` (or sets {CREDENTIAL_ENV}=FILE)",
+            "wrote tenant '{}''s credential (generation {generation}) to {} ({scope}): give it \
+             to the tenant, who runs `strata obj --credential FILE ...` (or sets \
+             {CREDENTIAL_ENV}=FILE){}",
             args.tenant,
-            out.display()
+            out.display(),
+            if args.cluster.is_none() {
+                "; issued without asking the orchestrator (no --cluster): if this tenant was \
+                 revoked, this generation may be refused"
+            } else {
+                ""
+            }
         ),
     }
     Ok(0)
@@ -915,6 +1021,8 @@ fn table_json(t: &Table) -> serde_json::Value {
         "replication": params(&t.params),
         "buckets": t.buckets.iter().map(|(b, p)| json!({"bucket": b, "replication": params(p)})).collect::<Vec<_>>(),
         "orchestrator_key": t.on_keys.map(prints_json),
+        // Tenants with a revoked credential generation (listed by hash).
+        "revoked_tenants": t.revoked.len(),
         "metadata_nodes": t.mns.iter().map(|m| json!({
             "id": format!("{:016x}", m.uuid),
             "key": t.keys_of(m.uuid).map(prints_json),
@@ -1207,11 +1315,20 @@ async fn ask_orchestrator(
     key: &ClusterKey,
     body: Body,
 ) -> Result<()> {
+    ask_orchestrator_for(cluster, key, body).await?;
+    Ok(())
+}
+
+/// [`ask_orchestrator`], returning the answer's body.
+async fn ask_orchestrator_for(
+    cluster: std::net::SocketAddr,
+    key: &ClusterKey,
+    body: Body,
+) -> Result<Body> {
     let msg = Msg::new(strata_store::node::request_id(), 0, body);
     let timeout = std::time::Duration::from_millis(500);
     let reply = strata_store::node::udp_call(cluster, &msg, timeout, 4, Some(key)).await?;
-    strata_store::node::ok_body(reply)?;
-    Ok(())
+    Ok(strata_store::node::ok_body(reply)?)
 }
 
 /// A node id as `strata store status` shows it: 16 hex digits.

@@ -606,12 +606,13 @@ fn ask_copy(
 }
 
 /// Seals the datagram `bytes` as `credential`'s tenant, whatever they
-/// hold (the tenant flag set in the kind byte, then the tenant id, its
-/// length, the clock and the tag): what a tenant could send.
+/// hold (the tenant flag set in the kind byte, then the tenant id, the
+/// credential's generation, the id's length, the clock and the tag): what a tenant could send.
 fn seal_raw(credential: &TenantCredential, bytes: &[u8]) -> Vec<u8> {
     let mut b = bytes.to_vec();
     b[3] |= 0x40;
     b.extend_from_slice(credential.tenant().as_bytes());
+    b.extend_from_slice(&credential.generation().to_be_bytes());
     b.push(credential.tenant().len() as u8);
     b.extend_from_slice(&strata_store::auth::unix_ms().to_be_bytes());
     let tag = credential.tag(&b);
@@ -1459,6 +1460,132 @@ fn the_admin_credential_works_and_a_tenant_is_held_to_its_names() {
     let out = strata(&["store", "tenant", "add", "--dir", &dp, "--tenant", "a/b"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not valid"));
+}
+
+/// `strata store tenant revoke` cuts one tenant's credential off within
+/// the table refresh bound, leaves every other tenant alone, lets the
+/// next generation in, and survives an orchestrator restart.
+#[test]
+fn a_revoked_tenant_credential_is_refused_and_the_next_generation_works() {
+    let dir = tmp();
+    let d = dir.path().join("cluster");
+    let mut store = Store::up(&d, &[]);
+    let dp = p(&d);
+    let src = dir.path().join("src");
+    std::fs::write(&src, pattern(5_000, 7)).unwrap();
+    let back = dir.path().join("back");
+    // Issued by asking the orchestrator (--cluster, added by `run`).
+    let issue = |store: &Store, tenant: &str, out: &Path| {
+        let v = store.json(&[
+            "store",
+            "tenant",
+            "add",
+            "--dir",
+            &dp,
+            "--tenant",
+            tenant,
+            "--out",
+            &p(out),
+        ]);
+        v["generation"].as_u64().expect("a generation")
+    };
+    let acme_old = dir.path().join("acme-old.credential");
+    let bee = dir.path().join("bee.credential");
+    assert_eq!(issue(&store, "acme", &acme_old), 0);
+    assert_eq!(issue(&store, "bee", &bee), 0);
+    // Never revoked: its generation-0 credential must work throughout.
+    let cat = dir.path().join("cat.credential");
+    assert_eq!(issue(&store, "cat", &cat), 0);
+    let obj = |store: &Store, cred: &Path, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_strata"))
+            .arg("obj")
+            .args(args)
+            .args(["--cluster", &store.on.to_string(), "--credential", &p(cred)])
+            .env_remove(CREDENTIAL_ENV)
+            .output()
+            .expect("run strata obj")
+    };
+    let ok = |store: &Store, cred: &Path, args: &[&str]| {
+        let out = obj(store, cred, args);
+        assert!(
+            out.status.success(),
+            "strata obj {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    ok(&store, &acme_old, &["put", &p(&src), "acme/a"]);
+    ok(&store, &acme_old, &["get", "acme/a", &p(&back)]);
+    ok(&store, &bee, &["put", &p(&src), "bee/a"]);
+    ok(&store, &cat, &["put", &p(&src), "cat/a"]);
+
+    let v = store.json(&["store", "tenant", "revoke", "--tenant", "acme"]);
+    assert_eq!(v["revoked_below"], 1, "{v}");
+    let bound = v["takes_effect_within_ms"].as_u64().expect("a bound");
+    assert_eq!(
+        u128::from(bound),
+        strata_store::node::REVOCATION_BOUND.as_millis()
+    );
+    assert_eq!(store.status()["revoked_tenants"], 1);
+    let human = store.ok(&[
+        "store", "tenant", "revoke", "--tenant", "bee", "--output", "human",
+    ]);
+    assert!(human.contains("within") && human.contains("ms"), "{human}");
+    // bee was revoked too, just above: give it its next generation.
+    let bee_new = dir.path().join("bee-new.credential");
+    assert_eq!(issue(&store, "bee", &bee_new), 1);
+    // The bound, with slack for a loaded machine.
+    std::thread::sleep(Duration::from_millis(bound + 500));
+    let revoked = "tenant 'acme' credential generation 0 was revoked";
+    for args in [
+        vec!["get", "acme/a", &p(&back)],
+        vec!["put", &p(&src), "acme/new"],
+        vec!["rm", "acme/a"],
+    ] {
+        let out = obj(&store, &acme_old, &args);
+        assert!(
+            !out.status.success(),
+            "{args:?} accepted after the revocation"
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(revoked) && err.contains("ask the operator for a new one"),
+            "{args:?}: {err}"
+        );
+    }
+    // Nothing of that happened.
+    let admin = d.join(ADMIN_CREDENTIAL_FILE);
+    ok(&store, &admin, &["stat", "acme/a"]);
+    assert!(!obj(&store, &admin, &["stat", "acme/new"]).status.success());
+    // The next generation works; the other tenant's new one too, and its
+    // old one is refused like acme's.
+    let acme_new = dir.path().join("acme-new.credential");
+    assert_eq!(issue(&store, "acme", &acme_new), 1);
+    let text = std::fs::read_to_string(&acme_new).unwrap();
+    assert!(text.contains("generation 1"), "{text}");
+    ok(&store, &acme_new, &["get", "acme/a", &p(&back)]);
+    assert!(std::fs::read(&back).unwrap() == pattern(5_000, 7));
+    ok(&store, &acme_new, &["put", &p(&src), "acme/b"]);
+    ok(&store, &bee_new, &["get", "bee/a", &p(&back)]);
+    assert!(!obj(&store, &bee, &["stat", "bee/a"]).status.success());
+    ok(&store, &cat, &["get", "cat/a", &p(&back)]);
+    ok(&store, &cat, &["put", &p(&src), "cat/b"]);
+    // The admin tenant cannot be revoked alone.
+    let err = store.fails(&["store", "tenant", "revoke", "--tenant", "*"]);
+    assert!(err.contains("rotate the cluster key"), "{err}");
+
+    // The revocation survives a restart (the orchestrator stores it with
+    // its table).
+    store.stop();
+    let store = Store::up(&d, &[]);
+    let out = obj(&store, &acme_old, &["stat", "acme/a"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains(revoked));
+    ok(&store, &acme_new, &["stat", "acme/a"]);
+    ok(&store, &cat, &["stat", "cat/b"]);
+    assert_eq!(
+        issue(&store, "acme", &dir.path().join("again.credential")),
+        1
+    );
 }
 
 #[test]

@@ -457,6 +457,16 @@ impl DerivedKeys {
         self.len = self.by_key.values().map(HashMap::len).sum();
     }
 
+    /// Keeps only the secrets whose name `keep` accepts (the gate drops
+    /// those of revoked credential generations).
+    fn retain_names(&mut self, keep: impl Fn(&str) -> bool) {
+        for names in self.by_key.values_mut() {
+            names.retain(|name, _| keep(name));
+        }
+        self.by_key.retain(|_, names| !names.is_empty());
+        self.len = self.by_key.values().map(HashMap::len).sum();
+    }
+
     fn get(&self, print: u64, name: &str) -> Option<&Hmac<Sha256>> {
         self.by_key.get(&print)?.get(name)
     }
@@ -583,6 +593,20 @@ pub enum AuthError {
     /// A tenant's seal that is cut short or names no valid tenant.
     #[error("its tenant seal is malformed")]
     BadTenantSeal,
+    /// A tenant's credential of a generation the orchestrator revoked.
+    #[error(
+        "tenant '{tenant}' credential generation {generation} was revoked (generations below \
+         {min} are refused); ask the operator for a new one (`strata store tenant add \
+         --cluster ADDR --tenant {tenant}`)"
+    )]
+    Revoked {
+        /// The tenant id.
+        tenant: String,
+        /// The generation the request's credential carries.
+        generation: u32,
+        /// The tenant's minimum generation, as published.
+        min: u32,
+    },
     /// A tenant's seal on a kind that is not a tenant's request.
     #[error("a tenant's credential does not authorise kind {0} (only Post, Link, Update, Get, GetLinkProof, Delete and List)")]
     TenantKind(u8),
@@ -605,13 +629,16 @@ pub fn check_seal(buf: &[u8], key: &ClusterKey, now_ms: u64) -> Result<[u8; TAG_
 }
 
 /// Checks the tenant's seal of `buf` with the tenant key `key` derives for
-/// the tenant id it names (kept in `cache`), at wall-clock time `now_ms`;
-/// returns the tenant id. Nothing but the seal's trailer is read before
-/// the tag is checked.
+/// the tenant id and generation it names (kept in `cache`), at wall-clock
+/// time `now_ms`; returns the tenant id. A generation below the tenant's
+/// minimum in `revoked` (a table's [`crate::table::Table::revoked`]) is
+/// refused first, without an HMAC. Nothing but the seal's trailer is read
+/// before the tag is checked.
 pub fn check_tenant_seal<'a>(
     buf: &'a [u8],
     key: &ClusterKey,
     cache: &mut DerivedKeys,
+    revoked: &[(u64, u32)],
     now_ms: u64,
 ) -> Result<&'a str, AuthError> {
     let head = wire::peek(buf).map_err(|_| AuthError::BadTenantSeal)?;
@@ -624,7 +651,22 @@ pub fn check_tenant_seal<'a>(
     if crate::tenant::check_tenant_id(parts.tenant).is_err() {
         return Err(AuthError::BadTenantSeal);
     }
-    if !crate::tenant::verify_cached(key, cache, parts.tenant, parts.signed, parts.tag) {
+    let min = min_generation(revoked, parts.tenant);
+    if parts.generation < min {
+        return Err(AuthError::Revoked {
+            tenant: parts.tenant.to_string(),
+            generation: parts.generation,
+            min,
+        });
+    }
+    if !crate::tenant::verify_cached(
+        key,
+        cache,
+        parts.tenant,
+        parts.generation,
+        parts.signed,
+        parts.tag,
+    ) {
         return Err(AuthError::BadTenantTag(parts.tenant.to_string()));
     }
     let apart = now_ms.abs_diff(parts.at);
@@ -632,6 +674,14 @@ pub fn check_tenant_seal<'a>(
         return Err(AuthError::Stale(apart));
     }
     Ok(parts.tenant)
+}
+
+/// Tenant `tenant`'s minimum generation in a table's revocation list.
+fn min_generation(revoked: &[(u64, u32)], tenant: &str) -> u32 {
+    let hash = crate::tenant::tenant_id_hash(tenant);
+    revoked
+        .binary_search_by_key(&hash, |(h, _)| *h)
+        .map_or(0, |i| revoked[i].1)
 }
 
 /// Decodes an answer to a request sealed with `key` (or, with no key, to
@@ -696,6 +746,10 @@ pub struct Gate {
     seen: HashMap<[u8; TAG_LEN], u64>,
     /// Tenants' secrets derived from the key, so each is derived once.
     derived: DerivedKeys,
+    /// The revocation list of the table the node last gave the gate
+    /// ([`Gate::follow_table`]), and that table's epoch.
+    revoked: Vec<(u64, u32)>,
+    revoked_epoch: Option<u64>,
 }
 
 impl Gate {
@@ -706,7 +760,36 @@ impl Gate {
             receiver,
             seen: HashMap::new(),
             derived: DerivedKeys::default(),
+            revoked: Vec::new(),
+            revoked_epoch: None,
         }
+    }
+
+    /// Takes the revocation list of the node's table (a metadata node's
+    /// runtime calls this before every datagram, so a table fetched since
+    /// is followed at once; the same epoch costs one comparison): from
+    /// then on, a tenant's credential of a generation below its minimum
+    /// is refused, and the secrets cached for those generations are
+    /// dropped.
+    pub fn follow_table(&mut self, table: &crate::table::Table) {
+        if self.revoked_epoch == Some(table.epoch) {
+            return;
+        }
+        self.revoked_epoch = Some(table.epoch);
+        self.follow_revocations(&table.revoked);
+    }
+
+    /// [`Gate::follow_table`] for a revocation list alone.
+    pub fn follow_revocations(&mut self, revoked: &[(u64, u32)]) {
+        if self.revoked == revoked {
+            return;
+        }
+        self.revoked = revoked.to_vec();
+        let list = &self.revoked;
+        self.derived.retain_names(|name| {
+            crate::tenant::cache_name_parts(name)
+                .is_some_and(|(id, generation)| generation >= min_generation(list, id))
+        });
     }
 
     /// The cluster key (answers to sealed requests are sealed with it).
@@ -786,7 +869,7 @@ impl Gate {
         if self.receiver != Receiver::Mn || !wire::is_client_request(kind) {
             return Err(AuthError::TenantKind(kind));
         }
-        check_tenant_seal(buf, &self.key, &mut self.derived, now_ms)
+        check_tenant_seal(buf, &self.key, &mut self.derived, &self.revoked, now_ms)
     }
 
     fn check(&mut self, buf: &[u8], kind: u8, now_ms: u64) -> Result<(), AuthError> {
@@ -1339,6 +1422,69 @@ mod tests {
                 ..
             }) => message,
             other => panic!("expected a refusal for scope, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_gate_refuses_revoked_generations_and_drops_their_cached_secrets() {
+        let k = key(1);
+        let mut mn = Gate::new(k.clone(), Receiver::Mn);
+        let get = |n: &str| Msg::new(4, 9, Body::Get { name: n.into() });
+        let old = TenantCredential::issue(&k, "acme").unwrap();
+        let new = TenantCredential::issue_generation(&k, "acme", 1).unwrap();
+        let bee = TenantCredential::issue(&k, "bee").unwrap();
+        let accepted = |mn: &mut Gate, c: &TenantCredential, n: &str| {
+            let bytes = get(n).seal_tenant(c, NOW).unwrap();
+            matches!(mn.admit(&bytes, NOW), Verdict::Accept { .. })
+        };
+        // Before the revocation, every generation's own secret works.
+        assert!(accepted(&mut mn, &old, "acme/x"));
+        assert!(accepted(&mut mn, &new, "acme/x"));
+        assert!(accepted(&mut mn, &bee, "bee/x"));
+        assert_eq!(mn.derived_cached(), 3);
+        let mut table = crate::table::Table::decode(&sample_table().encode()).unwrap();
+        table.epoch += 1;
+        table.raise_min_generation("acme", 1).unwrap();
+        mn.follow_table(&table);
+        // Generation 0's secret is dropped; the others stay.
+        assert_eq!(mn.derived_cached(), 2);
+        let bytes = get("acme/x").seal_tenant(&old, NOW).unwrap();
+        let why = refused(mn.admit(&bytes, NOW));
+        assert!(
+            why.contains("tenant 'acme' credential generation 0 was revoked")
+                && why.contains("ask the operator for a new one")
+                && why.contains("nothing done"),
+            "{why}"
+        );
+        assert!(accepted(&mut mn, &new, "acme/x"));
+        assert!(accepted(&mut mn, &bee, "bee/x"));
+        // A forged seal claiming a high generation still needs its tag.
+        let forged = TenantCredential::with_generation("acme", 9, [7; KEY_LEN]).unwrap();
+        assert!(!accepted(&mut mn, &forged, "acme/x"));
+        // A request carrying another generation than its secret's fails
+        // the tag: the generation is covered by it.
+        let mut lying = get("acme/x").seal_tenant(&old, NOW).unwrap();
+        let at = lying.len() - TAG_LEN - 8 - 1 - 4;
+        lying[at..at + 4].copy_from_slice(&1u32.to_be_bytes());
+        assert!(refused(mn.admit(&lying, NOW)).contains("does not match"));
+    }
+
+    fn sample_table() -> crate::table::Table {
+        crate::table::Table {
+            epoch: 1,
+            layout: crate::addr::Layout::new(0, 4),
+            routed: false,
+            params: crate::table::Params::default(),
+            buckets: vec![],
+            mns: vec![],
+            mg_owner: vec![0; 16],
+            sns: vec![],
+            moves: vec![],
+            stand_ins: vec![],
+            drains: vec![],
+            keys: vec![],
+            on_keys: None,
+            revoked: Vec::new(),
         }
     }
 
@@ -2006,7 +2152,7 @@ mod tests {
         let cred = TenantCredential::issue(&k, "acme").unwrap();
         let data = b"some request";
         let tag = cred.tag(data);
-        let label = || crate::tenant::tenant_label("acme");
+        let label = || crate::tenant::tenant_label("acme", 0);
         assert!(k.verify_derived_cached(&mut cache, "acme", &label, data, &tag));
         assert_eq!(cache.len(), 1);
         let rotated = ClusterKey::from_bytes(&[2; KEY_LEN]);
@@ -2142,14 +2288,14 @@ mod tests {
         let mut cache = DerivedKeys::default();
         let start = std::time::Instant::now();
         for _ in 0..n {
-            let t = check_tenant_seal(&sealed, &k, &mut cache, NOW + n as u64);
+            let t = check_tenant_seal(&sealed, &k, &mut cache, &[], NOW + n as u64);
             assert_eq!(std::hint::black_box(t), Ok("acme"));
         }
         let cached = start.elapsed();
         let start = std::time::Instant::now();
         for _ in 0..n {
             let mut cache = DerivedKeys::default();
-            let t = check_tenant_seal(&sealed, &k, &mut cache, NOW + n as u64);
+            let t = check_tenant_seal(&sealed, &k, &mut cache, &[], NOW + n as u64);
             assert_eq!(std::hint::black_box(t), Ok("acme"));
         }
         let derived = start.elapsed();

@@ -135,6 +135,7 @@ impl Cluster {
             drains: Vec::new(),
             keys: Vec::new(),
             on_keys: None,
+            revoked: Vec::new(),
         };
         let mut core = OnCore::open(
             &cfg.dir.join("orchestrator.redb"),

@@ -273,6 +273,7 @@ fn classifier(t: &Table) -> Classify {
         drains: Vec::new(),
         keys: Vec::new(),
         on_keys: None,
+        revoked: Vec::new(),
         ..t.clone()
     };
     Box::new(move |mg, name| {

@@ -33,6 +33,13 @@ pub fn read_table(t: &SharedTable) -> Table {
 /// How often nodes refresh the table and send heartbeats.
 pub const REFRESH: Duration = Duration::from_millis(500);
 
+/// How soon, at most, a metadata node refuses a credential generation
+/// the orchestrator revoked, while the orchestrator is reachable: a table
+/// refresh period ([`REFRESH`]), the heartbeat sent before the fetch
+/// (its 200 ms timeout), one table request (300 ms), and one tick of the
+/// node's loop, which takes the new table in.
+pub const REVOCATION_BOUND: Duration = Duration::from_millis(500 + 200 + 300 + 20);
+
 /// Sends `msg` to `to` and waits for the reply with the same request id,
 /// resending up to `attempts` times. With `key`, the request is sealed
 /// (again for each attempt: a resend is not a replay) and only a sealed
@@ -262,6 +269,9 @@ pub fn mn_receive<P: Copy + Eq + std::hash::Hash>(
     to: Option<Ipv6Addr>,
     bytes: &[u8],
 ) -> Vec<(Out<P>, bool)> {
+    // Revocations in a table the node took since the last datagram apply
+    // from this one on.
+    gate.follow_table(core.table());
     let (msg, sealed, tenant) = match gate.admit(bytes, wall) {
         Verdict::Accept {
             msg,

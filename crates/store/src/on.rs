@@ -486,6 +486,7 @@ impl OnCore {
             }
             Body::Retire { uuid } => self.retire(*uuid),
             Body::CancelRetire { uuid } => self.cancel_retire(*uuid),
+            Body::RevokeTenant { tenant, below } => self.revoke_tenant(tenant, *below),
             Body::DrainReport {
                 slot,
                 epoch,
@@ -885,6 +886,51 @@ impl OnCore {
     /// changed (a resent request after a lost answer must not fail). A
     /// retired node is refused: its replicas were freed, and it cannot
     /// register again.
+    /// Raises tenant `tenant`'s minimum credential generation to `below`
+    /// (a resend, or a lower `below`, changes nothing) and stores the
+    /// table before answering, so the revocation survives a restart.
+    /// Answers `Done` with the minimum now in force.
+    fn revoke_tenant(&mut self, tenant: &str, below: u32) -> Result<Body, Error> {
+        let refuse = |message: String| Error::Remote {
+            code: Code::BadRequest,
+            message,
+        };
+        crate::tenant::check_tenant_id(tenant).map_err(refuse)?;
+        if tenant == crate::tenant::ADMIN {
+            return Err(refuse(format!(
+                "the admin tenant '{}' cannot be revoked alone (`strata store up` issues its \
+                 credential again at every start): rotate the cluster key instead",
+                crate::tenant::ADMIN
+            )));
+        }
+        if below == 0 {
+            return Err(refuse(format!(
+                "revoking tenant '{tenant}' below generation 0 revokes nothing; ask for the \
+                 tenant's minimum generation plus one"
+            )));
+        }
+        if self.table.min_generation(tenant) >= below {
+            return Ok(Body::Done {
+                version: u64::from(self.table.min_generation(tenant)),
+            });
+        }
+        let mut table = self.table.clone();
+        let min = table.raise_min_generation(tenant, below).map_err(refuse)?;
+        // The table must still fit in the datagram that serves it.
+        let size = table.encode().len();
+        if size > crate::wire::MAX_DATAGRAM - 1024 {
+            return Err(refuse(format!(
+                "revoking tenant '{tenant}' would make the table {size} bytes, more than a \
+                 datagram carries; nothing done"
+            )));
+        }
+        self.table.revoked = table.revoked;
+        self.changed()?;
+        Ok(Body::Done {
+            version: u64::from(min),
+        })
+    }
+
     fn cancel_retire(&mut self, uuid: u64) -> Result<Body, Error> {
         if self.table.mns.iter().any(|m| m.uuid == uuid) {
             return Err(Error::Remote {
@@ -1472,6 +1518,7 @@ mod tests {
             drains: vec![],
             keys: Vec::new(),
             on_keys: None,
+            revoked: Vec::new(),
         }
     }
 
@@ -1671,6 +1718,49 @@ mod tests {
         drop(on);
         let on = OnCore::open(&path, empty_table(), 2, 0).unwrap();
         assert!(on.table().keys.is_empty() && on.table().on_keys.is_none());
+    }
+
+    #[test]
+    fn a_tenant_revocation_raises_its_minimum_and_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("on.redb");
+        let mut on = OnCore::open(&path, empty_table(), 2, 0).unwrap();
+        let revoke = |on: &mut OnCore, tenant: &str, below: u32| {
+            on.handle(
+                0,
+                &Msg::new(
+                    7,
+                    0,
+                    Body::RevokeTenant {
+                        tenant: tenant.into(),
+                        below,
+                    },
+                ),
+            )
+            .body
+        };
+        assert_eq!(revoke(&mut on, "acme", 1), Body::Done { version: 1 });
+        assert_eq!(on.table().min_generation("acme"), 1);
+        assert_eq!(on.table().min_generation("bee"), 0);
+        // A resend, or an older request, changes nothing.
+        let epoch = on.table().epoch;
+        assert_eq!(revoke(&mut on, "acme", 1), Body::Done { version: 1 });
+        assert_eq!(on.table().epoch, epoch);
+        assert_eq!(revoke(&mut on, "acme", 2), Body::Done { version: 2 });
+        for (tenant, below) in [("*", 1), ("a/b", 1), ("bee", 0)] {
+            let Body::Error { code, message } = revoke(&mut on, tenant, below) else {
+                panic!("{tenant} {below} accepted");
+            };
+            assert_eq!(code, Code::BadRequest, "{message}");
+        }
+        // Served in the table, and kept across a restart.
+        let Body::Table { bytes } = on.handle(0, &Msg::new(9, 0, Body::GetTable)).body else {
+            panic!("no table");
+        };
+        assert_eq!(Table::decode(&bytes).unwrap().min_generation("acme"), 2);
+        drop(on);
+        let again = OnCore::open(&path, empty_table(), 2, 0).unwrap();
+        assert_eq!(again.table().min_generation("acme"), 2);
     }
 
     #[test]

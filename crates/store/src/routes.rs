@@ -202,6 +202,7 @@ mod tests {
             drains: vec![],
             keys: Vec::new(),
             on_keys: None,
+            revoked: Vec::new(),
         }
     }
 

@@ -234,6 +234,17 @@ pub struct Drain {
 const KEYS_SECTION: u8 = 1;
 
 /// Version of the optional trailing section of the encoded table that
+/// lists tenants' minimum credential generations (tables stored before
+/// it existed end after the fingerprints and decode with none; a table
+/// with revocations always writes the fingerprint section, maybe empty,
+/// before it).
+const REVOKED_SECTION: u8 = 1;
+
+/// Most tenants the revocation list holds: 12 bytes each, so at most
+/// 24 KiB of the table's datagram ([`crate::wire::MAX_DATAGRAM`]).
+pub const MAX_REVOKED_TENANTS: usize = 2048;
+
+/// Version of the optional trailing section of the encoded table that
 /// lists storage nodes being drained (tables stored before it existed end
 /// after the stand-ins and decode with none).
 const DRAINS_SECTION: u8 = 1;
@@ -281,6 +292,12 @@ pub struct Table {
     pub keys: Vec<(u64, Fingerprints)>,
     /// The orchestrator's own keyring fingerprints, if it published them.
     pub on_keys: Option<Fingerprints>,
+    /// Per tenant that has had a credential revoked, by
+    /// [`crate::tenant::tenant_id_hash`], the lowest credential generation
+    /// still valid (at least 1), sorted by hash without repeats; at most
+    /// [`MAX_REVOKED_TENANTS`]. A tenant not listed has minimum 0. Kept
+    /// across orchestrator restarts (stored with the table).
+    pub revoked: Vec<(u64, u32)>,
 }
 
 impl Table {
@@ -451,8 +468,9 @@ impl Table {
             w.u64(d.unplaceable);
             w.u16(d.unreported);
         }
-        // Left out when empty: it decodes the same.
-        if self.on_keys.is_some() || !self.keys.is_empty() {
+        // Left out when empty (it decodes the same), unless revocations
+        // follow it.
+        if self.on_keys.is_some() || !self.keys.is_empty() || !self.revoked.is_empty() {
             w.u8(KEYS_SECTION);
             match &self.on_keys {
                 Some(k) => {
@@ -466,6 +484,15 @@ impl Table {
             for (uuid, k) in &self.keys[..n] {
                 w.u64(*uuid);
                 w.prints(k);
+            }
+        }
+        if !self.revoked.is_empty() {
+            w.u8(REVOKED_SECTION);
+            let n = self.revoked.len().min(MAX_REVOKED_TENANTS);
+            w.u32(n as u32);
+            for (hash, min) in &self.revoked[..n] {
+                w.u64(*hash);
+                w.u32(*min);
             }
         }
         w.buf
@@ -543,6 +570,12 @@ impl Table {
         } else {
             get_keys(&mut r)?
         };
+        let revoked = if r.remaining() == 0 {
+            // Written before revocations existed, or none revoked.
+            Vec::new()
+        } else {
+            get_revoked(&mut r)?
+        };
         r.finish()?;
         Ok(Table {
             epoch,
@@ -558,7 +591,41 @@ impl Table {
             drains,
             keys,
             on_keys,
+            revoked,
         })
+    }
+
+    /// The lowest credential generation of tenant `tenant` still valid (0
+    /// unless one was revoked).
+    pub fn min_generation(&self, tenant: &str) -> u32 {
+        let hash = crate::tenant::tenant_id_hash(tenant);
+        self.revoked
+            .binary_search_by_key(&hash, |(h, _)| *h)
+            .map_or(0, |i| self.revoked[i].1)
+    }
+
+    /// Raises tenant `tenant`'s minimum generation to `below` (never
+    /// lowers it); returns the minimum now in force. Refused when the
+    /// list is full ([`MAX_REVOKED_TENANTS`]) and the tenant is not in it.
+    pub fn raise_min_generation(&mut self, tenant: &str, below: u32) -> Result<u32, String> {
+        let hash = crate::tenant::tenant_id_hash(tenant);
+        match self.revoked.binary_search_by_key(&hash, |(h, _)| *h) {
+            Ok(i) => {
+                let min = &mut self.revoked[i].1;
+                *min = (*min).max(below);
+                Ok(*min)
+            }
+            Err(_) if below == 0 => Ok(0),
+            Err(_) if self.revoked.len() >= MAX_REVOKED_TENANTS => Err(format!(
+                "the revocation list already holds {MAX_REVOKED_TENANTS} tenants, its limit \
+                 (it must fit in the table's datagram); tenant '{tenant}' was not revoked: \
+                 rotate the cluster key (which revokes every credential) to start a new list"
+            )),
+            Err(i) => {
+                self.revoked.insert(i, (hash, below));
+                Ok(below)
+            }
+        }
     }
 
     /// The keyring fingerprints node `uuid` last reported, if any.
@@ -613,6 +680,41 @@ fn get_keys(r: &mut Reader) -> Result<KeySection, WireError> {
         keys.push((uuid, r.prints()?));
     }
     Ok((keys, on_keys))
+}
+
+/// Reads and checks the revocation section: a known section version, at
+/// most [`MAX_REVOKED_TENANTS`] entries, sorted by tenant hash without
+/// repeats, each with a minimum generation of at least 1.
+fn get_revoked(r: &mut Reader) -> Result<Vec<(u64, u32)>, WireError> {
+    let version = r.u8()?;
+    if version != REVOKED_SECTION {
+        return Err(WireError::Invalid(format!(
+            "table revocation section version {version}; this build reads version {REVOKED_SECTION}"
+        )));
+    }
+    let n = r.u32()? as usize;
+    if n > MAX_REVOKED_TENANTS {
+        return Err(WireError::Invalid(format!(
+            "table revocation list of {n} tenants; the limit is {MAX_REVOKED_TENANTS}"
+        )));
+    }
+    let mut revoked: Vec<(u64, u32)> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let hash = r.u64()?;
+        let min = r.u32()?;
+        if revoked.last().is_some_and(|(h, _)| *h >= hash) {
+            return Err(WireError::Invalid(format!(
+                "revocation of tenant hash {hash:016x} out of order"
+            )));
+        }
+        if min == 0 {
+            return Err(WireError::Invalid(format!(
+                "revocation of tenant hash {hash:016x} with minimum generation 0 (revokes nothing)"
+            )));
+        }
+        revoked.push((hash, min));
+    }
+    Ok(revoked)
 }
 
 /// Reads and checks the drain section: a known section version, at most
@@ -840,6 +942,7 @@ mod tests {
             drains: vec![],
             keys: Vec::new(),
             on_keys: None,
+            revoked: Vec::new(),
         }
     }
 
@@ -892,6 +995,64 @@ mod tests {
         let mut unsorted = t.clone();
         unsorted.keys.swap(0, 1);
         assert!(Table::decode(&unsorted.encode()).is_err());
+    }
+
+    #[test]
+    fn revocations_round_trip_and_bad_or_huge_lists_are_refused() {
+        let mut t = table();
+        assert_eq!(t.min_generation("acme"), 0);
+        assert_eq!(t.raise_min_generation("acme", 1), Ok(1));
+        assert_eq!(t.raise_min_generation("bee", 3), Ok(3));
+        // Never lowered.
+        assert_eq!(t.raise_min_generation("bee", 2), Ok(3));
+        let back = Table::decode(&t.encode()).unwrap();
+        assert_eq!(back, t);
+        assert_eq!(
+            (back.min_generation("acme"), back.min_generation("bee")),
+            (1, 3)
+        );
+        assert_eq!(back.min_generation("cat"), 0);
+        // A full list refuses a new tenant but still raises a listed one.
+        let mut full = table();
+        full.revoked = (0..MAX_REVOKED_TENANTS as u64)
+            .map(|h| (h * 2 + 1, 1))
+            .collect();
+        let err = full.raise_min_generation("acme", 1).unwrap_err();
+        assert!(err.contains("2048"), "{err}");
+        assert_eq!(Table::decode(&full.encode()).unwrap(), full);
+        // Damaged lists: out of order, a zero minimum, too many, another
+        // section version. The section is the table's tail.
+        let tail_of = |t: &Table| {
+            let bytes = t.encode();
+            let at = bytes.len() - (4 + 1 + 12 * t.revoked.len());
+            (bytes[..at].to_vec(), bytes[at..].to_vec())
+        };
+        let mut two = table();
+        two.revoked = vec![(5, 1), (9, 2)];
+        let (head, tail) = tail_of(&two);
+        let mut swapped = tail.clone();
+        swapped[5..17].copy_from_slice(&tail[17..29]);
+        swapped[17..29].copy_from_slice(&tail[5..17]);
+        let mut zero = tail.clone();
+        zero[13..17].copy_from_slice(&0u32.to_be_bytes());
+        let mut huge = tail.clone();
+        huge[1..5].copy_from_slice(&u32::MAX.to_be_bytes());
+        let mut version = tail.clone();
+        version[0] = 2;
+        for (bad, want) in [
+            (swapped, "out of order"),
+            (zero, "generation 0"),
+            (huge, "limit is 2048"),
+            (version, "revocation section version 2"),
+        ] {
+            let mut bytes = head.clone();
+            bytes.extend_from_slice(&bad);
+            let err = Table::decode(&bytes).unwrap_err().to_string();
+            assert!(err.contains(want), "{err}");
+        }
+        let mut cut = head.clone();
+        cut.extend_from_slice(&tail[..20]);
+        assert!(Table::decode(&cut).is_err());
     }
 
     #[test]

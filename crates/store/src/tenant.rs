@@ -1,12 +1,14 @@
 //! Tenants' credentials, and the name scope each one grants.
 //!
 //! A tenant does not hold the cluster key. It holds a *credential*: its
-//! tenant id and a 32-byte secret derived from the cluster key,
-//! `HMAC-SHA256(cluster key, "strata store tenant key v1\0" || id)`, so
+//! tenant id, a generation, and a 32-byte secret derived from the cluster
+//! key, `HMAC-SHA256(cluster key, "strata store tenant key v1\0" || id)`
+//! for generation 0 (and `... || id || 0x00 || generation` above it), so
 //! metadata nodes check a tenant's requests with no state besides the
-//! key they already hold. It seals each metadata request (Post, Link,
-//! Update, Get, Delete, List) with that secret: the datagram carries the
-//! tenant id, the client's clock and a truncated HMAC tag over every byte
+//! key they already hold and the table's revocation list. It seals each
+//! metadata request (Post, Link, Update, Get, Delete, List) with that
+//! secret: the datagram carries the tenant id, the generation, the
+//! client's clock and a truncated HMAC tag over every byte
 //! before the tag ([`crate::wire::Msg::seal_tenant`]). A metadata node
 //! derives the tenant's secret from each key of its keyring (the active
 //! one, then the other one during a rotation), checks the tag in constant
@@ -19,10 +21,15 @@
 //! digits, `.`, `_` and `-`) may use only the names that begin with `ID/`
 //! (the bucket `ID`), and list only prefixes that begin with `ID/`.
 //!
-//! A derived secret cannot be revoked alone: it stays valid while the
-//! cluster key that derived it is accepted. Rotating the cluster key
-//! revokes every tenant's credential at once, and each must be issued
-//! again under the new key (`strata store tenant add`).
+//! Generations. The secret's derivation also covers a *generation*
+//! number, which the credential file and every sealed request carry. The orchestrator keeps, per tenant, the lowest
+//! generation still valid and publishes it in the table
+//! ([`crate::table::Table::min_generation`]); a metadata node's gate
+//! refuses a request whose generation is below it before checking its
+//! tag. Revoking one tenant (`strata store tenant revoke`) raises its
+//! minimum, and `strata store tenant add` issues the next generation: a
+//! different secret, so no other tenant is touched. Rotating the cluster
+//! key still revokes every tenant's credential at once.
 
 use crate::auth::{ClusterKey, DerivedKeys, KEY_LEN, TAG_LEN};
 use crate::wire::{Body, RenameLink};
@@ -48,6 +55,29 @@ pub const CREDENTIAL_ENV: &str = "STRATA_CREDENTIAL";
 /// Domain-separation prefix of a tenant's secret: a tenant secret is
 /// never a tag or ticket the cluster key makes for anything else.
 const TENANT_DOMAIN: &[u8] = b"strata store tenant key v1\0";
+
+/// Domain-separation prefix of a tenant id's hash ([`tenant_id_hash`]).
+const TENANT_ID_HASH_DOMAIN: &[u8] = b"strata store tenant id v1\0";
+
+/// A credential's generation: the orchestrator refuses generations below
+/// a tenant's published minimum. Generation 0 is every tenant's first
+/// (and every credential file written before generations existed).
+pub type Generation = u32;
+
+/// The 64-bit hash by which the table's revocation list names tenant
+/// `id`: the first 8 bytes of SHA-256 over a domain prefix and the id.
+/// Fixed-size entries keep the list inside one table datagram; two ids
+/// sharing a hash (odds 2^-64 per pair) would share a minimum generation.
+pub fn tenant_id_hash(id: &str) -> u64 {
+    use sha2::Digest;
+    let mut h = Sha256::new();
+    h.update(TENANT_ID_HASH_DOMAIN);
+    h.update(id.as_bytes());
+    let digest = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(first)
+}
 
 /// Checks a tenant id: [`ADMIN`], or 1 to [`MAX_TENANT_ID`] bytes of ASCII
 /// letters, digits, `.`, `_` and `-` (it is a bucket name, so no `/`).
@@ -138,13 +168,18 @@ pub fn check_scope(id: &str, body: &Body) -> Result<(), String> {
 #[derive(Clone)]
 pub struct TenantCredential {
     tenant: String,
+    generation: Generation,
     secret: [u8; KEY_LEN],
     mac: Hmac<Sha256>,
 }
 
 impl std::fmt::Debug for TenantCredential {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TenantCredential({:?}, secret)", self.tenant)
+        write!(
+            f,
+            "TenantCredential({:?}, generation {}, secret)",
+            self.tenant, self.generation
+        )
     }
 }
 
@@ -152,28 +187,59 @@ impl std::fmt::Debug for TenantCredential {
 const FILE_HEADER: &str = "# strata store tenant credential: a secret; keep it mode 0600";
 
 impl TenantCredential {
-    /// The credential of tenant `tenant` with `secret`.
+    /// The generation-0 credential of tenant `tenant` with `secret`.
     pub fn new(tenant: &str, secret: [u8; KEY_LEN]) -> Result<TenantCredential, Error> {
+        TenantCredential::with_generation(tenant, 0, secret)
+    }
+
+    /// The credential of tenant `tenant`, generation `generation`, with
+    /// `secret`.
+    pub fn with_generation(
+        tenant: &str,
+        generation: Generation,
+        secret: [u8; KEY_LEN],
+    ) -> Result<TenantCredential, Error> {
         check_tenant_id(tenant).map_err(Error::Invalid)?;
         let Ok(mac) = Hmac::<Sha256>::new_from_slice(&secret) else {
             unreachable!("HMAC takes keys of any length");
         };
         Ok(TenantCredential {
             tenant: tenant.to_string(),
+            generation,
             secret,
             mac,
         })
     }
 
-    /// Issues tenant `tenant`'s credential under the active key of `key`.
+    /// Issues tenant `tenant`'s generation-0 credential under the active
+    /// key of `key`.
     pub fn issue(key: &ClusterKey, tenant: &str) -> Result<TenantCredential, Error> {
+        TenantCredential::issue_generation(key, tenant, 0)
+    }
+
+    /// Issues tenant `tenant`'s credential of generation `generation`
+    /// under the active key of `key`.
+    pub fn issue_generation(
+        key: &ClusterKey,
+        tenant: &str,
+        generation: Generation,
+    ) -> Result<TenantCredential, Error> {
         check_tenant_id(tenant).map_err(Error::Invalid)?;
-        TenantCredential::new(tenant, key.derive(&tenant_label(tenant)))
+        TenantCredential::with_generation(
+            tenant,
+            generation,
+            key.derive(&tenant_label(tenant, generation)),
+        )
     }
 
     /// The tenant id.
     pub fn tenant(&self) -> &str {
         &self.tenant
+    }
+
+    /// The credential's generation.
+    pub fn generation(&self) -> Generation {
+        self.generation
     }
 
     /// The tag of `data` under the tenant's secret.
@@ -196,16 +262,20 @@ impl TenantCredential {
         self.secret.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// The file's text: a comment, `tenant ID` and `secret HEX`.
+    /// The file's text: a comment, `tenant ID`, `generation N` and
+    /// `secret HEX`.
     pub fn to_file_text(&self) -> String {
         format!(
-            "{FILE_HEADER}\ntenant {}\nsecret {}\n",
+            "{FILE_HEADER}\ntenant {}\ngeneration {}\nsecret {}\n",
             self.tenant,
+            self.generation,
             self.secret_hex()
         )
     }
 
-    /// Parses a credential file's text; `source` names it in errors.
+    /// Parses a credential file's text; `source` names it in errors. A
+    /// file with no `generation` line (written before generations
+    /// existed) holds generation 0, which its secret was derived for.
     pub fn parse(text: &str, source: &str) -> Result<TenantCredential, Error> {
         let bad = |why: &str| {
             Error::Invalid(format!(
@@ -213,7 +283,7 @@ impl TenantCredential {
                  `strata store tenant add --dir DIR --tenant ID`"
             ))
         };
-        let (mut tenant, mut secret) = (None, None);
+        let (mut tenant, mut secret, mut generation) = (None, None, None);
         for line in text.lines().map(str::trim) {
             if line.is_empty() || line.starts_with('#') {
                 continue;
@@ -221,13 +291,23 @@ impl TenantCredential {
             match line.split_once(' ') {
                 Some(("tenant", v)) => tenant = Some(v.trim()),
                 Some(("secret", v)) => secret = Some(v.trim()),
+                Some(("generation", v)) => {
+                    let n = v.trim().parse::<Generation>().map_err(|_| {
+                        bad(&format!(
+                            "the generation {:?} is not a number from 0 to {}",
+                            v.trim(),
+                            Generation::MAX
+                        ))
+                    })?;
+                    generation = Some(n);
+                }
                 _ => return Err(bad(&format!("unexpected line {line:?}"))),
             }
         }
         let tenant = tenant.ok_or_else(|| bad("no `tenant` line"))?;
         let hex = secret.ok_or_else(|| bad("no `secret` line"))?;
         let secret = parse_secret(hex).ok_or_else(|| bad("the secret is not 64 hex digits"))?;
-        TenantCredential::new(tenant, secret)
+        TenantCredential::with_generation(tenant, generation.unwrap_or(0), secret)
     }
 
     /// Reads a credential file, which no other user may read or write
@@ -315,37 +395,67 @@ fn parse_secret(hex: &str) -> Option<[u8; KEY_LEN]> {
     Some(out)
 }
 
-/// What the cluster key's HMAC covers to derive tenant `id`'s secret.
-pub(crate) fn tenant_label(id: &str) -> Vec<u8> {
-    let mut label = Vec::with_capacity(TENANT_DOMAIN.len() + id.len());
+/// What the cluster key's HMAC covers to derive the secret of tenant
+/// `id`'s credential of generation `generation`: the domain and the id,
+/// then for generations above 0 a zero byte and the generation (4 bytes,
+/// big-endian). Generation 0 derives exactly what credentials made before
+/// generations existed hold, so those keep working; the zero byte cannot
+/// occur in an id, so no (id, generation) pair shares a label with another.
+pub(crate) fn tenant_label(id: &str, generation: Generation) -> Vec<u8> {
+    let mut label = Vec::with_capacity(TENANT_DOMAIN.len() + id.len() + 5);
     label.extend_from_slice(TENANT_DOMAIN);
     label.extend_from_slice(id.as_bytes());
+    if generation > 0 {
+        label.push(0);
+        label.extend_from_slice(&generation.to_be_bytes());
+    }
     label
 }
 
-/// Whether `tag` is tenant `id`'s tag of `data`, under a secret derived
-/// from an accepted key of `key` (the active one, else the other one):
-/// two HMACs per key tried, the tag compared in constant time.
-pub fn verify(key: &ClusterKey, id: &str, data: &[u8], tag: &[u8]) -> bool {
+/// The name a tenant's secret of one generation is cached under
+/// (`ID/GENERATION`: an id holds no `/`).
+pub(crate) fn cache_name(id: &str, generation: Generation) -> String {
+    format!("{id}/{generation}")
+}
+
+/// The generation a [`cache_name`] names (`None` for another name).
+pub(crate) fn cache_name_parts(name: &str) -> Option<(&str, Generation)> {
+    let (id, generation) = name.rsplit_once('/')?;
+    Some((id, generation.parse().ok()?))
+}
+
+/// Whether `tag` is the tag of `data` by tenant `id`'s credential of
+/// generation `generation`, under a secret derived from an accepted key
+/// of `key` (the active one, else the other one): two HMACs per key
+/// tried, the tag compared in constant time. Whether the generation is
+/// still valid is the gate's check, not this one.
+pub fn verify(key: &ClusterKey, id: &str, generation: Generation, data: &[u8], tag: &[u8]) -> bool {
     if tag.len() != TAG_LEN || check_tenant_id(id).is_err() {
         return false;
     }
-    key.verify_derived(&tenant_label(id), data, tag)
+    key.verify_derived(&tenant_label(id, generation), data, tag)
 }
 
-/// [`verify`], with the tenant's secret derived once per key and kept in
-/// `cache` (a metadata node's gate holds one).
+/// [`verify`], with the tenant's secret derived once per key and
+/// generation and kept in `cache` (a metadata node's gate holds one).
 pub fn verify_cached(
     key: &ClusterKey,
     cache: &mut DerivedKeys,
     id: &str,
+    generation: Generation,
     data: &[u8],
     tag: &[u8],
 ) -> bool {
     if tag.len() != TAG_LEN || check_tenant_id(id).is_err() {
         return false;
     }
-    key.verify_derived_cached(cache, id, &|| tenant_label(id), data, tag)
+    key.verify_derived_cached(
+        cache,
+        &cache_name(id, generation),
+        &|| tenant_label(id, generation),
+        data,
+        tag,
+    )
 }
 
 #[cfg(test)]
@@ -387,23 +497,68 @@ mod tests {
         let rotated = TenantCredential::issue(&key(2), "acme").unwrap();
         assert_ne!(a.secret, rotated.secret);
         let tag = a.tag(b"request");
-        assert!(verify(&key(1), "acme", b"request", &tag));
+        assert!(verify(&key(1), "acme", 0, b"request", &tag));
         // Another tenant's name, another key, another message, a cut tag.
-        assert!(!verify(&key(1), "acmf", b"request", &tag));
-        assert!(!verify(&key(2), "acme", b"request", &tag));
-        assert!(!verify(&key(1), "acme", b"requesT", &tag));
-        assert!(!verify(&key(1), "acme", b"request", &tag[..15]));
-        assert!(!verify(&key(1), "a/b", b"request", &tag));
+        assert!(!verify(&key(1), "acmf", 0, b"request", &tag));
+        assert!(!verify(&key(2), "acme", 0, b"request", &tag));
+        assert!(!verify(&key(1), "acme", 0, b"requesT", &tag));
+        assert!(!verify(&key(1), "acme", 0, b"request", &tag[..15]));
+        assert!(!verify(&key(1), "a/b", 0, b"request", &tag));
         // Both keys of a ring are accepted; issued with the active one.
         let ring = ClusterKey::from_ring(&[2; KEY_LEN], Some(&[1; KEY_LEN]));
-        assert!(verify(&ring, "acme", b"request", &tag));
-        assert!(verify(&ring, "acme", b"request", &rotated.tag(b"request")));
+        assert!(verify(&ring, "acme", 0, b"request", &tag));
+        assert!(verify(
+            &ring,
+            "acme",
+            0,
+            b"request",
+            &rotated.tag(b"request")
+        ));
         let issued = TenantCredential::issue(&ring, "acme").unwrap();
         assert_eq!(issued.secret, rotated.secret);
         // The admin's secret is not the key either.
         let admin = TenantCredential::issue(&key(1), ADMIN).unwrap();
         assert_ne!(admin.secret, a.secret);
         assert!(TenantCredential::issue(&key(1), "a/b").is_err());
+    }
+
+    #[test]
+    fn each_generation_derives_its_own_secret_and_generation_0_is_the_old_one() {
+        let k = key(1);
+        let g0 = TenantCredential::issue(&k, "acme").unwrap();
+        // Generation 0 is what credentials held before generations existed.
+        let mut old_label = TENANT_DOMAIN.to_vec();
+        old_label.extend_from_slice(b"acme");
+        assert_eq!(g0.secret, k.derive(&old_label));
+        assert_eq!(g0.generation(), 0);
+        let g1 = TenantCredential::issue_generation(&k, "acme", 1).unwrap();
+        let g2 = TenantCredential::issue_generation(&k, "acme", 2).unwrap();
+        assert_eq!(g1.generation(), 1);
+        assert_ne!(g1.secret, g0.secret);
+        assert_ne!(g2.secret, g1.secret);
+        let tag = g1.tag(b"request");
+        assert!(verify(&k, "acme", 1, b"request", &tag));
+        // The same secret does not pass as another generation's.
+        assert!(!verify(&k, "acme", 0, b"request", &tag));
+        assert!(!verify(&k, "acme", 2, b"request", &tag));
+        // The file carries the generation; a file without one is generation 0.
+        let back = TenantCredential::parse(&g2.to_file_text(), "F").unwrap();
+        assert_eq!((back.generation(), back.secret), (2, g2.secret));
+        let old_file = format!("tenant acme\nsecret {}\n", g0.secret_hex());
+        let back = TenantCredential::parse(&old_file, "F").unwrap();
+        assert_eq!((back.generation(), back.secret), (0, g0.secret));
+        for bad in ["-1", "x", "4294967296", ""] {
+            let text = format!(
+                "tenant acme\ngeneration {bad}\nsecret {}\n",
+                g0.secret_hex()
+            );
+            let err = TenantCredential::parse(&text, "F").unwrap_err().to_string();
+            assert!(err.contains("generation"), "{bad}: {err}");
+        }
+        // Ids hash apart, and stably.
+        assert_eq!(tenant_id_hash("acme"), tenant_id_hash("acme"));
+        assert_ne!(tenant_id_hash("acme"), tenant_id_hash("acmf"));
+        assert_eq!(cache_name_parts(&cache_name("acme", 7)), Some(("acme", 7)));
     }
 
     #[test]

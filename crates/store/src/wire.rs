@@ -21,12 +21,13 @@ pub const MAX_DATA_REPLICAS: usize = 16;
 pub const MAX_OBJECT: u64 = 1 << 40;
 
 const MAGIC: [u8; 2] = *b"S6";
-/// Version 4: a tenant's `Link` carries a link proof
-/// ([`crate::auth::LinkProof`]), asked for with `GetLinkProof` and
-/// answered with `LinkProof`. (Version 3 added tenants' seals
+/// Version 5: a tenant's seal carries its credential's generation
+/// ([`TENANT`]), and the operator's `RevokeTenant` (kind 37) is new.
+/// (Version 4 added link proofs ([`crate::auth::LinkProof`]) in a
+/// tenant's `Link`, `GetLinkProof` and `LinkProof`; version 3 tenants' seals
 /// ([`Msg::seal_tenant`]), version 2 the data-path tickets of `PostPlan`
 /// and `Found`.) Other versions are refused as "bad magic or version".
-const VERSION: u8 = 4;
+const VERSION: u8 = 5;
 
 /// Longest ticket a `PostPlan` or `Found` carries ([`crate::auth::Ticket`]),
 /// and longest link proof a `Link` or `LinkProof` carries
@@ -46,14 +47,15 @@ pub const SEAL_LEN: usize = 8 + crate::auth::TAG_LEN;
 
 /// Set in the kind byte of a tenant's request sealed with its credential
 /// ([`crate::tenant`]): its body is followed by the tenant id (1 to
-/// [`crate::tenant::MAX_TENANT_ID`] bytes), the id's length (u8), the
-/// client's clock (u64, ms since the Unix epoch) and a tag under the
-/// tenant's secret over all the bytes before the tag. Read from the end,
-/// so the tag is checked before the body is decoded.
+/// [`crate::tenant::MAX_TENANT_ID`] bytes), the credential's generation
+/// (u32), the id's length (u8), the client's clock (u64, ms since the Unix
+/// epoch) and a tag under the tenant's secret over all the bytes before
+/// the tag. Read from the end, so the generation and the tag are checked
+/// before the body is decoded.
 const TENANT: u8 = 0x40;
 
 /// Bytes a tenant's seal adds to a message, besides the tenant id.
-pub const TENANT_SEAL_FIXED: usize = 1 + 8 + crate::auth::TAG_LEN;
+pub const TENANT_SEAL_FIXED: usize = 4 + 1 + 8 + crate::auth::TAG_LEN;
 
 /// The kind of [`Body::GetTable`] (tenants may send it unsealed).
 pub const KIND_GET_TABLE: u8 = 15;
@@ -128,6 +130,8 @@ pub struct TenantSeal<'a> {
     pub body_end: usize,
     /// The tenant id, as sent (checked by [`crate::tenant::verify`]).
     pub tenant: &'a str,
+    /// The credential's generation, as sent (the tag covers it).
+    pub generation: u32,
     /// The client's clock (ms since the Unix epoch).
     pub at: u64,
     /// The tag.
@@ -145,15 +149,18 @@ pub fn tenant_parts(buf: &[u8]) -> Option<TenantSeal<'_>> {
     let at = u64::from_be_bytes(signed.get(clock_at..)?.try_into().ok()?);
     let len_at = clock_at.checked_sub(1)?;
     let id_len = usize::from(*signed.get(len_at)?);
-    let body_end = len_at.checked_sub(id_len)?;
+    let generation_at = len_at.checked_sub(4)?;
+    let generation = u32::from_be_bytes(signed.get(generation_at..len_at)?.try_into().ok()?);
+    let body_end = generation_at.checked_sub(id_len)?;
     if body_end < HEADER_LEN {
         return None;
     }
-    let tenant = std::str::from_utf8(signed.get(body_end..len_at)?).ok()?;
+    let tenant = std::str::from_utf8(signed.get(body_end..generation_at)?).ok()?;
     Some(TenantSeal {
         signed,
         body_end,
         tenant,
+        generation,
         at,
         tag,
     })
@@ -530,6 +537,17 @@ pub enum Body {
     CancelRetire {
         /// Node identity.
         uuid: u64,
+    },
+    /// Operator → ON: refuse tenant `tenant`'s credentials of generations
+    /// below `below` from now on (its minimum generation becomes the
+    /// larger of its current one and `below`, so a resend is harmless).
+    /// Answered `Done` with the minimum generation now in force as its
+    /// version.
+    RevokeTenant {
+        /// Tenant id (not `*`: the admin credential follows the key).
+        tenant: String,
+        /// The lowest generation still valid after this.
+        below: u32,
     },
     /// Storage node → metadata node: which of these replica addresses do
     /// your records name? (Garbage collection of unreferenced replicas.)
@@ -1044,6 +1062,7 @@ impl Msg {
             .map_err(|_| WireError::Invalid(format!("tenant id of {} bytes", id.len())))?;
         let mut w = self.encode_with(self.kind() | TENANT);
         w.buf.extend_from_slice(id.as_bytes());
+        w.u32(credential.generation());
         w.u8(id_len);
         w.u64(now_ms);
         let tag = credential.tag(&w.buf);
@@ -1103,6 +1122,7 @@ impl Msg {
             Body::SyncDiff { .. } => 34,
             Body::GetLinkProof { .. } => 35,
             Body::LinkProof { .. } => 36,
+            Body::RevokeTenant { .. } => 37,
         }
     }
 
@@ -1250,6 +1270,10 @@ impl Msg {
                 }
             }
             Body::Retire { uuid } | Body::CancelRetire { uuid } => w.u64(*uuid),
+            Body::RevokeTenant { tenant, below } => {
+                w.str(tenant);
+                w.u32(*below);
+            }
             Body::Referenced { addrs } | Body::ReferencedBy { addrs } => {
                 let n = addrs.len().min(MAX_REFERENCED);
                 w.u16(n as u16);
@@ -1470,6 +1494,10 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
         },
         20 => Body::Retire { uuid: r.u64()? },
         30 => Body::CancelRetire { uuid: r.u64()? },
+        37 => Body::RevokeTenant {
+            tenant: r.str(crate::tenant::MAX_TENANT_ID, "tenant id")?,
+            below: r.u32()?,
+        },
         22 => Body::Referenced {
             addrs: get_addr_list(r)?,
         },
@@ -1825,6 +1853,10 @@ mod tests {
             },
             Body::Retire { uuid: 8 },
             Body::CancelRetire { uuid: u64::MAX },
+            Body::RevokeTenant {
+                tenant: "acme".into(),
+                below: 3,
+            },
             Body::Referenced {
                 addrs: vec![1, u128::MAX],
             },

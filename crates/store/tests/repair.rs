@@ -52,6 +52,7 @@ fn table() -> Table {
         drains: vec![],
         keys: Vec::new(),
         on_keys: None,
+        revoked: Vec::new(),
     }
 }
 

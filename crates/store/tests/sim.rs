@@ -122,6 +122,7 @@ fn table(params: Params) -> Table {
         drains: vec![],
         keys: Vec::new(),
         on_keys: None,
+        revoked: Vec::new(),
     }
 }
 
