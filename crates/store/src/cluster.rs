@@ -122,20 +122,9 @@ impl Cluster {
         let key_path = cfg.key.clone().unwrap_or_else(|| cfg.dir.join(KEY_FILE));
         let key = ClusterKey::load_or_create(&key_path)?;
         let initial = Table {
-            epoch: 1,
-            layout: Layout::new(DEFAULT_CLUSTER_PREFIX, cfg.mg_bits),
             routed: cfg.routed,
-            params: cfg.params,
             buckets: cfg.buckets.clone(),
-            mns: Vec::new(),
-            mg_owner: Vec::new(),
-            sns: Vec::new(),
-            moves: Vec::new(),
-            stand_ins: Vec::new(),
-            drains: Vec::new(),
-            keys: Vec::new(),
-            on_keys: None,
-            revoked: Vec::new(),
+            ..Table::new(Layout::new(DEFAULT_CLUSTER_PREFIX, cfg.mg_bits), cfg.params)
         };
         let mut core = OnCore::open(
             &cfg.dir.join("orchestrator.redb"),

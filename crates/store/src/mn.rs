@@ -265,16 +265,10 @@ pub struct MnCore<P> {
 /// of `t` (fixed when the cluster is created).
 fn classifier(t: &Table) -> Classify {
     let t = Table {
-        mns: Vec::new(),
-        sns: Vec::new(),
-        mg_owner: Vec::new(),
-        moves: Vec::new(),
-        stand_ins: Vec::new(),
-        drains: Vec::new(),
-        keys: Vec::new(),
-        on_keys: None,
-        revoked: Vec::new(),
-        ..t.clone()
+        epoch: t.epoch,
+        routed: t.routed,
+        buckets: t.buckets.clone(),
+        ..Table::new(t.layout, t.params)
     };
     Box::new(move |mg, name| {
         let groups: Vec<u32> = t

@@ -1504,22 +1504,7 @@ mod tests {
 
     /// A new cluster's table with 64 metadata groups and no node yet.
     fn empty_table() -> Table {
-        Table {
-            epoch: 1,
-            layout: Layout::new(DEFAULT_CLUSTER_PREFIX, 6),
-            routed: false,
-            params: Params::default(),
-            buckets: vec![],
-            mns: vec![],
-            mg_owner: vec![],
-            sns: vec![],
-            moves: vec![],
-            stand_ins: vec![],
-            drains: vec![],
-            keys: Vec::new(),
-            on_keys: None,
-            revoked: Vec::new(),
-        }
+        Table::new(Layout::new(DEFAULT_CLUSTER_PREFIX, 6), Params::default())
     }
 
     /// A heartbeat of node `uuid` (no space, no objects) at `now`.

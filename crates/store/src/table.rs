@@ -301,6 +301,27 @@ pub struct Table {
 }
 
 impl Table {
+    /// A table of epoch 1 with this layout and replication, no bucket and
+    /// no node yet, in mapped mode: what a new cluster starts from.
+    pub fn new(layout: Layout, params: Params) -> Table {
+        Table {
+            epoch: 1,
+            layout,
+            routed: false,
+            params,
+            buckets: Vec::new(),
+            mns: Vec::new(),
+            mg_owner: Vec::new(),
+            sns: Vec::new(),
+            moves: Vec::new(),
+            stand_ins: Vec::new(),
+            drains: Vec::new(),
+            keys: Vec::new(),
+            on_keys: None,
+            revoked: Vec::new(),
+        }
+    }
+
     /// Replication parameters for `name` (its bucket's, or the cluster's).
     pub fn params_for(&self, name: &str) -> Params {
         let bucket = name.split('/').next().unwrap_or("");
