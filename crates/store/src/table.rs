@@ -674,12 +674,7 @@ impl Table {
 type KeySection = (Vec<(u64, Fingerprints)>, Option<Fingerprints>);
 
 fn get_keys(r: &mut Reader) -> Result<KeySection, WireError> {
-    let version = r.u8()?;
-    if version != KEYS_SECTION {
-        return Err(WireError::Invalid(format!(
-            "table fingerprint section version {version}; this build reads version {KEYS_SECTION}"
-        )));
-    }
+    expect_section(r, KEYS_SECTION, "fingerprint")?;
     let on_keys = match r.u8()? {
         0 => None,
         1 => Some(r.prints()?),
@@ -703,16 +698,22 @@ fn get_keys(r: &mut Reader) -> Result<KeySection, WireError> {
     Ok((keys, on_keys))
 }
 
+/// Reads a table section's version byte and refuses any but `want`.
+fn expect_section(r: &mut Reader, want: u8, what: &str) -> Result<(), WireError> {
+    let version = r.u8()?;
+    if version != want {
+        return Err(WireError::Invalid(format!(
+            "table {what} section version {version}; this build reads version {want}"
+        )));
+    }
+    Ok(())
+}
+
 /// Reads and checks the revocation section: a known section version, at
 /// most [`MAX_REVOKED_TENANTS`] entries, sorted by tenant hash without
 /// repeats, each with a minimum generation of at least 1.
 fn get_revoked(r: &mut Reader) -> Result<Vec<(u64, u32)>, WireError> {
-    let version = r.u8()?;
-    if version != REVOKED_SECTION {
-        return Err(WireError::Invalid(format!(
-            "table revocation section version {version}; this build reads version {REVOKED_SECTION}"
-        )));
-    }
+    expect_section(r, REVOKED_SECTION, "revocation")?;
     let n = r.u32()? as usize;
     if n > MAX_REVOKED_TENANTS {
         return Err(WireError::Invalid(format!(
@@ -743,12 +744,7 @@ fn get_revoked(r: &mut Reader) -> Result<Vec<(u64, u32)>, WireError> {
 /// already, a start no later than the table itself, and no more
 /// unplaceable records than records left.
 fn get_drains(r: &mut Reader, sns: &[SnEntry], epoch: u64) -> Result<Vec<Drain>, WireError> {
-    let version = r.u8()?;
-    if version != DRAINS_SECTION {
-        return Err(WireError::Invalid(format!(
-            "table drain section version {version}; this build reads version {DRAINS_SECTION}"
-        )));
-    }
+    expect_section(r, DRAINS_SECTION, "drain")?;
     let n = r.u32()? as usize;
     if n > sns.len() {
         return Err(WireError::Invalid(format!(
@@ -813,12 +809,7 @@ fn get_stand_ins(
     mns: &[MnEntry],
 ) -> Result<Vec<StandIn>, WireError> {
     let mg_count = mg_owner.len();
-    let version = r.u8()?;
-    if version != STAND_INS_SECTION {
-        return Err(WireError::Invalid(format!(
-            "table stand-in section version {version}; this build reads version {STAND_INS_SECTION}"
-        )));
-    }
+    expect_section(r, STAND_INS_SECTION, "stand-in")?;
     let n = r.u32()? as usize;
     if n > mg_count {
         return Err(WireError::Invalid(format!(
@@ -854,12 +845,7 @@ fn get_stand_ins(
 fn get_moves(r: &mut Reader, mg_owner: &[u16], mns: &[MnEntry]) -> Result<Vec<Move>, WireError> {
     let mg_count = mg_owner.len();
     let owner = |g: u32| mg_owner.get(g as usize).copied();
-    let version = r.u8()?;
-    if version != MOVES_SECTION {
-        return Err(WireError::Invalid(format!(
-            "table handover section version {version}; this build reads version {MOVES_SECTION}"
-        )));
-    }
+    expect_section(r, MOVES_SECTION, "handover")?;
     let n = r.u32()? as usize;
     if n > mg_count {
         return Err(WireError::Invalid(format!(
