@@ -120,13 +120,15 @@ impl Writer {
         Writer::start_with_owners(disk, None)
     }
 
-    /// [`Writer::start`] on a top a push just made and synced, without
-    /// syncing the dirty bit first: that sync only orders the dirty bit
-    /// before metadata written in place, and in write-back mode metadata
-    /// reaches the file only through [`crate::file::ImageFile::sync`],
-    /// whose first `fdatasync` makes the bit durable. Until then the file
-    /// on disk is the synced, clean new top, plus data in clusters that
-    /// nothing points at. This keeps a sync out of the snapshot's pause.
+    /// [`Writer::start`] on a top a push just made, without syncing the
+    /// dirty bit (nor the index's not-valid bit) first: that sync only
+    /// orders the bits before metadata written in place, and in write-back
+    /// mode metadata reaches the file only through
+    /// [`crate::file::ImageFile::sync`], whose first `fdatasync` makes the
+    /// bits durable. Until then the file on disk is the clean new top as
+    /// its prepare synced it (or as the push rewrote it, if that reached
+    /// the disk), plus data in clusters that nothing points at. This keeps
+    /// a sync out of the snapshot's pause.
     pub(crate) fn start_on_new_top(disk: &Disk) -> Result<Writer> {
         Writer::start_inner(disk, None, false)
     }
@@ -189,7 +191,7 @@ impl Writer {
             track: None,
         };
         if h.version >= 3 {
-            writer.attach_index(disk, owners)?;
+            writer.attach_index(disk, owners, sync_dirty_bit)?;
             // The dirty bit is on disk: a crash between syncs is repaired
             // on the next open, so metadata may wait for the next sync.
             top.file.set_write_back(true)?;
@@ -198,13 +200,25 @@ impl Writer {
     }
 
     /// Uses the stored index if it is valid, else builds a new one.
-    fn attach_index(&mut self, disk: &Disk, owners: Option<&[u16]>) -> Result<()> {
+    ///
+    /// The header then names the index not valid; `sync_header` makes that
+    /// durable at once. A new top skips it for the dirty bit's reason (see
+    /// [`Writer::start_on_new_top`]): the index can only go stale on disk
+    /// through metadata written back by a sync whose first `fdatasync`
+    /// carries this header. A push that left its index copy unsynced would
+    /// otherwise pay for writing the whole copy here, inside its pause.
+    fn attach_index(
+        &mut self,
+        disk: &Disk,
+        owners: Option<&[u16]>,
+        sync_header: bool,
+    ) -> Result<()> {
         let top = disk.top();
         let fresh_uuid = new_uuid()?;
         if let Some(mut ext) = disk.index.read().clone() {
             ext.layer_uuid = fresh_uuid;
             self.index = Some(ext.clone());
-            write_index_ext(top, &ext, false)?;
+            write_index_ext(top, &ext, false, sync_header)?;
             return Ok(());
         }
         let region = ChainIndexExt::region_len_for(disk.size(), disk.unit_bits, disk.depth());
@@ -217,7 +231,7 @@ impl Writer {
             .as_mut()
             .ok_or_else(|| DiskError::Invalid("raw top".into()))?;
         let ext = build_index(disk, alloc, fresh_uuid, owners)?;
-        write_index_ext(top, &ext, false)?;
+        write_index_ext(top, &ext, false, true)?;
         *disk.index.write() = Some(ext.clone());
         *disk.index_state.write() = IndexState::Stored { depth: ext.depth };
         self.index = Some(ext);
@@ -1003,8 +1017,9 @@ fn build_index(
     })
 }
 
-/// Writes the index extension into the header, valid or not.
-fn write_index_ext(top: &Layer, ext: &ChainIndexExt, valid: bool) -> Result<()> {
+/// Writes the index extension into the header, valid or not, and syncs it
+/// if `sync`.
+fn write_index_ext(top: &Layer, ext: &ChainIndexExt, valid: bool, sync: bool) -> Result<()> {
     let Some(mut h) = top.header() else {
         return Ok(());
     };
@@ -1015,7 +1030,10 @@ fn write_index_ext(top: &Layer, ext: &ChainIndexExt, valid: bool) -> Result<()> 
         h.autoclear_features &= !AUTOCLEAR_STRATA_INDEX;
     }
     write_header(top, &h)?;
-    top.file.sync()
+    if sync {
+        top.file.sync()?;
+    }
+    Ok(())
 }
 
 /// Encodes `h` into the first cluster and makes it the layer's header.

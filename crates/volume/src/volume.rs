@@ -116,24 +116,41 @@ impl Volume {
         // The part of the work that grows with the disk (writing and
         // syncing the index copy) happens outside the pause: here, or
         // before the call for a top kept ready.
+        let started = Instant::now();
+        let had_standby = matches!(&ready, Some(top) if top.path() == path);
         let mut prepared = match ready {
             Some(top) if top.path() == path => top,
             _ => self.disk.read().prepare_top(path, backing_name, size)?,
         };
+        let prepared_at = started.elapsed();
         failpoint("switch-after-prepare");
         // Under write load the index keeps changing while the copy is made:
         // catch the copy up a few times, each pass shorter than the one
         // before, so the pause copies only the last changes.
+        let mut refreshed = Vec::new();
         for _ in 0..REFRESH_PASSES {
-            if self.disk.read().refresh_prepared(&mut prepared)? <= REFRESH_ENOUGH {
+            let copied = self.disk.read().refresh_prepared(&mut prepared)?;
+            refreshed.push(copied);
+            if copied <= REFRESH_ENOUGH {
                 break;
             }
         }
+        let refreshed_at = started.elapsed();
         // No write-back first: the push freezes the old top without
         // syncing it (see `Disk::push_top`), so the pause does not grow
         // with what was written since the last flush.
         let pause = self.with_io_held(false, |disk| disk.push_top(prepared, commit).map(|_| ()))?;
         self.stats.record_pause(pause, snapshot);
+        // Where a switch's call goes, for whoever tunes it.
+        tracing::debug!(
+            volume = %self.name,
+            had_standby,
+            prepare_ms = prepared_at.as_secs_f64() * 1e3,
+            refresh_ms = (refreshed_at - prepared_at).as_secs_f64() * 1e3,
+            ?refreshed,
+            pause_ms = pause.as_secs_f64() * 1e3,
+            "switched top"
+        );
         Ok(pause)
     }
 
