@@ -6,7 +6,10 @@ Measures, against the same daemon build in the same run:
 1. fio random writes (4 KiB, iodepth 16, ioengine=nbd) on one volume,
    with no snapshots (the anchor) and with a snapshot every second,
    alternated --repeat times: IOPS medians and their ratio, write p99,
-   and the I/O pause each snapshot reported.
+   and the I/O pause each snapshot reported. Each run alternates with the
+   same run against QEMU's block layer (bench/qemu_anchor.py:
+   qemu-storage-daemon, external snapshots over QMP; --no-qemu skips it),
+   so both systems' snapshot ratios come from the same minutes.
 2. Snapshot of an exported 50 GiB volume (with data, while fio writes):
    the pause (catalog commit included) and the API call's wall time.
 3. 500 volumes in one daemon: create time, daemon RSS, restart time to
@@ -36,6 +39,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+
+import qemu_anchor
 
 ROOT = Path(__file__).resolve().parent.parent
 STRATA = Path(os.environ.get("STRATA_BIN", ROOT / "target" / "release" / "strata"))
@@ -137,6 +142,11 @@ def bench_throughput(d, args, workdir):
                      pause_ms_median=statistics.median(pauses) if pauses else 0,
                      pause_ms_max=max(pauses) if pauses else 0)
             rows.append(r)
+            if args.qemu:
+                # The anchor, alternated with Strata's run of the same mode.
+                rows.append(qemu_anchor.run(fio, workdir, mode,
+                                            runtime(args, mode), args.cluster_size,
+                                            args.extended_l2, rep))
             # Unlinking layers that subcluster writes fragmented can take
             # minutes on a file system mounted with online `discard`.
             t0 = time.monotonic()
@@ -146,6 +156,35 @@ def bench_throughput(d, args, workdir):
             wait_trash_empty(d)
             r["delete_s"] = time.monotonic() - t0
     return rows
+
+
+def qemu_md(args, tp):
+    """The QEMU anchor's rows beside Strata's: IOPS medians, the ratio of
+    each interval to its no-snapshot run, and per-run ratios."""
+    if not args.qemu:
+        return []
+    med = lambda m, k: statistics.median(r[k] for r in tp if r["mode"] == m)
+    per_run = lambda m, a: ", ".join(
+        f"{x['iops'] / y['iops']:.3f}"
+        for x, y in zip([r for r in tp if r["mode"] == m], [r for r in tp if r["mode"] == a]))
+    lines = ["", "Same run, QEMU's block layer (qemu-storage-daemon, NBD export, external "
+             "snapshots by `blockdev-snapshot`; its pause is that call's wall time):", "",
+             "| fio randwrite 4k qd16 | Strata IOPS | QEMU IOPS | Strata / QEMU |",
+             "|---|---|---|---|"]
+    for m in modes(args):
+        lines.append(f"| {m} | {med(m, 'iops'):.0f} | {med('qemu-' + m, 'iops'):.0f} | "
+                     f"{med(m, 'iops') / med('qemu-' + m, 'iops'):.2f} |")
+    lines += ["", "| snapshot interval | Strata ratio (per run) | QEMU ratio (per run) "
+              "| Strata pause ms | QEMU blockdev-snapshot ms |", "|---|---|---|---|---|"]
+    for m, a in (("1s", "none"), ("30s", "none-long")):
+        if m not in modes(args):
+            continue
+        lines.append(
+            f"| {m} | {med(m, 'iops') / med(a, 'iops'):.3f} ({per_run(m, a)}) | "
+            f"{med('qemu-' + m, 'iops') / med('qemu-' + a, 'iops'):.3f} "
+            f"({per_run('qemu-' + m, 'qemu-' + a)}) | {med(m, 'pause_ms_median'):.1f} | "
+            f"{med('qemu-' + m, 'pause_ms_median'):.1f} |")
+    return lines
 
 
 def wait_trash_empty(d, limit=1800):
@@ -323,6 +362,8 @@ def main():
                     help="cluster size of the daemon's new volumes")
     ap.add_argument("--extended-l2", choices=["on", "off"], default="on",
                     help="extended L2 entries (subclusters) in the daemon's new volumes")
+    ap.add_argument("--no-qemu", dest="qemu", action="store_false",
+                    help="skip the QEMU anchor (qemu-storage-daemon) in the throughput runs")
     ap.add_argument("--long", action="store_true",
                     help="also compare a snapshot every 30 s (65 s runs) with its anchor")
     args = ap.parse_args()
@@ -353,7 +394,8 @@ def main():
                 *[f"| {m} | {iops[m]:.0f} | {p99[m]:.0f} |" for m in modes(args)],
                 f"| ratio 1s/none | {iops['1s'] / iops['none']:.3f} | {p99['1s'] / p99['none']:.2f} |",
                 *([f"| ratio 30s/none-long | {iops['30s'] / iops['none-long']:.3f} "
-                   f"| {p99['30s'] / p99['none-long']:.2f} |"] if args.long else []), ""])
+                   f"| {p99['30s'] / p99['none-long']:.2f} |"] if args.long else []),
+                *qemu_md(args, tp), ""])
             (out_dir / f"volume-throughput-{stamp}.md").write_text(text)
             (out_dir / f"volume-throughput-{stamp}.json").write_text(json.dumps(tp, indent=1))
             print(text)
@@ -397,7 +439,7 @@ def main():
           f"| no snapshots (anchor) | {iops['none']:.0f} | {p99['none']:.0f} |",
           f"| snapshot every 1 s | {iops['1s']:.0f} | {p99['1s']:.0f} |",
           f"| ratio | {iops['1s'] / iops['none']:.3f} | {p99['1s'] / p99['none']:.2f} |",
-          *long_rows, "",
+          *long_rows, *qemu_md(args, tp), "",
           f"Snapshot pause during that run: median {statistics.median(pauses):.1f} ms "
           f"(per-run medians {', '.join(f'{p:.1f}' for p in pauses)}), "
           f"max {max(r['pause_ms_max'] for r in tp):.1f} ms.", "",
