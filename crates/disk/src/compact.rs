@@ -296,6 +296,9 @@ impl Disk {
         // Frozen layers are named by position, which the splice changes,
         // and their headers must be final before a rebase rewrites one.
         // Callers seal them before merging; this only catches the rest.
+        // A top still reading owners from a frozen layer is copied whole
+        // first, for the same reason (and its close sums the region).
+        self.complete_index_copy()?;
         self.sync_frozen()?;
         let depth = self.depth();
         if first == 0 || first > last || last >= depth {

@@ -8,13 +8,12 @@ use strata_format::header::{
     CompressionType, Header, HeaderExtension, AUTOCLEAR_STRATA_INDEX, COMPAT_LAZY_REFCOUNTS,
     INCOMPAT_COMPRESSION, V2_HEADER_LEN, V3_HEADER_LEN,
 };
-use strata_format::index::{ChainIndexExt, ENTRY_BYTES, MAX_CHAIN_DEPTH, MAX_REGION_BYTES};
+use strata_format::index::{ChainIndexExt, MAX_CHAIN_DEPTH, MAX_REGION_BYTES};
 use strata_format::refcount;
 
 use crate::disk::{Disk, OpenOptions};
 use crate::error::{DiskError, Place, Result};
 use crate::layer::Format;
-use crate::sector_crc::{sector_crcs as sector_crcs_of, SECTOR};
 use crate::writer::new_uuid;
 
 /// Units of owners copied per chunk when carrying an index forward.
@@ -119,18 +118,14 @@ pub(crate) fn create_on(
 }
 
 /// How a new layer's chain index is filled.
-pub(crate) enum Carry<'a> {
+pub(crate) enum Carry {
     /// The resolved owners of the chain below: the index is valid at once.
     Owners,
-    /// The raw owner bytes of the open chain's top index region `from`,
-    /// copied while that top is still being written (a prepared top). The
-    /// index is stored invalid (no checksum, autoclear bit clear) until the
-    /// push patches what changed since; the CRC of every whole
-    /// [`SECTOR`]-byte sector of the owners copied goes to `sector_crcs`.
-    Prepared {
-        from: &'a ChainIndexExt,
-        sector_crcs: &'a mut Vec<u32>,
-    },
+    /// Nothing yet: the region is reserved (it reads as zeros) and stored
+    /// invalid (no checksum, autoclear bit clear), for a prepared top whose
+    /// push writes the lineage and whose owners are copied from the layer
+    /// below after the push (see [`crate::lazy_index`]).
+    Reserved,
 }
 
 /// What [`create_with`] made.
@@ -147,7 +142,7 @@ pub(crate) fn create_with(
     path: &Path,
     opts: &CreateOptions,
     backing: Option<&Disk>,
-    carry: Carry<'_>,
+    carry: Carry,
 ) -> Result<Created> {
     let started = Instant::now();
     let place = Place {
@@ -235,14 +230,7 @@ pub(crate) fn create_with(
                 ext.crc32c = write_carried_index(&ext, backing, &write)?;
                 header.autoclear_features |= AUTOCLEAR_STRATA_INDEX;
             }
-            (Carry::Prepared { from, sector_crcs }, Some(b)) => {
-                write_prepared_index(&ext, from, b, &write, sector_crcs)?;
-            }
-            (Carry::Prepared { .. }, None) => {
-                return Err(DiskError::Invalid(
-                    "a prepared top needs the open chain below it".into(),
-                ))
-            }
+            (Carry::Reserved, _) => {}
         }
         file_end = ext.region_offset + ext.region_len.div_ceil(geometry.cs) * geometry.cs;
         header
@@ -274,53 +262,6 @@ pub(crate) fn create_with(
         header: Some(header),
         index: stored,
     })
-}
-
-/// Bytes of owners copied per read when preparing a top (whole sectors).
-const PREPARED_CHUNK: u64 = 256 * SECTOR;
-
-/// Writes a prepared top's index: the raw owner bytes of the open top's
-/// region `from` (the same units at the same positions: a prepared top
-/// keeps its chain's index unit), zeros for units a grown disk adds, and
-/// the lineage as it is now (its last record, the top being frozen, is
-/// rewritten at the push). Collects the CRC of every whole sector of the
-/// owners copied, up to the last whole sector of `from`'s owners.
-fn write_prepared_index(
-    ext: &ChainIndexExt,
-    from: &ChainIndexExt,
-    below: &Disk,
-    write: &dyn Fn(&[u8], u64) -> Result<()>,
-    sector_crcs: &mut Vec<u32>,
-) -> Result<()> {
-    if ext.granularity_bits != from.granularity_bits || ext.entry_count() < from.entry_count() {
-        return Err(DiskError::Invalid(
-            "a prepared top must keep the index unit and not shrink".into(),
-        ));
-    }
-    let top = below.top();
-    let old_bytes = from.entry_count() * ENTRY_BYTES;
-    let whole = old_bytes / SECTOR * SECTOR;
-    sector_crcs.clear();
-    let mut buf = vec![0u8; PREPARED_CHUNK as usize];
-    let mut done = 0u64;
-    while done < old_bytes {
-        let n = (old_bytes - done).min(PREPARED_CHUNK) as usize;
-        top.file
-            .read_exact_at(&mut buf[..n], from.region_offset + done)?;
-        write(&buf[..n], ext.region_offset + done)?;
-        let in_whole = whole.saturating_sub(done).min(n as u64) as usize;
-        sector_crcs.extend(sector_crcs_of(&buf[..in_whole]));
-        done += n as u64;
-    }
-    let new_bytes = ext.entry_count() * ENTRY_BYTES;
-    let zeros = vec![0u8; PREPARED_CHUNK as usize];
-    while done < new_bytes {
-        let n = (new_bytes - done).min(PREPARED_CHUNK) as usize;
-        write(&zeros[..n], ext.region_offset + done)?;
-        done += n as u64;
-    }
-    let lineage: Vec<u8> = below.lineage()?.iter().flat_map(|i| i.encode()).collect();
-    write(&lineage, ext.region_offset + new_bytes)
 }
 
 /// Writes the new layer's index: the owners of the chain below (expanded if

@@ -93,6 +93,9 @@ pub struct Disk {
     /// Held while frozen layers are sealed (the list's own lock is held
     /// only briefly, so gauges never wait for a sync).
     pub(crate) sealing: Mutex<()>,
+    /// Sectors of a pushed top's index still read from the frozen layer
+    /// below (see [`crate::lazy_index`]).
+    pub(crate) lazy: parking_lot::RwLock<Option<std::sync::Arc<crate::lazy_index::LazyIndex>>>,
 }
 
 /// A layer frozen by a push whose writes are not yet durable.
@@ -102,6 +105,10 @@ pub(crate) struct Frozen {
     pub(crate) position: usize,
     /// When it was frozen.
     pub(crate) since: Instant,
+    /// Its index checksum is computed when it is sealed, not when frozen
+    /// (the region is final from the freeze on; reading it back inside a
+    /// push's pause would cost milliseconds per GiB of disk).
+    pub(crate) crc_pending: bool,
 }
 
 impl std::fmt::Debug for Disk {
@@ -155,6 +162,7 @@ impl Disk {
             alloc_done: parking_lot::Condvar::new(),
             frozen: Mutex::new(Vec::new()),
             sealing: Mutex::new(()),
+            lazy: parking_lot::RwLock::new(None),
         };
         if opts.writable {
             let writer = Writer::start(&disk)?;
@@ -299,9 +307,7 @@ impl Disk {
         count: usize,
     ) -> Result<Vec<u16>> {
         let mut buf = vec![0u8; count * 2];
-        self.top()
-            .file
-            .read_exact_at(&mut buf, ext.region_offset + first * 2)?;
+        self.read_region_owners(ext, &mut buf, first * 2)?;
         Ok(buf
             .chunks_exact(2)
             .map(|c| u16::from_be_bytes([c[0], c[1]]))
@@ -715,7 +721,11 @@ impl Disk {
                 f.position + 1 < self.layers.len(),
                 "the top is never frozen"
             );
-            crate::writer::seal_layer(&self.layers[f.position])?;
+            let layer = &self.layers[f.position];
+            if f.crc_pending {
+                crate::writer::store_index_crc(layer)?;
+            }
+            crate::writer::seal_layer(layer)?;
             self.frozen.lock().retain(|g| g.position != f.position);
         }
         Ok(pending.len())
@@ -757,10 +767,16 @@ impl Disk {
     }
 
     fn finish(&mut self) -> Result<()> {
+        // The top's checksum reads its whole region: copy what it still
+        // reads from below first. If that fails the top is left dirty, not
+        // closed with a checksum over a partial region; the next open
+        // repairs it and rebuilds its index.
+        let copied = self.complete_index_copy();
         let frozen = self.sync_frozen().map(|_| ());
-        let top = match self.writer.take() {
-            Some(w) => w.into_inner().close(self),
-            None => Ok(()),
+        let top = match (copied, self.writer.take()) {
+            (Err(e), _) => Err(e),
+            (Ok(()), Some(w)) => w.into_inner().close(self),
+            (Ok(()), None) => Ok(()),
         };
         frozen.and(top)
     }

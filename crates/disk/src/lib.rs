@@ -28,9 +28,9 @@ pub mod error;
 mod file;
 pub mod info;
 pub mod layer;
+mod lazy_index;
 mod live;
 pub mod map;
-mod sector_crc;
 mod writer;
 
 pub use compact::{merge_layers, set_backing_file, MergeProgress, MergeReport};

@@ -26,7 +26,6 @@ use crate::cache::{Slot, PAGE_UNITS};
 use crate::disk::{region_crc, Disk, IndexState};
 use crate::error::{DiskError, Result};
 use crate::layer::Layer;
-use crate::sector_crc::SECTOR;
 
 /// Units of owners written per chunk when (re)building an index.
 const OWNER_CHUNK: u64 = 1 << 16;
@@ -41,42 +40,6 @@ pub(crate) struct Writer {
     /// not yet published in the L2 table: their data is being written
     /// outside the lock. Another allocating write to one of them waits.
     in_flight: HashSet<u64>,
-    /// Index sectors changed since a top was prepared (see
-    /// [`Disk::prepare_top`]); kept only while a prepare is pending.
-    track: Option<IndexTrack>,
-}
-
-/// The index sectors ([`SECTOR`] bytes of the region) whose owners changed
-/// since a prepared top copied the index: the push copies only those again.
-pub(crate) struct IndexTrack {
-    /// Which prepare this belongs to; a newer prepare replaces it.
-    pub(crate) generation: u64,
-    /// One bit per sector, set when an owner in it was written.
-    dirty: Vec<u64>,
-}
-
-impl IndexTrack {
-    fn mark(&mut self, first_unit: u64, last_unit: u64) {
-        if last_unit <= first_unit {
-            return;
-        }
-        let first = first_unit * ENTRY_BYTES / SECTOR;
-        let last = (last_unit * ENTRY_BYTES - 1) / SECTOR;
-        for s in first..=last {
-            let word = (s / 64) as usize;
-            if word >= self.dirty.len() {
-                self.dirty.resize(word + 1, 0);
-            }
-            self.dirty[word] |= 1 << (s % 64);
-        }
-    }
-
-    /// Whether sector `s` changed.
-    pub(crate) fn is_dirty(&self, s: u64) -> bool {
-        self.dirty
-            .get((s / 64) as usize)
-            .is_some_and(|w| w & (1 << (s % 64)) != 0)
-    }
 }
 
 /// What an allocating write to one guest cluster must do, decided under
@@ -147,7 +110,6 @@ impl Writer {
                 alloc: None,
                 index: None,
                 in_flight: HashSet::new(),
-                track: None,
             });
         };
         if header.nb_snapshots > 0 {
@@ -188,7 +150,6 @@ impl Writer {
             alloc: Some(alloc),
             index: None,
             in_flight: HashSet::new(),
-            track: None,
         };
         if h.version >= 3 {
             writer.attach_index(disk, owners, sync_dirty_bit)?;
@@ -760,12 +721,12 @@ impl Writer {
     ) -> Result<()> {
         let top = disk.top();
         if let Some(ext) = &self.index {
+            // A pushed top may still read these owners from below: copy
+            // their sectors before changing them.
+            disk.copy_index_span(ext, first * ENTRY_BYTES, last * ENTRY_BYTES)?;
             let owners: Vec<u8> = (first..last).flat_map(|_| depth.to_be_bytes()).collect();
             top.file
-                .write_all_at(&owners, ext.region_offset + first * 2)?;
-            if let Some(track) = &mut self.track {
-                track.mark(first, last);
-            }
+                .write_all_at(&owners, ext.region_offset + first * ENTRY_BYTES)?;
         }
         let mut unit = first;
         while unit < last {
@@ -811,44 +772,6 @@ impl Writer {
         Ok(())
     }
 
-    /// Starts recording which index sectors change, for a top being
-    /// prepared, replacing any earlier record. Returns the index region
-    /// this writer maintains (`None`: there is none to track).
-    pub(crate) fn track_index(&mut self, generation: u64) -> Option<ChainIndexExt> {
-        let ext = self.index.clone()?;
-        let sectors = (ext.entry_count() * ENTRY_BYTES).div_ceil(SECTOR);
-        self.track = Some(IndexTrack {
-            generation,
-            dirty: vec![0; sectors.div_ceil(64) as usize],
-        });
-        Some(ext)
-    }
-
-    /// The sectors changed since the prepare `generation` began or since
-    /// the last call, clearing the record (`None`: the record belongs to
-    /// another prepare, or there is none).
-    pub(crate) fn drain_track(&mut self, generation: u64) -> Option<IndexTrack> {
-        let track = self.track.as_mut().filter(|t| t.generation == generation)?;
-        let dirty = vec![0; track.dirty.len()];
-        Some(IndexTrack {
-            generation,
-            dirty: std::mem::replace(&mut track.dirty, dirty),
-        })
-    }
-
-    /// Whether the record of changed index sectors is the one prepare
-    /// `generation` began (a newer prepare or a restarted writer ends it).
-    pub(crate) fn is_tracking(&self, generation: u64) -> bool {
-        self.track
-            .as_ref()
-            .is_some_and(|t| t.generation == generation)
-    }
-
-    /// Ends the record of changed index sectors and returns it.
-    pub(crate) fn take_track(&mut self) -> Option<IndexTrack> {
-        self.track.take()
-    }
-
     /// The index region this writer maintains.
     pub(crate) fn index(&self) -> Option<&ChainIndexExt> {
         self.index.as_ref()
@@ -856,14 +779,7 @@ impl Writer {
 
     /// Syncs, stores the index checksum and marks the image clean.
     pub(crate) fn close(self, disk: &Disk) -> Result<()> {
-        self.close_with_crc(disk, None)
-    }
-
-    /// [`Writer::close`] with the index checksum already known (`crc`,
-    /// computed by a caller that tracked the changes), so the region is
-    /// not read again.
-    pub(crate) fn close_with_crc(self, disk: &Disk, crc: Option<u32>) -> Result<()> {
-        self.freeze(disk, crc)?;
+        self.freeze(disk, true)?;
         seal_layer(disk.top())
     }
 
@@ -873,7 +789,13 @@ impl Writer {
     /// the file still says dirty until [`seal_layer`] writes it back. The
     /// frozen layer takes no more writes, so a seal any time later stores
     /// exactly what it holds now.
-    pub(crate) fn freeze(self, disk: &Disk, crc: Option<u32>) -> Result<()> {
+    ///
+    /// With `crc_now` false the index checksum is left for the seal to
+    /// compute ([`store_index_crc`]): the region is final from now on, and
+    /// reading it back here would put its whole length inside a push's
+    /// pause. The region must be whole either way: a top still reading
+    /// owners from below (see [`crate::lazy_index`]) is refused.
+    pub(crate) fn freeze(self, disk: &Disk, crc_now: bool) -> Result<()> {
         let top = disk.top();
         let Some(mut h) = top.header() else {
             return Ok(());
@@ -882,13 +804,15 @@ impl Writer {
             return Ok(());
         }
         if let Some(mut ext) = self.index {
-            ext.crc32c = match crc {
-                Some(c) => {
-                    debug_assert_eq!(Some(c), region_crc(top, &ext).ok(), "tracked index CRC");
-                    c
-                }
-                None => region_crc(top, &ext)?,
-            };
+            let pending = disk.index_copy_pending();
+            if pending > 0 {
+                return Err(DiskError::Invalid(format!(
+                    "{}: {pending} index sectors are still read from the layer below; \
+                     copy them (Disk::complete_index_copy) before closing or freezing",
+                    top.path().display()
+                )));
+            }
+            ext.crc32c = if crc_now { region_crc(top, &ext)? } else { 0 };
             h.set_chain_index(Some(ext));
             h.autoclear_features |= AUTOCLEAR_STRATA_INDEX;
         }
@@ -904,6 +828,24 @@ impl Writer {
             .as_mut()
             .ok_or_else(|| DiskError::Invalid("raw images have no allocator".into()))
     }
+}
+
+/// Computes a frozen layer's index checksum and puts it in the header it
+/// keeps in memory, for a layer frozen with the checksum left for later
+/// (see [`Writer::freeze`]). Its region no longer changes.
+pub(crate) fn store_index_crc(layer: &Layer) -> Result<()> {
+    let Some(mut h) = layer.header() else {
+        return Ok(());
+    };
+    let Some(mut ext) = h.chain_index().cloned() else {
+        return Ok(());
+    };
+    ext.crc32c = region_crc(layer, &ext)?;
+    h.set_chain_index(Some(ext));
+    if let Some(q) = &layer.qcow2 {
+        *q.header.write() = h;
+    }
+    Ok(())
 }
 
 /// Makes a frozen layer durable and marks it clean on disk: its data,

@@ -109,9 +109,9 @@ fn grown_top_reads_zeros_past_the_smaller_layers() {
     let prepared = disk
         .prepare_top(&top2, "base.qcow2", Some(10 * MIB))
         .unwrap();
-    assert!(prepared.index_copied());
+    assert!(prepared.is_fast());
     let report = disk.push_top(prepared, || Ok(())).unwrap();
-    assert!(report.patched, "a grown top is patched too");
+    assert!(report.fast, "a grown top is pushed fast too");
     assert_eq!(disk.size(), 10 * MIB);
     let mut buf = vec![0u8; 2 * MIB as usize];
     disk.read_at(&mut buf, 3 * MIB).unwrap();

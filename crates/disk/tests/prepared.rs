@@ -1,6 +1,7 @@
-//! A new top prepared while the disk keeps writing, then pushed: the
-//! prepared file's copy of the chain index is patched with the owners that
-//! changed after the prepare, and the chain reads, checks and reopens
+//! A new top prepared while the disk keeps writing, then pushed: the new
+//! top reads its index owners from the frozen layer until it copies them
+//! (the writer copies a sector when it first changes an owner in it, the
+//! rest is copied afterwards), and the chain reads, checks and reopens
 //! exactly as if the top had been created whole inside the pause.
 
 use std::path::Path;
@@ -69,7 +70,7 @@ impl Model {
         let path = dir.join(format!("l{n}.qcow2"));
         let below = format!("l{}.qcow2", n - 1);
         let top = self.disk.prepare_top(&path, &below, None).unwrap();
-        assert!(top.index_copied(), "the index is copied at the prepare");
+        assert!(top.is_fast(), "the push can use the prepared file");
         self.disk.push_top(top, || Ok(())).unwrap()
     }
 }
@@ -132,7 +133,7 @@ fn prepared_top_carries_changes_made_after_the_prepare(extended: bool) {
     m.scatter(0, 1021, 3, 0x11);
     let top = dir.join("l2.qcow2");
     let prepared = m.disk.prepare_top(&top, "l1.qcow2", None).unwrap();
-    assert!(prepared.index_copied());
+    assert!(prepared.is_fast());
     // After the prepare: owners change in every sector of the index.
     m.scatter(5, 1229, 2, 0x22);
     m.scatter(0, 1021 * 3, 1, 0x33);
@@ -152,17 +153,22 @@ fn prepared_top_carries_changes_made_after_the_prepare(extended: bool) {
             Ok(())
         })
         .unwrap();
-    // Once the frozen top is sealed, the new top's index copy is valid
-    // for the files as they are on disk.
     assert_eq!(m.disk.sync_frozen().unwrap(), 1);
     assert_eq!(m.disk.frozen_pending().0, 0);
-    assert!(report.patched, "{report:?}");
-    assert!(report.sectors_patched > 0, "{report:?}");
-    assert_reads(&m.disk, &m.pattern, "live after push");
-    // The new top takes later writes; the chain grows once more.
-    m.scatter(3, 1511, 1, 0x55);
+    assert!(report.fast, "{report:?}");
+    let sectors = report.index_sectors_to_copy;
+    assert!(sectors > 0, "{report:?}");
+    assert_eq!(m.disk.index_copy_pending(), sectors, "nothing copied yet");
+    assert_reads(&m.disk, &m.pattern, "live after push, owners from below");
+    // The new top takes later writes, copying the sectors they change;
+    // the chain grows once more right away (the push copies the rest).
+    m.write(3, 1, 0x55);
+    m.write(100_003, 2, 0x55);
+    let left = m.disk.index_copy_pending();
+    assert!(left > 0 && left < sectors, "writes copied some: {left}");
+    assert_reads(&m.disk, &m.pattern, "live, partly copied");
     let report = m.push(dir, 3);
-    assert!(report.patched, "{report:?}");
+    assert!(report.fast, "{report:?}");
     m.scatter(7, 1709, 4, 0x66);
     assert_reads(&m.disk, &m.pattern, "live after second push");
     close_and_verify(m, dir, 3);
@@ -178,50 +184,52 @@ fn prepared_top_carries_changes_made_after_the_prepare_extended_l2() {
     prepared_top_carries_changes_made_after_the_prepare(true);
 }
 
-/// Owners change in one sector only: exactly that sector is copied again.
+/// After a push the new top copies an index sector the first time it
+/// changes an owner in it, and nothing else; `copy_index_rest` copies the
+/// rest in bounded steps; reads are right at every step, and the closed
+/// chain checks clean with a valid index.
 #[test]
-fn push_copies_only_the_sectors_that_changed() {
+fn a_pushed_top_copies_its_index_on_first_write_and_in_the_background() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
+    // 1 GiB of 2 KiB subclusters: 524,288 owners, 256 index sectors.
     let mut m = Model::new(dir, 1 << 30, true);
     m.scatter(0, 1000, 1, 0x11);
-    let top = dir.join("l2.qcow2");
-    let prepared = m.disk.prepare_top(&top, "l1.qcow2", None).unwrap();
-    // Granules 2048..4096 are index units 2048..4096: sector 1 (4 KiB of
-    // 2-byte owners).
+    let report = m.push(dir, 2);
+    assert_eq!(report.index_sectors_to_copy, 256, "{report:?}");
+    assert_reads(&m.disk, &m.pattern, "nothing copied");
+    // Granules 2048..4096 are index units 2048..4096: sector 1.
     m.write(3000, 8, 0x22);
-    let report = m.disk.push_top(prepared, || Ok(())).unwrap();
-    assert_eq!(report.sectors_patched, 1, "{report:?}");
+    assert_eq!(
+        m.disk.index_copy_pending(),
+        255,
+        "the write copied its sector"
+    );
+    m.write(3100, 8, 0x23);
+    assert_eq!(m.disk.index_copy_pending(), 255, "copied once");
+    assert_reads(&m.disk, &m.pattern, "one sector copied");
+    assert_eq!(m.disk.copy_index_rest(100).unwrap(), 155);
+    assert_reads(&m.disk, &m.pattern, "partly copied");
+    m.write(500_000, 4, 0x24);
+    m.disk.complete_index_copy().unwrap();
+    assert_eq!(m.disk.index_copy_pending(), 0);
+    assert_eq!(m.disk.copy_index_rest(100).unwrap(), 0);
+    assert_reads(&m.disk, &m.pattern, "whole");
     close_and_verify(m, dir, 2);
 }
 
-/// Refreshes between the prepare and the push copy what changed so far and
-/// clear it: the push then copies only the sectors changed after the last
-/// refresh, a sector changed again after being refreshed is copied again,
-/// and the chain reads and checks right.
+/// A top closed while it still reads owners from below copies them first,
+/// so its stored index is whole and valid.
 #[test]
-fn refreshes_leave_the_push_only_the_last_changes() {
+fn closing_a_top_with_an_uncopied_index_copies_it_first() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let mut m = Model::new(dir, 1 << 30, true);
-    m.scatter(0, 1000, 1, 0x11);
-    let top = dir.join("l2.qcow2");
-    let mut prepared = m.disk.prepare_top(&top, "l1.qcow2", None).unwrap();
-    // Every sector of the index changes, then is refreshed.
-    m.scatter(1, 1024, 1, 0x22);
-    let copied = m.disk.refresh_prepared(&mut prepared).unwrap();
-    assert_eq!(copied, 256, "every index sector is copied once");
-    assert_eq!(m.disk.refresh_prepared(&mut prepared).unwrap(), 0);
-    // Sector 1 changes again, sector 3 for the first time since.
-    m.write(3001, 8, 0x33);
-    m.write(6200, 2, 0x44);
-    assert_eq!(m.disk.refresh_prepared(&mut prepared).unwrap(), 2);
-    // One more change after the last refresh: the push copies only it.
-    m.write(5000, 4, 0x55);
-    let report = m.disk.push_top(prepared, || Ok(())).unwrap();
-    assert!(report.patched, "{report:?}");
-    assert_eq!(report.sectors_patched, 1, "{report:?}");
-    assert_reads(&m.disk, &m.pattern, "live after push");
+    let mut m = Model::new(dir, 256 << 20, true);
+    m.scatter(0, 300, 2, 0x11);
+    let report = m.push(dir, 2);
+    assert!(report.index_sectors_to_copy > 0);
+    m.write(17, 3, 0x22);
+    assert!(m.disk.index_copy_pending() > 0);
     close_and_verify(m, dir, 2);
 }
 
@@ -255,28 +263,25 @@ fn abandoned_prepared_top_is_removed() {
     close_and_verify(m, dir, 1);
 }
 
-/// A prepare superseded by a later one cannot trust its change record: its
-/// push creates the file whole, and the chain is still right.
+/// A prepare made before another push no longer fits the chain: it is not
+/// current, and dropping it removes its file.
 #[test]
-fn superseded_prepare_falls_back_to_the_full_path() {
+fn a_prepare_overtaken_by_another_push_is_not_current() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
     let mut m = Model::new(dir, 256 << 20, true);
     m.scatter(0, 50, 2, 0x11);
-    let first = m
-        .disk
-        .prepare_top(&dir.join("l2.qcow2"), "l1.qcow2", None)
-        .unwrap();
+    let first = dir.join("first.qcow2");
+    let stale = m.disk.prepare_top(&first, "l1.qcow2", None).unwrap();
+    assert!(m.disk.prepared_is_current(&stale));
     m.scatter(1, 70, 1, 0x22);
-    let other = dir.join("other.qcow2");
-    let second = m.disk.prepare_top(&other, "l1.qcow2", None).unwrap();
-    m.scatter(3, 90, 1, 0x33);
-    let report = m.disk.push_top(first, || Ok(())).unwrap();
-    assert!(!report.patched, "{report:?}");
-    drop(second);
-    assert!(!other.exists());
+    assert!(m.disk.prepared_is_current(&stale), "writes do not matter");
+    m.push(dir, 2);
+    assert!(!m.disk.prepared_is_current(&stale), "the chain changed");
+    drop(stale);
+    assert!(!first.exists());
     m.scatter(4, 110, 1, 0x44);
-    assert_reads(&m.disk, &m.pattern, "after the full path");
+    assert_reads(&m.disk, &m.pattern, "after the other push");
     close_and_verify(m, dir, 2);
 }
 

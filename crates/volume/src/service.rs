@@ -739,7 +739,8 @@ impl Service {
             ready,
             commit,
         );
-        // The standby was used or dropped: have the keeper make the next.
+        // The standby was used or dropped, and the new top copies its index
+        // from below: have the keeper do both now.
         self.keeper.kick();
         match (result, failed) {
             (Ok(pause), _) => Ok(pause),

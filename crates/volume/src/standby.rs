@@ -1,26 +1,27 @@
-//! Standby tops: the next snapshot's layer, made ahead of time for volumes
-//! whose chain index is big.
+//! The volume keeper: a background thread that does, for every volume, the
+//! work a snapshot leaves for later.
 //!
-//! A snapshot's new top carries a copy of the chain index (2 bytes per
-//! index unit: 52.8 MB for 50 GiB of 2 KiB subclusters). Writing and
-//! syncing that copy happens outside the I/O pause, but inside the API
-//! call, so a snapshot of a big volume took some 50 ms. A keeper thread
-//! therefore prepares each big volume's next top in the background (a
-//! *standby*) and, about once a second, copies into it the index sectors
-//! that changed. A snapshot then only catches the standby up and pushes
-//! it.
-//!
-//! A standby is an ordinary layer file with a fresh id that the catalog
-//! does not know yet: if the daemon dies, startup removes it as an orphan.
-//! One that no longer fits the chain (a compaction restarted the writer,
-//! a resize prepared its own top) is dropped, which removes its file, and
-//! the keeper makes a new one. Volumes whose index is smaller than
-//! [`crate::service::ServiceConfig::standby_min_index`] get none: their
-//! copy takes a few milliseconds, not worth a file and a sync a second.
-//!
-//! The same thread makes durable the layers snapshots froze once they have
-//! waited [`crate::service::ServiceConfig::durable_within`] for a flush
-//! from the volume's client (see [`Service::create_snapshot`]).
+//! - **Index copies.** A snapshot's new top reads its chain index owners
+//!   from the layer it froze until it has copied them (see
+//!   `strata_disk`'s lazy index): the writer copies a 4 KiB sector the
+//!   first time it changes an owner in it, and the keeper copies the rest
+//!   in short runs right after the snapshot (a switch kicks it), so the
+//!   next snapshot finds the index whole.
+//! - **Standby tops** for volumes whose chain index is big. A new top is a
+//!   file with room for the index (2 bytes per index unit: 52.8 MB for 50
+//!   GiB of 2 KiB subclusters), created and synced outside the I/O pause
+//!   but inside the API call. The keeper prepares each big volume's next
+//!   top ahead (a *standby*), so a snapshot only switches to it. A standby
+//!   is an ordinary layer file with a fresh id that the catalog does not
+//!   know yet: if the daemon dies, startup removes it as an orphan. One
+//!   that no longer fits the chain (a compaction restarted the writer, a
+//!   resize prepared its own top) is dropped, which removes its file, and
+//!   the keeper makes a new one. Volumes whose index is smaller than
+//!   [`crate::service::ServiceConfig::standby_min_index`] get none: their
+//!   file takes a few milliseconds to make.
+//! - **Durability.** It makes durable the layers snapshots froze once they
+//!   have waited [`crate::service::ServiceConfig::durable_within`] for a
+//!   flush from the volume's client (see [`Service::create_snapshot`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -33,7 +34,11 @@ use strata_disk::PreparedTop;
 use crate::error::Result;
 use crate::service::{layer_file, new_id, Live, Service};
 
-/// How often the keeper catches standbys up.
+/// Index sectors (4 KiB) the keeper copies per hold of a volume's disk:
+/// short enough that a switch waiting for the disk is not held up.
+const COPY_BATCH: u64 = 256;
+
+/// How often the keeper makes its rounds.
 const KEEP_PERIOD: Duration = Duration::from_secs(1);
 
 /// How long a pass waits for a volume's change lock before skipping it.
@@ -78,9 +83,6 @@ impl Service {
     /// syncs frozen layers when due (see the module documentation). Does
     /// nothing when standbys are off and every snapshot syncs its layer.
     pub fn start_standby_keeper(service: &Arc<Service>) {
-        if service.config.standby_min_index.is_none() && service.config.durable_within.is_zero() {
-            return;
-        }
         let stop = Arc::new(AtomicBool::new(false));
         let weak: Weak<Service> = Arc::downgrade(service);
         let flag = stop.clone();
@@ -98,8 +100,29 @@ impl Service {
         self.keeper.stop();
     }
 
-    /// One pass of the keeper: refreshes each big volume's standby, or
-    /// makes one. Volumes being changed are skipped until the next pass.
+    /// Copies the index sectors each volume's top still reads from the
+    /// layer below, in batches, while I/O goes on.
+    pub fn copy_indexes(&self) {
+        for name in self.volume_names() {
+            let Some(live) = self.live_entry(&name) else {
+                continue;
+            };
+            loop {
+                match live.volume.copy_index_rest(COPY_BATCH) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!("volume '{name}': index copy failed: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One pass of the keeper over standbys: makes each big volume's, or
+    /// drops one that no longer fits. Volumes being changed are skipped
+    /// until the next pass.
     pub fn keep_standbys(&self) {
         let Some(min) = self.config.standby_min_index else {
             return;
@@ -146,18 +169,15 @@ impl Service {
         }
     }
 
-    /// Refreshes or (re)makes one volume's standby; the caller holds the
+    /// Keeps or (re)makes one volume's standby; the caller holds the
     /// volume's change lock.
     fn keep_standby(&self, name: &str, live: &Live, min: u64) -> Result<()> {
         let mut slot = live.standby.lock();
-        if let Some(s) = slot.as_mut() {
+        if let Some(s) = slot.as_ref() {
             if live.volume.prepared_is_current(&s.top) {
-                match live.volume.refresh_prepared(&mut s.top) {
-                    Ok(_) => return Ok(()),
-                    Err(e) => tracing::warn!("volume '{name}': standby refresh failed: {e}"),
-                }
+                return Ok(());
             }
-            // Stale or broken: drop it (its file goes) and start over.
+            // Stale: drop it (its file goes) and start over.
             *slot = None;
         }
         if live.volume.index_bytes().is_none_or(|b| b < min) {
@@ -170,7 +190,7 @@ impl Service {
         let top = live
             .volume
             .prepare_top(&self.layer_path(&id), &layer_file(&v.top))?;
-        if top.index_copied() {
+        if top.is_fast() {
             *slot = Some(Standby { id, top });
         }
         Ok(())
@@ -195,6 +215,7 @@ fn keep_loop(service: &Weak<Service>, stop: &AtomicBool) {
         // Hold the service only for the pass, so it can be closed.
         match service.upgrade() {
             Some(s) => {
+                s.copy_indexes();
                 s.keep_standbys();
                 s.sync_frozen_when_due();
             }

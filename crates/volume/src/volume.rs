@@ -11,10 +11,6 @@ use strata_disk::{BlockDevice, Disk, PreparedTop};
 use crate::failpoint::failpoint;
 use crate::metrics::{Op, VolumeGauges, VolumeStats};
 
-/// Most catch-up passes over a prepared top's index before a switch.
-const REFRESH_PASSES: usize = 4;
-/// Index sectors (4 KiB each) few enough to leave to the pause.
-const REFRESH_ENOUGH: u64 = 64;
 /// Write-back rounds before a pause at most. Under write load each round
 /// writes back what was written while the one before ran, so the sync
 /// inside the pause only has the last round's writes left.
@@ -92,18 +88,21 @@ impl Volume {
         self.disk.read().prepared_is_current(top)
     }
 
-    /// Copies the index changes made since `top` was prepared or last
-    /// refreshed into it; returns the 4 KiB sectors copied.
-    pub fn refresh_prepared(&self, top: &mut PreparedTop) -> strata_disk::Result<u64> {
-        self.disk.read().refresh_prepared(top)
+    /// Copies up to `max_sectors` more 4 KiB sectors of the index a
+    /// snapshot's new top still reads from the layer below (see
+    /// [`Disk::copy_index_rest`]), while I/O goes on; returns how many are
+    /// left.
+    pub fn copy_index_rest(&self, max_sectors: u64) -> strata_disk::Result<u64> {
+        self.disk.read().copy_index_rest(max_sectors)
     }
 
     /// Switches to a new top layer at `path` (see [`Disk::prepare_top`]
-    /// and [`Disk::push_top`]): the file and its copy of the chain index
-    /// are made while I/O goes on (or were made earlier: `ready`, a top
-    /// prepared at `path` and still current), then finished with I/O held
-    /// back; `commit` runs once the new file is durable and before
-    /// anything is written to it. Returns the I/O pause.
+    /// and [`Disk::push_top`]): the file is made while I/O goes on (or was
+    /// made earlier: `ready`, a top prepared at `path` and still current),
+    /// then switched to with I/O held back; `commit` runs once the new
+    /// file can be named by the catalog and before anything is written to
+    /// it. The new top copies its index from the frozen layer afterwards
+    /// (see [`Volume::copy_index_rest`]). Returns the I/O pause.
     pub fn push_top(
         &self,
         path: &Path,
@@ -113,29 +112,20 @@ impl Volume {
         ready: Option<PreparedTop>,
         commit: impl FnOnce() -> strata_disk::Result<()>,
     ) -> strata_disk::Result<Duration> {
-        // The part of the work that grows with the disk (writing and
-        // syncing the index copy) happens outside the pause: here, or
-        // before the call for a top kept ready.
+        // The part of the work that grows with the disk happens outside the
+        // pause: the file is made here (or was made earlier: `ready`), and
+        // the index the current top may still read from below is copied
+        // whole now, while I/O goes on (the push freezes only whole tops).
         let started = Instant::now();
         let had_standby = matches!(&ready, Some(top) if top.path() == path);
-        let mut prepared = match ready {
+        let prepared = match ready {
             Some(top) if top.path() == path => top,
             _ => self.disk.read().prepare_top(path, backing_name, size)?,
         };
         let prepared_at = started.elapsed();
         failpoint("switch-after-prepare");
-        // Under write load the index keeps changing while the copy is made:
-        // catch the copy up a few times, each pass shorter than the one
-        // before, so the pause copies only the last changes.
-        let mut refreshed = Vec::new();
-        for _ in 0..REFRESH_PASSES {
-            let copied = self.disk.read().refresh_prepared(&mut prepared)?;
-            refreshed.push(copied);
-            if copied <= REFRESH_ENOUGH {
-                break;
-            }
-        }
-        let refreshed_at = started.elapsed();
+        self.disk.read().complete_index_copy()?;
+        let copied_at = started.elapsed();
         // No write-back first: the push freezes the old top without
         // syncing it (see `Disk::push_top`), so the pause does not grow
         // with what was written since the last flush.
@@ -146,8 +136,7 @@ impl Volume {
             volume = %self.name,
             had_standby,
             prepare_ms = prepared_at.as_secs_f64() * 1e3,
-            refresh_ms = (refreshed_at - prepared_at).as_secs_f64() * 1e3,
-            ?refreshed,
+            index_copy_ms = (copied_at - prepared_at).as_secs_f64() * 1e3,
             pause_ms = pause.as_secs_f64() * 1e3,
             "switched top"
         );
