@@ -56,11 +56,11 @@ pub struct DaemonArgs {
     /// them.
     #[arg(long = "extended-l2", default_value = "on", value_parser = ["on", "off"])]
     extended_l2: String,
-    /// Keep the next snapshot's top prepared ahead, refreshed about once a
-    /// second, for volumes whose chain index is at least this big (`off`:
-    /// never). The index is 2 bytes per 2 KiB of volume with extended L2
-    /// entries (4 MiB for a 4 GiB volume), per cluster without; copying a
-    /// big one is most of a snapshot's time.
+    /// Keep the next snapshot's top file prepared ahead for volumes whose
+    /// chain index is at least this big (`off`: never). The index is 2
+    /// bytes per 2 KiB of volume with extended L2 entries (4 MiB for a
+    /// 4 GiB volume), per cluster without; the file reserves room for it,
+    /// and making and syncing it is most of a big volume's snapshot call.
     #[arg(long = "standby-min-index", default_value = "4M")]
     standby_min_index: String,
     /// Seconds a layer a snapshot froze may wait for the volume's next
