@@ -1119,3 +1119,46 @@ pub async fn start_sn(
         tasks,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::KEY_LEN;
+
+    /// Whether the core handling `msg` (sealed with `key`) was announced
+    /// as a possible write.
+    fn announced(key: &ClusterKey, sealed_with: &ClusterKey, body: Body) -> bool {
+        let dir = tempfile::tempdir().unwrap();
+        let db = crate::metadb::MetaDb::open(&dir.path().join("m.redb")).unwrap();
+        let layout = crate::addr::Layout::new(crate::addr::DEFAULT_CLUSTER_PREFIX, 4);
+        let table = Table::new(layout, crate::table::Params::default());
+        let mut core: MnCore<u32> = MnCore::new(db, table, 0, 1);
+        let mut gate = Gate::new(key.clone(), Receiver::Mn);
+        let wall = crate::auth::unix_ms();
+        let bytes = Msg::new(1, 0, body).seal(sealed_with, wall).unwrap();
+        let mut called = false;
+        mn_receive_with(&mut core, &mut gate, wall, 1, 9, None, &bytes, &mut || {
+            called = true
+        });
+        called
+    }
+
+    // The serving thread lets another thread lead before anything that
+    // may wait for the disk: a write announced as a read would hold every
+    // node of the process behind its flush.
+    #[test]
+    fn only_gets_are_served_without_handing_the_lead_over() {
+        let key = ClusterKey::from_bytes(&[7; KEY_LEN]);
+        let get = Body::Get { name: "a/b".into() };
+        assert!(!announced(&key, &key, get.clone()));
+        let delete = Body::Delete {
+            name: "a/b".into(),
+            if_version: 0,
+            keep_data: false,
+        };
+        assert!(announced(&key, &key, delete.clone()));
+        // A refused datagram never reaches the core.
+        let other = ClusterKey::from_bytes(&[8; KEY_LEN]);
+        assert!(!announced(&key, &other, delete));
+    }
+}
