@@ -136,6 +136,8 @@ pub fn send_batch(sock: &impl AsRawFd, out: &[(Vec<u8>, SocketAddr)]) {
             })
             .collect();
         let mut sent = 0;
+        // The datagram already waited for room once (see `writable`).
+        let mut waited = usize::MAX;
         while sent < hdrs.len() {
             // SAFETY: the headers point at live buffers and addresses of
             // the lengths given next to them; the kernel only reads them.
@@ -147,8 +149,11 @@ pub fn send_batch(sock: &impl AsRawFd, out: &[(Vec<u8>, SocketAddr)]) {
                     0,
                 )
             };
-            if n < 0 && would_block() && writable(sock) {
-                continue; // a non-blocking socket's buffer was full; it has room now
+            if n < 0 && waited != sent && would_block() {
+                waited = sent;
+                if writable(sock) {
+                    continue; // a non-blocking socket's buffer was full; it has room now
+                }
             }
             // An error concerns the first datagram not sent: skip it.
             sent += if n <= 0 { 1 } else { n as usize };
