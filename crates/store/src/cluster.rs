@@ -5,7 +5,7 @@
 
 use crate::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
 use crate::auth::{ClusterKey, KEY_FILE};
-use crate::node::{fetch_table, run_on, start_mn, start_sn, MnHandle, SnHandle};
+use crate::node::{fetch_table, run_on, start_mn_on, start_sn, MnHandle, MnServer, SnHandle};
 use crate::on::OnCore;
 use crate::table::{Device, Params, State, Table};
 use crate::Error;
@@ -161,11 +161,15 @@ impl Cluster {
                 .await?,
             );
         }
+        // One thread serves every metadata node of the process (see
+        // `MnServer` for why).
+        let server = MnServer::new()?;
         let mut mns = Vec::new();
         for k in 0..cfg.mns {
             let dir = cfg.dir.join(format!("mn-{k}"));
             mns.push(
-                start_mn(
+                start_mn_on(
+                    &server,
                     &dir,
                     loopback,
                     on,

@@ -136,6 +136,8 @@ pub fn send_batch(sock: &impl AsRawFd, out: &[(Vec<u8>, SocketAddr)]) {
             })
             .collect();
         let mut sent = 0;
+        // The datagram already waited for room once (see `writable`).
+        let mut waited = usize::MAX;
         while sent < hdrs.len() {
             // SAFETY: the headers point at live buffers and addresses of
             // the lengths given next to them; the kernel only reads them.
@@ -147,11 +149,41 @@ pub fn send_batch(sock: &impl AsRawFd, out: &[(Vec<u8>, SocketAddr)]) {
                     0,
                 )
             };
+            if n < 0 && waited != sent && would_block() {
+                waited = sent;
+                if writable(sock) {
+                    continue; // a non-blocking socket's buffer was full; it has room now
+                }
+            }
             // An error concerns the first datagram not sent: skip it.
             sent += if n <= 0 { 1 } else { n as usize };
         }
     }
 }
+
+/// Whether the last system call failed because a non-blocking socket
+/// had no room (or nothing to give).
+fn would_block() -> bool {
+    io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock
+}
+
+/// Waits up to [`SEND_WAIT_MS`] until `sock` can take a datagram: a
+/// non-blocking socket (as metadata nodes use) then behaves like the
+/// blocking one it replaced, instead of dropping answers when its send
+/// buffer is briefly full. `false` when it still cannot.
+fn writable(sock: &impl AsRawFd) -> bool {
+    let mut fd = libc::pollfd {
+        fd: sock.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one initialised pollfd, alive for the call.
+    let r = unsafe { libc::poll(&mut fd, 1, SEND_WAIT_MS) };
+    r > 0 && fd.revents & libc::POLLOUT != 0
+}
+
+/// How long a send waits for room in a full socket buffer, in ms.
+const SEND_WAIT_MS: libc::c_int = 10;
 
 /// The destination address in a received header's IPV6_PKTINFO message.
 fn destination(hdr: &libc::msghdr) -> Option<Ipv6Addr> {

@@ -269,6 +269,23 @@ pub fn mn_receive<P: Copy + Eq + std::hash::Hash>(
     to: Option<Ipv6Addr>,
     bytes: &[u8],
 ) -> Vec<(Out<P>, bool)> {
+    mn_receive_with(core, gate, wall, now, from, to, bytes, &mut || {})
+}
+
+/// [`mn_receive`], calling `before_write` before the core handles an
+/// admitted request other than a Get: one that may commit to the
+/// database and so wait for a disk flush.
+#[allow(clippy::too_many_arguments)]
+fn mn_receive_with<P: Copy + Eq + std::hash::Hash>(
+    core: &mut MnCore<P>,
+    gate: &mut Gate,
+    wall: u64,
+    now: u64,
+    from: P,
+    to: Option<Ipv6Addr>,
+    bytes: &[u8],
+    before_write: &mut dyn FnMut(),
+) -> Vec<(Out<P>, bool)> {
     // Revocations in a table the node took since the last datagram apply
     // from this one on.
     gate.follow_table(core.table());
@@ -283,6 +300,9 @@ pub fn mn_receive<P: Copy + Eq + std::hash::Hash>(
     };
     if let Some(refusal) = misaddressed(core.table(), to, &msg) {
         return vec![(Out::Reply(from, refusal), sealed)];
+    }
+    if !matches!(msg.body, Body::Get { .. }) {
+        before_write();
     }
     let req = msg.req;
     core.handle(now, from, msg)
@@ -346,19 +366,23 @@ pub struct MnHandle {
     /// Its slot.
     pub slot: u16,
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    /// Disconnected once the serving thread has dropped the node (and
+    /// with it the node's socket).
+    gone: std::sync::mpsc::Receiver<()>,
     refresher: tokio::task::JoinHandle<()>,
+    /// Keeps the serving thread alive while the node runs.
+    _server: MnServer,
 }
 
 impl Drop for MnHandle {
     fn drop(&mut self) {
         self.refresher.abort();
         self.stop.store(true, Ordering::Relaxed);
-        // The loop notices within one tick; joining frees the socket, so
-        // a node restarted in the same process can bind its port again.
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        // The serving thread notices within one tick; waiting for it frees
+        // the socket, so a node restarted in the same process can bind its
+        // port again. A thread that ended (or panicked) has dropped every
+        // node it held, which also ends the wait.
+        let _ = self.gone.recv();
     }
 }
 
@@ -366,19 +390,173 @@ impl Drop for MnHandle {
 /// resends) and checks for a new table or a stop request.
 const MN_TICK: Duration = Duration::from_millis(20);
 
+/// The threads that serve metadata nodes: every node of a process started
+/// on the same `MnServer` shares them ([`start_mn_on`]).
+///
+/// There is one thread per node, but at any time only one of them, the
+/// leader, waits for datagrams, on every node's socket at once, and serves
+/// the reads it finds itself; the others sleep until the leader hands its
+/// role over. A zero-byte Get costs a node little more than the kernel's
+/// work to wake a sleeping thread, deliver the datagram and answer it: with
+/// a thread per socket, a client's batch of requests to three nodes woke
+/// three threads, and their answers came back in three sends that woke the
+/// client up to three times. The leader takes whatever waits on any socket
+/// after one wake-up and answers it straight away.
+///
+/// Before it handles anything that may commit to a node's database (any
+/// request but a Get, a tick), the leader hands the role to a sleeping
+/// thread: a commit waits for its disk flush, and the other nodes must not
+/// wait with it (Posts to three nodes flush in parallel, as with a thread
+/// per node). A node is served by one thread at a time; the nodes stay
+/// separate state machines with separate sockets and databases.
+#[derive(Clone)]
+pub struct MnServer {
+    add: std::sync::mpsc::Sender<Arc<Slot>>,
+    shared: Arc<Pool>,
+}
+
+/// What an [`MnServer`]'s threads share.
+struct Pool {
+    /// Held by the leader; the other threads sleep on it.
+    lead: std::sync::Mutex<Lead>,
+    /// Threads started and not yet ended.
+    threads: std::sync::atomic::AtomicUsize,
+    /// Written when a node comes back from a thread that served it without
+    /// the lead, so that the leader polls its socket again.
+    wake: std::os::fd::OwnedFd,
+}
+
+/// The leader's state.
+struct Lead {
+    nodes: Vec<Arc<Slot>>,
+    added: std::sync::mpsc::Receiver<Arc<Slot>>,
+    /// No node will be added any more (every sender is gone).
+    closed: bool,
+    fds: Vec<libc::pollfd>,
+    /// When the last round that served datagrams ended.
+    served: Instant,
+    /// Until when the leader polls without sleeping ([`MN_SPIN`]).
+    spin_until: Option<Instant>,
+}
+
+/// How long the leader keeps polling its sockets without sleeping after
+/// serving datagrams, when the previous request came within that time.
+///
+/// Under a steady stream of requests the next one is usually a few
+/// microseconds away (the client's turnaround), and a thread that sleeps
+/// in between pays a wake-up (scheduler, context switch) for every few
+/// requests: that was a large part of a zero-byte Get's cost. The leader
+/// spins only while the gaps between rounds stay shorter than this, so a
+/// quiet or lightly loaded node sleeps as before (after at most one
+/// spin), and it yields the CPU between polls so that a client sharing
+/// the core can run.
+const MN_SPIN: Duration = Duration::from_micros(50);
+
+/// One node in an [`MnServer`].
+struct Slot {
+    /// Its socket's descriptor, for the leader's poll (the socket itself
+    /// is in `node`, which only the thread serving it holds).
+    fd: std::os::fd::RawFd,
+    /// A thread is serving the node (the leader leaves it out of its poll).
+    busy: AtomicBool,
+    /// Set by the handle, or when the node's table refresher is gone.
+    stop: Arc<AtomicBool>,
+    node: std::sync::Mutex<Served>,
+}
+
+impl MnServer {
+    /// A server with no node and no thread yet: each node started on it
+    /// adds one thread. Its threads end once every clone of the server
+    /// and every node started on it is dropped.
+    pub fn new() -> Result<MnServer, Error> {
+        // SAFETY: eventfd takes no pointers; a non-negative result is a
+        // new descriptor that only this OwnedFd closes.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(Error::io(
+                "creating the metadata nodes' wake-up descriptor",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+        let wake = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let (add, added) = std::sync::mpsc::channel();
+        Ok(MnServer {
+            add,
+            shared: Arc::new(Pool {
+                lead: std::sync::Mutex::new(Lead {
+                    nodes: Vec::new(),
+                    added,
+                    closed: false,
+                    fds: Vec::new(),
+                    served: Instant::now(),
+                    spin_until: None,
+                }),
+                threads: std::sync::atomic::AtomicUsize::new(0),
+                wake,
+            }),
+        })
+    }
+
+    /// Adds `node` and a thread to serve it.
+    fn add(&self, slot: Arc<Slot>, name: String) -> Result<(), Error> {
+        self.add
+            .send(slot)
+            .map_err(|_| Error::Invalid("the metadata nodes' threads have ended".into()))?;
+        let pool = self.shared.clone();
+        pool.threads.fetch_add(1, Ordering::SeqCst);
+        // Interrupts the leader's poll, so that it polls the new socket too.
+        pool.notify();
+        let counted = self.shared.clone();
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(move || serve_mns(&pool))
+            .map(|_| ())
+            .map_err(|e| {
+                counted.threads.fetch_sub(1, Ordering::SeqCst);
+                Error::io("starting a metadata node's thread", e)
+            })
+    }
+}
+
+impl Pool {
+    /// Wakes the leader from its poll.
+    fn notify(&self) {
+        use std::os::fd::AsRawFd;
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd. A full
+        // counter (EAGAIN) already means "wake up".
+        let _ = unsafe { libc::write(self.wake.as_raw_fd(), std::ptr::addr_of!(one).cast(), 8) };
+    }
+
+    /// Resets the wake-up counter after the leader saw it.
+    fn drain(&self) {
+        use std::os::fd::AsRawFd;
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from our eventfd.
+        let _ = unsafe { libc::read(self.wake.as_raw_fd(), std::ptr::addr_of_mut!(v).cast(), 8) };
+    }
+}
+
+/// One metadata node as its serving thread holds it.
+struct Served {
+    // Dropped first: the socket is closed before `_gone` tells the handle.
+    sock: std::net::UdpSocket,
+    core: MnCore<SocketAddr>,
+    gate: Gate,
+    tables: watch::Receiver<Table>,
+    on: SocketAddr,
+    runtime: tokio::runtime::Handle,
+    start: Instant,
+    next_tick: Instant,
+    copies: std::sync::mpsc::Sender<CopyReport>,
+    copied: std::sync::mpsc::Receiver<CopyReport>,
+    _gone: std::sync::mpsc::Sender<()>,
+}
+
 /// Starts a metadata node stored in `dir`, listening on `bind`, member of
-/// the cluster whose orchestrator is `on`.
-///
-/// The node's loop runs on a thread of its own with a blocking socket:
-/// a metadata request is one datagram in and one out, and a blocking
-/// receive serves it without the readiness polling and task wake-ups of an
-/// async socket (the profile of zero-byte Gets was mostly those). Copies
-/// and frees still run as tasks on the caller's runtime.
-///
-/// With `keep_routes`, a node of a routed cluster keeps its host's routes
-/// in step with the table ([`crate::routes`]). `sync_ms` is the pause
-/// between two anti-entropy passes over the metadata copies of the names
-/// the node coordinates (0: none; see [`MnCore::set_sync_interval`]).
+/// the cluster whose orchestrator is `on`, with a serving thread of its
+/// own (see [`start_mn_on`]).
 pub async fn start_mn(
     dir: &Path,
     bind: SocketAddr,
@@ -387,14 +565,41 @@ pub async fn start_mn(
     key: &ClusterKey,
     sync_ms: u64,
 ) -> Result<MnHandle, Error> {
+    start_mn_on(&MnServer::new()?, dir, bind, on, keep_routes, key, sync_ms).await
+}
+
+/// Starts a metadata node stored in `dir`, listening on `bind`, member of
+/// the cluster whose orchestrator is `on`, served by `server`'s threads.
+///
+/// The node is served from plain threads with a non-blocking socket
+/// (`poll`, then `recvmmsg` of whatever waits), not a tokio task: a
+/// metadata request is one datagram in and one out, and the readiness
+/// polling and task wake-ups of an async socket were most of the cost of
+/// a zero-byte Get. Copies and frees still run as tasks on the caller's
+/// runtime.
+///
+/// With `keep_routes`, a node of a routed cluster keeps its host's routes
+/// in step with the table ([`crate::routes`]). `sync_ms` is the pause
+/// between two anti-entropy passes over the metadata copies of the names
+/// the node coordinates (0: none; see [`MnCore::set_sync_interval`]).
+pub async fn start_mn_on(
+    server: &MnServer,
+    dir: &Path,
+    bind: SocketAddr,
+    on: SocketAddr,
+    keep_routes: bool,
+    key: &ClusterKey,
+    sync_ms: u64,
+) -> Result<MnHandle, Error> {
+    use std::os::fd::AsRawFd;
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let uuid = node_uuid(dir)?;
     let db = crate::metadb::MetaDb::open(&dir.join("meta.redb"))?;
     let at = bind_address(on, bind, key).await?;
     let sock = std::net::UdpSocket::bind(at).map_err(|e| Error::io(format!("binding {at}"), e))?;
-    sock.set_read_timeout(Some(MN_TICK))
-        .map_err(|e| Error::io(format!("setting a receive timeout on {at}"), e))?;
+    sock.set_nonblocking(true)
+        .map_err(|e| Error::io(format!("making {at} non-blocking"), e))?;
     want_destinations(&sock)
         .map_err(|e| Error::io(format!("asking for datagram destinations on {at}"), e))?;
     let endpoint = advertised(bind, sock.local_addr())?;
@@ -428,96 +633,251 @@ pub async fn start_mn(
         key.clone(),
     ));
     let stop = Arc::new(AtomicBool::new(false));
-    let runtime = tokio::runtime::Handle::current();
-    let stopped = stop.clone();
-    let gate = Gate::new(key.clone(), Receiver::Mn);
-    let thread = std::thread::Builder::new()
-        .name(format!("strata-mn-{slot}"))
-        .spawn(move || mn_loop(sock, core, gate, rx, on, runtime, &stopped))
-        .map_err(|e| Error::io("starting the metadata node's thread", e))?;
+    let (gone_tx, gone) = std::sync::mpsc::channel();
+    let (copies, copied) = std::sync::mpsc::channel();
+    let start = Instant::now();
+    let fd = sock.as_raw_fd();
+    let node = Served {
+        sock,
+        core,
+        gate: Gate::new(key.clone(), Receiver::Mn),
+        tables: rx,
+        on,
+        runtime: tokio::runtime::Handle::current(),
+        start,
+        next_tick: start + MN_TICK,
+        copies,
+        copied,
+        _gone: gone_tx,
+    };
+    let added = server.add(
+        Arc::new(Slot {
+            fd,
+            busy: AtomicBool::new(false),
+            stop: stop.clone(),
+            node: std::sync::Mutex::new(node),
+        }),
+        format!("strata-mn-{slot}"),
+    );
+    if let Err(e) = added {
+        refresher.abort();
+        return Err(e);
+    }
     Ok(MnHandle {
         endpoint,
         slot,
         stop,
-        thread: Some(thread),
+        gone,
         refresher,
+        _server: server.clone(),
     })
 }
 
-/// The metadata node's loop: a datagram in, its answers out; a tick every
-/// [`MN_TICK`]; table changes and copy reports between datagrams.
-fn mn_loop(
-    sock: std::net::UdpSocket,
-    mut core: MnCore<SocketAddr>,
-    mut gate: Gate,
-    mut tables: watch::Receiver<Table>,
-    on: SocketAddr,
-    runtime: tokio::runtime::Handle,
-    stop: &AtomicBool,
-) {
-    let start = Instant::now();
-    let now = || start.elapsed().as_millis() as u64;
+/// A serving thread of an [`MnServer`]. As leader (holding `pool.lead`)
+/// it waits until a socket of a node no other thread serves is readable,
+/// or a tick is due, then serves what waits node by node; it takes new
+/// nodes and drops stopped ones between rounds. It ends when there are
+/// more threads than nodes, or no node is left and none can be added.
+fn serve_mns(pool: &Pool) {
+    use std::os::fd::AsRawFd;
+    use std::sync::mpsc::TryRecvError;
     let mut batch = crate::mmsg::RecvBatch::new(MAX_DATAGRAM + 1);
     let mut outgoing: Vec<(Vec<u8>, SocketAddr)> = Vec::new();
-    let mut next_tick = Instant::now() + MN_TICK;
-    let (copies, copied) = std::sync::mpsc::channel::<CopyReport>();
-    while !stop.load(Ordering::Relaxed) {
-        // A timeout (no datagram for a tick) or an ICMP error from an
-        // earlier send leaves nothing to handle.
-        let received = batch.recv(&sock).unwrap_or(0);
-        let mut outs = Vec::new();
+    'follow: loop {
+        let mut lead = Some(pool.lead.lock().unwrap_or_else(|e| e.into_inner()));
+        loop {
+            let Some(guard) = lead.as_mut() else {
+                continue 'follow;
+            };
+            // Through the guard once, so that fields borrow apart.
+            let l: &mut Lead = guard;
+            while !l.closed {
+                match l.added.try_recv() {
+                    Ok(node) => l.nodes.push(node),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => l.closed = true,
+                }
+            }
+            // A stopped node is dropped (its socket closed, its handle
+            // released) by whichever thread lets its last reference go.
+            l.nodes.retain(|n| !n.stop.load(Ordering::Relaxed));
+            let threads = pool.threads.load(Ordering::SeqCst);
+            if (l.closed && l.nodes.is_empty()) || threads > l.nodes.len().max(1) {
+                pool.threads.fetch_sub(1, Ordering::SeqCst);
+                return;
+            }
+            let now = Instant::now();
+            let mut wait = MN_TICK;
+            l.fds.clear();
+            for n in &l.nodes {
+                if n.busy.load(Ordering::Acquire) {
+                    l.fds.push(libc::pollfd {
+                        fd: -1, // ignored by poll: another thread serves it
+                        events: 0,
+                        revents: 0,
+                    });
+                    continue;
+                }
+                if let Ok(node) = n.node.try_lock() {
+                    wait = wait.min(node.next_tick.saturating_duration_since(now));
+                }
+                l.fds.push(libc::pollfd {
+                    fd: n.fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            l.fds.push(libc::pollfd {
+                fd: pool.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            let spinning = l.spin_until.is_some_and(|until| now < until);
+            // Rounded up: a zero timeout would spin until the tick is due.
+            let ms = if spinning {
+                0
+            } else {
+                wait.as_micros().div_ceil(1000) as libc::c_int
+            };
+            // SAFETY: `fds` holds `fds.len()` initialised pollfds, alive
+            // for the call.
+            let ready = unsafe { libc::poll(l.fds.as_mut_ptr(), l.fds.len() as libc::nfds_t, ms) };
+            if ready < 0 {
+                continue; // EINTR: look again
+            }
+            if ready == 0 && spinning {
+                // SAFETY: no arguments; lets a thread waiting for this
+                // CPU (the client, on a small machine) run first.
+                unsafe { libc::sched_yield() };
+                continue;
+            }
+            // Spin after this round only if the datagrams came soon after
+            // the previous round: the stream is steady.
+            let steady = ready > 0 && l.served.elapsed() <= MN_SPIN;
+            if l.fds.last().is_some_and(|f| f.revents != 0) {
+                pool.drain();
+            }
+            let round: Vec<(Arc<Slot>, bool)> = l
+                .nodes
+                .iter()
+                .zip(&l.fds)
+                .filter(|(n, _)| !n.busy.load(Ordering::Acquire))
+                .map(|(n, f)| (n.clone(), f.fd >= 0 && f.revents != 0))
+                .collect();
+            l.spin_until = None;
+            let mut served = 0;
+            for (slot, readable) in round {
+                if slot.busy.swap(true, Ordering::AcqRel) {
+                    continue;
+                }
+                {
+                    let mut node = slot.node.lock().unwrap_or_else(|e| e.into_inner());
+                    served += serve_node(
+                        &mut node,
+                        &slot.stop,
+                        readable,
+                        &mut batch,
+                        &mut outgoing,
+                        &mut lead,
+                    );
+                }
+                slot.busy.store(false, Ordering::Release);
+                if lead.is_none() {
+                    // Served without the lead: the leader left this node
+                    // out of its poll; have it look again.
+                    pool.notify();
+                    continue 'follow;
+                }
+            }
+            if let (Some(l), true) = (lead.as_mut(), served > 0) {
+                let end = Instant::now();
+                l.served = end;
+                l.spin_until = steady.then_some(end + MN_SPIN);
+            }
+        }
+    }
+}
+
+/// One round of one node: the datagrams waiting in its socket (when
+/// `readable`), a tick when due (with copy reports and a new table), and
+/// the answers sent together. The lead (when held) is let go before
+/// anything that may wait for the disk. Returns how many datagrams came.
+fn serve_node(
+    node: &mut Served,
+    stop: &AtomicBool,
+    readable: bool,
+    batch: &mut crate::mmsg::RecvBatch,
+    outgoing: &mut Vec<(Vec<u8>, SocketAddr)>,
+    lead: &mut Option<std::sync::MutexGuard<'_, Lead>>,
+) -> usize {
+    let start = node.start;
+    let now = || start.elapsed().as_millis() as u64;
+    let mut outs = Vec::new();
+    let mut received = 0;
+    if readable {
+        // Nothing (a spurious wake-up) or an ICMP error from an earlier
+        // send leaves nothing to handle.
+        received = batch.recv(&node.sock).unwrap_or(0);
         for i in 0..received {
             let Some((r, bytes)) = batch.get(i) else {
                 continue;
             };
             let wall = crate::auth::unix_ms();
-            outs.extend(mn_receive(
-                &mut core,
-                &mut gate,
+            outs.extend(mn_receive_with(
+                &mut node.core,
+                &mut node.gate,
                 wall,
                 now(),
                 r.from,
                 r.to,
                 bytes,
+                &mut || drop(lead.take()),
             ));
         }
-        if Instant::now() >= next_tick {
-            next_tick = Instant::now() + MN_TICK;
-            // Outputs not answering a request are sealed.
-            outs.extend(core.tick(now()).into_iter().map(|o| (o, true)));
-            while let Ok(done) = copied.try_recv() {
-                let outs_done =
-                    core.copy_done(now(), &done.name, done.version, done.targets, done.result);
-                outs.extend(outs_done.into_iter().map(|o| (o, true)));
-            }
-            match tables.has_changed() {
-                Ok(true) => {
-                    // Epochs only go up (across orchestrator restarts
-                    // too): an older table is one fetched before the
-                    // table an orchestrator's answer gave the node.
-                    let t = tables.borrow_and_update().clone();
-                    if t.epoch > core.table().epoch {
-                        core.set_table(t);
-                    }
-                }
-                Ok(false) => {}
-                Err(_) => return,
-            }
-        }
-        let wall = crate::auth::unix_ms();
-        for (out, seal) in outs {
-            let key = seal.then_some(gate.key());
-            let table = core.table();
-            let work = Work {
-                key: gate.key(),
-                copies: &copies,
-                runtime: &runtime,
-            };
-            dispatch(table, out, key, wall, &mut outgoing, &work, on);
-        }
-        crate::mmsg::send_batch(&sock, &outgoing);
-        outgoing.clear();
     }
+    if Instant::now() >= node.next_tick {
+        // Ticks run repairs, anti-entropy and table changes, which commit.
+        drop(lead.take());
+        node.next_tick = Instant::now() + MN_TICK;
+        // Outputs not answering a request are sealed.
+        outs.extend(node.core.tick(now()).into_iter().map(|o| (o, true)));
+        while let Ok(done) = node.copied.try_recv() {
+            let outs_done =
+                node.core
+                    .copy_done(now(), &done.name, done.version, done.targets, done.result);
+            outs.extend(outs_done.into_iter().map(|o| (o, true)));
+        }
+        match node.tables.has_changed() {
+            Ok(true) => {
+                // Epochs only go up (across orchestrator restarts
+                // too): an older table is one fetched before the
+                // table an orchestrator's answer gave the node.
+                let t = node.tables.borrow_and_update().clone();
+                if t.epoch > node.core.table().epoch {
+                    node.core.set_table(t);
+                }
+            }
+            Ok(false) => {}
+            // The refresher is gone: the handle is being dropped.
+            Err(_) => stop.store(true, Ordering::Relaxed),
+        }
+    }
+    if outs.is_empty() {
+        return received;
+    }
+    let wall = crate::auth::unix_ms();
+    for (out, seal) in outs {
+        let key = seal.then_some(node.gate.key());
+        let work = Work {
+            key: node.gate.key(),
+            copies: &node.copies,
+            runtime: &node.runtime,
+        };
+        dispatch(node.core.table(), out, key, wall, outgoing, &work, node.on);
+    }
+    crate::mmsg::send_batch(&node.sock, outgoing);
+    outgoing.clear();
+    received
 }
 
 /// The refusal of a request that arrived at one metadata address but
@@ -758,4 +1118,47 @@ pub async fn start_sn(
         retire,
         tasks,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::KEY_LEN;
+
+    /// Whether the core handling `msg` (sealed with `key`) was announced
+    /// as a possible write.
+    fn announced(key: &ClusterKey, sealed_with: &ClusterKey, body: Body) -> bool {
+        let dir = tempfile::tempdir().unwrap();
+        let db = crate::metadb::MetaDb::open(&dir.path().join("m.redb")).unwrap();
+        let layout = crate::addr::Layout::new(crate::addr::DEFAULT_CLUSTER_PREFIX, 4);
+        let table = Table::new(layout, crate::table::Params::default());
+        let mut core: MnCore<u32> = MnCore::new(db, table, 0, 1);
+        let mut gate = Gate::new(key.clone(), Receiver::Mn);
+        let wall = crate::auth::unix_ms();
+        let bytes = Msg::new(1, 0, body).seal(sealed_with, wall).unwrap();
+        let mut called = false;
+        mn_receive_with(&mut core, &mut gate, wall, 1, 9, None, &bytes, &mut || {
+            called = true
+        });
+        called
+    }
+
+    // The serving thread lets another thread lead before anything that
+    // may wait for the disk: a write announced as a read would hold every
+    // node of the process behind its flush.
+    #[test]
+    fn only_gets_are_served_without_handing_the_lead_over() {
+        let key = ClusterKey::from_bytes(&[7; KEY_LEN]);
+        let get = Body::Get { name: "a/b".into() };
+        assert!(!announced(&key, &key, get.clone()));
+        let delete = Body::Delete {
+            name: "a/b".into(),
+            if_version: 0,
+            keep_data: false,
+        };
+        assert!(announced(&key, &key, delete.clone()));
+        // A refused datagram never reaches the core.
+        let other = ClusterKey::from_bytes(&[8; KEY_LEN]);
+        assert!(!announced(&key, &other, delete));
+    }
 }
