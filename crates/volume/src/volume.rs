@@ -176,8 +176,12 @@ impl Volume {
                 break;
             }
         }
-        let mut disk = self.disk.write();
+        // The pause starts when the gate is asked for, not when it is
+        // granted: from then on new requests wait, while the ones in flight
+        // (and any holder of the gate, such as the keeper's index copy)
+        // finish.
         let paused = Instant::now();
+        let mut disk = self.disk.write();
         change(&mut disk)?;
         Ok(paused.elapsed())
     }
