@@ -117,10 +117,12 @@ impl Volume {
         // the index the current top may still read from below is copied
         // whole now, while I/O goes on (the push freezes only whole tops).
         let started = Instant::now();
-        let had_standby = matches!(&ready, Some(top) if top.path() == path);
-        let prepared = match ready {
-            Some(top) if top.path() == path => top,
-            _ => self.disk.read().prepare_top(path, backing_name, size)?,
+        let (prepared, had_standby) = match ready {
+            Some(top) if top.path() == path => (top, true),
+            _ => (
+                self.disk.read().prepare_top(path, backing_name, size)?,
+                false,
+            ),
         };
         let prepared_at = started.elapsed();
         failpoint("switch-after-prepare");
