@@ -9,7 +9,10 @@ Measures, against the same daemon build in the same run:
    and the I/O pause each snapshot reported. Each run alternates with the
    same run against QEMU's block layer (bench/qemu_anchor.py:
    qemu-storage-daemon, external snapshots over QMP; --no-qemu skips it),
-   so both systems' snapshot ratios come from the same minutes.
+   so both systems' snapshot ratios come from the same minutes. Each
+   repeat also measures the file system alone (bench/page_cache_floor.py:
+   fio writes into one file against a new file every second; --no-floor
+   skips it), the part of the ratio no snapshot code can avoid.
 2. Snapshot of an exported 50 GiB volume (with data, while fio writes):
    the pause (catalog commit included) and the API call's wall time.
 3. 500 volumes in one daemon: create time, daemon RSS, restart time to
@@ -40,6 +43,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import page_cache_floor
 import qemu_anchor
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,7 +159,22 @@ def bench_throughput(d, args, workdir):
             # does not share the disk and CPU with that unlink.
             wait_trash_empty(d)
             r["delete_s"] = time.monotonic() - t0
+        if args.floor:
+            # The file system's own ratio for the pattern, in the same minutes.
+            rows.append({"mode": "floor", "rep": rep,
+                         **page_cache_floor.run(workdir, args.runtime)})
     return rows
+
+
+def floor_md(args, tp):
+    """The file system's own cost of a new file every second, beside the
+    ratios above (bench/page_cache_floor.py)."""
+    rows = [r for r in tp if r["mode"] == "floor"]
+    if not rows:
+        return []
+    return ["", "Same run, the file system alone (bench/page_cache_floor.py: what "
+            "writes into a new file every second cost without any snapshot code):", "",
+            *page_cache_floor.markdown(page_cache_floor.summary(rows))]
 
 
 def qemu_md(args, tp):
@@ -364,6 +383,8 @@ def main():
                     help="extended L2 entries (subclusters) in the daemon's new volumes")
     ap.add_argument("--no-qemu", dest="qemu", action="store_false",
                     help="skip the QEMU anchor (qemu-storage-daemon) in the throughput runs")
+    ap.add_argument("--no-floor", dest="floor", action="store_false",
+                    help="skip the file system's own measurement (bench/page_cache_floor.py)")
     ap.add_argument("--long", action="store_true",
                     help="also compare a snapshot every 30 s (65 s runs) with its anchor")
     args = ap.parse_args()
@@ -395,7 +416,7 @@ def main():
                 f"| ratio 1s/none | {iops['1s'] / iops['none']:.3f} | {p99['1s'] / p99['none']:.2f} |",
                 *([f"| ratio 30s/none-long | {iops['30s'] / iops['none-long']:.3f} "
                    f"| {p99['30s'] / p99['none-long']:.2f} |"] if args.long else []),
-                *qemu_md(args, tp), ""])
+                *qemu_md(args, tp), *floor_md(args, tp), ""])
             (out_dir / f"volume-throughput-{stamp}.md").write_text(text)
             (out_dir / f"volume-throughput-{stamp}.json").write_text(json.dumps(tp, indent=1))
             print(text)
@@ -439,10 +460,10 @@ def main():
           f"| no snapshots (anchor) | {iops['none']:.0f} | {p99['none']:.0f} |",
           f"| snapshot every 1 s | {iops['1s']:.0f} | {p99['1s']:.0f} |",
           f"| ratio | {iops['1s'] / iops['none']:.3f} | {p99['1s'] / p99['none']:.2f} |",
-          *long_rows, *qemu_md(args, tp), "",
+          *long_rows, *qemu_md(args, tp), *floor_md(args, tp), "",
           f"Snapshot pause during that run: median {statistics.median(pauses):.1f} ms "
           f"(per-run medians {', '.join(f'{p:.1f}' for p in pauses)}), "
-          f"max {max(r['pause_ms_max'] for r in tp):.1f} ms.", "",
+          f"max {max(r['pause_ms_max'] for r in tp if r['mode'] == '1s'):.1f} ms.", "",
           f"| {big['gib']} GiB volume, {big['n']} snapshots | pause ms (median) | API call ms (median) |",
           "|---|---|---|",
           f"| idle | {big['idle_pause_ms']:.1f} | {big['idle_call_ms']:.1f} |",
