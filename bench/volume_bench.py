@@ -166,6 +166,14 @@ def bench_throughput(d, args, workdir):
     return rows
 
 
+def per_run_ratios(tp, mode, anchor):
+    """IOPS ratio of each repeat's `mode` run to its `anchor` run: the
+    spread a shared machine puts around the median."""
+    runs = [r for r in tp if r["mode"] == mode]
+    anchors = [r for r in tp if r["mode"] == anchor]
+    return ", ".join(f"{x['iops'] / y['iops']:.3f}" for x, y in zip(runs, anchors))
+
+
 def floor_md(args, tp):
     """The file system's own cost of a new file every second, beside the
     ratios above (bench/page_cache_floor.py)."""
@@ -183,9 +191,7 @@ def qemu_md(args, tp):
     if not args.qemu:
         return []
     med = lambda m, k: statistics.median(r[k] for r in tp if r["mode"] == m)
-    per_run = lambda m, a: ", ".join(
-        f"{x['iops'] / y['iops']:.3f}"
-        for x, y in zip([r for r in tp if r["mode"] == m], [r for r in tp if r["mode"] == a]))
+    per_run = lambda m, a: per_run_ratios(tp, m, a)
     lines = ["", "Same run, QEMU's block layer (qemu-storage-daemon, NBD export, external "
              "snapshots by `blockdev-snapshot`; its pause is that call's wall time):", "",
              "| fio randwrite 4k qd16 | Strata IOPS | QEMU IOPS | Strata / QEMU |",
@@ -413,7 +419,8 @@ def main():
                 f"{time.strftime('%Y-%m-%d %H:%M')} (repeat {args.repeat}, {args.runtime} s runs)", "",
                 "| fio randwrite 4k qd16 | IOPS (median) | write p99 µs (median) |", "|---|---|---|",
                 *[f"| {m} | {iops[m]:.0f} | {p99[m]:.0f} |" for m in modes(args)],
-                f"| ratio 1s/none | {iops['1s'] / iops['none']:.3f} | {p99['1s'] / p99['none']:.2f} |",
+                f"| ratio 1s/none | {iops['1s'] / iops['none']:.3f} (per run {per_run_ratios(tp, '1s', 'none')}) "
+                f"| {p99['1s'] / p99['none']:.2f} |",
                 *([f"| ratio 30s/none-long | {iops['30s'] / iops['none-long']:.3f} "
                    f"| {p99['30s'] / p99['none-long']:.2f} |"] if args.long else []),
                 *qemu_md(args, tp), *floor_md(args, tp), ""])
@@ -459,7 +466,8 @@ def main():
           "|---|---|---|",
           f"| no snapshots (anchor) | {iops['none']:.0f} | {p99['none']:.0f} |",
           f"| snapshot every 1 s | {iops['1s']:.0f} | {p99['1s']:.0f} |",
-          f"| ratio | {iops['1s'] / iops['none']:.3f} | {p99['1s'] / p99['none']:.2f} |",
+          f"| ratio (per run {per_run_ratios(tp, '1s', 'none')}) | {iops['1s'] / iops['none']:.3f} "
+          f"| {p99['1s'] / p99['none']:.2f} |",
           *long_rows, *qemu_md(args, tp), *floor_md(args, tp), "",
           f"Snapshot pause during that run: median {statistics.median(pauses):.1f} ms "
           f"(per-run medians {', '.join(f'{p:.1f}' for p in pauses)}), "
