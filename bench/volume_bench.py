@@ -13,6 +13,9 @@ Measures, against the same daemon build in the same run:
    repeat also measures the file system alone (bench/page_cache_floor.py:
    fio writes into one file against a new file every second; --no-floor
    skips it), the part of the ratio no snapshot code can avoid.
+   One more run with a snapshot every second logs every write's
+   completion latency: p50/p99/max of the writes that completed while a
+   snapshot call was in flight, against all the others.
 2. Snapshot of an exported 50 GiB volume (with data, while fio writes):
    the pause (catalog commit included) and the API call's wall time.
 3. 500 volumes in one daemon: create time, daemon RSS, restart time to
@@ -104,16 +107,81 @@ def fio(uri, runtime, workdir, size="1G", rw="randwrite", extra=()):
             "errors": job["error"]}
 
 
-def snapshot_loop(d, vol, every, stop, pauses, prefix):
+def snapshot_loop(d, vol, every, stop, pauses, prefix, calls=None):
     """A snapshot every `every` seconds, on a fixed clock: the next call
     starts `every` after the previous one started (at once when that one
-    took longer), so slow calls do not thin the snapshots out."""
+    took longer), so slow calls do not thin the snapshots out. `calls`,
+    if given, gets each call's (start, end) in Unix time."""
     n = 0
     start = time.monotonic()
     while not stop.wait(max(0.0, start + (n + 1) * every - time.monotonic())):
         n += 1
+        t0 = time.time()
         r = d.call("POST", f"/v1/volumes/{vol}/snapshots", {"name": f"{prefix}-{n}"})
+        if calls is not None:
+            calls.append((t0, time.time()))
         pauses.append(r["pause_ms"])
+
+
+def bench_snapshot_latency(d, args, workdir):
+    """One more run with a snapshot every second and fio's log of every
+    write's completion latency (Unix-time stamps, 1 ms resolution): the
+    writes that completed while a snapshot call was in flight (from the
+    client sending it to the answer, plus 1 ms for the stamps' rounding)
+    against all the others. A separate run: the log costs fio time."""
+    vol = "lat-1s"
+    d.call("POST", "/v1/volumes", {"name": vol, "size": 1 << 30})
+    pauses, calls, stop = [], [], threading.Event()
+    t = threading.Thread(target=snapshot_loop,
+                         args=(d, vol, 1.0, stop, pauses, "s", calls))
+    t.start()
+    prefix = Path(workdir) / "snaplat"
+    try:
+        fio(d.uri(vol), args.runtime, workdir,
+            extra=[f"--write_lat_log={prefix}", "--log_unix_epoch=1"])
+    finally:
+        stop.set()
+        t.join()
+    windows = [(int(a * 1000), int(b * 1000) + 1) for a, b in calls]
+    during, outside = [], []
+    w = 0
+    with open(f"{prefix}_clat.1.log") as log:
+        for line in log:
+            fields = line.split(",")
+            ms, lat_us = int(fields[0]), int(fields[1]) / 1000
+            while w < len(windows) and windows[w][1] < ms:
+                w += 1
+            inside = w < len(windows) and windows[w][0] <= ms
+            (during if inside else outside).append(lat_us)
+    for f in Path(workdir).glob("snaplat_*.log"):
+        f.unlink()
+    d.call("DELETE", f"/v1/volumes/{vol}", timeout=1800)
+    wait_trash_empty(d)
+
+    def pct(xs, q):
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+    return {"snapshots": len(calls), "call_ms_median": statistics.median(
+                (b - a) * 1000 for a, b in calls) if calls else 0,
+            "pause_ms_median": statistics.median(pauses) if pauses else 0,
+            "writes_during": len(during), "writes_outside": len(outside),
+            "p50_during_us": pct(during, 0.5), "p99_during_us": pct(during, 0.99),
+            "max_during_us": max(during, default=float("nan")),
+            "p50_outside_us": pct(outside, 0.5), "p99_outside_us": pct(outside, 0.99),
+            "max_outside_us": max(outside, default=float("nan"))}
+
+
+def snapshot_latency_md(lat):
+    """The latency rows of the report."""
+    return ["", f"Write latency around snapshots (one more 1 s run with fio's per-write "
+            f"log: {lat['snapshots']} snapshots, calls {lat['call_ms_median']:.1f} ms "
+            f"median, pauses {lat['pause_ms_median']:.2f} ms median):", "",
+            "| fio randwrite 4k qd16, completion latency | writes | p50 µs | p99 µs | max µs |",
+            "|---|---|---|---|---|",
+            f"| completed during a snapshot call | {lat['writes_during']} | "
+            f"{lat['p50_during_us']:.0f} | {lat['p99_during_us']:.0f} | {lat['max_during_us']:.0f} |",
+            f"| all other writes | {lat['writes_outside']} | {lat['p50_outside_us']:.0f} | "
+            f"{lat['p99_outside_us']:.0f} | {lat['max_outside_us']:.0f} |"]
 
 
 def modes(args):
@@ -409,7 +477,9 @@ def main():
         d = Daemon(base / "pool", args.cluster_size, args.extended_l2)
         if args.only == "throughput":
             tp = bench_throughput(d, args, base)
-            (out_dir / f"volume-throughput-{stamp}.json").write_text(json.dumps(tp, indent=1))
+            lat = bench_snapshot_latency(d, args, base)
+            (out_dir / f"volume-throughput-{stamp}.json").write_text(
+                json.dumps({"runs": tp, "latency": lat}, indent=1))
             d.stop()
             iops = {m: statistics.median(r["iops"] for r in tp if r["mode"] == m) for m in modes(args)}
             p99 = {m: statistics.median(r["p99_us"] for r in tp if r["mode"] == m) for m in modes(args)}
@@ -423,9 +493,8 @@ def main():
                 f"| {p99['1s'] / p99['none']:.2f} |",
                 *([f"| ratio 30s/none-long | {iops['30s'] / iops['none-long']:.3f} "
                    f"| {p99['30s'] / p99['none-long']:.2f} |"] if args.long else []),
-                *qemu_md(args, tp), *floor_md(args, tp), ""])
+                *snapshot_latency_md(lat), *qemu_md(args, tp), *floor_md(args, tp), ""])
             (out_dir / f"volume-throughput-{stamp}.md").write_text(text)
-            (out_dir / f"volume-throughput-{stamp}.json").write_text(json.dumps(tp, indent=1))
             print(text)
             return
         if args.only == "big":
@@ -445,6 +514,7 @@ def main():
             print(text)
             return
         tp = bench_throughput(d, args, base)
+        lat = bench_snapshot_latency(d, args, base)
         big = bench_big_snapshot(d, args, base)
         comp = bench_compaction(d, args, base)
         d.stop()
@@ -468,7 +538,7 @@ def main():
           f"| snapshot every 1 s | {iops['1s']:.0f} | {p99['1s']:.0f} |",
           f"| ratio (per run {per_run_ratios(tp, '1s', 'none')}) | {iops['1s'] / iops['none']:.3f} "
           f"| {p99['1s'] / p99['none']:.2f} |",
-          *long_rows, *qemu_md(args, tp), *floor_md(args, tp), "",
+          *long_rows, *snapshot_latency_md(lat), *qemu_md(args, tp), *floor_md(args, tp), "",
           f"Snapshot pause during that run: median {statistics.median(pauses):.1f} ms "
           f"(per-run medians {', '.join(f'{p:.1f}' for p in pauses)}), "
           f"max {max(r['pause_ms_max'] for r in tp if r['mode'] == '1s'):.1f} ms.", "",
@@ -487,7 +557,7 @@ def main():
     text = "\n".join(md) + "\n"
     (out_dir / f"volume-bench-{stamp}.md").write_text(text)
     (out_dir / f"volume-bench-{stamp}.json").write_text(
-        json.dumps({"throughput": tp, "big_snapshot": big, "many": many,
+        json.dumps({"throughput": tp, "latency": lat, "big_snapshot": big, "many": many,
                     "compaction": comp}, indent=1))
     print(text)
 
