@@ -35,6 +35,7 @@ Results: bench/out/volume-bench-<timestamp>.{md,json}, markdown on stdout.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -123,6 +124,24 @@ def snapshot_loop(d, vol, every, stop, pauses, prefix, calls=None):
         pauses.append(r["pause_ms"])
 
 
+@contextlib.contextmanager
+def snapshots_every(d, vol, every, calls=None):
+    """Snapshots of `vol` every `every` seconds (none when `every` is None)
+    from a second thread while the block runs; yields their pauses, in ms.
+    `calls` gets each call's (start, end) in Unix time."""
+    pauses, stop, t = [], threading.Event(), None
+    if every is not None:
+        t = threading.Thread(target=snapshot_loop,
+                             args=(d, vol, every, stop, pauses, "s", calls))
+        t.start()
+    try:
+        yield pauses
+    finally:
+        stop.set()
+        if t:
+            t.join()
+
+
 def bench_snapshot_latency(d, args, workdir):
     """One more run with a snapshot every second and fio's log of every
     write's completion latency (Unix-time stamps, 1 ms resolution): the
@@ -131,17 +150,11 @@ def bench_snapshot_latency(d, args, workdir):
     against all the others. A separate run: the log costs fio time."""
     vol = "lat-1s"
     d.call("POST", "/v1/volumes", {"name": vol, "size": 1 << 30})
-    pauses, calls, stop = [], [], threading.Event()
-    t = threading.Thread(target=snapshot_loop,
-                         args=(d, vol, 1.0, stop, pauses, "s", calls))
-    t.start()
+    calls = []
     prefix = Path(workdir) / "snaplat"
-    try:
+    with snapshots_every(d, vol, 1.0, calls) as pauses:
         fio(d.uri(vol), args.runtime, workdir,
             extra=[f"--write_lat_log={prefix}", "--log_unix_epoch=1"])
-    finally:
-        stop.set()
-        t.join()
     windows = [(int(a * 1000), int(b * 1000) + 1) for a, b in calls]
     during, outside = [], []
     w = 0
@@ -200,16 +213,9 @@ def bench_throughput(d, args, workdir):
         for mode in modes(args):
             vol = f"tp-{mode}-{rep}"
             d.call("POST", "/v1/volumes", {"name": vol, "size": 1 << 30})
-            pauses, stop = [], threading.Event()
-            t = None
-            if not mode.startswith("none"):
-                t = threading.Thread(target=snapshot_loop,
-                                     args=(d, vol, float(mode[:-1]), stop, pauses, "s"))
-                t.start()
-            r = fio(d.uri(vol), runtime(args, mode), workdir)
-            stop.set()
-            if t:
-                t.join()
+            every = None if mode.startswith("none") else float(mode[:-1])
+            with snapshots_every(d, vol, every) as pauses:
+                r = fio(d.uri(vol), runtime(args, mode), workdir)
             r.update(mode=mode, rep=rep, snapshots=len(pauses),
                      pause_ms_median=statistics.median(pauses) if pauses else 0,
                      pause_ms_max=max(pauses) if pauses else 0)
