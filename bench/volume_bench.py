@@ -11,8 +11,9 @@ Measures, against the same daemon build in the same run:
    qemu-storage-daemon, external snapshots over QMP; --no-qemu skips it),
    so both systems' snapshot ratios come from the same minutes. Each
    repeat also measures the file system alone (bench/page_cache_floor.py:
-   fio writes into one file against a new file every second; --no-floor
-   skips it), the part of the ratio no snapshot code can avoid.
+   fio writes into one file against a new file every second, the earlier
+   files kept as frozen layers are; --no-floor skips it), the part of the
+   ratio no snapshot code can avoid.
    One more run with a snapshot every second logs every write's
    completion latency: p50/p99/max of the writes that completed while a
    snapshot call was in flight, against all the others.

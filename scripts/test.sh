@@ -8,9 +8,11 @@ need=()
 # The NBD tests (crates/cli/tests/nbd.rs) and bench/nbd_bench.py also need
 # libnbd's nbdinfo and nbdcopy, its Python module (python3-libnbd, which
 # ships nbdsh), fio (whose Debian build has the nbd engine) and nbdkit (the
-# benchmark's `nbdkit memory` reference).
+# benchmark's `nbdkit memory` reference). The volume tests read what the
+# page cache holds of a layer file with util-linux's fincore.
 for tool in qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils \
-  nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:python3-libnbd fio:fio nbdkit:nbdkit; do
+  nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:python3-libnbd fio:fio nbdkit:nbdkit \
+  fincore:util-linux-extra; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 if [ "${#need[@]}" -gt 0 ]; then

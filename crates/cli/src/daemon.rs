@@ -71,6 +71,13 @@ pub struct DaemonArgs {
     /// per-call `"sync": true` does.
     #[arg(long = "durable-within", default_value_t = DEFAULT_DURABLE_WITHIN.as_secs_f64())]
     durable_within: f64,
+    /// What happens to a snapshot's layer in the kernel's page cache once
+    /// it is durable: `drop` releases its pages, so memory does not grow
+    /// with every snapshot and the next writes reuse it (reads of data it
+    /// still holds then come from the file system); `keep` leaves them to
+    /// the kernel.
+    #[arg(long = "sealed-layer-cache", default_value = "drop", value_parser = ["drop", "keep"])]
+    sealed_layer_cache: String,
     /// Seconds in-flight requests get to finish at shutdown.
     #[arg(long = "shutdown-timeout", default_value_t = 30.0)]
     shutdown_timeout: f64,
@@ -145,6 +152,7 @@ async fn serve(
         extended_l2: args.extended_l2 == "on",
         standby_min_index: parse_standby_min(&args.standby_min_index)?,
         durable_within: durable_within(args.durable_within)?,
+        drop_sealed_cache: args.sealed_layer_cache == "drop",
     };
     let (service, report) = Service::open(config, exports.clone())
         .with_context(|| format!("could not open pool '{}'", args.pool.display()))?;

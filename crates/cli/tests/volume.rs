@@ -1520,7 +1520,9 @@ fn snapshots_become_durable_at_the_next_flush_or_when_asked() {
         read_layer(&pool, &layer, dir.path())[..MIB as usize].to_vec()
     };
 
-    let d = Daemon::start(&pool);
+    // Long enough that the daemon does not seal the layers itself.
+    let unhurried = ["--durable-within", "30"];
+    let d = Daemon::start_with(&pool, &unhurried, &[]);
     d.cli(&["volume", "create", "lazy", "16M"]);
     let mut io = QemuIo::open(&d.uri("lazy"));
     io.run("write -P 5 0 1M");
@@ -1561,7 +1563,7 @@ fn snapshots_become_durable_at_the_next_flush_or_when_asked() {
 
     // SIGKILL before the seal: the restart repairs the dirty layer, and
     // what was flushed before the snapshot is in it and in the volume.
-    let d = Daemon::start(&pool);
+    let d = Daemon::start_with(&pool, &unhurried, &[]);
     common::run_ok(
         "qemu-io",
         &["-f", "raw", "-c", "write -P 8 0 1M", &d.uri("lazy")],
@@ -1580,4 +1582,48 @@ fn snapshots_become_durable_at_the_next_flush_or_when_asked() {
     assert!(data[..MIB as usize].iter().all(|&b| b == 8));
     d.stop();
     check_every_layer(&pool);
+}
+
+/// Bytes of `path` in the kernel's page cache (util-linux's fincore).
+fn cached_bytes(path: &Path) -> u64 {
+    let out = common::run_ok(
+        "fincore",
+        &["--bytes", "--noheadings", "--output", "RES", &p(path)],
+    );
+    out.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("fincore output {out:?}: {e}"))
+}
+
+/// Once a snapshot's layer is durable, the daemon drops its pages from the
+/// page cache (`--sealed-layer-cache drop`, the default), so memory does
+/// not grow with every snapshot; `keep` leaves them. Either way the
+/// snapshot and the volume read back what was written.
+#[test]
+fn sealed_layers_leave_the_page_cache_unless_kept() {
+    for (policy, dropped) in [("drop", true), ("keep", false)] {
+        let dir = tmp();
+        let pool = dir.path().join("pool");
+        let d = Daemon::start_with(&pool, &["--sealed-layer-cache", policy], &[]);
+        d.cli(&["volume", "create", "warm", "64M"]);
+        common::run_ok(
+            "qemu-io",
+            &["-f", "raw", "-c", "write -P 3 0 8M", &d.uri("warm")],
+        );
+        let s = d.cli(&["snapshot", "create", "warm", "s", "--sync"]);
+        assert_eq!(s["durable"], true, "{s}");
+        let layer = s["snapshot"]["layer"].as_str().expect("layer").to_string();
+        let cached = cached_bytes(&pool.join("layers").join(format!("{layer}.qcow2")));
+        if dropped {
+            assert!(cached < 2 * MIB, "{policy}: {cached} bytes still cached");
+        } else {
+            assert!(cached >= 8 * MIB, "{policy}: only {cached} bytes cached");
+        }
+        let data = read_export(&d, "warm", dir.path());
+        assert!(data[..8 * MIB as usize].iter().all(|&b| b == 3), "{policy}");
+        assert!(read_layer(&pool, &layer, dir.path())[..8 * MIB as usize]
+            .iter()
+            .all(|&b| b == 3));
+        d.stop();
+    }
 }

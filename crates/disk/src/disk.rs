@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -96,6 +97,9 @@ pub struct Disk {
     /// Sectors of a pushed top's index still read from the frozen layer
     /// below (see [`crate::lazy_index`]).
     pub(crate) lazy: parking_lot::RwLock<Option<std::sync::Arc<crate::lazy_index::LazyIndex>>>,
+    /// Drop a frozen layer's pages from the page cache once it is sealed
+    /// (see [`Disk::set_drop_sealed_cache`]).
+    pub(crate) drop_sealed_cache: std::sync::atomic::AtomicBool,
 }
 
 /// A layer frozen by a push whose writes are not yet durable.
@@ -163,6 +167,7 @@ impl Disk {
             frozen: Mutex::new(Vec::new()),
             sealing: Mutex::new(()),
             lazy: parking_lot::RwLock::new(None),
+            drop_sealed_cache: std::sync::atomic::AtomicBool::new(false),
         };
         if opts.writable {
             let writer = Writer::start(&disk)?;
@@ -726,9 +731,28 @@ impl Disk {
                 crate::writer::store_index_crc(layer)?;
             }
             crate::writer::seal_layer(layer)?;
+            if self.drop_sealed_cache.load(Ordering::Relaxed) {
+                layer.file.drop_cached();
+            }
             self.frozen.lock().retain(|g| g.position != f.position);
         }
         Ok(pending.len())
+    }
+
+    /// Whether [`Disk::sync_frozen`] drops each layer it seals from the
+    /// kernel's page cache (off by default).
+    ///
+    /// A sealed layer never changes again, and its pages are clean once it
+    /// is durable. Keeping them costs memory that grows with every
+    /// snapshot; dropping them lets the next top's writes reuse that
+    /// memory. On a virtual machine that matters: a page the page cache
+    /// takes from memory the guest has not touched (or has returned to the
+    /// hypervisor) faults in the host on its first write, which made
+    /// writes after each snapshot several times slower (see
+    /// `docs/benchmarks.md`). Reads of the data the layer still holds
+    /// then come from the file system rather than from memory.
+    pub fn set_drop_sealed_cache(&self, on: bool) {
+        self.drop_sealed_cache.store(on, Ordering::Relaxed);
     }
 
     /// Layers frozen and not yet durable, and how long ago the oldest of

@@ -210,6 +210,23 @@ impl ImageFile {
         }
     }
 
+    /// Asks the kernel to drop the file's cached pages. Best effort and
+    /// only for clean pages: the caller has synced the file, and a page
+    /// still dirty or under writeback just stays.
+    pub(crate) fn drop_cached(&self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: posix_fadvise on a file descriptor this struct owns; it
+        // reads no memory of ours.
+        let rc =
+            unsafe { libc::posix_fadvise(self.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        if rc != 0 {
+            tracing::debug!(
+                "{}: page cache not dropped (error {rc})",
+                self.place.path.display()
+            );
+        }
+    }
+
     /// Frees the space [`ImageFile::preallocate`] reserved past the end of
     /// the file. Best effort: truncating to the current size drops blocks
     /// reserved beyond it (ext4 and XFS do); the content is unchanged.
