@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -99,7 +99,7 @@ pub struct Disk {
     pub(crate) lazy: parking_lot::RwLock<Option<std::sync::Arc<crate::lazy_index::LazyIndex>>>,
     /// Drop a frozen layer's pages from the page cache once it is sealed
     /// (see [`Disk::set_drop_sealed_cache`]).
-    pub(crate) drop_sealed_cache: std::sync::atomic::AtomicBool,
+    pub(crate) drop_sealed_cache: AtomicBool,
 }
 
 /// A layer frozen by a push whose writes are not yet durable.
@@ -167,7 +167,7 @@ impl Disk {
             frozen: Mutex::new(Vec::new()),
             sealing: Mutex::new(()),
             lazy: parking_lot::RwLock::new(None),
-            drop_sealed_cache: std::sync::atomic::AtomicBool::new(false),
+            drop_sealed_cache: AtomicBool::new(false),
         };
         if opts.writable {
             let writer = Writer::start(&disk)?;
