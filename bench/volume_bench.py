@@ -448,6 +448,9 @@ def bench_many(args, base):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--daemon-arg", action="append", default=[],
+                    help="extra argument for the benchmark's main daemon (repeat it: "
+                         "--daemon-arg=--sealed-layer-cache --daemon-arg=keep)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--runtime", type=int, default=10)
     ap.add_argument("--volumes", type=int, default=500)
@@ -481,7 +484,7 @@ def main():
     base = Path(tempfile.mkdtemp(prefix="volume-bench-", dir=out_dir))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     try:
-        d = Daemon(base / "pool", args.cluster_size, args.extended_l2)
+        d = Daemon(base / "pool", args.cluster_size, args.extended_l2, args.daemon_arg)
         if args.only == "throughput":
             tp = bench_throughput(d, args, base)
             lat = bench_snapshot_latency(d, args, base)

@@ -1595,9 +1595,9 @@ fn cached_bytes(path: &Path) -> u64 {
         .unwrap_or_else(|e| panic!("fincore output {out:?}: {e}"))
 }
 
-/// Once a snapshot's layer is durable, the daemon drops its pages from the
-/// page cache (`--sealed-layer-cache drop`, the default), so memory does
-/// not grow with every snapshot; `keep` leaves them. Either way the
+/// With `--sealed-layer-cache drop`, once a snapshot's layer is durable
+/// the daemon drops its pages from the page cache, so memory does not grow
+/// with every snapshot; `keep` (the default) leaves them. Either way the
 /// snapshot and the volume read back what was written.
 #[test]
 fn sealed_layers_leave_the_page_cache_unless_kept() {

@@ -58,13 +58,12 @@ pub struct ServiceConfig {
     pub drop_sealed_cache: bool,
 }
 
-/// Default of [`ServiceConfig::durable_within`]. A frozen layer never
-/// changes again, so every page it holds must be written once whenever
-/// the sync comes; syncing within a second or two costs no extra writes,
-/// makes snapshots durable soon, and lets the daemon release the layer's
-/// cached pages (the kernel alone would keep them dirty for up to 30 s,
-/// `dirty_expire_centisecs`).
-pub const DEFAULT_DURABLE_WITHIN: Duration = Duration::from_secs(1);
+/// Default of [`ServiceConfig::durable_within`]: the kernel's own bound
+/// on how long written data stays in memory (`dirty_expire_centisecs`).
+/// Hosts that drop sealed layers from the page cache
+/// ([`ServiceConfig::drop_sealed_cache`]) want it short, so the pages are
+/// released soon; see docs/volume.md, "Durability".
+pub const DEFAULT_DURABLE_WITHIN: Duration = Duration::from_secs(30);
 
 impl ServiceConfig {
     /// Whether new layers get extended L2 entries.
