@@ -22,6 +22,8 @@ This measures it without Strata or QEMU: fio 4 KiB random buffered writes
 and reports the rates, the ratios to the one-file case and the extra
 time per write.
 
+The kept files need RUNTIME GiB of free space (fio lays them out in full).
+
 Why the two differ so much on a virtual machine: a page the page cache
 takes from memory the guest has never touched (or has handed back to the
 hypervisor: free page reporting, DAMON's proactive reclaim) faults in the
