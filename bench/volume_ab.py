@@ -7,7 +7,13 @@ snapshots and then with a snapshot every second. Reports median IOPS, the
 1 s / none ratio, and the daemon's CPU time per write (user + system from
 /proc, which is steadier than IOPS on a shared machine).
 
-Usage: bench/volume_ab.py OLD_BINARY,NEW_BINARY [--repeat 3] [--runtime 8] [--extended-l2 on|off]
+Each configuration is a binary, optionally followed by daemon arguments
+("target/release/strata --sealed-layer-cache drop"). The memory the guest
+reported free to its hypervisor during the run (virtio-balloon free page
+reporting, where the kernel has it) is printed beside, in MiB.
+
+Usage: bench/volume_ab.py "OLD_BINARY[ ARGS]","NEW_BINARY[ ARGS]" [--repeat 3] [--runtime 8]
+                          [--extended-l2 on|off]
 """
 import argparse
 import os
@@ -25,25 +31,33 @@ def daemon_cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one_run(binary, mode, args, work):
+def reported_mib():
+    """Memory the guest has reported free to the hypervisor so far (MiB),
+    or 0 where the kernel does not say."""
+    p = Path("/sys/module/page_reporting/parameters/reported_kib")
+    return int(p.read_text()) / 1024 if p.exists() else 0.0
+
+
+def one_run(config, mode, args, work):
+    binary, *extra = config.split()
     vb.STRATA = Path(binary)
     pool = work / "pool"
     shutil.rmtree(pool, ignore_errors=True)
     pool.mkdir()
-    d = vb.Daemon(pool, extended_l2=args.extended_l2)
+    d = vb.Daemon(pool, extended_l2=args.extended_l2, extra=extra)
     try:
         d.call("POST", "/v1/volumes", {"name": "v", "size": 1 << 30})
         stop, pauses, loop = threading.Event(), [], None
         if mode == "1s":
             loop = threading.Thread(target=vb.snapshot_loop, args=(d, "v", 1.0, stop, pauses, "s"))
             loop.start()
-        c0 = daemon_cpu_s(d.proc.pid)
+        c0, m0 = daemon_cpu_s(d.proc.pid), reported_mib()
         r = vb.fio(d.uri("v"), args.runtime, work)
-        c1 = daemon_cpu_s(d.proc.pid)
+        c1, m1 = daemon_cpu_s(d.proc.pid), reported_mib()
         stop.set()
         if loop:
             loop.join()
-        return r["iops"], (c1 - c0) * 1e6 / max(r["iops"] * args.runtime, 1)
+        return r["iops"], (c1 - c0) * 1e6 / max(r["iops"] * args.runtime, 1), m1 - m0
     finally:
         d.proc.kill()
         d.proc.wait()
@@ -51,7 +65,7 @@ def one_run(binary, mode, args, work):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("binaries", help="comma-separated strata binaries")
+    ap.add_argument("binaries", help="comma-separated strata binaries, each with optional daemon arguments")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--runtime", type=int, default=8)
     ap.add_argument("--extended-l2", choices=["on", "off"], default="on")
@@ -62,9 +76,10 @@ def main():
         for rep in range(args.repeat):
             for b in bins:
                 for mode in ("none", "1s"):
-                    iops, cpu = one_run(b, mode, args, Path(tmp))
+                    iops, cpu, reported = one_run(b, mode, args, Path(tmp))
                     res.setdefault((b, mode), []).append((iops, cpu))
-                    print(f"repeat {rep} {b} {mode}: {iops:.0f} IOPS, {cpu:.1f} us CPU/write", flush=True)
+                    print(f"repeat {rep} {b} {mode}: {iops:.0f} IOPS, {cpu:.1f} us CPU/write, "
+                          f"{reported:.0f} MiB reported free", flush=True)
     print()
     print("| binary | IOPS none | IOPS 1 s | ratio | daemon CPU µs/write none | 1 s |")
     print("|---|---|---|---|---|---|")
