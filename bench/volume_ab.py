@@ -8,7 +8,8 @@ snapshots and then with a snapshot every second. Reports median IOPS, the
 /proc, which is steadier than IOPS on a shared machine).
 
 Each configuration is a binary, optionally followed by daemon arguments
-("target/release/strata --sealed-layer-cache drop"). The memory the guest
+("target/release/strata --sealed-layer-cache drop"); --cluster-size and
+--extended-l2 there override the format of that configuration's volume. The memory the guest
 reported free to its hypervisor during the run (virtio-balloon free page
 reporting, where the kernel has it) is printed beside, in MiB.
 
@@ -44,7 +45,14 @@ def one_run(config, mode, args, work):
     pool = work / "pool"
     shutil.rmtree(pool, ignore_errors=True)
     pool.mkdir()
-    d = vb.Daemon(pool, extended_l2=args.extended_l2, extra=extra)
+    # The format options the Daemon helper always passes can be overridden per configuration.
+    fmt = {"--cluster-size": "64k", "--extended-l2": args.extended_l2}
+    for flag in fmt:
+        if flag in extra:
+            i = extra.index(flag)
+            fmt[flag] = extra[i + 1]
+            del extra[i:i + 2]
+    d = vb.Daemon(pool, cluster_size=fmt["--cluster-size"], extended_l2=fmt["--extended-l2"], extra=extra)
     try:
         d.call("POST", "/v1/volumes", {"name": "v", "size": 1 << 30})
         stop, pauses, loop = threading.Event(), [], None

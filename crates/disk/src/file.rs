@@ -27,7 +27,6 @@
 //! sectors.
 
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -36,6 +35,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use crate::error::{DiskError, Place, Result};
+
+/// Dirty sectors by sector number. Every allocating write looks up a few,
+/// so the map uses a fast hasher rather than the standard SipHash.
+type DirtyMap = std::collections::HashMap<u64, Box<[u8]>, ahash::RandomState>;
 
 /// Granularity of the metadata write-back.
 const SECTOR: u64 = 512;
@@ -59,7 +62,7 @@ pub(crate) struct ImageFile {
     writable: bool,
     write_back: AtomicBool,
     /// Dirty metadata sectors by sector number.
-    dirty: Mutex<HashMap<u64, Box<[u8]>>>,
+    dirty: Mutex<DirtyMap>,
     dirty_count: AtomicUsize,
     /// One sync at a time.
     syncing: Mutex<()>,
@@ -92,7 +95,7 @@ impl ImageFile {
             disk_len: AtomicU64::new(meta.len()),
             writable,
             write_back: AtomicBool::new(false),
-            dirty: Mutex::new(HashMap::new()),
+            dirty: Mutex::new(DirtyMap::default()),
             dirty_count: AtomicUsize::new(0),
             syncing: Mutex::new(()),
             reserved: AtomicU64::new(0),
@@ -176,8 +179,8 @@ impl ImageFile {
             .write_all_at(buf, offset)
             .map_err(|e| DiskError::io(&self.place, "write", e))?;
         let end = offset + buf.len() as u64;
-        self.disk_len.fetch_max(end, Ordering::AcqRel);
-        self.len.fetch_max(end, Ordering::AcqRel);
+        raise(&self.disk_len, end);
+        raise(&self.len, end);
         Ok(())
     }
 
@@ -256,8 +259,8 @@ impl ImageFile {
                 self.file
                     .write_all_at(buf, offset)
                     .map_err(|e| DiskError::io(&self.place, "write", e))?;
-                self.disk_len.fetch_max(end, Ordering::AcqRel);
-                self.len.fetch_max(end, Ordering::AcqRel);
+                raise(&self.disk_len, end);
+                raise(&self.len, end);
                 // What the file now holds supersedes those sectors.
                 if !dirty.is_empty() {
                     for s in offset / SECTOR..end.div_ceil(SECTOR) {
@@ -280,7 +283,7 @@ impl ImageFile {
                 };
                 copy_into_sector(sector, s, buf, offset);
             }
-            self.len.fetch_max(end, Ordering::AcqRel);
+            raise(&self.len, end);
             self.dirty_count.store(dirty.len(), Ordering::Release);
             dirty.len()
         };
@@ -292,7 +295,7 @@ impl ImageFile {
 
     /// After a direct write over sector `s`: a sector the write covers
     /// whole is dropped, one it covers in part takes the new bytes.
-    fn drop_or_update(&self, dirty: &mut HashMap<u64, Box<[u8]>>, s: u64, buf: &[u8], offset: u64) {
+    fn drop_or_update(&self, dirty: &mut DirtyMap, s: u64, buf: &[u8], offset: u64) {
         let start = s * SECTOR;
         let end = offset + buf.len() as u64;
         if offset <= start && start + SECTOR <= end {
@@ -382,7 +385,7 @@ impl Drop for ImageFile {
 /// partly covered: a direct write there would leave the file with a sector
 /// that mixes new bytes with bytes older than the last sync, so such a
 /// write goes through memory instead.
-fn partly_covers(dirty: &HashMap<u64, Box<[u8]>>, offset: u64, end: u64) -> bool {
+fn partly_covers(dirty: &DirtyMap, offset: u64, end: u64) -> bool {
     if dirty.is_empty() {
         return false;
     }
@@ -406,7 +409,7 @@ fn copy_into_sector(sector: &mut [u8], s: u64, buf: &[u8], offset: u64) {
 
 /// Overwrites `buf` (file offset `offset`) with the dirty sectors it
 /// overlaps.
-fn patch_from(dirty: &HashMap<u64, Box<[u8]>>, buf: &mut [u8], offset: u64) {
+fn patch_from(dirty: &DirtyMap, buf: &mut [u8], offset: u64) {
     if dirty.is_empty() || buf.is_empty() {
         return;
     }
@@ -420,6 +423,15 @@ fn patch_from(dirty: &HashMap<u64, Box<[u8]>>, buf: &mut [u8], offset: u64) {
         let from = (start - s * SECTOR) as usize;
         buf[(start - offset) as usize..(stop - offset) as usize]
             .copy_from_slice(&sector[from..from + (stop - start) as usize]);
+    }
+}
+
+/// Raises `length` to at least `end`. Most writes land inside the file, so
+/// a plain load first keeps them from taking the shared cache line for
+/// writing, which every I/O thread would otherwise pass back and forth.
+fn raise(length: &AtomicU64, end: u64) {
+    if length.load(Ordering::Acquire) < end {
+        length.fetch_max(end, Ordering::AcqRel);
     }
 }
 

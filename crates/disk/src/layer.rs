@@ -256,11 +256,20 @@ impl Layer {
         Ok(entry.l2_offset)
     }
 
-    /// Reads the raw L2 entries of guest clusters `first..first+out.len()`,
-    /// which must lie in one L2 table, as (first word, subcluster bitmap);
-    /// the bitmap is 0 for standard entries.
-    pub(crate) fn read_l2_entries(&self, first_cluster: u64, out: &mut [(u64, u64)]) -> Result<()> {
-        self.read_l2_entries_with(first_cluster, out, &mut Vec::new())
+    /// The raw L2 entry (and, in extended layers, its bitmap) of guest
+    /// `cluster`. Every allocating write reads one, so this does without
+    /// a heap buffer.
+    pub(crate) fn read_l2_entry(&self, cluster: u64) -> Result<(u64, u64)> {
+        let eb = self.l2_entry_bytes();
+        let table = self.l2_table(cluster / self.l2_entries())?;
+        if table == 0 {
+            return Ok((0, 0));
+        }
+        let mut bytes = [0u8; 16];
+        let bytes = &mut bytes[..eb as usize];
+        self.file
+            .read_exact_at(bytes, table + (cluster % self.l2_entries()) * eb)?;
+        Ok(decode_l2_bytes(bytes))
     }
 
     /// Entries per L2 table.
@@ -278,7 +287,9 @@ impl Layer {
         }
     }
 
-    /// As [`Layer::read_l2_entries`], reading through a reusable buffer.
+    /// Reads the raw L2 entries of guest clusters `first..first+out.len()`,
+    /// which must lie in one L2 table, as (first word, subcluster bitmap),
+    /// through a reusable buffer; the bitmap is 0 for standard entries.
     pub(crate) fn read_l2_entries_with(
         &self,
         first_cluster: u64,
@@ -302,13 +313,8 @@ impl Layer {
         bytes.resize(out.len() * eb as usize, 0);
         let at = table + (first_cluster % l2_entries) * eb;
         self.file.read_exact_at(bytes, at)?;
-        let word = |c: &[u8]| u64::from_be_bytes(c.try_into().unwrap_or([0; 8]));
         for (o, c) in out.iter_mut().zip(bytes.chunks_exact(eb as usize)) {
-            *o = if eb == 16 {
-                (word(&c[..8]), word(&c[8..]))
-            } else {
-                (word(c), 0)
-            };
+            *o = decode_l2_bytes(c);
         }
         Ok(())
     }
@@ -517,5 +523,16 @@ impl Layer {
             Some(i) => (i * span).max(pos),
             None => u64::MAX,
         })
+    }
+}
+
+/// One big-endian L2 entry as stored: 8 bytes, or 16 with the subcluster
+/// bitmap of an extended entry (0 for standard ones).
+fn decode_l2_bytes(c: &[u8]) -> (u64, u64) {
+    let word = |c: &[u8]| u64::from_be_bytes(c.try_into().unwrap_or([0; 8]));
+    if c.len() == 16 {
+        (word(&c[..8]), word(&c[8..]))
+    } else {
+        (word(c), 0)
     }
 }

@@ -39,7 +39,7 @@ pub(crate) struct Writer {
     /// Guest clusters whose new top-layer cluster has been allocated but
     /// not yet published in the L2 table: their data is being written
     /// outside the lock. Another allocating write to one of them waits.
-    in_flight: HashSet<u64>,
+    in_flight: HashSet<u64, ahash::RandomState>,
 }
 
 /// What an allocating write to one guest cluster must do, decided under
@@ -109,7 +109,7 @@ impl Writer {
             return Ok(Writer {
                 alloc: None,
                 index: None,
-                in_flight: HashSet::new(),
+                in_flight: HashSet::default(),
             });
         };
         if header.nb_snapshots > 0 {
@@ -149,7 +149,7 @@ impl Writer {
         let mut writer = Writer {
             alloc: Some(alloc),
             index: None,
-            in_flight: HashSet::new(),
+            in_flight: HashSet::default(),
         };
         if h.version >= 3 {
             writer.attach_index(disk, owners, sync_dirty_bit)?;
@@ -871,16 +871,13 @@ pub(crate) fn seal_layer(layer: &Layer) -> Result<()> {
 
 /// The top layer's current mapping of guest `cluster` (standard entries).
 fn top_mapping(top: &Layer, cluster: u64) -> Result<L2Mapping> {
-    let mut raw = [(0u64, 0u64)];
-    top.read_l2_entries(cluster, &mut raw)?;
-    top.decode_l2(raw[0].0)
+    top.decode_l2(top.read_l2_entry(cluster)?.0)
 }
 
 /// The top layer's current extended entry of guest `cluster`.
 fn top_extended(top: &Layer, cluster: u64) -> Result<ExtendedL2> {
-    let mut raw = [(0u64, 0u64)];
-    top.read_l2_entries(cluster, &mut raw)?;
-    top.decode_extended(cluster, raw[0].0, raw[0].1)
+    let (entry, bitmap) = top.read_l2_entry(cluster)?;
+    top.decode_extended(cluster, entry, bitmap)
 }
 
 /// A shared (refcount > 1) host cluster in an extended L2 top layer: only
@@ -1127,10 +1124,14 @@ impl Allocator {
         }
         let block = self.block_for(top, cluster / self.epb)?;
         let (at, len) = refcount::entry_bytes(cluster % self.epb, self.order);
-        let mut bytes = vec![0u8; len];
-        top.file.read_exact_at(&mut bytes, block + at)?;
-        refcount::set(&mut bytes, self.local_index(cluster), self.order, value);
-        top.file.write_all_at(&bytes, block + at)
+        // At most 8 bytes (64-bit refcounts): no heap buffer per allocation.
+        let mut entry = [0u8; 8];
+        let bytes = entry
+            .get_mut(..len)
+            .ok_or_else(|| DiskError::Invalid(format!("refcount entry of {len} bytes")))?;
+        top.file.read_exact_at(bytes, block + at)?;
+        refcount::set(bytes, self.local_index(cluster), self.order, value);
+        top.file.write_all_at(bytes, block + at)
     }
 
     /// Index of `cluster`'s entry inside the bytes `entry_bytes` returns.
