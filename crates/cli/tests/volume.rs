@@ -439,6 +439,41 @@ fn bad_api_input_is_refused_and_changes_nothing() {
         (
             "POST",
             "/v1/volumes",
+            r#"{"name":"x","size":1048576,"cluster_size":3000}"#,
+            400,
+            "cluster_size 3000: give a power of two",
+        ),
+        (
+            "POST",
+            "/v1/volumes",
+            r#"{"name":"x","size":1048576,"cluster_size":4194304}"#,
+            400,
+            "from 512 bytes to 2 MiB",
+        ),
+        (
+            "POST",
+            "/v1/volumes",
+            r#"{"name":"x","size":1048576,"cluster_size":4096,"extended_l2":true}"#,
+            400,
+            "extended_l2 needs a cluster_size of at least 16 KiB",
+        ),
+        (
+            "POST",
+            "/v1/volumes",
+            r#"{"name":"x","size":17592186044416,"cluster_size":4096}"#,
+            400,
+            "use a larger cluster size",
+        ),
+        (
+            "POST",
+            "/v1/volumes",
+            r#"{"name":"x","size":1048576,"extended_l2":"yes"}"#,
+            400,
+            "malformed JSON",
+        ),
+        (
+            "POST",
+            "/v1/volumes",
             r#"{"name":"../x","size":1048576}"#,
             400,
             "invalid volume name",
@@ -1279,6 +1314,67 @@ fn the_cluster_size_of_new_volumes_is_configurable() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("power of two"), "{err}");
+}
+
+/// A volume can ask for its own layer format at creation; its snapshots
+/// and clones keep it, whatever the daemon's defaults.
+#[test]
+fn a_volume_can_ask_for_its_own_cluster_size() {
+    let dir = tmp();
+    let pool = dir.path().join("pool");
+    let d = Daemon::start(&pool);
+    d.cli(&["volume", "create", "small", "8M", "--cluster-size", "4k"]);
+    d.cli(&["volume", "create", "std", "8M", "--extended-l2", "off"]);
+    d.cli(&["volume", "create", "dflt", "8M"]);
+    common::run_ok(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 7 8192 12288", &d.uri("small")],
+    );
+    d.snapshot("small", "s");
+    d.cli(&["volume", "clone", "small@s", "c"]);
+    common::run_ok(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 9 0 4096", &d.uri("c")],
+    );
+    let info = |v: &str| d.cli(&["volume", "info", v]);
+    for (v, cs, ext) in [
+        ("small", 4096, false),
+        ("c", 4096, false),
+        ("std", 65536, false),
+        ("dflt", 65536, true),
+    ] {
+        let i = info(v);
+        assert_eq!(i["cluster_size"], cs, "{v}: {i}");
+        assert_eq!(i["extended_l2"], ext, "{v}: {i}");
+    }
+    // The clone reads the snapshot's bytes beside its own write.
+    let dump = dir.path().join("c.raw");
+    common::run_ok(
+        "qemu-img",
+        &["convert", "-f", "raw", "-O", "raw", &d.uri("c"), &p(&dump)],
+    );
+    let data = std::fs::read(&dump).unwrap();
+    assert!(data[..4096].iter().all(|&b| b == 9));
+    assert!(data[4096..8192].iter().all(|&b| b == 0));
+    assert!(data[8192..20480].iter().all(|&b| b == 7));
+    d.stop();
+    // Every layer of small and of its clone has 4 KiB clusters.
+    let mut small_layers = 0;
+    for f in layer_files(&pool) {
+        let path = pool.join("layers").join(&f);
+        let i: Value =
+            serde_json::from_str(&strata_ok(&["img", "info", "--output", "json", &p(&path)]))
+                .unwrap();
+        if i["cluster-size"] == 4096 {
+            small_layers += 1;
+            assert_eq!(i["format-specific"]["extended-l2"], false, "{f}: {i}");
+        }
+    }
+    assert_eq!(
+        small_layers, 3,
+        "small's top, its snapshot and the clone's top"
+    );
+    check_every_layer(&pool);
 }
 
 #[test]

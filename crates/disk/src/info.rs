@@ -22,7 +22,7 @@ pub struct Qcow2Details {
     pub refcount_bits: u32,
     /// Marked corrupt.
     pub corrupt: bool,
-    /// Extended L2 entries (always false: refused at open).
+    /// Extended L2 entries (32 subclusters per cluster).
     pub extended_l2: bool,
 }
 

@@ -146,6 +146,11 @@ impl Layer {
         self.file.metadata().map(|m| m.blocks() * 512).unwrap_or(0)
     }
 
+    /// Cluster size in bytes (`None` for raw layers).
+    pub fn cluster_size(&self) -> Option<u64> {
+        self.cluster_bits().map(|bits| 1u64 << bits)
+    }
+
     pub(crate) fn cluster_bits(&self) -> Option<u32> {
         self.qcow2.as_ref().map(|q| q.cluster_bits)
     }

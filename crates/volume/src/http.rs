@@ -30,6 +30,14 @@ pub struct CreateVolume {
     pub name: String,
     /// Size in bytes.
     pub size: u64,
+    /// Cluster size of its layers in bytes (default: the daemon's
+    /// `--cluster-size`).
+    #[serde(default)]
+    pub cluster_size: Option<u64>,
+    /// Extended L2 entries in its layers (default: the daemon's
+    /// `--extended-l2`, where the cluster size allows them).
+    #[serde(default)]
+    pub extended_l2: Option<bool>,
 }
 
 /// `POST /v1/volumes/{name}/resize`.
@@ -166,7 +174,11 @@ async fn create_volume(
     body: Body,
 ) -> ApiResult<crate::service::VolumeInfo> {
     let req: CreateVolume = parse(&body)?;
-    let info = blocking(s, move |s| s.create_volume(&req.name, req.size)).await?;
+    let format = crate::service::VolumeFormat {
+        cluster_size: req.cluster_size,
+        extended_l2: req.extended_l2,
+    };
+    let info = blocking(s, move |s| s.create_volume_as(&req.name, req.size, &format)).await?;
     Ok((StatusCode::CREATED, Json(info)))
 }
 

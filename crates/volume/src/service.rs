@@ -66,10 +66,40 @@ pub struct ServiceConfig {
 pub const DEFAULT_DURABLE_WITHIN: Duration = Duration::from_secs(30);
 
 impl ServiceConfig {
-    /// Whether new layers get extended L2 entries.
-    fn extended_l2(&self) -> bool {
-        self.extended_l2 && self.cluster_size >= 16 << 10
+    /// The layer format of a new volume: what `requested` names, the
+    /// daemon's defaults for the rest. Extended L2 entries are a default
+    /// only where the cluster size allows them; asked for explicitly on
+    /// smaller clusters they are an error.
+    fn volume_format(&self, requested: &VolumeFormat) -> Result<(u64, bool)> {
+        let cluster_size = requested.cluster_size.unwrap_or(self.cluster_size);
+        if !cluster_size.is_power_of_two() || !(512..=2 << 20).contains(&cluster_size) {
+            return Err(VolumeError::Invalid(format!(
+                "cluster_size {cluster_size}: give a power of two from 512 bytes to 2 MiB"
+            )));
+        }
+        let fits = cluster_size >= MIN_EXTENDED_CLUSTER;
+        match requested.extended_l2 {
+            Some(true) if !fits => Err(VolumeError::Invalid(format!(
+                "extended_l2 needs a cluster_size of at least 16 KiB (got {cluster_size})"
+            ))),
+            Some(on) => Ok((cluster_size, on)),
+            None => Ok((cluster_size, self.extended_l2 && fits)),
+        }
     }
+}
+
+/// Smallest cluster qcow2 subclusters can divide (32 subclusters of 512 B).
+const MIN_EXTENDED_CLUSTER: u64 = 16 << 10;
+
+/// Layer format asked for when a volume is created; `None` fields take
+/// the daemon's defaults (`--cluster-size`, `--extended-l2`). Snapshots,
+/// grows and clones keep the format of the layer they build on.
+#[derive(Debug, Clone, Default)]
+pub struct VolumeFormat {
+    /// Cluster size in bytes: a power of two from 512 B to 2 MiB.
+    pub cluster_size: Option<u64>,
+    /// Extended L2 entries (subclusters); needs clusters of 16 KiB or more.
+    pub extended_l2: Option<bool>,
 }
 
 /// A volume as the API shows it.
@@ -97,6 +127,10 @@ pub struct VolumeInfo {
     /// Layers a compaction would remove now: layers of deleted snapshots
     /// and of grows that sit in runs of two or more.
     pub reclaimable_layers: usize,
+    /// Cluster size of the layer it writes to, in bytes.
+    pub cluster_size: Option<u64>,
+    /// Whether the layer it writes to has extended L2 entries.
+    pub extended_l2: bool,
 }
 
 /// A snapshot as the API shows it.
@@ -400,16 +434,29 @@ impl Service {
         })
     }
 
-    /// Creates an empty volume of `size` bytes and exports it.
+    /// Creates an empty volume of `size` bytes in the daemon's default
+    /// layer format and exports it.
     pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeInfo> {
+        self.create_volume_as(name, size, &VolumeFormat::default())
+    }
+
+    /// Creates an empty volume of `size` bytes whose layers have `format`
+    /// and exports it.
+    pub fn create_volume_as(
+        &self,
+        name: &str,
+        size: u64,
+        format: &VolumeFormat,
+    ) -> Result<VolumeInfo> {
         check_name("volume", name)?;
         check_size(size)?;
+        let (cluster_size, extended_l2) = self.config.volume_format(format)?;
         let reservation = self.reserve(name)?;
         let id = new_id()?;
         let opts = CreateOptions {
             size: Some(size),
-            cluster_size: self.config.cluster_size,
-            extended_l2: self.config.extended_l2(),
+            cluster_size,
+            extended_l2,
             ..CreateOptions::default()
         };
         self.add_volume(reservation, &id, &opts, None)
@@ -425,6 +472,13 @@ impl Service {
         if let Some(origin) = self.live_volume(volume) {
             origin.sync_frozen()?;
         }
+        // The clone writes in the format of the layers it shares, as a
+        // snapshot's new top does.
+        let shared = strata_disk::info::info(&self.layer_path(&source.layer), Some(Format::Qcow2))?;
+        let extended_l2 = shared
+            .format_specific
+            .as_ref()
+            .is_some_and(|q| q.extended_l2);
         let reservation = self.reserve(new)?;
         let id = new_id()?;
         let _topology = self.topology.lock();
@@ -432,8 +486,8 @@ impl Service {
             size: Some(source.size),
             backing: Some(layer_file(&source.layer)),
             backing_format: Some(Format::Qcow2),
-            cluster_size: self.config.cluster_size,
-            extended_l2: self.config.extended_l2(),
+            cluster_size: shared.cluster_size.unwrap_or(self.config.cluster_size),
+            extended_l2,
             ..CreateOptions::default()
         };
         self.add_volume(reservation, &id, &opts, Some((key, source.layer)))
@@ -510,6 +564,7 @@ impl Service {
 
     fn describe(&self, state: &State, v: &VolumeRec) -> VolumeInfo {
         let live = self.registry.lock().live.get(&v.name).cloned();
+        let format = live.as_ref().map(|l| l.volume.top_format());
         VolumeInfo {
             name: v.name.clone(),
             size: v.size,
@@ -530,6 +585,8 @@ impl Service {
                 .iter()
                 .map(|run| run.len() - 1)
                 .sum(),
+            cluster_size: format.and_then(|f| f.0),
+            extended_l2: format.is_some_and(|f| f.1),
         }
     }
 

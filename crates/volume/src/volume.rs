@@ -52,6 +52,12 @@ impl Volume {
         &self.stats
     }
 
+    /// The top layer's cluster size and whether it has extended L2 entries.
+    pub fn top_format(&self) -> (Option<u64>, bool) {
+        let disk = self.disk.read();
+        (disk.top().cluster_size(), disk.top().extended_l2())
+    }
+
     /// Layers in the chain.
     pub fn chain_length(&self) -> u32 {
         self.disk.read().depth()
