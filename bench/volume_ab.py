@@ -14,7 +14,7 @@ reported free to its hypervisor during the run (virtio-balloon free page
 reporting, where the kernel has it) is printed beside, in MiB.
 
 Usage: bench/volume_ab.py "OLD_BINARY[ ARGS]","NEW_BINARY[ ARGS]" [--repeat 3] [--runtime 8]
-                          [--extended-l2 on|off]
+                          [--extended-l2 on|off] [--iodepth 16]
 """
 import argparse
 import os
@@ -60,7 +60,7 @@ def one_run(config, mode, args, work):
             loop = threading.Thread(target=vb.snapshot_loop, args=(d, "v", 1.0, stop, pauses, "s"))
             loop.start()
         c0, m0 = daemon_cpu_s(d.proc.pid), reported_mib()
-        r = vb.fio(d.uri("v"), args.runtime, work)
+        r = vb.fio(d.uri("v"), args.runtime, work, extra=(f"--iodepth={args.iodepth}",))
         c1, m1 = daemon_cpu_s(d.proc.pid), reported_mib()
         stop.set()
         if loop:
@@ -77,6 +77,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--runtime", type=int, default=8)
     ap.add_argument("--extended-l2", choices=["on", "off"], default="on")
+    ap.add_argument("--iodepth", type=int, default=16,
+                    help="fio's queue depth (16 saturates both cores; 1 leaves CPU idle)")
     args = ap.parse_args()
     bins = args.binaries.split(",")
     res = {}
