@@ -3,7 +3,8 @@
 #
 # Usage: bench/run-volume-bench.sh [--quick] [--repeat 3] [--runtime 10] [--only compaction|throughput|big] [--compact-rate 32M]
 #                                  [--volumes 500] [--snap-volume-gib 50] [--long]
-#                                  [--cluster-size 64k] [--extended-l2 on|off] [--no-qemu]
+#                                  [--cluster-size 64k] [--extended-l2 on|off] [--no-qemu] [--iodepth 16]
+#                                  [--daemon-arg=ARG ...]
 #
 # --long adds a snapshot every 30 s (65 s runs) next to its own anchor.
 # The throughput runs alternate with the same runs against QEMU's block

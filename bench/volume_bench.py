@@ -29,6 +29,7 @@ Measures, against the same daemon build in the same run:
 Usage: bench/run-volume-bench.sh [--quick] [--repeat 3] [--runtime 10]
                                   [--volumes 500] [--snap-volume-gib 50]
                                   [--compact-rate 64M] [--only compaction|throughput|big]
+                                  [--iodepth 16] [--daemon-arg=ARG ...]
 
 --only big compares the 50 GiB snapshot with standby tops (the default)
 and without (`strata daemon --standby-min-index off`) in the same run.
@@ -37,6 +38,7 @@ Results: bench/out/volume-bench-<timestamp>.{md,json}, markdown on stdout.
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -97,10 +99,10 @@ class Daemon:
         self.proc.wait(timeout=1800)
 
 
-def fio(uri, runtime, workdir, size="1G", rw="randwrite", extra=()):
+def fio(uri, runtime, workdir, size="1G", rw="randwrite", extra=(), iodepth=16):
     out = subprocess.run(
         ["fio", "--name=bench", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}", "--bs=4k",
-         "--iodepth=16", f"--size={size}", "--time_based", f"--runtime={runtime}",
+         f"--iodepth={iodepth}", f"--size={size}", "--time_based", f"--runtime={runtime}",
          "--norandommap", "--randrepeat=0", "--output-format=json", *extra],
         cwd=workdir, capture_output=True, text=True, check=True)
     job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
@@ -216,14 +218,15 @@ def bench_throughput(d, args, workdir):
             d.call("POST", "/v1/volumes", {"name": vol, "size": 1 << 30})
             every = None if mode.startswith("none") else float(mode[:-1])
             with snapshots_every(d, vol, every) as pauses:
-                r = fio(d.uri(vol), runtime(args, mode), workdir)
+                r = fio(d.uri(vol), runtime(args, mode), workdir, iodepth=args.iodepth)
             r.update(mode=mode, rep=rep, snapshots=len(pauses),
                      pause_ms_median=statistics.median(pauses) if pauses else 0,
                      pause_ms_max=max(pauses) if pauses else 0)
             rows.append(r)
             if args.qemu:
                 # The anchor, alternated with Strata's run of the same mode.
-                rows.append(qemu_anchor.run(fio, workdir, mode,
+                rows.append(qemu_anchor.run(functools.partial(fio, iodepth=args.iodepth),
+                                            workdir, mode,
                                             runtime(args, mode), args.cluster_size,
                                             args.extended_l2, rep))
             # Unlinking layers that subcluster writes fragmented can take
@@ -269,7 +272,7 @@ def qemu_md(args, tp):
     per_run = lambda m, a: per_run_ratios(tp, m, a)
     lines = ["", "Same run, QEMU's block layer (qemu-storage-daemon, NBD export, external "
              "snapshots by `blockdev-snapshot`; its pause is that call's wall time):", "",
-             "| fio randwrite 4k qd16 | Strata IOPS | QEMU IOPS | Strata / QEMU |",
+             f"| fio randwrite 4k qd{args.iodepth} | Strata IOPS | QEMU IOPS | Strata / QEMU |",
              "|---|---|---|---|"]
     for m in modes(args):
         lines.append(f"| {m} | {med(m, 'iops'):.0f} | {med('qemu-' + m, 'iops'):.0f} | "
@@ -465,6 +468,8 @@ def main():
                     help="cluster size of the daemon's new volumes")
     ap.add_argument("--extended-l2", choices=["on", "off"], default="on",
                     help="extended L2 entries (subclusters) in the daemon's new volumes")
+    ap.add_argument("--iodepth", type=int, default=16,
+                    help="fio queue depth of the throughput runs (16 saturates two cores)")
     ap.add_argument("--no-qemu", dest="qemu", action="store_false",
                     help="skip the QEMU anchor (qemu-storage-daemon) in the throughput runs")
     ap.add_argument("--no-floor", dest="floor", action="store_false",
@@ -497,7 +502,8 @@ def main():
                 f"### Snapshot throughput, cluster size {args.cluster_size}, "
                 f"extended L2 {args.extended_l2}, "
                 f"{time.strftime('%Y-%m-%d %H:%M')} (repeat {args.repeat}, {args.runtime} s runs)", "",
-                "| fio randwrite 4k qd16 | IOPS (median) | write p99 µs (median) |", "|---|---|---|",
+                f"| fio randwrite 4k qd{args.iodepth} | IOPS (median) | write p99 µs (median) |",
+                "|---|---|---|",
                 *[f"| {m} | {iops[m]:.0f} | {p99[m]:.0f} |" for m in modes(args)],
                 f"| ratio 1s/none | {iops['1s'] / iops['none']:.3f} (per run {per_run_ratios(tp, '1s', 'none')}) "
                 f"| {p99['1s'] / p99['none']:.2f} |",
