@@ -794,6 +794,13 @@ fn read_export(d: &Daemon, volume: &str, dir: &Path) -> Vec<u8> {
 }
 
 impl Daemon {
+    /// Writes `len` bytes of `pattern` at `offset` into `volume` with
+    /// qemu-io over NBD (offsets and lengths as qemu-io takes them).
+    fn qemu_write(&self, volume: &str, pattern: u8, offset: &str, len: &str) {
+        let cmd = format!("write -P {pattern} {offset} {len}");
+        common::run_ok("qemu-io", &["-f", "raw", "-c", &cmd, &self.uri(volume)]);
+    }
+
     /// Takes snapshot `name` of `volume` through the API.
     fn snapshot(&self, volume: &str, name: &str) {
         let (status, body) = self.http(
@@ -882,10 +889,7 @@ fn check_compaction_of_200_layers(args: &[&str]) {
     let base = 32 * MIB;
     let model = build_history(&d, "vm", 200, base, &[100, 150]);
     d.cli(&["volume", "clone", "vm@s100", "vmclone"]);
-    common::run_ok(
-        "qemu-io",
-        &["-f", "raw", "-c", "write -P 222 0 1M", &d.uri("vmclone")],
-    );
+    d.qemu_write("vmclone", 222, "0", "1M");
     let clone_before = read_export(&d, "vmclone", dir.path());
     let info = d.cli(&["volume", "info", "vm"]);
     assert_eq!(info["chain_length"], 200, "{info}");
@@ -1126,16 +1130,10 @@ fn sigkill_at_fixed_steps_of_each_change_is_all_or_nothing() {
         let pool = dir.path().join("pool");
         let d = Daemon::start(&pool);
         d.cli(&["volume", "create", "vm", "16M"]);
-        common::run_ok(
-            "qemu-io",
-            &["-f", "raw", "-c", "write -P 7 0 1M", &d.uri("vm")],
-        );
+        d.qemu_write("vm", 7, "0", "1M");
         d.snapshot("vm", "base");
         d.cli(&["volume", "clone", "vm@base", "c"]);
-        common::run_ok(
-            "qemu-io",
-            &["-f", "raw", "-c", "write -P 9 1M 1M", &d.uri("c")],
-        );
+        d.qemu_write("c", 9, "1M", "1M");
         d.stop();
 
         let mut d = Daemon::start_env(&pool, &[("STRATA_FAILPOINT", point)]);
@@ -1210,10 +1208,7 @@ fn changes_during_a_compaction_are_kept() {
     d.cli(&["volume", "create", "vm", "32M"]);
     // 8 MiB in the base layer: merging the lowest run takes about 8 s at
     // the slowest pace, long enough for every change below to land in it.
-    common::run_ok(
-        "qemu-io",
-        &["-f", "raw", "-c", "write -P 9 16M 8M", &d.uri("vm")],
-    );
+    d.qemu_write("vm", 9, "16M", "8M");
     let mut model = build_history(&d, "vm", 30, 0, &[10]);
     d.cli(&["volume", "clone", "vm@s10", "c"]);
     let clone_before = read_export(&d, "c", dir.path());
@@ -1231,10 +1226,7 @@ fn changes_during_a_compaction_are_kept() {
     d.delete_snapshot("vm", "n1");
     d.cli(&["volume", "resize", "vm", "48M"]);
     d.cli(&["volume", "clone", "vm@n2", "c2"]);
-    common::run_ok(
-        "qemu-io",
-        &["-f", "raw", "-c", "write -P 77 31M 64K", &d.uri("c2")],
-    );
+    d.qemu_write("c2", 77, "31M", "64K");
     let (_, mid) = d.http("GET", "/v1/volumes/vm/compact", "");
     assert!(
         mid.contains("\"running\""),
@@ -1291,10 +1283,7 @@ fn the_cluster_size_of_new_volumes_is_configurable() {
     let pool = dir.path().join("pool");
     let d = Daemon::start_with(&pool, &["--cluster-size", "16k"], &[]);
     d.cli(&["volume", "create", "vm", "8M"]);
-    common::run_ok(
-        "qemu-io",
-        &["-f", "raw", "-c", "write -P 5 4096 4096", &d.uri("vm")],
-    );
+    d.qemu_write("vm", 5, "4096", "4096");
     d.snapshot("vm", "s");
     d.cli(&["volume", "clone", "vm@s", "c"]);
     d.stop();
@@ -1326,16 +1315,10 @@ fn a_volume_can_ask_for_its_own_cluster_size() {
     d.cli(&["volume", "create", "small", "8M", "--cluster-size", "4k"]);
     d.cli(&["volume", "create", "std", "8M", "--extended-l2", "off"]);
     d.cli(&["volume", "create", "dflt", "8M"]);
-    common::run_ok(
-        "qemu-io",
-        &["-f", "raw", "-c", "write -P 7 8192 12288", &d.uri("small")],
-    );
+    d.qemu_write("small", 7, "8192", "12288");
     d.snapshot("small", "s");
     d.cli(&["volume", "clone", "small@s", "c"]);
-    common::run_ok(
-        "qemu-io",
-        &["-f", "raw", "-c", "write -P 9 0 4096", &d.uri("c")],
-    );
+    d.qemu_write("c", 9, "0", "4096");
     let info = |v: &str| d.cli(&["volume", "info", v]);
     for (v, cs, ext) in [
         ("small", 4096, false),
@@ -1660,10 +1643,7 @@ fn snapshots_become_durable_at_the_next_flush_or_when_asked() {
     // SIGKILL before the seal: the restart repairs the dirty layer, and
     // what was flushed before the snapshot is in it and in the volume.
     let d = Daemon::start_with(&pool, &unhurried, &[]);
-    common::run_ok(
-        "qemu-io",
-        &["-f", "raw", "-c", "write -P 8 0 1M", &d.uri("lazy")],
-    );
+    d.qemu_write("lazy", 8, "0", "1M");
     let mut io = QemuIo::open(&d.uri("lazy"));
     io.run("write -P 9 1M 1M");
     let s4 = d.cli(&["snapshot", "create", "lazy", "s4"]);
@@ -1702,10 +1682,7 @@ fn sealed_layers_leave_the_page_cache_unless_kept() {
         let pool = dir.path().join("pool");
         let d = Daemon::start_with(&pool, &["--sealed-layer-cache", policy], &[]);
         d.cli(&["volume", "create", "warm", "64M"]);
-        common::run_ok(
-            "qemu-io",
-            &["-f", "raw", "-c", "write -P 3 0 8M", &d.uri("warm")],
-        );
+        d.qemu_write("warm", 3, "0", "8M");
         let s = d.cli(&["snapshot", "create", "warm", "s", "--sync"]);
         assert_eq!(s["durable"], true, "{s}");
         let layer = s["snapshot"]["layer"].as_str().expect("layer").to_string();
