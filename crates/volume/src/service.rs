@@ -68,23 +68,16 @@ pub const DEFAULT_DURABLE_WITHIN: Duration = Duration::from_secs(30);
 impl ServiceConfig {
     /// The layer format of a new volume: what `requested` names, the
     /// daemon's defaults for the rest. Extended L2 entries are a default
-    /// only where the cluster size allows them; asked for explicitly on
-    /// smaller clusters they are an error.
-    fn volume_format(&self, requested: &VolumeFormat) -> Result<(u64, bool)> {
+    /// only where the cluster size allows them. The values themselves are
+    /// checked where the file is made ([`strata_disk::create`]), which
+    /// refuses a bad combination before writing anything.
+    fn volume_format(&self, requested: &VolumeFormat) -> (u64, bool) {
         let cluster_size = requested.cluster_size.unwrap_or(self.cluster_size);
-        if !cluster_size.is_power_of_two() || !(512..=2 << 20).contains(&cluster_size) {
-            return Err(VolumeError::Invalid(format!(
-                "cluster_size {cluster_size}: give a power of two from 512 bytes to 2 MiB"
-            )));
-        }
-        let fits = cluster_size >= MIN_EXTENDED_CLUSTER;
-        match requested.extended_l2 {
-            Some(true) if !fits => Err(VolumeError::Invalid(format!(
-                "extended_l2 needs a cluster_size of at least 16 KiB (got {cluster_size})"
-            ))),
-            Some(on) => Ok((cluster_size, on)),
-            None => Ok((cluster_size, self.extended_l2 && fits)),
-        }
+        let default_extended = self.extended_l2 && cluster_size >= MIN_EXTENDED_CLUSTER;
+        (
+            cluster_size,
+            requested.extended_l2.unwrap_or(default_extended),
+        )
     }
 }
 
@@ -450,7 +443,7 @@ impl Service {
     ) -> Result<VolumeInfo> {
         check_name("volume", name)?;
         check_size(size)?;
-        let (cluster_size, extended_l2) = self.config.volume_format(format)?;
+        let (cluster_size, extended_l2) = self.config.volume_format(format);
         let reservation = self.reserve(name)?;
         let id = new_id()?;
         let opts = CreateOptions {
