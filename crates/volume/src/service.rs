@@ -73,16 +73,14 @@ impl ServiceConfig {
     /// refuses a bad combination before writing anything.
     fn volume_format(&self, requested: &VolumeFormat) -> (u64, bool) {
         let cluster_size = requested.cluster_size.unwrap_or(self.cluster_size);
-        let default_extended = self.extended_l2 && cluster_size >= MIN_EXTENDED_CLUSTER;
+        let default_extended = self.extended_l2
+            && cluster_size >= 1 << strata_format::entry::MIN_EXTENDED_CLUSTER_BITS;
         (
             cluster_size,
             requested.extended_l2.unwrap_or(default_extended),
         )
     }
 }
-
-/// Smallest cluster qcow2 subclusters can divide (32 subclusters of 512 B).
-const MIN_EXTENDED_CLUSTER: u64 = 16 << 10;
 
 /// Layer format asked for when a volume is created; `None` fields take
 /// the daemon's defaults (`--cluster-size`, `--extended-l2`). Snapshots,
