@@ -66,7 +66,8 @@ pub enum ImgCommand {
         /// Output format.
         #[arg(long, value_enum, default_value = "human")]
         output: Output,
-        /// Accepted for qemu-img compatibility; Strata never locks images.
+        /// Open the image even while another process writes it (what is
+        /// read may be inconsistent); without it such an image is refused.
         #[arg(short = 'U', long = "force-share")]
         force_share: bool,
         /// The image.
@@ -138,7 +139,8 @@ pub enum ImgCommand {
         /// Print nothing.
         #[arg(short = 'q')]
         quiet: bool,
-        /// Accepted for qemu-img compatibility; Strata never locks images.
+        /// Open the image even while another process writes it (what is
+        /// read may be inconsistent); without it such an image is refused.
         #[arg(short = 'U', long = "force-share")]
         force_share: bool,
         /// Source image.
@@ -163,7 +165,7 @@ pub enum ImgCommand {
         /// Print nothing.
         #[arg(short = 'q')]
         quiet: bool,
-        /// Accepted for qemu-img compatibility.
+        /// Open the images even while another process writes them.
         #[arg(short = 'U', long = "force-share")]
         force_share: bool,
         /// First image.
@@ -254,14 +256,14 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
             format,
             backing_chain,
             output,
+            force_share,
             filename,
-            ..
         } => {
             let fmt = format.as_deref().map(parse_format).transpose()?;
             let infos = if backing_chain {
-                info::chain_info(&filename, fmt)?
+                info::chain_info(&filename, fmt, force_share)?
             } else {
-                vec![info::info(&filename, fmt)?]
+                vec![info::info(&filename, fmt, force_share)?]
             };
             match (output, backing_chain) {
                 (Output::Json, true) => print_json(&infos)?,
@@ -312,7 +314,7 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
         } => {
             // Only the current top's header is needed here; `create` opens
             // the chain once to carry its index forward.
-            let current = info::info(&image, None)?;
+            let current = info::info(&image, None, false)?;
             let mut opts = CreateOptions {
                 backing: Some(backing_name(&image, &new_top)),
                 backing_format: Some(Format::parse(&current.format)?),
@@ -372,7 +374,7 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
             output,
             filename,
         } => {
-            let disk = open_ro(&filename, format.as_deref(), None)?;
+            let disk = open_ro(&filename, format.as_deref(), None, false)?;
             let extents = map::map(&disk)?;
             if output == Output::Json {
                 print_json(&extents)?;
@@ -402,11 +404,11 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
             options,
             progress,
             quiet,
+            force_share,
             source,
             target,
-            ..
         } => {
-            let src = open_ro(&source, format.as_deref(), None)?;
+            let src = open_ro(&source, format.as_deref(), None, force_share)?;
             let mut opts = create_options(&options)?;
             opts.format = parse_format(&out_format)?;
             let bar = progress_bar(progress && !quiet, src.size());
@@ -429,13 +431,13 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
             strict,
             progress,
             quiet,
+            force_share,
             first,
             second,
-            ..
         } => {
             let result = (|| -> Result<Comparison> {
-                let a = open_ro(&first, format_a.as_deref(), None)?;
-                let b = open_ro(&second, format_b.as_deref(), None)?;
+                let a = open_ro(&first, format_a.as_deref(), None, force_share)?;
+                let b = open_ro(&second, format_b.as_deref(), None, force_share)?;
                 let bar = progress_bar(progress && !quiet, a.size().max(b.size()));
                 let r = compare::compare(&a, &b, strict, &mut |done, _| bar.set_position(done))?;
                 bar.finish_and_clear();
@@ -489,6 +491,7 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
                     cache_bytes: cache,
                     format: format.as_deref().map(parse_format).transpose()?,
                     ignore_index: no_index,
+                    force_share: false,
                 },
             )?;
             let open_seconds = opened.elapsed().as_secs_f64();
@@ -532,8 +535,14 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
     }
 }
 
-fn open_ro(path: &Path, format: Option<&str>, cache: Option<u64>) -> Result<Disk> {
+fn open_ro(
+    path: &Path,
+    format: Option<&str>,
+    cache: Option<u64>,
+    force_share: bool,
+) -> Result<Disk> {
     let mut opts = OpenOptions::read_only();
+    opts.force_share = force_share;
     opts.format = format.map(parse_format).transpose()?;
     if let Some(c) = cache {
         opts.cache_bytes = c;

@@ -12,6 +12,7 @@ use strata_format::index::{ChainIndexExt, MAX_CHAIN_DEPTH, MAX_REGION_BYTES};
 use strata_format::refcount;
 
 use crate::disk::{Disk, OpenOptions};
+use crate::lock::{ImageLock, LockMode};
 use crate::error::{DiskError, Place, Result};
 use crate::layer::Format;
 use crate::writer::new_uuid;
@@ -164,7 +165,7 @@ pub(crate) fn create_with(
                 "raw images cannot have a backing file".into(),
             ));
         }
-        let f = std::fs::File::create(path).map_err(|e| DiskError::io(&place, "create", e))?;
+        let (f, _lock) = open_for_create(path, &place)?;
         f.set_len(size)
             .map_err(|e| DiskError::io(&place, "truncate", e))?;
         return Ok(Created {
@@ -204,13 +205,7 @@ pub(crate) fn create_with(
         }
     });
     let mut header = geometry.header(opts, size);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-        .map_err(|e| DiskError::io(&place, "create", e))?;
+    let (file, _lock) = open_for_create(path, &place)?;
     let write = |buf: &[u8], at: u64| -> Result<()> {
         use std::os::unix::fs::FileExt;
         file.write_all_at(buf, at)
@@ -490,4 +485,21 @@ impl Geometry {
             })
             .collect()
     }
+}
+
+/// Opens `path` for a new image, creating it if need be, and empties it
+/// only once its write lock is held: creating over an image that another
+/// process has open is refused without touching a byte, as in QEMU.
+fn open_for_create(path: &Path, place: &Place) -> Result<(std::fs::File, ImageLock)> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| DiskError::io(place, "create", e))?;
+    let lock = ImageLock::acquire(&file, path, LockMode::Write)?;
+    file.set_len(0)
+        .map_err(|e| DiskError::io(place, "truncate", e))?;
+    Ok((file, lock))
 }

@@ -88,6 +88,15 @@ pub enum DiskError {
     /// A caller passed an invalid argument.
     #[error("{0}")]
     Invalid(String),
+    /// Another process holds the image's locks in a way this open
+    /// conflicts with (see [`crate::lock`]).
+    #[error("{}: {detail}", path.display())]
+    Locked {
+        /// The file.
+        path: PathBuf,
+        /// Which lock, and what to do.
+        detail: String,
+    },
 }
 
 impl DiskError {

@@ -35,6 +35,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use crate::error::{DiskError, Place, Result};
+use crate::lock::{ImageLock, LockMode};
 
 /// Dirty sectors by sector number. Every allocating write looks up a few,
 /// so the map uses a fast hasher rather than the standard SipHash.
@@ -68,6 +69,8 @@ pub(crate) struct ImageFile {
     syncing: Mutex<()>,
     /// End of the space reserved by [`ImageFile::preallocate`].
     reserved: AtomicU64,
+    /// This opener's hold on the image's QEMU-compatible locks.
+    lock: ImageLock,
 }
 
 /// Bytes reserved per `fallocate` ahead of allocating writes: 64 clusters
@@ -75,7 +78,18 @@ pub(crate) struct ImageFile {
 pub(crate) const RESERVE_CHUNK: u64 = 4 << 20;
 
 impl ImageFile {
-    pub(crate) fn open(path: &Path, depth: u32, writable: bool) -> Result<ImageFile> {
+    /// Opens `path` and takes the image locks of `lock` before anything
+    /// reads or writes it: a refused opener changes no byte.
+    pub(crate) fn open(
+        path: &Path,
+        depth: u32,
+        writable: bool,
+        lock: LockMode,
+    ) -> Result<ImageFile> {
+        debug_assert!(
+            writable || lock != LockMode::Write,
+            "a write lock on a file opened read-only"
+        );
         let place = Place {
             depth,
             path: path.to_path_buf(),
@@ -85,6 +99,7 @@ impl ImageFile {
             .write(writable)
             .open(path)
             .map_err(|e| DiskError::io(&place, "open", e))?;
+        let lock = ImageLock::acquire(&file, path, lock)?;
         let meta = file
             .metadata()
             .map_err(|e| DiskError::io(&place, "stat", e))?;
@@ -99,7 +114,15 @@ impl ImageFile {
             dirty_count: AtomicUsize::new(0),
             syncing: Mutex::new(()),
             reserved: AtomicU64::new(0),
+            lock,
         })
+    }
+
+    /// Gives up the write permissions of this opener's locks: the file
+    /// became a backing file that nothing writes any more, so other
+    /// processes may read it again.
+    pub(crate) fn downgrade_lock(&self) -> Result<()> {
+        self.lock.set_mode(LockMode::Read)
     }
 
     /// Keeps small metadata writes in memory until the next sync (the
@@ -482,7 +505,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, vec![0u8; 64 * 1024]).unwrap();
-        let f = std::sync::Arc::new(ImageFile::open(&path, 1, true).unwrap());
+        let f = std::sync::Arc::new(ImageFile::open(&path, 1, true, LockMode::Write).unwrap());
         f.set_write_back(true).unwrap();
         for round in 0..200u32 {
             let old = (round % 250) as u8 + 1;
@@ -517,7 +540,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("f");
             std::fs::write(&path, vec![0u8; FILE_END as usize]).unwrap();
-            let f = ImageFile::open(&path, 1, true).unwrap();
+            let f = ImageFile::open(&path, 1, true, LockMode::Write).unwrap();
             f.set_write_back(true).unwrap();
             let mut model = vec![0u8; FILE_END as usize];
             let sector = |m: &[u8], s: u64| m[(s * SECTOR) as usize..((s + 1) * SECTOR) as usize].to_vec();

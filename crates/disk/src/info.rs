@@ -5,6 +5,7 @@ use std::path::Path;
 use strata_format::header::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
 
 use crate::disk::{Disk, IndexState, OpenOptions};
+use crate::lock::LockMode;
 use crate::error::Result;
 use crate::layer::{Format, Layer};
 
@@ -99,17 +100,30 @@ pub struct ImageInfo {
 }
 
 /// Information about one image, without opening its backing chain.
-pub fn info(path: &Path, format: Option<Format>) -> Result<ImageInfo> {
-    let layer = Layer::open(path, 0, false, format)?;
+/// With `force_share`, the image may be in use by a writer (qemu-img's
+/// `-U`); without it such an image is refused, as qemu-img refuses it.
+pub fn info(path: &Path, format: Option<Format>, force_share: bool) -> Result<ImageInfo> {
+    let lock = if force_share {
+        LockMode::ForceShare
+    } else {
+        LockMode::Read
+    };
+    let layer = Layer::open_locked(path, 0, false, format, lock)?;
     describe(&layer, path.display().to_string())
 }
 
-/// Information about every image of a chain, top first.
-pub fn chain_info(path: &Path, format: Option<Format>) -> Result<Vec<ImageInfo>> {
+/// Information about every image of a chain, top first (`force_share`
+/// as in [`info`]).
+pub fn chain_info(
+    path: &Path,
+    format: Option<Format>,
+    force_share: bool,
+) -> Result<Vec<ImageInfo>> {
     let disk = Disk::open(
         path,
         &OpenOptions {
             format,
+            force_share,
             ..OpenOptions::read_only()
         },
     )?;

@@ -12,6 +12,7 @@ use strata_format::{CompressionType, ExtendedL2, L2Mapping, QCOW2_MAGIC};
 
 use crate::error::{DiskError, Place, Result};
 use crate::file::ImageFile;
+use crate::lock::LockMode;
 
 /// Image file formats Strata reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -66,14 +67,31 @@ pub struct Layer {
 }
 
 impl Layer {
-    /// Opens `path`, probing the format unless `format` is given.
+    /// Opens `path`, probing the format unless `format` is given, with
+    /// the locks of a writer or of a reader.
     pub(crate) fn open(
         path: &Path,
         depth: u32,
         writable: bool,
         format: Option<Format>,
     ) -> Result<Layer> {
-        let file = ImageFile::open(path, depth, writable)?;
+        let lock = if writable {
+            LockMode::Write
+        } else {
+            LockMode::Read
+        };
+        Layer::open_locked(path, depth, writable, format, lock)
+    }
+
+    /// [`Layer::open`] with the locks of `lock`.
+    pub(crate) fn open_locked(
+        path: &Path,
+        depth: u32,
+        writable: bool,
+        format: Option<Format>,
+        lock: LockMode,
+    ) -> Result<Layer> {
+        let file = ImageFile::open(path, depth, writable, lock)?;
         let format = match format {
             Some(f) => f,
             None => probe(&file)?,

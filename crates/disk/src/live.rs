@@ -263,6 +263,11 @@ impl Disk {
         };
         top.committed = true;
         self.install_top(layer, top.size);
+        // The old top is sealed: a backing file now, readable by others.
+        let below = &self.layers[self.layers.len() - 2];
+        if let Err(e) = below.file.downgrade_lock() {
+            tracing::warn!("{}: keeping its write lock: {e}", below.path().display());
+        }
         self.reload_index();
         self.start_writer()?;
         Ok(PushReport {

@@ -328,7 +328,7 @@ fn a_frozen_layer_keeps_no_reserved_space_past_its_end() {
 
 /// Whether a layer file's header says dirty.
 fn dirty_on_disk(path: &Path) -> bool {
-    strata_disk::info::info(path, None)
+    strata_disk::info::info(path, None, false)
         .map(|i| i.dirty_flag)
         .expect("info")
 }
