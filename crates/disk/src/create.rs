@@ -12,9 +12,9 @@ use strata_format::index::{ChainIndexExt, MAX_CHAIN_DEPTH, MAX_REGION_BYTES};
 use strata_format::refcount;
 
 use crate::disk::{Disk, OpenOptions};
-use crate::lock::{ImageLock, LockMode};
 use crate::error::{DiskError, Place, Result};
 use crate::layer::Format;
+use crate::lock::{ImageLock, LockMode};
 use crate::writer::new_uuid;
 
 /// Units of owners copied per chunk when carrying an index forward.

@@ -5,9 +5,9 @@ use std::path::Path;
 use strata_format::header::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
 
 use crate::disk::{Disk, IndexState, OpenOptions};
-use crate::lock::LockMode;
 use crate::error::Result;
 use crate::layer::{Format, Layer};
+use crate::lock::LockMode;
 
 /// qcow2 details, as qemu-img's "format-specific" data.
 #[derive(Debug, Clone, serde::Serialize)]
