@@ -12,7 +12,7 @@ use strata_nbd::{ExportSet, Server, ServerConfig};
 use strata_volume::service::DEFAULT_DURABLE_WITHIN;
 use strata_volume::{Service, ServiceConfig};
 
-use crate::serve::{init_logging, seconds, wait_for_signal};
+use crate::serve::{idle_seconds, init_logging, seconds, wait_for_signal};
 use crate::units::parse_size;
 
 /// Default address of the HTTP API.
@@ -36,6 +36,14 @@ pub struct DaemonArgs {
     /// Most NBD clients served at once, over all volumes.
     #[arg(long = "max-connections", default_value_t = 256)]
     max_connections: usize,
+    /// Memory for the data of NBD requests in flight, over all clients
+    /// (at least 32M); a client whose request does not fit waits.
+    #[arg(long = "buffer-budget", default_value = "256M")]
+    buffer_budget: String,
+    /// Seconds after which an NBD client that sends no request (with none
+    /// running) or reads no reply is disconnected; 0: never.
+    #[arg(long = "idle-timeout", default_value_t = 0.0)]
+    idle_timeout: f64,
     /// Metadata cache bound of each volume [default: 32M, 8M with
     /// `--extended-l2 off`]. Layers with extended L2 entries resolve
     /// lookups per 2 KiB subcluster instead of per 64 KiB cluster, so the
@@ -177,6 +185,12 @@ async fn serve(
     }
     let service = Arc::new(service);
     Service::start_standby_keeper(&service);
+    let buffer_budget =
+        parse_size(&args.buffer_budget).map_err(|e| anyhow::anyhow!("--buffer-budget: {e}"))?;
+    // NBD clients and API requests share the process's descriptors.
+    if let Err(e) = strata_nbd::raise_open_file_limit() {
+        tracing::warn!("could not raise the open file limit: {e}");
+    }
     let nbd = Server::bind_set(
         exports,
         ServerConfig {
@@ -185,6 +199,8 @@ async fn serve(
             max_connections: args.max_connections,
             handshake_timeout: std::time::Duration::from_secs(30),
             shutdown_timeout,
+            buffer_budget,
+            idle_timeout: idle_seconds(args.idle_timeout)?,
         },
     )
     .await?;

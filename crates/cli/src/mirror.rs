@@ -440,6 +440,7 @@ fn run_mirror(args: RunArgs) -> Result<i32> {
         max_connections: args.max_connections,
         handshake_timeout: Duration::from_secs(30),
         shutdown_timeout: Duration::from_secs(30),
+        ..ServerConfig::default()
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

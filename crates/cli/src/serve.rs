@@ -56,6 +56,14 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish at shutdown.
     #[arg(long = "shutdown-timeout", default_value_t = 30.0)]
     shutdown_timeout: f64,
+    /// Memory for the data of requests in flight, over all clients (at
+    /// least 32M); a client whose request does not fit waits.
+    #[arg(long = "buffer-budget", default_value = "256M")]
+    buffer_budget: String,
+    /// Seconds after which a client that sends no request (with none
+    /// running) or reads no reply is disconnected; 0: never.
+    #[arg(long = "idle-timeout", default_value_t = 0.0)]
+    idle_timeout: f64,
     /// Accepted for qemu-nbd compatibility: the server is always persistent.
     #[arg(short = 't', long = "persistent")]
     persistent: bool,
@@ -79,6 +87,9 @@ pub fn run(args: ServeArgs) -> Result<i32> {
     let handshake_timeout = seconds(args.handshake_timeout, "--handshake-timeout")?;
     let shutdown_timeout = seconds(args.shutdown_timeout, "--shutdown-timeout")?;
     let cache_bytes = parse_size(&args.cache_size).map_err(anyhow::Error::msg)?;
+    let buffer_budget =
+        parse_size(&args.buffer_budget).map_err(|e| anyhow::anyhow!("--buffer-budget: {e}"))?;
+    let idle_timeout = idle_seconds(args.idle_timeout)?;
     let format = args.format.as_deref().map(Format::parse).transpose()?;
     let specs = export_specs(&args)?;
 
@@ -114,7 +125,13 @@ pub fn run(args: ServeArgs) -> Result<i32> {
         max_connections: args.max_connections,
         handshake_timeout,
         shutdown_timeout,
+        buffer_budget,
+        idle_timeout,
     };
+    // Descriptors are what every client costs: take all the system allows.
+    if let Err(e) = strata_nbd::raise_open_file_limit() {
+        tracing::warn!("could not raise the open file limit: {e}");
+    }
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -242,6 +259,14 @@ pub(crate) fn seconds(v: f64, flag: &str) -> Result<Duration> {
     Ok(Duration::from_secs_f64(v))
 }
 
+/// `--idle-timeout`: 0 turns it off.
+pub(crate) fn idle_seconds(v: f64) -> Result<Option<Duration>> {
+    if v == 0.0 {
+        return Ok(None);
+    }
+    seconds(v, "--idle-timeout").map(Some)
+}
+
 /// Logs go to stderr, filtered by `STRATA_LOG` (default: warnings).
 pub(crate) fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
@@ -303,5 +328,8 @@ mod tests {
         assert!(seconds(0.0, "x").is_err());
         assert!(seconds(f64::NAN, "x").is_err());
         assert_eq!(seconds(0.5, "x").unwrap(), Duration::from_millis(500));
+        assert_eq!(idle_seconds(0.0).unwrap(), None);
+        assert_eq!(idle_seconds(2.0).unwrap(), Some(Duration::from_secs(2)));
+        assert!(idle_seconds(-1.0).is_err());
     }
 }

@@ -48,6 +48,14 @@ struct Opts {
     handshake_timeout: Option<u32>,
     pid_file: Option<PathBuf>,
     max_connections: Option<u32>,
+    /// `--buffer-budget`.
+    buffer_budget: Option<String>,
+    /// `--idle-timeout` seconds.
+    idle_timeout: Option<f64>,
+    /// Soft and hard limit on open files of the server process.
+    open_files: Option<u64>,
+    /// `STRATA_LOG` of the server.
+    log_filter: Option<String>,
 }
 
 /// A running `strata serve`; killed (SIGKILL) on drop if still running.
@@ -92,6 +100,32 @@ impl Server {
         }
         if let Some(n) = opts.max_connections {
             cmd.args(["--max-connections", &n.to_string()]);
+        }
+        if let Some(b) = &opts.buffer_budget {
+            cmd.args(["--buffer-budget", b]);
+        }
+        if let Some(t) = opts.idle_timeout {
+            cmd.args(["--idle-timeout", &t.to_string()]);
+        }
+        if let Some(f) = &opts.log_filter {
+            cmd.env("STRATA_LOG", f);
+        }
+        if let Some(n) = opts.open_files {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe and touches only the
+            // child between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let limit = libc::rlimit {
+                        rlim_cur: n,
+                        rlim_max: n,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         match (&opts.export_name, opts.more.is_empty()) {
             (Some(name), true) => {
@@ -723,6 +757,18 @@ impl Conn {
 
     fn write(&mut self, off: u64, data: &[u8]) -> Reply {
         self.call(0, CMD_WRITE, off, data.len() as u32, data)
+    }
+
+    /// A WRITE sent as header then payload, without copying the payload
+    /// (for large writes from many clients at once).
+    fn write_large(&mut self, off: u64, data: &[u8]) -> Reply {
+        let handle = self.request(0, CMD_WRITE, off, data.len() as u32, &[]);
+        self.send(data);
+        let (h, r) = self
+            .reply(None)
+            .unwrap_or_else(|e| panic!("no reply to WRITE at {off}+{}: {e}", data.len()));
+        assert_eq!(h, handle, "reply handle");
+        r
     }
 
     fn disc(mut self) {
@@ -1888,3 +1934,214 @@ fn sigterm_while_writing_exits_0_and_keeps_acknowledged_writes() {
     }
     assert_eq!(qemu_check(&fresh), 0, "image not clean after SIGTERM");
 }
+
+/// A field of /proc/PID/status, in KiB (VmHWM, VmRSS).
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// Clients each sending one 32 MiB write, all at once, into an image of
+/// `clients` * 32 MiB; every write is read back. Returns the server's peak
+/// RSS and its RSS before the writes, in MiB.
+fn concurrent_large_writes(budget: &str, clients: usize) -> (u64, u64) {
+    const WRITE: usize = 32 << 20;
+    const SHIFT: usize = 4096;
+    let dir = tmp();
+    let image = dir.path().join("big.qcow2");
+    qemu_create(&image, "cluster_size=64k", &(clients * WRITE).to_string());
+    let opts = Opts {
+        buffer_budget: Some(budget.into()),
+        max_connections: Some(clients as u32),
+        ..Opts::default()
+    };
+    let server = Server::start(&image, dir.path(), &opts);
+    let pid = server.pid();
+    // Client i writes the window of this buffer starting at i * 4 KiB:
+    // distinct data per client, without 64 copies of it in the test.
+    let source = Arc::new(pattern(WRITE + clients * SHIFT, 7));
+    let mut conns: Vec<Conn> = (0..clients)
+        .map(|_| {
+            let mut c = server.connect();
+            c.handshake_go("");
+            c
+        })
+        .collect();
+    let before = status_kib(pid, "VmRSS") / 1024;
+    let start = Arc::new(std::sync::Barrier::new(clients));
+    let threads: Vec<_> = conns
+        .drain(..)
+        .enumerate()
+        .map(|(i, mut c)| {
+            let (source, start) = (source.clone(), start.clone());
+            std::thread::spawn(move || {
+                let data = &source[i * SHIFT..i * SHIFT + WRITE];
+                start.wait();
+                let offset = (i * WRITE) as u64;
+                c.write_large(offset, data)
+                    .unwrap_or_else(|e| panic!("client {i}: WRITE failed with error {e}"));
+                // Read back in 4 MiB pieces.
+                for piece in (0..WRITE).step_by(4 << 20) {
+                    let got = c
+                        .read(offset + piece as u64, 4 << 20)
+                        .unwrap_or_else(|e| panic!("client {i}: READ failed with error {e}"));
+                    let want = &data[piece..piece + (4 << 20)];
+                    // (memcmp first: a byte loop is slow in a debug build)
+                    if got != want {
+                        assert_same_bytes(&format!("client {i} at {piece}"), &got, want);
+                    }
+                }
+                c.disc();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a client failed");
+    }
+    let peak = status_kib(pid, "VmHWM") / 1024;
+    drop(server);
+    (peak, before)
+}
+
+#[test]
+fn buffer_budget_bounds_memory_of_64_clients_writing_32_mib() {
+    // Without the budget this took the server to over 2 GiB (64 x 32 MiB
+    // buffered at once); with a 64 MiB budget the clients wait their turn.
+    const BUDGET: u64 = 64;
+    let (peak, before) = concurrent_large_writes("64M", 64);
+    // Bound: RSS before the writes, the budget, buffers kept by idle
+    // threads (a quarter of the budget), and 48 MiB for what else 64
+    // busy connections hold (128 KiB read buffers, thread stacks, the
+    // engine's caches growing with 2 GiB written, allocator slack).
+    let bound = before + BUDGET + BUDGET / 4 + 48;
+    eprintln!("peak RSS {peak} MiB (before the writes {before} MiB, bound {bound} MiB)");
+    assert!(
+        peak <= bound,
+        "the server's peak RSS was {peak} MiB, over the {bound} MiB that a {BUDGET} MiB \
+         budget allows (RSS before the writes: {before} MiB)"
+    );
+}
+
+/// Polls the server's log for `needle` for up to `within`.
+fn wait_for_log(server: &Server, needle: &str, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if server.log_text().contains(needle) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+#[test]
+fn idle_timeout_closes_silent_and_deaf_clients_only_when_asked() {
+    const IDLE: Duration = Duration::from_secs(1);
+    let dir = tmp();
+    let (top, expected) = make_chain(dir.path());
+    let opts = Opts {
+        idle_timeout: Some(IDLE.as_secs_f64()),
+        log_filter: Some("strata_nbd=debug".into()),
+        ..Opts::default()
+    };
+    let mut server = Server::start(&top, dir.path(), &opts);
+    // Negotiates, then sends nothing.
+    let mut silent = server.connect();
+    silent.handshake_go("");
+    let t0 = Instant::now();
+    // Sends a request every 300 ms for 3 s: never idle for a whole second.
+    let mut busy = server.connect();
+    busy.handshake_go("");
+    let want = expected[..4096].to_vec();
+    let busy = std::thread::spawn(move || {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(3) {
+            let got = busy.read(0, 4096).expect("READ on the busy connection");
+            assert_same_bytes("busy connection", &got, &want);
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        busy.disc();
+    });
+    // Asks for 64 MiB and reads none of it: once the socket is full, the
+    // server's replies cannot go out for a whole second either.
+    let mut deaf = server.connect();
+    deaf.handshake_go("");
+    deaf.request(0, CMD_READ, 0, 32 << 20, &[]);
+    deaf.request(0, CMD_READ, 32 << 20, 32 << 20, &[]);
+
+    silent.expect_closed(Duration::from_secs(5));
+    let closed = t0.elapsed();
+    assert!(
+        closed >= IDLE - Duration::from_millis(100),
+        "the silent client was closed after {closed:?}, before the {IDLE:?} timeout"
+    );
+    assert!(
+        closed < IDLE * 3,
+        "the silent client was closed only after {closed:?} (timeout {IDLE:?})"
+    );
+    busy.join().expect("the busy client was served throughout");
+    // Read nothing until the server has had time to give up on the deaf
+    // client (reading would let its replies through).
+    assert!(
+        wait_for_log(&server, "it read no reply for 1s", Duration::from_secs(5)),
+        "the client that read no reply was not dropped"
+    );
+    deaf.expect_closed(Duration::from_secs(5));
+    assert!(server.log_text().contains("closing a client idle for 1s"));
+    assert_serves(&mut server, &expected);
+    server.shutdown();
+
+    // Without --idle-timeout a silent client stays connected.
+    let mut server = Server::start(&top, dir.path(), &Opts::default());
+    let mut silent = server.connect();
+    silent.handshake_go("");
+    std::thread::sleep(Duration::from_secs(3));
+    let got = silent
+        .read(0, 4096)
+        .expect("READ after 3 s of silence without --idle-timeout");
+    assert_same_bytes("silent connection", &got, &expected[..4096]);
+    silent.disc();
+    server.shutdown();
+}
+
+#[test]
+fn out_of_file_descriptors_the_server_waits_and_accepts_again() {
+    let dir = tmp();
+    let (top, expected) = make_chain(dir.path());
+    let opts = Opts {
+        open_files: Some(OPEN_FILES),
+        max_connections: Some(100),
+        ..Opts::default()
+    };
+    let mut server = Server::start(&top, dir.path(), &opts);
+    // More clients than the server has descriptors: accepting fails with
+    // EMFILE, and the rest wait in the listen queue.
+    let crowd: Vec<Conn> = (0..2 * OPEN_FILES).map(|_| server.connect()).collect();
+    assert!(
+        wait_for_log(&server, "out of file descriptors", Duration::from_secs(10)),
+        "the server never ran out of descriptors with {OPEN_FILES} allowed"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    server.assert_running();
+    // The clients leave; their descriptors come back and the server
+    // serves new clients again.
+    drop(crowd);
+    assert_serves(&mut server, &expected);
+    // One report per 10 s, not one per failed attempt (every 100 ms).
+    let reports = server
+        .log_text()
+        .matches("accepting a client failed")
+        .count();
+    assert!(
+        reports <= 2,
+        "{reports} log lines about failed accepts: not rate-limited"
+    );
+    server.shutdown();
+}
+
+/// Open file limit of the server in the descriptor test.
+const OPEN_FILES: u64 = 40;

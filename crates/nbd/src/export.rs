@@ -72,8 +72,18 @@ impl Scratch {
     /// Gives back memory a rare huge request made the buffer hold.
     pub(crate) fn trim(&mut self) {
         if self.buf.len() > KEEP_SCRATCH {
-            self.buf = AlignedBuf::zeroed(0);
+            self.clear();
         }
+    }
+
+    /// Bytes the buffer holds.
+    pub(crate) fn capacity(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Gives back all of the buffer's memory.
+    pub(crate) fn clear(&mut self) {
+        self.buf = AlignedBuf::zeroed(0);
     }
 }
 

@@ -13,6 +13,7 @@
 //!
 //! The library never prints and never exits; it logs with `tracing`.
 
+mod budget;
 pub mod command;
 pub mod export;
 pub mod exports;
@@ -22,9 +23,10 @@ mod reply;
 pub mod server;
 mod transmission;
 
+pub use budget::DEFAULT_BUFFER_BUDGET;
 pub use export::Export;
 pub use exports::ExportSet;
-pub use server::{Server, ServerConfig, ShutdownHandle};
+pub use server::{raise_open_file_limit, Server, ServerConfig, ShutdownHandle};
 
 /// Why a server could not start or stop cleanly.
 #[derive(Debug, thiserror::Error)]

@@ -4,17 +4,19 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
+use crate::budget::{Budget, DEFAULT_BUFFER_BUDGET};
+use crate::command::MAX_PAYLOAD;
 use crate::export::Export;
 use crate::exports::ExportSet;
 use crate::handshake::{handshake, Negotiated};
-use crate::transmission::{self, Socket};
+use crate::transmission::{self, Limits, Socket};
 use crate::ServerError;
 
 /// Default TCP port (IANA-assigned to NBD).
@@ -40,6 +42,15 @@ pub struct ServerConfig {
     /// On shutdown, how long in-flight requests and their replies may take
     /// before their connections are cut.
     pub shutdown_timeout: Duration,
+    /// Most bytes of read and write buffers of requests in flight, over
+    /// all connections. A connection whose request does not fit waits,
+    /// without reading its socket, until it does. At least the largest
+    /// request ([`MAX_PAYLOAD`], 32 MiB).
+    pub buffer_budget: u64,
+    /// Close a connection that sends nothing while none of its requests
+    /// is running, or reads none of its replies, for this long. `None`
+    /// (the default, as in qemu-nbd): never.
+    pub idle_timeout: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -50,6 +61,8 @@ impl Default for ServerConfig {
             max_connections: 16,
             handshake_timeout: Duration::from_secs(30),
             shutdown_timeout: Duration::from_secs(30),
+            buffer_budget: DEFAULT_BUFFER_BUDGET,
+            idle_timeout: None,
         }
     }
 }
@@ -100,6 +113,18 @@ impl Server {
         if config.max_connections == 0 {
             return Err(ServerError::Config(
                 "max connections must be at least 1".into(),
+            ));
+        }
+        if config.buffer_budget < u64::from(MAX_PAYLOAD) {
+            return Err(ServerError::Config(format!(
+                "a buffer budget of {} bytes cannot hold one request of the largest \
+                 size: give at least {MAX_PAYLOAD} bytes (32 MiB)",
+                config.buffer_budget
+            )));
+        }
+        if config.idle_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(ServerError::Config(
+                "an idle timeout must be longer than zero (None turns it off)".into(),
             ));
         }
         let tcp = match &config.tcp {
@@ -163,6 +188,11 @@ impl Server {
             shutdown,
         } = self;
         let slots = Arc::new(Semaphore::new(config.max_connections));
+        let limits = Limits {
+            budget: Budget::new(config.buffer_budget),
+            idle: config.idle_timeout,
+        };
+        let mut failures = AcceptFailures::default();
         let mut conns = JoinSet::new();
         let mut stop = shutdown.subscribe();
         loop {
@@ -180,13 +210,15 @@ impl Server {
                             config.clone(),
                             shutdown.subscribe(),
                             slot,
+                            limits.clone(),
                         ));
                     }
                     Err(e) => {
                         // Usually out of descriptors: back off instead of
-                        // spinning, and keep serving the clients we have.
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        // spinning, and keep serving the clients we have;
+                        // the refused client waits in the listen queue.
+                        failures.note(&e);
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
                     }
                 },
             }
@@ -254,6 +286,72 @@ fn remove_stale_socket(path: &Path) -> Result<(), ServerError> {
     }
 }
 
+/// Pause after a failed accept before trying again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Least time between two log lines about failed accepts, so that a long
+/// shortage of descriptors does not fill the log.
+const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Counts failed accepts and logs them at a bounded rate.
+#[derive(Default)]
+struct AcceptFailures {
+    /// Failures since the last log line.
+    unlogged: u64,
+    last_logged: Option<Instant>,
+}
+
+impl AcceptFailures {
+    fn note(&mut self, e: &std::io::Error) {
+        self.unlogged += 1;
+        if self
+            .last_logged
+            .is_some_and(|t| t.elapsed() < ACCEPT_LOG_EVERY)
+        {
+            return;
+        }
+        let hint = match e.raw_os_error() {
+            Some(libc::EMFILE) | Some(libc::ENFILE) => {
+                ": out of file descriptors (raise `ulimit -n`); clients wait until some close"
+            }
+            _ => "",
+        };
+        tracing::warn!(
+            "accepting a client failed {} time(s) since the last report, last: {e}{hint}; \
+             retrying every {ACCEPT_BACKOFF:?}",
+            self.unlogged
+        );
+        self.unlogged = 0;
+        self.last_logged = Some(Instant::now());
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit, so that a burst
+/// of clients on one surface of the process (the HTTP API, say) does not
+/// leave NBD unable to accept. Returns the soft limit now in force.
+pub fn raise_open_file_limit() -> std::io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit reads one rlimit from a struct we own.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        limit.rlim_cur = limit.rlim_max;
+    }
+    Ok(limit.rlim_cur)
+}
+
 enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
@@ -301,6 +399,7 @@ async fn connection(
     config: ServerConfig,
     mut shutdown: watch::Receiver<bool>,
     _slot: OwnedSemaphorePermit,
+    limits: Limits,
 ) {
     tracing::debug!(peer, "client connected");
     let (neg, socket) = match stream {
@@ -340,7 +439,7 @@ async fn connection(
         block_status = neg.block_status,
         "transmission"
     );
-    transmission::serve(socket, neg, shutdown, peer).await;
+    transmission::serve(socket, neg, shutdown, peer, limits).await;
 }
 
 /// The handshake, bounded by the handshake timeout and cut short by a

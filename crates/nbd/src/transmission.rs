@@ -17,19 +17,25 @@
 //! and shutdown.
 //!
 //! Memory is bounded per connection: one request per thread, and at most
-//! [`MAX_IN_FLIGHT_BYTES`] of read and write buffers at once.
+//! [`MAX_IN_FLIGHT_BYTES`] of read and write buffers at once; and per
+//! server, by the [`Budget`] every connection takes its buffers from.
+//!
+//! With an idle timeout, a connection that sends nothing while none of its
+//! requests is running, or reads none of its replies, for that long is
+//! closed.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::{oneshot, watch};
 
+use crate::budget::{Budget, Grant};
 use crate::command::{self, Op, Session, MAX_PAYLOAD};
 use crate::export::{Export, Scratch};
 use crate::handshake::Negotiated;
@@ -57,6 +63,22 @@ const LINGER: Duration = Duration::from_secs(2);
 /// Replies up to this size are queued and written in batches (see
 /// [`Conn::send`]); larger ones (read data) go straight to the socket.
 const BATCHED_REPLY: usize = 512;
+
+/// What a server allows each connection, shared by all of them.
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    /// The server's budget of request buffers.
+    pub(crate) budget: Arc<Budget>,
+    /// Close a connection idle for this long; `None`: never.
+    pub(crate) idle: Option<Duration>,
+}
+
+/// How often a connection with an idle timeout wakes up to check it: a
+/// quarter of the timeout (so it closes within 1.25 times it), at most
+/// once a second.
+fn idle_tick(idle: Duration) -> Duration {
+    (idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
 
 /// A connected socket in blocking mode.
 pub(crate) enum Socket {
@@ -86,6 +108,13 @@ impl Socket {
             Socket::Tcp(s) => s.set_read_timeout(t),
             Socket::Unix(s) => s.set_read_timeout(t),
         };
+    }
+
+    fn set_write_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Socket::Tcp(s) => s.set_write_timeout(t),
+            Socket::Unix(s) => s.set_write_timeout(t),
+        }
     }
 }
 
@@ -130,6 +159,16 @@ enum End {
     Broken(String),
     /// Replies cannot be written: the client is gone.
     Gone(String),
+    /// The client sent nothing for the idle timeout.
+    Idle(Duration),
+}
+
+/// Why a read of the request stream stopped.
+enum Stall {
+    /// The idle timeout passed with nothing received and nothing running.
+    Idle(Duration),
+    /// The socket failed or ended.
+    Io(std::io::Error),
 }
 
 struct State {
@@ -137,6 +176,8 @@ struct State {
     threads: usize,
     /// Bytes of buffers held by requests in flight.
     bytes: u64,
+    /// Requests read and not yet answered.
+    running: usize,
     /// Set once: no request is read after it.
     end: Option<End>,
     /// Told when the last thread has closed the connection.
@@ -166,13 +207,28 @@ struct Conn {
     state: Mutex<State>,
     /// Signalled when buffer bytes are released or the connection ends.
     space: Condvar,
+    /// The server's buffer budget.
+    budget: Arc<Budget>,
+    /// The idle timeout, if any.
+    idle: Option<Duration>,
+    /// When the connection entered transmission.
+    started: Instant,
+    /// Milliseconds after `started` when a byte last came in or a reply
+    /// last went out (kept only with an idle timeout).
+    last_active: AtomicU64,
 }
 
 /// One unit of work read by the leader.
 enum Next {
     /// Run it.
     /// (A write's payload is in the thread's scratch buffer.)
-    Run { op: Op, handle: u64, bytes: u64 },
+    Run {
+        op: Op,
+        handle: u64,
+        bytes: u64,
+        /// The request's share of the server's budget.
+        grant: Grant,
+    },
     /// Reply without touching the disk (refused request).
     Reply(Reply<'static>),
     /// Stop reading (maybe after sending a last reply).
@@ -189,9 +245,10 @@ pub(crate) async fn serve(
     neg: Negotiated,
     mut shutdown: watch::Receiver<bool>,
     peer: String,
+    limits: Limits,
 ) {
     let (done_tx, mut done_rx) = oneshot::channel();
-    let conn = match Conn::new(socket, neg, peer, done_tx) {
+    let conn = match Conn::new(socket, neg, peer, done_tx, limits) {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!("cannot serve connection: {e}");
@@ -245,7 +302,11 @@ fn spawn_worker(conn: &Arc<Conn>) -> std::io::Result<()> {
 
 fn worker(conn: Arc<Conn>) {
     let _exit = ExitGuard(conn.clone());
-    let mut scratch = Scratch::new();
+    let mut buffer = ThreadBuffer {
+        scratch: Scratch::new(),
+        kept: 0,
+        budget: conn.budget.clone(),
+    };
     loop {
         conn.waiting.fetch_add(1, Ordering::SeqCst);
         let mut reader = conn.lock_reader();
@@ -253,9 +314,14 @@ fn worker(conn: Arc<Conn>) {
         if conn.state.lock().end.is_some() {
             return;
         }
-        let next = conn.next(&mut reader, &mut scratch);
+        let next = conn.next(&mut reader, &mut buffer.scratch);
         match next {
-            Next::Run { op, handle, bytes } => {
+            Next::Run {
+                op,
+                handle,
+                bytes,
+                grant,
+            } => {
                 // Keep a thread ready to read the next request while this
                 // one runs: that is what lets requests overlap.
                 if conn.waiting.load(Ordering::SeqCst) == 0
@@ -266,13 +332,15 @@ fn worker(conn: Arc<Conn>) {
                     }
                 }
                 drop(reader);
-                let reply = conn
-                    .export
-                    .execute(op, handle, &mut scratch, conn.session.structured);
+                let reply =
+                    conn.export
+                        .execute(op, handle, &mut buffer.scratch, conn.session.structured);
                 conn.send(&reply);
                 drop(reply);
                 conn.release(bytes);
-                scratch.trim();
+                drop(grant);
+                conn.finished_request();
+                buffer.settle();
             }
             Next::Reply(reply) => {
                 drop(reader);
@@ -287,6 +355,38 @@ fn worker(conn: Arc<Conn>) {
                 return;
             }
         }
+    }
+}
+
+/// A thread's I/O buffer, with the bytes of it counted as kept.
+struct ThreadBuffer {
+    scratch: Scratch,
+    kept: u64,
+    budget: Arc<Budget>,
+}
+
+impl ThreadBuffer {
+    /// After a request: keeps the buffer for the next one if it is not
+    /// huge and the server's bound on kept buffers allows, else frees it.
+    fn settle(&mut self) {
+        self.scratch.trim();
+        let capacity = self.scratch.capacity() as u64;
+        if capacity == self.kept {
+            return;
+        }
+        if self.budget.keep(self.kept, capacity) {
+            self.kept = capacity;
+        } else {
+            self.scratch.clear();
+            self.budget.keep(self.kept, 0);
+            self.kept = 0;
+        }
+    }
+}
+
+impl Drop for ThreadBuffer {
+    fn drop(&mut self) {
+        self.budget.keep(self.kept, 0);
     }
 }
 
@@ -321,8 +421,16 @@ impl Conn {
         neg: Negotiated,
         peer: String,
         done: oneshot::Sender<()>,
+        limits: Limits,
     ) -> std::io::Result<Arc<Conn>> {
         let reader = socket.try_clone()?;
+        if let Some(idle) = limits.idle {
+            // Socket options are shared by both descriptors: reads wake up
+            // to check the idle time, and a reply nobody reads for the
+            // whole timeout fails.
+            reader.set_read_timeout(Some(idle_tick(idle)));
+            socket.set_write_timeout(Some(idle))?;
+        }
         let session = Session {
             size: neg.export.size(),
             read_only: neg.export.read_only(),
@@ -347,10 +455,15 @@ impl Conn {
             state: Mutex::new(State {
                 threads: 0,
                 bytes: 0,
+                running: 0,
                 end: None,
                 done: Some(done),
             }),
             space: Condvar::new(),
+            budget: limits.budget,
+            idle: limits.idle,
+            started: Instant::now(),
+            last_active: AtomicU64::new(0),
         }))
     }
 
@@ -364,6 +477,8 @@ impl Conn {
             }
         }
         self.space.notify_all();
+        // A leader waiting for the server's budget gives up.
+        self.budget.wake();
         if end == End::Shutdown {
             // Wakes the leader out of its blocking read (it sees EOF).
             self.shutdown_socket(Shutdown::Read);
@@ -389,14 +504,18 @@ impl Conn {
     /// Reads the next request and decides what to do with it.
     fn next(&self, r: &mut BufReader<Socket>, scratch: &mut Scratch) -> Next {
         let mut hdr = [0u8; REQUEST_LEN];
-        if let Err(e) = r.read_exact(&mut hdr) {
-            return Next::End(
-                match e.kind() {
-                    std::io::ErrorKind::UnexpectedEof => End::Client,
-                    _ => End::Broken(format!("read failed: {e}")),
-                },
-                None,
-            );
+        match self.read_full(r, &mut hdr) {
+            Ok(()) => {}
+            Err(Stall::Idle(t)) => return Next::End(End::Idle(t), None),
+            Err(Stall::Io(e)) => {
+                return Next::End(
+                    match e.kind() {
+                        std::io::ErrorKind::UnexpectedEof => End::Client,
+                        _ => End::Broken(format!("read failed: {e}")),
+                    },
+                    None,
+                );
+            }
         }
         let req = match proto::parse_request(&hdr) {
             Ok(r) => r,
@@ -420,8 +539,8 @@ impl Conn {
                         // Too big to read: the stream cannot continue.
                         return Next::End(End::Broken(refusal.message), Some(reply));
                     }
-                    if let Err(e) = discard(r, u64::from(req.length)) {
-                        return Next::End(End::Broken(format!("write payload: {e}")), None);
+                    if let Err(stall) = self.discard(r, u64::from(req.length)) {
+                        return Next::End(stall.end("write payload"), None);
                     }
                 }
                 return Next::Reply(reply);
@@ -435,17 +554,102 @@ impl Conn {
         if !self.reserve(bytes) {
             return Next::End(End::Shutdown, None);
         }
+        // Until the server's budget has room, the payload stays unread in
+        // the socket: that is the back-pressure on the client.
+        let Some(grant) = self
+            .budget
+            .acquire(bytes, || self.state.lock().end.is_some())
+        else {
+            self.release(bytes);
+            return Next::End(End::Shutdown, None);
+        };
         if let Op::Write { len, .. } = op {
-            if let Err(e) = r.read_exact(scratch.get(len as usize)) {
+            if let Err(stall) = self.read_full(r, scratch.get(len as usize)) {
                 self.release(bytes);
-                return Next::End(End::Broken(format!("write payload: {e}")), None);
+                return Next::End(stall.end("write payload"), None);
             }
         }
+        self.state.lock().running += 1;
         Next::Run {
             op,
             handle: req.handle,
             bytes,
+            grant,
         }
+    }
+
+    /// Fills `buf` from the request stream. Without an idle timeout this
+    /// is `read_exact`; with one, reads wake up every tick and the stream
+    /// ends once the connection has been idle for the whole timeout.
+    fn read_full(&self, r: &mut BufReader<Socket>, buf: &mut [u8]) -> Result<(), Stall> {
+        let mut filled = 0;
+        while filled < buf.len() {
+            match r.read(&mut buf[filled..]) {
+                Ok(0) => return Err(Stall::Io(std::io::ErrorKind::UnexpectedEof.into())),
+                Ok(n) => {
+                    filled += n;
+                    self.touch();
+                }
+                Err(e) => self.stalled(e)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads and drops `n` bytes of the request stream without
+    /// allocating them.
+    fn discard(&self, r: &mut BufReader<Socket>, mut n: u64) -> Result<(), Stall> {
+        while n > 0 {
+            let available = match r.fill_buf() {
+                Ok([]) => return Err(Stall::Io(std::io::ErrorKind::UnexpectedEof.into())),
+                Ok(b) => b.len(),
+                Err(e) => {
+                    self.stalled(e)?;
+                    continue;
+                }
+            };
+            let taken = (available as u64).min(n);
+            r.consume(taken as usize);
+            n -= taken;
+            self.touch();
+        }
+        Ok(())
+    }
+
+    /// Decides whether a failed read ends the stream: `Ok` to read again.
+    fn stalled(&self, e: std::io::Error) -> Result<(), Stall> {
+        match e.kind() {
+            std::io::ErrorKind::Interrupted => Ok(()),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => match self.idle {
+                Some(idle) if self.is_idle(idle) => Err(Stall::Idle(idle)),
+                _ => Ok(()),
+            },
+            _ => Err(Stall::Io(e)),
+        }
+    }
+
+    /// Idle: nothing running, and nothing received or answered for `idle`.
+    fn is_idle(&self, idle: Duration) -> bool {
+        if self.state.lock().running > 0 {
+            return false;
+        }
+        let now = self.started.elapsed().as_millis() as u64;
+        let last = self.last_active.load(Ordering::Relaxed);
+        now.saturating_sub(last) >= idle.as_millis() as u64
+    }
+
+    /// Notes activity, for the idle timeout.
+    fn touch(&self) {
+        if self.idle.is_some() {
+            let now = self.started.elapsed().as_millis() as u64;
+            self.last_active.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// A request's reply has been sent.
+    fn finished_request(&self) {
+        self.state.lock().running -= 1;
+        self.touch();
     }
 
     /// Waits until `bytes` more buffer bytes fit (one request always
@@ -514,7 +718,13 @@ impl Conn {
 
     fn write_failed(&self, e: std::io::Error) {
         tracing::debug!(peer = self.peer, "writing a reply failed: {e}");
-        self.stop(End::Gone(e.to_string()));
+        let why = match (e.kind(), self.idle) {
+            (std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut, Some(idle)) => {
+                format!("it read no reply for {idle:?}")
+            }
+            _ => e.to_string(),
+        };
+        self.stop(End::Gone(why));
         // Wake the leader: nobody will read the replies.
         self.shutdown_socket(Shutdown::Read);
     }
@@ -530,6 +740,9 @@ impl Conn {
             Some(End::Shutdown) => tracing::debug!(peer = self.peer, "closed for shutdown"),
             Some(End::Gone(why)) => tracing::debug!(peer = self.peer, "client gone: {why}"),
             Some(End::Broken(why)) => tracing::info!(peer = self.peer, "dropping client: {why}"),
+            Some(End::Idle(t)) => {
+                tracing::info!(peer = self.peer, "closing a client idle for {t:?}")
+            }
         }
         self.shutdown_socket(Shutdown::Write);
         if matches!(end, Some(End::Broken(_))) {
@@ -560,11 +773,12 @@ impl Conn {
     }
 }
 
-/// Reads and drops `n` bytes without allocating them.
-fn discard<R: Read>(r: &mut R, n: u64) -> std::io::Result<()> {
-    let copied = std::io::copy(&mut r.take(n), &mut std::io::sink())?;
-    if copied < n {
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
+impl Stall {
+    /// How the connection ends when reading `what` stalled.
+    fn end(self, what: &str) -> End {
+        match self {
+            Stall::Idle(t) => End::Idle(t),
+            Stall::Io(e) => End::Broken(format!("{what}: {e}")),
+        }
     }
-    Ok(())
 }
