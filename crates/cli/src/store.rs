@@ -369,6 +369,8 @@ pub struct UpArgs {
     #[command(flatten)]
     gc: GcArgs,
     #[command(flatten)]
+    data: DataArgs,
+    #[command(flatten)]
     sync: SyncArgs,
     /// log2 of the number of metadata groups (4 to 16).
     #[arg(long, default_value_t = 8)]
@@ -388,6 +390,29 @@ pub struct GcArgs {
     /// Replicas younger than this (ms) are never collected.
     #[arg(long, default_value_t = 600_000)]
     gc_grace_ms: u64,
+}
+
+/// Limits of the storage nodes' data ports.
+#[derive(Args)]
+pub struct DataArgs {
+    /// Milliseconds a data connection may take to send a whole request
+    /// header (idle ones included), and one read of a Put's data may wait;
+    /// past it the connection is closed.
+    #[arg(long, default_value_t = strata_store::sn::DATA_READ_TIMEOUT.as_millis() as u64)]
+    data_timeout_ms: u64,
+    /// Most data connections a storage node keeps open at once (more are
+    /// closed as soon as accepted).
+    #[arg(long, default_value_t = strata_store::sn::DATA_MAX_CONNECTIONS)]
+    data_max_connections: usize,
+}
+
+impl DataArgs {
+    fn limits(&self) -> strata_store::sn::DataLimits {
+        strata_store::sn::DataLimits {
+            read_timeout: std::time::Duration::from_millis(self.data_timeout_ms.max(1)),
+            max_connections: self.data_max_connections.max(1),
+        }
+    }
 }
 
 /// Anti-entropy of metadata copies.
@@ -433,6 +458,9 @@ pub enum NodeCommand {
         device: String,
         #[command(flatten)]
         gc: GcArgs,
+        /// Used by a storage node.
+        #[command(flatten)]
+        data: DataArgs,
         /// Used by a metadata node (`--role mn`).
         #[command(flatten)]
         sync: SyncArgs,
@@ -865,6 +893,7 @@ fn up(args: UpArgs) -> Result<i32> {
     cfg.routed = args.routed;
     cfg.keep_routes = !args.routes.no_routes;
     cfg.gc = args.gc.config();
+    cfg.data_limits = args.data.limits();
     cfg.metadata_sync_ms = args.sync.metadata_sync_ms;
     cfg.key = args.key.path.clone();
     runtime()?.block_on(async {
@@ -1205,6 +1234,7 @@ fn node(cmd: NodeCommand) -> Result<i32> {
             capacity,
             device: dev,
             gc,
+            data,
             sync,
             routes,
             key,
@@ -1243,6 +1273,7 @@ fn node(cmd: NodeCommand) -> Result<i32> {
                     capacity,
                     device(&dev),
                     gc.config(),
+                    data.limits(),
                     keep_routes,
                     &key,
                 )

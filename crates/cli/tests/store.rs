@@ -940,6 +940,7 @@ fn unsealed_or_unticketed_data_requests_are_refused_and_change_nothing() {
             expires,
             size,
             replicas,
+            coordinator: 0,
         }
         .seal(k)
     };

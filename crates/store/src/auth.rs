@@ -698,13 +698,16 @@ pub fn open_answer(buf: &[u8], key: Option<&ClusterKey>, now_ms: u64) -> Option<
     }
 }
 
+/// An unsealed answer a sealed request may take: a refusal as
+/// unauthenticated, or a request to pad it ([`Body::PadTo`]), which the
+/// node sends instead of a refusal longer than the request.
 fn is_refusal(msg: &Msg) -> bool {
     matches!(
         msg.body,
         Body::Error {
             code: Code::Unauthenticated,
             ..
-        }
+        } | Body::PadTo { .. }
     )
 }
 
@@ -899,6 +902,30 @@ impl Gate {
     }
 }
 
+/// Slack a sender adds to the size a [`Body::PadTo`] asks for, so that an
+/// answer a few bytes longer the next time (a clock in a message) still
+/// fits.
+pub const PAD_SLACK: usize = 64;
+
+/// What a node sends back to an unauthenticated datagram of
+/// `request_len` bytes (unsealed, or with a seal that failed, or a
+/// tenant's request refused before its seal passed): `answer` if its
+/// encoding is no longer than the datagram; else a [`Body::PadTo`] asking
+/// for the request again padded to the answer's length, if that fits;
+/// else nothing. A node never sends an unauthenticated source more bytes
+/// than it received from it, so a spoofed source address gains an
+/// attacker nothing (no reflection amplification), as in QUIC.
+pub fn within(answer: Msg, request_len: usize) -> Option<Msg> {
+    let len = answer.encode().map_or(usize::MAX, |b| b.len());
+    if len <= request_len {
+        return Some(answer);
+    }
+    let size = u32::try_from(len).ok()?;
+    let pad = Msg::new(answer.req, answer.target, Body::PadTo { size });
+    let fits = pad.encode().is_ok_and(|b| b.len() <= request_len);
+    fits.then_some(pad)
+}
+
 /// The verdict on an unauthentic datagram: an answer is dropped, a
 /// request refused with a short error.
 fn refuse(head: &wire::Header, why: &AuthError, receiver: Receiver) -> Verdict {
@@ -952,10 +979,10 @@ impl TicketOp {
 /// answer) and checked by the storage node with the cluster key. Tenants
 /// carry it without being able to read its tag's key or make one.
 ///
-/// Encoding: `S6T1`, op (u8), expiry (u64, ms since the Unix epoch, the
-/// issuer's clock), size (u64), replica count (u8, 1 to 16) and
-/// addresses, then an HMAC-SHA256 tag truncated to [`TAG_LEN`] bytes over
-/// everything before it.
+/// Encoding: `S6T2`, op (u8), expiry (u64, ms since the Unix epoch, the
+/// issuer's clock), size (u64), the coordinator's metadata address (16
+/// bytes), replica count (u8, 1 to 16) and addresses, then an HMAC-SHA256
+/// tag truncated to [`TAG_LEN`] bytes over everything before it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ticket {
     /// What it allows.
@@ -967,11 +994,16 @@ pub struct Ticket {
     /// The replicas it covers: a Put must write exactly these, in this
     /// order; a Get may read any of them.
     pub replicas: Vec<Addr>,
+    /// The metadata address of the Post's coordinator, which the storage
+    /// node tells when the tenant's connection closes before the data is
+    /// whole ([`Body::PutAbandoned`]); 0 in a Get ticket.
+    pub coordinator: Addr,
 }
 
-const TICKET_MAGIC: [u8; 4] = *b"S6T1";
+/// Version 2 carries the coordinator's address.
+const TICKET_MAGIC: [u8; 4] = *b"S6T2";
 /// Bytes of a ticket without its replicas.
-const TICKET_FIXED: usize = 4 + 1 + 8 + 8 + 1 + TAG_LEN;
+const TICKET_FIXED: usize = 4 + 1 + 8 + 8 + 16 + 1 + TAG_LEN;
 
 /// How long a Put ticket lasts: a minute, and a second more per 16 MiB
 /// (the storage node checks it when the Put starts; the Post's own data
@@ -1009,6 +1041,7 @@ impl Ticket {
         w.u8(self.op as u8);
         w.u64(self.expires);
         w.u64(self.size);
+        w.addr(self.coordinator);
         w.addrs(&self.replicas[..self.replicas.len().min(wire::MAX_DATA_REPLICAS)]);
         let tag = key.tag(&w.buf);
         w.buf.extend_from_slice(&tag);
@@ -1042,6 +1075,7 @@ impl Ticket {
         };
         let expires = r.u64().map_err(bad)?;
         let size = r.u64().map_err(bad)?;
+        let coordinator = r.addr().map_err(bad)?;
         let replicas = r.addrs(wire::MAX_DATA_REPLICAS, "replicas").map_err(bad)?;
         r.finish().map_err(bad)?;
         if replicas.is_empty() {
@@ -1055,6 +1089,7 @@ impl Ticket {
             expires,
             size,
             replicas,
+            coordinator,
         })
     }
 
@@ -1111,8 +1146,10 @@ fn fmt_list(addrs: &[Addr]) -> String {
 /// `key` at `now_ms`: a `PostPlan` gets a Put ticket for its replicas,
 /// a `Found` a Get ticket for the record's replicas, except for an empty
 /// object, which a client reads from the record alone (so a zero-byte Get
-/// pays for no HMAC). Other answers are left as they are.
-pub fn issue_ticket(body: &mut Body, key: &ClusterKey, now_ms: u64) {
+/// pays for no HMAC). Other answers are left as they are. `coordinator`
+/// is the metadata address the request was sent to (a Put ticket names
+/// it: [`Ticket::coordinator`]).
+pub fn issue_ticket(body: &mut Body, coordinator: Addr, key: &ClusterKey, now_ms: u64) {
     match body {
         Body::PostPlan {
             size,
@@ -1125,6 +1162,7 @@ pub fn issue_ticket(body: &mut Body, key: &ClusterKey, now_ms: u64) {
                 expires: now_ms.saturating_add(put_ticket_ms(*size)),
                 size: *size,
                 replicas: replicas.clone(),
+                coordinator,
             }
             .seal(key);
         }
@@ -1138,6 +1176,7 @@ pub fn issue_ticket(body: &mut Body, key: &ClusterKey, now_ms: u64) {
                 expires: now_ms.saturating_add(get_ticket_ms(record.size)),
                 size: record.size,
                 replicas: record.replicas.clone(),
+                coordinator: 0,
             }
             .seal(key);
         }
@@ -1360,6 +1399,20 @@ pub fn encode(msg: &Msg, key: Option<&ClusterKey>, now_ms: u64) -> Result<Vec<u8
     match key {
         Some(k) => msg.seal(k, now_ms),
         None => msg.encode(),
+    }
+}
+
+/// [`encode`], padded with zeros to at least `pad_to` bytes
+/// ([`Msg::encode_padded`]).
+pub fn encode_padded(
+    msg: &Msg,
+    key: Option<&ClusterKey>,
+    now_ms: u64,
+    pad_to: usize,
+) -> Result<Vec<u8>, WireError> {
+    match key {
+        Some(k) => msg.seal_padded(k, now_ms, pad_to),
+        None => msg.encode_padded(pad_to),
     }
 }
 
@@ -1829,6 +1882,7 @@ mod tests {
             expires: NOW + 5_000,
             size: 1 << 20,
             replicas: vec![u128::MAX - 1, 1 << 80, 77],
+            coordinator: 0,
         }
     }
 
@@ -1880,7 +1934,7 @@ mod tests {
             replicas: vec![5, 6],
             ticket: vec![],
         };
-        issue_ticket(&mut plan, &k, NOW);
+        issue_ticket(&mut plan, 0, &k, NOW);
         let Body::PostPlan { ticket, .. } = &plan else {
             unreachable!()
         };
@@ -1894,7 +1948,7 @@ mod tests {
             record: record.clone(),
             ticket: vec![],
         };
-        issue_ticket(&mut found, &k, NOW);
+        issue_ticket(&mut found, 0, &k, NOW);
         let Body::Found { ticket, .. } = &found else {
             unreachable!()
         };
@@ -1908,10 +1962,10 @@ mod tests {
             record,
             ticket: vec![],
         };
-        issue_ticket(&mut empty, &k, NOW);
+        issue_ticket(&mut empty, 0, &k, NOW);
         assert!(matches!(empty, Body::Found { ticket, .. } if ticket.is_empty()));
         let mut other = Body::Done { version: 1 };
-        issue_ticket(&mut other, &k, NOW);
+        issue_ticket(&mut other, 0, &k, NOW);
         assert_eq!(other, Body::Done { version: 1 });
     }
 
@@ -2006,6 +2060,7 @@ mod tests {
             expires: NOW + 10,
             size: 300,
             replicas: record.replicas.clone(),
+            coordinator: 0,
         }
         .seal(&key(1));
         assert!(refused(&record, &ticket, "acme", NOW).contains("link proof"));
@@ -2195,7 +2250,7 @@ mod tests {
         let mut last = Vec::new();
         for i in 0..n {
             let mut m = plain.clone();
-            issue_ticket(&mut m.body, &k, NOW + i as u64);
+            issue_ticket(&mut m.body, 0, &k, NOW + i as u64);
             last = std::hint::black_box(m.encode().unwrap());
         }
         let issue = start.elapsed();

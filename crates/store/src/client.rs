@@ -47,6 +47,10 @@ pub struct Call {
     /// An address answered WrongAddress or Moving: the error to report if
     /// no other address has the record.
     stale: Option<Error>,
+    /// Bytes to pad the request to: a node answers a request it did not
+    /// authenticate (a refusal) only when the answer is no longer, and
+    /// asks for padding ([`Body::PadTo`]) otherwise.
+    pad: usize,
 }
 
 impl Call {
@@ -63,6 +67,7 @@ impl Call {
             fall_through: false,
             last_error: None,
             stale: None,
+            pad: 0,
         }
     }
 
@@ -80,6 +85,7 @@ impl Call {
             fall_through: self.fall_through,
             last_error: None,
             stale: None,
+            pad: self.pad,
         }
     }
 
@@ -92,6 +98,12 @@ impl Call {
     /// The request id.
     pub fn req(&self) -> u64 {
         self.req
+    }
+
+    /// The least length to pad the request to when sending it
+    /// ([`Msg::seal_tenant_padded`]): 0 until a node asked for more.
+    pub fn pad(&self) -> usize {
+        self.pad
     }
 
     fn send(&mut self, now: u64) -> Step {
@@ -143,6 +155,18 @@ impl Call {
             return None;
         }
         Some(match msg.body {
+            // Nothing was done: the same request again, padded so that
+            // the node may say why it refused it. Only a growing size is
+            // taken, so this ends.
+            Body::PadTo { size } => {
+                let size = size as usize;
+                if size <= self.pad || size > crate::wire::MAX_DATAGRAM {
+                    return None;
+                }
+                self.pad = (size + crate::auth::PAD_SLACK).min(crate::wire::MAX_DATAGRAM);
+                self.tries = self.tries.saturating_sub(1);
+                self.send(now)
+            }
             Body::Error {
                 code: code @ (Code::NotFound | Code::Unavailable),
                 message,
@@ -1122,7 +1146,7 @@ async fn run_call_on(
             Step::Send(msg, deadline) => (msg, deadline),
         };
         let endpoint = table.mn_endpoint(msg.target);
-        let bytes = msg.seal_tenant(credential, crate::auth::unix_ms());
+        let bytes = msg.seal_tenant_padded(credential, crate::auth::unix_ms(), call.pad());
         if let (Some(ep), Ok(bytes)) = (endpoint, bytes) {
             let _ = sock.send_to(&bytes, ep).await;
         }

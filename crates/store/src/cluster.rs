@@ -45,6 +45,8 @@ pub struct ClusterConfig {
     pub definitive_failure_ms: u64,
     /// Collection of unreferenced replicas on the storage nodes.
     pub gc: crate::sn::GcConfig,
+    /// Limits of the storage nodes' data ports.
+    pub data_limits: crate::sn::DataLimits,
     /// Pause between two anti-entropy passes of each metadata node over
     /// the metadata copies of the names it coordinates, in ms (0: none).
     pub metadata_sync_ms: u64,
@@ -76,6 +78,7 @@ impl ClusterConfig {
             short_failure_ms: crate::on::SHORT_FAILURE_MS,
             definitive_failure_ms: crate::on::DEFINITIVE_FAILURE_MS,
             gc: crate::sn::GcConfig::default(),
+            data_limits: crate::sn::DataLimits::default(),
             metadata_sync_ms: crate::mn::DEFAULT_SYNC_MS,
             routed: false,
             keep_routes: true,
@@ -155,6 +158,7 @@ impl Cluster {
                     cfg.sn_capacity,
                     cfg.device,
                     cfg.gc,
+                    cfg.data_limits,
                     cfg.keep_routes,
                     &key,
                 )

@@ -101,7 +101,11 @@ pub enum Authority {
     /// A node holding the cluster key.
     Node,
     /// A tenant holding a valid ticket for this request.
-    Tenant,
+    Tenant {
+        /// The ticket's coordinator metadata address
+        /// ([`crate::auth::Ticket::coordinator`]).
+        coordinator: Addr,
+    },
 }
 
 impl Request {
@@ -237,7 +241,9 @@ impl Incoming {
                     }
                 };
                 allowed.map_err(refuse)?;
-                Ok(Authority::Tenant)
+                Ok(Authority::Tenant {
+                    coordinator: ticket.coordinator,
+                })
             }
         }
     }
@@ -388,6 +394,7 @@ mod tests {
             expires,
             size,
             replicas,
+            coordinator: 0,
         }
         .seal(&key(1))
     }
@@ -506,7 +513,10 @@ mod tests {
                 .authorize(Some(&k), NOW)
         };
         let put_t = ticket(TicketOp::Put, NOW + 1000, 100, vec![7, 1, 2]);
-        assert_eq!(check(&put(), &put_t), Ok(Authority::Tenant));
+        assert_eq!(
+            check(&put(), &put_t),
+            Ok(Authority::Tenant { coordinator: 0 })
+        );
         let refused = |r: Result<Authority, String>, want: &str| {
             let err = r.unwrap_err();
             assert!(err.contains(want) && err.contains("nothing done"), "{err}");
@@ -542,7 +552,7 @@ mod tests {
         let get_t = ticket(TicketOp::Get, NOW + 1000, 100, vec![7, 1, 2]);
         assert_eq!(
             check(&Request::Get { addr: 1 }, &get_t),
-            Ok(Authority::Tenant)
+            Ok(Authority::Tenant { coordinator: 0 })
         );
         refused(
             check(&Request::Get { addr: 8 }, &get_t),
@@ -561,6 +571,7 @@ mod tests {
             expires: NOW + 1000,
             size: 100,
             replicas: vec![7],
+            coordinator: 0,
         }
         .seal(&key(2));
         refused(check(&Request::Get { addr: 7 }, &forged), "does not match");

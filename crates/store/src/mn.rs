@@ -599,6 +599,11 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 }
                 Ok(Some(Body::Done { version: *version }))
             }
+            Body::PutAbandoned { replica } => {
+                self.owned(msg.target)?;
+                let version = self.abandon(*replica, out);
+                Ok(Some(Body::Done { version }))
+            }
             // A tenant's Link reaches the core only with a proof for its
             // replicas, checked by the gate (`auth::check_link_proof`).
             Body::Link { record, .. } => {
@@ -743,6 +748,28 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 ),
             )
         })
+    }
+
+    /// Drops the Post in its data phase whose first replica is `replica`:
+    /// a storage node saw its client's connection close before the data
+    /// was whole ([`Body::PutAbandoned`]), so the client is gone and its
+    /// name is unlocked now rather than at the data deadline. Its replicas
+    /// are freed. Returns the version dropped (0: none matched, as for a
+    /// Post already committed or aborted).
+    fn abandon(&mut self, replica: Addr, out: &mut Vec<Out<P>>) -> u64 {
+        let found = self.pending.iter().find_map(|(name, p)| match &p.phase {
+            Phase::Data { replicas, .. } if replicas.first() == Some(&replica) => {
+                Some(name.clone())
+            }
+            _ => None,
+        });
+        let Some(p) = found.and_then(|name| self.pending.remove(&name)) else {
+            return 0;
+        };
+        if let Phase::Data { replicas, .. } = p.phase {
+            out.extend(replicas.into_iter().map(Out::Free));
+        }
+        p.version
     }
 
     /// Whether this request is a resend of the one `name` is locked for:

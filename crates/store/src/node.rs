@@ -7,7 +7,7 @@
 //! node's endpoint in mapped mode, the address itself in routed mode. The
 //! address also travels in every message, so both modes share one path.
 
-use crate::auth::{ClusterKey, Gate, Receiver, Verdict};
+use crate::auth::{within, ClusterKey, Gate, Receiver, Verdict};
 use crate::mn::{MnCore, Out};
 use crate::on::OnCore;
 use crate::sn::SnStore;
@@ -51,6 +51,21 @@ pub async fn udp_call(
     attempts: u32,
     key: Option<&ClusterKey>,
 ) -> Result<Msg, Error> {
+    Ok(udp_call_padded(to, msg, timeout, attempts, key, 0).await?.0)
+}
+
+/// [`udp_call`] with the request padded to at least `pad` bytes, and
+/// padded again as a [`Body::PadTo`] answer asks (an unauthenticated
+/// request gets no answer longer than itself). Returns the answer and the
+/// padding that got it.
+pub async fn udp_call_padded(
+    to: SocketAddr,
+    msg: &Msg,
+    timeout: Duration,
+    attempts: u32,
+    key: Option<&ClusterKey>,
+    mut pad: usize,
+) -> Result<(Msg, usize), Error> {
     let bind: SocketAddr = if to.is_ipv4() {
         "0.0.0.0:0"
             .parse()
@@ -64,8 +79,10 @@ pub async fn udp_call(
         .await
         .map_err(|e| Error::io("binding a UDP socket", e))?;
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
-    for _ in 0..attempts.max(1) {
-        let bytes = crate::auth::encode(msg, key, crate::auth::unix_ms())?;
+    let mut attempt = 0;
+    while attempt < attempts.max(1) {
+        attempt += 1;
+        let bytes = crate::auth::encode_padded(msg, key, crate::auth::unix_ms(), pad)?;
         sock.send_to(&bytes, to)
             .await
             .map_err(|e| Error::io(format!("sending to {to}"), e))?;
@@ -76,10 +93,22 @@ pub async fn udp_call(
                 Ok(Err(_)) => break, // ICMP unreachable and the like: resend
                 Ok(Ok((n, _))) => {
                     let now = crate::auth::unix_ms();
-                    if let Some(reply) = crate::auth::open_answer(&buf[..n], key, now) {
-                        if reply.req == msg.req {
-                            return Ok(reply);
+                    let Some(reply) = crate::auth::open_answer(&buf[..n], key, now) else {
+                        continue;
+                    };
+                    if reply.req != msg.req {
+                        continue;
+                    }
+                    match reply.body {
+                        // Only a growing size is taken, so this ends.
+                        Body::PadTo { size } if (size as usize) > pad => {
+                            pad = (size as usize + crate::auth::PAD_SLACK).min(MAX_DATAGRAM);
+                            // A padded resend is no extra attempt.
+                            attempt -= 1;
+                            break;
                         }
+                        Body::PadTo { .. } => continue,
+                        _ => return Ok((reply, pad)),
                     }
                 }
             }
@@ -119,8 +148,24 @@ fn nanos() -> u64 {
 /// Fetches the prefix table from the orchestrator. Nodes pass the
 /// cluster key, and take only a table sealed with it; tenants pass none.
 pub async fn fetch_table(on: SocketAddr, key: Option<&ClusterKey>) -> Result<Table, Error> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // The padding that got the last table, unsealed: the orchestrator
+    // answers an unsealed request only when the table is no longer than
+    // it, so a table request without a key is padded from the start
+    // (QUIC's 1200 bytes at first), and to what it took since.
+    static TABLE_PAD: AtomicUsize = AtomicUsize::new(1200);
+    let pad = if key.is_some() {
+        0
+    } else {
+        TABLE_PAD.load(Ordering::Relaxed)
+    };
     let msg = Msg::new(request_id(), 0, Body::GetTable);
-    match ok_body(udp_call(on, &msg, Duration::from_millis(300), 5, key).await?)? {
+    let timeout = Duration::from_millis(300);
+    let (reply, used) = udp_call_padded(on, &msg, timeout, 5, key, pad).await?;
+    if key.is_none() {
+        TABLE_PAD.store(used, Ordering::Relaxed);
+    }
+    match ok_body(reply)? {
         Body::Table { bytes } => Ok(Table::decode(&bytes)?),
         other => Err(Error::Invalid(format!(
             "the orchestrator at {on} answered {other:?} to a table request"
@@ -234,7 +279,8 @@ pub async fn run_on(sock: UdpSocket, mut core: OnCore, key: ClusterKey) {
 
 /// Handles one datagram at the orchestrator, received at wall-clock time
 /// `wall` (ms since the Unix epoch) and core time `now`: the gate first,
-/// then the core. Returns the answer to send, sealed if the request was.
+/// then the core. Returns the answer to send, sealed if the request was;
+/// to an unsealed one, no answer longer than it ([`within`]).
 pub fn on_receive(
     core: &mut OnCore,
     gate: &mut Gate,
@@ -242,14 +288,19 @@ pub fn on_receive(
     now: u64,
     bytes: &[u8],
 ) -> Option<Vec<u8>> {
-    match gate.admit(bytes, wall) {
+    let answer = match gate.admit(bytes, wall) {
         Verdict::Accept { msg, sealed, .. } => {
-            let key = sealed.then_some(gate.key());
-            crate::auth::encode(&core.handle(now, &msg), key, wall).ok()
+            let answer = core.handle(now, &msg);
+            if sealed {
+                return crate::auth::encode(&answer, Some(gate.key()), wall).ok();
+            }
+            // The table request, taken unsealed: no answer larger than it.
+            answer
         }
-        Verdict::Refuse(reply) => reply.encode().ok(),
-        Verdict::Drop => None,
-    }
+        Verdict::Refuse(reply) => reply,
+        Verdict::Drop => return None,
+    };
+    within(answer, bytes.len())?.encode().ok()
 }
 
 /// Handles one datagram at a metadata node, received at wall-clock time
@@ -259,7 +310,8 @@ pub fn on_receive(
 /// so that a zero-byte Get and its answer pay for no HMAC. The direct
 /// answer to a tenant's `GetLinkProof` gets its link proof for that
 /// tenant here ([`crate::auth::issue_link_proof`]): only the gate knows
-/// who asked.
+/// who asked. A refusal of an unauthenticated datagram is no longer than
+/// the datagram ([`within`]).
 pub fn mn_receive<P: Copy + Eq + std::hash::Hash>(
     core: &mut MnCore<P>,
     gate: &mut Gate,
@@ -295,7 +347,12 @@ fn mn_receive_with<P: Copy + Eq + std::hash::Hash>(
             sealed,
             tenant,
         } => (msg, sealed, tenant),
-        Verdict::Refuse(reply) => return vec![(Out::Reply(from, reply), false)],
+        Verdict::Refuse(reply) => {
+            return within(reply, bytes.len())
+                .map(|reply| (Out::Reply(from, reply), false))
+                .into_iter()
+                .collect();
+        }
         Verdict::Drop => return Vec::new(),
     };
     if let Some(refusal) = misaddressed(core.table(), to, &msg) {
@@ -969,7 +1026,7 @@ fn dispatch(
         },
         other => return spawn_work(table, other, work),
     };
-    crate::auth::issue_ticket(&mut msg.body, work.key, wall);
+    crate::auth::issue_ticket(&mut msg.body, msg.target, work.key, wall);
     if let Ok(bytes) = crate::auth::encode(&msg, key, wall) {
         outgoing.push((bytes, to));
     }
@@ -1056,7 +1113,8 @@ impl Drop for SnHandle {
 
 /// Starts a storage node stored in `dir` on `bind`, declaring `capacity`
 /// bytes of `device`, member of the cluster whose orchestrator is `on`;
-/// `gc` paces the collection of replicas no record names. With
+/// `gc` paces the collection of replicas no record names and `limits`
+/// bound its data port ([`crate::sn::DataLimits`]). With
 /// `keep_routes`, a node of a routed cluster keeps its host's routes in
 /// step with the table ([`crate::routes`]).
 #[allow(clippy::too_many_arguments)]
@@ -1067,6 +1125,7 @@ pub async fn start_sn(
     capacity: u64,
     device: Device,
     gc: crate::sn::GcConfig,
+    limits: crate::sn::DataLimits,
     keep_routes: bool,
     key: &ClusterKey,
 ) -> Result<SnHandle, Error> {
@@ -1094,7 +1153,11 @@ pub async fn start_sn(
         key,
     )
     .await?;
-    let store = Arc::new(SnStore::open(dir, index, on, capacity)?.with_key(key.clone()));
+    let store = Arc::new(
+        SnStore::open(dir, index, on, capacity)?
+            .with_key(key.clone())
+            .with_limits(limits),
+    );
     let table = Arc::new(RwLock::new(fetch_table(on, Some(key)).await?));
     let stats_store = store.clone();
     let retire = tokio::spawn(crate::sn::retire_watch(store.clone(), table.clone(), uuid));

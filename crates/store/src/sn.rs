@@ -6,8 +6,9 @@
 //! verifies the checksum and reports the result in the reply's trailer.
 
 use crate::addr::{fmt_addr, Addr};
-use crate::data::{read_request, read_status, write_error, Credential, Request};
+use crate::data::{read_request, read_status, write_error, Authority, Credential, Request};
 use crate::node::SharedTable;
+use crate::wire::{Body, Msg};
 use crate::Error;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +37,39 @@ pub struct SnStore {
     /// The cluster key: seals the node's requests to metadata nodes and
     /// the orchestrator (none in tests that run no cluster).
     key: Option<crate::auth::ClusterKey>,
+    /// Limits of the data port.
+    limits: DataLimits,
+    /// Data connections open now.
+    connections: std::sync::atomic::AtomicUsize,
+}
+
+/// Limits of a storage node's data port, so that peers that connect and
+/// send little or nothing cannot hold its connections forever.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataLimits {
+    /// How long a connection may take to send a whole request header,
+    /// counted from when the node starts waiting for it (so an idle
+    /// connection between requests is closed after it too), and how long
+    /// one read of a Put's data may wait. Past it the connection is
+    /// closed.
+    pub read_timeout: std::time::Duration,
+    /// Most data connections open at once; one more is closed as soon as
+    /// it is accepted.
+    pub max_connections: usize,
+}
+
+/// Default of [`DataLimits::read_timeout`]: 10 s.
+pub const DATA_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Default of [`DataLimits::max_connections`].
+pub const DATA_MAX_CONNECTIONS: usize = 1024;
+
+impl Default for DataLimits {
+    fn default() -> Self {
+        DataLimits {
+            read_timeout: DATA_READ_TIMEOUT,
+            max_connections: DATA_MAX_CONNECTIONS,
+        }
+    }
 }
 
 impl SnStore {
@@ -80,7 +114,20 @@ impl SnStore {
             tmp_seq: AtomicU64::new(0),
             retired: std::sync::atomic::AtomicBool::new(false),
             key: None,
+            limits: DataLimits::default(),
+            connections: std::sync::atomic::AtomicUsize::new(0),
         })
+    }
+
+    /// The store, with the data port's `limits`.
+    pub fn with_limits(mut self, limits: DataLimits) -> SnStore {
+        self.limits = limits;
+        self
+    }
+
+    /// Data connections open now.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
     }
 
     /// The store, sealing its requests with the cluster's `key`.
@@ -189,20 +236,50 @@ fn fs_free(dir: &Path) -> Option<u64> {
     Some(s.f_bavail as u64 * s.f_frsize as u64)
 }
 
-/// Serves data frames on `listener` until the task is dropped.
+/// Serves data frames on `listener` until the task is dropped, at most
+/// [`DataLimits::max_connections`] connections at once.
 pub async fn serve(listener: TcpListener, store: Arc<SnStore>, table: SharedTable) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
+            continue;
+        };
+        let Some(slot) = ConnectionSlot::take(&store) else {
+            tracing::warn!(
+                "refused a data connection from {peer}: {} are open, the limit",
+                store.limits.max_connections
+            );
+            drop(stream);
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let store = store.clone();
         let table = table.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection(stream, &store, &table).await {
+            if let Err(e) = connection(stream, &slot.0, &table).await {
                 tracing::debug!("storage node connection ended: {e}");
             }
         });
+    }
+}
+
+/// One of the data port's connections, given back when dropped.
+struct ConnectionSlot(Arc<SnStore>);
+
+impl ConnectionSlot {
+    fn take(store: &Arc<SnStore>) -> Option<ConnectionSlot> {
+        let limit = store.limits.max_connections;
+        store
+            .connections
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()?;
+        Some(ConnectionSlot(store.clone()))
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -211,8 +288,17 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
     let (r, w) = stream.into_split();
     let mut r = BufReader::with_capacity(CHUNK, r);
     let mut w = BufWriter::with_capacity(CHUNK, w);
+    let limit = store.limits.read_timeout;
     loop {
-        let incoming = match read_request(&mut r).await {
+        // A peer that sends a partial header (or nothing) is not waited
+        // for past the limit: it would hold the connection forever.
+        let Ok(read) = tokio::time::timeout(limit, read_request(&mut r)).await else {
+            return Err(Error::Timeout(format!(
+                "no whole data request within {} ms; connection closed",
+                limit.as_millis()
+            )));
+        };
+        let incoming = match read {
             Ok(Some(req)) => req,
             Ok(None) => return Ok(()),
             Err(e) => {
@@ -222,15 +308,18 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
             }
         };
         // Nothing is read, stored, served or freed before this check.
-        if let Err(msg) = incoming.authorize(store.key.as_ref(), crate::auth::unix_ms()) {
-            tracing::info!("refused a data request: {msg}");
-            write_error(&mut w, &msg)
-                .await
-                .map_err(|e| Error::io("replying", e))?;
-            // A refused Put's data would follow, and a peer without
-            // credentials gets nothing more from this connection.
-            return Ok(());
-        }
+        let authority = match incoming.authorize(store.key.as_ref(), crate::auth::unix_ms()) {
+            Ok(a) => a,
+            Err(msg) => {
+                tracing::info!("refused a data request: {msg}");
+                write_error(&mut w, &msg)
+                    .await
+                    .map_err(|e| Error::io("replying", e))?;
+                // A refused Put's data would follow, and a peer without
+                // credentials gets nothing more from this connection.
+                return Ok(());
+            }
+        };
         let req = incoming.req;
         let addr = req.addr();
         if let Err(msg) = store.check_addr(table, addr, addressed) {
@@ -252,7 +341,13 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
                 return Ok(());
             }
             Request::Put { addr, size, chain } => {
-                put(&mut r, &mut w, store, table, addr, size, chain).await?
+                let stored = put(&mut r, &mut w, store, table, addr, size, chain).await;
+                if let (Err(_), Authority::Tenant { coordinator }) = (&stored, authority) {
+                    // The tenant's connection broke mid-Put: its client
+                    // is gone (a client never resends on another one).
+                    report_abandoned(store, table, coordinator, addr);
+                }
+                stored?
             }
             Request::Get { addr } => get(&mut w, store, addr).await?,
             Request::Free { addr } => {
@@ -270,6 +365,35 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
             }
         }
     }
+}
+
+/// Tells the coordinator of a tenant's Put that its client is gone
+/// ([`Body::PutAbandoned`]), so the name is unlocked at once; in the
+/// background, sealed, resent a few times (the data deadline still
+/// unlocks it if every datagram is lost).
+fn report_abandoned(store: &SnStore, table: &SharedTable, coordinator: Addr, replica: Addr) {
+    let Some(key) = store.key.clone() else { return };
+    let Some(endpoint) = crate::node::read_table(table).mn_endpoint(coordinator) else {
+        return;
+    };
+    let msg = Msg::new(
+        crate::node::request_id(),
+        coordinator,
+        Body::PutAbandoned { replica },
+    );
+    tokio::spawn(async move {
+        let timeout = std::time::Duration::from_millis(300);
+        match crate::node::udp_call(endpoint, &msg, timeout, 4, Some(&key)).await {
+            Ok(_) => tracing::debug!(
+                "told {endpoint} that the Put of {} was abandoned",
+                fmt_addr(replica)
+            ),
+            Err(e) => tracing::info!(
+                "could not tell {endpoint} that the Put of {} was abandoned: {e}",
+                fmt_addr(replica)
+            ),
+        }
+    });
 }
 
 /// Opens the next replica of a chain, sending it the Put header.
@@ -413,9 +537,15 @@ async fn receive<R: tokio::io::AsyncRead + Unpin>(
     let mut crc = 0u32;
     while left > 0 {
         let want = left.min(CHUNK as u64) as usize;
-        let n = r
-            .read(&mut buf[..want])
+        let limit = store.limits.read_timeout;
+        let n = tokio::time::timeout(limit, r.read(&mut buf[..want]))
             .await
+            .map_err(|_| {
+                PutError::Broken(Error::Timeout(format!(
+                    "the sender sent nothing for {} ms with {left} of {size} bytes still to send",
+                    limit.as_millis()
+                )))
+            })?
             .map_err(|e| PutError::Broken(Error::io("receiving replica data", e)))?;
         if n == 0 {
             return Err(PutError::Broken(Error::Invalid(format!(
@@ -433,9 +563,9 @@ async fn receive<R: tokio::io::AsyncRead + Unpin>(
         }
         left -= n as u64;
     }
-    let sent_crc = r
-        .read_u32()
+    let sent_crc = tokio::time::timeout(store.limits.read_timeout, r.read_u32())
         .await
+        .map_err(|_| PutError::Broken(Error::Timeout("the sender never sent the checksum".into())))?
         .map_err(|e| PutError::Broken(Error::io("receiving the checksum", e)))?;
     if let Some(d) = down.as_mut() {
         if d.write_all(&sent_crc.to_be_bytes()).await.is_err() || d.flush().await.is_err() {

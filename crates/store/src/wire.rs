@@ -21,13 +21,16 @@ pub const MAX_DATA_REPLICAS: usize = 16;
 pub const MAX_OBJECT: u64 = 1 << 40;
 
 const MAGIC: [u8; 2] = *b"S6";
-/// Version 5: a tenant's seal carries its credential's generation
-/// ([`TENANT`]), and the operator's `RevokeTenant` (kind 37) is new.
-/// (Version 4 added link proofs ([`crate::auth::LinkProof`]) in a
+/// Version 6: a request may end in zero padding ([`Msg::encode_padded`]),
+/// an unauthenticated request gets no answer longer than itself (a
+/// [`Body::PadTo`] instead), and a storage node reports a tenant's Put
+/// whose connection closed early ([`Body::PutAbandoned`]). (Version 5: a
+/// tenant's seal carries its credential's generation ([`TENANT`]), and the
+/// operator's `RevokeTenant` (kind 37) is new. Version 4 added link proofs ([`crate::auth::LinkProof`]) in a
 /// tenant's `Link`, `GetLinkProof` and `LinkProof`; version 3 tenants' seals
 /// ([`Msg::seal_tenant`]), version 2 the data-path tickets of `PostPlan`
 /// and `Found`.) Other versions are refused as "bad magic or version".
-const VERSION: u8 = 5;
+const VERSION: u8 = 6;
 
 /// Longest ticket a `PostPlan` or `Found` carries ([`crate::auth::Ticket`]),
 /// and longest link proof a `Link` or `LinkProof` carries
@@ -71,7 +74,7 @@ pub fn is_client_request(kind: u8) -> bool {
 pub fn is_answer(kind: u8) -> bool {
     matches!(
         kind,
-        2 | 7 | 10 | 13 | 14 | 16 | 18 | 23 | 25 | 28 | 34 | 36
+        2 | 7 | 10 | 13 | 14 | 16 | 18 | 23 | 25 | 28 | 34 | 36 | 39
     )
 }
 
@@ -538,6 +541,26 @@ pub enum Body {
         /// Node identity.
         uuid: u64,
     },
+    /// Storage node → the coordinator's metadata address named in a Put
+    /// ticket: the tenant's connection carrying the Put of `replica` (the
+    /// first of the Post's replicas) closed before the data was whole, so
+    /// the client is gone. The coordinator drops the Post in its data
+    /// phase whose first replica this is (unlocking the name at once, not
+    /// at the data deadline) and frees its replicas. Sealed with the
+    /// cluster key; answered `Done` (version 0).
+    PutAbandoned {
+        /// The first replica address of the abandoned Post.
+        replica: Addr,
+    },
+    /// Anyone → a sender whose unauthenticated request was smaller than
+    /// its answer: send it again padded with zeros to at least `size`
+    /// bytes ([`Msg::encode_padded`]); nothing was done. An answer to an
+    /// unauthenticated datagram is never longer than the datagram, so a
+    /// spoofed source cannot use a node as an amplifier.
+    PadTo {
+        /// The least length of the padded request, in bytes.
+        size: u32,
+    },
     /// Operator → ON: refuse tenant `tenant`'s credentials of generations
     /// below `below` from now on (its minimum generation becomes the
     /// larger of its current one and `below`, so a resend is harmless).
@@ -839,8 +862,10 @@ impl<'a> Reader<'a> {
     }
 
     /// An optional trailing [`Reader::prints`]: none if nothing is left.
+    /// Zero padding after the body ([`Msg::encode_padded`]) is no
+    /// fingerprint either (a fingerprint of zero has odds of 2^-64).
     pub fn opt_prints(&mut self) -> Result<Option<Fingerprints>, WireError> {
-        if self.remaining() == 0 {
+        if self.buf[self.pos..].iter().all(|&b| b == 0) {
             Ok(None)
         } else {
             self.prints().map(Some)
@@ -913,6 +938,13 @@ impl<'a> Reader<'a> {
     /// Bytes not read yet.
     pub fn remaining(&self) -> usize {
         self.buf.len() - self.pos
+    }
+    /// Skips the zero bytes that pad a request up to the end ([`Msg::encode_padded`]);
+    /// any other byte is left for [`Reader::finish`] to refuse.
+    pub fn skip_padding(&mut self) {
+        if self.buf[self.pos..].iter().all(|&b| b == 0) {
+            self.pos = self.buf.len();
+        }
     }
     /// Fails if bytes remain.
     pub fn finish(&self) -> Result<(), WireError> {
@@ -1030,7 +1062,16 @@ impl Msg {
 
     /// Encodes the message into one datagram, unsealed.
     pub fn encode(&self) -> Result<Vec<u8>, WireError> {
-        let w = self.encode_with(self.kind());
+        self.encode_padded(0)
+    }
+
+    /// Encodes the message into one datagram, unsealed, followed by zero
+    /// bytes up to `pad_to` bytes in all (none if it is that long
+    /// already): a request padded so that a node may answer it although
+    /// it is not authenticated ([`Body::PadTo`]). Decoders skip the zeros.
+    pub fn encode_padded(&self, pad_to: usize) -> Result<Vec<u8>, WireError> {
+        let mut w = self.encode_with(self.kind());
+        pad(&mut w, pad_to, 0);
         if w.buf.len() > MAX_DATAGRAM {
             return Err(WireError::TooLarge(w.buf.len()));
         }
@@ -1040,7 +1081,19 @@ impl Msg {
     /// Encodes the message into one datagram sealed with `key` at the
     /// sender's clock `now_ms` (ms since the Unix epoch).
     pub fn seal(&self, key: &crate::auth::ClusterKey, now_ms: u64) -> Result<Vec<u8>, WireError> {
+        self.seal_padded(key, now_ms, 0)
+    }
+
+    /// [`Msg::seal`], padded with zeros (under the seal) to at least
+    /// `pad_to` bytes in all.
+    pub fn seal_padded(
+        &self,
+        key: &crate::auth::ClusterKey,
+        now_ms: u64,
+        pad_to: usize,
+    ) -> Result<Vec<u8>, WireError> {
         let mut w = self.encode_with(self.kind() | SEALED);
+        pad(&mut w, pad_to, SEAL_LEN);
         w.u64(now_ms);
         let tag = key.tag(&w.buf);
         w.buf.extend_from_slice(&tag);
@@ -1057,10 +1110,22 @@ impl Msg {
         credential: &crate::tenant::TenantCredential,
         now_ms: u64,
     ) -> Result<Vec<u8>, WireError> {
+        self.seal_tenant_padded(credential, now_ms, 0)
+    }
+
+    /// [`Msg::seal_tenant`], padded with zeros (under the seal) to at
+    /// least `pad_to` bytes in all.
+    pub fn seal_tenant_padded(
+        &self,
+        credential: &crate::tenant::TenantCredential,
+        now_ms: u64,
+        pad_to: usize,
+    ) -> Result<Vec<u8>, WireError> {
         let id = credential.tenant();
         let id_len = u8::try_from(id.len())
             .map_err(|_| WireError::Invalid(format!("tenant id of {} bytes", id.len())))?;
         let mut w = self.encode_with(self.kind() | TENANT);
+        pad(&mut w, pad_to, id.len() + TENANT_SEAL_FIXED);
         w.buf.extend_from_slice(id.as_bytes());
         w.u32(credential.generation());
         w.u8(id_len);
@@ -1123,6 +1188,8 @@ impl Msg {
             Body::GetLinkProof { .. } => 35,
             Body::LinkProof { .. } => 36,
             Body::RevokeTenant { .. } => 37,
+            Body::PutAbandoned { .. } => 38,
+            Body::PadTo { .. } => 39,
         }
     }
 
@@ -1230,6 +1297,8 @@ impl Msg {
                 w.u8(*more as u8);
             }
             Body::Done { version } => w.u64(*version),
+            Body::PutAbandoned { replica } => w.addr(*replica),
+            Body::PadTo { size } => w.u32(*size),
             Body::Error { code, message } => {
                 w.u16(*code as u16);
                 w.str(message);
@@ -1366,6 +1435,10 @@ impl Msg {
         let mut r = Reader::new(&buf[..end]);
         r.take(HEADER_LEN)?;
         let body = decode_body(head.kind, &mut r)?;
+        // A table's bytes run to the end: only requests are padded.
+        if head.kind != 16 {
+            r.skip_padding();
+        }
         r.finish()?;
         Ok(Msg {
             req: head.req,
@@ -1461,6 +1534,8 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
             version: r.u64()?,
         },
         13 => Body::Done { version: r.u64()? },
+        38 => Body::PutAbandoned { replica: r.addr()? },
+        39 => Body::PadTo { size: r.u32()? },
         14 => Body::Error {
             code: Code::from_u16(r.u16()?),
             message: r.str(MAX_DATAGRAM, "error message")?,
@@ -1617,6 +1692,15 @@ fn put_rows(w: &mut Writer, rows: &[Row]) {
                 w.u64(*version);
             }
         }
+    }
+}
+
+/// Appends zeros to `w` so that, with `suffix` more bytes (a seal), the
+/// datagram is at least `pad_to` bytes long.
+fn pad(w: &mut Writer, pad_to: usize, suffix: usize) {
+    let len = w.buf.len() + suffix;
+    if pad_to > len {
+        w.buf.resize(w.buf.len() + (pad_to - len), 0);
     }
 }
 

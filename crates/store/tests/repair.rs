@@ -913,8 +913,10 @@ mod unauthenticated {
         outs.into_iter().map(|(o, _)| o).collect()
     }
 
+    /// A refusal as unauthenticated, or, where that would be longer than
+    /// the datagram, the request to pad it (nothing done either way).
     fn refusal(outs: &[Out<u32>]) -> bool {
-        matches!(outs, [Out::Reply(_, m)] if matches!(&m.body, Body::Error { code: Code::Unauthenticated, .. }))
+        matches!(outs, [Out::Reply(_, m)] if matches!(&m.body, Body::Error { code: Code::Unauthenticated, .. } | Body::PadTo { .. }))
     }
 
     #[test]
@@ -1049,15 +1051,18 @@ mod unauthenticated {
         t
     }
 
-    /// The orchestrator refused a datagram as unauthenticated.
+    /// The orchestrator refused a datagram as unauthenticated (or asked
+    /// for it padded, where the refusal is longer than the datagram).
     fn assert_unauthenticated(reply: &Option<Body>) {
         assert!(
             matches!(
                 reply,
-                Some(Body::Error {
-                    code: Code::Unauthenticated,
-                    ..
-                })
+                Some(
+                    Body::Error {
+                        code: Code::Unauthenticated,
+                        ..
+                    } | Body::PadTo { .. }
+                )
             ),
             "{reply:?}"
         );
