@@ -2,10 +2,11 @@
 //! does it: every reference is counted and compared with the stored
 //! refcounts. Strata also verifies its chain index against the chain.
 
+use std::collections::HashMap;
 use std::path::Path;
 
-use strata_format::entry::{L1Entry, OFFSET_MASK};
-use strata_format::header::{Header, EXT_BITMAPS, INCOMPAT_DIRTY};
+use strata_format::entry::{L1Entry, OFFSET_MASK, OFLAG_COPIED};
+use strata_format::header::{Header, EXT_BITMAPS, INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
 use strata_format::{refcount, ExtendedL2, HeaderExtension, L2Mapping};
 
 use crate::cache::PAGE_UNITS;
@@ -78,13 +79,23 @@ impl CheckReport {
 /// Checks (and optionally repairs) the image at `path`.
 pub fn check(path: &Path, repair: Repair) -> Result<CheckReport> {
     let layer = Layer::open(path, 0, repair != Repair::None, Some(Format::Qcow2))?;
-    let mut report = run(&layer, repair)?;
+    let (mut report, overlaps) = run_counting(&layer, repair)?;
+    if repair == Repair::All && !overlaps.is_empty() {
+        relocate_overlaps(&layer, &overlaps)?;
+        // The moved references change the counts: fix refcounts again.
+        let (again, _) = run_counting(&layer, repair)?;
+        report.leaks_fixed += again.leaks_fixed;
+        report.corruptions_fixed += again.corruptions_fixed + overlaps.len() as u64;
+    }
     if repair != Repair::None && (report.leaks_fixed > 0 || report.corruptions_fixed > 0) {
         let fixed = (report.leaks_fixed, report.corruptions_fixed);
         let mut again = run(&layer, Repair::None)?;
         again.leaks_fixed = fixed.0;
         again.corruptions_fixed = fixed.1;
         report = again;
+    }
+    if repair == Repair::All && report.corruptions == 0 && report.check_errors == 0 {
+        clear_corrupt_bit(&layer)?;
     }
     drop(layer);
     report.chain_index = index_status(path, &mut report);
@@ -128,6 +139,16 @@ pub(crate) fn repair_refcounts(top: &Layer) -> Result<()> {
 }
 
 fn run(layer: &Layer, repair: Repair) -> Result<CheckReport> {
+    run_counting(layer, repair).map(|(report, _)| report)
+}
+
+/// A data cluster that overlaps metadata: its L2 entry's offset in the
+/// file. A guest write there would overwrite the metadata.
+type Overlap = u64;
+
+/// Counts, compares and (with `repair`) fixes refcounts; also returns the
+/// L2 entries whose data cluster overlaps metadata.
+fn run_counting(layer: &Layer, repair: Repair) -> Result<(CheckReport, Vec<Overlap>)> {
     let h = layer
         .header()
         .ok_or_else(|| DiskError::Invalid("check works on qcow2 images".into()))?;
@@ -140,6 +161,7 @@ fn run(layer: &Layer, repair: Repair) -> Result<CheckReport> {
         )));
     }
     let mut c = Counter::new(layer, &h);
+    c.collect_metadata(&h)?;
     c.count_metadata(&h)?;
     let mut report = CheckReport {
         filename: layer.path().display().to_string(),
@@ -200,7 +222,53 @@ fn run(layer: &Layer, repair: Repair) -> Result<CheckReport> {
     report.fragmented_clusters = c.fragmented;
     report.compressed_clusters = c.compressed;
     report.messages = c.messages;
-    Ok(report)
+    let overlaps = if c.tangled { Vec::new() } else { c.overlaps };
+    Ok((report, overlaps))
+}
+
+/// Gives every data cluster that overlaps metadata a cluster of its own
+/// at the end of the file, holding the same bytes: the guest reads what it
+/// read before, and its writes no longer land on metadata. The refcounts
+/// are recounted afterwards.
+fn relocate_overlaps(layer: &Layer, overlaps: &[Overlap]) -> Result<()> {
+    let mut alloc = Allocator::load(layer)?;
+    let cs = alloc.cs;
+    let mut bytes = vec![0u8; cs as usize];
+    for &at in overlaps {
+        let mut raw = [0u8; 8];
+        layer.file.read_exact_at(&mut raw, at)?;
+        let entry = u64::from_be_bytes(raw);
+        let old = entry & OFFSET_MASK;
+        // Bytes past the end of the file read as zeros, as the guest saw them.
+        layer.file.read_data(&mut bytes, old)?;
+        let new = alloc.alloc(layer, 1)?;
+        layer.file.write_data(&bytes, new)?;
+        layer.file.sync()?;
+        let moved = (entry & !OFFSET_MASK) | new | OFLAG_COPIED;
+        layer.file.write_all_at(&moved.to_be_bytes(), at)?;
+    }
+    layer.file.sync()
+}
+
+/// Clears the corrupt bit of a repaired image (QEMU's check does the same
+/// once no corruption is left).
+fn clear_corrupt_bit(layer: &Layer) -> Result<()> {
+    let Some(q) = &layer.qcow2 else {
+        return Ok(());
+    };
+    let mut h = q.header.read().clone();
+    if h.incompatible_features & INCOMPAT_CORRUPT == 0 {
+        return Ok(());
+    }
+    h.incompatible_features &= !INCOMPAT_CORRUPT;
+    // Not `write_header`: it keeps a corrupt bit set.
+    let buf = h
+        .encode()
+        .map_err(|e| DiskError::format(layer.place(), e))?;
+    layer.file.write_all_at(&buf, 0)?;
+    layer.file.sync()?;
+    *q.header.write() = h;
+    Ok(())
 }
 
 /// Counts references to every cluster of one file.
@@ -221,6 +289,13 @@ struct Counter<'a> {
     fragmented: u64,
     compressed: u64,
     last_host: Option<u64>,
+    /// Host clusters of the active metadata and what they hold.
+    metadata: HashMap<u64, &'static str, ahash::RandomState>,
+    /// L2 entries (their file offsets) whose data overlaps metadata.
+    overlaps: Vec<Overlap>,
+    /// Metadata structures overlap one another: L2 "entries" may then be
+    /// other metadata, and nothing is relocated.
+    tangled: bool,
 }
 
 /// Largest file (in clusters) check counts references for: 4 bytes each,
@@ -249,6 +324,85 @@ impl<'a> Counter<'a> {
             fragmented: 0,
             compressed: 0,
             last_host: None,
+            metadata: HashMap::default(),
+            overlaps: Vec::new(),
+            tangled: false,
+        }
+    }
+
+    /// Records which host clusters hold the active metadata, before any
+    /// reference is counted, so that a data cluster overlapping one can be
+    /// reported (a guest write there would overwrite it). Metadata
+    /// structures that overlap one another are reported here. Structures
+    /// beyond the end of the file or misaligned are left to the count.
+    fn collect_metadata(&mut self, h: &Header) -> Result<()> {
+        let cs = self.cs;
+        self.claim(0, cs, "the image header");
+        let l1_len = u64::from(h.l1_size) * 8;
+        self.claim(h.l1_table_offset, l1_len, "the L1 table");
+        let rt_len = u64::from(h.refcount_table_clusters) * cs;
+        self.claim(h.refcount_table_offset, rt_len, "the refcount table");
+        if self.within(h.refcount_table_offset, rt_len) {
+            for raw in words(&self.read(h.refcount_table_offset, rt_len)?) {
+                if raw != 0 && raw.is_multiple_of(cs) {
+                    self.claim(raw, cs, "a refcount block");
+                }
+            }
+        }
+        if self.within(h.l1_table_offset, l1_len) {
+            for raw in words(&self.read(h.l1_table_offset, l1_len)?) {
+                if let Ok(e) = L1Entry::decode(raw, cs) {
+                    if e.l2_offset != 0 {
+                        self.claim(e.l2_offset, cs, "an L2 table");
+                    }
+                }
+            }
+        }
+        if h.chain_index_valid() {
+            if let Some(ext) = h.chain_index() {
+                let len = ext.region_len.div_ceil(cs) * cs;
+                self.claim(ext.region_offset, len, "the chain index region");
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `[offset, offset + len)` lies inside the file.
+    fn within(&self, offset: u64, len: u64) -> bool {
+        offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.layer.file_len())
+    }
+
+    /// Records `[offset, offset + len)` as holding `what`, reporting an
+    /// overlap with metadata recorded before.
+    fn claim(&mut self, offset: u64, len: u64, what: &'static str) {
+        if len == 0 || !self.within(offset, len) || !offset.is_multiple_of(self.cs) {
+            return;
+        }
+        for c in offset / self.cs..(offset + len).div_ceil(self.cs) {
+            if let Some(other) = self.metadata.insert(c, what) {
+                self.tangled = true;
+                self.corrupt(format!(
+                    "{what} at 0x{offset:x} overlaps {other} (host cluster 0x{:x})",
+                    c * self.cs
+                ));
+                return;
+            }
+        }
+    }
+
+    /// Reports a data cluster of guest offset `guest` (L2 entry at file
+    /// offset `at`) whose host clusters `[first, last]` hold metadata.
+    fn check_data_overlap(&mut self, guest: u64, at: u64, first: u64, last: u64) {
+        let hit = (first / self.cs..=last / self.cs)
+            .find_map(|c| self.metadata.get(&c).map(|w| (c * self.cs, *w)));
+        if let Some((cluster, what)) = hit {
+            self.corrupt(format!(
+                "data cluster of guest offset 0x{guest:x} is host cluster 0x{cluster:x}, \
+                 which holds {what}: a guest write there would overwrite it"
+            ));
+            self.overlaps.push(at);
         }
     }
 
@@ -346,12 +500,14 @@ impl<'a> Counter<'a> {
                 self.copied_flags
                     .push((entry.l2_offset / self.cs, entry.copied, "L2 table"));
             }
-            self.count_l2(entry.l2_offset, active)?;
+            self.count_l2(entry.l2_offset, active, i as u64)?;
         }
         Ok(())
     }
 
-    fn count_l2(&mut self, table: u64, active: bool) -> Result<()> {
+    /// Counts the references of the L2 table at `table`, the one of L1
+    /// entry `l1_index`.
+    fn count_l2(&mut self, table: u64, active: bool, l1_index: u64) -> Result<()> {
         let l2 = self.read(table, self.cs)?;
         let w: Vec<u64> = words(&l2).collect();
         let step = if self.extended { 2 } else { 1 };
@@ -390,6 +546,14 @@ impl<'a> Counter<'a> {
             let Some((first, last)) = m.host_range() else {
                 continue;
             };
+            // Compressed clusters are never written in place: only what a
+            // guest write would land on counts.
+            if active && !matches!(m, L2Mapping::Compressed { .. }) {
+                let entries = self.cs / (8 * step as u64);
+                let guest = (l1_index * entries + i as u64) << self.cluster_bits;
+                let at = table + i as u64 * 8 * step as u64;
+                self.check_data_overlap(guest, at, first, last);
+            }
             if !self.inc(first, last - first + 1, "data cluster") {
                 continue;
             }

@@ -57,7 +57,7 @@ impl Disk {
                 match w.prepare_alloc(self, cluster, need)? {
                     AllocStep::InPlace(host) => {
                         drop(w);
-                        return top.file.write_data(data, host + in_cluster);
+                        return self.write_guest_data(data, host + in_cluster, pos);
                     }
                     AllocStep::Busy => self.alloc_done.wait(&mut w),
                     AllocStep::Fill { host, old } => break (host, old),
@@ -105,17 +105,17 @@ impl Disk {
         host: u64,
     ) -> Result<()> {
         let cs = 1u64 << cb;
+        let start = cluster << cb;
         if in_cluster == 0 && data.len() as u64 == cs {
-            return self.top().file.write_data(data, host);
+            return self.write_guest_data(data, host, start);
         }
         let mut content = vec![0u8; cs as usize];
-        let start = cluster << cb;
         let readable = self.size().saturating_sub(start).min(cs) as usize;
         if !matches!(old, L2Mapping::Zero { .. }) {
             self.read_at(&mut content[..readable], start)?;
         }
         content[in_cluster as usize..in_cluster as usize + data.len()].copy_from_slice(data);
-        self.top().file.write_data(&content, host)
+        self.write_guest_data(&content, host, start)
     }
 }
 
@@ -172,7 +172,7 @@ impl Disk {
         };
         let mask = subcluster_mask(s0, s1);
         if start == in_cluster && end == in_end {
-            self.top().file.write_data(data, host + in_cluster)?;
+            self.write_guest_data(data, host + in_cluster, (cluster << cb) + in_cluster)?;
             return Ok(mask);
         }
         let base = cluster << cb;
@@ -188,7 +188,7 @@ impl Disk {
         }
         let at = (in_cluster - start) as usize;
         content[at..at + data.len()].copy_from_slice(data);
-        self.top().file.write_data(&content, host + start)?;
+        self.write_guest_data(&content, host + start, base + start)?;
         Ok(mask)
     }
 }

@@ -100,6 +100,9 @@ pub struct Disk {
     /// Drop a frozen layer's pages from the page cache once it is sealed
     /// (see [`Disk::set_drop_sealed_cache`]).
     pub(crate) drop_sealed_cache: AtomicBool,
+    /// Host clusters of the top layer that hold metadata, checked before
+    /// every guest data write (see [`crate::overlap`]).
+    pub(crate) metadata: std::sync::Arc<crate::overlap::Guard>,
 }
 
 /// A layer frozen by a push whose writes are not yet durable.
@@ -168,6 +171,7 @@ impl Disk {
             sealing: Mutex::new(()),
             lazy: parking_lot::RwLock::new(None),
             drop_sealed_cache: AtomicBool::new(false),
+            metadata: std::sync::Arc::default(),
         };
         if opts.writable {
             let writer = Writer::start(&disk)?;
@@ -592,7 +596,7 @@ impl Disk {
             };
             let part = &buf[(pos - offset) as usize..(seg_end - offset) as usize];
             match host {
-                Some(host) => self.top().file.write_data(part, host)?,
+                Some(host) => self.write_guest_data(part, host, pos)?,
                 None => self.write_allocating(writer, part, pos)?,
             }
             pos = seg_end;

@@ -31,6 +31,7 @@ pub mod layer;
 mod lazy_index;
 mod live;
 pub mod map;
+mod overlap;
 mod writer;
 
 pub use compact::{merge_layers, set_backing_file, MergeProgress, MergeReport};

@@ -21,11 +21,13 @@ use strata_format::index::{ChainIndexExt, ENTRY_BYTES, LINEAGE_RECORD_BYTES, MAX
 use strata_format::{refcount, ExtendedL2, L2Mapping};
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use crate::cache::{Slot, PAGE_UNITS};
 use crate::disk::{region_crc, Disk, IndexState};
 use crate::error::{DiskError, Result};
 use crate::layer::Layer;
+use crate::overlap::{Guard, Structure};
 
 /// Units of owners written per chunk when (re)building an index.
 const OWNER_CHUNK: u64 = 1 << 16;
@@ -128,6 +130,10 @@ impl Writer {
                 "image is marked corrupt; repair it with `strata img check -r all` first",
             ));
         }
+        // Everything that can refuse the image is checked before the first
+        // byte of it changes.
+        let mut alloc = Allocator::load(top)?;
+        let mut map = alloc.scan(top, disk)?;
         let was_dirty = header.incompatible_features & INCOMPAT_DIRTY != 0;
         let mut h = header;
         if h.version >= 3 {
@@ -141,11 +147,14 @@ impl Writer {
         if sync_dirty_bit || was_dirty {
             top.file.sync()?;
         }
-        let mut alloc = Allocator::load(top)?;
         if was_dirty {
             crate::check::repair_refcounts(top)?;
             alloc = Allocator::load(top)?;
+            map = alloc.scan(top, disk)?;
         }
+        alloc.next_free = alloc.next_free.max(map.end());
+        disk.metadata.replace(map);
+        alloc.guard = Some(Arc::clone(&disk.metadata));
         let mut writer = Writer {
             alloc: Some(alloc),
             index: None,
@@ -200,6 +209,7 @@ impl Writer {
     }
 
     pub(crate) fn write(&mut self, disk: &Disk, buf: &[u8], offset: u64) -> Result<()> {
+        refuse_if_corrupt(disk)?;
         let top = disk.top();
         let Some(cb) = top.cluster_bits() else {
             return top.file.write_data(buf, offset);
@@ -228,6 +238,7 @@ impl Writer {
         cluster: u64,
         need: u32,
     ) -> Result<AllocStep> {
+        refuse_if_corrupt(disk)?;
         if self.in_flight.contains(&cluster) {
             return Ok(AllocStep::Busy);
         }
@@ -247,7 +258,10 @@ impl Writer {
                 L2Mapping::Data { copied: false, .. } => {
                     return Err(shared_cluster(top, cluster));
                 }
-                L2Mapping::Compressed { .. } => (self.allocator()?.alloc(top, 1)?, true, true),
+                L2Mapping::Compressed { .. } => {
+                    check_replace(disk, cluster, &e.cluster)?;
+                    (self.allocator()?.alloc(top, 1)?, true, true)
+                }
                 L2Mapping::Unallocated | L2Mapping::Zero { .. } => {
                     let cs = self.allocator()?.cs;
                     let host = self.allocator()?.alloc(top, 1)?;
@@ -273,6 +287,7 @@ impl Writer {
         {
             return Ok(AllocStep::InPlace(host_offset));
         }
+        check_replace(disk, cluster, &old)?;
         let host = self.allocator()?.alloc(top, 1)?;
         self.in_flight.insert(cluster);
         Ok(AllocStep::Fill { host, old })
@@ -288,8 +303,9 @@ impl Writer {
         self.in_flight.remove(&cluster);
         let top = disk.top();
         let current = top_mapping(top, cluster)?;
+        check_replace(disk, cluster, &current)?;
         self.set_l2(disk, cluster, L2Mapping::encode_data(host))?;
-        self.release(top, current, host)
+        self.release(disk, cluster, current, host)
     }
 
     /// Last step of an allocating write into an extended L2 top layer:
@@ -309,6 +325,9 @@ impl Writer {
         self.in_flight.remove(&cluster);
         let top = disk.top();
         let cur = top_extended(top, cluster)?;
+        if matches!(cur.cluster, L2Mapping::Compressed { .. }) {
+            check_replace(disk, cluster, &cur.cluster)?;
+        }
         let (alloc, zero) = match cur.host() {
             Some((h, _)) if h == host => (cur.alloc | mask, cur.zero & !mask),
             Some((h, _)) => {
@@ -327,7 +346,7 @@ impl Writer {
         };
         self.set_l2_ext(disk, cluster, ExtendedL2::encode(host, alloc, zero), mask)?;
         if matches!(cur.cluster, L2Mapping::Compressed { .. }) {
-            self.release(top, cur.cluster, host)?;
+            self.release(disk, cluster, cur.cluster, host)?;
         }
         Ok(())
     }
@@ -377,14 +396,16 @@ impl Writer {
         if top.extended_l2() {
             return self.write_in_cluster_ext(disk, cluster, in_cluster, data, cs);
         }
+        let guest = cluster * cs + in_cluster;
         let old = top_mapping(top, cluster)?;
         if let L2Mapping::Data {
             host_offset,
             copied: true,
         } = old
         {
-            return top.file.write_data(data, host_offset + in_cluster);
+            return disk.write_guest_data(data, host_offset + in_cluster, guest);
         }
+        check_replace(disk, cluster, &old)?;
         let reused = match old {
             L2Mapping::Zero {
                 prealloc: Some(h),
@@ -405,7 +426,7 @@ impl Writer {
         }
         let entry = L2Mapping::encode_data(host);
         self.set_l2(disk, cluster, entry)?;
-        self.release(top, old, host)?;
+        self.release(disk, cluster, old, host)?;
         Ok(())
     }
 
@@ -419,11 +440,12 @@ impl Writer {
         data: &[u8],
         cs: u64,
     ) -> Result<()> {
-        let top = disk.top();
         let cb = cs.trailing_zeros();
         let need = disk.subcluster_span(in_cluster, data.len() as u64);
         match self.prepare_alloc(disk, cluster, need)? {
-            AllocStep::InPlace(host) => top.file.write_data(data, host + in_cluster),
+            AllocStep::InPlace(host) => {
+                disk.write_guest_data(data, host + in_cluster, cluster * cs + in_cluster)
+            }
             AllocStep::FillSub {
                 host,
                 fresh,
@@ -502,6 +524,7 @@ impl Writer {
     fn zero_subclusters(&mut self, disk: &Disk, cluster: u64, mask: u32) -> Result<()> {
         let top = disk.top();
         let cur = top_extended(top, cluster)?;
+        check_replace(disk, cluster, &cur.cluster)?;
         if let L2Mapping::Compressed { .. } = cur.cluster {
             if mask != u32::MAX {
                 // A compressed cluster has no subclusters: rewrite it.
@@ -514,7 +537,7 @@ impl Writer {
                 return self.write(disk, &vec![0u8; (stop - start) as usize], start);
             }
             self.set_l2_ext(disk, cluster, ExtendedL2::encode(0, 0, u32::MAX), mask)?;
-            return self.release(top, cur.cluster, 0);
+            return self.release(disk, cluster, cur.cluster, 0);
         }
         if cur.alloc & mask == 0 && cur.zero & mask == mask {
             return Ok(());
@@ -526,13 +549,14 @@ impl Writer {
         let keep = if free { 0 } else { host };
         self.set_l2_ext(disk, cluster, ExtendedL2::encode(keep, alloc, zero), mask)?;
         if free {
-            self.release(top, cur.cluster, 0)?;
+            self.release(disk, cluster, cur.cluster, 0)?;
         }
         Ok(())
     }
 
     /// Makes `len` bytes at `offset` read as zeros.
     pub(crate) fn write_zeroes(&mut self, disk: &Disk, offset: u64, len: u64) -> Result<()> {
+        refuse_if_corrupt(disk)?;
         let top = disk.top();
         if top.extended_l2() {
             return self.write_zeroes_ext(disk, offset, len);
@@ -549,8 +573,9 @@ impl Writer {
             let covers = pos == c_start && (seg_end == c_start + cs || seg_end == disk.size());
             if zero_flag && covers {
                 let old = top_mapping(top, cluster)?;
+                check_replace(disk, cluster, &old)?;
                 self.set_l2(disk, cluster, L2Mapping::encode_zero())?;
-                self.release(top, old, 0)?;
+                self.release(disk, cluster, old, 0)?;
             } else {
                 let zeros = vec![0u8; (seg_end - pos) as usize];
                 self.write(disk, &zeros, pos)?;
@@ -562,6 +587,7 @@ impl Writer {
 
     /// Releases whole top-layer clusters in the range (see [`Disk::discard`]).
     pub(crate) fn discard(&mut self, disk: &Disk, offset: u64, len: u64) -> Result<()> {
+        refuse_if_corrupt(disk)?;
         let top = disk.top();
         let Some(h) = top.header() else {
             return Ok(());
@@ -587,6 +613,7 @@ impl Writer {
                     continue;
                 }
                 let cur = top_extended(top, cluster)?;
+                check_replace(disk, cluster, &cur.cluster)?;
                 let zero = if has_backing { u32::MAX } else { 0 };
                 if cur.cluster.is_unallocated() && cur.alloc == 0 && cur.zero == zero {
                     continue;
@@ -598,12 +625,13 @@ impl Writer {
                     (cur.alloc | cur.zero) ^ zero | cur.alloc
                 };
                 self.set_l2_ext(disk, cluster, ExtendedL2::encode(0, 0, zero), changed)?;
-                self.release(top, cur.cluster, 0)?;
+                self.release(disk, cluster, cur.cluster, 0)?;
             }
             return Ok(());
         }
         for cluster in first..last {
             let old = top_mapping(top, cluster)?;
+            check_replace(disk, cluster, &old)?;
             let entry = if has_backing {
                 L2Mapping::encode_zero()
             } else {
@@ -613,7 +641,7 @@ impl Writer {
                 continue;
             }
             self.set_l2(disk, cluster, entry)?;
-            self.release(top, old, 0)?;
+            self.release(disk, cluster, old, 0)?;
         }
         Ok(())
     }
@@ -630,6 +658,7 @@ impl Writer {
         if table == 0 {
             let alloc = self.allocator()?;
             table = alloc.alloc(top, 1)?;
+            disk.metadata.insert(table, 1 << cb, Structure::L2Table);
             top.file.write_all_at(&vec![0u8; 1 << cb], table)?;
             set_l1_entry(top, l1_index, table | OFLAG_COPIED)?;
         }
@@ -750,13 +779,16 @@ impl Writer {
 
     /// Drops the top layer's reference held by a replaced L2 entry, unless
     /// it is the cluster now reused (`kept`).
-    fn release(&mut self, top: &Layer, old: L2Mapping, kept: u64) -> Result<()> {
+    fn release(&mut self, disk: &Disk, cluster: u64, old: L2Mapping, kept: u64) -> Result<()> {
         let Some((first, last)) = old.host_range() else {
             return Ok(());
         };
         if first == kept {
             return Ok(());
         }
+        let top = disk.top();
+        let guest = cluster << top.cluster_bits().unwrap_or(16);
+        disk.guard_release(first, last - first + 1, guest)?;
         let alloc = self.allocator()?;
         let cs = alloc.cs;
         for c in first / cs..=last / cs {
@@ -915,6 +947,7 @@ fn build_index(
         }
         _ => alloc.reserve_unrefcounted(clusters),
     };
+    alloc.note_metadata(region_offset, clusters * alloc.cs, Structure::ChainIndex);
     let mut first = 0;
     while first < units {
         let count = (units - first).min(OWNER_CHUNK);
@@ -975,8 +1008,38 @@ fn write_index_ext(top: &Layer, ext: &ChainIndexExt, valid: bool, sync: bool) ->
     Ok(())
 }
 
+/// Refuses to replace the top layer's mapping `old` of guest `cluster` when
+/// its host clusters hold metadata: releasing them would let the refcount
+/// free the metadata. Called before the L2 entry changes.
+fn check_replace(disk: &Disk, cluster: u64, old: &L2Mapping) -> Result<()> {
+    let Some((first, last)) = old.host_range() else {
+        return Ok(());
+    };
+    let guest = cluster << disk.top().cluster_bits().unwrap_or(16);
+    disk.guard_release(first, last - first + 1, guest)
+}
+
+/// Refuses any change to an image marked corrupt by a refused write over
+/// its metadata in this session.
+fn refuse_if_corrupt(disk: &Disk) -> Result<()> {
+    if disk.metadata.is_corrupt() {
+        return Err(disk.already_corrupt());
+    }
+    Ok(())
+}
+
 /// Encodes `h` into the first cluster and makes it the layer's header.
+///
+/// A corrupt bit already set in memory stays set: it was set by a refused
+/// write over metadata (see [`crate::overlap`]), and a header update racing
+/// with it must not clear it.
 pub(crate) fn write_header(top: &Layer, h: &Header) -> Result<()> {
+    let sticky = top
+        .header()
+        .map_or(0, |now| now.incompatible_features & INCOMPAT_CORRUPT);
+    let mut h = h.clone();
+    h.incompatible_features |= sticky;
+    let h = &h;
     let buf = h.encode().map_err(|e| DiskError::format(top.place(), e))?;
     top.file.write_all_at(&buf, 0)?;
     if let Some(q) = &top.qcow2 {
@@ -1033,6 +1096,9 @@ pub(crate) struct Allocator {
     /// While relocating the table, entries are kept in memory only.
     relocating: bool,
     pub(crate) next_free: u64,
+    /// The writer's metadata map, told of every metadata cluster this
+    /// allocator adds or frees (`None` outside a writer, e.g. in check).
+    pub(crate) guard: Option<Arc<Guard>>,
 }
 
 impl Allocator {
@@ -1059,7 +1125,7 @@ impl Allocator {
             }
             reftable.push(off);
         }
-        Ok(Allocator {
+        Allocator {
             cs,
             order: h.refcount_order,
             epb: refcount::entries_per_block(cs, h.refcount_order),
@@ -1067,8 +1133,58 @@ impl Allocator {
             reftable,
             reftable_offset: h.refcount_table_offset,
             relocating: false,
-            next_free: top.file_len().div_ceil(cs) * cs,
-        })
+            next_free: 0,
+            guard: None,
+        }
+        .with_first_free(top)
+    }
+
+    /// Sets where new clusters start: past the end of the file and past
+    /// the last cluster with a non-zero refcount, so a file cut short
+    /// (or with clusters referenced beyond its end) never gets a cluster
+    /// it still references handed out again.
+    fn with_first_free(mut self, top: &Layer) -> Result<Allocator> {
+        let end_of_file = top.file_len().div_ceil(self.cs) * self.cs;
+        let last_used = self.last_referenced(top)?;
+        self.next_free = end_of_file.max(last_used.map_or(0, |c| (c + 1) * self.cs));
+        Ok(self)
+    }
+
+    /// The highest cluster with a non-zero refcount: found in the last
+    /// refcount block that has one, scanning just that block.
+    fn last_referenced(&self, top: &Layer) -> Result<Option<u64>> {
+        let mut buf = vec![0u8; self.cs as usize];
+        for (bi, &block) in self.reftable.iter().enumerate().rev() {
+            if block == 0 {
+                continue;
+            }
+            top.file.read_exact_at(&mut buf, block)?;
+            let last = (0..self.epb)
+                .rev()
+                .find(|&i| refcount::get(&buf, i, self.order) != 0);
+            if let Some(i) = last {
+                return Ok(Some(bi as u64 * self.epb + i));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Builds the metadata map of `top` (see [`crate::overlap::scan`]),
+    /// with the chain index region `disk` uses.
+    pub(crate) fn scan(&self, top: &Layer, disk: &Disk) -> Result<crate::overlap::MetadataMap> {
+        let h = top
+            .header()
+            .ok_or_else(|| DiskError::Invalid("raw images have no metadata".into()))?;
+        let index = disk.index.read().clone();
+        crate::overlap::scan(top, &h, &self.reftable, index.as_ref())
+    }
+
+    /// Tells the writer's metadata map that `[offset, offset + len)` now
+    /// holds `what`.
+    fn note_metadata(&self, offset: u64, len: u64, what: Structure) {
+        if let Some(g) = &self.guard {
+            g.insert(offset, len, what);
+        }
     }
 
     /// Takes `n` contiguous clusters with refcount 1.
@@ -1085,6 +1201,7 @@ impl Allocator {
     fn reserve_unrefcounted(&mut self, n: u64) -> u64 {
         let at = self.next_free;
         self.next_free += n * self.cs;
+        self.note_metadata(at, n * self.cs, Structure::ChainIndex);
         at
     }
 
@@ -1092,6 +1209,14 @@ impl Allocator {
         if !offset.is_multiple_of(self.cs)
             || offset + clusters * self.cs > top.file_len()
             || offset == 0
+        {
+            return Ok(false);
+        }
+        let len = clusters * self.cs;
+        if self
+            .guard
+            .as_ref()
+            .is_some_and(|g| g.find(offset, len).is_some())
         {
             return Ok(false);
         }
@@ -1159,6 +1284,7 @@ impl Allocator {
         }
         let block = self.next_free;
         self.next_free += self.cs;
+        self.note_metadata(block, self.cs, Structure::RefcountBlock);
         let own = block / self.cs;
         let mut buf = vec![0u8; self.cs as usize];
         if own / self.epb == bi {
@@ -1188,6 +1314,7 @@ impl Allocator {
         }
         let new_offset = self.next_free;
         self.next_free += clusters * cs;
+        self.note_metadata(new_offset, clusters * cs, Structure::RefcountTable);
         let old_offset = self.reftable_offset;
         let old_clusters = (self.disk_capacity * 8).div_ceil(cs);
         let was_relocating = self.relocating;
@@ -1211,6 +1338,9 @@ impl Allocator {
         self.relocating = was_relocating;
         for c in 0..old_clusters {
             self.set_refcount(top, old_offset / cs + c, 0)?;
+        }
+        if let Some(g) = &self.guard {
+            g.remove(old_offset, old_clusters * cs);
         }
         Ok(())
     }
