@@ -201,6 +201,7 @@ async fn serve(
             shutdown_timeout,
             buffer_budget,
             idle_timeout: idle_seconds(args.idle_timeout)?,
+            stall_timeout: strata_nbd::server::DEFAULT_STALL_TIMEOUT,
         },
     )
     .await?;

@@ -127,6 +127,7 @@ pub fn run(args: ServeArgs) -> Result<i32> {
         shutdown_timeout,
         buffer_budget,
         idle_timeout,
+        stall_timeout: strata_nbd::server::DEFAULT_STALL_TIMEOUT,
     };
     // Descriptors are what every client costs: take all the system allows.
     if let Err(e) = strata_nbd::raise_open_file_limit() {

@@ -51,7 +51,16 @@ pub struct ServerConfig {
     /// is running, or reads none of its replies, for this long. `None`
     /// (the default, as in qemu-nbd): never.
     pub idle_timeout: Option<Duration>,
+    /// Drop a connection that holds part of the buffer budget without
+    /// making progress for this long: it stopped sending in the middle of
+    /// a write's payload, or reads none of its replies. Without it, a few
+    /// such clients could pin the whole budget and stall every other
+    /// client. Capped by the idle timeout when one is set.
+    pub stall_timeout: Duration,
 }
+
+/// Default [`ServerConfig::stall_timeout`].
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -63,6 +72,7 @@ impl Default for ServerConfig {
             shutdown_timeout: Duration::from_secs(30),
             buffer_budget: DEFAULT_BUFFER_BUDGET,
             idle_timeout: None,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
         }
     }
 }
@@ -125,6 +135,11 @@ impl Server {
         if config.idle_timeout.is_some_and(|t| t.is_zero()) {
             return Err(ServerError::Config(
                 "an idle timeout must be longer than zero (None turns it off)".into(),
+            ));
+        }
+        if config.stall_timeout.is_zero() {
+            return Err(ServerError::Config(
+                "the stall timeout must be longer than zero".into(),
             ));
         }
         let tcp = match &config.tcp {
@@ -191,6 +206,7 @@ impl Server {
         let limits = Limits {
             budget: Budget::new(config.buffer_budget),
             idle: config.idle_timeout,
+            stall: config.stall_timeout,
         };
         let mut failures = AcceptFailures::default();
         let mut conns = JoinSet::new();

@@ -21,8 +21,11 @@
 //! server, by the [`Budget`] every connection takes its buffers from.
 //!
 //! With an idle timeout, a connection that sends nothing while none of its
-//! requests is running, or reads none of its replies, for that long is
-//! closed.
+//! requests is running for that long is closed. Whatever the idle timeout,
+//! a connection that holds part of the budget without making progress
+//! (stops in the middle of a write's payload, or reads none of its
+//! replies) for the stall timeout is dropped, so that a few stalled clients
+//! cannot pin the budget every other client needs.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
@@ -71,13 +74,15 @@ pub(crate) struct Limits {
     pub(crate) budget: Arc<Budget>,
     /// Close a connection idle for this long; `None`: never.
     pub(crate) idle: Option<Duration>,
+    /// Drop a connection that makes no progress in a request for this long.
+    pub(crate) stall: Duration,
 }
 
-/// How often a connection with an idle timeout wakes up to check it: a
-/// quarter of the timeout (so it closes within 1.25 times it), at most
+/// How often a waiting read wakes up to check the timeouts: a quarter of
+/// the shorter one (so a connection closes within 1.25 times it), at most
 /// once a second.
-fn idle_tick(idle: Duration) -> Duration {
-    (idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+fn tick(timeout: Duration) -> Duration {
+    (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
 /// A connected socket in blocking mode.
@@ -161,12 +166,16 @@ enum End {
     Gone(String),
     /// The client sent nothing for the idle timeout.
     Idle(Duration),
+    /// The client stopped in the middle of a request's payload.
+    Stalled(Duration),
 }
 
 /// Why a read of the request stream stopped.
 enum Stall {
     /// The idle timeout passed with nothing received and nothing running.
     Idle(Duration),
+    /// A payload stopped coming for the stall timeout.
+    Stalled(Duration),
     /// The socket failed or ended.
     Io(std::io::Error),
 }
@@ -211,6 +220,8 @@ struct Conn {
     budget: Arc<Budget>,
     /// The idle timeout, if any.
     idle: Option<Duration>,
+    /// The stall timeout (never longer than the idle timeout).
+    stall: Duration,
     /// When the connection entered transmission.
     started: Instant,
     /// Milliseconds after `started` when a byte last came in or a reply
@@ -424,13 +435,12 @@ impl Conn {
         limits: Limits,
     ) -> std::io::Result<Arc<Conn>> {
         let reader = socket.try_clone()?;
-        if let Some(idle) = limits.idle {
-            // Socket options are shared by both descriptors: reads wake up
-            // to check the idle time, and a reply nobody reads for the
-            // whole timeout fails.
-            reader.set_read_timeout(Some(idle_tick(idle)));
-            socket.set_write_timeout(Some(idle))?;
-        }
+        let stall = limits.idle.map_or(limits.stall, |i| i.min(limits.stall));
+        // Socket options are shared by both descriptors: reads wake up to
+        // check the timeouts, and a reply nobody reads for the whole stall
+        // timeout fails.
+        reader.set_read_timeout(Some(tick(stall)));
+        socket.set_write_timeout(Some(stall))?;
         let session = Session {
             size: neg.export.size(),
             read_only: neg.export.read_only(),
@@ -462,6 +472,7 @@ impl Conn {
             space: Condvar::new(),
             budget: limits.budget,
             idle: limits.idle,
+            stall,
             started: Instant::now(),
             last_active: AtomicU64::new(0),
         }))
@@ -504,9 +515,10 @@ impl Conn {
     /// Reads the next request and decides what to do with it.
     fn next(&self, r: &mut BufReader<Socket>, scratch: &mut Scratch) -> Next {
         let mut hdr = [0u8; REQUEST_LEN];
-        match self.read_full(r, &mut hdr) {
+        match self.read_full(r, &mut hdr, false) {
             Ok(()) => {}
             Err(Stall::Idle(t)) => return Next::End(End::Idle(t), None),
+            Err(Stall::Stalled(t)) => return Next::End(End::Stalled(t), None),
             Err(Stall::Io(e)) => {
                 return Next::End(
                     match e.kind() {
@@ -564,7 +576,7 @@ impl Conn {
             return Next::End(End::Shutdown, None);
         };
         if let Op::Write { len, .. } = op {
-            if let Err(stall) = self.read_full(r, scratch.get(len as usize)) {
+            if let Err(stall) = self.read_full(r, scratch.get(len as usize), true) {
                 self.release(bytes);
                 return Next::End(stall.end("write payload"), None);
             }
@@ -578,19 +590,27 @@ impl Conn {
         }
     }
 
-    /// Fills `buf` from the request stream. Without an idle timeout this
-    /// is `read_exact`; with one, reads wake up every tick and the stream
-    /// ends once the connection has been idle for the whole timeout.
-    fn read_full(&self, r: &mut BufReader<Socket>, buf: &mut [u8]) -> Result<(), Stall> {
+    /// Fills `buf` from the request stream, as `read_exact`, except that
+    /// reads wake up every tick to check the timeouts: the stream ends once
+    /// the connection has been idle for the idle timeout, or, in a
+    /// `payload`, once no byte came for the stall timeout.
+    fn read_full(
+        &self,
+        r: &mut BufReader<Socket>,
+        buf: &mut [u8],
+        payload: bool,
+    ) -> Result<(), Stall> {
         let mut filled = 0;
+        let mut last_byte = Instant::now();
         while filled < buf.len() {
             match r.read(&mut buf[filled..]) {
                 Ok(0) => return Err(Stall::Io(std::io::ErrorKind::UnexpectedEof.into())),
                 Ok(n) => {
                     filled += n;
+                    last_byte = Instant::now();
                     self.touch();
                 }
-                Err(e) => self.stalled(e)?,
+                Err(e) => self.stalled(e, payload.then_some(last_byte))?,
             }
         }
         Ok(())
@@ -599,31 +619,39 @@ impl Conn {
     /// Reads and drops `n` bytes of the request stream without
     /// allocating them.
     fn discard(&self, r: &mut BufReader<Socket>, mut n: u64) -> Result<(), Stall> {
+        let mut last_byte = Instant::now();
         while n > 0 {
             let available = match r.fill_buf() {
                 Ok([]) => return Err(Stall::Io(std::io::ErrorKind::UnexpectedEof.into())),
                 Ok(b) => b.len(),
                 Err(e) => {
-                    self.stalled(e)?;
+                    self.stalled(e, Some(last_byte))?;
                     continue;
                 }
             };
             let taken = (available as u64).min(n);
             r.consume(taken as usize);
             n -= taken;
+            last_byte = Instant::now();
             self.touch();
         }
         Ok(())
     }
 
     /// Decides whether a failed read ends the stream: `Ok` to read again.
-    fn stalled(&self, e: std::io::Error) -> Result<(), Stall> {
+    /// `payload`: when the last byte of the payload being read came.
+    fn stalled(&self, e: std::io::Error, payload: Option<Instant>) -> Result<(), Stall> {
         match e.kind() {
             std::io::ErrorKind::Interrupted => Ok(()),
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => match self.idle {
-                Some(idle) if self.is_idle(idle) => Err(Stall::Idle(idle)),
-                _ => Ok(()),
-            },
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                if payload.is_some_and(|last| last.elapsed() >= self.stall) {
+                    return Err(Stall::Stalled(self.stall));
+                }
+                match self.idle {
+                    Some(idle) if self.is_idle(idle) => Err(Stall::Idle(idle)),
+                    _ => Ok(()),
+                }
+            }
             _ => Err(Stall::Io(e)),
         }
     }
@@ -718,9 +746,9 @@ impl Conn {
 
     fn write_failed(&self, e: std::io::Error) {
         tracing::debug!(peer = self.peer, "writing a reply failed: {e}");
-        let why = match (e.kind(), self.idle) {
-            (std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut, Some(idle)) => {
-                format!("it read no reply for {idle:?}")
+        let why = match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                format!("it read no reply for {:?}", self.stall)
             }
             _ => e.to_string(),
         };
@@ -743,6 +771,10 @@ impl Conn {
             Some(End::Idle(t)) => {
                 tracing::info!(peer = self.peer, "closing a client idle for {t:?}")
             }
+            Some(End::Stalled(t)) => tracing::info!(
+                peer = self.peer,
+                "dropping a client that sent no byte of its request for {t:?}"
+            ),
         }
         self.shutdown_socket(Shutdown::Write);
         if matches!(end, Some(End::Broken(_))) {
@@ -778,6 +810,7 @@ impl Stall {
     fn end(self, what: &str) -> End {
         match self {
             Stall::Idle(t) => End::Idle(t),
+            Stall::Stalled(t) => End::Stalled(t),
             Stall::Io(e) => End::Broken(format!("{what}: {e}")),
         }
     }

@@ -33,11 +33,15 @@ impl Running {
 }
 
 fn image(dir: &Path, name: &str) -> Arc<Disk> {
+    image_of(dir, name, SIZE)
+}
+
+fn image_of(dir: &Path, name: &str, size: u64) -> Arc<Disk> {
     let path = dir.join(name);
     create(
         &path,
         &CreateOptions {
-            size: Some(SIZE),
+            size: Some(size),
             ..CreateOptions::default()
         },
     )
@@ -509,4 +513,99 @@ fn shutdown_finishes_and_closes() {
     srv.stop().unwrap();
     assert!(c.closed());
     drop(idle);
+}
+
+/// Reads until the server closes the connection; false if it is still
+/// open after `within` or sent more than `limit` bytes.
+fn closes_within(s: &mut TcpStream, within: Duration, limit: usize) -> bool {
+    let deadline = Instant::now() + within;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0;
+    while Instant::now() < deadline && total <= limit {
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(n) => total += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// Writes 32 MiB at `offset` from a new client; the time its reply took.
+fn write_32_mib(addr: SocketAddr, offset: u64, fill: u8) -> Duration {
+    let started = Instant::now();
+    let mut c = Client::connect(addr);
+    c.go("disk", false);
+    c.send(CMD_WRITE, 0, 1, offset, 32 << 20);
+    c.s.write_all(&vec![fill; 32 << 20]).unwrap();
+    let r = c.reply(0);
+    assert_eq!((r.handle, r.error), (1, 0), "the 32 MiB write failed");
+    c.send(CMD_READ, 0, 2, offset + (16 << 20), 4096);
+    let r = c.reply(4096);
+    assert_eq!(r.error, 0);
+    assert!(r.data.iter().all(|b| *b == fill), "the write did not land");
+    started.elapsed()
+}
+
+#[test]
+fn stalled_clients_cannot_pin_the_buffer_budget() {
+    const STALL: Duration = Duration::from_secs(1);
+    let dir = tempfile::tempdir().unwrap();
+    let exports =
+        vec![Export::new("disk", image_of(dir.path(), "big.qcow2", 64 << 20), false).unwrap()];
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let config = ServerConfig {
+        tcp: Some(("127.0.0.1".into(), 0)),
+        // Room for one request of the largest size at a time.
+        buffer_budget: 32 << 20,
+        stall_timeout: STALL,
+        ..ServerConfig::default()
+    };
+    let server = rt.block_on(Server::bind(exports, config)).unwrap();
+    let addr = server.tcp_addr().unwrap();
+    let handle = server.shutdown_handle();
+    let done = rt.spawn(server.run());
+
+    // Announces a 32 MiB write, sends 1 MiB of it and stops: it holds the
+    // whole budget.
+    let mut halfway = Client::connect(addr);
+    halfway.go("disk", false);
+    halfway.send(CMD_WRITE, 0, 1, 0, 32 << 20);
+    halfway.s.write_all(&vec![0x55; 1 << 20]).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // Another client's write waits for the budget, and goes through once
+    // the stalled client is dropped.
+    let took = write_32_mib(addr, 32 << 20, 0x66);
+    assert!(
+        took < STALL * 4,
+        "a write waited {took:?} behind a client stalled mid-payload (stall timeout {STALL:?})"
+    );
+    assert!(closes_within(&mut halfway.s, Duration::from_secs(5), 0));
+
+    // Asks for 32 MiB and reads none of it: its reply holds the budget
+    // until the server gives up on writing it.
+    let mut deaf = Client::connect(addr);
+    deaf.go("disk", false);
+    deaf.send(CMD_READ, 0, 1, 0, 32 << 20);
+    std::thread::sleep(Duration::from_millis(200));
+    let took = write_32_mib(addr, 32 << 20, 0x77);
+    assert!(
+        took < STALL * 4,
+        "a write waited {took:?} behind a client that reads no reply (stall timeout {STALL:?})"
+    );
+    assert!(closes_within(&mut deaf.s, Duration::from_secs(5), 33 << 20));
+
+    handle.shutdown();
+    rt.block_on(done).unwrap().unwrap();
 }
