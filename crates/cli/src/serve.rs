@@ -64,6 +64,11 @@ pub struct ServeArgs {
     /// running) or reads no reply is disconnected; 0: never.
     #[arg(long = "idle-timeout", default_value_t = 0.0)]
     idle_timeout: f64,
+    /// Serve images that another process may be writing (needs
+    /// --read-only), as qemu-nbd's --force-share; clients may then read
+    /// inconsistent data.
+    #[arg(short = 'U', long = "force-share")]
+    force_share: bool,
     /// Accepted for qemu-nbd compatibility: the server is always persistent.
     #[arg(short = 't', long = "persistent")]
     persistent: bool,
@@ -92,6 +97,9 @@ pub fn run(args: ServeArgs) -> Result<i32> {
     let idle_timeout = idle_seconds(args.idle_timeout)?;
     let format = args.format.as_deref().map(Format::parse).transpose()?;
     let specs = export_specs(&args)?;
+    if args.force_share && !args.read_only {
+        bail!("--force-share needs --read-only: a writer must have its images alone");
+    }
 
     let mut disks = Vec::new();
     let mut exports = Vec::new();
@@ -103,6 +111,7 @@ pub fn run(args: ServeArgs) -> Result<i32> {
                 cache_bytes,
                 format,
                 ignore_index: false,
+                force_share: args.force_share,
             },
         )
         .with_context(|| format!("could not open '{}'", path.display()))?;

@@ -14,6 +14,7 @@ use strata_format::L2Mapping;
 use crate::cache::{CacheStats, Page, PageCache, Slot, PAGE_UNITS};
 use crate::error::{DiskError, Result};
 use crate::layer::{Format, Layer};
+use crate::lock::LockMode;
 use crate::writer::Writer;
 use crate::DEFAULT_CACHE_BYTES;
 
@@ -29,6 +30,10 @@ pub struct OpenOptions {
     /// Ignore any stored chain index and walk the chain (for testing and
     /// for comparing the two lookup paths).
     pub ignore_index: bool,
+    /// Read the chain even while other processes write it (qemu-img's
+    /// `-U`): take locks that refuse nobody. Read-only opens only; what
+    /// such a reader sees may be inconsistent.
+    pub force_share: bool,
 }
 
 impl Default for OpenOptions {
@@ -38,6 +43,7 @@ impl Default for OpenOptions {
             cache_bytes: DEFAULT_CACHE_BYTES,
             format: None,
             ignore_index: false,
+            force_share: false,
         }
     }
 }
@@ -735,6 +741,9 @@ impl Disk {
                 crate::writer::store_index_crc(layer)?;
             }
             crate::writer::seal_layer(layer)?;
+            // Sealed, it is a backing file like any other: QEMU tools may
+            // read it again (never write it).
+            layer.file.downgrade_lock()?;
             if self.drop_sealed_cache.load(Ordering::Relaxed) {
                 layer.file.drop_cached();
             }
@@ -916,6 +925,12 @@ fn open_chain(top: &Path, opts: &OpenOptions) -> Result<Vec<Layer>> {
     let mut seen: HashSet<(u64, u64)> = HashSet::new();
     let mut path: PathBuf = top.to_path_buf();
     let mut format = opts.format;
+    if opts.force_share && opts.writable {
+        return Err(DiskError::Invalid(format!(
+            "{}: force-share (-U) is for read-only opens; a writer must have the image alone",
+            top.display()
+        )));
+    }
     loop {
         if layers.len() as u32 >= MAX_CHAIN_DEPTH {
             return Err(DiskError::Chain(format!(
@@ -924,7 +939,14 @@ fn open_chain(top: &Path, opts: &OpenOptions) -> Result<Vec<Layer>> {
             )));
         }
         let writable = opts.writable && layers.is_empty();
-        let layer = Layer::open(&path, 0, writable, format)?;
+        let lock = if opts.force_share {
+            LockMode::ForceShare
+        } else if writable {
+            LockMode::Write
+        } else {
+            LockMode::Read
+        };
+        let layer = Layer::open_locked(&path, 0, writable, format, lock)?;
         let meta = layer.file.metadata()?;
         if !seen.insert((meta.dev(), meta.ino())) {
             return Err(DiskError::Chain(format!(

@@ -30,6 +30,7 @@ pub mod info;
 pub mod layer;
 mod lazy_index;
 mod live;
+pub mod lock;
 pub mod map;
 mod overlap;
 mod writer;
@@ -40,6 +41,7 @@ pub use device::{BlockDevice, DEFAULT_PARALLEL_REQUESTS};
 pub use disk::{BlockStatus, Disk, OpenOptions};
 pub use error::{DiskError, Result};
 pub use live::{PreparedTop, PushReport};
+pub use lock::{ImageLock, LockMode};
 
 /// Default bound of the chain's metadata cache.
 pub const DEFAULT_CACHE_BYTES: u64 = 32 * 1024 * 1024;
