@@ -620,13 +620,54 @@ fn seal_raw(credential: &TenantCredential, bytes: &[u8]) -> Vec<u8> {
     b
 }
 
+/// Sends `bytes` to `to` and returns the answer; when the node asks for
+/// the datagram padded (its answer to an unauthenticated datagram is no
+/// longer than the datagram), sends it again padded ([`pad_raw`]), as a
+/// client does.
 fn udp_ask(to: SocketAddr, bytes: &[u8]) -> Msg {
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    sock.send_to(bytes, to).unwrap();
+    let mut bytes = bytes.to_vec();
     let mut buf = vec![0u8; 70_000];
-    let (n, _) = sock.recv_from(&mut buf).expect("a reply to a bad datagram");
-    Msg::decode(&buf[..n]).expect("a decodable reply")
+    loop {
+        sock.send_to(&bytes, to).unwrap();
+        let (n, _) = sock.recv_from(&mut buf).expect("a reply to a bad datagram");
+        let reply = Msg::decode(&buf[..n]).expect("a decodable reply");
+        match reply.body {
+            Body::PadTo { size } if size as usize > bytes.len() => {
+                bytes = pad_raw(&bytes, size as usize + 64);
+            }
+            _ => return reply,
+        }
+    }
+}
+
+/// `bytes` padded with zeros to `size` bytes where a node's decoder skips
+/// them: after the body, so before a node's or a tenant's seal (whose tag
+/// then no longer matches: only for datagrams refused anyway).
+fn pad_raw(bytes: &[u8], size: usize) -> Vec<u8> {
+    use strata_store::wire::{SEAL_LEN, TENANT_SEAL_FIXED};
+    let Some(extra) = size.checked_sub(bytes.len()) else {
+        return bytes.to_vec();
+    };
+    let kind = bytes.get(3).copied().unwrap_or(0);
+    let suffix = if kind & 0x80 != 0 {
+        SEAL_LEN
+    } else if kind & 0x40 != 0 {
+        let id_len = bytes
+            .len()
+            .checked_sub(TENANT_SEAL_FIXED - 4)
+            .and_then(|at| bytes.get(at))
+            .map_or(0, |&l| usize::from(l));
+        id_len + TENANT_SEAL_FIXED
+    } else {
+        0
+    };
+    let at = bytes.len().saturating_sub(suffix);
+    let mut padded = bytes[..at].to_vec();
+    padded.resize(at + extra, 0);
+    padded.extend_from_slice(&bytes[at..]);
+    padded
 }
 
 fn error_text(m: &Msg) -> String {
@@ -656,11 +697,19 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
 
     // Malformed and oversized datagrams, to a metadata node and the orchestrator.
     for to in [mn, store.on] {
-        let reply = udp_ask(to, b"hello, are you a web server?");
+        // (A datagram shorter than the answer would be gets none: see
+        // `no_unauthenticated_datagram_gets_a_longer_answer`.)
+        let reply = udp_ask(to, "hello, are you a web server? ".repeat(4).as_bytes());
         assert!(error_text(&reply).contains("malformed"), "{reply:?}");
-        let mut truncated = Msg::new(42, 0, Body::Get { name: "x".into() })
-            .encode()
-            .unwrap();
+        let mut truncated = Msg::new(
+            42,
+            0,
+            Body::Get {
+                name: "x".repeat(40),
+            },
+        )
+        .encode()
+        .unwrap();
         truncated.truncate(truncated.len() - 1);
         // Unsealed, a metadata node refuses it for want of a tenant's
         // credential, the orchestrator for want of the cluster key, both
@@ -711,7 +760,7 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
     // the name's metadata addresses, and a Post to a non-coordinator one.
     let table = strata_store::table::Table::decode(&match udp_ask(
         store.on,
-        &Msg::new(1, 0, Body::GetTable).encode().unwrap(),
+        &Msg::new(1, 0, Body::GetTable).encode_padded(64).unwrap(),
     )
     .body
     {
@@ -1112,8 +1161,10 @@ fn unsealed_forged_stale_or_out_of_scope_metadata_requests_are_refused_and_chang
             &udp_ask(mn, &msg.seal_tenant(&impostor, now).unwrap()),
             "does not match",
         );
+        // Padded from the start: padding it afterwards would break its
+        // tag, and the refusal for the clock would not be the one given.
         let stale = msg
-            .seal_tenant(&admin(store.on), now - WINDOW_MS - 5_000)
+            .seal_tenant_padded(&admin(store.on), now - WINDOW_MS - 5_000, 1200)
             .unwrap();
         refused(&udp_ask(mn, &stale), "clocks apart, or a replay");
         let mut forged = msg.seal_tenant(&acme, now).unwrap();
@@ -3771,4 +3822,285 @@ fn the_cluster_key_is_rotated_in_three_reloads_under_load_without_a_failed_reque
     assert_eq!(store.status()["storage_nodes"][2]["state"], "up");
     let out = store.ok(&["store", "node", "remove", &added]);
     assert!(out.contains("retir"), "{out}");
+}
+
+/// The endpoint of the first node of `kind` ("metadata" or "storage")
+/// in the status.
+fn first_endpoint(store: &Store, kind: &str) -> SocketAddr {
+    store.status()[format!("{kind}_nodes")][0]["endpoint"]
+        .as_str()
+        .expect("an endpoint in the status")
+        .parse()
+        .expect("a socket address")
+}
+
+/// Replies read from `sock` until it has none for a while: each is
+/// checked against the length of the request of its request id in
+/// `sent` (`(request id, length)`); returns their bodies.
+fn drain_replies(sock: &UdpSocket, sent: &[(u64, usize)], wait: Duration) -> Vec<Body> {
+    sock.set_read_timeout(Some(wait)).unwrap();
+    let mut buf = vec![0u8; 70_000];
+    let mut bodies = Vec::new();
+    while let Ok((n, _)) = sock.recv_from(&mut buf) {
+        let reply = Msg::decode(&buf[..n]).expect("a decodable reply");
+        let asked = sent
+            .iter()
+            .find(|(req, _)| *req == reply.req)
+            .unwrap_or_else(|| panic!("a reply to no request: {reply:?}"));
+        assert!(
+            n <= asked.1,
+            "a {}-byte unauthenticated datagram was answered with {n} bytes: {reply:?}",
+            asked.1
+        );
+        bodies.push(reply.body);
+    }
+    bodies
+}
+
+/// No reflection amplification: every request kind, sent unauthenticated
+/// (unsealed, with a node's or a tenant's seal that fails, or no message
+/// at all) to the orchestrator and to a metadata node, gets an answer no
+/// longer than itself, or none. A table request, the one the orchestrator
+/// takes unsealed, gets the table once padded to its length.
+#[test]
+fn no_unauthenticated_datagram_gets_a_longer_answer() {
+    use strata_store::auth::{unix_ms, ClusterKey, KEY_LEN};
+    use strata_store::wire::HEADER_LEN;
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("cluster"), REPLICATED);
+    let mn = first_endpoint(&store, "metadata");
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+
+    // The issue's case: a bare 28-byte table request was answered with the
+    // whole table (863 bytes). Now nothing comes back.
+    let bare = Msg::new(1, 0, Body::GetTable).encode().unwrap();
+    assert_eq!(bare.len(), HEADER_LEN);
+    sock.send_to(&bare, store.on).unwrap();
+    assert!(drain_replies(&sock, &[(1, bare.len())], Duration::from_millis(500)).is_empty());
+    // Padded as the keyless client pads it, the table comes, no longer
+    // than the request.
+    let table_len = match udp_ask(
+        store.on,
+        &Msg::new(2, 0, Body::GetTable).encode_padded(64).unwrap(),
+    )
+    .body
+    {
+        Body::Table { bytes } => bytes.len(),
+        other => panic!("no table: {other:?}"),
+    };
+    assert!(table_len > 500, "a table of {table_len} bytes");
+
+    // Every kind byte, unsealed and flagged as sealed by a node or by a
+    // tenant, with bodies of zeros of several lengths; real requests
+    // unsealed and sealed with keys that are not the cluster's.
+    let stranger = ClusterKey::from_bytes(&[0x11; KEY_LEN]);
+    let forged = TenantCredential::issue(&stranger, "acme").unwrap();
+    let mut datagrams = Vec::new();
+    for kind in 0u8..64 {
+        for flag in [0u8, 0x80, 0x40] {
+            for body in [0usize, 8, 40, 300] {
+                let mut b = bare.clone();
+                b[3] = kind | flag;
+                b.resize(HEADER_LEN + body, 0);
+                datagrams.push(b);
+            }
+        }
+    }
+    let requests = [
+        Body::GetTable,
+        Body::Get {
+            name: "acme/a".into(),
+        },
+        Body::PostBegin {
+            name: "acme/a".into(),
+            size: 10,
+        },
+        Body::List {
+            prefix: String::new(),
+            after: String::new(),
+            limit: 1000,
+        },
+        Body::Retire { uuid: 1 },
+        Body::PutAbandoned { replica: 1 },
+    ];
+    for body in requests {
+        let msg = Msg::new(0, 0, body);
+        datagrams.push(msg.encode().unwrap());
+        datagrams.push(msg.seal(&stranger, unix_ms()).unwrap());
+        datagrams.push(msg.seal_tenant(&forged, unix_ms()).unwrap());
+    }
+    let mut sent = Vec::new();
+    let mut bodies = Vec::new();
+    let mut req = 1000u64;
+    for to in [store.on, mn] {
+        for d in &datagrams {
+            // A request id of its own (it is not covered by any valid seal).
+            let mut d = d.clone();
+            req += 1;
+            d[4..12].copy_from_slice(&req.to_be_bytes());
+            sock.send_to(&d, to).unwrap();
+            sent.push((req, d.len()));
+            if sent.len() % 32 == 0 {
+                bodies.extend(drain_replies(&sock, &sent, Duration::from_millis(5)));
+            }
+        }
+    }
+    bodies.extend(drain_replies(&sock, &sent, Duration::from_millis(1000)));
+    let pads = bodies
+        .iter()
+        .filter(|b| matches!(b, Body::PadTo { .. }))
+        .count();
+    let refusals = bodies
+        .iter()
+        .filter(|b| matches!(b, Body::Error { .. }))
+        .count();
+    assert!(
+        pads > 100 && refusals > 50,
+        "{} datagrams sent, {} answers: {pads} PadTo, {refusals} errors",
+        sent.len(),
+        bodies.len()
+    );
+    // Datagrams that are no message, each on a socket of its own (their
+    // request id is whatever their bytes hold).
+    for len in [0usize, 1, 3, 4, 12, 27, 28, 31, 32, 40, 200] {
+        for to in [store.on, mn] {
+            let own = UdpSocket::bind("127.0.0.1:0").unwrap();
+            own.send_to(&vec![0xee; len], to).unwrap();
+            let req = if len >= 12 {
+                u64::from_be_bytes([0xee; 8])
+            } else {
+                0
+            };
+            drain_replies(&own, &[(req, len)], Duration::from_millis(100));
+        }
+    }
+    // The nodes still serve.
+    let src = dir.path().join("o");
+    std::fs::write(&src, pattern(3000, 3)).unwrap();
+    store.ok(&["obj", "put", &p(&src), "after"]);
+    store.ok(&["obj", "stat", "after"]);
+}
+
+/// A client killed mid-Put (its data connection closed by the kernel)
+/// leaves no lock behind: the storage node tells the coordinator, which
+/// drops the Post at once, so another Put of the name succeeds within a
+/// couple of seconds (not at the data deadline, minutes away for this
+/// size).
+#[test]
+fn a_killed_client_s_name_is_free_for_the_next_put_at_once() {
+    let dir = tmp();
+    let cluster = dir.path().join("cluster");
+    let store = Store::up(&cluster, &[]);
+    // 8 GiB, sparse: the client streams it for long enough to be killed
+    // in the middle.
+    let big = dir.path().join("big");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(8 << 30)
+        .unwrap();
+    let mut client = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["obj", "put", &p(&big), "locked/name"])
+        .args(["--cluster", &store.on.to_string()])
+        .env(CREDENTIAL_ENV, cluster.join(ADMIN_CREDENTIAL_FILE))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn strata obj put");
+    // The storage node's temporary file holds data: the Put is under way.
+    let tmp_dir = cluster.join("sn-0").join("tmp");
+    let receiving = || {
+        std::fs::read_dir(&tmp_dir).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.metadata().is_ok_and(|m| m.len() > 4096))
+        })
+    };
+    let start = Instant::now();
+    while !receiving() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the Put's data never reached the storage node"
+        );
+        assert!(
+            client.try_wait().unwrap().is_none(),
+            "the client ended early"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    client.kill().expect("SIGKILL the client");
+    client.wait().unwrap();
+    let killed = Instant::now();
+    let src = dir.path().join("small");
+    std::fs::write(&src, pattern(5000, 9)).unwrap();
+    loop {
+        let out = store.run(&["obj", "put", &p(&src), "locked/name"]);
+        if out.status.success() {
+            break;
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            killed.elapsed() < Duration::from_secs(3),
+            "the name is still locked {:?} after the client was killed: {err}",
+            killed.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("the name was free {:?} after the kill", killed.elapsed());
+    let back = dir.path().join("back");
+    store.ok(&["obj", "get", "locked/name", &p(&back)]);
+    assert!(std::fs::read(&back).unwrap() == pattern(5000, 9));
+    // The half-written replica is gone.
+    wait_until("the temporary replica removed", || !receiving());
+}
+
+/// The data port closes a connection that sends part of a request header
+/// (or nothing) once the read timeout passes, and keeps no more than its
+/// connection cap open: one more is closed at once.
+#[test]
+fn a_data_connection_that_stalls_is_closed_and_the_port_has_a_cap() {
+    let dir = tmp();
+    let store = Store::up(
+        &dir.path().join("cluster"),
+        &["--data-timeout-ms", "700", "--data-max-connections", "2"],
+    );
+    let sn = first_endpoint(&store, "storage");
+    let opened = Instant::now();
+    let mut stalled = TcpStream::connect(sn).unwrap();
+    stalled.write_all(b"S6").unwrap();
+    let mut idle = TcpStream::connect(sn).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // Beyond the cap: closed as soon as accepted.
+    let mut third = TcpStream::connect(sn).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_millis(400)))
+        .unwrap();
+    let closed = match third.read(&mut [0u8; 16]) {
+        Ok(0) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        Ok(_) => false,
+    };
+    assert!(closed, "a connection beyond the cap was kept");
+    // The two within the cap are closed at the timeout, not before.
+    for (what, s) in [("2 bytes", &mut stalled), ("nothing", &mut idle)] {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let n = s.read(&mut [0u8; 16]);
+        let after = opened.elapsed();
+        assert!(
+            matches!(n, Ok(0))
+                || n.as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+            "a connection that sent {what} was not closed: {n:?} after {after:?}"
+        );
+        assert!(
+            after >= Duration::from_millis(650) && after < Duration::from_secs(3),
+            "a connection that sent {what} was closed after {after:?} (timeout 700 ms)"
+        );
+    }
+    // Their slots are free again: objects go in and out.
+    let src = dir.path().join("o");
+    std::fs::write(&src, pattern(10_000, 4)).unwrap();
+    store.ok(&["obj", "put", &p(&src), "after"]);
+    let back = dir.path().join("back");
+    store.ok(&["obj", "get", "after", &p(&back)]);
+    assert!(std::fs::read(&back).unwrap() == pattern(10_000, 4));
 }

@@ -733,8 +733,14 @@ pub enum Verdict {
         /// The tenant whose credential sealed it, if a tenant's did.
         tenant: Option<String>,
     },
-    /// Do not handle it; send this (unsealed) answer back instead.
+    /// Do not handle it; send this (unsealed) answer back instead. The
+    /// sender was not authenticated: the node sends no answer longer than
+    /// the datagram ([`within`]).
     Refuse(Msg),
+    /// Do not handle it; send this (unsealed) answer back instead. The
+    /// sender was authenticated (by a node's or a tenant's seal), but the
+    /// body does not decode or is out of the tenant's scope.
+    Deny(Msg),
     /// Do not handle it and do not answer (an answer to an answer could
     /// bounce between two nodes forever).
     Drop,
@@ -833,6 +839,10 @@ impl Gate {
         };
         let msg = match Msg::decode(buf) {
             Ok(msg) => msg,
+            // An unsealed table request is not authenticated.
+            Err(e) if head.sealed || tenant.is_some() => {
+                return Verdict::Deny(crate::node::malformed(buf, &e))
+            }
             Err(e) => return Verdict::Refuse(crate::node::malformed(buf, &e)),
         };
         if let Some(tenant) = tenant {
@@ -844,7 +854,7 @@ impl Gate {
                     _ => Ok(()),
                 });
             if let Err(why) = allowed {
-                return Verdict::Refuse(Msg::new(
+                return Verdict::Deny(Msg::new(
                     head.req,
                     head.target,
                     Body::Error {
@@ -1466,7 +1476,7 @@ mod tests {
 
     fn forbidden(v: Verdict) -> String {
         match v {
-            Verdict::Refuse(Msg {
+            Verdict::Deny(Msg {
                 body:
                     Body::Error {
                         code: Code::Forbidden,

@@ -298,6 +298,7 @@ pub fn on_receive(
             answer
         }
         Verdict::Refuse(reply) => reply,
+        Verdict::Deny(reply) => return reply.encode().ok(),
         Verdict::Drop => return None,
     };
     within(answer, bytes.len())?.encode().ok()
@@ -353,6 +354,7 @@ fn mn_receive_with<P: Copy + Eq + std::hash::Hash>(
                 .into_iter()
                 .collect();
         }
+        Verdict::Deny(reply) => return vec![(Out::Reply(from, reply), false)],
         Verdict::Drop => return Vec::new(),
     };
     if let Some(refusal) = misaddressed(core.table(), to, &msg) {

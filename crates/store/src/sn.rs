@@ -373,15 +373,31 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
 /// unlocks it if every datagram is lost).
 fn report_abandoned(store: &SnStore, table: &SharedTable, coordinator: Addr, replica: Addr) {
     let Some(key) = store.key.clone() else { return };
-    let Some(endpoint) = crate::node::read_table(table).mn_endpoint(coordinator) else {
-        return;
-    };
+    let known = crate::node::read_table(table).mn_endpoint(coordinator);
+    let on = store.on;
     let msg = Msg::new(
         crate::node::request_id(),
         coordinator,
         Body::PutAbandoned { replica },
     );
     tokio::spawn(async move {
+        // A node that started with the cluster may hold a table from
+        // before the metadata nodes joined: ask the orchestrator then.
+        let endpoint = match known {
+            Some(e) => Some(e),
+            None => crate::node::fetch_table(on, Some(&key))
+                .await
+                .ok()
+                .and_then(|t| t.mn_endpoint(coordinator)),
+        };
+        let Some(endpoint) = endpoint else {
+            tracing::info!(
+                "the Put of {} was abandoned, but no metadata node holds its coordinator's address {}",
+                fmt_addr(replica),
+                fmt_addr(coordinator)
+            );
+            return;
+        };
         let timeout = std::time::Duration::from_millis(300);
         match crate::node::udp_call(endpoint, &msg, timeout, 4, Some(&key)).await {
             Ok(_) => tracing::debug!(
