@@ -31,15 +31,20 @@ const INCOMPAT_CORRUPT: u64 = 1 << 1;
 /// A healthy image with guest data at 0..128 KiB (0x5a) and at 1 MiB
 /// (one cluster of 0x6b), laid out as the module doc says.
 fn qemu_image(dir: &Path) -> PathBuf {
-    qemu_image_of(dir, SIZE)
+    qemu_image_of(dir, SIZE, false)
 }
 
 /// [`qemu_image`] with a virtual size of `size` bytes (up to 1 GiB: two L1
-/// entries, the same layout).
-fn qemu_image_of(dir: &Path, size: u64) -> PathBuf {
+/// entries, the same layout), with extended L2 entries if `extended`
+/// (16-byte entries, the same layout too).
+fn qemu_image_of(dir: &Path, size: u64, extended: bool) -> PathBuf {
+    let options = format!(
+        "cluster_size=65536,extended_l2={}",
+        if extended { "on" } else { "off" }
+    );
     let path = dir.join("disk.qcow2");
     let st = Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2", "-o", "cluster_size=65536"])
+        .args(["create", "-q", "-f", "qcow2", "-o", &options])
         .arg(&path)
         .arg(size.to_string())
         .status()
@@ -144,6 +149,45 @@ fn a_write_through_an_l2_entry_pointing_at_the_refcount_table_is_refused() {
     assert!(Disk::open(&path, &OpenOptions::read_write()).is_err());
 }
 
+/// With extended L2 entries: the first guest cluster's entry points at the
+/// refcount table with subclusters `allocated` (bitmap); a write of 4 KiB
+/// at guest 0x2000 (subclusters 4 and 5) is refused and changes nothing.
+fn extended_write_over_the_refcount_table_is_refused(allocated: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = qemu_image_of(dir.path(), SIZE, true);
+    write_u64(&path, L2_TABLE, REFCOUNT_TABLE | COPIED);
+    write_u64(&path, L2_TABLE + 8, allocated);
+    let (fixed, incompat, tables) = metadata_bytes(&path);
+    let before = guest_read(&path);
+    let err = open_and_write(&path, 0x2000).unwrap_err();
+    let msg = err.to_string();
+    for part in [
+        "host cluster 0x10000",
+        "the refcount table",
+        "image marked corrupt",
+    ] {
+        assert!(msg.contains(part), "{part:?} missing from: {msg}");
+    }
+    let (fixed_after, incompat_after, tables_after) = metadata_bytes(&path);
+    assert_eq!(fixed, fixed_after, "header fields changed");
+    assert!(tables == tables_after, "metadata clusters changed");
+    assert_eq!(incompat_after, incompat | INCOMPAT_CORRUPT);
+    assert!(guest_read(&path) == before, "guest content changed");
+}
+
+#[test]
+fn an_extended_l2_in_place_write_over_metadata_is_refused() {
+    // Every subcluster allocated: the unlocked in-place path.
+    extended_write_over_the_refcount_table_is_refused(0xffff_ffff);
+}
+
+#[test]
+fn an_extended_l2_subcluster_fill_over_metadata_is_refused() {
+    // Only subcluster 0 allocated: the write allocates subclusters 4 and
+    // 5 inside the same host cluster (the subcluster fill path).
+    extended_write_over_the_refcount_table_is_refused(0x1);
+}
+
 #[test]
 fn a_copy_on_write_away_from_metadata_is_refused() {
     // An entry without COPIED names a shared cluster: a write copies it to
@@ -210,7 +254,7 @@ fn an_l1_entry_pointing_at_the_l1_table_is_refused_at_open() {
 fn an_l2_table_beyond_the_end_of_the_file_is_refused_at_open() {
     // 1 GiB: the L1 table has a second entry, unused so far.
     let dir = tempfile::tempdir().unwrap();
-    let path = qemu_image_of(dir.path(), 1 << 30);
+    let path = qemu_image_of(dir.path(), 1 << 30, false);
     write_u64(&path, L1_TABLE + 8, 0x200000 | COPIED);
     let file_before = std::fs::read(&path).unwrap();
 
