@@ -145,24 +145,21 @@ impl ImageLock {
         let key = (meta.dev(), meta.ino());
         let opener = NEXT_OPENER.fetch_add(1, Ordering::Relaxed);
         let mut registry = REGISTRY.lock();
-        if !registry.contains_key(&key) {
-            // A duplicate of this opener's descriptor shares its open file
-            // description, so the locks are on the very file it opened,
-            // even if the path was replaced meanwhile.
-            let description = file
-                .try_clone()
-                .map_err(|e| DiskError::Invalid(format!("{}: dup: {e}", path.display())))?;
-            registry.insert(
-                key,
-                FileLocks {
+        let locks = match registry.entry(key) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                // A duplicate of this opener's descriptor shares its open
+                // file description, so the locks are on the very file it
+                // opened, even if the path was replaced meanwhile.
+                let description = file
+                    .try_clone()
+                    .map_err(|e| DiskError::Invalid(format!("{}: dup: {e}", path.display())))?;
+                entry.insert(FileLocks {
                     file: description,
                     openers: HashMap::new(),
                     applied: (0, 0),
-                },
-            );
-        }
-        let Some(locks) = registry.get_mut(&key) else {
-            unreachable!("inserted above");
+                })
+            }
         };
         locks.openers.insert(opener, mode);
         let outcome = apply(locks).and_then(|()| check(&locks.file, mode));
