@@ -3574,10 +3574,11 @@ fn a_cancelled_removal_puts_the_storage_node_back_and_a_later_one_retires_it() {
 }
 
 /// Sends a GetTable sealed with `key` to the orchestrator; returns the
-/// raw answer.
+/// raw answer. Padded, so that a refusal (of a key the orchestrator does
+/// not accept) is the whole refusal, not a request for padding.
 fn sealed_table_ask(on: SocketAddr, key: &strata_store::auth::ClusterKey) -> Vec<u8> {
     let q = Msg::new(77, 0, Body::GetTable)
-        .seal(key, strata_store::auth::unix_ms())
+        .seal_padded(key, strata_store::auth::unix_ms(), 1200)
         .unwrap();
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
