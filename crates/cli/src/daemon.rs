@@ -15,8 +15,9 @@ use strata_volume::{Service, ServiceConfig};
 use crate::serve::{idle_seconds, init_logging, seconds, wait_for_signal};
 use crate::units::parse_size;
 
-/// Default address of the HTTP API.
-pub const DEFAULT_API: &str = "127.0.0.1:7480";
+mod api;
+
+pub use api::DEFAULT_API;
 
 /// Arguments of `strata daemon`.
 #[derive(Args)]
@@ -24,9 +25,9 @@ pub struct DaemonArgs {
     /// Pool directory (catalog and layer files); created if missing.
     #[arg(long, default_value = "strata-pool")]
     pool: PathBuf,
-    /// Address of the HTTP API (port 0 picks a free one).
-    #[arg(long, default_value = DEFAULT_API)]
-    listen: String,
+    /// The HTTP API's address, token and limits.
+    #[command(flatten)]
+    api: api::ApiArgs,
     /// Address the NBD server listens on.
     #[arg(long = "nbd-bind", default_value = "127.0.0.1")]
     nbd_bind: String,
@@ -121,6 +122,7 @@ pub fn run(args: DaemonArgs) -> Result<i32> {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
     init_logging();
+    args.api.check()?;
     let shutdown_timeout = seconds(args.shutdown_timeout, "--shutdown-timeout")?;
     let default_cache = if args.extended_l2 == "on" {
         "32M"
@@ -205,11 +207,25 @@ async fn serve(
         },
     )
     .await?;
-    let api = tokio::net::TcpListener::bind(&args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
-    let api_addr = api.local_addr()?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let api = api::start(
+        &args.api,
+        &args.pool,
+        service.clone(),
+        stop_rx,
+        shutdown_timeout,
+    )
+    .await?;
+    let api_addr = api.addr;
     let nbd_addr = nbd.tcp_addr().map(|a| a.to_string()).unwrap_or_default();
+    // Install the signal handlers before the readiness line: a SIGTERM
+    // right after it must stop the daemon cleanly, not kill it.
+    let mut signal = Box::pin(wait_for_signal());
+    let signalled = tokio::select! {
+        biased;
+        () = &mut signal => true,
+        () = std::future::ready(()) => false,
+    };
     {
         let mut out = std::io::stdout().lock();
         writeln!(
@@ -221,26 +237,18 @@ async fn serve(
         )?;
         out.flush()?;
     }
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let nbd_stop = nbd.shutdown_handle();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        if !signalled {
+            signal.await;
+        }
         nbd_stop.shutdown();
         let _ = stop_tx.send(true);
     });
-    let router = strata_volume::http::router(service.clone());
-    let mut api_stop = stop_rx.clone();
-    let api_task = tokio::spawn(async move {
-        axum::serve(api, router)
-            .with_graceful_shutdown(async move {
-                let _ = api_stop.wait_for(|stop| *stop).await;
-            })
-            .await
-    });
     let served = nbd.run().await;
-    let api_result = api_task.await;
+    let api_result = api.wait().await;
     served?;
-    api_result.context("API server task failed")??;
+    api_result?;
     // Compaction threads hold the service: stop them first.
     service.stop_compactions();
     service.stop_standby_keeper();

@@ -1,6 +1,8 @@
 //! `strata volume ...` and `strata snapshot ...`: thin clients of the
 //! daemon's HTTP API.
 
+use std::path::{Path, PathBuf};
+
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -24,6 +26,19 @@ pub struct ClientArgs {
     /// Address of the daemon's API (or set STRATA_API).
     #[arg(long, global = true, env = "STRATA_API", default_value = DEFAULT_API)]
     api: String,
+    /// The daemon's pool directory, whose api.token file holds the API
+    /// token (or set STRATA_POOL; the default is the daemon's).
+    #[arg(
+        long,
+        global = true,
+        env = "STRATA_POOL",
+        default_value = "strata-pool"
+    )]
+    pool: PathBuf,
+    /// File holding the API token (or set STRATA_TOKEN_FILE, or the token
+    /// itself in STRATA_TOKEN) [default: POOL/api.token].
+    #[arg(long = "token-file", global = true, env = "STRATA_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
     /// Output format.
     #[arg(long, global = true, value_enum, default_value = "human")]
     output: Output,
@@ -123,7 +138,7 @@ pub enum SnapshotCommand {
 
 /// Runs a `strata volume` command.
 pub fn run_volume(client: ClientArgs, command: VolumeCommand) -> Result<i32> {
-    let api = Api::new(&client.api);
+    let api = Api::new(&client)?;
     let value = match command {
         VolumeCommand::Create {
             name,
@@ -195,7 +210,7 @@ pub fn run_volume(client: ClientArgs, command: VolumeCommand) -> Result<i32> {
 
 /// Runs a `strata snapshot` command.
 pub fn run_snapshot(client: ClientArgs, command: SnapshotCommand) -> Result<i32> {
-    let api = Api::new(&client.api);
+    let api = Api::new(&client)?;
     let value = match command {
         SnapshotCommand::Create { volume, name, sync } => api.call(
             "POST",
@@ -243,25 +258,99 @@ fn wait_for_compaction(api: &Api, path: &str, output: Output) -> Result<Value> {
     }
 }
 
+/// Name of the token file in a pool (the daemon makes it).
+const TOKEN_FILE: &str = "api.token";
+
+/// The API token, and where it came from (for messages).
+struct Token {
+    secret: String,
+    from: String,
+}
+
+/// Finds the API token: STRATA_TOKEN, else `--token-file` (or
+/// STRATA_TOKEN_FILE), else the pool's token file if it is there. None
+/// when there is none (a daemon with `--insecure-local` needs none).
+fn find_token(client: &ClientArgs) -> Result<Option<Token>> {
+    if let Some(secret) = std::env::var("STRATA_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+    {
+        return Ok(Some(Token {
+            secret: secret.trim().to_string(),
+            from: "STRATA_TOKEN".into(),
+        }));
+    }
+    if let Some(file) = &client.token_file {
+        return read_token(file).map(Some);
+    }
+    let default = client.pool.join(TOKEN_FILE);
+    if default.exists() {
+        return read_token(&default).map(Some);
+    }
+    Ok(None)
+}
+
+/// Reads a token file.
+fn read_token(file: &Path) -> Result<Token> {
+    let text = std::fs::read_to_string(file).with_context(|| {
+        format!(
+            "cannot read the API token file {} (it is readable by the daemon's user only; \
+             run as that user, or give the token in STRATA_TOKEN)",
+            file.display()
+        )
+    })?;
+    let secret = text.trim().to_string();
+    if secret.is_empty() {
+        bail!("the API token file {} is empty", file.display());
+    }
+    Ok(Token {
+        secret,
+        from: file.display().to_string(),
+    })
+}
+
 /// A blocking client of the daemon's API.
 struct Api {
     base: String,
+    token: Option<Token>,
+    pool: PathBuf,
 }
 
 impl Api {
-    fn new(addr: &str) -> Api {
+    fn new(client: &ClientArgs) -> Result<Api> {
+        let addr = &client.api;
         let base = if addr.starts_with("http://") {
             addr.trim_end_matches('/').to_string()
         } else {
             format!("http://{addr}")
         };
-        Api { base }
+        Ok(Api {
+            base,
+            token: find_token(client)?,
+            pool: client.pool.clone(),
+        })
+    }
+
+    /// What to add to a 401's message: where the token came from, or
+    /// where it was looked for.
+    fn token_hint(&self) -> String {
+        match &self.token {
+            Some(t) => format!("the token sent came from {}", t.from),
+            None => format!(
+                "no token was found: give --pool DIR of the daemon's pool (looked in {}), \
+                 --token-file FILE, STRATA_TOKEN_FILE or STRATA_TOKEN",
+                self.pool.join(TOKEN_FILE).display()
+            ),
+        }
     }
 
     /// Sends a request; an API error becomes an error with its message.
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
         let url = format!("{}{path}", self.base);
-        let request = ureq::request(method, &url);
+        let mut request = ureq::request(method, &url);
+        if let Some(token) = &self.token {
+            request = request.set("Authorization", &format!("Bearer {}", token.secret));
+        }
         let response = match body {
             Some(b) => request.send_json(b),
             None => request.call(),
@@ -273,6 +362,9 @@ impl Api {
             Err(ureq::Error::Status(code, r)) => {
                 let v: Value = r.into_json().unwrap_or(Value::Null);
                 let msg = v["error"].as_str().unwrap_or("no message").to_string();
+                if code == 401 {
+                    bail!("{msg} (HTTP 401; {})", self.token_hint())
+                }
                 bail!("{msg} (HTTP {code})")
             }
             Err(e) => bail!(

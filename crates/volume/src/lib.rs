@@ -9,7 +9,8 @@
 //!   reconciliation of the catalog with the files;
 //! - [`compact`]: online chain compaction, merging runs of layers no
 //!   snapshot or clone names;
-//! - [`http`]: the JSON control API; [`metrics`]: Prometheus text.
+//! - [`http`]: the JSON control API; [`metrics`]: Prometheus text;
+//!   [`auth`]: its bearer token; [`server`]: its bounded connections.
 //!
 //! - [`standby`]: big volumes' next snapshot tops, prepared ahead;
 //! - [`trash`]: layer files of deleted volumes and snapshots are unlinked
@@ -17,10 +18,11 @@
 //!
 //! Pool layout: `POOL/catalog.redb`, `POOL/layers/<id>.qcow2`, each layer
 //! backed by its parent's file name, and `POOL/trash/` for files on their
-//! way out.
+//! way out, `POOL/api.token` for the API's token.
 //!
 //! The library never prints and never exits; it logs with `tracing`.
 
+pub mod auth;
 pub mod catalog;
 pub mod compact;
 pub mod error;
@@ -28,6 +30,7 @@ pub mod failpoint;
 pub mod http;
 pub mod metrics;
 pub mod names;
+pub mod server;
 pub mod service;
 pub mod standby;
 pub mod trash;

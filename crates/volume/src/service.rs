@@ -396,14 +396,18 @@ impl Service {
         self.live_entry(name).map(|l| l.volume.clone())
     }
 
-    /// The live volume `name`, or 404.
+    /// The live volume `name`; 409 while it is being created, else 404.
     fn live(&self, name: &str) -> Result<Arc<Live>> {
-        self.registry
-            .lock()
-            .live
-            .get(name)
-            .cloned()
-            .ok_or_else(|| not_found(name))
+        let registry = self.registry.lock();
+        if let Some(live) = registry.live.get(name) {
+            return Ok(live.clone());
+        }
+        if registry.reserved.contains(name) {
+            return Err(VolumeError::Conflict(format!(
+                "volume '{name}' is being created by another request; retry once it is done"
+            )));
+        }
+        Err(not_found(name))
     }
 
     /// Reserves a new volume name, or says why it cannot be used.
@@ -455,10 +459,34 @@ impl Service {
 
     /// Creates volume `new` from snapshot `snapshot` of `volume`: its chain
     /// shares every layer of the snapshot, and its writes go to a new top.
+    ///
+    /// A delete of the snapshot or its volume that wins the race makes
+    /// this 404 (the source is gone), never a failure of the pool's files.
     pub fn clone_snapshot(&self, volume: &str, snapshot: &str, new: &str) -> Result<VolumeInfo> {
         check_name("volume", new)?;
-        let key = snapshot_key(volume, snapshot);
         let source = self.snapshot_rec(volume, snapshot)?;
+        self.clone_from(volume, snapshot, new, &source)
+            .map_err(|e| match self.snapshot_rec(volume, snapshot) {
+                Err(VolumeError::NotFound(_)) if !matches!(e, VolumeError::Conflict(_)) => {
+                    tracing::debug!("clone of {volume}@{snapshot} lost a race with a delete: {e}");
+                    VolumeError::NotFound(format!(
+                        "snapshot '{volume}@{snapshot}' was deleted while the clone was being \
+                         made; nothing was created"
+                    ))
+                }
+                _ => e,
+            })
+    }
+
+    /// [`Service::clone_snapshot`] once the source is found.
+    fn clone_from(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        new: &str,
+        source: &SnapshotRec,
+    ) -> Result<VolumeInfo> {
+        let key = snapshot_key(volume, snapshot);
         // The clone opens the snapshot's files: they must hold everything.
         if let Some(origin) = self.live_volume(volume) {
             origin.sync_frozen()?;
@@ -481,7 +509,7 @@ impl Service {
             extended_l2,
             ..CreateOptions::default()
         };
-        self.add_volume(reservation, &id, &opts, Some((key, source.layer)))
+        self.add_volume(reservation, &id, &opts, Some((key, source.layer.clone())))
     }
 
     /// Creates the top layer file, commits the volume, opens and exports it.
@@ -494,7 +522,11 @@ impl Service {
     ) -> Result<VolumeInfo> {
         let name = reservation.name.clone();
         let path = self.layer_path(id);
-        create(&path, opts)?;
+        if let Err(e) = create(&path, opts) {
+            // A file system that filled up midway leaves part of a file.
+            remove_unused_layer(&path);
+            return Err(e.into());
+        }
         let size = opts.size.unwrap_or(0);
         failpoint("create-before-commit");
         let committed = self.catalog.update(|t| {
@@ -520,7 +552,7 @@ impl Service {
             })
         });
         if let Err(e) = committed {
-            let _ = std::fs::remove_file(&path);
+            remove_unused_layer(&path);
             return Err(e);
         }
         failpoint("create-after-commit");
@@ -531,9 +563,14 @@ impl Service {
             standby: Mutex::new(None),
         });
         self.export(&name, &live)?;
-        self.registry.lock().live.insert(name.clone(), live);
+        // A delete that comes in now waits for the answer to be made, so
+        // the create reports the volume it made.
+        let changes = live.changes.lock();
+        self.registry.lock().live.insert(name.clone(), live.clone());
         drop(reservation);
-        self.volume_info(&name)
+        let info = self.volume_info(&name);
+        drop(changes);
+        info
     }
 
     /// Every volume, by name.
@@ -768,6 +805,7 @@ impl Service {
         let id = id.as_str();
         let new_size = size.unwrap_or(v.size);
         let mut failed: Option<VolumeError> = None;
+        let mut committed_ok = false;
         let commit = || {
             failpoint("switch-before-commit");
             let committed = self
@@ -790,6 +828,7 @@ impl Service {
                     failed = Some(e);
                     DiskError::Invalid(msg)
                 });
+            committed_ok = committed.is_ok();
             failpoint("switch-after-commit");
             committed
         };
@@ -804,6 +843,11 @@ impl Service {
         // The standby was used or dropped, and the new top copies its index
         // from below: have the keeper do both now.
         self.keeper.kick();
+        if result.is_err() && !committed_ok {
+            // The catalog does not name the new file: it must not stay
+            // behind (the file system may have filled up while it was made).
+            remove_unused_layer(&self.layer_path(id));
+        }
         match (result, failed) {
             (Ok(pause), _) => Ok(pause),
             (Err(_), Some(e)) => Err(e),
@@ -950,6 +994,16 @@ fn now() -> u64 {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// Removes a layer file a failed change made and the catalog does not
+/// name (if it was made at all); startup removes it if this fails.
+fn remove_unused_layer(path: &Path) {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!("could not remove unused layer file {}: {e}", path.display()),
+    }
 }
 
 fn sync_dir(dir: &Path) {
