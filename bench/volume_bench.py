@@ -77,8 +77,12 @@ class Daemon:
 
     def call(self, method, path, body=None, timeout=120):
         data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"}
+        token = Path(self.pool) / "api.token"  # made by daemons that check one
+        if token.exists():
+            headers["Authorization"] = "Bearer " + token.read_text().strip()
         req = urllib.request.Request(f"http://{self.api}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+                                     headers=headers)
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
 
