@@ -222,7 +222,14 @@ fn run_counting(layer: &Layer, repair: Repair) -> Result<(CheckReport, Vec<Overl
     report.fragmented_clusters = c.fragmented;
     report.compressed_clusters = c.compressed;
     report.messages = c.messages;
-    let overlaps = if c.tangled { Vec::new() } else { c.overlaps };
+    // Relocating rewrites L2 entries in place: not when tables overlap
+    // (an "entry" may be other metadata) nor when snapshots may share the
+    // L2 table (the new cluster's refcount would not be one).
+    let overlaps = if c.tangled || h.nb_snapshots > 0 {
+        Vec::new()
+    } else {
+        c.overlaps
+    };
     Ok((report, overlaps))
 }
 

@@ -259,7 +259,7 @@ impl Writer {
                     return Err(shared_cluster(top, cluster));
                 }
                 L2Mapping::Compressed { .. } => {
-                    check_replace(disk, cluster, &e.cluster)?;
+                    self.check_replace(disk, cluster, &e.cluster)?;
                     (self.allocator()?.alloc(top, 1)?, true, true)
                 }
                 L2Mapping::Unallocated | L2Mapping::Zero { .. } => {
@@ -287,7 +287,7 @@ impl Writer {
         {
             return Ok(AllocStep::InPlace(host_offset));
         }
-        check_replace(disk, cluster, &old)?;
+        self.check_replace(disk, cluster, &old)?;
         let host = self.allocator()?.alloc(top, 1)?;
         self.in_flight.insert(cluster);
         Ok(AllocStep::Fill { host, old })
@@ -303,7 +303,7 @@ impl Writer {
         self.in_flight.remove(&cluster);
         let top = disk.top();
         let current = top_mapping(top, cluster)?;
-        check_replace(disk, cluster, &current)?;
+        self.check_replace(disk, cluster, &current)?;
         self.set_l2(disk, cluster, L2Mapping::encode_data(host))?;
         self.release(disk, cluster, current, host)
     }
@@ -326,7 +326,7 @@ impl Writer {
         let top = disk.top();
         let cur = top_extended(top, cluster)?;
         if matches!(cur.cluster, L2Mapping::Compressed { .. }) {
-            check_replace(disk, cluster, &cur.cluster)?;
+            self.check_replace(disk, cluster, &cur.cluster)?;
         }
         let (alloc, zero) = match cur.host() {
             Some((h, _)) if h == host => (cur.alloc | mask, cur.zero & !mask),
@@ -405,7 +405,7 @@ impl Writer {
         {
             return disk.write_guest_data(data, host_offset + in_cluster, guest);
         }
-        check_replace(disk, cluster, &old)?;
+        self.check_replace(disk, cluster, &old)?;
         let reused = match old {
             L2Mapping::Zero {
                 prealloc: Some(h),
@@ -524,7 +524,7 @@ impl Writer {
     fn zero_subclusters(&mut self, disk: &Disk, cluster: u64, mask: u32) -> Result<()> {
         let top = disk.top();
         let cur = top_extended(top, cluster)?;
-        check_replace(disk, cluster, &cur.cluster)?;
+        self.check_replace(disk, cluster, &cur.cluster)?;
         if let L2Mapping::Compressed { .. } = cur.cluster {
             if mask != u32::MAX {
                 // A compressed cluster has no subclusters: rewrite it.
@@ -573,7 +573,7 @@ impl Writer {
             let covers = pos == c_start && (seg_end == c_start + cs || seg_end == disk.size());
             if zero_flag && covers {
                 let old = top_mapping(top, cluster)?;
-                check_replace(disk, cluster, &old)?;
+                self.check_replace(disk, cluster, &old)?;
                 self.set_l2(disk, cluster, L2Mapping::encode_zero())?;
                 self.release(disk, cluster, old, 0)?;
             } else {
@@ -613,7 +613,7 @@ impl Writer {
                     continue;
                 }
                 let cur = top_extended(top, cluster)?;
-                check_replace(disk, cluster, &cur.cluster)?;
+                self.check_replace(disk, cluster, &cur.cluster)?;
                 let zero = if has_backing { u32::MAX } else { 0 };
                 if cur.cluster.is_unallocated() && cur.alloc == 0 && cur.zero == zero {
                     continue;
@@ -631,7 +631,7 @@ impl Writer {
         }
         for cluster in first..last {
             let old = top_mapping(top, cluster)?;
-            check_replace(disk, cluster, &old)?;
+            self.check_replace(disk, cluster, &old)?;
             let entry = if has_backing {
                 L2Mapping::encode_zero()
             } else {
@@ -777,6 +777,30 @@ impl Writer {
         Ok(())
     }
 
+    /// Refuses to replace the top layer's mapping `old` of guest `cluster`
+    /// when that would drop the last reference to a host cluster holding
+    /// metadata: its refcount would then free the metadata for reuse.
+    /// Called before the L2 entry changes. A metadata cluster a repair
+    /// counted twice (refcount 2) may lose the guest's reference.
+    fn check_replace(&mut self, disk: &Disk, cluster: u64, old: &L2Mapping) -> Result<()> {
+        let Some((first, last)) = old.host_range() else {
+            return Ok(());
+        };
+        if disk.metadata.find(first, last - first + 1).is_none() {
+            return Ok(());
+        }
+        let top = disk.top();
+        let guest = cluster << top.cluster_bits().unwrap_or(16);
+        let alloc = self.allocator()?;
+        let cs = alloc.cs;
+        for c in first / cs..=last / cs {
+            if disk.metadata.find(c * cs, cs).is_some() && alloc.get_refcount(top, c)? <= 1 {
+                return disk.guard_release(c * cs, cs, guest);
+            }
+        }
+        Ok(())
+    }
+
     /// Drops the top layer's reference held by a replaced L2 entry, unless
     /// it is the cluster now reused (`kept`).
     fn release(&mut self, disk: &Disk, cluster: u64, old: L2Mapping, kept: u64) -> Result<()> {
@@ -786,9 +810,8 @@ impl Writer {
         if first == kept {
             return Ok(());
         }
+        self.check_replace(disk, cluster, &old)?;
         let top = disk.top();
-        let guest = cluster << top.cluster_bits().unwrap_or(16);
-        disk.guard_release(first, last - first + 1, guest)?;
         let alloc = self.allocator()?;
         let cs = alloc.cs;
         for c in first / cs..=last / cs {
@@ -1006,17 +1029,6 @@ fn write_index_ext(top: &Layer, ext: &ChainIndexExt, valid: bool, sync: bool) ->
         top.file.sync()?;
     }
     Ok(())
-}
-
-/// Refuses to replace the top layer's mapping `old` of guest `cluster` when
-/// its host clusters hold metadata: releasing them would let the refcount
-/// free the metadata. Called before the L2 entry changes.
-fn check_replace(disk: &Disk, cluster: u64, old: &L2Mapping) -> Result<()> {
-    let Some((first, last)) = old.host_range() else {
-        return Ok(());
-    };
-    let guest = cluster << disk.top().cluster_bits().unwrap_or(16);
-    disk.guard_release(first, last - first + 1, guest)
 }
 
 /// Refuses any change to an image marked corrupt by a refused write over
