@@ -331,7 +331,7 @@ impl Scan<'_> {
             self.top.place(),
             format!(
                 "{problem}; refusing to open the image for writing (it can still be opened \
-                 read-only; run `strata img check -r all` to repair it)"
+                 read-only; `strata img check -r all` reports the damage and repairs what it can)"
             ),
         )
     }

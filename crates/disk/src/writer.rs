@@ -1132,7 +1132,12 @@ impl Allocator {
             if off != 0 && off.saturating_add(cs) > top.file_len() {
                 return Err(DiskError::corrupt(
                     top.place(),
-                    format!("refcount block offset 0x{off:x} beyond end of file"),
+                    format!(
+                        "refcount block {i} at 0x{off:x} lies beyond the end of the file \
+                         (0x{:x}); refusing to open the image for writing (it can still be \
+                         opened read-only; `strata img check -r all` reports the damage)",
+                        top.file_len()
+                    ),
                 ));
             }
             reftable.push(off);

@@ -278,6 +278,48 @@ fn an_l2_table_beyond_the_end_of_the_file_is_refused_at_open() {
     assert!(buf.iter().all(|b| *b == 0x5a));
 }
 
+/// Damages the image with `value` at file offset `at`; opening it for
+/// writing must fail with a message holding `expected`, and leave every
+/// byte of the file as it was.
+fn refused_at_open(at: u64, value: u64, expected: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = qemu_image(dir.path());
+    write_u64(&path, at, value);
+    let file_before = std::fs::read(&path).unwrap();
+    let err = open_and_write(&path, 0).unwrap_err();
+    let msg = err.to_string();
+    for part in [expected, "read-only", "strata img check -r all"] {
+        assert!(msg.contains(part), "{part:?} missing from: {msg}");
+    }
+    assert!(
+        std::fs::read(&path).unwrap() == file_before,
+        "a refused open changed the file"
+    );
+}
+
+#[test]
+fn a_refcount_block_beyond_the_end_of_the_file_is_refused_at_open() {
+    refused_at_open(
+        REFCOUNT_TABLE + 8,
+        0x300000,
+        "refcount block 1 at 0x300000 lies beyond the end of the file (0x80000)",
+    );
+}
+
+#[test]
+fn a_refcount_block_over_an_l2_table_is_refused_at_open() {
+    refused_at_open(
+        REFCOUNT_TABLE + 8,
+        L2_TABLE,
+        "L2 table of L1 entry 0 at 0x40000 overlaps a refcount block",
+    );
+}
+
+#[test]
+fn an_unaligned_l2_table_is_refused_at_open() {
+    refused_at_open(L1_TABLE, (L2_TABLE + 0x200) | COPIED, "not cluster aligned");
+}
+
 /// Cuts the image at `len`, then writes new clusters: they must land past
 /// every cluster the image references (the cut one included), so what
 /// the guest read elsewhere is unchanged and QEMU finds no cluster used
@@ -369,8 +411,8 @@ fn a_healthy_image_still_takes_writes_and_checks_clean() {
     let path = qemu_image(dir.path());
     let mut expected = guest_read(&path);
     let disk = Disk::open(&path, &OpenOptions::read_write()).unwrap();
-    // In place, allocating, a new L2 table (guest 600 MiB is past the
-    // first L2 table's 512 MiB... of a 64 MiB disk: use its last cluster).
+    // In place (guest 0x1000 and 1 MiB) and allocating (9 MiB, the last
+    // cluster), then a zero write.
     let writes = [
         (0x1000u64, 0x11u8),
         (1 << 20, 0x22),
@@ -387,4 +429,39 @@ fn a_healthy_image_still_takes_writes_and_checks_clean() {
     assert!(common::qemu_read(&path, dir.path()) == expected);
     common::qemu_check_clean(&path);
     assert_eq!(check(&path, Repair::None).unwrap().corruptions, 0);
+}
+
+#[test]
+fn a_healthy_image_grows_new_metadata_and_checks_clean() {
+    // 1 GiB: guest 600 MiB needs a second L2 table, and the writer adds a
+    // chain index region: both join the metadata map, and later data
+    // writes (in place or not) must neither be refused nor land on them.
+    let dir = tempfile::tempdir().unwrap();
+    let path = qemu_image_of(dir.path(), 1 << 30, false);
+    let disk = Disk::open(&path, &OpenOptions::read_write()).unwrap();
+    let writes = [(600u64 << 20, 0x44u8), ((1 << 30) - 8192, 0x55), (0, 0x66)];
+    for (at, byte) in writes {
+        disk.write_at(&vec![byte; 8192], at).unwrap();
+    }
+    disk.close().unwrap();
+    common::qemu_check_clean(&path);
+    assert_eq!(check(&path, Repair::None).unwrap().corruptions, 0);
+    for (at, byte) in writes {
+        let out = Command::new("qemu-io")
+            .args(["-f", "qcow2", "-c"])
+            .arg(format!("read -P {byte} {at} 8192"))
+            .arg(&path)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && !text.contains("Pattern verification failed"),
+            "QEMU reads otherwise at {at}: {text}"
+        );
+    }
+    // The rest of the first cluster is qemu-io's.
+    let disk = Disk::open(&path, &OpenOptions::read_only()).unwrap();
+    let mut buf = vec![0u8; 8192];
+    disk.read_at(&mut buf, 8192).unwrap();
+    assert!(buf.iter().all(|b| *b == 0x5a));
 }
