@@ -1600,10 +1600,17 @@ fn snapshots_push_the_standby_top_prepared_ahead() {
 }
 
 /// Whether a layer file's header says dirty (written to and not sealed).
+/// The daemon has the file open: `-U` reads it without taking its lock.
 fn dirty_flag(path: &Path) -> bool {
-    let info: Value =
-        serde_json::from_str(&strata_ok(&["img", "info", "--output", "json", &p(path)]))
-            .expect("info json");
+    let info: Value = serde_json::from_str(&strata_ok(&[
+        "img",
+        "info",
+        "-U",
+        "--output",
+        "json",
+        &p(path),
+    ]))
+    .expect("info json");
     info["dirty-flag"].as_bool().expect("dirty-flag")
 }
 
