@@ -276,6 +276,11 @@ impl ConnectionTask {
             limits,
             mut stop,
         } = self;
+        // Frees the slot however the task ends (a panic included).
+        let _slot = Slot {
+            id,
+            connections: connections.clone(),
+        };
         let tracked = connection.clone();
         let counted = connections.clone();
         let handler = hyper::service::service_fn(move |request: Request<Incoming>| {
@@ -318,6 +323,17 @@ impl ConnectionTask {
                 }
             }
         }
-        connections.remove(id);
+    }
+}
+
+/// A connection's place in [`Connections`], given back when dropped.
+struct Slot {
+    id: u64,
+    connections: Arc<Connections>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.connections.remove(self.id);
     }
 }
