@@ -34,6 +34,9 @@ pub struct DaemonArgs {
     /// NBD port (0 picks a free one).
     #[arg(long = "nbd-port", default_value_t = DEFAULT_PORT)]
     nbd_port: u16,
+    /// NBD over TLS (--tls-creds, --tls-verify-peer, --allow-plaintext).
+    #[command(flatten)]
+    tls: crate::tls::TlsArgs,
     /// Most NBD clients served at once, over all volumes.
     #[arg(long = "max-connections", default_value_t = 256)]
     max_connections: usize,
@@ -204,6 +207,7 @@ async fn serve(
             buffer_budget,
             idle_timeout: idle_seconds(args.idle_timeout)?,
             stall_timeout: strata_nbd::server::DEFAULT_STALL_TIMEOUT,
+            tls: args.tls.credentials(Some(&args.nbd_bind), "--nbd-bind")?,
         },
     )
     .await?;

@@ -5,6 +5,7 @@ mod img;
 mod mirror;
 mod serve;
 mod store;
+mod tls;
 mod units;
 mod volume;
 

@@ -72,6 +72,9 @@ pub struct ServeArgs {
     /// Accepted for qemu-nbd compatibility: the server is always persistent.
     #[arg(short = 't', long = "persistent")]
     persistent: bool,
+    /// TLS (--tls-creds, --tls-verify-peer, --allow-plaintext).
+    #[command(flatten)]
+    tls: crate::tls::TlsArgs,
     /// The image to serve.
     image: String,
     /// More images, as NAME=IMAGE (or IMAGE, named after its file stem).
@@ -100,6 +103,8 @@ pub fn run(args: ServeArgs) -> Result<i32> {
     if args.force_share && !args.read_only {
         bail!("--force-share needs --read-only: a writer must have its images alone");
     }
+    // Checked before any image is opened: a refusal touches nothing.
+    let tls = args.tls.credentials(tcp_host(&args), "--bind")?;
 
     let mut disks = Vec::new();
     let mut exports = Vec::new();
@@ -120,14 +125,7 @@ pub fn run(args: ServeArgs) -> Result<i32> {
         disks.push((path.clone(), disk));
     }
 
-    let tcp = if args.bind.is_some() || args.port.is_some() || args.socket.is_none() {
-        Some((
-            args.bind.clone().unwrap_or_else(|| "127.0.0.1".into()),
-            args.port.unwrap_or(DEFAULT_PORT),
-        ))
-    } else {
-        None
-    };
+    let tcp = tcp_host(&args).map(|host| (host.to_string(), args.port.unwrap_or(DEFAULT_PORT)));
     let config = ServerConfig {
         tcp,
         unix: args.socket.clone(),
@@ -137,6 +135,7 @@ pub fn run(args: ServeArgs) -> Result<i32> {
         buffer_budget,
         idle_timeout,
         stall_timeout: strata_nbd::server::DEFAULT_STALL_TIMEOUT,
+        tls,
     };
     // Descriptors are what every client costs: take all the system allows.
     if let Err(e) = strata_nbd::raise_open_file_limit() {
@@ -199,6 +198,13 @@ pub fn run(args: ServeArgs) -> Result<i32> {
     served?;
     closed?;
     Ok(0)
+}
+
+/// The TCP address to listen on, if any: 127.0.0.1 unless --bind says
+/// otherwise, none if only --socket is given.
+fn tcp_host(args: &ServeArgs) -> Option<&str> {
+    let tcp = args.bind.is_some() || args.port.is_some() || args.socket.is_none();
+    tcp.then(|| args.bind.as_deref().unwrap_or("127.0.0.1"))
 }
 
 /// (export name, image path) for each image argument.

@@ -9,7 +9,8 @@
 //!   [`strata_disk::BlockDevice`] (blocking) and encodes the replies;
 //! - [`exports`]: the set of exports, which may change while serving;
 //! - the handshake and transmission loops, and [`server`]: sockets,
-//!   connection limits and shutdown, on tokio.
+//!   connection limits and shutdown, on tokio;
+//! - [`tls`]: credentials for `NBD_OPT_STARTTLS` (rustls).
 //!
 //! The library never prints and never exits; it logs with `tracing`.
 
@@ -19,14 +20,17 @@ pub mod export;
 pub mod exports;
 mod handshake;
 pub mod proto;
+mod relay;
 mod reply;
 pub mod server;
+pub mod tls;
 mod transmission;
 
 pub use budget::DEFAULT_BUFFER_BUDGET;
 pub use export::Export;
 pub use exports::ExportSet;
 pub use server::{raise_open_file_limit, Server, ServerConfig, ShutdownHandle};
+pub use tls::{TlsCredentials, TlsError};
 
 /// Why a server could not start or stop cleanly.
 #[derive(Debug, thiserror::Error)]

@@ -15,7 +15,9 @@ use crate::budget::{Budget, DEFAULT_BUFFER_BUDGET};
 use crate::command::MAX_PAYLOAD;
 use crate::export::Export;
 use crate::exports::ExportSet;
-use crate::handshake::{handshake, Negotiated};
+use crate::handshake::{self, handshake, Negotiated};
+use crate::relay;
+use crate::tls::TlsCredentials;
 use crate::transmission::{self, Limits, Socket};
 use crate::ServerError;
 
@@ -57,6 +59,10 @@ pub struct ServerConfig {
     /// such clients could pin the whole budget and stall every other
     /// client. Capped by the idle timeout when one is set.
     pub stall_timeout: Duration,
+    /// TLS credentials. With them the server requires TLS (the protocol's
+    /// FORCEDTLS mode): clients must send `NBD_OPT_STARTTLS` before
+    /// anything else. `None` (the default): no TLS, STARTTLS is refused.
+    pub tls: Option<TlsCredentials>,
 }
 
 /// Default [`ServerConfig::stall_timeout`].
@@ -73,6 +79,7 @@ impl Default for ServerConfig {
             buffer_budget: DEFAULT_BUFFER_BUDGET,
             idle_timeout: None,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
+            tls: None,
         }
     }
 }
@@ -413,85 +420,125 @@ async fn connection(
     peer: String,
     exports: Arc<ExportSet>,
     config: ServerConfig,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     _slot: OwnedSemaphorePermit,
     limits: Limits,
 ) {
     tracing::debug!(peer, "client connected");
-    let (neg, socket) = match stream {
-        Stream::Tcp(mut s) => {
+    let client = Client {
+        peer,
+        exports,
+        config,
+        shutdown,
+        limits,
+    };
+    match stream {
+        Stream::Tcp(s) => {
             // Replies are written whole; do not let Nagle hold them back.
             let _ = s.set_nodelay(true);
-            let Some(neg) = negotiate(&mut s, &peer, &exports, &config, &mut shutdown).await else {
-                return;
-            };
-            (neg, s.into_std().map(Socket::Tcp))
+            client.serve(s).await
         }
-        Stream::Unix(mut s) => {
-            let Some(neg) = negotiate(&mut s, &peer, &exports, &config, &mut shutdown).await else {
-                return;
-            };
-            (neg, s.into_std().map(Socket::Unix))
-        }
-    };
-    // The transmission phase runs on threads doing blocking I/O.
-    let socket = match socket.and_then(|s| {
-        match &s {
-            Socket::Tcp(t) => t.set_nonblocking(false)?,
-            Socket::Unix(u) => u.set_nonblocking(false)?,
-        }
-        Ok(s)
-    }) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(peer, "cannot hand the connection over: {e}");
-            return;
-        }
-    };
-    tracing::debug!(
-        peer,
-        export = neg.export.name(),
-        structured = neg.structured,
-        block_status = neg.block_status,
-        "transmission"
-    );
-    transmission::serve(socket, neg, shutdown, peer, limits).await;
+        Stream::Unix(s) => client.serve(s).await,
+    }
 }
 
-/// The handshake, bounded by the handshake timeout and cut short by a
-/// shutdown. `None` when the client does not reach transmission.
-async fn negotiate<S>(
-    s: &mut S,
-    peer: &str,
-    exports: &ExportSet,
-    config: &ServerConfig,
-    shutdown: &mut watch::Receiver<bool>,
-) -> Option<Negotiated>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    let negotiated = tokio::select! {
-        biased;
-        _ = shutdown.wait_for(|s| *s) => return None,
-        r = tokio::time::timeout(config.handshake_timeout, handshake(s, exports)) => r,
-    };
-    match negotiated {
-        Ok(Ok(Some(neg))) => Some(neg),
-        Ok(Ok(None)) => {
-            tracing::debug!(peer, "client ended the handshake");
-            None
+/// What a connection's task needs besides its stream.
+struct Client {
+    peer: String,
+    exports: Arc<ExportSet>,
+    config: ServerConfig,
+    shutdown: watch::Receiver<bool>,
+    limits: Limits,
+}
+
+/// An accepted stream the blocking transmission phase can take over.
+trait IntoSocket: AsyncRead + AsyncWrite + Unpin {
+    /// The same connection as a blocking std socket.
+    fn into_socket(self) -> std::io::Result<Socket>;
+}
+
+impl IntoSocket for TcpStream {
+    fn into_socket(self) -> std::io::Result<Socket> {
+        let s = self.into_std()?;
+        s.set_nonblocking(false)?;
+        Ok(Socket::Tcp(s))
+    }
+}
+
+impl IntoSocket for UnixStream {
+    fn into_socket(self) -> std::io::Result<Socket> {
+        let s = self.into_std()?;
+        s.set_nonblocking(false)?;
+        Ok(Socket::Unix(s))
+    }
+}
+
+impl Client {
+    /// Runs the handshake, then the transmission phase, on `s`.
+    async fn serve<S: IntoSocket>(mut self, s: S) {
+        let Some((neg, stream)) = self.negotiate(s).await else {
+            return;
+        };
+        let Client {
+            peer,
+            shutdown,
+            limits,
+            ..
+        } = self;
+        tracing::debug!(
+            peer,
+            export = neg.export.name(),
+            structured = neg.structured,
+            block_status = neg.block_status,
+            tls = matches!(stream, handshake::Stream::Tls(_)),
+            "transmission"
+        );
+        match stream {
+            handshake::Stream::Plain(s) => {
+                // The transmission phase runs on threads doing blocking I/O.
+                let socket = match s.into_socket() {
+                    Ok(socket) => socket,
+                    Err(e) => {
+                        tracing::warn!(peer, "cannot hand the connection over: {e}");
+                        return;
+                    }
+                };
+                transmission::serve(socket, neg, shutdown, peer, limits).await;
+            }
+            handshake::Stream::Tls(s) => relay::serve(*s, neg, shutdown, peer, limits).await,
         }
-        Ok(Err(e)) => {
-            tracing::info!(peer, "handshake failed: {e}");
-            None
-        }
-        Err(_) => {
-            tracing::info!(
-                peer,
-                "handshake timed out after {:?}",
-                config.handshake_timeout
-            );
-            None
+    }
+
+    /// The handshake, bounded by the handshake timeout and cut short by a
+    /// shutdown. `None` when the client does not reach transmission.
+    async fn negotiate<S>(&mut self, s: S) -> Option<(Negotiated, handshake::Stream<S>)>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let peer = self.peer.as_str();
+        let timeout = self.config.handshake_timeout;
+        let negotiated = tokio::select! {
+            biased;
+            _ = self.shutdown.wait_for(|s| *s) => return None,
+            r = tokio::time::timeout(
+                timeout,
+                handshake(s, &self.exports, self.config.tls.as_ref()),
+            ) => r,
+        };
+        match negotiated {
+            Ok(Ok(Some(done))) => Some(done),
+            Ok(Ok(None)) => {
+                tracing::debug!(peer, "client ended the handshake");
+                None
+            }
+            Ok(Err(e)) => {
+                tracing::info!(peer, "handshake failed: {e}");
+                None
+            }
+            Err(_) => {
+                tracing::info!(peer, "handshake timed out after {timeout:?}");
+                None
+            }
         }
     }
 }
