@@ -88,8 +88,8 @@ pub fn is_no_space(error: &std::io::Error) -> bool {
     ) || error.kind() == std::io::ErrorKind::StorageFull
 }
 
-/// Replaces the pool directory (as given and as resolved) with "the pool".
-fn redact_paths(message: &str, pool: &std::path::Path) -> String {
+/// Replaces the pool directory (as given and as resolved) with `<pool>`.
+pub fn redact_paths(message: &str, pool: &std::path::Path) -> String {
     let mut out = message.to_string();
     let resolved = std::fs::canonicalize(pool).ok();
     for dir in [Some(pool.to_path_buf()), resolved].into_iter().flatten() {

@@ -415,17 +415,27 @@ async fn start_compaction(
         ));
     }
     let status = direct(&s, s.start_compaction(&name, opts))?;
-    Ok((StatusCode::ACCEPTED, Json(status)))
+    Ok((StatusCode::ACCEPTED, Json(without_paths(&s, status))))
 }
 
 async fn compaction_status(
     State(s): State<Arc<Service>>,
     Path(name): Path<String>,
 ) -> ApiResult<crate::compact::CompactionStatus> {
-    Ok((
-        StatusCode::OK,
-        Json(direct(&s, s.compaction_status(&name))?),
-    ))
+    let status = direct(&s, s.compaction_status(&name))?;
+    Ok((StatusCode::OK, Json(without_paths(&s, status))))
+}
+
+/// A compaction's status with the pool's path taken out of its error (a
+/// failed merge names the file it was writing; the log keeps it).
+fn without_paths(
+    service: &Service,
+    mut status: crate::compact::CompactionStatus,
+) -> crate::compact::CompactionStatus {
+    status.error = status
+        .error
+        .map(|e| crate::error::redact_paths(&e, &service.config.pool));
+    status
 }
 
 async fn list_snapshots(
