@@ -25,8 +25,9 @@ pub const DEFAULT_API: &str = "127.0.0.1:7480";
 pub struct ApiArgs {
     /// Address of the HTTP API (port 0 picks a free one). Every request
     /// needs the token in POOL/api.token (made at the first start), so an
-    /// address beyond loopback is safe to give; with `--insecure-local` it
-    /// is refused.
+    /// address beyond loopback may be given (with `--insecure-local` it is
+    /// refused); the API has no TLS, so cross untrusted networks through a
+    /// TLS proxy or a tunnel.
     #[arg(long, default_value = DEFAULT_API)]
     listen: String,
     /// Also serve the API on this Unix socket, mode 0600 (the token is
