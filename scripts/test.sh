@@ -9,10 +9,11 @@ need=()
 # libnbd's nbdinfo and nbdcopy, its Python module (python3-libnbd, which
 # ships nbdsh), fio (whose Debian build has the nbd engine) and nbdkit (the
 # benchmark's `nbdkit memory` reference). The volume tests read what the
-# page cache holds of a layer file with util-linux's fincore.
+# page cache holds of a layer file with util-linux's fincore. The NBD TLS
+# tests (crates/cli/tests/nbd_tls.rs) make their certificates with openssl.
 for tool in qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils \
   nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:python3-libnbd fio:fio nbdkit:nbdkit \
-  fincore:util-linux-extra; do
+  fincore:util-linux-extra openssl:openssl; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 if [ "${#need[@]}" -gt 0 ]; then
