@@ -1,5 +1,6 @@
 //! Strata's NBD server: serves disks of the engine over the Network Block
-//! Device protocol (fixed newstyle, structured replies, `base:allocation`).
+//! Device protocol (fixed newstyle, structured replies, `base:allocation`,
+//! TLS).
 //!
 //! Layers, innermost first:
 //!

@@ -89,7 +89,13 @@ impl TlsCredentials {
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|e| config_error(e.to_string()))?;
         let builder = if verify_peer {
-            let roots = read_roots(&dir.join(CA_CERT))?;
+            let roots = read_roots(&dir.join(CA_CERT)).map_err(|e| match e {
+                TlsError::File { path, reason } => TlsError::File {
+                    path,
+                    reason: format!("{reason} (it is needed to check client certificates)"),
+                },
+                other => other,
+            })?;
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
                 .map_err(|e| config_error(format!("cannot check client certificates: {e}")))?;
