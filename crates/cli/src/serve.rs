@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use strata_disk::layer::Format;
-use strata_disk::{Disk, OpenOptions};
+use strata_disk::{Disk, DiskError, OpenOptions};
 use strata_nbd::server::DEFAULT_PORT;
 use strata_nbd::{Export, Server, ServerConfig};
 
@@ -81,6 +81,34 @@ pub struct ServeArgs {
     more: Vec<String>,
 }
 
+/// Opens one export's image; returns it and whether it is read-only.
+///
+/// An image that fails the writer's checks at open (metadata beyond the
+/// end of the file or overlapping, or marked corrupt) is served read-only
+/// rather than not at all, with a warning that says how to repair it:
+/// its data stays readable and nothing can make it worse.
+fn open_export(path: &Path, options: &OpenOptions) -> Result<(Disk, bool)> {
+    let context = || format!("could not open '{}'", path.display());
+    match Disk::open(path, options) {
+        Ok(disk) => Ok((disk, !options.writable)),
+        Err(e @ DiskError::Corrupt { .. }) if options.writable => {
+            eprintln!(
+                "strata: warning: {e}\nstrata: serving '{}' read-only; repair it with \
+                 `strata img check -r all {}` and serve it again to write",
+                path.display(),
+                path.display()
+            );
+            let read_only = OpenOptions {
+                writable: false,
+                ..options.clone()
+            };
+            let disk = Disk::open(path, &read_only).with_context(context)?;
+            Ok((disk, true))
+        }
+        Err(e) => Err(e).with_context(context),
+    }
+}
+
 /// Runs the server until SIGTERM or SIGINT; returns the exit code.
 pub fn run(args: ServeArgs) -> Result<i32> {
     // A client that goes away mid-reply must cost an EPIPE on that
@@ -109,19 +137,16 @@ pub fn run(args: ServeArgs) -> Result<i32> {
     let mut disks = Vec::new();
     let mut exports = Vec::new();
     for (name, path) in &specs {
-        let disk = Disk::open(
-            path,
-            &OpenOptions {
-                writable: !args.read_only,
-                cache_bytes,
-                format,
-                ignore_index: false,
-                force_share: args.force_share,
-            },
-        )
-        .with_context(|| format!("could not open '{}'", path.display()))?;
+        let options = OpenOptions {
+            writable: !args.read_only,
+            cache_bytes,
+            format,
+            ignore_index: false,
+            force_share: args.force_share,
+        };
+        let (disk, read_only) = open_export(path, &options)?;
         let disk = Arc::new(disk);
-        exports.push(Export::new(name, disk.clone(), args.read_only)?);
+        exports.push(Export::new(name, disk.clone(), read_only)?);
         disks.push((path.clone(), disk));
     }
 
