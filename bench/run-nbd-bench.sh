@@ -7,7 +7,7 @@
 # --quick: chains 1 and 100, 3 s runs, one repeat (a few minutes).
 #
 # Needs qemu-nbd and qemu-img (qemu-utils), fio with its nbd engine (fio),
-# nbdcopy (libnbd-bin) and nbdkit (nbdkit): `sudo scripts/test.sh` installs
+# nbdcopy (libnbd-bin) and nbdkit (nbdkit): `scripts/test.sh`, as root, installs
 # them all.  Uses target/release/strata (build it first with
 # `cargo build --release`); without a `serve` subcommand there it measures
 # qemu-nbd alone.  Chains are generated once under bench/out/chains/ and only

@@ -11,7 +11,7 @@
 # layer (qemu-storage-daemon, external snapshots over QMP); --no-qemu skips it.
 #
 # STRATA_BIN overrides the binary. Needs fio with its nbd engine, qemu-img and
-# qemu-storage-daemon (qemu-utils; `sudo scripts/test.sh` installs them) and target/release/strata (`cargo build --release`).
+# qemu-storage-daemon (qemu-utils; `scripts/test.sh`, as root, installs them) and target/release/strata (`cargo build --release`).
 # Results go to bench/out/volume-bench-<timestamp>.{md,json}, the markdown
 # also to stdout.
 set -euo pipefail

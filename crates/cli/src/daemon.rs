@@ -16,6 +16,7 @@ use crate::serve::{idle_seconds, init_logging, seconds, wait_for_signal};
 use crate::units::parse_size;
 
 mod api;
+mod compaction;
 
 pub use api::DEFAULT_API;
 
@@ -95,6 +96,9 @@ pub struct DaemonArgs {
     /// Seconds in-flight requests get to finish at shutdown.
     #[arg(long = "shutdown-timeout", default_value_t = 30.0)]
     shutdown_timeout: f64,
+    /// When volumes are compacted without being asked.
+    #[command(flatten)]
+    auto_compact: compaction::AutoCompactArgs,
 }
 
 /// `--standby-min-index`: a size, or `off`.
@@ -168,6 +172,7 @@ async fn serve(
         standby_min_index: parse_standby_min(&args.standby_min_index)?,
         durable_within: durable_within(args.durable_within)?,
         drop_sealed_cache: args.sealed_layer_cache == "drop",
+        auto_compact: args.auto_compact.policy()?,
     };
     let (service, report) = Service::open(config, exports.clone())
         .with_context(|| format!("could not open pool '{}'", args.pool.display()))?;

@@ -49,6 +49,11 @@ impl Daemon {
         if !args.contains(&"--listen") {
             command.args(["--listen", "127.0.0.1:0"]);
         }
+        // Tests count layers and compact by hand: the daemon compacts on
+        // its own only in the tests that ask for it.
+        if !args.iter().any(|a| a.starts_with("--auto-compact")) {
+            command.arg("--no-auto-compact");
+        }
         let mut child = command
             .args(args)
             .stdout(Stdio::piped())
@@ -2391,5 +2396,129 @@ fn a_full_file_system_gives_507_and_leaves_no_file() {
     assert_eq!(status, 201, "{reply}");
     assert_eq!(layer_files(&pool).len(), before.len() + 1);
     assert_catalog_matches_files(&d);
+    d.stop();
+}
+
+/// A snapshot loop with deletes, and no manual step: the daemon compacts
+/// on its own, so the chain stays short while the loop runs and ends with
+/// no layer that could be merged away, the catalog and the files agree,
+/// and the volume reads exactly what was written.
+#[test]
+fn deleted_snapshots_give_their_space_back_without_a_manual_step() {
+    let dir = tmp();
+    let pool = dir.path().join("pool");
+    let d = Daemon::start_with(
+        &pool,
+        &["--auto-compact-layers", "4", "--auto-compact-period", "0.2"],
+        &[],
+    );
+    d.cli(&["volume", "create", "v", "64M"]);
+    let rounds = 40;
+    let mut model = vec![0u8; 256];
+    let mut io = QemuIo::open(&d.uri("v"));
+    let mut longest = 0;
+    for k in 1..=rounds {
+        write_slot(&mut io, &mut model, 0, (k * 37) % 256, (k % 250 + 1) as u8);
+        d.snapshot("v", &format!("s{k}"));
+        if k > 1 {
+            d.delete_snapshot("v", &format!("s{}", k - 1));
+        }
+        longest = longest.max(d.chain_length("v"));
+    }
+    drop(io);
+    assert!(
+        longest < rounds as u64 - 10,
+        "the chain grew to {longest} layers of {}: nothing compacted during the loop",
+        rounds + 1
+    );
+    // Left: one merged layer of the deleted snapshots, the kept
+    // snapshot's layer and the top.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while d.chain_length("v") > 3 {
+        assert!(
+            Instant::now() < deadline,
+            "still {} layers a minute after the loop",
+            d.chain_length("v")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    d.wait_compaction("v", Duration::from_secs(60));
+    assert_slots(
+        &read_export(&d, "v", dir.path()),
+        0,
+        &model,
+        "after compactions",
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        // Merged layers go through the trash in the background.
+        let pool_info = d.cli_pool();
+        if pool_info["layers"].as_u64() == Some(layer_files(&d.pool).len() as u64) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "layer files left behind: {pool_info}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_catalog_matches_files(&d);
+    d.stop();
+    check_every_layer(&pool);
+}
+
+/// QEMU's tools cannot write a layer the daemon holds: the live top is
+/// not even readable without -U, a snapshot's sealed layer is readable
+/// but not writable, and no refused attempt changes a byte.
+#[test]
+fn qemu_tools_cannot_write_a_live_volume_s_layers() {
+    let dir = tmp();
+    let pool = dir.path().join("pool");
+    let d = Daemon::start(&pool);
+    d.cli(&["volume", "create", "v", "64M"]);
+    d.qemu_write("v", 0x3c, "0", "1M");
+    let (status, body) = d.http(
+        "POST",
+        "/v1/volumes/v/snapshots",
+        "{\"name\":\"s1\",\"sync\":true}",
+    );
+    assert_eq!(status, 201, "{body}");
+    d.qemu_write("v", 0x4d, "1M", "1M");
+    let files = layer_files(&pool);
+    assert_eq!(files.len(), 2, "a snapshot's layer and the top: {files:?}");
+    let mut readable_without_share = 0;
+    for file in &files {
+        let path = pool.join("layers").join(file);
+        let before = std::fs::read(&path).expect("read layer");
+        let write = Command::new("qemu-io")
+            .args(["-c", "write -P 0x77 0 4k", &p(&path)])
+            .output()
+            .expect("qemu-io");
+        let said = String::from_utf8_lossy(&write.stderr);
+        assert!(
+            !write.status.success() && said.contains("lock"),
+            "qemu-io wrote {file} while the daemon held it: {said}"
+        );
+        let info = Command::new("qemu-img")
+            .args(["info", &p(&path)])
+            .output()
+            .expect("qemu-img");
+        if info.status.success() {
+            readable_without_share += 1;
+        }
+        let shared = Command::new("qemu-img")
+            .args(["info", "-U", &p(&path)])
+            .output()
+            .expect("qemu-img");
+        assert!(shared.status.success(), "qemu-img info -U {file}");
+        assert!(
+            std::fs::read(&path).expect("read layer") == before,
+            "a refused opener changed {file}"
+        );
+    }
+    assert_eq!(
+        readable_without_share, 1,
+        "only the sealed snapshot layer is open to readers"
+    );
     d.stop();
 }

@@ -23,6 +23,7 @@
 //! The library never prints and never exits; it logs with `tracing`.
 
 pub mod auth;
+pub mod autocompact;
 pub mod catalog;
 pub mod compact;
 pub mod error;

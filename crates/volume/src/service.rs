@@ -56,6 +56,9 @@ pub struct ServiceConfig {
     /// Drop a frozen layer's pages from the kernel's page cache once it
     /// is durable (see [`strata_disk::Disk::set_drop_sealed_cache`]).
     pub drop_sealed_cache: bool,
+    /// When the daemon compacts a volume on its own (`None`: only when
+    /// asked). See [`crate::autocompact`].
+    pub auto_compact: Option<crate::autocompact::AutoCompact>,
 }
 
 /// Default of [`ServiceConfig::durable_within`]: the kernel's own bound
@@ -371,6 +374,7 @@ impl Service {
             cache_bytes: self.config.cache_bytes,
             format: Some(Format::Qcow2),
             ignore_index: false,
+            force_share: false,
         }
     }
 
@@ -493,7 +497,7 @@ impl Service {
         }
         // The clone writes in the format of the layers it shares, as a
         // snapshot's new top does.
-        let shared = strata_disk::info::info(&self.layer_path(&source.layer), Some(Format::Qcow2))?;
+        let shared = strata_disk::info::info(&self.layer_path(&source.layer), Some(Format::Qcow2), false)?;
         let extended_l2 = shared
             .format_specific
             .as_ref()

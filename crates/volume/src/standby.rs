@@ -207,6 +207,7 @@ impl Service {
 }
 
 fn keep_loop(service: &Weak<Service>, stop: &AtomicBool) {
+    let mut last_compaction_pass = std::time::Instant::now();
     while !stop.load(Ordering::Relaxed) {
         std::thread::park_timeout(KEEP_PERIOD);
         if stop.load(Ordering::Relaxed) {
@@ -218,6 +219,12 @@ fn keep_loop(service: &Weak<Service>, stop: &AtomicBool) {
                 s.copy_indexes();
                 s.keep_standbys();
                 s.sync_frozen_when_due();
+                if let Some(policy) = s.config.auto_compact {
+                    if last_compaction_pass.elapsed() >= policy.period {
+                        last_compaction_pass = std::time::Instant::now();
+                        s.auto_compact(&policy);
+                    }
+                }
             }
             None => break,
         }
