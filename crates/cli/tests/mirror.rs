@@ -851,3 +851,38 @@ fn repo_serve_latency_delays_image_reads() {
         "side file delayed: {took:?}"
     );
 }
+
+/// A mirror holds its file's write lock, as QEMU would: a second mirror
+/// of the same directory and `qemu-io` are refused, and the mirror file
+/// is unchanged by them.
+#[test]
+fn a_mirror_file_has_one_writer() {
+    let dir = tmp();
+    let img = image(dir.path(), MIB);
+    let m = dir.path().join("m");
+    let first = mirror(&p(&img), &m, &[]);
+    let file = m.join("image.raw");
+    let before = std::fs::read(&file).unwrap();
+    let d = p(&m);
+    let second = common::strata(&["mirror", "--repo", &p(&img), "--dir", &d, "-p", "0"]);
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(
+        second.status.code(),
+        Some(1),
+        "a second mirror started: {said}"
+    );
+    assert!(
+        said.contains("lock") && said.contains("another mirror"),
+        "{said}"
+    );
+    let qemu = Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "write -P 0x77 0 4k", &p(&file)])
+        .output()
+        .expect("qemu-io");
+    assert!(!qemu.status.success(), "qemu-io wrote a served mirror file");
+    assert!(
+        std::fs::read(&file).unwrap() == before,
+        "a refused opener changed the mirror"
+    );
+    first.stop();
+}

@@ -34,6 +34,9 @@ pub struct Store {
     pub image_path: PathBuf,
     map: File,
     map_path: PathBuf,
+    /// The mirror file's write lock, taken as QEMU takes it: no other
+    /// mirror, qemu-io or qemu-nbd may write it while this one serves it.
+    _lock: strata_disk::ImageLock,
 }
 
 impl Store {
@@ -55,6 +58,16 @@ impl Store {
                 .map_err(io_err(format!("cannot open '{}'", p.display())))
         };
         let image = open(&image_path)?;
+        // Before anything reads or writes: a second mirror of the same
+        // directory is refused without touching a byte.
+        let lock =
+            strata_disk::ImageLock::acquire(&image, &image_path, strata_disk::LockMode::Write)
+                .map_err(|e| {
+                    MirrorError::Invalid(format!(
+                        "{e} (is another mirror using '{}'?)",
+                        dir.display()
+                    ))
+                })?;
         let map = open(&map_path)?;
         let n = manifest.chunks() as usize;
         let mut header = vec![0u8; HEADER_LEN as usize];
@@ -101,6 +114,7 @@ impl Store {
                 image_path,
                 map,
                 map_path,
+                _lock: lock,
             },
             states,
         ))

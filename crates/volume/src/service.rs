@@ -497,7 +497,8 @@ impl Service {
         }
         // The clone writes in the format of the layers it shares, as a
         // snapshot's new top does.
-        let shared = strata_disk::info::info(&self.layer_path(&source.layer), Some(Format::Qcow2), false)?;
+        let shared =
+            strata_disk::info::info(&self.layer_path(&source.layer), Some(Format::Qcow2), false)?;
         let extended_l2 = shared
             .format_specific
             .as_ref()
