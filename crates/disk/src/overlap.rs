@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::RwLock;
 use strata_format::entry::L1Entry;
-use strata_format::header::{Header, INCOMPAT_CORRUPT};
+use strata_format::header::{Header, HeaderExtension, EXT_BITMAPS, INCOMPAT_CORRUPT};
 use strata_format::index::ChainIndexExt;
 
 use crate::disk::Disk;
@@ -46,6 +46,8 @@ pub(crate) enum Structure {
     RefcountBlock,
     /// The Strata chain index region.
     ChainIndex,
+    /// The persistent bitmaps' directory (QEMU checks it too).
+    BitmapDirectory,
 }
 
 impl Structure {
@@ -58,6 +60,7 @@ impl Structure {
             Structure::RefcountTable => "the refcount table",
             Structure::RefcountBlock => "a refcount block",
             Structure::ChainIndex => "the chain index region",
+            Structure::BitmapDirectory => "the bitmap directory",
         }
     }
 }
@@ -287,7 +290,28 @@ pub(crate) fn scan(
         let what = "chain index region".to_string();
         scan.claim(ext.region_offset, len, Structure::ChainIndex, what)?;
     }
+    if let Some((offset, len)) = bitmap_directory(h) {
+        let what = "bitmap directory".to_string();
+        scan.claim(offset, len, Structure::BitmapDirectory, what)?;
+    }
     Ok(scan.map)
+}
+
+/// Offset and length of the persistent bitmaps' directory, from the
+/// bitmaps header extension (`None`: no bitmaps, or an extension too
+/// short to name one, which the writer then treats as having none).
+fn bitmap_directory(h: &Header) -> Option<(u64, u64)> {
+    let data = h.extensions.iter().find_map(|e| match e {
+        HeaderExtension::Other { kind, data } if *kind == EXT_BITMAPS => Some(data),
+        _ => None,
+    })?;
+    let field = |at: usize| -> Option<u64> {
+        let bytes: [u8; 8] = data.get(at..at + 8)?.try_into().ok()?;
+        Some(u64::from_be_bytes(bytes))
+    };
+    let count = u32::from_be_bytes(data.get(0..4)?.try_into().ok()?);
+    let (len, offset) = (field(8)?, field(16)?);
+    (count > 0 && len > 0).then_some((offset, len))
 }
 
 /// State of [`scan`].

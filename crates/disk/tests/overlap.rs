@@ -465,3 +465,49 @@ fn a_healthy_image_grows_new_metadata_and_checks_clean() {
     disk.read_at(&mut buf, 8192).unwrap();
     assert!(buf.iter().all(|b| *b == 0x5a));
 }
+
+/// Offset of the persistent bitmaps' directory, read from the header
+/// extensions of a v3 image.
+fn bitmap_directory_offset(path: &Path) -> u64 {
+    let file = std::fs::read(path).unwrap();
+    let header_len = u32::from_be_bytes(file[100..104].try_into().unwrap()) as usize;
+    let mut at = header_len;
+    loop {
+        let kind = u32::from_be_bytes(file[at..at + 4].try_into().unwrap());
+        let len = u32::from_be_bytes(file[at + 4..at + 8].try_into().unwrap()) as usize;
+        assert_ne!(kind, 0, "no bitmaps extension");
+        if kind == 0x2385_2875 {
+            return u64::from_be_bytes(file[at + 24..at + 32].try_into().unwrap());
+        }
+        at += 8 + len.div_ceil(8) * 8;
+    }
+}
+
+#[test]
+fn a_write_through_an_l2_entry_pointing_at_the_bitmap_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = qemu_image(dir.path());
+    let st = Command::new("qemu-img")
+        .args(["bitmap", "--add"])
+        .arg(&path)
+        .arg("b0")
+        .status()
+        .expect("qemu-img bitmap");
+    assert!(st.success(), "qemu-img bitmap --add");
+    let directory = bitmap_directory_offset(&path);
+    assert_eq!(directory % CLUSTER, 0, "directory at 0x{directory:x}");
+    write_u64(&path, L2_TABLE, directory | COPIED);
+    // The directory is the file's last cluster, and not a whole one.
+    let directory_bytes = |path: &Path| std::fs::read(path).unwrap()[directory as usize..].to_vec();
+    let directory_before = directory_bytes(&path);
+
+    let err = open_and_write(&path, 0x2000).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, DiskError::Corrupt { .. }), "{msg}");
+    assert!(msg.contains("the bitmap directory"), "{msg}");
+    let directory_after = directory_bytes(&path);
+    assert!(
+        directory_after.starts_with(&directory_before),
+        "the bitmap directory changed"
+    );
+}
