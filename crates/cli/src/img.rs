@@ -17,6 +17,9 @@ use strata_format::CompressionType;
 
 use crate::units::{human, parse_size};
 
+#[path = "img_ops.rs"]
+mod img_ops;
+
 /// Output format, as qemu-img's `--output`.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
@@ -211,11 +214,26 @@ pub enum ImgCommand {
         /// The image.
         filename: PathBuf,
     },
+    /// Change the virtual size (qemu-img resize).
+    Resize(img_ops::ResizeArgs),
+    /// Change the backing file, copying what differs unless -u (qemu-img rebase).
+    Rebase(img_ops::RebaseArgs),
+    /// Write an image's data into its backing file (qemu-img commit).
+    Commit(img_ops::CommitArgs),
+    /// Change header options of a qcow2 image (qemu-img amend).
+    Amend(img_ops::AmendArgs),
+    /// Compute the file size a new image needs (qemu-img measure).
+    Measure(img_ops::MeasureArgs),
 }
 
 /// Runs one `strata img` command; returns the exit code.
 pub fn run(cmd: ImgCommand) -> Result<i32> {
     match cmd {
+        ImgCommand::Resize(a) => img_ops::run_resize(a),
+        ImgCommand::Rebase(a) => img_ops::run_rebase(a),
+        ImgCommand::Commit(a) => img_ops::run_commit(a),
+        ImgCommand::Amend(a) => img_ops::run_amend(a),
+        ImgCommand::Measure(a) => img_ops::run_measure(a),
         ImgCommand::Create {
             format,
             backing,

@@ -13,10 +13,12 @@
 //!
 //! On-disk parsing lives in `strata-format`; this crate does the I/O.
 
+pub mod amend;
 pub mod bench;
 pub mod buf;
 pub mod cache;
 pub mod check;
+pub mod commit;
 pub mod compact;
 pub mod compare;
 pub mod convert;
@@ -30,9 +32,12 @@ pub mod info;
 pub mod layer;
 mod lazy_index;
 mod live;
+pub mod measure;
 pub mod lock;
 pub mod map;
 mod overlap;
+pub mod rebase;
+pub mod resize;
 mod writer;
 
 pub use compact::{merge_layers, set_backing_file, MergeProgress, MergeReport};
