@@ -3,13 +3,15 @@
 mod daemon;
 mod img;
 mod mirror;
+mod ops;
 mod serve;
 mod store;
 mod tls;
 mod units;
+mod up;
 mod volume;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Strata: storage virtualization for clouds.
 #[derive(Parser)]
@@ -29,7 +31,14 @@ enum Command {
     /// Export images over NBD (qemu-nbd conventions; always persistent).
     Serve(serve::ServeArgs),
     /// Run the volume service: a pool of volumes served over NBD, with an HTTP API.
-    Daemon(daemon::DaemonArgs),
+    Daemon {
+        /// TOML configuration file whose [daemon] keys are this command's
+        /// long flags (flags given here win); see docs/up.md.
+        #[arg(long, value_name = "FILE")]
+        config: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        args: daemon::DaemonArgs,
+    },
     /// Manage volumes of a running daemon.
     Volume {
         #[command(flatten)]
@@ -56,6 +65,19 @@ enum Command {
         #[command(subcommand)]
         command: store::ObjCommand,
     },
+    /// Run the volume daemon, an object store and (if asked) a mirror from
+    /// one directory, until Ctrl-C; or `--demo` to try them and exit.
+    Up(up::UpArgs),
+    /// Print the completion script of a shell (bash, zsh, fish, ...).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write a man page for strata and each of its subcommands into DIR.
+    Man {
+        /// Directory for the pages (created if missing).
+        dir: std::path::PathBuf,
+    },
 }
 
 fn main() {
@@ -66,16 +88,23 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = Cli::parse();
+    let argv = ops::apply_config(std::env::args_os().collect(), Cli::command).unwrap_or_else(|e| {
+        eprintln!("strata: {e:#}");
+        std::process::exit(2);
+    });
+    let cli = Cli::parse_from(argv);
     let code = match cli.command {
         Command::Img { command } => img::run(command),
         Command::Serve(args) => serve::run(args),
-        Command::Daemon(args) => daemon::run(args),
+        Command::Daemon { args, .. } => daemon::run(args),
         Command::Volume { client, command } => volume::run_volume(client, command),
         Command::Snapshot { client, command } => volume::run_snapshot(client, command),
         Command::Mirror(cmd) => mirror::run(cmd),
         Command::Store { command } => store::run_store(command),
         Command::Obj { command } => store::run_obj(command),
+        Command::Up(args) => up::run(args),
+        Command::Completions { shell } => ops::completions(shell, Cli::command()),
+        Command::Man { dir } => ops::man_pages(&dir, Cli::command()),
     };
     match code {
         Ok(code) => std::process::exit(code),

@@ -185,6 +185,15 @@ impl<R: Read> Read for Capped<R> {
     }
 }
 
+/// `GET /health`: 200 `{"status":"ok"}` while the server answers.
+fn health_response() -> Response<std::io::Cursor<Vec<u8>>> {
+    let mut response = Response::from_data(br#"{"status":"ok"}"#.to_vec());
+    if let Some(h) = header("Content-Type", "application/json") {
+        response.add_header(h);
+    }
+    response
+}
+
 fn header(name: &str, value: &str) -> Option<Header> {
     Header::from_bytes(name.as_bytes(), value.as_bytes()).ok()
 }
@@ -205,6 +214,17 @@ fn parse_range(value: &str, size: u64) -> Option<(u64, u64)> {
 impl Shared {
     fn handle(self: &Arc<Self>, mut req: Request) {
         let path = req.url().trim_start_matches('/').to_string();
+        // An image named `health` keeps its own URL.
+        if path == "health" && self.name != "health" {
+            let result = match req.method() {
+                Method::Get => req.respond(health_response()),
+                _ => req.respond(Response::empty(405)),
+            };
+            if let Err(e) = result {
+                tracing::debug!("repo-serve: reply failed: {e}");
+            }
+            return;
+        }
         let result = match (req.method().clone(), path.strip_prefix(self.name.as_str())) {
             (Method::Get, Some("")) => self.get_image(req),
             (Method::Get, Some(suffix)) if suffix == digest::SUFFIX || suffix == TRACE_SUFFIX => {

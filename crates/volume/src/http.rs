@@ -6,8 +6,9 @@
 //! rewritten into that form too. Failures of the service are logged with
 //! their file paths and sent without them.
 //!
-//! Every route but `GET /metrics` needs `Authorization: Bearer TOKEN`
-//! unless the daemon runs with `--insecure-local` ([`ApiConfig::token`]).
+//! Every route but `GET /metrics` and `GET /health` needs
+//! `Authorization: Bearer TOKEN` unless the daemon runs with
+//! `--insecure-local` ([`ApiConfig::token`]).
 //! Request bodies are read whole, at most [`MAX_BODY_BYTES`], within
 //! [`ApiConfig::body_timeout`], before a handler runs. Service calls block
 //! (file syncs, catalog commits), so they run on tokio's blocking pool.
@@ -161,6 +162,7 @@ pub fn router(service: Arc<Service>, config: ApiConfig) -> Router {
             post(clone_snapshot),
         )
         .route("/metrics", get(metrics))
+        .route("/health", get(health))
         .fallback(|| async {
             ApiError(
                 StatusCode::NOT_FOUND,
@@ -176,7 +178,8 @@ pub fn router(service: Arc<Service>, config: ApiConfig) -> Router {
 }
 
 /// Refuses a request without the right bearer token (401), except the
-/// read-only `/metrics`, which Prometheus scrapers fetch without one.
+/// read-only `/metrics`, which Prometheus scrapers fetch without one, and
+/// `/health`, which load balancers and `systemd` checks probe without one.
 async fn authenticate(
     State(config): State<Arc<ApiConfig>>,
     request: Request,
@@ -185,7 +188,7 @@ async fn authenticate(
     let Some(token) = &config.token else {
         return next.run(request).await;
     };
-    if request.uri().path() == "/metrics" {
+    if matches!(request.uri().path(), "/metrics" | "/health") {
         return next.run(request).await;
     }
     let presented = request
@@ -471,6 +474,12 @@ async fn clone_snapshot(
     let req: Named = parse(&body)?;
     let info = blocking(s, move |s| s.clone_snapshot(&name, &snapshot, &req.name)).await?;
     Ok((StatusCode::CREATED, Json(info)))
+}
+
+/// `GET /health`: 200 `{"status":"ok"}` while the API answers. It says
+/// nothing about the pool, so it needs no token.
+async fn health() -> impl IntoResponse {
+    Json(serde_json::json!({"status": "ok"}))
 }
 
 async fn metrics(State(s): State<Arc<Service>>) -> impl IntoResponse {
