@@ -284,8 +284,8 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
                 vec![info::info(&filename, fmt, force_share)?]
             };
             match (output, backing_chain) {
-                (Output::Json, true) => print_json(&infos)?,
-                (Output::Json, false) => print_json(&infos[0])?,
+                (Output::Json, true) => print_qemu_json(&infos)?,
+                (Output::Json, false) => print_qemu_json(&infos[0])?,
                 (Output::Human, _) => {
                     for (i, inf) in infos.iter().enumerate() {
                         if i > 0 {
@@ -304,11 +304,14 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
             quiet,
             filename,
         } => {
-            if let Some(f) = format.as_deref() {
-                if parse_format(f)? != Format::Qcow2 {
-                    println!("This image format does not support checks");
-                    return Ok(63);
-                }
+            let probed = match format.as_deref() {
+                Some(f) => parse_format(f)?,
+                None => Format::parse(&info::info(&filename, None, true)?.format)?,
+            };
+            // qemu-img's answer (and exit code) for formats without checks.
+            if probed != Format::Qcow2 {
+                eprintln!("strata: This image format does not support checks");
+                return Ok(63);
             }
             let repair = match repair.as_deref() {
                 None => Repair::None,
@@ -317,8 +320,12 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
                 Some(other) => bail!("-r takes 'leaks' or 'all', not '{other}'"),
             };
             let report = check::check(&filename, repair)?;
+            // As qemu-img: the problems on stderr, the summary on stdout.
+            for m in &report.messages {
+                eprintln!("{m}");
+            }
             if output == Output::Json {
-                print_json(&report)?;
+                print_qemu_json(&report)?;
             } else if !quiet {
                 print_check(&report);
             }
@@ -394,27 +401,12 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
         } => {
             let disk = open_ro(&filename, format.as_deref(), None, false)?;
             let extents = map::map(&disk)?;
-            if output == Output::Json {
-                print_json(&extents)?;
+            Ok(if output == Output::Json {
+                print_map_json(&extents);
+                0
             } else {
-                println!(
-                    "{:<20}{:<20}{:<8}{:<12}File",
-                    "Offset", "Length", "Layer", "Mapped to"
-                );
-                for e in extents.iter().filter(|e| e.data) {
-                    println!(
-                        "{:<#20x}{:<#20x}{:<8}{:<12}{}",
-                        e.start,
-                        e.length,
-                        e.layer,
-                        e.offset
-                            .map(|o| format!("{o:#x}"))
-                            .unwrap_or_else(|| "-".into()),
-                        e.filename.as_deref().unwrap_or("")
-                    );
-                }
-            }
-            Ok(0)
+                print_map_human(&extents)
+            })
         }
         ImgCommand::Convert {
             format,
@@ -658,42 +650,183 @@ pub(crate) fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
     Ok(())
 }
 
+/// Prints `v` as qemu-img prints JSON (QEMU's pretty printer): four
+/// spaces of indent, and empty arrays and objects split over two lines.
+pub(crate) fn print_qemu_json<T: serde::Serialize>(v: &T) -> Result<()> {
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, QemuFormatter { indent: 0 });
+    v.serialize(&mut ser)?;
+    println!("{}", String::from_utf8_lossy(&out));
+    Ok(())
+}
+
+/// serde_json formatter for QEMU's JSON layout.
+struct QemuFormatter {
+    indent: usize,
+}
+
+impl QemuFormatter {
+    fn newline<W: ?Sized + std::io::Write>(&self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b"\n")?;
+        for _ in 0..self.indent {
+            w.write_all(b"    ")?;
+        }
+        Ok(())
+    }
+}
+
+impl serde_json::ser::Formatter for QemuFormatter {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.indent += 1;
+        w.write_all(b"[")
+    }
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.indent -= 1;
+        self.newline(w)?;
+        w.write_all(b"]")
+    }
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if !first {
+            w.write_all(b",")?;
+        }
+        self.newline(w)
+    }
+    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.indent += 1;
+        w.write_all(b"{")
+    }
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.indent -= 1;
+        self.newline(w)?;
+        w.write_all(b"}")
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if !first {
+            w.write_all(b",")?;
+        }
+        self.newline(w)
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+    fn end_object_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A size as QEMU's `size_to_str` writes it: three significant digits
+/// ("%0.3g") in the unit that keeps the number below 1000 ("0.977 MiB").
+fn qemu_size(bytes: u64) -> String {
+    const SUFFIXES: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let scaled = bytes as f64 / (1000.0 / 1024.0);
+    // frexp's exponent: scaled = m * 2^e with m in [0.5, 1).
+    let exponent = if scaled == 0.0 {
+        0
+    } else {
+        ((scaled.to_bits() >> 52) & 0x7ff) as i64 - 1022
+    };
+    // C's integer division truncates toward zero.
+    let i = ((exponent - 1) / 10).clamp(0, 6) as usize;
+    let value = bytes as f64 / (1u64 << (i * 10)) as f64;
+    format!("{} {}", format_g3(value), SUFFIXES[i])
+}
+
+/// C's "%0.3g" for a non-negative number.
+fn format_g3(value: f64) -> String {
+    if value == 0.0 {
+        return "0".into();
+    }
+    // The decimal exponent after rounding to three significant digits.
+    let sci = format!("{value:.2e}");
+    let exp: i32 = sci
+        .split_once('e')
+        .and_then(|(_, e)| e.parse().ok())
+        .unwrap_or(0);
+    if !(-4..3).contains(&exp) {
+        let (mantissa, _) = sci.split_once('e').unwrap_or((&sci, ""));
+        let mantissa = trim_fraction(mantissa);
+        let sign = if exp < 0 { '-' } else { '+' };
+        return format!("{mantissa}e{sign}{:02}", exp.abs());
+    }
+    let decimals = (2 - exp).max(0) as usize;
+    trim_fraction(&format!("{value:.decimals$}")).to_string()
+}
+
+/// "1.50" -> "1.5", "2.00" -> "2", as %g drops trailing zeros.
+fn trim_fraction(s: &str) -> &str {
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        s
+    }
+}
+
+/// Prints one image as `qemu-img info` does (QEMU 10's
+/// `bdrv_node_info_dump`), then Strata's own lines.
 fn print_info(inf: &ImageInfo) {
     println!("image: {}", inf.filename);
     println!("file format: {}", inf.format);
     println!(
         "virtual size: {} ({} bytes)",
-        human(inf.virtual_size),
+        qemu_size(inf.virtual_size),
         inf.virtual_size
     );
-    println!("disk size: {}", human(inf.actual_size));
+    println!("disk size: {}", qemu_size(inf.actual_size));
     if let Some(cs) = inf.cluster_size {
         println!("cluster_size: {cs}");
     }
+    if inf.dirty_flag {
+        println!("cleanly shut down: no");
+    }
     if let Some(b) = &inf.backing_filename {
-        println!("backing file: {b}");
-        if let Some(f) = &inf.backing_filename_format {
-            println!("backing file format: {f}");
+        match &inf.full_backing_filename {
+            Some(full) if full != b => println!("backing file: {b} (actual path: {full})"),
+            Some(_) => println!("backing file: {b}"),
+            None => println!("backing file: {b} (cannot determine actual path)"),
         }
+    }
+    if let Some(f) = &inf.backing_filename_format {
+        println!("backing file format: {f}");
     }
     if !inf.snapshots.is_empty() {
         println!("Snapshot list:");
         println!("{:<10}{:<20}{:>12}", "ID", "TAG", "VM SIZE");
         for s in &inf.snapshots {
-            println!("{:<10}{:<20}{:>12}", s.id, s.name, human(s.vm_state_size));
+            println!(
+                "{:<10}{:<20}{:>12}",
+                s.id,
+                s.name,
+                qemu_size(s.vm_state_size)
+            );
         }
     }
     if let Some(q) = &inf.format_specific {
         println!("Format specific information:");
-        println!("    compat: {}", q.compat);
-        println!("    compression type: {}", q.compression_type);
-        println!("    lazy refcounts: {}", q.lazy_refcounts);
-        println!("    refcount bits: {}", q.refcount_bits);
-        println!("    corrupt: {}", q.corrupt);
-        println!("    extended l2: {}", q.extended_l2);
+        for (key, value) in q.fields() {
+            println!("    {}: {value}", key.replace('-', " "));
+        }
     }
-    if inf.dirty_flag {
-        println!("dirty flag: true (refcounts are repaired on the next open for writing)");
+    for child in &inf.children {
+        println!("Child node '/{}':", child.name);
+        println!("    filename: {}", child.info.filename);
+        println!("    protocol type: {}", child.info.format);
+        println!(
+            "    file length: {} ({} bytes)",
+            qemu_size(child.info.virtual_size),
+            child.info.virtual_size
+        );
+        println!("    disk size: {}", qemu_size(child.info.actual_size));
     }
     if let Some(ci) = &inf.chain_index {
         let state = match (ci.in_use, &ci.reason) {
@@ -711,50 +844,116 @@ fn print_info(inf: &ImageInfo) {
     }
 }
 
+/// Prints a check report as `qemu-img check` does (its
+/// `dump_human_image_check`), then Strata's chain index line.
 fn print_check(r: &strata_disk::check::CheckReport) {
-    for m in &r.messages {
-        println!("{m}");
-    }
     if r.leaks_fixed > 0 || r.corruptions_fixed > 0 {
         println!(
-            "The following inconsistencies were found and repaired:\n\n    {} leaked clusters\n    {} corruptions\n",
+            "The following inconsistencies were found and repaired:\n\n    {} leaked clusters\n    {} corruptions\n\nDouble checking the fixed image now...",
             r.leaks_fixed, r.corruptions_fixed
         );
     }
     if r.corruptions == 0 && r.leaks == 0 && r.check_errors == 0 {
         println!("No errors were found on the image.");
+    } else {
+        if r.corruptions > 0 {
+            println!(
+                "\n{} errors were found on the image.\nData may be corrupted, or further writes to the image may corrupt it.",
+                r.corruptions
+            );
+        }
+        if r.leaks > 0 {
+            println!(
+                "\n{} leaked clusters were found on the image.\nThis means waste of disk space, but no harm to data.",
+                r.leaks
+            );
+        }
+        if r.check_errors > 0 {
+            println!(
+                "\n{} internal errors have occurred during the check.",
+                r.check_errors
+            );
+        }
     }
-    if r.corruptions > 0 {
-        println!(
-            "\n{} errors were found on the image.\nData may be corrupted, or further writes to the image may corrupt it.",
-            r.corruptions
-        );
-    }
-    if r.leaks > 0 {
-        println!(
-            "\n{} leaked clusters were found on the image.\nThis means waste of disk space, but no harm to data.",
-            r.leaks
-        );
-    }
-    if let Some(ci) = &r.chain_index {
-        println!("Strata chain index: {ci}");
-    }
-    if r.total_clusters > 0 {
-        let pct = |n: u64, d: u64| {
-            if d == 0 {
-                0.0
-            } else {
-                n as f64 * 100.0 / d as f64
-            }
-        };
+    if r.total_clusters != 0 && r.allocated_clusters != 0 {
+        let allocated = r.allocated_clusters as f64;
         println!(
             "{}/{} = {:.2}% allocated, {:.2}% fragmented, {:.2}% compressed clusters",
             r.allocated_clusters,
             r.total_clusters,
-            pct(r.allocated_clusters, r.total_clusters),
-            pct(r.fragmented_clusters, r.allocated_clusters),
-            pct(r.compressed_clusters, r.allocated_clusters)
+            allocated * 100.0 / r.total_clusters as f64,
+            r.fragmented_clusters as f64 * 100.0 / allocated,
+            r.compressed_clusters as f64 * 100.0 / allocated
         );
     }
-    println!("Image end offset: {}", r.image_end_offset);
+    if r.image_end_offset != 0 {
+        println!("Image end offset: {}", r.image_end_offset);
+    }
+    if let Some(ci) = &r.chain_index {
+        println!("Strata chain index: {ci}");
+    }
+}
+
+/// C's "%#-16x" as qemu-img map uses it: "0" for zero, else "0x...",
+/// left-aligned in 16 columns.
+fn map_hex(v: u64) -> String {
+    let s = if v == 0 {
+        "0".to_string()
+    } else {
+        format!("{v:#x}")
+    };
+    format!("{s:<16}")
+}
+
+/// Prints the map as `qemu-img map` does: the data ranges with their
+/// host offset and file. Compressed data has no host offset to print: as
+/// qemu-img, stop there with an error (exit 1); `--output json` shows it.
+fn print_map_human(extents: &[map::MapExtent]) -> i32 {
+    println!(
+        "{}{}{}File",
+        map_hex_title("Offset"),
+        map_hex_title("Length"),
+        map_hex_title("Mapped to")
+    );
+    for e in extents {
+        if e.data && e.offset.is_none() {
+            eprintln!("strata: File contains external, encrypted or compressed clusters.");
+            return 1;
+        }
+        if e.data && !e.zero {
+            println!(
+                "{}{}{}{}",
+                map_hex(e.start),
+                map_hex(e.length),
+                map_hex(e.offset.unwrap_or(0)),
+                e.filename.as_deref().unwrap_or("")
+            );
+        }
+    }
+    0
+}
+
+fn map_hex_title(title: &str) -> String {
+    format!("{title:<16}")
+}
+
+/// Prints the map as `qemu-img map --output json` does: one object per
+/// line, qemu-img's keys in its order, then Strata's owning layer.
+fn print_map_json(extents: &[map::MapExtent]) {
+    let mut out = String::from("[");
+    for (i, e) in extents.iter().enumerate() {
+        out.push_str(&format!(
+            "{{ \"start\": {}, \"length\": {}, \"depth\": {}, \"present\": {}, \"zero\": {}, \"data\": {}, \"compressed\": {}",
+            e.start, e.length, e.depth, e.present, e.zero, e.data, e.compressed
+        ));
+        if let Some(o) = e.offset {
+            out.push_str(&format!(", \"offset\": {o}"));
+        }
+        out.push_str(&format!(", \"layer\": {}}}", e.layer));
+        if i + 1 < extents.len() {
+            out.push_str(",\n");
+        }
+    }
+    out.push(']');
+    println!("{out}");
 }

@@ -369,7 +369,13 @@ fn all_readers_fail(img: &Path, extra_flags: &[&str], needles: &[&str]) {
             assert_eq!(o.code, Some(2), "compare errors exit 2:\n{}", o.describe());
         }
     }
-    let o = expect_fail(&["img", "check", &p(img)], needles, &[img]);
+    // Check probes the format as qemu-img does: the format flags apply
+    // (a file probed as raw is refused with qemu-img's 63, not read).
+    let path = p(img);
+    let mut args = vec!["img", "check"];
+    args.extend_from_slice(extra_flags);
+    args.push(&path);
+    let o = expect_fail(&args, needles, &[img]);
     assert_eq!(o.code, Some(1), "{}", o.describe());
 }
 

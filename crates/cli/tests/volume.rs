@@ -1341,7 +1341,7 @@ fn the_cluster_size_of_new_volumes_is_configurable() {
                 .unwrap();
         assert_eq!(info["cluster-size"], 16384, "{f}: {info}");
         // Extended L2 entries by default, in snapshots and clones too.
-        assert_eq!(info["format-specific"]["extended-l2"], true, "{f}: {info}");
+        assert_eq!(info["format-specific"]["data"]["extended-l2"], true, "{f}: {info}");
     }
     check_every_layer(&pool);
     let out = strata(&["daemon", "--pool", &p(&pool), "--cluster-size", "3k"]);
@@ -1395,7 +1395,7 @@ fn a_volume_can_ask_for_its_own_cluster_size() {
                 .unwrap();
         if i["cluster-size"] == 4096 {
             small_layers += 1;
-            assert_eq!(i["format-specific"]["extended-l2"], false, "{f}: {i}");
+            assert_eq!(i["format-specific"]["data"]["extended-l2"], false, "{f}: {i}");
         }
     }
     assert_eq!(
@@ -1418,7 +1418,7 @@ fn extended_l2_can_be_turned_off() {
         let info: Value =
             serde_json::from_str(&strata_ok(&["img", "info", "--output", "json", &p(&path)]))
                 .unwrap();
-        assert_eq!(info["format-specific"]["extended-l2"], false, "{f}: {info}");
+        assert_eq!(info["format-specific"]["data"]["extended-l2"], false, "{f}: {info}");
     }
 }
 

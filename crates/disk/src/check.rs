@@ -2,7 +2,7 @@
 //! does it: every reference is counted and compared with the stored
 //! refcounts. Strata also verifies its chain index against the chain.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use strata_format::entry::{L1Entry, OFFSET_MASK, OFLAG_COPIED};
@@ -26,39 +26,57 @@ pub enum Repair {
     All,
 }
 
-/// Result of a check, with qemu-img's fields.
+/// Result of a check, with qemu-img's fields in its order (that of QEMU's
+/// QDict), each counter left out when zero as qemu-img leaves it out;
+/// Strata's own details come last.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct CheckReport {
+    /// First byte after the last used cluster.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub image_end_offset: u64,
+    /// Compressed clusters.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub compressed_clusters: u64,
+    /// Guest clusters.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub total_clusters: u64,
+    /// Errors that may corrupt data.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub corruptions: u64,
+    /// Corruptions repaired.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub corruptions_fixed: u64,
+    /// Errors that stopped the check from completing.
+    pub check_errors: u64,
+    /// Clusters with a refcount but no reference.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub leaks: u64,
+    /// Leaks repaired.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub leaks_fixed: u64,
+    /// Guest clusters with a host cluster in this file (data,
+    /// preallocated zeros, compressed).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub allocated_clusters: u64,
     /// The file checked.
     pub filename: String,
     /// Always "qcow2".
     pub format: String,
-    /// Errors that may corrupt data.
-    pub corruptions: u64,
-    /// Clusters with a refcount but no reference.
-    pub leaks: u64,
-    /// Errors that stopped the check from completing.
-    pub check_errors: u64,
-    /// Corruptions repaired.
-    pub corruptions_fixed: u64,
-    /// Leaks repaired.
-    pub leaks_fixed: u64,
-    /// First byte after the last used cluster.
-    pub image_end_offset: u64,
-    /// Guest clusters.
-    pub total_clusters: u64,
-    /// Guest clusters allocated in this file.
-    pub allocated_clusters: u64,
-    /// Allocated clusters not contiguous with their predecessor.
+    /// Allocated clusters not following the previous one of their L2
+    /// table on the host, plus every compressed cluster.
+    #[serde(skip_serializing_if = "is_zero")]
     pub fragmented_clusters: u64,
-    /// Compressed clusters.
-    pub compressed_clusters: u64,
-    /// One line per problem found.
+    /// One line per problem found (qemu-img writes them to stderr).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub messages: Vec<String>,
     /// State of the Strata chain index, if the image has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chain_index: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl CheckReport {
@@ -78,6 +96,7 @@ impl CheckReport {
 
 /// Checks (and optionally repairs) the image at `path`.
 pub fn check(path: &Path, repair: Repair) -> Result<CheckReport> {
+    open_backing(path)?;
     let layer = Layer::open(path, 0, repair != Repair::None, Some(Format::Qcow2))?;
     let (mut report, overlaps) = run_counting(&layer, repair)?;
     if repair == Repair::All && !overlaps.is_empty() {
@@ -100,6 +119,37 @@ pub fn check(path: &Path, repair: Repair) -> Result<CheckReport> {
     drop(layer);
     report.chain_index = index_status(path, &mut report);
     Ok(report)
+}
+
+/// Opens the backing chain below the image at `path`, if it has one: as
+/// qemu-img, check refuses an image whose backing file cannot be opened.
+fn open_backing(path: &Path) -> Result<()> {
+    let layer = Layer::open(path, 0, false, Some(Format::Qcow2))?;
+    let Some(name) = layer.header().and_then(|h| h.backing_file) else {
+        return Ok(());
+    };
+    drop(layer);
+    if name.starts_with("json:") || name.contains("://") {
+        // Strata opens local files only; check the file itself.
+        return Ok(());
+    }
+    let dir = path.parent().unwrap_or(Path::new(""));
+    let backing = dir.join(&name);
+    Disk::open(
+        &backing,
+        &OpenOptions {
+            ignore_index: true,
+            ..OpenOptions::read_only()
+        },
+    )
+    .map(drop)
+    .map_err(|e| {
+        DiskError::Chain(format!(
+            "{}: could not open backing file {}: {e}",
+            path.display(),
+            backing.display()
+        ))
+    })
 }
 
 /// Repairs a layer a crash left marked dirty, typically a former top
@@ -175,9 +225,17 @@ fn run_counting(layer: &Layer, repair: Repair) -> Result<(CheckReport, Vec<Overl
     copied_at.sort_unstable_by_key(|f| f.0);
     let mut next_flag = 0;
     let counted = c.refs.len() as u64;
+    let mut mismatched: HashSet<u64, ahash::RandomState> = HashSet::default();
+    let mut highest: Option<u64> = None;
     c.for_each_stored(&h, counted, &mut |cluster, have, c: &mut Counter| {
         let want = u64::from(c.refs.get(cluster as usize).copied().unwrap_or(0));
+        // qemu's image end: past the last cluster of the file that is
+        // referenced or has a refcount.
+        if (want > 0 || have > 0) && cluster < counted {
+            highest = Some(cluster);
+        }
         if want != have {
+            mismatched.insert(cluster);
             if have > want {
                 report.leaks += 1;
                 c.msg(format!("Leaked cluster {cluster} refcount={have} reference={want}"));
@@ -205,6 +263,12 @@ fn run_counting(layer: &Layer, repair: Repair) -> Result<(CheckReport, Vec<Overl
         }
     })?;
     report.corruptions += c.corruptions;
+    for (cluster, m) in std::mem::take(&mut c.overlap_findings) {
+        if !mismatched.contains(&cluster) {
+            report.corruptions += 1;
+        }
+        c.msg(format!("ERROR {m}"));
+    }
     if !fixes.is_empty() {
         let mut alloc = Allocator::load(layer)?;
         for (cluster, value, had) in &fixes {
@@ -217,7 +281,7 @@ fn run_counting(layer: &Layer, repair: Repair) -> Result<(CheckReport, Vec<Overl
         }
         layer.file.sync()?;
     }
-    report.image_end_offset = c.end_offset;
+    report.image_end_offset = highest.map_or(0, |last| (last + 1) * c.cs);
     report.allocated_clusters = c.allocated;
     report.fragmented_clusters = c.fragmented;
     report.compressed_clusters = c.compressed;
@@ -291,15 +355,21 @@ struct Counter<'a> {
     messages: Vec<String>,
     /// (cluster, COPIED flag, what) of active L1/L2 entries.
     copied_flags: Vec<(u64, bool, &'static str)>,
-    end_offset: u64,
     allocated: u64,
     fragmented: u64,
     compressed: u64,
-    last_host: Option<u64>,
+    /// Where the next data cluster of the current L2 table would be if
+    /// contiguous (qemu's fragmentation measure).
+    next_contiguous: Option<u64>,
     /// Host clusters of the active metadata and what they hold.
     metadata: HashMap<u64, &'static str, ahash::RandomState>,
     /// L2 entries (their file offsets) whose data overlaps metadata.
     overlaps: Vec<Overlap>,
+    /// Overlaps found (host cluster, message). Each counts as a corruption
+    /// only when the refcount comparison does not already report that
+    /// cluster, so that the count is qemu-img's whenever qemu-img sees the
+    /// damage.
+    overlap_findings: Vec<(u64, String)>,
     /// Metadata structures overlap one another: L2 "entries" may then be
     /// other metadata, and nothing is relocated.
     tangled: bool,
@@ -326,13 +396,13 @@ impl<'a> Counter<'a> {
             corruptions: 0,
             messages: Vec::new(),
             copied_flags: Vec::new(),
-            end_offset: 0,
             allocated: 0,
             fragmented: 0,
             compressed: 0,
-            last_host: None,
+            next_contiguous: None,
             metadata: HashMap::default(),
             overlaps: Vec::new(),
+            overlap_findings: Vec::new(),
             tangled: false,
         }
     }
@@ -390,10 +460,11 @@ impl<'a> Counter<'a> {
         for c in offset / self.cs..(offset + len).div_ceil(self.cs) {
             if let Some(other) = self.metadata.insert(c, what) {
                 self.tangled = true;
-                self.corrupt(format!(
+                let m = format!(
                     "{what} at 0x{offset:x} overlaps {other} (host cluster 0x{:x})",
                     c * self.cs
-                ));
+                );
+                self.overlap_findings.push((c, m));
                 return;
             }
         }
@@ -405,10 +476,11 @@ impl<'a> Counter<'a> {
         let hit = (first / self.cs..=last / self.cs)
             .find_map(|c| self.metadata.get(&c).map(|w| (c * self.cs, *w)));
         if let Some((cluster, what)) = hit {
-            self.corrupt(format!(
+            let m = format!(
                 "data cluster of guest offset 0x{guest:x} is host cluster 0x{cluster:x}, \
                  which holds {what}: a guest write there would overwrite it"
-            ));
+            );
+            self.overlap_findings.push((cluster / self.cs, m));
             self.overlaps.push(at);
         }
     }
@@ -445,7 +517,6 @@ impl<'a> Counter<'a> {
         for c in first..=last {
             self.refs[c as usize] = self.refs[c as usize].saturating_add(1);
         }
-        self.end_offset = self.end_offset.max((last + 1) * self.cs);
         true
     }
 
@@ -515,6 +586,8 @@ impl<'a> Counter<'a> {
     /// Counts the references of the L2 table at `table`, the one of L1
     /// entry `l1_index`.
     fn count_l2(&mut self, table: u64, active: bool, l1_index: u64) -> Result<()> {
+        // qemu measures contiguity within one L2 table only.
+        self.next_contiguous = None;
         let l2 = self.read(table, self.cs)?;
         let w: Vec<u64> = words(&l2).collect();
         let step = if self.extended { 2 } else { 1 };
@@ -539,33 +612,34 @@ impl<'a> Counter<'a> {
                     continue;
                 }
             };
-            match m {
-                L2Mapping::Unallocated => continue,
-                L2Mapping::Zero { prealloc: None, .. } => {
-                    if active {
-                        self.allocated += 1;
-                    }
-                    continue;
-                }
-                L2Mapping::Compressed { .. } if active => self.compressed += 1,
-                _ => {}
+            // qemu counts a cluster allocated when it has a host cluster
+            // (data, preallocated zeros, compressed): zero clusters without
+            // one and extended entries without one are not.
+            if matches!(
+                m,
+                L2Mapping::Unallocated | L2Mapping::Zero { prealloc: None, .. }
+            ) {
+                continue;
             }
             let Some((first, last)) = m.host_range() else {
                 continue;
             };
+            let compressed = matches!(m, L2Mapping::Compressed { .. });
             // Compressed clusters are never written in place: only what a
             // guest write would land on counts.
-            if active && !matches!(m, L2Mapping::Compressed { .. }) {
+            if active && !compressed {
                 let entries = self.cs / (8 * step as u64);
                 let guest = (l1_index * entries + i as u64) << self.cluster_bits;
                 let at = table + i as u64 * 8 * step as u64;
                 self.check_data_overlap(guest, at, first, last);
             }
+            if active {
+                self.count_fragment(&m);
+            }
             if !self.inc(first, last - first + 1, "data cluster") {
                 continue;
             }
             if active {
-                self.allocated += 1;
                 if let L2Mapping::Data {
                     host_offset,
                     copied,
@@ -577,14 +651,34 @@ impl<'a> Counter<'a> {
                 {
                     self.copied_flags
                         .push((host_offset / self.cs, copied, "data cluster"));
-                    if self.last_host.is_some_and(|p| p + self.cs != host_offset) {
-                        self.fragmented += 1;
-                    }
-                    self.last_host = Some(host_offset);
                 }
             }
         }
         Ok(())
+    }
+
+    /// Counts an allocated cluster of the active table as qemu-img does:
+    /// a compressed cluster is fragmented by nature; another one when it
+    /// does not follow the previous one of the same L2 table on the host.
+    fn count_fragment(&mut self, m: &L2Mapping) {
+        self.allocated += 1;
+        match *m {
+            L2Mapping::Compressed { .. } => {
+                self.compressed += 1;
+                self.fragmented += 1;
+            }
+            L2Mapping::Data { host_offset, .. }
+            | L2Mapping::Zero {
+                prealloc: Some(host_offset),
+                ..
+            } => {
+                if self.next_contiguous.is_some_and(|n| n != host_offset) {
+                    self.fragmented += 1;
+                }
+                self.next_contiguous = Some(host_offset + self.cs);
+            }
+            _ => {}
+        }
     }
 
     fn count_snapshots(&mut self, h: &Header) -> Result<()> {

@@ -1,7 +1,11 @@
-//! Image information, shaped like `qemu-img info --output json`.
+//! Image information, shaped like `qemu-img info --output json` (QEMU
+//! 10): the same keys, nesting and order, so that scripts written for
+//! qemu-img (OpenStack, libvirt) parse Strata's output unchanged. Strata's
+//! own details (the chain index) come as an extra key at the end.
 
 use std::path::Path;
 
+use serde::ser::{SerializeStruct, Serializer};
 use strata_format::header::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
 
 use crate::disk::{Disk, IndexState, OpenOptions};
@@ -9,9 +13,11 @@ use crate::error::Result;
 use crate::layer::{Format, Layer};
 use crate::lock::LockMode;
 
-/// qcow2 details, as qemu-img's "format-specific" data.
-#[derive(Debug, Clone, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+/// qcow2 details, as qemu-img's "format-specific" data. Serialized inside
+/// qemu-img's `{"type": "qcow2", "data": {...}}` wrapper; a version 2
+/// image (compat 0.10) has no lazy-refcounts, corrupt or extended-l2 key,
+/// as in qemu-img.
+#[derive(Debug, Clone)]
 pub struct Qcow2Details {
     /// "0.10" or "1.1".
     pub compat: String,
@@ -25,6 +31,112 @@ pub struct Qcow2Details {
     pub corrupt: bool,
     /// Extended L2 entries (32 subclusters per cluster).
     pub extended_l2: bool,
+}
+
+impl Qcow2Details {
+    /// Whether this is a version 2 image, whose details qemu-img lists
+    /// without the version 3 keys.
+    pub fn is_v2(&self) -> bool {
+        self.compat == "0.10"
+    }
+
+    /// The details as qemu-img lists them, in its order: (key, value).
+    pub fn fields(&self) -> Vec<(&'static str, String)> {
+        // The order is that of QEMU's QDict (a hash of the key), which is
+        // what its JSON and human output both follow.
+        let mut out = vec![
+            ("compat", self.compat.clone()),
+            ("compression-type", self.compression_type.clone()),
+        ];
+        if !self.is_v2() {
+            out.push(("lazy-refcounts", self.lazy_refcounts.to_string()));
+        }
+        out.push(("refcount-bits", self.refcount_bits.to_string()));
+        if !self.is_v2() {
+            out.push(("corrupt", self.corrupt.to_string()));
+            out.push(("extended-l2", self.extended_l2.to_string()));
+        }
+        out
+    }
+}
+
+impl serde::Serialize for Qcow2Details {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        let v3 = !self.is_v2();
+        let mut s = serializer.serialize_struct("Qcow2Details", 6)?;
+        s.serialize_field("compat", &self.compat)?;
+        s.serialize_field("compression-type", &self.compression_type)?;
+        if v3 {
+            s.serialize_field("lazy-refcounts", &self.lazy_refcounts)?;
+        }
+        s.serialize_field("refcount-bits", &self.refcount_bits)?;
+        if v3 {
+            s.serialize_field("corrupt", &self.corrupt)?;
+            s.serialize_field("extended-l2", &self.extended_l2)?;
+        }
+        s.end()
+    }
+}
+
+/// qemu-img's tagged "format-specific" wrapper.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FormatSpecific<T> {
+    /// The driver: "qcow2", "file".
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The driver's details.
+    pub data: T,
+}
+
+/// Serializes the qcow2 details inside qemu-img's wrapper.
+fn qcow2_specific<S: Serializer>(
+    details: &Option<Qcow2Details>,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match details {
+        Some(d) => serde::Serialize::serialize(
+            &FormatSpecific {
+                kind: "qcow2",
+                data: d,
+            },
+            serializer,
+        ),
+        None => serializer.serialize_none(),
+    }
+}
+
+/// The protocol node under an image (qemu-img's child "file"): the host
+/// file itself.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct FileNodeInfo {
+    /// Always empty: a host file has no children.
+    pub children: Vec<ChildInfo>,
+    /// The file's length in bytes.
+    pub virtual_size: u64,
+    /// File name.
+    pub filename: String,
+    /// Always "file".
+    pub format: String,
+    /// Bytes allocated on the host.
+    pub actual_size: u64,
+    /// Always `{"type": "file", "data": {}}`.
+    pub format_specific: FormatSpecific<EmptyObject>,
+    /// Always false.
+    pub dirty_flag: bool,
+}
+
+/// An empty JSON object, as qemu-img writes the data of a "file" node.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct EmptyObject {}
+
+/// A child node of an image, as qemu-img lists it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ChildInfo {
+    /// The child's role: "file".
+    pub name: String,
+    /// The child node.
+    pub info: FileNodeInfo,
 }
 
 /// Strata chain index details.
@@ -62,39 +174,44 @@ pub struct SnapshotInfo {
     pub date_sec: u32,
 }
 
-/// Information about one image file.
+/// Information about one image file, with qemu-img's keys in its order.
 #[derive(Debug, Clone, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct ImageInfo {
-    /// File name as given.
-    pub filename: String,
-    /// "qcow2" or "raw".
-    pub format: String,
-    /// Virtual size in bytes.
-    pub virtual_size: u64,
-    /// Bytes allocated on the host.
-    pub actual_size: u64,
-    /// Cluster size (qcow2).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cluster_size: Option<u64>,
-    /// Backing file name as stored.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub backing_filename: Option<String>,
-    /// Backing file name resolved against this image's directory.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub full_backing_filename: Option<String>,
+    /// The host file under the image (qemu-img's child "file").
+    pub children: Vec<ChildInfo>,
     /// Backing file format as stored.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backing_filename_format: Option<String>,
-    /// The dirty bit is set.
-    pub dirty_flag: bool,
-    /// qcow2 details.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub format_specific: Option<Qcow2Details>,
     /// Internal snapshots.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<SnapshotInfo>,
-    /// Strata chain index.
+    /// Virtual size in bytes.
+    pub virtual_size: u64,
+    /// File name as given (for backing files: as resolved).
+    pub filename: String,
+    /// Cluster size (qcow2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_size: Option<u64>,
+    /// "qcow2" or "raw".
+    pub format: String,
+    /// Bytes allocated on the host.
+    pub actual_size: u64,
+    /// qcow2 details.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "qcow2_specific"
+    )]
+    pub format_specific: Option<Qcow2Details>,
+    /// Backing file name resolved against this image's directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub full_backing_filename: Option<String>,
+    /// Backing file name as stored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backing_filename: Option<String>,
+    /// The dirty bit is set.
+    pub dirty_flag: bool,
+    /// Strata chain index (not in qemu-img's output).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chain_index: Option<IndexDetails>,
 }
@@ -147,18 +264,36 @@ pub fn chain_info(
 }
 
 fn describe(layer: &Layer, filename: String) -> Result<ImageInfo> {
-    let mut inf = ImageInfo {
-        filename,
-        format: layer.format().name().into(),
-        virtual_size: layer.size(),
-        actual_size: layer.allocated_bytes(),
-        cluster_size: None,
-        backing_filename: None,
-        full_backing_filename: None,
-        backing_filename_format: None,
+    let actual_size = layer.allocated_bytes();
+    let file = FileNodeInfo {
+        children: Vec::new(),
+        // QEMU counts the file in whole 512-byte sectors.
+        virtual_size: layer.file_len().div_ceil(512) * 512,
+        filename: filename.clone(),
+        format: "file".into(),
+        actual_size,
+        format_specific: FormatSpecific {
+            kind: "file",
+            data: EmptyObject {},
+        },
         dirty_flag: false,
-        format_specific: None,
+    };
+    let mut inf = ImageInfo {
+        children: vec![ChildInfo {
+            name: "file".into(),
+            info: file,
+        }],
+        backing_filename_format: None,
         snapshots: Vec::new(),
+        virtual_size: layer.size(),
+        filename,
+        cluster_size: None,
+        format: layer.format().name().into(),
+        actual_size,
+        format_specific: None,
+        full_backing_filename: None,
+        backing_filename: None,
+        dirty_flag: false,
         chain_index: None,
     };
     let Some(h) = layer.header() else {
