@@ -558,3 +558,33 @@ fn systemd_units_verify() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && stderr.trim().is_empty(), "{stderr}");
 }
+
+/// Whether `pid` is gone or a zombie nobody reaped yet (its parent, `up`,
+/// is dead: init reaps it, or not, in a container).
+fn dead(pid: libc::pid_t) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
+    }
+}
+
+#[test]
+fn services_stop_even_if_up_is_killed() {
+    let work = tmp();
+    let mut up = up_on_free_ports(&work.path().join("data"), &[]);
+    let services = up.services();
+    assert_eq!(services.len(), 2, "{services:?}");
+    kill(up.pid(), libc::SIGKILL);
+    let _ = up.wait(Duration::from_secs(30));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !services.iter().all(|&pid| dead(pid)) {
+        assert!(
+            Instant::now() < deadline,
+            "services {services:?} outlived a killed strata up"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
