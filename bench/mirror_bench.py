@@ -145,7 +145,7 @@ def run_mode(strata, work, url, mode, pattern, n):
                 if procs:
                     args += ["--peers", ",".join(pp for _, pp, _ in procs)]
             p, line = start(args, strata)
-            peer = word_after(line, " peers ")
+            peer = word_after(line, " peer listen address ")
             procs.append((p, peer, "nbd://" + word_after(line, "nbd://")))
         t_begin = time.monotonic()
         if mode == "pre-broadcast":
@@ -198,7 +198,7 @@ def trace_gain(strata, work, img):
     read: on loopback the cap alone makes every pattern bandwidth-bound
     (the reader's think time refills the bucket), which no prefetch can
     beat; a remote repository's latency is what prefetch hides."""
-    repo, line = start(["mirror", "repo-serve", "--rate", RATE, "--latency-ms",
+    repo, line = start(["mirror", "repo-serve", "-p", "0", "--rate", RATE, "--latency-ms",
                         str(TRACE_LATENCY_MS), img], strata)
     try:
         return trace_runs(strata, work, "http://" + word_after(line, "http://"))
@@ -238,7 +238,7 @@ def main():
     with open(img, "wb") as f:
         f.write(os.urandom(IMAGE))
     subprocess.run([a.strata, "mirror", "digest", img], check=True, stdout=subprocess.DEVNULL)
-    repo, line = start(["mirror", "repo-serve", "--rate", RATE, img], a.strata)
+    repo, line = start(["mirror", "repo-serve", "-p", "0", "--rate", RATE, img], a.strata)
     url = "http://" + word_after(line, "http://")
     rows = []
     try:

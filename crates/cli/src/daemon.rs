@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use strata_nbd::server::DEFAULT_PORT;
 use strata_nbd::{ExportSet, Server, ServerConfig};
 use strata_volume::service::DEFAULT_DURABLE_WITHIN;
 use strata_volume::{Service, ServiceConfig};
@@ -19,6 +18,10 @@ mod api;
 mod compaction;
 
 pub use api::DEFAULT_API;
+
+/// Default NBD port of the daemon: next to `strata serve`'s 10809, so both
+/// run side by side with their defaults.
+pub const DEFAULT_NBD_PORT: u16 = 10810;
 
 /// Arguments of `strata daemon`.
 #[derive(Args)]
@@ -33,7 +36,7 @@ pub struct DaemonArgs {
     #[arg(long = "nbd-bind", default_value = "127.0.0.1")]
     nbd_bind: String,
     /// NBD port (0 picks a free one).
-    #[arg(long = "nbd-port", default_value_t = DEFAULT_PORT)]
+    #[arg(long = "nbd-port", default_value_t = DEFAULT_NBD_PORT)]
     nbd_port: u16,
     /// NBD over TLS (--tls-creds, --tls-verify-peer, --allow-plaintext).
     #[command(flatten)]
@@ -201,6 +204,8 @@ async fn serve(
     if let Err(e) = strata_nbd::raise_open_file_limit() {
         tracing::warn!("could not raise the open file limit: {e}");
     }
+    let tls = args.tls.credentials(Some(&args.nbd_bind), "--nbd-bind")?;
+    let scheme = if tls.is_some() { "nbds" } else { "nbd" };
     let nbd = Server::bind_set(
         exports,
         ServerConfig {
@@ -212,10 +217,13 @@ async fn serve(
             buffer_budget,
             idle_timeout: idle_seconds(args.idle_timeout)?,
             stall_timeout: strata_nbd::server::DEFAULT_STALL_TIMEOUT,
-            tls: args.tls.credentials(Some(&args.nbd_bind), "--nbd-bind")?,
+            tls,
         },
     )
     .await?;
+    if let Some(addr) = nbd.tcp_addr() {
+        service.set_nbd_base(format!("{scheme}://{addr}"));
+    }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let api = api::start(
         &args.api,

@@ -1,6 +1,7 @@
 //! `strata`: parse arguments, call the libraries, render the result.
 
 mod daemon;
+mod humanize;
 mod img;
 mod mirror;
 mod ops;
@@ -109,10 +110,29 @@ fn main() {
     match code {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("strata: {e:#}");
+            eprintln!("strata: {}", error_chain(&e));
             std::process::exit(1);
         }
     }
+}
+
+/// An error and its causes on one line, each said once: many errors (such
+/// as `std::io::Error` wrapped by a library) already include their source
+/// in their own message, and printing the chain as well would repeat it
+/// ("Address already in use (os error 98): ... (os error 98)").
+fn error_chain(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 /// Long chains keep one descriptor per layer open; lift the soft limit to

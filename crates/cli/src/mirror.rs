@@ -18,6 +18,13 @@ use crate::img::{print_json, progress_bar, Output};
 use crate::serve::{init_logging, seconds, wait_for_signal};
 use crate::units::{human, parse_size};
 
+/// Default NBD port of a mirror: after `strata serve`'s 10809 and the
+/// daemon's 10810, so all three run side by side with their defaults.
+pub const DEFAULT_NBD_PORT: u16 = 10811;
+
+/// Default HTTP port of `strata mirror repo-serve`.
+pub const DEFAULT_REPO_PORT: u16 = 10881;
+
 /// `strata mirror`: a subcommand, or (without one) run a mirror.
 #[derive(Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -51,7 +58,7 @@ enum Tool {
         #[arg(short = 'b', long = "bind", default_value = "127.0.0.1")]
         bind: String,
         /// Port (0 picks a free one, shown on the readiness line).
-        #[arg(short = 'p', long = "port", default_value_t = 0)]
+        #[arg(short = 'p', long = "port", default_value_t = DEFAULT_REPO_PORT)]
         port: u16,
         /// Cap in bytes per second shared by all clients (e.g. 125M); none by default.
         #[arg(long = "rate")]
@@ -71,7 +78,7 @@ enum Tool {
         #[arg(
             long = "cluster",
             env = "STRATA_CLUSTER",
-            default_value = "127.0.0.1:7480"
+            default_value = "127.0.0.1:10890"
         )]
         cluster: String,
         /// Part size: the unit stored and fetched (4k to 64M).
@@ -165,7 +172,7 @@ struct RunArgs {
     #[arg(short = 'b', long = "bind", default_value = "127.0.0.1")]
     bind: String,
     /// NBD port (0 picks a free one, shown on the readiness line).
-    #[arg(short = 'p', long = "port", default_value_t = 10809)]
+    #[arg(short = 'p', long = "port", default_value_t = DEFAULT_NBD_PORT)]
     port: u16,
     /// NBD export name.
     #[arg(short = 'x', long = "export-name", default_value = "")]
@@ -457,8 +464,11 @@ fn run_mirror(args: RunArgs) -> Result<i32> {
         let mut out = std::io::stdout().lock();
         writeln!(
             out,
-            "strata: mirror serving nbd://{nbd} peers {} ({} chunks of {}, {} held) from {spec}",
-            mirror.peer_addr().unwrap_or_else(|| "off".into()),
+            "strata: mirror serving nbd://{nbd} {} ({} chunks of {}, {} held) from {spec}",
+            mirror.peer_addr().map_or_else(
+                || "without peers".into(),
+                |a| format!("with peer listen address {a}")
+            ),
             m.chunks(),
             human(m.chunk_size as u64),
             s.recovered

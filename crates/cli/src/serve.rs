@@ -75,9 +75,11 @@ pub struct ServeArgs {
     /// TLS (--tls-creds, --tls-verify-peer, --allow-plaintext).
     #[command(flatten)]
     tls: crate::tls::TlsArgs,
-    /// The image to serve.
+    /// The image to serve. Alone, it is the default export `""` (as with
+    /// qemu-nbd: nbd://HOST:PORT); name it with NAME=IMAGE or -x.
     image: String,
-    /// More images, as NAME=IMAGE (or IMAGE, named after its file stem).
+    /// More images, as NAME=IMAGE (or IMAGE: with several images, each
+    /// plain one is named after its file stem).
     more: Vec<String>,
 }
 
@@ -314,8 +316,17 @@ pub(crate) fn init_logging() {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(colour_on_stderr())
         .with_env_filter(filter)
         .try_init();
+}
+
+/// Whether stderr may carry colour: only a terminal does, and never with
+/// NO_COLOR set to anything non-empty (https://no-color.org).
+pub(crate) fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal;
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    !no_color && std::io::stderr().is_terminal()
 }
 
 /// Serves until SIGTERM or SIGINT, then lets the server finish its

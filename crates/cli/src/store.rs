@@ -24,7 +24,7 @@ use crate::units::{human, parse_size};
 #[derive(Args, Clone)]
 pub struct ClusterArg {
     /// The orchestrator's UDP endpoint.
-    #[arg(long, env = "STRATA_CLUSTER", default_value = "127.0.0.1:7480")]
+    #[arg(long, env = "STRATA_CLUSTER", default_value = "127.0.0.1:10890")]
     cluster: SocketAddr,
     /// Output format.
     #[arg(long, value_enum, default_value = "human")]
@@ -102,7 +102,8 @@ impl KeyArg {
 pub enum StoreCommand {
     /// Run a cluster in this process: the orchestrator, metadata and storage
     /// nodes, in mapped mode on loopback. Prints a readiness line, then
-    /// serves until SIGTERM or SIGINT.
+    /// serves until SIGTERM or SIGINT, when it stops its nodes and the
+    /// nodes `strata store node add` runs with DIR's cluster.key.
     Up(UpArgs),
     /// Add or remove nodes.
     Node {
@@ -313,6 +314,13 @@ pub struct NoRoutesArg {
     no_routes: bool,
 }
 
+/// Removes a node's registration at its exit (see [`register_added_node`]).
+fn unregister(file: Option<PathBuf>) {
+    if let Some(file) = file {
+        let _ = std::fs::remove_file(file);
+    }
+}
+
 /// `strata store up` arguments.
 #[derive(Args)]
 pub struct UpArgs {
@@ -320,7 +328,7 @@ pub struct UpArgs {
     #[arg(long)]
     dir: PathBuf,
     /// The orchestrator's UDP endpoint.
-    #[arg(long, default_value = "127.0.0.1:7480")]
+    #[arg(long, default_value = "127.0.0.1:10890")]
     listen: SocketAddr,
     /// Metadata nodes.
     #[arg(long = "mn", default_value_t = 1)]
@@ -436,24 +444,30 @@ impl GcArgs {
 /// `strata store node` subcommands.
 #[derive(Subcommand)]
 pub enum NodeCommand {
-    /// Run a new storage node that joins a running cluster (serves until
-    /// SIGTERM or SIGINT; placement uses it as soon as the table says so).
+    /// Run a new node that joins a running cluster: a storage node, or a
+    /// metadata node with `--role mn`. Serves until SIGTERM or SIGINT;
+    /// placement uses it as soon as the table says so. A node whose key is
+    /// the cluster.key of a `strata store up` directory is stopped by that
+    /// cluster's shutdown too.
     Add {
         #[command(flatten)]
         cluster: ClusterArg,
         /// The node's directory.
         #[arg(long)]
         dir: PathBuf,
-        /// Role: only storage nodes can join a running cluster.
+        /// sn: a storage node (holds object data); mn: a metadata node
+        /// (takes a free metadata slot, else a new slot and a share of the
+        /// metadata groups, copied to it).
         #[arg(long, default_value = "sn", value_parser = ["sn", "mn"])]
         role: String,
-        /// Endpoint to listen on.
+        /// Endpoint the node listens on (port 0 picks a free one, shown
+        /// on its readiness line).
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: SocketAddr,
-        /// Capacity to declare.
+        /// Capacity a storage node declares.
         #[arg(long, default_value = "1T")]
         capacity: String,
-        /// Device type.
+        /// Device type of a storage node.
         #[arg(long, default_value = "ssd", value_parser = ["ssd", "hdd"])]
         device: String,
         #[command(flatten)]
@@ -497,7 +511,7 @@ pub enum NodeCommand {
 /// `strata obj` subcommands.
 #[derive(Subcommand)]
 pub enum ObjCommand {
-    /// Post a file as an object.
+    /// Post a file (or standard input, `-`) as an object.
     Put {
         #[command(flatten)]
         cluster: ClusterArg,
@@ -506,12 +520,13 @@ pub enum ObjCommand {
         /// Show a progress bar.
         #[arg(short = 'p')]
         progress: bool,
-        /// File to upload.
+        /// File to upload (`-`: standard input).
         file: PathBuf,
         /// Object name.
         name: String,
     },
-    /// Get an object into a file (written whole, then renamed into place).
+    /// Get an object into a file (written whole, then renamed into place),
+    /// or to standard output with `-`.
     Get {
         #[command(flatten)]
         cluster: ClusterArg,
@@ -522,7 +537,7 @@ pub enum ObjCommand {
         progress: bool,
         /// Object name.
         name: String,
-        /// Destination file.
+        /// Destination file (`-`: standard output).
         file: PathBuf,
     },
     /// Delete an object.
@@ -918,9 +933,107 @@ fn up(args: UpArgs) -> Result<i32> {
         out.flush()?;
         drop(out);
         crate::serve::wait_for_signal().await;
+        stop_added_nodes(&args.dir, cluster.on).await;
         drop(cluster);
         anyhow::Ok(0)
     })
+}
+
+/// Where `strata store node add` processes whose key is the cluster
+/// key of a `strata store up` directory register, so that its shutdown
+/// stops them too: one file per process, named by its pid.
+const ADDED_NODES_DIR: &str = "added-nodes";
+
+/// How long `strata store up` waits for the added nodes it stopped.
+const ADDED_NODES_STOP: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A node process's registration: the orchestrator it joined and its
+/// start time (so a pid reused by another process is never signalled).
+fn registration_text(on: SocketAddr, start: u64) -> String {
+    format!("{on} {start}\n")
+}
+
+/// The start time of process `pid` (clock ticks since boot, field 22 of
+/// /proc/PID/stat) and whether it is still running (not a zombie).
+fn process_start(pid: i32) -> Option<(u64, bool)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces: fields count from after its ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let running = fields
+        .first()
+        .is_some_and(|state| *state != "Z" && *state != "X");
+    Some((fields.get(19)?.parse().ok()?, running))
+}
+
+/// Registers this `node add` process in the `strata store up` directory
+/// that holds its key file (a directory with the admin credential), so
+/// that the cluster's shutdown stops it. Returns the file to remove at
+/// exit; none when the key is not in such a directory (a copied key on
+/// another host: that node outlives the cluster, and is stopped by its
+/// own signal).
+fn register_added_node(key: &ClusterKey, on: SocketAddr) -> Option<PathBuf> {
+    let dir = key.path()?.parent()?;
+    if !dir.join(ADMIN_CREDENTIAL_FILE).exists() {
+        return None;
+    }
+    let pid = std::process::id();
+    let (start, _) = process_start(pid as i32)?;
+    let nodes = dir.join(ADDED_NODES_DIR);
+    let file = nodes.join(pid.to_string());
+    let written = std::fs::create_dir_all(&nodes)
+        .and_then(|()| std::fs::write(&file, registration_text(on, start)));
+    match written {
+        Ok(()) => Some(file),
+        Err(e) => {
+            eprintln!(
+                "strata store: could not register in {} ({e}): `strata store up` will not \
+                 stop this node at its shutdown; stop it with SIGTERM",
+                nodes.display()
+            );
+            None
+        }
+    }
+}
+
+/// At `strata store up`'s shutdown: SIGTERM every `node add` process
+/// registered in DIR for this orchestrator, and wait (bounded) until they
+/// are gone, so no node of the cluster outlives it.
+async fn stop_added_nodes(dir: &std::path::Path, on: SocketAddr) {
+    let nodes = dir.join(ADDED_NODES_DIR);
+    let Ok(entries) = std::fs::read_dir(&nodes) else {
+        return;
+    };
+    let mut stopping = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let pid: Option<i32> = entry.file_name().to_str().and_then(|n| n.parse().ok());
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let _ = std::fs::remove_file(&path);
+        let Some(pid) = pid else { continue };
+        let Some((start, true)) = process_start(pid) else {
+            continue;
+        };
+        if text != registration_text(on, start) {
+            continue;
+        }
+        // SAFETY: kill(2) on a pid checked to be the registered process.
+        if unsafe { libc::kill(pid, libc::SIGTERM) } == 0 {
+            stopping.push((pid, start));
+        }
+    }
+    let deadline = tokio::time::Instant::now() + ADDED_NODES_STOP;
+    let alive = |&(pid, start): &(i32, u64)| process_start(pid) == Some((start, true));
+    while stopping.iter().any(alive) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let left = stopping.iter().filter(|p| alive(p)).count();
+    if left > 0 {
+        eprintln!(
+            "strata store: {left} added node(s) did not stop within {} s of SIGTERM",
+            ADDED_NODES_STOP.as_secs()
+        );
+    }
 }
 
 fn bench(args: BenchArgs) -> Result<i32> {
@@ -1258,12 +1371,14 @@ fn node(cmd: NodeCommand) -> Result<i32> {
                     )
                     .await
                     .context("could not add the metadata node")?;
+                    let registered = register_added_node(&key, cluster.cluster);
                     println!(
                         "strata store: metadata node slot {} on {}",
                         mn.slot, mn.endpoint
                     );
                     std::io::stdout().flush()?;
                     crate::serve::wait_for_signal().await;
+                    unregister(registered);
                     return anyhow::Ok(0);
                 }
                 let mut sn = strata_store::node::start_sn(
@@ -1279,6 +1394,7 @@ fn node(cmd: NodeCommand) -> Result<i32> {
                 )
                 .await
                 .context("could not add the storage node")?;
+                let registered = register_added_node(&key, cluster.cluster);
                 println!(
                     "strata store: storage node {:016x} (prefix index {}) on {}",
                     sn.uuid, sn.index, sn.endpoint
@@ -1292,6 +1408,7 @@ fn node(cmd: NodeCommand) -> Result<i32> {
                         sn.uuid
                     ),
                 }
+                unregister(registered);
                 anyhow::Ok(0)
             })
         }
@@ -1447,9 +1564,7 @@ async fn obj(cmd: ObjCommand) -> Result<i32> {
             name,
         } => {
             let client = connect(&cluster, &tenant).await?;
-            let mut f = tokio::fs::File::open(&file)
-                .await
-                .with_context(|| format!("could not open '{}'", file.display()))?;
+            let mut f = open_source(&file).await?;
             let size = f.metadata().await?.len();
             let bar = progress_bar(progress, size);
             let r = client
@@ -1481,10 +1596,15 @@ async fn obj(cmd: ObjCommand) -> Result<i32> {
             file,
         } => {
             let client = connect(&cluster, &tenant).await?;
+            let to_stdout = file.as_os_str() == "-";
             let tmp = tmp_path(&file);
-            let mut f = tokio::fs::File::create(&tmp)
-                .await
-                .with_context(|| format!("could not create '{}'", tmp.display()))?;
+            let mut f = if to_stdout {
+                tokio::fs::File::from_std(spool_file()?)
+            } else {
+                tokio::fs::File::create(&tmp)
+                    .await
+                    .with_context(|| format!("could not create '{}'", tmp.display()))?
+            };
             let bar = progress_bar(progress, 0);
             let got = client
                 .get(&name, &mut f, &|done| bar.set_position(done))
@@ -1493,11 +1613,19 @@ async fn obj(cmd: ObjCommand) -> Result<i32> {
             let record = match got {
                 Ok(r) => r,
                 Err(e) => {
-                    let _ = std::fs::remove_file(&tmp);
+                    if !to_stdout {
+                        let _ = std::fs::remove_file(&tmp);
+                    }
                     return Err(anyhow::Error::new(e).context(format!("could not get '{name}'")));
                 }
             };
             f.set_len(record.size).await?;
+            if to_stdout {
+                // The data goes to stdout, so the record goes nowhere: a
+                // pipe is for the object's bytes only.
+                copy_to_stdout(f.into_std().await)?;
+                return Ok(0);
+            }
             f.sync_all().await?;
             std::fs::rename(&tmp, &file)
                 .with_context(|| format!("could not rename into '{}'", file.display()))?;
@@ -1600,7 +1728,7 @@ async fn obj(cmd: ObjCommand) -> Result<i32> {
                 println!("{}", json!({"objects": items, "next": cursor}));
             } else {
                 for e in &entries {
-                    println!("{:>12}  {}", e.size, e.name);
+                    println!("{:>10}  {}", human(e.size), e.name);
                 }
                 if let Some(c) = cursor {
                     println!("(more: --after '{c}')");
@@ -1609,6 +1737,54 @@ async fn obj(cmd: ObjCommand) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// The file `obj put` reads: FILE, or with `-` its standard input, copied
+/// first to an unlinked spool file (a Post declares its size up front).
+async fn open_source(file: &std::path::Path) -> Result<tokio::fs::File> {
+    if file.as_os_str() != "-" {
+        return tokio::fs::File::open(file)
+            .await
+            .with_context(|| format!("could not open '{}'", file.display()));
+    }
+    let mut spool = spool_file()?;
+    std::io::copy(&mut std::io::stdin().lock(), &mut spool)
+        .context("could not read the object's data from standard input")?;
+    let mut f = tokio::fs::File::from_std(spool);
+    tokio::io::AsyncSeekExt::rewind(&mut f).await?;
+    Ok(f)
+}
+
+/// An unlinked read-write file in the temporary directory ($TMPDIR):
+/// room for an object on its way from stdin or to stdout, gone with the
+/// process.
+fn spool_file() -> Result<std::fs::File> {
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!(".strata-spool-{}", std::process::id()));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .with_context(|| {
+            format!(
+                "could not create a spool file in '{}' (set TMPDIR to a writable directory)",
+                dir.display()
+            )
+        })?;
+    std::fs::remove_file(&path)
+        .with_context(|| format!("could not unlink the spool file '{}'", path.display()))?;
+    Ok(file)
+}
+
+/// Writes a spooled object to standard output.
+fn copy_to_stdout(mut spool: std::fs::File) -> Result<()> {
+    use std::io::Seek;
+    spool.rewind()?;
+    let mut out = std::io::stdout().lock();
+    std::io::copy(&mut spool, &mut out).context("could not write the object to standard output")?;
+    out.flush()
+        .context("could not write the object to standard output")
 }
 
 fn tmp_path(file: &std::path::Path) -> PathBuf {

@@ -9,7 +9,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 
 use crate::daemon::DEFAULT_API;
-use crate::units::parse_size;
+use crate::humanize;
+use crate::units::{human, parse_size};
 
 /// Output formats.
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -375,7 +376,8 @@ impl Api {
     }
 }
 
-/// Prints a reply as JSON or as `key: value` lines.
+/// Prints a reply as JSON (exact, as the API gave it) or as text for
+/// people: sizes and times humanized, one line per item or field.
 fn render(output: Output, value: &Value) {
     if output == Output::Json {
         println!(
@@ -387,19 +389,56 @@ fn render(output: Output, value: &Value) {
     match value {
         Value::Array(items) => {
             for item in items {
-                let name = item["name"].as_str().unwrap_or("?");
-                let size = item["size"].as_u64().unwrap_or(0);
-                println!("{name}\t{size}");
+                println!("{}", list_line(item));
             }
         }
-        Value::Object(map) => {
-            for (k, v) in map {
-                match v {
-                    Value::String(s) => println!("{k}: {s}"),
-                    other => println!("{k}: {other}"),
-                }
-            }
-        }
+        Value::Object(map) => print_fields(map, ""),
         other => println!("{other}"),
+    }
+}
+
+/// One volume or snapshot of a list: `NAME<TAB>SIZE<TAB>created TIME`.
+fn list_line(item: &Value) -> String {
+    let name = item["name"].as_str().unwrap_or("?");
+    let mut line = format!("{name}\t{}", human(item["size"].as_u64().unwrap_or(0)));
+    if let Some(created) = item["created"].as_u64() {
+        line.push_str(&format!("\tcreated {}", humanize::utc(created)));
+    }
+    line
+}
+
+/// Fields as `key: value` lines, nested objects indented under their key.
+fn print_fields(map: &serde_json::Map<String, Value>, indent: &str) {
+    for (key, value) in map {
+        match value {
+            Value::Object(inner) => {
+                println!("{indent}{key}:");
+                print_fields(inner, &format!("{indent}  "));
+            }
+            other => println!("{indent}{key}: {}", field_text(key, other)),
+        }
+    }
+}
+
+/// A field's value for people: byte counts and rates humanized with the
+/// exact figure, epoch seconds as UTC times, lists joined, null as "-".
+fn field_text(key: &str, value: &Value) -> String {
+    match (key, value) {
+        ("size" | "old_size" | "cluster_size" | "bytes_copied", Value::Number(n)) => {
+            n.as_u64().map_or_else(|| n.to_string(), humanize::size)
+        }
+        ("rate", Value::Number(n)) => n
+            .as_u64()
+            .map_or_else(|| n.to_string(), |r| format!("{}/s", human(r))),
+        ("created", Value::Number(n)) => n.as_u64().map_or_else(|| n.to_string(), humanize::utc),
+        (_, Value::String(s)) => s.clone(),
+        (_, Value::Null) => "-".into(),
+        (_, Value::Array(items)) if items.is_empty() => "-".into(),
+        (_, Value::Array(items)) => items
+            .iter()
+            .map(|i| i.as_str().map_or_else(|| i.to_string(), str::to_string))
+            .collect::<Vec<_>>()
+            .join(", "),
+        (_, other) => other.to_string(),
     }
 }

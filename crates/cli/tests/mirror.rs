@@ -71,7 +71,7 @@ impl Proc {
 
     /// Peer address of a mirror.
     fn peer(&self) -> String {
-        self.word_after(" peers ")
+        self.word_after(" peer listen address ")
     }
 
     /// URL of a repository server.
@@ -161,7 +161,7 @@ fn eight_mirrors_read_the_image_identically_sharing_chunks() {
     let dir = tmp();
     let img = image(dir.path(), 16 * MIB);
     let data = std::fs::read(&img).unwrap();
-    let repo = Proc::start(&["mirror", "repo-serve", "--rate", "16M", &p(&img)]);
+    let repo = Proc::start(&["mirror", "repo-serve", "-p", "0", "--rate", "16M", &p(&img)]);
     let url = repo.url();
     let mut mirrors: Vec<Proc> = Vec::new();
     for i in 0..8 {
@@ -587,7 +587,7 @@ fn mirrors_find_each_other_through_the_repository() {
     let dir = tmp();
     let img = image(dir.path(), 2 * MIB);
     let data = std::fs::read(&img).unwrap();
-    let repo = Proc::start(&["mirror", "repo-serve", &p(&img)]);
+    let repo = Proc::start(&["mirror", "repo-serve", "-p", "0", &p(&img)]);
     let dirs: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("m{i}"))).collect();
     let ms: Vec<Proc> = dirs
         .iter()
@@ -672,7 +672,15 @@ fn a_prefetch_that_times_out_falls_back_to_the_repository() {
     // would: B's prefetch cannot take the whole image from it before its
     // link to A is up (a local file could, on a loaded machine), so it
     // asks A first for most chunks.
-    let repo = Proc::start(&["mirror", "repo-serve", "--latency-ms", "300", &p(&img)]);
+    let repo = Proc::start(&[
+        "mirror",
+        "repo-serve",
+        "-p",
+        "0",
+        "--latency-ms",
+        "300",
+        &p(&img),
+    ]);
     let b = mirror(
         &repo.url(),
         &db,
@@ -812,7 +820,15 @@ fn mirrors_read_an_image_published_in_the_object_store() {
 fn repo_serve_latency_delays_image_reads() {
     let dir = tmp();
     let img = image(dir.path(), MIB);
-    let repo = Proc::start(&["mirror", "repo-serve", "--latency-ms", "300", &p(&img)]);
+    let repo = Proc::start(&[
+        "mirror",
+        "repo-serve",
+        "-p",
+        "0",
+        "--latency-ms",
+        "300",
+        &p(&img),
+    ]);
     let url = repo.url();
     let hostport = url
         .trim_start_matches("http://")

@@ -66,7 +66,7 @@ impl ClusterConfig {
     pub fn embedded(dir: PathBuf) -> ClusterConfig {
         ClusterConfig {
             dir,
-            listen: SocketAddr::from(([127, 0, 0, 1], 7480)),
+            listen: SocketAddr::from(([127, 0, 0, 1], 10890)),
             mns: 1,
             mn_slots: 1,
             sns: 1,

@@ -125,6 +125,9 @@ pub struct VolumeInfo {
     pub cluster_size: Option<u64>,
     /// Whether the layer it writes to has extended L2 entries.
     pub extended_l2: bool,
+    /// Where NBD clients reach it (`nbd://HOST:PORT/NAME`, `nbds://` over
+    /// TLS), once the daemon has told the service its NBD address.
+    pub nbd_uri: Option<String>,
 }
 
 /// A snapshot as the API shows it.
@@ -256,6 +259,8 @@ pub struct Service {
     trash: Trash,
     /// The thread keeping standby tops ready.
     pub(crate) keeper: Keeper,
+    /// The NBD server's URI base (`nbd://HOST:PORT`), set once it listens.
+    nbd_base: std::sync::OnceLock<String>,
 }
 
 /// Bound on the runs one compaction merges (each removes a layer; chains
@@ -294,6 +299,7 @@ impl Service {
             topology: Mutex::new(()),
             trash,
             keeper: Keeper::default(),
+            nbd_base: std::sync::OnceLock::new(),
         };
         let state = service.catalog.state();
         for v in state.volumes.values() {
@@ -595,6 +601,13 @@ impl Service {
         Ok(self.describe(&state, v))
     }
 
+    /// Records where the NBD server listens (`nbd://HOST:PORT` or
+    /// `nbds://HOST:PORT`), so volume descriptions carry their URI. Only
+    /// the first call counts: the server binds once.
+    pub fn set_nbd_base(&self, base: String) {
+        let _ = self.nbd_base.set(base);
+    }
+
     fn describe(&self, state: &State, v: &VolumeRec) -> VolumeInfo {
         let live = self.registry.lock().live.get(&v.name).cloned();
         let format = live.as_ref().map(|l| l.volume.top_format());
@@ -620,6 +633,7 @@ impl Service {
                 .sum(),
             cluster_size: format.and_then(|f| f.0),
             extended_l2: format.is_some_and(|f| f.1),
+            nbd_uri: self.nbd_base.get().map(|base| format!("{base}/{}", v.name)),
         }
     }
 

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use crate::serve::seconds;
 
 /// Default address of the HTTP API.
-pub const DEFAULT_API: &str = "127.0.0.1:7480";
+pub const DEFAULT_API: &str = "127.0.0.1:10880";
 
 /// The API's options of `strata daemon`.
 #[derive(Args)]

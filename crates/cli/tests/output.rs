@@ -1,0 +1,613 @@
+//! A new user's first hour: default ports that do not collide, errors said
+//! once, no colour codes off a terminal, sizes and times for people, the
+//! NBD URI of a volume, labels and help texts that say what they mean,
+//! `-` for stdin/stdout, and a `strata store up` that stops every node of
+//! its cluster. Every test runs the real binary against real peers.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{p, qemu_create, run_ok, tmp};
+use serde_json::Value;
+
+/// A `strata` process that prints a readiness line; killed when dropped.
+struct Proc {
+    child: Child,
+    line: String,
+}
+
+impl Proc {
+    /// Starts `strata ARGS` in `cwd` with `env`, and waits for its
+    /// readiness line (the first line of stdout).
+    fn start(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Proc {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(args)
+            .current_dir(cwd)
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn strata");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("readiness line");
+        if line.is_empty() {
+            let mut err = String::new();
+            let _ = child.stderr.take().map(|mut e| e.read_to_string(&mut err));
+            panic!("strata {args:?} printed no readiness line; stderr: {err}");
+        }
+        Proc { child, line }
+    }
+
+    /// The word after `key` on the readiness line.
+    fn word_after(&self, key: &str) -> String {
+        let i = self
+            .line
+            .find(key)
+            .unwrap_or_else(|| panic!("{key:?} in {:?}", self.line));
+        self.line[i + key.len()..]
+            .split(|c: char| c.is_whitespace() || c == ',')
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// SIGTERM; returns the exit status and what it wrote to stderr.
+    fn stop(mut self) -> (std::process::ExitStatus, String) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().expect("wait");
+        let mut err = String::new();
+        let _ = self
+            .child
+            .stderr
+            .take()
+            .map(|mut e| e.read_to_string(&mut err));
+        (status, err)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `strata ARGS` in `cwd` with `env`; returns (success, stdout, stderr).
+fn run_in(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .current_dir(cwd)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run strata");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `strata ARGS` must succeed; its stdout.
+fn ok_in(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> String {
+    let (ok, out, err) = run_in(args, cwd, env);
+    assert!(ok, "strata {args:?} failed:\n{out}{err}");
+    out
+}
+
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every default port of the table in the README, in one place.
+const SERVE_NBD: u16 = 10809;
+const DAEMON_NBD: u16 = 10810;
+const MIRROR_NBD: u16 = 10811;
+const DAEMON_API: u16 = 10880;
+const REPO_HTTP: u16 = 10881;
+const STORE_ORCHESTRATOR: u16 = 10890;
+
+/// `strata serve IMG`, `strata daemon`, `strata mirror` (and its
+/// repository), and `strata store up` all start with their default ports
+/// at the same time, and each answers on its own.
+#[test]
+fn services_run_side_by_side_with_default_ports() {
+    for port in [SERVE_NBD, DAEMON_NBD, MIRROR_NBD, DAEMON_API, REPO_HTTP] {
+        assert!(
+            TcpListener::bind(("127.0.0.1", port)).is_ok(),
+            "port {port} is taken on this host: this test needs every default port free"
+        );
+    }
+    let home = tmp();
+    let dir = home.path();
+    let env = [("HOME", p(dir)), ("STRATA_POOL", p(&dir.join("pool")))];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let img = dir.join("disk.qcow2");
+    qemu_create(&img, "", "16M");
+    let raw = dir.join("base.raw");
+    std::fs::write(&raw, common::pattern(4 << 20, 7)).unwrap();
+    ok_in(&["mirror", "digest", &p(&raw)], dir, &env);
+
+    let serve = Proc::start(&["serve", "disk.qcow2"], dir, &env);
+    assert!(
+        serve.line.contains(&format!("127.0.0.1:{SERVE_NBD}")),
+        "{}",
+        serve.line
+    );
+    let daemon = Proc::start(&["daemon", "--pool", "pool"], dir, &env);
+    assert!(
+        daemon.line.contains(&format!("127.0.0.1:{DAEMON_NBD}"))
+            && daemon
+                .line
+                .contains(&format!("http://127.0.0.1:{DAEMON_API}")),
+        "{}",
+        daemon.line
+    );
+    let repo = Proc::start(&["mirror", "repo-serve", "base.raw"], dir, &env);
+    assert!(
+        repo.line.contains(&format!(":{REPO_HTTP}/")),
+        "{}",
+        repo.line
+    );
+    let url = format!("http://{}", repo.word_after("http://"));
+    let mirror = Proc::start(&["mirror", "--repo", &url, "--dir", "m1"], dir, &env);
+    assert!(
+        mirror
+            .line
+            .contains(&format!("nbd://127.0.0.1:{MIRROR_NBD}")),
+        "{}",
+        mirror.line
+    );
+    let store = Proc::start(&["store", "up", "--dir", "cluster"], dir, &env);
+    assert!(
+        store
+            .line
+            .contains(&format!("127.0.0.1:{STORE_ORCHESTRATOR}")),
+        "{}",
+        store.line
+    );
+
+    // Each one answers, on its default port.
+    let info = run_ok(
+        "qemu-img",
+        &["info", &format!("nbd://127.0.0.1:{SERVE_NBD}")],
+    );
+    assert!(info.contains("16 MiB"), "{info}");
+    ok_in(&["volume", "create", "db", "8M"], dir, &env);
+    let info = run_ok(
+        "qemu-img",
+        &["info", &format!("nbd://127.0.0.1:{DAEMON_NBD}/db")],
+    );
+    assert!(info.contains("8 MiB"), "{info}");
+    let info = run_ok(
+        "qemu-img",
+        &["info", &format!("nbd://127.0.0.1:{MIRROR_NBD}")],
+    );
+    assert!(info.contains("4 MiB"), "{info}");
+    let status = ok_in(&["store", "status", "--output", "json"], dir, &env);
+    let status: Value = serde_json::from_str(&status).expect("store status json");
+    assert_eq!(status["storage_nodes"].as_array().map(Vec::len), Some(1));
+    for proc in [store, mirror, repo, daemon, serve] {
+        let (code, err) = proc.stop();
+        assert!(code.success(), "exit {code}: {err}");
+    }
+}
+
+/// An OS error reaches the user once, with its cause chain, not once per
+/// layer that wraps it.
+#[test]
+fn an_error_is_printed_once() {
+    let dir = tmp();
+    let img = dir.path().join("a.qcow2");
+    qemu_create(&img, "", "1M");
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let (ok, _, err) = run_in(&["serve", "--port", &port, "a.qcow2"], dir.path(), &[]);
+    assert!(!ok);
+    assert_eq!(err.matches("os error 98").count(), 1, "{err}");
+    assert_eq!(err.matches("Address already in use").count(), 1, "{err}");
+    assert!(err.starts_with("strata: ") && err.contains(&port), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// A server that logs to a pipe writes no escape sequences; on a terminal
+/// it colours its log unless NO_COLOR is set.
+#[test]
+fn colour_only_on_a_terminal_and_never_with_no_color() {
+    let dir = tmp();
+    let img = dir.path().join("a.qcow2");
+    qemu_create(&img, "", "1M");
+    let socket = dir.path().join("s.sock");
+    let uri = format!("nbd+unix:///?socket={}", p(&socket));
+    // Not a terminal: stderr is a pipe.
+    let server = Proc::start(
+        &["serve", "-k", &p(&socket), &p(&img)],
+        dir.path(),
+        &[("STRATA_LOG", "debug")],
+    );
+    run_ok("qemu-img", &["info", &uri]);
+    let (_, err) = server.stop();
+    assert!(err.contains("client connected"), "no log to check: {err}");
+    assert!(!err.contains('\x1b'), "escape bytes in a pipe: {err:?}");
+
+    // A terminal (script(1) gives the server a pty), with and without NO_COLOR.
+    let on_terminal = |no_color: bool| {
+        let shell = format!(
+            "{} {} serve -k {} {} & sleep 1; qemu-img info '{uri}' >/dev/null; kill $!; wait",
+            if no_color { "NO_COLOR=1" } else { "" },
+            env!("CARGO_BIN_EXE_strata"),
+            p(&socket),
+            p(&img)
+        );
+        let out = Command::new("script")
+            .args(["-qec", &shell, "/dev/null"])
+            .env("STRATA_LOG", "debug")
+            .env_remove("NO_COLOR")
+            .output()
+            .expect("run script(1)");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let coloured = on_terminal(false);
+    assert!(coloured.contains("client connected"), "{coloured}");
+    assert!(
+        coloured.contains('\x1b'),
+        "no colour on a terminal: {coloured:?}"
+    );
+    let plain = on_terminal(true);
+    assert!(plain.contains("client connected"), "{plain}");
+    assert!(
+        !plain.contains('\x1b'),
+        "colour despite NO_COLOR: {plain:?}"
+    );
+}
+
+/// A daemon on free ports, with `--insecure-local` so clients need no
+/// token.
+fn daemon(dir: &Path) -> (Proc, String, String) {
+    let pool = dir.join("pool");
+    let d = Proc::start(
+        &[
+            "daemon",
+            "--pool",
+            &p(&pool),
+            "--nbd-port",
+            "0",
+            "--listen",
+            "127.0.0.1:0",
+            "--insecure-local",
+        ],
+        dir,
+        &[],
+    );
+    let nbd = d.word_after("over NBD on ");
+    let api = d.word_after("http://");
+    (d, nbd, api)
+}
+
+/// `volume info`, `volume list` and `snapshot list` show sizes and times
+/// for people; `--output json` keeps the exact numbers.
+#[test]
+fn human_output_is_humanized_and_json_exact() {
+    let dir = tmp();
+    let (_daemon, _, api) = daemon(dir.path());
+    let cli = |args: &[&str]| ok_in(&[args, &["--api", &api]].concat(), dir.path(), &[]);
+    cli(&["volume", "create", "db", "1536M"]);
+    cli(&["snapshot", "create", "db", "s1"]);
+    let info = cli(&["volume", "info", "db"]);
+    assert!(
+        info.contains("size: 1.5 GiB (1610612736 bytes)\n"),
+        "{info}"
+    );
+    let created = info
+        .lines()
+        .find_map(|l| l.strip_prefix("created: "))
+        .unwrap_or_else(|| panic!("no created line: {info}"));
+    assert_utc_time(created);
+    assert!(
+        info.contains("cluster_size: 64 KiB (65536 bytes)"),
+        "{info}"
+    );
+    assert!(info.contains("snapshots: s1\n"), "{info}");
+    let list = cli(&["volume", "list"]);
+    let line = list.lines().next().unwrap_or_default();
+    let fields: Vec<&str> = line.split('\t').collect();
+    assert_eq!(fields[..2], ["db", "1.5 GiB"], "{list}");
+    assert_utc_time(fields[2].trim_start_matches("created "));
+    let snapshots = cli(&["snapshot", "list", "db"]);
+    assert!(
+        snapshots.starts_with("s1\t1.5 GiB\tcreated "),
+        "{snapshots}"
+    );
+
+    let json: Value =
+        serde_json::from_str(&cli(&["volume", "info", "db", "--output", "json"])).expect("json");
+    assert_eq!(json["size"], 1_610_612_736u64);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let seconds = json["created"].as_u64().expect("created is epoch seconds");
+    assert!(now.abs_diff(seconds) < 600, "{json}");
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC` of today (UTC; or of ten minutes ago, for a
+/// test that runs over midnight).
+fn assert_utc_time(text: &str) {
+    let parts: Vec<&str> = text.split(' ').collect();
+    assert!(parts.len() == 3 && parts[2] == "UTC", "{text:?}");
+    let today = run_ok("date", &["-u", "+%Y-%m-%d"]);
+    let before = run_ok("date", &["-u", "-d", "10 minutes ago", "+%Y-%m-%d"]);
+    assert!(
+        parts[0] == today.trim() || parts[0] == before.trim(),
+        "{text:?} is not today (UTC)"
+    );
+    let clock: Vec<&str> = parts[1].split(':').collect();
+    assert!(
+        clock.len() == 3 && clock.iter().all(|c| c.len() == 2),
+        "{text:?}"
+    );
+}
+
+/// `volume info` names the URI NBD clients reach the volume at, in both
+/// outputs, and a real client opens it.
+#[test]
+fn volume_info_shows_its_nbd_uri() {
+    let dir = tmp();
+    let (_daemon, nbd, api) = daemon(dir.path());
+    let cli = |args: &[&str]| ok_in(&[args, &["--api", &api]].concat(), dir.path(), &[]);
+    cli(&["volume", "create", "web", "4M"]);
+    let uri = format!("nbd://{nbd}/web");
+    let human = cli(&["volume", "info", "web"]);
+    assert!(human.contains(&format!("nbd_uri: {uri}\n")), "{human}");
+    let json: Value =
+        serde_json::from_str(&cli(&["volume", "info", "web", "--output", "json"])).unwrap();
+    assert_eq!(json["nbd_uri"], uri.as_str());
+    let info = run_ok("qemu-img", &["info", &uri]);
+    assert!(info.contains("4 MiB"), "{info}");
+}
+
+/// The mirror's readiness line labels its peer listen address as such,
+/// and that address takes peer links.
+#[test]
+fn mirror_readiness_line_labels_the_peer_listen_address() {
+    let dir = tmp();
+    let raw = dir.path().join("base.raw");
+    std::fs::write(&raw, common::pattern(1 << 20, 3)).unwrap();
+    ok_in(&["mirror", "digest", &p(&raw)], dir.path(), &[]);
+    let repo = Proc::start(
+        &["mirror", "repo-serve", "-p", "0", &p(&raw)],
+        dir.path(),
+        &[],
+    );
+    let url = format!("http://{}", repo.word_after("http://"));
+    let mirror = Proc::start(
+        &["mirror", "--repo", &url, "--dir", "m", "-p", "0"],
+        dir.path(),
+        &[],
+    );
+    assert!(!mirror.line.contains(" peers "), "{}", mirror.line);
+    let peer: SocketAddr = mirror
+        .word_after("with peer listen address ")
+        .parse()
+        .unwrap_or_else(|_| panic!("{}", mirror.line));
+    TcpStream::connect(peer).expect("the peer listen address accepts connections");
+    let alone = Proc::start(
+        &[
+            "mirror",
+            "--repo",
+            &url,
+            "--dir",
+            "m2",
+            "-p",
+            "0",
+            "--no-peers",
+        ],
+        dir.path(),
+        &[],
+    );
+    assert!(alone.line.contains(" without peers "), "{}", alone.line);
+}
+
+/// The subcommands listed under `strata ... --help`, recursively, as
+/// (path, description).
+fn subcommands(path: &[String], into: &mut Vec<(String, String)>) {
+    let args: Vec<&str> = path.iter().map(String::as_str).chain(["--help"]).collect();
+    let help = common::strata_ok(&args);
+    let Some(list) = help.split("Commands:\n").nth(1) else {
+        return;
+    };
+    for line in list.lines().take_while(|l| l.starts_with("  ")) {
+        let line = line.trim();
+        let (name, about) = line.split_once(' ').unwrap_or((line, ""));
+        if name == "help" {
+            continue;
+        }
+        let mut sub = path.to_vec();
+        sub.push(name.to_string());
+        into.push((sub.join(" "), about.trim().to_string()));
+        subcommands(&sub, into);
+    }
+}
+
+/// Help texts say what each command does: no "(later)" in the top-level
+/// one, `store node add` covers both roles it runs, and no two commands
+/// share a description (a copy-pasted doc comment).
+#[test]
+fn help_texts_describe_their_own_command() {
+    let top = common::strata_ok(&["--help"]);
+    assert!(!top.contains("(later)"), "{top}");
+    assert!(top.contains("object store"), "{top}");
+    let add = common::strata_ok(&["store", "node", "add", "--help"]);
+    assert!(!add.contains("only storage nodes can join"), "{add}");
+    assert!(add.contains("metadata node"), "{add}");
+    let mut all = Vec::new();
+    subcommands(&[], &mut all);
+    assert!(all.len() > 30, "{all:?}");
+    for (i, (path, about)) in all.iter().enumerate() {
+        assert!(!about.is_empty(), "`strata {path}` has no description");
+        if let Some((other, _)) = all[..i].iter().find(|(_, a)| a == about) {
+            panic!("`strata {path}` and `strata {other}` share the description {about:?}");
+        }
+    }
+}
+
+/// A cluster of `strata store up` on free ports, in `dir`.
+fn store_up(dir: &Path) -> (Proc, SocketAddr) {
+    let store = Proc::start(
+        &["store", "up", "--dir", &p(dir), "--listen", "127.0.0.1:0"],
+        dir.parent().unwrap(),
+        &[],
+    );
+    let on = store
+        .word_after("ready on ")
+        .parse()
+        .unwrap_or_else(|_| panic!("{}", store.line));
+    (store, on)
+}
+
+/// `obj put -` reads standard input and `obj get NAME -` writes standard
+/// output; no file named `-` appears.
+#[test]
+fn obj_put_and_get_use_dash_for_stdin_and_stdout() {
+    let home = tmp();
+    let cluster = home.path().join("cluster");
+    let (_store, on) = store_up(&cluster);
+    let data = common::pattern(307_200, 11);
+    let env = [
+        ("STRATA_CLUSTER", on.to_string()),
+        ("STRATA_CREDENTIAL", p(&cluster.join("admin.credential"))),
+    ];
+    let command = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_strata"));
+        c.args(args)
+            .current_dir(home.path())
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+        c
+    };
+    let mut put = command(&["obj", "put", "-", "piped/object"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    put.stdin.take().unwrap().write_all(&data).unwrap();
+    let put = put.wait_with_output().unwrap();
+    assert!(put.status.success(), "{put:?}");
+    let stat = command(&["obj", "stat", "piped/object", "--output", "json"])
+        .output()
+        .unwrap();
+    let stat: Value = serde_json::from_slice(&stat.stdout).expect("stat json");
+    assert_eq!(stat["size"], data.len());
+    let got = command(&["obj", "get", "piped/object", "-"])
+        .output()
+        .unwrap();
+    assert!(got.status.success(), "{got:?}");
+    assert!(
+        got.stdout == data,
+        "stdout is not the object ({} bytes)",
+        got.stdout.len()
+    );
+    assert!(
+        !home.path().join("-").exists(),
+        "a file named '-' was written"
+    );
+    let human = command(&["obj", "stat", "piped/object"]).output().unwrap();
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(human.contains("size: 300 KiB (307200 bytes)"), "{human}");
+}
+
+/// Command lines of running processes that mention `needle`.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+        let line = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if !zombie && line.contains(needle) && line.contains("strata") {
+            found.push(line);
+        }
+    }
+    found
+}
+
+/// The endpoint on a node's readiness line (its last word).
+fn endpoint(line: &str) -> SocketAddr {
+    line.split_whitespace()
+        .last()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no endpoint in {line:?}"))
+}
+
+/// SIGTERM to `strata store up` stops the nodes it runs and those
+/// `strata store node add` added with its key: no process of the cluster
+/// is left, and every port it used is free again.
+#[test]
+fn store_up_stops_every_node_of_its_cluster() {
+    let home = tmp();
+    let cluster = home.path().join("cluster");
+    let (store, on) = store_up(&cluster);
+    let add = |name: &str, role: &str| {
+        let node_dir: PathBuf = cluster.join(name);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["store", "node", "add", "--cluster", &on.to_string()])
+            .args(["--dir", &p(&node_dir), "--role", role])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        (child, endpoint(&line))
+    };
+    let (mut sn, sn_at) = add("sn2", "sn");
+    let (mut mn, mn_at) = add("mn2", "mn");
+    assert!(!processes_mentioning(&p(&cluster)).is_empty());
+    let (status, err) = store.stop();
+    assert!(status.success(), "store up exited with {status}: {err}");
+    for (child, what) in [(&mut sn, "storage"), (&mut mn, "metadata")] {
+        let start = Instant::now();
+        let exit = loop {
+            if let Some(exit) = child.try_wait().unwrap() {
+                break exit;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "the added {what} node outlived `strata store up`"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(exit.success(), "the added {what} node exited with {exit}");
+    }
+    let left = processes_mentioning(&p(&cluster));
+    assert!(left.is_empty(), "processes of the cluster remain: {left:?}");
+    for addr in [on, sn_at, mn_at] {
+        wait_until(
+            &format!("{addr} to be free"),
+            Duration::from_secs(5),
+            || UdpSocket::bind(addr).is_ok(),
+        );
+    }
+    assert!(
+        std::fs::read_dir(cluster.join("added-nodes"))
+            .map(|d| d.count() == 0)
+            .unwrap_or(true),
+        "registrations were left behind"
+    );
+}
