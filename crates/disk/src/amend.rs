@@ -2,8 +2,9 @@
 //! and the header rewrite the other image operations share.
 //!
 //! Only options whose change touches nothing but the header are
-//! supported: `lazy_refcounts` and the backing file name and format.
-//! Anything else is refused by name before a byte changes.
+//! supported: `lazy_refcounts`, and (as in qemu-img 10) `backing_file`
+//! and `backing_fmt` when they repeat the current ones. Anything else is
+//! refused by name before a byte changes.
 
 use std::path::Path;
 
@@ -21,16 +22,13 @@ use crate::writer::write_header;
 pub struct AmendOptions {
     /// Turn lazy refcounts on or off (qcow2 v3 only).
     pub lazy_refcounts: Option<bool>,
-    /// New backing file name, stored as given (`Some("")` removes it).
+    /// Backing file name: accepted only when it is the current one.
     pub backing_file: Option<String>,
-    /// New backing file format.
+    /// Backing file format: accepted only when it is the current one.
     pub backing_format: Option<Format>,
 }
 
 /// Applies `opts` to the qcow2 image at `path`, holding its write lock.
-///
-/// Like `qemu-img rebase -u`, a new backing name is stored without
-/// reading either chain: the caller vouches that it reads the same.
 pub fn amend(path: &Path, format: Option<Format>, opts: &AmendOptions) -> Result<()> {
     let layer = Layer::open(path, 0, true, format)?;
     let h = header_of(&layer)?;
@@ -41,12 +39,7 @@ pub fn amend(path: &Path, format: Option<Format>, opts: &AmendOptions) -> Result
             h.version
         )));
     }
-    if opts.backing_format.is_some() && opts.backing_file.is_none() && h.backing_file.is_none() {
-        return Err(DiskError::Invalid(format!(
-            "{}: backing_fmt given but the image has no backing file; give backing_file too",
-            path.display()
-        )));
-    }
+    refuse_backing_change(path, &h, opts)?;
     edit_header(&layer, |h| {
         if let Some(on) = opts.lazy_refcounts {
             if on {
@@ -55,13 +48,29 @@ pub fn amend(path: &Path, format: Option<Format>, opts: &AmendOptions) -> Result
                 h.compatible_features &= !COMPAT_LAZY_REFCOUNTS;
             }
         }
-        if let Some(name) = &opts.backing_file {
-            set_backing(h, name, opts.backing_format.or(backing_format_of(h)));
-        } else if let Some(f) = opts.backing_format {
-            let name = h.backing_file.clone().unwrap_or_default();
-            set_backing(h, &name, Some(f));
-        }
     })
+}
+
+/// Like qemu-img 10, amend accepts `backing_file` and `backing_fmt` only
+/// when they repeat what the header says: a new backing file changes what
+/// the image reads, which is rebase's job.
+fn refuse_backing_change(path: &Path, h: &Header, opts: &AmendOptions) -> Result<()> {
+    let name_changes = opts
+        .backing_file
+        .as_deref()
+        .is_some_and(|b| Some(b).filter(|b| !b.is_empty()) != h.backing_file.as_deref());
+    let format_changes = opts
+        .backing_format
+        .is_some_and(|f| Some(f.name()) != h.backing_format());
+    if name_changes || format_changes {
+        return Err(DiskError::Invalid(format!(
+            "{}: cannot amend the backing file (as qemu-img 10 refuses to); use \
+             `strata img rebase` (or `rebase -u` to rewrite only the name) instead; \
+             nothing was changed",
+            path.display()
+        )));
+    }
+    Ok(())
 }
 
 /// The header of a qcow2 layer that is safe to rewrite: not marked
@@ -127,18 +136,13 @@ pub(crate) fn set_backing(h: &mut Header, name: &str, format: Option<Format>) {
     }
 }
 
-/// The backing format recorded in `h`, if it is one Strata knows.
-fn backing_format_of(h: &Header) -> Option<Format> {
-    h.backing_format().and_then(|f| Format::parse(f).ok())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::create::{create, CreateOptions};
 
     #[test]
-    fn lazy_refcounts_toggle_and_backing_change_keep_the_image_readable() {
+    fn lazy_refcounts_toggle_and_a_backing_change_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let base = dir.path().join("base.qcow2");
         let top = dir.path().join("top.qcow2");
@@ -162,8 +166,11 @@ mod tests {
             backing_format: Some(Format::Qcow2),
             ..AmendOptions::default()
         };
-        amend(&top, None, &backing).expect("amend backing");
-        let disk = crate::Disk::open(&top, &crate::OpenOptions::read_only()).expect("open");
-        assert_eq!(disk.depth(), 2);
+        let before = std::fs::read(&top).expect("read");
+        assert!(
+            amend(&top, None, &backing).is_err(),
+            "a new backing file is rebase's job"
+        );
+        assert_eq!(before, std::fs::read(&top).expect("read"));
     }
 }
