@@ -24,6 +24,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start here: run the volume daemon, an object store and (if asked) a
+    /// mirror from one directory, until Ctrl-C; or `--demo` to try them and exit.
+    Up(up::UpArgs),
     /// Disk images and backing chains (qemu-img conventions).
     Img {
         #[command(subcommand)]
@@ -66,9 +69,6 @@ enum Command {
         #[command(subcommand)]
         command: store::ObjCommand,
     },
-    /// Run the volume daemon, an object store and (if asked) a mirror from
-    /// one directory, until Ctrl-C; or `--demo` to try them and exit.
-    Up(up::UpArgs),
     /// Print the completion script of a shell (bash, zsh, fish, ...).
     Completions {
         /// The shell.
