@@ -801,13 +801,27 @@ fn print_info(inf: &ImageInfo) {
     }
     if !inf.snapshots.is_empty() {
         println!("Snapshot list:");
-        println!("{:<10}{:<20}{:>12}", "ID", "TAG", "VM SIZE");
+        println!(
+            "{:<7} {:<16} {:>8} {:>19} {:>15} {:>10}",
+            "ID", "TAG", "VM_SIZE", "DATE", "VM_CLOCK", "ICOUNT"
+        );
         for s in &inf.snapshots {
+            let secs = s.vm_clock_sec;
+            let clock = format!(
+                "{:04}:{:02}:{:02}.{:03}",
+                secs / 3600,
+                (secs / 60) % 60,
+                secs % 60,
+                s.vm_clock_nsec / 1_000_000
+            );
             println!(
-                "{:<10}{:<20}{:>12}",
+                "{:<7} {:<16} {:>8} {:>19} {:>15} {:>10}",
                 s.id,
                 s.name,
-                qemu_size(s.vm_state_size)
+                qemu_size(s.vm_state_size),
+                local_date(s.date_sec),
+                clock,
+                s.icount.map(|n| n.to_string()).unwrap_or_default()
             );
         }
     }
@@ -842,6 +856,26 @@ fn print_info(inf: &ImageInfo) {
             ci.bytes
         );
     }
+}
+
+/// Seconds since the epoch as local "%Y-%m-%d %H:%M:%S", as qemu-img
+/// dates snapshots.
+fn local_date(secs: u32) -> String {
+    let t = libc::time_t::from(secs);
+    // SAFETY: localtime_r only writes the tm we hand it.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    if unsafe { libc::localtime_r(&t, &mut tm) }.is_null() {
+        return secs.to_string();
+    }
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
 }
 
 /// Prints a check report as `qemu-img check` does (its

@@ -441,3 +441,18 @@ fn dirty_lazy_refcounts_match_qemu_img() {
     let info = text(&run_strata(&["info"], &img).stdout);
     assert!(info.contains("cleanly shut down: no"), "{info}");
 }
+
+#[test]
+fn internal_snapshots_match_qemu_img() {
+    let dir = tmp();
+    let img = at(&dir, "snap.qcow2");
+    qemu_create(&img, "", "4M");
+    qemu_io(&img, &["write -P 1 0 128k"]);
+    qemu_img(&["snapshot", "-c", "first", &p(&img)]);
+    qemu_io(&img, &["write -P 2 0 64k", "write -P 3 1M 64k"]);
+    qemu_img(&["snapshot", "-c", "second-with-a-long-name", &p(&img)]);
+    qemu_io(&img, &["write -P 4 64k 64k"]);
+    assert_eq!(assert_parity(&img), vec![0; COMMANDS.len()]);
+    let info = text(&run_strata(&["info"], &img).stdout);
+    assert!(info.contains("Snapshot list:"), "{info}");
+}

@@ -160,18 +160,27 @@ pub struct IndexDetails {
     pub reason: Option<String>,
 }
 
-/// An internal snapshot, as listed by qemu-img.
+/// An internal snapshot, as listed by qemu-img (its keys in its order).
 #[derive(Debug, Clone, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct SnapshotInfo {
-    /// ID.
-    pub id: String,
+    /// Instruction count at creation, when recorded (record/replay).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub icount: Option<u64>,
+    /// Guest clock at creation: nanoseconds within the second.
+    pub vm_clock_nsec: u64,
     /// Name.
     pub name: String,
+    /// Creation time, seconds since the epoch.
+    pub date_sec: u32,
+    /// Creation time: nanoseconds within the second.
+    pub date_nsec: u32,
+    /// Guest clock at creation: whole seconds.
+    pub vm_clock_sec: u64,
+    /// ID.
+    pub id: String,
     /// VM state size.
     pub vm_state_size: u64,
-    /// Seconds since the epoch.
-    pub date_sec: u32,
 }
 
 /// Information about one image file, with qemu-img's keys in its order.
@@ -329,13 +338,19 @@ fn describe(layer: &Layer, filename: String) -> Result<ImageInfo> {
         layer.file.read_exact_at(&mut buf, h.snapshots_offset)?;
         let (snaps, _) = strata_format::snapshot::parse_table(&buf, h.nb_snapshots)
             .map_err(|e| crate::DiskError::format(layer.place(), e))?;
+        let extras = snapshot_extras(&buf, snaps.len());
         inf.snapshots = snaps
             .into_iter()
-            .map(|s| SnapshotInfo {
-                id: s.id,
+            .zip(extras)
+            .map(|(s, (date_nsec, icount))| SnapshotInfo {
+                icount,
+                vm_clock_nsec: s.vm_clock_nsec % 1_000_000_000,
                 name: s.name,
-                vm_state_size: s.vm_state_size,
                 date_sec: s.date_sec,
+                date_nsec,
+                vm_clock_sec: s.vm_clock_nsec / 1_000_000_000,
+                id: s.id,
+                vm_state_size: s.vm_state_size,
             })
             .collect();
     }
@@ -350,4 +365,41 @@ fn describe(layer: &Layer, filename: String) -> Result<ImageInfo> {
         });
     }
     Ok(inf)
+}
+
+/// The fields of each snapshot table entry that the format parser leaves
+/// out and qemu-img lists: (date nanoseconds, icount if recorded). The
+/// table was validated by the parser; a short read gives zeros.
+fn snapshot_extras(buf: &[u8], count: usize) -> Vec<(u32, Option<u64>)> {
+    let u16_at = |at: usize| {
+        buf.get(at..at + 2)
+            .map_or(0, |b| u16::from_be_bytes([b[0], b[1]]))
+    };
+    let u32_at = |at: usize| {
+        buf.get(at..at + 4)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u32::from_be_bytes)
+    };
+    let u64_at = |at: usize| {
+        buf.get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_be_bytes)
+    };
+    let mut out = Vec::with_capacity(count);
+    let mut at = 0usize;
+    for _ in 0..count {
+        let id_len = usize::from(u16_at(at + 12));
+        let name_len = usize::from(u16_at(at + 14));
+        let extra_len = u32_at(at + 36) as usize;
+        // QEMU records icount in the third word of the extra data; -1
+        // means not recorded.
+        let icount = if extra_len >= 24 {
+            u64_at(at + 40 + 16).filter(|&n| n != u64::MAX)
+        } else {
+            None
+        };
+        out.push((u32_at(at + 20), icount));
+        at = (at + 40 + extra_len + id_len + name_len).div_ceil(8) * 8;
+    }
+    out
 }
