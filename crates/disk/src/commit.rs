@@ -204,26 +204,5 @@ fn make_empty(path: &Path, layer: &Layer) -> Result<()> {
     crate::check::repair_refcounts(layer)?;
     layer.file.sync()?;
     edit_header(layer, |h| h.incompatible_features &= !INCOMPAT_DIRTY)?;
-    truncate_unused(path, layer)
-}
-
-/// Cuts the file after its last cluster in use.
-fn truncate_unused(path: &Path, layer: &Layer) -> Result<()> {
-    let report = crate::check::check(path, crate::check::Repair::None)?;
-    if report.corruptions > 0 || report.image_end_offset == 0 {
-        return Ok(());
-    }
-    if report.image_end_offset < layer.file_len() {
-        let invalid = |op: &str, e: std::io::Error| {
-            DiskError::Invalid(format!("{}: {op}: {e}", path.display()))
-        };
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(path)
-            .map_err(|e| invalid("open", e))?;
-        file.set_len(report.image_end_offset)
-            .map_err(|e| invalid("truncate", e))?;
-        file.sync_all().map_err(|e| invalid("sync", e))?;
-    }
-    Ok(())
+    crate::resize::truncate_unused(path, layer)
 }

@@ -129,6 +129,10 @@ fn copy_differences(
     let step_units = (STEP_BYTES / unit).max(1);
     let mut copied = 0;
     let (mut old, mut new) = (Vec::new(), Vec::new());
+    // Stretches where neither chain can hold data read as zeros in both:
+    // skipped without reading, so a sparse disk costs its data, not its size.
+    let mut old_cursor = top.data_cursor();
+    let mut new_cursor = new_chain.map(Disk::data_cursor);
     let mut at = 0;
     while at < units {
         let count = (units - at).min(OWNER_BATCH);
@@ -145,6 +149,16 @@ fn copy_differences(
             }
             let offset = (at + start as u64) * unit;
             let len = ((i - start) as u64 * unit).min(size - offset);
+            let end = offset + len;
+            let old_next = top.next_possible_data(&mut old_cursor, offset)?;
+            let new_next = match (new_chain, new_cursor.as_mut()) {
+                (Some(d), Some(c)) if offset < d.size() => d.next_possible_data(c, offset)?,
+                _ => u64::MAX,
+            };
+            if old_next >= end && new_next >= end {
+                on_progress(end, size);
+                continue;
+            }
             old.resize(len as usize, 0);
             new.resize(len as usize, 0);
             top.read_at(&mut old, offset)?;

@@ -242,7 +242,9 @@ fn shrink_qcow2(path: &Path, layer: &Layer, new_size: u64) -> Result<()> {
     for c in kept..had {
         alloc.set_refcount(layer, l1_first + c, 0)?;
     }
-    layer.file.sync()
+    layer.file.sync()?;
+    // As QEMU does, give the space past the last used cluster back.
+    truncate_unused(path, layer)
 }
 
 /// The L1 table as stored in the file (the layer's cached copy may be
@@ -271,6 +273,27 @@ fn tables_map_nothing(layer: &Layer, tables: &[u64], cs: u64) -> Result<bool> {
         }
     }
     Ok(true)
+}
+
+/// Cuts the file after its last cluster in use.
+pub(crate) fn truncate_unused(path: &Path, layer: &Layer) -> Result<()> {
+    let report = crate::check::check(path, crate::check::Repair::None)?;
+    if report.corruptions > 0 || report.image_end_offset == 0 {
+        return Ok(());
+    }
+    if report.image_end_offset < layer.file_len() {
+        let invalid = |op: &str, e: std::io::Error| {
+            DiskError::Invalid(format!("{}: {op}: {e}", path.display()))
+        };
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(|e| invalid("open", e))?;
+        file.set_len(report.image_end_offset)
+            .map_err(|e| invalid("truncate", e))?;
+        file.sync_all().map_err(|e| invalid("sync", e))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
