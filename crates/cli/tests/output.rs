@@ -129,6 +129,10 @@ fn services_run_side_by_side_with_default_ports() {
             "port {port} is taken on this host: this test needs every default port free"
         );
     }
+    assert!(
+        UdpSocket::bind(("127.0.0.1", STORE_ORCHESTRATOR)).is_ok(),
+        "UDP port {STORE_ORCHESTRATOR} is taken on this host: this test needs it free"
+    );
     let home = tmp();
     let dir = home.path();
     let env = [("HOME", p(dir)), ("STRATA_POOL", p(&dir.join("pool")))];
@@ -243,12 +247,16 @@ fn colour_only_on_a_terminal_and_never_with_no_color() {
 
     // A terminal (script(1) gives the server a pty), with and without NO_COLOR.
     let on_terminal = |no_color: bool| {
+        let socket = dir.path().join(format!("tty-{no_color}.sock"));
+        let uri = format!("nbd+unix:///?socket={}", p(&socket));
         let shell = format!(
-            "{} {} serve -k {} {} & sleep 1; qemu-img info '{uri}' >/dev/null; kill $!; wait",
+            "{} {} serve -k {sock} {} & \
+             for i in $(seq 300); do [ -S {sock} ] && break; sleep 0.1; done; \
+             qemu-img info '{uri}' >/dev/null; kill $!; wait",
             if no_color { "NO_COLOR=1" } else { "" },
             env!("CARGO_BIN_EXE_strata"),
-            p(&socket),
-            p(&img)
+            p(&img),
+            sock = p(&socket),
         );
         let out = Command::new("script")
             .args(["-qec", &shell, "/dev/null"])
