@@ -122,6 +122,10 @@ pub enum ImgCommand {
         /// Output format.
         #[arg(long, value_enum, default_value = "human")]
         output: Output,
+        /// Open the image even while another process writes it (what is
+        /// read may be inconsistent); without it such an image is refused.
+        #[arg(short = 'U', long = "force-share")]
+        force_share: bool,
         /// The image.
         filename: PathBuf,
     },
@@ -397,9 +401,10 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
         ImgCommand::Map {
             format,
             output,
+            force_share,
             filename,
         } => {
-            let disk = open_ro(&filename, format.as_deref(), None, false)?;
+            let disk = open_ro(&filename, format.as_deref(), None, force_share)?;
             let extents = map::map(&disk)?;
             Ok(if output == Output::Json {
                 print_map_json(&extents);

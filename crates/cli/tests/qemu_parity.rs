@@ -513,4 +513,7 @@ fn fragmentation_across_l2_tables_and_a_short_backing_file_match_qemu_img() {
     ]);
     qemu_io(&top, &["write -P 5 4M 64k"]);
     assert_eq!(assert_parity(&top), vec![0; COMMANDS.len()]);
+    // -U (force-share) as qemu-img takes it.
+    assert_same(&["map", "-U", "--output", "json"], &top);
+    assert_same(&["info", "-U", "--backing-chain"], &top);
 }
