@@ -419,6 +419,23 @@ fn damaged_images_match_qemu_img() {
         assert!(text(&s.stdout).contains("1 leaked clusters"), "-r {mode}");
         assert_eq!(qemu_check(&mine), 0, "-r {mode}");
     }
+    // A refcount past the end of the file: qemu-img does not look there.
+    let past = at(&dir, "past-eof.qcow2");
+    qemu_create(&past, "", "4M");
+    qemu_io(&past, &["write -P 7 0 128k"]);
+    {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&past)
+            .expect("open");
+        let (cs, _, rt) = layout(&f);
+        let beyond = f.metadata().expect("stat").len().div_ceil(cs) + 3;
+        let block = read_u64(&f, rt) & OFFSET_MASK;
+        f.write_all_at(&1u16.to_be_bytes(), block + beyond * 2)
+            .expect("write refcount");
+    }
+    assert_eq!(assert_parity(&past), vec![0; COMMANDS.len()]);
     // An L2 entry pointing at the refcount table: a corruption (the table
     // is referenced twice) and a leak (the old data cluster).
     let bad = at(&dir, "bad.qcow2");

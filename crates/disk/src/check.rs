@@ -236,7 +236,17 @@ fn run_counting(layer: &Layer, repair: Repair) -> Result<(CheckReport, Vec<Overl
         }
         if want != have {
             mismatched.insert(cluster);
-            if have > want {
+            if have > want && cluster >= counted {
+                // A refcount past the end of the file: qemu-img does not
+                // look there, so it is not counted (but still repaired).
+                c.msg(format!(
+                    "Leaked cluster {cluster} refcount={have} reference={want} \
+                     (beyond the end of the file; not counted, as by qemu-img)"
+                ));
+                if repair != Repair::None {
+                    fixes.push((cluster, want, have));
+                }
+            } else if have > want {
                 report.leaks += 1;
                 c.msg(format!("Leaked cluster {cluster} refcount={have} reference={want}"));
                 if repair != Repair::None {
