@@ -834,6 +834,10 @@ fn print_info(inf: &ImageInfo) {
         println!("Format specific information:");
         for (key, value) in q.fields() {
             println!("    {}: {value}", key.replace('-', " "));
+            // QEMU's key order puts the bitmaps right after this one.
+            if key == "lazy-refcounts" {
+                print_bitmaps(&q.bitmaps);
+            }
         }
     }
     for child in &inf.children {
@@ -860,6 +864,23 @@ fn print_info(inf: &ImageInfo) {
             human(ci.granularity),
             ci.bytes
         );
+    }
+}
+
+/// The bitmaps as qemu-img's human dump of its QAPI objects shows them.
+fn print_bitmaps(bitmaps: &[strata_disk::info::BitmapInfo]) {
+    if bitmaps.is_empty() {
+        return;
+    }
+    println!("    bitmaps:");
+    for (i, b) in bitmaps.iter().enumerate() {
+        println!("        [{i}]:");
+        println!("            flags:");
+        for (j, f) in b.flags.iter().enumerate() {
+            println!("                [{j}]: {f}");
+        }
+        println!("            name: {}", b.name);
+        println!("            granularity: {}", b.granularity);
     }
 }
 

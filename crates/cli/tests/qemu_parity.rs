@@ -534,3 +534,33 @@ fn fragmentation_across_l2_tables_and_a_short_backing_file_match_qemu_img() {
     assert_same(&["map", "-U", "--output", "json"], &top);
     assert_same(&["info", "-U", "--backing-chain"], &top);
 }
+
+#[test]
+fn persistent_bitmaps_match_qemu_img() {
+    let dir = tmp();
+    let img = at(&dir, "bitmaps.qcow2");
+    qemu_create(&img, "", "4M");
+    qemu_img(&["bitmap", "--add", &p(&img), "b0"]);
+    qemu_img(&[
+        "bitmap",
+        "--add",
+        "-g",
+        "128k",
+        "--disable",
+        &p(&img),
+        "second",
+    ]);
+    qemu_io(&img, &["write -P 1 0 64k"]);
+    assert_eq!(assert_parity(&img), vec![0; COMMANDS.len()]);
+    let info = text(&run_strata(&["info"], &img).stdout);
+    assert!(info.contains("name: second"), "{info}");
+    // Killed while the bitmap is in use: qemu lists it with "in-use".
+    let out = Command::new("qemu-io")
+        .args(["-c", "write -P 2 1M 64k", "-c", "abort", &p(&img)])
+        .output()
+        .expect("run qemu-io");
+    assert!(!out.status.success(), "abort should kill qemu-io");
+    assert_parity(&img);
+    let info = text(&run_strata(&["info"], &img).stdout);
+    assert!(info.contains("in-use"), "{info}");
+}

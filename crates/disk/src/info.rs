@@ -31,6 +31,20 @@ pub struct Qcow2Details {
     pub corrupt: bool,
     /// Extended L2 entries (32 subclusters per cluster).
     pub extended_l2: bool,
+    /// Persistent dirty bitmaps (listed only while the bitmaps autoclear
+    /// bit says they are consistent, as qemu-img does).
+    pub bitmaps: Vec<BitmapInfo>,
+}
+
+/// A persistent dirty bitmap, as qemu-img lists it (keys in its order).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BitmapInfo {
+    /// "in-use" and/or "auto".
+    pub flags: Vec<String>,
+    /// Name.
+    pub name: String,
+    /// Bytes per bit.
+    pub granularity: u64,
 }
 
 impl Qcow2Details {
@@ -63,11 +77,14 @@ impl Qcow2Details {
 impl serde::Serialize for Qcow2Details {
     fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
         let v3 = !self.is_v2();
-        let mut s = serializer.serialize_struct("Qcow2Details", 6)?;
+        let mut s = serializer.serialize_struct("Qcow2Details", 7)?;
         s.serialize_field("compat", &self.compat)?;
         s.serialize_field("compression-type", &self.compression_type)?;
         if v3 {
             s.serialize_field("lazy-refcounts", &self.lazy_refcounts)?;
+        }
+        if !self.bitmaps.is_empty() {
+            s.serialize_field("bitmaps", &self.bitmaps)?;
         }
         s.serialize_field("refcount-bits", &self.refcount_bits)?;
         if v3 {
@@ -328,6 +345,7 @@ fn describe(layer: &Layer, filename: String) -> Result<ImageInfo> {
         refcount_bits: h.refcount_bits(),
         corrupt: h.incompatible_features & INCOMPAT_CORRUPT != 0,
         extended_l2: h.extended_l2(),
+        bitmaps: bitmaps(layer, &h)?,
     });
     if h.nb_snapshots > 0 {
         let avail = layer
@@ -402,4 +420,64 @@ fn snapshot_extras(buf: &[u8], count: usize) -> Vec<(u32, Option<u64>)> {
         at = (at + 40 + extra_len + id_len + name_len).div_ceil(8) * 8;
     }
     out
+}
+
+/// The persistent bitmaps of a qcow2 image, from its bitmap directory;
+/// none when the bitmaps autoclear bit is clear (a writer without bitmap
+/// support touched the image, and QEMU then ignores them).
+fn bitmaps(layer: &Layer, h: &strata_format::header::Header) -> Result<Vec<BitmapInfo>> {
+    use strata_format::header::{AUTOCLEAR_BITMAPS, EXT_BITMAPS};
+    use strata_format::HeaderExtension;
+    if h.autoclear_features & AUTOCLEAR_BITMAPS == 0 {
+        return Ok(Vec::new());
+    }
+    let Some(ext) = h.extensions.iter().find_map(|e| match e {
+        HeaderExtension::Other { kind, data } if *kind == EXT_BITMAPS => Some(data),
+        _ => None,
+    }) else {
+        return Ok(Vec::new());
+    };
+    let word = |b: &[u8], at: usize, n: usize| -> u64 {
+        b.get(at..at + n)
+            .map_or(0, |w| w.iter().fold(0u64, |v, x| (v << 8) | u64::from(*x)))
+    };
+    let count = word(ext, 0, 4);
+    let dir_size = word(ext, 8, 8);
+    let dir_offset = word(ext, 16, 8);
+    // QEMU caps the directory at 64 MiB; a larger one is not read.
+    if dir_size == 0 || dir_size > 64 << 20 {
+        return Ok(Vec::new());
+    }
+    let mut dir = vec![0u8; dir_size as usize];
+    layer.file.read_exact_at(&mut dir, dir_offset)?;
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    for _ in 0..count {
+        if at + 24 > dir.len() {
+            break;
+        }
+        let flags = word(&dir, at + 12, 4);
+        let granularity_bits = word(&dir, at + 17, 1);
+        let name_len = word(&dir, at + 18, 2) as usize;
+        let extra_len = word(&dir, at + 20, 4) as usize;
+        let name_at = at + 24 + extra_len;
+        let name = dir
+            .get(name_at..name_at + name_len)
+            .map(|n| String::from_utf8_lossy(n).into_owned())
+            .unwrap_or_default();
+        let mut names = Vec::new();
+        if flags & 1 != 0 {
+            names.push("in-use".to_string());
+        }
+        if flags & 2 != 0 {
+            names.push("auto".to_string());
+        }
+        out.push(BitmapInfo {
+            flags: names,
+            name,
+            granularity: 1u64.checked_shl(granularity_bits as u32).unwrap_or(0),
+        });
+        at = (name_at + name_len).div_ceil(8) * 8;
+    }
+    Ok(out)
 }
