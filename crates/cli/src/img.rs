@@ -90,6 +90,10 @@ pub enum ImgCommand {
         /// Print nothing.
         #[arg(short = 'q')]
         quiet: bool,
+        /// Check the image even while another process writes it (what is
+        /// counted may be inconsistent); not with -r.
+        #[arg(short = 'U', long = "force-share")]
+        force_share: bool,
         /// The image.
         filename: PathBuf,
     },
@@ -306,6 +310,7 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
             repair,
             output,
             quiet,
+            force_share,
             filename,
         } => {
             let probed = match format.as_deref() {
@@ -323,7 +328,7 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
                 Some("all") => Repair::All,
                 Some(other) => bail!("-r takes 'leaks' or 'all', not '{other}'"),
             };
-            let report = check::check(&filename, repair)?;
+            let report = check::check_shared(&filename, repair, force_share)?;
             // As qemu-img: the problems on stderr, the summary on stdout.
             for m in &report.messages {
                 eprintln!("{m}");

@@ -533,6 +533,7 @@ fn fragmentation_across_l2_tables_and_a_short_backing_file_match_qemu_img() {
     // -U (force-share) as qemu-img takes it.
     assert_same(&["map", "-U", "--output", "json"], &top);
     assert_same(&["info", "-U", "--backing-chain"], &top);
+    assert_same(&["check", "-U"], &top);
 }
 
 #[test]
@@ -563,4 +564,39 @@ fn persistent_bitmaps_match_qemu_img() {
     assert_parity(&img);
     let info = text(&run_strata(&["info"], &img).stdout);
     assert!(info.contains("in-use"), "{info}");
+}
+
+#[test]
+fn an_image_in_use_is_refused_without_force_share_like_qemu_img() {
+    let dir = tmp();
+    let img = at(&dir, "busy.qcow2");
+    qemu_create(&img, "", "4M");
+    qemu_io(&img, &["write -P 1 0 64k"]);
+    // An interactive qemu-io holds the image open for writing (and its
+    // locks) until its stdin closes.
+    let mut writer = Command::new("qemu-io")
+        .arg(&img)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn qemu-io");
+    // Wait until qemu-io holds its locks: qemu-img's plain info fails then.
+    let started = std::time::Instant::now();
+    while run_qemu(&["info"], &img).status.success() {
+        assert!(started.elapsed().as_secs() < 20, "qemu-io never locked");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    for args in [
+        &["info"][..],
+        &["info", "-U"],
+        &["check", "--output", "json"],
+        &["check", "-U", "--output", "json"],
+        &["map", "--output", "json"],
+        &["map", "-U", "--output", "json"],
+    ] {
+        let code = assert_same(args, &img);
+        assert_eq!(code == 0, args.contains(&"-U"), "{args:?}: exit {code}");
+    }
+    drop(writer.stdin.take());
+    writer.wait().expect("qemu-io exits");
 }

@@ -13,6 +13,7 @@ use crate::cache::PAGE_UNITS;
 use crate::disk::{Disk, OpenOptions};
 use crate::error::{DiskError, Result};
 use crate::layer::{Format, Layer};
+use crate::lock::LockMode;
 use crate::writer::Allocator;
 
 /// What to repair.
@@ -96,8 +97,26 @@ impl CheckReport {
 
 /// Checks (and optionally repairs) the image at `path`.
 pub fn check(path: &Path, repair: Repair) -> Result<CheckReport> {
-    open_backing(path)?;
-    let layer = Layer::open(path, 0, repair != Repair::None, Some(Format::Qcow2))?;
+    check_shared(path, repair, false)
+}
+
+/// [`check`], with qemu-img's `-U`: `force_share` reads an image another
+/// process may be writing (what is counted may then be inconsistent). A
+/// repair must have the image alone.
+pub fn check_shared(path: &Path, repair: Repair, force_share: bool) -> Result<CheckReport> {
+    let lock = match (repair, force_share) {
+        (Repair::None, true) => LockMode::ForceShare,
+        (Repair::None, false) => LockMode::Read,
+        (_, true) => {
+            return Err(DiskError::Invalid(format!(
+                "{}: force-share (-U) is for checks without -r; a repair must have the image alone",
+                path.display()
+            )))
+        }
+        (_, false) => LockMode::Write,
+    };
+    open_backing(path, lock)?;
+    let layer = Layer::open_locked(path, 0, repair != Repair::None, Some(Format::Qcow2), lock)?;
     let (mut report, overlaps) = run_counting(&layer, repair)?;
     if repair == Repair::All && !overlaps.is_empty() {
         relocate_overlaps(&layer, &overlaps)?;
@@ -117,14 +136,18 @@ pub fn check(path: &Path, repair: Repair) -> Result<CheckReport> {
         clear_corrupt_bit(&layer)?;
     }
     drop(layer);
-    report.chain_index = index_status(path, &mut report);
+    report.chain_index = index_status(path, &mut report, force_share);
     Ok(report)
 }
 
 /// Opens the backing chain below the image at `path`, if it has one: as
 /// qemu-img, check refuses an image whose backing file cannot be opened.
-fn open_backing(path: &Path) -> Result<()> {
-    let layer = Layer::open(path, 0, false, Some(Format::Qcow2))?;
+fn open_backing(path: &Path, lock: LockMode) -> Result<()> {
+    let lock = match lock {
+        LockMode::ForceShare => LockMode::ForceShare,
+        _ => LockMode::Read,
+    };
+    let layer = Layer::open_locked(path, 0, false, Some(Format::Qcow2), lock)?;
     let Some(name) = layer.header().and_then(|h| h.backing_file) else {
         return Ok(());
     };
@@ -139,6 +162,7 @@ fn open_backing(path: &Path) -> Result<()> {
         &backing,
         &OpenOptions {
             ignore_index: true,
+            force_share: lock == LockMode::ForceShare,
             ..OpenOptions::read_only()
         },
     )
@@ -805,15 +829,22 @@ fn words(buf: &[u8]) -> impl Iterator<Item = u64> + '_ {
 
 /// Verifies the stored chain index, if any, against a walk of the chain.
 /// Mismatches count as corruptions: they would make reads return wrong data.
-fn index_status(path: &Path, report: &mut CheckReport) -> Option<String> {
+fn index_status(path: &Path, report: &mut CheckReport, force_share: bool) -> Option<String> {
     let walk = Disk::open(
         path,
         &OpenOptions {
             ignore_index: true,
+            force_share,
             ..OpenOptions::read_only()
         },
     );
-    let indexed = Disk::open(path, &OpenOptions::read_only());
+    let indexed = Disk::open(
+        path,
+        &OpenOptions {
+            force_share,
+            ..OpenOptions::read_only()
+        },
+    );
     let (walk, indexed) = match (walk, indexed) {
         (Ok(w), Ok(i)) => (w, i),
         (Err(e), _) | (_, Err(e)) => return Some(format!("not verified: {e}")),
