@@ -21,7 +21,9 @@ use crate::tls::TlsCredentials;
 use crate::transmission::{self, Limits, Socket};
 use crate::ServerError;
 
-/// Default TCP port (IANA-assigned to NBD).
+/// Default TCP port (IANA-assigned to NBD, qemu-nbd's): `strata serve`'s. The
+/// daemon (10810) and mirrors (10811) default to ports of their own, so
+/// all three run side by side.
 pub const DEFAULT_PORT: u16 = 10809;
 
 /// How a server listens and limits its clients.
