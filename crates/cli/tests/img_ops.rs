@@ -619,23 +619,34 @@ fn bad_input_is_refused_without_changing_a_byte() {
 struct Holder(Child);
 
 impl Holder {
-    fn new(image: &Path) -> Holder {
+    /// qemu-io with `image` open (`-r`: read-only, as a VM holds a
+    /// backing file), once its locks are taken.
+    fn new(image: &Path, read_only: bool) -> Holder {
+        let mut args = vec!["-c", "sleep 60000"];
+        if read_only {
+            args.push("-r");
+        }
+        let path = p(image);
+        args.push(&path);
         let child = Command::new("qemu-io")
-            .args(["-c", "sleep 60000", &p(image)])
+            .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn qemu-io");
-        // Wait until the lock is taken: qemu-img's own open is refused.
-        for _ in 0..100 {
-            let probe = Command::new("qemu-img")
-                .args(["info", &p(image)])
-                .output()
-                .expect("qemu-img info");
-            if !probe.status.success() {
+        // Wait until the file's OFD locks show in /proc/locks.
+        use std::os::unix::fs::MetadataExt;
+        let inode = std::fs::metadata(image).expect("stat").ino();
+        let needle = format!(":{inode} ");
+        for _ in 0..200 {
+            let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+            if locks
+                .lines()
+                .any(|l| l.contains("OFDLCK") && l.contains(&needle))
+            {
                 break;
             }
-            std::thread::sleep(std::time::Duration::from_millis(50));
+            std::thread::sleep(std::time::Duration::from_millis(25));
         }
         Holder(child)
     }
@@ -654,7 +665,7 @@ fn an_image_in_use_is_refused() {
     chain(dir.path());
     let d = dir.path();
     let top = p(&d.join("top.qcow2"));
-    let _holder = Holder::new(&d.join("top.qcow2"));
+    let _holder = Holder::new(&d.join("top.qcow2"), false);
     refused(d, &["img", "resize", &top, "+1M"], "lock");
     refused(
         d,
@@ -682,4 +693,14 @@ fn an_image_in_use_is_refused() {
         "lock",
     );
     refused(d, &["img", "measure", "-O", "qcow2", &top], "lock");
+}
+
+#[test]
+fn commit_into_a_base_others_read_is_refused() {
+    let dir = tmp();
+    chain(dir.path());
+    let d = dir.path();
+    let _reader = Holder::new(&d.join("mid.qcow2"), true);
+    let top = p(&d.join("top.qcow2"));
+    refused(d, &["img", "commit", &top], "lock");
 }
