@@ -40,7 +40,7 @@ pub struct RebaseArgs {
     /// Format of the image (probed if absent).
     #[arg(short = 'f')]
     format: Option<String>,
-    /// Format of the new backing file (probed if absent).
+    /// Format of the new backing file (required with a non-empty -b).
     #[arg(short = 'F')]
     backing_format: Option<String>,
     /// Unsafe: only rewrite the backing name, copy nothing.

@@ -583,8 +583,8 @@ fn bad_input_is_refused_without_changing_a_byte() {
     refused(d, &["img", "resize", &top, "-1M"], "--shrink");
     refused(
         d,
-        &["img", "rebase", "-b", "missing.qcow2", &top],
-        "missing.qcow2",
+        &["img", "rebase", "-b", "base.qcow2", &top],
+        "backing format must be specified",
     );
     refused(
         d,

@@ -25,7 +25,8 @@ const STEP_BYTES: u64 = 1 << 20;
 pub struct RebaseOptions {
     /// Format of the image (probed when `None`).
     pub format: Option<Format>,
-    /// Format of the new backing file (probed when `None`).
+    /// Format of the new backing file: required unless the image is
+    /// made standalone (probing it is unsafe, and qemu-img 10 refuses too).
     pub backing_format: Option<Format>,
     /// Only rewrite the name (qemu-img's `-u`).
     pub unsafe_mode: bool,
@@ -51,6 +52,15 @@ pub fn rebase(
     opts: &RebaseOptions,
     mut on_progress: impl FnMut(u64, u64),
 ) -> Result<RebaseReport> {
+    if !backing.is_empty() && opts.backing_format.is_none() {
+        // As qemu-img 10: a probed format would let a raw file that looks
+        // like qcow2 be read as one.
+        return Err(DiskError::Invalid(format!(
+            "could not change the backing file of {} to '{backing}': the backing format \
+             must be specified (-F qcow2 or -F raw); nothing was changed",
+            path.display()
+        )));
+    }
     // Held to the end, so nobody opens the image between the copy and
     // the header switch.
     let guard = Layer::open(path, 0, true, opts.format)?;
@@ -64,16 +74,12 @@ pub fn rebase(
         "" => None,
         name => match open_new_backing(path, name, opts.backing_format) {
             Ok(disk) => Some(disk),
-            // Like qemu-img: -u with -F does not need the new file to exist.
-            Err(_) if opts.unsafe_mode && opts.backing_format.is_some() => None,
+            // Like qemu-img: -u does not need the new file to exist.
+            Err(_) if opts.unsafe_mode => None,
             Err(e) => return Err(e),
         },
     };
-    let format = match (&new_chain, opts.backing_format) {
-        (_, Some(f)) => Some(f),
-        (Some(d), None) => Some(d.top().format()),
-        (None, None) => None,
-    };
+    let format = opts.backing_format;
     if !opts.unsafe_mode {
         let top = Disk::open(
             path,
