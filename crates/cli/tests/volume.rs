@@ -1341,7 +1341,10 @@ fn the_cluster_size_of_new_volumes_is_configurable() {
                 .unwrap();
         assert_eq!(info["cluster-size"], 16384, "{f}: {info}");
         // Extended L2 entries by default, in snapshots and clones too.
-        assert_eq!(info["format-specific"]["data"]["extended-l2"], true, "{f}: {info}");
+        assert_eq!(
+            info["format-specific"]["data"]["extended-l2"], true,
+            "{f}: {info}"
+        );
     }
     check_every_layer(&pool);
     let out = strata(&["daemon", "--pool", &p(&pool), "--cluster-size", "3k"]);
@@ -1395,7 +1398,10 @@ fn a_volume_can_ask_for_its_own_cluster_size() {
                 .unwrap();
         if i["cluster-size"] == 4096 {
             small_layers += 1;
-            assert_eq!(i["format-specific"]["data"]["extended-l2"], false, "{f}: {i}");
+            assert_eq!(
+                i["format-specific"]["data"]["extended-l2"], false,
+                "{f}: {i}"
+            );
         }
     }
     assert_eq!(
@@ -1418,7 +1424,10 @@ fn extended_l2_can_be_turned_off() {
         let info: Value =
             serde_json::from_str(&strata_ok(&["img", "info", "--output", "json", &p(&path)]))
                 .unwrap();
-        assert_eq!(info["format-specific"]["data"]["extended-l2"], false, "{f}: {info}");
+        assert_eq!(
+            info["format-specific"]["data"]["extended-l2"], false,
+            "{f}: {info}"
+        );
     }
 }
 
@@ -1880,7 +1889,7 @@ fn the_api_needs_the_pool_token_and_the_cli_finds_it() {
         String::from_utf8_lossy(&out.stderr)
     );
     let out = strata_in(dir.path(), &api, &["volume", "list"]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("v\t16777216"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("v\t16 MiB\tcreated "));
 
     // Elsewhere, without a token: 401, and the CLI says where it looked.
     let elsewhere = tmp();
