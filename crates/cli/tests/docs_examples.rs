@@ -10,9 +10,9 @@
 //! Each document gets one fresh temporary directory; its runnable blocks run
 //! there in order (so a later block may use the files an earlier one made),
 //! each as `bash -euo pipefail` in a session of its own, with the debug
-//! `strata` first on PATH and a time limit. When a block ends, every process
-//! still in its session (servers it started with `&`) is stopped: SIGTERM,
-//! then SIGKILL.
+//! `strata` first on PATH, HOME and TMPDIR in that directory, and a time
+//! limit. When a block ends, every process still in its session (servers
+//! it started with `&`) is stopped: SIGTERM, then SIGKILL.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -139,6 +139,7 @@ fn run_block(block: &Block, directory: &Path, index: usize) -> Result<(), String
         .current_dir(directory)
         .env("PATH", path)
         .env("TMPDIR", directory)
+        .env("HOME", directory)
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err)
@@ -280,4 +281,49 @@ fn every_runnable_shell_block_of_the_docs_succeeds() {
         failures.len(),
         failures.join("\n\n")
     );
+}
+
+/// The runner itself: a failing command fails its block with its output, a
+/// `norun` fence is read with its reason, and a server a block left running
+/// is stopped when the block ends.
+#[test]
+fn the_runner_reports_failures_and_stops_leftover_servers() {
+    let directory = tempfile::tempdir().expect("a temporary directory");
+    let block = |text: &str| Block {
+        document: "self-test".to_string(),
+        line: 1,
+        norun: None,
+        text: text.to_string(),
+    };
+    let failed = run_block(
+        &block("echo before\nfalse\necho after\n"),
+        directory.path(),
+        0,
+    )
+    .expect_err("a failing command should fail its block");
+    assert!(
+        failed.contains("before") && !failed.contains("after"),
+        "{failed}"
+    );
+
+    let pid_file = directory.path().join("sleeper.pid");
+    run_block(
+        &block("sleep 1000 &\necho $! > sleeper.pid\n"),
+        directory.path(),
+        1,
+    )
+    .expect("the block itself succeeds");
+    let pid = fs::read_to_string(&pid_file).expect("the block wrote the pid");
+    assert!(
+        live(&[pid.trim().parse().expect("a pid")]).is_empty(),
+        "the block's background process {} should have been stopped",
+        pid.trim()
+    );
+
+    let readme = document_blocks("README.md");
+    assert!(readme.iter().any(|block| block.norun.is_none()));
+    assert!(readme
+        .iter()
+        .filter_map(|block| block.norun.as_deref())
+        .all(|reason| !reason.is_empty()));
 }
