@@ -421,7 +421,8 @@ fn print_fields(map: &serde_json::Map<String, Value>, indent: &str) {
 }
 
 /// A field's value for people: byte counts and rates humanized with the
-/// exact figure, epoch seconds as UTC times, lists joined, null as "-".
+/// exact figure, epoch seconds as UTC times, fractions to three decimals,
+/// lists joined, null as "-".
 fn field_text(key: &str, value: &Value) -> String {
     match (key, value) {
         ("size" | "old_size" | "cluster_size" | "bytes_copied", Value::Number(n)) => {
@@ -431,6 +432,10 @@ fn field_text(key: &str, value: &Value) -> String {
             .as_u64()
             .map_or_else(|| n.to_string(), |r| format!("{}/s", human(r))),
         ("created", Value::Number(n)) => n.as_u64().map_or_else(|| n.to_string(), humanize::utc),
+        // Durations and ratios: three decimals are all a person reads.
+        (_, Value::Number(n)) if n.is_f64() => n
+            .as_f64()
+            .map_or_else(|| n.to_string(), |f| format!("{f:.3}")),
         (_, Value::String(s)) => s.clone(),
         (_, Value::Null) => "-".into(),
         (_, Value::Array(items)) if items.is_empty() => "-".into(),
