@@ -97,14 +97,6 @@ fn qemu_io_nbd(socket: &Path, cmds: &[&str]) -> Output {
         .expect("spawn qemu-io")
 }
 
-fn said(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 /// The whole guest disk as qemu-img reads it (with -U: the server may
 /// still hold the image).
 fn guest(image: &Path, dir: &Path) -> Vec<u8> {
@@ -128,7 +120,7 @@ fn a_client_write_through_an_l2_entry_on_the_refcount_table_gets_eio_and_changes
     let socket = at(&dir, "s.sock");
     let (server, _) = serve(&image, &socket);
     let write = qemu_io_nbd(&socket, &["write -P 0xee 0x2000 4k"]);
-    let text = said(&write);
+    let text = output_text(&write);
     assert!(
         text.contains("Input/output error"),
         "the write over the refcount table was not refused with EIO: {text}"
@@ -136,9 +128,9 @@ fn a_client_write_through_an_l2_entry_on_the_refcount_table_gets_eio_and_changes
     // Reads go on, and read what they read before.
     let read = qemu_io_nbd(&socket, &["read -P 0x6b 1M 64k"]);
     assert!(
-        !said(&read).contains("failed"),
+        !output_text(&read).contains("failed"),
         "reads stopped: {}",
-        said(&read)
+        output_text(&read)
     );
     stop(server);
     assert!(
@@ -168,15 +160,15 @@ fn served_read_only_unchanged(at_offset: u64, value: u64, named: &str) {
     }
     let write = qemu_io_nbd(&socket, &["write -P 0xee 0 4k"]);
     assert!(
-        said(&write).contains("failed") || !write.status.success(),
+        output_text(&write).contains("failed") || !write.status.success(),
         "a read-only export took a write: {}",
-        said(&write)
+        output_text(&write)
     );
     let read = qemu_io_nbd(&socket, &["read -P 0x5a 0 128k"]);
     assert!(
-        !said(&read).contains("failed"),
+        !output_text(&read).contains("failed"),
         "reads of the intact part failed: {}",
-        said(&read)
+        output_text(&read)
     );
     stop(server);
     assert!(
@@ -216,7 +208,7 @@ fn a_truncated_image_keeps_what_clients_read_and_takes_writes_elsewhere() {
     let socket = at(&dir, "s.sock");
     let (server, _) = serve(&image, &socket);
     let write = qemu_io_nbd(&socket, &["write -P 0xc1 2M 64k", "flush"]);
-    assert!(write.status.success(), "{}", said(&write));
+    assert!(write.status.success(), "{}", output_text(&write));
     stop(server);
     let mut expected = guest_before;
     expected[2 << 20..(2 << 20) + (64 << 10)].fill(0xc1);

@@ -635,15 +635,8 @@ impl Holder {
             .spawn()
             .expect("spawn qemu-io");
         // Wait until the file's OFD locks show in /proc/locks.
-        use std::os::unix::fs::MetadataExt;
-        let inode = std::fs::metadata(image).expect("stat").ino();
-        let needle = format!(":{inode} ");
         for _ in 0..200 {
-            let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-            if locks
-                .lines()
-                .any(|l| l.contains("OFDLCK") && l.contains(&needle))
-            {
+            if !lock_bytes(image).is_empty() {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(25));

@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -103,50 +102,9 @@ impl Drop for Holder {
     }
 }
 
-/// The lock bytes any process holds on `path`, from /proc/locks, sorted.
-fn lock_bytes(path: &Path) -> Vec<u64> {
-    let ino = std::fs::metadata(path).expect("stat").ino();
-    let locks = std::fs::read_to_string("/proc/locks").expect("read /proc/locks");
-    let mut bytes: Vec<u64> = locks
-        .lines()
-        .filter_map(|line| {
-            // "1: OFDLCK ADVISORY READ -1 fd:01:1234 100 101": the kernel
-            // merges a holder's adjacent bytes into one range.
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let inode = fields.get(5)?.rsplit(':').next()?.parse::<u64>().ok()?;
-            if inode != ino || fields.get(1) != Some(&"OFDLCK") {
-                return None;
-            }
-            let start = fields.get(6)?.parse::<u64>().ok()?;
-            let end = fields.get(7)?.parse::<u64>().ok()?;
-            Some(start..=end)
-        })
-        .flatten()
-        .collect();
-    bytes.sort_unstable();
-    bytes.dedup();
-    bytes
-}
-
-/// Runs a tool, returning its output whatever its exit status.
-fn run(tool: &str, args: &[&str]) -> Output {
-    Command::new(tool)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("spawn {tool}: {e}"))
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 /// Asserts that `out` is a refusal that names `image` and `lock`.
 fn assert_refused(what: &str, out: &Output, image: &Path, lock: &str) {
-    let said = text(out);
+    let said = output_text(out);
     assert!(
         !out.status.success(),
         "{what} should have been refused:\n{said}"
@@ -195,12 +153,12 @@ fn a_second_strata_writer_is_refused_and_changes_no_byte() {
     let image = image_with_data(&dir);
     let _first = Holder::strata(&image, &at(&dir, "a.sock"), &[]);
     let before = contents(&image);
-    let second = run(
+    let second = run_tool(
         env!("CARGO_BIN_EXE_strata"),
         &["serve", "-k", &p(&at(&dir, "b.sock")), &p(&image)],
     );
     assert_refused("a second strata serve", &second, &image, "\"write\" lock");
-    let reader = run(
+    let reader = run_tool(
         env!("CARGO_BIN_EXE_strata"),
         &["serve", "-r", "-k", &p(&at(&dir, "c.sock")), &p(&image)],
     );
@@ -217,16 +175,16 @@ fn strata_refuses_an_image_qemu_nbd_writes_and_reads_it_with_force_share() {
     let image = image_with_data(&dir);
     let _qemu = Holder::qemu_nbd(&image, &at(&dir, "q.sock"), &[]);
     let before = contents(&image);
-    let serve = run(
+    let serve = run_tool(
         env!("CARGO_BIN_EXE_strata"),
         &["serve", "-k", &p(&at(&dir, "s.sock")), &p(&image)],
     );
     assert_refused("strata serve", &serve, &image, "\"write\" lock");
-    let info = run(env!("CARGO_BIN_EXE_strata"), &["img", "info", &p(&image)]);
+    let info = run_tool(env!("CARGO_BIN_EXE_strata"), &["img", "info", &p(&image)]);
     assert_refused("strata img info", &info, &image, "shared \"write\" lock");
     let shared = strata_ok(&["img", "info", "-U", &p(&image)]);
     assert!(shared.contains("virtual size"), "img info -U: {shared}");
-    let convert = run(
+    let convert = run_tool(
         env!("CARGO_BIN_EXE_strata"),
         &[
             "img",
@@ -259,22 +217,22 @@ fn qemu_tools_are_refused_on_an_image_strata_serves() {
     let image = image_with_data(&dir);
     let _strata = Holder::strata(&image, &at(&dir, "s.sock"), &[]);
     let before = contents(&image);
-    let write = run("qemu-io", &["-c", "write -P 0x77 0 4k", &p(&image)]);
+    let write = run_tool("qemu-io", &["-c", "write -P 0x77 0 4k", &p(&image)]);
     assert_refused("qemu-io write", &write, &image, "\"write\" lock");
-    let resize = run("qemu-img", &["resize", &p(&image), "128M"]);
+    let resize = run_tool("qemu-img", &["resize", &p(&image), "128M"]);
     assert_refused("qemu-img resize", &resize, &image, "\"write\" lock");
-    let nbd = run(
+    let nbd = run_tool(
         "qemu-nbd",
         &["-f", "qcow2", "-k", &p(&at(&dir, "q.sock")), &p(&image)],
     );
     assert_refused("qemu-nbd", &nbd, &image, "\"write\" lock");
-    let info = run("qemu-img", &["info", &p(&image)]);
+    let info = run_tool("qemu-img", &["info", &p(&image)]);
     assert_refused("qemu-img info", &info, &image, "shared \"write\" lock");
-    let shared = run("qemu-img", &["info", "-U", &p(&image)]);
+    let shared = run_tool("qemu-img", &["info", "-U", &p(&image)]);
     assert!(
         shared.status.success(),
         "qemu-img info -U: {}",
-        text(&shared)
+        output_text(&shared)
     );
     assert!(
         contents(&image) == before,
@@ -301,12 +259,20 @@ fn readers_share_and_a_backing_file_stays_readable_but_not_writable() {
     let _writer = Holder::strata(&top, &at(&dir, "w.sock"), &[]);
     // The backing file is read by the writer: readers are welcome...
     let _reader = Holder::strata(&base, &at(&dir, "r.sock"), &["-r"]);
-    let info = run("qemu-img", &["info", &p(&base)]);
-    assert!(info.status.success(), "qemu-img info base: {}", text(&info));
-    let read = run("qemu-io", &["-r", "-c", "read -P 0x5a 0 1M", &p(&base)]);
-    assert!(read.status.success(), "qemu-io -r base: {}", text(&read));
+    let info = run_tool("qemu-img", &["info", &p(&base)]);
+    assert!(
+        info.status.success(),
+        "qemu-img info base: {}",
+        output_text(&info)
+    );
+    let read = run_tool("qemu-io", &["-r", "-c", "read -P 0x5a 0 1M", &p(&base)]);
+    assert!(
+        read.status.success(),
+        "qemu-io -r base: {}",
+        output_text(&read)
+    );
     // ...writers are not.
-    let write = run("qemu-io", &["-c", "write 0 4k", &p(&base)]);
+    let write = run_tool("qemu-io", &["-c", "write 0 4k", &p(&base)]);
     assert_refused("qemu-io write to the backing file", &write, &base, "lock");
 }
 
@@ -317,11 +283,11 @@ fn the_locks_of_a_killed_holder_are_free_at_once() {
     let mut strata = Holder::strata(&image, &at(&dir, "s.sock"), &[]);
     strata.kill();
     assert!(lock_bytes(&image).is_empty(), "locks outlived their holder");
-    let write = run("qemu-io", &["-c", "write -P 0x77 0 4k", &p(&image)]);
+    let write = run_tool("qemu-io", &["-c", "write -P 0x77 0 4k", &p(&image)]);
     assert!(
         write.status.success(),
         "qemu-io after kill -9: {}",
-        text(&write)
+        output_text(&write)
     );
 }
 
@@ -331,7 +297,7 @@ fn creating_over_an_image_in_use_is_refused_and_changes_no_byte() {
     let image = image_with_data(&dir);
     let _qemu = Holder::qemu_nbd(&image, &at(&dir, "q.sock"), &[]);
     let before = contents(&image);
-    let create = run(
+    let create = run_tool(
         env!("CARGO_BIN_EXE_strata"),
         &["img", "create", "-f", "qcow2", &p(&image), "1G"],
     );
@@ -355,8 +321,8 @@ fn qemu_io_over_nbd(socket: &Path, cmds: &[&str]) {
         args.extend(["-c", c]);
     }
     args.push(&uri);
-    let out = run("qemu-io", &args);
-    let said = text(&out);
+    let out = run_tool("qemu-io", &args);
+    let said = output_text(&out);
     assert!(
         out.status.success() && !said.contains("failed"),
         "qemu-io over NBD: {said}"
@@ -404,7 +370,7 @@ fn qemu_writes_after_strata_was_killed_holding_an_image_leave_no_stale_index() {
     let check = strata_ok(&["img", "check", &p(&top)]);
     assert!(check.contains("matches the chain"), "{check}");
     assert_same_view(&top, dir.path());
-    let reads = run(
+    let reads = run_tool(
         "qemu-io",
         &[
             "-r",
@@ -423,7 +389,7 @@ fn qemu_writes_after_strata_was_killed_holding_an_image_leave_no_stale_index() {
             &p(&top),
         ],
     );
-    let said = text(&reads);
+    let said = output_text(&reads);
     assert!(
         reads.status.success() && !said.contains("Pattern verification failed"),
         "data lost: {said}"

@@ -584,7 +584,7 @@ fn an_image_in_use_is_refused_without_force_share_like_qemu_img() {
     // probe that opens the image itself (qemu-img info) would take a read
     // lock and could make qemu-io's own open fail.
     let started = std::time::Instant::now();
-    while !write_locked(&img) {
+    while !lock_bytes(&img).contains(&101) {
         assert!(started.elapsed().as_secs() < 20, "qemu-io never locked");
         if let Ok(Some(status)) = writer.try_wait() {
             panic!("qemu-io exited ({status}) before it locked the image");
@@ -604,28 +604,4 @@ fn an_image_in_use_is_refused_without_force_share_like_qemu_img() {
     }
     drop(writer.stdin.take());
     writer.wait().expect("qemu-io exits");
-}
-
-/// Whether some process holds QEMU's "write" permission lock (byte 101)
-/// on `path`, from /proc/locks (the kernel merges a holder's adjacent
-/// bytes into one range).
-fn write_locked(path: &std::path::Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(meta) = std::fs::metadata(path) else {
-        return false;
-    };
-    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-    locks.lines().any(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let inode = fields
-            .get(5)
-            .and_then(|f| f.rsplit(':').next())
-            .and_then(|i| i.parse::<u64>().ok());
-        let range = (
-            fields.get(6).and_then(|f| f.parse::<u64>().ok()),
-            fields.get(7).and_then(|f| f.parse::<u64>().ok()),
-        );
-        inode == Some(meta.ino())
-            && matches!(range, (Some(start), Some(end)) if start <= 101 && 101 <= end)
-    })
 }

@@ -178,3 +178,47 @@ pub fn pattern(size: usize, seed: u64) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Runs a tool, returning its output whatever its exit status.
+pub fn run_tool(tool: &str, args: &[&str]) -> Output {
+    Command::new(tool)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {tool}: {e}"))
+}
+
+/// What a process printed, stdout then stderr.
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The image lock bytes (QEMU's OFD locks) any process holds on `path`,
+/// from /proc/locks, sorted.
+pub fn lock_bytes(path: &Path) -> Vec<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(path).expect("stat").ino();
+    let locks = std::fs::read_to_string("/proc/locks").expect("read /proc/locks");
+    let mut bytes: Vec<u64> = locks
+        .lines()
+        .filter_map(|line| {
+            // "1: OFDLCK ADVISORY READ -1 fd:01:1234 100 101": the kernel
+            // merges a holder's adjacent bytes into one range.
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let inode = fields.get(5)?.rsplit(':').next()?.parse::<u64>().ok()?;
+            if inode != ino || fields.get(1) != Some(&"OFDLCK") {
+                return None;
+            }
+            let start = fields.get(6)?.parse::<u64>().ok()?;
+            let end = fields.get(7)?.parse::<u64>().ok()?;
+            Some(start..=end)
+        })
+        .flatten()
+        .collect();
+    bytes.sort_unstable();
+    bytes.dedup();
+    bytes
+}
