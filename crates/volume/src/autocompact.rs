@@ -86,6 +86,11 @@ impl Service {
                 .unwrap_or(0)
         };
         let runs = compaction_runs(state, top);
+        if runs.is_empty() {
+            // Nothing to merge: skip stat-ing every layer of a long chain
+            // on every pass.
+            return Some(DeadLayers::default());
+        }
         Some(DeadLayers {
             layers: runs.iter().map(Vec::len).sum(),
             bytes: runs.iter().flatten().map(file_bytes).sum(),
