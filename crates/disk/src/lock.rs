@@ -187,10 +187,10 @@ impl ImageLock {
         let Some(locks) = registry.get_mut(&self.key) else {
             return Ok(());
         };
-        let Some(previous) = locks.openers.insert(self.opener, mode) else {
-            locks.openers.remove(&self.opener);
+        let Some(previous) = locks.openers.get(&self.opener).copied() else {
             return Ok(());
         };
+        locks.openers.insert(self.opener, mode);
         let outcome = apply(locks).and_then(|()| check(&locks.file, mode));
         if let Err(conflict) = outcome {
             locks.openers.insert(self.opener, previous);
