@@ -13,10 +13,11 @@ use strata_nbd::TlsCredentials;
 #[derive(Args, Debug, Default)]
 pub struct TlsArgs {
     /// Require TLS, with the credentials in DIR laid out as for QEMU's
-    /// tls-creds-x509 object: server-cert.pem, server-key.pem, and
-    /// ca-cert.pem for --tls-verify-peer. Clients connect as with
+    /// tls-creds-x509 object (server-cert.pem, server-key.pem, and
+    /// ca-cert.pem for --tls-verify-peer) or its tls-creds-psk object
+    /// (keys.psk, IDENTITY:HEXKEY lines). Clients connect as with
     /// qemu-nbd --tls-creds (qemu's tls-creds=, libnbd's nbds://).
-    #[arg(long = "tls-creds", value_name = "DIR")]
+    #[arg(long = "tls-creds", value_name = "DIR", value_parser = crate::stdio::directory())]
     tls_creds: Option<PathBuf>,
     /// Require client certificates signed by DIR/ca-cert.pem (QEMU's
     /// verify-peer).
@@ -48,7 +49,7 @@ impl TlsArgs {
                 bail!(
                     "{bind_flag} {host} serves NBD beyond loopback without TLS, where anyone \
                      who can reach it reads and writes the disks: add --tls-creds DIR \
-                     (server-cert.pem, server-key.pem, as for qemu-nbd), or pass \
+                     (server-cert.pem and server-key.pem, or keys.psk, as for qemu-nbd), or pass \
                      --allow-plaintext if the network is trusted"
                 );
             }

@@ -684,3 +684,154 @@ fn daemon_serves_volumes_over_tls() {
     daemon.assert_running();
     daemon.stop();
 }
+
+// ---------------------------------------------------------------------------
+// Pre-shared keys
+
+/// A `keys.psk` directory holding one identity with a random 32-byte key
+/// (the format GnuTLS's psktool writes: `IDENTITY:HEXKEY`).
+fn make_psk(dir: &Path, name: &str, identity: &str) -> PathBuf {
+    let keys = dir.join(name);
+    std::fs::create_dir_all(&keys).unwrap();
+    let key = ok("openssl", &["rand", "-hex", "32"]);
+    std::fs::write(
+        keys.join("keys.psk"),
+        format!("{identity}:{}\n", key.trim()),
+    )
+    .unwrap();
+    keys
+}
+
+/// QEMU's client object for pre-shared keys in `dir`, as `identity`.
+fn qemu_psk_object(dir: &Path, identity: &str) -> String {
+    format!(
+        "tls-creds-psk,id=tls0,endpoint=client,dir={},username={identity}",
+        dir.display()
+    )
+}
+
+/// libnbd's URI for pre-shared keys.
+fn nbds_psk_uri(port: u16, identity: &str, dir: &Path) -> String {
+    format!(
+        "nbds://{identity}@127.0.0.1:{port}/?tls-psk-file={}",
+        dir.join("keys.psk").display()
+    )
+}
+
+/// (h) QEMU's tls-creds-psk and libnbd's tls-psk-file: a client with the
+/// right identity and key writes and reads back; a wrong key, an unknown
+/// identity and a plain client are refused and change nothing; the
+/// server goes on serving.
+#[test]
+fn pre_shared_keys_with_qemu_and_libnbd() {
+    let dir = tmp();
+    let keys = make_psk(dir.path(), "psk", "alice");
+    let img = image(dir.path());
+    let mut server = serve(dir.path(), &img, &["--tls-creds", &p(&keys)]);
+    let port = server.nbd_port();
+    let object = qemu_psk_object(&keys, "alice");
+    let image = qemu_tls_image(port);
+    let io = |cmds: &[&str]| {
+        let mut args = vec!["--object", object.as_str(), "--image-opts", &image];
+        for c in cmds {
+            args.extend(["-c", c]);
+        }
+        let out = ok("qemu-io", &args);
+        assert!(
+            !out.contains("failed") && !out.contains("error") && !out.contains("Pattern"),
+            "qemu-io over TLS-PSK: {out}"
+        );
+    };
+    io(&["write -P 0x6b 0 64k", "write -P 0xd2 2M 5M", "flush"]);
+    io(&["read -P 0x6b 0 64k", "read -P 0xd2 2M 5M"]);
+    let uri = nbds_psk_uri(port, "alice", &keys);
+    let info = ok("nbdinfo", &[&uri]);
+    assert!(info.contains("with TLS"), "{info}");
+    let raw = dir.path().join("copy.raw");
+    ok("nbdcopy", &[&uri, &p(&raw)]);
+    let data = std::fs::read(&raw).unwrap();
+    assert_eq!(data.len() as u64, 64 * MIB);
+    assert!(data[..65536].iter().all(|&b| b == 0x6b));
+    assert!(data[2 << 20..7 << 20].iter().all(|&b| b == 0xd2));
+
+    // The same identity with another key, and an identity the server
+    // does not know: both refused.
+    let wrong = make_psk(dir.path(), "wrong", "alice");
+    let stranger = make_psk(dir.path(), "stranger", "mallory");
+    for (keys, identity) in [(&wrong, "alice"), (&stranger, "mallory")] {
+        let out = run("nbdinfo", &[&nbds_psk_uri(port, identity, keys)]);
+        assert!(
+            !out.status.success(),
+            "{identity} was served: {}",
+            text(&out)
+        );
+        let qemu = run(
+            "qemu-io",
+            &[
+                "--object",
+                &qemu_psk_object(keys, identity),
+                "--image-opts",
+                &image,
+                "-c",
+                "write -P 0xee 0 64k",
+            ],
+        );
+        assert!(
+            !qemu.status.success() || text(&qemu).contains("Could not open"),
+            "qemu-io as {identity} was served: {}",
+            text(&qemu)
+        );
+        // A client that expects certificates gets nowhere either.
+        assert!(!run("nbdinfo", &[&nbds_uri(port, keys)]).status.success());
+    }
+    let plain = run("qemu-img", &["info", &format!("nbd://127.0.0.1:{port}")]);
+    assert!(!plain.status.success(), "a plain client was served");
+    server.assert_running();
+    io(&["read -P 0x6b 0 64k"]);
+    server.stop();
+    // Nothing the refused clients sent reached the image.
+    qemu_io(&img, &["read -P 0x6b 0 64k", "read -P 0xd2 2M 5M"]);
+}
+
+/// (i) A malformed keys.psk, and a directory with neither certificates
+/// nor keys, stop the server at start with a message naming the file and
+/// the line.
+#[test]
+fn bad_pre_shared_key_files_are_refused_at_start() {
+    let dir = tmp();
+    let img = image(dir.path());
+    let cases = [
+        ("alice:0g12\n", "line 1"),
+        ("# comment\n", "line 1"),
+        ("\nalice:abc\n", "line 2"),
+        (":0011\n", "identity"),
+        ("", "holds no key"),
+    ];
+    for (content, expect) in cases {
+        let keys = dir.path().join("bad");
+        std::fs::create_dir_all(&keys).unwrap();
+        std::fs::write(keys.join("keys.psk"), content).unwrap();
+        let out = run(
+            env!("CARGO_BIN_EXE_strata"),
+            &["serve", "--port", "0", "--tls-creds", &p(&keys), &p(&img)],
+        );
+        let said = text(&out);
+        assert!(!out.status.success(), "{content:?} was accepted");
+        assert!(
+            said.contains("keys.psk") && said.contains(expect),
+            "{content:?}: {said}"
+        );
+    }
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = run(
+        env!("CARGO_BIN_EXE_strata"),
+        &["serve", "--port", "0", "--tls-creds", &p(&empty), &p(&img)],
+    );
+    let said = text(&out);
+    assert!(!out.status.success());
+    assert!(
+        said.contains("server-cert.pem") && said.contains("keys.psk"),
+        "{said}"
+    );
+}

@@ -9,7 +9,7 @@ use crate::command::MAX_PAYLOAD;
 use crate::export::{Export, BASE_ALLOCATION_ID};
 use crate::exports::ExportSet;
 use crate::proto::{self, *};
-use crate::tls::TlsCredentials;
+use crate::tls::{TlsCredentials, TlsIo};
 use crate::ConnError;
 
 /// Longest option data read into memory. Generous for every option the
@@ -64,7 +64,7 @@ pub(crate) enum Stream<S> {
     Plain(S),
     /// TLS. Bytes the client sent after its last option may already sit
     /// decrypted in the session's buffer: keep reading through it.
-    Tls(Box<tokio_rustls::server::TlsStream<S>>),
+    Tls(Box<dyn TlsIo>),
 }
 
 /// Runs the handshake. `Ok(None)` means the client ended it (ABORT).
@@ -84,7 +84,7 @@ pub(crate) async fn handshake<S>(
     tls: Option<&TlsCredentials>,
 ) -> Result<Option<(Negotiated, Stream<S>)>, ConnError>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     io.write_all(&encode_greeting(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES))
         .await?;
@@ -108,12 +108,11 @@ where
         return Ok(None);
     }
     let mut io = tls
-        .acceptor()
         .accept(io)
         .await
         .map_err(|e| ConnError::Refused(format!("TLS handshake failed: {e}")))?;
     let negotiated = haggle(&mut io, exports, client, true).await?;
-    Ok(negotiated.map(|n| (n, Stream::Tls(Box::new(io)))))
+    Ok(negotiated.map(|n| (n, Stream::Tls(io))))
 }
 
 /// Option haggling before TLS in FORCEDTLS mode. `Ok(true)` once

@@ -15,7 +15,6 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::watch;
-use tokio_rustls::server::TlsStream;
 
 use crate::handshake::Negotiated;
 use crate::transmission::{self, Limits, Socket};
@@ -33,7 +32,7 @@ const LINGER: Duration = Duration::from_secs(10);
 /// the server shuts down, as [`transmission::serve`] does for a plain
 /// socket.
 pub(crate) async fn serve<S>(
-    tls: TlsStream<S>,
+    tls: S,
     neg: Negotiated,
     shutdown: watch::Receiver<bool>,
     peer: String,
@@ -82,7 +81,7 @@ fn socket_pair() -> std::io::Result<(StdUnixStream, UnixStream)> {
 
 /// Copies both ways between the TLS session and the local socket until
 /// both directions have ended. An error on either side ends both.
-async fn relay<S>(tls: TlsStream<S>, local: UnixStream) -> std::io::Result<()>
+async fn relay<S>(tls: S, local: UnixStream) -> std::io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {

@@ -454,7 +454,7 @@ struct Client {
 }
 
 /// An accepted stream the blocking transmission phase can take over.
-trait IntoSocket: AsyncRead + AsyncWrite + Unpin {
+trait IntoSocket: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     /// The same connection as a blocking std socket.
     fn into_socket(self) -> std::io::Result<Socket>;
 }
@@ -507,7 +507,7 @@ impl Client {
                 };
                 transmission::serve(socket, neg, shutdown, peer, limits).await;
             }
-            handshake::Stream::Tls(s) => relay::serve(*s, neg, shutdown, peer, limits).await,
+            handshake::Stream::Tls(s) => relay::serve(s, neg, shutdown, peer, limits).await,
         }
     }
 
@@ -515,7 +515,7 @@ impl Client {
     /// shutdown. `None` when the client does not reach transmission.
     async fn negotiate<S>(&mut self, s: S) -> Option<(Negotiated, handshake::Stream<S>)>
     where
-        S: AsyncRead + AsyncWrite + Unpin,
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let peer = self.peer.as_str();
         let timeout = self.config.handshake_timeout;
