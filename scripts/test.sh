@@ -16,6 +16,8 @@ for tool in qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils \
   fincore:util-linux-extra openssl:openssl; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
+# NBD TLS with pre-shared keys links OpenSSL (crates/nbd/src/tls.rs).
+pkg-config --exists openssl 2>/dev/null || need+=(pkg-config libssl-dev)
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "missing ${need[*]}: run this script as root so it can apt-get install them" >&2
