@@ -27,7 +27,7 @@ pub const DEFAULT_NBD_PORT: u16 = 10810;
 #[derive(Args)]
 pub struct DaemonArgs {
     /// Pool directory (catalog and layer files); created if missing.
-    #[arg(long, default_value = "strata-pool")]
+    #[arg(long, default_value = "strata-pool", value_parser = crate::stdio::directory())]
     pool: PathBuf,
     /// The HTTP API's address, token and limits.
     #[command(flatten)]

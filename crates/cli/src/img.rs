@@ -15,10 +15,13 @@ use strata_disk::map;
 use strata_disk::{create, CreateOptions, Disk, OpenOptions};
 use strata_format::CompressionType;
 
+use crate::stdio::{self, Input, Output as StdOutput};
 use crate::units::{human, parse_size};
 
 #[path = "img_ops.rs"]
 mod img_ops;
+#[path = "img_stream.rs"]
+mod img_stream;
 
 /// Output format, as qemu-img's `--output`.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -54,6 +57,7 @@ pub enum ImgCommand {
         #[arg(long, value_enum, default_value = "human")]
         output: Output,
         /// The new image.
+        #[arg(value_parser = stdio::image())]
         filename: PathBuf,
         /// Virtual size (512, 64k, 10G...); defaults to the backing file's.
         size: Option<String>,
@@ -74,6 +78,7 @@ pub enum ImgCommand {
         #[arg(short = 'U', long = "force-share")]
         force_share: bool,
         /// The image.
+        #[arg(value_parser = stdio::image())]
         filename: PathBuf,
     },
     /// Check an image for leaks and corruption (exit 0 clean, 2 corrupt, 3 leaks).
@@ -95,6 +100,7 @@ pub enum ImgCommand {
         #[arg(short = 'U', long = "force-share")]
         force_share: bool,
         /// The image.
+        #[arg(value_parser = stdio::image())]
         filename: PathBuf,
     },
     /// External snapshot: create NEW_TOP on top of IMAGE, carrying the chain index forward.
@@ -106,8 +112,10 @@ pub enum ImgCommand {
         #[arg(short = 'q')]
         quiet: bool,
         /// The current top of the chain.
+        #[arg(value_parser = stdio::image())]
         image: PathBuf,
         /// The new top layer to create (backed by IMAGE).
+        #[arg(value_parser = stdio::image())]
         new_top: PathBuf,
     },
     /// Build the chain index of IMAGE's chain and store it in IMAGE.
@@ -116,6 +124,7 @@ pub enum ImgCommand {
         #[arg(long, value_enum, default_value = "human")]
         output: Output,
         /// The top of the chain (opened for writing).
+        #[arg(value_parser = stdio::image())]
         image: PathBuf,
     },
     /// Show the allocation map, with the layer owning each range.
@@ -131,6 +140,7 @@ pub enum ImgCommand {
         #[arg(short = 'U', long = "force-share")]
         force_share: bool,
         /// The image.
+        #[arg(value_parser = stdio::image())]
         filename: PathBuf,
     },
     /// Copy an image or a whole chain (flattened) to a new image.
@@ -154,10 +164,12 @@ pub enum ImgCommand {
         /// read may be inconsistent); without it such an image is refused.
         #[arg(short = 'U', long = "force-share")]
         force_share: bool,
-        /// Source image.
-        source: PathBuf,
-        /// Target file (may be /dev/null for raw).
-        target: PathBuf,
+        /// Source image; `-`: a raw image on standard input (read once, in
+        /// order, until it ends).
+        source: Input,
+        /// Target file (may be /dev/null for raw); `-`: standard output
+        /// (-O raw only; every byte is written, zeros too).
+        target: StdOutput,
     },
     /// Compare the content of two images (exit 0 same, 1 different, 2 error).
     Compare {
@@ -180,8 +192,10 @@ pub enum ImgCommand {
         #[arg(short = 'U', long = "force-share")]
         force_share: bool,
         /// First image.
+        #[arg(value_parser = stdio::image())]
         first: PathBuf,
         /// Second image.
+        #[arg(value_parser = stdio::image())]
         second: PathBuf,
     },
     /// Run a simple I/O benchmark (qemu-img bench's flags and access pattern).
@@ -220,6 +234,7 @@ pub enum ImgCommand {
         #[arg(long, value_enum, default_value = "human")]
         output: Output,
         /// The image.
+        #[arg(value_parser = stdio::image())]
         filename: PathBuf,
     },
     /// Change the virtual size (qemu-img resize).
@@ -252,6 +267,9 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
             filename,
             size,
         } => {
+            if let Some(backing) = &backing {
+                stdio::refuse_dash("img create -b", backing, stdio::BACKING_WHY)?;
+            }
             let mut opts = create_options(&options)?;
             opts.format = parse_format(&format)?;
             opts.backing = backing;
@@ -428,20 +446,41 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
             source,
             target,
         } => {
-            let src = open_ro(&source, format.as_deref(), None, force_share)?;
             let mut opts = create_options(&options)?;
             opts.format = parse_format(&out_format)?;
-            let bar = progress_bar(progress && !quiet, src.size());
-            let report =
-                convert::convert(&src, &target, &opts, &mut |done, _| bar.set_position(done))?;
-            bar.finish_and_clear();
+            let show = progress && !quiet;
+            let report = match (&source, &target) {
+                (Input::File(source), StdOutput::File(target)) => {
+                    let src = open_ro(source, format.as_deref(), None, force_share)?;
+                    let bar = progress_bar(show, src.size());
+                    let report = convert::convert(&src, target, &opts, &mut |done, _| {
+                        bar.set_position(done)
+                    })?;
+                    bar.finish_and_clear();
+                    report
+                }
+                _ => convert_stream(
+                    &source,
+                    &target,
+                    format.as_deref(),
+                    &opts,
+                    show,
+                    force_share,
+                )?,
+            };
             if !quiet && progress {
-                println!(
+                // When standard output carries the image, it carries nothing else.
+                let line = format!(
                     "Converted {} in {:.2} s ({} written)",
                     human(report.size),
                     report.seconds,
                     human(report.bytes_written)
                 );
+                if target.is_stdout() {
+                    eprintln!("{line}");
+                } else {
+                    println!("{line}");
+                }
             }
             Ok(0)
         }
@@ -553,6 +592,53 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
             Ok(0)
         }
     }
+}
+
+/// `img convert` with `-` as its source or target: a raw stream.
+fn convert_stream(
+    source: &Input,
+    target: &StdOutput,
+    format: Option<&str>,
+    options: &CreateOptions,
+    show: bool,
+    force_share: bool,
+) -> Result<convert::ConvertReport> {
+    let started = std::time::Instant::now();
+    let destination = match target {
+        StdOutput::Stdout => {
+            img_stream::check_raw_stdout(options.format)?;
+            None
+        }
+        StdOutput::File(path) => Some(path.as_path()),
+    };
+    let (size, bar) = match source {
+        Input::File(path) => {
+            let src = open_ro(path, format, None, force_share)?;
+            let bar = progress_bar(show, src.size());
+            (
+                img_stream::disk_to_stdout(&src, &|done| bar.set_position(done))?,
+                bar,
+            )
+        }
+        Input::Stdin => {
+            // The length is unknown until the input ends.
+            let bar = progress_bar(show, 0);
+            let progress = |done| {
+                bar.set_length(done);
+                bar.set_position(done)
+            };
+            (
+                img_stream::stdin_to(format, destination, options, &progress)?,
+                bar,
+            )
+        }
+    };
+    bar.finish_and_clear();
+    Ok(convert::ConvertReport {
+        size,
+        bytes_written: size,
+        seconds: started.elapsed().as_secs_f64(),
+    })
 }
 
 fn open_ro(

@@ -13,6 +13,7 @@ use strata_disk::rebase::{rebase, RebaseOptions};
 use strata_disk::resize::{resize, SizeChange};
 
 use crate::img::{print_json, progress_bar, Output};
+use crate::stdio;
 use crate::units::parse_size;
 
 /// `strata img resize`.
@@ -28,6 +29,7 @@ pub struct ResizeArgs {
     #[arg(short = 'q')]
     quiet: bool,
     /// The image.
+    #[arg(value_parser = stdio::image())]
     filename: PathBuf,
     /// New size (10G), or a change of size (+1G, -512M).
     #[arg(allow_hyphen_values = true)]
@@ -57,6 +59,7 @@ pub struct RebaseArgs {
     #[arg(short = 'b')]
     backing: String,
     /// The image.
+    #[arg(value_parser = stdio::image())]
     filename: PathBuf,
 }
 
@@ -68,7 +71,7 @@ pub struct CommitArgs {
     format: Option<String>,
     /// Image of the backing chain to commit into (default: the backing
     /// file); implies -d.
-    #[arg(short = 'b')]
+    #[arg(short = 'b', value_parser = stdio::image())]
     base: Option<PathBuf>,
     /// Do not empty the image after the commit.
     #[arg(short = 'd')]
@@ -80,6 +83,7 @@ pub struct CommitArgs {
     #[arg(short = 'q')]
     quiet: bool,
     /// The image.
+    #[arg(value_parser = stdio::image())]
     filename: PathBuf,
 }
 
@@ -96,6 +100,7 @@ pub struct AmendArgs {
     #[arg(short = 'q')]
     quiet: bool,
     /// The image.
+    #[arg(value_parser = stdio::image())]
     filename: PathBuf,
 }
 
@@ -118,7 +123,7 @@ pub struct MeasureArgs {
     #[arg(long, conflicts_with = "filename")]
     size: Option<String>,
     /// Measure this image's content (its whole chain).
-    #[arg(required_unless_present = "size")]
+    #[arg(required_unless_present = "size", value_parser = stdio::image())]
     filename: Option<PathBuf>,
 }
 
@@ -135,6 +140,7 @@ pub fn run_resize(a: ResizeArgs) -> Result<i32> {
 
 /// Runs `rebase`.
 pub fn run_rebase(a: RebaseArgs) -> Result<i32> {
+    stdio::refuse_dash("img rebase -b", &a.backing, stdio::BACKING_WHY)?;
     let opts = RebaseOptions {
         format: format(&a.format)?,
         backing_format: format(&a.backing_format)?,

@@ -6,6 +6,7 @@ mod img;
 mod mirror;
 mod ops;
 mod serve;
+mod stdio;
 mod store;
 mod tls;
 mod units;
@@ -37,7 +38,8 @@ enum Command {
     /// Run the volume service: a pool of volumes served over NBD, with an HTTP API.
     Daemon {
         /// TOML configuration file whose [daemon] keys are this command's
-        /// long flags (flags given here win); see docs/up.md.
+        /// long flags (flags given here win; `-`: read it from standard
+        /// input); see docs/up.md.
         #[arg(long, value_name = "FILE")]
         config: Option<std::path::PathBuf>,
         #[command(flatten)]
@@ -77,6 +79,7 @@ enum Command {
     /// Write a man page for strata and each of its subcommands into DIR.
     Man {
         /// Directory for the pages (created if missing).
+        #[arg(value_parser = stdio::directory())]
         dir: std::path::PathBuf,
     },
 }

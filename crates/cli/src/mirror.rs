@@ -50,6 +50,7 @@ enum Tool {
         #[arg(short = 'p')]
         progress: bool,
         /// The image (raw).
+        #[arg(value_parser = crate::stdio::image())]
         image: PathBuf,
     },
     /// Serve an image over HTTP with range reads and a bandwidth cap (tests, benchmarks).
@@ -68,6 +69,7 @@ enum Tool {
         #[arg(long = "latency-ms", default_value_t = 0)]
         latency_ms: u64,
         /// The image.
+        #[arg(value_parser = crate::stdio::image())]
         image: PathBuf,
     },
     /// Store an image in the object store for mirrors to read as
@@ -94,6 +96,7 @@ enum Tool {
         #[arg(short = 'p')]
         progress: bool,
         /// The image (raw).
+        #[arg(value_parser = crate::stdio::image())]
         image: PathBuf,
         /// Its name in the store.
         name: String,
@@ -104,6 +107,7 @@ enum Tool {
         #[arg(long = "output", value_enum, default_value = "human")]
         output: Output,
         /// The mirror's directory.
+        #[arg(value_parser = crate::stdio::directory())]
         dir: PathBuf,
     },
 }
@@ -118,7 +122,7 @@ struct RunArgs {
     #[arg(long = "repo")]
     repo: Option<String>,
     /// Directory for the mirror file (image.raw) and its chunk-state map.
-    #[arg(long = "dir")]
+    #[arg(long = "dir", value_parser = crate::stdio::directory())]
     dir: Option<PathBuf>,
     /// Peer mirrors as IP:PORT (comma-separated or repeated).
     #[arg(long = "peers", value_delimiter = ',')]
@@ -436,6 +440,7 @@ fn run_mirror(args: RunArgs) -> Result<i32> {
     let (Some(spec), Some(dir)) = (args.repo.as_deref(), args.dir.as_deref()) else {
         bail!("give the image with --repo URL|PATH and the mirror directory with --dir DIR");
     };
+    crate::stdio::refuse_dash("mirror --repo", spec, crate::stdio::IMAGE_WHY)?;
     let config = mirror_config(&args, dir)?;
     let repository = repo::open(spec)?;
     let mirror = Mirror::open(repository, config)

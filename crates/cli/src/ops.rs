@@ -176,8 +176,30 @@ fn take_config(args: &[OsString]) -> Result<Option<(PathBuf, Vec<OsString>)>> {
     Ok(file.map(|f| (f, rest)))
 }
 
-/// Reads `file` and checks its tables: only the configured commands'.
-pub fn read_config(file: &Path) -> Result<toml::Table> {
+/// The configuration read from standard input (`--config -`): read once,
+/// as the command line is rewritten, and kept for the command's own read
+/// (and, for `strata up`, for its services' standard input).
+static STDIN_CONFIG: std::sync::OnceLock<std::result::Result<String, String>> =
+    std::sync::OnceLock::new();
+
+/// The text of `--config -`, read from standard input on first use.
+pub fn stdin_config() -> Result<&'static str> {
+    let text = STDIN_CONFIG.get_or_init(|| {
+        crate::stdio::Input::Stdin
+            .read_text(MAX_CONFIG_BYTES)
+            .map_err(|e| format!("{e:#}"))
+    });
+    match text {
+        Ok(text) => Ok(text),
+        Err(e) => bail!("configuration (--config -): {e}"),
+    }
+}
+
+/// The text of the configuration file `file` (`-`: standard input).
+fn config_text(file: &Path) -> Result<String> {
+    if file.as_os_str() == crate::stdio::DASH {
+        return Ok(stdin_config()?.to_string());
+    }
     let size = std::fs::metadata(file)
         .with_context(|| format!("cannot read the configuration file '{}'", file.display()))?
         .len();
@@ -187,18 +209,33 @@ pub fn read_config(file: &Path) -> Result<toml::Table> {
             file.display()
         );
     }
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("cannot read the configuration file '{}'", file.display()))?;
+    std::fs::read_to_string(file)
+        .with_context(|| format!("cannot read the configuration file '{}'", file.display()))
+}
+
+/// How messages name a configuration: "file 'PATH'", or standard input.
+fn config_name(file: &Path) -> String {
+    if file.as_os_str() == crate::stdio::DASH {
+        "from standard input (--config -)".into()
+    } else {
+        format!("file '{}'", file.display())
+    }
+}
+
+/// Reads `file` (`-`: standard input) and checks its tables: only the
+/// configured commands'.
+pub fn read_config(file: &Path) -> Result<toml::Table> {
+    let text = config_text(file)?;
+    let name = config_name(file);
     let table: toml::Table = text
         .parse()
-        .with_context(|| format!("configuration file '{}' is not valid TOML", file.display()))?;
+        .with_context(|| format!("configuration {name} is not valid TOML"))?;
     for (key, value) in &table {
         let known = CONFIGURED.iter().any(|(_, t)| t == key);
         if !known || !value.is_table() {
             bail!(
-                "configuration file '{}': '{key}' is not one of the tables [up], [daemon], \
-                 [store] or [mirror]",
-                file.display()
+                "configuration {name}: '{key}' is not one of the tables [up], [daemon], \
+                 [store] or [mirror]"
             );
         }
     }
@@ -228,12 +265,7 @@ fn config_flags(
     };
     let mut flags = Vec::new();
     for (key, value) in table {
-        let where_ = || {
-            format!(
-                "configuration file '{}', [{table_name}] {key}",
-                file.display()
-            )
-        };
+        let where_ = || format!("configuration {}, [{table_name}] {key}", config_name(file));
         let Some(arg) = command
             .get_arguments()
             .find(|a| a.get_long() == Some(key.as_str()) && key != "config")

@@ -13,6 +13,7 @@ use strata_disk::{Disk, DiskError, OpenOptions};
 use strata_nbd::server::DEFAULT_PORT;
 use strata_nbd::{Export, Server, ServerConfig};
 
+use crate::stdio;
 use crate::units::parse_size;
 
 /// Arguments of `strata serve`.
@@ -25,7 +26,7 @@ pub struct ServeArgs {
     #[arg(short = 'p', long = "port")]
     port: Option<u16>,
     /// Unix socket to listen on (alone, or with TCP if --bind/--port is given).
-    #[arg(short = 'k', long = "socket")]
+    #[arg(short = 'k', long = "socket", value_parser = stdio::file(stdio::SOCKET_WHY))]
     socket: Option<PathBuf>,
     /// Export name of a single image (default "", the default export).
     #[arg(short = 'x', long = "export-name")]
@@ -42,7 +43,7 @@ pub struct ServeArgs {
     )]
     max_connections: usize,
     /// Write the server's pid to FILE once listening (removed on exit).
-    #[arg(long = "pid-file")]
+    #[arg(long = "pid-file", value_parser = stdio::file(stdio::PID_FILE_WHY))]
     pid_file: Option<PathBuf>,
     /// Format of the images (probed if absent).
     #[arg(short = 'f', long = "format")]
@@ -236,6 +237,10 @@ fn tcp_host(args: &ServeArgs) -> Option<&str> {
 
 /// (export name, image path) for each image argument.
 fn export_specs(args: &ServeArgs) -> Result<Vec<(String, PathBuf)>> {
+    for arg in std::iter::once(&args.image).chain(&args.more) {
+        let (_, path) = split_spec(arg);
+        stdio::refuse_dash("serve <IMAGE>", &path.to_string_lossy(), stdio::IMAGE_WHY)?;
+    }
     if args.more.is_empty() {
         let (name, path) = split_spec(&args.image);
         let name = match (name, &args.export_name) {

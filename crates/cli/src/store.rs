@@ -18,6 +18,7 @@ use strata_store::tenant::{
 use strata_store::wire::{Body, Msg, RenameLink};
 
 use crate::img::{progress_bar, Output};
+use crate::stdio::{self, Input, Output as StdOutput};
 use crate::units::{human, parse_size};
 
 /// Where the cluster's orchestrator listens.
@@ -31,16 +32,20 @@ pub struct ClusterArg {
     output: Output,
 }
 
+/// Most bytes of a credential read from standard input (it is 3 lines).
+const MAX_CREDENTIAL_BYTES: u64 = 4096;
+
 /// The tenant credential that seals a client's metadata requests.
 #[derive(Args, Clone)]
 pub struct TenantArg {
     /// The tenant's credential file (`strata store tenant add` writes
-    /// one; `strata store up --dir DIR` writes DIR/admin.credential).
+    /// one; `strata store up --dir DIR` writes DIR/admin.credential); `-`:
+    /// read it from standard input.
     #[arg(long, env = CREDENTIAL_ENV, value_name = "FILE")]
-    credential: Option<PathBuf>,
+    credential: Option<Input>,
     /// The directory of `strata store up`: without --credential (or
     /// STRATA_CREDENTIAL), its admin.credential is used.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_parser = crate::stdio::directory())]
     dir: Option<PathBuf>,
 }
 
@@ -49,7 +54,14 @@ impl TenantArg {
     /// admin credential in `--dir`.
     fn load(&self) -> Result<TenantCredential> {
         match (&self.credential, &self.dir) {
-            (Some(path), _) => Ok(TenantCredential::load(path)?),
+            (Some(Input::File(path)), _) => Ok(TenantCredential::load(path)?),
+            (Some(Input::Stdin), _) => {
+                let text = Input::Stdin.read_text(MAX_CREDENTIAL_BYTES)?;
+                Ok(TenantCredential::parse(
+                    &text,
+                    "standard input (--credential -)",
+                )?)
+            }
             (None, Some(dir)) => Ok(TenantCredential::load(&dir.join(ADMIN_CREDENTIAL_FILE))?),
             (None, None) => bail!(
                 "this command needs a tenant credential: give --credential FILE (or set \
@@ -66,7 +78,12 @@ pub struct KeyArg {
     /// The cluster key's file: the `cluster.key` that `strata store up`
     /// makes in its directory (32 random bytes, mode 0600). Copy it to
     /// every host of the cluster.
-    #[arg(long = "key", env = "STRATA_CLUSTER_KEY", value_name = "FILE")]
+    #[arg(
+        long = "key",
+        env = "STRATA_CLUSTER_KEY",
+        value_name = "FILE",
+        value_parser = crate::stdio::file(crate::stdio::KEY_WHY)
+    )]
     path: Option<PathBuf>,
 }
 
@@ -177,10 +194,11 @@ pub struct TenantAddArgs {
     /// names are those under 'ID/'), or '*' for every name.
     #[arg(long)]
     tenant: String,
-    /// Where to write the credential. Default: ID.credential next to the
+    /// Where to write the credential (`-`: standard output, and the
+    /// report goes to standard error). Default: ID.credential next to the
     /// key file (admin.credential for '*').
     #[arg(long = "out", value_name = "FILE")]
-    out: Option<PathBuf>,
+    out: Option<StdOutput>,
     /// The orchestrator's UDP endpoint: issue the tenant's current
     /// minimum generation, read from its table.
     #[arg(long, env = "STRATA_CLUSTER", value_name = "ADDR")]
@@ -199,10 +217,15 @@ pub struct TenantAddArgs {
 #[derive(Args)]
 pub struct KeyFileArg {
     /// The cluster's directory: its key file is DIR/cluster.key.
-    #[arg(long, conflicts_with = "key", required_unless_present = "key")]
+    #[arg(
+        long,
+        conflicts_with = "key",
+        required_unless_present = "key",
+        value_parser = crate::stdio::directory()
+    )]
     dir: Option<PathBuf>,
     /// The key file itself (the files of a rotation are next to it).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = crate::stdio::file(crate::stdio::KEY_WHY))]
     key: Option<PathBuf>,
 }
 
@@ -325,7 +348,7 @@ fn unregister(file: Option<PathBuf>) {
 #[derive(Args)]
 pub struct UpArgs {
     /// Directory holding every node's state (created if missing).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::stdio::directory())]
     dir: PathBuf,
     /// The orchestrator's UDP endpoint.
     #[arg(long, default_value = "127.0.0.1:10890")]
@@ -453,7 +476,7 @@ pub enum NodeCommand {
         #[command(flatten)]
         cluster: ClusterArg,
         /// The node's directory.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::stdio::directory())]
         dir: PathBuf,
         /// sn: a storage node (holds object data); mn: a metadata node
         /// (takes a free metadata slot, else a new slot and a share of the
@@ -521,7 +544,7 @@ pub enum ObjCommand {
         #[arg(short = 'p')]
         progress: bool,
         /// File to upload (`-`: standard input).
-        file: PathBuf,
+        file: Input,
         /// Object name.
         name: String,
     },
@@ -538,7 +561,7 @@ pub enum ObjCommand {
         /// Object name.
         name: String,
         /// Destination file (`-`: standard output).
-        file: PathBuf,
+        file: StdOutput,
     },
     /// Delete an object.
     Rm {
@@ -707,17 +730,33 @@ fn tenant_add(args: TenantAddArgs) -> Result<i32> {
         None => args.generation.unwrap_or(0),
     };
     let cred = TenantCredential::issue_generation(&key, &args.tenant, generation)?;
-    let out = args.out.clone().unwrap_or_else(|| {
-        let name = if args.tenant == ADMIN {
-            ADMIN_CREDENTIAL_FILE.to_string()
-        } else {
-            format!("{}.credential", args.tenant)
-        };
-        match key_path.parent() {
-            Some(dir) => dir.join(name),
-            None => PathBuf::from(name),
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| StdOutput::File(default_credential_path(&args.tenant, &key_path)));
+    let out = match out {
+        StdOutput::File(path) => path,
+        StdOutput::Stdout => {
+            // Standard output carries the credential alone; the report
+            // goes to standard error.
+            print!("{}", cred.to_file_text());
+            std::io::stdout().flush()?;
+            let scope = describe_scope(&args.tenant);
+            match args.output {
+                Output::Json => eprintln!(
+                    "{}",
+                    json!({"tenant": args.tenant, "scope": scope, "credential": "-",
+                           "generation": generation})
+                ),
+                Output::Human => eprintln!(
+                    "strata: wrote tenant '{}''s credential (generation {generation}) to \
+                     standard output ({scope}): keep it as secret as the cluster key",
+                    args.tenant
+                ),
+            }
+            return Ok(0);
         }
-    });
+    };
     cred.save(&out)?;
     let scope = describe_scope(&args.tenant);
     match args.output {
@@ -1563,6 +1602,12 @@ async fn obj(cmd: ObjCommand) -> Result<i32> {
             file,
             name,
         } => {
+            if file == Input::Stdin && tenant.credential == Some(Input::Stdin) {
+                bail!(
+                    "obj put: the object's data and --credential both read standard input \
+                     ('-'): give the credential as a file (or in {CREDENTIAL_ENV})"
+                );
+            }
             let client = connect(&cluster, &tenant).await?;
             let mut f = open_source(&file).await?;
             let size = f.metadata().await?.len();
@@ -1596,14 +1641,15 @@ async fn obj(cmd: ObjCommand) -> Result<i32> {
             file,
         } => {
             let client = connect(&cluster, &tenant).await?;
-            let to_stdout = file.as_os_str() == "-";
-            let tmp = tmp_path(&file);
-            let mut f = if to_stdout {
-                tokio::fs::File::from_std(spool_file()?)
-            } else {
-                tokio::fs::File::create(&tmp)
+            let tmp = match &file {
+                StdOutput::Stdout => None,
+                StdOutput::File(path) => Some(tmp_path(path)),
+            };
+            let mut f = match &tmp {
+                None => tokio::fs::File::from_std(spool_file()?),
+                Some(tmp) => tokio::fs::File::create(tmp)
                     .await
-                    .with_context(|| format!("could not create '{}'", tmp.display()))?
+                    .with_context(|| format!("could not create '{}'", tmp.display()))?,
             };
             let bar = progress_bar(progress, 0);
             let got = client
@@ -1613,21 +1659,24 @@ async fn obj(cmd: ObjCommand) -> Result<i32> {
             let record = match got {
                 Ok(r) => r,
                 Err(e) => {
-                    if !to_stdout {
-                        let _ = std::fs::remove_file(&tmp);
+                    if let Some(tmp) = &tmp {
+                        let _ = std::fs::remove_file(tmp);
                     }
                     return Err(anyhow::Error::new(e).context(format!("could not get '{name}'")));
                 }
             };
             f.set_len(record.size).await?;
-            if to_stdout {
+            let (Some(tmp), StdOutput::File(file)) = (tmp, &file) else {
                 // The data goes to stdout, so the record goes nowhere: a
                 // pipe is for the object's bytes only.
-                copy_to_stdout(f.into_std().await)?;
+                let mut spool = f.into_std().await;
+                std::io::Seek::rewind(&mut spool)?;
+                stdio::copy_to_stdout(&mut spool)
+                    .with_context(|| format!("could not write '{name}' to standard output"))?;
                 return Ok(0);
-            }
+            };
             f.sync_all().await?;
-            std::fs::rename(&tmp, &file)
+            std::fs::rename(&tmp, file)
                 .with_context(|| format!("could not rename into '{}'", file.display()))?;
             if cluster.output == Output::Json {
                 println!("{}", record_json(&record));
@@ -1741,8 +1790,8 @@ async fn obj(cmd: ObjCommand) -> Result<i32> {
 
 /// The file `obj put` reads: FILE, or with `-` its standard input, copied
 /// first to an unlinked spool file (a Post declares its size up front).
-async fn open_source(file: &std::path::Path) -> Result<tokio::fs::File> {
-    if file.as_os_str() != "-" {
+async fn open_source(file: &Input) -> Result<tokio::fs::File> {
+    if let Input::File(file) = file {
         return tokio::fs::File::open(file)
             .await
             .with_context(|| format!("could not open '{}'", file.display()));
@@ -1777,14 +1826,18 @@ fn spool_file() -> Result<std::fs::File> {
     Ok(file)
 }
 
-/// Writes a spooled object to standard output.
-fn copy_to_stdout(mut spool: std::fs::File) -> Result<()> {
-    use std::io::Seek;
-    spool.rewind()?;
-    let mut out = std::io::stdout().lock();
-    std::io::copy(&mut spool, &mut out).context("could not write the object to standard output")?;
-    out.flush()
-        .context("could not write the object to standard output")
+/// Where `tenant add` writes a credential without --out: ID.credential
+/// (admin.credential for '*') next to the key file.
+fn default_credential_path(tenant: &str, key_path: &std::path::Path) -> PathBuf {
+    let name = if tenant == ADMIN {
+        ADMIN_CREDENTIAL_FILE.to_string()
+    } else {
+        format!("{tenant}.credential")
+    };
+    match key_path.parent() {
+        Some(dir) => dir.join(name),
+        None => PathBuf::from(name),
+    }
 }
 
 fn tmp_path(file: &std::path::Path) -> PathBuf {

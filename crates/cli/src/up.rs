@@ -36,13 +36,13 @@ static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
 pub struct UpArgs {
     /// Directory of everything it runs (created if missing): the volume
     /// pool in DIR/pool, the store in DIR/store, a mirror in DIR/mirror.
-    #[arg(default_value = "strata-data")]
+    #[arg(default_value = "strata-data", value_parser = crate::stdio::directory())]
     dir: PathBuf,
     /// TOML configuration file: its [up] keys are this command's long
     /// flags; its [daemon], [store] and [mirror] tables go to those
     /// services (keys: their long flags). Flags given here win over the
     /// file; the directories and addresses `up` passes win over the
-    /// services' tables.
+    /// services' tables. `-`: read it from standard input.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// The volume daemon's NBD port [default: 10810, or [daemon] nbd-port].
@@ -309,10 +309,19 @@ fn start(
 ) -> Result<String> {
     let exe = std::env::current_exe().context("cannot find the strata binary to run")?;
     let parent = std::process::id() as libc::pid_t;
+    // `--config -`: the service reads the configuration up read from its
+    // own standard input.
+    let config_stdin = args
+        .windows(2)
+        .any(|pair| pair[0] == "--config" && pair[1] == crate::stdio::DASH);
     let mut command = Command::new(&exe);
     command
         .args(args)
-        .stdin(Stdio::null())
+        .stdin(if config_stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         // Its own process group: a terminal's Ctrl-C reaches `up` alone,
@@ -341,7 +350,14 @@ fn start(
         )
     })?;
     let stdout = child.stdout.take();
+    let stdin = child.stdin.take();
     services.push(Service { name, child });
+    if let Some(mut stdin) = stdin {
+        // A few lines: the pipe holds them, and closing it ends the input.
+        stdin
+            .write_all(crate::ops::stdin_config()?.as_bytes())
+            .with_context(|| format!("cannot give the {name} its configuration"))?;
+    }
     let (ready_tx, ready_rx) = mpsc::channel();
     if let Some(stdout) = stdout {
         std::thread::spawn(move || forward_output(stdout, ready_tx));

@@ -33,11 +33,13 @@ pub struct ClientArgs {
         long,
         global = true,
         env = "STRATA_POOL",
-        default_value = "strata-pool"
+        default_value = "strata-pool",
+        value_parser = crate::stdio::directory()
     )]
     pool: PathBuf,
-    /// File holding the API token (or set STRATA_TOKEN_FILE, or the token
-    /// itself in STRATA_TOKEN) [default: POOL/api.token].
+    /// File holding the API token (`-`: standard input; or set
+    /// STRATA_TOKEN_FILE, or the token itself in STRATA_TOKEN) [default:
+    /// POOL/api.token].
     #[arg(long = "token-file", global = true, env = "STRATA_TOKEN_FILE")]
     token_file: Option<PathBuf>,
     /// Output format.
@@ -291,8 +293,22 @@ fn find_token(client: &ClientArgs) -> Result<Option<Token>> {
     Ok(None)
 }
 
-/// Reads a token file.
+/// Most bytes of a token read from standard input (a token is a line).
+const MAX_TOKEN_BYTES: u64 = 4096;
+
+/// Reads a token file (`-`: standard input).
 fn read_token(file: &Path) -> Result<Token> {
+    if file.as_os_str() == crate::stdio::DASH {
+        let secret = crate::stdio::Input::Stdin.read_text(MAX_TOKEN_BYTES)?;
+        let secret = secret.trim().to_string();
+        if secret.is_empty() {
+            bail!("--token-file -: standard input holds no API token");
+        }
+        return Ok(Token {
+            secret,
+            from: "standard input (--token-file -)".into(),
+        });
+    }
     let text = std::fs::read_to_string(file).with_context(|| {
         format!(
             "cannot read the API token file {} (it is readable by the daemon's user only; \

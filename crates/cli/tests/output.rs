@@ -619,3 +619,436 @@ fn store_up_stops_every_node_of_its_cluster() {
         "registrations were left behind"
     );
 }
+
+/// Runs `strata ARGS` in `cwd` with `input` on standard input (written
+/// from a thread, so a large input cannot dead-lock against the output);
+/// returns what it printed.
+fn strata_piped(args: &[&str], cwd: &Path, input: Vec<u8>) -> std::process::Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn strata");
+    let mut stdin = child.stdin.take().expect("stdin");
+    // A refused command may exit before reading: a broken pipe is fine.
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let out = child.wait_with_output().expect("wait for strata");
+    writer.join().expect("stdin writer");
+    out
+}
+
+/// A qcow2 overlay on a qcow2 base with data in both, a zero cluster, a
+/// hole and a size that is not a multiple of the 2 MiB copy step.
+fn streamed_chain(dir: &Path) -> PathBuf {
+    let base = dir.join("base.qcow2");
+    let top = dir.join("top.qcow2");
+    qemu_create(&base, "", "7M");
+    common::qemu_io(
+        &base,
+        &[
+            "write -P 0x11 0 1M",
+            "write -P 0x22 3M 1M",
+            "write -P 0x55 6M 64k",
+        ],
+    );
+    run_ok(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-b",
+            "base.qcow2",
+            "-F",
+            "qcow2",
+        ]
+        .into_iter()
+        .chain([p(&top).as_str(), "7680k"])
+        .collect::<Vec<_>>(),
+    );
+    common::qemu_io(
+        &top,
+        &[
+            "write -P 0x33 512k 1M",
+            "write -z 3M 64k",
+            "write -P 0x44 7M 4k",
+        ],
+    );
+    top
+}
+
+/// `img convert SRC -` writes the whole disk, zeros too, to standard
+/// output, byte for byte what `qemu-img convert -O raw` writes to a file;
+/// the progress report goes to standard error.
+#[test]
+fn convert_to_dash_writes_raw_to_stdout_like_qemu_img() {
+    let dir = tmp();
+    let top = streamed_chain(dir.path());
+    let expected = dir.path().join("expected.raw");
+    run_ok(
+        "qemu-img",
+        &["convert", "-O", "raw", &p(&top), &p(&expected)],
+    );
+    let expected = std::fs::read(&expected).unwrap();
+    let out = strata_piped(
+        &["img", "convert", "-p", "-O", "raw", &p(&top), "-"],
+        dir.path(),
+        Vec::new(),
+    );
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    assert_eq!(
+        out.stdout.len(),
+        expected.len(),
+        "length of standard output"
+    );
+    assert!(
+        out.stdout == expected,
+        "standard output differs from qemu-img's raw image"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Converted 7.5 MiB"), "{err}");
+    assert!(
+        !dir.path().join("-").exists(),
+        "a file named '-' was written"
+    );
+}
+
+/// `img convert -f raw - DST` reads a raw image of unknown length from
+/// standard input: into qcow2 (longer than a step, not a multiple of
+/// 512 bytes: the size is rounded up as qemu-img does) and into raw; both
+/// compare equal with `qemu-img compare` and pass `qemu-img check`, and
+/// `- -` passes the bytes through.
+#[test]
+fn convert_from_dash_reads_raw_from_stdin() {
+    let dir = tmp();
+    let d = dir.path();
+    let mut data = common::pattern(5 * 1024 * 1024 + 1000, 3);
+    // Zero runs the target leaves unallocated.
+    data[1 << 20..3 << 20].fill(0);
+    let source = d.join("source.raw");
+    std::fs::write(&source, &data).unwrap();
+    for (format, name) in [("qcow2", "in.qcow2"), ("raw", "in.raw")] {
+        let out = strata_piped(
+            &["img", "convert", "-f", "raw", "-O", format, "-", name],
+            d,
+            data.clone(),
+        );
+        assert!(out.status.success(), "{}", common::output_text(&out));
+        let target = d.join(name);
+        let compare = common::run_tool(
+            "qemu-img",
+            &[
+                "compare",
+                "-f",
+                "raw",
+                "-F",
+                format,
+                &p(&source),
+                &p(&target),
+            ],
+        );
+        assert!(
+            compare.status.success(),
+            "{format}: {}",
+            common::output_text(&compare)
+        );
+    }
+    assert_eq!(common::qemu_check(&d.join("in.qcow2")), 0);
+    let info: Value = serde_json::from_str(&run_ok(
+        "qemu-img",
+        &["info", "--output", "json", &p(&d.join("in.qcow2"))],
+    ))
+    .unwrap();
+    assert_eq!(
+        info["virtual-size"],
+        (data.len() as u64).next_multiple_of(512)
+    );
+    assert!(
+        info["actual-size"].as_u64().unwrap() < data.len() as u64,
+        "the zero run was written: {info}"
+    );
+    assert_eq!(std::fs::read(d.join("in.raw")).unwrap(), data);
+    let through = strata_piped(&["img", "convert", "-", "-"], d, data.clone());
+    assert!(
+        through.status.success(),
+        "{}",
+        common::output_text(&through)
+    );
+    assert!(through.stdout == data, "`- -` changed the bytes");
+    assert!(!d.join("-").exists(), "a file named '-' was written");
+}
+
+/// A stream longer than the first provisional size of a qcow2 target
+/// (1 GiB) grows it, and the end is cut to the stream's length.
+#[test]
+fn convert_from_stdin_grows_a_qcow2_target_past_its_first_size() {
+    let dir = tmp();
+    let d = dir.path();
+    let source = d.join("long.raw");
+    let length: u64 = (1 << 30) + (3 << 20) + 512;
+    let file = std::fs::File::create(&source).unwrap();
+    file.set_len(length).unwrap();
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(&common::pattern(4096, 5), 4096).unwrap();
+    file.write_all_at(&common::pattern(65536, 6), length - 65536)
+        .unwrap();
+    drop(file);
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["img", "convert", "-O", "qcow2", "-", "long.qcow2"])
+        .current_dir(d)
+        .stdin(std::fs::File::open(&source).unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    let target = d.join("long.qcow2");
+    let compare = common::run_tool(
+        "qemu-img",
+        &[
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "qcow2",
+            &p(&source),
+            &p(&target),
+        ],
+    );
+    assert!(
+        compare.status.success(),
+        "{}",
+        common::output_text(&compare)
+    );
+    assert_eq!(common::qemu_check(&target), 0);
+    let info: Value = serde_json::from_str(&run_ok(
+        "qemu-img",
+        &["info", "--output", "json", &p(&target)],
+    ))
+    .unwrap();
+    assert_eq!(info["virtual-size"], length);
+}
+
+/// Where a file must be random access (an image opened, created or
+/// served, a qcow2 stream) or is a directory, `-` is refused with a
+/// message that names the argument and says why, and no file named `-`
+/// appears.
+#[test]
+fn dash_is_refused_where_a_file_is_needed() {
+    let dir = tmp();
+    let d = dir.path();
+    let image = d.join("disk.qcow2");
+    qemu_create(&image, "", "1M");
+    let image = p(&image);
+    let qcow2 = std::fs::read(&image).unwrap();
+    let cases: Vec<(Vec<&str>, Vec<u8>, &str)> = vec![
+        (vec!["img", "info", "-"], vec![], "img info <FILENAME>: '-'"),
+        (
+            vec!["img", "check", "-"],
+            vec![],
+            "img check <FILENAME>: '-'",
+        ),
+        (vec!["img", "map", "-"], vec![], "img map <FILENAME>: '-'"),
+        (
+            vec!["img", "create", "-f", "qcow2", "-", "1M"],
+            vec![],
+            "img create <FILENAME>: '-'",
+        ),
+        (
+            vec!["img", "create", "-b", "-", "new.qcow2"],
+            vec![],
+            "img create -b: '-'",
+        ),
+        (
+            vec!["img", "compare", &image, "-"],
+            vec![],
+            "img compare <SECOND>: '-'",
+        ),
+        (
+            vec!["img", "resize", "-", "2M"],
+            vec![],
+            "img resize <FILENAME>: '-'",
+        ),
+        (vec!["serve", "-"], vec![], "serve <IMAGE>: '-'"),
+        (
+            vec!["serve", "--pid-file", "-", &image],
+            vec![],
+            "--pid-file <PID_FILE>: '-'",
+        ),
+        (
+            vec!["mirror", "digest", "-"],
+            vec![],
+            "mirror digest <IMAGE>: '-'",
+        ),
+        (vec!["man", "-"], vec![], "man <DIR>: '-'"),
+        (
+            vec!["daemon", "--pool", "-"],
+            vec![],
+            "daemon --pool <POOL>: '-'",
+        ),
+        (
+            vec!["img", "convert", "-O", "qcow2", &image, "-"],
+            vec![],
+            "-O qcow2 cannot write to target '-' (standard output)",
+        ),
+        (
+            vec!["img", "convert", "-f", "qcow2", "-", "out.raw"],
+            qcow2.clone(),
+            "cannot be read with -f qcow2",
+        ),
+        (
+            vec!["img", "convert", "-", "out.raw"],
+            qcow2,
+            "standard input) holds a qcow2 image",
+        ),
+    ];
+    for (args, input, needle) in cases {
+        let out = strata_piped(&args, d, input);
+        let text = common::output_text(&out);
+        assert!(!out.status.success(), "strata {args:?} succeeded: {text}");
+        assert!(
+            out.stdout.is_empty(),
+            "strata {args:?} wrote to stdout: {text}"
+        );
+        assert!(
+            text.contains(needle),
+            "strata {args:?}: {text:?} lacks {needle:?}"
+        );
+        assert!(
+            text.contains("random access")
+                || text.contains("directory")
+                || text.contains("pid file"),
+            "strata {args:?} does not say why: {text}"
+        );
+        assert!(
+            !d.join("-").exists(),
+            "strata {args:?} made a file named '-'"
+        );
+        assert!(
+            !d.join("out.raw").exists(),
+            "strata {args:?} made its target"
+        );
+    }
+}
+
+/// `--config -` reads the configuration from standard input (and names
+/// it so in errors); `store tenant add --out -` writes the credential to
+/// standard output alone, and `obj --credential -` reads it back.
+#[test]
+fn configuration_and_credentials_come_through_standard_streams() {
+    let home = tmp();
+    let bad = strata_piped(
+        &["daemon", "--config", "-", "--pool", "pool"],
+        home.path(),
+        b"[nonsense]\nx = 1\n".to_vec(),
+    );
+    let text = common::output_text(&bad);
+    assert!(!bad.status.success(), "{text}");
+    assert!(
+        text.contains("configuration from standard input (--config -): 'nonsense'"),
+        "{text}"
+    );
+    // A valid one takes effect: [daemon] listen on a free port.
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "daemon",
+            "--config",
+            "-",
+            "--pool",
+            "pool",
+            "--nbd-port",
+            "0",
+        ])
+        .current_dir(home.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    daemon
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"[daemon]\nlisten = \"127.0.0.1:0\"\n")
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(daemon.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    assert!(line.contains("API on http://127.0.0.1:"), "{line}");
+    assert!(
+        !line.contains(":10880"),
+        "the configuration was ignored: {line}"
+    );
+
+    let cluster = home.path().join("cluster");
+    let (_store, on) = store_up(&cluster);
+    let issued = strata_piped(
+        &[
+            "store",
+            "tenant",
+            "add",
+            "--dir",
+            &p(&cluster),
+            "--tenant",
+            "alice",
+            "--out",
+            "-",
+        ],
+        home.path(),
+        Vec::new(),
+    );
+    assert!(issued.status.success(), "{}", common::output_text(&issued));
+    let credential = String::from_utf8(issued.stdout).unwrap();
+    assert!(
+        credential.starts_with("# strata store tenant credential"),
+        "{credential}"
+    );
+    assert!(credential.contains("tenant alice\n"), "{credential}");
+    assert!(
+        String::from_utf8_lossy(&issued.stderr).contains("to standard output"),
+        "the report is not on stderr"
+    );
+    assert!(
+        !home.path().join("-").exists(),
+        "a file named '-' was written"
+    );
+    let data = common::pattern(70_000, 9);
+    let file = home.path().join("object.bin");
+    std::fs::write(&file, &data).unwrap();
+    let cluster_arg = on.to_string();
+    let with_credential = |extra: &[&str]| -> Vec<String> {
+        ["obj"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .chain([
+                "--cluster".into(),
+                cluster_arg.clone(),
+                "--credential".into(),
+                "-".into(),
+            ])
+            .collect()
+    };
+    let put = with_credential(&["put", &p(&file), "alice/object"]);
+    let put: Vec<&str> = put.iter().map(String::as_str).collect();
+    let posted = strata_piped(&put, home.path(), credential.clone().into_bytes());
+    assert!(posted.status.success(), "{}", common::output_text(&posted));
+    let get = with_credential(&["get", "alice/object", "-"]);
+    let get: Vec<&str> = get.iter().map(String::as_str).collect();
+    let got = strata_piped(&get, home.path(), credential.into_bytes());
+    assert!(got.status.success(), "{}", common::output_text(&got));
+    assert!(got.stdout == data, "the object read back differs");
+    let both = with_credential(&["put", "-", "alice/other"]);
+    let both: Vec<&str> = both.iter().map(String::as_str).collect();
+    let refused = strata_piped(&both, home.path(), data);
+    let text = common::output_text(&refused);
+    assert!(!refused.status.success(), "{text}");
+    assert!(text.contains("both read standard input"), "{text}");
+}

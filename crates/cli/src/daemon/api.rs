@@ -32,7 +32,7 @@ pub struct ApiArgs {
     listen: String,
     /// Also serve the API on this Unix socket, mode 0600 (the token is
     /// still needed unless `--insecure-local`).
-    #[arg(long = "api-socket")]
+    #[arg(long = "api-socket", value_parser = crate::stdio::file(crate::stdio::SOCKET_WHY))]
     api_socket: Option<PathBuf>,
     /// Serve the API without its token check, to anyone who can reach a
     /// loopback `--listen` address (any local user). Refused with an
