@@ -401,9 +401,9 @@ async fn start_compaction(
     State(s): State<Arc<Service>>,
     Path(name): Path<String>,
     body: Body,
-) -> ApiResult<crate::compact::CompactionStatus> {
+) -> ApiResult<crate::service::compact::CompactionStatus> {
     // An empty body takes the defaults.
-    let opts: crate::compact::CompactOptions = match &body {
+    let opts: crate::service::compact::CompactOptions = match &body {
         Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Default::default(),
         _ => parse(&body)?,
     };
@@ -413,7 +413,7 @@ async fn start_compaction(
             format!(
                 "compaction rate {rate} bytes/s is above the maximum of {MAX_COMPACTION_RATE}; \
                  give a rate from {} (1 MiB/s) up",
-                crate::compact::MIN_RATE
+                crate::service::compact::MIN_RATE
             ),
         ));
     }
@@ -424,7 +424,7 @@ async fn start_compaction(
 async fn compaction_status(
     State(s): State<Arc<Service>>,
     Path(name): Path<String>,
-) -> ApiResult<crate::compact::CompactionStatus> {
+) -> ApiResult<crate::service::compact::CompactionStatus> {
     let status = direct(&s, s.compaction_status(&name))?;
     Ok((StatusCode::OK, Json(without_paths(&s, status))))
 }
@@ -433,8 +433,8 @@ async fn compaction_status(
 /// failed merge names the file it was writing; the log keeps it).
 fn without_paths(
     service: &Service,
-    mut status: crate::compact::CompactionStatus,
-) -> crate::compact::CompactionStatus {
+    mut status: crate::service::compact::CompactionStatus,
+) -> crate::service::compact::CompactionStatus {
     status.error = status
         .error
         .map(|e| crate::error::redact_paths(&e, &service.config.pool));

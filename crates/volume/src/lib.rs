@@ -7,12 +7,15 @@
 //!   layer can be switched under I/O;
 //! - [`service`]: the operations, ordered for crash safety, and startup
 //!   reconciliation of the catalog with the files;
-//! - [`compact`]: online chain compaction, merging runs of layers no
-//!   snapshot or clone names;
+//!   with, in its folder, [`service::compact`] (online chain compaction,
+//!   merging runs of layers no snapshot or clone names),
+//!   [`service::autocompact`] (compaction started when dead layers pile
+//!   up) and [`service::standby`] (big volumes' next snapshot tops,
+//!   prepared ahead, and frozen layers synced in time);
+//! - [`pool`]: where a pool keeps its files;
 //! - [`http`]: the JSON control API; [`metrics`]: Prometheus text;
 //!   [`auth`]: its bearer token; [`server`]: its bounded connections.
 //!
-//! - [`standby`]: big volumes' next snapshot tops, prepared ahead;
 //! - [`trash`]: layer files of deleted volumes and snapshots are unlinked
 //!   in the background.
 //!
@@ -23,17 +26,15 @@
 //! The library never prints and never exits; it logs with `tracing`.
 
 pub mod auth;
-pub mod autocompact;
 pub mod catalog;
-pub mod compact;
 pub mod error;
 pub mod failpoint;
 pub mod http;
 pub mod metrics;
 pub mod names;
+pub mod pool;
 pub mod server;
 pub mod service;
-pub mod standby;
 pub mod trash;
 pub mod volume;
 

@@ -27,7 +27,7 @@ impl Trash {
     /// Opens `pool/trash` (creating it), starts the reaper and hands it
     /// whatever an earlier run left there.
     pub fn open(pool: &Path) -> Result<Trash> {
-        let dir = pool.join("trash");
+        let dir = crate::pool::trash(pool);
         std::fs::create_dir_all(&dir).map_err(|e| {
             VolumeError::Io(format!(
                 "cannot create trash directory {}: {e}",

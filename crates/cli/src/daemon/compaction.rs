@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use strata_volume::autocompact::AutoCompact;
+use strata_volume::service::autocompact::AutoCompact;
 
 use crate::units::parse_size;
 
@@ -59,7 +59,7 @@ impl AutoCompactArgs {
             parse_size(value).map_err(|e| anyhow::anyhow!("{flag} {value}: {e}"))
         };
         let rate = bytes("--auto-compact-rate", &self.rate)?;
-        if rate < strata_volume::compact::MIN_RATE {
+        if rate < strata_volume::service::compact::MIN_RATE {
             bail!(
                 "--auto-compact-rate {}: at least 1M (bytes per second)",
                 self.rate

@@ -1,7 +1,7 @@
 //! Automatic compaction: deleted snapshots give their space back without
 //! a manual `strata volume compact`.
 //!
-//! The keeper (see [`crate::standby`]) asks every
+//! The keeper (see [`super::standby`]) asks every
 //! [`AutoCompact::period`] whether a volume's chain holds too much that no
 //! one can name any more: layers in runs that [`compaction_runs`] would
 //! merge (layers of deleted snapshots, layers left by grows). When their
@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::catalog::State;
-use crate::compact::{compaction_runs, CompactOptions, CompactionState, DEFAULT_RATE};
-use crate::service::Service;
+use super::compact::{compaction_runs, CompactOptions, CompactionState, DEFAULT_RATE};
+use super::Service;
 
 /// How long after a failed compaction the keeper tries that volume again.
 pub const FAILED_BACKOFF: Duration = Duration::from_secs(300);

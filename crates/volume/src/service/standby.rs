@@ -32,7 +32,8 @@ use parking_lot::Mutex;
 use strata_disk::PreparedTop;
 
 use crate::error::Result;
-use crate::service::{layer_file, new_id, Live, Service};
+use super::{Live, Service};
+use crate::pool::{layer_file, new_id};
 
 /// Index sectors (4 KiB) the keeper copies per hold of a volume's disk:
 /// short enough that a switch waiting for the disk is not held up.

@@ -33,7 +33,8 @@ use strata_disk::{merge_layers, set_backing_file, DiskError, MergeProgress};
 use crate::catalog::{LayerRec, State};
 use crate::error::{Result, VolumeError};
 use crate::failpoint::failpoint;
-use crate::service::{layer_file, new_id, not_found, Service};
+use super::{not_found, Service};
+use crate::pool::{layer_file, new_id};
 
 /// Default pace of a compaction's copy, in bytes per second. On the
 /// 2-core test machine, 32 MiB/s kept a saturating random-read load's p99
@@ -277,7 +278,7 @@ impl Service {
     fn compact_runs(&self, volume: &str, rate: u64, job: &Job) -> Result<()> {
         // Each merge removes at least one layer, so this ends; the bound
         // only guards against a catalog that keeps changing under it.
-        for _ in 0..crate::service::MAX_COMPACTION_RUNS {
+        for _ in 0..super::MAX_COMPACTION_RUNS {
             let state = self.catalog.state();
             let v = state.volumes.get(volume).ok_or_else(|| not_found(volume))?;
             let runs = compaction_runs(&state, &v.top);

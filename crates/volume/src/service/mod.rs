@@ -21,12 +21,18 @@ use strata_disk::{create, CreateOptions, Disk, DiskError, OpenOptions};
 use strata_nbd::{Export, ExportSet};
 
 use crate::catalog::{snapshot_key, Catalog, LayerRec, SnapshotRec, State, Txn, VolumeRec};
-use crate::compact::Jobs;
+use crate::pool::{self, layer_file, new_id};
+
+pub mod autocompact;
+pub mod compact;
+pub mod standby;
+
+use compact::Jobs;
 use crate::error::{Result, VolumeError};
 use crate::failpoint::failpoint;
 use crate::metrics;
 use crate::names::{check_name, check_size};
-use crate::standby::{Keeper, Standby};
+use standby::{Keeper, Standby};
 use crate::trash::Trash;
 use crate::volume::Volume;
 
@@ -46,7 +52,7 @@ pub struct ServiceConfig {
     pub extended_l2: bool,
     /// Keep the next snapshot's top prepared ahead for volumes whose chain
     /// index is at least this many bytes (`None`: never). See
-    /// [`crate::standby`].
+    /// [`standby`].
     pub standby_min_index: Option<u64>,
     /// How long a layer a snapshot froze may wait for the client's next
     /// flush before the daemon makes it durable itself. Zero: every
@@ -57,8 +63,8 @@ pub struct ServiceConfig {
     /// is durable (see [`strata_disk::Disk::set_drop_sealed_cache`]).
     pub drop_sealed_cache: bool,
     /// When the daemon compacts a volume on its own (`None`: only when
-    /// asked). See [`crate::autocompact`].
-    pub auto_compact: Option<crate::autocompact::AutoCompact>,
+    /// asked). See [`autocompact`].
+    pub auto_compact: Option<autocompact::AutoCompact>,
 }
 
 /// Default of [`ServiceConfig::durable_within`]: the kernel's own bound
@@ -108,7 +114,7 @@ pub struct VolumeInfo {
     /// The layer it writes to.
     pub top_layer: String,
     /// The layer file prepared ahead for its next snapshot, if any (see
-    /// [`crate::standby`]); the catalog names it once a snapshot uses it.
+    /// [`standby`]); the catalog names it once a snapshot uses it.
     pub standby_layer: Option<String>,
     /// The snapshot it was cloned from.
     pub origin: Option<String>,
@@ -274,14 +280,14 @@ impl Service {
         config: ServiceConfig,
         exports: Arc<ExportSet>,
     ) -> Result<(Service, RecoveryReport)> {
-        let layers_dir = config.pool.join("layers");
+        let layers_dir = pool::layers(&config.pool);
         std::fs::create_dir_all(&layers_dir).map_err(|e| {
             VolumeError::Io(format!(
                 "cannot create pool directory {}: {e}",
                 layers_dir.display()
             ))
         })?;
-        let catalog = Catalog::open(&config.pool.join("catalog.redb"))?;
+        let catalog = Catalog::open(&pool::catalog(&config.pool))?;
         let mut report = RecoveryReport::default();
         let dead = catalog.update(Txn::collect_garbage)?;
         report.unreachable_removed = dead;
@@ -320,7 +326,7 @@ impl Service {
 
     /// Path of a layer file.
     pub(crate) fn layer_path(&self, id: &str) -> PathBuf {
-        self.config.pool.join("layers").join(layer_file(id))
+        pool::layers(&self.config.pool).join(layer_file(id))
     }
 
     /// Opens a volume's top for writing and checks that the chain its
@@ -627,7 +633,7 @@ impl Service {
                 .collect(),
             created: v.created,
             last_pause_ms: live.and_then(|l| l.volume.stats().last_pause()).map(ms),
-            reclaimable_layers: crate::compact::compaction_runs(state, &v.top)
+            reclaimable_layers: compact::compaction_runs(state, &v.top)
                 .iter()
                 .map(|run| run.len() - 1)
                 .sum(),
@@ -700,7 +706,7 @@ impl Service {
                 tracing::warn!("could not remove layer {id}: {e}");
             }
         }
-        sync_dir(&self.config.pool.join("layers"));
+        sync_dir(&pool::layers(&self.config.pool));
     }
 
     fn snapshot_rec(&self, volume: &str, snapshot: &str) -> Result<SnapshotRec> {
@@ -989,19 +995,6 @@ pub(crate) fn not_found(volume: &str) -> VolumeError {
     VolumeError::NotFound(format!(
         "no volume named '{volume}'; list volumes with `strata volume list`"
     ))
-}
-
-/// File name of a layer.
-pub fn layer_file(id: &str) -> String {
-    format!("{id}.qcow2")
-}
-
-/// A new layer id: 32 random hex digits.
-pub(crate) fn new_id() -> Result<String> {
-    let mut b = [0u8; 16];
-    getrandom::fill(&mut b)
-        .map_err(|e| VolumeError::Io(format!("no randomness for a layer id: {e}")))?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
 fn now() -> u64 {
