@@ -2,16 +2,16 @@
 //! concurrent clients doing Posts or Gets of fixed-size objects, or HTTP
 //! GETs of the same objects from a reference web server (nginx).
 
-use crate::client::{meta_over_ipv6, Client};
 use crate::mmsg;
-use crate::table::Table;
-use crate::tenant::TenantCredential;
-use crate::wire::{Body, Msg, MAX_DATAGRAM};
-use crate::Error;
 use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use strata_store_client::client::{meta_over_ipv6, Client};
+use strata_store_protocol::table::Table;
+use strata_store_protocol::tenant::TenantCredential;
+use strata_store_protocol::wire::{Body, Msg, MAX_DATAGRAM};
+use strata_store_protocol::Error;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -357,7 +357,7 @@ fn send_get(
             name: c.name.clone(),
         },
     )
-    .seal_tenant(credential, crate::auth::unix_ms())
+    .seal_tenant(credential, strata_store_protocol::auth::unix_ms())
     .map_err(|e| Error::Invalid(format!("encoding a Get: {e}")))?;
     Ok((bytes, endpoint))
 }

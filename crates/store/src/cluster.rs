@@ -1,17 +1,20 @@
 //! A whole cluster in one process (`strata store up`): the orchestrator,
 //! `mns` metadata nodes and `sns` storage nodes, each with its own
 //! directory under `dir`, in mapped mode on loopback. The cluster key
-//! ([`crate::auth`]) is `dir/cluster.key`, made on the first start.
+//! ([`strata_store_protocol::auth`]) is `dir/cluster.key`, made on the first start.
 
-use crate::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
-use crate::auth::{ClusterKey, KEY_FILE};
-use crate::node::{fetch_table, run_on, start_mn_on, start_sn, MnHandle, MnServer, SnHandle};
-use crate::on::OnCore;
-use crate::table::{Device, Params, State, Table};
-use crate::Error;
+use crate::metadata::server::{start_mn_on, MnHandle, MnServer};
+use crate::orchestrator::server::run_on;
+use crate::orchestrator::state::OnCore;
+use crate::storage::server::{start_sn, SnHandle};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+use strata_store_client::transport::fetch_table;
+use strata_store_protocol::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+use strata_store_protocol::auth::{ClusterKey, KEY_FILE};
+use strata_store_protocol::table::{Device, Params, State, Table};
+use strata_store_protocol::Error;
 use tokio::net::UdpSocket;
 
 /// How to start a cluster.
@@ -44,9 +47,9 @@ pub struct ClusterConfig {
     /// replicas are re-created elsewhere.
     pub definitive_failure_ms: u64,
     /// Collection of unreferenced replicas on the storage nodes.
-    pub gc: crate::sn::GcConfig,
+    pub gc: crate::storage::replicas::GcConfig,
     /// Limits of the storage nodes' data ports.
-    pub data_limits: crate::sn::DataLimits,
+    pub data_limits: crate::storage::replicas::DataLimits,
     /// Pause between two anti-entropy passes of each metadata node over
     /// the metadata copies of the names it coordinates, in ms (0: none).
     pub metadata_sync_ms: u64,
@@ -75,11 +78,11 @@ impl ClusterConfig {
             mg_bits: 8,
             sn_capacity: 1 << 40,
             device: Device::Ssd,
-            short_failure_ms: crate::on::SHORT_FAILURE_MS,
-            definitive_failure_ms: crate::on::DEFINITIVE_FAILURE_MS,
-            gc: crate::sn::GcConfig::default(),
-            data_limits: crate::sn::DataLimits::default(),
-            metadata_sync_ms: crate::mn::DEFAULT_SYNC_MS,
+            short_failure_ms: crate::orchestrator::state::SHORT_FAILURE_MS,
+            definitive_failure_ms: crate::orchestrator::state::DEFINITIVE_FAILURE_MS,
+            gc: crate::storage::replicas::GcConfig::default(),
+            data_limits: crate::storage::replicas::DataLimits::default(),
+            metadata_sync_ms: crate::metadata::state::DEFAULT_SYNC_MS,
             routed: false,
             keep_routes: true,
             key: None,

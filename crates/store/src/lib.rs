@@ -18,75 +18,47 @@
 //!
 //! The library never prints and never exits.
 
-pub mod addr;
-pub mod auth;
 pub mod bench;
-pub mod client;
 pub mod cluster;
-pub mod data;
-pub mod metadb;
+pub mod metadata;
 pub mod mmsg;
-pub mod mn;
-pub mod node;
-pub mod on;
+pub mod orchestrator;
 pub mod routes;
-pub mod sn;
-pub mod table;
-pub mod tenant;
-pub mod wire;
+pub mod runtime;
+pub mod storage;
 
-pub use wire::Code;
+// The protocol and the client live in their own crates
+// (`strata-store-protocol`, `strata-store-client`). These re-exports keep
+// their old paths under `strata_store` for the CLI; they go once the CLI
+// uses the client crate.
+pub use strata_store_client::client;
+pub use strata_store_protocol::{addr, auth, table, tenant, wire, Code, Error};
 
-/// Errors of the store.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The metadata or orchestrator database failed.
-    #[error("database error: {0}")]
-    Db(String),
-    /// A file or socket operation failed.
-    #[error("{context}: {source}")]
-    Io {
-        /// What was being done.
-        context: String,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// A peer answered with an error.
-    #[error("{message}")]
-    Remote {
-        /// The error code.
-        code: Code,
-        /// The peer's explanation.
-        message: String,
-    },
-    /// A peer did not answer.
-    #[error("{0}")]
-    Timeout(String),
-    /// A message could not be decoded.
-    #[error("malformed message: {0}")]
-    Wire(#[from] wire::WireError),
-    /// Stored or received data failed its checksum or size check.
-    #[error("{0}")]
-    Corrupt(String),
-    /// The request itself is invalid.
-    #[error("{0}")]
-    Invalid(String),
+// The servers' old module names, for the CLI until it moves to the new
+// paths.
+pub use metadata::database as metadb;
+pub use metadata::state as mn;
+pub use orchestrator::state as on;
+pub use storage::replicas as sn;
+
+/// The runtimes under their old path: what every role shares
+/// ([`runtime`]), each role's server, the client's transport and
+/// [`strata_store_protocol::wire::malformed`].
+pub mod node {
+    pub use crate::metadata::server::*;
+    pub use crate::orchestrator::server::*;
+    pub use crate::runtime::*;
+    pub use crate::storage::server::*;
+    pub use strata_store_client::transport::{
+        fetch_table, ok_body, request_id, udp_call, udp_call_padded,
+    };
+    pub use strata_store_protocol::wire::malformed;
 }
 
-impl Error {
-    /// An I/O error with context.
-    pub fn io(context: impl Into<String>, source: std::io::Error) -> Error {
-        Error::Io {
-            context: context.into(),
-            source,
-        }
-    }
-
-    /// The remote error code, if this is a remote error.
-    pub fn code(&self) -> Option<Code> {
-        match self {
-            Error::Remote { code, .. } => Some(*code),
-            _ => None,
-        }
-    }
+/// The TCP data frames: their encoding ([`strata_store_protocol::data`])
+/// and their reading and writing on streams
+/// ([`strata_store_client::stream`]), under their old path.
+pub mod data {
+    pub use strata_store_client::stream::{read_request, read_status, write_error};
+    pub use strata_store_protocol::data::*;
 }

@@ -8,14 +8,14 @@
 //! are `local` routes on `lo` (a wildcard socket then receives every
 //! address in them); every other prefix goes via its owner's address.
 
-use crate::addr::{fmt_addr, Addr};
-use crate::table::Table;
-use crate::Error;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use strata_store_protocol::addr::{fmt_addr, Addr};
+use strata_store_protocol::table::Table;
+use strata_store_protocol::Error;
 
 /// One route a host needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -170,8 +170,8 @@ fn run_ip_batch(batch: &str) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
-    use crate::table::{Device, MnEntry, Params, SnEntry, State};
+    use strata_store_protocol::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+    use strata_store_protocol::table::{Device, MnEntry, Params, SnEntry, State};
 
     fn table() -> Table {
         Table {

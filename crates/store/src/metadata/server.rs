@@ -1,308 +1,21 @@
-//! Runtimes that put the roles on sockets: the orchestrator and metadata
-//! nodes on UDP, storage nodes on TCP, each refreshing the prefix table
-//! from the orchestrator and sending heartbeats.
-//!
-//! A metadata or replica address is turned into a socket address by the
-//! prefix table ([`Table::mn_endpoint`], [`Table::sn_endpoint`]): the owning
-//! node's endpoint in mapped mode, the address itself in routed mode. The
-//! address also travels in every message, so both modes share one path.
+//! Metadata nodes on their UDP sockets: the threads that serve every
+//! metadata node of a process, each datagram through the gate then the
+//! core ([`crate::metadata::state::MnCore`]), and the work the core hands
+//! out (replica copies and frees) spawned on the runtime.
 
-use crate::auth::{within, ClusterKey, Gate, Receiver, Verdict};
-use crate::mn::{MnCore, Out};
-use crate::on::OnCore;
-use crate::sn::SnStore;
-use crate::table::{Device, Table};
-use crate::wire::{Body, Code, Msg, Role, MAX_DATAGRAM};
-use crate::Error;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use crate::metadata::state::{MnCore, Out};
+use crate::runtime::{advertised, bind_address, nanos, node_uuid, refresh_loop, register};
+use std::net::{Ipv6Addr, SocketAddr};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
-use tokio::net::{TcpListener, UdpSocket};
+use strata_store_client::transport::fetch_table;
+use strata_store_protocol::auth::{within, ClusterKey, Gate, Receiver, Verdict};
+use strata_store_protocol::table::Table;
+use strata_store_protocol::wire::{Body, Code, Msg, Role, MAX_DATAGRAM};
+use strata_store_protocol::Error;
 use tokio::sync::watch;
-
-/// The prefix table shared by a node's tasks.
-pub type SharedTable = Arc<RwLock<Table>>;
-
-/// A copy of the shared table (it is small: a few KiB).
-pub fn read_table(t: &SharedTable) -> Table {
-    t.read().unwrap_or_else(|e| e.into_inner()).clone()
-}
-
-/// How often nodes refresh the table and send heartbeats.
-pub const REFRESH: Duration = Duration::from_millis(500);
-
-/// How soon, at most, a metadata node refuses a credential generation
-/// the orchestrator revoked, while the orchestrator is reachable: a table
-/// refresh period ([`REFRESH`]), the heartbeat sent before the fetch
-/// (its 200 ms timeout), one table request (300 ms), and one tick of the
-/// node's loop, which takes the new table in.
-pub const REVOCATION_BOUND: Duration = Duration::from_millis(500 + 200 + 300 + 20);
-
-/// Sends `msg` to `to` and waits for the reply with the same request id,
-/// resending up to `attempts` times. With `key`, the request is sealed
-/// (again for each attempt: a resend is not a replay) and only a sealed
-/// answer is taken ([`crate::auth::open_answer`]).
-pub async fn udp_call(
-    to: SocketAddr,
-    msg: &Msg,
-    timeout: Duration,
-    attempts: u32,
-    key: Option<&ClusterKey>,
-) -> Result<Msg, Error> {
-    Ok(udp_call_padded(to, msg, timeout, attempts, key, 0).await?.0)
-}
-
-/// [`udp_call`] with the request padded to at least `pad` bytes, and
-/// padded again as a [`Body::PadTo`] answer asks (an unauthenticated
-/// request gets no answer longer than itself). Returns the answer and the
-/// padding that got it.
-pub async fn udp_call_padded(
-    to: SocketAddr,
-    msg: &Msg,
-    timeout: Duration,
-    attempts: u32,
-    key: Option<&ClusterKey>,
-    mut pad: usize,
-) -> Result<(Msg, usize), Error> {
-    let bind: SocketAddr = if to.is_ipv4() {
-        "0.0.0.0:0"
-            .parse()
-            .unwrap_or_else(|_| crate::wire::no_endpoint())
-    } else {
-        "[::]:0"
-            .parse()
-            .unwrap_or_else(|_| crate::wire::no_endpoint())
-    };
-    let sock = UdpSocket::bind(bind)
-        .await
-        .map_err(|e| Error::io("binding a UDP socket", e))?;
-    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
-    let mut attempt = 0;
-    while attempt < attempts.max(1) {
-        attempt += 1;
-        let bytes = crate::auth::encode_padded(msg, key, crate::auth::unix_ms(), pad)?;
-        sock.send_to(&bytes, to)
-            .await
-            .map_err(|e| Error::io(format!("sending to {to}"), e))?;
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            match tokio::time::timeout_at(deadline, sock.recv_from(&mut buf)).await {
-                Err(_) => break,
-                Ok(Err(_)) => break, // ICMP unreachable and the like: resend
-                Ok(Ok((n, _))) => {
-                    let now = crate::auth::unix_ms();
-                    let Some(reply) = crate::auth::open_answer(&buf[..n], key, now) else {
-                        continue;
-                    };
-                    if reply.req != msg.req {
-                        continue;
-                    }
-                    match reply.body {
-                        // Only a growing size is taken, so this ends.
-                        Body::PadTo { size } if (size as usize) > pad => {
-                            pad = (size as usize + crate::auth::PAD_SLACK).min(MAX_DATAGRAM);
-                            // A padded resend is no extra attempt.
-                            attempt -= 1;
-                            break;
-                        }
-                        Body::PadTo { .. } => continue,
-                        _ => return Ok((reply, pad)),
-                    }
-                }
-            }
-        }
-    }
-    Err(Error::Timeout(format!(
-        "{to} did not answer after {attempts} attempts"
-    )))
-}
-
-/// Fails with the remote error if `reply` is an error message.
-pub fn ok_body(reply: Msg) -> Result<Body, Error> {
-    match reply.body {
-        Body::Error { code, message } => Err(Error::Remote { code, message }),
-        b => Ok(b),
-    }
-}
-
-/// A fresh request id.
-pub fn request_id() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    // Drawn once per process: `getpid` is a system call, and two of them
-    // per metadata call showed in the load generator's profile.
-    static BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let base = *BASE.get_or_init(|| std::process::id() as u64 ^ nanos());
-    crate::addr::splitmix64(base.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))) & !(1 << 63)
-}
-
-fn nanos() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
-
-/// Fetches the prefix table from the orchestrator. Nodes pass the
-/// cluster key, and take only a table sealed with it; tenants pass none.
-pub async fn fetch_table(on: SocketAddr, key: Option<&ClusterKey>) -> Result<Table, Error> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    // The padding that got the last table, unsealed: the orchestrator
-    // answers an unsealed request only when the table is no longer than
-    // it, so a table request without a key is padded from the start
-    // (QUIC's 1200 bytes at first), and to what it took since.
-    static TABLE_PAD: AtomicUsize = AtomicUsize::new(1200);
-    let pad = if key.is_some() {
-        0
-    } else {
-        TABLE_PAD.load(Ordering::Relaxed)
-    };
-    let msg = Msg::new(request_id(), 0, Body::GetTable);
-    let timeout = Duration::from_millis(300);
-    let (reply, used) = udp_call_padded(on, &msg, timeout, 5, key, pad).await?;
-    if key.is_none() {
-        TABLE_PAD.store(used, Ordering::Relaxed);
-    }
-    match ok_body(reply)? {
-        Body::Table { bytes } => Ok(Table::decode(&bytes)?),
-        other => Err(Error::Invalid(format!(
-            "the orchestrator at {on} answered {other:?} to a table request"
-        ))),
-    }
-}
-
-/// The persistent identity of the node stored in `dir` (created once).
-pub fn node_uuid(dir: &Path) -> Result<u64, Error> {
-    let path = dir.join("node-id");
-    if let Ok(s) = std::fs::read_to_string(&path) {
-        return u64::from_str_radix(s.trim(), 16).map_err(|_| {
-            Error::Invalid(format!(
-                "{} does not hold a node identity (16 hex digits)",
-                path.display()
-            ))
-        });
-    }
-    std::fs::create_dir_all(dir)
-        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-    let uuid = crate::addr::splitmix64(nanos() ^ (std::process::id() as u64) << 32) | 1;
-    std::fs::write(&path, format!("{uuid:016x}\n"))
-        .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
-    Ok(uuid)
-}
-
-async fn register(on: SocketAddr, body: Body, key: &ClusterKey) -> Result<u16, Error> {
-    let msg = Msg::new(request_id(), 0, body);
-    match ok_body(udp_call(on, &msg, Duration::from_millis(300), 10, Some(key)).await?)? {
-        Body::Registered { index } => Ok(index),
-        other => Err(Error::Invalid(format!(
-            "the orchestrator answered {other:?} to a registration"
-        ))),
-    }
-}
-
-/// Keeps `table` fresh and sends heartbeats until the task is dropped. With
-/// `routes_of` (a host address), it also keeps that host's routes in step
-/// with the table when the cluster is routed.
-async fn refresh_loop(
-    on: SocketAddr,
-    uuid: u64,
-    table: SharedTable,
-    tx: Option<watch::Sender<Table>>,
-    stats: impl Fn() -> (u64, u64),
-    routes_of: Option<IpAddr>,
-    key: ClusterKey,
-) {
-    let mut interval = tokio::time::interval(REFRESH);
-    let mut keeper = crate::routes::RouteKeeper::new();
-    loop {
-        interval.tick().await;
-        let (free, objects) = stats();
-        let hb = Msg::new(
-            request_id(),
-            0,
-            Body::Heartbeat {
-                uuid,
-                free,
-                objects,
-                keys: Some(key.fingerprints()),
-            },
-        );
-        let _ = udp_call(on, &hb, Duration::from_millis(200), 1, Some(&key)).await;
-        if let Ok(t) = fetch_table(on, Some(&key)).await {
-            if let (true, Some(host)) = (t.routed, routes_of) {
-                // Runs `ip` only when the routes change (a node joined, a
-                // group moved), so it may block this task briefly.
-                match keeper.sync(&t, host) {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!("{n} routes of host {host} installed or changed"),
-                    Err(e) => tracing::warn!("{e}"),
-                }
-            }
-            *table.write().unwrap_or_else(|e| e.into_inner()) = t.clone();
-            if let Some(tx) = &tx {
-                let _ = tx.send(t);
-            }
-        }
-    }
-}
-
-/// Serves the orchestrator on `sock` until the task is dropped; `key` is
-/// the cluster's.
-pub async fn run_on(sock: UdpSocket, mut core: OnCore, key: ClusterKey) {
-    let start = Instant::now();
-    let mut gate = Gate::new(key, Receiver::On);
-    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    core.set_own_keys(gate.key().fingerprints());
-    loop {
-        tokio::select! {
-            r = sock.recv_from(&mut buf) => {
-                let Ok((n, from)) = r else { continue };
-                let now = start.elapsed().as_millis() as u64;
-                let wall = crate::auth::unix_ms();
-                if let Some(bytes) = on_receive(&mut core, &mut gate, wall, now, &buf[..n]) {
-                    let _ = sock.send_to(&bytes, from).await;
-                }
-            }
-            _ = tick.tick() => {
-                // As reloaded on SIGHUP, for `strata store status`.
-                core.set_own_keys(gate.key().fingerprints());
-                if let Err(e) = core.tick(start.elapsed().as_millis() as u64) {
-                    tracing::warn!("orchestrator: {e}");
-                }
-            }
-        }
-    }
-}
-
-/// Handles one datagram at the orchestrator, received at wall-clock time
-/// `wall` (ms since the Unix epoch) and core time `now`: the gate first,
-/// then the core. Returns the answer to send, sealed if the request was;
-/// to an unsealed one, no answer longer than it ([`within`]).
-pub fn on_receive(
-    core: &mut OnCore,
-    gate: &mut Gate,
-    wall: u64,
-    now: u64,
-    bytes: &[u8],
-) -> Option<Vec<u8>> {
-    let answer = match gate.admit(bytes, wall) {
-        Verdict::Accept { msg, sealed, .. } => {
-            let answer = core.handle(now, &msg);
-            if sealed {
-                return crate::auth::encode(&answer, Some(gate.key()), wall).ok();
-            }
-            // The table request, taken unsealed: no answer larger than it.
-            answer
-        }
-        Verdict::Refuse(reply) => reply,
-        Verdict::Deny(reply) => return reply.encode().ok(),
-        Verdict::Drop => return None,
-    };
-    within(answer, bytes.len())?.encode().ok()
-}
 
 /// Handles one datagram at a metadata node, received at wall-clock time
 /// `wall` and core time `now` from `from`, sent to `to` (routed mode): the
@@ -310,7 +23,7 @@ pub fn on_receive(
 /// everything but the direct answer to an unsealed (tenant's) request,
 /// so that a zero-byte Get and its answer pay for no HMAC. The direct
 /// answer to a tenant's `GetLinkProof` gets its link proof for that
-/// tenant here ([`crate::auth::issue_link_proof`]): only the gate knows
+/// tenant here ([`strata_store_protocol::auth::issue_link_proof`]): only the gate knows
 /// who asked. A refusal of an unauthenticated datagram is no longer than
 /// the datagram ([`within`]).
 pub fn mn_receive<P: Copy + Eq + std::hash::Hash>(
@@ -369,53 +82,17 @@ fn mn_receive_with<P: Copy + Eq + std::hash::Hash>(
         .map(|mut out| {
             let direct = matches!(&out, Out::Reply(p, m) if *p == from && m.req == req);
             if let (true, Some(tenant), Out::Reply(_, m)) = (direct, &tenant, &mut out) {
-                crate::auth::issue_link_proof(&mut m.body, gate.key(), tenant, wall);
+                strata_store_protocol::auth::issue_link_proof(
+                    &mut m.body,
+                    gate.key(),
+                    tenant,
+                    wall,
+                );
             }
             let seal = sealed || !direct;
             (out, seal)
         })
         .collect()
-}
-
-/// The error reply to an undecodable datagram (with its request id when
-/// the header got that far).
-pub fn malformed(bytes: &[u8], e: &crate::wire::WireError) -> Msg {
-    let req = bytes
-        .get(4..12)
-        .and_then(|b| b.try_into().ok())
-        .map(u64::from_be_bytes)
-        .unwrap_or(0);
-    Msg::new(
-        req,
-        0,
-        Body::Error {
-            code: Code::BadRequest,
-            message: format!("malformed message: {e}"),
-        },
-    )
-}
-
-/// Where a node listening at `listen` binds its socket. In routed mode it
-/// binds the wildcard address at that port: the host's local routes for
-/// the node's prefix (or metadata groups) deliver every object or metadata
-/// address to it. In mapped mode it binds `listen` itself.
-async fn bind_address(
-    on: SocketAddr,
-    listen: SocketAddr,
-    key: &ClusterKey,
-) -> Result<SocketAddr, Error> {
-    if fetch_table(on, Some(key)).await?.routed {
-        Ok(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), listen.port()))
-    } else {
-        Ok(listen)
-    }
-}
-
-/// The endpoint a node registers: `listen`'s address (a wildcard bind has
-/// none of its own) with the port the socket got.
-fn advertised(listen: SocketAddr, bound: std::io::Result<SocketAddr>) -> Result<SocketAddr, Error> {
-    let bound = bound.map_err(|e| Error::io("local address", e))?;
-    Ok(SocketAddr::new(listen.ip(), bound.port()))
 }
 
 /// A running metadata node.
@@ -654,7 +331,7 @@ pub async fn start_mn_on(
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let uuid = node_uuid(dir)?;
-    let db = crate::metadb::MetaDb::open(&dir.join("meta.redb"))?;
+    let db = crate::metadata::database::MetaDb::open(&dir.join("meta.redb"))?;
     let at = bind_address(on, bind, key).await?;
     let sock = std::net::UdpSocket::bind(at).map_err(|e| Error::io(format!("binding {at}"), e))?;
     sock.set_nonblocking(true)
@@ -881,7 +558,7 @@ fn serve_node(
             let Some((r, bytes)) = batch.get(i) else {
                 continue;
             };
-            let wall = crate::auth::unix_ms();
+            let wall = strata_store_protocol::auth::unix_ms();
             outs.extend(mn_receive_with(
                 &mut node.core,
                 &mut node.gate,
@@ -924,7 +601,7 @@ fn serve_node(
     if outs.is_empty() {
         return received;
     }
-    let wall = crate::auth::unix_ms();
+    let wall = strata_store_protocol::auth::unix_ms();
     for (out, seal) in outs {
         let key = seal.then_some(node.gate.key());
         let work = Work {
@@ -958,8 +635,8 @@ fn misaddressed(table: &Table, to: Option<Ipv6Addr>, msg: &Msg) -> Option<Msg> {
         Code::WrongAddress,
         format!(
             "datagram sent to metadata address {} but the request names {}",
-            crate::addr::fmt_addr(to),
-            crate::addr::fmt_addr(msg.target)
+            strata_store_protocol::addr::fmt_addr(to),
+            strata_store_protocol::addr::fmt_addr(msg.target)
         ),
     ))
 }
@@ -992,7 +669,7 @@ fn want_destinations(sock: &std::net::UdpSocket) -> std::io::Result<()> {
 struct CopyReport {
     name: String,
     version: u64,
-    targets: Vec<crate::addr::Addr>,
+    targets: Vec<strata_store_protocol::addr::Addr>,
     result: Result<u8, String>,
 }
 
@@ -1008,7 +685,7 @@ struct Work<'a> {
 /// Carries out one of the core's outputs: datagrams go to `outgoing`
 /// (sent together after the batch), sealed with `key` if given at `wall`;
 /// a `PostPlan` or `Found` answer gets its ticket
-/// ([`crate::auth::issue_ticket`]); copies and frees become tasks.
+/// ([`strata_store_protocol::auth::issue_ticket`]); copies and frees become tasks.
 fn dispatch(
     table: &Table,
     out: Out<SocketAddr>,
@@ -1028,8 +705,8 @@ fn dispatch(
         },
         other => return spawn_work(table, other, work),
     };
-    crate::auth::issue_ticket(&mut msg.body, msg.target, work.key, wall);
-    if let Ok(bytes) = crate::auth::encode(&msg, key, wall) {
+    strata_store_protocol::auth::issue_ticket(&mut msg.body, msg.target, work.key, wall);
+    if let Ok(bytes) = strata_store_protocol::auth::encode(&msg, key, wall) {
         outgoing.push((bytes, to));
     }
 }
@@ -1042,7 +719,7 @@ fn spawn_work(table: &Table, out: Out<SocketAddr>, work: &Work) {
             if let Some(endpoint) = table.sn_endpoint(addr) {
                 let key = work.key.clone();
                 work.runtime.spawn(async move {
-                    let _ = crate::client::free_replica(endpoint, addr, &key).await;
+                    let _ = strata_store_client::client::free_replica(endpoint, addr, &key).await;
                 });
             }
         }
@@ -1058,10 +735,11 @@ fn spawn_work(table: &Table, out: Out<SocketAddr>, work: &Work) {
             let report = work.copies.clone();
             let key = work.key.clone();
             work.runtime.spawn(async move {
-                let result =
-                    crate::client::copy_replica(&table, &key, &sources, &targets, size, crc)
-                        .await
-                        .map_err(|e| e.to_string());
+                let result = strata_store_client::client::copy_replica(
+                    &table, &key, &sources, &targets, size, crc,
+                )
+                .await
+                .map_err(|e| e.to_string());
                 if let Err(e) = &result {
                     tracing::warn!("repair copy of {name:?} failed: {e}");
                 }
@@ -1078,128 +756,24 @@ fn spawn_work(table: &Table, out: Out<SocketAddr>, work: &Work) {
     }
 }
 
-/// A running storage node.
-pub struct SnHandle {
-    /// Its TCP endpoint.
-    pub endpoint: SocketAddr,
-    /// Its prefix index.
-    pub index: u16,
-    /// Its persistent identity.
-    pub uuid: u64,
-    /// Ends once the orchestrator has retired the node and its replicas
-    /// are freed ([`crate::sn::retire_watch`]).
-    retire: tokio::task::JoinHandle<()>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl SnHandle {
-    /// Waits until the orchestrator has retired this node (drained, then
-    /// retired) and its replicas are freed: a process running only this
-    /// node has nothing left to do.
-    pub async fn retired(&mut self) {
-        if (&mut self.retire).await.is_err() {
-            // Cancelled or failed: never call that a retirement.
-            std::future::pending::<()>().await;
-        }
-    }
-}
-
-impl Drop for SnHandle {
-    fn drop(&mut self) {
-        self.retire.abort();
-        for t in &self.tasks {
-            t.abort();
-        }
-    }
-}
-
-/// Starts a storage node stored in `dir` on `bind`, declaring `capacity`
-/// bytes of `device`, member of the cluster whose orchestrator is `on`;
-/// `gc` paces the collection of replicas no record names and `limits`
-/// bound its data port ([`crate::sn::DataLimits`]). With
-/// `keep_routes`, a node of a routed cluster keeps its host's routes in
-/// step with the table ([`crate::routes`]).
-#[allow(clippy::too_many_arguments)]
-pub async fn start_sn(
-    dir: &Path,
-    bind: SocketAddr,
-    on: SocketAddr,
-    capacity: u64,
-    device: Device,
-    gc: crate::sn::GcConfig,
-    limits: crate::sn::DataLimits,
-    keep_routes: bool,
-    key: &ClusterKey,
-) -> Result<SnHandle, Error> {
-    std::fs::create_dir_all(dir)
-        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-    let uuid = node_uuid(dir)?;
-    let at = bind_address(on, bind, key).await?;
-    let listener = TcpListener::bind(at)
-        .await
-        .map_err(|e| Error::io(format!("binding {at}"), e))?;
-    let endpoint = advertised(bind, listener.local_addr())?;
-    // Count what is there before declaring free space.
-    let probe = SnStore::open(dir, 0, on, capacity)?;
-    let index = register(
-        on,
-        Body::Register {
-            role: Role::Sn,
-            uuid,
-            endpoint,
-            capacity,
-            free: probe.free(),
-            device: device as u8,
-            keys: Some(key.fingerprints()),
-        },
-        key,
-    )
-    .await?;
-    let store = Arc::new(
-        SnStore::open(dir, index, on, capacity)?
-            .with_key(key.clone())
-            .with_limits(limits),
-    );
-    let table = Arc::new(RwLock::new(fetch_table(on, Some(key)).await?));
-    let stats_store = store.clone();
-    let retire = tokio::spawn(crate::sn::retire_watch(store.clone(), table.clone(), uuid));
-    let tasks = vec![
-        tokio::spawn(crate::sn::gc_loop(store.clone(), table.clone(), gc)),
-        tokio::spawn(crate::sn::serve(listener, store, table.clone())),
-        tokio::spawn(refresh_loop(
-            on,
-            uuid,
-            table,
-            None,
-            move || (stats_store.free(), stats_store.objects()),
-            keep_routes.then_some(endpoint.ip()),
-            key.clone(),
-        )),
-    ];
-    Ok(SnHandle {
-        endpoint,
-        index,
-        uuid,
-        retire,
-        tasks,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::KEY_LEN;
+    use strata_store_protocol::auth::KEY_LEN;
 
     /// Whether the core handling `msg` (sealed with `key`) was announced
     /// as a possible write.
     fn announced(key: &ClusterKey, sealed_with: &ClusterKey, body: Body) -> bool {
         let dir = tempfile::tempdir().unwrap();
-        let db = crate::metadb::MetaDb::open(&dir.path().join("m.redb")).unwrap();
-        let layout = crate::addr::Layout::new(crate::addr::DEFAULT_CLUSTER_PREFIX, 4);
-        let table = Table::new(layout, crate::table::Params::default());
+        let db = crate::metadata::database::MetaDb::open(&dir.path().join("m.redb")).unwrap();
+        let layout = strata_store_protocol::addr::Layout::new(
+            strata_store_protocol::addr::DEFAULT_CLUSTER_PREFIX,
+            4,
+        );
+        let table = Table::new(layout, strata_store_protocol::table::Params::default());
         let mut core: MnCore<u32> = MnCore::new(db, table, 0, 1);
         let mut gate = Gate::new(key.clone(), Receiver::Mn);
-        let wall = crate::auth::unix_ms();
+        let wall = strata_store_protocol::auth::unix_ms();
         let bytes = Msg::new(1, 0, body).seal(sealed_with, wall).unwrap();
         let mut called = false;
         mn_receive_with(&mut core, &mut gate, wall, 1, 9, None, &bytes, &mut || {

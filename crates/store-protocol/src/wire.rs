@@ -5,14 +5,10 @@
 //! anything is allocated, and every decoder returns an error, never panics.
 
 use crate::addr::{Addr, MAX_META_REPLICAS};
-pub use crate::auth::Fingerprints;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-
-/// Largest metadata datagram we send or accept.
-pub const MAX_DATAGRAM: usize = 65_000;
-
-/// Longest object name, in bytes.
-pub const MAX_NAME: usize = 4096;
+pub use crate::codec::{check_name, Reader, WireError, Writer, MAX_DATAGRAM, MAX_NAME};
+pub use crate::error::Code;
+pub use crate::key::Fingerprints;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 /// Most replicas of an object's data.
 pub const MAX_DATA_REPLICAS: usize = 16;
@@ -46,7 +42,7 @@ pub const HEADER_LEN: usize = 28;
 const SEALED: u8 = 0x80;
 
 /// Bytes a seal adds to a message.
-pub const SEAL_LEN: usize = 8 + crate::auth::TAG_LEN;
+pub const SEAL_LEN: usize = 8 + crate::key::TAG_LEN;
 
 /// Set in the kind byte of a tenant's request sealed with its credential
 /// ([`crate::tenant`]): its body is followed by the tenant id (1 to
@@ -58,7 +54,7 @@ pub const SEAL_LEN: usize = 8 + crate::auth::TAG_LEN;
 const TENANT: u8 = 0x40;
 
 /// Bytes a tenant's seal adds to a message, besides the tenant id.
-pub const TENANT_SEAL_FIXED: usize = 4 + 1 + 8 + crate::auth::TAG_LEN;
+pub const TENANT_SEAL_FIXED: usize = 4 + 1 + 8 + crate::key::TAG_LEN;
 
 /// The kind of [`Body::GetTable`] (tenants may send it unsealed).
 pub const KIND_GET_TABLE: u8 = 15;
@@ -147,7 +143,7 @@ pub fn tenant_parts(buf: &[u8]) -> Option<TenantSeal<'_>> {
     if !peek(buf).ok()?.tenant {
         return None;
     }
-    let (signed, tag) = buf.split_at(buf.len().checked_sub(crate::auth::TAG_LEN)?);
+    let (signed, tag) = buf.split_at(buf.len().checked_sub(crate::key::TAG_LEN)?);
     let clock_at = signed.len().checked_sub(8)?;
     let at = u64::from_be_bytes(signed.get(clock_at..)?.try_into().ok()?);
     let len_at = clock_at.checked_sub(1)?;
@@ -171,100 +167,13 @@ pub fn tenant_parts(buf: &[u8]) -> Option<TenantSeal<'_>> {
 
 /// The parts of a sealed message: the bytes its tag covers, the sender's
 /// clock, and the tag. `None` if `buf` is not a sealed message.
-pub fn seal_parts(buf: &[u8]) -> Option<(&[u8], u64, [u8; crate::auth::TAG_LEN])> {
+pub fn seal_parts(buf: &[u8]) -> Option<(&[u8], u64, [u8; crate::key::TAG_LEN])> {
     if !peek(buf).ok()?.sealed || buf.len() < HEADER_LEN + SEAL_LEN {
         return None;
     }
-    let (signed, tag) = buf.split_at(buf.len() - crate::auth::TAG_LEN);
+    let (signed, tag) = buf.split_at(buf.len() - crate::key::TAG_LEN);
     let at = signed.get(signed.len() - 8..)?.try_into().ok()?;
     Some((signed, u64::from_be_bytes(at), tag.try_into().ok()?))
-}
-
-/// Why a message could not be decoded.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum WireError {
-    /// The message ended before a field did.
-    #[error("message truncated at byte {0}")]
-    Truncated(usize),
-    /// The message does not start with the store's magic and version.
-    #[error("not a Strata store message (bad magic or version)")]
-    BadMagic,
-    /// The message kind is unknown.
-    #[error("unknown message kind {0}")]
-    UnknownKind(u8),
-    /// A field is out of its allowed range.
-    #[error("invalid field: {0}")]
-    Invalid(String),
-    /// Bytes were left over after the message.
-    #[error("{0} trailing bytes after the message")]
-    Trailing(usize),
-    /// The message is too large for one datagram.
-    #[error("message of {0} bytes exceeds the {MAX_DATAGRAM}-byte datagram limit")]
-    TooLarge(usize),
-}
-
-/// Checks an object name: 1 to 4,096 bytes of UTF-8 without NUL.
-pub fn check_name(name: &str) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("object name is empty; give a name of 1 to 4096 bytes".into());
-    }
-    if name.len() > MAX_NAME {
-        return Err(format!(
-            "object name is {} bytes; the limit is {MAX_NAME}",
-            name.len()
-        ));
-    }
-    if name.contains('\0') {
-        return Err("object name contains a NUL byte".into());
-    }
-    Ok(())
-}
-
-/// Error codes carried by [`Body::Error`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u16)]
-pub enum Code {
-    /// The object does not exist (and the node knows nothing newer).
-    NotFound = 1,
-    /// The object was deleted at this node (authoritative: do not fall through).
-    Deleted = 2,
-    /// Another Post or Delete of the same name is in progress.
-    Conflict = 3,
-    /// The message was addressed to a node that does not own that address.
-    WrongAddress = 4,
-    /// The request was malformed.
-    BadRequest = 5,
-    /// The node could not do it now (no storage node, store failure...).
-    Unavailable = 6,
-    /// The object already exists (rename target).
-    Exists = 7,
-    /// The address's metadata group is being handed over to another
-    /// metadata node: nothing was done; refresh the table and retry (a
-    /// Get falls through, and its "not found" is then not authoritative).
-    Moving = 8,
-    /// The request needs the cluster key's seal and has none, or a wrong
-    /// or stale one ([`crate::auth`]): nothing was done.
-    Unauthenticated = 9,
-    /// A tenant's request names an object (or List prefix) outside the
-    /// tenant's scope ([`crate::tenant::check_scope`]): nothing was done.
-    Forbidden = 10,
-}
-
-impl Code {
-    fn from_u16(v: u16) -> Code {
-        match v {
-            1 => Code::NotFound,
-            2 => Code::Deleted,
-            3 => Code::Conflict,
-            4 => Code::WrongAddress,
-            5 => Code::BadRequest,
-            7 => Code::Exists,
-            8 => Code::Moving,
-            9 => Code::Unauthenticated,
-            10 => Code::Forbidden,
-            _ => Code::Unavailable,
-        }
-    }
 }
 
 /// An object's metadata as stored by metadata nodes.
@@ -756,205 +665,6 @@ pub struct Msg {
     pub body: Body,
 }
 
-/// Appends fields to a buffer.
-#[derive(Default)]
-pub struct Writer {
-    /// The bytes written so far.
-    pub buf: Vec<u8>,
-}
-
-impl Writer {
-    /// Appends a byte.
-    pub fn u8(&mut self, v: u8) {
-        self.buf.push(v);
-    }
-    /// Appends a big-endian u16.
-    pub fn u16(&mut self, v: u16) {
-        self.buf.extend_from_slice(&v.to_be_bytes());
-    }
-    /// Appends a big-endian u32.
-    pub fn u32(&mut self, v: u32) {
-        self.buf.extend_from_slice(&v.to_be_bytes());
-    }
-    /// Appends a big-endian u64.
-    pub fn u64(&mut self, v: u64) {
-        self.buf.extend_from_slice(&v.to_be_bytes());
-    }
-    /// Appends an address.
-    pub fn addr(&mut self, v: Addr) {
-        self.buf.extend_from_slice(&v.to_be_bytes());
-    }
-    /// Appends a length-prefixed (u16) byte string.
-    pub fn bytes16(&mut self, v: &[u8]) {
-        self.u16(v.len().min(u16::MAX as usize) as u16);
-        self.buf
-            .extend_from_slice(&v[..v.len().min(u16::MAX as usize)]);
-    }
-    /// Appends a string.
-    pub fn str(&mut self, v: &str) {
-        self.bytes16(v.as_bytes());
-    }
-    /// Appends a count-prefixed list of addresses.
-    pub fn addrs(&mut self, v: &[Addr]) {
-        self.u8(v.len().min(255) as u8);
-        for &a in v.iter().take(255) {
-            self.addr(a);
-        }
-    }
-    /// A keyring's fingerprints: the active one, a flag, and the other
-    /// one if the flag is 1.
-    pub fn prints(&mut self, v: &Fingerprints) {
-        self.u64(v.active);
-        match v.other {
-            Some(o) => {
-                self.u8(1);
-                self.u64(o);
-            }
-            None => self.u8(0),
-        }
-    }
-
-    /// Appends a socket address.
-    pub fn sockaddr(&mut self, v: SocketAddr) {
-        let ip = match v.ip() {
-            IpAddr::V4(ip) => ip.to_ipv6_mapped(),
-            IpAddr::V6(ip) => ip,
-        };
-        self.addr(u128::from(ip));
-        self.u16(v.port());
-    }
-}
-
-/// Reads fields from a buffer, with bounds checks.
-pub struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Reader<'a> {
-    /// A reader over `buf`.
-    pub fn new(buf: &'a [u8]) -> Self {
-        Reader { buf, pos: 0 }
-    }
-    /// Takes `n` bytes.
-    pub fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
-        if self.buf.len() - self.pos < n {
-            return Err(WireError::Truncated(self.buf.len()));
-        }
-        let s = &self.buf[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(s)
-    }
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
-        let mut a = [0u8; N];
-        a.copy_from_slice(self.take(N)?);
-        Ok(a)
-    }
-    /// A keyring's fingerprints ([`Writer::prints`]).
-    pub fn prints(&mut self) -> Result<Fingerprints, WireError> {
-        let active = self.u64()?;
-        let other = match self.u8()? {
-            0 => None,
-            1 => Some(self.u64()?),
-            x => return Err(WireError::Invalid(format!("key fingerprint flag {x}"))),
-        };
-        Ok(Fingerprints { active, other })
-    }
-
-    /// An optional trailing [`Reader::prints`]: none if nothing is left.
-    /// Zero padding after the body ([`Msg::encode_padded`]) is no
-    /// fingerprint either (a fingerprint of zero has odds of 2^-64).
-    pub fn opt_prints(&mut self) -> Result<Option<Fingerprints>, WireError> {
-        if self.buf[self.pos..].iter().all(|&b| b == 0) {
-            Ok(None)
-        } else {
-            self.prints().map(Some)
-        }
-    }
-
-    /// Reads a byte.
-    pub fn u8(&mut self) -> Result<u8, WireError> {
-        Ok(self.take(1)?[0])
-    }
-    /// Reads a big-endian u16.
-    pub fn u16(&mut self) -> Result<u16, WireError> {
-        Ok(u16::from_be_bytes(self.array()?))
-    }
-    /// Reads a big-endian u32.
-    pub fn u32(&mut self) -> Result<u32, WireError> {
-        Ok(u32::from_be_bytes(self.array()?))
-    }
-    /// Reads a big-endian u64.
-    pub fn u64(&mut self) -> Result<u64, WireError> {
-        Ok(u64::from_be_bytes(self.array()?))
-    }
-    /// Reads an address.
-    pub fn addr(&mut self) -> Result<Addr, WireError> {
-        Ok(u128::from_be_bytes(self.array()?))
-    }
-    /// Reads a u16-length-prefixed byte string.
-    pub fn bytes16(&mut self) -> Result<&'a [u8], WireError> {
-        let n = self.u16()? as usize;
-        self.take(n)
-    }
-    /// Reads a string of at most `max` bytes.
-    pub fn str(&mut self, max: usize, what: &str) -> Result<String, WireError> {
-        let b = self.bytes16()?;
-        if b.len() > max {
-            return Err(WireError::Invalid(format!(
-                "{what} is {} bytes; the limit is {max}",
-                b.len()
-            )));
-        }
-        String::from_utf8(b.to_vec())
-            .map_err(|_| WireError::Invalid(format!("{what} is not UTF-8")))
-    }
-    /// Reads an object name (checked with [`check_name`]).
-    pub fn name(&mut self) -> Result<String, WireError> {
-        let name = self.str(MAX_NAME, "object name")?;
-        check_name(&name).map_err(WireError::Invalid)?;
-        Ok(name)
-    }
-    /// Reads a list of at most `max` addresses.
-    pub fn addrs(&mut self, max: usize, what: &str) -> Result<Vec<Addr>, WireError> {
-        let n = self.u8()? as usize;
-        if n > max {
-            return Err(WireError::Invalid(format!(
-                "{n} {what}; the limit is {max}"
-            )));
-        }
-        (0..n).map(|_| self.addr()).collect()
-    }
-    /// Reads a socket address.
-    pub fn sockaddr(&mut self) -> Result<SocketAddr, WireError> {
-        let ip = Ipv6Addr::from(self.addr()?);
-        let port = self.u16()?;
-        let ip = match ip.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(ip),
-        };
-        Ok(SocketAddr::new(ip, port))
-    }
-    /// Bytes not read yet.
-    pub fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
-    }
-    /// Skips the zero bytes that pad a request up to the end ([`Msg::encode_padded`]);
-    /// any other byte is left for [`Reader::finish`] to refuse.
-    pub fn skip_padding(&mut self) {
-        if self.buf[self.pos..].iter().all(|&b| b == 0) {
-            self.pos = self.buf.len();
-        }
-    }
-    /// Fails if bytes remain.
-    pub fn finish(&self) -> Result<(), WireError> {
-        match self.buf.len() - self.pos {
-            0 => Ok(()),
-            n => Err(WireError::Trailing(n)),
-        }
-    }
-}
-
 /// An unspecified socket address, for messages that carry none.
 pub fn no_endpoint() -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0)
@@ -1080,7 +790,7 @@ impl Msg {
 
     /// Encodes the message into one datagram sealed with `key` at the
     /// sender's clock `now_ms` (ms since the Unix epoch).
-    pub fn seal(&self, key: &crate::auth::ClusterKey, now_ms: u64) -> Result<Vec<u8>, WireError> {
+    pub fn seal(&self, key: &crate::key::ClusterKey, now_ms: u64) -> Result<Vec<u8>, WireError> {
         self.seal_padded(key, now_ms, 0)
     }
 
@@ -1088,7 +798,7 @@ impl Msg {
     /// `pad_to` bytes in all.
     pub fn seal_padded(
         &self,
-        key: &crate::auth::ClusterKey,
+        key: &crate::key::ClusterKey,
         now_ms: u64,
         pad_to: usize,
     ) -> Result<Vec<u8>, WireError> {
@@ -1762,6 +1472,24 @@ fn flag(r: &mut Reader, what: &str) -> Result<bool, WireError> {
     }
 }
 
+/// The error reply to an undecodable datagram (with its request id when
+/// the header got that far).
+pub fn malformed(bytes: &[u8], e: &WireError) -> Msg {
+    let req = bytes
+        .get(4..12)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_be_bytes)
+        .unwrap_or(0);
+    Msg::new(
+        req,
+        0,
+        Body::Error {
+            code: Code::BadRequest,
+            message: format!("malformed message: {e}"),
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2192,8 +1920,8 @@ mod tests {
         assert!(err.contains("limit is 4096"), "{err}");
     }
 
-    fn key(byte: u8) -> crate::auth::ClusterKey {
-        crate::auth::ClusterKey::from_bytes(&[byte; crate::auth::KEY_LEN])
+    fn key(byte: u8) -> crate::key::ClusterKey {
+        crate::key::ClusterKey::from_bytes(&[byte; crate::auth::KEY_LEN])
     }
 
     const NOW: u64 = 1_700_000_000_000;

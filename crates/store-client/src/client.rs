@@ -1,19 +1,22 @@
 //! The client: metadata calls over UDP (as deterministic state machines,
 //! [`Call`], so the simulation drives the same logic) and data over TCP.
 
-use crate::addr::Addr;
-use crate::auth::ClusterKey;
-use crate::data::{read_status, Credential, Request};
-use crate::node::{fetch_table, request_id};
-use crate::table::Table;
-use crate::tenant::TenantCredential;
-use crate::wire::{check_name, Body, Code, ListEntry, Msg, Record, RenameLink, MAX_DATAGRAM};
-use crate::Error;
+use crate::stream::read_status;
+use crate::transport::{fetch_table, request_id};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::RwLock;
 use std::time::Duration;
+use strata_store_protocol::addr::Addr;
+use strata_store_protocol::auth::ClusterKey;
+use strata_store_protocol::data::{Credential, Request};
+use strata_store_protocol::table::Table;
+use strata_store_protocol::tenant::TenantCredential;
+use strata_store_protocol::wire::{
+    check_name, Body, Code, ListEntry, Msg, Record, RenameLink, MAX_DATAGRAM,
+};
+use strata_store_protocol::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeek, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 
@@ -127,7 +130,7 @@ impl Call {
         }
         self.last_error = Some(Error::Timeout(format!(
             "metadata address {} did not answer after {} attempts",
-            crate::addr::fmt_addr(self.targets[self.idx]),
+            strata_store_protocol::addr::fmt_addr(self.targets[self.idx]),
             self.tries
         )));
         self.next_target(now)
@@ -160,10 +163,11 @@ impl Call {
             // taken, so this ends.
             Body::PadTo { size } => {
                 let size = size as usize;
-                if size <= self.pad || size > crate::wire::MAX_DATAGRAM {
+                if size <= self.pad || size > strata_store_protocol::wire::MAX_DATAGRAM {
                     return None;
                 }
-                self.pad = (size + crate::auth::PAD_SLACK).min(crate::wire::MAX_DATAGRAM);
+                self.pad = (size + strata_store_protocol::auth::PAD_SLACK)
+                    .min(strata_store_protocol::wire::MAX_DATAGRAM);
                 self.tries = self.tries.saturating_sub(1);
                 self.send(now)
             }
@@ -215,7 +219,7 @@ pub struct Client {
     /// boundary (the storage node serves requests one after another).
     conns: std::sync::Mutex<HashMap<SocketAddr, Vec<TcpStream>>>,
     /// The tenant's credential: every metadata request is sealed with it
-    /// ([`crate::tenant`]).
+    /// ([`strata_store_protocol::tenant`]).
     credential: TenantCredential,
 }
 
@@ -401,7 +405,7 @@ impl Client {
     /// [`Client::stat`], with the link proof the metadata node issued to
     /// this client's tenant for the record's replicas (empty when it has
     /// none): what a rename's `Link` of them under a new name must carry
-    /// ([`crate::auth::LinkProof`]).
+    /// ([`strata_store_protocol::auth::LinkProof`]).
     async fn stat_for_link(&self, name: &str) -> Result<(Record, Vec<u8>), Error> {
         let body = Body::GetLinkProof {
             name: name.to_string(),
@@ -953,7 +957,7 @@ async fn connect_replica(table: &Table, addr: Addr) -> Result<TcpStream, Error> 
     let endpoint = table.sn_endpoint(addr).ok_or_else(|| {
         Error::Invalid(format!(
             "replica address {} is in no storage node's prefix",
-            crate::addr::fmt_addr(addr)
+            strata_store_protocol::addr::fmt_addr(addr)
         ))
     })?;
     let s = TcpStream::connect(endpoint)
@@ -991,7 +995,7 @@ pub async fn copy_replica(
             Err(_) => {
                 last = Some(Error::Invalid(format!(
                     "copying from {} took longer than {limit:?}",
-                    crate::addr::fmt_addr(source)
+                    strata_store_protocol::addr::fmt_addr(source)
                 )))
             }
         }
@@ -1048,7 +1052,7 @@ async fn read_get_body<W: AsyncWrite + Unpin>(
     if have != size {
         return Err(Error::Corrupt(format!(
             "replica {} holds {have} bytes; the metadata says {size}",
-            crate::addr::fmt_addr(replica)
+            strata_store_protocol::addr::fmt_addr(replica)
         )));
     }
     let mut buf = vec![0u8; CHUNK.min(size as usize)];
@@ -1074,7 +1078,7 @@ async fn read_get_body<W: AsyncWrite + Unpin>(
     if !verified || got != crc {
         return Err(Error::Corrupt(format!(
             "replica {} failed its checksum (got {got:08x}, want {crc:08x})",
-            crate::addr::fmt_addr(replica)
+            strata_store_protocol::addr::fmt_addr(replica)
         )));
     }
     Ok(())
@@ -1114,7 +1118,7 @@ pub async fn run_call(
 }
 
 /// Whether metadata messages go to IPv6 socket addresses.
-pub(crate) fn meta_over_ipv6(table: &Table) -> bool {
+pub fn meta_over_ipv6(table: &Table) -> bool {
     table.routed || table.mns.iter().any(|m| m.endpoint.is_ipv6())
 }
 
@@ -1146,7 +1150,11 @@ async fn run_call_on(
             Step::Send(msg, deadline) => (msg, deadline),
         };
         let endpoint = table.mn_endpoint(msg.target);
-        let bytes = msg.seal_tenant_padded(credential, crate::auth::unix_ms(), call.pad());
+        let bytes = msg.seal_tenant_padded(
+            credential,
+            strata_store_protocol::auth::unix_ms(),
+            call.pad(),
+        );
         if let (Some(ep), Ok(bytes)) = (endpoint, bytes) {
             let _ = sock.send_to(&bytes, ep).await;
         }

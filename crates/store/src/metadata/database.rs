@@ -7,12 +7,14 @@
 //! - `tombstones`: the version up to which the name was deleted, so a late
 //!   or duplicated replication message can never resurrect a deleted object.
 
-use crate::addr::Addr;
-use crate::wire::{decode_record, encode_record, GatherCursor, ListEntry, Record, Row};
-use crate::Error;
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 use std::collections::HashMap;
 use std::path::Path;
+use strata_store_protocol::addr::Addr;
+use strata_store_protocol::wire::{
+    decode_record, encode_record, GatherCursor, ListEntry, Record, Row,
+};
+use strata_store_protocol::Error;
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
 const TOMBS: TableDefinition<&[u8], u64> = TableDefinition::new("tombstones");
@@ -60,9 +62,9 @@ impl SyncIndex {
 
 /// The hash of one name's newest state in the anti-entropy digests.
 pub fn sync_hash(name: &str, version: u64, deleted: bool) -> u64 {
-    crate::addr::hash(
+    strata_store_protocol::addr::hash(
         name.as_bytes(),
-        crate::addr::splitmix64(version) ^ deleted as u64,
+        strata_store_protocol::addr::splitmix64(version) ^ deleted as u64,
     )
 }
 

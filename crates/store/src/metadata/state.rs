@@ -2,7 +2,7 @@
 //!
 //! [`MnCore`] never touches a socket or a clock: it takes a message (or a
 //! tick) with the current time and returns what to send. The UDP runtime
-//! ([`crate::node`]) and the seeded simulation drive the same code.
+//! ([`crate::metadata::server`]) and the seeded simulation drive the same code.
 //!
 //! Post: the coordinator (the MN owning the name's first metadata address)
 //! locks the name, places the replicas and answers a plan; the client
@@ -11,13 +11,13 @@
 //! W_m addresses hold it. A second Post of a locked name fails at once.
 //! Delete follows the same path with tombstones; SN space is freed after.
 
-use crate::addr::{splitmix64, Addr};
-use crate::metadb::{Classify, MetaDb};
-use crate::table::{Device, MovePhase, State, Table};
-use crate::wire::{Body, Code, GatherCursor, Msg, Record, Row, SyncEntry, SyncSum};
-use crate::Error;
+use crate::metadata::database::{Classify, MetaDb};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::Hash;
+use strata_store_protocol::addr::{splitmix64, Addr};
+use strata_store_protocol::table::{Device, MovePhase, State, Table};
+use strata_store_protocol::wire::{Body, Code, GatherCursor, Msg, Record, Row, SyncEntry, SyncSum};
+use strata_store_protocol::Error;
 
 /// Objects below this size prefer SSD storage nodes; larger ones HDD.
 pub const SMALL_OBJECT: u64 = 1 << 20;
@@ -48,7 +48,7 @@ const PULL_RESEND_MS: u64 = 300;
 /// final copy (it has not seen the freeze, or changes are still in flight).
 const PULL_RETRY_MS: u64 = 100;
 /// Bytes of rows in one handover page, below the datagram limit.
-const PULL_PAGE_BYTES: usize = crate::wire::MAX_DATAGRAM - 2048;
+const PULL_PAGE_BYTES: usize = strata_store_protocol::wire::MAX_DATAGRAM - 2048;
 /// Rows a node looks at to answer one gather page (a restore scans every
 /// node's whole database): bounds the time one request holds the node.
 const GATHER_SCAN: usize = 8_192;
@@ -58,7 +58,7 @@ pub const DEFAULT_SYNC_MS: u64 = 30_000;
 /// Rows of a group an anti-entropy walk looks at per tick.
 const SYNC_PAGE_ROWS: usize = 256;
 /// Bytes of entries in one [`Body::SyncCheck`], below the datagram limit.
-const SYNC_CHECK_BYTES: usize = crate::wire::MAX_DATAGRAM - 2048;
+const SYNC_CHECK_BYTES: usize = strata_store_protocol::wire::MAX_DATAGRAM - 2048;
 
 /// What the core asks its runtime to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,7 +101,7 @@ struct DrainPass {
     groups: Vec<u32>,
     /// Per drained node index: (records left, metadata copies, unplaceable).
     counts: BTreeMap<u16, (u64, u64, u64)>,
-    /// Per drained node index, the drain counted for ([`crate::table::Drain::since`]
+    /// Per drained node index, the drain counted for ([`strata_store_protocol::table::Drain::since`]
     /// when the scan started): a drain cancelled and started again
     /// meanwhile is another drain, which this scan says nothing about.
     drains: BTreeMap<u16, u64>,
@@ -163,7 +163,7 @@ struct Pull {
 /// included) serves them all.
 struct Restore {
     /// The groups, with their restores' start epochs
-    /// ([`crate::table::Move::frozen_epoch`]).
+    /// ([`strata_store_protocol::table::Move::frozen_epoch`]).
     groups: BTreeMap<u32, u64>,
     /// Slots still to gather from; the first is being gathered.
     sources: VecDeque<u16>,
@@ -261,7 +261,7 @@ pub struct MnCore<P> {
 }
 
 /// The anti-entropy digest keys of a row of `name` in group `mg` (see
-/// [`crate::metadb::SyncKey`]), under the address layout and replication
+/// [`crate::metadata::database::SyncKey`]), under the address layout and replication
 /// of `t` (fixed when the cluster is created).
 fn classifier(t: &Table) -> Classify {
     let t = Table {
@@ -717,7 +717,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 Code::WrongAddress,
                 format!(
                     "address {} is not the coordinator address of {name:?}",
-                    crate::addr::fmt_addr(target)
+                    strata_store_protocol::addr::fmt_addr(target)
                 ),
             ));
         }
@@ -731,7 +731,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 Code::WrongAddress,
                 format!(
                     "address {} is not a metadata address of {name:?}",
-                    crate::addr::fmt_addr(target)
+                    strata_store_protocol::addr::fmt_addr(target)
                 ),
             ));
         }
@@ -744,7 +744,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 Code::WrongAddress,
                 format!(
                     "metadata address {} belongs to a group this node does not own",
-                    crate::addr::fmt_addr(target)
+                    strata_store_protocol::addr::fmt_addr(target)
                 ),
             )
         })
@@ -789,7 +789,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         name: &str,
         size: u64,
     ) -> Result<Body, Error> {
-        if size > crate::wire::MAX_OBJECT {
+        if size > strata_store_protocol::wire::MAX_OBJECT {
             return Err(remote(
                 Code::BadRequest,
                 format!("object size {size} exceeds the 1 TiB limit"),
@@ -864,7 +864,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         } else {
             Device::Hdd
         };
-        let seed = crate::addr::hash(name.as_bytes(), version);
+        let seed = strata_store_protocol::addr::hash(name.as_bytes(), version);
         let mut candidates: Vec<_> = self
             .table
             .sns
@@ -1643,7 +1643,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 Code::BadRequest,
                 format!(
                     "refresh of {name:?}: {} is not one of its metadata copies",
-                    crate::addr::fmt_addr(copy)
+                    strata_store_protocol::addr::fmt_addr(copy)
                 ),
             ));
         }
@@ -1701,7 +1701,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     /// Compares the digests of every copy of the names this node
     /// coordinates: its own copies here, the others' through one
     /// [`Body::SyncDigest`] per metadata node (or more, above
-    /// [`crate::wire::MAX_SYNC_SUMS`] sums). A (group, copy index) whose
+    /// [`strata_store_protocol::wire::MAX_SYNC_SUMS`] sums). A (group, copy index) whose
     /// digest differs is walked name by name ([`MnCore::sync_walk_step`]).
     fn start_sync_pass(&mut self, out: &mut Vec<Out<P>>) {
         self.sync_asks.clear();
@@ -1762,7 +1762,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 .filter(|&(_, sum)| sum != 0)
                 .map(|((group, index), sum)| SyncSum { group, index, sum })
                 .collect();
-            for chunk in sums.chunks(crate::wire::MAX_SYNC_SUMS) {
+            for chunk in sums.chunks(strata_store_protocol::wire::MAX_SYNC_SUMS) {
                 self.next_req = self.next_req.wrapping_add(1) | 1 << 63;
                 self.sync_asks.insert(self.next_req, s);
                 let body = Body::SyncDigest {
@@ -1913,7 +1913,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             for e in entries {
                 let size = e.name.len() + 2 + 16 + 8 + 1;
                 if !page.is_empty()
-                    && (page.len() >= crate::wire::MAX_SYNC_ENTRIES
+                    && (page.len() >= strata_store_protocol::wire::MAX_SYNC_ENTRIES
                         || bytes + size > SYNC_CHECK_BYTES)
                 {
                     self.send_sync_check(std::mem::take(&mut page), out);
@@ -2206,7 +2206,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 Code::BadRequest,
                 format!(
                     "a copy of group {group} must be addressed to that group, not to {}",
-                    crate::addr::fmt_addr(target)
+                    strata_store_protocol::addr::fmt_addr(target)
                 ),
             ));
         }
@@ -2244,7 +2244,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             group,
             tombs,
             after,
-            crate::wire::MAX_PULL_ROWS,
+            strata_store_protocol::wire::MAX_PULL_ROWS,
             PULL_PAGE_BYTES,
         )?;
         Ok(Body::MgRows { rows, more })
@@ -2460,7 +2460,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                     .iter()
                     .any(|&a| t.layout.mg_of(a).is_some_and(|g| wanted.contains(&g)))
             },
-            crate::wire::MAX_PULL_ROWS,
+            strata_store_protocol::wire::MAX_PULL_ROWS,
             PULL_PAGE_BYTES,
             GATHER_SCAN,
         )?;
@@ -2527,7 +2527,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 .iter()
                 .filter(|m| m.to == self.slot && m.phase == MovePhase::Restoring)
                 .filter(|m| !self.restored.contains_key(&m.group))
-                .take(crate::wire::MAX_GATHER_GROUPS)
+                .take(strata_store_protocol::wire::MAX_GATHER_GROUPS)
                 .map(|m| (m.group, m.frozen_epoch))
                 .collect();
             if groups.is_empty() {
@@ -2754,12 +2754,12 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
 }
 
 /// Trims a list page so it fits in one datagram.
-fn fit_page(mut entries: Vec<crate::wire::ListEntry>, mut more: bool) -> Body {
+fn fit_page(mut entries: Vec<strata_store_protocol::wire::ListEntry>, mut more: bool) -> Body {
     let mut bytes = 64;
     let mut keep = 0;
     for e in &entries {
         bytes += e.name.len() + 18;
-        if bytes > crate::wire::MAX_DATAGRAM - 1024 {
+        if bytes > strata_store_protocol::wire::MAX_DATAGRAM - 1024 {
             break;
         }
         keep += 1;

@@ -5,14 +5,15 @@
 //! is acknowledged, so a replica is either whole or absent. Every read
 //! verifies the checksum and reports the result in the reply's trailer.
 
-use crate::addr::{fmt_addr, Addr};
-use crate::data::{read_request, read_status, write_error, Authority, Credential, Request};
-use crate::node::SharedTable;
-use crate::wire::{Body, Msg};
-use crate::Error;
+use crate::runtime::SharedTable;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use strata_store_client::stream::{read_request, read_status, write_error};
+use strata_store_protocol::addr::{fmt_addr, Addr};
+use strata_store_protocol::data::{Authority, Credential, Request};
+use strata_store_protocol::wire::{Body, Msg};
+use strata_store_protocol::Error;
 use tokio::fs::File;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
@@ -36,7 +37,7 @@ pub struct SnStore {
     retired: std::sync::atomic::AtomicBool,
     /// The cluster key: seals the node's requests to metadata nodes and
     /// the orchestrator (none in tests that run no cluster).
-    key: Option<crate::auth::ClusterKey>,
+    key: Option<strata_store_protocol::auth::ClusterKey>,
     /// Limits of the data port.
     limits: DataLimits,
     /// Data connections open now.
@@ -131,7 +132,7 @@ impl SnStore {
     }
 
     /// The store, sealing its requests with the cluster's `key`.
-    pub fn with_key(mut self, key: crate::auth::ClusterKey) -> SnStore {
+    pub fn with_key(mut self, key: strata_store_protocol::auth::ClusterKey) -> SnStore {
         self.key = Some(key);
         self
     }
@@ -193,7 +194,7 @@ impl SnStore {
         addr: Addr,
         addressed: Option<Addr>,
     ) -> Result<(), String> {
-        let layout = crate::node::read_table(table).layout;
+        let layout = crate::runtime::read_table(table).layout;
         if layout.sn_of(addr) != Some(self.index) || addr as u64 == 0 {
             return Err(format!(
                 "replica address {} is not in this storage node's prefix {}/64",
@@ -219,7 +220,7 @@ impl SnStore {
             return None;
         };
         let addr = u128::from(ip);
-        let layout = crate::node::read_table(table).layout;
+        let layout = crate::runtime::read_table(table).layout;
         (layout.sn_of(addr) == Some(self.index)).then_some(addr)
     }
 }
@@ -308,18 +309,19 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
             }
         };
         // Nothing is read, stored, served or freed before this check.
-        let authority = match incoming.authorize(store.key.as_ref(), crate::auth::unix_ms()) {
-            Ok(a) => a,
-            Err(msg) => {
-                tracing::info!("refused a data request: {msg}");
-                write_error(&mut w, &msg)
-                    .await
-                    .map_err(|e| Error::io("replying", e))?;
-                // A refused Put's data would follow, and a peer without
-                // credentials gets nothing more from this connection.
-                return Ok(());
-            }
-        };
+        let authority =
+            match incoming.authorize(store.key.as_ref(), strata_store_protocol::auth::unix_ms()) {
+                Ok(a) => a,
+                Err(msg) => {
+                    tracing::info!("refused a data request: {msg}");
+                    write_error(&mut w, &msg)
+                        .await
+                        .map_err(|e| Error::io("replying", e))?;
+                    // A refused Put's data would follow, and a peer without
+                    // credentials gets nothing more from this connection.
+                    return Ok(());
+                }
+            };
         let req = incoming.req;
         let addr = req.addr();
         if let Err(msg) = store.check_addr(table, addr, addressed) {
@@ -373,10 +375,10 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
 /// unlocks it if every datagram is lost).
 fn report_abandoned(store: &SnStore, table: &SharedTable, coordinator: Addr, replica: Addr) {
     let Some(key) = store.key.clone() else { return };
-    let known = crate::node::read_table(table).mn_endpoint(coordinator);
+    let known = crate::runtime::read_table(table).mn_endpoint(coordinator);
     let on = store.on;
     let msg = Msg::new(
-        crate::node::request_id(),
+        strata_store_client::transport::request_id(),
         coordinator,
         Body::PutAbandoned { replica },
     );
@@ -385,7 +387,7 @@ fn report_abandoned(store: &SnStore, table: &SharedTable, coordinator: Addr, rep
         // before the metadata nodes joined: ask the orchestrator then.
         let endpoint = match known {
             Some(e) => Some(e),
-            None => crate::node::fetch_table(on, Some(&key))
+            None => strata_store_client::transport::fetch_table(on, Some(&key))
                 .await
                 .ok()
                 .and_then(|t| t.mn_endpoint(coordinator)),
@@ -399,7 +401,8 @@ fn report_abandoned(store: &SnStore, table: &SharedTable, coordinator: Addr, rep
             return;
         };
         let timeout = std::time::Duration::from_millis(300);
-        match crate::node::udp_call(endpoint, &msg, timeout, 4, Some(&key)).await {
+        match strata_store_client::transport::udp_call(endpoint, &msg, timeout, 4, Some(&key)).await
+        {
             Ok(_) => tracing::debug!(
                 "told {endpoint} that the Put of {} was abandoned",
                 fmt_addr(replica)
@@ -420,12 +423,12 @@ async fn open_downstream(
     chain: &[Addr],
 ) -> Option<BufWriter<TcpStream>> {
     let (&next, rest) = chain.split_first()?;
-    let known = crate::node::read_table(table).sn_endpoint(next);
+    let known = crate::runtime::read_table(table).sn_endpoint(next);
     let endpoint = match known {
         Some(e) => e,
         None => {
             // A node that joined after our last refresh: ask the orchestrator now.
-            let fresh = crate::node::fetch_table(store.on, store.key.as_ref())
+            let fresh = strata_store_client::transport::fetch_table(store.on, store.key.as_ref())
                 .await
                 .ok()?;
             let e = fresh.sn_endpoint(next)?;
@@ -863,16 +866,20 @@ impl SnStore {
 /// one whose groups were all restored elsewhere is not asked).
 pub async fn collect_garbage(
     store: &SnStore,
-    table: &crate::table::Table,
+    table: &strata_store_protocol::table::Table,
     grace: std::time::Duration,
 ) -> GcReport {
-    use crate::wire::{Body, Msg, MAX_REFERENCED};
+    use strata_store_protocol::wire::{Body, Msg, MAX_REFERENCED};
     let mut report = GcReport::default();
     // A dead metadata node that owns nothing any more is not asked: its
     // groups were restored on the others (otherwise it would block every
     // round for good). Every other one must be up and answer.
     let asked: Vec<_> = table.gc_mns().collect();
-    if asked.is_empty() || asked.iter().any(|m| m.state != crate::table::State::Up) {
+    if asked.is_empty()
+        || asked
+            .iter()
+            .any(|m| m.state != strata_store_protocol::table::State::Up)
+    {
         return report;
     }
     let aged = store.aged_replicas(grace);
@@ -882,7 +889,7 @@ pub async fn collect_garbage(
         let mut named = std::collections::HashSet::new();
         for mn in &asked {
             let ask = Msg::new(
-                crate::node::request_id(),
+                strata_store_client::transport::request_id(),
                 0,
                 Body::Referenced {
                     addrs: batch.to_vec(),
@@ -890,7 +897,8 @@ pub async fn collect_garbage(
             );
             let timeout = std::time::Duration::from_secs(2);
             let key = store.key.as_ref();
-            let reply = crate::node::udp_call(mn.endpoint, &ask, timeout, 3, key).await;
+            let reply =
+                strata_store_client::transport::udp_call(mn.endpoint, &ask, timeout, 3, key).await;
             match reply.map(|m| m.body) {
                 Ok(Body::ReferencedBy { addrs }) => named.extend(addrs),
                 _ => return report,
@@ -914,13 +922,13 @@ pub async fn collect_garbage(
 /// Watches the table until the task is dropped; once it shows the node
 /// `uuid` retired, retires the store ([`SnStore::retire`]) and stops.
 pub async fn retire_watch(store: std::sync::Arc<SnStore>, table: SharedTable, uuid: u64) {
-    let mut tick = tokio::time::interval(crate::node::REFRESH);
+    let mut tick = tokio::time::interval(crate::runtime::REFRESH);
     loop {
         tick.tick().await;
-        let retired = crate::node::read_table(&table)
+        let retired = crate::runtime::read_table(&table)
             .sns
             .iter()
-            .any(|s| s.uuid == uuid && s.state == crate::table::State::Retired);
+            .any(|s| s.uuid == uuid && s.state == strata_store_protocol::table::State::Retired);
         if retired {
             let freed = store.retire();
             tracing::info!("storage node retired: {freed} replicas freed");
@@ -935,7 +943,7 @@ pub async fn gc_loop(store: std::sync::Arc<SnStore>, table: SharedTable, cfg: Gc
     tick.tick().await; // the first tick is immediate: wait a full interval
     loop {
         tick.tick().await;
-        let t = crate::node::read_table(&table);
+        let t = crate::runtime::read_table(&table);
         let r = collect_garbage(&store, &t, cfg.grace).await;
         if r.freed > 0 || !r.complete {
             tracing::info!(

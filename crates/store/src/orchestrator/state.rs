@@ -12,12 +12,14 @@
 //! the database also holds an epoch limit: no epoch above it is published
 //! before a higher limit is stored, and a restart starts above it.
 
-use crate::table::{Device, Drain, MnEntry, Move, MovePhase, SnEntry, StandIn, State, Table};
-use crate::wire::{Body, Code, Fingerprints, Msg, Role};
-use crate::Error;
 use redb::{Database, TableDefinition};
 use std::collections::HashMap;
 use std::path::Path;
+use strata_store_protocol::table::{
+    Device, Drain, MnEntry, Move, MovePhase, SnEntry, StandIn, State, Table,
+};
+use strata_store_protocol::wire::{Body, Code, Fingerprints, Msg, Role};
+use strata_store_protocol::Error;
 
 const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("orchestrator");
 
@@ -151,7 +153,7 @@ pub fn initial_owners(mg_count: usize, slots: u16) -> Vec<u16> {
 /// `Σ_s e_{n_m}(f(s, ·)) / C(quadrants, n_m)`, `e_k` being the elementary
 /// symmetric polynomial of degree `k`.
 pub fn lone_copy_share(owner: &[u16], mg_bits: u8, n_m: usize, skip: Option<u16>) -> f64 {
-    let q_bits = crate::addr::quadrant_bits(n_m);
+    let q_bits = strata_store_protocol::addr::quadrant_bits(n_m);
     let quadrants = 1usize << q_bits;
     if n_m < 2 || owner.is_empty() {
         return 0.0;
@@ -895,12 +897,12 @@ impl OnCore {
             code: Code::BadRequest,
             message,
         };
-        crate::tenant::check_tenant_id(tenant).map_err(refuse)?;
-        if tenant == crate::tenant::ADMIN {
+        strata_store_protocol::tenant::check_tenant_id(tenant).map_err(refuse)?;
+        if tenant == strata_store_protocol::tenant::ADMIN {
             return Err(refuse(format!(
                 "the admin tenant '{}' cannot be revoked alone (`strata store up` issues its \
                  credential again at every start): rotate the cluster key instead",
-                crate::tenant::ADMIN
+                strata_store_protocol::tenant::ADMIN
             )));
         }
         if below == 0 {
@@ -918,7 +920,7 @@ impl OnCore {
         let min = table.raise_min_generation(tenant, below).map_err(refuse)?;
         // The table must still fit in the datagram that serves it.
         let size = table.encode().len();
-        if size > crate::wire::MAX_DATAGRAM - 1024 {
+        if size > strata_store_protocol::wire::MAX_DATAGRAM - 1024 {
             return Err(refuse(format!(
                 "revoking tenant '{tenant}' would make the table {size} bytes, more than a \
                  datagram carries; nothing done"
@@ -1338,14 +1340,14 @@ mod tests {
 
     #[test]
     fn the_lone_copy_share_matches_real_names() {
-        use crate::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+        use strata_store_protocol::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
         let layout = Layout::new(DEFAULT_CLUSTER_PREFIX, 6);
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
         for (slots, n_m) in [(2u16, 3usize), (3, 3), (3, 2), (4, 4), (3, 5)] {
             // Random owners: far from the first placement's zero.
             let owners: Vec<u16> = (0..layout.mg_count())
                 .map(|_| {
-                    rng = crate::addr::splitmix64(rng);
+                    rng = strata_store_protocol::addr::splitmix64(rng);
                     (rng % slots as u64) as u16
                 })
                 .collect();
@@ -1464,7 +1466,7 @@ mod tests {
 
     #[test]
     fn first_owners_never_put_every_copy_of_a_name_on_one_node() {
-        use crate::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+        use strata_store_protocol::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
         let layout = Layout::new(DEFAULT_CLUSTER_PREFIX, 8);
         for (slots, n_m) in [
             (2u16, 3usize),
@@ -1499,8 +1501,8 @@ mod tests {
             }
         }
     }
-    use crate::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
-    use crate::table::Params;
+    use strata_store_protocol::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+    use strata_store_protocol::table::Params;
 
     /// A new cluster's table with 64 metadata groups and no node yet.
     fn empty_table() -> Table {
@@ -2057,7 +2059,7 @@ mod tests {
         for len in 0..40 {
             let bytes: Vec<u8> = (0..len)
                 .map(|_| {
-                    rng = crate::addr::splitmix64(rng);
+                    rng = strata_store_protocol::addr::splitmix64(rng);
                     rng as u8
                 })
                 .collect();

@@ -1,0 +1,62 @@
+//! The operator's requests to the orchestrator, sealed with the cluster
+//! key: retiring a storage node, cancelling that, revoking a tenant's
+//! credentials.
+
+use crate::transport::{ok_body, request_id, udp_call};
+use std::net::SocketAddr;
+use std::time::Duration;
+use strata_store_protocol::auth::ClusterKey;
+use strata_store_protocol::wire::{Body, Msg};
+use strata_store_protocol::Error;
+
+/// How long the orchestrator has to answer one attempt.
+const TIMEOUT: Duration = Duration::from_millis(500);
+/// Attempts before giving up (every request here is safe to resend).
+const ATTEMPTS: u32 = 4;
+
+/// Sends `body` to the orchestrator at `cluster`, sealed with `key`, and
+/// returns the answer's body (an error answer becomes
+/// [`Error::Remote`]).
+pub async fn ask_orchestrator(
+    cluster: SocketAddr,
+    key: &ClusterKey,
+    body: Body,
+) -> Result<Body, Error> {
+    let msg = Msg::new(request_id(), 0, body);
+    ok_body(udp_call(cluster, &msg, TIMEOUT, ATTEMPTS, Some(key)).await?)
+}
+
+/// Asks the orchestrator to drain and retire the storage node `uuid`.
+pub async fn retire(cluster: SocketAddr, key: &ClusterKey, uuid: u64) -> Result<(), Error> {
+    ask_orchestrator(cluster, key, Body::Retire { uuid }).await?;
+    Ok(())
+}
+
+/// Asks the orchestrator to cancel the drain of the storage node `uuid`
+/// (done also when it was not being drained: a resent request must not
+/// fail).
+pub async fn cancel_retire(cluster: SocketAddr, key: &ClusterKey, uuid: u64) -> Result<(), Error> {
+    ask_orchestrator(cluster, key, Body::CancelRetire { uuid }).await?;
+    Ok(())
+}
+
+/// Asks the orchestrator to refuse tenant `tenant`'s credentials of a
+/// generation below `below`; returns the table version that carries it.
+pub async fn revoke_tenant(
+    cluster: SocketAddr,
+    key: &ClusterKey,
+    tenant: &str,
+    below: u32,
+) -> Result<u64, Error> {
+    let body = Body::RevokeTenant {
+        tenant: tenant.to_string(),
+        below,
+    };
+    match ask_orchestrator(cluster, key, body).await? {
+        Body::Done { version } => Ok(version),
+        other => Err(Error::Invalid(format!(
+            "the orchestrator at {cluster} answered {other:?} to the revocation of tenant \
+             '{tenant}'; expected Done"
+        ))),
+    }
+}

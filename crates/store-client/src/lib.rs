@@ -1,0 +1,21 @@
+//! The client of Strata's object store: what a tenant, the mirror or the
+//! operator's commands link, without the servers or their database.
+//!
+//! - [`transport`]: UDP calls (resent, sealed when the caller holds the
+//!   cluster key) and the prefix table fetched from the orchestrator.
+//! - [`stream`]: the TCP data frames read and written on async streams.
+//! - [`client`]: the metadata calls as state machines, and the async
+//!   client that runs them over UDP and streams data over TCP.
+//! - [`admin`]: the operator's requests to the orchestrator.
+//!
+//! The protocol itself (addresses, messages, table, keys) is
+//! [`strata_store_protocol`], re-exported as [`protocol`]. The library
+//! never prints and never exits.
+
+pub mod admin;
+pub mod client;
+pub mod stream;
+pub mod transport;
+
+pub use strata_store_protocol as protocol;
+pub use strata_store_protocol::{Code, Error};

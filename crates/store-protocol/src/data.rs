@@ -1,0 +1,252 @@
+//! TCP data frames between clients and storage nodes, and between storage
+//! nodes along a replication chain.
+//!
+//! Request: `S6D2`, kind (u8), replica address (16 bytes), then
+//! - Put: size (u64), forward chain (u8 count ≤ 15, addresses);
+//! - Get and Free: nothing more;
+//!
+//! then its credentials: a mode byte and
+//! - 0: nothing (refused by every storage node);
+//! - 1, sealed by a node holding the cluster key: the sender's clock (u64,
+//!   ms since the Unix epoch) and an HMAC-SHA256 tag truncated to 16
+//!   bytes over every request byte before it;
+//! - 2, a tenant's: a ticket ([`crate::auth::Ticket`]) its metadata node
+//!   issued, u16-length-prefixed (at most [`MAX_TICKET`] bytes).
+//!
+//! For Put the data follows, then its CRC-32C (u32).
+//!
+//! Reply: status (u8, 0 = ok), then for Put the number of durable copies
+//! (u8); for Get the size (u64), the data, and a trailer: status (u8, 0 =
+//! checksum verified) and the CRC-32C (u32); errors carry a message.
+
+use crate::addr::Addr;
+use crate::key::{ClusterKey, TAG_LEN, WINDOW_MS};
+use crate::ticket::{Ticket, TicketOp};
+use crate::wire::{Reader, WireError, Writer, MAX_TICKET};
+
+/// Version 2 (`S6D2`): requests carry credentials.
+pub const MAGIC: [u8; 4] = *b"S6D2";
+/// Size of the fixed request prefix.
+pub const HEADER: usize = 21;
+
+/// Credential mode: none.
+pub const MODE_NONE: u8 = 0;
+/// Credential mode: sealed with the cluster key.
+pub const MODE_SEALED: u8 = 1;
+/// Credential mode: a tenant's ticket.
+pub const MODE_TICKET: u8 = 2;
+
+/// Data frame kinds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Store a replica and forward it along `chain`.
+    Put {
+        /// This replica's address.
+        addr: Addr,
+        /// Size of the data that follows.
+        size: u64,
+        /// Replicas still to write after this one.
+        chain: Vec<Addr>,
+    },
+    /// Read a replica.
+    Get {
+        /// Replica address.
+        addr: Addr,
+    },
+    /// Free a replica.
+    Free {
+        /// Replica address.
+        addr: Addr,
+    },
+}
+
+/// What a request is sent with: nothing, a seal with the cluster key (a
+/// node's request), or a ticket (a tenant's).
+#[derive(Clone, Copy, Debug)]
+pub enum Credential<'a> {
+    /// Nothing: every storage node refuses it (tests send it on purpose).
+    None,
+    /// Sealed with the cluster key at the sender's clock.
+    Seal(&'a ClusterKey),
+    /// A ticket from a metadata node's answer.
+    Ticket(&'a [u8]),
+}
+
+/// The credentials a request arrived with, not checked yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Proof {
+    /// None.
+    None,
+    /// A seal: the sender's clock and the tag.
+    Sealed {
+        /// The sender's clock (ms since the Unix epoch).
+        at: u64,
+        /// The tag over the request's bytes and the clock.
+        tag: [u8; TAG_LEN],
+    },
+    /// A ticket's bytes.
+    Ticket(Vec<u8>),
+}
+
+/// A request as read from a stream, with its credentials.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Incoming {
+    /// The request.
+    pub req: Request,
+    /// What it was sent with.
+    pub proof: Proof,
+}
+
+/// Who a request was authenticated as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Authority {
+    /// A node holding the cluster key.
+    Node,
+    /// A tenant holding a valid ticket for this request.
+    Tenant {
+        /// The ticket's coordinator metadata address
+        /// ([`crate::auth::Ticket::coordinator`]).
+        coordinator: Addr,
+    },
+}
+
+impl Request {
+    /// The replica the request is for.
+    pub fn addr(&self) -> Addr {
+        match self {
+            Request::Put { addr, .. } | Request::Get { addr } | Request::Free { addr } => *addr,
+        }
+    }
+
+    fn what(&self) -> &'static str {
+        match self {
+            Request::Put { .. } => "Put",
+            Request::Get { .. } => "Get",
+            Request::Free { .. } => "Free",
+        }
+    }
+
+    /// The header without credentials.
+    fn plain(&self) -> Writer {
+        let mut w = Writer::default();
+        w.buf.extend_from_slice(&MAGIC);
+        match self {
+            Request::Put { addr, size, chain } => {
+                w.u8(1);
+                w.addr(*addr);
+                w.u64(*size);
+                w.addrs(chain);
+            }
+            Request::Get { addr } => {
+                w.u8(2);
+                w.addr(*addr);
+            }
+            Request::Free { addr } => {
+                w.u8(3);
+                w.addr(*addr);
+            }
+        }
+        w
+    }
+
+    /// Encodes the request header with `cred` (a seal at the current
+    /// clock); for Put, the data follows it.
+    pub fn encode(&self, cred: Credential) -> Vec<u8> {
+        self.encode_at(cred, crate::auth::unix_ms())
+    }
+
+    /// Encodes the request header with `cred`, a seal made at `now_ms`.
+    pub fn encode_at(&self, cred: Credential, now_ms: u64) -> Vec<u8> {
+        let mut w = self.plain();
+        match cred {
+            Credential::None => w.u8(MODE_NONE),
+            Credential::Seal(key) => {
+                w.u8(MODE_SEALED);
+                w.u64(now_ms);
+                let tag = key.tag(&w.buf);
+                w.buf.extend_from_slice(&tag);
+            }
+            Credential::Ticket(t) => {
+                w.u8(MODE_TICKET);
+                w.bytes16(&t[..t.len().min(MAX_TICKET)]);
+            }
+        }
+        w.buf
+    }
+
+    /// Decodes the fixed prefix; for Put, `rest` reads the size and chain.
+    pub fn decode_prefix(prefix: &[u8; HEADER]) -> Result<(u8, Addr), WireError> {
+        let mut r = Reader::new(prefix);
+        if r.take(4)? != MAGIC {
+            return Err(WireError::BadMagic);
+        }
+        let kind = r.u8()?;
+        if !(1..=3).contains(&kind) {
+            return Err(WireError::UnknownKind(kind));
+        }
+        Ok((kind, r.addr()?))
+    }
+}
+
+impl Incoming {
+    /// Checks the request's credentials with the storage node's `key` at
+    /// its clock `now_ms`: a node's seal (tag, then a clock within
+    /// [`WINDOW_MS`]) allows any request; a tenant's ticket (tag, expiry,
+    /// then operation, replicas and size) allows the Put or Get it was
+    /// issued for, never a Free. The error says why, for the reply.
+    pub fn authorize(&self, key: Option<&ClusterKey>, now_ms: u64) -> Result<Authority, String> {
+        let what = self.req.what();
+        let refuse = |why: String| {
+            format!(
+                "unauthenticated {what} of replica {}: {why}; nothing done",
+                crate::addr::fmt_addr(self.req.addr())
+            )
+        };
+        let Some(key) = key else {
+            return Err(refuse(
+                "this storage node holds no cluster key to check it with".into(),
+            ));
+        };
+        match &self.proof {
+            Proof::None => Err(refuse(match self.req {
+                Request::Free { .. } => "it is not sealed with the cluster key".into(),
+                _ => "it carries neither the cluster key's seal nor a ticket \
+                      (a tenant's Put or Get needs the ticket of its metadata \
+                      node's answer)"
+                    .into(),
+            })),
+            Proof::Sealed { at, tag } => {
+                let mut w = self.req.plain();
+                w.u8(MODE_SEALED);
+                w.u64(*at);
+                if !key.verify(&w.buf, tag) {
+                    return Err(refuse("its seal does not match this cluster's key".into()));
+                }
+                let apart = now_ms.abs_diff(*at);
+                if apart > WINDOW_MS {
+                    return Err(refuse(format!(
+                        "it was sealed {apart} ms away from this node's clock \
+                         (limit {WINDOW_MS} ms): clocks apart, or a replay"
+                    )));
+                }
+                Ok(Authority::Node)
+            }
+            Proof::Ticket(bytes) => {
+                let ticket = Ticket::open(bytes, key, now_ms).map_err(|e| refuse(e.to_string()))?;
+                let allowed = match &self.req {
+                    Request::Put { addr, size, chain } => {
+                        ticket.allows(TicketOp::Put, *addr, chain, *size)
+                    }
+                    Request::Get { addr } => ticket.allows(TicketOp::Get, *addr, &[], 0),
+                    Request::Free { .. } => {
+                        Err("a Free needs the cluster key's seal; a ticket allows none".into())
+                    }
+                };
+                allowed.map_err(refuse)?;
+                Ok(Authority::Tenant {
+                    coordinator: ticket.coordinator,
+                })
+            }
+        }
+    }
+}
