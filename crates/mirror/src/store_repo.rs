@@ -22,8 +22,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use strata_store::client::Client;
-use strata_store::wire::Code;
+use strata_store_client::client::Client;
+use strata_store_protocol::wire::Code;
 
 use crate::digest::{Manifest, SUFFIX as DIGEST_SUFFIX};
 use crate::repo::{parse_peer_list, Repository, MAX_ADDR_LEN, MAX_PEERS, PEERS_SUFFIX};
@@ -73,7 +73,7 @@ impl StoreSpec {
         if name.is_empty() || name.ends_with('/') {
             return Err(bad("empty object name"));
         }
-        strata_store::wire::check_name(name).map_err(|e| bad(&e))?;
+        strata_store_protocol::wire::check_name(name).map_err(|e| bad(&e))?;
         let orchestrator = host
             .parse()
             .map_err(|_| bad(&format!("'{host}' is not an address and port")))?;
@@ -149,7 +149,7 @@ impl StoreRepo {
         let runner = Runner::new()?;
         // The tenant's credential comes from STRATA_CREDENTIAL: the store
         // takes only sealed metadata requests.
-        let credential = strata_store::tenant::TenantCredential::from_env()
+        let credential = strata_store_protocol::tenant::TenantCredential::from_env()
             .map_err(|e| repo_err(&spec, e.to_string()))?;
         let client = runner
             .run(Client::connect(spec.orchestrator, credential))
@@ -345,7 +345,7 @@ impl Repository for StoreRepo {
                 names.extend(page.into_iter().map(|e| e.name));
                 match next {
                     Some(n) if names.len() < MAX_PEERS => after = n,
-                    _ => return Ok::<_, strata_store::Error>(names),
+                    _ => return Ok::<_, strata_store_protocol::Error>(names),
                 }
             }
         });
@@ -394,7 +394,7 @@ pub fn publish(
     let runner = Runner::new()?;
     // The tenant's credential comes from STRATA_CREDENTIAL: the store
     // takes only sealed metadata requests.
-    let credential = strata_store::tenant::TenantCredential::from_env()
+    let credential = strata_store_protocol::tenant::TenantCredential::from_env()
         .map_err(|e| repo_err(&spec, e.to_string()))?;
     let client = runner
         .run(Client::connect(spec.orchestrator, credential))
