@@ -41,7 +41,8 @@ pub async fn cancel_retire(cluster: SocketAddr, key: &ClusterKey, uuid: u64) -> 
 }
 
 /// Asks the orchestrator to refuse tenant `tenant`'s credentials of a
-/// generation below `below`; returns the table version that carries it.
+/// generation below `below`; returns the lowest generation now valid
+/// (the orchestrator never lowers it, so it may be above `below`).
 pub async fn revoke_tenant(
     cluster: SocketAddr,
     key: &ClusterKey,
