@@ -32,6 +32,22 @@ pub struct ConvertReport {
     pub seconds: f64,
 }
 
+/// How a convert writes its target.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ConvertOptions {
+    /// Make the target durable before returning (qemu-img's
+    /// `-t writeback`): a qcow2 target is synced before its clean header
+    /// is written, a raw one at the end.
+    ///
+    /// Off by default, as qemu-img's default cache mode `unsafe`: every
+    /// byte is written, in the same safe order (data, then the metadata
+    /// pointing at it, then the clean header), but nothing waits for the
+    /// disk. The target is whole and consistent for any reader unless the
+    /// machine crashes before the kernel writes it back; after such a
+    /// crash it must be converted again.
+    pub flush: bool,
+}
+
 /// Where the copy goes.
 enum Target {
     /// A raw file or device, written with `pwrite`.
@@ -47,7 +63,21 @@ impl Target {
             Target::Raw { file, place } => file
                 .write_all_at(buf, at)
                 .map_err(|e| DiskError::io(place, "write", e)),
-            Target::Qcow2(disk) => disk.write_at(buf, at),
+            // Whole new clusters in runs: one `pwrite` per run.
+            Target::Qcow2(disk) => disk.write_runs(buf, at),
+        }
+    }
+
+    /// Finishes the target: a qcow2 one is closed (its metadata written
+    /// out and marked clean, synced first if `flush`), a raw one synced
+    /// if `flush`. Errors are returned, not lost in a drop.
+    fn finish(self, flush: bool) -> Result<()> {
+        match self {
+            Target::Raw { file, place } if flush => file
+                .sync_data()
+                .map_err(|e| DiskError::io(&place, "fdatasync", e)),
+            Target::Raw { .. } => Ok(()),
+            Target::Qcow2(disk) => disk.close(),
         }
     }
 
@@ -62,29 +92,48 @@ impl Target {
     }
 }
 
-/// Copies `src` to a new image at `dst`. `target` says the format and, for
-/// qcow2, its options (the backing file must be `None`: the result is
-/// flattened). `progress` is called with (bytes done, total).
-///
-/// Only ranges some layer stores data for are read (holes and zero
-/// clusters are skipped, so a raw target stays sparse); they are copied in
-/// steps of at most [`CHUNK`] by [`WORKERS`] threads.
+/// Copies `src` to a new image at `dst` with the default
+/// [`ConvertOptions`] (not synced, as qemu-img's default): see
+/// [`convert_with`].
 pub fn convert(
     src: &Disk,
     dst: &Path,
     target: &CreateOptions,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ConvertReport> {
+    convert_with(src, dst, target, &ConvertOptions::default(), progress)
+}
+
+/// Copies `src` to a new image at `dst`. `target` says the format and, for
+/// qcow2, its options (the backing file must be `None`: the result is
+/// flattened). `options` says whether the result is made durable.
+/// `progress` is called with (bytes done, total).
+///
+/// Only ranges some layer stores data for are read (holes and zero
+/// clusters are skipped, so a raw target stays sparse); they are copied in
+/// steps of at most [`CHUNK`] by [`WORKERS`] threads. A qcow2 target gets
+/// each run of data clusters of a step as one contiguous host run written
+/// with one `pwrite`, as qemu-img's does.
+pub fn convert_with(
+    src: &Disk,
+    dst: &Path,
+    target: &CreateOptions,
+    options: &ConvertOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ConvertReport> {
     let started = Instant::now();
     let size = src.size();
     let out = open_target(dst, target, size)?;
-    let writeback = Writeback::open(&out, dst);
+    if let (Target::Qcow2(disk), false) = (&out, options.flush) {
+        disk.top().file.set_flushes(false);
+    }
+    let writeback = Writeback::open(&out, dst, options.flush);
     let steps = data_steps(src)?;
     let written = copy_steps(src, &out, &steps, &mut |done, total| {
         writeback.kick(done);
         progress(done, total)
     })?;
-    drop(out);
+    out.finish(options.flush)?;
     Ok(ConvertReport {
         size,
         bytes_written: written,
@@ -95,23 +144,28 @@ pub fn convert(
 /// Bytes copied between two writeback starts.
 const WRITEBACK_STEP: u64 = 64 << 20;
 
-/// Starts writeback of a qcow2 target's dirty pages while the copy runs.
-/// Closing a qcow2 target makes it durable (`fdatasync`, then the clean
-/// header): without this, the whole image would go to the disk only then,
+/// Starts writeback of a target's dirty pages while the copy runs, when
+/// the target is to be made durable ([`ConvertOptions::flush`]): without
+/// this, the whole image would go to the disk only at the final sync,
 /// after the copy, instead of alongside it.
 struct Writeback {
-    /// A second handle on the target file (`None`: raw target, which is
-    /// not synced, or the file could not be opened: the close still syncs).
+    /// A second handle on the target file (`None`: no flush wanted, or the
+    /// file could not be opened: the final sync still covers everything).
     file: Option<std::fs::File>,
     /// Progress figure at the last start.
     last: std::cell::Cell<u64>,
 }
 
 impl Writeback {
-    fn open(out: &Target, dst: &Path) -> Writeback {
-        let file = match out {
-            Target::Qcow2(_) => std::fs::File::open(dst).ok(),
-            Target::Raw { .. } => None,
+    fn open(out: &Target, dst: &Path, flush: bool) -> Writeback {
+        let regular = match out {
+            Target::Qcow2(_) => true,
+            Target::Raw { file, .. } => file.metadata().is_ok_and(|m| m.is_file()),
+        };
+        let file = if flush && regular {
+            std::fs::File::open(dst).ok()
+        } else {
+            None
         };
         Writeback {
             file,

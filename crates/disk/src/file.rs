@@ -69,6 +69,10 @@ pub(crate) struct ImageFile {
     syncing: Mutex<()>,
     /// End of the space reserved by [`ImageFile::preallocate`].
     reserved: AtomicU64,
+    /// Whether a sync waits for the disk (`fdatasync`). Off only for a
+    /// convert target written with qemu-img's default cache mode
+    /// `unsafe` (see [`ImageFile::set_flushes`]).
+    flushes: AtomicBool,
     /// This opener's hold on the image's QEMU-compatible locks.
     lock: ImageLock,
 }
@@ -114,6 +118,7 @@ impl ImageFile {
             dirty_count: AtomicUsize::new(0),
             syncing: Mutex::new(()),
             reserved: AtomicU64::new(0),
+            flushes: AtomicBool::new(true),
             lock,
         })
     }
@@ -387,7 +392,21 @@ impl ImageFile {
         self.dirty_count.store(0, Ordering::Release);
     }
 
+    /// With `false`, a sync still writes everything out in the same order
+    /// (data, then the metadata pointing at it, then whatever follows)
+    /// but no longer waits for the disk: qemu's cache mode `unsafe`. The
+    /// file is whole and consistent for every reader as long as the
+    /// machine does not crash; a crash may leave it with any mix of what
+    /// was written, so this is only for a new image nobody uses yet and
+    /// whose creator can start again (`img convert`'s target).
+    pub(crate) fn set_flushes(&self, on: bool) {
+        self.flushes.store(on, Ordering::Release);
+    }
+
     fn fdatasync(&self) -> Result<()> {
+        if !self.flushes.load(Ordering::Acquire) {
+            return Ok(());
+        }
         self.file
             .sync_data()
             .map_err(|e| DiskError::io(&self.place, "fdatasync", e))

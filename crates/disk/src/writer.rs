@@ -293,6 +293,51 @@ impl Writer {
         Ok(AllocStep::Fill { host, old })
     }
 
+    /// First step of a write of whole clusters that need no copy-on-write:
+    /// reserves the longest run of at most `max` guest clusters from
+    /// `first` on (and in the L2 table of `first`) that the top layer maps to no host cluster (unallocated,
+    /// or zero without a preallocated cluster) and no write has in flight,
+    /// and allocates one contiguous host run for them, so their data goes
+    /// to the file in one `pwrite`.
+    ///
+    /// Returns the host offset of the run and its length in clusters; a
+    /// length of 0 (nothing allocated) when `first` itself does not
+    /// qualify or the top layer has extended L2 entries or is raw. Each
+    /// cluster of the run is then published with [`Writer::publish_alloc`]
+    /// once the whole run's data is in the file (or given up with
+    /// [`Writer::abort_alloc`]), so the same invariants as single-cluster
+    /// allocating writes hold: no entry points at unwritten data.
+    pub(crate) fn prepare_run(&mut self, disk: &Disk, first: u64, max: u64) -> Result<(u64, u64)> {
+        refuse_if_corrupt(disk)?;
+        let top = disk.top();
+        if top.extended_l2() || top.cluster_bits().is_none() {
+            return Ok((0, 0));
+        }
+        // One read for the entries of the run (it stays in one L2 table),
+        // not one per cluster.
+        let l2_entries = top.l2_entries();
+        let max = max.min(l2_entries - first % l2_entries);
+        let mut entries = vec![(0u64, 0u64); max as usize];
+        top.read_l2_entries_with(first, &mut entries, &mut Vec::new())?;
+        let mut count = 0;
+        for &(raw, _) in &entries {
+            let unmapped = matches!(
+                top.decode_l2(raw)?,
+                L2Mapping::Unallocated | L2Mapping::Zero { prealloc: None, .. }
+            );
+            if !unmapped || self.in_flight.contains(&(first + count)) {
+                break;
+            }
+            count += 1;
+        }
+        if count == 0 {
+            return Ok((0, 0));
+        }
+        let host = self.allocator()?.alloc(top, count)?;
+        self.in_flight.extend(first..first + count);
+        Ok((host, count))
+    }
+
     /// Last step of an allocating write: points `cluster` at its filled
     /// `host` cluster and drops the reference of whatever it replaces.
     ///

@@ -158,3 +158,126 @@ fn convert_a_chain_matches_qemu_and_stays_sparse() {
     );
     assert!(ours < SIZE / 2, "raw target is not sparse: {ours} bytes");
 }
+
+/// Guest size of the multi-run chain: past one 512 MiB L2 table of 64 KiB
+/// clusters, and not a whole number of clusters (the last one is partial).
+const BIG: u64 = 600 * MIB + 12 * 1024;
+
+/// base <- top in `dir`, [`BIG`] bytes, written by qemu-io: data runs
+/// longer than one host run of a convert (8 MiB) and across the first L2
+/// table's end, compressed clusters, scattered single clusters with holes
+/// between them, a zero cluster over base data, unaligned small writes and
+/// the partial last cluster. Returns the top.
+fn build_big_chain(dir: &Path) -> std::path::PathBuf {
+    let base = dir.join("big-base.qcow2");
+    let top = dir.join("big-top.qcow2");
+    let size = BIG.to_string();
+    qemu_img(&["create", "-q", "-f", "qcow2", base.to_str().unwrap(), &size]);
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-b",
+        base.to_str().unwrap(),
+        "-F",
+        "qcow2",
+        top.to_str().unwrap(),
+    ]);
+    let mut cmds = vec![
+        // 20 MiB across the end of the first L2 table (512 MiB).
+        format!("write -q -P 0x11 {} 20M", 504 * MIB),
+        // Compressed clusters, then plain data right after them.
+        format!("write -q -c -P 0x22 {} 2M", 100 * MIB),
+        format!("write -q -P 0x23 {} 1M", 102 * MIB),
+        // The partial last cluster.
+        format!("write -q -P 0x24 {} 12k", 600 * MIB),
+    ];
+    // One cluster every 192 KiB over 16 MiB: holes between them.
+    cmds.extend((0..16 * MIB / (192 << 10)).map(|i| {
+        format!(
+            "write -q -P {} {} 64k",
+            i % 200 + 1,
+            200 * MIB + i * (192 << 10)
+        )
+    }));
+    qemu_io(&base, &cmds);
+    let cmds = vec![
+        // A run over part of the compressed clusters and past them.
+        format!("write -q -P 0x33 {} 3M", 101 * MIB),
+        // A zero cluster over base data, and unaligned small writes.
+        format!("write -q -z {} 64k", 510 * MIB),
+        format!("write -q -P 0x34 {} 4k", 300 * MIB + 4096),
+        format!("write -q -P 0x35 {} 100k", 350 * MIB + 512),
+        // 9 MiB of data that is all zero bytes: a convert skips it.
+        format!("write -q -P 0 {} 9M", 400 * MIB),
+    ];
+    qemu_io(&top, &cmds);
+    top
+}
+
+/// Whether the qcow2 header of `image` has the dirty bit set.
+fn dirty_bit(image: &Path) -> bool {
+    let header = std::fs::read(image).unwrap();
+    let incompatible = u64::from_be_bytes(header[72..80].try_into().unwrap());
+    incompatible & 1 != 0
+}
+
+#[test]
+fn convert_to_qcow2_in_runs_matches_qemu() {
+    use strata_disk::convert::{convert_with, ConvertOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let top = build_big_chain(dir.path());
+    let src = Disk::open(&top, &OpenOptions::read_only()).expect("open source");
+    let targets = [
+        ("default", CreateOptions::default(), false),
+        ("flushed", CreateOptions::default(), true),
+        (
+            "4k-clusters",
+            CreateOptions {
+                cluster_size: 4096,
+                ..CreateOptions::default()
+            },
+            false,
+        ),
+        (
+            "extended-l2",
+            CreateOptions {
+                extended_l2: true,
+                ..CreateOptions::default()
+            },
+            false,
+        ),
+    ];
+    for (name, options, flush) in targets {
+        let out = dir.path().join(format!("{name}.qcow2"));
+        let target = CreateOptions {
+            format: Format::Qcow2,
+            ..options
+        };
+        let report = convert_with(
+            &src,
+            &out,
+            &target,
+            &ConvertOptions { flush },
+            &mut |_, _| {},
+        )
+        .unwrap_or_else(|e| panic!("convert to {name}: {e}"));
+        assert_eq!(report.size, BIG, "{name}: size");
+        assert!(!dirty_bit(&out), "{name}: target left marked dirty");
+        qemu_check_clean(&out);
+        qemu_img(&[
+            "compare",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            "qcow2",
+            top.to_str().unwrap(),
+            out.to_str().unwrap(),
+        ]);
+        // Holes stay holes: about 43 MiB of non-zero data in 600 MiB.
+        let used = std::fs::metadata(&out).unwrap().blocks() * 512;
+        assert!(used < 64 * MIB, "{name}: target uses {used} bytes");
+    }
+}
