@@ -37,20 +37,22 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 
 echo "== tests"
-# Release mode: the chain tests build and read 1,000-layer chains.
+# The `checked` profile (Cargo.toml): release optimizations, since the
+# chain tests build and read 1,000-layer chains, with debug assertions and
+# overflow checks on, so every invariant the code asserts runs in the tests.
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
 # Into a file, not a pipe: a process a failed test left running would
 # hold a pipe open and keep this script waiting forever.
-cargo test --workspace --release >"$log" 2>&1 &
+cargo test --workspace --profile checked >"$log" 2>&1 &
 tests=$!
 tail -n +1 -f --pid="$tests" "$log"
 wait "$tests"
 status=$?
 set -e
 # Whatever a failed test left running from this checkout goes too.
-pkill -f "^$PWD/target/release/strata " || true
+pkill -f "^$PWD/target/(release|checked)/strata " || true
 # One closing line for the whole run (cargo's own last line is a doc-test
 # summary of whichever crate came last).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }
