@@ -239,9 +239,9 @@ fn publish(
     let size = std::fs::metadata(image)
         .with_context(|| format!("cannot stat '{}'", image.display()))?
         .len();
-    let spec = format!("{}{cluster}/{name}", strata_mirror::store_repo::SCHEME);
+    let spec = format!("{}{cluster}/{name}", strata_mirror::repo::store::SCHEME);
     let bar = progress_bar(progress, size);
-    let report = strata_mirror::store_repo::publish(image, &spec, part_size, cs, |done| {
+    let report = strata_mirror::repo::store::publish(image, &spec, part_size, cs, |done| {
         bar.set_position(done)
     })?;
     bar.finish_and_clear();

@@ -31,7 +31,6 @@ pub mod rate;
 pub mod repo;
 pub mod repo_server;
 pub mod state;
-pub mod store_repo;
 pub mod topology;
 pub mod wire;
 

@@ -26,7 +26,7 @@ use strata_store_client::client::Client;
 use strata_store_protocol::wire::Code;
 
 use crate::digest::{Manifest, SUFFIX as DIGEST_SUFFIX};
-use crate::repo::{parse_peer_list, Repository, MAX_ADDR_LEN, MAX_PEERS, PEERS_SUFFIX};
+use super::{parse_peer_list, Repository, MAX_ADDR_LEN, MAX_PEERS, PEERS_SUFFIX};
 use crate::{io_err, MirrorError, Result};
 
 /// URL scheme of store repositories.
