@@ -196,7 +196,7 @@ impl<'a> Reader<'a> {
     pub fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
-    /// Skips the zero bytes that pad a request up to the end ([`Msg::encode_padded`]);
+    /// Skips the zero bytes that pad a request up to the end ([`crate::wire::Msg::encode_padded`]);
     /// any other byte is left for [`Reader::finish`] to refuse.
     pub fn skip_padding(&mut self) {
         if self.buf[self.pos..].iter().all(|&b| b == 0) {

@@ -3,7 +3,7 @@
 
 use crate::codec::WireError;
 
-/// Error codes carried by [`Body::Error`].
+/// Error codes carried by [`crate::wire::Body::Error`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u16)]
 pub enum Code {
@@ -29,7 +29,7 @@ pub enum Code {
     /// or stale one ([`crate::auth`]): nothing was done.
     Unauthenticated = 9,
     /// A tenant's request names an object (or List prefix) outside the
-    /// tenant's scope ([`crate::tenant::check_scope`]): nothing was done.
+    /// tenant's scope ([`crate::scope::check_scope`]): nothing was done.
     Forbidden = 10,
 }
 

@@ -14,7 +14,7 @@
 //! one, then the other one during a rotation), checks the tag in constant
 //! time before decoding the body, refuses a clock more than
 //! [`crate::auth::WINDOW_MS`] away, then refuses every name outside the
-//! tenant's scope ([`check_scope`]).
+//! tenant's scope ([`crate::scope::check_scope`]).
 //!
 //! The scope rule: the tenant id [`ADMIN`] (`*`) may use every name; any
 //! other tenant id `ID` (1 to [`MAX_TENANT_ID`] bytes of ASCII letters,
