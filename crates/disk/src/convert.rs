@@ -229,8 +229,11 @@ fn open_target(dst: &Path, target: &CreateOptions, size: u64) -> Result<Target> 
 /// guest order, cut at multiples of [`CHUNK`]. Everything else reads as
 /// zeros and is not copied.
 fn data_steps(src: &Disk) -> Result<Vec<(u64, u64)>> {
+    if let Some(ranges) = raw_data_ranges(src) {
+        return Ok(cut_into_steps(&ranges));
+    }
     let size = src.size();
-    let mut steps = Vec::new();
+    let mut ranges = Vec::new();
     let mut pos = 0;
     while pos < size {
         let runs = src.block_status(pos, size - pos, 1024)?;
@@ -239,18 +242,79 @@ fn data_steps(src: &Disk) -> Result<Vec<(u64, u64)>> {
         }
         for run in runs {
             if !run.hole {
-                let end = pos + run.length;
-                let mut at = pos;
-                while at < end {
-                    let next = ((at / CHUNK + 1) * CHUNK).min(end);
-                    steps.push((at, next - at));
-                    at = next;
-                }
+                ranges.push((pos, run.length));
             }
             pos += run.length;
         }
     }
-    Ok(steps)
+    Ok(cut_into_steps(&ranges))
+}
+
+/// Cuts `ranges` (offset, length) at multiples of [`CHUNK`].
+fn cut_into_steps(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut steps = Vec::new();
+    for &(start, len) in ranges {
+        let end = start + len;
+        let mut at = start;
+        while at < end {
+            let next = ((at / CHUNK + 1) * CHUNK).min(end);
+            steps.push((at, next - at));
+            at = next;
+        }
+    }
+    steps
+}
+
+/// The ranges of a source that is one raw file which hold data, from the
+/// file system (`SEEK_DATA`/`SEEK_HOLE`, as qemu-img's raw driver asks):
+/// block status sees a raw layer as data throughout, so a sparse raw
+/// source would otherwise be read whole, holes included. `None` when the
+/// source is not a single raw file or its file system cannot tell (a
+/// device, say): then everything is read and zero runs are skipped.
+fn raw_data_ranges(src: &Disk) -> Option<Vec<(u64, u64)>> {
+    let top = src.top();
+    if src.depth() != 1 || top.cluster_bits().is_some() {
+        return None;
+    }
+    // A second descriptor for the seeks: the image's locks are open file
+    // description locks, which closing this one does not drop.
+    let file = std::fs::File::open(top.path()).ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let fd = file.as_raw_fd();
+    let size = src.size();
+    let mut ranges = Vec::new();
+    let mut pos = 0u64;
+    while pos < size {
+        let start = seek(fd, pos, libc::SEEK_DATA)?;
+        let Some(start) = start.filter(|&s| s < size) else {
+            break;
+        };
+        let end = seek(fd, start, libc::SEEK_HOLE)?.unwrap_or(size).min(size);
+        if end <= start {
+            return None;
+        }
+        ranges.push((start, end - start));
+        pos = end;
+    }
+    Some(ranges)
+}
+
+/// `lseek(fd, at, whence)`: `Some(Some(offset))`, `Some(None)` when there
+/// is no more data (`ENXIO`), `None` on any other error.
+fn seek(fd: std::os::fd::RawFd, at: u64, whence: libc::c_int) -> Option<Option<u64>> {
+    let at = libc::off_t::try_from(at).ok()?;
+    // SAFETY: lseek on a descriptor the caller keeps open; no memory is
+    // passed.
+    let rc = unsafe { libc::lseek(fd, at, whence) };
+    if rc >= 0 {
+        return Some(Some(rc as u64));
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::ENXIO) => Some(None),
+        _ => None,
+    }
 }
 
 /// Shared state of the copy threads.

@@ -281,3 +281,56 @@ fn convert_to_qcow2_in_runs_matches_qemu() {
         assert!(used < 64 * MIB, "{name}: target uses {used} bytes");
     }
 }
+
+#[test]
+fn convert_reads_only_the_data_of_a_sparse_raw_source() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let raw = dir.path().join("sparse.raw");
+    // 256 GiB, almost all hole: reading it whole would take minutes.
+    let size = 256u64 << 30;
+    let file = std::fs::File::create(&raw).unwrap();
+    file.set_len(size).unwrap();
+    let extents = [
+        (4096u64, 8192usize),
+        (3 * MIB + 512, 5 * MIB as usize),
+        (100 << 30, 64 << 10),
+        (size - 4096, 4096),
+    ];
+    for (i, &(at, len)) in extents.iter().enumerate() {
+        file.write_all_at(&vec![0x41 + i as u8; len], at).unwrap();
+    }
+    drop(file);
+    let src = Disk::open(
+        &raw,
+        &OpenOptions {
+            format: Some(Format::Raw),
+            ..OpenOptions::read_only()
+        },
+    )
+    .expect("open raw source");
+    let out = dir.path().join("from-raw.qcow2");
+    let target = CreateOptions {
+        format: Format::Qcow2,
+        ..CreateOptions::default()
+    };
+    let started = std::time::Instant::now();
+    let report = convert(&src, &out, &target, &mut |_, _| {}).expect("convert");
+    let seconds = started.elapsed().as_secs_f64();
+    assert!(
+        seconds < 30.0,
+        "converting 256 GiB of holes took {seconds:.1} s: the holes were read"
+    );
+    assert_eq!(report.size, size);
+    qemu_check_clean(&out);
+    qemu_img(&[
+        "compare",
+        "-q",
+        "-f",
+        "raw",
+        "-F",
+        "qcow2",
+        raw.to_str().unwrap(),
+        out.to_str().unwrap(),
+    ]);
+}
