@@ -14,8 +14,8 @@ use strata_format::header::{
 };
 
 use crate::error::{DiskError, Result};
+use crate::header::write_header;
 use crate::layer::{read_header, Format, Layer};
-use crate::writer::write_header;
 
 /// What `amend` may change; `None` leaves a setting as it is.
 #[derive(Debug, Clone, Default)]

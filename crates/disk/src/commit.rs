@@ -17,9 +17,9 @@ use crate::amend::{edit_header, header_of};
 use crate::convert::is_zero;
 use crate::disk::{Disk, OpenOptions};
 use crate::error::{DiskError, Result};
+use crate::header::write_header;
 use crate::layer::{read_header, Format, Layer};
 use crate::resize::{resize, SizeChange};
-use crate::writer::write_header;
 
 /// Units whose owners are looked up at once.
 const OWNER_BATCH: u64 = 1 << 14;
@@ -201,7 +201,7 @@ fn make_empty(path: &Path, layer: &Layer) -> Result<()> {
     if let Some(q) = &layer.qcow2 {
         *q.l1.write() = None;
     }
-    crate::check::repair_refcounts(layer)?;
+    crate::refcounts::repair_refcounts(layer)?;
     layer.file.sync()?;
     edit_header(layer, |h| h.incompatible_features &= !INCOMPAT_DIRTY)?;
     crate::resize::truncate_unused(path, layer)

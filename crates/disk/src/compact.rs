@@ -22,8 +22,9 @@ use crate::convert::is_zero;
 use crate::create::{create, CreateOptions};
 use crate::disk::{Disk, IndexState, OpenOptions};
 use crate::error::{DiskError, Result};
+use crate::header::write_header;
 use crate::layer::{Format, Layer};
-use crate::writer::{write_header, Writer};
+use crate::writer::Writer;
 
 /// Units whose owners are looked up at once while merging.
 const OWNER_BATCH: u64 = 1 << 14;

@@ -11,11 +11,11 @@ use strata_format::header::{
 use strata_format::index::{ChainIndexExt, MAX_CHAIN_DEPTH, MAX_REGION_BYTES};
 use strata_format::refcount;
 
+use crate::chain_index::new_uuid;
 use crate::disk::{Disk, OpenOptions};
 use crate::error::{DiskError, Place, Result};
 use crate::layer::Format;
 use crate::lock::{ImageLock, LockMode};
-use crate::writer::new_uuid;
 
 /// Units of owners copied per chunk when carrying an index forward.
 const OWNER_CHUNK: u64 = 1 << 18;

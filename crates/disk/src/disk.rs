@@ -8,11 +8,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use strata_format::index::{ChainIndexExt, LayerIdentity, LINEAGE_RECORD_BYTES, MAX_CHAIN_DEPTH};
+use strata_format::index::{ChainIndexExt, LayerIdentity, MAX_CHAIN_DEPTH};
 use strata_format::L2Mapping;
 
 use crate::cache::{CacheStats, Page, PageCache, Slot, PAGE_UNITS};
+pub use crate::chain_index::IndexState;
+use crate::chain_index::{store_index_crc, validate_index};
 use crate::error::{DiskError, Result};
+use crate::header::seal_layer;
 use crate::layer::{Format, Layer};
 use crate::lock::LockMode;
 use crate::writer::Writer;
@@ -61,22 +64,6 @@ impl OpenOptions {
             ..Self::default()
         }
     }
-}
-
-/// How lookups find the owning layer.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(tag = "mode", rename_all = "kebab-case")]
-pub enum IndexState {
-    /// The top layer's stored index is valid and used.
-    Stored {
-        /// Why it is trusted.
-        depth: u32,
-    },
-    /// No usable index: lookups walk the chain from the top.
-    Walk {
-        /// Why the stored index (if any) was not used.
-        reason: String,
-    },
 }
 
 /// An open disk.
@@ -610,6 +597,16 @@ impl Disk {
         Ok(())
     }
 
+    /// Writes guest data (guest offset `guest`) at `host` in the top file,
+    /// unless that would overwrite the top layer's metadata (see
+    /// [`crate::overlap`]).
+    pub(crate) fn write_guest_data(&self, data: &[u8], host: u64, guest: u64) -> Result<()> {
+        let top = self.top();
+        self.metadata
+            .check_data_write(top, host, data.len() as u64, guest)?;
+        top.file.write_data(data, host)
+    }
+
     /// End of the top layer's cluster holding `pos`, capped at `end`.
     fn cluster_end(&self, pos: u64, end: u64) -> u64 {
         let cb = self.top().cluster_bits().unwrap_or(63);
@@ -738,9 +735,9 @@ impl Disk {
             );
             let layer = &self.layers[f.position];
             if f.crc_pending {
-                crate::writer::store_index_crc(layer)?;
+                store_index_crc(layer)?;
             }
-            crate::writer::seal_layer(layer)?;
+            seal_layer(layer)?;
             // Sealed, it is a backing file like any other: QEMU tools may
             // read it again (never write it).
             layer.file.downgrade_lock()?;
@@ -991,78 +988,6 @@ fn open_chain(top: &Path, opts: &OpenOptions) -> Result<Vec<Layer>> {
     }
     layers.reverse();
     Ok(layers)
-}
-
-/// Checks that the top layer's stored index matches this exact chain.
-/// Returns the reason when it does not.
-pub(crate) fn validate_index(
-    layers: &[Layer],
-    unit_bits: u32,
-    size: u64,
-) -> std::result::Result<ChainIndexExt, String> {
-    let top = &layers[layers.len() - 1];
-    let Some(header) = top.header() else {
-        return Err("top layer is raw".into());
-    };
-    let Some(ext) = header.chain_index().cloned() else {
-        return Err("no chain index stored".into());
-    };
-    if !header.chain_index_valid() {
-        return Err("chain index is stale (another writer touched the image)".into());
-    }
-    let n = layers.len() as u32;
-    if ext.depth != n {
-        return Err(format!(
-            "index describes {} layers, chain has {n}",
-            ext.depth
-        ));
-    }
-    if ext.granularity_bits != unit_bits || ext.virtual_size != size {
-        return Err("index geometry does not match the chain".into());
-    }
-    let cs = top.cluster_bits().map(|b| 1u64 << b).unwrap_or(1);
-    let end = ext.region_offset.checked_add(ext.region_len);
-    if ext.region_offset % cs != 0 || end.is_none_or(|e| e > top.file_len()) {
-        return Err("index region lies outside the file".into());
-    }
-    // Lineage: every lower layer must be the very file the index was built on.
-    let lineage_len = (n as u64 - 1) * LINEAGE_RECORD_BYTES;
-    let mut buf = vec![0u8; lineage_len as usize];
-    top.file
-        .read_exact_at(&mut buf, ext.region_offset + ext.lineage_offset())
-        .map_err(|e| e.to_string())?;
-    for (i, rec) in buf.chunks_exact(LINEAGE_RECORD_BYTES as usize).enumerate() {
-        let want = LayerIdentity::decode(rec).map_err(|e| e.to_string())?;
-        let have = layers[i].identity().map_err(|e| e.to_string())?;
-        if want != have {
-            return Err(format!(
-                "layer {} ({}) changed since the index was built",
-                i + 1,
-                layers[i].path().display()
-            ));
-        }
-    }
-    let crc = region_crc(top, &ext).map_err(|e| e.to_string())?;
-    if crc != ext.crc32c {
-        return Err("index checksum mismatch".into());
-    }
-    Ok(ext)
-}
-
-/// CRC-32C of an index region, read in bounded chunks.
-pub(crate) fn region_crc(layer: &Layer, ext: &ChainIndexExt) -> Result<u32> {
-    let mut crc = 0u32;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut done = 0u64;
-    while done < ext.region_len {
-        let n = (ext.region_len - done).min(buf.len() as u64) as usize;
-        layer
-            .file
-            .read_exact_at(&mut buf[..n], ext.region_offset + done)?;
-        crc = crc32c::crc32c_append(crc, &buf[..n]);
-        done += n as u64;
-    }
-    Ok(crc)
 }
 
 impl Disk {

@@ -13,10 +13,12 @@
 //!
 //! On-disk parsing lives in `strata-format`; this crate does the I/O.
 
+mod allocator;
 pub mod amend;
 pub mod bench;
 pub mod buf;
 pub mod cache;
+mod chain_index;
 pub mod check;
 pub mod commit;
 pub mod compact;
@@ -28,6 +30,7 @@ pub mod device;
 pub mod disk;
 pub mod error;
 mod file;
+mod header;
 pub mod info;
 pub mod layer;
 mod lazy_index;
@@ -37,6 +40,7 @@ pub mod map;
 pub mod measure;
 mod overlap;
 pub mod rebase;
+mod refcounts;
 pub mod resize;
 mod writer;
 

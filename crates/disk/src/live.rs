@@ -31,8 +31,9 @@ use parking_lot::Mutex;
 
 use strata_format::index::{ChainIndexExt, ENTRY_BYTES};
 
+use crate::chain_index::validate_index;
 use crate::create::{create_on, create_with, Carry, CreateOptions};
-use crate::disk::{validate_index, Disk, Frozen, IndexState};
+use crate::disk::{Disk, Frozen, IndexState};
 use crate::error::{DiskError, Place, Result};
 use crate::layer::{Format, Layer};
 use crate::lazy_index::LazyIndex;

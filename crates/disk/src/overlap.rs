@@ -27,8 +27,8 @@ use strata_format::entry::L1Entry;
 use strata_format::header::{Header, HeaderExtension, EXT_BITMAPS, INCOMPAT_CORRUPT};
 use strata_format::index::ChainIndexExt;
 
-use crate::disk::Disk;
 use crate::error::{DiskError, Result};
+use crate::header::write_header;
 use crate::layer::Layer;
 
 /// What a metadata cluster holds.
@@ -166,28 +166,27 @@ impl Guard {
     }
 }
 
-impl Disk {
-    /// Writes guest data (guest offset `guest`) at `host` in the top file,
-    /// unless that would overwrite the top layer's metadata.
-    pub(crate) fn write_guest_data(&self, data: &[u8], host: u64, guest: u64) -> Result<()> {
-        self.guard_data_write(host, data.len() as u64, guest)?;
-        self.top().file.write_data(data, host)
-    }
-
+impl Guard {
     /// Refuses a guest write of `len` bytes at guest `guest` that would
-    /// land on metadata at `host` (marking the image corrupt), and every
-    /// write after such a refusal.
-    pub(crate) fn guard_data_write(&self, host: u64, len: u64, guest: u64) -> Result<()> {
-        if self.metadata.is_corrupt() {
-            return Err(self.already_corrupt());
+    /// land on metadata of `top` at `host` (marking the image corrupt),
+    /// and every write after such a refusal.
+    pub(crate) fn check_data_write(
+        &self,
+        top: &Layer,
+        host: u64,
+        len: u64,
+        guest: u64,
+    ) -> Result<()> {
+        if self.is_corrupt() {
+            return Err(already_corrupt(top));
         }
-        let Some((cluster, what)) = self.metadata.find(host, len) else {
+        let Some((cluster, what)) = self.find(host, len) else {
             return Ok(());
         };
         let guest_at = guest + cluster.saturating_sub(host);
-        let marked = self.mark_corrupt();
+        let marked = self.mark_corrupt(top);
         Err(DiskError::corrupt(
-            self.top().place(),
+            top.place(),
             format!(
                 "guest write at 0x{guest_at:x} maps to host cluster 0x{cluster:x}, which holds \
                  {}; refusing to write over metadata ({marked}; run `strata img check -r all`)",
@@ -197,15 +196,15 @@ impl Disk {
     }
 
     /// Refuses to drop a reference to host clusters `[host, host + len)`
-    /// (for guest offset `guest`) that hold metadata: the refcount would
-    /// then free the metadata for reuse.
-    pub(crate) fn guard_release(&self, host: u64, len: u64, guest: u64) -> Result<()> {
-        let Some((cluster, what)) = self.metadata.find(host, len) else {
+    /// of `top` (for guest offset `guest`) that hold metadata: the
+    /// refcount would then free the metadata for reuse.
+    pub(crate) fn check_release(&self, top: &Layer, host: u64, len: u64, guest: u64) -> Result<()> {
+        let Some((cluster, what)) = self.find(host, len) else {
             return Ok(());
         };
-        let marked = self.mark_corrupt();
+        let marked = self.mark_corrupt(top);
         Err(DiskError::corrupt(
-            self.top().place(),
+            top.place(),
             format!(
                 "guest cluster at 0x{guest:x} maps to host cluster 0x{cluster:x}, which holds \
                  {}; refusing to release it ({marked}; run `strata img check -r all`)",
@@ -214,32 +213,40 @@ impl Disk {
         ))
     }
 
-    /// The error of every write after a refused one.
-    pub(crate) fn already_corrupt(&self) -> DiskError {
-        DiskError::corrupt(
-            self.top().place(),
-            "a write over metadata was refused earlier and the image is marked corrupt; \
-             no more writes in this session (run `strata img check -r all`)",
-        )
+    /// Refuses any change to `top` once a write over its metadata was
+    /// refused in this session.
+    pub(crate) fn refuse_if_corrupt(&self, top: &Layer) -> Result<()> {
+        if self.is_corrupt() {
+            return Err(already_corrupt(top));
+        }
+        Ok(())
     }
 
-    /// Sets the corrupt bit in the top layer's header, on disk, once.
+    /// Sets the corrupt bit in the header of `top`, on disk, once.
     /// Returns what the message says about it.
-    fn mark_corrupt(&self) -> String {
-        if self.metadata.corrupt.swap(true, Ordering::AcqRel) {
+    fn mark_corrupt(&self, top: &Layer) -> String {
+        if self.corrupt.swap(true, Ordering::AcqRel) {
             return "image marked corrupt".into();
         }
-        let top = self.top();
         let Some(mut h) = top.header() else {
             return "raw image".into();
         };
         h.incompatible_features |= INCOMPAT_CORRUPT;
-        let written = crate::writer::write_header(top, &h).and_then(|()| top.file.sync());
+        let written = write_header(top, &h).and_then(|()| top.file.sync());
         match written {
             Ok(()) => "image marked corrupt".into(),
             Err(e) => format!("marking the image corrupt failed too: {e}"),
         }
     }
+}
+
+/// The error of every write to `top` after a refused one.
+fn already_corrupt(top: &Layer) -> DiskError {
+    DiskError::corrupt(
+        top.place(),
+        "a write over metadata was refused earlier and the image is marked corrupt; \
+         no more writes in this session (run `strata img check -r all`)",
+    )
 }
 
 /// Builds the metadata map of `top` from its header `h`, its refcount

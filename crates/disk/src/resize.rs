@@ -15,11 +15,11 @@ use std::path::Path;
 use strata_format::entry::{L1Entry, OFLAG_COMPRESSED};
 use strata_format::header::Header;
 
+use crate::allocator::Allocator;
 use crate::amend::{edit_header, header_of};
 use crate::disk::{Disk, OpenOptions};
 use crate::error::{DiskError, Result};
 use crate::layer::{Format, Layer};
-use crate::writer::Allocator;
 
 /// Bits of an L2 entry that hold a host offset.
 const L2_OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;

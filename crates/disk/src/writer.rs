@@ -16,18 +16,21 @@
 
 use strata_format::entry::OFLAG_COPIED;
 use strata_format::entry::{subcluster_mask, SUBCLUSTERS};
-use strata_format::header::{Header, AUTOCLEAR_STRATA_INDEX, INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
+use strata_format::header::{AUTOCLEAR_STRATA_INDEX, INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
 use strata_format::index::{ChainIndexExt, ENTRY_BYTES, LINEAGE_RECORD_BYTES, MAX_REGION_BYTES};
-use strata_format::{refcount, ExtendedL2, L2Mapping};
+use strata_format::{ExtendedL2, L2Mapping};
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use crate::allocator::Allocator;
 use crate::cache::{Slot, PAGE_UNITS};
-use crate::disk::{region_crc, Disk, IndexState};
+use crate::chain_index::{new_uuid, region_crc, write_index_ext, IndexState};
+use crate::disk::Disk;
 use crate::error::{DiskError, Result};
+use crate::header::{seal_layer, write_header};
 use crate::layer::Layer;
-use crate::overlap::{Guard, Structure};
+use crate::overlap::Structure;
 
 /// Units of owners written per chunk when (re)building an index.
 const OWNER_CHUNK: u64 = 1 << 16;
@@ -133,7 +136,7 @@ impl Writer {
         // Everything that can refuse the image is checked before the first
         // byte of it changes.
         let mut alloc = Allocator::load(top)?;
-        let mut map = alloc.scan(top, disk)?;
+        let mut map = alloc.scan(top, disk.index.read().as_ref())?;
         let was_dirty = header.incompatible_features & INCOMPAT_DIRTY != 0;
         let mut h = header;
         if h.version >= 3 {
@@ -148,9 +151,9 @@ impl Writer {
             top.file.sync()?;
         }
         if was_dirty {
-            crate::check::repair_refcounts(top)?;
+            crate::refcounts::repair_refcounts(top)?;
             alloc = Allocator::load(top)?;
-            map = alloc.scan(top, disk)?;
+            map = alloc.scan(top, disk.index.read().as_ref())?;
         }
         alloc.next_free = alloc.next_free.max(map.end());
         disk.metadata.replace(map);
@@ -840,7 +843,7 @@ impl Writer {
         let cs = alloc.cs;
         for c in first / cs..=last / cs {
             if disk.metadata.find(c * cs, cs).is_some() && alloc.get_refcount(top, c)? <= 1 {
-                return disk.guard_release(c * cs, cs, guest);
+                return disk.metadata.check_release(top, c * cs, cs, guest);
             }
         }
         Ok(())
@@ -928,45 +931,6 @@ impl Writer {
             .as_mut()
             .ok_or_else(|| DiskError::Invalid("raw images have no allocator".into()))
     }
-}
-
-/// Computes a frozen layer's index checksum and puts it in the header it
-/// keeps in memory, for a layer frozen with the checksum left for later
-/// (see [`Writer::freeze`]). Its region no longer changes.
-pub(crate) fn store_index_crc(layer: &Layer) -> Result<()> {
-    let Some(mut h) = layer.header() else {
-        return Ok(());
-    };
-    let Some(mut ext) = h.chain_index().cloned() else {
-        return Ok(());
-    };
-    ext.crc32c = region_crc(layer, &ext)?;
-    h.set_chain_index(Some(ext));
-    if let Some(q) = &layer.qcow2 {
-        *q.header.write() = h;
-    }
-    Ok(())
-}
-
-/// Makes a frozen layer durable and marks it clean on disk: its data,
-/// then the metadata that points at it, then (only once those are
-/// durable) the clean header [`Writer::freeze`] kept in memory. A crash
-/// before the end leaves the file marked dirty, and startup repairs it.
-pub(crate) fn seal_layer(layer: &Layer) -> Result<()> {
-    layer.file.sync()?;
-    let Some(h) = layer.header() else {
-        return Ok(());
-    };
-    if h.version < 3 {
-        return Ok(());
-    }
-    write_header(layer, &h)?;
-    // Writes the clean header through and syncs.
-    layer.file.set_write_back(false)?;
-    // A frozen layer takes no more clusters: give back the space
-    // reserved past its end (up to 4 MiB per layer of a long chain).
-    layer.file.release_reserved();
-    Ok(())
 }
 
 /// The top layer's current mapping of guest `cluster` (standard entries).
@@ -1057,52 +1021,10 @@ fn build_index(
     })
 }
 
-/// Writes the index extension into the header, valid or not, and syncs it
-/// if `sync`.
-fn write_index_ext(top: &Layer, ext: &ChainIndexExt, valid: bool, sync: bool) -> Result<()> {
-    let Some(mut h) = top.header() else {
-        return Ok(());
-    };
-    h.set_chain_index(Some(ext.clone()));
-    if valid {
-        h.autoclear_features |= AUTOCLEAR_STRATA_INDEX;
-    } else {
-        h.autoclear_features &= !AUTOCLEAR_STRATA_INDEX;
-    }
-    write_header(top, &h)?;
-    if sync {
-        top.file.sync()?;
-    }
-    Ok(())
-}
-
 /// Refuses any change to an image marked corrupt by a refused write over
 /// its metadata in this session.
 fn refuse_if_corrupt(disk: &Disk) -> Result<()> {
-    if disk.metadata.is_corrupt() {
-        return Err(disk.already_corrupt());
-    }
-    Ok(())
-}
-
-/// Encodes `h` into the first cluster and makes it the layer's header.
-///
-/// A corrupt bit already set in memory stays set: it was set by a refused
-/// write over metadata (see [`crate::overlap`]), and a header update racing
-/// with it must not clear it.
-pub(crate) fn write_header(top: &Layer, h: &Header) -> Result<()> {
-    let sticky = top
-        .header()
-        .map_or(0, |now| now.incompatible_features & INCOMPAT_CORRUPT);
-    let mut h = h.clone();
-    h.incompatible_features |= sticky;
-    let h = &h;
-    let buf = h.encode().map_err(|e| DiskError::format(top.place(), e))?;
-    top.file.write_all_at(&buf, 0)?;
-    if let Some(q) = &top.qcow2 {
-        *q.header.write() = h.clone();
-    }
-    Ok(())
+    disk.metadata.refuse_if_corrupt(disk.top())
 }
 
 /// Updates one entry of the top layer's L1 table, on disk and in memory.
@@ -1128,282 +1050,4 @@ fn set_l1_entry(top: &Layer, index: u64, raw: u64) -> Result<()> {
         l1[index as usize] = raw;
     }
     Ok(())
-}
-
-/// A random UUID (version 4).
-pub(crate) fn new_uuid() -> Result<[u8; 16]> {
-    let mut u = [0u8; 16];
-    getrandom::fill(&mut u)
-        .map_err(|e| DiskError::Invalid(format!("no randomness for a layer UUID: {e}")))?;
-    u[6] = (u[6] & 0x0f) | 0x40;
-    u[8] = (u[8] & 0x3f) | 0x80;
-    Ok(u)
-}
-
-/// Cluster allocation and refcount upkeep for one qcow2 file. New clusters
-/// are taken from the end of the file.
-pub(crate) struct Allocator {
-    pub(crate) cs: u64,
-    order: u32,
-    epb: u64,
-    reftable: Vec<u64>,
-    reftable_offset: u64,
-    /// Entries of the on-disk refcount table.
-    disk_capacity: u64,
-    /// While relocating the table, entries are kept in memory only.
-    relocating: bool,
-    pub(crate) next_free: u64,
-    /// The writer's metadata map, told of every metadata cluster this
-    /// allocator adds or frees (`None` outside a writer, e.g. in check).
-    pub(crate) guard: Option<Arc<Guard>>,
-}
-
-impl Allocator {
-    pub(crate) fn load(top: &Layer) -> Result<Allocator> {
-        let h = top
-            .header()
-            .ok_or_else(|| DiskError::Invalid("raw images have no refcounts".into()))?;
-        let cs = h.cluster_size();
-        // Bounded by MAX_REFTABLE_BYTES, checked when parsing the header.
-        let bytes = u64::from(h.refcount_table_clusters) * cs;
-        let mut buf = vec![0u8; bytes as usize];
-        top.file.read_exact_at(&mut buf, h.refcount_table_offset)?;
-        let mut reftable = Vec::with_capacity(buf.len() / 8);
-        for (i, c) in buf.chunks_exact(8).enumerate() {
-            let raw = u64::from_be_bytes(c.try_into().unwrap_or([0; 8]));
-            let off = strata_format::entry::decode_reftable_entry(raw, cs).map_err(|e| {
-                DiskError::corrupt(top.place(), format!("refcount table entry {i}: {e}"))
-            })?;
-            if off != 0 && off.saturating_add(cs) > top.file_len() {
-                return Err(DiskError::corrupt(
-                    top.place(),
-                    format!(
-                        "refcount block {i} at 0x{off:x} lies beyond the end of the file \
-                         (0x{:x}); refusing to open the image for writing (it can still be \
-                         opened read-only; `strata img check -r all` reports the damage)",
-                        top.file_len()
-                    ),
-                ));
-            }
-            reftable.push(off);
-        }
-        Allocator {
-            cs,
-            order: h.refcount_order,
-            epb: refcount::entries_per_block(cs, h.refcount_order),
-            disk_capacity: reftable.len() as u64,
-            reftable,
-            reftable_offset: h.refcount_table_offset,
-            relocating: false,
-            next_free: 0,
-            guard: None,
-        }
-        .with_first_free(top)
-    }
-
-    /// Sets where new clusters start: past the end of the file and past
-    /// the last cluster with a non-zero refcount, so a file cut short
-    /// (or with clusters referenced beyond its end) never gets a cluster
-    /// it still references handed out again.
-    fn with_first_free(mut self, top: &Layer) -> Result<Allocator> {
-        let end_of_file = top.file_len().div_ceil(self.cs) * self.cs;
-        let last_used = self.last_referenced(top)?;
-        self.next_free = end_of_file.max(last_used.map_or(0, |c| (c + 1) * self.cs));
-        Ok(self)
-    }
-
-    /// The highest cluster with a non-zero refcount: found in the last
-    /// refcount block that has one, scanning just that block.
-    fn last_referenced(&self, top: &Layer) -> Result<Option<u64>> {
-        let mut buf = vec![0u8; self.cs as usize];
-        for (bi, &block) in self.reftable.iter().enumerate().rev() {
-            if block == 0 {
-                continue;
-            }
-            top.file.read_exact_at(&mut buf, block)?;
-            let last = (0..self.epb)
-                .rev()
-                .find(|&i| refcount::get(&buf, i, self.order) != 0);
-            if let Some(i) = last {
-                return Ok(Some(bi as u64 * self.epb + i));
-            }
-        }
-        Ok(None)
-    }
-
-    /// Builds the metadata map of `top` (see [`crate::overlap::scan`]),
-    /// with the chain index region `disk` uses.
-    pub(crate) fn scan(&self, top: &Layer, disk: &Disk) -> Result<crate::overlap::MetadataMap> {
-        let h = top
-            .header()
-            .ok_or_else(|| DiskError::Invalid("raw images have no metadata".into()))?;
-        let index = disk.index.read().clone();
-        crate::overlap::scan(top, &h, &self.reftable, index.as_ref())
-    }
-
-    /// Tells the writer's metadata map that `[offset, offset + len)` now
-    /// holds `what`.
-    fn note_metadata(&self, offset: u64, len: u64, what: Structure) {
-        if let Some(g) = &self.guard {
-            g.insert(offset, len, what);
-        }
-    }
-
-    /// Takes `n` contiguous clusters with refcount 1.
-    pub(crate) fn alloc(&mut self, top: &Layer, n: u64) -> Result<u64> {
-        let host = self.next_free;
-        self.next_free += n * self.cs;
-        for i in 0..n {
-            self.set_refcount(top, host / self.cs + i, 1)?;
-        }
-        Ok(host)
-    }
-
-    /// Takes `n` clusters that stay at refcount 0 (the index region).
-    fn reserve_unrefcounted(&mut self, n: u64) -> u64 {
-        let at = self.next_free;
-        self.next_free += n * self.cs;
-        self.note_metadata(at, n * self.cs, Structure::ChainIndex);
-        at
-    }
-
-    fn region_is_free(&self, top: &Layer, offset: u64, clusters: u64) -> Result<bool> {
-        if !offset.is_multiple_of(self.cs)
-            || offset + clusters * self.cs > top.file_len()
-            || offset == 0
-        {
-            return Ok(false);
-        }
-        let len = clusters * self.cs;
-        if self
-            .guard
-            .as_ref()
-            .is_some_and(|g| g.find(offset, len).is_some())
-        {
-            return Ok(false);
-        }
-        for c in offset / self.cs..offset / self.cs + clusters {
-            if self.get_refcount(top, c)? != 0 {
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
-
-    pub(crate) fn get_refcount(&self, top: &Layer, cluster: u64) -> Result<u64> {
-        let bi = cluster / self.epb;
-        let block = self.reftable.get(bi as usize).copied().unwrap_or(0);
-        if block == 0 {
-            return Ok(0);
-        }
-        let (at, len) = refcount::entry_bytes(cluster % self.epb, self.order);
-        let mut bytes = vec![0u8; len];
-        top.file.read_exact_at(&mut bytes, block + at)?;
-        Ok(refcount::get(&bytes, self.local_index(cluster), self.order))
-    }
-
-    pub(crate) fn set_refcount(&mut self, top: &Layer, cluster: u64, value: u64) -> Result<()> {
-        if value > refcount::max_refcount(self.order) {
-            return Err(DiskError::Invalid(format!(
-                "refcount {value} does not fit {}-bit refcounts",
-                1u32 << self.order
-            )));
-        }
-        let block = self.block_for(top, cluster / self.epb)?;
-        let (at, len) = refcount::entry_bytes(cluster % self.epb, self.order);
-        // At most 8 bytes (64-bit refcounts): no heap buffer per allocation.
-        let mut entry = [0u8; 8];
-        let bytes = entry
-            .get_mut(..len)
-            .ok_or_else(|| DiskError::Invalid(format!("refcount entry of {len} bytes")))?;
-        top.file.read_exact_at(bytes, block + at)?;
-        refcount::set(bytes, self.local_index(cluster), self.order, value);
-        top.file.write_all_at(bytes, block + at)
-    }
-
-    /// Index of `cluster`'s entry inside the bytes `entry_bytes` returns.
-    fn local_index(&self, cluster: u64) -> u64 {
-        if self.order < 3 {
-            (cluster % self.epb) % (8 >> self.order)
-        } else {
-            0
-        }
-    }
-
-    /// Offset of refcount block `bi`, allocating it (and growing the
-    /// refcount table) when missing.
-    fn block_for(&mut self, top: &Layer, bi: u64) -> Result<u64> {
-        if let Some(&b) = self.reftable.get(bi as usize) {
-            if b != 0 {
-                return Ok(b);
-            }
-        }
-        if bi >= self.reftable.len() as u64 {
-            self.grow_table(top, bi + 1)?;
-            // Growing may itself have allocated block `bi` (to count the
-            // new table's own clusters): look again.
-            return self.block_for(top, bi);
-        }
-        let block = self.next_free;
-        self.next_free += self.cs;
-        self.note_metadata(block, self.cs, Structure::RefcountBlock);
-        let own = block / self.cs;
-        let mut buf = vec![0u8; self.cs as usize];
-        if own / self.epb == bi {
-            refcount::set(&mut buf, own % self.epb, self.order, 1);
-        }
-        top.file.write_all_at(&buf, block)?;
-        self.reftable[bi as usize] = block;
-        if !self.relocating && bi < self.disk_capacity {
-            top.file
-                .write_all_at(&block.to_be_bytes(), self.reftable_offset + bi * 8)?;
-        }
-        if own / self.epb != bi {
-            self.set_refcount(top, own, 1)?;
-        }
-        Ok(block)
-    }
-
-    /// Moves the refcount table to a larger place at the end of the file.
-    fn grow_table(&mut self, top: &Layer, min_entries: u64) -> Result<()> {
-        let cs = self.cs;
-        let want = min_entries.max(self.reftable.len() as u64 * 2);
-        let clusters = (want * 8).div_ceil(cs);
-        if clusters * cs > strata_format::MAX_REFTABLE_BYTES {
-            return Err(DiskError::Invalid(
-                "image too large: the refcount table would exceed 8 MiB".into(),
-            ));
-        }
-        let new_offset = self.next_free;
-        self.next_free += clusters * cs;
-        self.note_metadata(new_offset, clusters * cs, Structure::RefcountTable);
-        let old_offset = self.reftable_offset;
-        let old_clusters = (self.disk_capacity * 8).div_ceil(cs);
-        let was_relocating = self.relocating;
-        self.relocating = true;
-        self.reftable.resize((clusters * cs / 8) as usize, 0);
-        for c in 0..clusters {
-            self.set_refcount(top, new_offset / cs + c, 1)?;
-        }
-        let bytes: Vec<u8> = self.reftable.iter().flat_map(|e| e.to_be_bytes()).collect();
-        top.file.write_all_at(&bytes, new_offset)?;
-        top.file.sync()?;
-        let mut h = top
-            .header()
-            .ok_or_else(|| DiskError::Invalid("raw layer".into()))?;
-        h.refcount_table_offset = new_offset;
-        h.refcount_table_clusters = clusters as u32;
-        write_header(top, &h)?;
-        top.file.sync()?;
-        self.reftable_offset = new_offset;
-        self.disk_capacity = self.reftable.len() as u64;
-        self.relocating = was_relocating;
-        for c in 0..old_clusters {
-            self.set_refcount(top, old_offset / cs + c, 0)?;
-        }
-        if let Some(g) = &self.guard {
-            g.remove(old_offset, old_clusters * cs);
-        }
-        Ok(())
-    }
 }
