@@ -10,10 +10,11 @@ need=()
 # ships nbdsh), fio (whose Debian build has the nbd engine) and nbdkit (the
 # benchmark's `nbdkit memory` reference). The volume tests read what the
 # page cache holds of a layer file with util-linux's fincore. The NBD TLS
-# tests (crates/cli/tests/nbd_tls.rs) make their certificates with openssl.
+# tests (crates/cli/tests/nbd_tls.rs) make their certificates with openssl;
+# img convert's cache-mode test counts syncs with strace.
 for tool in qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils \
   nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:python3-libnbd fio:fio nbdkit:nbdkit \
-  fincore:util-linux-extra openssl:openssl; do
+  fincore:util-linux-extra openssl:openssl strace:strace; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 # NBD TLS with pre-shared keys links OpenSSL (crates/nbd/src/tls.rs).

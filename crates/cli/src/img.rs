@@ -160,6 +160,13 @@ pub enum ImgCommand {
         /// Print nothing.
         #[arg(short = 'q')]
         quiet: bool,
+        /// The target's cache mode, as qemu-img's: `unsafe` (the default)
+        /// writes everything in a safe order but does not wait for the
+        /// disk; `writeback`, `writethrough`, `none` and `directsync` make
+        /// the target durable before the command returns.
+        #[arg(short = 't', value_name = "CACHE", default_value = "unsafe",
+              value_parser = ["unsafe", "writeback", "writethrough", "none", "directsync"])]
+        cache: String,
         /// Open the image even while another process writes it (what is
         /// read may be inconsistent); without it such an image is refused.
         #[arg(short = 'U', long = "force-share")]
@@ -442,10 +449,14 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
             options,
             progress,
             quiet,
+            cache,
             force_share,
             source,
             target,
         } => {
+            let durable = convert::ConvertOptions {
+                flush: cache != "unsafe",
+            };
             let mut opts = create_options(&options)?;
             opts.format = parse_format(&out_format)?;
             let show = progress && !quiet;
@@ -453,9 +464,10 @@ pub fn run(cmd: ImgCommand) -> Result<i32> {
                 (Input::File(source), StdOutput::File(target)) => {
                     let src = open_ro(source, format.as_deref(), None, force_share)?;
                     let bar = progress_bar(show, src.size());
-                    let report = convert::convert(&src, target, &opts, &mut |done, _| {
-                        bar.set_position(done)
-                    })?;
+                    let report =
+                        convert::convert_with(&src, target, &opts, &durable, &mut |done, _| {
+                            bar.set_position(done)
+                        })?;
                     bar.finish_and_clear();
                     report
                 }

@@ -697,3 +697,71 @@ fn commit_into_a_base_others_read_is_refused() {
     let top = p(&d.join("top.qcow2"));
     refused(d, &["img", "commit", &top], "lock");
 }
+
+/// How many fsync/fdatasync calls `strata ARGS` makes, counted by strace.
+fn syncs_of(args: &[&str]) -> u64 {
+    let out = Command::new("strace")
+        .args([
+            "-f",
+            "-qq",
+            "-e",
+            "trace=fsync,fdatasync",
+            "-o",
+            "/dev/stderr",
+        ])
+        .arg(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .output()
+        .expect("strace is needed for this test (scripts/test.sh installs it)");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "strata {args:?}: {said}");
+    said.lines()
+        .filter(|l| l.contains("fsync(") || l.contains("fdatasync("))
+        .count() as u64
+}
+
+/// `convert -t CACHE` as qemu-img's: the default (`unsafe`) does not wait
+/// for the disk before the clean header, `writeback` syncs the target
+/// before it; both give the same, clean image. A cache mode qemu-img does
+/// not know is refused.
+#[test]
+fn convert_cache_mode_decides_whether_the_target_is_synced() {
+    let dir = tmp();
+    let src = dir.path().join("src.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", &p(&src), "64M"]);
+    qemu_io(&src, &["write -P 0x5c 0 3M", "write -P 0xc5 40M 1M"]);
+    let fast = dir.path().join("fast.qcow2");
+    let durable = dir.path().join("durable.qcow2");
+    let unsafe_syncs = syncs_of(&["img", "convert", "-O", "qcow2", &p(&src), &p(&fast)]);
+    let durable_syncs = syncs_of(&[
+        "img",
+        "convert",
+        "-O",
+        "qcow2",
+        "-t",
+        "writeback",
+        &p(&src),
+        &p(&durable),
+    ]);
+    assert!(
+        durable_syncs > unsafe_syncs,
+        "-t writeback made {durable_syncs} syncs, the default {unsafe_syncs}"
+    );
+    for target in [&fast, &durable] {
+        qemu_img(&["check", "-q", &p(target)]);
+        qemu_img(&["compare", "-q", &p(&src), &p(target)]);
+    }
+    let bad = strata(&[
+        "img",
+        "convert",
+        "-O",
+        "qcow2",
+        "-t",
+        "fast",
+        &p(&src),
+        &p(&dir.path().join("x")),
+    ]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("writeback"));
+    assert!(!dir.path().join("x").exists());
+}
