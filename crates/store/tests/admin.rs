@@ -3,10 +3,10 @@
 //! publishes, and a request sealed with another key changes nothing.
 
 use strata_store::cluster::{Cluster, ClusterConfig};
-use strata_store::table::Params;
 use strata_store_client::admin::{cancel_retire, retire, revoke_tenant};
 use strata_store_client::transport::fetch_table;
 use strata_store_protocol::auth::{ClusterKey, KEY_LEN};
+use strata_store_protocol::table::Params;
 
 async fn two_storage_nodes(dir: &std::path::Path) -> Cluster {
     let mut cfg = ClusterConfig::embedded(dir.to_path_buf());

@@ -6,15 +6,16 @@
 //! table's length still gets the table. (A real node is asked the same
 //! over UDP in `crates/cli/tests/store.rs`.)
 
-use strata_store::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
-use strata_store::auth::{unix_ms, ClusterKey, Gate, Receiver, KEY_LEN};
-use strata_store::metadb::MetaDb;
-use strata_store::mn::{MnCore, Out};
-use strata_store::node::{mn_receive, on_receive};
-use strata_store::on::OnCore;
-use strata_store::table::{Device, MnEntry, Params, SnEntry, State, Table};
-use strata_store::tenant::TenantCredential;
-use strata_store::wire::{Body, Msg, HEADER_LEN};
+use strata_store::metadata::database::MetaDb;
+use strata_store::metadata::server::mn_receive;
+use strata_store::metadata::state::{MnCore, Out};
+use strata_store::orchestrator::server::on_receive;
+use strata_store::orchestrator::state::OnCore;
+use strata_store_protocol::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+use strata_store_protocol::auth::{unix_ms, ClusterKey, Gate, Receiver, KEY_LEN};
+use strata_store_protocol::table::{Device, MnEntry, Params, SnEntry, State, Table};
+use strata_store_protocol::tenant::TenantCredential;
+use strata_store_protocol::wire::{Body, Msg, HEADER_LEN};
 
 fn cluster_key() -> ClusterKey {
     ClusterKey::from_bytes(&[0x5a; KEY_LEN])

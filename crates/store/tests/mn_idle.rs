@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 use strata_store::bench::{run, run_batched_gets, BenchConfig, Workload};
-use strata_store::client::Client;
 use strata_store::cluster::{Cluster, ClusterConfig};
-use strata_store::tenant::{TenantCredential, ADMIN};
+use strata_store_client::client::Client;
+use strata_store_protocol::tenant::{TenantCredential, ADMIN};
 
 /// CPU time (user + system, clock ticks) of this process's threads whose
 /// name starts with `strata-mn`.

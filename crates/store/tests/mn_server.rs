@@ -1,5 +1,5 @@
 //! The threads that serve a process's metadata nodes
-//! (`strata_store::node::MnServer`): one leader polls every node's socket,
+//! (`strata_store::metadata::server::MnServer`): one leader polls every node's socket,
 //! serves Gets in batches across sockets and spins briefly under a steady
 //! load; nodes must still answer every request and stop promptly.
 
@@ -8,11 +8,11 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_store::bench::{object_name, run, run_batched_gets, BenchConfig, Workload};
-use strata_store::client::Client;
 use strata_store::cluster::{Cluster, ClusterConfig};
-use strata_store::table::{Params, Table};
-use strata_store::tenant::{TenantCredential, ADMIN};
-use strata_store::wire::{Body, Msg};
+use strata_store_client::client::Client;
+use strata_store_protocol::table::{Params, Table};
+use strata_store_protocol::tenant::{TenantCredential, ADMIN};
+use strata_store_protocol::wire::{Body, Msg};
 
 /// A cluster of three metadata nodes (each name's metadata on all three:
 /// Posts make nodes talk to each other) and three storage nodes.
@@ -62,7 +62,7 @@ fn get_from(to: SocketAddr, table: &Table, cred: &TenantCredential, name: &str) 
     let mut buf = vec![0u8; 65536];
     for _ in 0..10 {
         let bytes = msg
-            .seal_tenant(cred, strata_store::auth::unix_ms())
+            .seal_tenant(cred, strata_store_protocol::auth::unix_ms())
             .unwrap();
         sock.send_to(&bytes, to).unwrap();
         if let Ok(n) = sock.recv(&mut buf) {

@@ -7,11 +7,11 @@
 //! naming a dead node. (The socket runtime and the copy
 //! itself are exercised by `crates/cli/tests/store.rs`.)
 
-use strata_store::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
-use strata_store::metadb::MetaDb;
-use strata_store::mn::{MnCore, Out};
-use strata_store::table::{Device, Drain, MnEntry, Params, SnEntry, State, Table};
-use strata_store::wire::{Body, Msg};
+use strata_store::metadata::database::MetaDb;
+use strata_store::metadata::state::{MnCore, Out};
+use strata_store_protocol::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+use strata_store_protocol::table::{Device, Drain, MnEntry, Params, SnEntry, State, Table};
+use strata_store_protocol::wire::{Body, Msg};
 
 const CLIENT: u32 = 7;
 
@@ -31,7 +31,7 @@ fn table() -> Table {
         mns: vec![MnEntry {
             uuid: 1,
             slot: 0,
-            endpoint: strata_store::wire::no_endpoint(),
+            endpoint: strata_store_protocol::wire::no_endpoint(),
             state: State::Up,
         }],
         mg_owner: vec![0; layout.mg_count()],
@@ -39,7 +39,7 @@ fn table() -> Table {
             .map(|index| SnEntry {
                 uuid: 100 + index as u64,
                 index,
-                endpoint: strata_store::wire::no_endpoint(),
+                endpoint: strata_store_protocol::wire::no_endpoint(),
                 capacity: 1 << 40,
                 free: 1 << 40,
                 objects: 0,
@@ -107,7 +107,7 @@ fn post(core: &mut MnCore<u32>, t: &Table, name: &str, now: u64) {
     );
 }
 
-fn record(core: &MnCore<u32>, t: &Table, name: &str) -> strata_store::wire::Record {
+fn record(core: &MnCore<u32>, t: &Table, name: &str) -> strata_store_protocol::wire::Record {
     let mg = t.layout.mg_of(t.meta_addrs(name)[0]).unwrap();
     core.db().get(mg, name).unwrap().unwrap()
 }
@@ -872,7 +872,7 @@ fn a_post_commit_after_a_restart_is_not_acknowledged_over_a_repair() {
     );
     let outs = core.handle(40, CLIENT, commit);
     assert!(
-        matches!(&outs[..], [Out::Reply(_, m)] if matches!(m.body, Body::Error { code: strata_store::wire::Code::Conflict, .. })),
+        matches!(&outs[..], [Out::Reply(_, m)] if matches!(m.body, Body::Error { code: strata_store_protocol::wire::Code::Conflict, .. })),
         "{outs:?}"
     );
 }
@@ -884,11 +884,12 @@ fn a_post_commit_after_a_restart_is_not_acknowledged_over_a_repair() {
 
 mod unauthenticated {
     use super::*;
-    use strata_store::auth::{unix_ms, ClusterKey, Gate, Receiver, KEY_LEN};
-    use strata_store::node::{mn_receive, on_receive};
-    use strata_store::on::OnCore;
-    use strata_store::table::{Move, MovePhase};
-    use strata_store::wire::{Code, Record, Role, Row};
+    use strata_store::metadata::server::mn_receive;
+    use strata_store::orchestrator::server::on_receive;
+    use strata_store::orchestrator::state::OnCore;
+    use strata_store_protocol::auth::{unix_ms, ClusterKey, Gate, Receiver, KEY_LEN};
+    use strata_store_protocol::table::{Move, MovePhase};
+    use strata_store_protocol::wire::{Code, Record, Role, Row};
 
     fn cluster_key() -> ClusterKey {
         ClusterKey::from_bytes(&[0x5a; KEY_LEN])
@@ -958,7 +959,7 @@ mod unauthenticated {
         let (_coord, mut copy, t) = coordinator_and_copy(dir.path(), name);
         let copy_addr = t.meta_addrs(name)[1];
         let mut gate = Gate::new(cluster_key(), Receiver::Mn);
-        let entry = strata_store::wire::SyncEntry {
+        let entry = strata_store_protocol::wire::SyncEntry {
             name: name.into(),
             copy: copy_addr,
             version: 3,
@@ -996,7 +997,7 @@ mod unauthenticated {
         t.mns.push(MnEntry {
             uuid: 2,
             slot: 1,
-            endpoint: strata_store::wire::no_endpoint(),
+            endpoint: strata_store_protocol::wire::no_endpoint(),
             state: State::Up,
         });
         let group = t.layout.mg_of(t.meta_addrs(name)[0]).unwrap();
@@ -1075,7 +1076,7 @@ mod unauthenticated {
     }
 
     fn sealed(body: Body) -> Vec<u8> {
-        Msg::new(strata_store::node::request_id(), 0, body)
+        Msg::new(strata_store_client::transport::request_id(), 0, body)
             .seal(&cluster_key(), unix_ms())
             .unwrap()
     }

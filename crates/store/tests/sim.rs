@@ -34,13 +34,13 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
-use strata_store::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
-use strata_store::client::{Call, Step};
-use strata_store::metadb::MetaDb;
-use strata_store::mn::{MnCore, Out};
-use strata_store::on::OnCore;
-use strata_store::table::{Device, MnEntry, Params, SnEntry, State, Table};
-use strata_store::wire::{Body, Code, Msg, Record};
+use strata_store::metadata::database::MetaDb;
+use strata_store::metadata::state::{MnCore, Out};
+use strata_store::orchestrator::state::OnCore;
+use strata_store_client::client::{Call, Step};
+use strata_store_protocol::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+use strata_store_protocol::table::{Device, MnEntry, Params, SnEntry, State, Table};
+use strata_store_protocol::wire::{Body, Code, Msg, Record};
 
 const MNS: u16 = 3;
 const CLIENTS: u32 = 4;
@@ -60,7 +60,7 @@ impl Rng {
     /// which made seeds 2k and 2k+1 the same run; xorshift needs a
     /// non-zero state, and only one seed maps to zero.
     fn new(seed: u64) -> Rng {
-        Rng(strata_store::addr::splitmix64(seed).max(1))
+        Rng(strata_store_protocol::addr::splitmix64(seed).max(1))
     }
     fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
@@ -100,16 +100,16 @@ fn table(params: Params) -> Table {
             .map(|slot| MnEntry {
                 uuid: slot as u64 + 1,
                 slot,
-                endpoint: strata_store::wire::no_endpoint(),
+                endpoint: strata_store_protocol::wire::no_endpoint(),
                 state: State::Up,
             })
             .collect(),
-        mg_owner: strata_store::on::initial_owners(layout.mg_count(), MNS),
+        mg_owner: strata_store::orchestrator::state::initial_owners(layout.mg_count(), MNS),
         sns: (1..=4)
             .map(|index| SnEntry {
                 uuid: 100 + index as u64,
                 index,
-                endpoint: strata_store::wire::no_endpoint(),
+                endpoint: strata_store_protocol::wire::no_endpoint(),
                 capacity: 1 << 40,
                 free: 1 << 40,
                 objects: 0,
@@ -560,7 +560,7 @@ impl Sim {
         self.possible.get_mut(name).unwrap().insert(state);
     }
 
-    fn finish(&mut self, c: u32, result: Result<Body, strata_store::Error>) {
+    fn finish(&mut self, c: u32, result: Result<Body, strata_store_protocol::Error>) {
         let op = std::mem::replace(&mut self.clients[c as usize].op, Op::Idle);
         match op {
             Op::Idle => {}
@@ -641,7 +641,7 @@ impl Sim {
     fn check_get(
         &mut self,
         name: &str,
-        result: Result<Body, strata_store::Error>,
+        result: Result<Body, strata_store_protocol::Error>,
         final_read: bool,
     ) {
         let seen = match result {
@@ -807,9 +807,9 @@ impl Sim {
                 1,
                 0,
                 Body::Register {
-                    role: strata_store::wire::Role::Mn,
+                    role: strata_store_protocol::wire::Role::Mn,
                     uuid: 4,
-                    endpoint: strata_store::wire::no_endpoint(),
+                    endpoint: strata_store_protocol::wire::no_endpoint(),
                     capacity: 0,
                     free: 0,
                     device: 0,
@@ -1122,7 +1122,9 @@ impl Sim {
                 .expect("a reply");
             self.clients[0].call = None;
             let result = match reply.body {
-                Body::Error { code, message } => Err(strata_store::Error::Remote { code, message }),
+                Body::Error { code, message } => {
+                    Err(strata_store_protocol::Error::Remote { code, message })
+                }
                 b => Ok(b),
             };
             self.check_get(&name, result, true);
@@ -1632,7 +1634,7 @@ fn the_simulation_is_deterministic() {
 /// back to it after a stand-in: then its rows are merged by version.
 #[test]
 fn a_group_taken_over_is_copied_into_an_empty_group_unless_it_comes_home() {
-    use strata_store::table::{Move, MovePhase, StandIn};
+    use strata_store_protocol::table::{Move, MovePhase, StandIn};
     let p = every_metadata_copy_acks();
     for home in [false, true] {
         let dir = tempfile::tempdir().unwrap();
