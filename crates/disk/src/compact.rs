@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 
 use crate::convert::is_zero;
 use crate::create::{create, CreateOptions};
-use crate::disk::{Disk, IndexState, OpenOptions};
+use crate::disk::{Disk, OpenOptions};
 use crate::error::{DiskError, Result};
 use crate::header::write_header;
 use crate::layer::{Format, Layer};
@@ -94,9 +94,9 @@ pub fn merge_layers(
     // cluster size when qcow2 allows it, else clusters of one unit.
     let min_cluster_bits = run.layers().iter().filter_map(|l| l.cluster_bits()).min();
     let extended_l2 = min_cluster_bits.is_some_and(|cb| {
-        cb > run.unit_bits
+        cb > run.chain.unit_bits
             && cb >= strata_format::entry::MIN_EXTENDED_CLUSTER_BITS
-            && cb - strata_format::entry::SUBCLUSTERS.trailing_zeros() == run.unit_bits
+            && cb - strata_format::entry::SUBCLUSTERS.trailing_zeros() == run.chain.unit_bits
     });
     let cluster_size = match min_cluster_bits {
         Some(cb) if extended_l2 => 1u64 << cb,
@@ -271,6 +271,9 @@ pub fn backing_file(path: &Path) -> Result<Option<String>> {
     Ok(layer.header().and_then(|h| h.backing_file))
 }
 
+/// Why lookups walk a chain that a compaction changed under an open disk.
+const SPLICED: &str = "chain changed by compaction; the index is rebuilt on the next write-open";
+
 impl Disk {
     /// Replaces layers `first..=last` (depth counted from 1 at the base) of
     /// this open disk with the layer at `merged`, made by [`merge_layers`]
@@ -318,18 +321,18 @@ impl Disk {
         if let Some(writer) = self.writer.take() {
             // Closing writes the top's header: with the new backing name
             // when the top is the layer above the run.
-            if let Err(e) = writer.into_inner().close(self) {
+            if let Err(e) = writer.into_inner().close(&self.chain) {
                 self.set_backing_in_memory(child, old_name);
-                let w = Writer::start(self)?;
+                let w = Writer::start(&self.chain)?;
                 self.writer = Some(Mutex::new(w));
                 return Err(e);
             }
-            self.splice(first, last, new_layer);
+            self.chain.splice(first, last, new_layer, SPLICED);
             let owners = owners.filter(|o| o.len() as u64 == self.units());
-            let w = Writer::start_with_owners(self, owners.as_deref())?;
+            let w = Writer::start_with_owners(&self.chain, owners.as_deref())?;
             self.writer = Some(Mutex::new(w));
         } else {
-            self.splice(first, last, new_layer);
+            self.chain.splice(first, last, new_layer, SPLICED);
         }
         debug_assert!(
             self.links_are_consistent(),
@@ -340,7 +343,7 @@ impl Disk {
 
     /// Checks that layer `last` is the file `expected`.
     fn check_run_end(&self, last: u32, expected: &Path) -> Result<()> {
-        let layer = &self.layers[last as usize - 1];
+        let layer = &self.chain.layers[last as usize - 1];
         let have = layer.file.metadata()?;
         let want = std::fs::metadata(expected)
             .map_err(|e| DiskError::Invalid(format!("{}: {e}", expected.display())))?;
@@ -358,7 +361,7 @@ impl Disk {
     /// Checks that `merged` can stand for layers `first..=last`: same size
     /// as the run's top and backed by the layer below the run.
     fn check_replacement(&self, first: u32, last: u32, merged: &Layer) -> Result<()> {
-        let run_top = &self.layers[last as usize - 1];
+        let run_top = &self.chain.layers[last as usize - 1];
         if merged.size() != run_top.size() {
             return Err(DiskError::Invalid(format!(
                 "{} is {} bytes but the layers it replaces are {}",
@@ -368,7 +371,7 @@ impl Disk {
             )));
         }
         let backing = merged.header().and_then(|h| h.backing_file);
-        let expected = (first > 1).then(|| &self.layers[first as usize - 2]);
+        let expected = (first > 1).then(|| &self.chain.layers[first as usize - 2]);
         let matches = match (&backing, expected) {
             (None, None) => true,
             (Some(name), Some(lower)) => Path::new(name).file_name() == lower.path().file_name(),
@@ -387,7 +390,7 @@ impl Disk {
     /// The owner of every unit, renumbered for the chain after the splice,
     /// when the disk has a valid index to read them from.
     fn renumbered_owners(&self, first: u32, last: u32) -> Result<Option<Vec<u16>>> {
-        if self.index.read().is_none() {
+        if self.chain.index.read().is_none() {
             return Ok(None);
         }
         let removed = (last - first) as u16;
@@ -406,35 +409,14 @@ impl Disk {
     /// Sets the in-memory backing name of layer `pos` (0-based); returns
     /// the old one.
     fn set_backing_in_memory(&self, pos: usize, name: Option<String>) -> Option<String> {
-        let q = self.layers[pos].qcow2.as_ref()?;
+        let q = self.chain.layers[pos].qcow2.as_ref()?;
         let mut h = q.header.write();
         std::mem::replace(&mut h.backing_file, name)
     }
 
-    /// Puts `layer` in place of layers `first..=last` and renumbers.
-    fn splice(&mut self, first: u32, last: u32, layer: Layer) {
-        self.layers
-            .splice(first as usize - 1..last as usize, std::iter::once(layer));
-        for (i, l) in self.layers.iter_mut().enumerate() {
-            l.file.place.depth = i as u32 + 1;
-        }
-        self.unit_bits = self
-            .layers
-            .iter()
-            .filter_map(|l| l.unit_bits())
-            .min()
-            .unwrap_or(16);
-        self.cache.clear();
-        *self.index.write() = None;
-        *self.index_state.write() = IndexState::Walk {
-            reason: "chain changed by compaction; the index is rebuilt on the next write-open"
-                .into(),
-        };
-    }
-
     /// Whether every layer's stored backing name names the layer below it.
     fn links_are_consistent(&self) -> bool {
-        self.layers.windows(2).all(|pair| {
+        self.chain.layers.windows(2).all(|pair| {
             let backing = pair[1].header().and_then(|h| h.backing_file);
             backing
                 .as_deref()

@@ -26,13 +26,10 @@
 //! points at unwritten bytes (a crash leaves at most unreferenced bytes in
 //! a host cluster, or a leaked one).
 
-use parking_lot::Mutex;
-use strata_format::entry::{subcluster_mask, SUBCLUSTERS};
-use strata_format::L2Mapping;
-
 use crate::disk::Disk;
 use crate::error::Result;
 use crate::writer::{AllocStep, Writer};
+use parking_lot::Mutex;
 
 impl Disk {
     /// Writes `data` at guest `pos`, all inside one cluster of the top
@@ -45,19 +42,19 @@ impl Disk {
     ) -> Result<()> {
         let top = self.top();
         let Some(cb) = top.cluster_bits() else {
-            return writer.lock().write(self, data, pos);
+            return writer.lock().write(&self.chain, data, pos);
         };
         let cluster = pos >> cb;
         let in_cluster = pos & ((1 << cb) - 1);
         debug_assert!(in_cluster + data.len() as u64 <= 1 << cb);
-        let need = self.subcluster_span(in_cluster, data.len() as u64);
+        let need = self.chain.subcluster_span(in_cluster, data.len() as u64);
         let (host, old) = {
             let mut w = writer.lock();
             loop {
-                match w.prepare_alloc(self, cluster, need)? {
+                match w.prepare_alloc(&self.chain, cluster, need)? {
                     AllocStep::InPlace(host) => {
                         drop(w);
-                        return self.write_guest_data(data, host + in_cluster, pos);
+                        return self.chain.write_guest_data(data, host + in_cluster, pos);
                     }
                     AllocStep::Busy => self.alloc_done.wait(&mut w),
                     AllocStep::Fill { host, old } => break (host, old),
@@ -69,11 +66,14 @@ impl Disk {
                     } => {
                         drop(w);
                         let filled = self
+                            .chain
                             .fill_subclusters(cluster, cb, in_cluster, data, host, alloc, whole);
                         let mut w = writer.lock();
                         let result = match filled {
-                            Ok(mask) => w.publish_subclusters(self, cluster, host, mask),
-                            Err(e) => w.abort_subclusters(self, cluster, host, fresh).and(Err(e)),
+                            Ok(mask) => w.publish_subclusters(&self.chain, cluster, host, mask),
+                            Err(e) => w
+                                .abort_subclusters(&self.chain, cluster, host, fresh)
+                                .and(Err(e)),
                         };
                         drop(w);
                         self.alloc_done.notify_all();
@@ -82,40 +82,17 @@ impl Disk {
                 }
             }
         };
-        let filled = self.fill_cluster(cluster, cb, in_cluster, data, old, host);
+        let filled = self
+            .chain
+            .fill_cluster(cluster, cb, in_cluster, data, old, host);
         let mut w = writer.lock();
         let result = match filled {
-            Ok(()) => w.publish_alloc(self, cluster, host),
-            Err(e) => w.abort_alloc(self, cluster, host).and(Err(e)),
+            Ok(()) => w.publish_alloc(&self.chain, cluster, host),
+            Err(e) => w.abort_alloc(&self.chain, cluster, host).and(Err(e)),
         };
         drop(w);
         self.alloc_done.notify_all();
         result
-    }
-
-    /// Writes the new cluster at `host`: `data` at `in_cluster`, and around
-    /// it what the guest cluster reads as now (from `old`'s owner).
-    pub(crate) fn fill_cluster(
-        &self,
-        cluster: u64,
-        cb: u32,
-        in_cluster: u64,
-        data: &[u8],
-        old: L2Mapping,
-        host: u64,
-    ) -> Result<()> {
-        let cs = 1u64 << cb;
-        let start = cluster << cb;
-        if in_cluster == 0 && data.len() as u64 == cs {
-            return self.write_guest_data(data, host, start);
-        }
-        let mut content = vec![0u8; cs as usize];
-        let readable = self.size().saturating_sub(start).min(cs) as usize;
-        if !matches!(old, L2Mapping::Zero { .. }) {
-            self.read_at(&mut content[..readable], start)?;
-        }
-        content[in_cluster as usize..in_cluster as usize + data.len()].copy_from_slice(data);
-        self.write_guest_data(&content, host, start)
     }
 }
 
@@ -159,7 +136,7 @@ impl Disk {
             } else {
                 writer
                     .lock()
-                    .prepare_run(self, at >> cb, whole.min(MAX_RUN_CLUSTERS))?
+                    .prepare_run(&self.chain, at >> cb, whole.min(MAX_RUN_CLUSTERS))?
             };
             let next = if count == 0 {
                 // One cluster (or its partial head or tail) the usual way.
@@ -171,7 +148,7 @@ impl Disk {
                 let data = &buf[(at - pos) as usize..(next - pos) as usize];
                 self.publish_run(
                     writer,
-                    self.write_guest_data(data, host, at),
+                    self.chain.write_guest_data(data, host, at),
                     at >> cb,
                     count,
                     host,
@@ -203,8 +180,8 @@ impl Disk {
             // Every cluster of the run leaves the in-flight set, even after
             // an error, so no writer waits for it forever.
             let step = match error {
-                None => w.publish_alloc(self, cluster, at),
-                Some(_) => w.abort_alloc(self, cluster, at),
+                None => w.publish_alloc(&self.chain, cluster, at),
+                Some(_) => w.abort_alloc(&self.chain, cluster, at),
             };
             if let Err(e) = step {
                 error.get_or_insert(e);
@@ -213,77 +190,5 @@ impl Disk {
         drop(w);
         self.alloc_done.notify_all();
         error.map_or(Ok(()), Err)
-    }
-
-    /// Mask of the top layer's subclusters that bytes
-    /// `in_cluster..in_cluster + len` of one cluster touch (all bits for a
-    /// standard top layer).
-    pub(crate) fn subcluster_span(&self, in_cluster: u64, len: u64) -> u32 {
-        let top = self.top();
-        if !top.extended_l2() || len == 0 {
-            return u32::MAX;
-        }
-        let sb = top.subcluster_bits();
-        let first = (in_cluster >> sb) as u32;
-        let last = ((in_cluster + len - 1) >> sb) as u32;
-        subcluster_mask(first, last.min(SUBCLUSTERS - 1))
-    }
-
-    /// Writes `data` at `in_cluster` of guest `cluster` into host cluster
-    /// `host` of an extended L2 top layer, and completes the subclusters it
-    /// touches partially from what they read as now, unless the top layer
-    /// already has them (`alloc`: their bytes in `host` are current and
-    /// may be overwritten concurrently in place, so they are not
-    /// rewritten). `whole` rewrites the whole cluster (replacing a
-    /// compressed one). Returns the mask of subclusters to publish.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn fill_subclusters(
-        &self,
-        cluster: u64,
-        cb: u32,
-        in_cluster: u64,
-        data: &[u8],
-        host: u64,
-        alloc: u32,
-        whole: bool,
-    ) -> Result<u32> {
-        let sb = self.top().subcluster_bits();
-        let in_end = in_cluster + data.len() as u64;
-        let (s0, s1) = if whole {
-            (0, SUBCLUSTERS - 1)
-        } else {
-            ((in_cluster >> sb) as u32, ((in_end - 1) >> sb) as u32)
-        };
-        let owned = |s: u32| !whole && alloc & (1 << s) != 0;
-        let start = if owned(s0) {
-            in_cluster
-        } else {
-            u64::from(s0) << sb
-        };
-        let end = if owned(s1) {
-            in_end
-        } else {
-            u64::from(s1 + 1) << sb
-        };
-        let mask = subcluster_mask(s0, s1);
-        if start == in_cluster && end == in_end {
-            self.write_guest_data(data, host + in_cluster, (cluster << cb) + in_cluster)?;
-            return Ok(mask);
-        }
-        let base = cluster << cb;
-        let mut content = vec![0u8; (end - start) as usize];
-        // What the bytes around the write read as now; nothing past the
-        // end of the disk (those stay zero).
-        for (lo, hi) in [(start, in_cluster), (in_end, end)] {
-            let hi_in_disk = hi.min(self.size().saturating_sub(base));
-            if lo < hi_in_disk {
-                let at = (lo - start) as usize;
-                self.read_at(&mut content[at..at + (hi_in_disk - lo) as usize], base + lo)?;
-            }
-        }
-        let at = (in_cluster - start) as usize;
-        content[at..at + data.len()].copy_from_slice(data);
-        self.write_guest_data(&content, host + start, base + start)?;
-        Ok(mask)
     }
 }

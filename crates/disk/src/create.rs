@@ -188,7 +188,9 @@ pub(crate) fn create_with(
             "a chain is limited to {MAX_CHAIN_DEPTH} layers"
         )));
     }
-    let unit_bits = backing.map_or(geometry.unit_bits, |b| b.unit_bits.min(geometry.unit_bits));
+    let unit_bits = backing.map_or(geometry.unit_bits, |b| {
+        b.chain.unit_bits.min(geometry.unit_bits)
+    });
     let with_index = opts.chain_index
         && opts.version >= 3
         && ChainIndexExt::region_len_for(size, unit_bits, depth) <= MAX_REGION_BYTES;
@@ -287,7 +289,7 @@ fn write_carried_index(
             }
         }
         Some(b) => {
-            let shift = b.unit_bits - ext.granularity_bits;
+            let shift = b.chain.unit_bits - ext.granularity_bits;
             let below_units = b.units();
             let mut unit = 0u64;
             while unit < units {

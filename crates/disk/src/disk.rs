@@ -4,16 +4,16 @@ use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use strata_format::index::{ChainIndexExt, LayerIdentity, MAX_CHAIN_DEPTH};
+use strata_format::index::{LayerIdentity, MAX_CHAIN_DEPTH};
 use strata_format::L2Mapping;
 
-use crate::cache::{CacheStats, Page, PageCache, Slot, PAGE_UNITS};
+use crate::cache::{CacheStats, Slot, PAGE_UNITS};
+use crate::chain::Chain;
+use crate::chain_index::store_index_crc;
 pub use crate::chain_index::IndexState;
-use crate::chain_index::{store_index_crc, validate_index};
 use crate::error::{DiskError, Result};
 use crate::header::seal_layer;
 use crate::layer::{Format, Layer};
@@ -68,15 +68,8 @@ impl OpenOptions {
 
 /// An open disk.
 pub struct Disk {
-    /// Layers, base first.
-    pub(crate) layers: Vec<Layer>,
-    /// log2 of the bytes one index unit covers.
-    pub(crate) unit_bits: u32,
-    pub(crate) size: u64,
-    pub(crate) cache: PageCache,
-    /// The stored index used for lookups, when valid.
-    pub(crate) index: parking_lot::RwLock<Option<ChainIndexExt>>,
-    pub(crate) index_state: parking_lot::RwLock<IndexState>,
+    /// The layers and what lookups and the writer share about them.
+    pub(crate) chain: Chain,
     pub(crate) writer: Option<Mutex<Writer>>,
     /// Signalled whenever an allocating write publishes or gives up its
     /// cluster, waking writes that wait for the same cluster.
@@ -87,15 +80,9 @@ pub struct Disk {
     /// Held while frozen layers are sealed (the list's own lock is held
     /// only briefly, so gauges never wait for a sync).
     pub(crate) sealing: Mutex<()>,
-    /// Sectors of a pushed top's index still read from the frozen layer
-    /// below (see [`crate::lazy_index`]).
-    pub(crate) lazy: parking_lot::RwLock<Option<std::sync::Arc<crate::lazy_index::LazyIndex>>>,
     /// Drop a frozen layer's pages from the page cache once it is sealed
     /// (see [`Disk::set_drop_sealed_cache`]).
     pub(crate) drop_sealed_cache: AtomicBool,
-    /// Host clusters of the top layer that hold metadata, checked before
-    /// every guest data write (see [`crate::overlap`]).
-    pub(crate) metadata: std::sync::Arc<crate::overlap::Guard>,
 }
 
 /// A layer frozen by a push whose writes are not yet durable.
@@ -115,8 +102,8 @@ impl std::fmt::Debug for Disk {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Disk")
             .field("top", &self.top().path())
-            .field("layers", &self.layers.len())
-            .field("size", &self.size)
+            .field("layers", &self.chain.layers.len())
+            .field("size", &self.chain.size)
             .finish()
     }
 }
@@ -125,49 +112,19 @@ impl Disk {
     /// Opens the image at `path` and its whole backing chain.
     pub fn open(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<Disk> {
         let mut layers = open_chain(path.as_ref(), opts)?;
-        let n = layers.len() as u32;
         for (i, layer) in layers.iter_mut().enumerate() {
             layer.file.place.depth = i as u32 + 1;
         }
-        // The index unit is the chain's smallest allocation unit (a
-        // subcluster with extended L2 entries), so one layer holds each unit.
-        let unit_bits = layers
-            .iter()
-            .filter_map(|l| l.unit_bits())
-            .min()
-            .unwrap_or(16);
-        let top = &layers[layers.len() - 1];
-        let size = top.size();
-        let (index, state) = if opts.ignore_index {
-            (
-                None,
-                IndexState::Walk {
-                    reason: "index ignored on request".into(),
-                },
-            )
-        } else {
-            match validate_index(&layers, unit_bits, size) {
-                Ok(ext) => (Some(ext), IndexState::Stored { depth: n }),
-                Err(reason) => (None, IndexState::Walk { reason }),
-            }
-        };
         let mut disk = Disk {
-            layers,
-            unit_bits,
-            size,
-            cache: PageCache::new(opts.cache_bytes),
-            index: parking_lot::RwLock::new(index),
-            index_state: parking_lot::RwLock::new(state),
+            chain: Chain::new(layers, opts.cache_bytes, opts.ignore_index),
             writer: None,
             alloc_done: parking_lot::Condvar::new(),
             frozen: Mutex::new(Vec::new()),
             sealing: Mutex::new(()),
-            lazy: parking_lot::RwLock::new(None),
             drop_sealed_cache: AtomicBool::new(false),
-            metadata: std::sync::Arc::default(),
         };
         if opts.writable {
-            let writer = Writer::start(&disk)?;
+            let writer = Writer::start(&disk.chain)?;
             disk.writer = Some(Mutex::new(writer));
         }
         Ok(disk)
@@ -175,44 +132,44 @@ impl Disk {
 
     /// Virtual size in bytes.
     pub fn size(&self) -> u64 {
-        self.size
+        self.chain.size
     }
 
     /// The layers, base first.
     pub fn layers(&self) -> &[Layer] {
-        &self.layers
+        &self.chain.layers
     }
 
     /// The top layer.
     pub fn top(&self) -> &Layer {
-        &self.layers[self.layers.len() - 1]
+        self.chain.top()
     }
 
     /// Number of layers.
     pub fn depth(&self) -> u32 {
-        self.layers.len() as u32
+        self.chain.depth()
     }
 
     /// Bytes one index unit covers (the chain's smallest cluster size).
     pub fn unit_size(&self) -> u64 {
-        1 << self.unit_bits
+        1 << self.chain.unit_bits
     }
 
     /// How lookups find owners.
     pub fn index_state(&self) -> IndexState {
-        self.index_state.read().clone()
+        self.chain.index_state.read().clone()
     }
 
     /// Bytes of the chain index in use (`None`: lookups walk the chain).
     /// A new top copies this much, which is what makes a snapshot of a
     /// big disk slow to prepare.
     pub fn index_bytes(&self) -> Option<u64> {
-        self.index.read().as_ref().map(|ext| ext.region_len)
+        self.chain.index.read().as_ref().map(|ext| ext.region_len)
     }
 
     /// Metadata cache statistics.
     pub fn cache_stats(&self) -> CacheStats {
-        self.cache.stats()
+        self.chain.cache.stats()
     }
 
     /// Whether the disk is open for writing.
@@ -220,353 +177,56 @@ impl Disk {
         self.writer.is_some()
     }
 
+    /// Index units of the virtual disk.
     pub(crate) fn units(&self) -> u64 {
-        self.size.div_ceil(1 << self.unit_bits)
+        self.chain.units()
     }
 
+    /// Refuses a range that does not lie inside the virtual disk.
     pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<()> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
-            _ => Err(DiskError::OutOfRange {
-                offset,
-                len,
-                size: self.size,
-            }),
-        }
-    }
-
-    /// Returns the resolved page `page`, filling it on a miss.
-    pub(crate) fn page(&self, page: u64) -> Result<Arc<Page>> {
-        self.cache
-            .get_or_fill(page, || Ok(Page::new(self.resolve_page(page)?)))
-    }
-
-    /// Resolves every unit of a page: from the stored index when there is
-    /// one, else by walking the chain from the top.
-    pub(crate) fn resolve_page(&self, page: u64) -> Result<Vec<Slot>> {
-        let first = page * PAGE_UNITS;
-        let last = (first + PAGE_UNITS).min(self.units());
-        let count = last.saturating_sub(first) as usize;
-        let mut slots = vec![Slot::default(); count];
-        let index = self.index.read().clone();
-        let pending: Vec<u64> = match index {
-            Some(ext) => self.resolve_from_index(&ext, first, &mut slots)?,
-            None => (first..last).collect(),
-        };
-        self.walk(first, &pending, self.depth(), &mut slots)?;
-        Ok(slots)
-    }
-
-    /// Reads owners from the stored index and the owners' L2 entries.
-    /// Returns the units the index could not answer (to be walked).
-    fn resolve_from_index(
-        &self,
-        ext: &ChainIndexExt,
-        first: u64,
-        slots: &mut [Slot],
-    ) -> Result<Vec<u64>> {
-        let owners = self.read_index_owners(ext, first, slots.len())?;
-        let n = self.depth();
-        let mut pending = Vec::new();
-        let mut by_layer: Vec<(u16, u64)> = Vec::with_capacity(slots.len());
-        for (i, owner) in owners.iter().enumerate() {
-            let unit = first + i as u64;
-            match u32::from(*owner) {
-                0 => {}
-                k if k > n => pending.push(unit),
-                _ => by_layer.push((*owner, unit)),
-            }
-        }
-        by_layer.sort_unstable();
-        let mut units: Vec<u64> = Vec::with_capacity(PAGE_UNITS as usize);
-        let mut found: Vec<(u64, u64)> = Vec::with_capacity(PAGE_UNITS as usize);
-        let mut scratch = Scratch::default();
-        for group in by_layer.chunk_by(|a, b| a.0 == b.0) {
-            let k = u32::from(group[0].0);
-            units.clear();
-            units.extend(group.iter().map(|g| g.1));
-            // Units the layer does not actually hold mean the index
-            // disagrees with it: never trust it for those, walk them.
-            self.claim_units(
-                k,
-                &units,
-                first,
-                slots,
-                &mut pending,
-                &mut found,
-                &mut scratch,
-            )?;
-        }
-        pending.sort_unstable();
-        Ok(pending)
-    }
-
-    /// Reads `count` owner entries of the stored index starting at `first`.
-    pub(crate) fn read_index_owners(
-        &self,
-        ext: &ChainIndexExt,
-        first: u64,
-        count: usize,
-    ) -> Result<Vec<u16>> {
-        let mut buf = vec![0u8; count * 2];
-        self.read_region_owners(ext, &mut buf, first * 2)?;
-        Ok(buf
-            .chunks_exact(2)
-            .map(|c| u16::from_be_bytes([c[0], c[1]]))
-            .collect())
-    }
-
-    /// Finds the owners of `units` (sorted) by walking layers `from..=1`.
-    pub(crate) fn walk(
-        &self,
-        first: u64,
-        units: &[u64],
-        from: u32,
-        slots: &mut [Slot],
-    ) -> Result<()> {
-        // Buffers sized for a whole page, reused for every layer.
-        let mut pending: Vec<u64> = Vec::with_capacity(PAGE_UNITS as usize);
-        pending.extend_from_slice(units);
-        let mut still: Vec<u64> = Vec::with_capacity(PAGE_UNITS as usize);
-        let mut found: Vec<(u64, u64)> = Vec::with_capacity(PAGE_UNITS as usize);
-        let mut scratch = Scratch::default();
-        for k in (1..=from).rev() {
-            if pending.is_empty() {
-                break;
-            }
-            let layer = &self.layers[k as usize - 1];
-            // A layer smaller than the disk reads as zeros past its end and
-            // hides everything below it there.
-            let size = layer.size();
-            let unit_bits = self.unit_bits;
-            pending.retain(|u| (u << unit_bits) < size);
-            let raw_layer = layer.qcow2.is_none();
-            still.clear();
-            self.claim_units(
-                k,
-                &pending,
-                first,
-                slots,
-                &mut still,
-                &mut found,
-                &mut scratch,
-            )?;
-            if raw_layer {
-                break;
-            }
-            std::mem::swap(&mut pending, &mut still);
-        }
-        Ok(())
-    }
-
-    /// Gives layer `k` the units of `units` (sorted) it holds: a raw layer
-    /// holds all of them, a qcow2 layer those its L2 entries allocate. The
-    /// others are pushed to `rest`.
-    #[allow(clippy::too_many_arguments)]
-    fn claim_units(
-        &self,
-        k: u32,
-        units: &[u64],
-        first: u64,
-        slots: &mut [Slot],
-        rest: &mut Vec<u64>,
-        found: &mut Vec<(u64, u64)>,
-        scratch: &mut Scratch,
-    ) -> Result<()> {
-        let layer = &self.layers[k as usize - 1];
-        // The invariant lookups rest on: a unit never spans two of a
-        // layer's allocation units (clusters, or subclusters with extended
-        // L2 entries), so exactly one layer holds all of it.
-        debug_assert!(
-            layer.unit_bits().is_none_or(|b| b >= self.unit_bits),
-            "index unit 2^{} larger than layer {k}'s allocation unit",
-            self.unit_bits
-        );
-        if layer.qcow2.is_none() {
-            for u in units {
-                slots[(u - first) as usize] = Slot {
-                    layer: k as u16,
-                    entry: 0,
-                    bitmap: 0,
-                };
-            }
-            return Ok(());
-        }
-        self.lookup_units_into(layer, units, found, scratch)?;
-        for (u, (raw, bitmap)) in units.iter().zip(found.iter().copied()) {
-            if entry_unallocated(layer, raw, bitmap, u << self.unit_bits) {
-                rest.push(*u);
-            } else {
-                slots[(u - first) as usize] = Slot {
-                    layer: k as u16,
-                    entry: raw,
-                    bitmap,
-                };
-            }
-        }
-        Ok(())
-    }
-
-    /// Reads the raw L2 entries that `layer` has for `units` (sorted) into
-    /// `out`, batching units that share an L2 table into one read. Page
-    /// fills call this once per layer: fixed-size, reused buffers keep
-    /// glibc's per-thread caches from filling with chunks of every size,
-    /// which cost ~230 KiB per thread at chain length 1,000.
-    fn lookup_units_into(
-        &self,
-        layer: &Layer,
-        units: &[u64],
-        out: &mut Vec<(u64, u64)>,
-        scratch: &mut Scratch,
-    ) -> Result<()> {
-        let cb = layer.cluster_bits().unwrap_or(16);
-        let l2_entries = layer.l2_entries();
-        let cluster_of = |u: u64| (u << self.unit_bits) >> cb;
-        out.clear();
-        out.resize(units.len(), (0, 0));
-        let mut i = 0;
-        while i < units.len() {
-            let table = cluster_of(units[i]) / l2_entries;
-            let mut j = i;
-            while j + 1 < units.len() && cluster_of(units[j + 1]) / l2_entries == table {
-                j += 1;
-            }
-            let lo = cluster_of(units[i]);
-            let hi = cluster_of(units[j]);
-            let entries = &mut scratch.entries;
-            entries.clear();
-            entries.resize((hi - lo + 1) as usize, (0, 0));
-            layer.read_l2_entries_with(lo, entries, &mut scratch.bytes)?;
-            for k in i..=j {
-                out[k] = entries[(cluster_of(units[k]) - lo) as usize];
-            }
-            i = j + 1;
-        }
-        Ok(())
+        self.chain.check_range(offset, len)
     }
 
     /// Reads `buf.len()` bytes at `offset`.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.check_range(offset, buf.len() as u64)?;
-        let mut pending: Option<Extent> = None;
-        let mut pos = offset;
-        let end = offset + buf.len() as u64;
-        while pos < end {
-            let unit = pos >> self.unit_bits;
-            let page_no = unit / PAGE_UNITS;
-            let page = self.page(page_no)?;
-            let slots = page.slots.read();
-            let mut unit = unit;
-            while pos < end && unit / PAGE_UNITS == page_no {
-                let slot = slots[(unit % PAGE_UNITS) as usize];
-                let unit_end = ((unit + 1) << self.unit_bits).min(end);
-                let ext = self.extent_of(slot, pos, unit_end - pos)?;
-                pending = match pending.take() {
-                    Some(p) => match p.merge(ext) {
-                        Ok(m) => Some(m),
-                        Err((p, ext)) => {
-                            self.read_extent(&p, &mut buf[(p.guest - offset) as usize..])?;
-                            Some(ext)
-                        }
-                    },
-                    None => Some(ext),
-                };
-                pos = unit_end;
-                unit += 1;
-            }
-        }
-        if let Some(p) = pending {
-            self.read_extent(&p, &mut buf[(p.guest - offset) as usize..])?;
-        }
-        Ok(())
-    }
-
-    /// Where `len` bytes at guest `pos` (inside one unit) come from.
-    fn extent_of(&self, slot: Slot, pos: u64, len: u64) -> Result<Extent> {
-        let source = if slot.layer == 0 {
-            Source::Zero
-        } else {
-            let layer = self
-                .layers
-                .get(slot.layer as usize - 1)
-                .ok_or_else(|| DiskError::Chain(format!("owner layer {} missing", slot.layer)))?;
-            match layer.cluster_bits() {
-                None => Source::Raw {
-                    layer: slot.layer,
-                    offset: pos,
-                },
-                Some(cb) => {
-                    let in_cluster = pos & ((1 << cb) - 1);
-                    match layer.decode_at(slot.entry, slot.bitmap, pos)? {
-                        L2Mapping::Data { host_offset, .. } => Source::Host {
-                            layer: slot.layer,
-                            offset: host_offset + in_cluster,
-                        },
-                        L2Mapping::Zero { .. } | L2Mapping::Unallocated => Source::Zero,
-                        L2Mapping::Compressed { .. } => Source::Compressed {
-                            layer: slot.layer,
-                            entry: slot.entry,
-                            in_cluster,
-                        },
-                    }
-                }
-            }
-        };
-        Ok(Extent {
-            guest: pos,
-            len,
-            source,
-        })
-    }
-
-    fn read_extent(&self, e: &Extent, buf: &mut [u8]) -> Result<()> {
-        let buf = &mut buf[..e.len as usize];
-        match e.source {
-            Source::Zero => {
-                buf.fill(0);
-                Ok(())
-            }
-            Source::Host { layer, offset } => {
-                self.layers[layer as usize - 1].file.read_data(buf, offset)
-            }
-            Source::Raw { layer, offset } => self.layers[layer as usize - 1].read_raw(buf, offset),
-            Source::Compressed {
-                layer,
-                entry,
-                in_cluster,
-            } => self.layers[layer as usize - 1].read_mapped(entry, in_cluster, buf),
-        }
+        self.chain.read_at(buf, offset)
     }
 
     /// The owner and L2 entry of the unit holding guest offset `pos`.
     pub fn slot_at(&self, pos: u64) -> Result<Slot> {
-        self.check_range(pos, 1)?;
-        let unit = pos >> self.unit_bits;
-        let page = self.page(unit / PAGE_UNITS)?;
-        let slot = page.slots.read()[(unit % PAGE_UNITS) as usize];
-        Ok(slot)
+        self.chain.slot_at(pos)
     }
 
     /// Owners of units `first..first+count`, for building a new index.
     /// Uses the stored index when valid, else resolves page by page
     /// (without filling the cache).
     pub fn owners(&self, first: u64, count: usize) -> Result<Vec<u16>> {
-        if let Some(ext) = self.index.read().clone() {
-            return self.read_index_owners(&ext, first, count);
+        self.chain.owners(first, count)
+    }
+
+    /// Copies up to `max_sectors` more sectors of a pushed top's index
+    /// from the layer below (see [`crate::lazy_index`]), holding the
+    /// writer's mutex only for one run at a time, while I/O goes on.
+    /// Returns the sectors still to copy (0: the top's index region is
+    /// whole).
+    pub fn copy_index_rest(&self, max_sectors: u64) -> Result<u64> {
+        if self.chain.index_copy_pending() == 0 {
+            return Ok(0);
         }
-        let mut out = Vec::with_capacity(count);
-        let end = first + count as u64;
-        let mut unit = first;
-        while unit < end {
-            let page = unit / PAGE_UNITS;
-            let slots = self.resolve_page(page)?;
-            let page_first = page * PAGE_UNITS;
-            while unit < end && unit / PAGE_UNITS == page {
-                out.push(slots[(unit - page_first) as usize].layer);
-                unit += 1;
-            }
-        }
-        Ok(out)
+        let writer = self.writer()?;
+        self.chain.copy_index_rest(max_sectors, || writer.lock())
+    }
+
+    /// Copies every sector of the top's index still to be copied (see
+    /// [`Disk::copy_index_rest`]).
+    pub fn complete_index_copy(&self) -> Result<()> {
+        while self.copy_index_rest(u64::MAX)? > 0 {}
+        Ok(())
+    }
+
+    /// Index sectors of the top still read from the layer below.
+    pub fn index_copy_pending(&self) -> u64 {
+        self.chain.index_copy_pending()
     }
 
     /// Writes `buf` at `offset` into the top layer.
@@ -589,7 +249,7 @@ impl Disk {
             };
             let part = &buf[(pos - offset) as usize..(seg_end - offset) as usize];
             match host {
-                Some(host) => self.write_guest_data(part, host, pos)?,
+                Some(host) => self.chain.write_guest_data(part, host, pos)?,
                 None => self.write_allocating(writer, part, pos)?,
             }
             pos = seg_end;
@@ -597,17 +257,6 @@ impl Disk {
         Ok(())
     }
 
-    /// Writes guest data (guest offset `guest`) at `host` in the top file,
-    /// unless that would overwrite the top layer's metadata (see
-    /// [`crate::overlap`]).
-    pub(crate) fn write_guest_data(&self, data: &[u8], host: u64, guest: u64) -> Result<()> {
-        let top = self.top();
-        self.metadata
-            .check_data_write(top, host, data.len() as u64, guest)?;
-        top.file.write_data(data, host)
-    }
-
-    /// End of the top layer's cluster holding `pos`, capped at `end`.
     fn cluster_end(&self, pos: u64, end: u64) -> u64 {
         let cb = self.top().cluster_bits().unwrap_or(63);
         end.min(((pos >> cb) + 1) << cb)
@@ -667,7 +316,7 @@ impl Disk {
     /// they are: a discard is advisory.
     pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.check_range(offset, len)?;
-        self.writer()?.lock().discard(self, offset, len)
+        self.writer()?.lock().discard(&self.chain, offset, len)
     }
 
     /// Makes `len` bytes at `offset` read as zeros.
@@ -680,7 +329,7 @@ impl Disk {
             let ss = 1u64 << self.top().subcluster_bits();
             let end = offset + len;
             let head_end = offset.div_ceil(ss).saturating_mul(ss).min(end);
-            let tail_start = if end == self.size {
+            let tail_start = if end == self.chain.size {
                 end
             } else {
                 (end / ss * ss).max(head_end)
@@ -691,14 +340,14 @@ impl Disk {
             if tail_start > head_end {
                 self.writer()?
                     .lock()
-                    .write_zeroes(self, head_end, tail_start - head_end)?;
+                    .write_zeroes(&self.chain, head_end, tail_start - head_end)?;
             }
             if end > tail_start {
                 self.write_at(&vec![0u8; (end - tail_start) as usize], tail_start)?;
             }
             return Ok(());
         }
-        self.writer()?.lock().write_zeroes(self, offset, len)
+        self.writer()?.lock().write_zeroes(&self.chain, offset, len)
     }
 
     /// Makes every completed write durable.
@@ -730,10 +379,10 @@ impl Disk {
         let pending = self.frozen.lock().clone();
         for f in &pending {
             debug_assert!(
-                f.position + 1 < self.layers.len(),
+                f.position + 1 < self.chain.layers.len(),
                 "the top is never frozen"
             );
-            let layer = &self.layers[f.position];
+            let layer = &self.chain.layers[f.position];
             if f.crc_pending {
                 store_index_crc(layer)?;
             }
@@ -777,7 +426,7 @@ impl Disk {
         self.frozen
             .lock()
             .iter()
-            .map(|f| self.layers[f.position].path().to_path_buf())
+            .map(|f| self.chain.layers[f.position].path().to_path_buf())
             .collect()
     }
 
@@ -788,7 +437,7 @@ impl Disk {
     pub fn close_discarding(mut self) {
         let frozen = std::mem::take(&mut *self.frozen.lock());
         for f in frozen {
-            self.layers[f.position].file.forget_dirty();
+            self.chain.layers[f.position].file.forget_dirty();
         }
         if self.writer.take().is_some() {
             self.top().file.forget_dirty();
@@ -809,7 +458,7 @@ impl Disk {
         let frozen = self.sync_frozen().map(|_| ());
         let top = match (copied, self.writer.take()) {
             (Err(e), _) => Err(e),
-            (Ok(()), Some(w)) => w.into_inner().close(self),
+            (Ok(()), Some(w)) => w.into_inner().close(&self.chain),
             (Ok(()), None) => Ok(()),
         };
         frozen.and(top)
@@ -823,7 +472,7 @@ impl Disk {
 
     /// Lineage of this chain, base first, as a new layer on top records it.
     pub fn lineage(&self) -> Result<Vec<LayerIdentity>> {
-        self.layers.iter().map(|l| l.identity()).collect()
+        self.chain.layers.iter().map(|l| l.identity()).collect()
     }
 }
 
@@ -832,88 +481,6 @@ impl Drop for Disk {
         // Best effort: a caller that wants the error calls `close`.
         let _ = self.finish();
     }
-}
-
-/// Reusable buffers of a page fill.
-#[derive(Default)]
-struct Scratch {
-    entries: Vec<(u64, u64)>,
-    bytes: Vec<u8>,
-}
-
-/// A run of guest bytes with one source.
-#[derive(Debug, Clone, Copy)]
-struct Extent {
-    guest: u64,
-    len: u64,
-    source: Source,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Source {
-    Zero,
-    Host {
-        layer: u16,
-        offset: u64,
-    },
-    Raw {
-        layer: u16,
-        offset: u64,
-    },
-    Compressed {
-        layer: u16,
-        entry: u64,
-        in_cluster: u64,
-    },
-}
-
-impl Extent {
-    /// Appends `next` if it continues this extent in the same file.
-    fn merge(self, next: Extent) -> std::result::Result<Extent, (Extent, Extent)> {
-        let joined = match (self.source, next.source) {
-            (Source::Zero, Source::Zero) => true,
-            (
-                Source::Host {
-                    layer: a,
-                    offset: o,
-                },
-                Source::Host {
-                    layer: b,
-                    offset: p,
-                },
-            )
-            | (
-                Source::Raw {
-                    layer: a,
-                    offset: o,
-                },
-                Source::Raw {
-                    layer: b,
-                    offset: p,
-                },
-            ) => a == b && o + self.len == p,
-            _ => false,
-        };
-        if joined && self.guest + self.len == next.guest {
-            Ok(Extent {
-                len: self.len + next.len,
-                ..self
-            })
-        } else {
-            Err((self, next))
-        }
-    }
-}
-
-/// Whether a raw L2 entry leaves its unit to the layers below. An entry that
-/// does not decode (reserved bits, misaligned offset...) counts as owned by
-/// its layer, so the error surfaces when *that* cluster is read, instead of
-/// failing the whole resolved page and every neighbouring cluster with it.
-fn entry_unallocated(layer: &Layer, raw: u64, bitmap: u64, pos: u64) -> bool {
-    matches!(
-        layer.decode_at(raw, bitmap, pos),
-        Ok(L2Mapping::Unallocated)
-    )
 }
 
 /// Follows backing file names from `top` down; returns layers base first.
@@ -998,21 +565,21 @@ impl Disk {
         if len == 0 {
             return Ok(true);
         }
-        let first = offset >> self.unit_bits;
-        let last = (offset + len - 1) >> self.unit_bits;
+        let first = offset >> self.chain.unit_bits;
+        let last = (offset + len - 1) >> self.chain.unit_bits;
         let mut unit = first;
         while unit <= last {
             let page_no = unit / PAGE_UNITS;
-            let page = self.page(page_no)?;
+            let page = self.chain.page(page_no)?;
             let slots = page.slots.read();
             while unit <= last && unit / PAGE_UNITS == page_no {
                 let slot = slots[(unit % PAGE_UNITS) as usize];
                 if slot.layer != 0 {
-                    let layer = &self.layers[slot.layer as usize - 1];
+                    let layer = &self.chain.layers[slot.layer as usize - 1];
                     if layer.cluster_bits().is_none() {
                         return Ok(false);
                     }
-                    let at = unit << self.unit_bits;
+                    let at = unit << self.chain.unit_bits;
                     if !matches!(
                         layer.decode_at(slot.entry, slot.bitmap, at)?,
                         L2Mapping::Zero { .. }
@@ -1049,15 +616,15 @@ impl Disk {
         let mut pos = offset;
         let mut cursor = self.data_cursor();
         while pos < end {
-            let unit_end = (((pos >> self.unit_bits) + 1) << self.unit_bits).min(end);
+            let unit_end = (((pos >> self.chain.unit_bits) + 1) << self.chain.unit_bits).min(end);
             let (hole, zero) = self.slot_state(self.slot_at(pos)?, pos)?;
             // Inside a hole, jump over whatever no layer maps at all. The
             // probe asks every layer, so on a long chain it costs more than
             // walking a page of resolved slots: pay it only where more than
             // a page lies ahead, and once per page.
-            let unit = pos >> self.unit_bits;
+            let unit = pos >> self.chain.unit_bits;
             let probe = hole
-                && end - pos > PAGE_UNITS << self.unit_bits
+                && end - pos > PAGE_UNITS << self.chain.unit_bits
                 && (pos == offset || unit.is_multiple_of(PAGE_UNITS));
             let run_end = if probe {
                 self.next_possible_data(&mut cursor, pos)?
@@ -1090,7 +657,7 @@ impl Disk {
         if slot.layer == 0 {
             return Ok((true, true));
         }
-        let layer = &self.layers[slot.layer as usize - 1];
+        let layer = &self.chain.layers[slot.layer as usize - 1];
         if layer.cluster_bits().is_none() {
             return Ok((false, false));
         }
@@ -1114,8 +681,8 @@ impl Disk {
     /// A cursor for [`Disk::next_possible_data`].
     pub fn data_cursor(&self) -> DataCursor {
         DataCursor {
-            next: vec![0; self.layers.len()],
-            from: vec![u64::MAX; self.layers.len()],
+            next: vec![0; self.chain.layers.len()],
+            from: vec![u64::MAX; self.chain.layers.len()],
         }
     }
 
@@ -1123,8 +690,8 @@ impl Disk {
     /// (the disk size if none). Everything in between reads as zeros.
     /// Calls must not go backwards for the cursor to stay cheap.
     pub fn next_possible_data(&self, cursor: &mut DataCursor, pos: u64) -> Result<u64> {
-        let mut best = self.size;
-        for (k, layer) in self.layers.iter().enumerate() {
+        let mut best = self.chain.size;
+        for (k, layer) in self.chain.layers.iter().enumerate() {
             let stale = cursor.from[k] == u64::MAX || cursor.from[k] > pos || cursor.next[k] < pos;
             if stale {
                 cursor.next[k] = layer.next_possible_data(pos)?;
@@ -1132,6 +699,6 @@ impl Disk {
             }
             best = best.min(cursor.next[k]);
         }
-        Ok(best.max(pos).min(self.size))
+        Ok(best.max(pos).min(self.chain.size))
     }
 }

@@ -9,7 +9,7 @@
 //! writes), the new top reads the owners of each 4 KiB sector of its
 //! region from the frozen layer until that sector is copied. A sector is
 //! copied the first time the writer publishes an owner in it
-//! (copy-on-write), or by [`Disk::copy_index_rest`], which the daemon
+//! (copy-on-write), or by [`crate::Disk::copy_index_rest`], which the daemon
 //! runs in the background; once every sector is copied the top's region
 //! is whole and this state is dropped.
 //!
@@ -20,14 +20,14 @@
 //!   (the writer's mutex orders the copy, the publish and the mark);
 //! - the top's region is whole before anything reads it as a whole: its
 //!   checksum at close or freeze, a chain change that renumbers layers.
-//!   [`Disk::complete_index_copy`] runs first on each of those paths.
+//!   [`crate::Disk::complete_index_copy`] runs first on each of those paths.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use strata_format::index::{ChainIndexExt, ENTRY_BYTES};
 
-use crate::disk::Disk;
-use crate::error::Result;
+use crate::error::{DiskError, Result};
+use crate::layer::Layer;
 
 /// Bytes per sector of an index region: the unit copied and tracked.
 const SECTOR: u64 = 4096;
@@ -96,11 +96,11 @@ impl LazyIndex {
     /// The owner bytes `at..at + buf.len()` of the top's region as the
     /// frozen layer holds them: its bytes where it has owners, zeros for
     /// units a grown disk added.
-    fn read_source(&self, disk: &Disk, buf: &mut [u8], at: u64) -> Result<()> {
+    fn read_source(&self, layers: &[Layer], buf: &mut [u8], at: u64) -> Result<()> {
         let from_bytes = self.from.entry_count() * ENTRY_BYTES;
         let have = from_bytes.saturating_sub(at).min(buf.len() as u64) as usize;
         if have > 0 {
-            disk.layers[self.source]
+            layers[self.source]
                 .file
                 .read_exact_at(&mut buf[..have], self.from.region_offset + at)?;
         }
@@ -112,95 +112,88 @@ impl LazyIndex {
     fn owner_span(&self, first: u64, last: u64) -> (u64, u64) {
         (first * SECTOR, (last * SECTOR).min(self.owner_bytes))
     }
-}
-
-impl Disk {
-    /// The lazy copy in progress on the top, if any.
-    fn lazy_index(&self) -> Option<std::sync::Arc<LazyIndex>> {
-        self.lazy.read().clone()
-    }
 
     /// Reads owner bytes `at..at + buf.len()` of the top's index region
-    /// `ext`, taking sectors not yet copied from the frozen layer below.
-    pub(crate) fn read_region_owners(
+    /// `ext` in the chain of `layers`: copied sectors from the top, the
+    /// others from the frozen layer below.
+    pub(crate) fn read_owners(
         &self,
+        layers: &[Layer],
         ext: &ChainIndexExt,
         buf: &mut [u8],
         at: u64,
     ) -> Result<()> {
-        let top = self.top();
-        let Some(lazy) = self.lazy_index() else {
-            return top.file.read_exact_at(buf, ext.region_offset + at);
-        };
+        let top = top_of(layers)?;
         let end = at + buf.len() as u64;
         let mut pos = at;
         while pos < end {
             let sector = pos / SECTOR;
-            let copied = lazy.is_copied(sector);
+            let copied = self.is_copied(sector);
             // A run of sectors in the same state, read in one call.
             let mut run_end = ((sector + 1) * SECTOR).min(end);
-            while run_end < end && lazy.is_copied(run_end / SECTOR) == copied {
+            while run_end < end && self.is_copied(run_end / SECTOR) == copied {
                 run_end = ((run_end / SECTOR + 1) * SECTOR).min(end);
             }
             let part = &mut buf[(pos - at) as usize..(run_end - at) as usize];
             if copied {
                 top.file.read_exact_at(part, ext.region_offset + pos)?;
             } else {
-                lazy.read_source(self, part, pos)?;
+                self.read_source(layers, part, pos)?;
             }
             pos = run_end;
         }
         Ok(())
     }
 
-    /// Copies the sectors of the top's region holding owner bytes
-    /// `start..end` that are not copied yet, before the writer changes
-    /// them. The caller holds the writer's mutex.
-    pub(crate) fn copy_index_span(&self, ext: &ChainIndexExt, start: u64, end: u64) -> Result<()> {
-        let Some(lazy) = self.lazy_index() else {
-            return Ok(());
-        };
+    /// Copies the sectors of the top's region `ext` holding owner bytes
+    /// `start..end` that are not copied yet. The caller holds the writer's
+    /// mutex.
+    pub(crate) fn copy_span(
+        &self,
+        layers: &[Layer],
+        ext: &ChainIndexExt,
+        start: u64,
+        end: u64,
+    ) -> Result<()> {
         if end <= start {
             return Ok(());
         }
         let first = start / SECTOR;
         let last = (end - 1) / SECTOR + 1;
-        if (first..last).all(|s| lazy.is_copied(s)) {
+        if (first..last).all(|s| self.is_copied(s)) {
             return Ok(());
         }
-        self.copy_sectors(&lazy, ext, first, last)?;
-        self.drop_lazy_if_done(&lazy);
-        Ok(())
+        self.copy_sectors(layers, ext, first, last).map(drop)
     }
 
     /// Copies the not-yet-copied sectors among `first..last`, in runs.
     /// Returns how many it copied.
     fn copy_sectors(
         &self,
-        lazy: &LazyIndex,
+        layers: &[Layer],
         ext: &ChainIndexExt,
         first: u64,
         last: u64,
     ) -> Result<u64> {
-        let top = self.top();
+        let top = top_of(layers)?;
         let mut buf = Vec::new();
         let mut copied = 0;
         let mut s = first;
         while s < last {
-            if lazy.is_copied(s) {
+            if self.is_copied(s) {
                 s += 1;
                 continue;
             }
             let mut e = s + 1;
-            while e < last && e - s < COPY_RUN && !lazy.is_copied(e) {
+            while e < last && e - s < COPY_RUN && !self.is_copied(e) {
                 e += 1;
             }
-            let (from, to) = lazy.owner_span(s, e);
+            let (from, to) = self.owner_span(s, e);
             buf.resize((to - from) as usize, 0);
-            lazy.read_source(self, &mut buf, from)?;
+            self.read_source(layers, &mut buf, from)?;
             top.file.write_all_at(&buf, ext.region_offset + from)?;
             for k in s..e {
-                lazy.mark_copied(k);
+                self.mark_copied(k);
             }
             copied += e - s;
             s = e;
@@ -208,58 +201,41 @@ impl Disk {
         Ok(copied)
     }
 
-    fn drop_lazy_if_done(&self, lazy: &LazyIndex) {
-        if lazy.left() == 0 {
-            let mut slot = self.lazy.write();
-            if slot.as_ref().is_some_and(|l| l.left() == 0) {
-                *slot = None;
-            }
-        }
-    }
-
-    /// Copies up to `max_sectors` more sectors of a pushed top's index
-    /// from the layer below, holding the writer's mutex only for one run
-    /// at a time, while I/O goes on. Returns the sectors still to copy
-    /// (0: the top's index region is whole).
-    pub fn copy_index_rest(&self, max_sectors: u64) -> Result<u64> {
-        let Some(lazy) = self.lazy_index() else {
-            return Ok(0);
-        };
-        let Some(ext) = self.index.read().clone() else {
-            return Ok(0);
-        };
-        let writer = self.writer()?;
-        let sectors = lazy.sectors();
+    /// Copies up to `max_sectors` more sectors of the top's region `ext`,
+    /// in runs, calling `lock` for the writer's mutex and holding it for
+    /// one run at a time, while I/O goes on.
+    pub(crate) fn copy_some<G>(
+        &self,
+        layers: &[Layer],
+        ext: &ChainIndexExt,
+        max_sectors: u64,
+        lock: impl Fn() -> G,
+    ) -> Result<()> {
+        let sectors = self.sectors();
         let mut budget = max_sectors;
-        while budget > 0 && lazy.left() > 0 {
-            let start = lazy.cursor.load(Ordering::Relaxed) % sectors.max(1);
+        while budget > 0 && self.left() > 0 {
+            let start = self.cursor.load(Ordering::Relaxed) % sectors.max(1);
             let Some(s) = (start..sectors)
                 .chain(0..start)
-                .find(|&s| !lazy.is_copied(s))
+                .find(|&s| !self.is_copied(s))
             else {
                 break;
             };
             let e = (s + COPY_RUN.min(budget)).min(sectors);
             let copied = {
-                let _w = writer.lock();
-                self.copy_sectors(&lazy, &ext, s, e)?
+                let _writer = lock();
+                self.copy_sectors(layers, ext, s, e)?
             };
-            lazy.cursor.store(e, Ordering::Relaxed);
+            self.cursor.store(e, Ordering::Relaxed);
             budget -= copied.min(budget);
         }
-        self.drop_lazy_if_done(&lazy);
-        Ok(lazy.left())
-    }
-
-    /// Copies every sector of the top's index still to be copied (see
-    /// [`Disk::copy_index_rest`]).
-    pub fn complete_index_copy(&self) -> Result<()> {
-        while self.copy_index_rest(u64::MAX)? > 0 {}
         Ok(())
     }
+}
 
-    /// Index sectors of the top still read from the layer below.
-    pub fn index_copy_pending(&self) -> u64 {
-        self.lazy_index().map_or(0, |l| l.left())
-    }
+/// The top of a chain's `layers`.
+fn top_of(layers: &[Layer]) -> Result<&Layer> {
+    layers
+        .last()
+        .ok_or_else(|| DiskError::Chain("a chain without layers has no index".into()))
 }

@@ -31,7 +31,6 @@ use parking_lot::Mutex;
 
 use strata_format::index::{ChainIndexExt, ENTRY_BYTES};
 
-use crate::chain_index::validate_index;
 use crate::create::{create_on, create_with, Carry, CreateOptions};
 use crate::disk::{Disk, Frozen, IndexState};
 use crate::error::{DiskError, Place, Result};
@@ -128,7 +127,7 @@ impl Disk {
         backing_name: &str,
         size: Option<u64>,
     ) -> Result<PreparedTop> {
-        let size = size.unwrap_or(self.size);
+        let size = size.unwrap_or(self.chain.size);
         self.refuse_shrink(size)?;
         let mut prepared = PreparedTop {
             path: path.to_path_buf(),
@@ -139,7 +138,7 @@ impl Disk {
             committed: false,
         };
         let indexed = self.writer()?.lock().index().cloned();
-        if indexed.is_none_or(|ext| ext.granularity_bits != self.unit_bits) {
+        if indexed.is_none_or(|ext| ext.granularity_bits != self.chain.unit_bits) {
             return Ok(prepared);
         }
         let opts = self.top_options(backing_name, size);
@@ -148,7 +147,7 @@ impl Disk {
         if let (Some(_), Some(index)) = (created.header, created.index) {
             prepared.fast = Some(Prepared {
                 depth: self.depth(),
-                old_size: self.size,
+                old_size: self.chain.size,
                 top_path: self.top().path().to_path_buf(),
                 index,
             });
@@ -216,11 +215,11 @@ impl Disk {
     }
 
     fn refuse_shrink(&self, size: u64) -> Result<()> {
-        if size < self.size {
+        if size < self.chain.size {
             return Err(DiskError::Invalid(format!(
                 "cannot shrink {} from {} to {size} bytes; only growing is supported",
                 self.top().path().display(),
-                self.size
+                self.chain.size
             )));
         }
         Ok(())
@@ -230,12 +229,12 @@ impl Disk {
     /// size as at the prepare, an index on the top with the same unit.
     fn can_push_fast(&self, f: &Prepared, w: &Writer, size: u64) -> bool {
         w.index()
-            .is_some_and(|ext| ext.granularity_bits == self.unit_bits)
+            .is_some_and(|ext| ext.granularity_bits == self.chain.unit_bits)
             && self.depth() == f.depth
-            && self.size == f.old_size
+            && self.chain.size == f.old_size
             && self.top().path() == f.top_path
             && f.index.virtual_size == size
-            && f.index.granularity_bits == self.unit_bits
+            && f.index.granularity_bits == self.chain.unit_bits
             && f.index.depth == self.depth() + 1
     }
 
@@ -246,7 +245,7 @@ impl Disk {
         top: &mut PreparedTop,
         before_writing: impl FnOnce() -> Result<()>,
     ) -> Result<PushReport> {
-        if let Err(e) = w.close(self) {
+        if let Err(e) = w.close(&self.chain) {
             self.restart_writer()?;
             return Err(e);
         }
@@ -263,13 +262,13 @@ impl Disk {
             }
         };
         top.committed = true;
-        self.install_top(layer, top.size);
+        self.chain.push_top(layer, top.size);
         // The old top is sealed: a backing file now, readable by others.
-        let below = &self.layers[self.layers.len() - 2];
+        let below = &self.chain.layers[self.chain.layers.len() - 2];
         if let Err(e) = below.file.downgrade_lock() {
             tracing::warn!("{}: keeping its write lock: {e}", below.path().display());
         }
-        self.reload_index();
+        self.chain.reload_index();
         self.start_writer()?;
         Ok(PushReport {
             fast: false,
@@ -299,7 +298,7 @@ impl Disk {
         // completed before now, and becomes durable at the next flush (or
         // when the caller calls `sync_frozen`), outside this pause. Its
         // index checksum is computed then too.
-        if let Err(e) = w.freeze(self, false) {
+        if let Err(e) = w.freeze(&self.chain, false) {
             self.restart_writer()?;
             return Err(e);
         }
@@ -315,18 +314,18 @@ impl Disk {
             }
         };
         top.committed = true;
-        let source = self.layers.len() - 1;
+        let source = self.chain.layers.len() - 1;
         self.frozen.lock().push(Frozen {
             position: source,
             since: Instant::now(),
             crc_pending: true,
         });
-        self.install_top(layer, top.size);
+        self.chain.push_top(layer, top.size);
         let lazy = LazyIndex::new(source, from, &f.index);
         let to_copy = lazy.left();
-        *self.lazy.write() = Some(Arc::new(lazy));
-        *self.index.write() = Some(f.index.clone());
-        *self.index_state.write() = IndexState::Stored {
+        *self.chain.lazy.write() = Some(Arc::new(lazy));
+        *self.chain.index.write() = Some(f.index.clone());
+        *self.chain.index_state.write() = IndexState::Stored {
             depth: self.depth(),
         };
         let committed_at = started.elapsed();
@@ -380,28 +379,15 @@ impl Disk {
     /// Gives up a push before the old top was closed: closes it as usual
     /// and writes to it again.
     fn abandon(&mut self, w: Writer, e: DiskError) -> Result<PushReport> {
-        let _ = w.close(self);
+        let _ = w.close(&self.chain);
         self.restart_writer()?;
         Err(e)
-    }
-
-    /// Makes `layer` the top of a disk of `size` bytes.
-    fn install_top(&mut self, layer: Layer, size: u64) {
-        let (old_size, old_unit_bits) = (self.size, self.unit_bits);
-        let unit_bits = layer.unit_bits().unwrap_or(self.unit_bits);
-        self.layers.push(layer);
-        self.size = size;
-        self.unit_bits = self.unit_bits.min(unit_bits);
-        if self.size != old_size || self.unit_bits != old_unit_bits {
-            // Page lengths follow the disk size; start over.
-            self.cache.clear();
-        }
     }
 
     /// Opens the new top for writing. If this fails the disk stays
     /// read-only until it is reopened.
     fn start_writer(&mut self) -> Result<()> {
-        let w = Writer::start_on_new_top(self)?;
+        let w = Writer::start_on_new_top(&self.chain)?;
         self.writer = Some(Mutex::new(w));
         Ok(())
     }
@@ -433,25 +419,10 @@ impl Disk {
         Layer::open(path, depth, true, Some(Format::Qcow2))
     }
 
-    /// Validates the stored index against the current layers and uses it.
-    fn reload_index(&mut self) {
-        let (index, state) = match validate_index(&self.layers, self.unit_bits, self.size) {
-            Ok(ext) => (
-                Some(ext),
-                IndexState::Stored {
-                    depth: self.depth(),
-                },
-            ),
-            Err(reason) => (None, IndexState::Walk { reason }),
-        };
-        *self.index.write() = index;
-        *self.index_state.write() = state;
-    }
-
     /// Opens the (unchanged) top for writing again after a failed push.
     fn restart_writer(&mut self) -> Result<()> {
         if self.writer.is_none() {
-            self.reload_index();
+            self.chain.reload_index();
             self.start_writer()?;
         }
         Ok(())

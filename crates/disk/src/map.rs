@@ -95,7 +95,7 @@ pub fn map(disk: &Disk) -> Result<Vec<MapExtent>> {
             page_no = skip_to;
             continue;
         }
-        let slots = disk.resolve_page(page_no)?;
+        let slots = disk.chain.resolve_page(page_no)?;
         for (i, slot) in slots.iter().enumerate() {
             let start = (page_no * PAGE_UNITS + i as u64) * unit;
             if start >= disk.size() {

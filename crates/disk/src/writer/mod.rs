@@ -13,11 +13,16 @@
 //!   leaks, which the dirty bit makes the next writer repair.
 //! - On close, the index checksum is recomputed, the autoclear bit set and
 //!   the dirty bit cleared, after a sync.
+//!
+//! The writer takes the chain's shared state ([`crate::chain::Chain`]),
+//! not the disk that owns it. Zero writes and discards are in [`zeroes`],
+//! the chain index it keeps up to date in [`index`]; clusters come from
+//! [`crate::allocator`].
 
 use strata_format::entry::OFLAG_COPIED;
 use strata_format::entry::{subcluster_mask, SUBCLUSTERS};
 use strata_format::header::{AUTOCLEAR_STRATA_INDEX, INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
-use strata_format::index::{ChainIndexExt, ENTRY_BYTES, LINEAGE_RECORD_BYTES, MAX_REGION_BYTES};
+use strata_format::index::{ChainIndexExt, ENTRY_BYTES};
 use strata_format::{ExtendedL2, L2Mapping};
 
 use std::collections::HashSet;
@@ -25,15 +30,15 @@ use std::sync::Arc;
 
 use crate::allocator::Allocator;
 use crate::cache::{Slot, PAGE_UNITS};
-use crate::chain_index::{new_uuid, region_crc, write_index_ext, IndexState};
-use crate::disk::Disk;
+use crate::chain::Chain;
+use crate::chain_index::region_crc;
 use crate::error::{DiskError, Result};
 use crate::header::{seal_layer, write_header};
 use crate::layer::Layer;
 use crate::overlap::Structure;
 
-/// Units of owners written per chunk when (re)building an index.
-const OWNER_CHUNK: u64 = 1 << 16;
+mod index;
+mod zeroes;
 
 /// State of an open writer.
 pub(crate) struct Writer {
@@ -66,7 +71,7 @@ pub(crate) enum AllocStep {
     },
     /// Extended L2 top layer: the write's subclusters go into host cluster
     /// `host` (the cluster's existing one, or a new one when `fresh`).
-    /// Fill them with [`Disk::fill_subclusters`], then publish them with
+    /// Fill them with [`Chain::fill_subclusters`], then publish them with
     /// [`Writer::publish_subclusters`].
     FillSub {
         /// Host offset of the cluster in the top file.
@@ -84,8 +89,8 @@ pub(crate) enum AllocStep {
 
 impl Writer {
     /// Prepares the top layer for writing.
-    pub(crate) fn start(disk: &Disk) -> Result<Writer> {
-        Writer::start_with_owners(disk, None)
+    pub(crate) fn start(chain: &Chain) -> Result<Writer> {
+        Writer::start_with_owners(chain, None)
     }
 
     /// [`Writer::start`] on a top a push just made, without syncing the
@@ -97,19 +102,19 @@ impl Writer {
     /// its prepare synced it (or as the push rewrote it, if that reached
     /// the disk), plus data in clusters that nothing points at. This keeps
     /// a sync out of the snapshot's pause.
-    pub(crate) fn start_on_new_top(disk: &Disk) -> Result<Writer> {
-        Writer::start_inner(disk, None, false)
+    pub(crate) fn start_on_new_top(chain: &Chain) -> Result<Writer> {
+        Writer::start_inner(chain, None, false)
     }
 
     /// Like [`Writer::start`], but when a new index must be built it takes
     /// the owner of every unit from `owners` instead of walking the chain
     /// (a caller that just changed the chain under an open disk knows them).
-    pub(crate) fn start_with_owners(disk: &Disk, owners: Option<&[u16]>) -> Result<Writer> {
-        Writer::start_inner(disk, owners, true)
+    pub(crate) fn start_with_owners(chain: &Chain, owners: Option<&[u16]>) -> Result<Writer> {
+        Writer::start_inner(chain, owners, true)
     }
 
-    fn start_inner(disk: &Disk, owners: Option<&[u16]>, sync_dirty_bit: bool) -> Result<Writer> {
-        let top = disk.top();
+    fn start_inner(chain: &Chain, owners: Option<&[u16]>, sync_dirty_bit: bool) -> Result<Writer> {
+        let top = chain.top();
         let Some(header) = top.header() else {
             return Ok(Writer {
                 alloc: None,
@@ -136,7 +141,7 @@ impl Writer {
         // Everything that can refuse the image is checked before the first
         // byte of it changes.
         let mut alloc = Allocator::load(top)?;
-        let mut map = alloc.scan(top, disk.index.read().as_ref())?;
+        let mut map = alloc.scan(top, chain.index.read().as_ref())?;
         let was_dirty = header.incompatible_features & INCOMPAT_DIRTY != 0;
         let mut h = header;
         if h.version >= 3 {
@@ -153,18 +158,18 @@ impl Writer {
         if was_dirty {
             crate::refcounts::repair_refcounts(top)?;
             alloc = Allocator::load(top)?;
-            map = alloc.scan(top, disk.index.read().as_ref())?;
+            map = alloc.scan(top, chain.index.read().as_ref())?;
         }
         alloc.next_free = alloc.next_free.max(map.end());
-        disk.metadata.replace(map);
-        alloc.guard = Some(Arc::clone(&disk.metadata));
+        chain.metadata.replace(map);
+        alloc.guard = Some(Arc::clone(&chain.metadata));
         let mut writer = Writer {
             alloc: Some(alloc),
             index: None,
             in_flight: HashSet::default(),
         };
         if h.version >= 3 {
-            writer.attach_index(disk, owners, sync_dirty_bit)?;
+            writer.attach_index(chain, owners, sync_dirty_bit)?;
             // The dirty bit is on disk: a crash between syncs is repaired
             // on the next open, so metadata may wait for the next sync.
             top.file.set_write_back(true)?;
@@ -172,48 +177,9 @@ impl Writer {
         Ok(writer)
     }
 
-    /// Uses the stored index if it is valid, else builds a new one.
-    ///
-    /// The header then names the index not valid; `sync_header` makes that
-    /// durable at once. A new top skips it for the dirty bit's reason (see
-    /// [`Writer::start_on_new_top`]): the index can only go stale on disk
-    /// through metadata written back by a sync whose first `fdatasync`
-    /// carries this header. A push that left its index copy unsynced would
-    /// otherwise pay for writing the whole copy here, inside its pause.
-    fn attach_index(
-        &mut self,
-        disk: &Disk,
-        owners: Option<&[u16]>,
-        sync_header: bool,
-    ) -> Result<()> {
-        let top = disk.top();
-        let fresh_uuid = new_uuid()?;
-        if let Some(mut ext) = disk.index.read().clone() {
-            ext.layer_uuid = fresh_uuid;
-            self.index = Some(ext.clone());
-            write_index_ext(top, &ext, false, sync_header)?;
-            return Ok(());
-        }
-        let region = ChainIndexExt::region_len_for(disk.size(), disk.unit_bits, disk.depth());
-        if region > MAX_REGION_BYTES {
-            // Too large to keep: lookups walk the chain, with the same cache.
-            return Ok(());
-        }
-        let alloc = self
-            .alloc
-            .as_mut()
-            .ok_or_else(|| DiskError::Invalid("raw top".into()))?;
-        let ext = build_index(disk, alloc, fresh_uuid, owners)?;
-        write_index_ext(top, &ext, false, true)?;
-        *disk.index.write() = Some(ext.clone());
-        *disk.index_state.write() = IndexState::Stored { depth: ext.depth };
-        self.index = Some(ext);
-        Ok(())
-    }
-
-    pub(crate) fn write(&mut self, disk: &Disk, buf: &[u8], offset: u64) -> Result<()> {
-        refuse_if_corrupt(disk)?;
-        let top = disk.top();
+    pub(crate) fn write(&mut self, chain: &Chain, buf: &[u8], offset: u64) -> Result<()> {
+        refuse_if_corrupt(chain)?;
+        let top = chain.top();
         let Some(cb) = top.cluster_bits() else {
             return top.file.write_data(buf, offset);
         };
@@ -224,7 +190,7 @@ impl Writer {
             let cluster = pos >> cb;
             let seg_end = end.min((cluster + 1) << cb);
             let part = &buf[(pos - offset) as usize..(seg_end - offset) as usize];
-            self.write_in_cluster(disk, cluster, pos - (cluster << cb), part, cs)?;
+            self.write_in_cluster(chain, cluster, pos - (cluster << cb), part, cs)?;
             pos = seg_end;
         }
         Ok(())
@@ -237,15 +203,15 @@ impl Writer {
     /// extended L2 entries).
     pub(crate) fn prepare_alloc(
         &mut self,
-        disk: &Disk,
+        chain: &Chain,
         cluster: u64,
         need: u32,
     ) -> Result<AllocStep> {
-        refuse_if_corrupt(disk)?;
+        refuse_if_corrupt(chain)?;
         if self.in_flight.contains(&cluster) {
             return Ok(AllocStep::Busy);
         }
-        let top = disk.top();
+        let top = chain.top();
         if top.extended_l2() {
             let e = top_extended(top, cluster)?;
             let (host, fresh, whole) = match e.cluster {
@@ -262,7 +228,7 @@ impl Writer {
                     return Err(shared_cluster(top, cluster));
                 }
                 L2Mapping::Compressed { .. } => {
-                    self.check_replace(disk, cluster, &e.cluster)?;
+                    self.check_replace(chain, cluster, &e.cluster)?;
                     (self.allocator()?.alloc(top, 1)?, true, true)
                 }
                 L2Mapping::Unallocated | L2Mapping::Zero { .. } => {
@@ -290,7 +256,7 @@ impl Writer {
         {
             return Ok(AllocStep::InPlace(host_offset));
         }
-        self.check_replace(disk, cluster, &old)?;
+        self.check_replace(chain, cluster, &old)?;
         let host = self.allocator()?.alloc(top, 1)?;
         self.in_flight.insert(cluster);
         Ok(AllocStep::Fill { host, old })
@@ -310,9 +276,14 @@ impl Writer {
     /// once the whole run's data is in the file (or given up with
     /// [`Writer::abort_alloc`]), so the same invariants as single-cluster
     /// allocating writes hold: no entry points at unwritten data.
-    pub(crate) fn prepare_run(&mut self, disk: &Disk, first: u64, max: u64) -> Result<(u64, u64)> {
-        refuse_if_corrupt(disk)?;
-        let top = disk.top();
+    pub(crate) fn prepare_run(
+        &mut self,
+        chain: &Chain,
+        first: u64,
+        max: u64,
+    ) -> Result<(u64, u64)> {
+        refuse_if_corrupt(chain)?;
+        let top = chain.top();
         if top.extended_l2() || top.cluster_bits().is_none() {
             return Ok((0, 0));
         }
@@ -347,13 +318,13 @@ impl Writer {
     /// The replaced mapping is read again here rather than taken from
     /// [`AllocStep::Fill`]: a discard or zero write may have changed it
     /// meanwhile, and releasing a stale mapping would free a cluster twice.
-    pub(crate) fn publish_alloc(&mut self, disk: &Disk, cluster: u64, host: u64) -> Result<()> {
+    pub(crate) fn publish_alloc(&mut self, chain: &Chain, cluster: u64, host: u64) -> Result<()> {
         self.in_flight.remove(&cluster);
-        let top = disk.top();
+        let top = chain.top();
         let current = top_mapping(top, cluster)?;
-        self.check_replace(disk, cluster, &current)?;
-        self.set_l2(disk, cluster, L2Mapping::encode_data(host))?;
-        self.release(disk, cluster, current, host)
+        self.check_replace(chain, cluster, &current)?;
+        self.set_l2(chain, cluster, L2Mapping::encode_data(host))?;
+        self.release(chain, cluster, current, host)
     }
 
     /// Last step of an allocating write into an extended L2 top layer:
@@ -365,16 +336,16 @@ impl Writer {
     /// cluster of a cluster in flight, so it is still `host` or none).
     pub(crate) fn publish_subclusters(
         &mut self,
-        disk: &Disk,
+        chain: &Chain,
         cluster: u64,
         host: u64,
         mask: u32,
     ) -> Result<()> {
         self.in_flight.remove(&cluster);
-        let top = disk.top();
+        let top = chain.top();
         let cur = top_extended(top, cluster)?;
         if matches!(cur.cluster, L2Mapping::Compressed { .. }) {
-            self.check_replace(disk, cluster, &cur.cluster)?;
+            self.check_replace(chain, cluster, &cur.cluster)?;
         }
         let (alloc, zero) = match cur.host() {
             Some((h, _)) if h == host => (cur.alloc | mask, cur.zero & !mask),
@@ -392,9 +363,9 @@ impl Writer {
             // Compressed or no host: only our subclusters are allocated.
             None => (mask, cur.zero & !mask),
         };
-        self.set_l2_ext(disk, cluster, ExtendedL2::encode(host, alloc, zero), mask)?;
+        self.set_l2_ext(chain, cluster, ExtendedL2::encode(host, alloc, zero), mask)?;
         if matches!(cur.cluster, L2Mapping::Compressed { .. }) {
-            self.release(disk, cluster, cur.cluster, host)?;
+            self.release(chain, cluster, cur.cluster, host)?;
         }
         Ok(())
     }
@@ -404,23 +375,23 @@ impl Writer {
     /// entry (the subclusters written are not marked allocated).
     pub(crate) fn abort_subclusters(
         &mut self,
-        disk: &Disk,
+        chain: &Chain,
         cluster: u64,
         host: u64,
         fresh: bool,
     ) -> Result<()> {
         self.in_flight.remove(&cluster);
         if fresh {
-            self.free_cluster(disk.top(), host)?;
+            self.free_cluster(chain.top(), host)?;
         }
         Ok(())
     }
 
     /// Gives up an allocating write whose fill failed: the new cluster is
     /// freed and the guest cluster keeps its old mapping.
-    pub(crate) fn abort_alloc(&mut self, disk: &Disk, cluster: u64, host: u64) -> Result<()> {
+    pub(crate) fn abort_alloc(&mut self, chain: &Chain, cluster: u64, host: u64) -> Result<()> {
         self.in_flight.remove(&cluster);
-        self.free_cluster(disk.top(), host)
+        self.free_cluster(chain.top(), host)
     }
 
     /// Frees a cluster allocated for a write that failed before anything
@@ -434,15 +405,15 @@ impl Writer {
     /// Writes `data` at `in_cluster` inside guest cluster `cluster`.
     fn write_in_cluster(
         &mut self,
-        disk: &Disk,
+        chain: &Chain,
         cluster: u64,
         in_cluster: u64,
         data: &[u8],
         cs: u64,
     ) -> Result<()> {
-        let top = disk.top();
+        let top = chain.top();
         if top.extended_l2() {
-            return self.write_in_cluster_ext(disk, cluster, in_cluster, data, cs);
+            return self.write_in_cluster_ext(chain, cluster, in_cluster, data, cs);
         }
         let guest = cluster * cs + in_cluster;
         let old = top_mapping(top, cluster)?;
@@ -451,9 +422,9 @@ impl Writer {
             copied: true,
         } = old
         {
-            return disk.write_guest_data(data, host_offset + in_cluster, guest);
+            return chain.write_guest_data(data, host_offset + in_cluster, guest);
         }
-        self.check_replace(disk, cluster, &old)?;
+        self.check_replace(chain, cluster, &old)?;
         let reused = match old {
             L2Mapping::Zero {
                 prealloc: Some(h),
@@ -466,15 +437,15 @@ impl Writer {
             None => self.allocator()?.alloc(top, 1)?,
         };
         let cb = cs.trailing_zeros();
-        if let Err(e) = disk.fill_cluster(cluster, cb, in_cluster, data, old, host) {
+        if let Err(e) = chain.fill_cluster(cluster, cb, in_cluster, data, old, host) {
             if reused.is_none() {
                 self.free_cluster(top, host)?;
             }
             return Err(e);
         }
         let entry = L2Mapping::encode_data(host);
-        self.set_l2(disk, cluster, entry)?;
-        self.release(disk, cluster, old, host)?;
+        self.set_l2(chain, cluster, entry)?;
+        self.release(chain, cluster, old, host)?;
         Ok(())
     }
 
@@ -482,27 +453,27 @@ impl Writer {
     /// steps as the unlocked one in [`crate::cow`], run in sequence).
     fn write_in_cluster_ext(
         &mut self,
-        disk: &Disk,
+        chain: &Chain,
         cluster: u64,
         in_cluster: u64,
         data: &[u8],
         cs: u64,
     ) -> Result<()> {
         let cb = cs.trailing_zeros();
-        let need = disk.subcluster_span(in_cluster, data.len() as u64);
-        match self.prepare_alloc(disk, cluster, need)? {
+        let need = chain.subcluster_span(in_cluster, data.len() as u64);
+        match self.prepare_alloc(chain, cluster, need)? {
             AllocStep::InPlace(host) => {
-                disk.write_guest_data(data, host + in_cluster, cluster * cs + in_cluster)
+                chain.write_guest_data(data, host + in_cluster, cluster * cs + in_cluster)
             }
             AllocStep::FillSub {
                 host,
                 fresh,
                 alloc,
                 whole,
-            } => match disk.fill_subclusters(cluster, cb, in_cluster, data, host, alloc, whole) {
-                Ok(mask) => self.publish_subclusters(disk, cluster, host, mask),
+            } => match chain.fill_subclusters(cluster, cb, in_cluster, data, host, alloc, whole) {
+                Ok(mask) => self.publish_subclusters(chain, cluster, host, mask),
                 Err(e) => self
-                    .abort_subclusters(disk, cluster, host, fresh)
+                    .abort_subclusters(chain, cluster, host, fresh)
                     .and(Err(e)),
             },
             // The locked path cannot wait for an unlocked write without
@@ -517,187 +488,10 @@ impl Writer {
         }
     }
 
-    /// Makes `len` bytes at `offset` of an extended L2 top layer read as
-    /// zeros: whole subclusters get their zero bit (metadata only), the
-    /// rest is written with zeros.
-    fn write_zeroes_ext(&mut self, disk: &Disk, offset: u64, len: u64) -> Result<()> {
-        let top = disk.top();
-        let cb = top.cluster_bits().unwrap_or(16);
-        let sb = top.subcluster_bits();
-        let ss = 1u64 << sb;
-        let end = offset + len;
-        let mut pos = offset;
-        while pos < end {
-            let cluster = pos >> cb;
-            let c_start = cluster << cb;
-            let seg_end = end.min(c_start + (1 << cb));
-            // Whole subclusters of [pos, seg_end); a last subcluster cut
-            // short by the end of the disk counts as whole.
-            let first = (pos - c_start).div_ceil(ss);
-            let last_excl = if seg_end == disk.size() {
-                (seg_end - c_start).div_ceil(ss)
-            } else {
-                (seg_end - c_start) / ss
-            };
-            let (head_end, tail_start) = if first < last_excl {
-                (
-                    c_start + first * ss,
-                    (c_start + last_excl * ss).min(seg_end),
-                )
-            } else {
-                (seg_end, seg_end)
-            };
-            if head_end > pos {
-                self.write(disk, &vec![0u8; (head_end - pos) as usize], pos)?;
-            }
-            if first < last_excl {
-                let mask = subcluster_mask(first as u32, last_excl as u32 - 1);
-                self.zero_subclusters(disk, cluster, mask)?;
-            }
-            if seg_end > tail_start {
-                self.write(
-                    disk,
-                    &vec![0u8; (seg_end - tail_start) as usize],
-                    tail_start,
-                )?;
-            }
-            pos = seg_end;
-        }
-        Ok(())
-    }
-
-    /// Sets the zero bit of subclusters `mask` of guest `cluster`. The host
-    /// cluster is released when no subcluster is left allocated, unless a
-    /// write to the cluster is in flight (it will publish into it).
-    fn zero_subclusters(&mut self, disk: &Disk, cluster: u64, mask: u32) -> Result<()> {
-        let top = disk.top();
-        let cur = top_extended(top, cluster)?;
-        self.check_replace(disk, cluster, &cur.cluster)?;
-        if let L2Mapping::Compressed { .. } = cur.cluster {
-            if mask != u32::MAX {
-                // A compressed cluster has no subclusters: rewrite it.
-                let cb = top.cluster_bits().unwrap_or(16);
-                let sb = top.subcluster_bits();
-                let lo = u64::from(mask.trailing_zeros());
-                let hi = u64::from(32 - mask.leading_zeros());
-                let start = (cluster << cb) + (lo << sb);
-                let stop = ((cluster << cb) + (hi << sb)).min(disk.size());
-                return self.write(disk, &vec![0u8; (stop - start) as usize], start);
-            }
-            self.set_l2_ext(disk, cluster, ExtendedL2::encode(0, 0, u32::MAX), mask)?;
-            return self.release(disk, cluster, cur.cluster, 0);
-        }
-        if cur.alloc & mask == 0 && cur.zero & mask == mask {
-            return Ok(());
-        }
-        let alloc = cur.alloc & !mask;
-        let zero = cur.zero | mask;
-        let host = cur.host().map_or(0, |h| h.0);
-        let free = alloc == 0 && host != 0 && !self.in_flight.contains(&cluster);
-        let keep = if free { 0 } else { host };
-        self.set_l2_ext(disk, cluster, ExtendedL2::encode(keep, alloc, zero), mask)?;
-        if free {
-            self.release(disk, cluster, cur.cluster, 0)?;
-        }
-        Ok(())
-    }
-
-    /// Makes `len` bytes at `offset` read as zeros.
-    pub(crate) fn write_zeroes(&mut self, disk: &Disk, offset: u64, len: u64) -> Result<()> {
-        refuse_if_corrupt(disk)?;
-        let top = disk.top();
-        if top.extended_l2() {
-            return self.write_zeroes_ext(disk, offset, len);
-        }
-        let zero_flag = top.header().is_some_and(|h| h.version >= 3);
-        let cb = top.cluster_bits().unwrap_or(16);
-        let cs = 1u64 << cb;
-        let end = offset + len;
-        let mut pos = offset;
-        while pos < end {
-            let cluster = pos >> cb;
-            let c_start = cluster << cb;
-            let seg_end = end.min(c_start + cs);
-            let covers = pos == c_start && (seg_end == c_start + cs || seg_end == disk.size());
-            if zero_flag && covers {
-                let old = top_mapping(top, cluster)?;
-                self.check_replace(disk, cluster, &old)?;
-                self.set_l2(disk, cluster, L2Mapping::encode_zero())?;
-                self.release(disk, cluster, old, 0)?;
-            } else {
-                let zeros = vec![0u8; (seg_end - pos) as usize];
-                self.write(disk, &zeros, pos)?;
-            }
-            pos = seg_end;
-        }
-        Ok(())
-    }
-
-    /// Releases whole top-layer clusters in the range (see [`Disk::discard`]).
-    pub(crate) fn discard(&mut self, disk: &Disk, offset: u64, len: u64) -> Result<()> {
-        refuse_if_corrupt(disk)?;
-        let top = disk.top();
-        let Some(h) = top.header() else {
-            return Ok(());
-        };
-        let cb = h.cluster_bits;
-        let cs = 1u64 << cb;
-        let end = offset + len;
-        let first = offset.div_ceil(cs);
-        // A partial last cluster at the end of the disk counts as whole.
-        let last = if end == disk.size() {
-            end.div_ceil(cs)
-        } else {
-            end / cs
-        };
-        let has_backing = disk.depth() > 1;
-        if has_backing && h.version < 3 {
-            return Ok(());
-        }
-        if top.extended_l2() {
-            for cluster in first..last {
-                // Advisory: leave a cluster being written alone.
-                if self.in_flight.contains(&cluster) {
-                    continue;
-                }
-                let cur = top_extended(top, cluster)?;
-                self.check_replace(disk, cluster, &cur.cluster)?;
-                let zero = if has_backing { u32::MAX } else { 0 };
-                if cur.cluster.is_unallocated() && cur.alloc == 0 && cur.zero == zero {
-                    continue;
-                }
-                // Subclusters whose state changes (all of a compressed one).
-                let changed = if matches!(cur.cluster, L2Mapping::Compressed { .. }) {
-                    u32::MAX
-                } else {
-                    (cur.alloc | cur.zero) ^ zero | cur.alloc
-                };
-                self.set_l2_ext(disk, cluster, ExtendedL2::encode(0, 0, zero), changed)?;
-                self.release(disk, cluster, cur.cluster, 0)?;
-            }
-            return Ok(());
-        }
-        for cluster in first..last {
-            let old = top_mapping(top, cluster)?;
-            self.check_replace(disk, cluster, &old)?;
-            let entry = if has_backing {
-                L2Mapping::encode_zero()
-            } else {
-                0
-            };
-            if old.is_unallocated() && !has_backing {
-                continue;
-            }
-            self.set_l2(disk, cluster, entry)?;
-            self.release(disk, cluster, old, 0)?;
-        }
-        Ok(())
-    }
-
     /// Writes the raw L2 entry of guest `cluster` in the top layer (8 or
     /// 16 bytes), allocating its L2 table if needed.
-    fn write_l2_raw(&mut self, disk: &Disk, cluster: u64, word: u64, bitmap: u64) -> Result<()> {
-        let top = disk.top();
+    fn write_l2_raw(&mut self, chain: &Chain, cluster: u64, word: u64, bitmap: u64) -> Result<()> {
+        let top = chain.top();
         let cb = top.cluster_bits().unwrap_or(16);
         let l2_entries = top.l2_entries();
         let eb = top.l2_entry_bytes();
@@ -706,7 +500,7 @@ impl Writer {
         if table == 0 {
             let alloc = self.allocator()?;
             table = alloc.alloc(top, 1)?;
-            disk.metadata.insert(table, 1 << cb, Structure::L2Table);
+            chain.metadata.insert(table, 1 << cb, Structure::L2Table);
             top.file.write_all_at(&vec![0u8; 1 << cb], table)?;
             set_l1_entry(top, l1_index, table | OFLAG_COPIED)?;
         }
@@ -719,21 +513,21 @@ impl Writer {
 
     /// Points guest cluster `cluster` of the top layer at `entry`, then
     /// updates the index and the cache.
-    fn set_l2(&mut self, disk: &Disk, cluster: u64, entry: u64) -> Result<()> {
-        let top = disk.top();
+    fn set_l2(&mut self, chain: &Chain, cluster: u64, entry: u64) -> Result<()> {
+        let top = chain.top();
         let cb = top.cluster_bits().unwrap_or(16);
-        self.write_l2_raw(disk, cluster, entry, 0)?;
+        self.write_l2_raw(chain, cluster, entry, 0)?;
         // Units of this cluster now belong to the top layer, or to nobody
         // when it was unallocated (only done without a backing file).
-        let ub = disk.unit_bits;
+        let ub = chain.unit_bits;
         let first = (cluster << cb) >> ub;
-        let last = (((cluster + 1) << cb).min(disk.size()) >> ub).max(first + 1);
+        let last = (((cluster + 1) << cb).min(chain.size) >> ub).max(first + 1);
         debug_assert!(
-            entry != 0 || disk.depth() == 1,
+            entry != 0 || chain.depth() == 1,
             "unallocating over a backing file"
         );
-        let depth = if entry == 0 { 0 } else { disk.depth() as u16 };
-        self.publish_units(disk, first, last, depth, entry, 0)
+        let depth = if entry == 0 { 0 } else { chain.depth() as u16 };
+        self.publish_units(chain, first, last, depth, entry, 0)
     }
 
     /// Writes the extended entry `(word, bitmap)` of guest `cluster`, then
@@ -743,16 +537,16 @@ impl Writer {
     /// subcluster still reads from the layer below that owns it.
     fn set_l2_ext(
         &mut self,
-        disk: &Disk,
+        chain: &Chain,
         cluster: u64,
         (word, bitmap): (u64, u64),
         changed: u32,
     ) -> Result<()> {
-        let top = disk.top();
+        let top = chain.top();
         let cb = top.cluster_bits().unwrap_or(16);
         let sb = top.subcluster_bits();
-        self.write_l2_raw(disk, cluster, word, bitmap)?;
-        let ub = disk.unit_bits;
+        self.write_l2_raw(chain, cluster, word, bitmap)?;
+        let ub = chain.unit_bits;
         debug_assert!(sb >= ub, "subcluster smaller than the index unit");
         let held = (bitmap as u32) | ((bitmap >> 32) as u32);
         let mut rest = changed;
@@ -769,18 +563,18 @@ impl Writer {
             }
             rest &= !subcluster_mask(lo, hi);
             let start = (cluster << cb) + (u64::from(lo) << sb);
-            if start >= disk.size() {
+            if start >= chain.size {
                 break;
             }
-            let stop = ((cluster << cb) + (u64::from(hi + 1) << sb)).min(disk.size());
+            let stop = ((cluster << cb) + (u64::from(hi + 1) << sb)).min(chain.size);
             let first = start >> ub;
             let last = stop.div_ceil(1 << ub);
             debug_assert!(
-                owned || disk.depth() == 1,
+                owned || chain.depth() == 1,
                 "unallocating a subcluster over a backing file"
             );
-            let depth = if owned { disk.depth() as u16 } else { 0 };
-            self.publish_units(disk, first, last, depth, word, bitmap)?;
+            let depth = if owned { chain.depth() as u16 } else { 0 };
+            self.publish_units(chain, first, last, depth, word, bitmap)?;
         }
         Ok(())
     }
@@ -789,18 +583,18 @@ impl Writer {
     /// and in cached pages, with the owner's raw entry.
     fn publish_units(
         &mut self,
-        disk: &Disk,
+        chain: &Chain,
         first: u64,
         last: u64,
         depth: u16,
         entry: u64,
         bitmap: u64,
     ) -> Result<()> {
-        let top = disk.top();
+        let top = chain.top();
         if let Some(ext) = &self.index {
             // A pushed top may still read these owners from below: copy
             // their sectors before changing them.
-            disk.copy_index_span(ext, first * ENTRY_BYTES, last * ENTRY_BYTES)?;
+            chain.copy_index_span(ext, first * ENTRY_BYTES, last * ENTRY_BYTES)?;
             let owners: Vec<u8> = (first..last).flat_map(|_| depth.to_be_bytes()).collect();
             top.file
                 .write_all_at(&owners, ext.region_offset + first * ENTRY_BYTES)?;
@@ -809,7 +603,7 @@ impl Writer {
         while unit < last {
             let page = unit / PAGE_UNITS;
             let page_end = last.min((page + 1) * PAGE_UNITS);
-            disk.cache.update_if_cached(page, |slots| {
+            chain.cache.update_if_cached(page, |slots| {
                 for u in unit..page_end {
                     if let Some(s) = slots.get_mut((u - page * PAGE_UNITS) as usize) {
                         *s = Slot {
@@ -830,20 +624,20 @@ impl Writer {
     /// metadata: its refcount would then free the metadata for reuse.
     /// Called before the L2 entry changes. A metadata cluster a repair
     /// counted twice (refcount 2) may lose the guest's reference.
-    fn check_replace(&mut self, disk: &Disk, cluster: u64, old: &L2Mapping) -> Result<()> {
+    fn check_replace(&mut self, chain: &Chain, cluster: u64, old: &L2Mapping) -> Result<()> {
         let Some((first, last)) = old.host_range() else {
             return Ok(());
         };
-        if disk.metadata.find(first, last - first + 1).is_none() {
+        if chain.metadata.find(first, last - first + 1).is_none() {
             return Ok(());
         }
-        let top = disk.top();
+        let top = chain.top();
         let guest = cluster << top.cluster_bits().unwrap_or(16);
         let alloc = self.allocator()?;
         let cs = alloc.cs;
         for c in first / cs..=last / cs {
-            if disk.metadata.find(c * cs, cs).is_some() && alloc.get_refcount(top, c)? <= 1 {
-                return disk.metadata.check_release(top, c * cs, cs, guest);
+            if chain.metadata.find(c * cs, cs).is_some() && alloc.get_refcount(top, c)? <= 1 {
+                return chain.metadata.check_release(top, c * cs, cs, guest);
             }
         }
         Ok(())
@@ -851,15 +645,15 @@ impl Writer {
 
     /// Drops the top layer's reference held by a replaced L2 entry, unless
     /// it is the cluster now reused (`kept`).
-    fn release(&mut self, disk: &Disk, cluster: u64, old: L2Mapping, kept: u64) -> Result<()> {
+    fn release(&mut self, chain: &Chain, cluster: u64, old: L2Mapping, kept: u64) -> Result<()> {
         let Some((first, last)) = old.host_range() else {
             return Ok(());
         };
         if first == kept {
             return Ok(());
         }
-        self.check_replace(disk, cluster, &old)?;
-        let top = disk.top();
+        self.check_replace(chain, cluster, &old)?;
+        let top = chain.top();
         let alloc = self.allocator()?;
         let cs = alloc.cs;
         for c in first / cs..=last / cs {
@@ -881,9 +675,9 @@ impl Writer {
     }
 
     /// Syncs, stores the index checksum and marks the image clean.
-    pub(crate) fn close(self, disk: &Disk) -> Result<()> {
-        self.freeze(disk, true)?;
-        seal_layer(disk.top())
+    pub(crate) fn close(self, chain: &Chain) -> Result<()> {
+        self.freeze(chain, true)?;
+        seal_layer(chain.top())
     }
 
     /// Stops writing to the top without making it durable: its final
@@ -898,8 +692,8 @@ impl Writer {
     /// reading it back here would put its whole length inside a push's
     /// pause. The region must be whole either way: a top still reading
     /// owners from below (see [`crate::lazy_index`]) is refused.
-    pub(crate) fn freeze(self, disk: &Disk, crc_now: bool) -> Result<()> {
-        let top = disk.top();
+    pub(crate) fn freeze(self, chain: &Chain, crc_now: bool) -> Result<()> {
+        let top = chain.top();
         let Some(mut h) = top.header() else {
             return Ok(());
         };
@@ -907,7 +701,7 @@ impl Writer {
             return Ok(());
         }
         if let Some(mut ext) = self.index {
-            let pending = disk.index_copy_pending();
+            let pending = chain.index_copy_pending();
             if pending > 0 {
                 return Err(DiskError::Invalid(format!(
                     "{}: {pending} index sectors are still read from the layer below; \
@@ -955,76 +749,10 @@ fn shared_cluster(top: &Layer, cluster: u64) -> DiskError {
     }
 }
 
-/// Builds a fresh index for the top layer from the chain as it is now.
-fn build_index(
-    disk: &Disk,
-    alloc: &mut Allocator,
-    uuid: [u8; 16],
-    known_owners: Option<&[u16]>,
-) -> Result<ChainIndexExt> {
-    let top = disk.top();
-    let depth = disk.depth();
-    let units = disk.units();
-    let region_len = ChainIndexExt::region_len_for(disk.size(), disk.unit_bits, depth);
-    let clusters = region_len.div_ceil(alloc.cs).max(1);
-    // The region is not refcounted: to QEMU it is free space. Reuse the
-    // previous region when it has the right size and nothing took it over.
-    let previous = top.header().and_then(|h| h.chain_index().cloned());
-    let region_offset = match previous {
-        Some(p)
-            if p.region_len == region_len
-                && alloc.region_is_free(top, p.region_offset, clusters)? =>
-        {
-            p.region_offset
-        }
-        _ => alloc.reserve_unrefcounted(clusters),
-    };
-    alloc.note_metadata(region_offset, clusters * alloc.cs, Structure::ChainIndex);
-    let mut first = 0;
-    while first < units {
-        let count = (units - first).min(OWNER_CHUNK);
-        let owners = match known_owners {
-            Some(all) if all.len() as u64 == units => {
-                all[first as usize..(first + count) as usize].to_vec()
-            }
-            _ => disk.owners(first, count as usize)?,
-        };
-        let bytes: Vec<u8> = owners.iter().flat_map(|o| o.to_be_bytes()).collect();
-        top.file.write_all_at(&bytes, region_offset + first * 2)?;
-        first += count;
-    }
-    let lineage: Vec<u8> = disk.layers()[..depth as usize - 1]
-        .iter()
-        .map(|l| l.identity().map(|i| i.encode()))
-        .collect::<Result<Vec<_>>>()?
-        .concat();
-    debug_assert_eq!(
-        lineage.len() as u64,
-        u64::from(depth - 1) * LINEAGE_RECORD_BYTES
-    );
-    top.file.write_all_at(&lineage, region_offset + units * 2)?;
-    // Pad the region to whole clusters so the file never ends mid-cluster.
-    let pad_from = region_offset + region_len;
-    let pad_to = region_offset + clusters * alloc.cs;
-    if pad_to > pad_from {
-        top.file
-            .write_all_at(&vec![0u8; (pad_to - pad_from) as usize], pad_from)?;
-    }
-    Ok(ChainIndexExt {
-        region_offset,
-        region_len,
-        depth,
-        granularity_bits: disk.unit_bits,
-        virtual_size: disk.size(),
-        layer_uuid: uuid,
-        crc32c: 0,
-    })
-}
-
 /// Refuses any change to an image marked corrupt by a refused write over
 /// its metadata in this session.
-fn refuse_if_corrupt(disk: &Disk) -> Result<()> {
-    disk.metadata.refuse_if_corrupt(disk.top())
+fn refuse_if_corrupt(chain: &Chain) -> Result<()> {
+    chain.metadata.refuse_if_corrupt(chain.top())
 }
 
 /// Updates one entry of the top layer's L1 table, on disk and in memory.
