@@ -34,13 +34,13 @@
 //! tickets with the *active* key, in the key file, and also accepts the
 //! key in `cluster.key.next` or `cluster.key.prev` next to it, if there is
 //! one; [`ClusterKey::reload`] (on SIGHUP) re-reads the files, so the key
-//! is changed in three reloads without stopping a node (`docs/store.md`).
+//! is changed in three reloads without stopping a node (`docs/store.md`, "The cluster key").
 //!
 //! Replays: a seal older or newer than [`WINDOW_MS`] is refused, so a
 //! captured message is only good for a minute; within it, the operator's
 //! control requests (retire, cancel) are refused when their tag was seen
 //! already, and every other internal request is idempotent or ordered by
-//! version (see `docs/store.md`).
+//! version (see `docs/design/store-protocol.md`, "Replays").
 
 pub use crate::key::*;
 pub use crate::ticket::*;
