@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use strata_mirror::chunk::PolicyConfig;
 use strata_mirror::digest::{self, Manifest};
-use strata_mirror::repo_server::{RepoServer, RepoServerConfig};
+use strata_mirror::repo_server::{RepoServer, RepoServerConfig, ServeLimits};
 use strata_mirror::{repo, Mirror, MirrorConfig, MirrorStats};
 use strata_nbd::{Export, Server, ServerConfig};
 
@@ -68,6 +68,16 @@ enum Tool {
         /// remote repository's round trip, for experiments on loopback).
         #[arg(long = "latency-ms", default_value_t = 0)]
         latency_ms: u64,
+        /// Connections open at once; a new one pushes out the oldest idle
+        /// one, or waits in the listen queue while all are answering.
+        #[arg(long = "max-connections", default_value_t = 256)]
+        max_connections: usize,
+        /// Milliseconds a client may take to send a request's head.
+        #[arg(long = "header-timeout-ms", default_value_t = 10_000)]
+        header_timeout_ms: u64,
+        /// Milliseconds a client may take to send a PUT or POST body.
+        #[arg(long = "body-timeout-ms", default_value_t = 10_000)]
+        body_timeout_ms: u64,
         /// The image.
         #[arg(value_parser = crate::stdio::image())]
         image: PathBuf,
@@ -200,8 +210,18 @@ pub fn run(cmd: MirrorCmd) -> Result<i32> {
             port,
             rate,
             latency_ms,
+            max_connections,
+            header_timeout_ms,
+            body_timeout_ms,
             image,
-        }) => repo_serve(&image, &bind, port, rate.as_deref(), latency_ms),
+        }) => {
+            let limits = ServeLimits {
+                max_connections: max_connections.max(1),
+                header_timeout: Duration::from_millis(header_timeout_ms.max(1)),
+                body_timeout: Duration::from_millis(body_timeout_ms.max(1)),
+            };
+            repo_serve(&image, &bind, port, rate.as_deref(), latency_ms, limits)
+        }
         Some(Tool::Publish {
             cluster,
             part_size,
@@ -301,6 +321,7 @@ fn repo_serve(
     port: u16,
     rate: Option<&str>,
     latency_ms: u64,
+    limits: ServeLimits,
 ) -> Result<i32> {
     init_logging();
     let rate = rate
@@ -311,6 +332,7 @@ fn repo_serve(
         bind: format!("{bind}:{port}"),
         rate,
         latency: Duration::from_millis(latency_ms),
+        limits,
     })?;
     let stop = server.stopper();
     std::thread::spawn(move || {

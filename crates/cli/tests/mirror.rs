@@ -902,3 +902,97 @@ fn a_mirror_file_has_one_writer() {
     );
     first.stop();
 }
+
+/// `repo-serve` bounds its connections: 2,000 half-open connections (a
+/// request head begun and never finished) neither stop a real client's
+/// range read nor keep their descriptors past the header timeout.
+#[test]
+fn repo_serve_sheds_half_open_connections() {
+    let dir = tmp();
+    let img = image(dir.path(), MIB);
+    let data = std::fs::read(&img).unwrap();
+    let repo = Proc::start(&[
+        "mirror",
+        "repo-serve",
+        "-p",
+        "0",
+        "--header-timeout-ms",
+        "1000",
+        "--body-timeout-ms",
+        "1000",
+        &p(&img),
+    ]);
+    let url = repo.url();
+    let hostport = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let fd_dir = format!("/proc/{}/fd", repo.child.id());
+    let open_fds = || std::fs::read_dir(&fd_dir).map_or(usize::MAX, |d| d.count());
+    let idle_fds = open_fds();
+
+    let mut half_open = Vec::new();
+    for i in 0..2000 {
+        let mut s = TcpStream::connect(&hostport)
+            .unwrap_or_else(|e| panic!("connection {i} to {hostport} refused: {e}"));
+        // The server may already have pushed this one out: that is fine.
+        let _ = s.write_all(b"GET /x HTTP/1.1\r\nX-Slow: ");
+        half_open.push(s);
+    }
+
+    let started = Instant::now();
+    let mut s = TcpStream::connect(&hostport).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    write!(
+        s,
+        "GET /base.raw HTTP/1.1\r\nHost: x\r\nRange: bytes=4096-8191\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply)
+        .expect("the range read did not finish within 3 s");
+    let took = started.elapsed();
+    let head_end = reply
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("no end of head in the reply")
+        + 4;
+    let head = String::from_utf8_lossy(&reply[..head_end]);
+    assert!(head.starts_with("HTTP/1.1 206"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-range: bytes 4096-8191/1048576"),
+        "{head}"
+    );
+    assert_eq!(&reply[head_end..], &data[4096..8192], "wrong bytes");
+    assert!(took < Duration::from_secs(3), "range read took {took:?}");
+
+    // The connection cap alone keeps the server under 300 descriptors;
+    // the header timeout (1 s) brings it back near where it started.
+    wait_until("fewer than 300 open descriptors", 10, || open_fds() < 300);
+    wait_until("half-open connections to time out", 10, || {
+        open_fds() < idle_fds + 16
+    });
+    drop(half_open);
+
+    // A body begun and never finished gets 408 after the body timeout.
+    let mut s = TcpStream::connect(&hostport).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let started = Instant::now();
+    write!(
+        s,
+        "PUT /base.raw.trace HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789"
+    )
+    .unwrap();
+    let mut reply = Vec::new();
+    let _ = s.read_to_end(&mut reply);
+    let head = String::from_utf8_lossy(&reply);
+    assert!(head.starts_with("HTTP/1.1 408"), "{head:?}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "408 after {took:?}"
+    );
+}

@@ -8,28 +8,72 @@
 //!   without one (200, whole image);
 //! - `GET /NAME.digest`, `GET|PUT /NAME.trace` (files next to the image);
 //! - `POST /NAME.peers` with an address: records it, answers the list.
+//!
+//! No client can hold the server's resources: connections are capped, a
+//! request's head and a PUT or POST body each have a deadline (see
+//! [`ServeLimits`] and the `connections` module).
 
 use std::io::Read;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
+use hyper::header::{HeaderValue, ACCEPT_RANGES, CONTENT_RANGE, CONTENT_TYPE, RANGE};
+use hyper::{Method, Request, Response, StatusCode};
 use parking_lot::Mutex;
-use tiny_http::{Header, Method, Request, Response, StatusCode};
+use tokio::sync::{mpsc, watch};
 
 use crate::digest;
 use crate::rate::TokenBucket;
 use crate::repo::{parse_peer_list, MAX_ADDR_LEN, MAX_PEERS, TRACE_SUFFIX};
 use crate::{io_err, MirrorError, Result};
 
-/// Most requests answered at once; more get 503.
-const MAX_ACTIVE: usize = 4096;
+mod connections;
+
 /// Largest trace accepted by PUT.
 const MAX_TRACE: u64 = 4 * digest::MAX_CHUNKS + 16;
 /// Bytes sent between two takes from the bucket.
 const SLICE: usize = 16 * 1024;
+/// Slices read ahead of the socket for one answer.
+const SLICES_AHEAD: usize = 4;
+/// How long [`RepoServer`]'s drop waits for bodies still being read.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
+
+/// Default of [`ServeLimits::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// Default of [`ServeLimits::header_timeout`].
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default of [`ServeLimits::body_timeout`].
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What bounds the server's connections, so that no client can hold its
+/// threads or file descriptors.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeLimits {
+    /// Connections open at once; a new one pushes out the oldest idle
+    /// one, or waits in the backlog while every one has an answer in
+    /// progress.
+    pub max_connections: usize,
+    /// Longest time a connection may take to send a request's head.
+    pub header_timeout: Duration,
+    /// Longest time a PUT or POST may take to send its body (408 after).
+    pub body_timeout: Duration,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        ServeLimits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+        }
+    }
+}
 
 /// What the server serves and how fast.
 #[derive(Debug, Clone)]
@@ -43,11 +87,18 @@ pub struct RepoServerConfig {
     /// Delay before each image read is answered, standing for the round
     /// trip to a remote repository (zero on loopback otherwise).
     pub latency: Duration,
+    /// Connection cap and timeouts.
+    pub limits: ServeLimits,
 }
 
 /// A running repository server.
 pub struct RepoServer {
-    http: Arc<tiny_http::Server>,
+    /// Always `Some` until dropped.
+    runtime: Option<tokio::runtime::Runtime>,
+    /// Taken by [`RepoServer::run`].
+    listener: Mutex<Option<tokio::net::TcpListener>>,
+    stop: Arc<watch::Sender<bool>>,
+    limits: ServeLimits,
     shared: Arc<Shared>,
     addr: SocketAddr,
 }
@@ -58,8 +109,8 @@ struct Shared {
     size: u64,
     bucket: Option<TokenBucket>,
     latency: Duration,
+    body_timeout: Duration,
     peers: Mutex<Vec<String>>,
-    active: AtomicUsize,
     bytes_sent: AtomicU64,
 }
 
@@ -77,15 +128,28 @@ impl RepoServer {
             .ok_or_else(|| MirrorError::Config(format!("'{shown}' has no file name")))?;
         let listener = std::net::TcpListener::bind(&config.bind)
             .map_err(io_err(format!("cannot listen on {}", config.bind)))?;
-        set_nodelay(&listener);
-        let http = tiny_http::Server::from_listener(listener, None)
-            .map_err(|e| MirrorError::Config(format!("cannot serve on {}: {e}", config.bind)))?;
-        let addr = http
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| MirrorError::Config(format!("{} is not a TCP address", config.bind)))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(io_err(format!("cannot listen on {}", config.bind)))?;
+        let addr = listener
+            .local_addr()
+            .map_err(io_err(format!("cannot listen on {}", config.bind)))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("repo-serve")
+            .enable_all()
+            .build()
+            .map_err(io_err("cannot start the repository server's runtime"))?;
+        let listener = {
+            let _entered = runtime.enter();
+            tokio::net::TcpListener::from_std(listener)
+                .map_err(io_err(format!("cannot serve on {}", config.bind)))?
+        };
         Ok(RepoServer {
-            http: Arc::new(http),
+            runtime: Some(runtime),
+            listener: Mutex::new(Some(listener)),
+            stop: Arc::new(watch::channel(false).0),
+            limits: config.limits,
             shared: Arc::new(Shared {
                 image: config.image.clone(),
                 name,
@@ -94,8 +158,8 @@ impl RepoServer {
                     .rate
                     .map(|r| TokenBucket::new(r, (r / 20).max(SLICE as u64))),
                 latency: config.latency,
+                body_timeout: config.limits.body_timeout,
                 peers: Mutex::new(Vec::new()),
-                active: AtomicUsize::new(0),
                 bytes_sent: AtomicU64::new(0),
             }),
             addr,
@@ -119,83 +183,138 @@ impl RepoServer {
 
     /// A handle that stops [`RepoServer::run`].
     pub fn stopper(&self) -> impl Fn() + Send + Sync + 'static {
-        let http = self.http.clone();
-        move || http.unblock()
+        let stop = self.stop.clone();
+        move || {
+            stop.send_replace(true);
+        }
     }
 
-    /// Serves until stopped; one thread per request in flight.
+    /// Serves until stopped (returns at once if it already ran).
     pub fn run(&self) {
-        while let Ok(req) = self.http.recv() {
-            let shared = self.shared.clone();
-            if shared.active.fetch_add(1, Ordering::SeqCst) >= MAX_ACTIVE {
-                shared.active.fetch_sub(1, Ordering::SeqCst);
-                let _ = req.respond(Response::empty(503));
-                continue;
+        let (Some(runtime), Some(listener)) = (&self.runtime, self.listener.lock().take()) else {
+            return;
+        };
+        let shared = self.shared.clone();
+        let handler = move |request| shared.clone().answer(request);
+        runtime.block_on(connections::serve(
+            listener,
+            self.limits,
+            self.stop.subscribe(),
+            handler,
+        ));
+    }
+}
+
+impl Drop for RepoServer {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+        if let Some(runtime) = self.runtime.take() {
+            // Blocking readers end when their answer's connection is
+            // gone, or after one slice of the bucket's wait.
+            runtime.shutdown_timeout(SHUTDOWN_WAIT);
+        }
+    }
+}
+
+/// An answer's body: bytes at hand, or slices read (and paid for from
+/// the bucket) by a blocking thread. Holds its connection busy until
+/// dropped.
+pub(crate) struct ReplyBody {
+    data: Option<Bytes>,
+    slices: Option<mpsc::Receiver<std::io::Result<Bytes>>>,
+    remaining: u64,
+    busy: Option<connections::Busy>,
+}
+
+impl ReplyBody {
+    fn empty() -> Self {
+        ReplyBody {
+            data: None,
+            slices: None,
+            remaining: 0,
+            busy: None,
+        }
+    }
+
+    fn bytes(data: impl Into<Bytes>) -> Self {
+        let data: Bytes = data.into();
+        ReplyBody {
+            remaining: data.len() as u64,
+            data: (!data.is_empty()).then_some(data),
+            slices: None,
+            busy: None,
+        }
+    }
+
+    /// Keeps the connection marked busy until this body is dropped.
+    fn hold(mut self, busy: connections::Busy) -> Self {
+        self.busy = Some(busy);
+        self
+    }
+}
+
+impl Body for ReplyBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<std::io::Result<Frame<Bytes>>>> {
+        let this = self.get_mut();
+        if let Some(data) = this.data.take() {
+            this.remaining = 0;
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        let Some(slices) = &mut this.slices else {
+            return Poll::Ready(None);
+        };
+        match slices.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(slice))) => {
+                this.remaining = this.remaining.saturating_sub(slice.len() as u64);
+                Poll::Ready(Some(Ok(Frame::data(slice))))
             }
-            std::thread::spawn(move || {
-                shared.handle(req);
-                shared.active.fetch_sub(1, Ordering::SeqCst);
-            });
+            Poll::Ready(Some(Err(e))) => {
+                this.slices = None;
+                Poll::Ready(Some(Err(e)))
+            }
+            Poll::Ready(None) => {
+                this.slices = None;
+                if this.remaining > 0 {
+                    let short = std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "the image ended before the answer's length",
+                    );
+                    return Poll::Ready(Some(Err(short)));
+                }
+                Poll::Ready(None)
+            }
         }
     }
-}
 
-/// Sets TCP_NODELAY on the listener; Linux passes it on to accepted
-/// sockets. tiny_http writes a response's head and body separately, and
-/// with Nagle's algorithm the body of every response after the first on a
-/// kept-alive connection would wait for the client's delayed ACK (40 ms).
-fn set_nodelay(listener: &std::net::TcpListener) {
-    use std::os::fd::AsRawFd;
-    let one: libc::c_int = 1;
-    // SAFETY: setsockopt on a socket we own, with a pointer to a live int.
-    let rc = unsafe {
-        libc::setsockopt(
-            listener.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        tracing::debug!(
-            "repo-serve: TCP_NODELAY not set: {}",
-            std::io::Error::last_os_error()
-        );
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.slices.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.remaining)
     }
 }
 
-/// A reader that takes its bytes from the bucket as it goes.
-struct Capped<R> {
-    inner: R,
-    shared: Arc<Shared>,
-}
-
-impl<R: Read> Read for Capped<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let len = buf.len().min(SLICE);
-        let n = self.inner.read(&mut buf[..len])?;
-        if let Some(b) = &self.shared.bucket {
-            b.take(n as u64);
-        }
-        self.shared
-            .bytes_sent
-            .fetch_add(n as u64, Ordering::Relaxed);
-        Ok(n)
-    }
-}
-
-/// `GET /health`: 200 `{"status":"ok"}` while the server answers.
-fn health_response() -> Response<std::io::Cursor<Vec<u8>>> {
-    let mut response = Response::from_data(br#"{"status":"ok"}"#.to_vec());
-    if let Some(h) = header("Content-Type", "application/json") {
-        response.add_header(h);
-    }
+fn status(code: StatusCode) -> Response<ReplyBody> {
+    let mut response = Response::new(ReplyBody::empty());
+    *response.status_mut() = code;
     response
 }
 
-fn header(name: &str, value: &str) -> Option<Header> {
-    Header::from_bytes(name.as_bytes(), value.as_bytes()).ok()
+/// `GET /health`: 200 `{"status":"ok"}` while the server answers.
+fn health_response() -> Response<ReplyBody> {
+    let mut response = Response::new(ReplyBody::bytes(&br#"{"status":"ok"}"#[..]));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }
 
 /// Parses a single `bytes=A-B` or `bytes=A-` range within `size`.
@@ -211,83 +330,161 @@ fn parse_range(value: &str, size: u64) -> Option<(u64, u64)> {
     (start <= end && end < size).then_some((start, end))
 }
 
-impl Shared {
-    fn handle(self: &Arc<Self>, mut req: Request) {
-        let path = req.url().trim_start_matches('/').to_string();
-        // An image named `health` keeps its own URL.
-        if path == "health" && self.name != "health" {
-            let result = match req.method() {
-                Method::Get => req.respond(health_response()),
-                _ => req.respond(Response::empty(405)),
-            };
-            if let Err(e) = result {
-                tracing::debug!("repo-serve: reply failed: {e}");
+/// Why a request's body was not read.
+enum BodyError {
+    /// Longer than allowed (carries nothing: the caller knows the limit).
+    TooLarge,
+    /// The client broke off or sent a malformed body.
+    Broken,
+    /// Not all sent within the body timeout.
+    Late,
+}
+
+/// Reads a body of at most `limit` bytes within `timeout`.
+async fn read_body(
+    mut body: Incoming,
+    limit: u64,
+    timeout: Duration,
+) -> std::result::Result<Vec<u8>, BodyError> {
+    let read = async {
+        let mut data = Vec::new();
+        while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+        {
+            let frame = frame.map_err(|_| BodyError::Broken)?;
+            if let Ok(chunk) = frame.into_data() {
+                data.extend_from_slice(&chunk);
+                if data.len() as u64 > limit {
+                    return Err(BodyError::TooLarge);
+                }
             }
+        }
+        Ok(data)
+    };
+    tokio::time::timeout(timeout, read)
+        .await
+        .unwrap_or(Err(BodyError::Late))
+}
+
+/// Sends `len` bytes of `source` as slices, taking each from the bucket
+/// first; stops when the answer's connection is gone.
+fn send_slices(
+    shared: &Shared,
+    mut source: impl Read,
+    len: u64,
+    slices: &mpsc::Sender<std::io::Result<Bytes>>,
+) {
+    let mut left = len;
+    while left > 0 {
+        let mut slice = vec![0u8; left.min(SLICE as u64) as usize];
+        let n = match source.read(&mut slice) {
+            Ok(0) => return, // the body reports the short length
+            Ok(n) => n,
+            Err(e) => {
+                let _ = slices.blocking_send(Err(e));
+                return;
+            }
+        };
+        slice.truncate(n);
+        if let Some(b) = &shared.bucket {
+            b.take(n as u64);
+        }
+        shared.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
+        left -= n as u64;
+        if slices.blocking_send(Ok(slice.into())).is_err() {
             return;
         }
-        let result = match (req.method().clone(), path.strip_prefix(self.name.as_str())) {
-            (Method::Get, Some("")) => self.get_image(req),
-            (Method::Get, Some(suffix)) if suffix == digest::SUFFIX || suffix == TRACE_SUFFIX => {
-                self.get_file(req, suffix)
+    }
+}
+
+impl Shared {
+    async fn answer(self: Arc<Self>, request: Request<Incoming>) -> Response<ReplyBody> {
+        let path = request
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/")
+            .trim_start_matches('/')
+            .to_string();
+        // An image named `health` keeps its own URL.
+        if path == "health" && self.name != "health" {
+            return match *request.method() {
+                Method::GET => health_response(),
+                _ => status(StatusCode::METHOD_NOT_ALLOWED),
+            };
+        }
+        let method = request.method().clone();
+        match (method, path.strip_prefix(self.name.as_str())) {
+            (Method::GET, Some("")) => self.get_image(&request).await,
+            (Method::GET, Some(suffix)) if suffix == digest::SUFFIX || suffix == TRACE_SUFFIX => {
+                self.get_file(suffix).await
             }
-            (Method::Put, Some(TRACE_SUFFIX)) => {
-                self.put_trace(&mut req).and_then(|r| req.respond(r))
+            (Method::PUT, Some(TRACE_SUFFIX)) => self.put_trace(request.into_body()).await,
+            (Method::POST, Some(crate::repo::PEERS_SUFFIX)) => {
+                self.register(request.into_body()).await
             }
-            (Method::Post, Some(crate::repo::PEERS_SUFFIX)) => {
-                let r = self.register(&mut req);
-                req.respond(r)
-            }
-            _ => req.respond(Response::empty(404)),
-        };
-        if let Err(e) = result {
-            tracing::debug!("repo-serve: reply failed: {e}");
+            _ => status(StatusCode::NOT_FOUND),
         }
     }
 
-    fn get_image(self: &Arc<Self>, req: Request) -> std::io::Result<()> {
-        if !self.latency.is_zero() {
-            std::thread::sleep(self.latency);
+    /// A body of `len` bytes read from `source` by a blocking thread,
+    /// through the bucket.
+    fn sliced(self: &Arc<Self>, source: impl Read + Send + 'static, len: u64) -> ReplyBody {
+        let (sender, receiver) = mpsc::channel(SLICES_AHEAD);
+        let shared = self.clone();
+        tokio::task::spawn_blocking(move || send_slices(&shared, source, len, &sender));
+        ReplyBody {
+            data: None,
+            slices: (len > 0).then_some(receiver),
+            remaining: len,
+            busy: None,
         }
-        let range = req
+    }
+
+    async fn get_image(self: &Arc<Self>, request: &Request<Incoming>) -> Response<ReplyBody> {
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
+        // A value that is not text is no range we can serve: 416.
+        let range = request
             .headers()
-            .iter()
-            .find(|h| h.field.equiv("Range"))
-            .map(|h| h.value.as_str().to_string());
-        let (status, start, end) = match range {
-            None if self.size == 0 => return req.respond(Response::empty(200)),
-            None => (200, 0, self.size - 1),
-            Some(v) => match parse_range(&v, self.size) {
-                Some((a, b)) => (206, a, b),
+            .get(RANGE)
+            .map(|v| v.to_str().unwrap_or(""));
+        let (code, start, end) = match range {
+            None if self.size == 0 => return status(StatusCode::OK),
+            None => (StatusCode::OK, 0, self.size - 1),
+            Some(v) => match parse_range(v, self.size) {
+                Some((a, b)) => (StatusCode::PARTIAL_CONTENT, a, b),
                 None => {
-                    let mut r = Response::empty(416);
-                    if let Some(h) = header("Content-Range", &format!("bytes */{}", self.size)) {
-                        r.add_header(h);
+                    let mut r = status(StatusCode::RANGE_NOT_SATISFIABLE);
+                    if let Ok(h) = HeaderValue::from_str(&format!("bytes */{}", self.size)) {
+                        r.headers_mut().insert(CONTENT_RANGE, h);
                     }
-                    return req.respond(r);
+                    return r;
                 }
             },
         };
-        let mut file = std::fs::File::open(&self.image)?;
-        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(start))?;
-        let len = end - start + 1;
-        let body = Capped {
-            inner: file.take(len),
-            shared: self.clone(),
+        let opened = std::fs::File::open(&self.image).and_then(|mut file| {
+            std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(start))?;
+            Ok(file)
+        });
+        let file = match opened {
+            Ok(file) => file,
+            Err(e) => {
+                tracing::warn!("repo-serve: cannot read '{}': {e}", self.image.display());
+                return status(StatusCode::INTERNAL_SERVER_ERROR);
+            }
         };
-        let mut headers: Vec<Header> = header("Accept-Ranges", "bytes").into_iter().collect();
-        if status == 206 {
-            headers.extend(header(
-                "Content-Range",
-                &format!("bytes {start}-{end}/{}", self.size),
-            ));
+        let len = end - start + 1;
+        let mut response = Response::new(self.sliced(file.take(len), len));
+        *response.status_mut() = code;
+        let headers = response.headers_mut();
+        headers.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+        if code == StatusCode::PARTIAL_CONTENT {
+            if let Ok(h) = HeaderValue::from_str(&format!("bytes {start}-{end}/{}", self.size)) {
+                headers.insert(CONTENT_RANGE, h);
+            }
         }
-        req.respond(Response::new(
-            StatusCode(status),
-            headers,
-            body,
-            Some(len as usize),
-            None,
-        ))
+        response
     }
 
     fn side_path(&self, suffix: &str) -> PathBuf {
@@ -296,61 +493,65 @@ impl Shared {
         PathBuf::from(s)
     }
 
-    fn get_file(self: &Arc<Self>, req: Request, suffix: &str) -> std::io::Result<()> {
-        match std::fs::read(self.side_path(suffix)) {
-            Ok(data) => {
-                let len = data.len();
-                let body = Capped {
-                    inner: std::io::Cursor::new(data),
-                    shared: self.clone(),
-                };
-                req.respond(Response::new(
-                    StatusCode(200),
-                    vec![],
-                    body,
-                    Some(len),
-                    None,
-                ))
+    async fn get_file(self: &Arc<Self>, suffix: &str) -> Response<ReplyBody> {
+        let path = self.side_path(suffix);
+        match tokio::task::spawn_blocking(move || std::fs::read(path)).await {
+            Ok(Ok(data)) => {
+                let len = data.len() as u64;
+                Response::new(self.sliced(std::io::Cursor::new(data), len))
             }
-            Err(_) => req.respond(Response::empty(404)),
+            _ => status(StatusCode::NOT_FOUND),
         }
     }
 
-    fn put_trace(&self, req: &mut Request) -> std::io::Result<Response<std::io::Empty>> {
-        let mut data = Vec::new();
-        req.as_reader().take(MAX_TRACE + 1).read_to_end(&mut data)?;
-        if data.len() as u64 > MAX_TRACE {
-            return Ok(Response::empty(413));
-        }
+    async fn put_trace(self: &Arc<Self>, body: Incoming) -> Response<ReplyBody> {
+        let data = match read_body(body, MAX_TRACE, self.body_timeout).await {
+            Ok(data) => data,
+            Err(e) => return body_error(e, StatusCode::PAYLOAD_TOO_LARGE),
+        };
         let path = self.side_path(TRACE_SUFFIX);
         let tmp = self.side_path(&format!("{TRACE_SUFFIX}.tmp{}", std::process::id()));
-        std::fs::write(&tmp, &data)?;
-        std::fs::rename(&tmp, &path)?;
-        Ok(Response::empty(204))
+        let stored = tokio::task::spawn_blocking(move || {
+            std::fs::write(&tmp, &data)?;
+            std::fs::rename(&tmp, &path)
+        })
+        .await;
+        match stored {
+            Ok(Ok(())) => status(StatusCode::NO_CONTENT),
+            Ok(Err(e)) => {
+                tracing::warn!("repo-serve: cannot store the trace: {e}");
+                status(StatusCode::INTERNAL_SERVER_ERROR)
+            }
+            Err(_) => status(StatusCode::INTERNAL_SERVER_ERROR),
+        }
     }
 
-    fn register(&self, req: &mut Request) -> Response<std::io::Cursor<Vec<u8>>> {
-        let mut body = Vec::new();
-        if req
-            .as_reader()
-            .take(MAX_ADDR_LEN as u64 + 1)
-            .read_to_end(&mut body)
-            .is_err()
-        {
-            return Response::from_data(Vec::new()).with_status_code(400);
-        }
+    async fn register(self: &Arc<Self>, body: Incoming) -> Response<ReplyBody> {
+        let body = match read_body(body, MAX_ADDR_LEN as u64, self.body_timeout).await {
+            Ok(body) => body,
+            Err(e) => return body_error(e, StatusCode::BAD_REQUEST),
+        };
         let text = String::from_utf8_lossy(&body);
         let me = parse_peer_list(&text);
         let mut peers = self.peers.lock();
         match me.first() {
-            Some(addr) if body.len() <= MAX_ADDR_LEN && me.len() == 1 => {
+            Some(addr) if me.len() == 1 => {
                 if !peers.contains(addr) && peers.len() < MAX_PEERS {
                     peers.push(addr.clone());
                 }
             }
-            _ => return Response::from_data(Vec::new()).with_status_code(400),
+            _ => return status(StatusCode::BAD_REQUEST),
         }
-        Response::from_data(peers.join("\n").into_bytes())
+        Response::new(ReplyBody::bytes(peers.join("\n")))
+    }
+}
+
+/// The answer to a body not read: `too_large` if it was too long.
+fn body_error(e: BodyError, too_large: StatusCode) -> Response<ReplyBody> {
+    match e {
+        BodyError::TooLarge => status(too_large),
+        BodyError::Broken => status(StatusCode::BAD_REQUEST),
+        BodyError::Late => status(StatusCode::REQUEST_TIMEOUT),
     }
 }
 
