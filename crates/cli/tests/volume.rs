@@ -2444,6 +2444,9 @@ fn half_open_api_connections_starve_neither_the_api_nor_nbd() {
     for volume in VOLUMES {
         d.cli(&["volume", "create", volume, "64M"]);
     }
+    // What the daemon holds before any flood: its listeners, the pool's
+    // files, its runtime's own descriptors.
+    let baseline = open_descriptors(d.child.id());
 
     let mut flood = HalfOpenFlood::start(&d.api, HALF_OPEN);
     let held = flood.wait_opened(Duration::from_secs(20));
@@ -2475,9 +2478,13 @@ fn half_open_api_connections_starve_neither_the_api_nor_nbd() {
         VOLUMES.len(),
         flooded.elapsed()
     );
+    // The API's 256, plus NBD connections that were just closed and
+    // files the round trips opened: far below the thousands an uncapped
+    // accept loop reaches.
     assert!(
-        descriptors <= 256 + 64,
-        "the daemon holds {descriptors} descriptors with a cap of 256 API connections"
+        descriptors <= baseline + 256 + 96,
+        "the daemon holds {descriptors} descriptors ({baseline} before the flood) with a cap \
+         of 256 API connections"
     );
     assert!(
         flood.kernel_sockets() >= HALF_OPEN,
