@@ -72,4 +72,3 @@ pub fn parse_peer_list(text: &str) -> Vec<String> {
         .map(String::from)
         .collect()
 }
-

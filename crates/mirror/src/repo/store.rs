@@ -25,8 +25,8 @@ use parking_lot::Mutex;
 use strata_store_client::client::Client;
 use strata_store_protocol::wire::Code;
 
-use crate::digest::{Manifest, SUFFIX as DIGEST_SUFFIX};
 use super::{parse_peer_list, Repository, MAX_ADDR_LEN, MAX_PEERS, PEERS_SUFFIX};
+use crate::digest::{Manifest, SUFFIX as DIGEST_SUFFIX};
 use crate::{io_err, MirrorError, Result};
 
 /// URL scheme of store repositories.

@@ -15,9 +15,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::catalog::State;
 use super::compact::{compaction_runs, CompactOptions, CompactionState, DEFAULT_RATE};
 use super::Service;
+use crate::catalog::State;
 
 /// How long after a failed compaction the keeper tries that volume again.
 pub const FAILED_BACKOFF: Duration = Duration::from_secs(300);

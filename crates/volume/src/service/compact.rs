@@ -30,10 +30,10 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use strata_disk::{merge_layers, set_backing_file, DiskError, MergeProgress};
 
+use super::{not_found, Service};
 use crate::catalog::{LayerRec, State};
 use crate::error::{Result, VolumeError};
 use crate::failpoint::failpoint;
-use super::{not_found, Service};
 use crate::pool::{layer_file, new_id};
 
 /// Default pace of a compaction's copy, in bytes per second. On the

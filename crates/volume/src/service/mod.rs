@@ -27,14 +27,14 @@ pub mod autocompact;
 pub mod compact;
 pub mod standby;
 
-use compact::Jobs;
 use crate::error::{Result, VolumeError};
 use crate::failpoint::failpoint;
 use crate::metrics;
 use crate::names::{check_name, check_size};
-use standby::{Keeper, Standby};
 use crate::trash::Trash;
 use crate::volume::Volume;
+use compact::Jobs;
+use standby::{Keeper, Standby};
 
 /// How a service runs.
 #[derive(Debug, Clone)]

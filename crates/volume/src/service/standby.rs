@@ -31,8 +31,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use strata_disk::PreparedTop;
 
-use crate::error::Result;
 use super::{Live, Service};
+use crate::error::Result;
 use crate::pool::{layer_file, new_id};
 
 /// Index sectors (4 KiB) the keeper copies per hold of a volume's disk:
