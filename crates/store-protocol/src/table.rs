@@ -244,6 +244,10 @@ const REVOKED_SECTION: u8 = 1;
 /// 24 KiB of the table's datagram ([`crate::wire::MAX_DATAGRAM`]).
 pub const MAX_REVOKED_TENANTS: usize = 2048;
 
+// The revocation list never takes more than its 24 KiB share of the
+// table's datagram.
+const _: () = assert!(MAX_REVOKED_TENANTS * 12 <= 24 * 1024);
+
 /// Version of the optional trailing section of the encoded table that
 /// lists storage nodes being drained (tables stored before it existed end
 /// after the stand-ins and decode with none).

@@ -876,6 +876,10 @@ pub const MAX_SYNC_ENTRIES: usize = 1024;
 /// carries: 13 bytes each, well within one datagram.
 pub const MAX_SYNC_SUMS: usize = 4096;
 
+// A full digest (group u32, index u8, sum u64: 13 bytes a sum) with its
+// header and seal fits one datagram.
+const _: () = assert!(HEADER_LEN + MAX_SYNC_SUMS * 13 + SEAL_LEN <= crate::codec::MAX_DATAGRAM);
+
 /// Most addresses one `Referenced` message carries.
 pub const MAX_REFERENCED: usize = 2048;
 
