@@ -151,29 +151,9 @@ fn chain(dir: &Path) {
         &b,
         &["write -P 1 0 1M", "write -P 2 4M 64k", "write -P 6 7M 1M"],
     );
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-b",
-        "base.qcow2",
-        "-F",
-        "qcow2",
-        &p(&m),
-    ]);
+    qemu_overlay(&m, "base.qcow2", None);
     qemu_io(&m, &["write -P 5 2M 128k", "write -z 7M 64k"]);
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-b",
-        "mid.qcow2",
-        "-F",
-        "qcow2",
-        &p(&t),
-    ]);
+    qemu_overlay(&t, "mid.qcow2", None);
     qemu_io(
         &t,
         &["write -P 3 512k 1M", "write -P 4 4M 4k", "write -z 2M 64k"],

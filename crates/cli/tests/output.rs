@@ -656,22 +656,7 @@ fn streamed_chain(dir: &Path) -> PathBuf {
             "write -P 0x55 6M 64k",
         ],
     );
-    run_ok(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-b",
-            "base.qcow2",
-            "-F",
-            "qcow2",
-        ]
-        .into_iter()
-        .chain([p(&top).as_str(), "7680k"])
-        .collect::<Vec<_>>(),
-    );
+    common::qemu_overlay(&top, "base.qcow2", Some("7680k"));
     common::qemu_io(
         &top,
         &[

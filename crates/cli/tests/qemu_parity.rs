@@ -304,17 +304,7 @@ fn chains_match_qemu_img() {
     qemu_create(&base, "", "8M");
     qemu_io(&base, &["write -P 0x10 0 4M"]);
     let mid = at(&dir, "mid.qcow2");
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-b",
-        "base.qcow2",
-        "-F",
-        "qcow2",
-        &p(&mid),
-    ]);
+    qemu_overlay(&mid, "base.qcow2", None);
     qemu_io(
         &mid,
         &[

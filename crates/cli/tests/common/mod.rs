@@ -131,6 +131,18 @@ pub fn qemu_create(image: &Path, opts: &str, size: &str) {
     qemu_img(&args);
 }
 
+/// `qemu-img create -q -f qcow2 -b BACKING -F qcow2 IMAGE [SIZE]`: an
+/// overlay on a qcow2 backing file named as the overlay will record it
+/// (relative to the overlay's folder), as large as the backing file
+/// unless `size` is given.
+pub fn qemu_overlay(image: &Path, backing: &str, size: Option<&str>) {
+    let path = p(image);
+    let mut args = vec!["create", "-q", "-f", "qcow2", "-b", backing, "-F", "qcow2"];
+    args.push(&path);
+    args.extend(size);
+    qemu_img(&args);
+}
+
 /// `(start, length, data)` of every extent of a `map --output json`
 /// listing, as qemu-img and strata print it.
 pub fn map_runs(json: &str) -> Vec<(u64, u64, bool)> {
