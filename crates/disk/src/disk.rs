@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+/// Allocation state of a run of guest bytes (from the block-device contract).
+pub use strata_block::BlockStatus;
 use strata_format::index::{LayerIdentity, MAX_CHAIN_DEPTH};
 use strata_format::L2Mapping;
 
@@ -592,18 +594,6 @@ impl Disk {
         }
         Ok(true)
     }
-}
-
-/// Allocation state of a run of guest bytes, as NBD's `base:allocation`
-/// and `qemu-img map` describe it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct BlockStatus {
-    /// Bytes in the run.
-    pub length: u64,
-    /// No layer stores data for it (unowned, or a zero cluster).
-    pub hole: bool,
-    /// Reads as zeros.
-    pub zero: bool,
 }
 
 impl Disk {

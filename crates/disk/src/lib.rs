@@ -16,7 +16,8 @@
 mod allocator;
 pub mod amend;
 pub mod bench;
-pub mod buf;
+/// Page-aligned I/O buffers (from the block-device contract).
+pub use strata_block::buf;
 pub mod cache;
 mod chain;
 mod chain_index;

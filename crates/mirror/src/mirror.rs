@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use strata_disk::disk::BlockStatus;
+use strata_block::{BlockDevice, BlockStatus};
 use strata_disk::error::Place;
-use strata_disk::{BlockDevice, DiskError};
+use strata_disk::DiskError;
 
 use crate::chunk::{Access, ChunkState, ChunkTable, PolicyConfig, PolicyCounters, PrefetchKind};
 use crate::digest::{self, Manifest};
@@ -1052,7 +1052,7 @@ impl BlockDevice for Mirror {
         self.inner.manifest.chunk_size as u64
     }
 
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> strata_disk::Result<()> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> strata_block::Result<()> {
         let Some((first, last)) = self.chunk_span(offset, buf.len() as u64)? else {
             return Ok(());
         };
@@ -1068,10 +1068,11 @@ impl BlockDevice for Mirror {
                 },
                 op: "read",
                 error: e,
-            })
+            })?;
+        Ok(())
     }
 
-    fn write_at(&self, buf: &[u8], offset: u64) -> strata_disk::Result<()> {
+    fn write_at(&self, buf: &[u8], offset: u64) -> strata_block::Result<()> {
         let Some((first, last)) = self.chunk_span(offset, buf.len() as u64)? else {
             return Ok(());
         };
@@ -1102,7 +1103,7 @@ impl BlockDevice for Mirror {
         Ok(())
     }
 
-    fn write_zeroes(&self, offset: u64, len: u64) -> strata_disk::Result<()> {
+    fn write_zeroes(&self, offset: u64, len: u64) -> strata_block::Result<()> {
         let zeros = vec![0u8; (1 << 20).min(len as usize)];
         let mut done = 0;
         while done < len {
@@ -1113,18 +1114,19 @@ impl BlockDevice for Mirror {
         Ok(())
     }
 
-    fn discard(&self, offset: u64, len: u64) -> strata_disk::Result<()> {
+    fn discard(&self, offset: u64, len: u64) -> strata_block::Result<()> {
         self.write_zeroes(offset, len)
     }
 
-    fn flush(&self) -> strata_disk::Result<()> {
+    fn flush(&self) -> strata_block::Result<()> {
         self.inner
             .store
             .sync()
-            .map_err(|e| self.inner.to_disk_error(e))
+            .map_err(|e| self.inner.to_disk_error(e))?;
+        Ok(())
     }
 
-    fn reads_as_zero(&self, _offset: u64, _len: u64) -> strata_disk::Result<bool> {
+    fn reads_as_zero(&self, _offset: u64, _len: u64) -> strata_block::Result<bool> {
         Ok(false)
     }
 
@@ -1133,7 +1135,7 @@ impl BlockDevice for Mirror {
         offset: u64,
         len: u64,
         _max_runs: usize,
-    ) -> strata_disk::Result<Vec<BlockStatus>> {
+    ) -> strata_block::Result<Vec<BlockStatus>> {
         self.chunk_span(offset, len)?;
         Ok(vec![BlockStatus {
             length: len,

@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use strata_disk::buf::AlignedBuf;
-use strata_disk::{BlockDevice, DiskError};
+use strata_block::buf::AlignedBuf;
+use strata_block::{BlockDevice, BlockError, ErrorKind};
 
 use crate::command::Op;
 use crate::proto::{self, Extent};
@@ -235,7 +235,7 @@ impl Export {
         }
     }
 
-    fn failure<'a>(&self, handle: u64, e: &DiskError, structured: bool) -> Reply<'a> {
+    fn failure<'a>(&self, handle: u64, e: &BlockError, structured: bool) -> Reply<'a> {
         let error = errno(e);
         if error == proto::EIO {
             tracing::warn!(export = %self.name, "request failed: {e}");
@@ -245,7 +245,7 @@ impl Export {
         Reply::error(handle, error, &e.to_string(), structured)
     }
 
-    fn fua(&self, fua: bool) -> Result<(), DiskError> {
+    fn fua(&self, fua: bool) -> Result<(), BlockError> {
         if fua {
             self.disk.flush()
         } else {
@@ -257,8 +257,8 @@ impl Export {
         &self,
         offset: u64,
         len: u64,
-        mut f: impl FnMut(u64, u64) -> Result<(), DiskError>,
-    ) -> Result<(), DiskError> {
+        mut f: impl FnMut(u64, u64) -> Result<(), BlockError>,
+    ) -> Result<(), BlockError> {
         let end = offset + len;
         let mut pos = offset;
         while pos < end {
@@ -301,7 +301,7 @@ impl Export {
     /// Zero ranges (relative to `offset`, at least [`MIN_HOLE`] long) of
     /// a read, from the allocation map. Asked unit by unit through the
     /// resolved-page cache, which costs the same at any chain length.
-    fn zero_runs(&self, offset: u64, len: u32) -> Result<Vec<(u64, u64)>, DiskError> {
+    fn zero_runs(&self, offset: u64, len: u32) -> Result<Vec<(u64, u64)>, BlockError> {
         let unit = self.disk.unit_size();
         let end = offset + u64::from(len);
         if u64::from(len) / unit > MAX_HOLE_UNITS {
@@ -323,7 +323,7 @@ impl Export {
         Ok(out)
     }
 
-    fn prefetch(&self, offset: u64, len: u32, scratch: &mut Scratch) -> Result<(), DiskError> {
+    fn prefetch(&self, offset: u64, len: u32, scratch: &mut Scratch) -> Result<(), BlockError> {
         // Reading warms both the page cache and the engine's metadata
         // cache, which is what a client asking for CACHE wants.
         let buf = scratch.get(IO_PIECE.min(len.max(1) as usize));
@@ -345,7 +345,7 @@ impl Export {
         len: u64,
         no_hole: bool,
         fast: bool,
-    ) -> Result<bool, DiskError> {
+    ) -> Result<bool, BlockError> {
         if len == 0 {
             return Ok(true);
         }
@@ -451,16 +451,13 @@ impl Export {
     }
 }
 
-/// The NBD error for an engine error.
-pub fn errno(e: &DiskError) -> u32 {
-    match e {
-        DiskError::ReadOnly(_) => proto::EPERM,
-        DiskError::OutOfRange { .. } | DiskError::Invalid(_) => proto::EINVAL,
-        DiskError::Io { error, .. } => match error.raw_os_error() {
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG) => proto::ENOSPC,
-            Some(libc::ENOMEM) => proto::ENOMEM,
-            _ => proto::EIO,
-        },
+/// The NBD error for a device error: the contract's kind decides.
+pub fn errno(e: &BlockError) -> u32 {
+    match e.kind() {
+        ErrorKind::ReadOnly => proto::EPERM,
+        ErrorKind::OutOfRange | ErrorKind::Invalid => proto::EINVAL,
+        ErrorKind::NoSpace => proto::ENOSPC,
+        ErrorKind::OutOfMemory => proto::ENOMEM,
         _ => proto::EIO,
     }
 }

@@ -7,7 +7,7 @@
 //! - [`proto`]: the wire format, pure encode/decode, no I/O;
 //! - [`command`]: checks a request against the export and session, pure;
 //! - [`export`]: runs checked requests against a
-//!   [`strata_disk::BlockDevice`] (blocking) and encodes the replies;
+//!   [`strata_block::BlockDevice`] (blocking) and encodes the replies;
 //! - [`exports`]: the set of exports, which may change while serving;
 //! - the handshake and transmission loops, and [`server`]: sockets,
 //!   connection limits and shutdown, on tokio;

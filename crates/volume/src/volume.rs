@@ -5,8 +5,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
-use strata_disk::disk::BlockStatus;
-use strata_disk::{BlockDevice, Disk, PreparedTop};
+use strata_block::{BlockDevice, BlockStatus};
+use strata_disk::{Disk, PreparedTop};
 
 use crate::failpoint::failpoint;
 use crate::metrics::{Op, VolumeGauges, VolumeStats};
@@ -255,29 +255,29 @@ impl BlockDevice for Volume {
         BlockDevice::zero_cluster_bits(&*self.disk.read())
     }
 
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> strata_disk::Result<()> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> strata_block::Result<()> {
         let len = buf.len() as u64;
-        self.io(Op::Read, len, |d| d.read_at(buf, offset))
+        Ok(self.io(Op::Read, len, |d| d.read_at(buf, offset))?)
     }
 
-    fn write_at(&self, buf: &[u8], offset: u64) -> strata_disk::Result<()> {
-        self.io(Op::Write, buf.len() as u64, |d| d.write_at(buf, offset))
+    fn write_at(&self, buf: &[u8], offset: u64) -> strata_block::Result<()> {
+        Ok(self.io(Op::Write, buf.len() as u64, |d| d.write_at(buf, offset))?)
     }
 
-    fn write_zeroes(&self, offset: u64, len: u64) -> strata_disk::Result<()> {
-        self.io(Op::Write, len, |d| d.write_zeroes(offset, len))
+    fn write_zeroes(&self, offset: u64, len: u64) -> strata_block::Result<()> {
+        Ok(self.io(Op::Write, len, |d| d.write_zeroes(offset, len))?)
     }
 
-    fn discard(&self, offset: u64, len: u64) -> strata_disk::Result<()> {
-        self.io(Op::Discard, 0, |d| d.discard(offset, len))
+    fn discard(&self, offset: u64, len: u64) -> strata_block::Result<()> {
+        Ok(self.io(Op::Discard, 0, |d| d.discard(offset, len))?)
     }
 
-    fn flush(&self) -> strata_disk::Result<()> {
-        self.io(Op::Flush, 0, |d| d.flush())
+    fn flush(&self) -> strata_block::Result<()> {
+        Ok(self.io(Op::Flush, 0, |d| d.flush())?)
     }
 
-    fn reads_as_zero(&self, offset: u64, len: u64) -> strata_disk::Result<bool> {
-        self.disk.read().reads_as_zero(offset, len)
+    fn reads_as_zero(&self, offset: u64, len: u64) -> strata_block::Result<bool> {
+        Ok(self.disk.read().reads_as_zero(offset, len)?)
     }
 
     fn block_status(
@@ -285,7 +285,7 @@ impl BlockDevice for Volume {
         offset: u64,
         len: u64,
         max_runs: usize,
-    ) -> strata_disk::Result<Vec<BlockStatus>> {
-        self.disk.read().block_status(offset, len, max_runs)
+    ) -> strata_block::Result<Vec<BlockStatus>> {
+        Ok(self.disk.read().block_status(offset, len, max_runs)?)
     }
 }
