@@ -1,6 +1,15 @@
-//! The storage node: replica files with CRC-32C, fsync before
-//! acknowledging, chain forwarding and garbage collection ([`replicas`]),
-//! and its runtime on a TCP listener ([`server`]).
+//! The storage node. Its decisions live in a deterministic core without
+//! I/O ([`core`]: admission and counters; [`put`]: one Put's machine;
+//! [`collect`]: garbage collection; [`file`]: the replica file's layout
+//! and what a read may serve). The I/O shell executes them on real files
+//! and sockets ([`replicas`], with Gets served by [`reader`]), and
+//! [`server`] runs the node on its TCP listener. See
+//! docs/design/storage-node.md.
 
+pub mod collect;
+pub mod core;
+pub mod file;
+pub mod put;
+mod reader;
 pub mod replicas;
 pub mod server;

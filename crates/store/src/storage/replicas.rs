@@ -1,14 +1,23 @@
-//! The storage node: one file per replica, named by its address, with a
-//! header holding the size and CRC-32C of the data. A Put is written to a
-//! temporary file while it is forwarded to the next replica, checked
-//! against the sender's checksum, fsynced and renamed into place before it
-//! is acknowledged, so a replica is either whole or absent. Every read
-//! verifies the checksum and reports the result in the reply's trailer.
+//! The storage node's I/O shell: one file per replica, named by its
+//! address, with a header holding the size and CRC-32C of the data
+//! ([`crate::storage::file`]). What to do is decided by the core
+//! ([`crate::storage::core::StorageCore`], one Put by its
+//! [`PutMachine`]); this executes it on real files and sockets. A Put is
+//! written to a temporary file while it is forwarded to the next replica,
+//! checked against the sender's checksum, fsynced and renamed into place
+//! before it is acknowledged, so a replica is either whole or absent.
+//! Every read verifies the checksum and reports the result in the reply's
+//! trailer ([`crate::storage::reader`]).
 
 use crate::runtime::SharedTable;
+use crate::storage::core::{AfterRefusal, Refusal, StorageCore};
+use crate::storage::file::{file_name, parse_name, CHECKSUM_OFFSET};
+use crate::storage::put::{PutAction, PutEvent, PutMachine, PutPhase, PutReply};
+use crate::storage::reader::{get, reply_err, CHUNK};
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use strata_store_client::stream::{read_request, read_status, write_error};
 use strata_store_protocol::addr::{fmt_addr, Addr};
 use strata_store_protocol::data::{Authority, Credential, Request};
@@ -18,23 +27,13 @@ use tokio::fs::File;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 
-const FILE_MAGIC: [u8; 4] = *b"S6RP";
-/// Replica file header: magic, version, 3 reserved bytes, size, CRC-32C.
-const FILE_HEADER: usize = 20;
-const CHUNK: usize = 256 * 1024;
-
-/// A storage node's replica directory and counters.
+/// A storage node's replica directory and its core.
 pub struct SnStore {
     dir: PathBuf,
-    index: u16,
     on: std::net::SocketAddr,
-    capacity: u64,
-    used: AtomicU64,
-    objects: AtomicU64,
+    /// The node's decisions and counters.
+    core: Mutex<StorageCore>,
     tmp_seq: AtomicU64,
-    /// Set once the orchestrator has retired this node: its replicas are
-    /// freed and Puts refused.
-    retired: std::sync::atomic::AtomicBool,
     /// The cluster key: seals the node's requests to metadata nodes and
     /// the orchestrator (none in tests that run no cluster).
     key: Option<strata_store_protocol::auth::ClusterKey>,
@@ -107,13 +106,9 @@ impl SnStore {
         }
         Ok(SnStore {
             dir: dir.to_path_buf(),
-            index,
             on,
-            capacity,
-            used: AtomicU64::new(used),
-            objects: AtomicU64::new(objects),
+            core: Mutex::new(StorageCore::new(index, capacity, used, objects)),
             tmp_seq: AtomicU64::new(0),
-            retired: std::sync::atomic::AtomicBool::new(false),
             key: None,
             limits: DataLimits::default(),
             connections: std::sync::atomic::AtomicUsize::new(0),
@@ -137,28 +132,31 @@ impl SnStore {
         self
     }
 
+    /// The core, locked for one decision (never across an await).
+    fn core(&self) -> MutexGuard<'_, StorageCore> {
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Bytes still free: the configured capacity minus what is stored,
     /// and never more than the file system has.
     pub fn free(&self) -> u64 {
-        let by_capacity = self
-            .capacity
-            .saturating_sub(self.used.load(Ordering::Relaxed));
-        by_capacity.min(fs_free(&self.dir).unwrap_or(u64::MAX))
+        let disk_free = fs_free(&self.dir).unwrap_or(u64::MAX);
+        self.core().free(disk_free)
     }
 
     /// Replicas held.
     pub fn objects(&self) -> u64 {
-        self.objects.load(Ordering::Relaxed)
+        self.core().objects()
     }
 
     /// Configured capacity.
     pub fn capacity(&self) -> u64 {
-        self.capacity
+        self.core().capacity()
     }
 
     /// Whether the node has been retired (see [`SnStore::retire`]).
     pub fn is_retired(&self) -> bool {
-        self.retired.load(Ordering::Relaxed)
+        self.core().is_retired()
     }
 
     /// Retirement: the orchestrator marked this node retired after its
@@ -167,7 +165,7 @@ impl SnStore {
     /// Gets are still answered (a client holding a record read before
     /// the drain ended is told the replica is gone, and tries the next).
     pub fn retire(&self) -> usize {
-        self.retired.store(true, Ordering::Relaxed);
+        self.core().retire();
         let Ok(entries) = std::fs::read_dir(self.dir.join("replicas")) else {
             return 0;
         };
@@ -182,34 +180,7 @@ impl SnStore {
     }
 
     fn path(&self, addr: Addr) -> PathBuf {
-        self.dir.join("replicas").join(format!("{addr:032x}"))
-    }
-
-    /// Checks that a request for `addr` belongs here. `addressed` is the
-    /// address the connection was made to, when it lies in this node's
-    /// prefix (routed mode): then the request must name that very address.
-    fn check_addr(
-        &self,
-        table: &SharedTable,
-        addr: Addr,
-        addressed: Option<Addr>,
-    ) -> Result<(), String> {
-        let layout = crate::runtime::read_table(table).layout;
-        if layout.sn_of(addr) != Some(self.index) || addr as u64 == 0 {
-            return Err(format!(
-                "replica address {} is not in this storage node's prefix {}/64",
-                fmt_addr(addr),
-                fmt_addr(layout.sn_prefix(self.index))
-            ));
-        }
-        match addressed {
-            Some(a) if a != addr => Err(format!(
-                "connection made to replica address {} but the request names {}",
-                fmt_addr(a),
-                fmt_addr(addr)
-            )),
-            _ => Ok(()),
-        }
+        self.dir.join("replicas").join(file_name(addr))
     }
 
     /// The replica address a connection was made to (`getsockname`), if
@@ -221,7 +192,38 @@ impl SnStore {
         };
         let addr = u128::from(ip);
         let layout = crate::runtime::read_table(table).layout;
-        (layout.sn_of(addr) == Some(self.index)).then_some(addr)
+        (layout.sn_of(addr) == Some(self.core().index())).then_some(addr)
+    }
+
+    /// Replica files with their age in ms, from their names and
+    /// modification times (a file dated in the future is left out).
+    fn replica_ages(&self) -> Vec<(Addr, u64)> {
+        let Ok(entries) = std::fs::read_dir(self.dir.join("replicas")) else {
+            return Vec::new();
+        };
+        let now = std::time::SystemTime::now();
+        entries
+            .flatten()
+            .filter_map(|e| {
+                let modified = e.metadata().and_then(|m| m.modified()).ok()?;
+                let age = now.duration_since(modified).ok()?;
+                let addr = parse_name(e.file_name().to_str()?)?;
+                Some((addr, age.as_millis().min(u64::MAX as u128) as u64))
+            })
+            .collect()
+    }
+
+    /// Removes one replica file and counts it out.
+    fn remove_replica(&self, addr: Addr) -> bool {
+        let path = self.path(addr);
+        let Ok(m) = std::fs::metadata(&path) else {
+            return false;
+        };
+        if std::fs::remove_file(&path).is_err() {
+            return false;
+        }
+        self.core().removed(m.len());
+        true
     }
 }
 
@@ -314,50 +316,35 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
                 Ok(a) => a,
                 Err(msg) => {
                     tracing::info!("refused a data request: {msg}");
-                    write_error(&mut w, &msg)
-                        .await
-                        .map_err(|e| Error::io("replying", e))?;
+                    reply_err(&mut w, &msg).await?;
                     // A refused Put's data would follow, and a peer without
                     // credentials gets nothing more from this connection.
                     return Ok(());
                 }
             };
         let req = incoming.req;
-        let addr = req.addr();
-        if let Err(msg) = store.check_addr(table, addr, addressed) {
-            write_error(&mut w, &msg)
-                .await
-                .map_err(|e| Error::io("replying", e))?;
-            // A refused Put's data would follow: the stream cannot continue.
-            if matches!(req, Request::Put { .. }) {
-                return Ok(());
+        let layout = crate::runtime::read_table(table).layout;
+        let checked = store.core().check_request(&layout, &req, addressed);
+        if let Err(refusal) = checked {
+            match refused(&mut r, &mut w, refusal).await? {
+                AfterRefusal::Close => return Ok(()),
+                _ => continue,
             }
-            continue;
         }
         match req {
-            Request::Put { .. } if store.is_retired() => {
-                write_error(&mut w, "this storage node is retired: it takes no replica")
-                    .await
-                    .map_err(|e| Error::io("replying", e))?;
-                // The refused Put's data would follow.
-                return Ok(());
-            }
             Request::Put { addr, size, chain } => {
-                let stored = put(&mut r, &mut w, store, table, addr, size, chain).await;
-                if let (Err(_), Authority::Tenant { coordinator }) = (&stored, authority) {
-                    // The tenant's connection broke mid-Put: its client
-                    // is gone (a client never resends on another one).
-                    report_abandoned(store, table, coordinator, addr);
-                }
-                stored?
+                let coordinator = match authority {
+                    Authority::Tenant { coordinator } => Some(coordinator),
+                    Authority::Node => None,
+                };
+                put(&mut r, &mut w, store, table, addr, size, chain, coordinator).await?
             }
-            Request::Get { addr } => get(&mut w, store, addr).await?,
+            Request::Get { addr } => get(&mut w, store.path(addr), addr).await?,
             Request::Free { addr } => {
                 let path = store.path(addr);
                 if let Ok(m) = tokio::fs::metadata(&path).await {
                     if tokio::fs::remove_file(&path).await.is_ok() {
-                        store.used.fetch_sub(m.len(), Ordering::Relaxed);
-                        store.objects.fetch_sub(1, Ordering::Relaxed);
+                        store.core().removed(m.len());
                     }
                 }
                 w.write_all(&[0])
@@ -367,6 +354,23 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
             }
         }
     }
+}
+
+/// Sends a refusal, first reading and dropping what the core says to
+/// drain (a refused Put's data) so the reply is in step; returns what the
+/// connection does next.
+async fn refused<R, W>(r: &mut R, w: &mut W, refusal: Refusal) -> Result<AfterRefusal, Error>
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    if let AfterRefusal::Drain(bytes) = refusal.after {
+        tokio::io::copy(&mut r.take(bytes), &mut tokio::io::sink())
+            .await
+            .map_err(|e| Error::io("draining a refused Put", e))?;
+    }
+    reply_err(w, &refusal.message).await?;
+    Ok(refusal.after)
 }
 
 /// Tells the coordinator of a tenant's Put that its client is gone
@@ -415,14 +419,15 @@ fn report_abandoned(store: &SnStore, table: &SharedTable, coordinator: Addr, rep
     });
 }
 
-/// Opens the next replica of a chain, sending it the Put header.
+/// Opens the next replica of a chain, `next`, sending it the header of a
+/// Put of `size` bytes whose own chain is `chain`.
 async fn open_downstream(
     store: &SnStore,
     table: &SharedTable,
+    next: Addr,
     size: u64,
-    chain: &[Addr],
+    chain: Vec<Addr>,
 ) -> Option<BufWriter<TcpStream>> {
-    let (&next, rest) = chain.split_first()?;
     let known = crate::runtime::read_table(table).sn_endpoint(next);
     let endpoint = match known {
         Some(e) => e,
@@ -448,13 +453,34 @@ async fn open_downstream(
     let header = Request::Put {
         addr: next,
         size,
-        chain: rest.to_vec(),
+        chain,
     }
     .encode(cred);
     w.write_all(&header).await.ok()?;
     Some(w)
 }
 
+/// The number of durable copies the rest of the chain reports (`None` if
+/// it failed: the client then decides with W_d).
+async fn downstream_copies(down: Option<BufWriter<TcpStream>>) -> Option<u8> {
+    let mut s = down?.into_inner();
+    let reply = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        read_status(&mut s, "next replica").await.ok()?;
+        s.read_u8().await.ok()
+    })
+    .await;
+    reply.ok().flatten()
+}
+
+async fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir).await {
+        let _ = d.sync_all().await;
+    }
+}
+
+/// Runs one Put: asks the core to admit it, then executes its machine's
+/// actions on the temporary file, the next replica's connection and the
+/// sender's, reading the data as the machine takes it.
 #[allow(clippy::too_many_arguments)]
 async fn put<R, W>(
     r: &mut R,
@@ -464,327 +490,273 @@ async fn put<R, W>(
     addr: Addr,
     size: u64,
     chain: Vec<Addr>,
+    coordinator: Option<Addr>,
 ) -> Result<(), Error>
 where
     R: tokio::io::AsyncRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
 {
-    let final_path = store.path(addr);
-    if tokio::fs::try_exists(&final_path).await.unwrap_or(false) {
-        // Read and drop the data so the reply is in sync, then refuse.
-        tokio::io::copy(&mut r.take(size + 4), &mut tokio::io::sink())
-            .await
-            .map_err(|e| Error::io("draining a refused Put", e))?;
-        return reply_err(w, &format!("replica {} already exists", fmt_addr(addr))).await;
-    }
-    if size > store.free() {
-        tokio::io::copy(&mut r.take(size + 4), &mut tokio::io::sink())
-            .await
-            .map_err(|e| Error::io("draining a refused Put", e))?;
-        return reply_err(
-            w,
-            &format!("no room for {size} bytes ({} free)", store.free()),
-        )
-        .await;
-    }
+    let exists = tokio::fs::try_exists(store.path(addr))
+        .await
+        .unwrap_or(false);
+    let disk_free = fs_free(&store.dir).unwrap_or(u64::MAX);
+    let admitted = store
+        .core()
+        .admit_put(addr, size, chain, coordinator, exists, disk_free);
+    let (machine, first) = match admitted {
+        Ok(admitted) => admitted,
+        Err(refusal) => return refused(r, w, refusal).await.map(|_| ()),
+    };
     let seq = store.tmp_seq.fetch_add(1, Ordering::Relaxed);
-    let tmp = store.dir.join("tmp").join(format!("{addr:032x}.{seq}"));
-    let result = receive(r, store, table, &tmp, size, &chain).await;
-    match result {
-        Ok((downstream, file)) => {
-            // Durable before anyone is told so.
-            file.sync_all()
-                .await
-                .map_err(|e| Error::io(format!("fsync {}", tmp.display()), e))?;
-            drop(file);
-            tokio::fs::rename(&tmp, &final_path)
-                .await
-                .map_err(|e| Error::io(format!("renaming {}", tmp.display()), e))?;
-            sync_dir(&store.dir.join("replicas")).await;
-            store
-                .used
-                .fetch_add(size + FILE_HEADER as u64, Ordering::Relaxed);
-            store.objects.fetch_add(1, Ordering::Relaxed);
-            let copies = 1 + downstream_copies(downstream).await;
-            w.write_all(&[0, copies])
-                .await
-                .map_err(|e| Error::io("replying", e))?;
-            w.flush().await.map_err(|e| Error::io("replying", e))
-        }
-        Err(PutError::Refuse(msg)) => {
-            let _ = tokio::fs::remove_file(&tmp).await;
-            reply_err(w, &msg).await
-        }
-        Err(PutError::Broken(e)) => {
-            let _ = tokio::fs::remove_file(&tmp).await;
-            Err(e)
-        }
+    let mut run = PutRun {
+        store,
+        table,
+        tmp: store.dir.join("tmp").join(format!("{addr:032x}.{seq}")),
+        machine,
+        file: None,
+        down: None,
+    };
+    let outcome = run.drive(r, w, first).await;
+    if outcome.is_err() {
+        let actions = run.machine.handle(PutEvent::Broken);
+        // Only removal and the report follow a broken Put: they cannot fail.
+        let _ = run.execute(w, actions, &[]).await;
+    }
+    outcome
+}
+
+/// A Put being executed; dropping it ends the Put in the core.
+struct PutRun<'a> {
+    store: &'a SnStore,
+    table: &'a SharedTable,
+    tmp: PathBuf,
+    machine: PutMachine,
+    file: Option<File>,
+    down: Option<BufWriter<TcpStream>>,
+}
+
+impl Drop for PutRun<'_> {
+    fn drop(&mut self) {
+        self.store.core().end_put(&self.machine);
     }
 }
 
-enum PutError {
-    /// The Put was read entirely but is refused (bad checksum, disk error).
-    Refuse(String),
-    /// The sender went away: nothing to reply to.
-    Broken(Error),
+/// What executing one action found, fed back to the machine.
+enum Outcome {
+    /// Nothing to report.
+    Done,
+    /// Writing the temporary file failed, for this reason.
+    WriteFailed(String),
+    /// The next replica is gone.
+    ForwardFailed,
+    /// The temporary file is synced.
+    Synced,
+    /// The file is in place.
+    Installed,
+    /// The next replica's answer.
+    Answer(Option<u8>),
 }
 
-/// Receives the data into `tmp`, forwarding it down the chain, and checks
-/// the sender's CRC-32C.
-async fn receive<R: tokio::io::AsyncRead + Unpin>(
-    r: &mut R,
-    store: &SnStore,
-    table: &SharedTable,
-    tmp: &Path,
-    size: u64,
-    chain: &[Addr],
-) -> Result<(Option<BufWriter<TcpStream>>, File), PutError> {
-    let refuse = |what: &str, e: std::io::Error| PutError::Refuse(format!("{what}: {e}"));
-    let mut file = File::create(tmp)
-        .await
-        .map_err(|e| refuse("creating the replica file", e))?;
-    let mut header = [0u8; FILE_HEADER];
-    header[..4].copy_from_slice(&FILE_MAGIC);
-    header[4] = 1;
-    header[8..16].copy_from_slice(&size.to_be_bytes());
-    file.write_all(&header)
-        .await
-        .map_err(|e| refuse("writing the replica", e))?;
-    let mut down = open_downstream(store, table, size, chain).await;
-    let mut buf = vec![0u8; CHUNK];
-    let mut left = size;
-    let mut crc = 0u32;
-    while left > 0 {
-        let want = left.min(CHUNK as u64) as usize;
-        let limit = store.limits.read_timeout;
-        let n = tokio::time::timeout(limit, r.read(&mut buf[..want]))
-            .await
-            .map_err(|_| {
-                PutError::Broken(Error::Timeout(format!(
-                    "the sender sent nothing for {} ms with {left} of {size} bytes still to send",
-                    limit.as_millis()
-                )))
-            })?
-            .map_err(|e| PutError::Broken(Error::io("receiving replica data", e)))?;
-        if n == 0 {
-            return Err(PutError::Broken(Error::Invalid(format!(
-                "sender disconnected with {left} of {size} bytes still to send"
-            ))));
+impl PutRun<'_> {
+    /// Reads the data and the checksum while the machine takes them,
+    /// executing its actions.
+    async fn drive<R, W>(
+        &mut self,
+        r: &mut R,
+        w: &mut W,
+        first: Vec<PutAction>,
+    ) -> Result<(), Error>
+    where
+        R: tokio::io::AsyncRead + Unpin,
+        W: tokio::io::AsyncWrite + Unpin,
+    {
+        self.execute(w, first, &[]).await?;
+        let (size, limit) = (self.machine.size(), self.store.limits.read_timeout);
+        let mut buf = vec![0u8; CHUNK];
+        while self.machine.phase() == PutPhase::Receiving && self.machine.left() > 0 {
+            let left = self.machine.left();
+            let want = left.min(CHUNK as u64) as usize;
+            let n = tokio::time::timeout(limit, r.read(&mut buf[..want]))
+                .await
+                .map_err(|_| {
+                    Error::Timeout(format!(
+                        "the sender sent nothing for {} ms with {left} of {size} bytes still to send",
+                        limit.as_millis()
+                    ))
+                })?
+                .map_err(|e| Error::io("receiving replica data", e))?;
+            if n == 0 {
+                return Err(Error::Invalid(format!(
+                    "sender disconnected with {left} of {size} bytes still to send"
+                )));
+            }
+            let actions = self.machine.handle(PutEvent::Data(&buf[..n]));
+            self.execute(w, actions, &buf[..n]).await?;
         }
-        crc = crc32c::crc32c_append(crc, &buf[..n]);
-        file.write_all(&buf[..n])
+        if self.machine.phase() != PutPhase::Receiving {
+            return Ok(());
+        }
+        let sent_crc = tokio::time::timeout(limit, r.read_u32())
             .await
-            .map_err(|e| refuse("writing the replica", e))?;
-        if let Some(d) = down.as_mut() {
-            if d.write_all(&buf[..n]).await.is_err() {
-                down = None;
+            .map_err(|_| Error::Timeout("the sender never sent the checksum".into()))?
+            .map_err(|e| Error::io("receiving the checksum", e))?;
+        let actions = self.machine.handle(PutEvent::Checksum(sent_crc));
+        self.execute(w, actions, &[]).await
+    }
+
+    /// Executes `actions` in order, `chunk` being the data just received,
+    /// feeding each outcome back to the machine and executing what it
+    /// answers first. An outcome that ends the Put drops what was left of
+    /// the batch (the forward of a chunk that could not be written).
+    async fn execute<W>(
+        &mut self,
+        w: &mut W,
+        actions: Vec<PutAction>,
+        chunk: &[u8],
+    ) -> Result<(), Error>
+    where
+        W: tokio::io::AsyncWrite + Unpin,
+    {
+        let mut queue: VecDeque<PutAction> = actions.into();
+        while let Some(action) = queue.pop_front() {
+            let was_done = self.machine.phase() == PutPhase::Done;
+            let more = match self.perform(w, action, chunk).await? {
+                Outcome::Done => continue,
+                Outcome::WriteFailed(why) => self.machine.handle(PutEvent::WriteFailed(&why)),
+                Outcome::ForwardFailed => self.machine.handle(PutEvent::ForwardFailed),
+                Outcome::Synced => self.machine.handle(PutEvent::Synced),
+                Outcome::Installed => self.store.core().installed(&mut self.machine),
+                Outcome::Answer(copies) => self.machine.handle(PutEvent::ForwardAnswer(copies)),
+            };
+            if !was_done && self.machine.phase() == PutPhase::Done {
+                queue.clear();
+            }
+            for action in more.into_iter().rev() {
+                queue.push_front(action);
             }
         }
-        left -= n as u64;
+        Ok(())
     }
-    let sent_crc = tokio::time::timeout(store.limits.read_timeout, r.read_u32())
-        .await
-        .map_err(|_| PutError::Broken(Error::Timeout("the sender never sent the checksum".into())))?
-        .map_err(|e| PutError::Broken(Error::io("receiving the checksum", e)))?;
-    if let Some(d) = down.as_mut() {
-        if d.write_all(&sent_crc.to_be_bytes()).await.is_err() || d.flush().await.is_err() {
-            down = None;
+
+    /// Executes one action.
+    async fn perform<W>(
+        &mut self,
+        w: &mut W,
+        action: PutAction,
+        chunk: &[u8],
+    ) -> Result<Outcome, Error>
+    where
+        W: tokio::io::AsyncWrite + Unpin,
+    {
+        let failed = |what: &str, e: std::io::Error| Outcome::WriteFailed(format!("{what}: {e}"));
+        Ok(match action {
+            PutAction::CreateTemp { header } => match File::create(&self.tmp).await {
+                Err(e) => failed("creating the replica file", e),
+                Ok(mut file) => {
+                    let written = file.write_all(&header).await;
+                    self.file = Some(file);
+                    match written {
+                        Err(e) => failed("writing the replica", e),
+                        Ok(()) => Outcome::Done,
+                    }
+                }
+            },
+            PutAction::OpenForward { next, chain, size } => {
+                self.down = open_downstream(self.store, self.table, next, size, chain).await;
+                if self.down.is_some() {
+                    Outcome::Done
+                } else {
+                    Outcome::ForwardFailed
+                }
+            }
+            PutAction::Write => match self.write_temp(chunk).await {
+                Err(e) => failed("writing the replica", e),
+                Ok(()) => Outcome::Done,
+            },
+            PutAction::Forward => self.forward(chunk, false).await,
+            PutAction::ForwardChecksum { crc } => self.forward(&crc.to_be_bytes(), true).await,
+            PutAction::WriteChecksum { crc } => match self.write_checksum(crc).await {
+                Err(e) => failed("writing the replica", e),
+                Ok(()) => Outcome::Done,
+            },
+            PutAction::Sync => {
+                let file = self.file.take();
+                let synced = match &file {
+                    Some(f) => f.sync_all().await,
+                    None => Err(std::io::Error::other("the temporary file is not open")),
+                };
+                synced.map_err(|e| Error::io(format!("fsync {}", self.tmp.display()), e))?;
+                Outcome::Synced
+            }
+            PutAction::Install => {
+                let addr = self.machine.addr();
+                tokio::fs::rename(&self.tmp, self.store.path(addr))
+                    .await
+                    .map_err(|e| Error::io(format!("renaming {}", self.tmp.display()), e))?;
+                sync_dir(&self.store.dir.join("replicas")).await;
+                Outcome::Installed
+            }
+            PutAction::AwaitForward => Outcome::Answer(downstream_copies(self.down.take()).await),
+            PutAction::Reply(PutReply::Ack { copies }) => {
+                w.write_all(&[0, copies])
+                    .await
+                    .map_err(|e| Error::io("replying", e))?;
+                w.flush().await.map_err(|e| Error::io("replying", e))?;
+                Outcome::Done
+            }
+            PutAction::Reply(PutReply::Error(msg)) => {
+                reply_err(w, &msg).await?;
+                Outcome::Done
+            }
+            PutAction::RemoveTemp => {
+                self.file = None;
+                let _ = tokio::fs::remove_file(&self.tmp).await;
+                Outcome::Done
+            }
+            PutAction::ReportAbandoned {
+                coordinator,
+                replica,
+            } => {
+                report_abandoned(self.store, self.table, coordinator, replica);
+                Outcome::Done
+            }
+        })
+    }
+
+    async fn write_temp(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self.file.as_mut() {
+            Some(f) => f.write_all(bytes).await,
+            None => Err(std::io::Error::other("the temporary file is not open")),
         }
     }
-    if sent_crc != crc {
-        return Err(PutError::Refuse(format!(
-            "checksum mismatch: the sender says {sent_crc:08x}, the data has {crc:08x}"
-        )));
-    }
-    file.flush()
-        .await
-        .map_err(|e| refuse("writing the replica", e))?;
-    use tokio::io::AsyncSeekExt;
-    file.seek(std::io::SeekFrom::Start(16))
-        .await
-        .map_err(|e| refuse("writing the replica", e))?;
-    file.write_all(&crc.to_be_bytes())
-        .await
-        .map_err(|e| refuse("writing the replica", e))?;
-    file.flush()
-        .await
-        .map_err(|e| refuse("writing the replica", e))?;
-    Ok((down, file))
-}
 
-/// The number of durable copies the rest of the chain reports (0 if it
-/// failed: the client then decides with W_d).
-async fn downstream_copies(down: Option<BufWriter<TcpStream>>) -> u8 {
-    let Some(d) = down else { return 0 };
-    let mut s = d.into_inner();
-    let reply = tokio::time::timeout(std::time::Duration::from_secs(30), async {
-        read_status(&mut s, "next replica").await.ok()?;
-        s.read_u8().await.ok()
-    })
-    .await;
-    reply.ok().flatten().unwrap_or(0)
-}
-
-async fn reply_err<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, msg: &str) -> Result<(), Error> {
-    write_error(w, msg)
-        .await
-        .map_err(|e| Error::io("replying", e))
-}
-
-async fn sync_dir(dir: &Path) {
-    if let Ok(d) = File::open(dir).await {
-        let _ = d.sync_all().await;
-    }
-}
-
-/// Replicas up to this size are read whole in one blocking call: a Get of
-/// a small object then costs one hand-off to the blocking pool instead of
-/// one per file operation.
-const SMALL_REPLICA: u64 = 1 << 20;
-
-/// What opening a replica file found.
-enum Opened {
-    Missing,
-    Damaged,
-    /// A small replica read whole (shorter than `size` if it was cut short
-    /// under us).
-    Small {
-        size: u64,
-        stored_crc: u32,
-        data: Vec<u8>,
-    },
-    /// A large replica, positioned after its header.
-    Large {
-        size: u64,
-        stored_crc: u32,
-        file: std::fs::File,
-    },
-}
-
-/// Opens a replica file and checks its header (blocking).
-fn open_replica(path: &Path) -> Opened {
-    use std::io::Read;
-    let Ok(mut file) = std::fs::File::open(path) else {
-        return Opened::Missing;
-    };
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut header = [0u8; FILE_HEADER];
-    let header_ok = file.read_exact(&mut header).is_ok() && header[..4] == FILE_MAGIC;
-    let size = u64::from_be_bytes(header[8..16].try_into().unwrap_or([0; 8]));
-    let stored_crc = u32::from_be_bytes(header[16..20].try_into().unwrap_or([0; 4]));
-    if !header_ok || len != size.saturating_add(FILE_HEADER as u64) {
-        return Opened::Damaged;
-    }
-    if size > SMALL_REPLICA {
-        return Opened::Large {
-            size,
-            stored_crc,
-            file,
+    async fn write_checksum(&mut self, crc: u32) -> std::io::Result<()> {
+        use tokio::io::AsyncSeekExt;
+        let Some(file) = self.file.as_mut() else {
+            return Err(std::io::Error::other("the temporary file is not open"));
         };
+        file.flush().await?;
+        file.seek(std::io::SeekFrom::Start(CHECKSUM_OFFSET)).await?;
+        file.write_all(&crc.to_be_bytes()).await?;
+        file.flush().await
     }
-    // Bounded by SMALL_REPLICA, checked above.
-    let mut data = Vec::with_capacity(size as usize);
-    let _ = file.take(size).read_to_end(&mut data);
-    Opened::Small {
-        size,
-        stored_crc,
-        data,
-    }
-}
 
-/// Sends a replica, verifying its checksum as it goes.
-async fn get<W: tokio::io::AsyncWrite + Unpin>(
-    w: &mut W,
-    store: &SnStore,
-    addr: Addr,
-) -> Result<(), Error> {
-    let path = store.path(addr);
-    let opened = tokio::task::spawn_blocking(move || open_replica(&path))
-        .await
-        .map_err(|e| Error::Invalid(format!("reading a replica: {e}")))?;
-    let io = |e| Error::io("sending a replica", e);
-    let (size, stored_crc, crc, sent) = match opened {
-        Opened::Missing => {
-            return reply_err(w, &format!("no replica at {}", fmt_addr(addr))).await;
+    /// Sends `bytes` to the next replica (and flushes with `flush`).
+    async fn forward(&mut self, bytes: &[u8], flush: bool) -> Outcome {
+        let Some(d) = self.down.as_mut() else {
+            return Outcome::ForwardFailed;
+        };
+        let mut sent = d.write_all(bytes).await.is_ok();
+        if sent && flush {
+            sent = d.flush().await.is_ok();
         }
-        Opened::Damaged => {
-            return reply_err(
-                w,
-                &format!(
-                    "replica {} is damaged (bad header or length); it must be repaired from another copy",
-                    fmt_addr(addr)
-                ),
-            )
-            .await;
-        }
-        Opened::Small {
-            size,
-            stored_crc,
-            data,
-        } => {
-            w.write_all(&[0]).await.map_err(io)?;
-            w.write_all(&size.to_be_bytes()).await.map_err(io)?;
-            w.write_all(&data).await.map_err(io)?;
-            let crc = crc32c::crc32c(&data);
-            (size, stored_crc, crc, data.len() as u64)
-        }
-        Opened::Large {
-            size,
-            stored_crc,
-            file,
-        } => {
-            w.write_all(&[0]).await.map_err(io)?;
-            w.write_all(&size.to_be_bytes()).await.map_err(io)?;
-            let mut file = File::from_std(file);
-            let (crc, sent) = stream_body(w, &mut file, size).await?;
-            (size, stored_crc, crc, sent)
-        }
-    };
-    let truncated = sent < size;
-    if truncated {
-        // Keep the framing: pad, and let the trailer say it is bad.
-        let zeros = vec![0u8; CHUNK];
-        let mut left = size - sent;
-        while left > 0 {
-            let n = left.min(CHUNK as u64) as usize;
-            w.write_all(&zeros[..n]).await.map_err(io)?;
-            left -= n as u64;
+        if sent {
+            Outcome::Done
+        } else {
+            self.down = None;
+            Outcome::ForwardFailed
         }
     }
-    let verified = crc == stored_crc && !truncated;
-    w.write_all(&[if verified { 0 } else { 1 }])
-        .await
-        .map_err(io)?;
-    w.write_all(&crc.to_be_bytes()).await.map_err(io)?;
-    w.flush().await.map_err(io)?;
-    if !verified {
-        tracing::warn!("replica {} failed its checksum", fmt_addr(addr));
-    }
-    Ok(())
-}
-
-/// Streams up to `size` bytes of `file`; returns their CRC-32C and how
-/// many there were (fewer if the file was cut short under us).
-async fn stream_body<W: tokio::io::AsyncWrite + Unpin>(
-    w: &mut W,
-    file: &mut File,
-    size: u64,
-) -> Result<(u32, u64), Error> {
-    let io = |e| Error::io("sending a replica", e);
-    let mut buf = vec![0u8; CHUNK];
-    let mut sent = 0u64;
-    let mut crc = 0u32;
-    while sent < size {
-        let want = (size - sent).min(CHUNK as u64) as usize;
-        let n = file.read(&mut buf[..want]).await.map_err(io)?;
-        if n == 0 {
-            break;
-        }
-        crc = crc32c::crc32c_append(crc, &buf[..n]);
-        w.write_all(&buf[..n]).await.map_err(io)?;
-        sent += n as u64;
-    }
-    Ok((crc, sent))
 }
 
 /// Garbage collection of replicas no record names any more: those of a
@@ -821,72 +793,28 @@ pub struct GcReport {
     pub complete: bool,
 }
 
-impl SnStore {
-    /// Replica addresses older than `grace`, from the file names.
-    fn aged_replicas(&self, grace: std::time::Duration) -> Vec<Addr> {
-        let Ok(entries) = std::fs::read_dir(self.dir.join("replicas")) else {
-            return Vec::new();
-        };
-        let now = std::time::SystemTime::now();
-        entries
-            .flatten()
-            .filter(|e| {
-                e.metadata()
-                    .and_then(|m| m.modified())
-                    .is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age >= grace))
-            })
-            .filter_map(|e| {
-                let name = e.file_name();
-                let name = name.to_str()?;
-                (name.len() == 32)
-                    .then(|| u128::from_str_radix(name, 16).ok())
-                    .flatten()
-            })
-            .collect()
-    }
-
-    /// Removes one replica file and counts it out.
-    fn remove_replica(&self, addr: Addr) -> bool {
-        let path = self.path(addr);
-        let Ok(m) = std::fs::metadata(&path) else {
-            return false;
-        };
-        if std::fs::remove_file(&path).is_err() {
-            return false;
-        }
-        self.used.fetch_sub(m.len(), Ordering::Relaxed);
-        self.objects.fetch_sub(1, Ordering::Relaxed);
-        true
-    }
-}
-
 /// One collection round: asks every metadata node which of this node's
 /// aged replicas its records name, and frees those none names. Skipped
 /// (nothing freed) unless every metadata node is up and answers (a dead
-/// one whose groups were all restored elsewhere is not asked).
+/// one whose groups were all restored elsewhere is not asked); which
+/// replicas are looked up and which may go is the core's decision
+/// ([`crate::storage::collect`]).
 pub async fn collect_garbage(
     store: &SnStore,
     table: &strata_store_protocol::table::Table,
     grace: std::time::Duration,
 ) -> GcReport {
-    use strata_store_protocol::wire::{Body, Msg, MAX_REFERENCED};
+    use strata_store_protocol::wire::MAX_REFERENCED;
     let mut report = GcReport::default();
-    // A dead metadata node that owns nothing any more is not asked: its
-    // groups were restored on the others (otherwise it would block every
-    // round for good). Every other one must be up and answer.
-    let asked: Vec<_> = table.gc_mns().collect();
-    if asked.is_empty()
-        || asked
-            .iter()
-            .any(|m| m.state != strata_store_protocol::table::State::Up)
-    {
+    let Some(asked) = crate::storage::collect::asked(table) else {
         return report;
-    }
-    let aged = store.aged_replicas(grace);
+    };
+    let files = store.replica_ages();
+    let grace_ms = grace.as_millis().min(u64::MAX as u128) as u64;
+    let (round, aged) = store.core().begin_collection(files, grace_ms);
     report.checked = aged.len();
-    let mut unreferenced = Vec::new();
+    let mut named = std::collections::HashSet::new();
     for batch in aged.chunks(MAX_REFERENCED) {
-        let mut named = std::collections::HashSet::new();
         for mn in &asked {
             let ask = Msg::new(
                 strata_store_client::transport::request_id(),
@@ -901,11 +829,14 @@ pub async fn collect_garbage(
                 strata_store_client::transport::udp_call(mn.endpoint, &ask, timeout, 3, key).await;
             match reply.map(|m| m.body) {
                 Ok(Body::ReferencedBy { addrs }) => named.extend(addrs),
-                _ => return report,
+                _ => {
+                    store.core().cancel_collection(round);
+                    return report;
+                }
             }
         }
-        unreferenced.extend(batch.iter().copied().filter(|a| !named.contains(a)));
     }
+    let unreferenced = store.core().finish_collection(round, &named);
     for addr in unreferenced {
         if store.remove_replica(addr) {
             report.freed += 1;
