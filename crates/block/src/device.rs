@@ -75,7 +75,11 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// Makes `len` bytes at `offset` read as zeros.
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()>;
 
-    /// Releases `len` bytes at `offset`; they read as zeros afterwards.
+    /// Releases `len` bytes at `offset`: the device may stop storing
+    /// them. Advisory, like NBD's TRIM: afterwards each byte reads as
+    /// zero or as it did before, never as anything else (older data from
+    /// a layer below, say). Use [`write_zeroes`](BlockDevice::write_zeroes)
+    /// for bytes that must read as zeros.
     fn discard(&self, offset: u64, len: u64) -> Result<()>;
 
     /// Makes every completed write durable.

@@ -1126,7 +1126,9 @@ impl BlockDevice for Mirror {
         Ok(())
     }
 
-    fn reads_as_zero(&self, _offset: u64, _len: u64) -> strata_block::Result<bool> {
+    fn reads_as_zero(&self, offset: u64, len: u64) -> strata_block::Result<bool> {
+        // No allocation map to ask: "not known to be zero", within range.
+        self.chunk_span(offset, len)?;
         Ok(false)
     }
 

@@ -14,8 +14,10 @@
 //! - reads before any write return the initial content (zeros where the
 //!   device was never written);
 //! - writes read back, aligned or not, within a unit or across several;
-//! - `write_zeroes` and `discard` read back as zeros, and
-//!   `reads_as_zero` never says true where a byte is not zero;
+//! - `write_zeroes` reads back as zeros; after a `discard`, which is
+//!   advisory, each byte reads as zero or as it was, never anything else
+//!   (not older data from below); `reads_as_zero` never says true where
+//!   a byte is not zero, before or after either;
 //! - `block_status` runs follow the asked range in order, stay in it
 //!   and on the device, number at most `max_runs`, cover the range
 //!   when there are fewer, and a run said to be zero reads as zeros;
@@ -306,12 +308,25 @@ impl<'a> Tester<'a> {
         Ok(())
     }
 
+    /// Discards, and holds the device to what a discard promises: each
+    /// byte reads as zero or as it was (a discard is advisory), never as
+    /// anything else. The model takes what the bytes read.
     fn discard(&mut self, offset: u64, len: u64) -> Result<(), String> {
         self.device
             .discard(offset, len)
             .map_err(|e| failed("discard", offset, len, &e))?;
+        let got = self.read(offset, len)?;
         let range = self.range(offset, len);
-        self.model[range].fill(0);
+        for (i, (&now, before)) in got.iter().zip(&mut self.model[range]).enumerate() {
+            if now != 0 && now != *before {
+                return Err(format!(
+                    "after a discard of {len} bytes at offset {offset}, the byte at offset {} \
+                     reads {now:#04x}: neither zero nor what it held ({before:#04x})",
+                    offset + i as u64
+                ));
+            }
+            *before = now;
+        }
         Ok(())
     }
 

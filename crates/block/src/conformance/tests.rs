@@ -15,8 +15,10 @@ const SIZE: u64 = 64 * UNIT + 1000;
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Flaw {
     None,
-    /// `discard` does nothing.
-    DiscardIgnored,
+    /// `discard` brings back older data (a layer below, say).
+    DiscardExposesOlder,
+    /// `write_zeroes` does nothing.
+    ZeroesIgnored,
     /// `reads_as_zero` always says true.
     ZeroLies,
     /// `block_status` returns one run longer than asked.
@@ -97,15 +99,20 @@ impl BlockDevice for MemoryDevice {
 
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         let range = self.check_write(offset, len)?;
-        self.bytes.lock().unwrap()[range].fill(0);
+        if self.flaw != Flaw::ZeroesIgnored {
+            self.bytes.lock().unwrap()[range].fill(0);
+        }
         Ok(())
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         let range = self.check_write(offset, len)?;
-        if self.flaw != Flaw::DiscardIgnored {
-            self.bytes.lock().unwrap()[range].fill(0);
-        }
+        let older = if self.flaw == Flaw::DiscardExposesOlder {
+            0xee
+        } else {
+            0
+        };
+        self.bytes.lock().unwrap()[range].fill(older);
         Ok(())
     }
 
@@ -174,18 +181,19 @@ fn a_device_that_keeps_the_contract_passes_every_check() {
 }
 
 #[test]
-fn a_device_whose_discard_does_nothing_fails_the_suite() {
+fn a_device_whose_discard_exposes_older_data_fails_the_suite() {
     let report =
-        run(&mut || Subject::zeroed(Box::new(MemoryDevice::new(Flaw::DiscardIgnored, true))));
-    assert!(
-        matches!(
-            report.outcome("discard reads back as zeros"),
-            Some(Outcome::Failed(_))
-        ),
-        "{report}"
-    );
-    let failures = report.failures();
-    assert_eq!(failures.len(), 1, "{report}");
+        run(&mut || Subject::zeroed(Box::new(MemoryDevice::new(Flaw::DiscardExposesOlder, true))));
+    for check in [
+        "discard reads as zeros or as before, nothing else",
+        "block_status runs are ordered, bounded and truthful",
+    ] {
+        assert!(
+            matches!(report.outcome(check), Some(Outcome::Failed(_))),
+            "{check}: {report}"
+        );
+    }
+    assert_eq!(report.failures().len(), 2, "{report}");
     let result = std::panic::catch_unwind(|| report.assert_conforms());
     assert!(result.is_err(), "assert_conforms passed a broken device");
 }
@@ -193,6 +201,11 @@ fn a_device_whose_discard_does_nothing_fails_the_suite() {
 #[test]
 fn each_broken_promise_is_reported_by_its_check() {
     let cases = [
+        (
+            Flaw::ZeroesIgnored,
+            true,
+            "write_zeroes reads back as zeros",
+        ),
         (
             Flaw::ZeroLies,
             true,
