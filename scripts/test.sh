@@ -5,12 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-# The NBD tests (crates/cli/tests/nbd.rs) and bench/nbd_bench.py also need
+# The NBD tests (crates/cli/tests/integration/nbd.rs) and bench/nbd_bench.py also need
 # libnbd's nbdinfo and nbdcopy, its Python module (python3-libnbd, which
 # ships nbdsh), fio (whose Debian build has the nbd engine) and nbdkit (the
 # benchmark's `nbdkit memory` reference). The volume tests read what the
 # page cache holds of a layer file with util-linux's fincore. The NBD TLS
-# tests (crates/cli/tests/nbd_tls.rs) make their certificates with openssl;
+# tests (crates/cli/tests/integration/nbd_tls.rs) make their certificates with openssl;
 # img convert's cache-mode test counts syncs with strace.
 for tool in qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils \
   nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:python3-libnbd fio:fio nbdkit:nbdkit \

@@ -2,68 +2,23 @@
 //! range server or file), several mirrors linked as peers, read through
 //! NBD with nbdcopy, libnbd and qemu-img; a hostile peer played by the test.
 
-mod common;
-
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{p, run_ok, tmp};
+use crate::common::{p, run_ok, tmp, Launch, Proc};
 use strata_mirror::digest::Manifest;
 use strata_mirror::wire::{self, Limits, Msg};
 
 const MIB: usize = 1 << 20;
 const CHUNK: usize = 32 * 1024;
 
-/// A `strata` process that printed a readiness line; killed on drop.
-struct Proc {
-    child: Child,
-    line: String,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
+/// What a mirror or repository server prints on its readiness line.
 impl Proc {
-    fn start(args: &[&str]) -> Proc {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn strata");
-        let out = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(out).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_default();
-        assert!(
-            line.starts_with("strata: "),
-            "strata {args:?} did not start: {line:?}"
-        );
-        Proc { child, line }
-    }
-
-    fn word_after(&self, key: &str) -> String {
-        let i = self.line.find(key).expect(key) + key.len();
-        self.line[i..]
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .to_string()
-    }
-
     /// `nbd://IP:PORT` of a mirror.
     fn nbd(&self) -> String {
         format!("nbd://{}", self.word_after("nbd://"))
@@ -77,15 +32,6 @@ impl Proc {
     /// URL of a repository server.
     fn url(&self) -> String {
         format!("http://{}", self.word_after("http://"))
-    }
-
-    /// SIGTERM, then wait for a clean exit.
-    fn stop(mut self) {
-        let pid = self.child.id() as i32;
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let status = self.child.wait().expect("wait");
-        assert!(status.success(), "mirror exited with {status}");
     }
 }
 
@@ -101,7 +47,7 @@ fn image(dir: &Path, size: usize) -> PathBuf {
         b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
     }
     std::fs::write(&path, &data).unwrap();
-    common::strata_ok(&["mirror", "digest", &p(&path)]);
+    crate::common::strata_ok(&["mirror", "digest", &p(&path)]);
     path
 }
 
@@ -115,7 +61,7 @@ fn mirror(repo: &str, dir: &Path, extra: &[&str]) -> Proc {
 /// The mirror's counters (waits for the periodic stats file to catch up).
 fn stats(dir: &Path) -> serde_json::Value {
     std::thread::sleep(Duration::from_millis(700));
-    let out = common::strata_ok(&["mirror", "stats", "--output", "json", &p(dir)]);
+    let out = crate::common::strata_ok(&["mirror", "stats", "--output", "json", &p(dir)]);
     serde_json::from_str(&out).expect("stats json")
 }
 
@@ -136,7 +82,7 @@ fn read_range(nbd: &str, off: usize, len: usize) -> Vec<u8> {
         "import nbd, sys\nh = nbd.NBD()\nh.connect_uri('{nbd}')\nout = bytearray()\nfor o in range({off}, {end}, 32768):\n    out += h.pread(min(32768, {end} - o), o)\nsys.stdout.buffer.write(out)\n",
         end = off + len
     );
-    let out = Command::new(common::nbd_python())
+    let out = Command::new(crate::common::nbd_python())
         .args(["-c", &script])
         .output()
         .expect("python3");
@@ -235,7 +181,7 @@ fn local_writes_stay_local_and_a_restarted_mirror_resumes() {
     let data = std::fs::read(&img).unwrap();
     let chunks = (4 * MIB / CHUNK) as u64;
     let (da, db) = (dir.path().join("a"), dir.path().join("b"));
-    let a = mirror(&p(&img), &da, &[]);
+    let mut a = mirror(&p(&img), &da, &[]);
     // B links to A first, so it hears A advertise every chunk it reads.
     let b = mirror(&p(&img), &db, &["--peers", &a.peer(), "--unmatched", "0"]);
     wait_until("B linked to A", 10, || n(&stats(&db), "links") == 1);
@@ -289,7 +235,7 @@ fn local_writes_stay_local_and_a_restarted_mirror_resumes() {
     drop(b);
 
     // Restart A after damaging one stored chunk: only that one is fetched again.
-    a.stop();
+    a.stop_ok();
     let raw = da.join("image.raw");
     let mut stored = std::fs::read(&raw).unwrap();
     stored[10 * CHUNK + 7] ^= 0xff;
@@ -548,12 +494,12 @@ fn a_recorded_trace_drives_prefetch_of_the_next_mirror() {
     let data = std::fs::read(&img).unwrap();
     let (da, db) = (dir.path().join("a"), dir.path().join("b"));
     // A boots from a scattered pattern and records it.
-    let a = mirror(&p(&img), &da, &["--no-peers", "--record-trace"]);
+    let mut a = mirror(&p(&img), &da, &["--no-peers", "--record-trace"]);
     let pattern = [(3 * MIB, MIB), (0, MIB / 2), (2 * MIB, MIB / 4)];
     for (off, len) in pattern {
         assert!(read_range(&a.nbd(), off, len) == data[off..off + len]);
     }
-    a.stop();
+    a.stop_ok();
     let mut trace = img.clone().into_os_string();
     trace.push(".trace");
     assert!(
@@ -640,7 +586,7 @@ fn bad_setups_are_refused_with_a_clear_error() {
     for (args, msg) in cases {
         let mut all: Vec<&str> = vec!["mirror", "--dir", &d, "-p", "0"];
         all.extend(args.iter().map(String::as_str));
-        let out = common::strata(&all);
+        let out = crate::common::strata(&all);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{all:?}");
         assert!(err.contains(msg), "{all:?}: {err}");
@@ -648,13 +594,13 @@ fn bad_setups_are_refused_with_a_clear_error() {
     // No manifest next to the image.
     let bare = dir.path().join("bare.raw");
     std::fs::write(&bare, vec![1u8; 65536]).unwrap();
-    let out = common::strata(&["mirror", "--repo", &p(&bare), "--dir", &d, "-p", "0"]);
+    let out = crate::common::strata(&["mirror", "--repo", &p(&bare), "--dir", &d, "-p", "0"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("strata mirror digest"));
     // A corrupt manifest.
     let mut dp = bare.clone().into_os_string();
     dp.push(".digest");
     std::fs::write(&dp, b"STRDGST1 nonsense").unwrap();
-    let out = common::strata(&["mirror", "--repo", &p(&bare), "--dir", &d, "-p", "0"]);
+    let out = crate::common::strata(&["mirror", "--repo", &p(&bare), "--dir", &d, "-p", "0"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a valid chunk manifest"));
 }
 
@@ -717,23 +663,10 @@ fn a_prefetch_that_times_out_falls_back_to_the_repository() {
 /// dropped, so a failed test leaves no store holding the test's output
 /// open) and its address.
 fn store_up(dir: &Path) -> (Proc, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["store", "up", "--dir", &p(dir), "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn strata store up");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let store = Proc::start(&["store", "up", "--dir", &p(dir), "--listen", "127.0.0.1:0"]);
     // "strata store: ready on 127.0.0.1:PORT (...)"
-    let addr = line
-        .split_whitespace()
-        .nth(4)
-        .unwrap_or_else(|| panic!("no readiness line: {line:?}"))
-        .to_string();
-    (Proc { child, line }, addr)
+    let addr = store.word_after("ready on ");
+    (store, addr)
 }
 
 /// An image published to the object store and mirrored from it: three
@@ -747,14 +680,20 @@ fn mirrors_read_an_image_published_in_the_object_store() {
     let data = std::fs::read(&img).unwrap();
     let (store, on) = store_up(&dir.path().join("store"));
     // The mirror acts as the store's admin tenant: its credential comes
-    // from the environment, which the commands below inherit.
-    std::env::set_var(
-        strata_store::tenant::CREDENTIAL_ENV,
-        dir.path()
-            .join("store")
-            .join(strata_store::tenant::ADMIN_CREDENTIAL_FILE),
-    );
-    let published: serde_json::Value = serde_json::from_str(&common::strata_ok(&[
+    // from the environment of each command (never the test's own, which
+    // every test of this binary shares).
+    let credential = dir
+        .path()
+        .join("store")
+        .join(strata_store::tenant::ADMIN_CREDENTIAL_FILE);
+    let as_admin = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(args)
+            .env(strata_store::tenant::CREDENTIAL_ENV, &credential)
+            .output()
+            .expect("run strata")
+    };
+    let out = as_admin(&[
         "mirror",
         "publish",
         "--cluster",
@@ -765,15 +704,23 @@ fn mirrors_read_an_image_published_in_the_object_store() {
         "json",
         &p(&img),
         "images/base",
-    ]))
-    .unwrap();
+    ]);
+    assert!(out.status.success(), "{}", crate::common::output_text(&out));
+    let published: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(published["parts"], 33, "{published}");
     let repo = format!("store://{on}/images/base");
     assert_eq!(published["repo"], repo.as_str());
     let dirs: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("m{i}"))).collect();
     let ms: Vec<Proc> = dirs
         .iter()
-        .map(|d| mirror(&repo, d, &["--rendezvous", "--unmatched", "0"]))
+        .map(|d| {
+            let mut args = vec!["mirror", "--repo", &repo, "--dir"];
+            let d = p(d);
+            args.extend([d.as_str(), "-p", "0", "--rendezvous", "--unmatched", "0"]);
+            Launch::strata(&args)
+                .env(strata_store::tenant::CREDENTIAL_ENV, &credential)
+                .start()
+        })
         .collect();
     for d in &dirs {
         wait_until("links through rendezvous in the store", 15, || {
@@ -800,7 +747,7 @@ fn mirrors_read_an_image_published_in_the_object_store() {
     // Bad repositories: a name never published, a store nobody runs.
     let bad = |spec: &str, want: &str| {
         let d = p(&dir.path().join("bad"));
-        let out = common::strata(&["mirror", "--repo", spec, "--dir", &d, "-p", "0"]);
+        let out = as_admin(&["mirror", "--repo", spec, "--dir", &d, "-p", "0"]);
         assert!(!out.status.success(), "{spec} accepted");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(want), "{spec}: {err}");
@@ -876,11 +823,11 @@ fn a_mirror_file_has_one_writer() {
     let dir = tmp();
     let img = image(dir.path(), MIB);
     let m = dir.path().join("m");
-    let first = mirror(&p(&img), &m, &[]);
+    let mut first = mirror(&p(&img), &m, &[]);
     let file = m.join("image.raw");
     let before = std::fs::read(&file).unwrap();
     let d = p(&m);
-    let second = common::strata(&["mirror", "--repo", &p(&img), "--dir", &d, "-p", "0"]);
+    let second = crate::common::strata(&["mirror", "--repo", &p(&img), "--dir", &d, "-p", "0"]);
     let said = String::from_utf8_lossy(&second.stderr);
     assert_eq!(
         second.status.code(),
@@ -900,7 +847,7 @@ fn a_mirror_file_has_one_writer() {
         std::fs::read(&file).unwrap() == before,
         "a refused opener changed the mirror"
     );
-    first.stop();
+    first.stop_ok();
 }
 
 /// `repo-serve` bounds its connections: 2,000 half-open connections (a
@@ -929,7 +876,7 @@ fn repo_serve_sheds_half_open_connections() {
         .next()
         .unwrap()
         .to_string();
-    let fd_dir = format!("/proc/{}/fd", repo.child.id());
+    let fd_dir = format!("/proc/{}/fd", repo.pid());
     let open_fds = || std::fs::read_dir(&fd_dir).map_or(usize::MAX, |d| d.count());
     let idle_fds = open_fds();
 

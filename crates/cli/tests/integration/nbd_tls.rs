@@ -8,14 +8,11 @@
 //! when dropped, even when the test panics, and the test's failure
 //! message carries the server's stderr.
 
-mod common;
-
-use common::*;
-use std::io::{BufRead, BufReader, Read, Write};
+use crate::common::*;
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
@@ -136,118 +133,17 @@ fn make_creds(root: &Path) -> Creds {
 // ---------------------------------------------------------------------------
 // Processes
 
-/// A `strata` process that prints one readiness line; killed on drop.
-struct Proc {
-    child: Option<Child>,
-    log: PathBuf,
-    ready: String,
-}
-
+/// What a server prints on its readiness line.
 impl Proc {
-    /// Starts `strata ARGS` and waits (20 s at most) for its first stdout
-    /// line; `Err` with its stderr if it exits first.
-    fn start(args: &[&str], log: PathBuf) -> Result<Proc, String> {
-        let errfile = std::fs::File::create(&log).expect("server log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(errfile))
-            .spawn()
-            .expect("spawn strata");
-        // Read the readiness line, then keep draining so the server never
-        // blocks on a full pipe.
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(line)) = lines.next() {
-                let _ = tx.send(line);
-            }
-            for _ in lines {}
-        });
-        let mut proc = Proc {
-            child: Some(child),
-            log,
-            ready: String::new(),
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
-                proc.ready = line;
-                return Ok(proc);
-            }
-            if let Some(status) = proc.child.as_mut().unwrap().try_wait().unwrap() {
-                proc.child = None;
-                return Err(format!("exited ({status}):\n{}", proc.log_text()));
-            }
-            if Instant::now() > deadline {
-                return Err(format!("not ready after 20 s:\n{}", proc.log_text()));
-            }
-        }
-    }
-
-    fn log_text(&self) -> String {
-        // Bounded: a test's server logs a few lines.
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        text.chars().take(20_000).collect()
-    }
-
     /// The port of the NBD address on the readiness line.
     fn nbd_port(&self) -> u16 {
         let addr = self
-            .ready
+            .line
             .split_whitespace()
             .find(|w| w.starts_with("127.0.0.1:") || w.starts_with("0.0.0.0:"))
-            .unwrap_or_else(|| panic!("no address on the readiness line {:?}", self.ready));
+            .unwrap_or_else(|| panic!("no address on the readiness line {:?}", self.line));
         let port = addr.trim_end_matches(',').rsplit(':').next().unwrap();
         port.parse().expect("port")
-    }
-
-    fn assert_running(&mut self) {
-        let running = match &mut self.child {
-            Some(c) => c.try_wait().unwrap().is_none(),
-            None => false,
-        };
-        assert!(running, "the server died:\n{}", self.log_text());
-    }
-
-    /// SIGTERM, then waits for a clean exit (flushes and closes images).
-    fn stop(&mut self) {
-        let mut child = self.child.take().expect("running");
-        // SAFETY: signalling a child we own.
-        unsafe {
-            libc::kill(child.id() as i32, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                assert!(
-                    status.success(),
-                    "server exit {status}:\n{}",
-                    self.log_text()
-                );
-                return;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("server did not stop:\n{}", self.log_text());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-            if std::thread::panicking() {
-                eprintln!("server stderr:\n{}", self.log_text());
-            }
-        }
     }
 }
 
@@ -257,7 +153,10 @@ fn serve(dir: &Path, image: &Path, args: &[&str]) -> Proc {
     all.extend(args);
     let image = p(image);
     all.push(&image);
-    Proc::start(&all, dir.join("serve.log")).unwrap_or_else(|e| panic!("strata serve: {e}"))
+    Launch::strata(&all)
+        .log(dir.join("serve.log"))
+        .try_start()
+        .unwrap_or_else(|e| panic!("strata serve: {e}"))
 }
 
 /// A 64 MiB qcow2 image.
@@ -389,7 +288,7 @@ fn qemu_over_tls_reads_and_writes() {
         ],
     );
     server.assert_running();
-    server.stop();
+    server.stop_ok();
     // What the clients wrote is in the image itself.
     qemu_io(&img, &["read -P 0xa5 0 64k", "read -P 0x3c 1M 9M"]);
 }
@@ -558,7 +457,7 @@ fn broken_tls_clients_are_dropped() {
         port,
         &["write -P 0x11 0 1M", "read -P 0x11 0 1M"],
     );
-    server.stop();
+    server.stop_ok();
 }
 
 /// (f) NBD beyond loopback without TLS is refused unless forced, for
@@ -574,24 +473,23 @@ fn plaintext_beyond_loopback_needs_allow_plaintext() {
         err.contains("--tls-creds") && err.contains("--allow-plaintext"),
         "{err}"
     );
-    let mut forced = Proc::start(
-        &[
-            "serve",
-            "--bind",
-            "0.0.0.0",
-            "--port",
-            "0",
-            "--allow-plaintext",
-            &p(&img),
-        ],
-        dir.path().join("forced.log"),
-    )
+    let mut forced = Launch::strata(&[
+        "serve",
+        "--bind",
+        "0.0.0.0",
+        "--port",
+        "0",
+        "--allow-plaintext",
+        &p(&img),
+    ])
+    .log(dir.path().join("forced.log"))
+    .try_start()
     .unwrap_or_else(|e| panic!("serve --allow-plaintext: {e}"));
-    assert!(forced.ready.contains("0.0.0.0:"), "{}", forced.ready);
+    assert!(forced.line.contains("0.0.0.0:"), "{}", forced.line);
     let port = forced.nbd_port();
     let size = ok("nbdinfo", &["--size", &format!("nbd://127.0.0.1:{port}")]);
     assert_eq!(size.trim(), (64 * MIB).to_string());
-    forced.stop();
+    forced.stop_ok();
 
     let pool = dir.path().join("pool");
     let out = strata(&[
@@ -621,28 +519,27 @@ fn daemon_serves_volumes_over_tls() {
     let dir = tmp();
     let creds = make_creds(dir.path());
     let pool = dir.path().join("pool");
-    let mut daemon = Proc::start(
-        &[
-            "daemon",
-            "--pool",
-            &p(&pool),
-            "--listen",
-            "127.0.0.1:0",
-            "--nbd-port",
-            "0",
-            "--tls-creds",
-            &p(&creds.server),
-        ],
-        dir.path().join("daemon.log"),
-    )
+    let mut daemon = Launch::strata(&[
+        "daemon",
+        "--pool",
+        &p(&pool),
+        "--listen",
+        "127.0.0.1:0",
+        "--nbd-port",
+        "0",
+        "--tls-creds",
+        &p(&creds.server),
+    ])
+    .log(dir.path().join("daemon.log"))
+    .try_start()
     .unwrap_or_else(|e| panic!("strata daemon: {e}"));
     let port = daemon.nbd_port();
     let api = daemon
-        .ready
+        .line
         .split("http://")
         .nth(1)
         .and_then(|s| s.split([',', ' ']).next())
-        .unwrap_or_else(|| panic!("no API address in {:?}", daemon.ready))
+        .unwrap_or_else(|| panic!("no API address in {:?}", daemon.line))
         .to_string();
     strata_ok(&[
         "volume",
@@ -682,7 +579,7 @@ fn daemon_serves_volumes_over_tls() {
     );
     assert!(!out.contains("failed") && !out.contains("error"), "{out}");
     daemon.assert_running();
-    daemon.stop();
+    daemon.stop_ok();
 }
 
 // ---------------------------------------------------------------------------
@@ -788,7 +685,7 @@ fn pre_shared_keys_with_qemu_and_libnbd() {
     assert!(!plain.status.success(), "a plain client was served");
     server.assert_running();
     io(&["read -P 0x6b 0 64k"]);
-    server.stop();
+    server.stop_ok();
     // Nothing the refused clients sent reached the image.
     qemu_io(&img, &["read -P 0x6b 0 64k", "read -P 0xd2 2M 5M"]);
 }

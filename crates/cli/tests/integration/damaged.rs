@@ -9,14 +9,12 @@
 //! refcount table 0x10000, refcount block 0x20000, L1 table 0x30000, L2
 //! table 0x40000, data from 0x50000; the file ends at 0x80000.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-use common::*;
+use crate::common::*;
 
 const REFCOUNT_TABLE: u64 = 0x10000;
 const L1_TABLE: u64 = 0x30000;

@@ -3,13 +3,11 @@
 //! reads anyway, a refused opener changes no byte, and a killed holder's
 //! locks are free at once.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// A server process (strata serve or qemu-nbd) on a Unix socket, killed
 /// on drop.

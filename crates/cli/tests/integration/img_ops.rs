@@ -3,13 +3,11 @@
 //! and by strata on another, and the results must read the same, pass
 //! `qemu-img check` and report the same size and backing file.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use common::*;
+use crate::common::*;
 
 /// A chain built twice: in `q` for qemu-img, in `s` for strata.
 struct Twin {

@@ -11,14 +11,12 @@
 //!
 //! Needs root and iproute2 (`ip netns`); CI runs as root.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{p, pattern, tmp};
+use crate::common::{p, pattern, tmp};
 use strata_store::data::{Credential, Request};
 use strata_store::tenant::{TenantCredential, ADMIN_CREDENTIAL_FILE, CREDENTIAL_ENV};
 use strata_store::wire::{Body, Msg};

@@ -14,13 +14,11 @@
 //! (Strata adds its chain index region only to images it opens for
 //! writing, which this test never does).
 
-mod common;
-
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::*;
+use crate::common::*;
 
 /// The invocations compared for every image.
 const COMMANDS: &[&[&str]] = &[

@@ -238,6 +238,7 @@ fn signal(pids: &[u32], name: &str) {
 
 #[test]
 fn every_runnable_shell_block_of_the_docs_succeeds() {
+    let _host_ports = crate::common::host_ports();
     let mut failures = Vec::new();
     let (mut ran, mut not_run) = (0, 0);
     for document in documents() {
@@ -294,6 +295,7 @@ fn every_runnable_shell_block_of_the_docs_succeeds() {
 /// is stopped when the block ends.
 #[test]
 fn the_runner_reports_failures_and_stops_leftover_servers() {
+    let _host_ports = crate::common::host_ports();
     let directory = tempfile::tempdir().expect("a temporary directory");
     let block = |text: &str| Block {
         document: "self-test".to_string(),

@@ -12,9 +12,7 @@
 //! written by qemu-io (data over data, zero clusters over data, discarded
 //! clusters, a partial-cluster write that needs copy-on-write).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;

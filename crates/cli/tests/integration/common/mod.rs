@@ -2,6 +2,22 @@
 //! and the real QEMU tools.
 #![allow(dead_code)]
 
+pub mod process;
+pub mod store;
+
+pub use process::{Launch, Proc};
+
+/// Held by the tests that use host-wide resources: the default ports
+/// (10809, 10880, ...) that more than one test binds, and the documents'
+/// examples, which start servers on them. The tests of this binary run in
+/// parallel; these take turns.
+pub fn host_ports() -> std::sync::MutexGuard<'static, ()> {
+    static HOST_PORTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    HOST_PORTS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 

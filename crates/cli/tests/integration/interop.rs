@@ -2,9 +2,7 @@
 //! in Strata, images Strata writes pass `qemu-img check` and read
 //! identically in QEMU, and chains may mix both.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 /// Writes a pattern with qemu-io that covers whole, partial, zeroed and
 /// discarded clusters.

@@ -3,15 +3,13 @@
 //! rest; `--demo`; `/health`; completions, man pages, the configuration
 //! file and the systemd units.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{p, run_ok, strata_ok, tmp};
+use crate::common::{p, run_ok, strata_ok, tmp};
 
 /// A running `strata up`, killed (with its services, by pid) if a test
 /// fails before stopping it.
@@ -303,7 +301,7 @@ fn a_killed_service_stops_the_rest_and_up_fails_naming_it() {
 fn a_mirror_runs_only_when_asked() {
     let work = tmp();
     let image = work.path().join("base.raw");
-    std::fs::write(&image, common::pattern(4 << 20, 7)).expect("write the image");
+    std::fs::write(&image, crate::common::pattern(4 << 20, 7)).expect("write the image");
     strata_ok(&["mirror", "digest", &p(&image)]);
     let mut up = up_on_free_ports(
         &work.path().join("data"),
@@ -339,6 +337,7 @@ fn a_mirror_runs_only_when_asked() {
 
 #[test]
 fn demo_runs_and_exits_by_itself() {
+    let _host_ports = crate::common::host_ports();
     let out = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args(["up", "--demo"])
         .stdin(Stdio::null())
@@ -482,6 +481,7 @@ fn daemon_ready_line(args: &[&str]) -> String {
 
 #[test]
 fn a_config_value_applies_and_a_flag_overrides_it() {
+    let _host_ports = crate::common::host_ports();
     let work = tmp();
     let file = work.path().join("strata.toml");
     let from_file = work.path().join("pool-from-file");
@@ -514,7 +514,7 @@ fn a_config_value_applies_and_a_flag_overrides_it() {
 
     // A key that is no flag is refused, naming the file and the key.
     std::fs::write(&file, "[daemon]\npoool = \"x\"\n").expect("write");
-    let out = common::strata(&["daemon", "--config", &p(&file)]);
+    let out = crate::common::strata(&["daemon", "--config", &p(&file)]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(

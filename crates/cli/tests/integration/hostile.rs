@@ -10,15 +10,13 @@
 //! Byte positions come from parsing the header in the test, not from
 //! hard-coded offsets.
 
-mod common;
-
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{at, p, qemu_check, qemu_create, qemu_img, qemu_io, tmp};
+use crate::common::{at, p, qemu_check, qemu_create, qemu_img, qemu_io, tmp};
 
 /// How long any one command may run before the test kills it and fails.
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -940,7 +938,7 @@ fn garbage_compressed(compression: &str, reason: &str) {
     let sectors = ((raw >> x) & ((1u64 << (62 - x)) - 1)) + 1;
     let len = sectors * 512 - (stream & 511);
     // Sanity: intact, it reads like QEMU reads it.
-    common::assert_same_view(&img, dir.path());
+    crate::common::assert_same_view(&img, dir.path());
     put(&img, stream, &vec![0xff; len as usize]);
     let unchanged = [img.as_path()];
     let o = expect_fail(

@@ -4,80 +4,23 @@
 //! `-` for stdin/stdout, and a `strata store up` that stops every node of
 //! its cluster. Every test runs the real binary against real peers.
 
-mod common;
-
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{p, qemu_create, run_ok, tmp};
+use crate::common::{p, qemu_create, run_ok, tmp, Launch, Proc};
 use serde_json::Value;
 
-/// A `strata` process that prints a readiness line; killed when dropped.
-struct Proc {
-    child: Child,
-    line: String,
-}
-
-impl Proc {
-    /// Starts `strata ARGS` in `cwd` with `env`, and waits for its
-    /// readiness line (the first line of stdout).
-    fn start(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Proc {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
-            .args(args)
-            .current_dir(cwd)
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn strata");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("readiness line");
-        if line.is_empty() {
-            let mut err = String::new();
-            let _ = child.stderr.take().map(|mut e| e.read_to_string(&mut err));
-            panic!("strata {args:?} printed no readiness line; stderr: {err}");
-        }
-        Proc { child, line }
+/// Starts `strata ARGS` in `cwd` with `env`, and waits for its readiness
+/// line.
+fn start_in(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Proc {
+    let mut launch = Launch::strata(args).cwd(cwd);
+    for (key, value) in env {
+        launch = launch.env(key, value);
     }
-
-    /// The word after `key` on the readiness line.
-    fn word_after(&self, key: &str) -> String {
-        let i = self
-            .line
-            .find(key)
-            .unwrap_or_else(|| panic!("{key:?} in {:?}", self.line));
-        self.line[i + key.len()..]
-            .split(|c: char| c.is_whitespace() || c == ',')
-            .next()
-            .unwrap_or_default()
-            .to_string()
-    }
-
-    /// SIGTERM; returns the exit status and what it wrote to stderr.
-    fn stop(mut self) -> (std::process::ExitStatus, String) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = self.child.wait().expect("wait");
-        let mut err = String::new();
-        let _ = self
-            .child
-            .stderr
-            .take()
-            .map(|mut e| e.read_to_string(&mut err));
-        (status, err)
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    launch.start()
 }
 
 /// Runs `strata ARGS` in `cwd` with `env`; returns (success, stdout, stderr).
@@ -123,6 +66,7 @@ const STORE_ORCHESTRATOR: u16 = 10890;
 /// at the same time, and each answers on its own.
 #[test]
 fn services_run_side_by_side_with_default_ports() {
+    let _host_ports = crate::common::host_ports();
     for port in [SERVE_NBD, DAEMON_NBD, MIRROR_NBD, DAEMON_API, REPO_HTTP] {
         assert!(
             TcpListener::bind(("127.0.0.1", port)).is_ok(),
@@ -140,16 +84,16 @@ fn services_run_side_by_side_with_default_ports() {
     let img = dir.join("disk.qcow2");
     qemu_create(&img, "", "16M");
     let raw = dir.join("base.raw");
-    std::fs::write(&raw, common::pattern(4 << 20, 7)).unwrap();
+    std::fs::write(&raw, crate::common::pattern(4 << 20, 7)).unwrap();
     ok_in(&["mirror", "digest", &p(&raw)], dir, &env);
 
-    let serve = Proc::start(&["serve", "disk.qcow2"], dir, &env);
+    let serve = start_in(&["serve", "disk.qcow2"], dir, &env);
     assert!(
         serve.line.contains(&format!("127.0.0.1:{SERVE_NBD}")),
         "{}",
         serve.line
     );
-    let daemon = Proc::start(&["daemon", "--pool", "pool"], dir, &env);
+    let daemon = start_in(&["daemon", "--pool", "pool"], dir, &env);
     assert!(
         daemon.line.contains(&format!("127.0.0.1:{DAEMON_NBD}"))
             && daemon
@@ -158,14 +102,14 @@ fn services_run_side_by_side_with_default_ports() {
         "{}",
         daemon.line
     );
-    let repo = Proc::start(&["mirror", "repo-serve", "base.raw"], dir, &env);
+    let repo = start_in(&["mirror", "repo-serve", "base.raw"], dir, &env);
     assert!(
         repo.line.contains(&format!(":{REPO_HTTP}/")),
         "{}",
         repo.line
     );
     let url = format!("http://{}", repo.word_after("http://"));
-    let mirror = Proc::start(&["mirror", "--repo", &url, "--dir", "m1"], dir, &env);
+    let mirror = start_in(&["mirror", "--repo", &url, "--dir", "m1"], dir, &env);
     assert!(
         mirror
             .line
@@ -173,7 +117,7 @@ fn services_run_side_by_side_with_default_ports() {
         "{}",
         mirror.line
     );
-    let store = Proc::start(&["store", "up", "--dir", "cluster"], dir, &env);
+    let store = start_in(&["store", "up", "--dir", "cluster"], dir, &env);
     assert!(
         store
             .line
@@ -202,7 +146,7 @@ fn services_run_side_by_side_with_default_ports() {
     let status = ok_in(&["store", "status", "--output", "json"], dir, &env);
     let status: Value = serde_json::from_str(&status).expect("store status json");
     assert_eq!(status["storage_nodes"].as_array().map(Vec::len), Some(1));
-    for proc in [store, mirror, repo, daemon, serve] {
+    for mut proc in [store, mirror, repo, daemon, serve] {
         let (code, err) = proc.stop();
         assert!(code.success(), "exit {code}: {err}");
     }
@@ -235,7 +179,7 @@ fn colour_only_on_a_terminal_and_never_with_no_color() {
     let socket = dir.path().join("s.sock");
     let uri = format!("nbd+unix:///?socket={}", p(&socket));
     // Not a terminal: stderr is a pipe.
-    let server = Proc::start(
+    let mut server = start_in(
         &["serve", "-k", &p(&socket), &p(&img)],
         dir.path(),
         &[("STRATA_LOG", "debug")],
@@ -284,7 +228,7 @@ fn colour_only_on_a_terminal_and_never_with_no_color() {
 /// token.
 fn daemon(dir: &Path) -> (Proc, String, String) {
     let pool = dir.join("pool");
-    let d = Proc::start(
+    let d = start_in(
         &[
             "daemon",
             "--pool",
@@ -391,15 +335,15 @@ fn volume_info_shows_its_nbd_uri() {
 fn mirror_readiness_line_labels_the_peer_listen_address() {
     let dir = tmp();
     let raw = dir.path().join("base.raw");
-    std::fs::write(&raw, common::pattern(1 << 20, 3)).unwrap();
+    std::fs::write(&raw, crate::common::pattern(1 << 20, 3)).unwrap();
     ok_in(&["mirror", "digest", &p(&raw)], dir.path(), &[]);
-    let repo = Proc::start(
+    let repo = start_in(
         &["mirror", "repo-serve", "-p", "0", &p(&raw)],
         dir.path(),
         &[],
     );
     let url = format!("http://{}", repo.word_after("http://"));
-    let mirror = Proc::start(
+    let mirror = start_in(
         &["mirror", "--repo", &url, "--dir", "m", "-p", "0"],
         dir.path(),
         &[],
@@ -410,7 +354,7 @@ fn mirror_readiness_line_labels_the_peer_listen_address() {
         .parse()
         .unwrap_or_else(|_| panic!("{}", mirror.line));
     TcpStream::connect(peer).expect("the peer listen address accepts connections");
-    let alone = Proc::start(
+    let alone = start_in(
         &[
             "mirror",
             "--repo",
@@ -431,7 +375,7 @@ fn mirror_readiness_line_labels_the_peer_listen_address() {
 /// (path, description).
 fn subcommands(path: &[String], into: &mut Vec<(String, String)>) {
     let args: Vec<&str> = path.iter().map(String::as_str).chain(["--help"]).collect();
-    let help = common::strata_ok(&args);
+    let help = crate::common::strata_ok(&args);
     let Some(list) = help.split("Commands:\n").nth(1) else {
         return;
     };
@@ -453,10 +397,10 @@ fn subcommands(path: &[String], into: &mut Vec<(String, String)>) {
 /// share a description (a copy-pasted doc comment).
 #[test]
 fn help_texts_describe_their_own_command() {
-    let top = common::strata_ok(&["--help"]);
+    let top = crate::common::strata_ok(&["--help"]);
     assert!(!top.contains("(later)"), "{top}");
     assert!(top.contains("object store"), "{top}");
-    let add = common::strata_ok(&["store", "node", "add", "--help"]);
+    let add = crate::common::strata_ok(&["store", "node", "add", "--help"]);
     assert!(!add.contains("only storage nodes can join"), "{add}");
     assert!(add.contains("metadata node"), "{add}");
     let mut all = Vec::new();
@@ -472,7 +416,7 @@ fn help_texts_describe_their_own_command() {
 
 /// A cluster of `strata store up` on free ports, in `dir`.
 fn store_up(dir: &Path) -> (Proc, SocketAddr) {
-    let store = Proc::start(
+    let store = start_in(
         &["store", "up", "--dir", &p(dir), "--listen", "127.0.0.1:0"],
         dir.parent().unwrap(),
         &[],
@@ -491,7 +435,7 @@ fn obj_put_and_get_use_dash_for_stdin_and_stdout() {
     let home = tmp();
     let cluster = home.path().join("cluster");
     let (_store, on) = store_up(&cluster);
-    let data = common::pattern(307_200, 11);
+    let data = crate::common::pattern(307_200, 11);
     let env = [
         ("STRATA_CLUSTER", on.to_string()),
         ("STRATA_CREDENTIAL", p(&cluster.join("admin.credential"))),
@@ -568,7 +512,7 @@ fn endpoint(line: &str) -> SocketAddr {
 fn store_up_stops_every_node_of_its_cluster() {
     let home = tmp();
     let cluster = home.path().join("cluster");
-    let (store, on) = store_up(&cluster);
+    let (mut store, on) = store_up(&cluster);
     let add = |name: &str, role: &str| {
         let node_dir: PathBuf = cluster.join(name);
         let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
@@ -648,7 +592,7 @@ fn streamed_chain(dir: &Path) -> PathBuf {
     let base = dir.join("base.qcow2");
     let top = dir.join("top.qcow2");
     qemu_create(&base, "", "7M");
-    common::qemu_io(
+    crate::common::qemu_io(
         &base,
         &[
             "write -P 0x11 0 1M",
@@ -656,8 +600,8 @@ fn streamed_chain(dir: &Path) -> PathBuf {
             "write -P 0x55 6M 64k",
         ],
     );
-    common::qemu_overlay(&top, "base.qcow2", Some("7680k"));
-    common::qemu_io(
+    crate::common::qemu_overlay(&top, "base.qcow2", Some("7680k"));
+    crate::common::qemu_io(
         &top,
         &[
             "write -P 0x33 512k 1M",
@@ -686,7 +630,7 @@ fn convert_to_dash_writes_raw_to_stdout_like_qemu_img() {
         dir.path(),
         Vec::new(),
     );
-    assert!(out.status.success(), "{}", common::output_text(&out));
+    assert!(out.status.success(), "{}", crate::common::output_text(&out));
     assert_eq!(
         out.stdout.len(),
         expected.len(),
@@ -713,7 +657,7 @@ fn convert_to_dash_writes_raw_to_stdout_like_qemu_img() {
 fn convert_from_dash_reads_raw_from_stdin() {
     let dir = tmp();
     let d = dir.path();
-    let mut data = common::pattern(5 * 1024 * 1024 + 1000, 3);
+    let mut data = crate::common::pattern(5 * 1024 * 1024 + 1000, 3);
     // Zero runs the target leaves unallocated.
     data[1 << 20..3 << 20].fill(0);
     let source = d.join("source.raw");
@@ -724,9 +668,9 @@ fn convert_from_dash_reads_raw_from_stdin() {
             d,
             data.clone(),
         );
-        assert!(out.status.success(), "{}", common::output_text(&out));
+        assert!(out.status.success(), "{}", crate::common::output_text(&out));
         let target = d.join(name);
-        let compare = common::run_tool(
+        let compare = crate::common::run_tool(
             "qemu-img",
             &[
                 "compare",
@@ -741,10 +685,10 @@ fn convert_from_dash_reads_raw_from_stdin() {
         assert!(
             compare.status.success(),
             "{format}: {}",
-            common::output_text(&compare)
+            crate::common::output_text(&compare)
         );
     }
-    assert_eq!(common::qemu_check(&d.join("in.qcow2")), 0);
+    assert_eq!(crate::common::qemu_check(&d.join("in.qcow2")), 0);
     let info: Value = serde_json::from_str(&run_ok(
         "qemu-img",
         &["info", "--output", "json", &p(&d.join("in.qcow2"))],
@@ -763,7 +707,7 @@ fn convert_from_dash_reads_raw_from_stdin() {
     assert!(
         through.status.success(),
         "{}",
-        common::output_text(&through)
+        crate::common::output_text(&through)
     );
     assert!(through.stdout == data, "`- -` changed the bytes");
     assert!(!d.join("-").exists(), "a file named '-' was written");
@@ -780,8 +724,9 @@ fn convert_from_stdin_grows_a_qcow2_target_past_its_first_size() {
     let file = std::fs::File::create(&source).unwrap();
     file.set_len(length).unwrap();
     use std::os::unix::fs::FileExt;
-    file.write_all_at(&common::pattern(4096, 5), 4096).unwrap();
-    file.write_all_at(&common::pattern(65536, 6), length - 65536)
+    file.write_all_at(&crate::common::pattern(4096, 5), 4096)
+        .unwrap();
+    file.write_all_at(&crate::common::pattern(65536, 6), length - 65536)
         .unwrap();
     drop(file);
     let out = Command::new(env!("CARGO_BIN_EXE_strata"))
@@ -790,9 +735,9 @@ fn convert_from_stdin_grows_a_qcow2_target_past_its_first_size() {
         .stdin(std::fs::File::open(&source).unwrap())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", common::output_text(&out));
+    assert!(out.status.success(), "{}", crate::common::output_text(&out));
     let target = d.join("long.qcow2");
-    let compare = common::run_tool(
+    let compare = crate::common::run_tool(
         "qemu-img",
         &[
             "compare",
@@ -807,9 +752,9 @@ fn convert_from_stdin_grows_a_qcow2_target_past_its_first_size() {
     assert!(
         compare.status.success(),
         "{}",
-        common::output_text(&compare)
+        crate::common::output_text(&compare)
     );
-    assert_eq!(common::qemu_check(&target), 0);
+    assert_eq!(crate::common::qemu_check(&target), 0);
     let info: Value = serde_json::from_str(&run_ok(
         "qemu-img",
         &["info", "--output", "json", &p(&target)],
@@ -893,7 +838,7 @@ fn dash_is_refused_where_a_file_is_needed() {
     ];
     for (args, input, needle) in cases {
         let out = strata_piped(&args, d, input);
-        let text = common::output_text(&out);
+        let text = crate::common::output_text(&out);
         assert!(!out.status.success(), "strata {args:?} succeeded: {text}");
         assert!(
             out.stdout.is_empty(),
@@ -931,7 +876,7 @@ fn configuration_and_credentials_come_through_standard_streams() {
         home.path(),
         b"[nonsense]\nx = 1\n".to_vec(),
     );
-    let text = common::output_text(&bad);
+    let text = crate::common::output_text(&bad);
     assert!(!bad.status.success(), "{text}");
     assert!(
         text.contains("configuration from standard input (--config -): 'nonsense'"),
@@ -989,7 +934,11 @@ fn configuration_and_credentials_come_through_standard_streams() {
         home.path(),
         Vec::new(),
     );
-    assert!(issued.status.success(), "{}", common::output_text(&issued));
+    assert!(
+        issued.status.success(),
+        "{}",
+        crate::common::output_text(&issued)
+    );
     let credential = String::from_utf8(issued.stdout).unwrap();
     assert!(
         credential.starts_with("# strata store tenant credential"),
@@ -1004,7 +953,7 @@ fn configuration_and_credentials_come_through_standard_streams() {
         !home.path().join("-").exists(),
         "a file named '-' was written"
     );
-    let data = common::pattern(70_000, 9);
+    let data = crate::common::pattern(70_000, 9);
     let file = home.path().join("object.bin");
     std::fs::write(&file, &data).unwrap();
     let cluster_arg = on.to_string();
@@ -1024,16 +973,20 @@ fn configuration_and_credentials_come_through_standard_streams() {
     let put = with_credential(&["put", &p(&file), "alice/object"]);
     let put: Vec<&str> = put.iter().map(String::as_str).collect();
     let posted = strata_piped(&put, home.path(), credential.clone().into_bytes());
-    assert!(posted.status.success(), "{}", common::output_text(&posted));
+    assert!(
+        posted.status.success(),
+        "{}",
+        crate::common::output_text(&posted)
+    );
     let get = with_credential(&["get", "alice/object", "-"]);
     let get: Vec<&str> = get.iter().map(String::as_str).collect();
     let got = strata_piped(&get, home.path(), credential.into_bytes());
-    assert!(got.status.success(), "{}", common::output_text(&got));
+    assert!(got.status.success(), "{}", crate::common::output_text(&got));
     assert!(got.stdout == data, "the object read back differs");
     let both = with_credential(&["put", "-", "alice/other"]);
     let both: Vec<&str> = both.iter().map(String::as_str).collect();
     let refused = strata_piped(&both, home.path(), data);
-    let text = common::output_text(&refused);
+    let text = crate::common::output_text(&refused);
     assert!(!refused.status.success(), "{text}");
     assert!(text.contains("both read standard input"), "{text}");
 }

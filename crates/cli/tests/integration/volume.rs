@@ -2,15 +2,13 @@
 //! through the real `strata volume`/`strata snapshot` commands and curl-free
 //! raw requests, NBD clients (qemu-io, qemu-img, fio), SIGKILL and restart.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{p, qemu_img, strata, strata_ok, tmp};
+use crate::common::{p, qemu_img, strata, strata_ok, tmp};
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
@@ -211,7 +209,7 @@ fn check_every_layer(pool: &Path) {
             "strata img check {f}: {}",
             String::from_utf8_lossy(&out.stdout)
         );
-        assert_eq!(common::qemu_check(&path), 0, "qemu-img check {f}");
+        assert_eq!(crate::common::qemu_check(&path), 0, "qemu-img check {f}");
         // The daemon stopped cleanly: no layer is left marked dirty.
         let info: Value =
             serde_json::from_str(&strata_ok(&["img", "info", "--output", "json", &p(&path)]))
@@ -742,13 +740,13 @@ fn check_sigkill_at_any_point(args: &[&str]) {
             // acknowledged, then flushed (or written with FUA).
             let write = format!("write -P {pattern} {} 64K", slot * 65536);
             if k % 2 == 0 {
-                common::run_ok(
+                crate::common::run_ok(
                     "qemu-io",
                     &["-f", "raw", "-c", &write, "-c", "flush", &d.uri("crash")],
                 );
             } else {
                 let fua = write.replacen("write", "write -f", 1);
-                common::run_ok("qemu-io", &["-f", "raw", "-c", &fua, &d.uri("crash")]);
+                crate::common::run_ok("qemu-io", &["-f", "raw", "-c", &fua, &d.uri("crash")]);
             }
             flushed.retain(|(s, _)| *s != slot);
             flushed.push((slot, pattern));
@@ -861,7 +859,7 @@ impl Daemon {
     /// qemu-io over NBD (offsets and lengths as qemu-io takes them).
     fn qemu_write(&self, volume: &str, pattern: u8, offset: &str, len: &str) {
         let cmd = format!("write -P {pattern} {offset} {len}");
-        common::run_ok("qemu-io", &["-f", "raw", "-c", &cmd, &self.uri(volume)]);
+        crate::common::run_ok("qemu-io", &["-f", "raw", "-c", &cmd, &self.uri(volume)]);
     }
 
     /// Takes snapshot `name` of `volume` through the API.
@@ -1399,7 +1397,7 @@ fn a_volume_can_ask_for_its_own_cluster_size() {
     }
     // The clone reads the snapshot's bytes beside its own write.
     let dump = dir.path().join("c.raw");
-    common::run_ok(
+    crate::common::run_ok(
         "qemu-img",
         &["convert", "-f", "raw", "-O", "raw", &d.uri("c"), &p(&dump)],
     );
@@ -1660,7 +1658,7 @@ fn frozen_layers(d: &Daemon, volume: &str) -> u64 {
 
 /// A flush from the client, on a connection of its own.
 fn client_flush(d: &Daemon, volume: &str) {
-    common::run_ok("qemu-io", &["-f", "raw", "-c", "flush", &d.uri(volume)]);
+    crate::common::run_ok("qemu-io", &["-f", "raw", "-c", "flush", &d.uri(volume)]);
 }
 
 /// A snapshot's pause only freezes the old top. Its layer becomes durable
@@ -1745,7 +1743,7 @@ fn snapshots_become_durable_at_the_next_flush_or_when_asked() {
 
 /// Bytes of `path` in the kernel's page cache (util-linux's fincore).
 fn cached_bytes(path: &Path) -> u64 {
-    let out = common::run_ok(
+    let out = crate::common::run_ok(
         "fincore",
         &["--bytes", "--noheadings", "--output", "RES", &p(path)],
     );
@@ -2202,7 +2200,7 @@ struct FloodState {
     closed: usize,
 }
 
-/// Half-open connections to one address, held by `tests/half_open.py`
+/// Half-open connections to one address, held by `tests/integration/half_open.py`
 /// children (one process cannot hold more sockets than its descriptor
 /// limit). Dropping it kills them all.
 struct HalfOpenFlood {
@@ -2224,7 +2222,10 @@ impl HalfOpenFlood {
         let per_child = (hard_file_limit() as usize)
             .saturating_sub(64)
             .clamp(1, 5000);
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/half_open.py");
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/integration/half_open.py"
+        );
         let (report, reports) = std::sync::mpsc::channel();
         let mut flood = HalfOpenFlood {
             children: Vec::new(),

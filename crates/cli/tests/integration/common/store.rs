@@ -1,0 +1,223 @@
+//! The object store as real processes: `strata store up` ([`Store`]) and
+//! the nodes `strata store node add` starts on their own ([`Node`]).
+
+use crate::common::p;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use strata_store::tenant::{TenantCredential, ADMIN_CREDENTIAL_FILE, CREDENTIAL_ENV};
+use strata_store::wire::Msg;
+
+/// The directory of each running `strata store up`, by its orchestrator's
+/// endpoint: clients in the tests act as its admin tenant.
+pub static STORE_DIRS: std::sync::Mutex<Vec<(SocketAddr, PathBuf)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// The admin credential `strata store up` wrote for the cluster at `on`.
+pub fn admin(on: SocketAddr) -> TenantCredential {
+    let dirs = STORE_DIRS.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = dirs
+        .iter()
+        .rev()
+        .find(|(o, _)| *o == on)
+        .map(|(_, d)| d.clone())
+        .unwrap_or_else(|| panic!("no store at {on}"));
+    TenantCredential::load(&dir.join(ADMIN_CREDENTIAL_FILE)).unwrap()
+}
+
+/// `msg` sealed as the admin tenant of the cluster at `on`.
+pub fn as_admin(on: SocketAddr, msg: &Msg) -> Vec<u8> {
+    msg.seal_tenant(&admin(on), strata_store::auth::unix_ms())
+        .unwrap()
+}
+
+/// A `strata store up` process, killed on drop.
+pub struct Store {
+    child: Option<Child>,
+    /// The orchestrator's endpoint.
+    pub on: SocketAddr,
+    /// Its `--dir`.
+    pub dir: PathBuf,
+}
+
+impl Store {
+    pub fn up(dir: &Path, extra: &[&str]) -> Store {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_strata"));
+        cmd.args(["store", "up", "--dir", &p(dir), "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().expect("spawn strata store up");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("readiness line");
+        // "strata store: ready on 127.0.0.1:PORT (...)"
+        let on = line
+            .split_whitespace()
+            .nth(4)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no readiness line: {line:?}"));
+        STORE_DIRS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((on, dir.to_path_buf()));
+        Store {
+            child: Some(child),
+            on,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// `strata ARGS --cluster ON`, with the cluster key in the
+    /// environment (control commands need it).
+    pub fn run(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(args)
+            .args(["--cluster", &self.on.to_string()])
+            .env("STRATA_CLUSTER_KEY", self.key_path())
+            .env(CREDENTIAL_ENV, self.dir.join(ADMIN_CREDENTIAL_FILE))
+            .output()
+            .expect("run strata")
+    }
+
+    /// The process id of `strata store up`.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// The cluster key `strata store up` made.
+    pub fn key_path(&self) -> PathBuf {
+        self.dir.join("cluster.key")
+    }
+
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "strata {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn fails(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(!out.status.success(), "strata {args:?} should fail");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.extend(["--output", "json"]);
+        serde_json::from_str(&self.ok(&a)).expect("json output")
+    }
+
+    /// Waits until the status lists `count` nodes of `kind` ("storage" or
+    /// "metadata").
+    pub fn wait_for_nodes(&self, kind: &str, count: usize) {
+        wait_until(&format!("{count} {kind} nodes"), || {
+            self.status()[format!("{kind}_nodes")]
+                .as_array()
+                .unwrap()
+                .len()
+                == count
+        });
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        self.json(&["store", "status"])
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: sending SIGTERM to our own child.
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+            let _ = c.wait();
+        }
+    }
+
+    /// Every replica file held by the storage nodes.
+    pub fn replica_files(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for k in 0..8 {
+            let d = self.dir.join(format!("sn-{k}/replicas"));
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                out.extend(rd.flatten().map(|e| e.path()));
+            }
+        }
+        out
+    }
+
+    pub fn tmp_files(&self) -> usize {
+        (0..8)
+            .filter_map(|k| std::fs::read_dir(self.dir.join(format!("sn-{k}/tmp"))).ok())
+            .map(|rd| rd.count())
+            .sum()
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn wait_until(what: &str, f: impl FnMut() -> bool) {
+    wait_until_long(what, Duration::from_secs(10), f)
+}
+
+pub fn wait_until_long(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A `strata store node add` process (a node of its own, so it can be
+/// killed with SIGKILL), killed on drop.
+pub struct Node(pub Child);
+
+impl Node {
+    pub fn add(store: &Store, dir: &Path, role: &str) -> Node {
+        Node::add_with(store, dir, role, &[])
+    }
+
+    pub fn add_with(store: &Store, dir: &Path, role: &str, extra: &[&str]) -> Node {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["store", "node", "add", "--cluster", &store.on.to_string()])
+            .args(["--role", role, "--dir", &p(dir)])
+            .args(extra)
+            .env("STRATA_CLUSTER_KEY", store.key_path())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn strata store node add");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("strata store:"), "{line:?}");
+        Node(child)
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.0.kill(); // SIGKILL
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}

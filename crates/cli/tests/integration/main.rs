@@ -1,0 +1,25 @@
+//! Strata's integration tests: one test binary that runs the real
+//! `strata` binary against real peers (QEMU's tools, libnbd, fio, the
+//! kernel's network namespaces), with one shared harness in [`common`].
+//!
+//! Run one area with a filter on its module path, for example
+//! `cargo test -p strata --test integration -- nbd_tls::` or
+//! `-- store::`.
+
+mod architecture;
+mod common;
+mod damaged;
+mod docs_examples;
+mod hostile;
+mod img_ops;
+mod interop;
+mod locking;
+mod mirror;
+mod nbd;
+mod nbd_tls;
+mod output;
+mod qemu_parity;
+mod store;
+mod store_routed;
+mod up;
+mod volume;
