@@ -545,7 +545,7 @@ fn mirrors_find_each_other_through_the_repository() {
         });
     }
     assert_eq!(read_all(&ms[0].nbd(), dir.path(), "0.raw"), data);
-    wait_until("advertisements", 30, || {
+    wait_until("advertisements", 60, || {
         dirs[1..].iter().all(|d| n(&stats(d), "links") == 2)
     });
     assert_eq!(read_all(&ms[1].nbd(), dir.path(), "1.raw"), data);
@@ -732,7 +732,7 @@ fn mirrors_read_an_image_published_in_the_object_store() {
         &read_all(&ms[0].nbd(), dir.path(), "0.raw")[..len],
         &data[..]
     );
-    wait_until("advertisements", 30, || {
+    wait_until("advertisements", 60, || {
         dirs[1..].iter().all(|d| n(&stats(d), "links") == 2)
     });
     assert_eq!(
