@@ -276,3 +276,72 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
         self.inner.block_status(offset, len, max_runs)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conformance::tests::{Flaw, MemoryDevice, UNIT};
+    use crate::conformance::{run, Outcome, Subject};
+
+    fn device() -> FaultyDevice<MemoryDevice> {
+        FaultyDevice::new(MemoryDevice::new(Flaw::None, true))
+    }
+
+    #[test]
+    fn a_fault_fails_only_the_requests_it_chooses() {
+        let device = device();
+        device.inject(
+            Fault::on(Operation::Read)
+                .within(UNIT..2 * UNIT)
+                .after(1)
+                .times(2),
+        );
+        let mut buf = [0u8; 100];
+        // Outside the range, and the first match: they pass.
+        device.read_at(&mut buf, 0).unwrap();
+        device.read_at(&mut buf, UNIT).unwrap();
+        // Overlapping either end: they fail, twice.
+        let error = device.read_at(&mut buf, UNIT - 50).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Io);
+        assert!(error.to_string().contains("injected fault"), "{error}");
+        device.read_at(&mut buf, 2 * UNIT - 1).unwrap_err();
+        // Then the fault is spent; writes were never chosen.
+        device.read_at(&mut buf, UNIT).unwrap();
+        device.write_at(&buf, UNIT).unwrap();
+        assert_eq!(device.failures(), 2);
+    }
+
+    #[test]
+    fn a_fault_fails_with_the_chosen_kind_and_clear_removes_it() {
+        let device = device();
+        device.inject(Fault::on(Operation::Write).error(ErrorKind::NoSpace));
+        device.inject(Fault::on(Operation::Flush).within(0..UNIT));
+        let error = device.write_at(&[1], 5).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::NoSpace);
+        // A flush has no bytes: a fault with a range never chooses it.
+        device.flush().unwrap();
+        device.inject(Fault::any().times(1));
+        device.flush().unwrap_err();
+        device.clear();
+        device.write_at(&[1], 5).unwrap();
+        assert_eq!(device.failures(), 2);
+    }
+
+    #[test]
+    fn the_suite_passes_a_faultless_wrapper_and_fails_one_whose_discard_fails() {
+        run(&mut || Subject::zeroed(Box::new(device()))).assert_conforms();
+        let report = run(&mut || {
+            Subject::zeroed(Box::new(FaultyDevice::with(
+                MemoryDevice::new(Flaw::None, true),
+                Fault::on(Operation::Discard),
+            )))
+        });
+        assert!(
+            matches!(
+                report.outcome("discard reads as zeros or as before, nothing else"),
+                Some(Outcome::Failed(_))
+            ),
+            "{report}"
+        );
+    }
+}

@@ -32,7 +32,7 @@
 
 mod checks;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -8,12 +8,12 @@ use super::{run, Outcome, Subject};
 use crate::device::{BlockDevice, BlockStatus};
 use crate::error::{BlockError, ErrorKind, Result};
 
-const UNIT: u64 = 4096;
-const SIZE: u64 = 64 * UNIT + 1000;
+pub(crate) const UNIT: u64 = 4096;
+pub(crate) const SIZE: u64 = 64 * UNIT + 1000;
 
 /// One promise a [`MemoryDevice`] breaks.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Flaw {
+pub(crate) enum Flaw {
     None,
     /// `discard` brings back older data (a layer below, say).
     DiscardExposesOlder,
@@ -35,14 +35,14 @@ enum Flaw {
 
 /// A device in memory: every unit allocated once written, none before.
 #[derive(Debug)]
-struct MemoryDevice {
+pub(crate) struct MemoryDevice {
     bytes: Mutex<Vec<u8>>,
     writable: bool,
     flaw: Flaw,
 }
 
 impl MemoryDevice {
-    fn new(flaw: Flaw, writable: bool) -> MemoryDevice {
+    pub(crate) fn new(flaw: Flaw, writable: bool) -> MemoryDevice {
         MemoryDevice {
             bytes: Mutex::new(vec![0; SIZE as usize]),
             writable,
