@@ -505,7 +505,15 @@ where
         .admit_put(addr, size, chain, coordinator, exists, disk_free);
     let (machine, first) = match admitted {
         Ok(admitted) => admitted,
-        Err(refusal) => return refused(r, w, refusal).await.map(|_| ()),
+        Err(refusal) => {
+            let replied = refused(r, w, refusal).await.map(|_| ());
+            if let (Err(_), Some(coordinator)) = (&replied, coordinator) {
+                // The tenant's connection broke while its refused data was
+                // drained: its client is gone all the same.
+                report_abandoned(store, table, coordinator, addr);
+            }
+            return replied;
+        }
     };
     let seq = store.tmp_seq.fetch_add(1, Ordering::Relaxed);
     let mut run = PutRun {

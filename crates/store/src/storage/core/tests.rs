@@ -329,3 +329,39 @@ fn removals_never_count_below_zero() {
     assert_eq!((core.used(), core.objects()), (0, 0));
     assert_eq!(core.free(u64::MAX), 100);
 }
+
+#[test]
+fn a_checksum_that_cannot_be_written_refuses_the_put_before_its_sync() {
+    let mut core = core();
+    let (mut put, actions) = received(&mut core, b"abc", vec![]);
+    assert_eq!(actions.last(), Some(&PutAction::Sync));
+    let actions = put.handle(PutEvent::WriteFailed("writing the replica: disk full"));
+    assert_eq!(actions[0], PutAction::RemoveTemp);
+    assert!(matches!(&actions[1], PutAction::Reply(PutReply::Error(m)) if m.contains("disk full")));
+    // The sync that was queued is void: no install, no acknowledgement.
+    assert!(put.handle(PutEvent::Synced).is_empty());
+    assert!(core.installed(&mut put).is_empty());
+}
+
+#[test]
+fn a_reply_that_does_not_get_through_reports_a_tenant_s_put_abandoned() {
+    let mut core = core();
+    let coordinator = 0xfd00_u128 << 112 | 7;
+    let (mut put, _) = core
+        .admit_put(addr(1), 1, vec![], Some(coordinator), false, u64::MAX)
+        .expect("admitted");
+    put.handle(PutEvent::Data(b"a"));
+    put.handle(PutEvent::Checksum(crc32c::crc32c(b"a")));
+    put.handle(PutEvent::Synced);
+    assert!(matches!(
+        core.installed(&mut put)[..],
+        [PutAction::Reply(PutReply::Ack { copies: 1 })]
+    ));
+    assert_eq!(
+        put.handle(PutEvent::Broken),
+        vec![PutAction::ReportAbandoned {
+            coordinator,
+            replica: addr(1)
+        }]
+    );
+}
