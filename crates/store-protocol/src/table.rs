@@ -14,6 +14,9 @@ use crate::addr::{Addr, Layout, MAX_META_REPLICAS};
 use crate::wire::{Fingerprints, Reader, WireError, Writer, MAX_DATA_REPLICAS};
 use std::net::{Ipv6Addr, SocketAddr};
 
+mod invariants;
+pub use invariants::{ensure, InvariantError};
+
 /// Replication parameters: (N, W, 1) for metadata and for data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Params {

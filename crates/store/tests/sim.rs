@@ -32,9 +32,12 @@
 //! or with a metadata node going down meanwhile; the node is retired only
 //! once no row names it, and after healing no row names it.
 
+use std::cell::Cell;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::rc::Rc;
 use strata_store::metadata::database::MetaDb;
+use strata_store::metadata::faulty_storage::{Disk, Fault};
 use strata_store::metadata::state::{MnCore, Out};
 use strata_store::orchestrator::state::OnCore;
 use strata_store_client::client::{Call, Step};
@@ -176,7 +179,11 @@ impl Ord for Event {
 }
 
 struct Sim {
+    seed: u64,
     rng: Rng,
+    /// Draws the storage faults, apart from `rng`, so that a run with
+    /// them stays close to the run of the same seed without.
+    fault_rng: Rng,
     now: u64,
     seq: u64,
     table: Table,
@@ -250,6 +257,31 @@ struct Sim {
     /// Refresh requests sent (stale metadata copies asking their
     /// coordinator).
     refreshes: u64,
+    /// Each metadata slot's simulated disk, in runs with storage faults
+    /// (odd seeds); empty when the nodes use files.
+    disks: Vec<Disk>,
+    /// Storage faults seen: crashes that struck mid-write, torn writes,
+    /// corrupted writes, opens redb repaired.
+    faults: StorageFaults,
+    /// The table each slot held at the last check (kept across its
+    /// restarts), and the orchestrator's: epochs only go up.
+    seen_tables: Vec<Option<Table>>,
+    seen_on_table: Option<Table>,
+}
+
+/// Storage faults a run injected, and what redb did about them.
+#[derive(Clone, Copy, Debug, Default)]
+struct StorageFaults {
+    /// Crashes that struck in the middle of a write or sync.
+    mid_write: u64,
+    /// Crashes that let part of an unsynced write reach the disk.
+    torn: u64,
+    /// Crashes that let an unsynced write reach the disk damaged.
+    corrupted: u64,
+    /// Opens after a crash where redb repaired the file.
+    repaired_opens: u64,
+    /// Unsynced writes lost at crashes.
+    lost_writes: u64,
 }
 
 impl Sim {
@@ -281,8 +313,19 @@ impl Sim {
             tempfile::tempdir().unwrap()
         };
         let table = table(params);
+        let disks = if seed % 2 == 1 {
+            (0..ALL_MNS).map(|_| Disk::new()).collect()
+        } else {
+            Vec::new()
+        };
         let mut sim = Sim {
+            seed,
+            disks,
+            faults: StorageFaults::default(),
+            seen_tables: vec![None; ALL_MNS],
+            seen_on_table: None,
             rng: Rng::new(seed),
+            fault_rng: Rng::new(!seed),
             now: 0,
             seq: 0,
             table,
@@ -345,13 +388,138 @@ impl Sim {
     }
 
     fn start_mn(&mut self, slot: u16) {
-        let db = MetaDb::open(&self.dir.path().join(format!("mn{slot}.redb"))).unwrap();
+        let db = match self.disks.get(slot as usize) {
+            None => MetaDb::open(&self.dir.path().join(format!("mn{slot}.redb"))).unwrap(),
+            Some(disk) => {
+                let repaired = Rc::new(Cell::new(false));
+                let flag = repaired.clone();
+                // redb's promise: every commit made with `Durability::
+                // Immediate` survives a crash, whatever happened to the
+                // writes not synced yet; so the database opens.
+                let db = MetaDb::open_with_backend(disk.backend(), move |_| flag.set(true))
+                    .unwrap_or_else(|e| {
+                        panic!("seed {}: slot {slot} after a crash: {e}", self.seed)
+                    });
+                self.faults.repaired_opens += u64::from(repaired.get());
+                db
+            }
+        };
         let nonce = self.rng.next();
         let mut core = MnCore::new(db, self.table.clone(), slot, nonce);
         if let Some(ms) = self.sync_ms {
             core.set_sync_interval(ms);
         }
         self.mns[slot as usize] = Some(core);
+        self.check_node(slot, "a restart");
+    }
+
+    /// Crashes the metadata node in `slot`: it loses everything not in its
+    /// database, and on a simulated disk the writes not synced yet, some
+    /// torn or corrupted.
+    fn crash_mn(&mut self, slot: u16) {
+        if let Some(disk) = self.disks.get(slot as usize).cloned() {
+            let fault = match self.fault_rng.below(3) {
+                0 => Fault::Lose,
+                1 => Fault::Tear(self.fault_rng.next()),
+                _ => Fault::Corrupt(self.fault_rng.next()),
+            };
+            // The disk first: whatever the dropped node writes is lost.
+            let report = disk.crash(fault);
+            self.faults.lost_writes += report.lost_writes as u64;
+            self.faults.torn += u64::from(report.torn_bytes > 0);
+            self.faults.corrupted += u64::from(report.corrupted_at.is_some());
+        }
+        self.mns[slot as usize] = None;
+        self.check_all("a crash");
+    }
+
+    /// Hands the outputs of a step of the node in `slot` to the network,
+    /// unless its disk failed during the step: then the node died there,
+    /// and nothing it decided leaves.
+    fn core_outs(&mut self, slot: u16, outs: Vec<Out<u32>>, what: &str) {
+        if self
+            .disks
+            .get(slot as usize)
+            .is_some_and(|d| d.has_failed())
+        {
+            // Counted, and its downtime drawn, when it was armed.
+            self.faults.mid_write += 1;
+            self.down_until[slot as usize] += self.now;
+            self.crash_mn(slot);
+            return;
+        }
+        self.outs(slot, outs);
+        self.check_node(slot, what);
+    }
+
+    /// Fails the run, naming the seed, the time and the step, unless the
+    /// node in `slot` (if running) holds its invariants and its table is
+    /// no older than the one it held before.
+    fn check_node(&mut self, slot: u16, what: &str) {
+        let Some(core) = self.mns[slot as usize].as_ref() else {
+            return;
+        };
+        let seen = &mut self.seen_tables[slot as usize];
+        let result = core.check_invariants().and_then(|()| {
+            seen.as_ref()
+                .map_or(Ok(()), |t| core.table().check_successor(t))
+        });
+        if let Err(e) = result {
+            panic!(
+                "seed {}, {} ms, after {what}: metadata slot {slot}: {e}",
+                self.seed, self.now
+            );
+        }
+        if seen.as_ref().is_none_or(|t| t.epoch != core.table().epoch) {
+            *seen = Some(core.table().clone());
+        }
+    }
+
+    /// As [`Sim::check_node`], for the orchestrator.
+    fn check_on(&mut self, what: &str) {
+        let Some(on) = self.on.as_ref() else {
+            return;
+        };
+        let result = on.check_invariants().and_then(|()| {
+            self.seen_on_table
+                .as_ref()
+                .map_or(Ok(()), |t| on.table().check_successor(t))
+        });
+        if let Err(e) = result {
+            panic!(
+                "seed {}, {} ms, after {what}: orchestrator: {e}",
+                self.seed, self.now
+            );
+        }
+        if self
+            .seen_on_table
+            .as_ref()
+            .is_none_or(|t| t.epoch != on.table().epoch)
+        {
+            self.seen_on_table = Some(on.table().clone());
+        }
+    }
+
+    /// Checks every running node and the orchestrator, once the nodes
+    /// whose disk failed (an armed crash struck outside a step that
+    /// answers, as in a table change) are crashed.
+    fn check_all(&mut self, what: &str) {
+        for slot in 0..ALL_MNS as u16 {
+            let failed = self
+                .disks
+                .get(slot as usize)
+                .is_some_and(|d| d.has_failed());
+            if failed && self.mns[slot as usize].is_some() {
+                // Counted, and its downtime drawn, when it was armed.
+                self.faults.mid_write += 1;
+                self.down_until[slot as usize] += self.now;
+                self.crash_mn(slot);
+            }
+        }
+        for slot in 0..ALL_MNS as u16 {
+            self.check_node(slot, what);
+        }
+        self.check_on(what);
     }
 
     /// Sets every metadata node's anti-entropy pause, now and after
@@ -466,6 +634,8 @@ impl Sim {
                 return;
             };
             let reply = on.handle(self.now, &ev.msg);
+            self.check_on("a message to the orchestrator");
+            let on = self.on.as_ref().expect("checked above");
             // The network (and the clients) route by the newest table.
             let was_retiring = self.table.retiring(self.target);
             self.table = on.table().clone();
@@ -480,7 +650,7 @@ impl Sim {
                 return; // crashed: the datagram is lost
             };
             let outs = core.handle(now, ev.from, ev.msg);
-            self.outs(slot, outs);
+            self.core_outs(slot, outs, "a message");
         } else {
             self.client_reply(ev.to, ev.msg);
         }
@@ -681,9 +851,17 @@ impl Sim {
             if self.mns[s].is_none() && self.now >= self.down_until[s] {
                 self.start_mn(s as u16);
             } else if self.mns[s].is_some() && crash_rate > 0 && self.rng.below(crash_rate) == 0 {
-                self.mns[s] = None;
-                self.down_until[s] = self.now + 300 + self.rng.below(1500);
+                let downtime = 300 + self.rng.below(1500);
                 self.crashes += 1;
+                if let Some(disk) = self.disks.get(s).filter(|_| self.fault_rng.chance(50)) {
+                    // Strikes in the middle of one of the next writes or
+                    // syncs (see `core_outs`), then down this long.
+                    disk.arm(self.fault_rng.below(8) as u32);
+                    self.down_until[s] = downtime;
+                    continue;
+                }
+                self.down_until[s] = self.now + downtime;
+                self.crash_mn(s as u16);
             }
         }
     }
@@ -735,8 +913,8 @@ impl Sim {
             }
             if let Some((at, slot)) = self.kill_mn_at {
                 if at == self.now {
-                    self.mns[slot as usize] = None;
                     self.gone = Some(slot);
+                    self.crash_mn(slot);
                 }
                 if self.now.is_multiple_of(20) {
                     self.orchestrator_clock();
@@ -753,7 +931,7 @@ impl Sim {
                     let now = self.now;
                     if let Some(core) = self.mns[s as usize].as_mut() {
                         let outs = core.tick(now);
-                        self.outs(s, outs);
+                        self.core_outs(s, outs, "a tick");
                     }
                 }
                 self.step_crashes(crash_rate);
@@ -775,6 +953,7 @@ impl Sim {
                 0,
                 Msg::new(self.rng.next() >> 1, addr, Body::Get { name: name.into() }),
             );
+            self.check_node(slot as u16, "a Get of every copy");
             let seen = outs
                 .into_iter()
                 .find_map(|o| match o {
@@ -822,6 +1001,7 @@ impl Sim {
         assert!(!self.table.moves.is_empty());
         self.slots = MNS + 1;
         self.start_mn(MNS);
+        self.check_all("a metadata node added");
     }
 
     /// The orchestrator's clock: every running node (and every storage
@@ -844,6 +1024,7 @@ impl Sim {
         }
         on.tick(self.now).unwrap();
         self.table = on.table().clone();
+        self.check_all("the orchestrator's clock");
         if self
             .table
             .moves
@@ -878,6 +1059,7 @@ impl Sim {
                 }
             }
         }
+        self.check_all("a table publish");
     }
 
     /// Chooses the storage node the run declares dead or removes: the one
@@ -926,6 +1108,7 @@ impl Sim {
         for core in self.mns.iter_mut().flatten() {
             core.set_table(self.table.clone());
         }
+        self.check_all("a storage node declared dead");
     }
 
     /// Asks the orchestrator to remove storage node `index`: it is drained
@@ -943,6 +1126,7 @@ impl Sim {
         assert_eq!(reply.body, Body::Done { version: 0 });
         self.table = on.table().clone();
         assert!(self.table.retiring(index));
+        self.check_on("a drain started");
     }
 
     /// Counts the replication messages naming the target sent, while it
@@ -963,8 +1147,8 @@ impl Sim {
         }
         if let Some(slot) = self.crash_on_resend {
             if self.gone.is_none() && MN_BASE + slot as u32 == to {
-                self.mns[slot as usize] = None;
                 self.gone = Some(slot);
+                self.crash_mn(slot);
             }
         }
         if self.gone.is_some_and(|g| MN_BASE + g as u32 == to) {
@@ -997,6 +1181,7 @@ impl Sim {
         self.table = on.table().clone();
         assert!(!self.table.retiring(index));
         self.on = Some(on);
+        self.check_on("an orchestrator restart and a cancelled drain");
     }
 
     /// At retirement (and after healing, or after the repair of a dead
@@ -1038,7 +1223,7 @@ impl Sim {
             };
             let outs = core.copy_done(now, &name, version, targets, result);
             self.repairs_done += 1;
-            self.outs(slot, outs);
+            self.core_outs(slot, outs, "a repair copy's report");
         }
     }
 
@@ -1081,6 +1266,9 @@ impl Sim {
         self.run(self.now + 10_000, false, 0); // clients finish their calls
         self.loss = 0;
         self.dup = 0;
+        for disk in &self.disks {
+            disk.disarm();
+        }
         for s in 0..self.slots as usize {
             self.down_until[s] = 0;
         }
@@ -1090,6 +1278,7 @@ impl Sim {
                 core.set_table(on.table().clone());
             }
         }
+        self.check_all("healing");
         let names: Vec<String> = self.possible.keys().cloned().collect();
         for name in names {
             let addrs = self.table.meta_addrs(&name);
@@ -1113,6 +1302,7 @@ impl Sim {
                 .as_mut()
                 .unwrap()
                 .handle(now, 0, msg);
+            self.check_node(slot, "a Get after healing");
             let reply = outs
                 .into_iter()
                 .find_map(|o| match o {
@@ -1147,6 +1337,7 @@ fn simulate(seed: u64, params: Params) -> (u64, u64, u64) {
     let mut sim = Sim::new(seed, params);
     sim.run(60_000, true, 150);
     sim.heal_and_check();
+    eprintln!("seed {seed}: storage faults {:?}", sim.faults);
     for s in 0..MNS as usize {
         assert_eq!(
             sim.mns[s].as_ref().unwrap().pending_count(),

@@ -120,6 +120,50 @@ fn db_err(e: impl std::fmt::Display) -> Error {
     Error::Db(e.to_string())
 }
 
+/// Encodes `rec` for its row under key `k`, checked before the write:
+/// the record's name is the key's (a row under another name's key would
+/// answer for that name), and the bytes decode back to the same record.
+fn encode_row(k: &[u8], rec: &Record) -> Result<Vec<u8>, Error> {
+    if k.get(4..) != Some(rec.name.as_bytes()) {
+        return Err(Error::Db(format!(
+            "refusing to store the record of {:?} under the key of another name",
+            rec.name
+        )));
+    }
+    let bytes = encode_record(rec);
+    debug_assert!(
+        decode_record(&bytes).as_ref().ok() == Some(rec),
+        "the record of {:?} version {} does not decode to itself after encoding: {:?}",
+        rec.name,
+        rec.version,
+        decode_record(&bytes).err()
+    );
+    Ok(bytes)
+}
+
+/// Decodes the row stored under key `k`, checked before use: it decodes,
+/// and names the key's name. An error says which group and name.
+fn decode_row(k: &[u8], bytes: &[u8]) -> Result<Record, Error> {
+    let group = k
+        .get(..4)
+        .map(|g| u32::from_be_bytes([g[0], g[1], g[2], g[3]]));
+    let name = k.get(4..).and_then(|n| std::str::from_utf8(n).ok());
+    let (Some(group), Some(name)) = (group, name) else {
+        return Err(Error::Db(format!(
+            "a record row under a malformed key {k:02x?}"
+        )));
+    };
+    let r = decode_record(bytes)
+        .map_err(|e| Error::Db(format!("record of {name:?} in group {group}: {e}")))?;
+    if r.name != name {
+        return Err(Error::Db(format!(
+            "the row of {name:?} in group {group} holds the record of {:?}",
+            r.name
+        )));
+    }
+    Ok(r)
+}
+
 impl MetaDb {
     /// Opens (or creates) the database at `path`.
     pub fn open(path: &Path) -> Result<MetaDb, Error> {
@@ -127,6 +171,28 @@ impl MetaDb {
             .set_cache_size(CACHE_BYTES)
             .create(path)
             .map_err(|e| Error::Db(format!("opening {}: {e}", path.display())))?;
+        MetaDb::with_tables(db)
+    }
+
+    /// Opens (or creates) the database on `backend` instead of a file:
+    /// the simulation's disk that crashes and tears writes
+    /// ([`crate::metadata::faulty_storage`]). `on_repair` is called with
+    /// the progress while redb repairs the file on open, which it does
+    /// after every shutdown that was not clean.
+    pub fn open_with_backend(
+        backend: impl redb::StorageBackend,
+        on_repair: impl Fn(f64) + 'static,
+    ) -> Result<MetaDb, Error> {
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .set_repair_callback(move |session| on_repair(session.progress()))
+            .create_with_backend(backend)
+            .map_err(|e| Error::Db(format!("opening the database on its backend: {e}")))?;
+        MetaDb::with_tables(db)
+    }
+
+    /// The metadata database over `db`, its tables created if new.
+    fn with_tables(db: Database) -> Result<MetaDb, Error> {
         let tx = db.begin_write().map_err(db_err)?;
         tx.open_table(RECORDS).map_err(db_err)?;
         tx.open_table(TOMBS).map_err(db_err)?;
@@ -167,9 +233,9 @@ impl MetaDb {
             return Ok(None);
         };
         // A row that does not decode is reported, not trusted.
-        decode_record(v.value())
+        decode_row(k, v.value())
             .map(Some)
-            .map_err(|e| Error::Db(format!("record of {name:?} in group {mg}: {e}")))
+            .map_err(|e| Error::Db(format!("reading {name:?} in group {mg}: {e}")))
     }
 
     /// Runs a write of the records under `k` (`None`: possibly any) with
@@ -255,7 +321,7 @@ impl MetaDb {
             let current = stored.unwrap_or(0);
             if rec.version > current && rec.version > tomb {
                 records
-                    .insert(k, encode_record(rec).as_slice())
+                    .insert(k, encode_row(k, rec)?.as_slice())
                     .map_err(db_err)?;
                 (true, Some(state(stored, tomb)))
             } else {
@@ -406,10 +472,10 @@ impl MetaDb {
             if out.len() >= limit {
                 break;
             }
-            let (_, v) = row.map_err(db_err)?;
+            let (k, v) = row.map_err(db_err)?;
             // A row that does not decode was refused when written; skip it
             // rather than stop repair for every other object.
-            if let Ok(r) = decode_record(v.value()) {
+            if let Ok(r) = decode_row(k.value(), v.value()) {
                 out.push(r);
             }
         }
@@ -459,12 +525,12 @@ impl MetaDb {
         } else {
             let t = tx.open_table(RECORDS).map_err(db_err)?;
             for row in t.range(start.as_slice()..end.as_slice()).map_err(db_err)? {
-                let (_, v) = row.map_err(db_err)?;
+                let (k, v) = row.map_err(db_err)?;
                 if full(&rows, v.value().len() + 1) {
                     return Ok((rows, true));
                 }
                 // Rows that do not decode were refused when written.
-                if let Ok(r) = decode_record(v.value()) {
+                if let Ok(r) = decode_row(k.value(), v.value()) {
                     rows.push(Row::Record(r));
                 }
             }
@@ -530,7 +596,7 @@ impl MetaDb {
                     continue;
                 }
                 // Rows that do not decode were refused when written.
-                if let Ok(r) = decode_record(v.value()) {
+                if let Ok(r) = decode_row(k.value(), v.value()) {
                     bytes += v.value().len() + 1;
                     rows.push(Row::Record(r));
                 }

@@ -77,8 +77,9 @@ fn mn_receive_with<P: Copy + Eq + std::hash::Hash>(
         before_write();
     }
     let req = msg.req;
-    core.handle(now, from, msg)
-        .into_iter()
+    let outs = core.handle(now, from, msg);
+    debug_check(core, "a message");
+    outs.into_iter()
         .map(|mut out| {
             let direct = matches!(&out, Out::Reply(p, m) if *p == from && m.req == req);
             if let (true, Some(tenant), Out::Reply(_, m)) = (direct, &tenant, &mut out) {
@@ -93,6 +94,16 @@ fn mn_receive_with<P: Copy + Eq + std::hash::Hash>(
             (out, seal)
         })
         .collect()
+}
+
+/// In builds with debug assertions (the tests' `checked` profile), stops
+/// the node at the first broken invariant of its core, naming it.
+fn debug_check<P: Clone + Eq + std::hash::Hash>(core: &MnCore<P>, after: &str) {
+    if cfg!(debug_assertions) {
+        if let Err(e) = core.check_invariants() {
+            panic!("metadata node after {after}: {e}");
+        }
+    }
 }
 
 /// A running metadata node.
@@ -577,6 +588,7 @@ fn serve_node(
         node.next_tick = Instant::now() + MN_TICK;
         // Outputs not answering a request are sealed.
         outs.extend(node.core.tick(now()).into_iter().map(|o| (o, true)));
+        debug_check(&node.core, "a tick");
         while let Ok(done) = node.copied.try_recv() {
             let outs_done =
                 node.core
@@ -591,6 +603,7 @@ fn serve_node(
                 let t = node.tables.borrow_and_update().clone();
                 if t.epoch > node.core.table().epoch {
                     node.core.set_table(t);
+                    debug_check(&node.core, "a new table");
                 }
             }
             Ok(false) => {}

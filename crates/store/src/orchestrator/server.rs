@@ -31,6 +31,7 @@ pub async fn run_on(sock: UdpSocket, mut core: OnCore, key: ClusterKey) {
                 if let Err(e) = core.tick(start.elapsed().as_millis() as u64) {
                     tracing::warn!("orchestrator: {e}");
                 }
+                debug_check(&core, "a tick");
             }
         }
     }
@@ -50,6 +51,7 @@ pub fn on_receive(
     let answer = match gate.admit(bytes, wall) {
         Verdict::Accept { msg, sealed, .. } => {
             let answer = core.handle(now, &msg);
+            debug_check(core, "a request");
             if sealed {
                 return strata_store_protocol::auth::encode(&answer, Some(gate.key()), wall).ok();
             }
@@ -61,4 +63,14 @@ pub fn on_receive(
         Verdict::Drop => return None,
     };
     within(answer, bytes.len())?.encode().ok()
+}
+
+/// In builds with debug assertions (the tests' `checked` profile), stops
+/// the orchestrator at the first broken invariant of its core, naming it.
+fn debug_check(core: &OnCore, after: &str) {
+    if cfg!(debug_assertions) {
+        if let Err(e) = core.check_invariants() {
+            panic!("orchestrator after {after}: {e}");
+        }
+    }
 }

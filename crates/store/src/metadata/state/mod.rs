@@ -18,6 +18,7 @@
 //! metadata groups.
 
 mod handover;
+mod invariants;
 mod repair;
 mod replication;
 mod restore;
@@ -257,6 +258,10 @@ pub struct MnCore<P> {
     /// copy under the freeze of this epoch: no change of them is accepted
     /// (and no Get answered, since the new owner may be answering already).
     sealed: BTreeMap<u32, u64>,
+    /// Whether the last unsealing failed on a database error: seals the
+    /// table no longer freezes are kept (refusing changes is safe) until
+    /// the next table retries.
+    stale_seals: bool,
     /// Groups this node is taking over, being copied.
     pulls: BTreeMap<u32, Pull>,
     /// Groups this node is gathering after their owner died.
@@ -342,6 +347,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             next_repair: 0,
             drain_pass: None,
             sealed,
+            stale_seals: false,
             pulls: BTreeMap::new(),
             restore: None,
             restored: BTreeMap::new(),
@@ -389,10 +395,12 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             })
             .map(|(&g, _)| g)
             .collect();
+        self.stale_seals = false;
         for g in gone {
             if let Err(e) = self.db.set_sealed(g, None) {
                 // Kept sealed: refusing changes is safe, the next table retries.
                 tracing::warn!("unsealing group {g}: {e}");
+                self.stale_seals = true;
                 continue;
             }
             self.sealed.remove(&g);

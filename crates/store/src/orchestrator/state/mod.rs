@@ -19,6 +19,7 @@
 mod drains;
 mod failures;
 mod handover;
+mod invariants;
 mod membership;
 
 use redb::{Database, TableDefinition};
