@@ -685,11 +685,11 @@ fn mirrors_read_an_image_published_in_the_object_store() {
     let credential = dir
         .path()
         .join("store")
-        .join(strata_store::tenant::ADMIN_CREDENTIAL_FILE);
+        .join(strata_store_protocol::tenant::ADMIN_CREDENTIAL_FILE);
     let as_admin = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_strata"))
             .args(args)
-            .env(strata_store::tenant::CREDENTIAL_ENV, &credential)
+            .env(strata_store_protocol::tenant::CREDENTIAL_ENV, &credential)
             .output()
             .expect("run strata")
     };
@@ -718,7 +718,7 @@ fn mirrors_read_an_image_published_in_the_object_store() {
             let d = p(d);
             args.extend([d.as_str(), "-p", "0", "--rendezvous", "--unmatched", "0"]);
             Launch::strata(&args)
-                .env(strata_store::tenant::CREDENTIAL_ENV, &credential)
+                .env(strata_store_protocol::tenant::CREDENTIAL_ENV, &credential)
                 .start()
         })
         .collect();

@@ -17,9 +17,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::{p, pattern, tmp};
-use strata_store::data::{Credential, Request};
-use strata_store::tenant::{TenantCredential, ADMIN_CREDENTIAL_FILE, CREDENTIAL_ENV};
-use strata_store::wire::{Body, Msg};
+use strata_store_protocol::data::{Credential, Request};
+use strata_store_protocol::tenant::{TenantCredential, ADMIN_CREDENTIAL_FILE, CREDENTIAL_ENV};
+use strata_store_protocol::wire::{Body, Msg};
 
 const ON_PORT: u16 = 7480;
 const MN_PORT: u16 = 7481;
@@ -524,7 +524,7 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
             name: "b/small".into(),
         },
     )
-    .seal_tenant(&net.admin(), strata_store::auth::unix_ms())
+    .seal_tenant(&net.admin(), strata_store_protocol::auth::unix_ms())
     .expect("encode a Get");
     let reply = raw_udp(&net, &beside.to_string(), MN_PORT, &ask).expect("datagram by route");
     let reply = Msg::decode(&reply).expect("a metadata reply");
@@ -701,7 +701,7 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
             }
             let meta: std::net::Ipv6Addr = s(addr).parse().expect("metadata address");
             let ask = Msg::new(8, u128::from(meta), Body::Get { name: obj.clone() })
-                .seal_tenant(&net.admin(), strata_store::auth::unix_ms())
+                .seal_tenant(&net.admin(), strata_store_protocol::auth::unix_ms())
                 .expect("encode a Get");
             let reply = raw_udp(&net, &meta.to_string(), MN_PORT, &ask).expect("a reply by route");
             let reply = Msg::decode(&reply).expect("a metadata reply");

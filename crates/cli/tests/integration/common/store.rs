@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use strata_store::tenant::{TenantCredential, ADMIN_CREDENTIAL_FILE, CREDENTIAL_ENV};
-use strata_store::wire::Msg;
+use strata_store_protocol::tenant::{TenantCredential, ADMIN_CREDENTIAL_FILE, CREDENTIAL_ENV};
+use strata_store_protocol::wire::Msg;
 
 /// The directory of each running `strata store up`, by its orchestrator's
 /// endpoint: clients in the tests act as its admin tenant.
@@ -29,7 +29,7 @@ pub fn admin(on: SocketAddr) -> TenantCredential {
 
 /// `msg` sealed as the admin tenant of the cluster at `on`.
 pub fn as_admin(on: SocketAddr, msg: &Msg) -> Vec<u8> {
-    msg.seal_tenant(&admin(on), strata_store::auth::unix_ms())
+    msg.seal_tenant(&admin(on), strata_store_protocol::auth::unix_ms())
         .unwrap()
 }
 

@@ -118,7 +118,7 @@ fn kill_9_of_a_storage_node_then_a_metadata_node_under_load() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let client = strata_store::client::Client::connect(on, admin(on))
+        let client = strata_store_client::client::Client::connect(on, admin(on))
             .await
             .unwrap();
         for (name, seed) in &load.acked {
@@ -308,7 +308,7 @@ fn repair_restores_replicas_after_a_definitive_storage_node_failure() {
         (name.clone(), pattern((i * 7919) % 200_000, i as u64))
     }));
     rt.block_on(async move {
-        let client = strata_store::client::Client::connect(on, admin(on))
+        let client = strata_store_client::client::Client::connect(on, admin(on))
             .await
             .unwrap();
         for (name, data) in &all {
@@ -316,8 +316,8 @@ fn repair_restores_replicas_after_a_definitive_storage_node_failure() {
             let (record, bytes) = client.get_bytes(&name).await.unwrap();
             assert_eq!(&bytes, data, "{name} reads back");
             for &meta in &record.meta {
-                let call = strata_store::client::Call::new(
-                    strata_store::node::request_id(),
+                let call = strata_store_client::client::Call::new(
+                    strata_store_client::transport::request_id(),
                     vec![meta],
                     Body::Get { name: name.clone() },
                     5,
@@ -370,7 +370,7 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
     let on = store.on;
     let (rt, client) = connect_client(on);
     // Objects posted before the handover, with their records.
-    let pre: Vec<(String, strata_store::wire::Record)> = (0..60)
+    let pre: Vec<(String, strata_store_protocol::wire::Record)> = (0..60)
         .map(|i| {
             let name = format!("pre/{i:03}");
             let data = pattern(1000 + i, i as u64);
@@ -403,7 +403,7 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
                 .build()
                 .unwrap();
             rt.block_on(async {
-                let client = strata_store::client::Client::connect(on, admin(on))
+                let client = strata_store_client::client::Client::connect(on, admin(on))
                     .await
                     .unwrap();
                 let (mut gets, mut failures) = (0u64, Vec::new());
@@ -563,7 +563,7 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
     assert!(!new_sn.is_empty(), "no replica on the new storage node");
 
     // Names coordinated in moved groups take new versions and deletes.
-    let moved: Vec<&(String, strata_store::wire::Record)> = pre
+    let moved: Vec<&(String, strata_store_protocol::wire::Record)> = pre
         .iter()
         .filter(|(_, r)| table.mn_for(r.meta[0]).map(|m| m.slot) == Some(2))
         .collect();
@@ -588,10 +588,11 @@ fn a_metadata_node_added_beyond_the_slots_takes_over_groups_under_load() {
         let deleted = rt.block_on(client.delete(name)).unwrap();
         assert!(deleted >= put.version);
         match rt.block_on(client.stat(name)) {
-            Err(strata_store::Error::Remote { code, .. }) => assert!(
+            Err(strata_store_protocol::Error::Remote { code, .. }) => assert!(
                 matches!(
                     code,
-                    strata_store::wire::Code::NotFound | strata_store::wire::Code::Deleted
+                    strata_store_protocol::wire::Code::NotFound
+                        | strata_store_protocol::wire::Code::Deleted
                 ),
                 "{name}: {code:?}"
             ),
@@ -637,7 +638,7 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
     let on = store.on;
     let (rt, client) = connect_client(on);
     let data_of = |i: usize| pattern(500 + i * 13, i as u64 + 3);
-    let pre: Vec<(String, strata_store::wire::Record)> = (0..60)
+    let pre: Vec<(String, strata_store_protocol::wire::Record)> = (0..60)
         .map(|i| {
             let name = format!("pre/{i:03}");
             let data = data_of(i);
@@ -655,7 +656,7 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
     rt.block_on(client.refresh()).unwrap();
     let before = client.table();
     let dead_slot = 2u16;
-    let coordinated: Vec<&(String, strata_store::wire::Record)> = pre[..50]
+    let coordinated: Vec<&(String, strata_store_protocol::wire::Record)> = pre[..50]
         .iter()
         .filter(|(_, r)| before.mn_for(r.meta[0]).map(|m| m.slot) == Some(dead_slot))
         .collect();
@@ -754,7 +755,7 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
                     assert_eq!(record.version, rec.version, "{name} at {to}")
                 }
                 Body::Error {
-                    code: strata_store::wire::Code::Deleted,
+                    code: strata_store_protocol::wire::Code::Deleted,
                     ..
                 } if i >= 50 => {}
                 other => panic!("{name} at {to}: {other:?}"),
@@ -857,10 +858,11 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
         rt.block_on(client.delete(name))
             .unwrap_or_else(|e| panic!("deleting {name}: {e}"));
         match rt.block_on(client.stat(name)) {
-            Err(strata_store::Error::Remote { code, .. }) => assert!(
+            Err(strata_store_protocol::Error::Remote { code, .. }) => assert!(
                 matches!(
                     code,
-                    strata_store::wire::Code::NotFound | strata_store::wire::Code::Deleted
+                    strata_store_protocol::wire::Code::NotFound
+                        | strata_store_protocol::wire::Code::Deleted
                 ),
                 "{name}: {code:?}"
             ),
@@ -918,7 +920,7 @@ fn a_metadata_node_dead_for_good_has_its_groups_restored() {
                     assert_eq!(record.version, newest, "{name} at {to}")
                 }
                 Body::Error {
-                    code: strata_store::wire::Code::Deleted,
+                    code: strata_store_protocol::wire::Code::Deleted,
                     ..
                 } if deleted_since.contains(&name) => {}
                 other => panic!("{name} at {to} after the node came back: {other:?}"),
@@ -982,7 +984,7 @@ fn a_metadata_node_down_for_a_while_has_stand_ins_then_gets_its_groups_back() {
     let home = 2u16;
     let home_groups = before.groups_of(home);
     assert!(home_groups > 0);
-    let on_home = |t: &strata_store::table::Table, name: &str| {
+    let on_home = |t: &strata_store_protocol::table::Table, name: &str| {
         t.mn_for(t.meta_addrs(name)[0]).map(|m| m.slot) == Some(home)
     };
     let coordinated: Vec<usize> = (0..60).filter(|&i| on_home(&before, &names[i])).collect();
@@ -1138,7 +1140,7 @@ fn a_metadata_node_down_for_a_while_has_stand_ins_then_gets_its_groups_back() {
                 matches!(
                     body,
                     Body::Error {
-                        code: strata_store::wire::Code::Deleted,
+                        code: strata_store_protocol::wire::Code::Deleted,
                         ..
                     }
                 ),

@@ -86,7 +86,7 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
 
     // A wrong object address: a Get sent to an address that is not one of
     // the name's metadata addresses, and a Post to a non-coordinator one.
-    let table = strata_store::table::Table::decode(&match udp_ask(
+    let table = strata_store_protocol::table::Table::decode(&match udp_ask(
         store.on,
         &Msg::new(1, 0, Body::GetTable).encode_padded(64).unwrap(),
     )
@@ -148,7 +148,7 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
     // TCP: garbage, an oversized Put, an address outside the node's prefix
     // (sealed with the cluster key, as a node's: a tenant's is refused
     // before, for want of a ticket).
-    let key = strata_store::auth::ClusterKey::load(&store.key_path()).unwrap();
+    let key = strata_store_protocol::auth::ClusterKey::load(&store.key_path()).unwrap();
     let sealed = Credential::Seal(&key);
     let tcp_error = |bytes: &[u8]| {
         let mut s = TcpStream::connect(sn).unwrap();
@@ -166,7 +166,7 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
     huge.extend_from_slice(&u64::MAX.to_be_bytes());
     huge.push(0);
     assert!(tcp_error(&huge).contains("object limit"));
-    let foreign = strata_store::data::Request::Get {
+    let foreign = strata_store_protocol::data::Request::Get {
         addr: table.layout.replica_addr(3, 5),
     }
     .encode(sealed);
@@ -180,7 +180,7 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
     let before = store.replica_files().len();
     {
         let mut s = TcpStream::connect(sn).unwrap();
-        let put = strata_store::data::Request::Put {
+        let put = strata_store_protocol::data::Request::Put {
             addr: table.layout.replica_addr(first_index, 0xdead),
             size: 1 << 20,
             chain: vec![table.layout.replica_addr(first_index % 4 + 1, 0xbeef)],
@@ -194,7 +194,7 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
     // A Put whose checksum is wrong is refused and not stored.
     {
         let mut s = TcpStream::connect(sn).unwrap();
-        let put = strata_store::data::Request::Put {
+        let put = strata_store_protocol::data::Request::Put {
             addr: table.layout.replica_addr(first_index, 0xfeed),
             size: 3,
             chain: vec![],
@@ -231,7 +231,7 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
 /// changes nothing.
 #[test]
 fn unsealed_or_unticketed_data_requests_are_refused_and_change_nothing() {
-    use strata_store::auth::{unix_ms, ClusterKey, Ticket, TicketOp, KEY_LEN, WINDOW_MS};
+    use strata_store_protocol::auth::{unix_ms, ClusterKey, Ticket, TicketOp, KEY_LEN, WINDOW_MS};
     let dir = tmp();
     let store = Store::up(&dir.path().join("cluster"), REPLICATED);
     let key = ClusterKey::load(&store.key_path()).unwrap();
@@ -407,8 +407,8 @@ fn unsealed_or_unticketed_data_requests_are_refused_and_change_nothing() {
 /// or hands out a ticket.
 #[test]
 fn unsealed_forged_stale_or_out_of_scope_metadata_requests_are_refused_and_change_nothing() {
-    use strata_store::auth::{unix_ms, ClusterKey, KEY_LEN, WINDOW_MS};
-    use strata_store::wire::{Record, RenameLink};
+    use strata_store_protocol::auth::{unix_ms, ClusterKey, KEY_LEN, WINDOW_MS};
+    use strata_store_protocol::wire::{Record, RenameLink};
     let dir = tmp();
     let store = Store::up(&dir.path().join("cluster"), REPLICATED);
     let src = dir.path().join("o");
@@ -558,8 +558,8 @@ fn unsealed_forged_stale_or_out_of_scope_metadata_requests_are_refused_and_chang
 /// takes unsealed, gets the table once padded to its length.
 #[test]
 fn no_unauthenticated_datagram_gets_a_longer_answer() {
-    use strata_store::auth::{unix_ms, ClusterKey, KEY_LEN};
-    use strata_store::wire::HEADER_LEN;
+    use strata_store_protocol::auth::{unix_ms, ClusterKey, KEY_LEN};
+    use strata_store_protocol::wire::HEADER_LEN;
     let dir = tmp();
     let store = Store::up(&dir.path().join("cluster"), REPLICATED);
     let mn = first_endpoint(&store, "metadata");

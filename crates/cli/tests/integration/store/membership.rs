@@ -91,7 +91,7 @@ fn a_storage_node_added_to_a_running_cluster_takes_new_objects() {
 /// `strata store node remove` (with the key) retires it.
 #[test]
 fn a_forged_retire_is_refused_and_the_real_removal_works() {
-    use strata_store::auth::{unix_ms, ClusterKey, KEY_LEN};
+    use strata_store_protocol::auth::{unix_ms, ClusterKey, KEY_LEN};
     let dir = tmp();
     let store = Store::up(
         &dir.path().join("cluster"),
@@ -212,13 +212,13 @@ fn a_removed_storage_node_is_drained_then_retired_without_a_failed_read() {
     assert_eq!(dirs.len(), 4);
     let (rt, client) = connect_client(store.on);
     let table = rt
-        .block_on(strata_store::node::fetch_table(store.on, None))
+        .block_on(strata_store_client::transport::fetch_table(store.on, None))
         .unwrap();
     let index_of = |uuid: u64| table.sns.iter().find(|s| s.uuid == uuid).unwrap().index;
-    let extra_index = index_of(strata_store::node::node_uuid(&extra_dir).unwrap());
-    let gone_uuid = strata_store::node::node_uuid(&store.dir.join("sn-0")).unwrap();
+    let extra_index = index_of(strata_store::runtime::node_uuid(&extra_dir).unwrap());
+    let gone_uuid = strata_store::runtime::node_uuid(&store.dir.join("sn-0")).unwrap();
     let gone = index_of(gone_uuid);
-    let on = |index: u16, r: &strata_store::wire::Record| {
+    let on = |index: u16, r: &strata_store_protocol::wire::Record| {
         r.replicas
             .iter()
             .any(|&a| table.layout.sn_of(a) == Some(index))
@@ -289,7 +289,7 @@ fn a_removed_storage_node_is_drained_then_retired_without_a_failed_read() {
     assert_eq!(again["state"], "retiring", "{again}");
     let other = format!(
         "{:016x}",
-        strata_store::node::node_uuid(&store.dir.join("sn-1")).unwrap()
+        strata_store::runtime::node_uuid(&store.dir.join("sn-1")).unwrap()
     );
     let err = store.fails(&["store", "node", "remove", &other]);
     assert!(
@@ -418,7 +418,7 @@ fn a_retired_storage_node_process_exits_when_its_drain_ends() {
         replica_names(&extra_dir).len() > 2,
         "too few replicas on the node to remove"
     );
-    let uuid = strata_store::node::node_uuid(&extra_dir).unwrap();
+    let uuid = strata_store::runtime::node_uuid(&extra_dir).unwrap();
     store.ok(&["store", "node", "remove", &format!("{uuid:016x}")]);
     let start = Instant::now();
     let status = loop {
@@ -483,14 +483,14 @@ fn a_cancelled_removal_puts_the_storage_node_back_and_a_later_one_retires_it() {
     std::thread::sleep(Duration::from_millis(1200)); // the metadata node sees it
     let (rt, client) = connect_client(store.on);
     let table = rt
-        .block_on(strata_store::node::fetch_table(store.on, None))
+        .block_on(strata_store_client::transport::fetch_table(store.on, None))
         .unwrap();
     let index_of = |uuid: u64| table.sns.iter().find(|s| s.uuid == uuid).unwrap().index;
-    let gone_uuid = strata_store::node::node_uuid(&store.dir.join("sn-0")).unwrap();
+    let gone_uuid = strata_store::runtime::node_uuid(&store.dir.join("sn-0")).unwrap();
     let gone = index_of(gone_uuid);
     let gone_dir = store.dir.join("sn-0");
-    let extra_index = index_of(strata_store::node::node_uuid(&extra_dir).unwrap());
-    let on = |index: u16, r: &strata_store::wire::Record| {
+    let extra_index = index_of(strata_store::runtime::node_uuid(&extra_dir).unwrap());
+    let on = |index: u16, r: &strata_store_protocol::wire::Record| {
         r.replicas
             .iter()
             .any(|&a| table.layout.sn_of(a) == Some(index))
@@ -565,7 +565,7 @@ fn a_cancelled_removal_puts_the_storage_node_back_and_a_later_one_retires_it() {
     assert!(err.contains("invalid node id"), "{err}");
     let other = format!(
         "{:016x}",
-        strata_store::node::node_uuid(&store.dir.join("sn-1")).unwrap()
+        strata_store::runtime::node_uuid(&store.dir.join("sn-1")).unwrap()
     );
     let out = store.json(&["store", "node", "remove", "--cancel", &other]);
     assert_eq!(out["cancelled"], false, "{out}");

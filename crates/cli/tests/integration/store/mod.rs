@@ -18,9 +18,9 @@ use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use strata_store::data::{Credential, Request};
-use strata_store::tenant::{TenantCredential, ADMIN_CREDENTIAL_FILE, CREDENTIAL_ENV};
-use strata_store::wire::{Body, Msg};
+use strata_store_protocol::data::{Credential, Request};
+use strata_store_protocol::tenant::{TenantCredential, ADMIN_CREDENTIAL_FILE, CREDENTIAL_ENV};
+use strata_store_protocol::wire::{Body, Msg};
 
 const REPLICATED: &[&str] = &["--mn", "3", "--sn", "4", "--replication", "3,2,3,2"];
 
@@ -37,7 +37,7 @@ fn spawn_reader(
             .build()
             .unwrap();
         rt.block_on(async {
-            let client = strata_store::client::Client::connect(on, admin(on))
+            let client = strata_store_client::client::Client::connect(on, admin(on))
                 .await
                 .unwrap();
             let (mut gets, mut failures) = (0u64, Vec::new());
@@ -57,13 +57,15 @@ fn spawn_reader(
 }
 
 /// A runtime on this thread and a client of the cluster at `on`.
-fn connect_client(on: SocketAddr) -> (tokio::runtime::Runtime, strata_store::client::Client) {
+fn connect_client(
+    on: SocketAddr,
+) -> (tokio::runtime::Runtime, strata_store_client::client::Client) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     let client = rt
-        .block_on(strata_store::client::Client::connect(on, admin(on)))
+        .block_on(strata_store_client::client::Client::connect(on, admin(on)))
         .unwrap();
     (rt, client)
 }
@@ -72,14 +74,14 @@ fn connect_client(on: SocketAddr) -> (tokio::runtime::Runtime, strata_store::cli
 /// copy of `name` kept there; returns that node and its answer.
 fn ask_copy(
     credential: &TenantCredential,
-    table: &strata_store::table::Table,
-    addr: strata_store::addr::Addr,
+    table: &strata_store_protocol::table::Table,
+    addr: strata_store_protocol::addr::Addr,
     name: &str,
 ) -> (SocketAddr, Body) {
     let to = table.mn_endpoint(addr).expect("an owner for the address");
     let q = Msg::new(96, addr, Body::Get { name: name.into() });
     let bytes = q
-        .seal_tenant(credential, strata_store::auth::unix_ms())
+        .seal_tenant(credential, strata_store_protocol::auth::unix_ms())
         .unwrap();
     (to, udp_ask(to, &bytes).body)
 }
@@ -93,7 +95,7 @@ fn seal_raw(credential: &TenantCredential, bytes: &[u8]) -> Vec<u8> {
     b.extend_from_slice(credential.tenant().as_bytes());
     b.extend_from_slice(&credential.generation().to_be_bytes());
     b.push(credential.tenant().len() as u8);
-    b.extend_from_slice(&strata_store::auth::unix_ms().to_be_bytes());
+    b.extend_from_slice(&strata_store_protocol::auth::unix_ms().to_be_bytes());
     let tag = credential.tag(&b);
     b.extend_from_slice(&tag);
     b
@@ -125,7 +127,7 @@ fn udp_ask(to: SocketAddr, bytes: &[u8]) -> Msg {
 /// them: after the body, so before a node's or a tenant's seal (whose tag
 /// then no longer matches: only for datagrams refused anyway).
 fn pad_raw(bytes: &[u8], size: usize) -> Vec<u8> {
-    use strata_store::wire::{SEAL_LEN, TENANT_SEAL_FIXED};
+    use strata_store_protocol::wire::{SEAL_LEN, TENANT_SEAL_FIXED};
     let Some(extra) = size.checked_sub(bytes.len()) else {
         return bytes.to_vec();
     };
@@ -192,7 +194,7 @@ fn run_load(on: SocketAddr, stop: std::sync::Arc<std::sync::atomic::AtomicBool>)
         .build()
         .unwrap();
     rt.block_on(async move {
-        let client = strata_store::client::Client::connect(on, admin(on))
+        let client = strata_store_client::client::Client::connect(on, admin(on))
             .await
             .unwrap();
         let mut load = Load::default();
@@ -250,9 +252,9 @@ fn sn_dirs(store: &Store, extra: &[&Path]) -> std::collections::HashMap<u64, Pat
 /// Sends a GetTable sealed with `key` to the orchestrator; returns the
 /// raw answer. Padded, so that a refusal (of a key the orchestrator does
 /// not accept) is the whole refusal, not a request for padding.
-fn sealed_table_ask(on: SocketAddr, key: &strata_store::auth::ClusterKey) -> Vec<u8> {
+fn sealed_table_ask(on: SocketAddr, key: &strata_store_protocol::auth::ClusterKey) -> Vec<u8> {
     let q = Msg::new(77, 0, Body::GetTable)
-        .seal_padded(key, strata_store::auth::unix_ms(), 1200)
+        .seal_padded(key, strata_store_protocol::auth::unix_ms(), 1200)
         .unwrap();
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();

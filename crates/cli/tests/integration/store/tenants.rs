@@ -16,8 +16,8 @@ use super::*;
 /// scope still work, and the data reads back.
 #[test]
 fn a_tenant_cannot_link_another_tenants_replicas_under_its_own_names() {
-    use strata_store::auth::unix_ms;
-    use strata_store::wire::{Code, Record, RenameLink};
+    use strata_store_protocol::auth::unix_ms;
+    use strata_store_protocol::wire::{Code, Record, RenameLink};
     let dir = tmp();
     let d = dir.path().join("cluster");
     let store = Store::up(&d, REPLICATED);
@@ -344,7 +344,7 @@ fn a_revoked_tenant_credential_is_refused_and_the_next_generation_works() {
     let bound = v["takes_effect_within_ms"].as_u64().expect("a bound");
     assert_eq!(
         u128::from(bound),
-        strata_store::node::REVOCATION_BOUND.as_millis()
+        strata_store::runtime::REVOCATION_BOUND.as_millis()
     );
     assert_eq!(store.status()["revoked_tenants"], 1);
     let human = store.ok(&[
@@ -413,7 +413,7 @@ fn a_revoked_tenant_credential_is_refused_and_the_next_generation_works() {
 fn the_cluster_key_is_rotated_in_three_reloads_under_load_without_a_failed_request() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    use strata_store::auth::{open_answer, unix_ms, ClusterKey};
+    use strata_store_protocol::auth::{open_answer, unix_ms, ClusterKey};
     let dir = tmp();
     let cdir = dir.path().join("cluster");
     let store = Store::up(
@@ -555,7 +555,9 @@ fn the_cluster_key_is_rotated_in_three_reloads_under_load_without_a_failed_reque
         .build()
         .unwrap();
     let stale = rt
-        .block_on(strata_store::client::Client::connect(store.on, old_admin))
+        .block_on(strata_store_client::client::Client::connect(
+            store.on, old_admin,
+        ))
         .unwrap();
     let err = rt
         .block_on(stale.get_bytes("rot/0"))

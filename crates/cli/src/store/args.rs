@@ -1,0 +1,588 @@
+//! The arguments of `strata store` and `strata obj`.
+
+use super::*;
+
+/// Where the cluster's orchestrator listens.
+#[derive(Args, Clone)]
+pub struct ClusterArg {
+    /// The orchestrator's UDP endpoint.
+    #[arg(long, env = "STRATA_CLUSTER", default_value = "127.0.0.1:10890")]
+    pub(super) cluster: SocketAddr,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "human")]
+    pub(super) output: Output,
+}
+
+/// Most bytes of a credential read from standard input (it is 3 lines).
+pub(super) const MAX_CREDENTIAL_BYTES: u64 = 4096;
+
+/// The tenant credential that seals a client's metadata requests.
+#[derive(Args, Clone)]
+pub struct TenantArg {
+    /// The tenant's credential file (`strata store tenant add` writes
+    /// one; `strata store up --dir DIR` writes DIR/admin.credential); `-`:
+    /// read it from standard input.
+    #[arg(long, env = CREDENTIAL_ENV, value_name = "FILE")]
+    pub(super) credential: Option<Input>,
+    /// The directory of `strata store up`: without --credential (or
+    /// STRATA_CREDENTIAL), its admin.credential is used.
+    #[arg(long, value_name = "DIR", value_parser = crate::stdio::directory())]
+    pub(super) dir: Option<PathBuf>,
+}
+
+impl TenantArg {
+    /// The credential of `--credential` (or the environment), else the
+    /// admin credential in `--dir`.
+    pub(super) fn load(&self) -> Result<TenantCredential> {
+        match (&self.credential, &self.dir) {
+            (Some(Input::File(path)), _) => Ok(TenantCredential::load(path)?),
+            (Some(Input::Stdin), _) => {
+                let text = Input::Stdin.read_text(MAX_CREDENTIAL_BYTES)?;
+                Ok(TenantCredential::parse(
+                    &text,
+                    "standard input (--credential -)",
+                )?)
+            }
+            (None, Some(dir)) => Ok(TenantCredential::load(&dir.join(ADMIN_CREDENTIAL_FILE))?),
+            (None, None) => bail!(
+                "this command needs a tenant credential: give --credential FILE (or set \
+                 {CREDENTIAL_ENV}), or --dir DIR of `strata store up` to use its \
+                 {ADMIN_CREDENTIAL_FILE}; `strata store tenant add` makes a tenant's"
+            ),
+        }
+    }
+}
+
+/// The cluster key, which nodes and control commands need.
+#[derive(Args, Clone)]
+pub struct KeyArg {
+    /// The cluster key's file: the `cluster.key` that `strata store up`
+    /// makes in its directory (32 random bytes, mode 0600). Copy it to
+    /// every host of the cluster.
+    #[arg(
+        long = "key",
+        env = "STRATA_CLUSTER_KEY",
+        value_name = "FILE",
+        value_parser = crate::stdio::file(crate::stdio::KEY_WHY)
+    )]
+    pub(super) path: Option<PathBuf>,
+}
+
+impl KeyArg {
+    /// The key in `--key`, else in the first of `defaults` that exists.
+    pub(super) fn load(&self, defaults: &[PathBuf]) -> Result<ClusterKey> {
+        if let Some(path) = &self.path {
+            return Ok(ClusterKey::load(path)?);
+        }
+        match defaults.iter().find(|p| p.exists()) {
+            Some(path) => Ok(ClusterKey::load(path)?),
+            None => {
+                let tried: Vec<String> = defaults
+                    .iter()
+                    .map(|p| format!("'{}'", p.display()))
+                    .collect();
+                let tried = if tried.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (no {} either)", tried.join(" or "))
+                };
+                bail!(
+                    "this command needs the cluster key{tried}: give --key FILE or set \
+                     STRATA_CLUSTER_KEY to the {KEY_FILE} in the directory of `strata store up`"
+                )
+            }
+        }
+    }
+}
+
+/// `strata store` subcommands.
+#[derive(Subcommand)]
+pub enum StoreCommand {
+    /// Run a cluster in this process: the orchestrator, metadata and storage
+    /// nodes, in mapped mode on loopback. Prints a readiness line, then
+    /// serves until SIGTERM or SIGINT, when it stops its nodes and the
+    /// nodes `strata store node add` runs with DIR's cluster.key.
+    Up(UpArgs),
+    /// Add or remove nodes.
+    Node {
+        #[command(subcommand)]
+        command: NodeCommand,
+    },
+    /// Show the prefix table: nodes, groups, capacity, state.
+    Status(ClusterArg),
+    /// Routed mode: print the `ip -6 route` commands one host needs. Each
+    /// storage node's prefix and each metadata group goes through the node
+    /// that owns it, and is a local route on that node itself.
+    Routes(RoutesArgs),
+    /// Make a new cluster key, or swap it in: the steps of a rotation
+    /// without downtime (see `docs/store.md`, "The cluster key"). Nodes
+    /// re-read their key files on SIGHUP.
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
+    /// Load generator: concurrent clients Post or Get fixed-size objects
+    /// (`bench/<size>/<client>/<i>`), or GET them from an HTTP server.
+    Bench(BenchArgs),
+    /// Issue tenants' credentials: a tenant seals its metadata requests
+    /// with one, and may use only the names of its scope.
+    Tenant {
+        #[command(subcommand)]
+        command: TenantCommand,
+    },
+}
+
+/// `strata store tenant` subcommands.
+#[derive(Subcommand)]
+pub enum TenantCommand {
+    /// Write tenant ID's credential (mode 0600): its id, its generation
+    /// and a secret derived from the cluster key for both. Tenant ID may
+    /// use only the names under `ID/`; the tenant `*` may use every name.
+    /// With --cluster, the credential is of the tenant's current minimum
+    /// generation, asked of the orchestrator (after `tenant revoke`, the
+    /// next one); without it, of --generation (default 0). Run it again
+    /// after a cluster key rotation (the old credential stops working once
+    /// the old key is dropped).
+    Add(TenantAddArgs),
+    /// Revoke tenant ID's credentials: the orchestrator raises the
+    /// tenant's minimum generation by one, and metadata nodes refuse
+    /// every credential below it once they fetch the table (about 1 s).
+    /// Other tenants are untouched; issue the tenant a new credential
+    /// with `strata store tenant add --cluster ADDR --tenant ID`.
+    Revoke(TenantRevokeArgs),
+}
+
+/// `strata store tenant revoke` arguments.
+#[derive(Args)]
+pub struct TenantRevokeArgs {
+    #[command(flatten)]
+    pub(super) cluster: ClusterArg,
+    #[command(flatten)]
+    pub(super) key: KeyArg,
+    /// The tenant id whose credentials to revoke (not '*': rotate the
+    /// cluster key to revoke the admin credential).
+    #[arg(long)]
+    pub(super) tenant: String,
+}
+
+/// `strata store tenant add` arguments.
+#[derive(Args)]
+pub struct TenantAddArgs {
+    /// The cluster key: DIR/cluster.key with --dir, or --key FILE.
+    #[command(flatten)]
+    pub(super) file: KeyFileArg,
+    /// The tenant id: 1 to 64 ASCII letters, digits, '.', '_' or '-' (its
+    /// names are those under 'ID/'), or '*' for every name.
+    #[arg(long)]
+    pub(super) tenant: String,
+    /// Where to write the credential (`-`: standard output, and the
+    /// report goes to standard error). Default: ID.credential next to the
+    /// key file (admin.credential for '*').
+    #[arg(long = "out", value_name = "FILE")]
+    pub(super) out: Option<StdOutput>,
+    /// The orchestrator's UDP endpoint: issue the tenant's current
+    /// minimum generation, read from its table.
+    #[arg(long, env = "STRATA_CLUSTER", value_name = "ADDR")]
+    pub(super) cluster: Option<SocketAddr>,
+    /// Without --cluster: the generation to issue (default 0). A
+    /// generation below the tenant's minimum is refused by every
+    /// metadata node.
+    #[arg(long, conflicts_with = "cluster", value_name = "N")]
+    pub(super) generation: Option<u32>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "human")]
+    pub(super) output: Output,
+}
+
+/// Which key file a `strata store key` command works on.
+#[derive(Args)]
+pub struct KeyFileArg {
+    /// The cluster's directory: its key file is DIR/cluster.key.
+    #[arg(
+        long,
+        conflicts_with = "key",
+        required_unless_present = "key",
+        value_parser = crate::stdio::directory()
+    )]
+    pub(super) dir: Option<PathBuf>,
+    /// The key file itself (the files of a rotation are next to it).
+    #[arg(long, value_name = "FILE", value_parser = crate::stdio::file(crate::stdio::KEY_WHY))]
+    pub(super) key: Option<PathBuf>,
+}
+
+impl KeyFileArg {
+    pub(super) fn path(&self) -> PathBuf {
+        match (&self.key, &self.dir) {
+            (Some(key), _) => key.clone(),
+            (None, Some(dir)) => dir.join(KEY_FILE),
+            // clap requires one of them.
+            (None, None) => PathBuf::from(KEY_FILE),
+        }
+    }
+}
+
+/// `strata store key` subcommands.
+#[derive(Subcommand)]
+pub enum KeyCommand {
+    /// Step 1 of a rotation: write a new random key to `cluster.key.next`
+    /// (mode 0600) next to the key file. Copy it next to the key file of
+    /// every host, then SIGHUP every node: they accept it, and still seal
+    /// with the current key.
+    New(KeyFileArg),
+    /// Step 2, on every host once every node accepts the new key: the key
+    /// file's key is copied to `cluster.key.prev` and `cluster.key.next`
+    /// becomes the key file; then SIGHUP every node: they seal with the
+    /// new key and still accept the old one. Step 3: remove
+    /// `cluster.key.prev` on every host and SIGHUP every node.
+    Swap(KeyFileArg),
+    /// Print the fingerprints of the keyring a node would load from the
+    /// key file (the active key, and the `.next` or `.prev` key it also
+    /// accepts): compare them with what `strata store status` shows for
+    /// every node before the next step of a rotation.
+    Fingerprint(KeyFingerprintArgs),
+}
+
+/// `strata store key fingerprint` arguments.
+#[derive(Args)]
+pub struct KeyFingerprintArgs {
+    #[command(flatten)]
+    pub(super) file: KeyFileArg,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "human")]
+    pub(super) output: Output,
+}
+
+/// `strata store bench` arguments.
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub(super) cluster: ClusterArg,
+    #[command(flatten)]
+    pub(super) tenant: TenantArg,
+    /// post, get (objects a post run made), or http (GET /PREFIX/<size>/<client>/<i>).
+    #[arg(long, default_value = "post", value_parser = ["post", "get", "http"])]
+    pub(super) workload: String,
+    /// HTTP server for --workload http.
+    #[arg(long)]
+    pub(super) http: Option<SocketAddr>,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 5)]
+    pub(super) threads: usize,
+    /// Operations per client.
+    #[arg(long, default_value_t = 100)]
+    pub(super) ops: usize,
+    /// For get and http: read each client's objects this many times (runs
+    /// long enough to measure when Posts are slow to make objects).
+    #[arg(long, default_value_t = 1)]
+    pub(super) passes: usize,
+    /// Object size (e.g. 2600, 306k, 2.3M).
+    #[arg(long, default_value = "2600")]
+    pub(super) size: String,
+    /// Objects are named PREFIX/<size>/<client>/<i>: a post run under a new
+    /// prefix makes new objects instead of replacing the last run's.
+    #[arg(long, default_value = "bench")]
+    pub(super) prefix: String,
+    /// tasks: one task per client, each call as `strata obj` makes it;
+    /// batched: zero-byte Gets only, every client driven from one thread
+    /// and one socket with batched sends and receives (a generator that
+    /// leaves the CPU to the server, as one on machines of its own would).
+    #[arg(long, default_value = "tasks", value_parser = ["tasks", "batched"])]
+    pub(super) engine: String,
+}
+
+/// `strata store routes` arguments.
+#[derive(Args)]
+pub struct RoutesArgs {
+    #[command(flatten)]
+    pub(super) cluster: ClusterArg,
+    /// The host's own address on the network the nodes share (its nodes
+    /// registered with it as their `--listen` address).
+    #[arg(long)]
+    pub(super) host: std::net::IpAddr,
+    /// Print lines for `ip -6 -batch -` instead of whole commands.
+    #[arg(long)]
+    pub(super) batch: bool,
+    /// Install the routes on this host now (`ip -6 route`, needs
+    /// CAP_NET_ADMIN) instead of printing them, e.g. on a client's host.
+    #[arg(long, conflicts_with = "batch")]
+    pub(super) apply: bool,
+}
+
+/// Whether nodes leave the host's routes alone.
+#[derive(Args)]
+pub struct NoRoutesArg {
+    /// In a routed cluster, do not install or change this host's routes
+    /// (`ip -6 route`); the operator or a routing daemon keeps them, as
+    /// `strata store routes` prints them.
+    #[arg(long)]
+    pub(super) no_routes: bool,
+}
+
+/// `strata store up` arguments.
+#[derive(Args)]
+pub struct UpArgs {
+    /// Directory holding every node's state (created if missing).
+    #[arg(long, value_parser = crate::stdio::directory())]
+    pub(super) dir: PathBuf,
+    /// The orchestrator's UDP endpoint.
+    #[arg(long, default_value = "127.0.0.1:10890")]
+    pub(super) listen: SocketAddr,
+    /// Metadata nodes.
+    #[arg(long = "mn", default_value_t = 1)]
+    pub(super) mns: u16,
+    /// Metadata slots of a new cluster, when more metadata nodes will join
+    /// with `strata store node add --role mn` (default: --mn). A node added
+    /// once every slot is taken gets a new slot and takes over a share of
+    /// the metadata groups (their metadata is copied to it).
+    #[arg(long)]
+    pub(super) mn_slots: Option<u16>,
+    /// Storage nodes (more can join with `strata store node add`).
+    #[arg(long = "sn", default_value_t = 1)]
+    pub(super) sns: u16,
+    /// Short-failure timer: a node silent this long is marked down and left
+    /// out of placement.
+    #[arg(long, default_value_t = 3000)]
+    pub(super) short_failure_ms: u64,
+    /// Definitive-failure timer: a node silent this long is marked dead. A
+    /// dead storage node's replicas are re-created on other nodes; a dead
+    /// metadata node's groups are restored on the other metadata nodes.
+    #[arg(long, default_value_t = 600_000)]
+    pub(super) definitive_failure_ms: u64,
+    /// Replication as N_m,W_m,N_d,W_d (a new cluster only).
+    #[arg(long, default_value = "1,1,1,1")]
+    pub(super) replication: String,
+    /// Per-bucket override, NAME=N_m,W_m,N_d,W_d (repeatable; the bucket of
+    /// "a/b" is "a").
+    #[arg(long = "bucket")]
+    pub(super) buckets: Vec<String>,
+    /// Capacity each storage node declares (e.g. 100G).
+    #[arg(long, default_value = "1T")]
+    pub(super) capacity: String,
+    /// Device type of the storage nodes.
+    #[arg(long, default_value = "ssd", value_parser = ["ssd", "hdd"])]
+    pub(super) device: String,
+    /// Routed network mode (a new cluster only): clients and nodes send
+    /// to object and metadata addresses themselves, and the network routes
+    /// each node's prefix to it. Every node keeps its host's routes in step
+    /// with the table (a local route for what the host owns, a route via
+    /// the owner for the rest); clients' hosts need `strata store routes
+    /// --host ADDR --apply`. Default: mapped mode, through the prefix table.
+    #[arg(long)]
+    pub(super) routed: bool,
+    #[command(flatten)]
+    pub(super) routes: NoRoutesArg,
+    #[command(flatten)]
+    pub(super) gc: GcArgs,
+    #[command(flatten)]
+    pub(super) data: DataArgs,
+    #[command(flatten)]
+    pub(super) sync: SyncArgs,
+    /// log2 of the number of metadata groups (4 to 16).
+    #[arg(long, default_value_t = 8)]
+    pub(super) mg_bits: u8,
+    /// Default: DIR/cluster.key, made with a new random key if missing.
+    #[command(flatten)]
+    pub(super) key: KeyArg,
+}
+
+/// Collection of replicas that no record names (a storage node back
+/// from the dead, a Post whose client vanished).
+#[derive(Args)]
+pub struct GcArgs {
+    /// Milliseconds between collection rounds on each storage node.
+    #[arg(long, default_value_t = 600_000)]
+    pub(super) gc_interval_ms: u64,
+    /// Replicas younger than this (ms) are never collected.
+    #[arg(long, default_value_t = 600_000)]
+    pub(super) gc_grace_ms: u64,
+}
+
+/// Limits of the storage nodes' data ports.
+#[derive(Args)]
+pub struct DataArgs {
+    /// Milliseconds a data connection may take to send a whole request
+    /// header (idle ones included), and one read of a Put's data may wait;
+    /// past it the connection is closed.
+    #[arg(long, default_value_t = strata_store::storage::replicas::DATA_READ_TIMEOUT.as_millis() as u64)]
+    pub(super) data_timeout_ms: u64,
+    /// Most data connections a storage node keeps open at once (more are
+    /// closed as soon as accepted).
+    #[arg(long, default_value_t = strata_store::storage::replicas::DATA_MAX_CONNECTIONS)]
+    pub(super) data_max_connections: usize,
+}
+
+impl DataArgs {
+    pub(super) fn limits(&self) -> strata_store::storage::replicas::DataLimits {
+        strata_store::storage::replicas::DataLimits {
+            read_timeout: std::time::Duration::from_millis(self.data_timeout_ms.max(1)),
+            max_connections: self.data_max_connections.max(1),
+        }
+    }
+}
+
+/// Anti-entropy of metadata copies.
+#[derive(Args)]
+pub struct SyncArgs {
+    /// Milliseconds between two anti-entropy passes of each metadata node
+    /// over the metadata copies of the names it coordinates (0: none).
+    #[arg(long, default_value_t = strata_store::metadata::state::DEFAULT_SYNC_MS)]
+    pub(super) metadata_sync_ms: u64,
+}
+
+impl GcArgs {
+    pub(super) fn config(&self) -> strata_store::storage::replicas::GcConfig {
+        strata_store::storage::replicas::GcConfig {
+            interval: std::time::Duration::from_millis(self.gc_interval_ms.max(100)),
+            grace: std::time::Duration::from_millis(self.gc_grace_ms),
+        }
+    }
+}
+
+/// `strata store node` subcommands.
+#[derive(Subcommand)]
+pub enum NodeCommand {
+    /// Run a new node that joins a running cluster: a storage node, or a
+    /// metadata node with `--role mn`. Serves until SIGTERM or SIGINT;
+    /// placement uses it as soon as the table says so. A node whose key is
+    /// the cluster.key of a `strata store up` directory is stopped by that
+    /// cluster's shutdown too.
+    Add {
+        #[command(flatten)]
+        cluster: ClusterArg,
+        /// The node's directory.
+        #[arg(long, value_parser = crate::stdio::directory())]
+        dir: PathBuf,
+        /// sn: a storage node (holds object data); mn: a metadata node
+        /// (takes a free metadata slot, else a new slot and a share of the
+        /// metadata groups, copied to it).
+        #[arg(long, default_value = "sn", value_parser = ["sn", "mn"])]
+        role: String,
+        /// Endpoint the node listens on (port 0 picks a free one, shown
+        /// on its readiness line).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        /// Capacity a storage node declares.
+        #[arg(long, default_value = "1T")]
+        capacity: String,
+        /// Device type of a storage node.
+        #[arg(long, default_value = "ssd", value_parser = ["ssd", "hdd"])]
+        device: String,
+        #[command(flatten)]
+        gc: GcArgs,
+        /// Used by a storage node.
+        #[command(flatten)]
+        data: DataArgs,
+        /// Used by a metadata node (`--role mn`).
+        #[command(flatten)]
+        sync: SyncArgs,
+        #[command(flatten)]
+        routes: NoRoutesArg,
+        /// Default: DIR/cluster.key, else the cluster.key of DIR's parent
+        /// (a node's directory inside the cluster's).
+        #[command(flatten)]
+        key: KeyArg,
+    },
+    /// Retire a storage node by its id (see `strata store status`): it
+    /// takes no new object at once, its replicas are re-placed on other
+    /// nodes, then it is marked retired and frees its space. Asking again
+    /// is harmless. With `--cancel`, stop a removal that has not finished:
+    /// the node is up again and takes new objects.
+    Remove {
+        #[command(flatten)]
+        cluster: ClusterArg,
+        /// Cancel the node's drain instead: it goes back to taking new
+        /// objects and counting toward replication. Replicas already
+        /// re-placed stay on their new nodes; the node's own copies that
+        /// no record names any more are freed by its collection round. A
+        /// node that is not being removed is left as it is (not an error);
+        /// a retired node cannot come back (add it again as a new node).
+        #[arg(long)]
+        cancel: bool,
+        #[command(flatten)]
+        key: KeyArg,
+        /// Node id (16 hex digits).
+        id: String,
+    },
+}
+
+/// `strata obj` subcommands.
+#[derive(Subcommand)]
+pub enum ObjCommand {
+    /// Post a file (or standard input, `-`) as an object.
+    Put {
+        #[command(flatten)]
+        cluster: ClusterArg,
+        #[command(flatten)]
+        tenant: TenantArg,
+        /// Show a progress bar.
+        #[arg(short = 'p')]
+        progress: bool,
+        /// File to upload (`-`: standard input).
+        file: Input,
+        /// Object name.
+        name: String,
+    },
+    /// Get an object into a file (written whole, then renamed into place),
+    /// or to standard output with `-`.
+    Get {
+        #[command(flatten)]
+        cluster: ClusterArg,
+        #[command(flatten)]
+        tenant: TenantArg,
+        /// Show a progress bar.
+        #[arg(short = 'p')]
+        progress: bool,
+        /// Object name.
+        name: String,
+        /// Destination file (`-`: standard output).
+        file: StdOutput,
+    },
+    /// Delete an object.
+    Rm {
+        #[command(flatten)]
+        cluster: ClusterArg,
+        #[command(flatten)]
+        tenant: TenantArg,
+        /// Object name.
+        name: String,
+    },
+    /// Rename an object (metadata only).
+    Mv {
+        #[command(flatten)]
+        cluster: ClusterArg,
+        #[command(flatten)]
+        tenant: TenantArg,
+        /// Current name.
+        from: String,
+        /// New name (must not exist).
+        to: String,
+    },
+    /// Show an object's metadata.
+    Stat {
+        #[command(flatten)]
+        cluster: ClusterArg,
+        #[command(flatten)]
+        tenant: TenantArg,
+        /// Object name.
+        name: String,
+    },
+    /// List objects by name prefix, one page at a time.
+    Ls {
+        #[command(flatten)]
+        cluster: ClusterArg,
+        #[command(flatten)]
+        tenant: TenantArg,
+        /// Name prefix.
+        #[arg(default_value = "")]
+        prefix: String,
+        /// Names per page (1 to 1000).
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+        /// Start after this name (the cursor a previous page printed).
+        #[arg(long, default_value = "")]
+        after: String,
+        /// Follow cursors until the end.
+        #[arg(long)]
+        all: bool,
+    },
+}

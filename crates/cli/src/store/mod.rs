@@ -1,0 +1,90 @@
+//! `strata store` (run and manage a cluster) and `strata obj` (objects),
+//! one module per group of subcommands.
+
+mod args;
+mod bench;
+mod keys;
+mod node;
+mod obj;
+mod status;
+mod tenant;
+mod up;
+
+pub use args::*;
+use bench::bench;
+use keys::*;
+use node::*;
+pub use obj::run_obj;
+use status::*;
+use tenant::*;
+use up::*;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use serde_json::json;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use strata_store::cluster::{Cluster, ClusterConfig};
+use strata_store_client::admin;
+use strata_store_client::client::{Client, RenameStep};
+use strata_store_protocol::auth::{
+    fmt_fingerprint, sibling, ClusterKey, Fingerprints, KEY_FILE, NEXT_SUFFIX, PREV_SUFFIX,
+};
+use strata_store_protocol::table::{Device, Params, Table};
+use strata_store_protocol::tenant::{
+    describe_scope, TenantCredential, ADMIN, ADMIN_CREDENTIAL_FILE, CREDENTIAL_ENV,
+};
+use strata_store_protocol::wire::RenameLink;
+
+use crate::img::{progress_bar, Output};
+use crate::stdio::{self, Input, Output as StdOutput};
+use crate::units::{human, parse_size};
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("could not start the async runtime")
+}
+
+fn parse_params(s: &str) -> Result<Params> {
+    let v: Vec<u8> = s
+        .split(',')
+        .map(|x| x.trim().parse::<u8>())
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("invalid replication '{s}': expected N_m,W_m,N_d,W_d"))?;
+    let [n_m, w_m, n_d, w_d] = v[..] else {
+        bail!("invalid replication '{s}': expected four numbers N_m,W_m,N_d,W_d");
+    };
+    let p = Params { n_m, w_m, n_d, w_d };
+    p.validate().map_err(anyhow::Error::msg)?;
+    Ok(p)
+}
+
+fn device(s: &str) -> Device {
+    if s == "hdd" {
+        Device::Hdd
+    } else {
+        Device::Ssd
+    }
+}
+
+/// Runs a `strata store` subcommand.
+pub fn run_store(cmd: StoreCommand) -> Result<i32> {
+    crate::serve::init_logging();
+    match cmd {
+        StoreCommand::Up(args) => up(args),
+        StoreCommand::Status(c) => status(&c),
+        StoreCommand::Routes(args) => routes(&args),
+        StoreCommand::Node { command } => node(command),
+        StoreCommand::Bench(args) => bench(args),
+        StoreCommand::Key { command } => key_command(command),
+        StoreCommand::Tenant {
+            command: TenantCommand::Add(args),
+        } => tenant_add(args),
+        StoreCommand::Tenant {
+            command: TenantCommand::Revoke(args),
+        } => tenant_revoke(args),
+    }
+}

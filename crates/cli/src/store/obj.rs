@@ -1,0 +1,275 @@
+//! `strata obj`: put, get, list, rename and delete objects.
+
+use super::*;
+
+/// Runs a `strata obj` subcommand.
+pub fn run_obj(cmd: ObjCommand) -> Result<i32> {
+    crate::serve::init_logging();
+    runtime()?.block_on(obj(cmd))
+}
+
+pub(super) async fn connect(c: &ClusterArg, tenant: &TenantArg) -> Result<Client> {
+    let credential = tenant.load()?;
+    Ok(Client::connect(c.cluster, credential).await?)
+}
+
+pub(super) fn record_json(r: &strata_store_protocol::wire::Record) -> serde_json::Value {
+    json!({
+        "name": r.name,
+        "size": r.size,
+        "crc32c": format!("{:08x}", r.crc),
+        "version": r.version,
+        "metadata_addresses": r.meta.iter().map(|&a| strata_store_protocol::addr::fmt_addr(a)).collect::<Vec<_>>(),
+        "replicas": r.replicas.iter().map(|&a| strata_store_protocol::addr::fmt_addr(a)).collect::<Vec<_>>(),
+        "rename": match &r.rename {
+            None => serde_json::Value::Null,
+            Some(RenameLink::To(n)) => json!({"to": n}),
+            Some(RenameLink::From(n)) => json!({"from": n}),
+        },
+    })
+}
+
+pub(super) async fn obj(cmd: ObjCommand) -> Result<i32> {
+    match cmd {
+        ObjCommand::Put {
+            cluster,
+            tenant,
+            progress,
+            file,
+            name,
+        } => {
+            if file == Input::Stdin && tenant.credential == Some(Input::Stdin) {
+                bail!(
+                    "obj put: the object's data and --credential both read standard input \
+                     ('-'): give the credential as a file (or in {CREDENTIAL_ENV})"
+                );
+            }
+            let client = connect(&cluster, &tenant).await?;
+            let mut f = open_source(&file).await?;
+            let size = f.metadata().await?.len();
+            let bar = progress_bar(progress, size);
+            let r = client
+                .put(&name, size, &mut f, &|done| bar.set_position(done))
+                .await
+                .with_context(|| format!("could not post '{name}'"))?;
+            bar.finish_and_clear();
+            if cluster.output == Output::Json {
+                println!(
+                    "{}",
+                    json!({"name": name, "size": size, "version": r.version, "crc32c": format!("{:08x}", r.crc), "copies": r.copies})
+                );
+            } else {
+                println!(
+                    "posted {name}: {} version {} crc32c {:08x}, {} cop{}",
+                    human(size),
+                    r.version,
+                    r.crc,
+                    r.copies,
+                    if r.copies == 1 { "y" } else { "ies" }
+                );
+            }
+        }
+        ObjCommand::Get {
+            cluster,
+            tenant,
+            progress,
+            name,
+            file,
+        } => {
+            let client = connect(&cluster, &tenant).await?;
+            let tmp = match &file {
+                StdOutput::Stdout => None,
+                StdOutput::File(path) => Some(tmp_path(path)),
+            };
+            let mut f = match &tmp {
+                None => tokio::fs::File::from_std(spool_file()?),
+                Some(tmp) => tokio::fs::File::create(tmp)
+                    .await
+                    .with_context(|| format!("could not create '{}'", tmp.display()))?,
+            };
+            let bar = progress_bar(progress, 0);
+            let got = client
+                .get(&name, &mut f, &|done| bar.set_position(done))
+                .await;
+            bar.finish_and_clear();
+            let record = match got {
+                Ok(r) => r,
+                Err(e) => {
+                    if let Some(tmp) = &tmp {
+                        let _ = std::fs::remove_file(tmp);
+                    }
+                    return Err(anyhow::Error::new(e).context(format!("could not get '{name}'")));
+                }
+            };
+            f.set_len(record.size).await?;
+            let (Some(tmp), StdOutput::File(file)) = (tmp, &file) else {
+                // The data goes to stdout, so the record goes nowhere: a
+                // pipe is for the object's bytes only.
+                let mut spool = f.into_std().await;
+                std::io::Seek::rewind(&mut spool)?;
+                stdio::copy_to_stdout(&mut spool)
+                    .with_context(|| format!("could not write '{name}' to standard output"))?;
+                return Ok(0);
+            };
+            f.sync_all().await?;
+            std::fs::rename(&tmp, file)
+                .with_context(|| format!("could not rename into '{}'", file.display()))?;
+            if cluster.output == Output::Json {
+                println!("{}", record_json(&record));
+            }
+        }
+        ObjCommand::Rm {
+            cluster,
+            tenant,
+            name,
+        } => {
+            let client = connect(&cluster, &tenant).await?;
+            let v = client
+                .delete(&name)
+                .await
+                .with_context(|| format!("could not delete '{name}'"))?;
+            if cluster.output == Output::Json {
+                println!("{}", json!({"deleted": name, "version": v}));
+            }
+        }
+        ObjCommand::Mv {
+            cluster,
+            tenant,
+            from,
+            to,
+        } => {
+            let client = connect(&cluster, &tenant).await?;
+            // Tests stop a rename between its steps (STRATA_FAILPOINT=
+            // rename-after-marked, -linked or -dropped).
+            let r = client
+                .rename_with(&from, &to, &|step| {
+                    let point = match step {
+                        RenameStep::Marked => "rename-after-marked",
+                        RenameStep::Linked => "rename-after-linked",
+                        RenameStep::Dropped => "rename-after-dropped",
+                    };
+                    strata_volume::failpoint::failpoint(point);
+                })
+                .await
+                .with_context(|| format!("could not rename '{from}' to '{to}'"))?;
+            if cluster.output == Output::Json {
+                println!("{}", record_json(&r));
+            }
+        }
+        ObjCommand::Stat {
+            cluster,
+            tenant,
+            name,
+        } => {
+            let client = connect(&cluster, &tenant).await?;
+            let r = client
+                .stat(&name)
+                .await
+                .with_context(|| format!("could not stat '{name}'"))?;
+            if cluster.output == Output::Json {
+                println!("{}", serde_json::to_string_pretty(&record_json(&r))?);
+            } else {
+                println!("name: {}", r.name);
+                println!("size: {} ({} bytes)", human(r.size), r.size);
+                println!("crc32c: {:08x}", r.crc);
+                println!("version: {}", r.version);
+                match &r.rename {
+                    Some(RenameLink::To(n)) => println!("being renamed to: {n} (interrupted?)"),
+                    Some(RenameLink::From(n)) => println!("renamed from: {n} (not finished)"),
+                    None => {}
+                }
+                for a in &r.meta {
+                    println!(
+                        "metadata address: {}",
+                        strata_store_protocol::addr::fmt_addr(*a)
+                    );
+                }
+                for a in &r.replicas {
+                    println!("replica: {}", strata_store_protocol::addr::fmt_addr(*a));
+                }
+            }
+        }
+        ObjCommand::Ls {
+            cluster,
+            tenant,
+            prefix,
+            limit,
+            after,
+            all,
+        } => {
+            let client = connect(&cluster, &tenant).await?;
+            let mut after = after;
+            let mut entries = Vec::new();
+            let cursor = loop {
+                let (page, cursor) = client.list(&prefix, &after, limit).await?;
+                entries.extend(page);
+                match cursor {
+                    Some(c) if all => after = c,
+                    c => break c,
+                }
+            };
+            if cluster.output == Output::Json {
+                let items: Vec<_> = entries
+                    .iter()
+                    .map(|e| json!({"name": e.name, "size": e.size, "version": e.version}))
+                    .collect();
+                println!("{}", json!({"objects": items, "next": cursor}));
+            } else {
+                for e in &entries {
+                    println!("{:>10}  {}", human(e.size), e.name);
+                }
+                if let Some(c) = cursor {
+                    println!("(more: --after '{c}')");
+                }
+            }
+        }
+    }
+    Ok(0)
+}
+
+/// The file `obj put` reads: FILE, or with `-` its standard input, copied
+/// first to an unlinked spool file (a Post declares its size up front).
+pub(super) async fn open_source(file: &Input) -> Result<tokio::fs::File> {
+    if let Input::File(file) = file {
+        return tokio::fs::File::open(file)
+            .await
+            .with_context(|| format!("could not open '{}'", file.display()));
+    }
+    let mut spool = spool_file()?;
+    std::io::copy(&mut std::io::stdin().lock(), &mut spool)
+        .context("could not read the object's data from standard input")?;
+    let mut f = tokio::fs::File::from_std(spool);
+    tokio::io::AsyncSeekExt::rewind(&mut f).await?;
+    Ok(f)
+}
+
+/// An unlinked read-write file in the temporary directory ($TMPDIR):
+/// room for an object on its way from stdin or to stdout, gone with the
+/// process.
+pub(super) fn spool_file() -> Result<std::fs::File> {
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!(".strata-spool-{}", std::process::id()));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .with_context(|| {
+            format!(
+                "could not create a spool file in '{}' (set TMPDIR to a writable directory)",
+                dir.display()
+            )
+        })?;
+    std::fs::remove_file(&path)
+        .with_context(|| format!("could not unlink the spool file '{}'", path.display()))?;
+    Ok(file)
+}
+
+pub(super) fn tmp_path(file: &std::path::Path) -> PathBuf {
+    let mut name = file
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(format!(".strata-part-{}", std::process::id()));
+    file.with_file_name(name)
+}
