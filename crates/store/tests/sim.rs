@@ -31,6 +31,13 @@
 //! run through the orchestrator too: alone, cancelled and started again,
 //! or with a metadata node going down meanwhile; the node is retired only
 //! once no row names it, and after healing no row names it.
+//!
+//! After every step, every running node's, the orchestrator's and their
+//! tables' invariants are checked (`check_invariants`), and no table goes
+//! back (`Table::check_successor`). In runs of odd seeds the metadata
+//! nodes' databases live on simulated disks ([`Disk`]): a crash loses the
+//! writes not synced, may let one land torn or corrupted, and may strike
+//! in the middle of a commit; the same checks hold.
 
 use std::cell::Cell;
 use std::cmp::Reverse;
@@ -437,19 +444,28 @@ impl Sim {
     /// unless its disk failed during the step: then the node died there,
     /// and nothing it decided leaves.
     fn core_outs(&mut self, slot: u16, outs: Vec<Out<u32>>, what: &str) {
-        if self
-            .disks
-            .get(slot as usize)
-            .is_some_and(|d| d.has_failed())
-        {
-            // Counted, and its downtime drawn, when it was armed.
-            self.faults.mid_write += 1;
-            self.down_until[slot as usize] += self.now;
-            self.crash_mn(slot);
+        if self.reap_failed(slot) {
             return;
         }
         self.outs(slot, outs);
         self.check_node(slot, what);
+    }
+
+    /// Crashes the node in `slot` if an armed crash struck its disk (its
+    /// downtime was drawn when it was armed); returns whether it did.
+    fn reap_failed(&mut self, slot: u16) -> bool {
+        let failed = self
+            .disks
+            .get(slot as usize)
+            .is_some_and(|d| d.has_failed());
+        if !failed || self.mns[slot as usize].is_none() {
+            return false;
+        }
+        self.faults.mid_write += 1;
+        self.crashes += 1;
+        self.down_until[slot as usize] += self.now;
+        self.crash_mn(slot);
+        true
     }
 
     /// Fails the run, naming the seed, the time and the step, unless the
@@ -505,16 +521,7 @@ impl Sim {
     /// answers, as in a table change) are crashed.
     fn check_all(&mut self, what: &str) {
         for slot in 0..ALL_MNS as u16 {
-            let failed = self
-                .disks
-                .get(slot as usize)
-                .is_some_and(|d| d.has_failed());
-            if failed && self.mns[slot as usize].is_some() {
-                // Counted, and its downtime drawn, when it was armed.
-                self.faults.mid_write += 1;
-                self.down_until[slot as usize] += self.now;
-                self.crash_mn(slot);
-            }
+            self.reap_failed(slot);
         }
         for slot in 0..ALL_MNS as u16 {
             self.check_node(slot, what);
@@ -852,7 +859,6 @@ impl Sim {
                 self.start_mn(s as u16);
             } else if self.mns[s].is_some() && crash_rate > 0 && self.rng.below(crash_rate) == 0 {
                 let downtime = 300 + self.rng.below(1500);
-                self.crashes += 1;
                 if let Some(disk) = self.disks.get(s).filter(|_| self.fault_rng.chance(50)) {
                     // Strikes in the middle of one of the next writes or
                     // syncs (see `core_outs`), then down this long.
@@ -860,6 +866,7 @@ impl Sim {
                     self.down_until[s] = downtime;
                     continue;
                 }
+                self.crashes += 1;
                 self.down_until[s] = self.now + downtime;
                 self.crash_mn(s as u16);
             }
@@ -1337,7 +1344,16 @@ fn simulate(seed: u64, params: Params) -> (u64, u64, u64) {
     let mut sim = Sim::new(seed, params);
     sim.run(60_000, true, 150);
     sim.heal_and_check();
-    eprintln!("seed {seed}: storage faults {:?}", sim.faults);
+    if std::env::var_os("SIM_VERBOSE").is_some() {
+        eprintln!("seed {seed}: storage faults {:?}", sim.faults);
+    }
+    // A run on simulated disks must have crashed some node mid-write and
+    // let some torn or corrupted write land.
+    let f = sim.faults;
+    assert!(
+        sim.disks.is_empty() || (f.mid_write > 0 && f.torn + f.corrupted > 0),
+        "seed {seed}: storage faults {f:?}"
+    );
     for s in 0..MNS as usize {
         assert_eq!(
             sim.mns[s].as_ref().unwrap().pending_count(),

@@ -42,14 +42,12 @@ pub fn ensure(
     }
 }
 
-/// Whether `items` has no two equal keys (small lists: quadratic is fine
-/// and allocates nothing).
-fn first_repeat<T, K: PartialEq>(items: &[T], key: impl Fn(&T) -> K) -> Option<K> {
-    items
-        .iter()
-        .enumerate()
-        .find(|(i, a)| items[..*i].iter().any(|b| key(b) == key(a)))
-        .map(|(_, a)| key(a))
+/// A key that two of `items` share, if any (sorted, so a table of many
+/// groups costs n log n per check).
+fn first_repeat<T, K: Ord + Copy>(items: &[T], key: impl Fn(&T) -> K) -> Option<K> {
+    let mut keys: Vec<K> = items.iter().map(key).collect();
+    keys.sort_unstable();
+    keys.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }
 
 impl Table {
