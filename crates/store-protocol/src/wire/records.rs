@@ -1,0 +1,170 @@
+//! The parts of bodies shared by several kinds, each written and read
+//! in one place: records (also the metadata database's value format),
+//! handover rows, gather cursors, tickets, address lists, counts and
+//! flags. Every count is checked against its bound before anything is
+//! allocated.
+
+use super::body::{
+    GatherCursor, Record, RenameLink, Row, MAX_DATA_REPLICAS, MAX_OBJECT, MAX_PULL_ROWS,
+    MAX_REFERENCED, MAX_TICKET,
+};
+use crate::addr::{Addr, MAX_META_REPLICAS};
+use crate::codec::{Reader, WireError, Writer, MAX_NAME};
+
+pub(super) fn put_record(w: &mut Writer, r: &Record) {
+    w.str(&r.name);
+    w.u64(r.size);
+    w.u32(r.crc);
+    w.u64(r.version);
+    w.addrs(&r.meta);
+    w.addrs(&r.replicas);
+    match &r.rename {
+        None => w.u8(0),
+        Some(RenameLink::To(n)) => {
+            w.u8(1);
+            w.str(n);
+        }
+        Some(RenameLink::From(n)) => {
+            w.u8(2);
+            w.str(n);
+        }
+    }
+}
+
+pub(super) fn get_record(r: &mut Reader) -> Result<Record, WireError> {
+    let name = r.name()?;
+    let size = r.u64()?;
+    if size > MAX_OBJECT {
+        return Err(WireError::Invalid(format!(
+            "object size {size} exceeds the {MAX_OBJECT}-byte limit"
+        )));
+    }
+    Ok(Record {
+        name,
+        size,
+        crc: r.u32()?,
+        version: r.u64()?,
+        meta: r.addrs(MAX_META_REPLICAS, "metadata addresses")?,
+        replicas: r.addrs(MAX_DATA_REPLICAS, "replicas")?,
+        rename: match r.u8()? {
+            0 => None,
+            1 => Some(RenameLink::To(r.name()?)),
+            2 => Some(RenameLink::From(r.name()?)),
+            k => return Err(WireError::Invalid(format!("rename link kind {k}"))),
+        },
+    })
+}
+
+/// A ticket's bytes, at most [`MAX_TICKET`] (checked by the storage node
+/// that takes it, not here).
+pub(super) fn get_ticket(r: &mut Reader) -> Result<Vec<u8>, WireError> {
+    let b = r.bytes16()?;
+    if b.len() > MAX_TICKET {
+        return Err(WireError::Invalid(format!(
+            "ticket of {} bytes; the limit is {MAX_TICKET}",
+            b.len()
+        )));
+    }
+    Ok(b.to_vec())
+}
+
+/// A u16-counted list of addresses, at most [`MAX_REFERENCED`].
+pub(super) fn get_addr_list(r: &mut Reader) -> Result<Vec<Addr>, WireError> {
+    let n = r.u16()? as usize;
+    if n > MAX_REFERENCED {
+        return Err(WireError::Invalid(format!("{n} addresses in one message")));
+    }
+    (0..n).map(|_| r.addr()).collect()
+}
+
+/// Encodes a record alone (the metadata database's value format).
+pub fn encode_record(rec: &Record) -> Vec<u8> {
+    let mut w = Writer::default();
+    put_record(&mut w, rec);
+    w.buf
+}
+
+/// Decodes a record encoded by [`encode_record`].
+pub fn decode_record(buf: &[u8]) -> Result<Record, WireError> {
+    let mut r = Reader::new(buf);
+    let rec = get_record(&mut r)?;
+    r.finish()?;
+    Ok(rec)
+}
+
+/// Writes at most [`MAX_PULL_ROWS`] rows (the sender keeps pages smaller).
+pub(super) fn put_rows(w: &mut Writer, rows: &[Row]) {
+    let n = rows.len().min(MAX_PULL_ROWS);
+    w.u16(n as u16);
+    for row in &rows[..n] {
+        match row {
+            Row::Record(r) => {
+                w.u8(0);
+                put_record(w, r);
+            }
+            Row::Tomb { name, version } => {
+                w.u8(1);
+                w.str(name);
+                w.u64(*version);
+            }
+        }
+    }
+}
+
+/// Reads a page of rows; a count above [`MAX_PULL_ROWS`] is refused before
+/// anything is allocated.
+pub(super) fn get_rows(r: &mut Reader) -> Result<Vec<Row>, WireError> {
+    let n = r.u16()? as usize;
+    if n > MAX_PULL_ROWS {
+        return Err(WireError::Invalid(format!(
+            "{n} rows in one page; the limit is {MAX_PULL_ROWS}"
+        )));
+    }
+    let mut rows = Vec::with_capacity(n);
+    for _ in 0..n {
+        rows.push(match r.u8()? {
+            0 => Row::Record(get_record(r)?),
+            1 => Row::Tomb {
+                name: r.name()?,
+                version: r.u64()?,
+            },
+            k => return Err(WireError::Invalid(format!("row kind {k}"))),
+        });
+    }
+    Ok(rows)
+}
+
+pub(super) fn put_cursor(w: &mut Writer, c: &GatherCursor) {
+    w.u8(c.tombs as u8);
+    w.u32(c.group);
+    w.str(&c.after);
+}
+
+pub(super) fn get_cursor(r: &mut Reader) -> Result<GatherCursor, WireError> {
+    Ok(GatherCursor {
+        tombs: flag(r, "gather tombstone flag")?,
+        group: r.u32()?,
+        after: r.str(MAX_NAME, "gather cursor")?,
+    })
+}
+
+/// The count of an anti-entropy list, refused above `max` before
+/// anything is allocated.
+pub(super) fn sync_count(r: &mut Reader, max: usize, what: &str) -> Result<usize, WireError> {
+    let n = r.u16()? as usize;
+    if n > max {
+        return Err(WireError::Invalid(format!(
+            "{n} sync {what} in one message; the limit is {max}"
+        )));
+    }
+    Ok(n)
+}
+
+/// A boolean byte: 0 or 1, anything else refused.
+pub(super) fn flag(r: &mut Reader, what: &str) -> Result<bool, WireError> {
+    match r.u8()? {
+        0 => Ok(false),
+        1 => Ok(true),
+        v => Err(WireError::Invalid(format!("{what} is {v}, not 0 or 1"))),
+    }
+}
