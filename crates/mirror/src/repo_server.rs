@@ -11,7 +11,7 @@
 //!
 //! No client can hold the server's resources: connections are capped, a
 //! request's head and a PUT or POST body each have a deadline (see
-//! [`ServeLimits`] and the `connections` module).
+//! [`ServeLimits`]; the accept loop is `strata-http`'s).
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -27,13 +27,12 @@ use hyper::header::{HeaderValue, ACCEPT_RANGES, CONTENT_RANGE, CONTENT_TYPE, RAN
 use hyper::{Method, Request, Response, StatusCode};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
+use tracing::Instrument;
 
 use crate::digest;
 use crate::rate::TokenBucket;
 use crate::repo::{parse_peer_list, MAX_ADDR_LEN, MAX_PEERS, TRACE_SUFFIX};
 use crate::{io_err, MirrorError, Result};
-
-mod connections;
 
 /// Largest trace accepted by PUT.
 const MAX_TRACE: u64 = 4 * digest::MAX_CHUNKS + 16;
@@ -45,9 +44,9 @@ const SLICES_AHEAD: usize = 4;
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
 
 /// Default of [`ServeLimits::max_connections`].
-pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+pub const DEFAULT_MAX_CONNECTIONS: usize = strata_http::DEFAULT_MAX_CONNECTIONS;
 /// Default of [`ServeLimits::header_timeout`].
-pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_HEADER_TIMEOUT: Duration = strata_http::DEFAULT_HEADER_TIMEOUT;
 /// Default of [`ServeLimits::body_timeout`].
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -196,12 +195,24 @@ impl RepoServer {
         };
         let shared = self.shared.clone();
         let handler = move |request| shared.clone().answer(request);
-        runtime.block_on(connections::serve(
-            listener,
-            self.limits,
-            self.stop.subscribe(),
+        let limits = strata_http::Limits {
+            max_connections: self.limits.max_connections,
+            header_timeout: self.limits.header_timeout,
+        };
+        let mut stop = self.stop.subscribe();
+        let stopped = async move {
+            let _ = stop.wait_for(|stop| *stop).await;
+        };
+        // No drain here: answers in progress finish on the runtime, which
+        // the drop gives `SHUTDOWN_WAIT`.
+        let serving = strata_http::serve(
+            strata_http::Listener::Tcp(listener),
+            limits,
             handler,
-        ));
+            stopped,
+            Duration::ZERO,
+        );
+        runtime.block_on(serving.instrument(tracing::info_span!("repo-serve")));
     }
 }
 
@@ -217,13 +228,11 @@ impl Drop for RepoServer {
 }
 
 /// An answer's body: bytes at hand, or slices read (and paid for from
-/// the bucket) by a blocking thread. Holds its connection busy until
-/// dropped.
+/// the bucket) by a blocking thread.
 pub(crate) struct ReplyBody {
     data: Option<Bytes>,
     slices: Option<mpsc::Receiver<std::io::Result<Bytes>>>,
     remaining: u64,
-    busy: Option<connections::Busy>,
 }
 
 impl ReplyBody {
@@ -232,7 +241,6 @@ impl ReplyBody {
             data: None,
             slices: None,
             remaining: 0,
-            busy: None,
         }
     }
 
@@ -242,14 +250,7 @@ impl ReplyBody {
             remaining: data.len() as u64,
             data: (!data.is_empty()).then_some(data),
             slices: None,
-            busy: None,
         }
-    }
-
-    /// Keeps the connection marked busy until this body is dropped.
-    fn hold(mut self, busy: connections::Busy) -> Self {
-        self.busy = Some(busy);
-        self
     }
 }
 
@@ -436,7 +437,6 @@ impl Shared {
             data: None,
             slices: (len > 0).then_some(receiver),
             remaining: len,
-            busy: None,
         }
     }
 
