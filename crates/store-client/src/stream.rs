@@ -1,7 +1,9 @@
 //! Reading and writing the TCP data frames ([`strata_store_protocol::data`])
 //! on async streams: a storage node reads requests and writes error
-//! replies; a client or a forwarding node reads reply statuses.
+//! replies; a client or a forwarding node reads reply statuses; a client
+//! writes a Put's body and reads a Get's.
 
+use strata_store_protocol::addr::{fmt_addr, Addr};
 use strata_store_protocol::data::{
     Incoming, Proof, Request, HEADER, MODE_NONE, MODE_SEALED, MODE_TICKET,
 };
@@ -9,6 +11,9 @@ use strata_store_protocol::key::TAG_LEN;
 use strata_store_protocol::wire::{WireError, Writer, MAX_DATA_REPLICAS, MAX_OBJECT, MAX_TICKET};
 use strata_store_protocol::{Code, Error};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Bytes moved per read or write of an object's data.
+const CHUNK: usize = 256 * 1024;
 
 /// Reads one request header and its credentials from a stream.
 /// `Ok(None)` on a clean EOF before the first byte.
@@ -117,6 +122,93 @@ pub async fn read_status<R: AsyncRead + Unpin>(r: &mut R, what: &str) -> Result<
         code: Code::Unavailable,
         message: format!("{what}: {}", String::from_utf8_lossy(&msg)),
     })
+}
+
+/// Writes a Put's body after its header: `size` bytes read from `data`,
+/// then their CRC-32C as the trailer, and flushes; returns the CRC.
+/// `progress` is told how many bytes went out so far. Input that ends
+/// early is an error, and no trailer is written: the node then discards
+/// what it got.
+pub async fn write_put_body<W: AsyncWrite + Unpin, R: AsyncRead + Unpin>(
+    s: &mut W,
+    size: u64,
+    data: &mut R,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<u32, Error> {
+    let io = |e| Error::io("sending object data", e);
+    let mut buf = vec![0u8; CHUNK];
+    let mut crc = 0u32;
+    let mut done = 0u64;
+    while done < size {
+        let want = (size - done).min(CHUNK as u64) as usize;
+        let n = data
+            .read(&mut buf[..want])
+            .await
+            .map_err(|e| Error::io("reading the input", e))?;
+        if n == 0 {
+            return Err(Error::Invalid(format!(
+                "the input ended after {done} of {size} bytes"
+            )));
+        }
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        s.write_all(&buf[..n]).await.map_err(io)?;
+        done += n as u64;
+        progress(done);
+    }
+    s.write_all(&crc.to_be_bytes()).await.map_err(io)?;
+    s.flush().await.map_err(io)?;
+    Ok(crc)
+}
+
+/// Reads the body of a storage node's Get reply (after its status): the
+/// size, which must be `size`, the data, streamed to `out`, and the
+/// trailer. The node must have verified its own checksum and the data
+/// must match the CRC-32C `crc` the metadata records; `replica` names
+/// the replica in the errors.
+pub async fn read_get_body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    s: &mut R,
+    replica: Addr,
+    size: u64,
+    crc: u32,
+    out: &mut W,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<(), Error> {
+    let io = |e| Error::io("reading object data", e);
+    let have = s.read_u64().await.map_err(io)?;
+    if have != size {
+        return Err(Error::Corrupt(format!(
+            "replica {} holds {have} bytes; the metadata says {size}",
+            fmt_addr(replica)
+        )));
+    }
+    // One chunk at most, whatever the size says.
+    let mut buf = vec![0u8; CHUNK.min(size as usize)];
+    let mut got = 0u32;
+    let mut done = 0u64;
+    while done < size {
+        let want = (size - done).min(CHUNK as u64) as usize;
+        let n = s.read(&mut buf[..want]).await.map_err(io)?;
+        if n == 0 {
+            return Err(Error::Corrupt(format!(
+                "storage node closed the stream after {done} of {size} bytes"
+            )));
+        }
+        got = crc32c::crc32c_append(got, &buf[..n]);
+        out.write_all(&buf[..n])
+            .await
+            .map_err(|e| Error::io("writing the output", e))?;
+        done += n as u64;
+        progress(done);
+    }
+    let verified = s.read_u8().await.map_err(io)? == 0;
+    let _node_crc = s.read_u32().await.map_err(io)?;
+    if !verified || got != crc {
+        return Err(Error::Corrupt(format!(
+            "replica {} failed its checksum (got {got:08x}, want {crc:08x})",
+            fmt_addr(replica)
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
-//! The UDP transport a client (and every node) calls others with: one
-//! request, resent until its answer comes, sealed with the cluster key
-//! when the caller holds it; and the prefix table fetched from the
-//! orchestrator.
+//! The transport a client (and every node) calls others with: over UDP,
+//! one request, resent until its answer comes, sealed with the cluster
+//! key when the caller holds it, and the prefix table fetched from the
+//! orchestrator; over TCP, a data connection to a storage node.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -9,7 +9,7 @@ use strata_store_protocol::auth::ClusterKey;
 use strata_store_protocol::table::Table;
 use strata_store_protocol::wire::{Body, Msg, MAX_DATAGRAM};
 use strata_store_protocol::Error;
-use tokio::net::UdpSocket;
+use tokio::net::{TcpStream, UdpSocket};
 
 /// Sends `msg` to `to` and waits for the reply with the same request id,
 /// resending up to `attempts` times. With `key`, the request is sealed
@@ -150,4 +150,15 @@ pub async fn fetch_table(on: SocketAddr, key: Option<&ClusterKey>) -> Result<Tab
             "the orchestrator at {on} answered {other:?} to a table request"
         ))),
     }
+}
+
+/// Opens a data connection to the storage node at `endpoint` (an
+/// endpoint the prefix table gave), with Nagle's delay off: requests and
+/// replies are small, and each waits for the other.
+pub async fn connect_data(endpoint: SocketAddr) -> Result<TcpStream, Error> {
+    let stream = TcpStream::connect(endpoint)
+        .await
+        .map_err(|e| Error::io(format!("connecting to storage node {endpoint}"), e))?;
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
 }

@@ -1,0 +1,178 @@
+//! Reading: a name's record from its metadata addresses ([`Client::stat`]),
+//! then the object's data from its replicas ([`Client::get`]), in one
+//! direction (see the module above for the steps).
+
+use super::calls::{unexpected, Call};
+use super::replica::Replica;
+use super::{Client, META_ATTEMPTS, META_TIMEOUT_MS};
+use crate::stream::{read_get_body, read_status};
+use crate::transport::request_id;
+use strata_store_protocol::data::{Credential, Request};
+use strata_store_protocol::wire::{check_name, Body, Record};
+use strata_store_protocol::Error;
+use tokio::io::{AsyncSeek, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+impl Client {
+    /// Reads an object's metadata from the first metadata address that has it.
+    pub async fn stat(&self, name: &str) -> Result<Record, Error> {
+        Ok(self.stat_ticketed(name).await?.0)
+    }
+
+    /// [`Client::stat`], with the Get ticket the metadata node issued for
+    /// the record's replicas (empty for an empty object).
+    async fn stat_ticketed(&self, name: &str) -> Result<(Record, Vec<u8>), Error> {
+        let body = Body::Get {
+            name: name.to_string(),
+        };
+        self.look_up(name, body, "Get", |answer| match answer {
+            Body::Found { record, ticket } => Ok((record, ticket)),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    /// [`Client::stat`], with the link proof the metadata node issued to
+    /// this client's tenant for the record's replicas (empty when it has
+    /// none): what a rename's `Link` of them under a new name must carry
+    /// ([`strata_store_protocol::auth::LinkProof`]).
+    pub(super) async fn stat_for_link(&self, name: &str) -> Result<(Record, Vec<u8>), Error> {
+        let body = Body::GetLinkProof {
+            name: name.to_string(),
+        };
+        self.look_up(name, body, "GetLinkProof", |answer| match answer {
+            Body::LinkProof { record, proof } => Ok((record, proof)),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    /// Asks `name`'s metadata addresses (falling through to the next on a
+    /// miss) with `request`, and takes the record and credential `pick`
+    /// finds in the answer (it gives back any other answer), if the record
+    /// is `name`'s.
+    async fn look_up(
+        &self,
+        name: &str,
+        request: Body,
+        kind: &str,
+        pick: impl Fn(Body) -> Result<(Record, Vec<u8>), Box<Body>>,
+    ) -> Result<(Record, Vec<u8>), Error> {
+        check_name(name).map_err(Error::Invalid)?;
+        let targets = self.table().meta_addrs(name);
+        let call = Call::new(
+            request_id(),
+            targets,
+            request,
+            META_ATTEMPTS,
+            META_TIMEOUT_MS,
+        )
+        .falling_through();
+        match pick(self.run(call).await?) {
+            Ok((record, credential)) if record.name == name => Ok((record, credential)),
+            Ok((record, _)) => Err(Error::Invalid(format!(
+                "unexpected answer to {kind}: the record of '{}', not '{name}'",
+                record.name
+            ))),
+            Err(other) => Err(unexpected(kind, &other)),
+        }
+    }
+
+    /// Reads an object into `out` from the first replica that serves it
+    /// whole and verified; returns its metadata.
+    pub async fn get<W: AsyncWrite + AsyncSeek + Unpin>(
+        &self,
+        name: &str,
+        out: &mut W,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<Record, Error> {
+        let (record, ticket) = self.stat_ticketed(name).await?;
+        if record.size == 0 && record.crc == crc32c::crc32c(&[]) {
+            // The metadata says everything an empty object holds, so there is
+            // no data to fetch: a Get is one metadata round trip, as in the
+            // design's zero-size measurements. A record whose checksum does
+            // not fit an empty object goes through the replicas and fails
+            // there with the mismatch.
+            return Ok(record);
+        }
+        let table = self.table();
+        let mut last = None;
+        for &addr in &record.replicas {
+            let replica = match Replica::locate(&table, addr) {
+                Ok(replica) => replica,
+                Err(e) => {
+                    // No node serves it: the next replica.
+                    last = Some(e);
+                    continue;
+                }
+            };
+            // An idle connection the node closed meanwhile fails before any
+            // byte of the object arrives: try that replica again afresh.
+            for _ in 0..2 {
+                out.seek(std::io::SeekFrom::Start(0))
+                    .await
+                    .map_err(|e| Error::io("rewinding the output", e))?;
+                let (stream, reused) = match self.connections.take(&replica).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // That node is unreachable: the next replica.
+                        last = Some(e);
+                        break;
+                    }
+                };
+                match read_replica(stream, &replica, &ticket, &record, out, progress).await {
+                    Ok(stream) => {
+                        self.connections.keep(&replica, stream);
+                        return Ok(record);
+                    }
+                    Err((e, started)) => {
+                        let stale = reused && !started;
+                        last = Some(e);
+                        if !stale {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Corrupt(format!("{name:?} has no replica"))))
+    }
+
+    /// Reads a whole object into memory.
+    pub async fn get_bytes(&self, name: &str) -> Result<(Record, Vec<u8>), Error> {
+        let mut cur = std::io::Cursor::new(Vec::new());
+        let rec = self.get(name, &mut cur, &|_| {}).await?;
+        let mut v = cur.into_inner();
+        v.truncate(rec.size as usize);
+        Ok((rec, v))
+    }
+}
+
+/// Reads one replica over `s` into `out`: the Get request with the
+/// `ticket`, the reply's status, then its body (size, data, trailer),
+/// checked against `record`. Gives the stream back at a request
+/// boundary, or the error and whether the node had started answering.
+async fn read_replica<W: AsyncWrite + Unpin>(
+    mut s: TcpStream,
+    replica: &Replica,
+    ticket: &[u8],
+    record: &Record,
+    out: &mut W,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<TcpStream, (Error, bool)> {
+    let io = |e| Error::io("reading object data", e);
+    let before = |e| (e, false);
+    let after = |e| (e, true);
+    let request = Request::Get { addr: replica.addr }.encode(Credential::Ticket(ticket));
+    s.write_all(&request).await.map_err(io).map_err(before)?;
+    read_status(&mut s, "reading the replica")
+        .await
+        .map_err(before)?;
+    read_get_body(&mut s, replica.addr, record.size, record.crc, out, progress)
+        .await
+        .map_err(after)?;
+    out.flush()
+        .await
+        .map_err(|e| after(Error::io("writing the output", e)))?;
+    Ok(s)
+}

@@ -1,0 +1,132 @@
+//! The client: metadata calls over UDP (as deterministic state machines,
+//! [`Call`], so the simulation drives the same logic) and data over TCP.
+//!
+//! # A Get, step by step
+//!
+//! Each step hands its result to the next; none goes back:
+//! 1. [`Client::get`] asks for the name's record: `look_up` checks the
+//!    name (`wire::check_name`), takes its metadata addresses from the
+//!    prefix table (`Table::meta_addrs`) and runs a [`Call`] over UDP
+//!    ([`Client::run`]), which seals, sends and decodes the messages
+//!    (`wire`). The answer is the record and a Get ticket.
+//! 2. For each of the record's replicas in turn, one table lookup
+//!    (`Replica::locate`, `Table::sn_endpoint`) gives its endpoint,
+//!    kept with the address in a `Replica`.
+//! 3. The client's idle connections to that endpoint give one
+//!    (`Connections::take`), or the transport opens one
+//!    (`transport::connect_data`).
+//! 4. `read_replica` sends the Get frame with the ticket, and the
+//!    data-frame code reads the status (`stream::read_status`) and the
+//!    body, checked against the record (`stream::read_get_body`).
+//! 5. The connection goes back to the idle ones under the same endpoint
+//!    (`Connections::keep`).
+//!
+//! A Put goes the same way: the coordinator's plan (`PostBegin`), one
+//! lookup for the first replica, a new connection, the body written by
+//! `stream::write_put_body`, then `PostCommit` (or `PostAbort`).
+//!
+//! Modules, each using only those listed before it (and this one):
+//! - `calls`: [`Call`] and [`Step`], with no I/O.
+//! - `udp`: running calls over UDP ([`Client::run`], [`run_call`]).
+//! - `replica`: a replica's endpoint, found once, and the idle data
+//!   connections.
+//! - `repair`: the metadata nodes' copy and free of replicas.
+//! - `get`, `put`, `names` (delete and rename), `list`: the object calls.
+
+mod calls;
+mod get;
+mod list;
+mod names;
+mod put;
+mod repair;
+mod replica;
+mod udp;
+
+pub use self::calls::{Call, Step};
+pub use self::names::RenameStep;
+pub use self::put::PutResult;
+pub use self::repair::{copy_replica, free_replica};
+pub use self::udp::{meta_over_ipv6, run_call};
+
+use self::replica::Connections;
+use crate::transport::fetch_table;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, RwLock};
+use strata_store_protocol::addr::Addr;
+use strata_store_protocol::table::Table;
+use strata_store_protocol::tenant::TenantCredential;
+use strata_store_protocol::wire::check_name;
+use strata_store_protocol::Error;
+use tokio::net::UdpSocket;
+
+/// A client of one cluster.
+pub struct Client {
+    on: SocketAddr,
+    table: RwLock<Arc<Table>>,
+    /// Idle UDP sockets for metadata calls: a call takes one and gives it
+    /// back, so a busy client does not bind a socket per request (a late
+    /// reply to an earlier call is told apart by its request id). Each
+    /// keeps its receive buffer: zeroing a fresh 64 KiB one took a tenth of
+    /// a zero-byte Get's client time.
+    sockets: Mutex<Vec<(UdpSocket, Vec<u8>)>>,
+    /// Idle data connections by storage node endpoint.
+    connections: Connections,
+    /// The tenant's credential: every metadata request is sealed with it
+    /// ([`strata_store_protocol::tenant`]).
+    credential: TenantCredential,
+}
+
+/// Idle UDP sockets a client keeps.
+const IDLE_SOCKETS: usize = 64;
+
+const META_TIMEOUT_MS: u64 = 400;
+/// How long a call is retried while the table moves under it (a metadata
+/// group handed over between nodes, or given to a stand-in while its node
+/// is down: each retry refreshes the table).
+const MOVING_RETRY_MS: u64 = 20_000;
+const META_ATTEMPTS: u32 = 5;
+/// A commit waits for W_m acknowledgements: give it longer.
+const COMMIT_ATTEMPTS: u32 = 20;
+
+impl Client {
+    /// Connects to the cluster whose orchestrator listens on `on`, as the
+    /// tenant of `credential` (which seals every metadata request).
+    pub async fn connect(on: SocketAddr, credential: TenantCredential) -> Result<Client, Error> {
+        let table = fetch_table(on, None).await.map_err(|e| match e {
+            Error::Timeout(_) => Error::Timeout(format!(
+                "no orchestrator answered at {on}; is `strata store up` running there?"
+            )),
+            e => e,
+        })?;
+        Ok(Client {
+            on,
+            table: RwLock::new(Arc::new(table)),
+            sockets: Mutex::new(Vec::new()),
+            connections: Connections::default(),
+            credential,
+        })
+    }
+
+    /// The tenant this client acts as.
+    pub fn credential(&self) -> &TenantCredential {
+        &self.credential
+    }
+
+    /// The prefix table in use.
+    pub fn table(&self) -> Arc<Table> {
+        self.table.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Fetches the table again (after a node joined or moved).
+    pub async fn refresh(&self) -> Result<(), Error> {
+        let t = fetch_table(self.on, None).await?;
+        *self.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(t);
+        Ok(())
+    }
+
+    /// The coordinator of `name`: its first metadata address.
+    fn coordinator(&self, name: &str) -> Result<Addr, Error> {
+        check_name(name).map_err(Error::Invalid)?;
+        Ok(self.table().meta_addrs(name)[0])
+    }
+}

@@ -1,0 +1,141 @@
+//! Writing: a Post's plan from the name's coordinator, the data streamed
+//! to the first replica (which forwards it along the others), then the
+//! commit, or an abort when too few copies were written.
+
+use super::calls::{unexpected, Call};
+use super::replica::Replica;
+use super::{Client, COMMIT_ATTEMPTS, META_ATTEMPTS, META_TIMEOUT_MS};
+use crate::stream::{read_status, write_put_body};
+use crate::transport::request_id;
+use strata_store_protocol::addr::Addr;
+use strata_store_protocol::data::{Credential, Request};
+use strata_store_protocol::wire::{Body, Code};
+use strata_store_protocol::Error;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+/// What a Post did.
+#[derive(Clone, Debug)]
+pub struct PutResult {
+    /// The version created.
+    pub version: u64,
+    /// CRC-32C of the data.
+    pub crc: u32,
+    /// Durable copies when acknowledged.
+    pub copies: u8,
+    /// Replica addresses.
+    pub replicas: Vec<Addr>,
+}
+
+impl Client {
+    /// Posts an object of `size` bytes read from `data`; `progress` is told
+    /// how many bytes went out so far.
+    pub async fn put<R: AsyncRead + Unpin>(
+        &self,
+        name: &str,
+        size: u64,
+        data: &mut R,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<PutResult, Error> {
+        let coord = self.coordinator(name)?;
+        let begin = Call::new(
+            request_id(),
+            vec![coord],
+            Body::PostBegin {
+                name: name.to_string(),
+                size,
+            },
+            META_ATTEMPTS,
+            META_TIMEOUT_MS,
+        );
+        let (version, replicas, ticket) = match self.run(begin).await? {
+            Body::PostPlan {
+                version,
+                replicas,
+                ticket,
+                ..
+            } if !replicas.is_empty() => (version, replicas, ticket),
+            other => return Err(unexpected("PostBegin", &other)),
+        };
+        let w_d = self.table().params_for(name).w_d;
+        let sent = self
+            .send_data(&replicas, &ticket, size, data, progress)
+            .await;
+        let (crc, copies) = match sent {
+            Ok((crc, copies)) if copies >= w_d => (crc, copies),
+            other => {
+                let abort = Call::new(
+                    request_id(),
+                    vec![coord],
+                    Body::PostAbort {
+                        name: name.to_string(),
+                        version,
+                    },
+                    2,
+                    META_TIMEOUT_MS,
+                );
+                let _ = self.run(abort).await;
+                return Err(match other {
+                    Err(e) => e,
+                    Ok((_, copies)) => Error::Remote {
+                        code: Code::Unavailable,
+                        message: format!(
+                            "only {copies} of the W_d={w_d} data replicas were written; the Post was dropped"
+                        ),
+                    },
+                });
+            }
+        };
+        let commit = Call::new(
+            request_id(),
+            vec![coord],
+            Body::PostCommit {
+                name: name.to_string(),
+                version,
+                crc,
+            },
+            COMMIT_ATTEMPTS,
+            META_TIMEOUT_MS,
+        );
+        match self.run(commit).await? {
+            Body::Done { .. } => Ok(PutResult {
+                version,
+                crc,
+                copies,
+                replicas,
+            }),
+            other => Err(unexpected("PostCommit", &other)),
+        }
+    }
+
+    /// Streams the data to the first replica, which forwards it along the
+    /// chain; returns the CRC-32C and the number of durable copies.
+    async fn send_data<R: AsyncRead + Unpin>(
+        &self,
+        replicas: &[Addr],
+        ticket: &[u8],
+        size: u64,
+        data: &mut R,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(u32, u8), Error> {
+        let Some((&first, chain)) = replicas.split_first() else {
+            return Err(Error::Invalid("a Post plan with no replica".into()));
+        };
+        let mut s = Replica::locate(&self.table(), first)?.connect().await?;
+        let header = Request::Put {
+            addr: first,
+            size,
+            chain: chain.to_vec(),
+        }
+        .encode(Credential::Ticket(ticket));
+        s.write_all(&header)
+            .await
+            .map_err(|e| Error::io("sending object data", e))?;
+        let crc = write_put_body(&mut s, size, data, progress).await?;
+        read_status(&mut s, "storing the object").await?;
+        let copies = s
+            .read_u8()
+            .await
+            .map_err(|e| Error::io("reading the Put reply", e))?;
+        Ok((crc, copies))
+    }
+}
