@@ -32,8 +32,6 @@ const MAX_FILE_LINES: usize = 1_000;
 const KNOWN_LONG_FILES: &[&str] = &[
     "crates/cli/src/img.rs",
     "crates/mirror/src/mirror.rs",
-    "crates/store-client/src/client.rs",
-    "crates/store-protocol/src/wire.rs",
     "crates/volume/src/service/mod.rs",
 ];
 
