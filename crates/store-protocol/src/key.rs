@@ -138,7 +138,7 @@ fn refuse_shared(path: &Path) -> Result<(), Error> {
     };
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
-        return Err(Error::Invalid(format!(
+        return Err(Error::key(format!(
             "the cluster key {} can be read or written by other users (mode {mode:04o}); \
              run `chmod 600 {}`",
             path.display(),
@@ -162,7 +162,7 @@ fn read_key(path: &Path) -> Result<[u8; KEY_LEN], Error> {
         )
     })?;
     bytes.as_slice().try_into().map_err(|_| {
-        Error::Invalid(format!(
+        Error::key(format!(
             "{} holds {} bytes, but a cluster key is exactly {KEY_LEN} bytes: \
              copy the {KEY_FILE} of the cluster's `strata store up` directory",
             path.display(),
@@ -195,7 +195,7 @@ fn read_ring(path: &Path) -> Result<Ring, Error> {
         match &other {
             Some((b, _)) if *b == bytes => {}
             Some((_, first)) => {
-                return Err(Error::Invalid(format!(
+                return Err(Error::key(format!(
                     "{} and {} hold two different keys besides the active key {}: \
                      a node accepts at most one other key; finish the rotation and \
                      remove the old key's file",
@@ -251,8 +251,15 @@ impl ClusterKey {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let mut bytes = [0u8; KEY_LEN];
-        getrandom::fill(&mut bytes)
-            .map_err(|e| Error::Invalid(format!("no randomness for a new cluster key: {e}")))?;
+        getrandom::fill(&mut bytes).map_err(|e| Error::Key {
+            context: format!("no randomness for a new cluster key {}", path.display()),
+            // getrandom's error is no `std` error in this build: its OS
+            // error, or its text, stands in as the source.
+            source: Some(match e.raw_os_error() {
+                Some(code) => Box::new(std::io::Error::from_raw_os_error(code)),
+                None => e.to_string().into(),
+            }),
+        })?;
         let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -273,7 +280,7 @@ impl ClusterKey {
             for suffix in [NEXT_SUFFIX, PREV_SUFFIX] {
                 let file = sibling(path, suffix);
                 if std::fs::symlink_metadata(&file).is_ok() {
-                    return Err(Error::Invalid(format!(
+                    return Err(Error::key(format!(
                         "the cluster key {} is missing but {} exists: a key rotation \
                          was left half done; put the active key back in {}",
                         path.display(),

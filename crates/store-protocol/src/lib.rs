@@ -32,4 +32,4 @@ pub mod tenant;
 pub mod ticket;
 pub mod wire;
 
-pub use error::{Code, Error};
+pub use error::{Code, Error, ErrorKind};

@@ -154,7 +154,7 @@ impl TenantCredential {
         generation: Generation,
         secret: [u8; KEY_LEN],
     ) -> Result<TenantCredential, Error> {
-        check_tenant_id(tenant).map_err(Error::Invalid)?;
+        check_tenant_id(tenant).map_err(Error::credential)?;
         let Ok(mac) = Hmac::<Sha256>::new_from_slice(&secret) else {
             unreachable!("HMAC takes keys of any length");
         };
@@ -179,7 +179,7 @@ impl TenantCredential {
         tenant: &str,
         generation: Generation,
     ) -> Result<TenantCredential, Error> {
-        check_tenant_id(tenant).map_err(Error::Invalid)?;
+        check_tenant_id(tenant).map_err(Error::credential)?;
         TenantCredential::with_generation(
             tenant,
             generation,
@@ -232,12 +232,13 @@ impl TenantCredential {
     /// file with no `generation` line (written before generations
     /// existed) holds generation 0, which its secret was derived for.
     pub fn parse(text: &str, source: &str) -> Result<TenantCredential, Error> {
-        let bad = |why: &str| {
-            Error::Invalid(format!(
+        let not_one = |why: &str| {
+            format!(
                 "{source} is not a tenant credential ({why}); make one with \
                  `strata store tenant add --dir DIR --tenant ID`"
-            ))
+            )
         };
+        let bad = |why: &str| Error::credential(not_one(why));
         let (mut tenant, mut secret, mut generation) = (None, None, None);
         for line in text.lines().map(str::trim) {
             if line.is_empty() || line.starts_with('#') {
@@ -247,13 +248,17 @@ impl TenantCredential {
                 Some(("tenant", v)) => tenant = Some(v.trim()),
                 Some(("secret", v)) => secret = Some(v.trim()),
                 Some(("generation", v)) => {
-                    let n = v.trim().parse::<Generation>().map_err(|_| {
-                        bad(&format!(
-                            "the generation {:?} is not a number from 0 to {}",
-                            v.trim(),
-                            Generation::MAX
-                        ))
-                    })?;
+                    let n = v
+                        .trim()
+                        .parse::<Generation>()
+                        .map_err(|e| Error::Credential {
+                            context: not_one(&format!(
+                                "the generation {:?} is not a number from 0 to {}",
+                                v.trim(),
+                                Generation::MAX
+                            )),
+                            source: Some(Box::new(e)),
+                        })?;
                     generation = Some(n);
                 }
                 _ => return Err(bad(&format!("unexpected line {line:?}"))),
@@ -281,7 +286,7 @@ impl TenantCredential {
         })?;
         let mode = meta.permissions().mode() & 0o777;
         if mode & 0o077 != 0 {
-            return Err(Error::Invalid(format!(
+            return Err(Error::credential(format!(
                 "the tenant credential {} can be read or written by other users \
                  (mode {mode:04o}); run `chmod 600 {}`",
                 path.display(),
@@ -330,7 +335,7 @@ impl TenantCredential {
     pub fn from_env() -> Result<TenantCredential, Error> {
         match std::env::var_os(CREDENTIAL_ENV) {
             Some(path) => TenantCredential::load(Path::new(&path)),
-            None => Err(Error::Invalid(format!(
+            None => Err(Error::credential(format!(
                 "the object store needs a tenant credential: set {CREDENTIAL_ENV}=FILE \
                  (`strata store up --dir DIR` writes DIR/{ADMIN_CREDENTIAL_FILE}; \
                  `strata store tenant add` makes a tenant's)"

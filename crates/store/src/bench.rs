@@ -80,7 +80,10 @@ pub async fn run(client: Arc<Client>, cfg: BenchConfig) -> Result<BenchResult, E
     let mut lat = Vec::new();
     let mut errors = 0;
     while let Some(r) = tasks.join_next().await {
-        let (l, e) = r.map_err(|e| Error::Invalid(format!("load task failed: {e}")))?;
+        let (l, e) = r.map_err(|e| Error::Task {
+            context: "a load task of the bench".into(),
+            source: Some(Box::new(e)),
+        })?;
         lat.extend(l);
         errors += e;
     }
@@ -226,7 +229,7 @@ pub fn run_batched_gets(
     cfg: &BenchConfig,
 ) -> Result<BenchResult, Error> {
     if cfg.size != 0 {
-        return Err(Error::Invalid(format!(
+        return Err(Error::config(format!(
             "the batched engine runs zero-byte Gets only (one metadata round trip each); \
              --size {} needs the default engine",
             cfg.size
@@ -344,9 +347,14 @@ fn send_get(
     attempts: u32,
 ) -> Result<(Vec<u8>, SocketAddr), Error> {
     let target = table.meta_addrs(&c.name)[0];
-    let endpoint = table
-        .mn_endpoint(target)
-        .ok_or_else(|| Error::Invalid(format!("no metadata node for {:?}", c.name)))?;
+    let endpoint = table.mn_endpoint(target).ok_or_else(|| {
+        Error::Table(format!(
+            "the prefix table has no metadata node for {:?} (address {}); \
+                 wait for its metadata node to come up",
+            c.name,
+            strata_store_protocol::addr::fmt_addr(target)
+        ))
+    })?;
     c.req = ((t as u64) << 32) | (c.req.wrapping_add(1) & 0xffff_ffff);
     c.attempts = attempts;
     c.sent = Instant::now();
@@ -358,6 +366,6 @@ fn send_get(
         },
     )
     .seal_tenant(credential, strata_store_protocol::auth::unix_ms())
-    .map_err(|e| Error::Invalid(format!("encoding a Get: {e}")))?;
+    .map_err(|e| Error::malformed(format!("encoding a Get of {:?}", c.name), e))?;
     Ok((bytes, endpoint))
 }

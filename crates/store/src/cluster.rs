@@ -113,15 +113,13 @@ impl Cluster {
     /// Starts (or restarts, from the state in `cfg.dir`) a cluster and waits
     /// until every node is up in the prefix table.
     pub async fn start(cfg: ClusterConfig) -> Result<Cluster, Error> {
-        cfg.params.validate().map_err(Error::Invalid)?;
+        cfg.params.validate().map_err(Error::config)?;
         for (b, p) in &cfg.buckets {
             p.validate()
-                .map_err(|e| Error::Invalid(format!("bucket {b:?}: {e}")))?;
+                .map_err(|e| Error::config(format!("bucket {b:?}: {e}")))?;
         }
         if cfg.mns.max(cfg.mn_slots) == 0 {
-            return Err(Error::Invalid(
-                "a cluster needs at least one metadata node".into(),
-            ));
+            return Err(Error::config("a cluster needs at least one metadata node"));
         }
         std::fs::create_dir_all(&cfg.dir)
             .map_err(|e| Error::io(format!("creating {}", cfg.dir.display()), e))?;

@@ -158,7 +158,7 @@ fn run_ip_batch(batch: &str) -> Result<(), Error> {
         .filter(|l| !l.starts_with("Command failed"))
         .collect();
     if !fatal.is_empty() {
-        return Err(Error::Invalid(format!(
+        return Err(Error::config(format!(
             "installing routes with `ip -6 route` failed: {} (routed mode needs CAP_NET_ADMIN; \
              or start the node with --no-routes and install `strata store routes` yourself)",
             fatal.join("; ")

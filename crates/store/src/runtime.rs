@@ -52,11 +52,13 @@ pub(crate) fn nanos() -> u64 {
 pub fn node_uuid(dir: &Path) -> Result<u64, Error> {
     let path = dir.join("node-id");
     if let Ok(s) = std::fs::read_to_string(&path) {
-        return u64::from_str_radix(s.trim(), 16).map_err(|_| {
-            Error::Invalid(format!(
-                "{} does not hold a node identity (16 hex digits)",
+        return u64::from_str_radix(s.trim(), 16).map_err(|e| Error::State {
+            context: format!(
+                "{} does not hold a node identity (16 hex digits); remove it to give \
+                 the node a new identity, or restore the node's own",
                 path.display()
-            ))
+            ),
+            source: Some(Box::new(e)),
         });
     }
     std::fs::create_dir_all(dir)
@@ -72,7 +74,7 @@ pub(crate) async fn register(on: SocketAddr, body: Body, key: &ClusterKey) -> Re
     let msg = Msg::new(request_id(), 0, body);
     match ok_body(udp_call(on, &msg, Duration::from_millis(300), 10, Some(key)).await?)? {
         Body::Registered { index } => Ok(index),
-        other => Err(Error::Invalid(format!(
+        other => Err(Error::Peer(format!(
             "the orchestrator answered {other:?} to a registration"
         ))),
     }
@@ -113,7 +115,7 @@ pub(crate) async fn refresh_loop(
                 match keeper.sync(&t, host) {
                     Ok(0) => {}
                     Ok(n) => tracing::info!("{n} routes of host {host} installed or changed"),
-                    Err(e) => tracing::warn!("{e}"),
+                    Err(e) => tracing::warn!("{}", e.report()),
                 }
             }
             *table.write().unwrap_or_else(|e| e.into_inner()) = t.clone();

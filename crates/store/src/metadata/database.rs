@@ -11,10 +11,10 @@ use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 use std::collections::HashMap;
 use std::path::Path;
 use strata_store_protocol::addr::Addr;
+use strata_store_protocol::error::{DatabaseResult, Error};
 use strata_store_protocol::wire::{
     decode_record, encode_record, GatherCursor, ListEntry, Record, Row,
 };
-use strata_store_protocol::Error;
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
 const TOMBS: TableDefinition<&[u8], u64> = TableDefinition::new("tombstones");
@@ -81,6 +81,8 @@ fn state(record: Option<u64>, tomb: u64) -> Option<(u64, bool)> {
 /// The metadata database of one metadata node.
 pub struct MetaDb {
     db: Database,
+    /// Which database this is, for errors: `metadata database PATH`.
+    place: String,
     /// Anti-entropy digests, once [`MetaDb::index_sync`] set them up.
     sync: std::sync::Mutex<Option<SyncIndex>>,
     /// Recently read records by key (`None`: known absent). A Get is one
@@ -116,62 +118,67 @@ fn group_end(mg: u32) -> Vec<u8> {
     }
 }
 
-fn db_err(e: impl std::fmt::Display) -> Error {
-    Error::Db(e.to_string())
-}
-
-/// Encodes `rec` for its row under key `k`, checked before the write:
-/// the record's name is the key's (a row under another name's key would
-/// answer for that name), and the bytes decode back to the same record.
-fn encode_row(k: &[u8], rec: &Record) -> Result<Vec<u8>, Error> {
-    if k.get(4..) != Some(rec.name.as_bytes()) {
-        return Err(Error::Db(format!(
-            "refusing to store the record of {:?} under the key of another name",
-            rec.name
-        )));
-    }
-    let bytes = encode_record(rec);
-    debug_assert!(
-        decode_record(&bytes).as_ref().ok() == Some(rec),
-        "the record of {:?} version {} does not decode to itself after encoding: {:?}",
-        rec.name,
-        rec.version,
-        decode_record(&bytes).err()
-    );
-    Ok(bytes)
-}
-
-/// Decodes the row stored under key `k`, checked before use: it decodes,
-/// and names the key's name. An error says which group and name.
-fn decode_row(k: &[u8], bytes: &[u8]) -> Result<Record, Error> {
-    let group = k
-        .get(..4)
-        .map(|g| u32::from_be_bytes([g[0], g[1], g[2], g[3]]));
-    let name = k.get(4..).and_then(|n| std::str::from_utf8(n).ok());
-    let (Some(group), Some(name)) = (group, name) else {
-        return Err(Error::Db(format!(
-            "a record row under a malformed key {k:02x?}"
-        )));
-    };
-    let r = decode_record(bytes)
-        .map_err(|e| Error::Db(format!("record of {name:?} in group {group}: {e}")))?;
-    if r.name != name {
-        return Err(Error::Db(format!(
-            "the row of {name:?} in group {group} holds the record of {:?}",
-            r.name
-        )));
-    }
-    Ok(r)
-}
-
 impl MetaDb {
+    /// `PLACE: what`, the context of an error in this database.
+    fn at(&self, what: std::fmt::Arguments<'_>) -> String {
+        format!("{}: {what}", self.place)
+    }
+
+    /// Encodes `rec` for its row under key `k`, checked before the write:
+    /// the record's name is the key's (a row under another name's key would
+    /// answer for that name), and the bytes decode back to the same record.
+    fn encode_row(&self, k: &[u8], rec: &Record) -> Result<Vec<u8>, Error> {
+        if k.get(4..) != Some(rec.name.as_bytes()) {
+            return Err(Error::Corrupt(self.at(format_args!(
+                "refusing to store the record of {:?} under the key of another name",
+                rec.name
+            ))));
+        }
+        let bytes = encode_record(rec);
+        debug_assert!(
+            decode_record(&bytes).as_ref().ok() == Some(rec),
+            "the record of {:?} version {} does not decode to itself after encoding: {:?}",
+            rec.name,
+            rec.version,
+            decode_record(&bytes).err()
+        );
+        Ok(bytes)
+    }
+
+    /// Decodes the row stored under key `k`, checked before use: it decodes,
+    /// and names the key's name. An error says which group and name.
+    fn decode_row(&self, k: &[u8], bytes: &[u8]) -> Result<Record, Error> {
+        let group = k
+            .get(..4)
+            .map(|g| u32::from_be_bytes([g[0], g[1], g[2], g[3]]));
+        let name = k.get(4..).and_then(|n| std::str::from_utf8(n).ok());
+        let (Some(group), Some(name)) = (group, name) else {
+            return Err(Error::Corrupt(
+                self.at(format_args!("a record row under a malformed key {k:02x?}")),
+            ));
+        };
+        let r = decode_record(bytes).map_err(|e| {
+            Error::malformed(
+                self.at(format_args!("the record of {name:?} in group {group}")),
+                e,
+            )
+        })?;
+        if r.name != name {
+            return Err(Error::Corrupt(self.at(format_args!(
+                "the row of {name:?} in group {group} holds the record of {:?}",
+                r.name
+            ))));
+        }
+        Ok(r)
+    }
+
     /// Opens (or creates) the database at `path`.
     pub fn open(path: &Path) -> Result<MetaDb, Error> {
         let db = redb::Builder::new()
             .set_cache_size(CACHE_BYTES)
             .create(path)
-            .map_err(|e| Error::Db(format!("opening {}: {e}", path.display())))?;
-        MetaDb::with_tables(db)
+            .database(|| format!("opening the metadata database {}", path.display()))?;
+        MetaDb::with_tables(db, format!("metadata database {}", path.display()))
     }
 
     /// Opens (or creates) the database on `backend` instead of a file:
@@ -187,19 +194,21 @@ impl MetaDb {
             .set_cache_size(CACHE_BYTES)
             .set_repair_callback(move |session| on_repair(session.progress()))
             .create_with_backend(backend)
-            .map_err(|e| Error::Db(format!("opening the database on its backend: {e}")))?;
-        MetaDb::with_tables(db)
+            .database(|| "opening the metadata database on its storage backend".into())?;
+        MetaDb::with_tables(db, "metadata database on its storage backend".into())
     }
 
     /// The metadata database over `db`, its tables created if new.
-    fn with_tables(db: Database) -> Result<MetaDb, Error> {
-        let tx = db.begin_write().map_err(db_err)?;
-        tx.open_table(RECORDS).map_err(db_err)?;
-        tx.open_table(TOMBS).map_err(db_err)?;
-        tx.open_table(SEALED).map_err(db_err)?;
-        tx.commit().map_err(db_err)?;
+    fn with_tables(db: Database, place: String) -> Result<MetaDb, Error> {
+        let what = || format!("{place}: creating its tables");
+        let tx = db.begin_write().database(what)?;
+        tx.open_table(RECORDS).database(what)?;
+        tx.open_table(TOMBS).database(what)?;
+        tx.open_table(SEALED).database(what)?;
+        tx.commit().database(what)?;
         Ok(MetaDb {
             db,
+            place,
             sync: std::sync::Mutex::new(None),
             hot: std::sync::Mutex::new(HashMap::new()),
         })
@@ -227,15 +236,14 @@ impl MetaDb {
     }
 
     fn read_record(&self, mg: u32, name: &str, k: &[u8]) -> Result<Option<Record>, Error> {
-        let tx = self.db.begin_read().map_err(db_err)?;
-        let t = tx.open_table(RECORDS).map_err(db_err)?;
-        let Some(v) = t.get(k).map_err(db_err)? else {
+        let what = || self.at(format_args!("reading the record of {name:?} in group {mg}"));
+        let tx = self.db.begin_read().database(what)?;
+        let t = tx.open_table(RECORDS).database(what)?;
+        let Some(v) = t.get(k).database(what)? else {
             return Ok(None);
         };
         // A row that does not decode is reported, not trusted.
-        decode_row(k, v.value())
-            .map(Some)
-            .map_err(|e| Error::Db(format!("reading {name:?} in group {mg}: {e}")))
+        self.decode_row(k, v.value()).map(Some)
     }
 
     /// Runs a write of the records under `k` (`None`: possibly any) with
@@ -260,10 +268,15 @@ impl MetaDb {
 
     /// The tombstone version of `name` in group `mg` (0: none).
     pub fn tombstone(&self, mg: u32, name: &str) -> Result<u64, Error> {
-        let tx = self.db.begin_read().map_err(db_err)?;
-        let t = tx.open_table(TOMBS).map_err(db_err)?;
+        let what = || {
+            self.at(format_args!(
+                "reading the tombstone of {name:?} in group {mg}"
+            ))
+        };
+        let tx = self.db.begin_read().database(what)?;
+        let t = tx.open_table(TOMBS).database(what)?;
         Ok(t.get(key(mg, name).as_slice())
-            .map_err(db_err)?
+            .database(what)?
             .map(|v| v.value())
             .unwrap_or(0))
     }
@@ -305,30 +318,32 @@ impl MetaDb {
         k: &[u8],
         rec: &Record,
     ) -> Result<(bool, Option<Option<(u64, bool)>>), Error> {
-        let tx = self.db.begin_write().map_err(db_err)?;
+        let what = || {
+            self.at(format_args!(
+                "writing the record of {:?} version {}",
+                rec.name, rec.version
+            ))
+        };
+        let tx = self.db.begin_write().database(what)?;
         let applied = {
-            let mut records = tx.open_table(RECORDS).map_err(db_err)?;
-            let tombs = tx.open_table(TOMBS).map_err(db_err)?;
-            let tomb = tombs
-                .get(k)
-                .map_err(db_err)?
-                .map(|v| v.value())
-                .unwrap_or(0);
+            let mut records = tx.open_table(RECORDS).database(what)?;
+            let tombs = tx.open_table(TOMBS).database(what)?;
+            let tomb = tombs.get(k).database(what)?.map(|v| v.value()).unwrap_or(0);
             let stored = records
                 .get(k)
-                .map_err(db_err)?
+                .database(what)?
                 .map(|v| decode_record(v.value()).map(|r| r.version).unwrap_or(0));
             let current = stored.unwrap_or(0);
             if rec.version > current && rec.version > tomb {
                 records
-                    .insert(k, encode_row(k, rec)?.as_slice())
-                    .map_err(db_err)?;
+                    .insert(k, self.encode_row(k, rec)?.as_slice())
+                    .database(what)?;
                 (true, Some(state(stored, tomb)))
             } else {
                 (current == rec.version, None)
             }
         };
-        tx.commit().map_err(db_err)?;
+        tx.commit().database(what)?;
         Ok(applied)
     }
 
@@ -351,27 +366,29 @@ impl MetaDb {
         k: &[u8],
         version: u64,
     ) -> Result<(Option<Record>, Option<(u64, bool)>, Option<(u64, bool)>), Error> {
-        let tx = self.db.begin_write().map_err(db_err)?;
+        let what = || {
+            self.at(format_args!(
+                "deleting {:?} up to version {version}",
+                String::from_utf8_lossy(k.get(4..).unwrap_or_default())
+            ))
+        };
+        let tx = self.db.begin_write().database(what)?;
         let removed = {
-            let mut records = tx.open_table(RECORDS).map_err(db_err)?;
-            let mut tombs = tx.open_table(TOMBS).map_err(db_err)?;
-            let tomb = tombs
-                .get(k)
-                .map_err(db_err)?
-                .map(|v| v.value())
-                .unwrap_or(0);
+            let mut records = tx.open_table(RECORDS).database(what)?;
+            let mut tombs = tx.open_table(TOMBS).database(what)?;
+            let tomb = tombs.get(k).database(what)?.map(|v| v.value()).unwrap_or(0);
             if version > tomb {
-                tombs.insert(k, version).map_err(db_err)?;
+                tombs.insert(k, version).database(what)?;
             }
             let current = records
                 .get(k)
-                .map_err(db_err)?
+                .database(what)?
                 .and_then(|v| decode_record(v.value()).ok());
             let old = state(current.as_ref().map(|r| r.version), tomb);
             let tomb = tomb.max(version);
             match current {
                 Some(r) if r.version <= version => {
-                    records.remove(k).map_err(db_err)?;
+                    records.remove(k).database(what)?;
                     (Some(r), old, state(None, tomb))
                 }
                 r => {
@@ -380,7 +397,7 @@ impl MetaDb {
                 }
             }
         };
-        tx.commit().map_err(db_err)?;
+        tx.commit().database(what)?;
         Ok(removed)
     }
 
@@ -393,8 +410,13 @@ impl MetaDb {
         after: &str,
         limit: usize,
     ) -> Result<(Vec<ListEntry>, bool), Error> {
-        let tx = self.db.begin_read().map_err(db_err)?;
-        let t = tx.open_table(RECORDS).map_err(db_err)?;
+        let what = || {
+            self.at(format_args!(
+                "listing the names under {prefix:?} after {after:?}"
+            ))
+        };
+        let tx = self.db.begin_read().database(what)?;
+        let t = tx.open_table(RECORDS).database(what)?;
         let mut out: Vec<ListEntry> = Vec::new();
         let mut more = false;
         for &mg in mgs {
@@ -414,9 +436,9 @@ impl MetaDb {
             let mut taken = 0;
             for row in t
                 .range(start.as_slice()..end_key.as_slice())
-                .map_err(db_err)?
+                .database(what)?
             {
-                let (k, v) = row.map_err(db_err)?;
+                let (k, v) = row.database(what)?;
                 let name_bytes = &k.value()[4..];
                 if !name_bytes.starts_with(prefix.as_bytes()) {
                     break;
@@ -453,8 +475,13 @@ impl MetaDb {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<Record>, Error> {
-        let tx = self.db.begin_read().map_err(db_err)?;
-        let t = tx.open_table(RECORDS).map_err(db_err)?;
+        let what = || {
+            self.at(format_args!(
+                "reading the records of group {mg} after {after:?}"
+            ))
+        };
+        let tx = self.db.begin_read().database(what)?;
+        let t = tx.open_table(RECORDS).database(what)?;
         let start = match after {
             Some(name) => {
                 let mut k = key(mg, name);
@@ -468,14 +495,14 @@ impl MetaDb {
             None => vec![0xff; 5],
         };
         let mut out = Vec::new();
-        for row in t.range(start.as_slice()..end.as_slice()).map_err(db_err)? {
+        for row in t.range(start.as_slice()..end.as_slice()).database(what)? {
             if out.len() >= limit {
                 break;
             }
-            let (k, v) = row.map_err(db_err)?;
+            let (k, v) = row.database(what)?;
             // A row that does not decode was refused when written; skip it
             // rather than stop repair for every other object.
-            if let Ok(r) = decode_row(k.value(), v.value()) {
+            if let Ok(r) = self.decode_row(k.value(), v.value()) {
                 out.push(r);
             }
         }
@@ -494,7 +521,13 @@ impl MetaDb {
         max_rows: usize,
         max_bytes: usize,
     ) -> Result<(Vec<Row>, bool), Error> {
-        let tx = self.db.begin_read().map_err(db_err)?;
+        let what = || {
+            self.at(format_args!(
+                "reading the {} of group {mg} after {after:?}",
+                if tombs { "tombstones" } else { "records" }
+            ))
+        };
+        let tx = self.db.begin_read().database(what)?;
         let mut start = key(mg, after);
         if !after.is_empty() {
             start.push(0);
@@ -508,9 +541,9 @@ impl MetaDb {
             !rows.is_empty() && (rows.len() >= max_rows || bytes > max_bytes)
         };
         if tombs {
-            let t = tx.open_table(TOMBS).map_err(db_err)?;
-            for row in t.range(start.as_slice()..end.as_slice()).map_err(db_err)? {
-                let (k, v) = row.map_err(db_err)?;
+            let t = tx.open_table(TOMBS).database(what)?;
+            for row in t.range(start.as_slice()..end.as_slice()).database(what)? {
+                let (k, v) = row.database(what)?;
                 let Ok(name) = std::str::from_utf8(&k.value()[4..]) else {
                     continue;
                 };
@@ -523,14 +556,14 @@ impl MetaDb {
                 });
             }
         } else {
-            let t = tx.open_table(RECORDS).map_err(db_err)?;
-            for row in t.range(start.as_slice()..end.as_slice()).map_err(db_err)? {
-                let (k, v) = row.map_err(db_err)?;
+            let t = tx.open_table(RECORDS).database(what)?;
+            for row in t.range(start.as_slice()..end.as_slice()).database(what)? {
+                let (k, v) = row.database(what)?;
                 if full(&rows, v.value().len() + 1) {
                     return Ok((rows, true));
                 }
                 // Rows that do not decode were refused when written.
-                if let Ok(r) = decode_row(k.value(), v.value()) {
+                if let Ok(r) = self.decode_row(k.value(), v.value()) {
                     rows.push(Row::Record(r));
                 }
             }
@@ -551,7 +584,13 @@ impl MetaDb {
         max_bytes: usize,
         max_scan: usize,
     ) -> Result<(Vec<Row>, Option<GatherCursor>), Error> {
-        let tx = self.db.begin_read().map_err(db_err)?;
+        let what = || {
+            self.at(format_args!(
+                "gathering rows from group {} after {:?}",
+                from.group, from.after
+            ))
+        };
+        let tx = self.db.begin_read().database(what)?;
         let mut start = key(from.group, &from.after);
         if !from.after.is_empty() {
             start.push(0);
@@ -577,10 +616,10 @@ impl MetaDb {
             }
         };
         if !from.tombs {
-            let t = tx.open_table(RECORDS).map_err(db_err)?;
+            let t = tx.open_table(RECORDS).database(what)?;
             let mut last: Option<Vec<u8>> = None;
-            for row in t.range(start.as_slice()..).map_err(db_err)? {
-                let (k, v) = row.map_err(db_err)?;
+            for row in t.range(start.as_slice()..).database(what)? {
+                let (k, v) = row.database(what)?;
                 if scanned >= max_scan || rows.len() >= max_rows || bytes > max_bytes {
                     if let Some(l) = &last {
                         return Ok((rows, Some(cursor(false, l))));
@@ -596,7 +635,7 @@ impl MetaDb {
                     continue;
                 }
                 // Rows that do not decode were refused when written.
-                if let Ok(r) = decode_row(k.value(), v.value()) {
+                if let Ok(r) = self.decode_row(k.value(), v.value()) {
                     bytes += v.value().len() + 1;
                     rows.push(Row::Record(r));
                 }
@@ -604,10 +643,10 @@ impl MetaDb {
             // Records are done: tombstones next, from the start.
             start = Vec::new();
         }
-        let t = tx.open_table(TOMBS).map_err(db_err)?;
+        let t = tx.open_table(TOMBS).database(what)?;
         let mut last: Option<Vec<u8>> = None;
-        for row in t.range(start.as_slice()..).map_err(db_err)? {
-            let (k, v) = row.map_err(db_err)?;
+        for row in t.range(start.as_slice()..).database(what)? {
+            let (k, v) = row.database(what)?;
             if scanned >= max_scan || rows.len() >= max_rows || bytes > max_bytes {
                 let l = last.clone().unwrap_or_default();
                 // A page cut before any tombstone resumes at their start.
@@ -665,33 +704,34 @@ impl MetaDb {
     /// of the whole database). From then on every write keeps them in
     /// step, under the same lock as the read cache.
     pub fn index_sync(&self, classify: Classify) -> Result<(), Error> {
+        let what = || self.at(format_args!("indexing the anti-entropy digests"));
         let _hot = self.hot();
         let mut ix = SyncIndex {
             classify,
             sums: HashMap::new(),
         };
-        let tx = self.db.begin_read().map_err(db_err)?;
-        let records = tx.open_table(RECORDS).map_err(db_err)?;
-        let tombs = tx.open_table(TOMBS).map_err(db_err)?;
+        let tx = self.db.begin_read().database(what)?;
+        let records = tx.open_table(RECORDS).database(what)?;
+        let tombs = tx.open_table(TOMBS).database(what)?;
         let split = |k: &[u8]| -> Option<(u32, String)> {
             let g = u32::from_be_bytes(k.get(..4)?.try_into().ok()?);
             let name = std::str::from_utf8(k.get(4..)?).ok()?;
             Some((g, name.to_string()))
         };
-        for row in records.iter().map_err(db_err)? {
-            let (k, v) = row.map_err(db_err)?;
+        for row in records.iter().database(what)? {
+            let (k, v) = row.database(what)?;
             let (Some((g, name)), Ok(r)) = (split(k.value()), decode_record(v.value())) else {
                 continue;
             };
             ix.change(g, &name, None, Some((r.version, false)));
         }
-        for row in tombs.iter().map_err(db_err)? {
-            let (k, v) = row.map_err(db_err)?;
+        for row in tombs.iter().database(what)? {
+            let (k, v) = row.database(what)?;
             let Some((g, name)) = split(k.value()) else {
                 continue;
             };
             // A record there is newer than the tombstone: counted above.
-            if records.get(k.value()).map_err(db_err)?.is_some() {
+            if records.get(k.value()).database(what)?.is_some() {
                 continue;
             }
             ix.change(g, &name, None, state(None, v.value()));
@@ -714,32 +754,34 @@ impl MetaDb {
     }
 
     fn drop_rows(&self, mg: u32) -> Result<u64, Error> {
+        let what = || self.at(format_args!("dropping the rows of group {mg}"));
         let (start, end) = (key(mg, ""), group_end(mg));
-        let tx = self.db.begin_write().map_err(db_err)?;
+        let tx = self.db.begin_write().database(what)?;
         let mut n = 0;
         {
-            let mut records = tx.open_table(RECORDS).map_err(db_err)?;
+            let mut records = tx.open_table(RECORDS).database(what)?;
             n += records
                 .extract_from_if(start.as_slice()..end.as_slice(), |_, _| true)
-                .map_err(db_err)?
+                .database(what)?
                 .count() as u64;
-            let mut tombs = tx.open_table(TOMBS).map_err(db_err)?;
+            let mut tombs = tx.open_table(TOMBS).database(what)?;
             n += tombs
                 .extract_from_if(start.as_slice()..end.as_slice(), |_, _| true)
-                .map_err(db_err)?
+                .database(what)?
                 .count() as u64;
         }
-        tx.commit().map_err(db_err)?;
+        tx.commit().database(what)?;
         Ok(n)
     }
 
     /// Groups sealed for a handover, with their freeze epochs.
     pub fn sealed(&self) -> Result<Vec<(u32, u64)>, Error> {
-        let tx = self.db.begin_read().map_err(db_err)?;
-        let t = tx.open_table(SEALED).map_err(db_err)?;
+        let what = || self.at(format_args!("reading the sealed groups"));
+        let tx = self.db.begin_read().database(what)?;
+        let t = tx.open_table(SEALED).database(what)?;
         let mut out = Vec::new();
-        for row in t.iter().map_err(db_err)? {
-            let (k, v) = row.map_err(db_err)?;
+        for row in t.iter().database(what)? {
+            let (k, v) = row.database(what)?;
             out.push((k.value(), v.value()));
         }
         Ok(out)
@@ -748,45 +790,48 @@ impl MetaDb {
     /// Records that group `mg` is sealed for the freeze of `epoch`
     /// (`None`: no longer sealed).
     pub fn set_sealed(&self, mg: u32, epoch: Option<u64>) -> Result<(), Error> {
-        let tx = self.db.begin_write().map_err(db_err)?;
+        let what = || self.at(format_args!("marking group {mg} sealed at epoch {epoch:?}"));
+        let tx = self.db.begin_write().database(what)?;
         {
-            let mut t = tx.open_table(SEALED).map_err(db_err)?;
+            let mut t = tx.open_table(SEALED).database(what)?;
             match epoch {
-                Some(e) => t.insert(mg, e).map_err(db_err)?,
-                None => t.remove(mg).map_err(db_err)?,
+                Some(e) => t.insert(mg, e).database(what)?,
+                None => t.remove(mg).database(what)?,
             };
         }
-        tx.commit().map_err(db_err)
+        tx.commit().database(what)
     }
 
     /// Whether group `mg` has any record or tombstone.
     pub fn group_has_rows(&self, mg: u32) -> Result<bool, Error> {
-        let tx = self.db.begin_read().map_err(db_err)?;
+        let what = || self.at(format_args!("looking for rows of group {mg}"));
+        let tx = self.db.begin_read().database(what)?;
         let (start, end) = (key(mg, ""), group_end(mg));
-        let records = tx.open_table(RECORDS).map_err(db_err)?;
+        let records = tx.open_table(RECORDS).database(what)?;
         if records
             .range(start.as_slice()..end.as_slice())
-            .map_err(db_err)?
+            .database(what)?
             .next()
             .is_some()
         {
             return Ok(true);
         }
-        let tombs = tx.open_table(TOMBS).map_err(db_err)?;
+        let tombs = tx.open_table(TOMBS).database(what)?;
         let mut rows = tombs
             .range(start.as_slice()..end.as_slice())
-            .map_err(db_err)?;
+            .database(what)?;
         Ok(rows.next().is_some())
     }
 
     /// Number of records of group `mg`.
     pub fn group_count(&self, mg: u32) -> Result<u64, Error> {
-        let tx = self.db.begin_read().map_err(db_err)?;
-        let t = tx.open_table(RECORDS).map_err(db_err)?;
+        let what = || self.at(format_args!("counting the records of group {mg}"));
+        let tx = self.db.begin_read().database(what)?;
+        let t = tx.open_table(RECORDS).database(what)?;
         let (start, end) = (key(mg, ""), group_end(mg));
         let mut n = 0;
-        for row in t.range(start.as_slice()..end.as_slice()).map_err(db_err)? {
-            row.map_err(db_err)?;
+        for row in t.range(start.as_slice()..end.as_slice()).database(what)? {
+            row.database(what)?;
             n += 1;
         }
         Ok(n)
@@ -795,11 +840,12 @@ impl MetaDb {
     /// Which of `addrs` the stored records name as replicas (one pass over
     /// every record: storage nodes ask rarely, to find leaked replicas).
     pub fn referenced(&self, addrs: &std::collections::HashSet<Addr>) -> Result<Vec<Addr>, Error> {
-        let tx = self.db.begin_read().map_err(db_err)?;
-        let t = tx.open_table(RECORDS).map_err(db_err)?;
+        let what = || self.at(format_args!("looking for the replicas records name"));
+        let tx = self.db.begin_read().database(what)?;
+        let t = tx.open_table(RECORDS).database(what)?;
         let mut found = std::collections::HashSet::new();
-        for row in t.iter().map_err(db_err)? {
-            let (_, v) = row.map_err(db_err)?;
+        for row in t.iter().database(what)? {
+            let (_, v) = row.database(what)?;
             if let Ok(r) = decode_record(v.value()) {
                 found.extend(r.replicas.into_iter().filter(|a| addrs.contains(a)));
             }
@@ -809,9 +855,10 @@ impl MetaDb {
 
     /// Number of records (all groups).
     pub fn count(&self) -> Result<u64, Error> {
-        let tx = self.db.begin_read().map_err(db_err)?;
-        let t = tx.open_table(RECORDS).map_err(db_err)?;
-        t.len().map_err(db_err)
+        let what = || self.at(format_args!("counting the records"));
+        let tx = self.db.begin_read().database(what)?;
+        let t = tx.open_table(RECORDS).database(what)?;
+        t.len().database(what)
     }
 }
 
@@ -829,6 +876,62 @@ mod tests {
             replicas: vec![],
             rename: None,
         }
+    }
+
+    #[test]
+    fn a_database_failure_keeps_redb_error_as_its_source() {
+        use std::error::Error as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let first = MetaDb::open(&path).unwrap();
+        let Err(err) = MetaDb::open(&path) else {
+            panic!("the database opened twice");
+        };
+        assert_eq!(err.kind(), strata_store_protocol::ErrorKind::Database);
+        let redb = err
+            .source()
+            .and_then(|s| s.downcast_ref::<redb::DatabaseError>());
+        assert!(
+            matches!(redb, Some(redb::DatabaseError::DatabaseAlreadyOpen)),
+            "{err:?}"
+        );
+        // The context says what and where; redb's text comes once, as the
+        // cause.
+        let text = err.to_string();
+        assert!(
+            text.contains("opening") && text.contains("m.redb"),
+            "{text}"
+        );
+        assert_eq!(
+            err.report().to_string(),
+            format!("{text}: {}", redb.unwrap())
+        );
+        drop(first);
+    }
+
+    #[test]
+    fn a_row_that_does_not_decode_is_refused_with_the_codec_error_as_its_source() {
+        use std::error::Error as _;
+        let dir = tempfile::tempdir().unwrap();
+        let db = MetaDb::open(&dir.path().join("m.redb")).unwrap();
+        let k = key(3, "a/b");
+        let tx = db.db.begin_write().unwrap();
+        tx.open_table(RECORDS)
+            .unwrap()
+            .insert(k.as_slice(), [1u8, 2, 3].as_slice())
+            .unwrap();
+        tx.commit().unwrap();
+        let err = db.get(3, "a/b").unwrap_err();
+        assert_eq!(err.kind(), strata_store_protocol::ErrorKind::Malformed);
+        let codec = err
+            .source()
+            .and_then(|s| s.downcast_ref::<strata_store_protocol::wire::WireError>());
+        assert!(codec.is_some(), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("\"a/b\" in group 3") && text.contains("m.redb"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -370,7 +370,7 @@ mod tests {
         let mut acked: std::collections::BTreeMap<String, u64> = Default::default();
         for round in 0..rounds {
             let db = MetaDb::open_with_backend(disk.backend(), |_| {})
-                .unwrap_or_else(|e| panic!("round {round}: reopening: {e}"));
+                .unwrap_or_else(|e| panic!("round {round}: reopening: {}", e.report()));
             for (name, &version) in &acked {
                 let found = db.get(0, name).unwrap().map(|r| r.version);
                 assert_eq!(found, Some(version), "round {round}: {name} lost");

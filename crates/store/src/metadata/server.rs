@@ -247,9 +247,10 @@ impl MnServer {
 
     /// Adds `node` and a thread to serve it.
     fn add(&self, slot: Arc<Slot>, name: String) -> Result<(), Error> {
-        self.add
-            .send(slot)
-            .map_err(|_| Error::Invalid("the metadata nodes' threads have ended".into()))?;
+        self.add.send(slot).map_err(|_| Error::Task {
+            context: "adding a metadata node: the metadata nodes' threads have ended".into(),
+            source: None,
+        })?;
         let pool = self.shared.clone();
         pool.threads.fetch_add(1, Ordering::SeqCst);
         // Interrupts the leader's poll, so that it polls the new socket too.
@@ -752,7 +753,7 @@ fn spawn_work(table: &Table, out: Out<SocketAddr>, work: &Work) {
                     &table, &key, &sources, &targets, size, crc,
                 )
                 .await
-                .map_err(|e| e.to_string());
+                .map_err(|e| e.report().to_string());
                 if let Err(e) = &result {
                     tracing::warn!("repair copy of {name:?} failed: {e}");
                 }

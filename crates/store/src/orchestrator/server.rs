@@ -29,7 +29,7 @@ pub async fn run_on(sock: UdpSocket, mut core: OnCore, key: ClusterKey) {
                 // As reloaded on SIGHUP, for `strata store status`.
                 core.set_own_keys(gate.key().fingerprints());
                 if let Err(e) = core.tick(start.elapsed().as_millis() as u64) {
-                    tracing::warn!("orchestrator: {e}");
+                    tracing::warn!("orchestrator: {}", e.report());
                 }
                 debug_check(&core, "a tick");
             }

@@ -78,7 +78,10 @@ pub(super) async fn get<W: tokio::io::AsyncWrite + Unpin>(
 ) -> Result<(), Error> {
     let opened = tokio::task::spawn_blocking(move || open_replica(&path))
         .await
-        .map_err(|e| Error::Invalid(format!("reading a replica: {e}")))?;
+        .map_err(|e| Error::Task {
+            context: format!("reading the replica {}", fmt_addr(addr)),
+            source: Some(Box::new(e)),
+        })?;
     let io = |e| Error::io("sending a replica", e);
     let (header, crc, sent) = match opened {
         Opened::Missing => {

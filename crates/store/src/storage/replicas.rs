@@ -258,7 +258,7 @@ pub async fn serve(listener: TcpListener, store: Arc<SnStore>, table: SharedTabl
         let table = table.clone();
         tokio::spawn(async move {
             if let Err(e) = connection(stream, &slot.0, &table).await {
-                tracing::debug!("storage node connection ended: {e}");
+                tracing::debug!("storage node connection ended: {}", e.report());
             }
         });
     }
@@ -306,7 +306,7 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
             Ok(None) => return Ok(()),
             Err(e) => {
                 // Tell the peer why, then close: the stream is out of sync.
-                let _ = write_error(&mut w, &e.to_string()).await;
+                let _ = write_error(&mut w, &e.report().to_string()).await;
                 return Err(e);
             }
         };
@@ -412,8 +412,9 @@ fn report_abandoned(store: &SnStore, table: &SharedTable, coordinator: Addr, rep
                 fmt_addr(replica)
             ),
             Err(e) => tracing::info!(
-                "could not tell {endpoint} that the Put of {} was abandoned: {e}",
-                fmt_addr(replica)
+                "could not tell {endpoint} that the Put of {} was abandoned: {}",
+                fmt_addr(replica),
+                e.report()
             ),
         }
     });
@@ -594,7 +595,7 @@ impl PutRun<'_> {
                 })?
                 .map_err(|e| Error::io("receiving replica data", e))?;
             if n == 0 {
-                return Err(Error::Invalid(format!(
+                return Err(Error::Peer(format!(
                     "sender disconnected with {left} of {size} bytes still to send"
                 )));
             }

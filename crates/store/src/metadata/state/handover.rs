@@ -139,7 +139,10 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             return;
         }
         if let Err(e) = self.db.drop_group(group) {
-            tracing::warn!("dropping stale rows of group {group} before taking it over: {e}");
+            tracing::warn!(
+                "dropping stale rows of group {group} before taking it over: {}",
+                e.report()
+            );
         }
     }
 
@@ -168,7 +171,10 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 for row in &rows {
                     if let Err(e) = self.db.apply_row(group, row) {
                         // The resend asks for the same page again.
-                        tracing::warn!("storing a row of group {group} being taken over: {e}");
+                        tracing::warn!(
+                            "storing a row of group {group} being taken over: {}",
+                            e.report()
+                        );
                         return;
                     }
                 }

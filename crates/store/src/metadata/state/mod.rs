@@ -359,7 +359,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         // Without digests (a database error), every pass walks every
         // group name by name instead.
         if let Err(e) = core.db.index_sync(classifier(&core.table)) {
-            tracing::warn!("indexing the anti-entropy digests: {e}");
+            tracing::warn!("indexing the anti-entropy digests: {}", e.report());
         }
         core.prune_sealed();
         core.drop_foreign_groups();
@@ -377,7 +377,10 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 continue;
             }
             if let Err(e) = self.db.drop_group(g) {
-                tracing::warn!("dropping group {g}, handed over to another node: {e}");
+                tracing::warn!(
+                    "dropping group {g}, handed over to another node: {}",
+                    e.report()
+                );
             }
         }
     }
@@ -399,7 +402,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         for g in gone {
             if let Err(e) = self.db.set_sealed(g, None) {
                 // Kept sealed: refusing changes is safe, the next table retries.
-                tracing::warn!("unsealing group {g}: {e}");
+                tracing::warn!("unsealing group {g}: {}", e.report());
                 self.stale_seals = true;
                 continue;
             }
@@ -440,7 +443,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             let coming = t.move_of(g).is_some_and(|m| m.to == slot);
             if was == slot && now.is_some_and(|o| o != slot) && !coming {
                 if let Err(e) = self.db.drop_group(g) {
-                    tracing::warn!("dropping handed-over group {g}: {e}");
+                    tracing::warn!("dropping handed-over group {g}: {}", e.report());
                 }
             }
         }
@@ -565,7 +568,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                     Ok(Some(body)) => Some(msg.reply(body)),
                     Ok(None) => None,
                     Err(Error::Remote { code, message }) => Some(msg.error(code, message)),
-                    Err(e) => Some(msg.error(Code::Unavailable, e.to_string())),
+                    Err(e) => Some(msg.error(Code::Unavailable, e.report().to_string())),
                 };
                 if let Some(reply) = reply {
                     self.reply(from, reply, &mut out);

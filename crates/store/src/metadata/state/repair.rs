@@ -445,7 +445,9 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             (Some(repair), Ok(copies)) if copies > 0 => {
                 self.commit_repair(now, name, repair, usize::from(copies), &mut out)
             }
-            _ => Err(Error::Invalid("repair copy failed or superseded".into())),
+            _ => Err(Error::Superseded(format!(
+                "the repair copy of {name:?} failed or was superseded"
+            ))),
         };
         if committed.is_err() {
             out.extend(targets.into_iter().map(Out::Free));
@@ -462,7 +464,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         out: &mut Vec<Out<P>>,
     ) -> Result<(), Error> {
         if self.pending.contains_key(name) {
-            return Err(Error::Invalid(format!("{name:?} is being changed")));
+            return Err(Error::Superseded(format!("{name:?} is being changed")));
         }
         let meta = self.table.meta_addrs(name);
         let mg0 = self.owned(meta[0])?;
@@ -473,7 +475,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             .db
             .get(mg0, name)?
             .filter(|r| r.version == repair.version)
-            .ok_or_else(|| Error::Invalid(format!("{name:?} changed during repair")))?;
+            .ok_or_else(|| Error::Superseded(format!("{name:?} changed during repair")))?;
         let written = copies.min(repair.targets.len());
         let mut record = current;
         record.replicas = repair.keep;

@@ -137,7 +137,9 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             let from = r.cursor.clone();
             match self.serve_gather(&groups, self.slot, &from) {
                 Ok(body) => self.on_gathered(now, body, out),
-                Err(e) => tracing::warn!("gathering restored groups from this node: {e}"),
+                Err(e) => {
+                    tracing::warn!("gathering restored groups from this node: {}", e.report())
+                }
             }
         } else if now >= r.next_send {
             match r.msg.clone() {
@@ -255,7 +257,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 }
                 if let Err(e) = self.db.apply_row(g, row) {
                     // The resend asks for the same page again.
-                    tracing::warn!("storing a row of group {g} being restored: {e}");
+                    tracing::warn!("storing a row of group {g} being restored: {}", e.report());
                     return;
                 }
             }

@@ -178,7 +178,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 Ok(page) => page,
                 Err(e) => {
                     // The next pass tries again.
-                    tracing::warn!("anti-entropy walk of group {g}: {e}");
+                    tracing::warn!("anti-entropy walk of group {g}: {}", e.report());
                     self.sync_walks.remove(&g);
                     return;
                 }
@@ -287,7 +287,10 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             }
         };
         if let Err(e) = done {
-            tracing::warn!("anti-entropy: updating the copy of {name:?} in group {h}: {e}");
+            tracing::warn!(
+                "anti-entropy: updating the copy of {name:?} in group {h}: {}",
+                e.report()
+            );
         }
     }
 

@@ -25,11 +25,11 @@ mod membership;
 use redb::{Database, TableDefinition};
 use std::collections::HashMap;
 use std::path::Path;
+use strata_store_protocol::error::{DatabaseResult, Error};
 use strata_store_protocol::table::{
     Device, Drain, MnEntry, Move, MovePhase, SnEntry, StandIn, State, Table,
 };
-use strata_store_protocol::wire::{Body, Code, Fingerprints, Msg, Role};
-use strata_store_protocol::Error;
+use strata_store_protocol::wire::{Body, Code, Fingerprints, Msg, Role, WireError};
 
 const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("orchestrator");
 
@@ -73,6 +73,8 @@ pub const FROZEN_LIMIT_MS: u64 = 15_000;
 /// The orchestrator's state.
 pub struct OnCore {
     db: Database,
+    /// Which database this is, for errors: `orchestrator database PATH`.
+    place: String,
     table: Table,
     expected_mns: u16,
     last_seen: HashMap<u64, u64>,
@@ -112,10 +114,6 @@ struct DrainCount {
     left: u64,
     copies: u64,
     unplaceable: u64,
-}
-
-fn db_err(e: impl std::fmt::Display) -> Error {
-    Error::Db(e.to_string())
 }
 
 /// Reports on one drain summed over the slots owning groups.
@@ -219,33 +217,37 @@ fn lone_copy_risk(t: &Table, owner: &[u16], skip: Option<u16>) -> f64 {
 /// Reads the stored table and epoch limit (each `None` in a new
 /// database), checking both.
 fn read_state(db: &Database, path: &Path) -> Result<(Option<Table>, Option<u64>), Error> {
-    let tx = db.begin_write().map_err(db_err)?;
-    tx.open_table(STATE).map_err(db_err)?;
-    tx.commit().map_err(db_err)?;
-    let tx = db.begin_read().map_err(db_err)?;
-    let state = tx.open_table(STATE).map_err(db_err)?;
-    let table =
-        match state.get(TABLE_KEY).map_err(db_err)? {
-            Some(v) => Some(Table::decode(v.value()).map_err(|e| {
-                Error::Db(format!("stored prefix table in {}: {e}", path.display()))
-            })?),
-            None => None,
-        };
-    let limit = match state.get(EPOCH_LIMIT_KEY).map_err(db_err)? {
-        Some(v) => Some(
-            decode_limit(v.value())
-                .map_err(|e| Error::Db(format!("stored epoch limit in {}: {e}", path.display())))?,
-        ),
+    let what = || {
+        format!(
+            "orchestrator database {}: reading its state",
+            path.display()
+        )
+    };
+    let tx = db.begin_write().database(what)?;
+    tx.open_table(STATE).database(what)?;
+    tx.commit().database(what)?;
+    let tx = db.begin_read().database(what)?;
+    let state = tx.open_table(STATE).database(what)?;
+    let table = match state.get(TABLE_KEY).database(what)? {
+        Some(v) => Some(Table::decode(v.value()).map_err(|e| {
+            Error::malformed(format!("the stored prefix table in {}", path.display()), e)
+        })?),
+        None => None,
+    };
+    let limit = match state.get(EPOCH_LIMIT_KEY).database(what)? {
+        Some(v) => Some(decode_limit(v.value()).map_err(|e| {
+            Error::malformed(format!("the stored epoch limit in {}", path.display()), e)
+        })?),
         None => None,
     };
     Ok((table, limit))
 }
 
 /// Decodes a stored epoch limit: 8 bytes, big-endian.
-fn decode_limit(bytes: &[u8]) -> Result<u64, String> {
+fn decode_limit(bytes: &[u8]) -> Result<u64, WireError> {
     let raw: [u8; 8] = bytes
         .try_into()
-        .map_err(|_| format!("{} bytes, expected 8", bytes.len()))?;
+        .map_err(|_| WireError::Invalid(format!("{} bytes, expected 8", bytes.len())))?;
     Ok(u64::from_be_bytes(raw))
 }
 
@@ -273,11 +275,14 @@ impl OnCore {
     /// each owning `mg_count / expected_mns` groups); an existing one keeps
     /// what it stored, at an epoch above every one it published before.
     pub fn open(path: &Path, initial: Table, expected_mns: u16, now: u64) -> Result<OnCore, Error> {
-        let db = Database::create(path)
-            .map_err(|e| Error::Db(format!("opening {}: {e}", path.display())))?;
+        let place = format!("orchestrator database {}", path.display());
+        let db = Database::create(path).database(|| format!("opening the {place}"))?;
         let (stored, limit) = read_state(&db, path)?;
-        let start = first_epoch(stored.as_ref(), limit, initial.epoch)
-            .map_err(|e| Error::Db(format!("{}: {e}", path.display())))?;
+        let start =
+            first_epoch(stored.as_ref(), limit, initial.epoch).map_err(|why| Error::State {
+                context: format!("{place}: {why}"),
+                source: None,
+            })?;
         let (mut table, expected_mns) = match stored {
             Some(t) => {
                 // Slots in use: group owners, handover targets, and metadata
@@ -324,12 +329,13 @@ impl OnCore {
             definitive_failure_ms: DEFINITIVE_FAILURE_MS,
             frozen_since: HashMap::new(),
             drain_reports: HashMap::new(),
-            epoch_limit: start.checked_add(EPOCH_RESERVE).ok_or_else(|| {
-                Error::Db(format!(
-                    "{}: table epoch {start} is exhausted",
-                    path.display()
-                ))
-            })?,
+            epoch_limit: start
+                .checked_add(EPOCH_RESERVE)
+                .ok_or_else(|| Error::State {
+                    context: format!("{place}: table epoch {start} is exhausted"),
+                    source: None,
+                })?,
+            place,
             drain_confirm: HashMap::new(),
         };
         // Stored before anything is served: the epoch it opened at is
@@ -356,15 +362,17 @@ impl OnCore {
     /// Stores the table with the epoch limit, in one transaction.
     fn persist(&mut self) -> Result<(), Error> {
         let bytes = self.table.encode();
-        let tx = self.db.begin_write().map_err(db_err)?;
+        let epoch = self.table.epoch;
+        let what = || format!("{}: storing the table of epoch {epoch}", self.place);
+        let tx = self.db.begin_write().database(what)?;
         {
-            let mut state = tx.open_table(STATE).map_err(db_err)?;
-            state.insert(TABLE_KEY, bytes.as_slice()).map_err(db_err)?;
+            let mut state = tx.open_table(STATE).database(what)?;
+            state.insert(TABLE_KEY, bytes.as_slice()).database(what)?;
             state
                 .insert(EPOCH_LIMIT_KEY, self.epoch_limit.to_be_bytes().as_slice())
-                .map_err(db_err)?;
+                .database(what)?;
         }
-        tx.commit().map_err(db_err)
+        tx.commit().database(what)
     }
 
     /// Moves the table to the next epoch. Past the stored limit, a new
@@ -372,18 +380,26 @@ impl OnCore {
     /// restart is sure to start above it. On failure the epoch is left
     /// as it was.
     fn next_epoch(&mut self) -> Result<(), Error> {
-        let next =
-            self.table.epoch.checked_add(1).ok_or_else(|| {
-                Error::Db(format!("table epoch {} is exhausted", self.table.epoch))
+        let next = self
+            .table
+            .epoch
+            .checked_add(1)
+            .ok_or_else(|| Error::State {
+                context: format!(
+                    "{}: table epoch {} is exhausted",
+                    self.place, self.table.epoch
+                ),
+                source: None,
             })?;
         if next > self.epoch_limit {
             let limit = next.saturating_add(EPOCH_RESERVE);
-            let tx = self.db.begin_write().map_err(db_err)?;
+            let what = || format!("{}: storing the epoch limit {limit}", self.place);
+            let tx = self.db.begin_write().database(what)?;
             tx.open_table(STATE)
-                .map_err(db_err)?
+                .database(what)?
                 .insert(EPOCH_LIMIT_KEY, limit.to_be_bytes().as_slice())
-                .map_err(db_err)?;
-            tx.commit().map_err(db_err)?;
+                .database(what)?;
+            tx.commit().database(what)?;
             self.epoch_limit = limit;
         }
         self.table.epoch = next;
@@ -413,7 +429,7 @@ impl OnCore {
         match self.request(now, msg) {
             Ok(body) => msg.reply(body),
             Err(Error::Remote { code, message }) => msg.error(code, message),
-            Err(e) => msg.error(Code::Unavailable, e.to_string()),
+            Err(e) => msg.error(Code::Unavailable, e.report().to_string()),
         }
     }
 
@@ -1350,6 +1366,50 @@ mod tests {
     }
 
     #[test]
+    fn a_damaged_stored_table_is_refused_with_the_codec_error_as_its_source() {
+        use std::error::Error as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("on.redb");
+        drop(drain_cluster(&path));
+        store_raw(&path, TABLE_KEY, Some(&[0x53, 0x54, 0x01]));
+        let Err(err) = OnCore::open(&path, empty_table(), 2, 0) else {
+            panic!("a damaged stored table was accepted");
+        };
+        assert_eq!(err.kind(), strata_store_protocol::ErrorKind::Malformed);
+        let codec = err.source().and_then(|s| s.downcast_ref::<WireError>());
+        assert!(codec.is_some(), "{err:?}");
+        // Said once: the context names the file, the source what was wrong.
+        let text = err.to_string();
+        assert!(
+            text.contains("stored prefix table") && text.contains("on.redb"),
+            "{text}"
+        );
+        let report = err.report().to_string();
+        assert_eq!(report, format!("{text}: {}", codec.unwrap()));
+    }
+
+    #[test]
+    fn a_second_open_of_the_database_keeps_redb_error_as_its_source() {
+        use std::error::Error as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("on.redb");
+        let first = drain_cluster(&path);
+        let Err(err) = OnCore::open(&path, empty_table(), 2, 0) else {
+            panic!("the database opened twice");
+        };
+        assert_eq!(err.kind(), strata_store_protocol::ErrorKind::Database);
+        let redb = err
+            .source()
+            .and_then(|s| s.downcast_ref::<redb::DatabaseError>());
+        assert!(
+            matches!(redb, Some(redb::DatabaseError::DatabaseAlreadyOpen)),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("on.redb"), "{err}");
+        drop(first);
+    }
+
+    #[test]
     fn a_damaged_epoch_limit_is_refused_and_an_older_database_moves_past_its_epochs() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("on.redb");
@@ -1366,7 +1426,7 @@ mod tests {
         ];
         for (bytes, want) in cases {
             store_raw(&path, EPOCH_LIMIT_KEY, Some(bytes));
-            let err = open().unwrap_err().to_string();
+            let err = open().unwrap_err().report().to_string();
             assert!(err.contains(want), "{bytes:?}: {err}");
             assert!(err.contains("on.redb"), "{bytes:?}: {err}");
         }
