@@ -126,13 +126,15 @@ pub(super) fn reload_on_hangup(key: ClusterKey, admin_credential: Option<PathBuf
                             TenantCredential::issue(&key, ADMIN).and_then(|c| c.save(path));
                         if let Err(e) = issued {
                             eprintln!(
-                                "strata store: could not issue the admin credential again: {e}"
+                                "strata store: could not issue the admin credential again: {}",
+                                e.report()
                             );
                         }
                     }
                 }
                 Err(e) => eprintln!(
-                    "strata store: could not reload the cluster key, keeping the keys in use: {e}"
+                    "strata store: could not reload the cluster key, keeping the keys in use: {}",
+                    e.report()
                 ),
             }
         }

@@ -150,10 +150,10 @@ impl StoreRepo {
         // The tenant's credential comes from STRATA_CREDENTIAL: the store
         // takes only sealed metadata requests.
         let credential = strata_store_protocol::tenant::TenantCredential::from_env()
-            .map_err(|e| repo_err(&spec, e.to_string()))?;
+            .map_err(|e| repo_err(&spec, e.report().to_string()))?;
         let client = runner
             .run(Client::connect(spec.orchestrator, credential))
-            .map_err(|e| repo_err(&spec, format!("cannot reach the store: {e}")))?;
+            .map_err(|e| repo_err(&spec, format!("cannot reach the store: {}", e.report())))?;
         let mut repo = StoreRepo {
             spec,
             runner,
@@ -187,7 +187,7 @@ impl StoreRepo {
                 Err(e) if matches!(e.code(), Some(Code::NotFound | Code::Deleted)) => {
                     return Ok(None)
                 }
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(e.report().to_string()),
             };
             if record.size > max {
                 return Err(format!(
@@ -197,7 +197,7 @@ impl StoreRepo {
             }
             match self.client.get_bytes(name).await {
                 Ok((_, bytes)) => Ok(Some(bytes)),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e.report().to_string()),
             }
         });
         result.map_err(|e| repo_err(&self.spec, e))
@@ -247,7 +247,7 @@ fn put_object(
     runner
         .run(client.put(name, data.len() as u64, &mut &data[..], &|_| {}))
         .map(|_| ())
-        .map_err(|e| repo_err(spec, format!("cannot store '{name}': {e}")))
+        .map_err(|e| repo_err(spec, format!("cannot store '{name}': {}", e.report())))
 }
 
 fn repo_err(spec: &StoreSpec, detail: String) -> MirrorError {
@@ -349,7 +349,8 @@ impl Repository for StoreRepo {
                 }
             }
         });
-        let names = listed.map_err(|e| repo_err(&self.spec, format!("cannot list peers: {e}")))?;
+        let names = listed
+            .map_err(|e| repo_err(&self.spec, format!("cannot list peers: {}", e.report())))?;
         let text: String = names
             .iter()
             .filter_map(|n| n.strip_prefix(&prefix))
@@ -395,10 +396,10 @@ pub fn publish(
     // The tenant's credential comes from STRATA_CREDENTIAL: the store
     // takes only sealed metadata requests.
     let credential = strata_store_protocol::tenant::TenantCredential::from_env()
-        .map_err(|e| repo_err(&spec, e.to_string()))?;
+        .map_err(|e| repo_err(&spec, e.report().to_string()))?;
     let client = runner
         .run(Client::connect(spec.orchestrator, credential))
-        .map_err(|e| repo_err(&spec, format!("cannot reach the store: {e}")))?;
+        .map_err(|e| repo_err(&spec, format!("cannot reach the store: {}", e.report())))?;
     let mut file =
         std::fs::File::open(image).map_err(io_err(format!("cannot open '{}'", image.display())))?;
     let size = manifest.image_size;
