@@ -25,6 +25,26 @@ against nginx driven by wrk. MN memory: the RSS growth of a 1-MN, 1-SN store pro
 zero-byte object posted past a warm-up batch of 20,000 (80,000 more),
 scaled to a million, and the metadata database's bytes per object.
 
+Ceph side by side (`--ceph bluestore|memstore`, default none): after the
+Strata runs, bench/ceph_cluster.py brings up a one-host Ceph 16 cluster
+(--ceph-osds OSDs, default 1; pool `bench1` of size 1, and `bench3` of size
+3 with 3 OSDs) and, for the same sizes, client counts and replications,
+runs `rados bench -p POOL SECONDS write -t CLIENTS -b SIZE --no-cleanup`
+then `rados bench -p POOL SECONDS seq -t CLIENTS` on the objects just
+written (--ceph-seconds each, 3 in quick mode, 10 otherwise). Zero-byte
+objects are `-b 0`: rados bench accepts it and each write creates an
+empty object (a RADOS write of no bytes), as a Strata zero-byte Post
+creates a key with no body; a zero-byte seq read is a read op on that
+object. The runs are timed (rados bench's --max-objects is ignored by
+Ceph 16's write bench), so Ceph writes more objects than Strata's fixed
+counts; the objects are removed after each run. CPU% is the OSD
+processes' utime+stime over the rados bench run (as for Strata's store
+process), the monitor and manager apart (`cpu_all_pct`); bytes per
+CPU-second = MB/s / CPU share. A memstore cluster is restarted before
+every write run (memstore never returns the memory of deleted objects).
+The last table gives Strata/Ceph ratios (post against write, get against
+seq read). Peak OSD memory (VmHWM) is reported as kind `ceph-memory`.
+
 Every figure is the median of --repeat runs.
 """
 import argparse
@@ -38,6 +58,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 # Command prefixes that pin the servers and the load generators to CPUs of
 # their own (`--pin`): servers on CPU 0, generators on CPU 1, as if the
 # clients ran on machines apart from the servers.
@@ -215,6 +236,157 @@ def read_passes(size, threads, ops, quick):
     return max(1, min(250 if size == 0 else 50, by_count, by_bytes))
 
 
+def rados_bench(conf, pool, mode, seconds, threads, size, run_name, osd_pids, all_pids):
+    """One `rados bench` run (mode write or seq) on the OSDs whose CPU
+    time is measured; returns the rate, the bandwidth, the mean latency and
+    the CPU figures in the fields Strata's rows use."""
+    args = ["rados", "-c", conf, "-p", pool, "bench", str(seconds), mode, "-t", str(threads),
+            "--run-name", run_name]
+    if mode == "write":
+        args += ["-b", str(size), "--no-cleanup"]
+    hz = os.sysconf("SC_CLK_TCK")
+    osd0, all0 = ticks(osd_pids), ticks(all_pids)
+    out = subprocess.run(CLIENT_CPU + args, capture_output=True, text=True,
+                         timeout=seconds * 4 + 120)
+    osd_ticks, all_ticks = ticks(osd_pids) - osd0, ticks(all_pids) - all0
+    if out.returncode != 0:
+        sys.exit(f"rados bench failed ({' '.join(args)}): {out.stderr[-2000:]}")
+    fields = {}
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    try:
+        elapsed = float(fields["Total time run"])
+        made = int(fields.get("Total writes made") or fields["Total reads made"])
+        latency_ms = float(fields["Average Latency(s)"]) * 1000
+    except (KeyError, ValueError):
+        sys.exit(f"rados bench printed no totals ({' '.join(args)}):\n{out.stdout[-2000:]}")
+    rate = made / max(elapsed, 1e-9)
+    cpu_pct = 100.0 * osd_ticks / hz / max(elapsed, 1e-9)
+    return {"ops_per_s": rate, "mb_per_s": rate * size / 1e6, "lat_avg_ms": latency_ms,
+            "cpu_pct": cpu_pct, "cpu_all_pct": 100.0 * all_ticks / hz / max(elapsed, 1e-9),
+            "objects": made, "errors": 0}
+
+
+def peak_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def ceph_runs(store, osds, media, sizes, threads, reps, repeat, seconds):
+    """The same sizes, client counts and replications against RADOS
+    (rados bench write, then seq), one cluster for all of them (memstore:
+    restarted before every write run). Returns rows like Strata's."""
+    from ceph_cluster import CephCluster, CephError
+
+    rows = []
+    cluster = CephCluster(osds=osds, store=store, media=media)
+    started = time.time()
+    try:
+        cluster.start()
+    except (CephError, subprocess.TimeoutExpired) as error:
+        sys.exit(f"store_bench: Ceph did not come up: {error}")
+    print(json.dumps({"kind": "ceph-up", "store": store, "osds": osds, "media": media,
+                      "seconds": round(time.time() - started, 1)}), flush=True)
+    peak = 0
+    try:
+        first = True
+        for rep in reps:
+            if rep == 3 and osds < 3:
+                print(json.dumps({"kind": "ceph-skip", "rep": 3,
+                                  "why": "replication 3 needs --ceph-osds 3"}), flush=True)
+                continue
+            pool = cluster.pool(rep)
+            for s in sizes:
+                for t in threads:
+                    runs = {"ceph-write": [], "ceph-read": []}
+                    for i in range(repeat):
+                        if store == "memstore" and not first:
+                            peak = max([peak] + [peak_kib(p) for p in cluster.osd_pids()])
+                            cluster.restart()
+                        first = False
+                        name = f"r{rep}-s{s}-t{t}-{i}"
+                        pids = (cluster.osd_pids(), cluster.all_pids())
+                        runs["ceph-write"].append(rados_bench(cluster.conf, pool, "write", seconds,
+                                                              t, s, name, *pids))
+                        runs["ceph-read"].append(rados_bench(cluster.conf, pool, "seq", seconds,
+                                                             t, s, name, *pids))
+                        subprocess.run(["rados", "-c", cluster.conf, "-p", pool, "cleanup",
+                                        "--run-name", name], capture_output=True, check=True,
+                                       timeout=300)
+                    for kind, rs in runs.items():
+                        med = {k: statistics.median(r[k] for r in rs)
+                               for k in ("ops_per_s", "mb_per_s", "lat_avg_ms", "cpu_pct",
+                                         "cpu_all_pct", "objects")}
+                        med.update(kind=kind, rep=rep, size=s, threads=t, store=store,
+                                   p50_ms=None, p99_ms=None, errors=0)
+                        factor = rep if kind == "ceph-write" else 1
+                        med["eff"] = med["ops_per_s"] * factor / max(med["cpu_pct"], 1e-9)
+                        rows.append(med)
+                        print(json.dumps(med), flush=True)
+        peak = max([peak] + [peak_kib(p) for p in cluster.osd_pids()])
+    finally:
+        cluster.stop()
+    memory = {"kind": "ceph-memory", "store": store, "osd_peak_mib": round(peak / 1024)}
+    print(json.dumps(memory), flush=True)
+    return rows, memory
+
+
+def bytes_per_cpu_second(row):
+    return row["mb_per_s"] * 1e6 / max(row["cpu_pct"] / 100.0, 1e-9)
+
+
+def ratio_rows(rows):
+    """Strata/Ceph for each (op, replication, size, clients) both ran:
+    Posts against rados writes, Gets against rados seq reads."""
+    by = {(r["kind"], r["rep"], r["size"], r["threads"]): r for r in rows}
+    out = []
+    for (kind, rep, size, threads), ceph in by.items():
+        if not kind.startswith("ceph-"):
+            continue
+        strata = by.get(("post" if kind == "ceph-write" else "get", rep, size, threads))
+        if not strata:
+            continue
+        out.append({"kind": "ratio", "op": "post/write" if kind == "ceph-write" else "get/seq",
+                    "rep": rep, "size": size, "threads": threads,
+                    "strata_ops_per_s": strata["ops_per_s"], "ceph_ops_per_s": ceph["ops_per_s"],
+                    "ops_ratio": strata["ops_per_s"] / max(ceph["ops_per_s"], 1e-9),
+                    "strata_cpu_pct": strata["cpu_pct"], "ceph_cpu_pct": ceph["cpu_pct"],
+                    "strata_bytes_per_cpu_s": bytes_per_cpu_second(strata),
+                    "ceph_bytes_per_cpu_s": bytes_per_cpu_second(ceph),
+                    "eff_ratio": strata["eff"] / max(ceph["eff"], 1e-9)})
+    return out
+
+
+def print_ceph_tables(rows, ratios, memory):
+    print()
+    print(f"Ceph ({memory['store']}; OSD peak RSS {memory['osd_peak_mib']} MiB):")
+    print()
+    print("| op | repl | size | clients | ops/s | MB/s | mean lat ms | OSD CPU % | all daemons CPU % "
+          "| bytes per CPU-s | eff (ops/s x repl / CPU%) | objects |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r["kind"].startswith("ceph-"):
+            print(f"| {r['kind']} | {r['rep']} | {r['size']} | {r['threads']} | {r['ops_per_s']:.0f} | "
+                  f"{r['mb_per_s']:.1f} | {r['lat_avg_ms']:.2f} | {r['cpu_pct']:.0f} | "
+                  f"{r['cpu_all_pct']:.0f} | {bytes_per_cpu_second(r) / 1e6:.1f} MB | "
+                  f"{r['eff']:.1f} | {r['objects']:.0f} |")
+    print()
+    print("Strata / Ceph (ratios above 1 favour Strata):")
+    print()
+    print("| op | repl | size | clients | Strata ops/s | Ceph ops/s | ops/s ratio | Strata CPU % | "
+          "Ceph CPU % | Strata bytes/CPU-s | Ceph bytes/CPU-s | eff ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in ratios:
+        print(f"| {r['op']} | {r['rep']} | {r['size']} | {r['threads']} | {r['strata_ops_per_s']:.0f} | "
+              f"{r['ceph_ops_per_s']:.0f} | {r['ops_ratio']:.2f}x | {r['strata_cpu_pct']:.0f} | "
+              f"{r['ceph_cpu_pct']:.0f} | {r['strata_bytes_per_cpu_s'] / 1e6:.1f} MB | "
+              f"{r['ceph_bytes_per_cpu_s'] / 1e6:.1f} MB | {r['eff_ratio']:.2f}x |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--strata", default=os.path.join(ROOT, "target", "release", "strata"))
@@ -225,6 +397,15 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--pin", action="store_true",
                     help="servers on CPU 0, load generators on CPU 1 (taskset)")
+    ap.add_argument("--ceph", choices=["bluestore", "memstore", "none"], default="none",
+                    help="also run the same workload against a one-host Ceph cluster")
+    ap.add_argument("--ceph-osds", type=int, default=1,
+                    help="OSDs of the Ceph cluster (3 for replication 3)")
+    ap.add_argument("--ceph-media", choices=["detected", "ssd"], default="detected",
+                    help="ssd forces BlueStore's SSD settings on this rotational-looking disk")
+    ap.add_argument("--ceph-seconds", type=int, default=None,
+                    help="seconds of each rados bench run (default 3 quick, 10 otherwise)")
+    ap.add_argument("--json-out", default=None, help="also write every row to this JSON file")
     a = ap.parse_args()
     if a.pin:
         SERVER_CPU.extend(["taskset", "-c", "0"])
@@ -317,10 +498,25 @@ def main():
             store.wait()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    ceph_memory, ratios = None, []
+    if a.ceph != "none":
+        seconds = a.ceph_seconds or (3 if a.quick else 10)
+        ceph_rows, ceph_memory = ceph_runs(a.ceph, a.ceph_osds, a.ceph_media, sizes, threads,
+                                           reps, repeat, seconds)
+        rows.extend(ceph_rows)
+        ratios = ratio_rows(rows)
+        for r in ratios:
+            print(json.dumps(r), flush=True)
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump({"rows": rows, "ratios": ratios, "ceph_memory": ceph_memory,
+                       "strata_memory": mem}, f, indent=1)
     print()
     print("| op | repl | size | clients | ops/s | MB/s | p50 ms | p99 ms | CPU % | eff (ops/s x repl / CPU%) | errors |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        if r["kind"].startswith("ceph-"):
+            continue
         print(f"| {r['kind']} | {r['rep']} | {r['size']} | {r['threads']} | {r['ops_per_s']:.0f} | {r['mb_per_s']:.1f} | "
               f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['cpu_pct']:.0f} | {r['eff']:.1f} | {r['errors']} |")
     print()
@@ -339,6 +535,8 @@ def main():
             cells.append(f"{batched / wrk:.2f}x" if batched and wrk else "-")
             cells.append(f"{batched / max(ng, wrk):.2f}x" if batched and max(ng, wrk) else "-")
             print(f"| {s} | {t} | " + " | ".join(cells) + " |")
+    if ceph_memory:
+        print_ceph_tables(rows, ratios, ceph_memory)
 
 
 if __name__ == "__main__":
