@@ -71,7 +71,10 @@ PG_COUNT = 32
 def ensure_packages():
     """Install Debian's ceph 16 packages when a binary is missing; abort if
     the install would remove a qemu package (the project's anchors)."""
-    missing = [b for b in BINARIES if not shutil.which(b)]
+    missing = [b for b in BINARIES if not shutil.which(b)] + [
+        package for package in PACKAGES if "install ok installed" not in subprocess.run(
+            ["dpkg-query", "-W", "-f", "${Status}", package], capture_output=True,
+            text=True).stdout]
     if not missing:
         return
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
@@ -368,12 +371,27 @@ keyring = {d}/admin.keyring
             if up == inn == self.osds and clean == pgmap.get("num_pgs", 0) >= wanted_pgs:
                 return
             time.sleep(1)
-        lagging = "osd.0" if "OSDs up" in last and not last.startswith(f"{self.osds}/") else "mon.a"
-        if "mgr available: False" in last:
-            lagging = "mgr.x"
         raise CephError(f"the Ceph cluster in {self.directory} was not healthy after "
-                        f"{self.timeout_s} s ({last}); read {self.log(lagging)} and the other "
-                        f"logs in {os.path.join(self.directory, 'log')}")
+                        f"{self.timeout_s} s ({last}); read {self.log(self.lagging(last))} "
+                        f"and the other logs in {os.path.join(self.directory, 'log')}")
+
+    def lagging(self, last):
+        """The daemon to blame from the last status line: an OSD not up,
+        else the manager if unavailable (PG states come through it), else
+        the first OSD (peering), else the monitor (no status at all)."""
+        if not last.startswith(("0/", "1/", "2/", "3/", "4/", "5/", "6/", "7/", "8/", "9/")):
+            return "mon.a"
+        if int(last.split("/")[0]) < self.osds:
+            return f"osd.{int(last.split('/')[0])}"
+        if "mgr available: False" in last:
+            return "mgr.x"
+        return "osd.0"
+
+
+def interrupt(_signal, _frame):
+    """SIGTERM ends `up` like Ctrl-C, so the daemons are stopped and the
+    directory removed."""
+    raise KeyboardInterrupt()
 
 
 def main():
@@ -388,8 +406,7 @@ def main():
     up.add_argument("--media", choices=["detected", "ssd"], default="detected")
     up.add_argument("--timeout", type=int, default=120, help="seconds to wait for health")
     a = parser.parse_args()
-    # SIGTERM ends the wait below like Ctrl-C, so the cleanup runs.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, interrupt)
     cluster = CephCluster(osds=a.osds, store=a.store, directory=a.dir,
                           osd_size_gib=a.osd_size_gib, memstore_gib=a.memstore_gib,
                           media=a.media, timeout_s=a.timeout)
