@@ -107,7 +107,10 @@ fn eight_mirrors_read_the_image_identically_sharing_chunks() {
     let dir = tmp();
     let img = image(dir.path(), 16 * MIB);
     let data = std::fs::read(&img).unwrap();
-    let repo = Proc::start(&["mirror", "repo-serve", "-p", "0", "--rate", "16M", &p(&img)]);
+    // The repository is the scarce link, as in a cloud (8 MB/s for eight
+    // 16 MiB readers): on a loaded test machine, peers slowed by the CPU
+    // still beat it.
+    let repo = Proc::start(&["mirror", "repo-serve", "-p", "0", "--rate", "8M", &p(&img)]);
     let url = repo.url();
     let mut mirrors: Vec<Proc> = Vec::new();
     for i in 0..8 {
