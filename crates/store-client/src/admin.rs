@@ -55,7 +55,7 @@ pub async fn revoke_tenant(
     };
     match ask_orchestrator(cluster, key, body).await? {
         Body::Done { version } => Ok(version),
-        other => Err(Error::Invalid(format!(
+        other => Err(Error::Peer(format!(
             "the orchestrator at {cluster} answered {other:?} to the revocation of tenant \
              '{tenant}'; expected Done"
         ))),

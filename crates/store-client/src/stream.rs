@@ -27,7 +27,8 @@ pub async fn read_request<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Inco
     r.read_exact(&mut prefix[1..])
         .await
         .map_err(|e| Error::io("reading a data request header", e))?;
-    let (kind, addr) = Request::decode_prefix(&prefix)?;
+    let (kind, addr) = Request::decode_prefix(&prefix)
+        .map_err(|e| Error::malformed("a data request's header", e))?;
     let req = match kind {
         1 => {
             let size = r
@@ -35,19 +36,25 @@ pub async fn read_request<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Inco
                 .await
                 .map_err(|e| Error::io("reading a Put size", e))?;
             if size > MAX_OBJECT {
-                return Err(Error::Wire(WireError::Invalid(format!(
-                    "Put of {size} bytes exceeds the {MAX_OBJECT}-byte object limit"
-                ))));
+                return Err(Error::malformed(
+                    "a Put request's size",
+                    WireError::Invalid(format!(
+                        "Put of {size} bytes exceeds the {MAX_OBJECT}-byte object limit"
+                    )),
+                ));
             }
             let n = r
                 .read_u8()
                 .await
                 .map_err(|e| Error::io("reading a Put chain", e))? as usize;
             if n >= MAX_DATA_REPLICAS {
-                return Err(Error::Wire(WireError::Invalid(format!(
-                    "forward chain of {n} replicas; the limit is {}",
-                    MAX_DATA_REPLICAS - 1
-                ))));
+                return Err(Error::malformed(
+                    "a Put request's forward chain",
+                    WireError::Invalid(format!(
+                        "forward chain of {n} replicas; the limit is {}",
+                        MAX_DATA_REPLICAS - 1
+                    )),
+                ));
             }
             let mut chain = Vec::with_capacity(n);
             for _ in 0..n {
@@ -74,18 +81,20 @@ pub async fn read_request<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Inco
         MODE_TICKET => {
             let n = r.read_u16().await.map_err(io)? as usize;
             if n > MAX_TICKET {
-                return Err(Error::Wire(WireError::Invalid(format!(
-                    "ticket of {n} bytes; the limit is {MAX_TICKET}"
-                ))));
+                return Err(Error::malformed(
+                    "a data request's ticket",
+                    WireError::Invalid(format!("ticket of {n} bytes; the limit is {MAX_TICKET}")),
+                ));
             }
             let mut t = vec![0u8; n];
             r.read_exact(&mut t).await.map_err(io)?;
             Proof::Ticket(t)
         }
         m => {
-            return Err(Error::Wire(WireError::Invalid(format!(
-                "credential mode {m} (0 none, 1 sealed, 2 ticket)"
-            ))))
+            return Err(Error::malformed(
+                "a data request's credentials",
+                WireError::Invalid(format!("credential mode {m} (0 none, 1 sealed, 2 ticket)")),
+            ))
         }
     };
     Ok(Some(Incoming { req, proof }))
@@ -146,9 +155,12 @@ pub async fn write_put_body<W: AsyncWrite + Unpin, R: AsyncRead + Unpin>(
             .await
             .map_err(|e| Error::io("reading the input", e))?;
         if n == 0 {
-            return Err(Error::Invalid(format!(
-                "the input ended after {done} of {size} bytes"
-            )));
+            // Nothing more to send: the input is shorter than the size
+            // the Put announced.
+            return Err(Error::io(
+                format!("the input ended after {done} of {size} bytes"),
+                std::io::ErrorKind::UnexpectedEof.into(),
+            ));
         }
         crc = crc32c::crc32c_append(crc, &buf[..n]);
         s.write_all(&buf[..n]).await.map_err(io)?;
@@ -218,6 +230,7 @@ mod tests {
     use strata_store_protocol::data::{Authority, Credential, MAGIC};
     use strata_store_protocol::key::{ClusterKey, KEY_LEN, WINDOW_MS};
     use strata_store_protocol::ticket::{Ticket, TicketOp};
+    use strata_store_protocol::ErrorKind;
 
     const NOW: u64 = 1_700_000_000_000;
 
@@ -233,7 +246,7 @@ mod tests {
 
     fn read(rt: &tokio::runtime::Runtime, bytes: &[u8]) -> Result<Incoming, Error> {
         rt.block_on(read_request(&mut &bytes[..]))
-            .and_then(|r| r.ok_or_else(|| Error::Invalid("empty".into())))
+            .and_then(|r| r.ok_or_else(|| Error::Peer("no request before the end".into())))
     }
 
     fn put() -> Request {
@@ -295,10 +308,9 @@ mod tests {
         // The version before credentials existed is refused as such.
         let mut old = Request::Get { addr: 1 }.encode(Credential::None);
         old[3] = b'1';
-        assert!(read(&rt, &old)
-            .unwrap_err()
-            .to_string()
-            .contains("bad magic"));
+        let err = read(&rt, &old).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Malformed);
+        assert!(err.report().to_string().contains("bad magic"), "{err}");
         let zero = Request::Put {
             addr: 1,
             size: 0,
@@ -307,20 +319,26 @@ mod tests {
         let mut huge = zero.encode(Credential::None);
         huge[HEADER..HEADER + 8].copy_from_slice(&u64::MAX.to_be_bytes());
         let err = read(&rt, &huge).unwrap_err();
-        assert!(err.to_string().contains("object limit"), "{err}");
+        assert!(err.report().to_string().contains("object limit"), "{err}");
         let mut chain = zero.encode(Credential::None);
         chain[HEADER + 8] = 200;
         let err = read(&rt, &chain).unwrap_err();
-        assert!(err.to_string().contains("forward chain"), "{err}");
+        assert!(err.report().to_string().contains("forward chain"), "{err}");
         let mut mode = zero.encode(Credential::None);
         *mode.last_mut().unwrap() = 9;
         let err = read(&rt, &mode).unwrap_err();
-        assert!(err.to_string().contains("credential mode 9"), "{err}");
+        assert!(
+            err.report().to_string().contains("credential mode 9"),
+            "{err}"
+        );
         let mut long = zero.encode(Credential::None);
         *long.last_mut().unwrap() = MODE_TICKET;
         long.extend_from_slice(&(MAX_TICKET as u16 + 1).to_be_bytes());
         let err = read(&rt, &long).unwrap_err();
-        assert!(err.to_string().contains("ticket of 513 bytes"), "{err}");
+        assert!(
+            err.report().to_string().contains("ticket of 513 bytes"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -58,7 +58,8 @@ pub async fn udp_call_padded(
             key,
             strata_store_protocol::auth::unix_ms(),
             pad,
-        )?;
+        )
+        .map_err(|e| Error::malformed(format!("encoding a request to {to}"), e))?;
         sock.send_to(&bytes, to)
             .await
             .map_err(|e| Error::io(format!("sending to {to}"), e))?;
@@ -145,8 +146,10 @@ pub async fn fetch_table(on: SocketAddr, key: Option<&ClusterKey>) -> Result<Tab
         TABLE_PAD.store(used, Ordering::Relaxed);
     }
     match ok_body(reply)? {
-        Body::Table { bytes } => Ok(Table::decode(&bytes)?),
-        other => Err(Error::Invalid(format!(
+        Body::Table { bytes } => Table::decode(&bytes).map_err(|e| {
+            Error::malformed(format!("the prefix table the orchestrator at {on} sent"), e)
+        }),
+        other => Err(Error::Peer(format!(
             "the orchestrator at {on} answered {other:?} to a table request"
         ))),
     }

@@ -93,11 +93,6 @@ pub enum Error {
         #[source]
         source: WireError,
     },
-    /// A message could not be decoded: the variant for sites not yet
-    /// given a context (prefer [`Error::Malformed`]). The codec's error is
-    /// part of the message, not a source, so that it is said once.
-    #[error("malformed message: {0}")]
-    Wire(WireError),
     /// Stored or received data failed a check (a checksum, a size, a row
     /// under another name's key).
     #[error("{0}")]
@@ -135,7 +130,8 @@ pub enum Error {
     #[error("{0}")]
     Table(String),
     /// A node's stored state (its identity file, the orchestrator's
-    /// stored epochs) is unusable.
+    /// stored epochs) is unusable, or an object's stored state (a rename
+    /// left half done) must be finished before what was asked.
     #[error("{context}")]
     State {
         /// What is wrong, where, and what to do.
@@ -172,10 +168,6 @@ pub enum Error {
     /// A peer did not answer.
     #[error("{0}")]
     Timeout(String),
-    /// The request or an argument is invalid; also the variant for sites
-    /// not yet given a kind of their own.
-    #[error("{0}")]
-    Invalid(String),
 }
 
 /// The kind of an [`Error`], for callers that decide by it.
@@ -185,7 +177,7 @@ pub enum ErrorKind {
     Database,
     /// [`Error::Io`].
     Io,
-    /// [`Error::Malformed`] and [`Error::Wire`].
+    /// [`Error::Malformed`].
     Malformed,
     /// [`Error::Corrupt`].
     Corrupt,
@@ -209,15 +201,6 @@ pub enum ErrorKind {
     Remote,
     /// [`Error::Timeout`].
     Timeout,
-    /// [`Error::Invalid`].
-    Invalid,
-}
-
-impl From<WireError> for Error {
-    /// A decode error with no context yet ([`Error::Wire`]).
-    fn from(source: WireError) -> Error {
-        Error::Wire(source)
-    }
 }
 
 impl Error {
@@ -272,12 +255,20 @@ impl Error {
         }
     }
 
+    /// Unusable stored state, or state that must be finished first.
+    pub fn state(context: impl Into<String>) -> Error {
+        Error::State {
+            context: context.into(),
+            source: None,
+        }
+    }
+
     /// The kind of this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::Database { .. } => ErrorKind::Database,
             Error::Io { .. } => ErrorKind::Io,
-            Error::Malformed { .. } | Error::Wire(_) => ErrorKind::Malformed,
+            Error::Malformed { .. } => ErrorKind::Malformed,
             Error::Corrupt(_) => ErrorKind::Corrupt,
             Error::Config { .. } => ErrorKind::Config,
             Error::Key { .. } => ErrorKind::Key,
@@ -289,7 +280,6 @@ impl Error {
             Error::Superseded(_) => ErrorKind::Superseded,
             Error::Remote { .. } => ErrorKind::Remote,
             Error::Timeout(_) => ErrorKind::Timeout,
-            Error::Invalid(_) => ErrorKind::Invalid,
         }
     }
 
@@ -380,14 +370,6 @@ mod tests {
             .source()
             .and_then(|s| s.downcast_ref::<std::io::Error>())
             .is_some());
-    }
-
-    #[test]
-    fn the_legacy_wire_variant_says_its_codec_error_in_its_message_only() {
-        let error = Error::from(WireError::BadMagic);
-        assert_eq!(error.kind(), ErrorKind::Malformed);
-        assert!(error.source().is_none());
-        assert!(error.report().to_string().contains("bad magic"));
     }
 
     #[test]

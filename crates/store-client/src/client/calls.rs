@@ -111,7 +111,9 @@ impl Call {
     /// The first step.
     pub fn start(&mut self, now: u64) -> Step {
         if self.targets.is_empty() {
-            return Step::Done(Err(Error::Invalid("no metadata address to ask".into())));
+            return Step::Done(Err(Error::Table(
+                "the prefix table gave no metadata address to ask".into(),
+            )));
         }
         self.send(now)
     }
@@ -185,7 +187,7 @@ impl Call {
 }
 
 /// The error for an answer a call did not expect (`what` names the
-/// request).
+/// request): the metadata node answered out of turn.
 pub(super) fn unexpected(what: &str, body: &Body) -> Error {
-    Error::Invalid(format!("unexpected answer to {what}: {body:?}"))
+    Error::Peer(format!("unexpected answer to {what}: {body:?}"))
 }

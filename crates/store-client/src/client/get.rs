@@ -4,11 +4,11 @@
 
 use super::calls::{unexpected, Call};
 use super::replica::Replica;
-use super::{Client, META_ATTEMPTS, META_TIMEOUT_MS};
+use super::{checked_name, Client, META_ATTEMPTS, META_TIMEOUT_MS};
 use crate::stream::{read_get_body, read_status};
 use crate::transport::request_id;
 use strata_store_protocol::data::{Credential, Request};
-use strata_store_protocol::wire::{check_name, Body, Record};
+use strata_store_protocol::wire::{Body, Record};
 use strata_store_protocol::Error;
 use tokio::io::{AsyncSeek, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -58,7 +58,7 @@ impl Client {
         kind: &str,
         pick: impl Fn(Body) -> Result<(Record, Vec<u8>), Box<Body>>,
     ) -> Result<(Record, Vec<u8>), Error> {
-        check_name(name).map_err(Error::Invalid)?;
+        checked_name(name, "the object name")?;
         let targets = self.table().meta_addrs(name);
         let call = Call::new(
             request_id(),
@@ -70,7 +70,7 @@ impl Client {
         .falling_through();
         match pick(self.run(call).await?) {
             Ok((record, credential)) if record.name == name => Ok((record, credential)),
-            Ok((record, _)) => Err(Error::Invalid(format!(
+            Ok((record, _)) => Err(Error::Peer(format!(
                 "unexpected answer to {kind}: the record of '{}', not '{name}'",
                 record.name
             ))),

@@ -96,7 +96,10 @@ impl Client {
         let mut all: Vec<ListEntry> = Vec::new();
         let mut more = false;
         while let Some(page) = calls.join_next().await {
-            let page = page.map_err(|e| Error::Invalid(format!("list task failed: {e}")))?;
+            let page = page.map_err(|e| Error::Task {
+                context: "a List call to a metadata node did not finish".into(),
+                source: Some(Box::new(e)),
+            })?;
             match page? {
                 Body::ListPage { entries, more: m } => {
                     more |= m;

@@ -55,7 +55,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use strata_store_protocol::addr::Addr;
 use strata_store_protocol::table::Table;
 use strata_store_protocol::tenant::TenantCredential;
-use strata_store_protocol::wire::check_name;
+use strata_store_protocol::wire::{check_name, WireError};
 use strata_store_protocol::Error;
 use tokio::net::UdpSocket;
 
@@ -126,7 +126,13 @@ impl Client {
 
     /// The coordinator of `name`: its first metadata address.
     fn coordinator(&self, name: &str) -> Result<Addr, Error> {
-        check_name(name).map_err(Error::Invalid)?;
+        checked_name(name, "the object name")?;
         Ok(self.table().meta_addrs(name)[0])
     }
+}
+
+/// Checks a name the caller gave (`what` says which): one no request can
+/// carry is [`Error::Malformed`], with the codec's reason as its source.
+fn checked_name(name: &str, what: &str) -> Result<(), Error> {
+    check_name(name).map_err(|why| Error::malformed(what, WireError::Invalid(why)))
 }

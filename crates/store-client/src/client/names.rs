@@ -2,9 +2,9 @@
 //! moves), with the rename link both records carry until it is done.
 
 use super::calls::{unexpected, Call};
-use super::{Client, COMMIT_ATTEMPTS, META_TIMEOUT_MS};
+use super::{checked_name, Client, COMMIT_ATTEMPTS, META_TIMEOUT_MS};
 use crate::transport::request_id;
-use strata_store_protocol::wire::{check_name, Body, Code, Record, RenameLink};
+use strata_store_protocol::wire::{Body, Code, Record, RenameLink};
 use strata_store_protocol::Error;
 
 /// The steps of [`Client::rename_with`].
@@ -90,7 +90,7 @@ impl Client {
         to: &str,
         after_step: &(dyn Fn(RenameStep) + Sync),
     ) -> Result<Record, Error> {
-        check_name(to).map_err(Error::Invalid)?;
+        checked_name(to, "the new name")?;
         let (mut record, proof) = self.stat_for_link(from).await?;
         if from == to {
             return Ok(record);
@@ -101,7 +101,7 @@ impl Client {
                 .await
                 .is_ok_and(|o| shares_replicas(&o, &record));
             if shared && other != to {
-                return Err(Error::Invalid(format!(
+                return Err(Error::state(format!(
                     "{from:?} still shares its data with {other:?} after an interrupted \
                      rename; finish that one first (strata obj mv {from} {other}, or \
                      strata obj rm one of the two names)"
@@ -133,7 +133,7 @@ impl Client {
             // the mark on `from` must stay.
             Err(e) => match self.stat(to).await {
                 Ok(bound) if shares_replicas(&bound, &record) => {
-                    tracing::debug!("{to:?} holds the replicas already: {e}");
+                    tracing::debug!("{to:?} holds the replicas already: {}", e.report());
                     record = bound;
                 }
                 _ => {

@@ -118,7 +118,9 @@ impl Client {
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<(u32, u8), Error> {
         let Some((&first, chain)) = replicas.split_first() else {
-            return Err(Error::Invalid("a Post plan with no replica".into()));
+            return Err(Error::Peer(
+                "the coordinator's Post plan names no replica".into(),
+            ));
         };
         let mut s = Replica::locate(&self.table(), first)?.connect().await?;
         let header = Request::Put {

@@ -30,7 +30,9 @@ pub async fn copy_replica(
     crc: u32,
 ) -> Result<u8, Error> {
     let Some((&first, chain)) = targets.split_first() else {
-        return Err(Error::Invalid("a copy needs a target".into()));
+        return Err(Error::Table(
+            "a repair copy needs a storage node to copy to; the prefix table gave none".into(),
+        ));
     };
     let limit = Duration::from_millis(30_000 + size / (16 << 20) * 1000);
     let mut last = None;
@@ -40,14 +42,16 @@ pub async fn copy_replica(
             Ok(Ok(copies)) => return Ok(copies),
             Ok(Err(e)) => last = Some(e),
             Err(_) => {
-                last = Some(Error::Invalid(format!(
+                last = Some(Error::Timeout(format!(
                     "copying from {} took longer than {limit:?}",
                     fmt_addr(source)
                 )))
             }
         }
     }
-    Err(last.unwrap_or_else(|| Error::Invalid("no live replica to copy from".into())))
+    Err(last.unwrap_or_else(|| {
+        Error::Table("no replica to copy from: the prefix table marks none of its nodes up".into())
+    }))
 }
 
 /// One try of [`copy_replica`]: a Get from `source` piped into a Put to

@@ -33,7 +33,7 @@ impl Replica {
     /// for this replica.
     pub(crate) fn locate(table: &Table, addr: Addr) -> Result<Replica, Error> {
         let endpoint = table.sn_endpoint(addr).ok_or_else(|| {
-            Error::Invalid(format!(
+            Error::Table(format!(
                 "replica address {} is in no storage node's prefix",
                 fmt_addr(addr)
             ))
