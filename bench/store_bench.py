@@ -294,7 +294,12 @@ def ceph_runs(store, osds, media, sizes, threads, reps, repeat, seconds):
         sys.exit(f"store_bench: Ceph did not come up: {error}")
     print(json.dumps({"kind": "ceph-up", "store": store, "osds": osds, "media": media,
                       "seconds": round(time.time() - started, 1)}), flush=True)
-    peak = 0
+    peak, peak_sum = 0, 0  # the largest OSD's VmHWM, and all OSDs' together
+
+    def note_peaks():
+        peaks = [peak_kib(p) for p in cluster.osd_pids()]
+        return max([peak] + peaks), max(peak_sum, sum(peaks))
+
     try:
         first = True
         for rep in reps:
@@ -308,7 +313,7 @@ def ceph_runs(store, osds, media, sizes, threads, reps, repeat, seconds):
                     runs = {"ceph-write": [], "ceph-read-cold": [], "ceph-read": []}
                     for i in range(repeat):
                         if store == "memstore" and not first:
-                            peak = max([peak] + [peak_kib(p) for p in cluster.osd_pids()])
+                            peak, peak_sum = note_peaks()
                             cluster.restart()
                         first = False
                         name = f"r{rep}-s{s}-t{t}-{i}"
@@ -334,10 +339,11 @@ def ceph_runs(store, osds, media, sizes, threads, reps, repeat, seconds):
                         med["eff"] = med["ops_per_s"] * factor / max(med["cpu_pct"], 1e-9)
                         rows.append(med)
                         print(json.dumps(med), flush=True)
-        peak = max([peak] + [peak_kib(p) for p in cluster.osd_pids()])
+        peak, peak_sum = note_peaks()
     finally:
         cluster.stop()
-    memory = {"kind": "ceph-memory", "store": store, "osd_peak_mib": round(peak / 1024)}
+    memory = {"kind": "ceph-memory", "store": store, "osd_peak_mib": round(peak / 1024),
+              "osds_peak_sum_mib": round(peak_sum / 1024)}
     print(json.dumps(memory), flush=True)
     return rows, memory
 
@@ -370,7 +376,8 @@ def ratio_rows(rows):
 
 def print_ceph_tables(rows, ratios, memory):
     print()
-    print(f"Ceph ({memory['store']}; OSD peak RSS {memory['osd_peak_mib']} MiB):")
+    print(f"Ceph ({memory['store']}; largest OSD peak RSS {memory['osd_peak_mib']} MiB, "
+          f"all OSDs {memory['osds_peak_sum_mib']} MiB):")
     print()
     print("| op | repl | size | clients | ops/s | MB/s | mean lat ms | OSD CPU % | all daemons CPU % "
           "| bytes per CPU-s | eff (ops/s x repl / CPU%) | objects |")
