@@ -4,12 +4,14 @@ file under one temporary directory, no systemd, no cephadm.
 
 Usage (CLI):
     python3 bench/ceph_cluster.py up [--osds 1] [--store bluestore|memstore]
-        [--dir D] [--osd-size-gib 20] [--memstore-gib 4] [--timeout 120]
+        [--dir D] [--osd-size-gib 20] [--memstore-gib 4] [--media detected|ssd]
+        [--timeout 120]
 
-`up` prints the ceph.conf path on stdout (one line; then the pools), and
-keeps running until SIGTERM or Ctrl-C; then it stops every daemon (OSDs,
-manager, monitor, in that order; SIGTERM, then SIGKILL after 20 s) and
-removes the directory. Without --dir it makes one under $TMPDIR. Use the
+`up` prints the ceph.conf path on stdout (one line; the start-up time and
+the pools go to stderr) and keeps running until SIGTERM or Ctrl-C; then it
+stops every daemon (OSDs, manager, monitor, in that order; SIGTERM, then
+SIGKILL after 20 s) and removes the directory (which must be empty or new
+at start). Without --dir it makes one under $TMPDIR. Use the
 cluster from another shell with `ceph -c CONF -s` or
 `rados -c CONF -p bench1 bench 10 write -t 16`.
 
@@ -130,12 +132,12 @@ class CephCluster:
     daemon and removes the directory. Also a context manager."""
 
     def __init__(self, osds=1, store="bluestore", directory=None, osd_size_gib=20,
-                 memstore_gib=4, media="detected", timeout_s=120, quiet=False):
+                 memstore_gib=4, media="detected", timeout_s=120):
         if store not in ("bluestore", "memstore"):
             raise ValueError(f"store must be bluestore or memstore, not {store!r}")
         self.osds, self.store, self.media = osds, store, media
         self.osd_size_gib, self.memstore_gib = osd_size_gib, memstore_gib
-        self.timeout_s, self.quiet = timeout_s, quiet
+        self.timeout_s = timeout_s
         self.directory = os.path.abspath(directory or tempfile.mkdtemp(prefix="strata-ceph-"))
         self.conf = os.path.join(self.directory, "ceph.conf")
         self.daemons = {}  # name ("mon.a", "mgr.x", "osd.0") -> Popen
