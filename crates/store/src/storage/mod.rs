@@ -12,4 +12,5 @@ pub mod file;
 pub mod put;
 mod reader;
 pub mod replicas;
+pub mod schedule;
 pub mod server;
