@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::store::Store;
 use crate::common::{p, run_ok, tmp, Launch, Proc};
 use strata_mirror::digest::Manifest;
 use strata_mirror::wire::{self, Limits, Msg};
@@ -662,16 +663,6 @@ fn a_prefetch_that_times_out_falls_back_to_the_repository() {
     assert_eq!(read_all(&b.nbd(), dir.path(), "b.raw"), data);
 }
 
-/// `strata store up` on a free port; returns the process (killed when
-/// dropped, so a failed test leaves no store holding the test's output
-/// open) and its address.
-fn store_up(dir: &Path) -> (Proc, String) {
-    let store = Proc::start(&["store", "up", "--dir", &p(dir), "--listen", "127.0.0.1:0"]);
-    // "strata store: ready on 127.0.0.1:PORT (...)"
-    let addr = store.word_after("ready on ");
-    (store, addr)
-}
-
 /// An image published to the object store and mirrored from it: three
 /// mirrors find each other through the store (rendezvous objects), read
 /// the image identically through NBD, and the later ones get chunks from
@@ -681,7 +672,8 @@ fn mirrors_read_an_image_published_in_the_object_store() {
     let dir = tmp();
     let img = image(dir.path(), 2 * MIB + 4096);
     let data = std::fs::read(&img).unwrap();
-    let (store, on) = store_up(&dir.path().join("store"));
+    let store = Store::up(&dir.path().join("store"), &[]);
+    let on = store.on.to_string();
     // The mirror acts as the store's admin tenant: its credential comes
     // from the environment of each command (never the test's own, which
     // every test of this binary shares).

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::store::Store;
 use crate::common::{p, qemu_create, run_ok, tmp, Launch, Proc};
 use serde_json::Value;
 
@@ -414,27 +415,14 @@ fn help_texts_describe_their_own_command() {
     }
 }
 
-/// A cluster of `strata store up` on free ports, in `dir`.
-fn store_up(dir: &Path) -> (Proc, SocketAddr) {
-    let store = start_in(
-        &["store", "up", "--dir", &p(dir), "--listen", "127.0.0.1:0"],
-        dir.parent().unwrap(),
-        &[],
-    );
-    let on = store
-        .word_after("ready on ")
-        .parse()
-        .unwrap_or_else(|_| panic!("{}", store.line));
-    (store, on)
-}
-
 /// `obj put -` reads standard input and `obj get NAME -` writes standard
 /// output; no file named `-` appears.
 #[test]
 fn obj_put_and_get_use_dash_for_stdin_and_stdout() {
     let home = tmp();
     let cluster = home.path().join("cluster");
-    let (_store, on) = store_up(&cluster);
+    let store = Store::up(&cluster, &[]);
+    let on = store.on;
     let data = crate::common::pattern(307_200, 11);
     let env = [
         ("STRATA_CLUSTER", on.to_string()),
@@ -512,7 +500,8 @@ fn endpoint(line: &str) -> SocketAddr {
 fn store_up_stops_every_node_of_its_cluster() {
     let home = tmp();
     let cluster = home.path().join("cluster");
-    let (mut store, on) = store_up(&cluster);
+    let mut store = Store::up(&cluster, &[]);
+    let on = store.on;
     let add = |name: &str, role: &str| {
         let node_dir: PathBuf = cluster.join(name);
         let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
@@ -918,7 +907,8 @@ fn configuration_and_credentials_come_through_standard_streams() {
     );
 
     let cluster = home.path().join("cluster");
-    let (_store, on) = store_up(&cluster);
+    let store = Store::up(&cluster, &[]);
+    let on = store.on;
     let issued = strata_piped(
         &[
             "store",

@@ -1,11 +1,11 @@
 //! The object store as real processes: `strata store up` ([`Store`]) and
 //! the nodes `strata store node add` starts on their own ([`Node`]).
 
-use crate::common::p;
+use crate::common::{p, Proc};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 use strata_store_protocol::tenant::{TenantCredential, ADMIN_CREDENTIAL_FILE, CREDENTIAL_ENV};
 use strata_store_protocol::wire::Msg;
@@ -33,9 +33,10 @@ pub fn as_admin(on: SocketAddr, msg: &Msg) -> Vec<u8> {
         .unwrap()
 }
 
-/// A `strata store up` process, killed on drop.
+/// A `strata store up` process ([`Proc`]: killed on drop, its stderr
+/// shown when the test fails).
 pub struct Store {
-    child: Option<Child>,
+    process: Option<Proc>,
     /// The orchestrator's endpoint.
     pub on: SocketAddr,
     /// Its `--dir`.
@@ -43,33 +44,37 @@ pub struct Store {
 }
 
 impl Store {
+    /// `strata store up --dir DIR EXTRA...` on a loopback port, ready; its
+    /// admin credential is then what [`admin`] finds for its endpoint.
     pub fn up(dir: &Path, extra: &[&str]) -> Store {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_strata"));
-        cmd.args(["store", "up", "--dir", &p(dir), "--listen", "127.0.0.1:0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        let mut child = cmd.spawn().expect("spawn strata store up");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("readiness line");
+        let dir_arg = p(dir);
+        let mut args = vec!["store", "up", "--dir", &dir_arg, "--listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let process = Proc::start(&args);
         // "strata store: ready on 127.0.0.1:PORT (...)"
-        let on = line
-            .split_whitespace()
-            .nth(4)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("no readiness line: {line:?}"));
+        let on = process
+            .word_after("ready on ")
+            .parse()
+            .unwrap_or_else(|_| panic!("no endpoint on the readiness line {:?}", process.line));
         STORE_DIRS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((on, dir.to_path_buf()));
         Store {
-            child: Some(child),
+            process: Some(process),
             on,
             dir: dir.to_path_buf(),
         }
+    }
+
+    /// The process id of `strata store up`.
+    pub fn pid(&self) -> u32 {
+        self.process.as_ref().expect("running").pid()
+    }
+
+    /// Its readiness line.
+    pub fn line(&self) -> &str {
+        &self.process.as_ref().expect("running").line
     }
 
     /// `strata ARGS --cluster ON`, with the cluster key in the
@@ -82,11 +87,6 @@ impl Store {
             .env(CREDENTIAL_ENV, self.dir.join(ADMIN_CREDENTIAL_FILE))
             .output()
             .expect("run strata")
-    }
-
-    /// The process id of `strata store up`.
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
     }
 
     /// The cluster key `strata store up` made.
@@ -133,14 +133,10 @@ impl Store {
         self.json(&["store", "status"])
     }
 
-    pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            // SAFETY: sending SIGTERM to our own child.
-            unsafe {
-                libc::kill(c.id() as i32, libc::SIGTERM);
-            }
-            let _ = c.wait();
-        }
+    /// SIGTERM, then waits (bounded) for it to exit; its status and
+    /// stderr. Once stopped, a second call is an error of the test.
+    pub fn stop(&mut self) -> (ExitStatus, String) {
+        self.process.take().expect("running").stop()
     }
 
     /// Every replica file held by the storage nodes.
@@ -160,15 +156,6 @@ impl Store {
             .filter_map(|k| std::fs::read_dir(self.dir.join(format!("sn-{k}/tmp"))).ok())
             .map(|rd| rd.count())
             .sum()
-    }
-}
-
-impl Drop for Store {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 
