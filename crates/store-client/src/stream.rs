@@ -174,9 +174,10 @@ pub async fn write_put_body<W: AsyncWrite + Unpin, R: AsyncRead + Unpin>(
 
 /// Reads the body of a storage node's Get reply (after its status): the
 /// size, which must be `size`, the data, streamed to `out`, and the
-/// trailer. The node must have verified its own checksum and the data
-/// must match the CRC-32C `crc` the metadata records; `replica` names
-/// the replica in the errors.
+/// trailer. The node's flag must say the replica was whole, and the data
+/// must match the CRC-32C `crc` the metadata records (the node sends its
+/// data unchecked with `sendfile`: this is the end-to-end check);
+/// `replica` names the replica in the errors.
 pub async fn read_get_body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     s: &mut R,
     replica: Addr,

@@ -6,8 +6,11 @@
 //! size, CRC-32C of the data) followed by the data. The checksum is
 //! written last, after every data byte, and the file is synced before it
 //! is renamed into place, so a file in place is whole unless the medium
-//! failed; a read still checks the length and the checksum, and a file
-//! that fails either is reported damaged, never served as good.
+//! failed. A read still checks the length, and the checksum is checked
+//! on every read: by the node for a small replica, read whole, and by the
+//! client for a larger one sent with `sendfile`, against the stored
+//! CRC-32C the reply's trailer carries. A replica that fails either is
+//! never taken for good.
 
 use strata_store_protocol::addr::Addr;
 

@@ -13,4 +13,5 @@ pub mod put;
 mod reader;
 pub mod replicas;
 pub mod schedule;
+pub mod sendfile;
 pub mod server;

@@ -1,23 +1,27 @@
 //! Serving a Get from a replica file: the I/O half of the read path. What
-//! the header and checksum mean is decided by [`crate::storage::file`];
-//! this reads the file, streams it, and reports in the reply's trailer
-//! whether the bytes sent were the replica as written.
+//! the header and checksum mean is decided by [`crate::storage::file`].
+//! A small replica is read whole, checked here, and written; a larger one
+//! is sent with `sendfile` straight from the page cache
+//! ([`crate::storage::sendfile`]), and its checksum is checked by the
+//! client, end to end, against the stored CRC-32C sent in the trailer.
 
 use crate::storage::file::{check_header, verified, Header, FILE_HEADER};
+use crate::storage::sendfile::{read_ahead, send_file, SendError};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use strata_store_client::stream::write_error;
 use strata_store_protocol::addr::{fmt_addr, Addr};
 use strata_store_protocol::Error;
-use tokio::fs::File;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::net::tcp::OwnedWriteHalf;
 
 /// Bytes read or written in one step.
 pub(super) const CHUNK: usize = 256 * 1024;
 
-/// Replicas up to this size are read whole in one blocking call: a Get of
-/// a small object then costs one hand-off to the blocking pool instead of
-/// one per file operation.
-const SMALL_REPLICA: u64 = 1 << 20;
+/// Replicas up to this size are read whole in one blocking call and
+/// checked on the node: one hand-off to the blocking pool and one write.
+/// Bigger ones go out with `sendfile`, never copied through user space.
+const SMALL_REPLICA: u64 = 64 * 1024;
 
 /// What opening a replica file found.
 enum Opened {
@@ -29,7 +33,7 @@ enum Opened {
         header: Header,
         data: Vec<u8>,
     },
-    /// A large replica, positioned after its header.
+    /// A large replica, its read-ahead started.
     Large {
         header: Header,
         file: std::fs::File,
@@ -51,6 +55,7 @@ fn open_replica(path: &Path) -> Opened {
         return Opened::Damaged;
     };
     if header.size > SMALL_REPLICA {
+        read_ahead(&file, FILE_HEADER as u64, header.size);
         return Opened::Large { header, file };
     }
     // Bounded by SMALL_REPLICA, checked above.
@@ -69,12 +74,14 @@ pub(super) async fn reply_err<W: tokio::io::AsyncWrite + Unpin>(
         .map_err(|e| Error::io("replying", e))
 }
 
-/// Sends the replica `addr` stored at `path`, verifying its checksum as
-/// it goes.
-pub(super) async fn get<W: tokio::io::AsyncWrite + Unpin>(
-    w: &mut W,
+/// Sends the replica `addr` stored at `path`: status, size, data, then
+/// the trailer (a flag, 0 when every byte was there, and the CRC-32C the
+/// client must find). A peer that takes nothing for `stall` is dropped.
+pub(super) async fn get(
+    w: &mut BufWriter<OwnedWriteHalf>,
     path: PathBuf,
     addr: Addr,
+    stall: Duration,
 ) -> Result<(), Error> {
     let opened = tokio::task::spawn_blocking(move || open_replica(&path))
         .await
@@ -83,7 +90,7 @@ pub(super) async fn get<W: tokio::io::AsyncWrite + Unpin>(
             source: Some(Box::new(e)),
         })?;
     let io = |e| Error::io("sending a replica", e);
-    let (header, crc, sent) = match opened {
+    let (header, good) = match opened {
         Opened::Missing => {
             return reply_err(w, &format!("no replica at {}", fmt_addr(addr))).await;
         }
@@ -101,56 +108,59 @@ pub(super) async fn get<W: tokio::io::AsyncWrite + Unpin>(
             w.write_all(&[0]).await.map_err(io)?;
             w.write_all(&header.size.to_be_bytes()).await.map_err(io)?;
             w.write_all(&data).await.map_err(io)?;
-            (header, crc32c::crc32c(&data), data.len() as u64)
+            let sent = data.len() as u64;
+            pad(w, header.size - sent).await?;
+            (header, verified(&header, crc32c::crc32c(&data), sent))
         }
         Opened::Large { header, file } => {
             w.write_all(&[0]).await.map_err(io)?;
             w.write_all(&header.size.to_be_bytes()).await.map_err(io)?;
-            let mut file = File::from_std(file);
-            let (crc, sent) = stream_body(w, &mut file, header.size).await?;
-            (header, crc, sent)
+            // The header goes before the body, which bypasses the buffer.
+            w.flush().await.map_err(io)?;
+            let socket = w.get_ref().as_ref();
+            let sent = match send_file(socket, &file, FILE_HEADER as u64, header.size, stall).await
+            {
+                Ok(sent) => sent,
+                Err(SendError::Stalled { sent }) => {
+                    return Err(Error::Timeout(format!(
+                        "the client took nothing for {} ms after {sent} of {} bytes of replica {}; connection closed",
+                        stall.as_millis(),
+                        header.size,
+                        fmt_addr(addr)
+                    )))
+                }
+                Err(SendError::Io(e)) => return Err(io(e)),
+            };
+            pad(w, header.size - sent).await?;
+            // The bytes are checked by the client against the stored CRC.
+            (header, sent == header.size)
         }
     };
-    if sent < header.size {
-        // Keep the framing: pad, and let the trailer say it is bad.
-        let zeros = vec![0u8; CHUNK];
-        let mut left = header.size - sent;
-        while left > 0 {
-            let n = left.min(CHUNK as u64) as usize;
-            w.write_all(&zeros[..n]).await.map_err(io)?;
-            left -= n as u64;
-        }
-    }
-    let good = verified(&header, crc, sent);
     w.write_all(&[if good { 0 } else { 1 }]).await.map_err(io)?;
-    w.write_all(&crc.to_be_bytes()).await.map_err(io)?;
+    w.write_all(&header.stored_crc.to_be_bytes())
+        .await
+        .map_err(io)?;
     w.flush().await.map_err(io)?;
     if !good {
-        tracing::warn!("replica {} failed its checksum", fmt_addr(addr));
+        tracing::warn!(
+            "replica {} failed its checksum or was cut short",
+            fmt_addr(addr)
+        );
     }
     Ok(())
 }
 
-/// Streams up to `size` bytes of `file`; returns their CRC-32C and how
-/// many there were (fewer if the file was cut short under us).
-async fn stream_body<W: tokio::io::AsyncWrite + Unpin>(
-    w: &mut W,
-    file: &mut File,
-    size: u64,
-) -> Result<(u32, u64), Error> {
-    let io = |e| Error::io("sending a replica", e);
-    let mut buf = vec![0u8; CHUNK];
-    let mut sent = 0u64;
-    let mut crc = 0u32;
-    while sent < size {
-        let want = (size - sent).min(CHUNK as u64) as usize;
-        let n = file.read(&mut buf[..want]).await.map_err(io)?;
-        if n == 0 {
-            break;
-        }
-        crc = crc32c::crc32c_append(crc, &buf[..n]);
-        w.write_all(&buf[..n]).await.map_err(io)?;
-        sent += n as u64;
+/// Keeps the framing when a replica was cut short under us: zeros for
+/// the `missing` bytes, and the trailer says the replica is bad.
+async fn pad(w: &mut BufWriter<OwnedWriteHalf>, missing: u64) -> Result<(), Error> {
+    let zeros = vec![0u8; CHUNK.min(missing as usize)];
+    let mut left = missing;
+    while left > 0 {
+        let n = left.min(CHUNK as u64) as usize;
+        w.write_all(&zeros[..n])
+            .await
+            .map_err(|e| Error::io("sending a replica", e))?;
+        left -= n as u64;
     }
-    Ok((crc, sent))
+    Ok(())
 }

@@ -6,8 +6,8 @@
 //! written to a temporary file while it is forwarded to the next replica,
 //! checked against the sender's checksum, fsynced and renamed into place
 //! before it is acknowledged, so a replica is either whole or absent.
-//! Every read verifies the checksum and reports the result in the reply's
-//! trailer ([`crate::storage::reader`]).
+//! A Get sends the data with its stored checksum, which the client checks
+//! end to end ([`crate::storage::reader`]).
 
 use crate::runtime::SharedTable;
 use crate::storage::core::{AfterRefusal, Refusal, StorageCore};
@@ -339,7 +339,7 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
                 };
                 put(&mut r, &mut w, store, table, addr, size, chain, coordinator).await?
             }
-            Request::Get { addr } => get(&mut w, store.path(addr), addr).await?,
+            Request::Get { addr } => get(&mut w, store.path(addr), addr, limit).await?,
             Request::Free { addr } => {
                 let path = store.path(addr);
                 if let Ok(m) = tokio::fs::metadata(&path).await {

@@ -80,12 +80,27 @@ impl Store {
     /// `strata ARGS --cluster ON`, with the cluster key in the
     /// environment (control commands need it).
     pub fn run(&self, args: &[&str]) -> std::process::Output {
-        Command::new(env!("CARGO_BIN_EXE_strata"))
+        self.strata(args).output().expect("run strata")
+    }
+
+    /// `strata ARGS` against this store, as its operator.
+    fn strata(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_strata"));
+        command
             .args(args)
             .args(["--cluster", &self.on.to_string()])
             .env("STRATA_CLUSTER_KEY", self.key_path())
-            .env(CREDENTIAL_ENV, self.dir.join(ADMIN_CREDENTIAL_FILE))
-            .output()
+            .env(CREDENTIAL_ENV, self.dir.join(ADMIN_CREDENTIAL_FILE));
+        command
+    }
+
+    /// Starts `strata ARGS` against this store, its output captured, and
+    /// returns at once.
+    pub fn command(&self, args: &[&str]) -> std::process::Child {
+        self.strata(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
             .expect("run strata")
     }
 

@@ -10,6 +10,7 @@ mod hostile;
 mod membership;
 mod objects;
 mod tenants;
+mod zero_copy;
 
 use crate::common::store::{admin, as_admin, wait_until, wait_until_long, Node, Store};
 use crate::common::{p, pattern, strata, strata_ok, tmp};
