@@ -6,7 +6,7 @@
 //! client, end to end, against the stored CRC-32C sent in the trailer.
 
 use crate::storage::file::{check_header, verified, Header, FILE_HEADER};
-use crate::storage::sendfile::{read_ahead, send_file, SendError};
+use crate::storage::sendfile::{send_file, set_cork, SendError};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use strata_store_client::stream::write_error;
@@ -33,7 +33,7 @@ enum Opened {
         header: Header,
         data: Vec<u8>,
     },
-    /// A large replica, its read-ahead started.
+    /// A large replica.
     Large {
         header: Header,
         file: std::fs::File,
@@ -55,7 +55,6 @@ fn open_replica(path: &Path) -> Opened {
         return Opened::Damaged;
     };
     if header.size > SMALL_REPLICA {
-        read_ahead(&file, FILE_HEADER as u64, header.size);
         return Opened::Large { header, file };
     }
     // Bounded by SMALL_REPLICA, checked above.
@@ -115,11 +114,13 @@ pub(super) async fn get(
         Opened::Large { header, file } => {
             w.write_all(&[0]).await.map_err(io)?;
             w.write_all(&header.size.to_be_bytes()).await.map_err(io)?;
+            let socket = w.get_ref().as_ref();
+            set_cork(socket, true);
             // The header goes before the body, which bypasses the buffer.
             w.flush().await.map_err(io)?;
             let socket = w.get_ref().as_ref();
-            let sent = match send_file(socket, &file, FILE_HEADER as u64, header.size, stall).await
-            {
+            let sent = send_file(socket, &file, FILE_HEADER as u64, header.size, stall).await;
+            let sent = match sent {
                 Ok(sent) => sent,
                 Err(SendError::Stalled { sent }) => {
                     return Err(Error::Timeout(format!(
@@ -141,6 +142,7 @@ pub(super) async fn get(
         .await
         .map_err(io)?;
     w.flush().await.map_err(io)?;
+    set_cork(w.get_ref().as_ref(), false);
     if !good {
         tracing::warn!(
             "replica {} failed its checksum or was cut short",

@@ -79,17 +79,20 @@ pub fn send_some(
     })
 }
 
-/// Asks the kernel to start reading `length` bytes of `file` from
-/// `offset` into the page cache now, so that `sendfile` finds them there
-/// instead of blocking its worker on the disk.
-pub fn read_ahead(file: &std::fs::File, offset: u64, length: u64) {
-    let (Ok(offset), Ok(length)) = (libc::off_t::try_from(offset), libc::off_t::try_from(length))
-    else {
-        return;
-    };
-    // SAFETY: advisory call on a descriptor we hold; failure is harmless.
+/// Holds back partial frames on `socket` while `corked` (TCP_CORK), so a
+/// body sent in several `sendfile` calls leaves in full-size segments,
+/// as nginx's `tcp_nopush` does; uncorking sends what is held at once.
+pub fn set_cork(socket: &TcpStream, corked: bool) {
+    let value: libc::c_int = corked.into();
+    // SAFETY: setsockopt on a socket we hold, with a c_int we own.
     unsafe {
-        libc::posix_fadvise(file.as_raw_fd(), offset, length, libc::POSIX_FADV_WILLNEED);
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CORK,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
     }
 }
 
