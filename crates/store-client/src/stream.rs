@@ -265,6 +265,7 @@ mod tests {
             size,
             replicas,
             coordinator: 0,
+            tenant: "acme".into(),
         }
         .seal(&key(1))
     }
@@ -390,7 +391,10 @@ mod tests {
         let put_t = ticket(TicketOp::Put, NOW + 1000, 100, vec![7, 1, 2]);
         assert_eq!(
             check(&put(), &put_t),
-            Ok(Authority::Tenant { coordinator: 0 })
+            Ok(Authority::Tenant {
+                coordinator: 0,
+                tenant: "acme".into()
+            })
         );
         let refused = |r: Result<Authority, String>, want: &str| {
             let err = r.unwrap_err();
@@ -427,7 +431,10 @@ mod tests {
         let get_t = ticket(TicketOp::Get, NOW + 1000, 100, vec![7, 1, 2]);
         assert_eq!(
             check(&Request::Get { addr: 1 }, &get_t),
-            Ok(Authority::Tenant { coordinator: 0 })
+            Ok(Authority::Tenant {
+                coordinator: 0,
+                tenant: "acme".into()
+            })
         );
         refused(
             check(&Request::Get { addr: 8 }, &get_t),

@@ -943,6 +943,7 @@ mod tests {
             size: 1 << 20,
             replicas: vec![u128::MAX - 1, 1 << 80, 77],
             coordinator: 0,
+            tenant: "acme".into(),
         }
     }
 
@@ -994,7 +995,7 @@ mod tests {
             replicas: vec![5, 6],
             ticket: vec![],
         };
-        issue_ticket(&mut plan, 0, &k, NOW);
+        issue_ticket(&mut plan, 0, "acme", &k, NOW);
         let Body::PostPlan { ticket, .. } = &plan else {
             unreachable!()
         };
@@ -1008,7 +1009,7 @@ mod tests {
             record: record.clone(),
             ticket: vec![],
         };
-        issue_ticket(&mut found, 0, &k, NOW);
+        issue_ticket(&mut found, 0, "acme", &k, NOW);
         let Body::Found { ticket, .. } = &found else {
             unreachable!()
         };
@@ -1022,10 +1023,10 @@ mod tests {
             record,
             ticket: vec![],
         };
-        issue_ticket(&mut empty, 0, &k, NOW);
+        issue_ticket(&mut empty, 0, "acme", &k, NOW);
         assert!(matches!(empty, Body::Found { ticket, .. } if ticket.is_empty()));
         let mut other = Body::Done { version: 1 };
-        issue_ticket(&mut other, 0, &k, NOW);
+        issue_ticket(&mut other, 0, "acme", &k, NOW);
         assert_eq!(other, Body::Done { version: 1 });
     }
 
@@ -1121,6 +1122,7 @@ mod tests {
             size: 300,
             replicas: record.replicas.clone(),
             coordinator: 0,
+            tenant: "acme".into(),
         }
         .seal(&key(1));
         assert!(refused(&record, &ticket, "acme", NOW).contains("link proof"));
@@ -1310,7 +1312,7 @@ mod tests {
         let mut last = Vec::new();
         for i in 0..n {
             let mut m = plain.clone();
-            issue_ticket(&mut m.body, 0, &k, NOW + i as u64);
+            issue_ticket(&mut m.body, 0, "acme", &k, NOW + i as u64);
             last = std::hint::black_box(m.encode().unwrap());
         }
         let issue = start.elapsed();

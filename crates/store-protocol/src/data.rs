@@ -98,7 +98,7 @@ pub struct Incoming {
 }
 
 /// Who a request was authenticated as.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Authority {
     /// A node holding the cluster key.
     Node,
@@ -107,6 +107,9 @@ pub enum Authority {
         /// The ticket's coordinator metadata address
         /// ([`crate::auth::Ticket::coordinator`]).
         coordinator: Addr,
+        /// The tenant the ticket was issued to
+        /// ([`crate::auth::Ticket::tenant`]).
+        tenant: String,
     },
 }
 
@@ -245,6 +248,7 @@ impl Incoming {
                 allowed.map_err(refuse)?;
                 Ok(Authority::Tenant {
                     coordinator: ticket.coordinator,
+                    tenant: ticket.tenant,
                 })
             }
         }

@@ -29,10 +29,12 @@ impl TicketOp {
 /// answer) and checked by the storage node with the cluster key. Tenants
 /// carry it without being able to read its tag's key or make one.
 ///
-/// Encoding: `S6T2`, op (u8), expiry (u64, ms since the Unix epoch, the
+/// Encoding: `S6T3`, op (u8), expiry (u64, ms since the Unix epoch, the
 /// issuer's clock), size (u64), the coordinator's metadata address (16
-/// bytes), replica count (u8, 1 to 16) and addresses, then an HMAC-SHA256
-/// tag truncated to [`TAG_LEN`] bytes over everything before it.
+/// bytes), replica count (u8, 1 to 16) and addresses, the tenant id (u16
+/// length, at most [`crate::tenant::MAX_TENANT_ID`] bytes), then an
+/// HMAC-SHA256 tag truncated to [`TAG_LEN`] bytes over everything before
+/// it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ticket {
     /// What it allows.
@@ -48,12 +50,15 @@ pub struct Ticket {
     /// node tells when the tenant's connection closes before the data is
     /// whole ([`Body::PutAbandoned`]); 0 in a Get ticket.
     pub coordinator: Addr,
+    /// The tenant the metadata node issued it to (empty when it answered
+    /// a node): a storage node's scheduler classes reads by it.
+    pub tenant: String,
 }
 
-/// Version 2 carries the coordinator's address.
-const TICKET_MAGIC: [u8; 4] = *b"S6T2";
-/// Bytes of a ticket without its replicas.
-pub(crate) const TICKET_FIXED: usize = 4 + 1 + 8 + 8 + 16 + 1 + TAG_LEN;
+/// Version 2 carries the coordinator's address, version 3 the tenant.
+const TICKET_MAGIC: [u8; 4] = *b"S6T3";
+/// Bytes of a ticket without its replicas and with an empty tenant id.
+pub(crate) const TICKET_FIXED: usize = 4 + 1 + 8 + 8 + 16 + 1 + 2 + TAG_LEN;
 
 /// How long a Put ticket lasts: a minute, and a second more per 16 MiB
 /// (the storage node checks it when the Put starts; the Post's own data
@@ -93,6 +98,7 @@ impl Ticket {
         w.u64(self.size);
         w.addr(self.coordinator);
         w.addrs(&self.replicas[..self.replicas.len().min(wire::MAX_DATA_REPLICAS)]);
+        w.str(&self.tenant);
         let tag = key.tag(&w.buf);
         w.buf.extend_from_slice(&tag);
         w.buf
@@ -101,7 +107,7 @@ impl Ticket {
     /// Checks a ticket's tag with `key` (in constant time, before reading
     /// anything else) and its expiry at `now_ms`, and decodes it.
     pub fn open(bytes: &[u8], key: &ClusterKey, now_ms: u64) -> Result<Ticket, TicketError> {
-        let most = TICKET_FIXED + 16 * wire::MAX_DATA_REPLICAS;
+        let most = TICKET_FIXED + 16 * wire::MAX_DATA_REPLICAS + crate::tenant::MAX_TENANT_ID;
         if bytes.len() < TICKET_FIXED + 16 || bytes.len() > most {
             return Err(TicketError::Malformed(format!(
                 "{} bytes; a ticket has {} to {most}",
@@ -127,6 +133,9 @@ impl Ticket {
         let size = r.u64().map_err(bad)?;
         let coordinator = r.addr().map_err(bad)?;
         let replicas = r.addrs(wire::MAX_DATA_REPLICAS, "replicas").map_err(bad)?;
+        let tenant = r
+            .str(crate::tenant::MAX_TENANT_ID, "tenant id")
+            .map_err(bad)?;
         r.finish().map_err(bad)?;
         if replicas.is_empty() {
             return Err(TicketError::Malformed("no replica".into()));
@@ -140,6 +149,7 @@ impl Ticket {
             size,
             replicas,
             coordinator,
+            tenant,
         })
     }
 
@@ -198,8 +208,14 @@ fn fmt_list(addrs: &[Addr]) -> String {
 /// object, which a client reads from the record alone (so a zero-byte Get
 /// pays for no HMAC). Other answers are left as they are. `coordinator`
 /// is the metadata address the request was sent to (a Put ticket names
-/// it: [`Ticket::coordinator`]).
-pub fn issue_ticket(body: &mut Body, coordinator: Addr, key: &ClusterKey, now_ms: u64) {
+/// it: [`Ticket::coordinator`]); `tenant` is who asked (empty for a node).
+pub fn issue_ticket(
+    body: &mut Body,
+    coordinator: Addr,
+    tenant: &str,
+    key: &ClusterKey,
+    now_ms: u64,
+) {
     match body {
         Body::PostPlan {
             size,
@@ -213,6 +229,7 @@ pub fn issue_ticket(body: &mut Body, coordinator: Addr, key: &ClusterKey, now_ms
                 size: *size,
                 replicas: replicas.clone(),
                 coordinator,
+                tenant: tenant.to_string(),
             }
             .seal(key);
         }
@@ -227,6 +244,7 @@ pub fn issue_ticket(body: &mut Body, coordinator: Addr, key: &ClusterKey, now_ms
                 size: record.size,
                 replicas: record.replicas.clone(),
                 coordinator: 0,
+                tenant: tenant.to_string(),
             }
             .seal(key);
         }

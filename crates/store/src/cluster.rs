@@ -50,6 +50,8 @@ pub struct ClusterConfig {
     pub gc: crate::storage::replicas::GcConfig,
     /// Limits of the storage nodes' data ports.
     pub data_limits: crate::storage::replicas::DataLimits,
+    /// RS3 on the storage nodes.
+    pub schedule: crate::storage::schedule::config::ScheduleConfig,
     /// Pause between two anti-entropy passes of each metadata node over
     /// the metadata copies of the names it coordinates, in ms (0: none).
     pub metadata_sync_ms: u64,
@@ -82,6 +84,7 @@ impl ClusterConfig {
             definitive_failure_ms: crate::orchestrator::state::DEFINITIVE_FAILURE_MS,
             gc: crate::storage::replicas::GcConfig::default(),
             data_limits: crate::storage::replicas::DataLimits::default(),
+            schedule: crate::storage::schedule::config::ScheduleConfig::default(),
             metadata_sync_ms: crate::metadata::state::DEFAULT_SYNC_MS,
             routed: false,
             keep_routes: true,
@@ -162,6 +165,7 @@ impl Cluster {
                     cfg.data_limits,
                     cfg.keep_routes,
                     &key,
+                    cfg.schedule.clone(),
                 )
                 .await?,
             );

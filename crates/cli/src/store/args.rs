@@ -376,6 +376,8 @@ pub struct UpArgs {
     #[command(flatten)]
     pub(super) data: DataArgs,
     #[command(flatten)]
+    pub(super) schedule: ScheduleArgs,
+    #[command(flatten)]
     pub(super) sync: SyncArgs,
     /// log2 of the number of metadata groups (4 to 16).
     #[arg(long, default_value_t = 8)]
@@ -417,6 +419,61 @@ impl DataArgs {
             read_timeout: std::time::Duration::from_millis(self.data_timeout_ms.max(1)),
             max_connections: self.data_max_connections.max(1),
         }
+    }
+}
+
+/// RS3, the storage nodes' read scheduler (docs/design/rs3.md).
+#[derive(Args)]
+pub struct ScheduleArgs {
+    /// Schedule Gets with RS3: reads are sent in batches whose byte
+    /// budget is shared fairly between request classes (tenants by
+    /// default), so a small read waits about one batch, not behind big
+    /// streams. Meant for nodes whose link is the bottleneck; off by
+    /// default.
+    #[arg(long)]
+    pub(super) rs3: bool,
+    /// Each RS3 batch's byte budget (64K to 1G); size it to the link: at
+    /// most one budget goes out per millisecond while the queues are full.
+    #[arg(long, default_value = "256K")]
+    pub(super) rs3_batch: String,
+    /// A class's weight, CLASS=W (1 to 1000; others weigh 1). Repeatable.
+    #[arg(long, value_name = "CLASS=W")]
+    pub(super) rs3_weight: Vec<String>,
+    /// Put a tenant's reads in a class other than its own id,
+    /// TENANT=CLASS. Repeatable.
+    #[arg(long, value_name = "TENANT=CLASS")]
+    pub(super) rs3_class: Vec<String>,
+}
+
+impl ScheduleArgs {
+    pub(super) fn config(
+        &self,
+    ) -> anyhow::Result<strata_store::storage::schedule::config::ScheduleConfig> {
+        use anyhow::Context;
+        let mut config = strata_store::storage::schedule::config::ScheduleConfig {
+            enabled: self.rs3,
+            batch_bytes: crate::units::parse_size(&self.rs3_batch)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("invalid --rs3-batch '{}'", self.rs3_batch))?,
+            ..Default::default()
+        };
+        for pair in &self.rs3_weight {
+            let (class, weight) = pair
+                .split_once('=')
+                .with_context(|| format!("invalid --rs3-weight '{pair}': expected CLASS=W"))?;
+            let weight = weight
+                .parse()
+                .with_context(|| format!("invalid --rs3-weight '{pair}': W is a number"))?;
+            config.weights.insert(class.to_string(), weight);
+        }
+        for pair in &self.rs3_class {
+            let (tenant, class) = pair
+                .split_once('=')
+                .with_context(|| format!("invalid --rs3-class '{pair}': expected TENANT=CLASS"))?;
+            config.classes.insert(tenant.to_string(), class.to_string());
+        }
+        config.validate()?;
+        Ok(config)
     }
 }
 
@@ -472,6 +529,9 @@ pub enum NodeCommand {
         /// Used by a storage node.
         #[command(flatten)]
         data: DataArgs,
+        /// Used by a storage node.
+        #[command(flatten)]
+        schedule: Box<ScheduleArgs>,
         /// Used by a metadata node (`--role mn`).
         #[command(flatten)]
         sync: SyncArgs,

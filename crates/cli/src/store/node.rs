@@ -14,6 +14,7 @@ pub(super) fn node(cmd: NodeCommand) -> Result<i32> {
             device: dev,
             gc,
             data,
+            schedule,
             sync,
             routes,
             key,
@@ -57,6 +58,7 @@ pub(super) fn node(cmd: NodeCommand) -> Result<i32> {
                     data.limits(),
                     keep_routes,
                     &key,
+                    schedule.config()?,
                 )
                 .await
                 .context("could not add the storage node")?;

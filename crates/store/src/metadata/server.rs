@@ -83,6 +83,15 @@ fn mn_receive_with<P: Copy + Eq + std::hash::Hash>(
         .map(|mut out| {
             let direct = matches!(&out, Out::Reply(p, m) if *p == from && m.req == req);
             if let (true, Some(tenant), Out::Reply(_, m)) = (direct, &tenant, &mut out) {
+                // The ticket names the tenant: storage nodes schedule by it.
+                let target = m.target;
+                strata_store_protocol::auth::issue_ticket(
+                    &mut m.body,
+                    target,
+                    tenant,
+                    gate.key(),
+                    wall,
+                );
                 strata_store_protocol::auth::issue_link_proof(
                     &mut m.body,
                     gate.key(),
@@ -719,7 +728,9 @@ fn dispatch(
         },
         other => return spawn_work(table, other, work),
     };
-    strata_store_protocol::auth::issue_ticket(&mut msg.body, msg.target, work.key, wall);
+    // A tenant's direct answer got its ticket in `mn_receive`; the
+    // others (answers to nodes) are issued to no tenant.
+    strata_store_protocol::auth::issue_ticket(&mut msg.body, msg.target, "", work.key, wall);
     if let Ok(bytes) = strata_store_protocol::auth::encode(&msg, key, wall) {
         outgoing.push((bytes, to));
     }

@@ -13,5 +13,6 @@ pub mod put;
 mod reader;
 pub mod replicas;
 pub mod schedule;
+pub mod scheduled;
 pub mod sendfile;
 pub mod server;

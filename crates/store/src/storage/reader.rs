@@ -6,6 +6,7 @@
 //! client, end to end, against the stored CRC-32C sent in the trailer.
 
 use crate::storage::file::{check_header, verified, Header, FILE_HEADER};
+use crate::storage::scheduled::{Body, ScheduledSender, Sent};
 use crate::storage::sendfile::{send_file, set_cork, SendError};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -73,15 +74,26 @@ pub(super) async fn reply_err<W: tokio::io::AsyncWrite + Unpin>(
         .map_err(|e| Error::io("replying", e))
 }
 
+/// How a Get's body goes out: straight on its connection, or through
+/// the node's RS3 sender in the batches of the reader's class.
+pub(super) enum Route<'a> {
+    /// Sent at once.
+    Direct,
+    /// Sent in RS3 batches, as a read of this tenant.
+    Scheduled(&'a ScheduledSender, &'a str),
+}
+
 /// Sends the replica `addr` stored at `path`: status, size, data, then
 /// the trailer (a flag, 0 when every byte was there, and the CRC-32C the
 /// client must find). A peer that takes nothing for `stall` is dropped.
+/// Gives the connection back at a request boundary.
 pub(super) async fn get(
-    w: &mut BufWriter<OwnedWriteHalf>,
+    mut w: BufWriter<OwnedWriteHalf>,
     path: PathBuf,
     addr: Addr,
     stall: Duration,
-) -> Result<(), Error> {
+    route: Route<'_>,
+) -> Result<BufWriter<OwnedWriteHalf>, Error> {
     let opened = tokio::task::spawn_blocking(move || open_replica(&path))
         .await
         .map_err(|e| Error::Task {
@@ -89,54 +101,69 @@ pub(super) async fn get(
             source: Some(Box::new(e)),
         })?;
     let io = |e| Error::io("sending a replica", e);
-    let (header, good) = match opened {
+    let (header, body, checked) = match opened {
         Opened::Missing => {
-            return reply_err(w, &format!("no replica at {}", fmt_addr(addr))).await;
+            reply_err(&mut w, &format!("no replica at {}", fmt_addr(addr))).await?;
+            return Ok(w);
         }
         Opened::Damaged => {
-            return reply_err(
-                w,
-                &format!(
-                    "replica {} is damaged (bad header or length); it must be repaired from another copy",
-                    fmt_addr(addr)
-                ),
-            )
-            .await;
+            let why = format!(
+                "replica {} is damaged (bad header or length); it must be repaired from another copy",
+                fmt_addr(addr)
+            );
+            reply_err(&mut w, &why).await?;
+            return Ok(w);
         }
         Opened::Small { header, data } => {
-            w.write_all(&[0]).await.map_err(io)?;
-            w.write_all(&header.size.to_be_bytes()).await.map_err(io)?;
-            w.write_all(&data).await.map_err(io)?;
-            let sent = data.len() as u64;
-            pad(w, header.size - sent).await?;
-            (header, verified(&header, crc32c::crc32c(&data), sent))
+            // Checked here, whole: the trailer's flag says if it was good.
+            let good = verified(&header, crc32c::crc32c(&data), data.len() as u64);
+            (header, Body::Memory(data), Some(good))
         }
         Opened::Large { header, file } => {
-            w.write_all(&[0]).await.map_err(io)?;
-            w.write_all(&header.size.to_be_bytes()).await.map_err(io)?;
-            let socket = w.get_ref().as_ref();
-            set_cork(socket, true);
-            // The header goes before the body, which bypasses the buffer.
-            w.flush().await.map_err(io)?;
-            let socket = w.get_ref().as_ref();
-            let sent = send_file(socket, &file, FILE_HEADER as u64, header.size, stall).await;
-            let sent = match sent {
-                Ok(sent) => sent,
-                Err(SendError::Stalled { sent }) => {
-                    return Err(Error::Timeout(format!(
-                        "the client took nothing for {} ms after {sent} of {} bytes of replica {}; connection closed",
-                        stall.as_millis(),
-                        header.size,
-                        fmt_addr(addr)
-                    )))
-                }
-                Err(SendError::Io(e)) => return Err(io(e)),
+            let body = Body::File {
+                file,
+                offset: FILE_HEADER as u64,
+                length: header.size,
             };
-            pad(w, header.size - sent).await?;
-            // The bytes are checked by the client against the stored CRC.
-            (header, sent == header.size)
+            (header, body, None)
         }
     };
+    w.write_all(&[0]).await.map_err(io)?;
+    w.write_all(&header.size.to_be_bytes()).await.map_err(io)?;
+    let (mut w, sent) = match route {
+        Route::Direct => send_direct(w, body, stall).await?,
+        Route::Scheduled(sender, tenant) => {
+            // The header goes before the body, which bypasses the buffer.
+            w.flush().await.map_err(io)?;
+            match sender.send(tenant, w, body, stall).await {
+                Some(answer) => answer,
+                None => {
+                    return Err(Error::Task {
+                        context: "the storage node's RS3 sender stopped".into(),
+                        source: None,
+                    })
+                }
+            }
+        }
+    };
+    let sent = match sent {
+        Sent::Done(sent) => sent,
+        Sent::Stalled(sent) => {
+            return Err(Error::Timeout(format!(
+                "the client took nothing for {} ms after {sent} of {} bytes of replica {}; connection closed",
+                stall.as_millis(),
+                header.size,
+                fmt_addr(addr)
+            )))
+        }
+        Sent::Failed(e) => return Err(io(e)),
+        // The header is out: the stream cannot carry an error now.
+        Sent::Refused(why) => return Err(Error::Peer(why)),
+    };
+    pad(&mut w, header.size - sent.min(header.size)).await?;
+    // A larger replica's bytes are checked by the client against the
+    // stored CRC; a small one's were checked here.
+    let good = sent == header.size && checked.unwrap_or(true);
     w.write_all(&[if good { 0 } else { 1 }]).await.map_err(io)?;
     w.write_all(&header.stored_crc.to_be_bytes())
         .await
@@ -149,7 +176,37 @@ pub(super) async fn get(
             fmt_addr(addr)
         );
     }
-    Ok(())
+    Ok(w)
+}
+
+/// Sends a body at once: a small one through the buffer, a file with
+/// `sendfile`, corked so that it leaves in full segments.
+async fn send_direct(
+    mut w: BufWriter<OwnedWriteHalf>,
+    body: Body,
+    stall: Duration,
+) -> Result<(BufWriter<OwnedWriteHalf>, Sent), Error> {
+    let io = |e| Error::io("sending a replica", e);
+    match body {
+        Body::Memory(data) => {
+            w.write_all(&data).await.map_err(io)?;
+            Ok((w, Sent::Done(data.len() as u64)))
+        }
+        Body::File {
+            file,
+            offset,
+            length,
+        } => {
+            set_cork(w.get_ref().as_ref(), true);
+            w.flush().await.map_err(io)?;
+            let sent = match send_file(w.get_ref().as_ref(), &file, offset, length, stall).await {
+                Ok(sent) => Sent::Done(sent),
+                Err(SendError::Stalled { sent }) => Sent::Stalled(sent),
+                Err(SendError::Io(e)) => Sent::Failed(e),
+            };
+            Ok((w, sent))
+        }
+    }
 }
 
 /// Keeps the framing when a replica was cut short under us: zeros for

@@ -13,7 +13,8 @@ use crate::runtime::SharedTable;
 use crate::storage::core::{AfterRefusal, Refusal, StorageCore};
 use crate::storage::file::{file_name, parse_name, CHECKSUM_OFFSET};
 use crate::storage::put::{PutAction, PutEvent, PutMachine, PutPhase, PutReply};
-use crate::storage::reader::{get, reply_err, CHUNK};
+use crate::storage::reader::{get, reply_err, Route, CHUNK};
+use crate::storage::scheduled::ScheduledSender;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,6 +42,8 @@ pub struct SnStore {
     limits: DataLimits,
     /// Data connections open now.
     connections: std::sync::atomic::AtomicUsize,
+    /// RS3's sender, when the node has one ([`SnStore::with_schedule`]).
+    schedule: Option<ScheduledSender>,
 }
 
 /// Limits of a storage node's data port, so that peers that connect and
@@ -112,6 +115,7 @@ impl SnStore {
             key: None,
             limits: DataLimits::default(),
             connections: std::sync::atomic::AtomicUsize::new(0),
+            schedule: None,
         })
     }
 
@@ -119,6 +123,18 @@ impl SnStore {
     pub fn with_limits(mut self, limits: DataLimits) -> SnStore {
         self.limits = limits;
         self
+    }
+
+    /// The store, with RS3's `sender`: Gets go through it while its
+    /// settings have scheduling on.
+    pub fn with_schedule(mut self, sender: ScheduledSender) -> SnStore {
+        self.schedule = Some(sender);
+        self
+    }
+
+    /// RS3's sender, if the node has one.
+    pub fn schedule(&self) -> Option<&ScheduledSender> {
+        self.schedule.as_ref()
     }
 
     /// Data connections open now.
@@ -290,9 +306,16 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
     let addressed = store.addressed(table, &stream);
     let (r, w) = stream.into_split();
     let mut r = BufReader::with_capacity(CHUNK, r);
-    let mut w = BufWriter::with_capacity(CHUNK, w);
+    let mut writer = Some(BufWriter::with_capacity(CHUNK, w));
     let limit = store.limits.read_timeout;
     loop {
+        // Back from the last Get, which lent it to the body's sender.
+        let Some(w) = writer.as_mut() else {
+            return Err(Error::Task {
+                context: "a data connection lost its writer".into(),
+                source: None,
+            });
+        };
         // A peer that sends a partial header (or nothing) is not waited
         // for past the limit: it would hold the connection forever.
         let Ok(read) = tokio::time::timeout(limit, read_request(&mut r)).await else {
@@ -306,7 +329,7 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
             Ok(None) => return Ok(()),
             Err(e) => {
                 // Tell the peer why, then close: the stream is out of sync.
-                let _ = write_error(&mut w, &e.report().to_string()).await;
+                let _ = write_error(w, &e.report().to_string()).await;
                 return Err(e);
             }
         };
@@ -316,7 +339,7 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
                 Ok(a) => a,
                 Err(msg) => {
                     tracing::info!("refused a data request: {msg}");
-                    reply_err(&mut w, &msg).await?;
+                    reply_err(w, &msg).await?;
                     // A refused Put's data would follow, and a peer without
                     // credentials gets nothing more from this connection.
                     return Ok(());
@@ -326,7 +349,7 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
         let layout = crate::runtime::read_table(table).layout;
         let checked = store.core().check_request(&layout, &req, addressed);
         if let Err(refusal) = checked {
-            match refused(&mut r, &mut w, refusal).await? {
+            match refused(&mut r, w, refusal).await? {
                 AfterRefusal::Close => return Ok(()),
                 _ => continue,
             }
@@ -334,12 +357,24 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
         match req {
             Request::Put { addr, size, chain } => {
                 let coordinator = match authority {
-                    Authority::Tenant { coordinator } => Some(coordinator),
+                    Authority::Tenant { coordinator, .. } => Some(coordinator),
                     Authority::Node => None,
                 };
-                put(&mut r, &mut w, store, table, addr, size, chain, coordinator).await?
+                put(&mut r, w, store, table, addr, size, chain, coordinator).await?
             }
-            Request::Get { addr } => get(&mut w, store.path(addr), addr, limit).await?,
+            Request::Get { addr } => {
+                let tenant = match &authority {
+                    Authority::Tenant { tenant, .. } => tenant.as_str(),
+                    Authority::Node => "",
+                };
+                let route = match store.schedule.as_ref() {
+                    Some(sender) if sender.enabled() => Route::Scheduled(sender, tenant),
+                    _ => Route::Direct,
+                };
+                if let Some(lent) = writer.take() {
+                    writer = Some(get(lent, store.path(addr), addr, limit, route).await?);
+                }
+            }
             Request::Free { addr } => {
                 let path = store.path(addr);
                 if let Ok(m) = tokio::fs::metadata(&path).await {

@@ -4,6 +4,8 @@
 
 use crate::runtime::{advertised, bind_address, node_uuid, refresh_loop, register};
 use crate::storage::replicas::SnStore;
+use crate::storage::schedule::config::ScheduleConfig;
+use crate::storage::scheduled::ScheduledSender;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
@@ -22,6 +24,8 @@ pub struct SnHandle {
     pub index: u16,
     /// Its persistent identity.
     pub uuid: u64,
+    /// Its replica store: counters and RS3's sender.
+    pub store: Arc<SnStore>,
     /// Ends once the orchestrator has retired the node and its replicas
     /// are freed ([`crate::storage::replicas::retire_watch`]).
     retire: tokio::task::JoinHandle<()>,
@@ -52,7 +56,8 @@ impl Drop for SnHandle {
 /// Starts a storage node stored in `dir` on `bind`, declaring `capacity`
 /// bytes of `device`, member of the cluster whose orchestrator is `on`;
 /// `gc` paces the collection of replicas no record names and `limits`
-/// bound its data port ([`crate::storage::replicas::DataLimits`]). With
+/// bound its data port ([`crate::storage::replicas::DataLimits`]);
+/// `schedule` sets RS3 ([`crate::storage::scheduled`]). With
 /// `keep_routes`, a node of a routed cluster keeps its host's routes in
 /// step with the table ([`crate::routes`]).
 #[allow(clippy::too_many_arguments)]
@@ -66,7 +71,10 @@ pub async fn start_sn(
     limits: crate::storage::replicas::DataLimits,
     keep_routes: bool,
     key: &ClusterKey,
+    schedule: ScheduleConfig,
 ) -> Result<SnHandle, Error> {
+    let sender = ScheduledSender::start(schedule)
+        .map_err(|e| Error::config(format!("storage node in {}: {e}", dir.display())))?;
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let uuid = node_uuid(dir)?;
@@ -94,7 +102,8 @@ pub async fn start_sn(
     let store = Arc::new(
         SnStore::open(dir, index, on, capacity)?
             .with_key(key.clone())
-            .with_limits(limits),
+            .with_limits(limits)
+            .with_schedule(sender),
     );
     let table = Arc::new(RwLock::new(fetch_table(on, Some(key)).await?));
     let stats_store = store.clone();
@@ -111,7 +120,7 @@ pub async fn start_sn(
         )),
         tokio::spawn(crate::storage::replicas::serve(
             listener,
-            store,
+            store.clone(),
             table.clone(),
         )),
         tokio::spawn(refresh_loop(
@@ -128,6 +137,7 @@ pub async fn start_sn(
         endpoint,
         index,
         uuid,
+        store,
         retire,
         tasks,
     })

@@ -27,6 +27,7 @@ pub struct Launch {
     cwd: Option<PathBuf>,
     env: Vec<(OsString, OsString)>,
     log: Option<PathBuf>,
+    netns: Option<String>,
 }
 
 impl Launch {
@@ -51,6 +52,13 @@ impl Launch {
         self
     }
 
+    /// Runs it in network namespace `name` (`ip netns exec`, which execs
+    /// it: the process is still strata's own).
+    pub fn netns(mut self, name: &str) -> Launch {
+        self.netns = Some(name.to_string());
+        self
+    }
+
     /// Keeps its stderr in `path` (a temporary file otherwise).
     pub fn log(mut self, path: PathBuf) -> Launch {
         self.log = Some(path);
@@ -68,7 +76,14 @@ impl Launch {
             }
         };
         let stderr = std::fs::File::create(&log).expect("process log");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_strata"));
+        let mut command = match &self.netns {
+            Some(name) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", name, env!("CARGO_BIN_EXE_strata")]);
+                command
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_strata")),
+        };
         command
             .args(&self.args)
             .envs(self.env)

@@ -1,7 +1,7 @@
 //! The object store as real processes: `strata store up` ([`Store`]) and
 //! the nodes `strata store node add` starts on their own ([`Node`]).
 
-use crate::common::{p, Proc};
+use crate::common::{p, Launch, Proc};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -47,10 +47,20 @@ impl Store {
     /// `strata store up --dir DIR EXTRA...` on a loopback port, ready; its
     /// admin credential is then what [`admin`] finds for its endpoint.
     pub fn up(dir: &Path, extra: &[&str]) -> Store {
+        Store::up_on(dir, "127.0.0.1:0", None, extra)
+    }
+
+    /// [`Store::up`] listening on `listen`, in network namespace `netns`
+    /// if given.
+    pub fn up_on(dir: &Path, listen: &str, netns: Option<&str>, extra: &[&str]) -> Store {
         let dir_arg = p(dir);
-        let mut args = vec!["store", "up", "--dir", &dir_arg, "--listen", "127.0.0.1:0"];
+        let mut args = vec!["store", "up", "--dir", &dir_arg, "--listen", listen];
         args.extend_from_slice(extra);
-        let process = Proc::start(&args);
+        let mut launch = Launch::strata(&args);
+        if let Some(name) = netns {
+            launch = launch.netns(name);
+        }
+        let process = launch.start();
         // "strata store: ready on 127.0.0.1:PORT (...)"
         let on = process
             .word_after("ready on ")

@@ -306,6 +306,7 @@ fn unsealed_or_unticketed_data_requests_are_refused_and_change_nothing() {
             size,
             replicas,
             coordinator: 0,
+            tenant: String::new(),
         }
         .seal(k)
     };

@@ -9,6 +9,7 @@ mod failures;
 mod hostile;
 mod membership;
 mod objects;
+mod rs3;
 mod tenants;
 mod zero_copy;
 

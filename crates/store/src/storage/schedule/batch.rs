@@ -218,6 +218,29 @@ impl Scheduler {
         })
     }
 
+    /// Takes new settings (checked first): the batch budget and the
+    /// weights apply from the next batch, pending requests included.
+    pub fn reconfigure(&mut self, config: ScheduleConfig) -> Result<(), ConfigError> {
+        config.validate()?;
+        for (class, queue) in self.classes.iter_mut() {
+            queue.weight = config.weight_of(class.as_str());
+        }
+        self.config = config;
+        Ok(())
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &ScheduleConfig {
+        &self.config
+    }
+
+    /// Requests pending in each class with any.
+    pub fn pending_by_class(&self) -> impl Iterator<Item = (&ClassId, usize)> {
+        self.classes
+            .iter()
+            .map(|(class, queue)| (class, queue.requests.len()))
+    }
+
     /// Requests pending.
     pub fn pending_requests(&self) -> usize {
         self.classes_of.len()

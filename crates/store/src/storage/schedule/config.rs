@@ -44,6 +44,9 @@ pub struct ScheduleConfig {
     pub weights: BTreeMap<String, u32>,
     /// The weight of every class not named in `weights`.
     pub default_weight: u32,
+    /// Tenants put in a class other than their own id (several tenants
+    /// may share one); at most [`MAX_WEIGHTED_CLASSES`].
+    pub classes: BTreeMap<String, String>,
 }
 
 impl Default for ScheduleConfig {
@@ -54,6 +57,7 @@ impl Default for ScheduleConfig {
             batch_bytes: DEFAULT_BATCH_BYTES,
             weights: BTreeMap::new(),
             default_weight: 1,
+            classes: BTreeMap::new(),
         }
     }
 }
@@ -71,6 +75,16 @@ impl ScheduleConfig {
         if self.weights.len() > MAX_WEIGHTED_CLASSES {
             return Err(ConfigError::TooManyClasses(self.weights.len()));
         }
+        if self.classes.len() > MAX_WEIGHTED_CLASSES {
+            return Err(ConfigError::TooManyClasses(self.classes.len()));
+        }
+        for (tenant, class) in &self.classes {
+            for name in [tenant, class] {
+                if !is_class_name(name) {
+                    return Err(ConfigError::ClassName(name.clone()));
+                }
+            }
+        }
         for (class, &weight) in &self.weights {
             if !is_class_name(class) {
                 return Err(ConfigError::ClassName(class.clone()));
@@ -83,6 +97,15 @@ impl ScheduleConfig {
             }
         }
         Ok(())
+    }
+
+    /// The class of a read by `tenant`: its configured class, or its own
+    /// id; a node's own reads (no tenant) are class `*`.
+    pub fn class_of<'a>(&'a self, tenant: &'a str) -> &'a str {
+        if tenant.is_empty() {
+            return "*";
+        }
+        self.classes.get(tenant).map_or(tenant, String::as_str)
     }
 
     /// The weight of class `class`.
@@ -141,7 +164,7 @@ impl fmt::Display for ConfigError {
             ),
             ConfigError::ClassName(class) => write!(
                 formatter,
-                "RS3 weight table names class {class:?}, which is not a class name: use '*' or 1 to \
+                "RS3 settings name class or tenant {class:?}, which is not a class name: use '*' or 1 to \
                  {MAX_CLASS_NAME} ASCII letters, digits, '.', '_' or '-' (a tenant id)"
             ),
             ConfigError::Weight { class, weight } => write!(
@@ -218,6 +241,20 @@ mod tests {
         assert_eq!(
             config.validate(),
             Err(ConfigError::TooManyClasses(MAX_WEIGHTED_CLASSES + 1))
+        );
+    }
+
+    #[test]
+    fn reads_are_classed_by_tenant_unless_mapped_and_nodes_are_class_star() {
+        let mut config = ScheduleConfig::default();
+        config.classes.insert("acme".into(), "gold".into());
+        assert_eq!(config.class_of("acme"), "gold");
+        assert_eq!(config.class_of("bee"), "bee");
+        assert_eq!(config.class_of(""), "*");
+        config.classes.insert("bad/name".into(), "gold".into());
+        assert_eq!(
+            config.validate(),
+            Err(ConfigError::ClassName("bad/name".into()))
         );
     }
 }
