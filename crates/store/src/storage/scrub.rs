@@ -25,7 +25,6 @@ use strata_store_protocol::addr::{fmt_addr, Addr};
 use strata_store_protocol::auth::ClusterKey;
 use strata_store_protocol::table::State;
 use strata_store_protocol::wire::{Body, Msg, MAX_DAMAGED};
-use tokio::io::AsyncReadExt;
 
 /// Default of [`ScrubConfig::rate_bytes_per_second`]: 16 MiB/s.
 pub const DEFAULT_SCRUB_RATE: u64 = 16 << 20;
@@ -212,53 +211,116 @@ pub enum Checked {
 }
 
 /// Re-reads the replica file at `path` whole, paced by `pacer`, checking
-/// its header and checksum.
-pub async fn check_replica(path: &Path, pacer: &mut Pacer, buf: &mut [u8]) -> Checked {
-    let mut file = match tokio::fs::File::open(path).await {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Checked::Gone,
-        Err(_) => return Checked::Damaged { bytes: 0 },
+/// its header and checksum. The reads and the checksum run on the
+/// blocking pool, a chunk at a time, so the scrub takes no time from the
+/// tasks serving requests; `buf` is the chunk buffer, handed back.
+pub async fn check_replica(path: &Path, pacer: &mut Pacer, buf: &mut Vec<u8>) -> Checked {
+    if buf.is_empty() {
+        // Lost with a step the runtime dropped: a new one.
+        buf.resize(SCRUB_CHUNK, 0);
+    }
+    let path = path.to_path_buf();
+    let opened = tokio::task::spawn_blocking(move || open_replica(&path)).await;
+    let (file, header) = match opened {
+        // The runtime is shutting down: nothing was found.
+        Err(_) => return Checked::Gone,
+        Ok(Opened::Gone) => return Checked::Gone,
+        Ok(Opened::Damaged { bytes }) => return Checked::Damaged { bytes },
+        Ok(Opened::Whole { file, header }) => (file, header),
     };
-    let Ok(len) = file.metadata().await.map(|m| m.len()) else {
-        return Checked::Damaged { bytes: 0 };
+    pacer.consumed(FILE_HEADER as u64).await;
+    let mut reading = Reading {
+        file,
+        buf: std::mem::take(buf),
+        crc: 0,
     };
-    let mut start = [0u8; FILE_HEADER];
-    let head = read_full(&mut file, &mut start).await.ok();
-    let mut read = head.unwrap_or(0) as u64;
-    let header = head.and_then(|n| check_header(&start[..n], len));
-    let Some(header) = header else {
-        return Checked::Damaged { bytes: read };
-    };
-    pacer.consumed(read).await;
-    let (mut crc, mut sent) = (0u32, 0u64);
+    let mut sent = 0u64;
     while sent < header.size {
-        let want = (header.size - sent).min(buf.len() as u64) as usize;
-        let n = match file.read(&mut buf[..want]).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
+        let want = (header.size - sent).min(reading.buf.len() as u64) as usize;
+        let step = tokio::task::spawn_blocking(move || {
+            let n = reading.step(want);
+            (reading, n)
+        })
+        .await;
+        let Ok((back, n)) = step else {
+            return Checked::Gone;
         };
-        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        reading = back;
+        if n == 0 {
+            break;
+        }
         sent += n as u64;
-        read += n as u64;
         pacer.consumed(n as u64).await;
     }
-    if verified(&header, crc, sent) {
-        Checked::Good { bytes: read }
+    *buf = reading.buf;
+    let bytes = FILE_HEADER as u64 + sent;
+    if verified(&header, reading.crc, sent) {
+        Checked::Good { bytes }
     } else {
-        Checked::Damaged { bytes: read }
+        Checked::Damaged { bytes }
     }
 }
 
-/// Reads until `buf` is full or the file ends; how many bytes it got.
-async fn read_full(file: &mut tokio::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match file.read(&mut buf[got..]).await? {
-            0 => break,
-            n => got += n,
-        }
+/// What opening a replica file found.
+enum Opened {
+    Gone,
+    /// Damaged on its header or length; `bytes` read.
+    Damaged {
+        bytes: u64,
+    },
+    /// Its header agrees with its length; the file is positioned after it.
+    Whole {
+        file: std::fs::File,
+        header: crate::storage::file::Header,
+    },
+}
+
+/// Opens a replica file and checks its header against its length
+/// (blocking).
+fn open_replica(path: &Path) -> Opened {
+    use std::io::Read;
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Opened::Gone,
+        Err(_) => return Opened::Damaged { bytes: 0 },
+    };
+    let Ok(len) = file.metadata().map(|m| m.len()) else {
+        return Opened::Damaged { bytes: 0 };
+    };
+    let mut start = Vec::with_capacity(FILE_HEADER);
+    if (&mut file)
+        .take(FILE_HEADER as u64)
+        .read_to_end(&mut start)
+        .is_err()
+    {
+        return Opened::Damaged { bytes: 0 };
     }
-    Ok(got)
+    match check_header(&start, len) {
+        Some(header) => Opened::Whole { file, header },
+        None => Opened::Damaged {
+            bytes: start.len() as u64,
+        },
+    }
+}
+
+/// A replica file being re-read, with the checksum of what was read.
+struct Reading {
+    file: std::fs::File,
+    buf: Vec<u8>,
+    crc: u32,
+}
+
+impl Reading {
+    /// Reads up to `want` bytes (at most the buffer) and adds them to the
+    /// checksum (blocking); how many it read, 0 at the end of the file or
+    /// on a read error (either fails the length check).
+    fn step(&mut self, want: usize) -> usize {
+        use std::io::Read;
+        let want = want.min(self.buf.len());
+        let n = self.file.read(&mut self.buf[..want]).unwrap_or(0);
+        self.crc = crc32c::crc32c_append(self.crc, &self.buf[..n]);
+        n
+    }
 }
 
 /// One pass over the replica files in `replicas` (a storage node's

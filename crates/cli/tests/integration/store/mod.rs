@@ -9,6 +9,7 @@ mod failures;
 mod hostile;
 mod membership;
 mod objects;
+mod scrub;
 mod tenants;
 
 use crate::common::store::{admin, as_admin, wait_until, wait_until_long, Node, Store};
