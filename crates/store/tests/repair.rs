@@ -1338,3 +1338,27 @@ fn a_report_of_a_replica_the_record_does_not_name_is_ignored() {
     assert!(copies(&core.tick(20)).is_empty());
     assert_eq!(record(&core, &t, "m/obj"), before);
 }
+
+/// Tenants' reports start at most 16 repairs a second: each costs a copy
+/// of the whole object, and a tenant must not make the cluster copy its
+/// objects without end.
+#[test]
+fn tenants_reports_are_taken_at_a_bounded_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut core, t) = core_with_object(dir.path(), "n/0");
+    for i in 1..20 {
+        post(&mut core, &t, &format!("n/{i}"), 2 * i);
+    }
+    let mut started = 0;
+    for i in 0..20 {
+        let name = format!("n/{i}");
+        let bad = record(&core, &t, &name).replicas[0];
+        let (_, outs) = report_bad(&mut core, &t, &name, bad, 5_000 + i);
+        started += copies(&outs).len();
+    }
+    assert_eq!(started, 16, "16 a second");
+    // The next second takes more.
+    let bad = record(&core, &t, "n/19").replicas[0];
+    let (version, outs) = report_bad(&mut core, &t, "n/19", bad, 6_000);
+    assert!(version > 0 && copies(&outs).len() == 1, "{outs:?}");
+}

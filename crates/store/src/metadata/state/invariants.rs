@@ -83,17 +83,18 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
 
     fn check_damaged(&self) -> Result<(), InvariantError> {
         use super::damaged::MAX_DAMAGED_KEPT;
-        ensure(self.damaged.len() <= MAX_DAMAGED_KEPT, "damaged", || {
+        let d = &self.damaged;
+        ensure(d.addrs.len() <= MAX_DAMAGED_KEPT, "damaged", || {
             format!(
                 "{} replicas reported damaged kept, at most {MAX_DAMAGED_KEPT}",
-                self.damaged.len()
+                d.addrs.len()
             )
         })?;
-        let late = self.damaged.values().find(|&&seen| seen > self.repair_pass);
+        let late = d.addrs.values().find(|&&seen| seen > d.pass);
         ensure(late.is_none(), "damaged", || {
             format!(
                 "a damaged replica seen by repair pass {late:?}, after the current {}",
-                self.repair_pass
+                d.pass
             )
         })?;
         // A repair drops only replicas it does not keep or write.

@@ -260,12 +260,8 @@ pub struct MnCore<P> {
     /// The repair scan's drain counts, while storage nodes are drained.
     drain_pass: Option<DrainPass>,
     /// Replica addresses reported damaged (by a storage node's scrub or a
-    /// tenant's Get), with the repair pass that last saw them; at most
-    /// `MAX_DAMAGED_KEPT` (see `damaged`).
-    damaged: BTreeMap<Addr, u64>,
-    /// Repair passes started so far: a damaged address no record named
-    /// during a whole pass is forgotten.
-    repair_pass: u64,
+    /// tenant's Get), waiting for repair (see `damaged`).
+    damaged: damaged::DamagedReports,
     /// Groups this node owns and is handing over, sealed for the final
     /// copy under the freeze of this epoch: no change of them is accepted
     /// (and no Get answered, since the new owner may be answering already).
@@ -358,8 +354,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             repair_cursor: None,
             next_repair: 0,
             drain_pass: None,
-            damaged: BTreeMap::new(),
-            repair_pass: 0,
+            damaged: damaged::DamagedReports::default(),
             sealed,
             stale_seals: false,
             pulls: BTreeMap::new(),

@@ -31,7 +31,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         if !draining {
             self.drain_pass = None;
         }
-        let damaged = !self.damaged.is_empty();
+        let damaged = !self.damaged.addrs.is_empty();
         if !(any_dead || draining || damaged)
             || now < self.next_repair
             || self.repairs.len() >= MAX_REPAIRS
@@ -41,6 +41,8 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         let groups = self.owned_groups();
         let Some(&first_group) = groups.first() else {
             self.drain_pass = None;
+            // No record here can name a reported replica.
+            self.damaged.addrs.clear();
             return;
         };
         let resumed = self
@@ -330,6 +332,13 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             .first()
             .and_then(|&a| self.table.layout.mg_of(a))
             == Some(mg);
+        // Replicas reported damaged count as lost: read from last, and
+        // dropped once a verified copy is committed. Seen here, they are
+        // kept while a copy runs or waits.
+        let damaged = match coordinator_row {
+            true => self.damaged_of(&record),
+            false => Vec::new(),
+        };
         if !coordinator_row
             || self.is_frozen(mg)
             || self.pending.contains_key(&record.name)
@@ -337,9 +346,6 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         {
             return false;
         }
-        // Replicas reported damaged count as lost: read from last, and
-        // dropped once a verified copy is committed.
-        let damaged = self.damaged_of(&record, true);
         let t = &self.table;
         // (liveness, being drained) of a replica's node.
         let state_of = |a: Addr| t.sn_for(a).map(|s| (s.state, t.retiring(s.index)));
@@ -514,8 +520,12 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             }
         }
         out.extend(repair.targets[written..].iter().map(|&a| Out::Free(a)));
-        // The record no longer names them: free the damaged replicas.
-        out.extend(repair.dropped.iter().map(|&a| Out::Free(a)));
+        // The record no longer names them: free the damaged replicas,
+        // unless a rename may share them with another name (its
+        // collection round frees them once no record names them).
+        if record.rename.is_none() {
+            out.extend(repair.dropped.iter().map(|&a| Out::Free(a)));
+        }
         Ok(())
     }
 
