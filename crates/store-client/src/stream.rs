@@ -177,7 +177,9 @@ pub async fn write_put_body<W: AsyncWrite + Unpin, R: AsyncRead + Unpin>(
 /// trailer. The node's flag must say the replica was whole, and the data
 /// must match the CRC-32C `crc` the metadata records (the node sends its
 /// data unchecked with `sendfile`: this is the end-to-end check);
-/// `replica` names the replica in the errors.
+/// `replica` names the replica in the errors. A wrong size or checksum is
+/// [`Error::Corrupt`] (the replica is damaged), a stream that ends early
+/// [`Error::Peer`].
 pub async fn read_get_body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     s: &mut R,
     replica: Addr,
@@ -202,7 +204,8 @@ pub async fn read_get_body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         let want = (size - done).min(CHUNK as u64) as usize;
         let n = s.read(&mut buf[..want]).await.map_err(io)?;
         if n == 0 {
-            return Err(Error::Corrupt(format!(
+            // The node went away: not a sign of a damaged replica.
+            return Err(Error::Peer(format!(
                 "storage node closed the stream after {done} of {size} bytes"
             )));
         }

@@ -5,7 +5,8 @@ use crate::tenant::scope_prefix;
 use crate::wire::{Body, RenameLink};
 
 /// Checks that every name request `body` touches is in tenant `id`'s
-/// scope: the name of a Post, Get (or GetLinkProof) or Delete; both names of a rename's
+/// scope: the name of a Post, Get (or GetLinkProof), Delete or bad
+/// replica report; both names of a rename's
 /// Link or Update (the record's and the one its rename link names); a
 /// List's prefix. The error says what was refused and what is allowed.
 pub fn check_scope(id: &str, body: &Body) -> Result<(), String> {
@@ -23,6 +24,7 @@ pub fn check_scope(id: &str, body: &Body) -> Result<(), String> {
         | Body::PostAbort { name, .. }
         | Body::Get { name }
         | Body::GetLinkProof { name }
+        | Body::BadReplica { name, .. }
         | Body::Delete { name, .. } => vec![name],
         Body::Link { record, .. } | Body::Update { record, .. } => {
             let mut v = vec![record.name.as_str()];
@@ -70,6 +72,12 @@ mod tests {
         let prove = |n: &str| Body::GetLinkProof { name: n.into() };
         assert!(check_scope("acme", &prove("acme/x")).is_ok());
         assert!(check_scope("acme", &prove("other/x")).is_err());
+        let report = |n: &str| Body::BadReplica {
+            name: n.into(),
+            replica: 1,
+        };
+        assert!(check_scope("acme", &report("acme/x")).is_ok());
+        assert!(check_scope("acme", &report("other/x")).is_err());
         let rec = |name: &str, rename: Option<RenameLink>| Record {
             name: name.into(),
             size: 0,

@@ -48,6 +48,8 @@ pub struct ClusterConfig {
     pub definitive_failure_ms: u64,
     /// Collection of unreferenced replicas on the storage nodes.
     pub gc: crate::storage::replicas::GcConfig,
+    /// The storage nodes' background scrub of their replicas.
+    pub scrub: crate::storage::scrub::ScrubConfig,
     /// Limits of the storage nodes' data ports.
     pub data_limits: crate::storage::replicas::DataLimits,
     /// RS3 on the storage nodes.
@@ -83,6 +85,7 @@ impl ClusterConfig {
             short_failure_ms: crate::orchestrator::state::SHORT_FAILURE_MS,
             definitive_failure_ms: crate::orchestrator::state::DEFINITIVE_FAILURE_MS,
             gc: crate::storage::replicas::GcConfig::default(),
+            scrub: crate::storage::scrub::ScrubConfig::default(),
             data_limits: crate::storage::replicas::DataLimits::default(),
             schedule: crate::storage::schedule::config::ScheduleConfig::default(),
             metadata_sync_ms: crate::metadata::state::DEFAULT_SYNC_MS,
@@ -162,6 +165,7 @@ impl Cluster {
                     cfg.sn_capacity,
                     cfg.device,
                     cfg.gc,
+                    cfg.scrub,
                     cfg.data_limits,
                     cfg.keep_routes,
                     &key,

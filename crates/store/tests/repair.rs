@@ -1156,3 +1156,209 @@ mod unauthenticated {
         assert_eq!(on.table().sns[0].state, State::Retired);
     }
 }
+
+/// `core`'s answer to a tenant's report that `replica` of `name` failed
+/// its CRC, and what else it asked for.
+fn report_bad(
+    core: &mut MnCore<u32>,
+    t: &Table,
+    name: &str,
+    replica: u128,
+    now: u64,
+) -> (u64, Vec<Out<u32>>) {
+    let coord = t.meta_addrs(name)[0];
+    let report = Msg::new(
+        900 + now,
+        coord,
+        Body::BadReplica {
+            name: name.into(),
+            replica,
+        },
+    );
+    let outs = core.handle(now, CLIENT, report);
+    core.check_invariants().expect("a sound metadata node");
+    let version = outs
+        .iter()
+        .find_map(|o| match o {
+            Out::Reply(_, m) => match m.body {
+                Body::Done { version } => Some(version),
+                ref other => panic!("{other:?}"),
+            },
+            _ => None,
+        })
+        .expect("an answer");
+    (version, outs)
+}
+
+/// The replicas `outs` frees.
+fn frees(outs: &[Out<u32>]) -> Vec<u128> {
+    outs.iter()
+        .filter_map(|o| match o {
+            Out::Free(a) => Some(*a),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A tenant's report of a replica failing its CRC: the coordinator
+/// copies the object from the other replicas (the reported one last, used
+/// only if it verifies), and only once that copy is committed does the
+/// record drop the reported replica, which is then freed.
+#[test]
+fn a_replica_reported_damaged_is_replaced_by_a_verified_copy_then_freed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut core, t) = core_with_object(dir.path(), "g/obj");
+    let before = record(&core, &t, "g/obj");
+    let bad = before.replicas[1];
+    let (version, outs) = report_bad(&mut core, &t, "g/obj", bad, 10);
+    assert_eq!(version, before.version);
+    let copy = copies(&outs);
+    assert_eq!(copy.len(), 1, "the repair starts at once: {outs:?}");
+    let (version, sources, targets, crc) = copy[0].clone();
+    assert_eq!((version, crc), (before.version, before.crc));
+    assert_eq!(
+        sources,
+        [before.replicas[0], before.replicas[2], bad],
+        "the reported replica is the last resort"
+    );
+    assert_eq!(targets.len(), 1);
+    assert!(!before.replicas.contains(&targets[0]));
+    assert!(frees(&outs).is_empty(), "nothing freed before the copy");
+    assert_eq!(record(&core, &t, "g/obj"), before);
+    // A second report of the same replica while the copy runs starts
+    // nothing more.
+    let (_, outs) = report_bad(&mut core, &t, "g/obj", bad, 15);
+    assert!(copies(&outs).is_empty(), "{outs:?}");
+    let outs = core.copy_done(20, "g/obj", version, targets.clone(), Ok(1));
+    assert_eq!(frees(&outs), [bad], "the damaged replica is freed");
+    let after = record(&core, &t, "g/obj");
+    assert_eq!(after.version, before.version + 1);
+    assert_eq!(
+        after.replicas,
+        [before.replicas[0], before.replicas[2], targets[0]]
+    );
+    core.check_invariants().unwrap();
+    // Repaired: the next passes copy nothing, and forget the address.
+    assert!(copies(&core.tick(2_000)).is_empty());
+    assert!(copies(&core.tick(4_000)).is_empty());
+    assert_eq!(core.damaged_count(), 0);
+}
+
+/// A wrong (or hostile) report never loses data: while no copy verifies,
+/// the record keeps every replica, the reported one included, and
+/// nothing of it is freed.
+#[test]
+fn a_report_whose_copy_fails_keeps_every_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut core, t) = core_with_object(dir.path(), "h/obj");
+    let before = record(&core, &t, "h/obj");
+    let (_, outs) = report_bad(&mut core, &t, "h/obj", before.replicas[0], 10);
+    let (version, _, targets, _) = copies(&outs)[0].clone();
+    let outs = core.copy_done(20, "h/obj", version, targets.clone(), Err("crc".into()));
+    assert_eq!(frees(&outs), targets, "only the failed copy is freed");
+    assert_eq!(record(&core, &t, "h/obj"), before);
+    // The scan tries again (the report is kept while its record names it).
+    let outs = core.tick(2_000);
+    assert_eq!(copies(&outs).len(), 1, "{outs:?}");
+    assert!(frees(&outs).is_empty());
+    assert_eq!(record(&core, &t, "h/obj"), before);
+    core.check_invariants().unwrap();
+}
+
+/// A storage node's scrub report names addresses only: the repair scan
+/// finds the record naming one and repairs it; an address no record
+/// names is ignored and forgotten after a pass; a flood of reports is
+/// held to a bound.
+#[test]
+fn a_storage_node_s_report_is_repaired_by_the_scan_and_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut core, t) = core_with_object(dir.path(), "k/obj");
+    post(&mut core, &t, "k/other", 2);
+    let before = record(&core, &t, "k/obj");
+    let other = record(&core, &t, "k/other");
+    let report = |req: u64, addrs: Vec<u128>| Msg::new(req, 0, Body::DamagedReplicas { addrs });
+    let unnamed = before.replicas[2] ^ 0xffff;
+    let outs = core.handle(10, 1, report(50, vec![before.replicas[2], unnamed]));
+    assert!(
+        matches!(&outs[..], [Out::Reply(_, m)] if m.body == Body::Done { version: 2 }),
+        "{outs:?}"
+    );
+    let outs = core.tick(20);
+    let copy = copies(&outs);
+    assert_eq!(copy.len(), 1, "only the record naming it: {outs:?}");
+    let (version, sources, targets, _) = copy[0].clone();
+    assert_eq!(sources.last(), Some(&before.replicas[2]));
+    assert_eq!(
+        record(&core, &t, "k/other"),
+        other,
+        "the other is untouched"
+    );
+    let outs = core.copy_done(30, "k/obj", version, targets.clone(), Ok(1));
+    assert_eq!(frees(&outs), [before.replicas[2]]);
+    assert!(!record(&core, &t, "k/obj")
+        .replicas
+        .contains(&before.replicas[2]));
+    // The unnamed address was forgotten at the end of the pass.
+    assert!(copies(&core.tick(2_000)).is_empty());
+    assert_eq!(core.damaged_count(), 0);
+    // A flood of reports of addresses no record names is bounded, and
+    // starts no copy.
+    let mut kept = 0;
+    for i in 0..40u64 {
+        let addrs = (0..256u128).map(|j| (i as u128) << 20 | j).collect();
+        let outs = core.handle(3_000 + i, 1, report(100 + i, addrs));
+        if let [Out::Reply(_, m)] = &outs[..] {
+            if let Body::Done { version } = m.body {
+                kept = version;
+            }
+        }
+        core.check_invariants().unwrap();
+    }
+    assert!(core.damaged_count() <= 4096, "{}", core.damaged_count());
+    assert_eq!(kept, 0, "reports past the bound are dropped");
+    assert!(copies(&core.tick(5_000)).is_empty());
+    assert_eq!(core.damaged_count(), 0, "forgotten after a pass");
+    assert_eq!(record(&core, &t, "k/other"), other);
+}
+
+/// A tenant's report naming a replica its object does not have, or an
+/// object that does not exist, changes nothing.
+#[test]
+fn a_report_of_a_replica_the_record_does_not_name_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut core, t) = core_with_object(dir.path(), "m/obj");
+    let before = record(&core, &t, "m/obj");
+    let (version, outs) = report_bad(&mut core, &t, "m/obj", before.replicas[0] + 1, 10);
+    assert_eq!(version, 0);
+    assert!(copies(&outs).is_empty() && frees(&outs).is_empty());
+    let (version, outs) = report_bad(&mut core, &t, "m/none", before.replicas[0], 11);
+    assert_eq!(version, 0);
+    assert!(copies(&outs).is_empty() && frees(&outs).is_empty());
+    assert_eq!(core.damaged_count(), 0);
+    assert!(copies(&core.tick(20)).is_empty());
+    assert_eq!(record(&core, &t, "m/obj"), before);
+}
+
+/// Tenants' reports start at most 16 repairs a second: each costs a copy
+/// of the whole object, and a tenant must not make the cluster copy its
+/// objects without end.
+#[test]
+fn tenants_reports_are_taken_at_a_bounded_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut core, t) = core_with_object(dir.path(), "n/0");
+    for i in 1..20 {
+        post(&mut core, &t, &format!("n/{i}"), 2 * i);
+    }
+    let mut started = 0;
+    for i in 0..20 {
+        let name = format!("n/{i}");
+        let bad = record(&core, &t, &name).replicas[0];
+        let (_, outs) = report_bad(&mut core, &t, &name, bad, 5_000 + i);
+        started += copies(&outs).len();
+    }
+    assert_eq!(started, 16, "16 a second");
+    // The next second takes more.
+    let bad = record(&core, &t, "n/19").replicas[0];
+    let (version, outs) = report_bad(&mut core, &t, "n/19", bad, 6_000);
+    assert!(version > 0 && copies(&outs).len() == 1, "{outs:?}");
+}

@@ -374,6 +374,8 @@ pub struct UpArgs {
     #[command(flatten)]
     pub(super) gc: GcArgs,
     #[command(flatten)]
+    pub(super) scrub: ScrubArgs,
+    #[command(flatten)]
     pub(super) data: DataArgs,
     #[command(flatten)]
     pub(super) schedule: ScheduleArgs,
@@ -397,6 +399,30 @@ pub struct GcArgs {
     /// Replicas younger than this (ms) are never collected.
     #[arg(long, default_value_t = 600_000)]
     pub(super) gc_grace_ms: u64,
+}
+
+/// The storage nodes' background scrub: each re-reads its replicas,
+/// checks their CRC-32C, and reports damaged ones to the metadata nodes,
+/// which repair them from good copies.
+#[derive(Args)]
+pub struct ScrubArgs {
+    /// Bytes of replicas each storage node re-reads per second (e.g. 16M,
+    /// 512k; 0 disables the scrub).
+    #[arg(long, default_value = "16M", value_parser = crate::units::parse_size)]
+    pub(super) scrub_rate: u64,
+    /// Milliseconds each storage node pauses between two passes over all
+    /// its replicas.
+    #[arg(long, default_value_t = strata_store::storage::scrub::DEFAULT_SCRUB_PAUSE.as_millis() as u64)]
+    pub(super) scrub_pause_ms: u64,
+}
+
+impl ScrubArgs {
+    pub(super) fn config(&self) -> strata_store::storage::scrub::ScrubConfig {
+        strata_store::storage::scrub::ScrubConfig::at_rate(
+            self.scrub_rate,
+            std::time::Duration::from_millis(self.scrub_pause_ms),
+        )
+    }
 }
 
 /// Limits of the storage nodes' data ports.
@@ -526,6 +552,9 @@ pub enum NodeCommand {
         device: String,
         #[command(flatten)]
         gc: GcArgs,
+        /// Used by a storage node.
+        #[command(flatten)]
+        scrub: ScrubArgs,
         /// Used by a storage node.
         #[command(flatten)]
         data: DataArgs,

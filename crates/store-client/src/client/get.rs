@@ -4,6 +4,7 @@
 
 use super::calls::{unexpected, Call};
 use super::replica::Replica;
+use super::report::refused_as_damaged;
 use super::{checked_name, Client, META_ATTEMPTS, META_TIMEOUT_MS};
 use crate::stream::{read_get_body, read_status};
 use crate::transport::request_id;
@@ -79,7 +80,11 @@ impl Client {
     }
 
     /// Reads an object into `out` from the first replica that serves it
-    /// whole and verified; returns its metadata.
+    /// whole and verified; returns its metadata. A replica that served
+    /// bytes failing the record's CRC-32C, or that its node refused as
+    /// damaged, is reported to the name's coordinator once another has
+    /// served the object (in the background: never a delay or a failure
+    /// of this Get), so that it is repaired.
     pub async fn get<W: AsyncWrite + AsyncSeek + Unpin>(
         &self,
         name: &str,
@@ -97,6 +102,9 @@ impl Client {
         }
         let table = self.table();
         let mut last = None;
+        // Replicas that served bad bytes or were refused as damaged:
+        // reported once another one has served the object.
+        let mut damaged = Vec::new();
         for &addr in &record.replicas {
             let replica = match Replica::locate(&table, addr) {
                 Ok(replica) => replica,
@@ -123,10 +131,17 @@ impl Client {
                 match read_replica(stream, &replica, &ticket, &record, out, progress).await {
                     Ok(stream) => {
                         self.connections.keep(&replica, stream);
+                        for bad in damaged {
+                            self.report_bad_replica(name, bad);
+                        }
                         return Ok(record);
                     }
                     Err((e, started)) => {
                         let stale = reused && !started;
+                        let bad = matches!(e, Error::Corrupt(_)) || refused_as_damaged(&e);
+                        if bad && !damaged.contains(&addr) {
+                            damaged.push(addr);
+                        }
                         last = Some(e);
                         if !stale {
                             break;

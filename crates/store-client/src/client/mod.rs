@@ -31,6 +31,7 @@
 //! - `replica`: a replica's endpoint, found once, and the idle data
 //!   connections.
 //! - `repair`: the metadata nodes' copy and free of replicas.
+//! - `report`: telling a coordinator a replica failed its CRC.
 //! - `get`, `put`, `names` (delete and rename), `list`: the object calls.
 
 mod calls;
@@ -40,12 +41,14 @@ mod names;
 mod put;
 mod repair;
 mod replica;
+mod report;
 mod udp;
 
 pub use self::calls::{Call, Step};
 pub use self::names::RenameStep;
 pub use self::put::PutResult;
 pub use self::repair::{copy_replica, free_replica};
+pub use self::report::MAX_REPORTS;
 pub use self::udp::{meta_over_ipv6, run_call};
 
 use self::replica::Connections;
@@ -74,6 +77,8 @@ pub struct Client {
     /// The tenant's credential: every metadata request is sealed with it
     /// ([`strata_store_protocol::tenant`]).
     credential: TenantCredential,
+    /// Bad-replica reports under way (at most [`MAX_REPORTS`]).
+    reports: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Idle UDP sockets a client keeps.
@@ -104,6 +109,7 @@ impl Client {
             sockets: Mutex::new(Vec::new()),
             connections: Connections::default(),
             credential,
+            reports: Arc::default(),
         })
     }
 

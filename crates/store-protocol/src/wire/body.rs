@@ -323,6 +323,31 @@ pub enum Body {
         /// The lowest generation still valid after this.
         below: u32,
     },
+    /// Storage node → every metadata node: these replicas of the node
+    /// failed a re-read (bad header, wrong length or CRC-32C mismatch) in
+    /// its scrub. A metadata node repairs each record it coordinates that
+    /// names one: a new copy from a replica that verifies, then the record
+    /// drops the damaged address and the replica is freed. Addresses no
+    /// record names are ignored. Sealed with the cluster key; answered
+    /// `Done` with the number of addresses taken (at most
+    /// [`MAX_DAMAGED`]).
+    DamagedReplicas {
+        /// The damaged replica addresses (at most [`MAX_DAMAGED`]).
+        addrs: Vec<Addr>,
+    },
+    /// Tenant → the coordinator address of `name`: reading `replica` of
+    /// `name` gave bytes that failed the record's CRC-32C (or the node
+    /// refused it as damaged), and another replica served the object. The
+    /// coordinator treats it like a storage node's report: a copy from a
+    /// replica that verifies first, so a wrong report loses nothing.
+    /// Answered `Done` (version 0 when ignored: no record, or a record
+    /// that does not name `replica`).
+    BadReplica {
+        /// Object name.
+        name: String,
+        /// The replica that failed.
+        replica: Addr,
+    },
     /// Storage node → metadata node: which of these replica addresses do
     /// your records name? (Garbage collection of unreferenced replicas.)
     Referenced {
@@ -498,6 +523,15 @@ const _: () = assert!(HEADER_LEN + MAX_SYNC_SUMS * 13 + SEAL_LEN <= crate::codec
 
 /// Most addresses one `Referenced` message carries.
 pub const MAX_REFERENCED: usize = 2048;
+
+/// Most addresses one [`Body::DamagedReplicas`] report carries: a
+/// storage node batches its scrub's findings in reports of at most this
+/// many, and a metadata node never takes more from one datagram.
+pub const MAX_DAMAGED: usize = 256;
+
+// A full report (a u16 count, 16 bytes an address) with its header and
+// seal fits one datagram.
+const _: () = assert!(HEADER_LEN + 2 + MAX_DAMAGED * 16 + SEAL_LEN <= crate::codec::MAX_DATAGRAM);
 
 /// A metadata message: request id, target address and body.
 #[derive(Clone, Debug, PartialEq, Eq)]

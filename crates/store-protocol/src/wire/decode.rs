@@ -2,13 +2,14 @@
 //! does not decode.
 
 use super::body::{
-    Body, ListEntry, Msg, Role, SyncEntry, SyncSum, MAX_DATA_REPLICAS, MAX_GATHER_GROUPS,
-    MAX_OBJECT, MAX_SYNC_ENTRIES, MAX_SYNC_SUMS,
+    Body, ListEntry, Msg, Role, SyncEntry, SyncSum, MAX_DAMAGED, MAX_DATA_REPLICAS,
+    MAX_GATHER_GROUPS, MAX_OBJECT, MAX_SYNC_ENTRIES, MAX_SYNC_SUMS,
 };
 use super::frame::{peek, tenant_parts, HEADER_LEN, SEAL_LEN};
 use super::kinds::Kind;
 use super::records::{
-    flag, get_addr_list, get_cursor, get_record, get_rows, get_ticket, sync_count,
+    flag, get_addr_list, get_bounded_addrs, get_cursor, get_record, get_rows, get_ticket,
+    sync_count,
 };
 use crate::codec::{Reader, WireError, MAX_DATAGRAM, MAX_NAME};
 use crate::error::Code;
@@ -138,6 +139,13 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
         Kind::Done => Body::Done { version: r.u64()? },
         Kind::PutAbandoned => Body::PutAbandoned { replica: r.addr()? },
         Kind::PadTo => Body::PadTo { size: r.u32()? },
+        Kind::DamagedReplicas => Body::DamagedReplicas {
+            addrs: get_bounded_addrs(r, MAX_DAMAGED, "damaged replicas in one report")?,
+        },
+        Kind::BadReplica => Body::BadReplica {
+            name: r.name()?,
+            replica: r.addr()?,
+        },
         Kind::Error => Body::Error {
             code: Code::from_u16(r.u16()?),
             message: r.str(MAX_DATAGRAM, "error message")?,

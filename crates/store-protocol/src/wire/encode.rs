@@ -2,7 +2,9 @@
 //! cluster key, or sealed with a tenant's credential, each optionally
 //! padded.
 
-use super::body::{Body, Msg, MAX_GATHER_GROUPS, MAX_REFERENCED, MAX_SYNC_ENTRIES, MAX_SYNC_SUMS};
+use super::body::{
+    Body, Msg, MAX_DAMAGED, MAX_GATHER_GROUPS, MAX_REFERENCED, MAX_SYNC_ENTRIES, MAX_SYNC_SUMS,
+};
 use super::frame::{MAGIC, SEALED, SEAL_LEN, TENANT, TENANT_SEAL_FIXED, VERSION};
 use super::records::{put_cursor, put_record, put_rows};
 use crate::codec::{WireError, Writer, MAX_DATAGRAM};
@@ -208,6 +210,19 @@ impl Msg {
             Body::Done { version } => w.u64(*version),
             Body::PutAbandoned { replica } => w.addr(*replica),
             Body::PadTo { size } => w.u32(*size),
+            Body::DamagedReplicas { addrs } => {
+                // The sender batches at most MAX_DAMAGED; never more on
+                // the wire, where the decoder would refuse them.
+                let n = addrs.len().min(MAX_DAMAGED);
+                w.u16(n as u16);
+                for &a in &addrs[..n] {
+                    w.addr(a);
+                }
+            }
+            Body::BadReplica { name, replica } => {
+                w.str(name);
+                w.addr(*replica);
+            }
             Body::Error { code, message } => {
                 w.u16(*code as u16);
                 w.str(message);

@@ -107,11 +107,15 @@ pub enum Kind {
     PutAbandoned = 38,
     /// [`Body::PadTo`].
     PadTo = 39,
+    /// [`Body::DamagedReplicas`].
+    DamagedReplicas = 40,
+    /// [`Body::BadReplica`].
+    BadReplica = 41,
 }
 
 /// The one table of message kinds: each kind, in number order, with its
 /// class. Encoding, decoding and the gate all read it.
-const KINDS: [(Kind, Class); 39] = [
+const KINDS: [(Kind, Class); 41] = [
     (Kind::PostBegin, Class::TenantRequest),
     (Kind::PostPlan, Class::Answer),
     (Kind::PostCommit, Class::TenantRequest),
@@ -151,6 +155,8 @@ const KINDS: [(Kind, Class); 39] = [
     (Kind::RevokeTenant, Class::Internal),
     (Kind::PutAbandoned, Class::Internal),
     (Kind::PadTo, Class::Answer),
+    (Kind::DamagedReplicas, Class::Internal),
+    (Kind::BadReplica, Class::TenantRequest),
 ];
 
 // The table is in number order from 1, so a kind's row is found by its
@@ -251,6 +257,8 @@ impl Body {
             Body::RevokeTenant { .. } => Kind::RevokeTenant,
             Body::PutAbandoned { .. } => Kind::PutAbandoned,
             Body::PadTo { .. } => Kind::PadTo,
+            Body::DamagedReplicas { .. } => Kind::DamagedReplicas,
+            Body::BadReplica { .. } => Kind::BadReplica,
         }
     }
 }

@@ -27,7 +27,7 @@ mod records;
 
 pub use self::body::{
     Body, GatherCursor, ListEntry, Msg, Record, RenameLink, Role, Row, SyncEntry, SyncSum,
-    MAX_DATA_REPLICAS, MAX_GATHER_GROUPS, MAX_OBJECT, MAX_PULL_ROWS, MAX_REFERENCED,
+    MAX_DAMAGED, MAX_DATA_REPLICAS, MAX_GATHER_GROUPS, MAX_OBJECT, MAX_PULL_ROWS, MAX_REFERENCED,
     MAX_SYNC_ENTRIES, MAX_SYNC_SUMS, MAX_TICKET,
 };
 pub use self::decode::malformed;
@@ -311,6 +311,14 @@ mod tests {
             },
             Body::PutAbandoned { replica: 1 << 90 },
             Body::PadTo { size: 1200 },
+            Body::DamagedReplicas {
+                addrs: vec![1 << 70, u128::MAX],
+            },
+            Body::DamagedReplicas { addrs: vec![] },
+            Body::BadReplica {
+                name: "acme/x".into(),
+                replica: 1 << 90 | 5,
+            },
         ]
     }
 
@@ -331,8 +339,8 @@ mod tests {
             assert_eq!(is_answer(kind as u8), class == Class::Answer);
             assert_eq!(is_control(kind as u8), class == Class::Control);
         }
-        assert_eq!(Kind::all().count(), 39);
-        for unknown in [0, 40, 63, 255] {
+        assert_eq!(Kind::all().count(), 41);
+        for unknown in [0, 42, 63, 255] {
             assert_eq!(Kind::from_number(unknown), None);
             assert!(!is_client_request(unknown) && !is_answer(unknown) && !is_control(unknown));
         }
@@ -344,7 +352,10 @@ mod tests {
                 .map(|k| k as u8)
                 .collect()
         };
-        assert_eq!(numbers(Class::TenantRequest), [1, 3, 4, 5, 6, 8, 9, 21, 35]);
+        assert_eq!(
+            numbers(Class::TenantRequest),
+            [1, 3, 4, 5, 6, 8, 9, 21, 35, 41]
+        );
         assert_eq!(
             numbers(Class::Answer),
             [2, 7, 10, 13, 14, 16, 18, 23, 25, 28, 34, 36, 39]
@@ -395,6 +406,49 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("empty"));
+    }
+
+    #[test]
+    fn damaged_replica_reports_are_bounded() {
+        // A full report fits a sealed datagram and round-trips.
+        let full: Vec<u128> = (0..MAX_DAMAGED as u128).map(|i| i << 64 | 7).collect();
+        let m = Msg::new(1, 0, Body::DamagedReplicas { addrs: full });
+        let key = crate::key::ClusterKey::from_bytes(&[3; crate::key::KEY_LEN]);
+        let sealed = m.seal(&key, 1).unwrap();
+        assert!(sealed.len() <= MAX_DATAGRAM);
+        assert_eq!(Msg::decode(&m.encode().unwrap()).unwrap(), m);
+        // More than the bound are never encoded...
+        let over: Vec<u128> = (0..MAX_DAMAGED as u128 + 5).collect();
+        let bytes = Msg::new(1, 0, Body::DamagedReplicas { addrs: over })
+            .encode()
+            .unwrap();
+        match Msg::decode(&bytes).unwrap().body {
+            Body::DamagedReplicas { addrs } => assert_eq!(addrs.len(), MAX_DAMAGED),
+            other => panic!("{other:?}"),
+        }
+        // ...and a count above it is refused before anything is read.
+        let mut bytes = Msg::new(1, 0, Body::DamagedReplicas { addrs: vec![] })
+            .encode()
+            .unwrap();
+        let at = bytes.len() - 2;
+        bytes[at..].copy_from_slice(&(MAX_DAMAGED as u16 + 1).to_be_bytes());
+        let err = Msg::decode(&bytes).unwrap_err().to_string();
+        assert!(
+            err.contains("257 damaged replicas in one report; the limit is 256"),
+            "{err}"
+        );
+        // A tenant's report names its object with a valid name.
+        let bytes = Msg::new(
+            1,
+            0,
+            Body::BadReplica {
+                name: String::new(),
+                replica: 1,
+            },
+        )
+        .encode()
+        .unwrap();
+        assert!(Msg::decode(&bytes).is_err());
     }
 
     #[test]

@@ -70,9 +70,22 @@ pub(super) fn get_ticket(r: &mut Reader) -> Result<Vec<u8>, WireError> {
 
 /// A u16-counted list of addresses, at most [`MAX_REFERENCED`].
 pub(super) fn get_addr_list(r: &mut Reader) -> Result<Vec<Addr>, WireError> {
+    get_bounded_addrs(r, MAX_REFERENCED, "addresses in one message")
+}
+
+/// A u16-counted list of at most `max` addresses (`what` names them in
+/// the error), refused before anything is allocated if the count is
+/// larger.
+pub(super) fn get_bounded_addrs(
+    r: &mut Reader,
+    max: usize,
+    what: &str,
+) -> Result<Vec<Addr>, WireError> {
     let n = r.u16()? as usize;
-    if n > MAX_REFERENCED {
-        return Err(WireError::Invalid(format!("{n} addresses in one message")));
+    if n > max {
+        return Err(WireError::Invalid(format!(
+            "{n} {what}; the limit is {max}"
+        )));
     }
     (0..n).map(|_| r.addr()).collect()
 }

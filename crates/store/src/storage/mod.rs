@@ -2,7 +2,8 @@
 //! I/O ([`core`]: admission and counters; [`put`]: one Put's machine;
 //! [`collect`]: garbage collection; [`file`]: the replica file's layout
 //! and what a read may serve). The I/O shell executes them on real files
-//! and sockets ([`replicas`], with Gets served by [`reader`]), and
+//! and sockets ([`replicas`], with Gets served by [`reader`]), [`scrub`]
+//! re-reads the replicas in the background and reports damaged ones, and
 //! [`server`] runs the node on its TCP listener. See
 //! docs/design/storage-node.md.
 
@@ -14,5 +15,6 @@ mod reader;
 pub mod replicas;
 pub mod schedule;
 pub mod scheduled;
+pub mod scrub;
 pub mod sendfile;
 pub mod server;

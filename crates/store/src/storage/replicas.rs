@@ -15,12 +15,14 @@ use crate::storage::file::{file_name, parse_name, CHECKSUM_OFFSET};
 use crate::storage::put::{PutAction, PutEvent, PutMachine, PutPhase, PutReply};
 use crate::storage::reader::{get, reply_err, Route, CHUNK};
 use crate::storage::scheduled::ScheduledSender;
+use crate::storage::scrub::{ScrubProgress, ScrubStats};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use strata_store_client::stream::{read_request, read_status, write_error};
 use strata_store_protocol::addr::{fmt_addr, Addr};
+use strata_store_protocol::auth::ClusterKey;
 use strata_store_protocol::data::{Authority, Credential, Request};
 use strata_store_protocol::wire::{Body, Msg};
 use strata_store_protocol::Error;
@@ -44,6 +46,8 @@ pub struct SnStore {
     connections: std::sync::atomic::AtomicUsize,
     /// RS3's sender, when the node has one ([`SnStore::with_schedule`]).
     schedule: Option<ScheduledSender>,
+    /// The scrub's counters ([`crate::storage::scrub`]).
+    scrub: ScrubProgress,
 }
 
 /// Limits of a storage node's data port, so that peers that connect and
@@ -116,6 +120,7 @@ impl SnStore {
             limits: DataLimits::default(),
             connections: std::sync::atomic::AtomicUsize::new(0),
             schedule: None,
+            scrub: ScrubProgress::default(),
         })
     }
 
@@ -146,6 +151,19 @@ impl SnStore {
     pub fn with_key(mut self, key: strata_store_protocol::auth::ClusterKey) -> SnStore {
         self.key = Some(key);
         self
+    }
+
+    /// What the background scrub has done so far: passes, replicas and
+    /// bytes re-read, damaged replicas found and reported
+    /// ([`crate::storage::scrub`]).
+    pub fn scrub_stats(&self) -> ScrubStats {
+        self.scrub.stats()
+    }
+
+    /// The scrub's counters, for its task; with the node's directory and
+    /// the key it seals reports with.
+    pub(super) fn scrub_parts(&self) -> (PathBuf, ScrubProgress, Option<ClusterKey>) {
+        (self.dir.clone(), self.scrub.clone(), self.key.clone())
     }
 
     /// The core, locked for one decision (never across an await).

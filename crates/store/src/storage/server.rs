@@ -55,7 +55,8 @@ impl Drop for SnHandle {
 
 /// Starts a storage node stored in `dir` on `bind`, declaring `capacity`
 /// bytes of `device`, member of the cluster whose orchestrator is `on`;
-/// `gc` paces the collection of replicas no record names and `limits`
+/// `gc` paces the collection of replicas no record names, `scrub` the
+/// re-reading of replicas ([`crate::storage::scrub`]), and `limits`
 /// bound its data port ([`crate::storage::replicas::DataLimits`]);
 /// `schedule` sets RS3 ([`crate::storage::scheduled`]). With
 /// `keep_routes`, a node of a routed cluster keeps its host's routes in
@@ -68,6 +69,7 @@ pub async fn start_sn(
     capacity: u64,
     device: Device,
     gc: crate::storage::replicas::GcConfig,
+    scrub: crate::storage::scrub::ScrubConfig,
     limits: crate::storage::replicas::DataLimits,
     keep_routes: bool,
     key: &ClusterKey,
@@ -112,7 +114,15 @@ pub async fn start_sn(
         table.clone(),
         uuid,
     ));
+    let (scrub_dir, progress, scrub_key) = store.scrub_parts();
     let tasks = vec![
+        tokio::spawn(crate::storage::scrub::scrub_loop(
+            scrub_dir,
+            progress,
+            table.clone(),
+            scrub_key,
+            scrub,
+        )),
         tokio::spawn(crate::storage::replicas::gc_loop(
             store.clone(),
             table.clone(),

@@ -10,6 +10,7 @@ mod hostile;
 mod membership;
 mod objects;
 mod rs3;
+mod scrub;
 mod tenants;
 mod zero_copy;
 

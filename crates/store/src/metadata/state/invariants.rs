@@ -14,6 +14,9 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     ///   (it is answered, and forgotten, as the W_m-th comes); a resend's
     ///   delay stays between its first and its longest;
     /// - `repairs`: at most `MAX_REPAIRS` repair copies run at once;
+    /// - `damaged`: at most `MAX_DAMAGED_KEPT` replicas reported damaged
+    ///   are kept, none seen by a pass not started yet, and a repair never
+    ///   keeps or writes a replica it drops;
     /// - `seals`: a group sealed here for its final copy is owned here and
     ///   frozen by the table at the seal's epoch (a seal outliving its
     ///   freeze would refuse the group's changes for good), unless
@@ -45,6 +48,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         ensure(self.repairs.len() <= MAX_REPAIRS, "repairs", || {
             format!("{} repairs, at most {MAX_REPAIRS}", self.repairs.len())
         })?;
+        self.check_damaged()?;
         self.check_handovers()?;
         self.check_restores()
     }
@@ -74,6 +78,36 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         ensure(bad.is_none(), "replication", || {
             let (req, i) = bad.unwrap();
             format!("resend {req} of {:?} every {} ms", i.name, i.delay)
+        })
+    }
+
+    fn check_damaged(&self) -> Result<(), InvariantError> {
+        use super::damaged::MAX_DAMAGED_KEPT;
+        let d = &self.damaged;
+        ensure(d.addrs.len() <= MAX_DAMAGED_KEPT, "damaged", || {
+            format!(
+                "{} replicas reported damaged kept, at most {MAX_DAMAGED_KEPT}",
+                d.addrs.len()
+            )
+        })?;
+        let late = d.addrs.values().find(|&&seen| seen > d.pass);
+        ensure(late.is_none(), "damaged", || {
+            format!(
+                "a damaged replica seen by repair pass {late:?}, after the current {}",
+                d.pass
+            )
+        })?;
+        // A repair drops only replicas it does not keep or write.
+        let bad = self.repairs.iter().find(|(_, r)| {
+            r.dropped
+                .iter()
+                .any(|a| r.keep.contains(a) || r.targets.contains(a))
+        });
+        ensure(bad.is_none(), "damaged", || {
+            format!(
+                "the repair of {:?} keeps a replica it drops",
+                bad.map(|b| b.0)
+            )
         })
     }
 
@@ -210,6 +244,7 @@ mod tests {
                 version: 1,
                 keep: Vec::new(),
                 targets: Vec::new(),
+                dropped: Vec::new(),
                 deadline: 0,
             };
             c.repairs.insert(format!("n{i}"), repair);

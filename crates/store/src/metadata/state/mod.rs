@@ -14,9 +14,11 @@
 //! [`MnCore::handle`] and [`MnCore::tick`] (here) decide what runs; one
 //! module per concern holds the rest of the `impl`: `writes` (Post,
 //! Update, Link, Get, Delete), `replication`, `repair` (and drain
-//! reports), `sync` (anti-entropy), `handover` and `restore` of
-//! metadata groups.
+//! reports), `damaged` (replicas reported damaged by a scrub or a
+//! client), `sync` (anti-entropy), `handover` and `restore` of metadata
+//! groups.
 
+mod damaged;
 mod handover;
 mod invariants;
 mod repair;
@@ -129,6 +131,9 @@ struct Repair {
     keep: Vec<Addr>,
     /// New replica addresses being written.
     targets: Vec<Addr>,
+    /// Replicas reported damaged that the record drops once the copy is
+    /// committed, then freed.
+    dropped: Vec<Addr>,
     deadline: u64,
 }
 
@@ -254,6 +259,9 @@ pub struct MnCore<P> {
     next_repair: u64,
     /// The repair scan's drain counts, while storage nodes are drained.
     drain_pass: Option<DrainPass>,
+    /// Replica addresses reported damaged (by a storage node's scrub or a
+    /// tenant's Get), waiting for repair (see `damaged`).
+    damaged: damaged::DamagedReports,
     /// Groups this node owns and is handing over, sealed for the final
     /// copy under the freeze of this epoch: no change of them is accepted
     /// (and no Get answered, since the new owner may be answering already).
@@ -346,6 +354,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             repair_cursor: None,
             next_repair: 0,
             drain_pass: None,
+            damaged: damaged::DamagedReports::default(),
             sealed,
             stale_seals: false,
             pulls: BTreeMap::new(),
@@ -622,6 +631,13 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                     }
                 }
                 Ok(Some(Body::Done { version: *version }))
+            }
+            Body::DamagedReplicas { addrs } => Ok(Some(Body::Done {
+                version: self.damaged_reported(addrs),
+            })),
+            Body::BadReplica { name, replica } => {
+                let mg = self.coordinator_check(msg.target, name)?;
+                self.bad_replica(now, mg, name, *replica, out).map(Some)
             }
             Body::PutAbandoned { replica } => {
                 self.owned(msg.target)?;

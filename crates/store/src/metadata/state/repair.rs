@@ -31,12 +31,18 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         if !draining {
             self.drain_pass = None;
         }
-        if !(any_dead || draining) || now < self.next_repair || self.repairs.len() >= MAX_REPAIRS {
+        let damaged = !self.damaged.addrs.is_empty();
+        if !(any_dead || draining || damaged)
+            || now < self.next_repair
+            || self.repairs.len() >= MAX_REPAIRS
+        {
             return;
         }
         let groups = self.owned_groups();
         let Some(&first_group) = groups.first() else {
             self.drain_pass = None;
+            // No record here can name a reported replica.
+            self.damaged.addrs.clear();
             return;
         };
         let resumed = self
@@ -52,6 +58,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 if draining {
                     self.drain_pass = Some(self.start_drain_pass(groups.clone()));
                 }
+                self.repair_pass_started();
                 (first_group, None)
             }
         };
@@ -121,6 +128,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 None => {
                     self.next_repair = now + REPAIR_PASS_MS;
                     self.report_drains(out);
+                    self.repair_pass_ended();
                     return;
                 }
             }
@@ -324,6 +332,13 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             .first()
             .and_then(|&a| self.table.layout.mg_of(a))
             == Some(mg);
+        // Replicas reported damaged count as lost: read from last, and
+        // dropped once a verified copy is committed. Seen here, they are
+        // kept while a copy runs or waits.
+        let damaged = match coordinator_row {
+            true => self.damaged_of(&record),
+            false => Vec::new(),
+        };
         if !coordinator_row
             || self.is_frozen(mg)
             || self.pending.contains_key(&record.name)
@@ -339,6 +354,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             .iter()
             .copied()
             .filter(|&a| matches!(state_of(a), Some((State::Up | State::Down, false))))
+            .filter(|a| !damaged.contains(a))
             .collect();
         let n_d = t.params_for(&record.name).n_d as usize;
         // Copy sources: the up replicas on nodes that stay first, then
@@ -356,13 +372,22 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 .replicas
                 .iter()
                 .copied()
-                .filter(|&a| state_of(a) == Some((State::Up, true))),
+                .filter(|&a| state_of(a) == Some((State::Up, true)) && !damaged.contains(&a)),
+        );
+        // A replica reported damaged is the last resort: the copy checks
+        // the record's CRC, so it is used only if it verifies (a wrong
+        // report), never taken as good.
+        sources.extend(
+            damaged
+                .iter()
+                .copied()
+                .filter(|&a| matches!(state_of(a), Some((State::Up, _)))),
         );
         let names_drained = record
             .replicas
             .iter()
             .any(|&a| state_of(a).is_some_and(|(_, drained)| drained));
-        if live.len() >= n_d {
+        if live.len() >= n_d && damaged.is_empty() {
             if names_drained {
                 // Enough replicas elsewhere already (more than N_d were
                 // written): the record just stops naming the drained one,
@@ -371,6 +396,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                     version: record.version,
                     keep: live,
                     targets: Vec::new(),
+                    dropped: Vec::new(),
                     deadline: now,
                 };
                 let _ = self.commit_repair(now, &record.name, repair, 0, out);
@@ -382,20 +408,10 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         if sources.is_empty() {
             return false;
         }
-        let exclude: Vec<u16> = record
-            .replicas
-            .iter()
-            .filter_map(|&a| self.table.layout.sn_of(a))
-            .collect();
-        let count = n_d - live.len();
-        let Ok(targets) = self.place_n(
-            &record.name,
-            record.version + 1,
-            record.size,
-            count,
-            1,
-            &exclude,
-        ) else {
+        // A damaged replica is dropped only for a verified copy, even when
+        // enough others remain: they may be damaged too, unseen so far.
+        let count = n_d.saturating_sub(live.len()).max(1);
+        let Some(targets) = self.place_repair(&record, &damaged, count) else {
             return true;
         };
         self.repairs.insert(
@@ -404,6 +420,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 version: record.version,
                 keep: live,
                 targets: targets.clone(),
+                dropped: damaged,
                 deadline: now + DATA_BASE_MS + record.size / (16 << 20) * 1000,
             },
         );
@@ -503,6 +520,44 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             }
         }
         out.extend(repair.targets[written..].iter().map(|&a| Out::Free(a)));
+        // The record no longer names them: free the damaged replicas,
+        // unless a rename may share them with another name (its
+        // collection round frees them once no record names them).
+        if record.rename.is_none() {
+            out.extend(repair.dropped.iter().map(|&a| Out::Free(a)));
+        }
         Ok(())
+    }
+
+    /// New addresses for `count` repair copies of `record`, on storage
+    /// nodes holding none of its replicas; failing that (a small cluster),
+    /// on the nodes of its `damaged` replicas too (a new file there, never
+    /// the damaged one). `None` when no node can take them.
+    fn place_repair(
+        &mut self,
+        record: &Record,
+        damaged: &[Addr],
+        count: usize,
+    ) -> Option<Vec<Addr>> {
+        let nodes = |keep: &dyn Fn(&Addr) -> bool| -> Vec<u16> {
+            record
+                .replicas
+                .iter()
+                .filter(|a| keep(a))
+                .filter_map(|&a| self.table.layout.sn_of(a))
+                .collect()
+        };
+        let every = nodes(&|_| true);
+        let others = nodes(&|a| !damaged.contains(a));
+        let version = record.version + 1;
+        let (name, size) = (&record.name, record.size);
+        self.place_n(name, version, size, count, 1, &every)
+            .ok()
+            .or_else(|| {
+                let relaxed = !damaged.is_empty();
+                relaxed
+                    .then(|| self.place_n(name, version, size, count, 1, &others).ok())
+                    .flatten()
+            })
     }
 }
