@@ -457,6 +457,7 @@ mod tests {
             size: 100,
             replicas: vec![7],
             coordinator: 0,
+            tenant: "acme".into(),
         }
         .seal(&key(2));
         refused(check(&Request::Get { addr: 7 }, &forged), "does not match");

@@ -12,6 +12,7 @@ fn scheduler(weights: &[(&str, u32)]) -> Scheduler {
             .map(|&(name, weight)| (name.to_string(), weight))
             .collect(),
         default_weight: 1,
+        classes: Default::default(),
     })
     .unwrap()
 }
@@ -281,4 +282,33 @@ proptest! {
     fn the_same_requests_give_the_same_batches(requests in arbitrary_requests()) {
         prop_assert_eq!(drain(&requests, &[("c3", 5)]), drain(&requests, &[("c3", 5)]));
     }
+}
+
+#[test]
+fn new_weights_apply_to_requests_already_pending() {
+    let mut scheduler = scheduler(&[]);
+    for class in ["a", "b"] {
+        scheduler
+            .enqueue(&ClassId::new(class), 10 * BUDGET)
+            .expect("queued");
+    }
+    let even = scheduler.next_batch();
+    let bytes_of = |batch: &Batch, class: &str| -> u64 {
+        batch
+            .slices
+            .iter()
+            .filter(|slice| slice.class.as_str() == class)
+            .map(|slice| slice.length_bytes)
+            .sum()
+    };
+    assert_eq!(bytes_of(&even, "a"), bytes_of(&even, "b"));
+    let mut config = scheduler.config().clone();
+    config.weights.insert("a".into(), 3);
+    scheduler.reconfigure(config).expect("valid settings");
+    let weighted = scheduler.next_batch();
+    assert_eq!(bytes_of(&weighted, "a"), 3 * bytes_of(&weighted, "b"));
+    let mut bad = scheduler.config().clone();
+    bad.batch_bytes = 1;
+    assert!(scheduler.reconfigure(bad).is_err());
+    assert_eq!(scheduler.config().batch_bytes, BUDGET);
 }
