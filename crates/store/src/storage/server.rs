@@ -30,9 +30,17 @@ pub struct SnHandle {
     /// are freed ([`crate::storage::replicas::retire_watch`]).
     retire: tokio::task::JoinHandle<()>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The scrub's counters.
+    scrub: crate::storage::scrub::ScrubProgress,
 }
 
 impl SnHandle {
+    /// What the node's background scrub has done so far
+    /// ([`crate::storage::replicas::SnStore::scrub_stats`]).
+    pub fn scrub_stats(&self) -> crate::storage::scrub::ScrubStats {
+        self.scrub.stats()
+    }
+
     /// Waits until the orchestrator has retired this node (drained, then
     /// retired) and its replicas are freed: a process running only this
     /// node has nothing left to do.
@@ -115,6 +123,7 @@ pub async fn start_sn(
         uuid,
     ));
     let (scrub_dir, progress, scrub_key) = store.scrub_parts();
+    let scrub_progress = progress.clone();
     let tasks = vec![
         tokio::spawn(crate::storage::scrub::scrub_loop(
             scrub_dir,
@@ -150,5 +159,6 @@ pub async fn start_sn(
         store,
         retire,
         tasks,
+        scrub: scrub_progress,
     })
 }
