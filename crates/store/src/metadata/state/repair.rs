@@ -324,7 +324,10 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             .first()
             .and_then(|&a| self.table.layout.mg_of(a))
             == Some(mg);
+        // An empty object posted without replicas has no data to copy.
+        let dataless = record.size == 0 && record.replicas.is_empty();
         if !coordinator_row
+            || dataless
             || self.is_frozen(mg)
             || self.pending.contains_key(&record.name)
             || self.repairs.contains_key(&record.name)
