@@ -97,6 +97,8 @@ pub struct MetaDb {
     grouped: AtomicBool,
     /// Writes committed since the last durable commit (grouped mode).
     dirty: AtomicBool,
+    /// Write transactions begun so far ([`MetaDb::writes`]).
+    writes: std::sync::atomic::AtomicU64,
 }
 
 /// Records the read cache holds at most; when full it starts over, which
@@ -219,6 +221,7 @@ impl MetaDb {
             hot: std::sync::Mutex::new(HashMap::new()),
             grouped: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
+            writes: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -260,11 +263,18 @@ impl MetaDb {
         self.dirty.load(Ordering::Acquire)
     }
 
+    /// Write transactions begun so far: unchanged across a request means
+    /// it wrote nothing.
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Acquire)
+    }
+
     /// A write transaction: durable at commit, or in grouped mode
     /// committed without a flush and counted for the next
     /// [`MetaDb::flush`].
     fn begin_write(&self, what: impl Fn() -> String) -> Result<redb::WriteTransaction, Error> {
         let mut tx = self.db.begin_write().database(what)?;
+        self.writes.fetch_add(1, Ordering::AcqRel);
         if self.grouped.load(Ordering::Acquire) {
             tx.set_durability(redb::Durability::None);
             self.dirty.store(true, Ordering::Release);

@@ -50,11 +50,11 @@ struct Waiter<P> {
     seal: bool,
 }
 
-/// [`mn_receive`], calling `before` with each admitted request before
-/// the core handles it, and whether it may write (any request but a Get:
-/// it may commit to the database, and the round then waits for a disk
-/// flush, so the lead is let go first). Every request is a waiter of the
-/// round's group commit.
+/// [`mn_receive`], calling `before` with each admitted request and its
+/// body before the core handles it: the serving thread lets the lead go
+/// before any request but a Get (it may commit to the database, and the
+/// round then waits for a disk flush), and counts the request a waiter
+/// of the round's group commit.
 #[allow(clippy::too_many_arguments)]
 fn mn_receive_with<P: Copy + Eq + std::hash::Hash>(
     core: &mut MnCore<P>,
@@ -64,7 +64,7 @@ fn mn_receive_with<P: Copy + Eq + std::hash::Hash>(
     from: P,
     to: Option<Ipv6Addr>,
     bytes: &[u8],
-    before: &mut dyn FnMut(Waiter<P>, bool),
+    before: &mut dyn FnMut(Waiter<P>, &Body),
 ) -> Vec<(Out<P>, bool)> {
     // Revocations in a table the node took since the last datagram apply
     // from this one on.
@@ -94,7 +94,7 @@ fn mn_receive_with<P: Copy + Eq + std::hash::Hash>(
         target: msg.target,
         seal: sealed,
     };
-    before(waiter, !matches!(msg.body, Body::Get { .. }));
+    before(waiter, &msg.body);
     let outs = core.handle(now, from, msg);
     debug_check(core, "a message");
     outs.into_iter()
@@ -686,12 +686,17 @@ fn serve_node(
         }
         return 0;
     }
+    // Answers that depend on no write waiting for the group commit leave
+    // before it (see `answers_early`).
+    let mut early = Vec::new();
     if readable {
         let core = &mut node.core;
         let gate = &mut node.gate;
         received = take_group(&node.sock, batch, &mut |r, bytes| {
             let wall = strata_store_protocol::auth::unix_ms();
-            outs.extend(mn_receive_with(
+            let (writes, clean) = (core.db().writes(), !core.db().has_unflushed());
+            let (mut waiter, mut plan) = (None, false);
+            let handled = mn_receive_with(
                 core,
                 gate,
                 wall,
@@ -699,15 +704,24 @@ fn serve_node(
                 r.from,
                 r.to,
                 bytes,
-                &mut |waiter, may_write| {
-                    waiters.push(waiter);
-                    if may_write {
+                &mut |w, body| {
+                    waiter = Some(w);
+                    plan = matches!(body, Body::PostBegin { .. });
+                    if !matches!(body, Body::Get { .. }) {
                         drop(lead.take());
                     }
                 },
-            ));
+            );
+            let wrote = core.db().writes() != writes;
+            if answers_early(wrote, clean, plan) {
+                early.extend(handled);
+            } else {
+                waiters.extend(waiter);
+                outs.extend(handled);
+            }
         });
     }
+    send_outs(node, early, outgoing);
     if Instant::now() >= node.next_tick {
         // Ticks run repairs, anti-entropy and table changes, which commit.
         drop(lead.take());
@@ -751,8 +765,29 @@ fn serve_node(
             node.failed = Some(why);
         }
     }
+    send_outs(node, outs, outgoing);
+    received
+}
+
+/// Whether the answers to a request may leave before the round's group
+/// commit: it `wrote` nothing, and either nothing was waiting for the
+/// commit when it was handled (`clean`: all it read is durable), or it is
+/// a Post's begin (`plan`), whose plan reveals no stored row, only the
+/// next version and fresh replica addresses, and is void if this node
+/// crashes before the commit (its name lock goes with it).
+fn answers_early(wrote: bool, clean: bool, plan: bool) -> bool {
+    !wrote && (clean || plan)
+}
+
+/// Sends `outs` from the node's socket (datagrams together, work
+/// spawned).
+fn send_outs(
+    node: &Served,
+    outs: Vec<(Out<SocketAddr>, bool)>,
+    outgoing: &mut Vec<(Vec<u8>, SocketAddr)>,
+) {
     if outs.is_empty() {
-        return received;
+        return;
     }
     let wall = strata_store_protocol::auth::unix_ms();
     for (out, seal) in outs {
@@ -766,7 +801,6 @@ fn serve_node(
     }
     crate::mmsg::send_batch(&node.sock, outgoing);
     outgoing.clear();
-    received
 }
 
 /// The refusal of a request that arrived at one metadata address but
@@ -937,7 +971,7 @@ mod tests {
             9,
             None,
             &bytes,
-            &mut |_, may_write| called |= may_write,
+            &mut |_, body| called |= !matches!(body, Body::Get { .. }),
         );
         called
     }
@@ -1043,5 +1077,18 @@ mod tests {
             0,
             GROUP_BYTES - crate::mmsg::BATCH * MAX_DATAGRAM
         ));
+    }
+
+    // A Get or any request handled with nothing waiting for the group
+    // commit read only durable rows; a Post's begin reveals none. Anything
+    // that wrote waits for the commit.
+    #[test]
+    fn only_answers_that_depend_on_no_unflushed_write_leave_before_the_group_commit() {
+        // (wrote, clean, plan) -> early
+        assert!(answers_early(false, true, false));
+        assert!(answers_early(false, false, true));
+        assert!(!answers_early(false, false, false));
+        assert!(!answers_early(true, true, false));
+        assert!(!answers_early(true, false, true));
     }
 }
