@@ -20,9 +20,11 @@ pub struct PutResult {
     pub version: u64,
     /// CRC-32C of the data.
     pub crc: u32,
-    /// Durable copies when acknowledged.
+    /// Durable data copies when acknowledged (0 for an empty object).
     pub copies: u8,
-    /// Replica addresses.
+    /// Replica addresses: none for an empty object, whose record (size 0,
+    /// the empty checksum), durable on the metadata copies, holds all of
+    /// it.
     pub replicas: Vec<Addr>,
 }
 
@@ -53,15 +55,20 @@ impl Client {
                 replicas,
                 ticket,
                 ..
-            } if !replicas.is_empty() => (version, replicas, ticket),
+            } if !replicas.is_empty() || size == 0 => (version, replicas, ticket),
             other => return Err(unexpected("PostBegin", &other)),
         };
         let w_d = self.table().params_for(name).w_d;
-        let sent = self
-            .send_data(&replicas, &ticket, size, data, progress)
-            .await;
+        let sent = if replicas.is_empty() {
+            // An empty object: the record is all of it (see
+            // `PutResult::replicas`), durable once the commit is answered.
+            Ok((crc32c::crc32c(&[]), 0))
+        } else {
+            self.send_data(&replicas, &ticket, size, data, progress)
+                .await
+        };
         let (crc, copies) = match sent {
-            Ok((crc, copies)) if copies >= w_d => (crc, copies),
+            Ok((crc, copies)) if copies >= w_d || replicas.is_empty() => (crc, copies),
             other => {
                 let abort = Call::new(
                     request_id(),

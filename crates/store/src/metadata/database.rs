@@ -10,6 +10,7 @@
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use strata_store_protocol::addr::Addr;
 use strata_store_protocol::error::{DatabaseResult, Error};
 use strata_store_protocol::wire::{
@@ -91,6 +92,13 @@ pub struct MetaDb {
     /// through this type and drops what it changes, under this lock, so
     /// the cache never outlives a change (see [`MetaDb::forget`]).
     hot: std::sync::Mutex<HashMap<Vec<u8>, Option<Record>>>,
+    /// Group commit ([`MetaDb::set_grouped`]): writes commit without a
+    /// disk flush, and [`MetaDb::flush`] makes them durable together.
+    grouped: AtomicBool,
+    /// Writes committed since the last durable commit (grouped mode).
+    dirty: AtomicBool,
+    /// Write transactions begun so far ([`MetaDb::writes`]).
+    writes: std::sync::atomic::AtomicU64,
 }
 
 /// Records the read cache holds at most; when full it starts over, which
@@ -211,7 +219,67 @@ impl MetaDb {
             place,
             sync: std::sync::Mutex::new(None),
             hot: std::sync::Mutex::new(HashMap::new()),
+            grouped: AtomicBool::new(false),
+            dirty: AtomicBool::new(false),
+            writes: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Turns group commit on or off. On, every write is its own redb
+    /// transaction, committed without a disk flush (`Durability::None`):
+    /// visible at once to every read, as before, but durable only once
+    /// [`MetaDb::flush`] has run its one `Durability::Immediate` commit,
+    /// which persists every write before it. The caller must not let
+    /// anything that depends on a write leave the node before that flush.
+    /// Off (the default), every write is durable when it returns; turning
+    /// it off flushes what is pending first.
+    pub fn set_grouped(&self, on: bool) -> Result<(), Error> {
+        if !on {
+            self.flush()?;
+        }
+        self.grouped.store(on, Ordering::Release);
+        Ok(())
+    }
+
+    /// Makes every write committed since the last durable commit durable,
+    /// with one `Durability::Immediate` commit (one disk flush for all of
+    /// them); nothing to do when there is none. An error means the writes
+    /// may be lost: nothing that depends on them may be answered.
+    pub fn flush(&self) -> Result<(), Error> {
+        if !self.dirty.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let what = || self.at(format_args!("making the grouped writes durable"));
+        let mut tx = self.db.begin_write().database(what)?;
+        tx.set_durability(redb::Durability::Immediate);
+        tx.commit().database(what)?;
+        self.dirty.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether writes wait for a [`MetaDb::flush`] (grouped mode) and
+    /// some are waiting.
+    pub fn has_unflushed(&self) -> bool {
+        self.dirty.load(Ordering::Acquire)
+    }
+
+    /// Write transactions begun so far: unchanged across a request means
+    /// it wrote nothing.
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Acquire)
+    }
+
+    /// A write transaction: durable at commit, or in grouped mode
+    /// committed without a flush and counted for the next
+    /// [`MetaDb::flush`].
+    fn begin_write(&self, what: impl Fn() -> String) -> Result<redb::WriteTransaction, Error> {
+        let mut tx = self.db.begin_write().database(what)?;
+        self.writes.fetch_add(1, Ordering::AcqRel);
+        if self.grouped.load(Ordering::Acquire) {
+            tx.set_durability(redb::Durability::None);
+            self.dirty.store(true, Ordering::Release);
+        }
+        Ok(tx)
     }
 
     fn hot(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, Option<Record>>> {
@@ -324,7 +392,7 @@ impl MetaDb {
                 rec.name, rec.version
             ))
         };
-        let tx = self.db.begin_write().database(what)?;
+        let tx = self.begin_write(what)?;
         let applied = {
             let mut records = tx.open_table(RECORDS).database(what)?;
             let tombs = tx.open_table(TOMBS).database(what)?;
@@ -372,7 +440,7 @@ impl MetaDb {
                 String::from_utf8_lossy(k.get(4..).unwrap_or_default())
             ))
         };
-        let tx = self.db.begin_write().database(what)?;
+        let tx = self.begin_write(what)?;
         let removed = {
             let mut records = tx.open_table(RECORDS).database(what)?;
             let mut tombs = tx.open_table(TOMBS).database(what)?;
@@ -756,7 +824,7 @@ impl MetaDb {
     fn drop_rows(&self, mg: u32) -> Result<u64, Error> {
         let what = || self.at(format_args!("dropping the rows of group {mg}"));
         let (start, end) = (key(mg, ""), group_end(mg));
-        let tx = self.db.begin_write().database(what)?;
+        let tx = self.begin_write(what)?;
         let mut n = 0;
         {
             let mut records = tx.open_table(RECORDS).database(what)?;
@@ -791,7 +859,7 @@ impl MetaDb {
     /// (`None`: no longer sealed).
     pub fn set_sealed(&self, mg: u32, epoch: Option<u64>) -> Result<(), Error> {
         let what = || self.at(format_args!("marking group {mg} sealed at epoch {epoch:?}"));
-        let tx = self.db.begin_write().database(what)?;
+        let tx = self.begin_write(what)?;
         {
             let mut t = tx.open_table(SEALED).database(what)?;
             match epoch {

@@ -355,6 +355,75 @@ mod tests {
     /// record is there (redb's promise for `Durability::Immediate`).
     #[test]
     fn every_acknowledged_commit_survives_crashes_with_torn_and_corrupted_writes() {
+        acknowledged_commits_survive_crashes(false);
+    }
+
+    /// The same with group commit: records are acknowledged only once the
+    /// group's one durable commit ([`MetaDb::flush`]) succeeded.
+    ///
+    /// [`MetaDb::flush`]: crate::metadata::database::MetaDb::flush
+    #[test]
+    fn every_acknowledged_group_commit_survives_crashes_with_torn_and_corrupted_writes() {
+        acknowledged_commits_survive_crashes(true);
+    }
+
+    /// Grouped writes are visible at once, lost in a crash before their
+    /// flush, durable after it; a flush the disk fails reports the error.
+    #[test]
+    fn grouped_writes_are_durable_only_once_flushed_and_a_failed_flush_says_so() {
+        use crate::metadata::database::MetaDb;
+        let record = |name: &str, version| strata_store_protocol::wire::Record {
+            name: name.into(),
+            size: 0,
+            crc: 0,
+            version,
+            meta: vec![],
+            replicas: vec![],
+            rename: None,
+        };
+        let disk = Disk::new();
+        let db = MetaDb::open_with_backend(disk.backend(), |_| {}).unwrap();
+        db.set_grouped(true).unwrap();
+        for name in ["a", "b", "c"] {
+            assert!(db.apply_record(0, &record(name, 1)).unwrap());
+        }
+        assert!(db.has_unflushed());
+        db.flush().unwrap();
+        assert!(!db.has_unflushed());
+        assert!(db.apply_record(0, &record("d", 1)).unwrap());
+        db.apply_delete(0, "a", 1).unwrap();
+        // Visible before the flush, to every read.
+        assert_eq!(db.get(0, "d").unwrap().map(|r| r.version), Some(1));
+        assert!(db.get(0, "a").unwrap().is_none());
+        disk.crash(Fault::Lose);
+        drop(db);
+        let db = MetaDb::open_with_backend(disk.backend(), |_| {}).unwrap();
+        db.set_grouped(true).unwrap();
+        // The flushed group is there; what came after it is not.
+        for name in ["a", "b", "c"] {
+            assert_eq!(
+                db.get(0, name).unwrap().map(|r| r.version),
+                Some(1),
+                "{name}"
+            );
+        }
+        assert!(db.get(0, "d").unwrap().is_none());
+        assert!(db.apply_record(0, &record("e", 1)).unwrap());
+        // The disk fails at the flush's first write or sync.
+        disk.arm(0);
+        let err = db.flush().unwrap_err();
+        assert!(
+            err.report().to_string().contains("durable"),
+            "{}",
+            err.report()
+        );
+        disk.crash(Fault::Lose);
+        drop(db);
+        let db = MetaDb::open_with_backend(disk.backend(), |_| {}).unwrap();
+        assert_eq!(db.get(0, "c").unwrap().map(|r| r.version), Some(1));
+    }
+
+    fn acknowledged_commits_survive_crashes(grouped: bool) {
         use crate::metadata::database::MetaDb;
         use strata_store_protocol::wire::Record;
         let rounds: u64 = std::env::var("DISK_ROUNDS")
@@ -371,6 +440,8 @@ mod tests {
         for round in 0..rounds {
             let db = MetaDb::open_with_backend(disk.backend(), |_| {})
                 .unwrap_or_else(|e| panic!("round {round}: reopening: {}", e.report()));
+            db.set_grouped(grouped).unwrap();
+            let mut group = Vec::new();
             for (name, &version) in &acked {
                 let found = db.get(0, name).unwrap().map(|r| r.version);
                 assert_eq!(found, Some(version), "round {round}: {name} lost");
@@ -393,11 +464,20 @@ mod tests {
                     rename: None,
                 };
                 match db.apply_record(0, &record) {
+                    Ok(_) if grouped => group.push((name, version)),
                     Ok(_) => {
                         acked.insert(name, version);
                     }
                     Err(_) => break,
                 }
+                // Groups of a few records, each acknowledged only once
+                // its flush succeeded.
+                if grouped && (next() % 4 == 0) && db.flush().is_ok() {
+                    acked.extend(group.drain(..));
+                }
+            }
+            if grouped && db.flush().is_ok() {
+                acked.extend(group.drain(..));
             }
             let fault = match next() % 3 {
                 0 => Fault::Lose,

@@ -35,12 +35,26 @@ pub fn mn_receive<P: Copy + Eq + std::hash::Hash>(
     to: Option<Ipv6Addr>,
     bytes: &[u8],
 ) -> Vec<(Out<P>, bool)> {
-    mn_receive_with(core, gate, wall, now, from, to, bytes, &mut || {})
+    mn_receive_with(core, gate, wall, now, from, to, bytes, &mut |_, _| {})
 }
 
-/// [`mn_receive`], calling `before_write` before the core handles an
-/// admitted request other than a Get: one that may commit to the
-/// database and so wait for a disk flush.
+/// A request handled in a round of a metadata node: told the error if
+/// the round's group commit fails ([`failed_round`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Waiter<P> {
+    from: P,
+    req: u64,
+    target: strata_store_protocol::addr::Addr,
+    /// Whether its answer is sealed (as a direct answer: when the
+    /// request came sealed).
+    seal: bool,
+}
+
+/// [`mn_receive`], calling `before` with each admitted request and its
+/// body before the core handles it: the serving thread lets the lead go
+/// before any request but a Get (it may commit to the database, and the
+/// round then waits for a disk flush), and counts the request a waiter
+/// of the round's group commit.
 #[allow(clippy::too_many_arguments)]
 fn mn_receive_with<P: Copy + Eq + std::hash::Hash>(
     core: &mut MnCore<P>,
@@ -50,7 +64,7 @@ fn mn_receive_with<P: Copy + Eq + std::hash::Hash>(
     from: P,
     to: Option<Ipv6Addr>,
     bytes: &[u8],
-    before_write: &mut dyn FnMut(),
+    before: &mut dyn FnMut(Waiter<P>, &Body),
 ) -> Vec<(Out<P>, bool)> {
     // Revocations in a table the node took since the last datagram apply
     // from this one on.
@@ -73,10 +87,14 @@ fn mn_receive_with<P: Copy + Eq + std::hash::Hash>(
     if let Some(refusal) = misaddressed(core.table(), to, &msg) {
         return vec![(Out::Reply(from, refusal), sealed)];
     }
-    if !matches!(msg.body, Body::Get { .. }) {
-        before_write();
-    }
     let req = msg.req;
+    let waiter = Waiter {
+        from,
+        req,
+        target: msg.target,
+        seal: sealed,
+    };
+    before(waiter, &msg.body);
     let outs = core.handle(now, from, msg);
     debug_check(core, "a message");
     outs.into_iter()
@@ -103,6 +121,92 @@ fn mn_receive_with<P: Copy + Eq + std::hash::Hash>(
             (out, seal)
         })
         .collect()
+}
+
+/// Datagrams one round of a metadata node takes at most before its group
+/// commit: the writes they make share one disk flush.
+const GROUP_DATAGRAMS: usize = 4 * crate::mmsg::BATCH;
+/// Bytes of datagrams one round takes at most (each receive may bring
+/// [`crate::mmsg::BATCH`] datagrams of up to [`MAX_DATAGRAM`] bytes).
+const GROUP_BYTES: usize = 4 << 20;
+const _: () = assert!(GROUP_DATAGRAMS >= crate::mmsg::BATCH);
+const _: () = assert!(GROUP_BYTES >= crate::mmsg::BATCH * (MAX_DATAGRAM + 1));
+
+/// Whether a round that took `datagrams` of `bytes` in all, the last
+/// receive a full batch, may receive once more within the group's bounds
+/// ([`GROUP_DATAGRAMS`], [`GROUP_BYTES`]), whatever that receive brings.
+fn group_has_room(datagrams: usize, bytes: usize) -> bool {
+    datagrams + crate::mmsg::BATCH <= GROUP_DATAGRAMS
+        && bytes + crate::mmsg::BATCH * (MAX_DATAGRAM + 1) <= GROUP_BYTES
+}
+
+/// Takes a round's datagrams from `sock`: one receive, then more while
+/// the last one filled the batch (more were waiting: they arrived while
+/// the previous group commit ran) and the group has room
+/// ([`group_has_room`]); `handle` gets each. Returns how many came.
+fn take_group(
+    sock: &std::net::UdpSocket,
+    batch: &mut crate::mmsg::RecvBatch,
+    handle: &mut dyn FnMut(crate::mmsg::Received, &[u8]),
+) -> usize {
+    let (mut datagrams, mut bytes) = (0, 0);
+    loop {
+        // Nothing (a spurious wake-up) or an ICMP error from an earlier
+        // send ends the round.
+        let got = batch.recv(sock).unwrap_or(0);
+        for i in 0..got {
+            let Some((r, data)) = batch.get(i) else {
+                continue;
+            };
+            bytes += data.len();
+            handle(r, data);
+        }
+        datagrams += got;
+        if got < crate::mmsg::BATCH || !group_has_room(datagrams, bytes) {
+            return datagrams;
+        }
+    }
+}
+
+/// The answers of a round whose group commit failed (`why`): the writes
+/// may be lost, so no answer that depends on them may leave. Every
+/// request of the round (`waiters`) and every peer an answer was for is
+/// told the error once instead; nothing else is sent (no replication, no
+/// freeing of replicas an unflushed record replaced, no copy).
+fn failed_round<P: Copy + Eq + std::hash::Hash>(
+    outs: Vec<(Out<P>, bool)>,
+    waiters: &[Waiter<P>],
+    why: &str,
+) -> Vec<(Out<P>, bool)> {
+    let mut told = std::collections::HashSet::new();
+    let mut errors = Vec::new();
+    let answers = outs.into_iter().filter_map(|(out, seal)| match out {
+        Out::Reply(to, m) => Some(Waiter {
+            from: to,
+            req: m.req,
+            target: m.target,
+            seal,
+        }),
+        _ => None,
+    });
+    for w in waiters.iter().copied().chain(answers) {
+        if told.insert((w.from, w.req)) {
+            let msg = Msg::new(
+                w.req,
+                w.target,
+                Body::Error {
+                    code: Code::Unavailable,
+                    message: format!(
+                        "the metadata node could not make its writes durable ({why}); \
+                     nothing of this request is acknowledged: retry on another node \
+                     once it is repaired or restarted"
+                    ),
+                },
+            );
+            errors.push((Out::Reply(w.from, msg), w.seal));
+        }
+    }
+    errors
 }
 
 /// In builds with debug assertions (the tests' `checked` profile), stops
@@ -308,6 +412,9 @@ struct Served {
     next_tick: Instant,
     copies: std::sync::mpsc::Sender<CopyReport>,
     copied: std::sync::mpsc::Receiver<CopyReport>,
+    /// Why the node's group commit failed: from then on it answers
+    /// nothing (its writes may not be durable) until it is restarted.
+    failed: Option<String>,
     _gone: std::sync::mpsc::Sender<()>,
 }
 
@@ -353,6 +460,9 @@ pub async fn start_mn_on(
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let uuid = node_uuid(dir)?;
     let db = crate::metadata::database::MetaDb::open(&dir.join("meta.redb"))?;
+    // Writes share disk flushes: each round of the serving thread ends
+    // with one durable commit before its answers leave (`serve_node`).
+    db.set_grouped(true)?;
     let at = bind_address(on, bind, key).await?;
     let sock = std::net::UdpSocket::bind(at).map_err(|e| Error::io(format!("binding {at}"), e))?;
     sock.set_nonblocking(true)
@@ -405,6 +515,7 @@ pub async fn start_mn_on(
         next_tick: start + MN_TICK,
         copies,
         copied,
+        failed: None,
         _gone: gone_tx,
     };
     let added = server.add(
@@ -556,9 +667,13 @@ fn serve_mns(pool: &Pool) {
 }
 
 /// One round of one node: the datagrams waiting in its socket (when
-/// `readable`), a tick when due (with copy reports and a new table), and
-/// the answers sent together. The lead (when held) is let go before
-/// anything that may wait for the disk. Returns how many datagrams came.
+/// `readable`, up to a group's bounds: [`take_group`]), a tick when due
+/// (with copy reports and a new table), one group commit making every
+/// write of the round durable, and then the answers sent together. The
+/// lead (when held) is let go before anything that may wait for the
+/// disk. A node whose group commit failed is fenced: it answers the
+/// round's requests with the error, and nothing after. Returns how many
+/// datagrams came.
 fn serve_node(
     node: &mut Served,
     stop: &AtomicBool,
@@ -570,28 +685,52 @@ fn serve_node(
     let start = node.start;
     let now = || start.elapsed().as_millis() as u64;
     let mut outs = Vec::new();
+    let mut waiters = Vec::new();
     let mut received = 0;
+    if let Some(why) = &node.failed {
+        // Fenced: nothing this node answers could be trusted durable.
+        if readable {
+            let dropped = take_group(&node.sock, batch, &mut |_, _| {});
+            tracing::debug!("dropped {dropped} datagrams: the node is fenced ({why})");
+        }
+        return 0;
+    }
+    // Answers that depend on no write waiting for the group commit leave
+    // before it (see `answers_early`).
+    let mut early = Vec::new();
     if readable {
-        // Nothing (a spurious wake-up) or an ICMP error from an earlier
-        // send leaves nothing to handle.
-        received = batch.recv(&node.sock).unwrap_or(0);
-        for i in 0..received {
-            let Some((r, bytes)) = batch.get(i) else {
-                continue;
-            };
+        let core = &mut node.core;
+        let gate = &mut node.gate;
+        received = take_group(&node.sock, batch, &mut |r, bytes| {
             let wall = strata_store_protocol::auth::unix_ms();
-            outs.extend(mn_receive_with(
-                &mut node.core,
-                &mut node.gate,
+            let (writes, clean) = (core.db().writes(), !core.db().has_unflushed());
+            let (mut waiter, mut plan) = (None, false);
+            let handled = mn_receive_with(
+                core,
+                gate,
                 wall,
                 now(),
                 r.from,
                 r.to,
                 bytes,
-                &mut || drop(lead.take()),
-            ));
-        }
+                &mut |w, body| {
+                    waiter = Some(w);
+                    plan = matches!(body, Body::PostBegin { .. });
+                    if !matches!(body, Body::Get { .. }) {
+                        drop(lead.take());
+                    }
+                },
+            );
+            let wrote = core.db().writes() != writes;
+            if answers_early(wrote, clean, plan) {
+                early.extend(handled);
+            } else {
+                waiters.extend(waiter);
+                outs.extend(handled);
+            }
+        });
     }
+    send_outs(node, early, outgoing);
     if Instant::now() >= node.next_tick {
         // Ticks run repairs, anti-entropy and table changes, which commit.
         drop(lead.take());
@@ -621,8 +760,43 @@ fn serve_node(
             Err(_) => stop.store(true, Ordering::Relaxed),
         }
     }
+    // The group commit: every write of the round becomes durable with one
+    // disk flush before any answer leaves.
+    if node.core.db().has_unflushed() {
+        drop(lead.take());
+        if let Err(e) = node.core.db().flush() {
+            let why = e.report().to_string();
+            tracing::error!(
+                "metadata node fenced: its group commit failed ({why}); it answers nothing \
+                 until it is restarted"
+            );
+            outs = failed_round(outs, &waiters, &why);
+            node.failed = Some(why);
+        }
+    }
+    send_outs(node, outs, outgoing);
+    received
+}
+
+/// Whether the answers to a request may leave before the round's group
+/// commit: it `wrote` nothing, and either nothing was waiting for the
+/// commit when it was handled (`clean`: all it read is durable), or it is
+/// a Post's begin (`plan`), whose plan reveals no stored row, only the
+/// next version and fresh replica addresses, and is void if this node
+/// crashes before the commit (its name lock goes with it).
+fn answers_early(wrote: bool, clean: bool, plan: bool) -> bool {
+    !wrote && (clean || plan)
+}
+
+/// Sends `outs` from the node's socket (datagrams together, work
+/// spawned).
+fn send_outs(
+    node: &Served,
+    outs: Vec<(Out<SocketAddr>, bool)>,
+    outgoing: &mut Vec<(Vec<u8>, SocketAddr)>,
+) {
     if outs.is_empty() {
-        return received;
+        return;
     }
     let wall = strata_store_protocol::auth::unix_ms();
     for (out, seal) in outs {
@@ -636,7 +810,6 @@ fn serve_node(
     }
     crate::mmsg::send_batch(&node.sock, outgoing);
     outgoing.clear();
-    received
 }
 
 /// The refusal of a request that arrived at one metadata address but
@@ -801,9 +974,16 @@ mod tests {
         let wall = strata_store_protocol::auth::unix_ms();
         let bytes = Msg::new(1, 0, body).seal(sealed_with, wall).unwrap();
         let mut called = false;
-        mn_receive_with(&mut core, &mut gate, wall, 1, 9, None, &bytes, &mut || {
-            called = true
-        });
+        mn_receive_with(
+            &mut core,
+            &mut gate,
+            wall,
+            1,
+            9,
+            None,
+            &bytes,
+            &mut |_, body| called |= !matches!(body, Body::Get { .. }),
+        );
         called
     }
 
@@ -824,5 +1004,102 @@ mod tests {
         // A refused datagram never reaches the core.
         let other = ClusterKey::from_bytes(&[8; KEY_LEN]);
         assert!(!announced(&key, &other, delete));
+    }
+
+    // A failed group commit may have lost every write of its round: each
+    // request of the round, and each peer an answer was for, hears the
+    // error, once; no answer, replication, free or copy leaves.
+    #[test]
+    fn a_failed_group_commit_answers_every_waiter_with_the_error_and_nothing_else() {
+        let waiter = |from: u32, req: u64, seal: bool| Waiter {
+            from,
+            req,
+            target: 77,
+            seal,
+        };
+        // Three requests in the round: a commit answered Done, a commit
+        // waiting for its metadata copies, and a Get answered unsealed.
+        let waiters = [
+            waiter(1, 10, false),
+            waiter(2, 20, true),
+            waiter(3, 30, false),
+        ];
+        let done = Body::Done { version: 4 };
+        let outs: Vec<(Out<u32>, bool)> = vec![
+            (Out::Reply(1, Msg::new(10, 77, done.clone())), false),
+            (Out::ToMeta(Msg::new(5, 88, done.clone())), true),
+            (Out::Free(0xabc), true),
+            (Out::Reply(3, Msg::new(30, 77, done.clone())), false),
+            // The answer to a request of an earlier round (a commit whose
+            // copies acknowledged in this one).
+            (Out::Reply(4, Msg::new(40, 77, done)), true),
+        ];
+        let errors = failed_round(outs, &waiters, "disk gone");
+        let mut told: Vec<(u32, u64, bool)> = errors
+            .iter()
+            .map(|(out, seal)| match out {
+                Out::Reply(to, m) => {
+                    let Body::Error { code, message } = &m.body else {
+                        panic!("not an error: {m:?}");
+                    };
+                    assert_eq!(*code, Code::Unavailable);
+                    assert!(message.contains("disk gone"), "{message}");
+                    assert_eq!(m.target, 77);
+                    (*to, m.req, *seal)
+                }
+                other => panic!("sent after a failed group commit: {other:?}"),
+            })
+            .collect();
+        told.sort();
+        assert_eq!(
+            told,
+            [(1, 10, false), (2, 20, true), (3, 30, false), (4, 40, true)]
+        );
+    }
+
+    // A round takes what waits in the socket up to the group's bound; the
+    // rest waits for the next round (and its own group commit).
+    #[test]
+    fn a_round_takes_at_most_a_group_of_datagrams_and_leaves_the_rest() {
+        let node = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        node.set_nonblocking(true).unwrap();
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let waiting = GROUP_DATAGRAMS + GROUP_DATAGRAMS / 2;
+        for i in 0..waiting as u32 {
+            client
+                .send_to(&i.to_be_bytes(), node.local_addr().unwrap())
+                .unwrap();
+        }
+        let mut batch = crate::mmsg::RecvBatch::new(MAX_DATAGRAM + 1);
+        let mut seen = Vec::new();
+        let mut take = |seen: &mut Vec<u32>| {
+            take_group(&node, &mut batch, &mut |r, data| {
+                assert_eq!(r.from, client.local_addr().unwrap());
+                seen.push(u32::from_be_bytes(data.try_into().unwrap()));
+            })
+        };
+        assert_eq!(take(&mut seen), GROUP_DATAGRAMS);
+        assert_eq!(take(&mut seen), waiting - GROUP_DATAGRAMS);
+        assert_eq!(take(&mut seen), 0);
+        assert_eq!(seen, (0..waiting as u32).collect::<Vec<_>>());
+        // The byte bound holds whatever a receive brings.
+        assert!(group_has_room(0, 0));
+        assert!(!group_has_room(
+            0,
+            GROUP_BYTES - crate::mmsg::BATCH * MAX_DATAGRAM
+        ));
+    }
+
+    // A Get or any request handled with nothing waiting for the group
+    // commit read only durable rows; a Post's begin reveals none. Anything
+    // that wrote waits for the commit.
+    #[test]
+    fn only_answers_that_depend_on_no_unflushed_write_leave_before_the_group_commit() {
+        // (wrote, clean, plan) -> early
+        assert!(answers_early(false, true, false));
+        assert!(answers_early(false, false, true));
+        assert!(!answers_early(false, false, false));
+        assert!(!answers_early(true, true, false));
+        assert!(!answers_early(true, false, true));
     }
 }

@@ -2,7 +2,8 @@
 //! I/O ([`core`]: admission and counters; [`put`]: one Put's machine;
 //! [`collect`]: garbage collection; [`file`]: the replica file's layout
 //! and what a read may serve). The I/O shell executes them on real files
-//! and sockets ([`replicas`], with Gets served by [`reader`]), [`scrub`]
+//! and sockets ([`replicas`], with Gets served by [`reader`], and the
+//! directory syncs of concurrent Puts shared by [`group_sync`]), [`scrub`]
 //! re-reads the replicas in the background and reports damaged ones, and
 //! [`server`] runs the node on its TCP listener. See
 //! docs/design/storage-node.md.
@@ -10,6 +11,7 @@
 pub mod collect;
 pub mod core;
 pub mod file;
+pub mod group_sync;
 pub mod put;
 mod reader;
 pub mod replicas;

@@ -63,8 +63,11 @@ pub enum PutAction {
     },
     /// Sync the temporary file; report [`PutEvent::Synced`].
     Sync,
-    /// Rename the temporary file into place and sync the directory;
-    /// report through [`crate::storage::core::StorageCore::installed`].
+    /// Rename the temporary file into place and sync the directory (a
+    /// sync the shell may share with other Puts installed meanwhile, as
+    /// long as it begins after this rename:
+    /// [`crate::storage::group_sync`]); report through
+    /// [`crate::storage::core::StorageCore::installed`].
     Install,
     /// Read the next replica's answer; report
     /// [`PutEvent::ForwardAnswer`].

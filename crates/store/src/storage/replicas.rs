@@ -12,6 +12,7 @@
 use crate::runtime::SharedTable;
 use crate::storage::core::{AfterRefusal, Refusal, StorageCore};
 use crate::storage::file::{file_name, parse_name, CHECKSUM_OFFSET};
+use crate::storage::group_sync::GroupSync;
 use crate::storage::put::{PutAction, PutEvent, PutMachine, PutPhase, PutReply};
 use crate::storage::reader::{get, reply_err, Route, CHUNK};
 use crate::storage::scheduled::ScheduledSender;
@@ -48,6 +49,8 @@ pub struct SnStore {
     schedule: Option<ScheduledSender>,
     /// The scrub's counters ([`crate::storage::scrub`]).
     scrub: ScrubProgress,
+    /// Syncs of `replicas/`, shared by the Puts installed meanwhile.
+    replicas_sync: GroupSync,
 }
 
 /// Limits of a storage node's data port, so that peers that connect and
@@ -121,6 +124,7 @@ impl SnStore {
             connections: std::sync::atomic::AtomicUsize::new(0),
             schedule: None,
             scrub: ScrubProgress::default(),
+            replicas_sync: GroupSync::directory(objects_dir),
         })
     }
 
@@ -526,12 +530,6 @@ async fn downstream_copies(down: Option<BufWriter<TcpStream>>) -> Option<u8> {
     reply.ok().flatten()
 }
 
-async fn sync_dir(dir: &Path) {
-    if let Ok(d) = File::open(dir).await {
-        let _ = d.sync_all().await;
-    }
-}
-
 /// Runs one Put: asks the core to admit it, then executes its machine's
 /// actions on the temporary file, the next replica's connection and the
 /// sender's, reading the data as the machine takes it.
@@ -744,7 +742,9 @@ impl PutRun<'_> {
             PutAction::Sync => {
                 let file = self.file.take();
                 let synced = match &file {
-                    Some(f) => f.sync_all().await,
+                    // The data and what finds it (size, blocks): the
+                    // name becomes durable with the directory's sync.
+                    Some(f) => f.sync_data().await,
                     None => Err(std::io::Error::other("the temporary file is not open")),
                 };
                 synced.map_err(|e| Error::io(format!("fsync {}", self.tmp.display()), e))?;
@@ -755,7 +755,14 @@ impl PutRun<'_> {
                 tokio::fs::rename(&self.tmp, self.store.path(addr))
                     .await
                     .map_err(|e| Error::io(format!("renaming {}", self.tmp.display()), e))?;
-                sync_dir(&self.store.dir.join("replicas")).await;
+                // Shared with the Puts installed meanwhile: one sync of
+                // replicas/ makes every rename before it durable.
+                self.store.replicas_sync.sync().await.map_err(|why| {
+                    Error::io(
+                        format!("fsync {}", self.store.dir.join("replicas").display()),
+                        std::io::Error::other(why),
+                    )
+                })?;
                 Outcome::Installed
             }
             PutAction::AwaitForward => Outcome::Answer(downstream_copies(self.down.take()).await),

@@ -6,6 +6,7 @@
 //! split by concern into the modules below.
 
 mod failures;
+mod group_commit;
 mod hostile;
 mod membership;
 mod objects;

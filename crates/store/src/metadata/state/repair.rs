@@ -339,7 +339,10 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             true => self.damaged_of(&record),
             false => Vec::new(),
         };
+        // An empty object posted without replicas has no data to copy.
+        let dataless = record.size == 0 && record.replicas.is_empty();
         if !coordinator_row
+            || dataless
             || self.is_frozen(mg)
             || self.pending.contains_key(&record.name)
             || self.repairs.contains_key(&record.name)

@@ -61,7 +61,15 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         }
         let mg0 = self.owned(self.table.meta_addrs(name)[0])?;
         let version = self.db.latest_version(mg0, name)? + 1;
-        let replicas = self.place(name, version, size)?;
+        // An empty object has no data: its record (size 0, the empty
+        // checksum) is all of it, durable on the metadata copies, and a
+        // Get never reads a replica for it. So it gets none, and its Post
+        // costs no storage node a file and its syncs.
+        let replicas = if size == 0 {
+            Vec::new()
+        } else {
+            self.place(name, version, size)?
+        };
         self.next_op += 1;
         self.pending.insert(
             name.to_string(),
@@ -201,6 +209,16 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 format!(
                     "Post of {name:?} is at version {}, not {version}",
                     p.version
+                ),
+            ));
+        }
+        if replicas.is_empty() && crc != crc32c::crc32c(&[]) {
+            return Err(remote(
+                Code::BadRequest,
+                format!(
+                    "the commit of the empty object {name:?} gives checksum {crc:08x}, \
+                     not the empty data's {:08x}; post it again",
+                    crc32c::crc32c(&[])
                 ),
             ));
         }
