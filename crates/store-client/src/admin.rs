@@ -1,6 +1,6 @@
 //! The operator's requests to the orchestrator, sealed with the cluster
 //! key: retiring a storage node, cancelling that, revoking a tenant's
-//! credentials.
+//! credentials; and to the storage nodes, for RS3's settings.
 
 use crate::transport::{ok_body, request_id, udp_call};
 use std::net::SocketAddr;
@@ -60,4 +60,59 @@ pub async fn revoke_tenant(
              '{tenant}'; expected Done"
         ))),
     }
+}
+
+/// How long a storage node has to answer a Schedule request.
+const SCHEDULE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Sends RS3 `settings` (empty: change nothing) to the storage node at
+/// `endpoint`, whose prefix holds `addr`, sealed with `key`; returns the
+/// node's settings and counters as text, one `key=value` per line.
+pub async fn schedule(
+    endpoint: SocketAddr,
+    addr: strata_store_protocol::addr::Addr,
+    key: &ClusterKey,
+    settings: &str,
+) -> Result<String, Error> {
+    use strata_store_protocol::data::{Credential, Request, MAX_SCHEDULE_REPLY};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut s = tokio::net::TcpStream::connect(endpoint)
+            .await
+            .map_err(|e| Error::io(format!("connecting to storage node {endpoint}"), e))?;
+        let request = Request::Schedule {
+            addr,
+            settings: settings.to_string(),
+        };
+        s.write_all(&request.encode(Credential::Seal(key)))
+            .await
+            .map_err(|e| Error::io("sending Schedule", e))?;
+        crate::stream::read_status(&mut s, "changing RS3's settings").await?;
+        let n = s
+            .read_u32()
+            .await
+            .map_err(|e| Error::io("reading RS3's settings", e))? as usize;
+        if n > MAX_SCHEDULE_REPLY {
+            return Err(Error::Peer(format!(
+                "storage node {endpoint} answered {n} bytes of settings; the limit is {MAX_SCHEDULE_REPLY}"
+            )));
+        }
+        let mut text = vec![0u8; n];
+        s.read_exact(&mut text)
+            .await
+            .map_err(|e| Error::io("reading RS3's settings", e))?;
+        String::from_utf8(text).map_err(|_| {
+            Error::Peer(format!(
+                "storage node {endpoint} answered settings that are not UTF-8"
+            ))
+        })
+    };
+    tokio::time::timeout(SCHEDULE_TIMEOUT, exchange)
+        .await
+        .map_err(|_| {
+            Error::Timeout(format!(
+                "storage node {endpoint} did not answer the Schedule request within {} s",
+                SCHEDULE_TIMEOUT.as_secs()
+            ))
+        })?
 }

@@ -5,7 +5,7 @@
 
 use strata_store_protocol::addr::{fmt_addr, Addr};
 use strata_store_protocol::data::{
-    Incoming, Proof, Request, HEADER, MODE_NONE, MODE_SEALED, MODE_TICKET,
+    Incoming, Proof, Request, HEADER, MAX_SCHEDULE_TEXT, MODE_NONE, MODE_SEALED, MODE_TICKET,
 };
 use strata_store_protocol::key::TAG_LEN;
 use strata_store_protocol::wire::{WireError, Writer, MAX_DATA_REPLICAS, MAX_OBJECT, MAX_TICKET};
@@ -67,7 +67,33 @@ pub async fn read_request<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Inco
             Request::Put { addr, size, chain }
         }
         2 => Request::Get { addr },
-        _ => Request::Free { addr },
+        3 => Request::Free { addr },
+        _ => {
+            let n = r
+                .read_u16()
+                .await
+                .map_err(|e| Error::io("reading Schedule settings", e))?
+                as usize;
+            if n > MAX_SCHEDULE_TEXT {
+                return Err(Error::malformed(
+                    "a Schedule request's settings",
+                    WireError::Invalid(format!(
+                        "{n} bytes of settings; the limit is {MAX_SCHEDULE_TEXT}"
+                    )),
+                ));
+            }
+            let mut text = vec![0u8; n];
+            r.read_exact(&mut text)
+                .await
+                .map_err(|e| Error::io("reading Schedule settings", e))?;
+            let settings = String::from_utf8(text).map_err(|_| {
+                Error::malformed(
+                    "a Schedule request's settings",
+                    WireError::Invalid("the settings are not UTF-8".into()),
+                )
+            })?;
+            Request::Schedule { addr, settings }
+        }
     };
     let io = |e| Error::io("reading a data request's credentials", e);
     let proof = match r.read_u8().await.map_err(io)? {

@@ -4,6 +4,9 @@
 //! Request: `S6D2`, kind (u8), replica address (16 bytes), then
 //! - Put: size (u64), forward chain (u8 count ≤ 15, addresses);
 //! - Get and Free: nothing more;
+//! - Schedule (an operator's RS3 settings; the address is any in the
+//!   node's prefix): the settings text (u16 length, at most
+//!   [`MAX_SCHEDULE_TEXT`] bytes, UTF-8);
 //!
 //! then its credentials: a mode byte and
 //! - 0: nothing (refused by every storage node);
@@ -17,7 +20,9 @@
 //!
 //! Reply: status (u8, 0 = ok), then for Put the number of durable copies
 //! (u8); for Get the size (u64), the data, and a trailer: status (u8, 0 =
-//! checksum verified) and the CRC-32C (u32); errors carry a message.
+//! checksum verified) and the CRC-32C (u32); for Schedule the node's
+//! settings and counters as text (u32 length, at most
+//! [`MAX_SCHEDULE_REPLY`] bytes); errors carry a message.
 
 use crate::addr::Addr;
 use crate::key::{ClusterKey, TAG_LEN, WINDOW_MS};
@@ -35,6 +40,11 @@ pub const MODE_NONE: u8 = 0;
 pub const MODE_SEALED: u8 = 1;
 /// Credential mode: a tenant's ticket.
 pub const MODE_TICKET: u8 = 2;
+
+/// Longest settings text of a Schedule request.
+pub const MAX_SCHEDULE_TEXT: usize = 4096;
+/// Longest answer to a Schedule request.
+pub const MAX_SCHEDULE_REPLY: usize = 1 << 20;
 
 /// Data frame kinds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +67,14 @@ pub enum Request {
     Free {
         /// Replica address.
         addr: Addr,
+    },
+    /// Change (or, with no settings, just show) the node's RS3 settings;
+    /// only sealed with the cluster key.
+    Schedule {
+        /// Any address in the node's prefix.
+        addr: Addr,
+        /// Settings, one `key=value` per line (see `strata store schedule`).
+        settings: String,
     },
 }
 
@@ -117,7 +135,10 @@ impl Request {
     /// The replica the request is for.
     pub fn addr(&self) -> Addr {
         match self {
-            Request::Put { addr, .. } | Request::Get { addr } | Request::Free { addr } => *addr,
+            Request::Put { addr, .. }
+            | Request::Get { addr }
+            | Request::Free { addr }
+            | Request::Schedule { addr, .. } => *addr,
         }
     }
 
@@ -126,6 +147,7 @@ impl Request {
             Request::Put { .. } => "Put",
             Request::Get { .. } => "Get",
             Request::Free { .. } => "Free",
+            Request::Schedule { .. } => "Schedule",
         }
     }
 
@@ -147,6 +169,11 @@ impl Request {
             Request::Free { addr } => {
                 w.u8(3);
                 w.addr(*addr);
+            }
+            Request::Schedule { addr, settings } => {
+                w.u8(4);
+                w.addr(*addr);
+                w.str(&settings[..floor_char(settings, MAX_SCHEDULE_TEXT)]);
             }
         }
         w
@@ -184,11 +211,21 @@ impl Request {
             return Err(WireError::BadMagic);
         }
         let kind = r.u8()?;
-        if !(1..=3).contains(&kind) {
+        if !(1..=4).contains(&kind) {
             return Err(WireError::UnknownKind(kind));
         }
         Ok((kind, r.addr()?))
     }
+}
+
+/// The longest prefix of `text` of at most `most` bytes that ends on a
+/// character boundary.
+fn floor_char(text: &str, most: usize) -> usize {
+    let mut end = text.len().min(most);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    end
 }
 
 impl Incoming {
@@ -212,7 +249,9 @@ impl Incoming {
         };
         match &self.proof {
             Proof::None => Err(refuse(match self.req {
-                Request::Free { .. } => "it is not sealed with the cluster key".into(),
+                Request::Free { .. } | Request::Schedule { .. } => {
+                    "it is not sealed with the cluster key".into()
+                }
                 _ => "it carries neither the cluster key's seal nor a ticket \
                       (a tenant's Put or Get needs the ticket of its metadata \
                       node's answer)"
@@ -241,9 +280,9 @@ impl Incoming {
                         ticket.allows(TicketOp::Put, *addr, chain, *size)
                     }
                     Request::Get { addr } => ticket.allows(TicketOp::Get, *addr, &[], 0),
-                    Request::Free { .. } => {
-                        Err("a Free needs the cluster key's seal; a ticket allows none".into())
-                    }
+                    Request::Free { .. } | Request::Schedule { .. } => Err(format!(
+                        "a {what} needs the cluster key's seal; a ticket allows none"
+                    )),
                 };
                 allowed.map_err(refuse)?;
                 Ok(Authority::Tenant {

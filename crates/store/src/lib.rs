@@ -11,13 +11,15 @@
 //!   before acknowledging, chain forwarding).
 //! - [`runtime`]: what every role's server shares; [`cluster`] starts a
 //!   whole cluster in one process (`strata store up`); [`bench`] is the
-//!   load generator; [`routes`] installs routed mode's host routes.
+//!   load generator; [`routes`] installs routed mode's host routes;
+//!   [`metrics`] serves the storage nodes' `/metrics`.
 //!
 //! The library never prints and never exits.
 
 pub mod bench;
 pub mod cluster;
 pub mod metadata;
+pub mod metrics;
 pub mod mmsg;
 pub mod orchestrator;
 pub mod routes;

@@ -121,6 +121,11 @@ pub enum StoreCommand {
         #[command(subcommand)]
         command: KeyCommand,
     },
+    /// Show or change RS3's settings on the running storage nodes
+    /// (sealed with the cluster key): on or off, the batch budget, class
+    /// weights and tenants' classes; prints each node's settings and
+    /// per-class counters.
+    Schedule(Box<super::schedule::ScheduleCommandArgs>),
     /// Load generator: concurrent clients Post or Get fixed-size objects
     /// (`bench/<size>/<client>/<i>`), or GET them from an HTTP server.
     Bench(BenchArgs),
@@ -451,6 +456,12 @@ impl DataArgs {
 /// RS3, the storage nodes' read scheduler (docs/design/rs3.md).
 #[derive(Args)]
 pub struct ScheduleArgs {
+    /// Serve the storage nodes' `GET /metrics` (Prometheus text: scrub
+    /// progress and damaged replicas, RS3's per-class bytes, queue depth
+    /// and latency) on this TCP endpoint; stated on the readiness line.
+    /// Default: not served.
+    #[arg(long, value_name = "ADDR")]
+    pub(super) metrics: Option<SocketAddr>,
     /// Schedule Gets with RS3: reads are sent in batches whose byte
     /// budget is shared fairly between request classes (tenants by
     /// default), so a small read waits about one batch, not behind big

@@ -6,6 +6,7 @@ mod bench;
 mod keys;
 mod node;
 mod obj;
+mod schedule;
 mod status;
 mod tenant;
 mod up;
@@ -15,6 +16,7 @@ use bench::bench;
 use keys::*;
 use node::*;
 pub use obj::run_obj;
+use schedule::*;
 use status::*;
 use tenant::*;
 use up::*;
@@ -80,6 +82,7 @@ pub fn run_store(cmd: StoreCommand) -> Result<i32> {
         StoreCommand::Node { command } => node(command),
         StoreCommand::Bench(args) => bench(args),
         StoreCommand::Key { command } => key_command(command),
+        StoreCommand::Schedule(args) => schedule(*args),
         StoreCommand::Tenant {
             command: TenantCommand::Add(args),
         } => tenant_add(args),

@@ -65,9 +65,16 @@ pub(super) fn node(cmd: NodeCommand) -> Result<i32> {
                 .await
                 .context("could not add the storage node")?;
                 let registered = register_added_node(&key, cluster.cluster);
+                let nodes = vec![(sn.uuid, sn.store.clone())];
+                let metrics = super::up::serve_metrics(schedule.metrics, nodes).await?;
                 println!(
-                    "strata store: storage node {:016x} (prefix index {}) on {}",
-                    sn.uuid, sn.index, sn.endpoint
+                    "strata store: storage node {:016x} (prefix index {}) on {}{}",
+                    sn.uuid,
+                    sn.index,
+                    sn.endpoint,
+                    metrics.as_ref().map_or(String::new(), |(at, _)| format!(
+                        ", metrics on http://{at}/metrics"
+                    )),
                 );
                 std::io::stdout().flush()?;
                 tokio::select! {

@@ -52,15 +52,24 @@ pub(super) fn up(args: UpArgs) -> Result<i32> {
         let admin = args.dir.join(ADMIN_CREDENTIAL_FILE);
         TenantCredential::issue(&cluster.key, ADMIN)?.save(&admin)?;
         reload_on_hangup(cluster.key.clone(), Some(admin))?;
+        let nodes = cluster
+            .sns
+            .iter()
+            .map(|sn| (sn.uuid, sn.store.clone()))
+            .collect();
+        let metrics = serve_metrics(args.schedule.metrics, nodes).await?;
         let mut out = std::io::stdout().lock();
         writeln!(
             out,
-            "strata store: ready on {} ({} metadata node{}, {} storage node{})",
+            "strata store: ready on {} ({} metadata node{}, {} storage node{}){}",
             cluster.on,
             cluster.mns.len(),
             if cluster.mns.len() == 1 { "" } else { "s" },
             cluster.sns.len(),
             if cluster.sns.len() == 1 { "" } else { "s" },
+            metrics.as_ref().map_or(String::new(), |(at, _)| format!(
+                ", metrics on http://{at}/metrics"
+            )),
         )?;
         out.flush()?;
         drop(out);
@@ -69,6 +78,32 @@ pub(super) fn up(args: UpArgs) -> Result<i32> {
         drop(cluster);
         anyhow::Ok(0)
     })
+}
+
+/// Starts `/metrics` on `at`, if given, for the storage nodes `nodes`;
+/// the bound endpoint and the task (stopped when dropped).
+pub(super) async fn serve_metrics(
+    at: Option<SocketAddr>,
+    nodes: Vec<(
+        u64,
+        std::sync::Arc<strata_store::storage::replicas::SnStore>,
+    )>,
+) -> Result<Option<(SocketAddr, AbortOnDrop)>> {
+    let Some(at) = at else { return Ok(None) };
+    let listener = strata_store::metrics::bind(at).await?;
+    let bound = listener.local_addr()?;
+    let source = strata_store::metrics::NodeMetrics::source(nodes);
+    let task = tokio::spawn(strata_store::metrics::serve(listener, source));
+    Ok(Some((bound, AbortOnDrop(task))))
+}
+
+/// A task stopped when this is dropped.
+pub(super) struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Where `strata store node add` processes whose key is the cluster

@@ -397,6 +397,24 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
                     writer = Some(get(lent, store.path(addr), addr, limit, route).await?);
                 }
             }
+            Request::Schedule { settings, .. } => {
+                let answer = match store.schedule.as_ref() {
+                    Some(sender) => sender.apply_settings(&settings),
+                    None => Err("this storage node runs no RS3 sender".to_string()),
+                };
+                match answer {
+                    Ok(text) => {
+                        let io = |e| Error::io("replying", e);
+                        w.write_all(&[0]).await.map_err(io)?;
+                        w.write_all(&(text.len() as u32).to_be_bytes())
+                            .await
+                            .map_err(io)?;
+                        w.write_all(text.as_bytes()).await.map_err(io)?;
+                        w.flush().await.map_err(io)?;
+                    }
+                    Err(why) => reply_err(w, &why).await?,
+                }
+            }
             Request::Free { addr } => {
                 let path = store.path(addr);
                 if let Ok(m) = tokio::fs::metadata(&path).await {

@@ -176,6 +176,26 @@ impl ScheduledSender {
         Ok(())
     }
 
+    /// Applies an operator's settings text
+    /// ([`ScheduleConfig::with_settings`]; empty changes nothing) and
+    /// answers the settings in force and the counters, as text.
+    pub fn apply_settings(&self, text: &str) -> Result<String, String> {
+        let config = self.config().with_settings(text)?;
+        if !text.trim().is_empty() {
+            self.configure(config.clone()).map_err(|e| e.to_string())?;
+        }
+        let mut answer = config.to_settings();
+        let stats = self.stats();
+        answer.push_str(&format!("batches={}\n", stats.batches));
+        for (class, c) in &stats.classes {
+            answer.push_str(&format!(
+                "class-stats={class}:bytes={},queued={},done={},latency_sum_us={}\n",
+                c.bytes_sent, c.queued, c.reads_done, c.latency_sum_us
+            ));
+        }
+        Ok(answer)
+    }
+
     /// The counters now.
     pub fn stats(&self) -> ScheduleStats {
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()

@@ -225,3 +225,114 @@ fn with_rs3_small_gets_pass_big_streams() {
         "RS3 did not lower the small Gets' median: {with:.2} ms with it, {without:.2} ms without"
     );
 }
+
+/// `GET http://at/metrics`'s body.
+fn metrics(at: &str) -> String {
+    ureq::get(&format!("http://{at}/metrics"))
+        .call()
+        .expect("GET /metrics")
+        .into_string()
+        .expect("a text body")
+}
+
+/// The value of the first sample of `metric` with `labels` in `text`.
+fn sample(text: &str, metric: &str, labels: &str) -> Option<f64> {
+    let start = format!("{metric}{{{labels}");
+    text.lines()
+        .find(|line| line.starts_with(&start))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+}
+
+/// `strata store schedule` turns RS3 on at run time, sets weights and
+/// classes, and refuses bad settings with the reason; `/metrics` shows
+/// the scrub's progress and RS3's bytes per class; a Schedule request
+/// without the cluster key's seal changes nothing.
+#[test]
+fn rs3_is_set_at_run_time_and_shown_on_metrics() {
+    let dir = tmp();
+    let d = dir.path().join("cluster");
+    let store = Store::up(
+        &d,
+        &[
+            "--metrics",
+            "127.0.0.1:0",
+            "--scrub-rate",
+            "64M",
+            "--scrub-pause-ms",
+            "200",
+        ],
+    );
+    let at = store
+        .line()
+        .split("metrics on http://")
+        .nth(1)
+        .expect("the metrics endpoint on the readiness line");
+    let at = at.trim_end_matches("/metrics").to_string();
+    let dp = p(&d);
+    strata_ok(&["store", "tenant", "add", "--dir", &dp, "--tenant", "acme"]);
+    let acme = p(&d.join("acme.credential"));
+    let src = dir.path().join("src");
+    std::fs::write(&src, pattern(300_000, 2)).unwrap();
+    store.ok(&["obj", "put", "--credential", &acme, &p(&src), "acme/a"]);
+
+    let before = store.json(&["store", "schedule"]);
+    assert_eq!(before["nodes"][0]["rs3"]["enabled"], false, "{before}");
+    let set = store.json(&[
+        "store", "schedule", "--rs3", "on", "--batch", "128K", "--weight", "acme=3", "--class",
+        "bee=acme",
+    ]);
+    let rs3 = &set["nodes"][0]["rs3"];
+    assert_eq!(rs3["enabled"], true, "{set}");
+    assert_eq!(rs3["batch"], 131072, "{set}");
+    assert_eq!(rs3["weights"]["acme"], 3, "{set}");
+    assert_eq!(rs3["tenant_classes"]["bee"], "acme", "{set}");
+    let bad = store.fails(&["store", "schedule", "--batch", "1K"]);
+    assert!(bad.contains("out of bounds"), "{bad}");
+    let bad = store.fails(&["store", "schedule", "--weight", "acme=0"]);
+    assert!(bad.contains("out of bounds"), "{bad}");
+
+    // Gets now go through RS3, in acme's class, and come back whole.
+    let back = dir.path().join("back");
+    for _ in 0..3 {
+        store.ok(&["obj", "get", "--credential", &acme, "acme/a", &p(&back)]);
+        assert!(std::fs::read(&back).unwrap() == pattern(300_000, 2));
+    }
+    let shown = store.json(&["store", "schedule"]);
+    let acme_bytes = &shown["nodes"][0]["rs3"]["class_stats"]["acme"]["bytes"];
+    assert_eq!(acme_bytes, 900_000, "{shown}");
+    wait_until("a scrub pass on /metrics", || {
+        sample(&metrics(&at), "strata_scrub_passes_total", "node=").is_some_and(|n| n >= 1.0)
+    });
+    let text = metrics(&at);
+    assert_eq!(
+        sample(&text, "strata_rs3_enabled", "node="),
+        Some(1.0),
+        "{text}"
+    );
+    let class_bytes = sample(&text, "strata_rs3_class_bytes_total", "node=");
+    assert_eq!(class_bytes, Some(900_000.0), "{text}");
+    assert!(
+        sample(&text, "strata_scrub_replicas_total", "node=").is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+
+    // Unsealed, the request is refused and changes nothing.
+    let sn = first_endpoint(&store, "storage");
+    let status = store.status();
+    let prefix = status["storage_nodes"][0]["prefix"].as_str().unwrap();
+    let addr = u128::from(
+        prefix
+            .trim_end_matches("/64")
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap(),
+    ) + 1;
+    let request = Request::Schedule {
+        addr,
+        settings: "rs3=off\n".into(),
+    };
+    let reply = tcp_exchange(sn, &request.encode(Credential::None));
+    assert_eq!(reply.first(), Some(&1), "an unsealed Schedule was taken");
+    assert!(String::from_utf8_lossy(&reply).contains("not sealed"));
+    let after = store.json(&["store", "schedule"]);
+    assert_eq!(after["nodes"][0]["rs3"]["enabled"], true, "{after}");
+}

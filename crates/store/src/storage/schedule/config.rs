@@ -99,6 +99,76 @@ impl ScheduleConfig {
         Ok(())
     }
 
+    /// These settings changed by `text`, one `key=value` per line, as
+    /// `strata store schedule` sends them: `rs3=on|off`, `batch=BYTES`,
+    /// `weight=CLASS:W`, `unweight=CLASS`, `class=TENANT:CLASS`,
+    /// `unclass=TENANT`. The result is checked; the error names the line.
+    pub fn with_settings(&self, text: &str) -> Result<ScheduleConfig, String> {
+        let mut config = self.clone();
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let bad = |why: &str| format!("RS3 setting {line:?}: {why}");
+            let (key, value) = line
+                .split_once('=')
+                .ok_or_else(|| bad("expected key=value"))?;
+            let pair = || {
+                value
+                    .split_once(':')
+                    .ok_or_else(|| bad("expected NAME:VALUE"))
+            };
+            match key {
+                "rs3" => {
+                    config.enabled = match value {
+                        "on" => true,
+                        "off" => false,
+                        _ => return Err(bad("use on or off")),
+                    }
+                }
+                "batch" => {
+                    config.batch_bytes = value.parse().map_err(|_| bad("not a byte count"))?
+                }
+                "weight" => {
+                    let (class, weight) = pair()?;
+                    let weight = weight.parse().map_err(|_| bad("not a weight"))?;
+                    config.weights.insert(class.to_string(), weight);
+                }
+                "unweight" => {
+                    config.weights.remove(value);
+                }
+                "class" => {
+                    let (tenant, class) = pair()?;
+                    config.classes.insert(tenant.to_string(), class.to_string());
+                }
+                "unclass" => {
+                    config.classes.remove(value);
+                }
+                _ => {
+                    return Err(bad(
+                        "unknown key (rs3, batch, weight, unweight, class, unclass)",
+                    ))
+                }
+            }
+        }
+        config.validate().map_err(|e| e.to_string())?;
+        Ok(config)
+    }
+
+    /// The settings as `key=value` lines, as [`ScheduleConfig::with_settings`]
+    /// reads them.
+    pub fn to_settings(&self) -> String {
+        let mut text = format!(
+            "rs3={}\nbatch={}\n",
+            if self.enabled { "on" } else { "off" },
+            self.batch_bytes
+        );
+        for (class, weight) in &self.weights {
+            text.push_str(&format!("weight={class}:{weight}\n"));
+        }
+        for (tenant, class) in &self.classes {
+            text.push_str(&format!("class={tenant}:{class}\n"));
+        }
+        text
+    }
+
     /// The class of a read by `tenant`: its configured class, or its own
     /// id; a node's own reads (no tenant) are class `*`.
     pub fn class_of<'a>(&'a self, tenant: &'a str) -> &'a str {
@@ -256,5 +326,40 @@ mod tests {
             config.validate(),
             Err(ConfigError::ClassName("bad/name".into()))
         );
+    }
+
+    #[test]
+    fn settings_text_changes_what_it_names_and_round_trips() {
+        let config = ScheduleConfig::default()
+            .with_settings("rs3=on\nbatch=131072\nweight=a:3\nclass=t:a\n")
+            .expect("valid settings");
+        assert!(config.enabled);
+        assert_eq!(config.batch_bytes, 131072);
+        assert_eq!(config.weight_of("a"), 3);
+        assert_eq!(config.class_of("t"), "a");
+        assert_eq!(
+            ScheduleConfig::default().with_settings(&config.to_settings()),
+            Ok(config.clone())
+        );
+        let fewer = config
+            .with_settings("unweight=a\nunclass=t\nrs3=off")
+            .expect("valid");
+        assert_eq!(
+            fewer,
+            ScheduleConfig::default()
+                .with_settings("batch=131072")
+                .expect("valid")
+        );
+        for (bad, says) in [
+            ("rs3=maybe", "use on or off"),
+            ("batch=12", "out of bounds"),
+            ("weight=a", "NAME:VALUE"),
+            ("weight=a:0", "out of bounds"),
+            ("colour=red", "unknown key"),
+            ("class=t:bad/class", "not a class name"),
+        ] {
+            let err = config.with_settings(bad).expect_err(bad);
+            assert!(err.contains(says), "{bad}: {err}");
+        }
     }
 }

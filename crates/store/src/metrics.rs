@@ -1,0 +1,330 @@
+//! `/metrics` of a storage process: every storage node it runs, in the
+//! Prometheus text format. Per node (label `node`, its uuid in hex): the
+//! scrub's progress and the damaged replicas it found
+//! ([`crate::storage::scrub`]), and RS3's per-class bytes, queue depth
+//! and latency histogram ([`crate::storage::scheduled`]).
+
+use crate::storage::replicas::SnStore;
+use crate::storage::scheduled::{ScheduleStats, LATENCY_BUCKETS_US};
+use crate::storage::scrub::ScrubStats;
+use std::fmt::Write;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use strata_store_protocol::Error;
+
+/// What one storage node shows on `/metrics`.
+pub struct NodeMetrics {
+    /// The node's uuid.
+    pub uuid: u64,
+    /// Its scrub's counters.
+    pub scrub: ScrubStats,
+    /// Its RS3 sender's counters (`None`: the node has none).
+    pub schedule: Option<ScheduleStats>,
+}
+
+impl NodeMetrics {
+    /// The counters now of the storage node `uuid`, whose store is `store`.
+    pub fn of(uuid: u64, store: &SnStore) -> NodeMetrics {
+        NodeMetrics {
+            uuid,
+            scrub: store.scrub_stats(),
+            schedule: store.schedule().map(|sender| sender.stats()),
+        }
+    }
+
+    /// What every node of `nodes` (uuid and store) shows now: the source
+    /// [`serve`] takes.
+    pub fn source(
+        nodes: Vec<(u64, Arc<SnStore>)>,
+    ) -> Arc<dyn Fn() -> Vec<NodeMetrics> + Send + Sync> {
+        Arc::new(move || {
+            nodes
+                .iter()
+                .map(|(uuid, store)| NodeMetrics::of(*uuid, store))
+                .collect()
+        })
+    }
+}
+
+/// One metric family's header.
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// Renders `nodes` in the Prometheus text format.
+pub fn render(nodes: &[NodeMetrics]) -> String {
+    let mut out = String::new();
+    render_scrub(&mut out, nodes);
+    render_schedule(&mut out, nodes);
+    out
+}
+
+fn render_scrub(out: &mut String, nodes: &[NodeMetrics]) {
+    type Field = fn(&ScrubStats) -> u64;
+    let families: [(&str, &str, &str, Field); 7] = [
+        (
+            "strata_scrub_passes_total",
+            "counter",
+            "Scrub passes over every replica finished.",
+            |s| s.passes,
+        ),
+        (
+            "strata_scrub_pass_replicas",
+            "gauge",
+            "Replicas re-read in the pass under way.",
+            |s| s.pass_replicas,
+        ),
+        (
+            "strata_scrub_pass_bytes",
+            "gauge",
+            "Bytes re-read in the pass under way.",
+            |s| s.pass_bytes,
+        ),
+        (
+            "strata_scrub_replicas_total",
+            "counter",
+            "Replicas re-read since the node started.",
+            |s| s.total_replicas,
+        ),
+        (
+            "strata_scrub_bytes_total",
+            "counter",
+            "Bytes re-read since the node started.",
+            |s| s.total_bytes,
+        ),
+        (
+            "strata_scrub_damaged_total",
+            "counter",
+            "Damaged replicas the scrub found.",
+            |s| s.damaged,
+        ),
+        (
+            "strata_scrub_reports_total",
+            "counter",
+            "Damaged-replica reports a metadata node acknowledged.",
+            |s| s.reports_sent,
+        ),
+    ];
+    for (name, kind, help, field) in families {
+        family(out, name, kind, help);
+        for node in nodes {
+            let _ = writeln!(
+                out,
+                "{name}{{node=\"{:016x}\"}} {}",
+                node.uuid,
+                field(&node.scrub)
+            );
+        }
+    }
+    family(
+        out,
+        "strata_scrub_last_pass_seconds",
+        "gauge",
+        "When the last scrub pass finished (Unix time; absent before the first).",
+    );
+    for node in nodes {
+        if let Some(ms) = node.scrub.last_pass_unix_ms {
+            let _ = writeln!(
+                out,
+                "strata_scrub_last_pass_seconds{{node=\"{:016x}\"}} {}.{:03}",
+                node.uuid,
+                ms / 1000,
+                ms % 1000
+            );
+        }
+    }
+}
+
+fn render_schedule(out: &mut String, nodes: &[NodeMetrics]) {
+    let scheduled: Vec<(u64, &ScheduleStats)> = nodes
+        .iter()
+        .filter_map(|node| Some((node.uuid, node.schedule.as_ref()?)))
+        .collect();
+    family(
+        out,
+        "strata_rs3_enabled",
+        "gauge",
+        "1 when Gets are scheduled by RS3.",
+    );
+    for (uuid, stats) in &scheduled {
+        let _ = writeln!(
+            out,
+            "strata_rs3_enabled{{node=\"{uuid:016x}\"}} {}",
+            u8::from(stats.enabled)
+        );
+    }
+    family(
+        out,
+        "strata_rs3_batch_bytes",
+        "gauge",
+        "The RS3 batch budget in force.",
+    );
+    family(
+        out,
+        "strata_rs3_batches_total",
+        "counter",
+        "RS3 batches cut.",
+    );
+    for (uuid, stats) in &scheduled {
+        let _ = writeln!(
+            out,
+            "strata_rs3_batch_bytes{{node=\"{uuid:016x}\"}} {}",
+            stats.batch_bytes
+        );
+        let _ = writeln!(
+            out,
+            "strata_rs3_batches_total{{node=\"{uuid:016x}\"}} {}",
+            stats.batches
+        );
+    }
+    family(
+        out,
+        "strata_rs3_class_bytes_total",
+        "counter",
+        "Get body bytes sent, by class.",
+    );
+    family(
+        out,
+        "strata_rs3_class_queued",
+        "gauge",
+        "Gets waiting or being sent, by class.",
+    );
+    family(
+        out,
+        "strata_rs3_class_latency_seconds",
+        "histogram",
+        "Time from a Get's hand-off to RS3 to its last byte, by class.",
+    );
+    for (uuid, stats) in &scheduled {
+        for (class, c) in &stats.classes {
+            let labels = format!("node=\"{uuid:016x}\",class=\"{class}\"");
+            let _ = writeln!(
+                out,
+                "strata_rs3_class_bytes_total{{{labels}}} {}",
+                c.bytes_sent
+            );
+            let _ = writeln!(out, "strata_rs3_class_queued{{{labels}}} {}", c.queued);
+            for (bound, count) in LATENCY_BUCKETS_US.iter().zip(&c.latency_buckets) {
+                let le = *bound as f64 / 1e6;
+                let _ = writeln!(
+                    out,
+                    "strata_rs3_class_latency_seconds_bucket{{{labels},le=\"{le}\"}} {count}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "strata_rs3_class_latency_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
+                c.reads_done
+            );
+            let _ = writeln!(
+                out,
+                "strata_rs3_class_latency_seconds_sum{{{labels}}} {}",
+                c.latency_sum_us as f64 / 1e6
+            );
+            let _ = writeln!(
+                out,
+                "strata_rs3_class_latency_seconds_count{{{labels}}} {}",
+                c.reads_done
+            );
+        }
+    }
+}
+
+/// Serves `GET /metrics` (and nothing else) on `listener` with what
+/// `nodes` gives at each request, until the task is dropped.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    nodes: Arc<dyn Fn() -> Vec<NodeMetrics> + Send + Sync>,
+) {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    use hyper::{Response, StatusCode};
+    let handler = move |request: hyper::Request<hyper::body::Incoming>| {
+        let nodes = nodes.clone();
+        async move {
+            let found =
+                request.method() == hyper::Method::GET && request.uri().path() == "/metrics";
+            let (status, body) = if found {
+                (StatusCode::OK, render(&nodes()))
+            } else {
+                (
+                    StatusCode::NOT_FOUND,
+                    "only GET /metrics is served here\n".to_string(),
+                )
+            };
+            let mut response = Response::new(Full::new(Bytes::from(body)));
+            *response.status_mut() = status;
+            if let Ok(kind) = "text/plain; version=0.0.4".parse() {
+                response
+                    .headers_mut()
+                    .insert(hyper::header::CONTENT_TYPE, kind);
+            }
+            response
+        }
+    };
+    strata_http::serve(
+        strata_http::Listener::Tcp(listener),
+        strata_http::Limits::default(),
+        handler,
+        std::future::pending::<()>(),
+        std::time::Duration::ZERO,
+    )
+    .await;
+}
+
+/// Binds `/metrics`'s listener on `at`.
+pub async fn bind(at: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
+    tokio::net::TcpListener::bind(at)
+        .await
+        .map_err(|e| Error::io(format!("binding the metrics endpoint {at}"), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::scheduled::ClassStats;
+
+    #[test]
+    fn every_node_and_class_is_rendered_with_its_labels() {
+        let mut schedule = ScheduleStats {
+            enabled: true,
+            batch_bytes: 65536,
+            batches: 9,
+            ..ScheduleStats::default()
+        };
+        schedule.classes.insert(
+            "acme".into(),
+            ClassStats {
+                bytes_sent: 4096,
+                reads_done: 2,
+                queued: 1,
+                latency_sum_us: 1500,
+                latency_buckets: [0, 1, 2, 2, 2, 2, 2, 2, 2, 2],
+            },
+        );
+        let text = render(&[NodeMetrics {
+            uuid: 0xab,
+            scrub: ScrubStats {
+                passes: 3,
+                damaged: 1,
+                last_pass_unix_ms: Some(1_700_000_000_250),
+                ..ScrubStats::default()
+            },
+            schedule: Some(schedule),
+        }]);
+        for line in [
+            "strata_scrub_passes_total{node=\"00000000000000ab\"} 3",
+            "strata_scrub_damaged_total{node=\"00000000000000ab\"} 1",
+            "strata_scrub_last_pass_seconds{node=\"00000000000000ab\"} 1700000000.250",
+            "strata_rs3_enabled{node=\"00000000000000ab\"} 1",
+            "strata_rs3_class_bytes_total{node=\"00000000000000ab\",class=\"acme\"} 4096",
+            "strata_rs3_class_queued{node=\"00000000000000ab\",class=\"acme\"} 1",
+            "strata_rs3_class_latency_seconds_bucket{node=\"00000000000000ab\",class=\"acme\",le=\"0.001\"} 1",
+            "strata_rs3_class_latency_seconds_bucket{node=\"00000000000000ab\",class=\"acme\",le=\"+Inf\"} 2",
+            "strata_rs3_class_latency_seconds_count{node=\"00000000000000ab\",class=\"acme\"} 2",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+    }
+}
