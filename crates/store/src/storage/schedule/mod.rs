@@ -9,8 +9,8 @@
 //! class's small requests complete in one batch while its big ones are
 //! sent in slices. [`config`] holds the operator's settings.
 //!
-//! Not wired yet: the storage node's data path does not use this module;
-//! see docs/design/rs3.md.
+//! The I/O shell that runs it on a node's sockets is
+//! [`crate::storage::scheduled`]; see docs/design/rs3.md.
 
 pub mod allocation;
 pub mod batch;
