@@ -18,6 +18,9 @@ const CLIENTS: usize = 100;
 /// directory sync in the way).
 const CLUSTER: &[&str] = &["--mn", "3", "--sn", "4", "--replication", "1,1,3,2"];
 
+/// Each Post's object and outcome, filled by the clients.
+type Outcomes = Arc<Mutex<Vec<(String, Vec<u8>, Outcome)>>>;
+
 /// What became of one Post.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Outcome {
@@ -31,7 +34,7 @@ enum Outcome {
 /// KiB, and every tenth one empty.
 fn object(c: usize, i: usize) -> (String, Vec<u8>) {
     let seed = (c * 1_000 + i) as u64;
-    let size = if (c + i) % 10 == 0 {
+    let size = if (c + i).is_multiple_of(10) {
         0
     } else {
         1 + (seed as usize * 7_919) % 8_192
@@ -47,7 +50,7 @@ fn kill_9_with_100_posts_in_flight_keeps_every_acknowledged_object_and_no_half_w
     let on = store.on;
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(AtomicUsize::new(0));
-    let outcomes: Arc<Mutex<Vec<(String, Vec<u8>, Outcome)>>> = Arc::default();
+    let outcomes: Outcomes = Arc::default();
     let load = {
         let (stop, acked, outcomes) = (stop.clone(), acked.clone(), outcomes.clone());
         std::thread::spawn(move || post_until_stopped(on, stop, acked, outcomes))
@@ -92,9 +95,7 @@ fn kill_9_with_100_posts_in_flight_keeps_every_acknowledged_object_and_no_half_w
                 bytes.len(),
                 data.len()
             )),
-            (Err(code), Outcome::NotAcked(_)) if matches!(code, Some(Code::NotFound)) => {
-                absent += 1
-            }
+            (Err(Some(Code::NotFound)), Outcome::NotAcked(_)) => absent += 1,
             (Err(code), _) => wrong.push(format!("{name} ({outcome:?}): {code:?}")),
         }
     }
@@ -113,7 +114,7 @@ fn post_until_stopped(
     on: SocketAddr,
     stop: Arc<AtomicBool>,
     acked: Arc<AtomicUsize>,
-    outcomes: Arc<Mutex<Vec<(String, Vec<u8>, Outcome)>>>,
+    outcomes: Outcomes,
 ) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
