@@ -18,6 +18,9 @@ const CLIENTS: usize = 100;
 /// directory sync in the way).
 const CLUSTER: &[&str] = &["--mn", "3", "--sn", "4", "--replication", "1,1,3,2"];
 
+/// Each Post's object and outcome, filled by the clients.
+type Outcomes = Arc<Mutex<Vec<(String, Vec<u8>, Outcome)>>>;
+
 /// What became of one Post.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Outcome {
@@ -39,9 +42,6 @@ fn object(c: usize, i: usize) -> (String, Vec<u8>) {
     (format!("group/{c:03}/{i:04}"), pattern(size, seed))
 }
 
-/// A Post's name, content and what its client saw.
-type Posted = (String, Vec<u8>, Outcome);
-
 #[test]
 fn kill_9_with_100_posts_in_flight_keeps_every_acknowledged_object_and_no_half_written_one() {
     let dir = tmp();
@@ -50,7 +50,7 @@ fn kill_9_with_100_posts_in_flight_keeps_every_acknowledged_object_and_no_half_w
     let on = store.on;
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(AtomicUsize::new(0));
-    let outcomes: Arc<Mutex<Vec<Posted>>> = Arc::default();
+    let outcomes: Outcomes = Arc::default();
     let load = {
         let (stop, acked, outcomes) = (stop.clone(), acked.clone(), outcomes.clone());
         std::thread::spawn(move || post_until_stopped(on, stop, acked, outcomes))
@@ -114,7 +114,7 @@ fn post_until_stopped(
     on: SocketAddr,
     stop: Arc<AtomicBool>,
     acked: Arc<AtomicUsize>,
-    outcomes: Arc<Mutex<Vec<Posted>>>,
+    outcomes: Outcomes,
 ) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
