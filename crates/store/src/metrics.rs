@@ -5,7 +5,7 @@
 //! and latency histogram ([`crate::storage::scheduled`]).
 
 use crate::storage::replicas::SnStore;
-use crate::storage::scheduled::{ScheduleStats, LATENCY_BUCKETS_US};
+use crate::storage::scheduled::{ClassStats, ScheduleStats, LATENCY_BUCKETS_US};
 use crate::storage::scrub::ScrubStats;
 use std::fmt::Write;
 use std::net::SocketAddr;
@@ -137,97 +137,96 @@ fn render_scrub(out: &mut String, nodes: &[NodeMetrics]) {
 }
 
 fn render_schedule(out: &mut String, nodes: &[NodeMetrics]) {
-    let scheduled: Vec<(u64, &ScheduleStats)> = nodes
+    let scheduled: Vec<(String, &ScheduleStats)> = nodes
         .iter()
-        .filter_map(|node| Some((node.uuid, node.schedule.as_ref()?)))
+        .filter_map(|node| {
+            Some((
+                format!("node=\"{:016x}\"", node.uuid),
+                node.schedule.as_ref()?,
+            ))
+        })
         .collect();
-    family(
-        out,
-        "strata_rs3_enabled",
-        "gauge",
-        "1 when Gets are scheduled by RS3.",
-    );
-    for (uuid, stats) in &scheduled {
-        let _ = writeln!(
-            out,
-            "strata_rs3_enabled{{node=\"{uuid:016x}\"}} {}",
-            u8::from(stats.enabled)
-        );
+    type NodeField = fn(&ScheduleStats) -> u64;
+    let per_node: [(&str, &str, &str, NodeField); 3] = [
+        (
+            "strata_rs3_enabled",
+            "gauge",
+            "1 when Gets are scheduled by RS3.",
+            |s| u64::from(s.enabled),
+        ),
+        (
+            "strata_rs3_batch_bytes",
+            "gauge",
+            "The RS3 batch budget in force.",
+            |s| s.batch_bytes,
+        ),
+        (
+            "strata_rs3_batches_total",
+            "counter",
+            "RS3 batches cut.",
+            |s| s.batches,
+        ),
+    ];
+    for (name, kind, help, field) in per_node {
+        family(out, name, kind, help);
+        for (labels, stats) in &scheduled {
+            let _ = writeln!(out, "{name}{{{labels}}} {}", field(stats));
+        }
     }
-    family(
-        out,
-        "strata_rs3_batch_bytes",
-        "gauge",
-        "The RS3 batch budget in force.",
-    );
-    family(
-        out,
-        "strata_rs3_batches_total",
-        "counter",
-        "RS3 batches cut.",
-    );
-    for (uuid, stats) in &scheduled {
-        let _ = writeln!(
-            out,
-            "strata_rs3_batch_bytes{{node=\"{uuid:016x}\"}} {}",
-            stats.batch_bytes
-        );
-        let _ = writeln!(
-            out,
-            "strata_rs3_batches_total{{node=\"{uuid:016x}\"}} {}",
-            stats.batches
-        );
+    // Every sample of a family follows its header, as the format asks.
+    let classes: Vec<(String, &ClassStats)> = scheduled
+        .iter()
+        .flat_map(|(node, stats)| {
+            stats
+                .classes
+                .iter()
+                .map(move |(class, c)| (format!("{node},class=\"{class}\""), c))
+        })
+        .collect();
+    type ClassField = fn(&ClassStats) -> u64;
+    let per_class: [(&str, &str, &str, ClassField); 2] = [
+        (
+            "strata_rs3_class_bytes_total",
+            "counter",
+            "Get body bytes sent, by class.",
+            |c| c.bytes_sent,
+        ),
+        (
+            "strata_rs3_class_queued",
+            "gauge",
+            "Gets waiting or being sent, by class.",
+            |c| c.queued,
+        ),
+    ];
+    for (name, kind, help, field) in per_class {
+        family(out, name, kind, help);
+        for (labels, c) in &classes {
+            let _ = writeln!(out, "{name}{{{labels}}} {}", field(c));
+        }
     }
+    let name = "strata_rs3_class_latency_seconds";
     family(
         out,
-        "strata_rs3_class_bytes_total",
-        "counter",
-        "Get body bytes sent, by class.",
-    );
-    family(
-        out,
-        "strata_rs3_class_queued",
-        "gauge",
-        "Gets waiting or being sent, by class.",
-    );
-    family(
-        out,
-        "strata_rs3_class_latency_seconds",
+        name,
         "histogram",
         "Time from a Get's hand-off to RS3 to its last byte, by class.",
     );
-    for (uuid, stats) in &scheduled {
-        for (class, c) in &stats.classes {
-            let labels = format!("node=\"{uuid:016x}\",class=\"{class}\"");
-            let _ = writeln!(
-                out,
-                "strata_rs3_class_bytes_total{{{labels}}} {}",
-                c.bytes_sent
-            );
-            let _ = writeln!(out, "strata_rs3_class_queued{{{labels}}} {}", c.queued);
-            for (bound, count) in LATENCY_BUCKETS_US.iter().zip(&c.latency_buckets) {
-                let le = *bound as f64 / 1e6;
-                let _ = writeln!(
-                    out,
-                    "strata_rs3_class_latency_seconds_bucket{{{labels},le=\"{le}\"}} {count}"
-                );
-            }
-            let _ = writeln!(
-                out,
-                "strata_rs3_class_latency_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
-                c.reads_done
-            );
-            let _ = writeln!(
-                out,
-                "strata_rs3_class_latency_seconds_sum{{{labels}}} {}",
-                c.latency_sum_us as f64 / 1e6
-            );
-            let _ = writeln!(
-                out,
-                "strata_rs3_class_latency_seconds_count{{{labels}}} {}",
-                c.reads_done
-            );
+    for (labels, c) in &classes {
+        for (bound, count) in LATENCY_BUCKETS_US.iter().zip(&c.latency_buckets) {
+            let le = *bound as f64 / 1e6;
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {count}");
         }
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels},le=\"+Inf\"}} {}",
+            c.reads_done
+        );
+        let _ = writeln!(
+            out,
+            "{name}_sum{{{labels}}} {}",
+            c.latency_sum_us as f64 / 1e6
+        );
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", c.reads_done);
     }
 }
 
@@ -283,7 +282,6 @@ pub async fn bind(at: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::scheduled::ClassStats;
 
     #[test]
     fn every_node_and_class_is_rendered_with_its_labels() {
@@ -325,6 +323,18 @@ mod tests {
             "strata_rs3_class_latency_seconds_count{node=\"00000000000000ab\",class=\"acme\"} 2",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        // Each family's samples follow its own header, none after another's.
+        let mut current = String::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                current = rest.split(' ').next().unwrap_or_default().to_string();
+            } else if !line.starts_with('#') {
+                assert!(
+                    line.starts_with(&current),
+                    "{line:?} outside its family {current}"
+                );
+            }
         }
     }
 }
