@@ -30,7 +30,8 @@ start, the router's queue full), 8 clients of `small` issue 4 KiB Gets:
 first as a sequence of short `store bench` runs for --window seconds
 (each run's median latency and start time make the time series of the
 plot), then as one longer run (--small-passes passes over every object)
-whose p50/p99 go in the table. The streams' throughput is the bytes their
+whose p50/p99 go in the table. A last mode, "no streams", runs the small
+Gets alone (RS3 off): the floor. The streams' throughput is the bytes their
 sockets received (`ss -ti` bytes_received, sampled every 0.25 s, summed
 per client process) over the whole measurement, divided by its length;
 the bytes the host's end of the link received over the same time are
@@ -255,12 +256,13 @@ class Sampler(threading.Thread):
 class Store:
     """A one-node `strata store up` in the node's namespace."""
 
-    def __init__(self, strata, link, workdir, flags):
+    def __init__(self, strata, link, workdir, flags, nice=0):
         self.strata = strata
         self.dir = tempfile.mkdtemp(dir=workdir)
         self.log = open(os.path.join(self.dir, "store.log"), "w")
         self.process = subprocess.Popen(
-            ["ip", "netns", "exec", link.node, strata, "store", "up", "--dir", self.dir,
+            ["nice", "-n", str(nice), "ip", "netns", "exec", link.node, strata, "store", "up",
+             "--dir", self.dir,
              "--listen", f"{NODE_IP}:0", "--mn", "1", "--sn", "1",
              "--replication", "1,1,1,1"] + flags,
             stdout=subprocess.PIPE, stderr=self.log, text=True)
@@ -319,16 +321,18 @@ def stop(process):
             process.wait()
 
 
-def latency_mode(a, link, workdir, name, flags):
-    """One mode's small-Get latencies, series and stream throughput."""
-    store = Store(a.strata, link, workdir, flags)
+def latency_mode(a, link, workdir, name, flags, streaming=True):
+    """One mode's small-Get latencies, series and stream throughput; with
+    `streaming` false, the small Gets alone (the floor)."""
+    store = Store(a.strata, link, workdir, flags, a.nice)
     streams = []
     try:
         bulk, small = store.tenant("bulk"), store.tenant("small")
         store.bench(bulk, "post", 4, 1, STREAM_SIZE, "bulk/b")
         store.bench(small, "post", 8, a.small_objects, SMALL_SIZE, "small/s")
-        streams = [store.stream(bulk, 4, "bulk/b")]
-        time.sleep(a.warmup)
+        if streaming:
+            streams = [store.stream(bulk, 4, "bulk/b")]
+            time.sleep(a.warmup)
         sampler = Sampler(link)
         sampler.start()
         series, begin = [], time.monotonic()
@@ -364,13 +368,14 @@ def latency_mode(a, link, workdir, name, flags):
 
 
 WEIGHTS = {"w1": 1, "w2": 2, "w3": 3}
+IDLE = "no streams"
 
 
 def weighted(a, link, workdir):
     flags = ["--rs3", "--rs3-batch", a.weight_batch]
     for tenant, weight in WEIGHTS.items():
         flags += ["--rs3-weight", f"{tenant}={weight}"]
-    store = Store(a.strata, link, workdir, flags)
+    store = Store(a.strata, link, workdir, flags, a.nice)
     streams = {}
     try:
         credentials = {t: store.tenant(t) for t in WEIGHTS}
@@ -418,10 +423,10 @@ def print_latency(modes, base):
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     off = modes[base]
     for name, m in modes.items():
+        ratio = "-" if name == IDLE else f"{m['stream_mb_per_s'] / off['stream_mb_per_s']:.3f}"
         print(f"| {name} | {m['small_p50_ms']:.2f} | {m['small_p99_ms']:.2f} "
               f"| {m['series_p50_ms']:.2f} | {off['small_p50_ms'] / m['small_p50_ms']:.1f}x "
-              f"| {m['stream_mb_per_s']:.1f} "
-              f"| {m['stream_mb_per_s'] / off['stream_mb_per_s']:.3f} "
+              f"| {m['stream_mb_per_s']:.1f} | {ratio} "
               f"| {m['link_mb_per_s']:.1f} | {m['backlog_kb_median']:.0f}, "
               f"{m['backlog_kb_max']:.0f} | {m['dropped']:.0f} | {m['echo_ms']:.2f} |")
     print("\nTargets: p50 without/with >= 20x; streams with/without >= 0.85.")
@@ -441,10 +446,10 @@ def print_weighted(runs):
     print(f"\nTotal {total:.1f} MB/s. Target: share/target within 0.95 to 1.05.")
 
 
-def svg_plot(path, series_by_mode, title):
+def svg_plot(path, series_by_mode, labels, title):
     """A line chart of each mode's small-Get p50 over time, log scale."""
     width, height = 760, 420
-    left, right, top, bottom = 70, 180, 40, 50
+    left, right, top, bottom = 70, 250, 40, 50
     plot_w, plot_h = width - left - right, height - top - bottom
     points = [p for s in series_by_mode.values() for p in s]
     t_max = max([p["t"] + p["seconds"] for p in points] + [1.0])
@@ -462,7 +467,7 @@ def svg_plot(path, series_by_mode, title):
         span = math.log10(high) - math.log10(low)
         return top + plot_h * (1 - (math.log10(max(v, low)) - math.log10(low)) / span)
 
-    colors = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"]
+    colors = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'font-family="sans-serif" font-size="12">',
            f'<rect width="{width}" height="{height}" fill="white"/>',
@@ -495,17 +500,19 @@ def svg_plot(path, series_by_mode, title):
     out.append(f'<text transform="translate(18,{top + plot_h / 2}) rotate(-90)" '
                f'text-anchor="middle">4 KiB Get p50 per run (ms, log)</text>')
     for i, (name, series) in enumerate(series_by_mode.items()):
-        color = colors[i % len(colors)]
+        color = "#888" if name == IDLE else colors[i % len(colors)]
         line = " ".join(f"{x(p['t']):.1f},{y(p['p50_ms']):.1f}" for p in series)
         out.append(f'<polyline points="{line}" fill="none" stroke="{color}" '
                    f'stroke-width="1.5"/>')
         for p in series:
             out.append(f'<circle cx="{x(p["t"]):.1f}" cy="{y(p["p50_ms"]):.1f}" r="2" '
                        f'fill="{color}"/>')
-        ly = top + 10 + 20 * i
+        ly = top + 10 + 36 * i
         out.append(f'<line x1="{left + plot_w + 15}" y1="{ly}" x2="{left + plot_w + 40}" '
                    f'y2="{ly}" stroke="{color}" stroke-width="2"/>')
         out.append(f'<text x="{left + plot_w + 45}" y="{ly + 4}">{name}</text>')
+        out.append(f'<text x="{left + plot_w + 45}" y="{ly + 18}" font-size="10" '
+                   f'fill="#555">{labels[name]}</text>')
     out.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
@@ -522,6 +529,9 @@ def main():
     ap.add_argument("--batches", default="64K,128K,256K", help="RS3 batch budgets to run")
     ap.add_argument("--weight-batch", default="256K", help="RS3 batch of the weighted run")
     ap.add_argument("--weight-clients", type=int, default=4, help="stream clients per tenant")
+    ap.add_argument("--nice", type=int, default=0,
+                    help="the store's niceness (-10: ahead of other work on a shared host)")
+    ap.add_argument("--no-weights", action="store_true", help="skip the weighted run")
     ap.add_argument("--small-objects", type=int, default=8, help="4 KiB objects per client")
     ap.add_argument("--small-passes", type=int, default=2)
     ap.add_argument("--series-ops", type=int, default=4,
@@ -539,6 +549,8 @@ def main():
         sys.exit("rs3_bench.py needs root (ip netns, tc)")
     modes = [("RS3 off", [])] + [(f"RS3 {b}", ["--rs3", "--rs3-batch", b])
                                  for b in a.batches.split(",") if b]
+    # The small Gets alone, RS3 off: the floor RS3 can approach.
+    modes.append((IDLE, []))
     # SIGTERM ends the run through the finally blocks: the namespaces go.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
     link = Link(a.rate, a.queue, a.burst, a.cc)
@@ -549,13 +561,15 @@ def main():
                 run = {}
                 for name, flags in modes:
                     print(f"# run {i + 1}/{a.repeat}: {name}", file=sys.stderr, flush=True)
-                    run[name] = latency_mode(a, link, workdir, name, flags)
+                    run[name] = latency_mode(a, link, workdir, name, flags, name != IDLE)
                     m = run[name]
                     print(f"#   small p50 {m['small_p50_ms']:.2f} ms, p99 "
                           f"{m['small_p99_ms']:.2f} ms, streams {m['stream_mb_per_s']:.1f}"
                           f" MB/s, queue {m['backlog_kb_median']:.0f} KB",
                           file=sys.stderr, flush=True)
                 results["latency"].append(run)
+                if a.no_weights:
+                    continue
                 print(f"# run {i + 1}/{a.repeat}: weights 1:2:3", file=sys.stderr, flush=True)
                 w = weighted(a, link, workdir)
                 print("#   " + ", ".join(f"{t} {v['mb_per_s']:.1f} MB/s ({v['share']:.3f})"
@@ -569,9 +583,12 @@ def main():
     medians = {name: median_rows([r[name] for r in results["latency"]], LATENCY_KEYS)
                for name, _ in modes}
     print_latency(medians, modes[0][0])
-    print_weighted(results["weighted"])
+    if results["weighted"]:
+        print_weighted(results["weighted"])
     first = results["latency"][0]
-    svg_plot(a.plot, {name: first[name]["series"] for name, _ in modes},
+    labels = {name: f"p50 {m['small_p50_ms']:.1f} ms, streams {m['stream_mb_per_s']:.0f} MB/s"
+              for name, m in medians.items()}
+    svg_plot(a.plot, {name: first[name]["series"] for name, _ in modes}, labels,
              f"4 KiB Gets under 4 streams of 64 MB Gets, link {a.rate}, queue {a.queue}, {a.cc}")
     print(f"\nPlot: {a.plot}")
     if a.json_out:
