@@ -55,6 +55,7 @@ the plot shows the first run's series, latency on a log scale.
 """
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -268,12 +269,19 @@ class Store:
             stdout=subprocess.PIPE, stderr=self.log, text=True)
         line = self.process.stdout.readline()
         if "ready on " not in line:
-            self.stop()
+            tail = self.stop()
             raise RuntimeError(f"store up with {flags} did not start: {line!r}; "
-                               f"see {self.log.name}")
+                               f"its log ends: {tail}")
         self.on = line.split("ready on ", 1)[1].split()[0]
         # Keep reading its output so that it never blocks on a full pipe.
         threading.Thread(target=self.process.stdout.read, daemon=True).start()
+
+    def log_tail(self):
+        try:
+            with open(self.log.name, errors="replace") as f:
+                return f.read()[-800:].strip()
+        except OSError:
+            return "(no log)"
 
     def tenant(self, name):
         run_ok([self.strata, "store", "tenant", "add", "--dir", self.dir, "--tenant", name])
@@ -307,8 +315,10 @@ class Store:
     def stop(self):
         stop(self.process)
         self.log.close()
+        tail = self.log_tail()
         # Each store holds hundreds of MB: bound the disk a run takes.
         shutil.rmtree(self.dir, ignore_errors=True)
+        return tail
 
 
 def stop(process):
@@ -454,7 +464,6 @@ def svg_plot(path, series_by_mode, labels, title):
     points = [p for s in series_by_mode.values() for p in s]
     t_max = max([p["t"] + p["seconds"] for p in points] + [1.0])
     values = [max(p["p50_ms"], 1e-3) for p in points] or [1.0]
-    import math
     low = 10 ** math.floor(math.log10(min(values)))
     high = 10 ** math.ceil(math.log10(max(values)))
     if high <= low:
