@@ -60,6 +60,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -190,7 +191,6 @@ class Probe(threading.Thread):
         self.start()
 
     def run(self):
-        import socket
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.settimeout(1.0)
             while not self.halt.wait(0.05):
