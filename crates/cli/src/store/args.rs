@@ -469,8 +469,8 @@ pub struct ScheduleArgs {
     /// default.
     #[arg(long)]
     pub(super) rs3: bool,
-    /// Each RS3 batch's byte budget (64K to 1G); size it to the link: at
-    /// most one budget goes out per millisecond while the queues are full.
+    /// Each RS3 batch's byte budget (64K to 1G): smaller gives small reads
+    /// lower latency, larger keeps more of the link's throughput.
     #[arg(long, default_value = "256K")]
     pub(super) rs3_batch: String,
     /// A class's weight, CLASS=W (1 to 1000; others weigh 1). Repeatable.

@@ -206,6 +206,8 @@ pub enum ConfigError {
     TooManyClasses(usize),
     /// A class name in the weight table is not valid.
     ClassName(String),
+    /// The sender's thread could not be started.
+    Thread(String),
     /// A class's weight is out of bounds.
     Weight {
         /// The class.
@@ -237,6 +239,7 @@ impl fmt::Display for ConfigError {
                 "RS3 settings name class or tenant {class:?}, which is not a class name: use '*' or 1 to \
                  {MAX_CLASS_NAME} ASCII letters, digits, '.', '_' or '-' (a tenant id)"
             ),
+            ConfigError::Thread(why) => write!(formatter, "could not start the RS3 sender's thread: {why}"),
             ConfigError::Weight { class, weight } => write!(
                 formatter,
                 "RS3 weight {weight} of class {class:?} is out of bounds: use {MIN_WEIGHT} to {MAX_WEIGHT}"
