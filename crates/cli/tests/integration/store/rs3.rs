@@ -300,8 +300,9 @@ fn rs3_is_set_at_run_time_and_shown_on_metrics() {
     let shown = store.json(&["store", "schedule"]);
     let acme_bytes = &shown["nodes"][0]["rs3"]["class_stats"]["acme"]["bytes"];
     assert_eq!(acme_bytes, 900_000, "{shown}");
-    wait_until("a scrub pass on /metrics", || {
-        sample(&metrics(&at), "strata_scrub_passes_total", "node=").is_some_and(|n| n >= 1.0)
+    // The first pass may have ended before the Post: wait for one that saw it.
+    wait_until("a scrub pass over the replica on /metrics", || {
+        sample(&metrics(&at), "strata_scrub_replicas_total", "node=").is_some_and(|n| n >= 1.0)
     });
     let text = metrics(&at);
     assert_eq!(
