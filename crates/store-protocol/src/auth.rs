@@ -952,7 +952,7 @@ mod tests {
         let k = key(1);
         let t = get_ticket();
         let bytes = t.seal(&k);
-        assert_eq!(bytes.len(), TICKET_FIXED + 3 * 16);
+        assert_eq!(bytes.len(), TICKET_FIXED + 3 * 16 + t.tenant.len());
         assert_eq!(Ticket::open(&bytes, &k, NOW), Ok(t.clone()));
         assert_eq!(Ticket::open(&bytes, &k, t.expires), Ok(t.clone()));
         assert_eq!(
