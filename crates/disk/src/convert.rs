@@ -189,6 +189,21 @@ impl Writeback {
     }
 }
 
+/// Opens a raw target for writing: a regular file is created or
+/// truncated, a character or block device is opened as it is. Returns the
+/// file and whether it is a device (whose size is not to be set).
+pub fn open_raw_target(path: &Path) -> std::io::Result<(std::fs::File, bool)> {
+    let special = std::fs::metadata(path)
+        .map(|m| m.file_type().is_char_device() || m.file_type().is_block_device())
+        .unwrap_or(false);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(!special)
+        .truncate(!special)
+        .open(path)?;
+    Ok((file, special))
+}
+
 /// Creates (or, for a device, opens) the target.
 fn open_target(dst: &Path, target: &CreateOptions, size: u64) -> Result<Target> {
     let place = Place {
@@ -197,15 +212,8 @@ fn open_target(dst: &Path, target: &CreateOptions, size: u64) -> Result<Target> 
     };
     Ok(match target.format {
         Format::Raw => {
-            let special = std::fs::metadata(dst)
-                .map(|m| m.file_type().is_char_device() || m.file_type().is_block_device())
-                .unwrap_or(false);
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(!special)
-                .truncate(!special)
-                .open(dst)
-                .map_err(|e| DiskError::io(&place, "create", e))?;
+            let (file, special) =
+                open_raw_target(dst).map_err(|e| DiskError::io(&place, "create", e))?;
             if !special {
                 file.set_len(size)
                     .map_err(|e| DiskError::io(&place, "truncate", e))?;

@@ -25,3 +25,24 @@ pub mod orchestrator;
 pub mod routes;
 pub mod runtime;
 pub mod storage;
+
+/// What several modules' tests check alike.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use strata_store_protocol::Error;
+
+    /// Asserts that `err` is a database error whose source is redb's
+    /// "already open", and returns that source.
+    pub(crate) fn assert_already_open(err: &Error) -> &redb::DatabaseError {
+        use std::error::Error as _;
+        assert_eq!(err.kind(), strata_store_protocol::ErrorKind::Database);
+        let redb = err
+            .source()
+            .and_then(|s| s.downcast_ref::<redb::DatabaseError>());
+        assert!(
+            matches!(redb, Some(redb::DatabaseError::DatabaseAlreadyOpen)),
+            "{err:?}"
+        );
+        redb.expect("checked above")
+    }
+}

@@ -52,6 +52,20 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
+/// A family of samples read from a `T`: name, type, help, and the field.
+type Family<T> = (&'static str, &'static str, &'static str, fn(&T) -> u64);
+
+/// Writes each of `families`, its header then one sample per row of
+/// `rows` (the row's labels, and what the family reads from it).
+fn families<T>(out: &mut String, families: &[Family<T>], rows: &[(String, &T)]) {
+    for (name, kind, help, field) in families {
+        family(out, name, kind, help);
+        for (labels, row) in rows {
+            let _ = writeln!(out, "{name}{{{labels}}} {}", field(row));
+        }
+    }
+}
+
 /// Renders `nodes` in the Prometheus text format.
 pub fn render(nodes: &[NodeMetrics]) -> String {
     let mut out = String::new();
@@ -61,8 +75,7 @@ pub fn render(nodes: &[NodeMetrics]) -> String {
 }
 
 fn render_scrub(out: &mut String, nodes: &[NodeMetrics]) {
-    type Field = fn(&ScrubStats) -> u64;
-    let families: [(&str, &str, &str, Field); 7] = [
+    let scrub: [Family<ScrubStats>; 7] = [
         (
             "strata_scrub_passes_total",
             "counter",
@@ -106,17 +119,11 @@ fn render_scrub(out: &mut String, nodes: &[NodeMetrics]) {
             |s| s.reports_sent,
         ),
     ];
-    for (name, kind, help, field) in families {
-        family(out, name, kind, help);
-        for node in nodes {
-            let _ = writeln!(
-                out,
-                "{name}{{node=\"{:016x}\"}} {}",
-                node.uuid,
-                field(&node.scrub)
-            );
-        }
-    }
+    let rows: Vec<(String, &ScrubStats)> = nodes
+        .iter()
+        .map(|node| (format!("node=\"{:016x}\"", node.uuid), &node.scrub))
+        .collect();
+    families(out, &scrub, &rows);
     family(
         out,
         "strata_scrub_last_pass_seconds",
@@ -146,8 +153,7 @@ fn render_schedule(out: &mut String, nodes: &[NodeMetrics]) {
             ))
         })
         .collect();
-    type NodeField = fn(&ScheduleStats) -> u64;
-    let per_node: [(&str, &str, &str, NodeField); 3] = [
+    let per_node: [Family<ScheduleStats>; 3] = [
         (
             "strata_rs3_enabled",
             "gauge",
@@ -167,12 +173,7 @@ fn render_schedule(out: &mut String, nodes: &[NodeMetrics]) {
             |s| s.batches,
         ),
     ];
-    for (name, kind, help, field) in per_node {
-        family(out, name, kind, help);
-        for (labels, stats) in &scheduled {
-            let _ = writeln!(out, "{name}{{{labels}}} {}", field(stats));
-        }
-    }
+    families(out, &per_node, &scheduled);
     // Every sample of a family follows its header, as the format asks.
     let classes: Vec<(String, &ClassStats)> = scheduled
         .iter()
@@ -183,8 +184,7 @@ fn render_schedule(out: &mut String, nodes: &[NodeMetrics]) {
                 .map(move |(class, c)| (format!("{node},class=\"{class}\""), c))
         })
         .collect();
-    type ClassField = fn(&ClassStats) -> u64;
-    let per_class: [(&str, &str, &str, ClassField); 2] = [
+    let per_class: [Family<ClassStats>; 2] = [
         (
             "strata_rs3_class_bytes_total",
             "counter",
@@ -198,12 +198,7 @@ fn render_schedule(out: &mut String, nodes: &[NodeMetrics]) {
             |c| c.queued,
         ),
     ];
-    for (name, kind, help, field) in per_class {
-        family(out, name, kind, help);
-        for (labels, c) in &classes {
-            let _ = writeln!(out, "{name}{{{labels}}} {}", field(c));
-        }
-    }
+    families(out, &per_class, &classes);
     let name = "strata_rs3_class_latency_seconds";
     family(
         out,

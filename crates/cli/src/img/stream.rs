@@ -4,11 +4,11 @@
 //! access.
 
 use std::io::{Read, Write};
-use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use strata_disk::convert::is_zero;
+use strata_disk::convert::{is_zero, open_raw_target};
 use strata_disk::layer::Format;
 use strata_disk::resize::{resize, SizeChange};
 use strata_disk::{create, CreateOptions, Disk, OpenOptions};
@@ -156,14 +156,7 @@ fn open_sink(
     };
     match options.format {
         Format::Raw => {
-            let special = std::fs::metadata(path)
-                .map(|m| m.file_type().is_char_device() || m.file_type().is_block_device())
-                .unwrap_or(false);
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(!special)
-                .truncate(!special)
-                .open(path)
+            let (file, special) = open_raw_target(path)
                 .with_context(|| format!("could not create '{}'", path.display()))?;
             Ok(Sink::Raw { file, special })
         }

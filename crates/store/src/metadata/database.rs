@@ -948,21 +948,13 @@ mod tests {
 
     #[test]
     fn a_database_failure_keeps_redb_error_as_its_source() {
-        use std::error::Error as _;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
         let first = MetaDb::open(&path).unwrap();
         let Err(err) = MetaDb::open(&path) else {
             panic!("the database opened twice");
         };
-        assert_eq!(err.kind(), strata_store_protocol::ErrorKind::Database);
-        let redb = err
-            .source()
-            .and_then(|s| s.downcast_ref::<redb::DatabaseError>());
-        assert!(
-            matches!(redb, Some(redb::DatabaseError::DatabaseAlreadyOpen)),
-            "{err:?}"
-        );
+        let redb = crate::test_support::assert_already_open(&err);
         // The context says what and where; redb's text comes once, as the
         // cause.
         let text = err.to_string();
@@ -970,10 +962,7 @@ mod tests {
             text.contains("opening") && text.contains("m.redb"),
             "{text}"
         );
-        assert_eq!(
-            err.report().to_string(),
-            format!("{text}: {}", redb.unwrap())
-        );
+        assert_eq!(err.report().to_string(), format!("{text}: {redb}"));
         drop(first);
     }
 

@@ -41,19 +41,50 @@ enum Opened {
     },
 }
 
-/// Opens a replica file and checks its header (blocking).
+/// What opening a replica file and checking its header found.
+pub(super) enum Opening {
+    /// It could not be opened.
+    NotOpened(std::io::Error),
+    /// Its header or its length is wrong; `bytes` of it were read.
+    Damaged { bytes: u64 },
+    /// Its header agrees with its length; the file is positioned after it.
+    Whole { file: std::fs::File, header: Header },
+}
+
+/// Opens a replica file and checks its header against its length
+/// (blocking): what a Get and the scrub both start with.
+pub(super) fn open_checked(path: &Path) -> Opening {
+    use std::io::Read;
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) => return Opening::NotOpened(e),
+    };
+    let Ok(len) = file.metadata().map(|m| m.len()) else {
+        return Opening::Damaged { bytes: 0 };
+    };
+    let mut start = Vec::with_capacity(FILE_HEADER);
+    if (&mut file)
+        .take(FILE_HEADER as u64)
+        .read_to_end(&mut start)
+        .is_err()
+    {
+        return Opening::Damaged { bytes: 0 };
+    }
+    match check_header(&start, len) {
+        Some(header) => Opening::Whole { file, header },
+        None => Opening::Damaged {
+            bytes: start.len() as u64,
+        },
+    }
+}
+
+/// Opens a replica file for a Get (blocking): a small one is read whole.
 fn open_replica(path: &Path) -> Opened {
     use std::io::Read;
-    let Ok(mut file) = std::fs::File::open(path) else {
-        return Opened::Missing;
-    };
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut start = [0u8; FILE_HEADER];
-    if file.read_exact(&mut start).is_err() {
-        return Opened::Damaged;
-    }
-    let Some(header) = check_header(&start, len) else {
-        return Opened::Damaged;
+    let (file, header) = match open_checked(path) {
+        Opening::NotOpened(_) => return Opened::Missing,
+        Opening::Damaged { .. } => return Opened::Damaged,
+        Opening::Whole { file, header } => (file, header),
     };
     if header.size > SMALL_REPLICA {
         return Opened::Large { header, file };
@@ -130,6 +161,9 @@ pub(super) async fn get(
     };
     w.write_all(&[0]).await.map_err(io)?;
     w.write_all(&header.size.to_be_bytes()).await.map_err(io)?;
+    // Only a file sent at once is corked (`send_direct`): the trailer then
+    // leaves with its last segment, and the rest pay no uncork.
+    let corked = matches!((&route, &body), (Route::Direct, Body::File { .. }));
     let (mut w, sent) = match route {
         Route::Direct => send_direct(w, body, stall).await?,
         Route::Scheduled(sender, tenant) => {
@@ -169,7 +203,9 @@ pub(super) async fn get(
         .await
         .map_err(io)?;
     w.flush().await.map_err(io)?;
-    set_cork(w.get_ref().as_ref(), false);
+    if corked {
+        set_cork(w.get_ref().as_ref(), false);
+    }
     if !good {
         tracing::warn!(
             "replica {} failed its checksum or was cut short",

@@ -110,9 +110,9 @@ pub struct ClassStats {
 /// The scheduler's counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ScheduleStats {
-    /// Whether reads are scheduled now.
+    /// Whether reads are scheduled now (from the settings in force).
     pub enabled: bool,
-    /// The batch budget in force.
+    /// The batch budget in force (from the settings).
     pub batch_bytes: u64,
     /// Batches cut.
     pub batches: u64,
@@ -120,7 +120,7 @@ pub struct ScheduleStats {
     pub classes: BTreeMap<String, ClassStats>,
 }
 
-/// The handle of a node's sender task; cheap to clone.
+/// The handle of a node's sender thread; cheap to clone.
 #[derive(Clone)]
 pub struct ScheduledSender {
     messages: mpsc::Sender<Message>,
@@ -134,11 +134,7 @@ impl ScheduledSender {
     pub fn start(config: ScheduleConfig) -> Result<ScheduledSender, ConfigError> {
         let scheduler = Scheduler::new(config.clone())?;
         let (messages, inbox) = mpsc::channel(QUEUE);
-        let stats = Arc::new(Mutex::new(ScheduleStats {
-            enabled: config.enabled,
-            batch_bytes: config.batch_bytes,
-            ..ScheduleStats::default()
-        }));
+        let stats = Arc::new(Mutex::new(ScheduleStats::default()));
         let thread_stats = stats.clone();
         std::thread::Builder::new()
             .name("strata-rs3".into())
@@ -151,27 +147,26 @@ impl ScheduledSender {
         })
     }
 
+    /// What `look` reads from the settings in force (no copy of them).
+    fn with_config<T>(&self, look: impl FnOnce(&ScheduleConfig) -> T) -> T {
+        look(&self.config.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// The settings in force.
     pub fn config(&self) -> ScheduleConfig {
-        self.config
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.with_config(ScheduleConfig::clone)
     }
 
     /// Whether Gets go through the scheduler.
     pub fn enabled(&self) -> bool {
-        self.config
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .enabled
+        self.with_config(|config| config.enabled)
     }
 
     /// Takes new settings (checked first) from the next batch on.
     pub fn configure(&self, config: ScheduleConfig) -> Result<(), ConfigError> {
         config.validate()?;
         *self.config.lock().unwrap_or_else(|e| e.into_inner()) = config.clone();
-        // The task applies it in order with the reads; a full queue only
+        // The sender applies it in order with the reads; a full queue only
         // delays it to the next try, so wait for room.
         let messages = self.messages.clone();
         tokio::spawn(async move {
@@ -200,9 +195,12 @@ impl ScheduledSender {
         Ok(answer)
     }
 
-    /// The counters now.
+    /// The counters now, with the settings in force.
     pub fn stats(&self) -> ScheduleStats {
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        let mut stats = lock(&self.stats).clone();
+        (stats.enabled, stats.batch_bytes) =
+            self.with_config(|config| (config.enabled, config.batch_bytes));
+        stats
     }
 
     /// Sends `body` on `writer` (already flushed) in the batches of
@@ -214,7 +212,7 @@ impl ScheduledSender {
         body: Body,
         stall: Duration,
     ) -> Option<(BufWriter<OwnedWriteHalf>, Sent)> {
-        let class = ClassId::new(self.config().class_of(tenant));
+        let class = self.with_config(|config| ClassId::new(config.class_of(tenant)));
         let (done, answer) = oneshot::channel();
         let job = Job {
             class,
@@ -307,9 +305,6 @@ fn take(
     let job = match message {
         Message::Read(job) => job,
         Message::Configure(config) => {
-            let mut stats = lock(stats);
-            stats.enabled = config.enabled;
-            stats.batch_bytes = config.batch_bytes;
             // Checked by `configure` before it was sent.
             let _ = scheduler.reconfigure(config);
             return;

@@ -16,7 +16,8 @@
 //! checked from memory rather than from the medium.
 
 use crate::runtime::SharedTable;
-use crate::storage::file::{check_header, parse_name, verified, FILE_HEADER};
+use crate::storage::file::{parse_name, verified, FILE_HEADER};
+use crate::storage::reader::{open_checked, Opening};
 use std::future::Future;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -220,13 +221,16 @@ pub async fn check_replica(path: &Path, pacer: &mut Pacer, buf: &mut Vec<u8>) ->
         buf.resize(SCRUB_CHUNK, 0);
     }
     let path = path.to_path_buf();
-    let opened = tokio::task::spawn_blocking(move || open_replica(&path)).await;
+    let opened = tokio::task::spawn_blocking(move || open_checked(&path)).await;
     let (file, header) = match opened {
         // The runtime is shutting down: nothing was found.
         Err(_) => return Checked::Gone,
-        Ok(Opened::Gone) => return Checked::Gone,
-        Ok(Opened::Damaged { bytes }) => return Checked::Damaged { bytes },
-        Ok(Opened::Whole { file, header }) => (file, header),
+        Ok(Opening::NotOpened(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Checked::Gone
+        }
+        Ok(Opening::NotOpened(_)) => return Checked::Damaged { bytes: 0 },
+        Ok(Opening::Damaged { bytes }) => return Checked::Damaged { bytes },
+        Ok(Opening::Whole { file, header }) => (file, header),
     };
     pacer.consumed(FILE_HEADER as u64).await;
     let mut reading = Reading {
@@ -258,48 +262,6 @@ pub async fn check_replica(path: &Path, pacer: &mut Pacer, buf: &mut Vec<u8>) ->
         Checked::Good { bytes }
     } else {
         Checked::Damaged { bytes }
-    }
-}
-
-/// What opening a replica file found.
-enum Opened {
-    Gone,
-    /// Damaged on its header or length; `bytes` read.
-    Damaged {
-        bytes: u64,
-    },
-    /// Its header agrees with its length; the file is positioned after it.
-    Whole {
-        file: std::fs::File,
-        header: crate::storage::file::Header,
-    },
-}
-
-/// Opens a replica file and checks its header against its length
-/// (blocking).
-fn open_replica(path: &Path) -> Opened {
-    use std::io::Read;
-    let mut file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Opened::Gone,
-        Err(_) => return Opened::Damaged { bytes: 0 },
-    };
-    let Ok(len) = file.metadata().map(|m| m.len()) else {
-        return Opened::Damaged { bytes: 0 };
-    };
-    let mut start = Vec::with_capacity(FILE_HEADER);
-    if (&mut file)
-        .take(FILE_HEADER as u64)
-        .read_to_end(&mut start)
-        .is_err()
-    {
-        return Opened::Damaged { bytes: 0 };
-    }
-    match check_header(&start, len) {
-        Some(header) => Opened::Whole { file, header },
-        None => Opened::Damaged {
-            bytes: start.len() as u64,
-        },
     }
 }
 

@@ -116,11 +116,7 @@ fn post_until_stopped(
     acked: Arc<AtomicUsize>,
     outcomes: Outcomes,
 ) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = load_runtime();
     rt.block_on(async move {
         let client = Arc::new(
             strata_store_client::client::Client::connect(on, admin(on))

@@ -74,6 +74,16 @@ fn connect_client(
     (rt, client)
 }
 
+/// The runtime of a test's concurrent clients: two workers, as the
+/// machine has two cores.
+fn load_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// Asks the node that `table` says owns metadata address `addr` for the
 /// copy of `name` kept there; returns that node and its answer.
 fn ask_copy(
@@ -192,11 +202,7 @@ struct Load {
 
 /// Posts objects and reads back acknowledged ones until `stop` is set.
 fn run_load(on: SocketAddr, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Load {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = load_runtime();
     rt.block_on(async move {
         let client = strata_store_client::client::Client::connect(on, admin(on))
             .await

@@ -1390,21 +1390,13 @@ mod tests {
 
     #[test]
     fn a_second_open_of_the_database_keeps_redb_error_as_its_source() {
-        use std::error::Error as _;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("on.redb");
         let first = drain_cluster(&path);
         let Err(err) = OnCore::open(&path, empty_table(), 2, 0) else {
             panic!("the database opened twice");
         };
-        assert_eq!(err.kind(), strata_store_protocol::ErrorKind::Database);
-        let redb = err
-            .source()
-            .and_then(|s| s.downcast_ref::<redb::DatabaseError>());
-        assert!(
-            matches!(redb, Some(redb::DatabaseError::DatabaseAlreadyOpen)),
-            "{err:?}"
-        );
+        crate::test_support::assert_already_open(&err);
         assert!(err.to_string().contains("on.redb"), "{err}");
         drop(first);
     }
