@@ -92,7 +92,9 @@ def rss_kib(pid):
 
 def start_store(strata, workdir, replication, mns=3, sns=3, d=None):
     d = d or tempfile.mkdtemp(dir=workdir)
-    rep = "1,1,1,1" if replication == 1 else "3,2,3,2"
+    # Every copy before the answer (W = N), as RADOS acknowledges a write
+    # once every OSD of its acting set has it: the same durability.
+    rep = "1,1,1,1" if replication == 1 else "3,3,3,3"
     p = subprocess.Popen(
         SERVER_CPU + [strata, "store", "up", "--dir", d, "--listen", "127.0.0.1:0",
          "--mn", str(mns), "--sn", str(sns), "--replication", rep],
