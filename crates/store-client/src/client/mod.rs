@@ -35,6 +35,7 @@
 //! - `get`, `put`, `names` (delete and rename), `list`: the object calls.
 
 mod calls;
+pub mod choice;
 mod get;
 mod list;
 mod names;
@@ -45,6 +46,7 @@ mod report;
 mod udp;
 
 pub use self::calls::{Call, Step};
+pub use self::choice::{NodeView, ReplicaChoice};
 pub use self::names::RenameStep;
 pub use self::put::PutResult;
 pub use self::repair::{copy_replica, free_replica};
