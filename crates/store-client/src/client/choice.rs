@@ -327,7 +327,7 @@ impl Choice {
 
     /// Remembers `candidate`'s node (within [`MAX_NODES`]; a node past the
     /// bound is chosen among but not remembered).
-    fn learn(&mut self, candidate: Candidate) {
+    pub fn learn(&mut self, candidate: Candidate) {
         if let Some(state) = self.nodes.get_mut(&candidate.node) {
             state.endpoint = candidate.endpoint;
         } else if self.nodes.len() < MAX_NODES {
