@@ -657,6 +657,10 @@ pub enum ObjCommand {
         /// Show a progress bar.
         #[arg(short = 'p')]
         progress: bool,
+        /// Which replica to read first: nami (weighted by measured latency
+        /// ranks), primary (the record's first) or uniform (at random).
+        #[arg(long, default_value = "nami", value_parser = ["nami", "primary", "uniform"])]
+        replica_choice: String,
         /// Object name.
         name: String,
         /// Destination file (`-`: standard output).
