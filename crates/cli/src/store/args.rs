@@ -108,8 +108,10 @@ pub enum StoreCommand {
         #[command(subcommand)]
         command: NodeCommand,
     },
-    /// Show the prefix table: nodes, groups, capacity, state.
-    Status(ClusterArg),
+    /// Show the prefix table: nodes, groups, capacity, state; or, with
+    /// --client, a client's view of the storage nodes (NAMI's latency
+    /// estimates and weights).
+    Status(StatusArgs),
     /// Routed mode: print the `ip -6 route` commands one host needs. Each
     /// storage node's prefix and each metadata group goes through the node
     /// that owns it, and is a local route on that node itself.
@@ -257,6 +259,24 @@ pub struct KeyFingerprintArgs {
     pub(super) output: Output,
 }
 
+/// `strata store status` arguments.
+#[derive(Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub(super) cluster: ClusterArg,
+    /// Show a client's view instead of the table: per storage node, the
+    /// latency estimate, the weight NAMI gives it, its chance of taking
+    /// a Get and the reads sent, after probing each node.
+    #[arg(long)]
+    pub(super) client: bool,
+    /// With --client: probes of each node (TCP connections, timed) to
+    /// make the estimates from.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub(super) probes: u16,
+    #[command(flatten)]
+    pub(super) tenant: TenantArg,
+}
+
 /// `strata store bench` arguments.
 #[derive(Args)]
 pub struct BenchArgs {
@@ -293,6 +313,11 @@ pub struct BenchArgs {
     /// leaves the CPU to the server, as one on machines of its own would).
     #[arg(long, default_value = "tasks", value_parser = ["tasks", "batched"])]
     pub(super) engine: String,
+    /// Which replica a Get reads first: nami (weighted by measured
+    /// latency ranks), primary (the record's first) or uniform (at
+    /// random). The report counts the reads sent to each storage node.
+    #[arg(long, default_value = "nami", value_parser = ["nami", "primary", "uniform"])]
+    pub(super) replica_choice: String,
 }
 
 /// `strata store routes` arguments.
@@ -632,6 +657,10 @@ pub enum ObjCommand {
         /// Show a progress bar.
         #[arg(short = 'p')]
         progress: bool,
+        /// Which replica to read first: nami (weighted by measured latency
+        /// ranks), primary (the record's first) or uniform (at random).
+        #[arg(long, default_value = "nami", value_parser = ["nami", "primary", "uniform"])]
+        replica_choice: String,
         /// Object name.
         name: String,
         /// Destination file (`-`: standard output).

@@ -26,15 +26,20 @@ pub(super) fn bench(args: BenchArgs) -> Result<i32> {
     let r = runtime()?.block_on(async {
         let credential = args.tenant.load()?;
         let client = std::sync::Arc::new(Client::connect(args.cluster.cluster, credential).await?);
+        let choice = args.replica_choice.parse().map_err(anyhow::Error::msg)?;
+        client.set_replica_choice(choice);
         if batched {
             let table = client.table();
             let credential = client.credential().clone();
-            return anyhow::Ok(tokio::task::block_in_place(|| {
-                run_batched_gets(&table, &credential, &cfg)
-            })?);
+            let result =
+                tokio::task::block_in_place(|| run_batched_gets(&table, &credential, &cfg))?;
+            return anyhow::Ok((result, json!(null)));
         }
-        anyhow::Ok(run(client, cfg).await?)
+        let result = run(client.clone(), cfg).await?;
+        let view = super::status::client_view_json(client.replica_choice(), &client.replica_view());
+        anyhow::Ok((result, view))
     })?;
+    let (r, view) = r;
     let secs = r.elapsed.as_secs_f64();
     let v = json!({
         "workload": args.workload,
@@ -47,6 +52,8 @@ pub(super) fn bench(args: BenchArgs) -> Result<i32> {
         "mb_per_s": r.bytes as f64 / secs / 1e6,
         "p50_ms": r.p50.as_secs_f64() * 1e3,
         "p99_ms": r.p99.as_secs_f64() * 1e3,
+        // Zero-byte Gets (--engine batched) read no replica: null.
+        "client": view,
     });
     if args.cluster.output == Output::Json {
         println!("{v}");

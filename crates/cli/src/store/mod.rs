@@ -77,7 +77,7 @@ pub fn run_store(cmd: StoreCommand) -> Result<i32> {
     crate::serve::init_logging();
     match cmd {
         StoreCommand::Up(args) => up(args),
-        StoreCommand::Status(c) => status(&c),
+        StoreCommand::Status(args) => status(&args),
         StoreCommand::Routes(args) => routes(&args),
         StoreCommand::Node { command } => node(command),
         StoreCommand::Bench(args) => bench(args),

@@ -73,10 +73,12 @@ pub(super) async fn obj(cmd: ObjCommand) -> Result<i32> {
             cluster,
             tenant,
             progress,
+            replica_choice,
             name,
             file,
         } => {
             let client = connect(&cluster, &tenant).await?;
+            client.set_replica_choice(replica_choice.parse().map_err(anyhow::Error::msg)?);
             let tmp = match &file {
                 StdOutput::Stdout => None,
                 StdOutput::File(path) => Some(tmp_path(path)),

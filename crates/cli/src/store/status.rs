@@ -3,7 +3,11 @@
 
 use super::*;
 
-pub(super) fn status(c: &ClusterArg) -> Result<i32> {
+pub(super) fn status(args: &StatusArgs) -> Result<i32> {
+    let c = &args.cluster;
+    if args.client {
+        return client_status(args);
+    }
     let table = runtime()?
         .block_on(strata_store_client::transport::fetch_table(c.cluster, None))
         .with_context(|| format!("no orchestrator answered at {}", c.cluster))?;
@@ -12,6 +16,69 @@ pub(super) fn status(c: &ClusterArg) -> Result<i32> {
         Output::Human => print_table(&table),
     }
     Ok(0)
+}
+
+/// `strata store status --client`: probes every storage node, then
+/// prints what a client makes of them.
+fn client_status(args: &StatusArgs) -> Result<i32> {
+    let c = &args.cluster;
+    let view = runtime()?.block_on(async {
+        let credential = args.tenant.load()?;
+        let client = Client::connect(c.cluster, credential).await?;
+        client.probe_nodes(usize::from(args.probes)).await;
+        anyhow::Ok((client.replica_choice(), client.replica_view()))
+    })?;
+    let (policy, nodes) = view;
+    match c.output {
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&client_view_json(policy, &nodes))?
+        ),
+        Output::Human => print_client_view(policy, &nodes),
+    }
+    Ok(0)
+}
+
+/// A client's replica choice and its view of each storage node, as JSON
+/// (also in `strata store bench`'s report).
+pub(super) fn client_view_json(
+    policy: strata_store_client::client::ReplicaChoice,
+    nodes: &[strata_store_client::client::NodeView],
+) -> serde_json::Value {
+    json!({
+        "replica_choice": policy.name(),
+        "nodes": nodes.iter().map(|n| json!({
+            "id": format!("{:016x}", n.node),
+            "endpoint": n.endpoint.to_string(),
+            "latency_ms": n.latency_ms,
+            "weight": n.weight,
+            "share": n.share,
+            "reads": n.reads,
+            "read_samples": n.samples,
+            "probes": n.probes,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn print_client_view(
+    policy: strata_store_client::client::ReplicaChoice,
+    nodes: &[strata_store_client::client::NodeView],
+) {
+    println!("replica choice {}", policy.name());
+    for n in nodes {
+        let latency = n
+            .latency_ms
+            .map_or_else(|| "-".to_string(), |l| format!("{l:.3} ms"));
+        println!(
+            "sn {:016x}  {:<22} latency {latency:>12}  weight {:>3}  share {:>5.1}%  reads {}  probes {}",
+            n.node,
+            n.endpoint,
+            n.weight,
+            n.share * 100.0,
+            n.reads,
+            n.probes
+        );
+    }
 }
 
 pub(super) fn routes(args: &RoutesArgs) -> Result<i32> {

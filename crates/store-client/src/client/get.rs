@@ -8,6 +8,7 @@ use super::report::refused_as_damaged;
 use super::{checked_name, Client, META_ATTEMPTS, META_TIMEOUT_MS};
 use crate::stream::{read_get_body, read_status};
 use crate::transport::request_id;
+use std::time::{Duration, Instant};
 use strata_store_protocol::data::{Credential, Request};
 use strata_store_protocol::wire::{Body, Record};
 use strata_store_protocol::Error;
@@ -80,7 +81,8 @@ impl Client {
     }
 
     /// Reads an object into `out` from the first replica that serves it
-    /// whole and verified; returns its metadata. A replica that served
+    /// whole and verified, trying them in the order the client's replica
+    /// choice gives ([`Client::set_replica_choice`]); returns its metadata. A replica that served
     /// bytes failing the record's CRC-32C, or that its node refused as
     /// damaged, is reported to the name's coordinator once another has
     /// served the object (in the background: never a delay or a failure
@@ -102,34 +104,40 @@ impl Client {
         }
         let table = self.table();
         let mut last = None;
+        let mut replicas = Vec::with_capacity(record.replicas.len());
+        for &addr in &record.replicas {
+            match Replica::locate(&table, addr) {
+                Ok(replica) => replicas.push(replica),
+                // No node serves it: the others.
+                Err(e) => last = Some(e),
+            }
+        }
         // Replicas that served bad bytes or were refused as damaged:
         // reported once another one has served the object.
         let mut damaged = Vec::new();
-        for &addr in &record.replicas {
-            let replica = match Replica::locate(&table, addr) {
-                Ok(replica) => replica,
-                Err(e) => {
-                    // No node serves it: the next replica.
-                    last = Some(e);
-                    continue;
-                }
-            };
+        for index in self.replica_order(&replicas) {
+            let replica = replicas[index];
+            let addr = replica.addr;
             // An idle connection the node closed meanwhile fails before any
             // byte of the object arrives: try that replica again afresh.
             for _ in 0..2 {
                 out.seek(std::io::SeekFrom::Start(0))
                     .await
                     .map_err(|e| Error::io("rewinding the output", e))?;
+                self.read_sent(&replica);
                 let (stream, reused) = match self.connections.take(&replica).await {
                     Ok(c) => c,
                     Err(e) => {
                         // That node is unreachable: the next replica.
+                        self.read_sample(&replica, None);
                         last = Some(e);
                         break;
                     }
                 };
-                match read_replica(stream, &replica, &ticket, &record, out, progress).await {
-                    Ok(stream) => {
+                let answer = read_replica(stream, &replica, &ticket, &record, out, progress);
+                match answer.await {
+                    Ok((stream, first_byte)) => {
+                        self.read_sample(&replica, Some(first_byte));
                         if let Some(stream) = stream {
                             self.connections.keep(&replica, stream);
                         }
@@ -143,6 +151,11 @@ impl Client {
                         let bad = matches!(e, Error::Corrupt(_)) || refused_as_damaged(&e);
                         if bad && !damaged.contains(&addr) {
                             damaged.push(addr);
+                        }
+                        if !started && !stale && !bad {
+                            // It did not answer: as slow as can be, until
+                            // samples say otherwise.
+                            self.read_sample(&replica, None);
                         }
                         last = Some(e);
                         if !stale {
@@ -171,7 +184,8 @@ const REPLY_BUFFER: usize = 8 * 1024;
 /// Reads one replica over `s` into `out`: the Get request with the
 /// `ticket`, the reply's status, then its body (size, data, trailer),
 /// checked against `record`. Gives the stream back at a request
-/// boundary (`None` if it is out of step), or the error and whether the
+/// boundary (`None` if it is out of step) and the time to the reply's
+/// first byte (the node's latency sample), or the error and whether the
 /// node had started answering.
 async fn read_replica<W: AsyncWrite + Unpin>(
     mut s: TcpStream,
@@ -180,8 +194,9 @@ async fn read_replica<W: AsyncWrite + Unpin>(
     record: &Record,
     out: &mut W,
     progress: &(dyn Fn(u64) + Sync),
-) -> Result<Option<TcpStream>, (Error, bool)> {
+) -> Result<(Option<TcpStream>, Duration), (Error, bool)> {
     let io = |e| Error::io("reading object data", e);
+    let start = Instant::now();
     let before = |e| (e, false);
     let after = |e| (e, true);
     let request = Request::Get { addr: replica.addr }.encode(Credential::Ticket(ticket));
@@ -193,6 +208,7 @@ async fn read_replica<W: AsyncWrite + Unpin>(
     read_status(&mut reply, "reading the replica")
         .await
         .map_err(before)?;
+    let first_byte = start.elapsed();
     read_get_body(
         &mut reply,
         replica.addr,
@@ -209,5 +225,5 @@ async fn read_replica<W: AsyncWrite + Unpin>(
     out.flush()
         .await
         .map_err(|e| after(Error::io("writing the output", e)))?;
-    Ok(in_step.then_some(s))
+    Ok((in_step.then_some(s), first_byte))
 }

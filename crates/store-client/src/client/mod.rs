@@ -9,9 +9,11 @@
 //!    prefix table (`Table::meta_addrs`) and runs a [`Call`] over UDP
 //!    ([`Client::run`]), which seals, sends and decodes the messages
 //!    (`wire`). The answer is the record and a Get ticket.
-//! 2. For each of the record's replicas in turn, one table lookup
+//! 2. For each of the record's replicas, one table lookup
 //!    (`Replica::locate`, `Table::sn_endpoint`) gives its endpoint,
-//!    kept with the address in a `Replica`.
+//!    kept with the address in a `Replica`; the replica choice
+//!    (`choice`, NAMI by default) orders them, and they are tried in
+//!    turn.
 //! 3. The client's idle connections to that endpoint give one
 //!    (`Connections::take`), or the transport opens one
 //!    (`transport::connect_data`).
@@ -27,17 +29,23 @@
 //!
 //! Modules, each using only those listed before it (and this one):
 //! - `calls`: [`Call`] and [`Step`], with no I/O.
+//! - `choice`: which replica a Get reads first (NAMI, primary, uniform),
+//!   with no I/O.
 //! - `udp`: running calls over UDP ([`Client::run`], [`run_call`]).
 //! - `replica`: a replica's endpoint, found once, and the idle data
 //!   connections.
 //! - `repair`: the metadata nodes' copy and free of replicas.
 //! - `report`: telling a coordinator a replica failed its CRC.
+//! - `nami`: the client's side of the choice: its setting, its view and
+//!   the probes of idle nodes.
 //! - `get`, `put`, `names` (delete and rename), `list`: the object calls.
 
 mod calls;
+pub mod choice;
 mod get;
 mod list;
 mod names;
+mod nami;
 mod put;
 mod repair;
 mod replica;
@@ -45,6 +53,7 @@ mod report;
 mod udp;
 
 pub use self::calls::{Call, Step};
+pub use self::choice::{NodeView, ReplicaChoice};
 pub use self::names::RenameStep;
 pub use self::put::PutResult;
 pub use self::repair::{copy_replica, free_replica};
@@ -79,6 +88,9 @@ pub struct Client {
     credential: TenantCredential,
     /// Bad-replica reports under way (at most [`MAX_REPORTS`]).
     reports: Arc<std::sync::atomic::AtomicUsize>,
+    /// Which replica a Get reads first, and each node's latency estimate
+    /// (shared with the task that probes idle nodes).
+    choice: self::nami::SharedChoice,
 }
 
 /// Idle UDP sockets a client keeps.
@@ -103,6 +115,8 @@ impl Client {
             )),
             e => e,
         })?;
+        let choice = self::nami::new_choice(ReplicaChoice::default());
+        self::nami::spawn_probes(&choice);
         Ok(Client {
             on,
             table: RwLock::new(Arc::new(table)),
@@ -110,6 +124,7 @@ impl Client {
             connections: Connections::default(),
             credential,
             reports: Arc::default(),
+            choice,
         })
     }
 

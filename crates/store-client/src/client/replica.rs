@@ -4,6 +4,7 @@
 //! that endpoint instead of asking the table again. [`Connections`] are
 //! the client's idle data connections, by endpoint.
 
+use super::choice::Candidate;
 use crate::transport::connect_data;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -26,19 +27,36 @@ pub(crate) struct Replica {
     /// Where to connect for it: the owning storage node's endpoint
     /// (mapped), or `addr` at that node's port (routed).
     pub(crate) endpoint: SocketAddr,
+    /// The owning storage node's identity (its latency is the node's,
+    /// whichever of its replicas is read).
+    pub(crate) node: u64,
 }
 
 impl Replica {
     /// Finds replica `addr`'s endpoint in `table`: the one table lookup
     /// for this replica.
     pub(crate) fn locate(table: &Table, addr: Addr) -> Result<Replica, Error> {
-        let endpoint = table.sn_endpoint(addr).ok_or_else(|| {
+        let missing = || {
             Error::Table(format!(
                 "replica address {} is in no storage node's prefix",
                 fmt_addr(addr)
             ))
-        })?;
-        Ok(Replica { addr, endpoint })
+        };
+        let node = table.sn_for(addr).ok_or_else(missing)?.uuid;
+        let endpoint = table.sn_endpoint(addr).ok_or_else(missing)?;
+        Ok(Replica {
+            addr,
+            endpoint,
+            node,
+        })
+    }
+
+    /// The replica's node, as the replica choice knows it.
+    pub(crate) fn candidate(&self) -> Candidate {
+        Candidate {
+            node: self.node,
+            endpoint: self.endpoint,
+        }
     }
 
     /// Opens a new data connection to the replica's storage node.

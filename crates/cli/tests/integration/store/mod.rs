@@ -9,6 +9,7 @@ mod failures;
 mod group_commit;
 mod hostile;
 mod membership;
+mod nami;
 mod objects;
 mod rs3;
 mod scrub;

@@ -102,7 +102,8 @@ fn spawn_cli_reader(
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             for (name, want) in &objects {
                 let out = Command::new(env!("CARGO_BIN_EXE_strata"))
-                    .args(["obj", "get", name, "-", "--cluster", &on])
+                    .args(["obj", "get", "--replica-choice", "primary", name, "-"])
+                    .args(["--cluster", &on])
                     .env("STRATA_CLUSTER_KEY", &key)
                     .env(CREDENTIAL_ENV, dir.join(ADMIN_CREDENTIAL_FILE))
                     .output()
@@ -150,7 +151,8 @@ fn the_scrub_finds_flipped_replicas_and_they_are_repaired_while_gets_stay_correc
     std::thread::sleep(Duration::from_millis(500));
 
     // One replica of every object flipped while the readers run: the read
-    // objects' first replica (the one a Get tries first), the others' last.
+    // objects' first replica (the one the readers' Gets, with the primary
+    // choice, try first), the others' last.
     let mut flipped = Vec::new();
     for (k, (name, data)) in read.iter().chain(&unread).enumerate() {
         let replicas = replica_names_of(&store, name);
@@ -207,7 +209,8 @@ fn a_get_of_a_damaged_replica_returns_the_right_bytes_and_reports_it_for_repair(
     let torn = pattern(70_000, 4);
     post(&store, dir.path(), "get/flipped", &flipped);
     post(&store, dir.path(), "get/torn", &torn);
-    // The first replica of each, which a Get reads first.
+    // The first replica of each, which a Get with the primary choice
+    // reads first.
     let bad_flipped = replica_names_of(&store, "get/flipped")[0].clone();
     flip(
         &replica_file(&store, &bad_flipped).unwrap(),
@@ -231,7 +234,7 @@ fn a_get_of_a_damaged_replica_returns_the_right_bytes_and_reports_it_for_repair(
         ("get/flipped", &flipped, &bad_flipped),
         ("get/torn", &torn, &bad_torn),
     ] {
-        let out = store.run(&["obj", "get", name, "-"]);
+        let out = store.run(&["obj", "get", "--replica-choice", "primary", name, "-"]);
         assert!(
             out.status.success(),
             "{name}: {}",

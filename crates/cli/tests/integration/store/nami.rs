@@ -1,0 +1,216 @@
+//! NAMI's replica choice on real processes: a store of 3 storage nodes
+//! with replication 3 runs in a network namespace of its own, where the
+//! replies of one storage node are shaped to 20 Mbit/s on the
+//! namespace's loopback (`tc` htb, matched on the node's port); the
+//! other nodes' are not. `strata store bench` reads the same objects
+//! with each replica choice and reports the reads each node took: with
+//! NAMI the slow node takes clearly fewer than with uniform choice, and
+//! with primary one object's reads all go to its first replica, as
+//! before NAMI.
+//!
+//! Needs root and iproute2 (`ip netns`, `tc`); CI runs as root.
+
+use super::*;
+
+/// A namespace with its loopback up, deleted on drop.
+struct Namespace(String);
+
+impl Namespace {
+    fn new() -> Namespace {
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("nami{}x{made}", std::process::id() % 100_000);
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        run_ok("ip", &["netns", "add", &name]);
+        run_ok("ip", &["-n", &name, "link", "set", "lo", "up"]);
+        Namespace(name)
+    }
+
+    /// Shapes what leaves TCP/UDP port `port` on the loopback to 20
+    /// Mbit/s (everything else passes at loopback speed).
+    fn slow_port(&self, port: u16) {
+        let ns = self.0.as_str();
+        let port = port.to_string();
+        for args in [
+            vec![
+                "-n", ns, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default",
+                "10",
+            ],
+            vec![
+                "-n", ns, "class", "add", "dev", "lo", "parent", "1:", "classid", "1:10", "htb",
+                "rate", "40gbit",
+            ],
+            vec![
+                "-n", ns, "class", "add", "dev", "lo", "parent", "1:", "classid", "1:20", "htb",
+                "rate", "20mbit", "ceil", "20mbit", "burst", "64kb",
+            ],
+            vec![
+                "-n", ns, "filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio",
+                "1", "u32", "match", "ip", "sport", &port, "0xffff", "flowid", "1:20",
+            ],
+        ] {
+            run_ok("tc", &args);
+        }
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+fn run_ok(program: &str, args: &[&str]) {
+    let out = Command::new(program).args(args).output().expect(program);
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `strata ARGS --output json` against `store`, run in `ns`; its JSON.
+fn json_in(ns: &Namespace, store: &Store, args: &[&str]) -> serde_json::Value {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns.0, env!("CARGO_BIN_EXE_strata")])
+        .args(args)
+        .args(["--output", "json", "--cluster", &store.on.to_string()])
+        .env("STRATA_CLUSTER_KEY", store.key_path())
+        .env(CREDENTIAL_ENV, store.dir.join(ADMIN_CREDENTIAL_FILE))
+        .output()
+        .expect("ip netns exec strata");
+    assert!(
+        out.status.success(),
+        "strata {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("a JSON report")
+}
+
+/// Reads each storage node took in a bench report, by node id.
+fn reads_by_node(report: &serde_json::Value) -> Vec<(String, u64)> {
+    report["client"]["nodes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no client view in {report}"))
+        .iter()
+        .map(|n| {
+            (
+                n["id"].as_str().unwrap().to_string(),
+                n["reads"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The fraction of a report's reads that went to node `id`.
+fn share_of(report: &serde_json::Value, id: &str) -> f64 {
+    let reads = reads_by_node(report);
+    let total: u64 = reads.iter().map(|(_, r)| r).sum();
+    let mine = reads.iter().find(|(n, _)| n == id).map_or(0, |(_, r)| *r);
+    mine as f64 / total.max(1) as f64
+}
+
+#[test]
+fn nami_reads_less_from_a_slow_node_than_uniform_and_primary_keeps_the_order() {
+    let ns = Namespace::new();
+    let dir = tmp();
+    let d = dir.path().join("cluster");
+    let flags = ["--mn", "3", "--sn", "3", "--replication", "3,2,3,2"];
+    let store = Store::up_on(&d, "127.0.0.1:0", Some(&ns.0), &flags);
+    let status = json_in(&ns, &store, &["store", "status"]);
+    let slow = &status["storage_nodes"][0];
+    let slow_id = slow["id"].as_str().unwrap().to_string();
+    let slow_port: u16 = slow["endpoint"]
+        .as_str()
+        .unwrap()
+        .parse::<SocketAddr>()
+        .unwrap()
+        .port();
+    let load = ["--threads", "4", "--ops", "25", "--size", "64k"];
+    let made = json_in(
+        &ns,
+        &store,
+        &[&["store", "bench", "--workload", "post"][..], &load].concat(),
+    );
+    assert_eq!(made["errors"], 0, "{made}");
+    ns.slow_port(slow_port);
+
+    let read = |choice: &str, extra: &[&str]| {
+        let report = json_in(
+            &ns,
+            &store,
+            &[
+                &[
+                    "store",
+                    "bench",
+                    "--workload",
+                    "get",
+                    "--replica-choice",
+                    choice,
+                ][..],
+                extra,
+            ]
+            .concat(),
+        );
+        assert_eq!(report["errors"], 0, "{report}");
+        assert_eq!(report["client"]["replica_choice"], choice, "{report}");
+        report
+    };
+    let reads = [&load[..], &["--passes", "6"]].concat();
+    let nami = read("nami", &reads);
+    let uniform = read("uniform", &reads);
+    let (nami_share, uniform_share) = (share_of(&nami, &slow_id), share_of(&uniform, &slow_id));
+    eprintln!(
+        "slow node's share of 600 Gets: nami {nami_share:.3}, uniform {uniform_share:.3}; \
+         nami {:.0} ops/s, uniform {:.0} ops/s",
+        nami["ops_per_s"].as_f64().unwrap(),
+        uniform["ops_per_s"].as_f64().unwrap()
+    );
+    // Expected: nami 1/6 (weights 3, 2, 1), uniform 1/3; each is 300
+    // draws, a standard deviation under 0.03.
+    assert!(uniform_share > 0.24, "uniform: {uniform}");
+    assert!(nami_share < 0.24, "nami: {nami}");
+    assert!(
+        nami_share < uniform_share - 0.08,
+        "nami: {nami}\nuniform: {uniform}"
+    );
+    // Each fast node took more reads than the slow one.
+    let slow_reads = (share_of(&nami, &slow_id) * 600.0).round() as u64;
+    for (id, reads) in reads_by_node(&nami) {
+        assert!(id == slow_id || reads > slow_reads, "{nami}");
+    }
+
+    // Primary: one object read 40 times, every read from its first replica.
+    let one = [
+        "--threads",
+        "1",
+        "--ops",
+        "1",
+        "--size",
+        "64k",
+        "--passes",
+        "40",
+    ];
+    let primary = read("primary", &one);
+    let mut counts: Vec<u64> = reads_by_node(&primary).iter().map(|(_, r)| *r).collect();
+    counts.sort_unstable();
+    assert_eq!(counts.last(), Some(&40), "{primary}");
+    assert_eq!(counts.iter().sum::<u64>(), 40, "{primary}");
+
+    // The client's view on its own: every node probed, shares summing to 1.
+    let view = json_in(
+        &ns,
+        &store,
+        &["store", "status", "--client", "--probes", "3"],
+    );
+    let nodes = view["nodes"].as_array().expect("nodes");
+    assert_eq!(nodes.len(), 3, "{view}");
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n["probes"] == 3 && n["latency_ms"].is_f64()),
+        "{view}"
+    );
+    let shares: f64 = nodes.iter().map(|n| n["share"].as_f64().unwrap()).sum();
+    assert!((shares - 1.0).abs() < 1e-6, "{view}");
+}
