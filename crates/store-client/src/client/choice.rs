@@ -84,10 +84,21 @@ impl std::str::FromStr for ReplicaChoice {
     }
 }
 
+/// How much higher than another a latency estimate must be to rank as
+/// slower (ours): estimates of equally fast nodes differ by noise, and
+/// ranking by noise would give them weights m, m-1, ... 1 by chance and
+/// skew their load. The thesis leaves the "acceptable latency threshold"
+/// to the system (§4.3.3.1). Relative part.
+pub const TIE_RELATIVE: f64 = 0.25;
+/// Absolute part of [`TIE_RELATIVE`], in ms: sub-millisecond estimates on
+/// a quiet network differ by tens of microseconds for nothing.
+pub const TIE_ABSOLUTE_MS: f64 = 0.05;
+
 /// The thesis's Algorithm 1 (§4.3.3.1), latencies to weights: a node's
-/// weight is 1 plus the number of nodes with a strictly higher latency,
-/// so of m nodes the fastest gets m and the slowest 1. Ties share a
-/// weight, as in the thesis's Table 4.2 (latencies 1, 1, 2 give 2, 2, 1).
+/// weight is 1 plus the number of nodes with a higher latency, so of m
+/// nodes the fastest gets m and the slowest 1. Ties share a weight, as in
+/// the thesis's Table 4.2 (latencies 1, 1, 2 give 2, 2, 1); a latency
+/// counts as higher only beyond [`TIE_RELATIVE`] and [`TIE_ABSOLUTE_MS`].
 /// A node with no estimate yet (`None`) ranks as the fastest, so that it
 /// gets sampled.
 pub fn latency_ordered_weights(latencies_ms: &[Option<f64>]) -> Vec<u32> {
@@ -95,8 +106,8 @@ pub fn latency_ordered_weights(latencies_ms: &[Option<f64>]) -> Vec<u32> {
     latencies_ms
         .iter()
         .map(|mine| {
-            let mine = key(mine);
-            let slower = latencies_ms.iter().filter(|l| key(l) > mine).count();
+            let beyond = key(mine) * (1.0 + TIE_RELATIVE) + TIE_ABSOLUTE_MS;
+            let slower = latencies_ms.iter().filter(|l| key(l) > beyond).count();
             1 + u32::try_from(slower).unwrap_or(u32::MAX - 1)
         })
         .collect()
@@ -485,6 +496,22 @@ mod tests {
         assert_eq!(latency_ordered_weights(&some([1.0, 2.0, 3.0])), [3, 2, 1]);
         assert_eq!(latency_ordered_weights(&some([1.0, 1.0, 2.0])), [2, 2, 1]);
         assert_eq!(latency_ordered_weights(&some([3.0, 2.0, 1.0])), [1, 2, 3]);
+    }
+
+    #[test]
+    fn estimates_that_differ_by_noise_tie() {
+        let some = |v: [f64; 3]| v.map(Some).to_vec();
+        // Three equally fast nodes measured a little apart: one weight.
+        assert_eq!(
+            latency_ordered_weights(&some([0.30, 0.33, 0.36])),
+            [1, 1, 1]
+        );
+        assert_eq!(latency_ordered_weights(&some([1.0, 1.2, 1.1])), [1, 1, 1]);
+        // One clearly slower node ranks below the others, which tie.
+        assert_eq!(
+            latency_ordered_weights(&some([0.30, 0.32, 0.90])),
+            [2, 2, 1]
+        );
     }
 
     #[test]

@@ -166,12 +166,14 @@ fn nami_reads_less_from_a_slow_node_than_uniform_and_primary_keeps_the_order() {
         nami["ops_per_s"].as_f64().unwrap(),
         uniform["ops_per_s"].as_f64().unwrap()
     );
-    // Expected: nami 1/6 (weights 3, 2, 1), uniform 1/3; each is 300
-    // draws, a standard deviation under 0.03.
+    // Expected: nami 1/5 (the fast nodes tie: weights 2, 2, 1; a little
+    // more while the first estimates come in), uniform 1/3; each is 300
+    // draws, a standard deviation under 0.03, so the difference of 0.13
+    // is about four of them, and the margins below near three.
     assert!(uniform_share > 0.24, "uniform: {uniform}");
-    assert!(nami_share < 0.24, "nami: {nami}");
+    assert!(nami_share < 0.28, "nami: {nami}");
     assert!(
-        nami_share < uniform_share - 0.08,
+        nami_share < uniform_share - 0.04,
         "nami: {nami}\nuniform: {uniform}"
     );
     // Each fast node took more reads than the slow one.
