@@ -132,12 +132,15 @@ class CephCluster:
     daemon and removes the directory. Also a context manager."""
 
     def __init__(self, osds=1, store="bluestore", directory=None, osd_size_gib=20,
-                 memstore_gib=4, media="detected", timeout_s=120):
+                 memstore_gib=4, media="detected", timeout_s=120, daemon_prefix=()):
         if store not in ("bluestore", "memstore"):
             raise ValueError(f"store must be bluestore or memstore, not {store!r}")
         self.osds, self.store, self.media = osds, store, media
         self.osd_size_gib, self.memstore_gib = osd_size_gib, memstore_gib
         self.timeout_s = timeout_s
+        # Put before every daemon's command: `taskset -c 0` pins the
+        # daemons to the servers' CPU, as the store bench's --pin does.
+        self.daemon_prefix = list(daemon_prefix)
         self.directory = os.path.abspath(directory or tempfile.mkdtemp(prefix="strata-ceph-"))
         self.conf = os.path.join(self.directory, "ceph.conf")
         self.daemons = {}  # name ("mon.a", "mgr.x", "osd.0") -> Popen
@@ -291,7 +294,8 @@ keyring = {d}/admin.keyring
     def spawn(self, name, args):
         """Runs a daemon in the foreground (-f), in a session of its own, its
         output through a BoundedLog."""
-        process = subprocess.Popen(args + ["-f", "-c", self.conf], stdout=subprocess.PIPE,
+        process = subprocess.Popen(self.daemon_prefix + args + ["-f", "-c", self.conf],
+                                   stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         BoundedLog(process.stdout, self.log(name)).start()
         self.daemons[name] = process

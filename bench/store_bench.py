@@ -286,7 +286,7 @@ def ceph_runs(store, osds, media, sizes, threads, reps, repeat, seconds):
     from ceph_cluster import CephCluster, CephError
 
     rows = []
-    cluster = CephCluster(osds=osds, store=store, media=media)
+    cluster = CephCluster(osds=osds, store=store, media=media, daemon_prefix=SERVER_CPU)
     started = time.time()
     try:
         cluster.start()

@@ -20,6 +20,7 @@ pub fn check_scope(id: &str, body: &Body) -> Result<(), String> {
     };
     let names: Vec<&str> = match body {
         Body::PostBegin { name, .. }
+        | Body::PostEmpty { name }
         | Body::PostCommit { name, .. }
         | Body::PostAbort { name, .. }
         | Body::Get { name }
@@ -123,6 +124,7 @@ mod tests {
                 version: 1,
                 crc: 0,
             },
+            Body::PostEmpty { name: "b/x".into() },
             Body::PostAbort {
                 name: "b/x".into(),
                 version: 1,

@@ -80,15 +80,19 @@ pub(crate) async fn register(on: SocketAddr, body: Body, key: &ClusterKey) -> Re
     }
 }
 
-/// Keeps `table` fresh and sends heartbeats until the task is dropped. With
-/// `routes_of` (a host address), it also keeps that host's routes in step
-/// with the table when the cluster is routed.
+/// Keeps `table` fresh and sends heartbeats until the task is dropped.
+/// `stats` gives the heartbeat's free bytes and object count, or `None`
+/// once the node is fenced: it then sends no heartbeat, so that the
+/// orchestrator declares it failed and moves its work to the others
+/// instead of routing to a node that answers nothing. With `routes_of` (a
+/// host address), it also keeps that host's routes in step with the table
+/// when the cluster is routed.
 pub(crate) async fn refresh_loop(
     on: SocketAddr,
     uuid: u64,
     table: SharedTable,
     tx: Option<watch::Sender<Table>>,
-    stats: impl Fn() -> (u64, u64),
+    stats: impl Fn() -> Option<(u64, u64)>,
     routes_of: Option<IpAddr>,
     key: ClusterKey,
 ) {
@@ -96,18 +100,19 @@ pub(crate) async fn refresh_loop(
     let mut keeper = crate::routes::RouteKeeper::new();
     loop {
         interval.tick().await;
-        let (free, objects) = stats();
-        let hb = Msg::new(
-            request_id(),
-            0,
-            Body::Heartbeat {
-                uuid,
-                free,
-                objects,
-                keys: Some(key.fingerprints()),
-            },
-        );
-        let _ = udp_call(on, &hb, Duration::from_millis(200), 1, Some(&key)).await;
+        if let Some((free, objects)) = stats() {
+            let hb = Msg::new(
+                request_id(),
+                0,
+                Body::Heartbeat {
+                    uuid,
+                    free,
+                    objects,
+                    keys: Some(key.fingerprints()),
+                },
+            );
+            let _ = udp_call(on, &hb, Duration::from_millis(200), 1, Some(&key)).await;
+        }
         if let Ok(t) = fetch_table(on, Some(&key)).await {
             if let (true, Some(host)) = (t.routed, routes_of) {
                 // Runs `ip` only when the routes change (a node joined, a

@@ -141,6 +141,8 @@ fn table(params: Params) -> Table {
 enum Obj {
     Absent,
     Posted(u32),
+    /// Posted empty (`PostEmpty`): a record of size 0 and no replica.
+    Empty,
 }
 
 fn size_of(token: u32) -> u64 {
@@ -151,6 +153,7 @@ enum Op {
     Idle,
     PostBegin { name: String, token: u32 },
     PostCommit { name: String, token: u32 },
+    PostEmpty { name: String },
     Delete { name: String },
     Get { name: String },
 }
@@ -703,7 +706,11 @@ impl Sim {
         let name = format!("c{c}/n{}", self.rng.below(NAMES_PER_CLIENT as u64));
         let addrs = self.table.meta_addrs(&name);
         let roll = self.rng.below(100);
-        if roll < 50 {
+        if roll < 10 {
+            let body = Body::PostEmpty { name: name.clone() };
+            self.clients[c as usize].op = Op::PostEmpty { name };
+            self.start_call(c, vec![addrs[0]], body, 20, false);
+        } else if roll < 50 {
             let token = self.next_token;
             self.next_token += 1;
             let body = Body::PostBegin {
@@ -770,6 +777,12 @@ impl Sim {
                 Ok(other) => panic!("PostCommit answered {other:?}"),
                 Err(_) => self.maybe(&name, Obj::Posted(token)),
             },
+            Op::PostEmpty { name } => match result {
+                Ok(Body::Done { .. }) => self.settle(&name, Obj::Empty),
+                Ok(other) => panic!("PostEmpty answered {other:?}"),
+                Err(e) if e.code() == Some(Code::Conflict) => {}
+                Err(_) => self.maybe(&name, Obj::Empty),
+            },
             Op::Delete { name } => match result {
                 Ok(Body::Done { .. }) => self.settle(&name, Obj::Absent),
                 // Absent at the coordinator (perhaps through this very
@@ -786,6 +799,12 @@ impl Sim {
     }
 
     fn check_record(&self, name: &str, record: &Record) -> Obj {
+        if record.size == 0 {
+            assert_eq!(record.crc, crc32c::crc32c(&[]), "{name}: {record:?}");
+            assert!(record.replicas.is_empty(), "{name}: {record:?}");
+            assert_eq!(record.meta, self.table.meta_addrs(name));
+            return Obj::Empty;
+        }
         let token = record.crc;
         assert_eq!(record.name, name);
         assert_eq!(

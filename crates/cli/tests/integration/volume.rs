@@ -2676,31 +2676,6 @@ fn races_between_changes_give_clean_answers() {
     d.stop();
 }
 
-/// Unmounts a test file system when dropped.
-struct Mounted(PathBuf);
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
-/// Fills the file system of `dir` with a file until it is full.
-fn fill(dir: &Path) -> PathBuf {
-    let path = dir.join("filler");
-    let mut file = std::fs::File::create(&path).unwrap();
-    let chunk = vec![0x5au8; 256 << 10];
-    loop {
-        if let Err(e) = file.write_all(&chunk) {
-            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
-            break;
-        }
-    }
-    // Fill the last partial page too.
-    while file.write_all(&[1u8; 512]).is_ok() {}
-    path
-}
-
 /// A pool on a full file system: snapshots, creates and clones are 507
 /// with a message naming no file, leave no layer file behind, and work
 /// again once there is room.
@@ -2709,20 +2684,15 @@ fn a_full_file_system_gives_507_and_leaves_no_file() {
     let dir = tmp();
     let small = dir.path().join("small");
     std::fs::create_dir(&small).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=24m", "tmpfs", &p(&small)])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
+    let Some(_mounted) = crate::common::disk::mount_tmpfs(&small, "24m") else {
         eprintln!("SKIPPED: cannot mount a tmpfs here (needs root); the ENOSPC case is not tested");
         return;
-    }
-    let _mounted = Mounted(small.clone());
+    };
     let pool = small.join("pool");
     let d = Daemon::start(&pool);
     d.cli(&["volume", "create", "v", "64M"]);
     d.cli(&["snapshot", "create", "v", "s0", "--sync"]);
-    let filler = fill(&small);
+    let filler = crate::common::disk::fill(&small);
     let before = layer_files(&pool);
     let cases = [
         ("snapshot", "/v1/volumes/v/snapshots", r#"{"name":"s1"}"#),

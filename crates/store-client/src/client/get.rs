@@ -11,7 +11,7 @@ use crate::transport::request_id;
 use strata_store_protocol::data::{Credential, Request};
 use strata_store_protocol::wire::{Body, Record};
 use strata_store_protocol::Error;
-use tokio::io::{AsyncSeek, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncSeek, AsyncSeekExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 impl Client {
@@ -130,7 +130,9 @@ impl Client {
                 };
                 match read_replica(stream, &replica, &ticket, &record, out, progress).await {
                     Ok(stream) => {
-                        self.connections.keep(&replica, stream);
+                        if let Some(stream) = stream {
+                            self.connections.keep(&replica, stream);
+                        }
                         for bad in damaged {
                             self.report_bad_replica(name, bad);
                         }
@@ -163,10 +165,14 @@ impl Client {
     }
 }
 
+/// Bytes of a Get reply read at once: a small object's whole reply.
+const REPLY_BUFFER: usize = 8 * 1024;
+
 /// Reads one replica over `s` into `out`: the Get request with the
 /// `ticket`, the reply's status, then its body (size, data, trailer),
 /// checked against `record`. Gives the stream back at a request
-/// boundary, or the error and whether the node had started answering.
+/// boundary (`None` if it is out of step), or the error and whether the
+/// node had started answering.
 async fn read_replica<W: AsyncWrite + Unpin>(
     mut s: TcpStream,
     replica: &Replica,
@@ -174,20 +180,34 @@ async fn read_replica<W: AsyncWrite + Unpin>(
     record: &Record,
     out: &mut W,
     progress: &(dyn Fn(u64) + Sync),
-) -> Result<TcpStream, (Error, bool)> {
+) -> Result<Option<TcpStream>, (Error, bool)> {
     let io = |e| Error::io("reading object data", e);
     let before = |e| (e, false);
     let after = |e| (e, true);
     let request = Request::Get { addr: replica.addr }.encode(Credential::Ticket(ticket));
     s.write_all(&request).await.map_err(io).map_err(before)?;
-    read_status(&mut s, "reading the replica")
+    // Buffered, so that a small reply's status, size, data and trailer
+    // take one receive instead of one each; reads of a large body's
+    // chunks bypass the buffer.
+    let mut reply = BufReader::with_capacity(REPLY_BUFFER, &mut s);
+    read_status(&mut reply, "reading the replica")
         .await
         .map_err(before)?;
-    read_get_body(&mut s, replica.addr, record.size, record.crc, out, progress)
-        .await
-        .map_err(after)?;
+    read_get_body(
+        &mut reply,
+        replica.addr,
+        record.size,
+        record.crc,
+        out,
+        progress,
+    )
+    .await
+    .map_err(after)?;
+    // The node sends nothing past the trailer until asked again: bytes
+    // left over mean the stream is out of step, and it is not kept.
+    let in_step = reply.buffer().is_empty();
     out.flush()
         .await
         .map_err(|e| after(Error::io("writing the output", e)))?;
-    Ok(s)
+    Ok(in_step.then_some(s))
 }

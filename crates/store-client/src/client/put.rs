@@ -39,6 +39,9 @@ impl Client {
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<PutResult, Error> {
         let coord = self.coordinator(name)?;
+        if size == 0 {
+            return self.put_empty(coord, name).await;
+        }
         let begin = Call::new(
             request_id(),
             vec![coord],
@@ -55,20 +58,15 @@ impl Client {
                 replicas,
                 ticket,
                 ..
-            } if !replicas.is_empty() || size == 0 => (version, replicas, ticket),
+            } if !replicas.is_empty() => (version, replicas, ticket),
             other => return Err(unexpected("PostBegin", &other)),
         };
         let w_d = self.table().params_for(name).w_d;
-        let sent = if replicas.is_empty() {
-            // An empty object: the record is all of it (see
-            // `PutResult::replicas`), durable once the commit is answered.
-            Ok((crc32c::crc32c(&[]), 0))
-        } else {
-            self.send_data(&replicas, &ticket, size, data, progress)
-                .await
-        };
+        let sent = self
+            .send_data(&replicas, &ticket, size, data, progress)
+            .await;
         let (crc, copies) = match sent {
-            Ok((crc, copies)) if copies >= w_d || replicas.is_empty() => (crc, copies),
+            Ok((crc, copies)) if copies >= w_d => (crc, copies),
             other => {
                 let abort = Call::new(
                     request_id(),
@@ -111,6 +109,30 @@ impl Client {
                 replicas,
             }),
             other => Err(unexpected("PostCommit", &other)),
+        }
+    }
+
+    /// Posts an empty object with one request to its coordinator `coord`:
+    /// its record is all of it (see [`PutResult::replicas`]), durable on
+    /// the metadata copies once the answer comes.
+    async fn put_empty(&self, coord: Addr, name: &str) -> Result<PutResult, Error> {
+        let post = Call::new(
+            request_id(),
+            vec![coord],
+            Body::PostEmpty {
+                name: name.to_string(),
+            },
+            COMMIT_ATTEMPTS,
+            META_TIMEOUT_MS,
+        );
+        match self.run(post).await? {
+            Body::Done { version } => Ok(PutResult {
+                version,
+                crc: crc32c::crc32c(&[]),
+                copies: 0,
+                replicas: Vec::new(),
+            }),
+            other => Err(unexpected("PostEmpty", &other)),
         }
     }
 

@@ -135,6 +135,14 @@ pub enum Body {
         /// CRC-32C of the data.
         crc: u32,
     },
+    /// Client → coordinator: Post an empty object in one request. Its
+    /// record (size 0, the empty data's checksum) is all of it, so there
+    /// is no data phase to plan: the coordinator begins and commits at
+    /// once, and answers as it answers a [`Body::PostCommit`].
+    PostEmpty {
+        /// Object name.
+        name: String,
+    },
     /// Client → coordinator: the data phase failed; drop the Post.
     PostAbort {
         /// Object name.

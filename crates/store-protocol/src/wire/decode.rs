@@ -72,6 +72,7 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
                 ticket: get_ticket(r)?,
             }
         }
+        Kind::PostEmpty => Body::PostEmpty { name: r.name()? },
         Kind::PostCommit => Body::PostCommit {
             name: r.name()?,
             version: r.u64()?,

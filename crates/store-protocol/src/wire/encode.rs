@@ -121,6 +121,7 @@ impl Msg {
                 w.addrs(replicas);
                 w.bytes16(ticket);
             }
+            Body::PostEmpty { name } => w.str(name),
             Body::PostCommit { name, version, crc } => {
                 w.str(name);
                 w.u64(*version);

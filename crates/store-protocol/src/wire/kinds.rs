@@ -111,11 +111,13 @@ pub enum Kind {
     DamagedReplicas = 40,
     /// [`Body::BadReplica`].
     BadReplica = 41,
+    /// [`Body::PostEmpty`].
+    PostEmpty = 42,
 }
 
 /// The one table of message kinds: each kind, in number order, with its
 /// class. Encoding, decoding and the gate all read it.
-const KINDS: [(Kind, Class); 41] = [
+const KINDS: [(Kind, Class); 42] = [
     (Kind::PostBegin, Class::TenantRequest),
     (Kind::PostPlan, Class::Answer),
     (Kind::PostCommit, Class::TenantRequest),
@@ -157,6 +159,7 @@ const KINDS: [(Kind, Class); 41] = [
     (Kind::PadTo, Class::Answer),
     (Kind::DamagedReplicas, Class::Internal),
     (Kind::BadReplica, Class::TenantRequest),
+    (Kind::PostEmpty, Class::TenantRequest),
 ];
 
 // The table is in number order from 1, so a kind's row is found by its
@@ -259,6 +262,7 @@ impl Body {
             Body::PadTo { .. } => Kind::PadTo,
             Body::DamagedReplicas { .. } => Kind::DamagedReplicas,
             Body::BadReplica { .. } => Kind::BadReplica,
+            Body::PostEmpty { .. } => Kind::PostEmpty,
         }
     }
 }

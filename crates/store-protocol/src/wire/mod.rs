@@ -83,6 +83,7 @@ mod tests {
                 version: 1,
                 crc: 2,
             },
+            Body::PostEmpty { name: "x".into() },
             Body::PostAbort {
                 name: "x".into(),
                 version: 1,
@@ -339,8 +340,8 @@ mod tests {
             assert_eq!(is_answer(kind as u8), class == Class::Answer);
             assert_eq!(is_control(kind as u8), class == Class::Control);
         }
-        assert_eq!(Kind::all().count(), 41);
-        for unknown in [0, 42, 63, 255] {
+        assert_eq!(Kind::all().count(), 42);
+        for unknown in [0, 43, 63, 255] {
             assert_eq!(Kind::from_number(unknown), None);
             assert!(!is_client_request(unknown) && !is_answer(unknown) && !is_control(unknown));
         }
@@ -354,7 +355,7 @@ mod tests {
         };
         assert_eq!(
             numbers(Class::TenantRequest),
-            [1, 3, 4, 5, 6, 8, 9, 21, 35, 41]
+            [1, 3, 4, 5, 6, 8, 9, 21, 35, 41, 42]
         );
         assert_eq!(
             numbers(Class::Answer),

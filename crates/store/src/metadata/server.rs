@@ -415,6 +415,9 @@ struct Served {
     /// Why the node's group commit failed: from then on it answers
     /// nothing (its writes may not be durable) until it is restarted.
     failed: Option<String>,
+    /// Set with `failed`: the refresher then stops the heartbeats, and
+    /// the orchestrator fails the node over.
+    fenced: Arc<AtomicBool>,
     _gone: std::sync::mpsc::Sender<()>,
 }
 
@@ -490,12 +493,14 @@ pub async fn start_mn_on(
     let shared = Arc::new(RwLock::new(table.clone()));
     let (tx, rx) = watch::channel(table);
     let routes_of = keep_routes.then_some(endpoint.ip());
+    let fenced = Arc::new(AtomicBool::new(false));
+    let heartbeat_fenced = fenced.clone();
     let refresher = tokio::spawn(refresh_loop(
         on,
         uuid,
         shared,
         Some(tx),
-        || (0, 0),
+        move || (!heartbeat_fenced.load(Ordering::Relaxed)).then_some((0, 0)),
         routes_of,
         key.clone(),
     ));
@@ -516,6 +521,7 @@ pub async fn start_mn_on(
         copies,
         copied,
         failed: None,
+        fenced,
         _gone: gone_tx,
     };
     let added = server.add(
@@ -772,6 +778,7 @@ fn serve_node(
             );
             outs = failed_round(outs, &waiters, &why);
             node.failed = Some(why);
+            node.fenced.store(true, Ordering::Relaxed);
         }
     }
     send_outs(node, outs, outgoing);

@@ -12,6 +12,7 @@ pub mod collect;
 pub mod core;
 pub mod file;
 pub mod group_sync;
+mod nowait;
 pub mod put;
 mod reader;
 pub mod replicas;

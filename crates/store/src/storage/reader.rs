@@ -5,7 +5,8 @@
 //! ([`crate::storage::sendfile`]), and its checksum is checked by the
 //! client, end to end, against the stored CRC-32C sent in the trailer.
 
-use crate::storage::file::{check_header, verified, Header, FILE_HEADER};
+use crate::storage::file::{check_header, file_name, verified, Header, FILE_HEADER};
+use crate::storage::nowait::{open_cached, read_cached};
 use crate::storage::scheduled::{Body, ScheduledSender, Sent};
 use crate::storage::sendfile::{send_file, set_cork, SendError};
 use std::path::{Path, PathBuf};
@@ -95,6 +96,53 @@ fn open_replica(path: &Path) -> Opened {
     Opened::Small { header, data }
 }
 
+/// The directory of a node's replica files, held open so that a Get
+/// looks up one name in it rather than a whole path.
+pub(super) struct ReplicaDir {
+    /// The directory, open.
+    pub handle: std::fs::File,
+    /// Its path, for the blocking pool's opens.
+    pub path: PathBuf,
+}
+
+/// Opens a replica for a Get on the async worker, when its name and its
+/// bytes are all in the kernel's caches (the common case for a hot
+/// object): `None` when anything would wait for the disk, and the
+/// blocking pool must do it ([`open_replica`]). Answers as it would.
+fn open_replica_cached(dir: &ReplicaDir, name: &Path) -> Option<Opened> {
+    let file = match open_cached(&dir.handle, name) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(Opened::Missing),
+        Err(_) => return None,
+    };
+    let len = file.metadata().ok()?.len();
+    let size = len.saturating_sub(FILE_HEADER as u64);
+    let mut start = [0u8; FILE_HEADER];
+    // Bounded by SMALL_REPLICA; a large replica's data is not read here.
+    let mut data = vec![
+        0u8;
+        if size <= SMALL_REPLICA {
+            size as usize
+        } else {
+            0
+        }
+    ];
+    let read = read_cached(&file, &mut [&mut start, &mut data], 0).ok()? as u64;
+    if read < len.min((FILE_HEADER + data.len()) as u64) {
+        // Stopped short of what the file holds: not all of it cached, or
+        // cut short under us. The blocking path tells.
+        return None;
+    }
+    let Some(header) = check_header(&start, len) else {
+        return Some(Opened::Damaged);
+    };
+    Some(if header.size > SMALL_REPLICA {
+        Opened::Large { header, file }
+    } else {
+        Opened::Small { header, data }
+    })
+}
+
 /// Replies a refusal with its reason.
 pub(super) async fn reply_err<W: tokio::io::AsyncWrite + Unpin>(
     w: &mut W,
@@ -114,23 +162,30 @@ pub(super) enum Route<'a> {
     Scheduled(&'a ScheduledSender, &'a str),
 }
 
-/// Sends the replica `addr` stored at `path`: status, size, data, then
+/// Sends the replica `addr` stored in `dir`: status, size, data, then
 /// the trailer (a flag, 0 when every byte was there, and the CRC-32C the
 /// client must find). A peer that takes nothing for `stall` is dropped.
 /// Gives the connection back at a request boundary.
 pub(super) async fn get(
     mut w: BufWriter<OwnedWriteHalf>,
-    path: PathBuf,
+    dir: &ReplicaDir,
     addr: Addr,
     stall: Duration,
     route: Route<'_>,
 ) -> Result<BufWriter<OwnedWriteHalf>, Error> {
-    let opened = tokio::task::spawn_blocking(move || open_replica(&path))
-        .await
-        .map_err(|e| Error::Task {
-            context: format!("reading the replica {}", fmt_addr(addr)),
-            source: Some(Box::new(e)),
-        })?;
+    let name = PathBuf::from(file_name(addr));
+    let opened = match open_replica_cached(dir, &name) {
+        Some(opened) => opened,
+        None => {
+            let path = dir.path.join(name);
+            tokio::task::spawn_blocking(move || open_replica(&path))
+                .await
+                .map_err(|e| Error::Task {
+                    context: format!("reading the replica {}", fmt_addr(addr)),
+                    source: Some(Box::new(e)),
+                })?
+        }
+    };
     let io = |e| Error::io("sending a replica", e);
     let (header, body, checked) = match opened {
         Opened::Missing => {
@@ -258,4 +313,80 @@ async fn pad(w: &mut BufWriter<OwnedWriteHalf>, missing: u64) -> Result<(), Erro
         left -= n as u64;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::file::{header, CHECKSUM_OFFSET};
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+
+    /// What an opening found, comparable: the kind, the header, and a
+    /// small replica's bytes.
+    fn summary(opened: &Opened) -> (u8, Option<Header>, Vec<u8>) {
+        match opened {
+            Opened::Missing => (0, None, Vec::new()),
+            Opened::Damaged => (1, None, Vec::new()),
+            Opened::Small { header, data } => (2, Some(*header), data.clone()),
+            Opened::Large { header, .. } => (3, Some(*header), Vec::new()),
+        }
+    }
+
+    /// Writes a replica file of `data` (its header's size `size`), synced.
+    fn write_replica(path: &Path, data: &[u8], size: u64) {
+        let mut bytes = header(size).to_vec();
+        let crc = crc32c::crc32c(data).to_be_bytes();
+        bytes[CHECKSUM_OFFSET as usize..FILE_HEADER].copy_from_slice(&crc);
+        bytes.extend_from_slice(data);
+        let mut file = std::fs::File::create(path).unwrap();
+        file.write_all(&bytes).unwrap();
+        file.sync_all().unwrap();
+    }
+
+    /// Both ways of opening a replica (on the worker when cached, in the
+    /// blocking pool otherwise) answer alike for every kind of file; and
+    /// once a file's pages are dropped from the page cache, the worker's
+    /// way declines rather than wait for the disk (where the file system
+    /// drops them: a tmpfs cannot).
+    #[test]
+    fn the_cached_and_the_blocking_opening_agree() {
+        let dir = tempfile::tempdir().unwrap();
+        let replicas = ReplicaDir {
+            handle: std::fs::File::open(dir.path()).unwrap(),
+            path: dir.path().to_path_buf(),
+        };
+        let small: Vec<u8> = (0..4_096u32).map(|i| (i * 7) as u8).collect();
+        let large = vec![9u8; SMALL_REPLICA as usize + 1];
+        write_replica(&dir.path().join("small"), &small, small.len() as u64);
+        write_replica(&dir.path().join("large"), &large, large.len() as u64);
+        write_replica(&dir.path().join("short"), &small, small.len() as u64 + 1);
+        std::fs::write(dir.path().join("tiny"), b"S6RP").unwrap();
+        for name in ["small", "large", "short", "tiny", "missing"] {
+            let path = dir.path().join(name);
+            let blocking = summary(&open_replica(&path));
+            // Twice: the first open may bring the name into the cache.
+            let _ = open_replica_cached(&replicas, Path::new(name));
+            let cached = open_replica_cached(&replicas, Path::new(name))
+                .unwrap_or_else(|| panic!("{name}: declined though just read"));
+            assert_eq!(summary(&cached), blocking, "{name}");
+        }
+        assert_eq!(summary(&open_replica(&dir.path().join("small"))).2, small);
+
+        let file = std::fs::File::open(dir.path().join("small")).unwrap();
+        // SAFETY: a plain advice call on a descriptor we own.
+        let advised =
+            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(advised, 0);
+        // SAFETY: statfs fills the struct it is given.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) }, 0);
+        match open_replica_cached(&replicas, Path::new("small")) {
+            None => {}
+            Some(opened) if fs.f_type == libc::TMPFS_MAGIC => {
+                assert_eq!(summary(&opened).2, small, "pages kept: the same bytes")
+            }
+            Some(_) => panic!("read on the worker though its pages were dropped"),
+        }
+    }
 }

@@ -14,7 +14,7 @@ use crate::storage::core::{AfterRefusal, Refusal, StorageCore};
 use crate::storage::file::{file_name, parse_name, CHECKSUM_OFFSET};
 use crate::storage::group_sync::GroupSync;
 use crate::storage::put::{PutAction, PutEvent, PutMachine, PutPhase, PutReply};
-use crate::storage::reader::{get, reply_err, Route, CHUNK};
+use crate::storage::reader::{get, reply_err, ReplicaDir, Route, CHUNK};
 use crate::storage::scheduled::ScheduledSender;
 use crate::storage::scrub::{ScrubProgress, ScrubStats};
 use std::collections::VecDeque;
@@ -51,6 +51,8 @@ pub struct SnStore {
     scrub: ScrubProgress,
     /// Syncs of `replicas/`, shared by the Puts installed meanwhile.
     replicas_sync: GroupSync,
+    /// `replicas/`, held open for the Gets' lookups.
+    replicas: ReplicaDir,
 }
 
 /// Limits of a storage node's data port, so that peers that connect and
@@ -105,6 +107,11 @@ impl SnStore {
                 let _ = std::fs::remove_file(e.path());
             }
         }
+        let replicas = ReplicaDir {
+            handle: std::fs::File::open(&objects_dir)
+                .map_err(|e| Error::io(format!("opening {}", objects_dir.display()), e))?,
+            path: objects_dir.clone(),
+        };
         let (mut used, mut objects) = (0, 0);
         let entries = std::fs::read_dir(&objects_dir)
             .map_err(|e| Error::io(format!("reading {}", objects_dir.display()), e))?;
@@ -125,6 +132,7 @@ impl SnStore {
             schedule: None,
             scrub: ScrubProgress::default(),
             replicas_sync: GroupSync::directory(objects_dir),
+            replicas,
         })
     }
 
@@ -218,7 +226,7 @@ impl SnStore {
     }
 
     fn path(&self, addr: Addr) -> PathBuf {
-        self.dir.join("replicas").join(file_name(addr))
+        self.replicas.path.join(file_name(addr))
     }
 
     /// The replica address a connection was made to (`getsockname`), if
@@ -394,7 +402,7 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
                     _ => Route::Direct,
                 };
                 if let Some(lent) = writer.take() {
-                    writer = Some(get(lent, store.path(addr), addr, limit, route).await?);
+                    writer = Some(get(lent, &store.replicas, addr, limit, route).await?);
                 }
             }
             Request::Schedule { settings, .. } => {

@@ -147,7 +147,7 @@ pub async fn start_sn(
             uuid,
             table,
             None,
-            move || (stats_store.free(), stats_store.objects()),
+            move || Some((stats_store.free(), stats_store.objects())),
             keep_routes.then_some(endpoint.ip()),
             key.clone(),
         )),

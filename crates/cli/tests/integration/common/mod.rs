@@ -2,6 +2,7 @@
 //! and the real QEMU tools.
 #![allow(dead_code)]
 
+pub mod disk;
 pub mod process;
 pub mod store;
 

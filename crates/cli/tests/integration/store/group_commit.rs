@@ -186,3 +186,108 @@ fn read_back(
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A metadata node whose group commit fails (its file system is full)
+/// answers nothing from then on, and stops its heartbeats: the
+/// orchestrator marks it down and other nodes stand in for its groups,
+/// so Posts and Gets of the names it coordinated go on, and every
+/// acknowledged object reads back. Before the heartbeats stopped with
+/// the node, it stayed "up" forever and its names could not be written.
+#[test]
+fn a_metadata_node_whose_group_commit_fails_is_marked_down_and_stood_in_for() {
+    let dir = tmp();
+    let mn_dir = dir.path().join("mn-small");
+    std::fs::create_dir(&mn_dir).unwrap();
+    let Some(_mounted) = crate::common::disk::mount_tmpfs(&mn_dir, "16m") else {
+        eprintln!(
+            "SKIPPED: cannot mount a tmpfs here (needs root); a failed group commit is not tested"
+        );
+        return;
+    };
+    let store = Store::up(
+        &dir.path().join("cluster"),
+        &[
+            "--mn",
+            "2",
+            "--mn-slots",
+            "3",
+            "--sn",
+            "3",
+            "--replication",
+            "3,2,1,1",
+            "--short-failure-ms",
+            "1000",
+            "--definitive-failure-ms",
+            "600000",
+        ],
+    );
+    let _mn = Node::add(&store, &mn_dir, "mn");
+    store.wait_for_nodes("metadata", 3);
+    std::thread::sleep(Duration::from_millis(1200)); // every node has the table
+    let (rt, client) = connect_client(store.on);
+    let table = client.table();
+    let home = 2u16;
+    let coordinated_by_home =
+        |name: &str| table.mn_for(table.meta_addrs(name)[0]).map(|m| m.slot) == Some(home);
+    crate::common::disk::fill(&mn_dir);
+
+    // Post until the full node's commit fails and the orchestrator sees
+    // it gone; Posts it coordinates may fail or time out meanwhile.
+    let start = Instant::now();
+    let mut acked: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut i = 0;
+    loop {
+        let name = format!("full/{i:05}");
+        let data = pattern(100 + i % 700, i as u64);
+        if rt
+            .block_on(client.put(&name, data.len() as u64, &mut data.as_slice(), &|_| {}))
+            .is_ok()
+        {
+            acked.push((name, data));
+        }
+        i += 1;
+        if i % 20 == 0 && store.status()["metadata_nodes"][home as usize]["state"] == "down" {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let states: Vec<_> = store.status()["metadata_nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|node| node["state"].clone())
+                .collect();
+            panic!("the node with the full disk was not marked down in 60 s ({i} Posts): states {states:?}");
+        }
+    }
+    eprintln!("marked down after {i} Posts, {:?}", start.elapsed());
+    wait_until("stand-ins for the fenced node's groups", || {
+        let s = store.status();
+        let stand_ins = s["stand_ins"].as_array().unwrap();
+        !stand_ins.is_empty() && s["moves"].as_array().unwrap().is_empty()
+    });
+
+    // The names it coordinated are written again through the stand-ins.
+    rt.block_on(client.refresh()).unwrap();
+    let mut written = 0;
+    for j in 0..400 {
+        let name = format!("after/{j:04}");
+        if !coordinated_by_home(&name) {
+            continue;
+        }
+        let data = pattern(50 + j, 7_000 + j as u64);
+        rt.block_on(client.put(&name, data.len() as u64, &mut data.as_slice(), &|_| {}))
+            .unwrap_or_else(|e| panic!("posting {name} through a stand-in: {e}"));
+        acked.push((name, data));
+        written += 1;
+    }
+    assert!(
+        written >= 20,
+        "only {written} names coordinated by the node"
+    );
+    for (name, data) in &acked {
+        let (_, bytes) = rt
+            .block_on(client.get_bytes(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(bytes == *data, "{name}: wrong bytes");
+    }
+}

@@ -616,6 +616,11 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 self.not_frozen(mg)?;
                 self.post_begin(now, from, msg.req, name, *size).map(Some)
             }
+            Body::PostEmpty { name } => {
+                let mg = self.coordinator_check(msg.target, name)?;
+                self.not_frozen(mg)?;
+                self.post_empty(now, from, msg.req, name, out)
+            }
             Body::PostCommit { name, version, crc } => {
                 self.coordinator_check(msg.target, name)?;
                 self.post_commit(now, from, msg.req, name, *version, *crc, out)
@@ -899,6 +904,7 @@ fn is_mutation(body: &Body) -> bool {
     matches!(
         body,
         Body::PostBegin { .. }
+            | Body::PostEmpty { .. }
             | Body::PostCommit { .. }
             | Body::Link { .. }
             | Body::Update { .. }

@@ -36,6 +36,8 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             .is_some_and(|p| &p.client == from && p.client_req == req)
     }
 
+    /// Begins a Post of `size` bytes: locks the name and plans its
+    /// version and replicas; the ticket is the runtime's to add.
     pub(super) fn post_begin(
         &mut self,
         now: u64,
@@ -44,6 +46,44 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         name: &str,
         size: u64,
     ) -> Result<Body, Error> {
+        let (version, replicas) = self.begin(now, from, req, name, size)?;
+        Ok(Body::PostPlan {
+            version,
+            size,
+            replicas,
+            ticket: Vec::new(),
+        })
+    }
+
+    /// Posts an empty object in one request: begun and committed at once,
+    /// as a [`Body::PostBegin`] of size 0 and then its
+    /// [`Body::PostCommit`] would be, since there is no data to wait for.
+    /// A resend of the request in progress is answered when it finishes.
+    pub(super) fn post_empty(
+        &mut self,
+        now: u64,
+        from: &P,
+        req: u64,
+        name: &str,
+        out: &mut Vec<Out<P>>,
+    ) -> Result<Option<Body>, Error> {
+        if self.in_progress(name, from, req) {
+            return Ok(None);
+        }
+        let (version, _) = self.begin(now, from, req, name, 0)?;
+        self.post_commit(now, from, req, name, version, crc32c::crc32c(&[]), out)
+    }
+
+    /// Locks `name` for a Post of `size` bytes and chooses its version and
+    /// replicas (none for an empty object).
+    fn begin(
+        &mut self,
+        now: u64,
+        from: &P,
+        req: u64,
+        name: &str,
+        size: u64,
+    ) -> Result<(u64, Vec<Addr>), Error> {
         if size > strata_store_protocol::wire::MAX_OBJECT {
             return Err(remote(
                 Code::BadRequest,
@@ -85,13 +125,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 },
             },
         );
-        // The runtime puts the ticket in (it holds the key).
-        Ok(Body::PostPlan {
-            version,
-            size,
-            replicas,
-            ticket: Vec::new(),
-        })
+        Ok((version, replicas))
     }
 
     /// Chooses storage nodes: up, with room, the preferred device type
