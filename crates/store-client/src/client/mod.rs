@@ -45,6 +45,7 @@ mod report;
 mod udp;
 
 pub use self::calls::{Call, Step};
+pub use self::get::Opened;
 pub use self::names::RenameStep;
 pub use self::put::PutResult;
 pub use self::repair::{copy_replica, free_replica};
