@@ -4,8 +4,10 @@
 //!
 //! - [`access`]: S3 access keys and secrets, derived from tenant
 //!   credentials (nothing new is stored).
-//! - [`names`]: where buckets and objects (with their metadata) live in
-//!   the store's name space.
+//! - [`names`]: where buckets and objects live in the store, and the S3
+//!   metadata an object's record carries as its attributes.
+//! - `streams`: bodies moved between HTTP and the store as they come,
+//!   never held whole.
 //! - `errors`: the store's errors as S3 errors.
 //! - `buckets`, `objects`, `listing`: the operations, as methods of
 //!   [`Gateway`]; `service` hands s3s's calls to them.
@@ -22,6 +24,7 @@ mod listing;
 pub mod names;
 mod objects;
 mod service;
+mod streams;
 
 use s3s::auth::{S3Auth, SecretKey};
 use s3s::service::S3ServiceBuilder;
@@ -32,11 +35,6 @@ use std::sync::{Arc, Mutex};
 use strata_store_client::client::Client;
 use strata_store_protocol::key::ClusterKey;
 use tokio::net::TcpListener;
-
-/// Largest object the gateway takes in one PutObject: bodies are held in
-/// memory while their MD5 is computed (it is part of the object's store
-/// name) and while they are read back for a Get.
-pub const MAX_OBJECT_BYTES: u64 = 1 << 30;
 
 /// Tenants whose store clients the gateway keeps connected at once.
 const MAX_CLIENTS: usize = 256;

@@ -1,9 +1,9 @@
 //! ListObjectsV2 and ListObjects: the store's names under the bucket and
-//! prefix, read in pages, grouped by key (an overwrite may leave two
-//! names for a while: the newest is shown) and by delimiter.
+//! prefix, read in pages (each entry with its record's attributes, so
+//! with its S3 metadata) and grouped by delimiter.
 
 use crate::errors::{from_store, s3};
-use crate::names::{after_key, bucket_prefix, newest, parse_object_name, ObjectMeta};
+use crate::names::{bucket_prefix, key_of, ObjectMeta};
 use crate::Gateway;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -115,25 +115,6 @@ impl Page {
     }
 }
 
-/// The names of one key met so far (a key's names may span store pages).
-struct Pending {
-    key: String,
-    names: Vec<(String, ObjectMeta)>,
-}
-
-impl Pending {
-    /// The key and the metadata of its newest name.
-    fn newest(self) -> (Position, Option<ObjectMeta>) {
-        let keep = newest(self.names.iter().map(|(n, m)| (n.as_str(), m))).map(str::to_string);
-        let meta = self
-            .names
-            .into_iter()
-            .find(|(name, _)| Some(name) == keep.as_ref())
-            .map(|(_, meta)| meta);
-        (Position::Key(self.key), meta)
-    }
-}
-
 impl Gateway {
     /// One page of a listing.
     pub(crate) async fn list_objects(
@@ -150,18 +131,17 @@ impl Gateway {
         };
         let mut after = match &request.after {
             None => String::new(),
-            Some(Position::Key(key)) => after_key(bucket, key),
+            Some(Position::Key(key)) => format!("{bucket}/{key}"),
             Some(Position::Prefix(prefix)) => format!("{bucket}/{prefix}\u{10FFFF}"),
         };
         let mut skip = request.after.clone();
-        let mut pending: Option<Pending> = None;
         loop {
             let (entries, cursor) = client
                 .list(&store_prefix, &after, STORE_PAGE)
                 .await
                 .map_err(|e| from_store(&format!("listing bucket '{bucket}'"), &e))?;
             for entry in entries {
-                let Some((key, meta)) = parse_object_name(bucket, &entry.name) else {
+                let Some(key) = key_of(bucket, &entry.name) else {
                     continue;
                 };
                 if skip.as_ref().is_some_and(|position| position.covers(key)) {
@@ -172,18 +152,6 @@ impl Gateway {
                     let at = rest.find(delimiter).filter(|_| !delimiter.is_empty())?;
                     Some(key[..request.prefix.len() + at + delimiter.len()].to_string())
                 });
-                if pending.as_ref().is_some_and(|p| p.key == key) && rolled.is_none() {
-                    if let Some(p) = pending.as_mut() {
-                        p.names.push((entry.name, meta));
-                    }
-                    continue;
-                }
-                if let Some(done) = pending.take() {
-                    let (item, meta) = done.newest();
-                    if !page.push(item, meta) {
-                        return Ok(page);
-                    }
-                }
                 match rolled {
                     Some(prefix) => {
                         if !page.push(Position::Prefix(prefix.clone()), None) {
@@ -193,10 +161,11 @@ impl Gateway {
                         skip = Some(Position::Prefix(prefix));
                     }
                     None => {
-                        pending = Some(Pending {
-                            key: key.to_string(),
-                            names: vec![(entry.name, meta)],
-                        })
+                        let meta =
+                            ObjectMeta::from_record(entry.size, entry.crc, &entry.attributes);
+                        if !page.push(Position::Key(key.to_string()), Some(meta)) {
+                            return Ok(page);
+                        }
                     }
                 }
             }
@@ -204,10 +173,6 @@ impl Gateway {
                 Some(cursor) => after = after.max(cursor),
                 None => break,
             }
-        }
-        if let Some(done) = pending.take() {
-            let (item, meta) = done.newest();
-            page.push(item, meta);
         }
         Ok(page)
     }

@@ -1,21 +1,27 @@
 //! Objects: Put, Get (with Range and the conditional headers), Head and
-//! Delete, each on the store names of [`crate::names`].
+//! Delete, each on the store object `B/K` ([`crate::names`]), whose
+//! record carries the S3 metadata.
 
 use crate::buckets::{check_scope, from_ms, now_ms};
 use crate::errors::{from_store, is_missing, s3};
-use crate::names::{key_prefix, newest, object_name, parse_object_name, ObjectMeta};
-use crate::{Gateway, MAX_OBJECT_BYTES};
+use crate::names::{object_name, NameError, ObjectMeta};
+use crate::streams::{lock, response_body, BodyReader, Piece, Received, Sink, PIECES_IN_FLIGHT};
+use crate::Gateway;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use bytes::Bytes;
-use futures::StreamExt;
-use md5::{Digest, Md5};
+use md5::Digest;
 use s3s::dto::{ETag, ETagCondition, Range, StreamingBlob, Timestamp};
+use s3s::stream::ByteStream;
 use s3s::{S3ErrorCode, S3Result};
 use std::collections::BTreeMap;
-use strata_store_client::client::Client;
+use std::sync::{Arc, Mutex};
+use strata_store_client::client::{Client, Opened};
+use strata_store_protocol::wire::MAX_OBJECT;
+use strata_store_protocol::Error;
+use tokio::sync::mpsc;
 
-/// How often a Get looks its key up again when the name it found was
+/// How often a Get looks its key up again when the version it found was
 /// replaced by an overwrite before its data was read.
 const LOOKUP_ATTEMPTS: usize = 3;
 
@@ -50,21 +56,15 @@ pub(crate) struct Conditions {
     pub if_unmodified_since: Option<Timestamp>,
 }
 
-/// An object found under its key: its store name and metadata.
-pub(crate) struct Found {
-    /// The store name.
-    pub name: String,
-    /// What the name carries.
-    pub meta: ObjectMeta,
-}
-
-/// An object read back: its metadata, the bytes served and, for a Range,
-/// the range served.
+/// An object being read: its metadata, the body streamed from the store
+/// and, for a Range, the range served.
 pub(crate) struct Read {
     /// The object's metadata.
     pub meta: ObjectMeta,
-    /// The bytes served.
-    pub body: Bytes,
+    /// The bytes served, as they come from the store.
+    pub body: StreamingBlob,
+    /// How many bytes `body` holds.
+    pub length: u64,
     /// `bytes FIRST-LAST/SIZE` for a Range.
     pub content_range: Option<String>,
 }
@@ -79,10 +79,29 @@ pub(crate) fn last_modified(meta: &ObjectMeta) -> Timestamp {
     Timestamp::from(from_ms(meta.modified_ms))
 }
 
+/// The metadata an opened store object carries.
+fn meta_of(opened: &Opened) -> ObjectMeta {
+    let record = &opened.record;
+    ObjectMeta::from_record(record.size, record.crc, &record.attributes)
+}
+
+/// The store name of `key` in `bucket`; InvalidArgument if there is none.
+fn name_of(bucket: &str, key: &str) -> S3Result<String> {
+    object_name(bucket, key).map_err(|why| {
+        let code = match why {
+            NameError::BadKey(_) => S3ErrorCode::InvalidArgument,
+            NameError::TooLarge { .. } => S3ErrorCode::MetadataTooLarge,
+        };
+        s3(code, format!("key {key:?} of bucket '{bucket}': {why}"))
+    })
+}
+
 impl Gateway {
-    /// PutObject: reads the body (at most [`MAX_OBJECT_BYTES`]), checks
-    /// its Content-MD5, posts it under its name, then deletes the key's
-    /// older names. Returns the metadata stored.
+    /// PutObject: streams the body into the store object `B/K` while its
+    /// MD5 is computed; once the data is stored, checks the Content-MD5
+    /// and commits the record with the S3 metadata as its attributes
+    /// (a mismatch aborts the Post: nothing is stored). Returns the
+    /// metadata stored.
     pub(crate) async fn put_object(
         &self,
         client: &Client,
@@ -99,115 +118,64 @@ impl Gateway {
         } = request;
         let (bucket, key) = (bucket.as_str(), key.as_str());
         self.bucket_exists(client, bucket).await?;
-        crate::names::check_key(key)
-            .map_err(|why| s3(S3ErrorCode::InvalidArgument, format!("key {key:?}: {why}")))?;
+        let name = name_of(bucket, key)?;
         let expected = content_md5(md5_header.as_deref())?;
-        let data = read_body(body, content_length).await?;
-        let digest: [u8; 16] = Md5::digest(&data).into();
-        if expected.is_some_and(|md5| md5 != digest) {
-            return Err(s3(
-                S3ErrorCode::BadDigest,
-                format!(
-                    "the Content-MD5 given for '{bucket}/{key}' is not the MD5 of the {} bytes \
-                     received; nothing was stored",
-                    data.len()
-                ),
-            ));
-        }
-        let meta = ObjectMeta {
-            etag: digest.iter().map(|b| format!("{b:02x}")).collect(),
-            size: data.len() as u64,
+        let size = body_size(&body, content_length)?;
+        let mut meta = ObjectMeta {
+            // An MD5's length: the attributes are checked before the body
+            // is read, and the digest fills this in once it is.
+            etag: "0".repeat(32),
+            size,
             modified_ms: now_ms(),
             content_type,
             metadata,
         };
-        let name = object_name(bucket, key, &meta).map_err(|why| {
-            let code = match why {
-                crate::names::NameError::TooLong { .. } => S3ErrorCode::MetadataTooLarge,
-                crate::names::NameError::ReservedByte => S3ErrorCode::InvalidArgument,
-            };
-            s3(code, format!("key {key:?}: {why}"))
+        meta.attributes().map_err(|why| {
+            s3(
+                S3ErrorCode::MetadataTooLarge,
+                format!("'{bucket}/{key}': {why}"),
+            )
         })?;
-        let mut reader = &data[..];
-        client
-            .put(&name, data.len() as u64, &mut reader, &|_| {})
-            .await
-            .map_err(|e| from_store(&format!("storing '{bucket}/{key}'"), &e))?;
-        self.drop_older(client, bucket, key).await;
-        Ok(meta)
-    }
-
-    /// Deletes every name of the key but the newest (an overwrite's old
-    /// names). A failure leaves an older name, which readers pass over.
-    async fn drop_older(&self, client: &Client, bucket: &str, key: &str) {
-        let names = match self.names_of(client, bucket, key).await {
-            Ok(names) => names,
-            Err(e) => {
-                tracing::warn!("listing '{bucket}/{key}' after a Put: {}", e.report());
-                return;
+        let received = Arc::new(Mutex::new(Received::default()));
+        let mut reader = BodyReader::new(body, received.clone());
+        let mut refused = None;
+        let finish = || {
+            let digest: [u8; 16] = lock(&received).md5.clone().finalize().into();
+            if expected.is_some_and(|md5| md5 != digest) {
+                refused = Some(S3ErrorCode::BadDigest);
+                return Err(Error::Peer(format!(
+                    "the Content-MD5 given for '{bucket}/{key}' is not the MD5 of the {size} \
+                     bytes received; nothing was stored"
+                )));
             }
+            meta.etag = digest.iter().map(|b| format!("{b:02x}")).collect();
+            meta.attributes()
+                .map_err(|why| Error::Peer(why.to_string()))
         };
-        let keep = newest(names.iter().map(|(n, m)| (n.as_str(), m))).map(str::to_string);
-        for (name, _) in &names {
-            if Some(name) != keep.as_ref() {
-                if let Err(e) = client.delete(name).await {
-                    if !is_missing(&e) {
-                        tracing::warn!(
-                            "deleting an older name of '{bucket}/{key}': {}",
-                            e.report()
-                        );
-                    }
-                }
-            }
+        let stored = client
+            .put_with_attributes(&name, size, &mut reader, &|_| {}, finish)
+            .await;
+        match stored {
+            Ok(_) => Ok(meta),
+            Err(e) => Err(put_error(bucket, key, size, &received, refused, &e)),
         }
     }
 
-    /// Every store name of the key, with its metadata.
-    async fn names_of(
-        &self,
-        client: &Client,
-        bucket: &str,
-        key: &str,
-    ) -> Result<Vec<(String, ObjectMeta)>, strata_store_protocol::Error> {
-        let prefix = key_prefix(bucket, key);
-        let mut found = Vec::new();
-        let mut after = String::new();
-        loop {
-            let (entries, cursor) = client.list(&prefix, &after, 1000).await?;
-            for entry in entries {
-                if let Some((k, meta)) = parse_object_name(bucket, &entry.name) {
-                    if k == key {
-                        found.push((entry.name, meta));
-                    }
-                }
-            }
-            match cursor {
-                Some(cursor) => after = cursor,
-                None => return Ok(found),
-            }
-        }
-    }
-
-    /// The key's newest name; NoSuchKey (or NoSuchBucket) if none.
-    pub(crate) async fn find(&self, client: &Client, bucket: &str, key: &str) -> S3Result<Found> {
+    /// The key's store object, looked up for reading; NoSuchKey (or
+    /// NoSuchBucket) if there is none.
+    pub(crate) async fn find(&self, client: &Client, bucket: &str, key: &str) -> S3Result<Opened> {
         check_scope(client, bucket)?;
-        let names = self
-            .names_of(client, bucket, key)
-            .await
-            .map_err(|e| from_store(&format!("looking up '{bucket}/{key}'"), &e))?;
-        let keep = newest(names.iter().map(|(n, m)| (n.as_str(), m))).map(str::to_string);
-        match names
-            .into_iter()
-            .find(|(name, _)| Some(name) == keep.as_ref())
-        {
-            Some((name, meta)) => Ok(Found { name, meta }),
-            None => {
+        let name = name_of(bucket, key)?;
+        match client.open(&name).await {
+            Ok(opened) => Ok(opened),
+            Err(e) if is_missing(&e) => {
                 self.bucket_exists(client, bucket).await?;
                 Err(s3(
                     S3ErrorCode::NoSuchKey,
                     format!("no object '{key}' in bucket '{bucket}'"),
                 ))
             }
+            Err(e) => Err(from_store(&format!("looking up '{bucket}/{key}'"), &e)),
         }
     }
 
@@ -219,60 +187,64 @@ impl Gateway {
         key: &str,
         conditions: &Conditions,
     ) -> S3Result<ObjectMeta> {
-        let found = self.find(client, bucket, key).await?;
-        check_conditions(&found.meta, conditions)?;
-        Ok(found.meta)
+        let meta = meta_of(&self.find(client, bucket, key).await?);
+        check_conditions(&meta, conditions)?;
+        Ok(meta)
     }
 
     /// GetObject: the key's bytes (or the range asked), after its
-    /// conditions.
+    /// conditions, streamed from the store. The response starts once
+    /// the first bytes came (or the read failed before any): a version
+    /// overwritten between the lookup and the read is looked up again.
     pub(crate) async fn get_object(
         &self,
-        client: &Client,
+        client: &Arc<Client>,
         bucket: &str,
         key: &str,
         conditions: &Conditions,
         range: Option<&Range>,
     ) -> S3Result<Read> {
         for _ in 0..LOOKUP_ATTEMPTS {
-            let found = self.find(client, bucket, key).await?;
-            check_conditions(&found.meta, conditions)?;
+            let opened = self.find(client, bucket, key).await?;
+            let meta = meta_of(&opened);
+            check_conditions(&meta, conditions)?;
             let span = match range {
-                Some(range) => Some(range.check(found.meta.size).map_err(|_| {
+                Some(range) => range.check(meta.size).map_err(|_| {
                     s3(
                         S3ErrorCode::InvalidRange,
                         format!(
                             "the range asked is outside '{bucket}/{key}', which holds {} bytes",
-                            found.meta.size
+                            meta.size
                         ),
                     )
-                })?),
-                None => None,
+                })?,
+                None => 0..meta.size,
             };
-            let bytes = match client.get_bytes(&found.name).await {
-                Ok((_, bytes)) => bytes,
-                // Replaced by an overwrite meanwhile: look the key up again.
-                Err(e) if is_missing(&e) => continue,
-                Err(e) => return Err(from_store(&format!("reading '{bucket}/{key}'"), &e)),
-            };
-            if bytes.len() as u64 != found.meta.size {
-                return Err(s3(
-                    S3ErrorCode::InternalError,
-                    format!(
-                        "'{bucket}/{key}' holds {} bytes in the store, but its name says {}",
-                        bytes.len(),
-                        found.meta.size
-                    ),
-                ));
-            }
-            let mut body = Bytes::from(bytes);
-            let content_range = span.map(|span| {
-                body = body.slice(span.start as usize..span.end as usize);
-                format!("bytes {}-{}/{}", span.start, span.end - 1, found.meta.size)
+            let content_range = range.map(|_| {
+                format!(
+                    "bytes {}-{}/{}",
+                    span.start,
+                    span.end.saturating_sub(1),
+                    meta.size
+                )
             });
+            let length = span.end - span.start;
+            let version = opened.record.version;
+            let (first, receiver) = start_read(client.clone(), opened, span).await;
+            let body = match first {
+                None => StreamingBlob::from(s3s::Body::from(Bytes::new())),
+                Some(Piece::Data(first)) => response_body(first, receiver),
+                Some(Piece::Failed(e)) => {
+                    if self.replaced(client, bucket, key, version).await {
+                        continue;
+                    }
+                    return Err(from_store(&format!("reading '{bucket}/{key}'"), &e));
+                }
+            };
             return Ok(Read {
-                meta: found.meta,
+                meta,
                 body,
+                length,
                 content_range,
             });
         }
@@ -282,7 +254,16 @@ impl Gateway {
         ))
     }
 
-    /// DeleteObject: every name of the key (none is not an error, as in S3).
+    /// Whether the key no longer holds `version` (overwritten or deleted).
+    async fn replaced(&self, client: &Client, bucket: &str, key: &str, version: u64) -> bool {
+        match self.find(client, bucket, key).await {
+            Ok(opened) => opened.record.version != version,
+            Err(_) => true,
+        }
+    }
+
+    /// DeleteObject: the key's store object (none is not an error, as in
+    /// S3).
     pub(crate) async fn delete_object(
         &self,
         client: &Client,
@@ -290,22 +271,94 @@ impl Gateway {
         key: &str,
     ) -> S3Result<()> {
         check_scope(client, bucket)?;
-        let names = self
-            .names_of(client, bucket, key)
-            .await
-            .map_err(|e| from_store(&format!("looking up '{bucket}/{key}'"), &e))?;
-        if names.is_empty() {
-            return self.bucket_exists(client, bucket).await;
+        let name = name_of(bucket, key)?;
+        match client.delete(&name).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_missing(&e) => self.bucket_exists(client, bucket).await,
+            Err(e) => Err(from_store(&format!("deleting '{bucket}/{key}'"), &e)),
         }
-        for (name, _) in names {
-            match client.delete(&name).await {
-                Ok(_) => {}
-                Err(e) if is_missing(&e) => {}
-                Err(e) => return Err(from_store(&format!("deleting '{bucket}/{key}'"), &e)),
-            }
-        }
-        Ok(())
     }
+}
+
+/// Starts reading `opened`'s bytes of `span` in a task of its own; returns
+/// the first piece (`None`: the read sent nothing and succeeded) and the
+/// channel the rest comes on.
+async fn start_read(
+    client: Arc<Client>,
+    opened: Opened,
+    span: std::ops::Range<u64>,
+) -> (Option<Piece>, mpsc::Receiver<Piece>) {
+    let (sender, mut receiver) = mpsc::channel(PIECES_IN_FLIGHT);
+    let failures = sender.clone();
+    tokio::spawn(async move {
+        let mut sink = Sink::new(sender, span);
+        if let Err(e) = client.read(&opened, &mut sink, &|_| {}).await {
+            drop(sink);
+            // Nobody listens any more if the S3 client went away.
+            let _ = failures.send(Piece::Failed(e)).await;
+        }
+    });
+    let first = receiver.recv().await;
+    (first, receiver)
+}
+
+/// The size a Put's body will have: its Content-Length (0 without a
+/// body), at most the store's largest object.
+fn body_size(body: &Option<StreamingBlob>, declared: Option<i64>) -> S3Result<u64> {
+    let declared = match (declared, body) {
+        (Some(length), _) => length,
+        (None, None) => 0,
+        (None, Some(body)) => match body.remaining_length().exact() {
+            Some(length) => length as i64,
+            None => {
+                return Err(s3(
+                    S3ErrorCode::MissingContentLength,
+                    "PutObject needs a Content-Length: the store learns an object's size \
+                     before its bytes",
+                ))
+            }
+        },
+    };
+    match u64::try_from(declared) {
+        Ok(size) if size <= MAX_OBJECT => Ok(size),
+        _ => Err(s3(
+            S3ErrorCode::EntityTooLarge,
+            format!("an object holds at most {MAX_OBJECT} bytes, not {declared}"),
+        )),
+    }
+}
+
+/// The S3 error of a failed Put: BadDigest when the Content-MD5 refused
+/// it, IncompleteBody when the body ended early or broke, else the
+/// store's.
+fn put_error(
+    bucket: &str,
+    key: &str,
+    size: u64,
+    received: &Mutex<Received>,
+    refused: Option<S3ErrorCode>,
+    error: &Error,
+) -> s3s::S3Error {
+    if let Some(code) = refused {
+        return s3(code, error.to_string());
+    }
+    let received = lock(received);
+    if let Some(why) = &received.failed {
+        return s3(
+            S3ErrorCode::IncompleteBody,
+            format!("{why}; nothing was stored"),
+        );
+    }
+    if received.bytes < size && size > 0 {
+        return s3(
+            S3ErrorCode::IncompleteBody,
+            format!(
+                "the body held {} bytes, not the {size} of its Content-Length; nothing was stored",
+                received.bytes
+            ),
+        );
+    }
+    from_store(&format!("storing '{bucket}/{key}'"), error)
 }
 
 /// The 16 bytes of a Content-MD5 header; InvalidDigest if it is not the
@@ -322,53 +375,6 @@ fn content_md5(header: Option<&str>) -> S3Result<Option<[u8; 16]>> {
         )
     })?;
     Ok(Some(digest))
-}
-
-/// Reads a Put's body: at most [`MAX_OBJECT_BYTES`], and exactly its
-/// Content-Length when one was given.
-async fn read_body(body: Option<StreamingBlob>, declared: Option<i64>) -> S3Result<Vec<u8>> {
-    if let Some(length) = declared {
-        if length < 0 || length as u64 > MAX_OBJECT_BYTES {
-            return Err(too_large());
-        }
-    }
-    let Some(body) = body else {
-        return Ok(Vec::new());
-    };
-    // Bounded: the capacity is the declared length, at most
-    // MAX_OBJECT_BYTES (checked above).
-    let mut data = Vec::with_capacity(declared.unwrap_or(0).max(0) as usize);
-    let mut body = body;
-    while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| {
-            s3(
-                S3ErrorCode::IncompleteBody,
-                format!("the request body ended early or could not be read: {e}"),
-            )
-        })?;
-        if (data.len() + chunk.len()) as u64 > MAX_OBJECT_BYTES {
-            return Err(too_large());
-        }
-        data.extend_from_slice(&chunk);
-    }
-    if declared.is_some_and(|length| length as u64 != data.len() as u64) {
-        return Err(s3(
-            S3ErrorCode::IncompleteBody,
-            format!(
-                "the body held {} bytes, not the {} of its Content-Length; nothing was stored",
-                data.len(),
-                declared.unwrap_or(0)
-            ),
-        ));
-    }
-    Ok(data)
-}
-
-fn too_large() -> s3s::S3Error {
-    s3(
-        S3ErrorCode::EntityTooLarge,
-        format!("objects through this gateway hold at most {MAX_OBJECT_BYTES} bytes"),
-    )
 }
 
 /// Applies the conditional headers as S3 does: If-Match then

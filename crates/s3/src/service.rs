@@ -163,7 +163,7 @@ impl S3 for Gateway {
             .await?;
         let meta = &read.meta;
         Ok(S3Response::new(GetObjectOutput {
-            content_length: Some(read.body.len() as i64),
+            content_length: Some(read.length as i64),
             content_range: read.content_range.clone(),
             accept_ranges: Some("bytes".into()),
             e_tag: Some(etag(meta)),
@@ -171,7 +171,7 @@ impl S3 for Gateway {
             content_type: meta.content_type.clone(),
             metadata: (!meta.metadata.is_empty())
                 .then(|| meta.metadata.clone().into_iter().collect()),
-            body: Some(StreamingBlob::from(s3s::Body::from(read.body))),
+            body: Some(read.body),
             ..Default::default()
         }))
     }

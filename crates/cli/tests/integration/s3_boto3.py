@@ -215,8 +215,12 @@ try:
 except ParamValidationError:
     CHECKS += 1  # boto3 refuses it before sending: the raw request is below
 unvalidated = client(parameter_validation=False)
-e = fails("InvalidArgument", unvalidated.put_object, Bucket=BUCKET, Key="\x01", Body=b"x")
-check("0x01" in e.response["Error"]["Message"], "the reserved byte is named")
+e = fails("InvalidArgument", unvalidated.put_object, Bucket=BUCKET, Key="a\x00b", Body=b"x")
+check("NUL" in e.response["Error"]["Message"], "the refused byte is named")
+# Control bytes other than NUL are ordinary key bytes (the store name is the key).
+unvalidated.put_object(Bucket=BUCKET, Key="ctl\x01key", Body=b"control")
+check(s3.get_object(Bucket=BUCKET, Key="ctl\x01key")["Body"].read() == b"control", "key 0x01")
+s3.delete_object(Bucket=BUCKET, Key="ctl\x01key")
 fails("MetadataTooLarge", s3.put_object, Bucket=BUCKET, Key="m", Body=b"x",
       Metadata={"big": "v" * 4000})
 fails("SignatureDoesNotMatch", client(secret="0" * 40).list_objects_v2, Bucket=BUCKET, status=403)
