@@ -11,12 +11,14 @@ need=()
 # benchmark's `nbdkit memory` reference). The volume tests read what the
 # page cache holds of a layer file with util-linux's fincore. The NBD TLS
 # tests (crates/cli/tests/integration/nbd_tls.rs) make their certificates with openssl;
-# img convert's cache-mode test counts syncs with strace.
+# img convert's cache-mode test counts syncs with strace. The S3 gateway's
+# tests (crates/cli/tests/integration/s3.rs) use aws-cli and boto3.
 for tool in qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils \
   nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:python3-libnbd fio:fio nbdkit:nbdkit \
-  fincore:util-linux-extra openssl:openssl strace:strace; do
+  fincore:util-linux-extra openssl:openssl strace:strace aws:awscli; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
+python3 -c "import boto3" 2>/dev/null || need+=(python3-boto3)
 # NBD TLS with pre-shared keys links OpenSSL (crates/nbd/src/tls.rs).
 pkg-config --exists openssl 2>/dev/null || need+=(pkg-config libssl-dev)
 if [ "${#need[@]}" -gt 0 ]; then

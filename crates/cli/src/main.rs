@@ -71,6 +71,8 @@ enum Command {
         #[command(subcommand)]
         command: store::ObjCommand,
     },
+    /// Serve a store cluster over S3 (`strata store up` starts one too).
+    S3(store::S3Args),
     /// Print the completion script of a shell (bash, zsh, fish, ...).
     Completions {
         /// The shell.
@@ -106,6 +108,7 @@ fn main() {
         Command::Mirror(cmd) => mirror::run(cmd),
         Command::Store { command } => store::run_store(command),
         Command::Obj { command } => store::run_obj(command),
+        Command::S3(args) => store::run_s3(args),
         Command::Up(args) => up::run(args),
         Command::Completions { shell } => ops::completions(shell, Cli::command()),
         Command::Man { dir } => ops::man_pages(&dir, Cli::command()),

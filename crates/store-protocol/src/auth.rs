@@ -673,6 +673,7 @@ mod tests {
             meta: vec![1, 2, 3],
             replicas: vec![4, 5, 6],
             rename: None,
+            attributes: Vec::new(),
         };
         Msg::new(42, 1, Body::Replicate { record })
     }
@@ -1046,6 +1047,7 @@ mod tests {
             meta: vec![],
             replicas: vec![1 << 70, 5, u128::MAX - 3],
             rename: Some(wire::RenameLink::From("acme/old".into())),
+            attributes: Vec::new(),
         }
     }
 

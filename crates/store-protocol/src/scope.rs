@@ -20,7 +20,7 @@ pub fn check_scope(id: &str, body: &Body) -> Result<(), String> {
     };
     let names: Vec<&str> = match body {
         Body::PostBegin { name, .. }
-        | Body::PostEmpty { name }
+        | Body::PostEmpty { name, .. }
         | Body::PostCommit { name, .. }
         | Body::PostAbort { name, .. }
         | Body::Get { name }
@@ -87,6 +87,7 @@ mod tests {
             meta: vec![],
             replicas: vec![],
             rename,
+            attributes: vec![],
         };
         let link = |from: &str| Body::Link {
             record: rec("acme/new", Some(RenameLink::From(from.into()))),
@@ -123,8 +124,12 @@ mod tests {
                 name: "b/x".into(),
                 version: 1,
                 crc: 0,
+                attributes: Vec::new(),
             },
-            Body::PostEmpty { name: "b/x".into() },
+            Body::PostEmpty {
+                name: "b/x".into(),
+                attributes: Vec::new(),
+            },
             Body::PostAbort {
                 name: "b/x".into(),
                 version: 1,

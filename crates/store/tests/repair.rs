@@ -97,6 +97,7 @@ fn post(core: &mut MnCore<u32>, t: &Table, name: &str, now: u64) {
             name: name.into(),
             version,
             crc: 0xabcd,
+            attributes: b"etag and type".to_vec(),
         },
     );
     let outs = core.handle(now + 1, CLIENT, commit);
@@ -178,6 +179,10 @@ fn a_dead_node_s_replica_is_copied_and_the_record_rewritten() {
         [before.replicas[1], before.replicas[2], targets[0]]
     );
     assert_eq!((after.size, after.crc), (before.size, before.crc));
+    assert_eq!(
+        after.attributes, b"etag and type",
+        "a repair keeps the attributes"
+    );
     assert_eq!(core.repair_count(), 0);
     // Repaired: later passes leave it alone.
     assert!(copies(&core.tick(5_000)).is_empty());
@@ -868,6 +873,7 @@ fn a_post_commit_after_a_restart_is_not_acknowledged_over_a_repair() {
             name: "f/obj".into(),
             version: planned,
             crc: 0x1234,
+            attributes: Vec::new(),
         },
     );
     let outs = core.handle(40, CLIENT, commit);
@@ -937,6 +943,7 @@ mod unauthenticated {
             meta: meta.clone(),
             replicas: vec![t.layout.sn_prefix(1) | 77],
             rename: None,
+            attributes: Vec::new(),
         };
         let msg = Msg::new(5, meta[0], Body::Replicate { record: rec });
         let [plain, wrong, good] = forms(&msg);
@@ -1027,6 +1034,7 @@ mod unauthenticated {
             meta: t.meta_addrs(name),
             replicas: vec![t.layout.sn_prefix(1) | 9],
             rename: None,
+            attributes: Vec::new(),
         });
         let page = pull.reply(Body::MgRows {
             rows: vec![row],

@@ -149,6 +149,17 @@ fn size_of(token: u32) -> u64 {
     token as u64 * 7 + 1
 }
 
+/// The attributes every empty object of the simulation is posted with.
+const EMPTY_ATTRIBUTES: &[u8] = b"empty";
+
+/// The attributes of the Post `token`: their length varies with it, up
+/// to the largest a record holds, so handovers, repairs and gathers
+/// carry records of every size.
+fn attributes_of(token: u32) -> Vec<u8> {
+    let length = token as usize * 131 % (strata_store_protocol::wire::MAX_ATTRIBUTES + 1);
+    (0..length).map(|i| (i as u32 ^ token) as u8).collect()
+}
+
 enum Op {
     Idle,
     PostBegin { name: String, token: u32 },
@@ -707,7 +718,10 @@ impl Sim {
         let addrs = self.table.meta_addrs(&name);
         let roll = self.rng.below(100);
         if roll < 10 {
-            let body = Body::PostEmpty { name: name.clone() };
+            let body = Body::PostEmpty {
+                name: name.clone(),
+                attributes: EMPTY_ATTRIBUTES.to_vec(),
+            };
             self.clients[c as usize].op = Op::PostEmpty { name };
             self.start_call(c, vec![addrs[0]], body, 20, false);
         } else if roll < 50 {
@@ -764,6 +778,7 @@ impl Sim {
                         name: name.clone(),
                         version,
                         crc: token,
+                        attributes: attributes_of(token),
                     };
                     let coord = self.table.meta_addrs(&name)[0];
                     self.clients[c as usize].op = Op::PostCommit { name, token };
@@ -801,12 +816,18 @@ impl Sim {
     fn check_record(&self, name: &str, record: &Record) -> Obj {
         if record.size == 0 {
             assert_eq!(record.crc, crc32c::crc32c(&[]), "{name}: {record:?}");
+            assert_eq!(record.attributes, EMPTY_ATTRIBUTES, "{name}: {record:?}");
             assert!(record.replicas.is_empty(), "{name}: {record:?}");
             assert_eq!(record.meta, self.table.meta_addrs(name));
             return Obj::Empty;
         }
         let token = record.crc;
         assert_eq!(record.name, name);
+        assert_eq!(
+            record.attributes,
+            attributes_of(token),
+            "{name}: attributes are not those of the Post that made the record"
+        );
         assert_eq!(
             record.size,
             size_of(token),
@@ -1875,6 +1896,7 @@ fn a_group_taken_over_is_copied_into_an_empty_group_unless_it_comes_home() {
             meta: vec![],
             replicas: vec![],
             rename: None,
+            attributes: Vec::new(),
         };
         db.apply_record(group, &stale).unwrap();
         t.moves.push(Move {

@@ -33,6 +33,7 @@ fn record(name: &str) -> Record {
             DEFAULT_CLUSTER_PREFIX | 0x200,
         ],
         rename: None,
+        attributes: b"\x01{}".to_vec(),
     }
 }
 

@@ -417,6 +417,10 @@ pub struct UpArgs {
     /// Default: DIR/cluster.key, made with a new random key if missing.
     #[command(flatten)]
     pub(super) key: KeyArg,
+    /// Where the S3 gateway listens (HTTP; port 0: a free port, stated
+    /// in the readiness line). `strata s3` runs one on its own.
+    #[arg(long = "s3", value_name = "ADDR", default_value = "127.0.0.1:0")]
+    pub(super) s3: SocketAddr,
 }
 
 /// Collection of replicas that no record names (a storage node back

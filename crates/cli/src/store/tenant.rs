@@ -64,6 +64,9 @@ pub(super) fn tenant_add(args: TenantAddArgs) -> Result<i32> {
         None => args.generation.unwrap_or(0),
     };
     let cred = TenantCredential::issue_generation(&key, &args.tenant, generation)?;
+    // Derived from the credential (strata_s3::access): printed here once,
+    // re-derived by the gateway, stored nowhere.
+    let (access_key, secret_key) = s3_keys(&cred);
     let out = args
         .out
         .clone()
@@ -80,12 +83,14 @@ pub(super) fn tenant_add(args: TenantAddArgs) -> Result<i32> {
                 Output::Json => eprintln!(
                     "{}",
                     json!({"tenant": args.tenant, "scope": scope, "credential": "-",
-                           "generation": generation})
+                           "generation": generation, "s3_access_key": access_key,
+                           "s3_secret_key": secret_key})
                 ),
                 Output::Human => eprintln!(
                     "strata: wrote tenant '{}''s credential (generation {generation}) to \
-                     standard output ({scope}): keep it as secret as the cluster key",
-                    args.tenant
+                     standard output ({scope}): keep it as secret as the cluster key\n{}",
+                    args.tenant,
+                    s3_lines(&access_key, &secret_key)
                 ),
             }
             return Ok(0);
@@ -97,12 +102,13 @@ pub(super) fn tenant_add(args: TenantAddArgs) -> Result<i32> {
         Output::Json => println!(
             "{}",
             json!({"tenant": args.tenant, "scope": scope, "credential": out,
-                   "generation": generation})
+                   "generation": generation, "s3_access_key": access_key,
+                   "s3_secret_key": secret_key})
         ),
         Output::Human => println!(
             "wrote tenant '{}''s credential (generation {generation}) to {} ({scope}): give it \
              to the tenant, who runs `strata obj --credential FILE ...` (or sets \
-             {CREDENTIAL_ENV}=FILE){}",
+             {CREDENTIAL_ENV}=FILE){}\n{}",
             args.tenant,
             out.display(),
             if args.cluster.is_none() {
@@ -110,10 +116,21 @@ pub(super) fn tenant_add(args: TenantAddArgs) -> Result<i32> {
                  revoked, this generation may be refused"
             } else {
                 ""
-            }
+            },
+            s3_lines(&access_key, &secret_key)
         ),
     }
     Ok(0)
+}
+
+/// The S3 key pair as `tenant add` prints it: one `name value` line each,
+/// so scripts can pick them out (`awk '/^s3 access key/ {print $4}'`).
+fn s3_lines(access_key: &str, secret_key: &str) -> String {
+    format!(
+        "s3 access key {access_key}\ns3 secret key {secret_key}\n\
+         (the S3 gateway derives the same pair from the cluster key: it is stored nowhere; \
+         revoking the tenant revokes it)"
+    )
 }
 
 /// Where `tenant add` writes a credential without --out: ID.credential

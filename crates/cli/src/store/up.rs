@@ -58,10 +58,13 @@ pub(super) fn up(args: UpArgs) -> Result<i32> {
             .map(|sn| (sn.uuid, sn.store.clone()))
             .collect();
         let metrics = serve_metrics(args.schedule.metrics, nodes).await?;
+        let (s3, _s3_task) = start_gateway(cluster.on, cluster.key.clone(), args.s3).await?;
         let mut out = std::io::stdout().lock();
+        // Field 5 is the orchestrator's endpoint (scripts read it there);
+        // what was added later goes after the node counts.
         writeln!(
             out,
-            "strata store: ready on {} ({} metadata node{}, {} storage node{}){}",
+            "strata store: ready on {} ({} metadata node{}, {} storage node{}){}, s3 on http://{s3}",
             cluster.on,
             cluster.mns.len(),
             if cluster.mns.len() == 1 { "" } else { "s" },
@@ -98,7 +101,7 @@ pub(super) async fn serve_metrics(
 }
 
 /// A task stopped when this is dropped.
-pub(super) struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

@@ -19,6 +19,7 @@ mod nbd;
 mod nbd_tls;
 mod output;
 mod qemu_parity;
+mod s3;
 mod store;
 mod store_routed;
 mod up;

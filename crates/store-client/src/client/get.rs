@@ -15,6 +15,15 @@ use strata_store_protocol::Error;
 use tokio::io::{AsyncSeek, AsyncSeekExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+/// An object looked up for reading ([`Client::open`]): its record, and
+/// the Get ticket for its replicas, valid for a short while.
+#[derive(Clone, Debug)]
+pub struct Opened {
+    /// The object's record (its attributes included).
+    pub record: Record,
+    ticket: Vec<u8>,
+}
+
 impl Client {
     /// Reads an object's metadata from the first metadata address that has it.
     pub async fn stat(&self, name: &str) -> Result<Record, Error> {
@@ -93,14 +102,40 @@ impl Client {
         out: &mut W,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<Record, Error> {
+        let opened = self.open(name).await?;
+        self.read(&opened, out, progress).await?;
+        Ok(opened.record)
+    }
+
+    /// Looks an object up for reading: one metadata round trip, whose
+    /// record a caller may check (its size, version or attributes)
+    /// before [`Client::read`] reads that very version's data.
+    pub async fn open(&self, name: &str) -> Result<Opened, Error> {
         let (record, ticket) = self.stat_ticketed(name).await?;
+        Ok(Opened { record, ticket })
+    }
+
+    /// Reads the data of an object [`Client::open`] looked up into `out`,
+    /// as [`Client::get`] does. `out` is rewound (sought to its start)
+    /// before each replica is tried; an output that cannot go back (a
+    /// stream already sent on) fails that seek, which ends the read.
+    /// A replica overwritten or deleted since the lookup is gone: the
+    /// error is the storage node's.
+    pub async fn read<W: AsyncWrite + AsyncSeek + Unpin>(
+        &self,
+        opened: &Opened,
+        out: &mut W,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(), Error> {
+        let Opened { record, ticket } = opened;
+        let name = record.name.as_str();
         if record.size == 0 && record.crc == crc32c::crc32c(&[]) {
             // The metadata says everything an empty object holds, so there is
             // no data to fetch: a Get is one metadata round trip, as in the
             // design's zero-size measurements. A record whose checksum does
             // not fit an empty object goes through the replicas and fails
             // there with the mismatch.
-            return Ok(record);
+            return Ok(());
         }
         let table = self.table();
         let mut last = None;
@@ -134,7 +169,7 @@ impl Client {
                         break;
                     }
                 };
-                let answer = read_replica(stream, &replica, &ticket, &record, out, progress);
+                let answer = read_replica(stream, &replica, ticket, record, out, progress);
                 match answer.await {
                     Ok((stream, first_byte)) => {
                         self.read_sample(&replica, Some(first_byte));
@@ -144,7 +179,7 @@ impl Client {
                         for bad in damaged {
                             self.report_bad_replica(name, bad);
                         }
-                        return Ok(record);
+                        return Ok(());
                     }
                     Err((e, started)) => {
                         let stale = reused && !started;

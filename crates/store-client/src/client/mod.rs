@@ -54,6 +54,7 @@ mod udp;
 
 pub use self::calls::{Call, Step};
 pub use self::choice::{NodeView, ReplicaChoice};
+pub use self::get::Opened;
 pub use self::names::RenameStep;
 pub use self::put::PutResult;
 pub use self::repair::{copy_replica, free_replica};

@@ -9,7 +9,7 @@ use crate::stream::{read_status, write_put_body};
 use crate::transport::request_id;
 use strata_store_protocol::addr::Addr;
 use strata_store_protocol::data::{Credential, Request};
-use strata_store_protocol::wire::{Body, Code};
+use strata_store_protocol::wire::{Body, Code, WireError, MAX_ATTRIBUTES};
 use strata_store_protocol::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
@@ -30,7 +30,7 @@ pub struct PutResult {
 
 impl Client {
     /// Posts an object of `size` bytes read from `data`; `progress` is told
-    /// how many bytes went out so far.
+    /// how many bytes went out so far. The record has no attributes.
     pub async fn put<R: AsyncRead + Unpin>(
         &self,
         name: &str,
@@ -38,9 +38,28 @@ impl Client {
         data: &mut R,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<PutResult, Error> {
+        self.put_with_attributes(name, size, data, progress, || Ok(Vec::new()))
+            .await
+    }
+
+    /// Posts an object as [`Client::put`] does, with the attributes
+    /// `finish` gives once the data has streamed (and before the commit):
+    /// a writer computes them from the data (a digest, say) and may
+    /// refuse it there. An error from `finish`, or attributes over
+    /// [`MAX_ATTRIBUTES`] bytes, aborts the Post: nothing is stored, and
+    /// the name keeps the object it held.
+    pub async fn put_with_attributes<R: AsyncRead + Unpin>(
+        &self,
+        name: &str,
+        size: u64,
+        data: &mut R,
+        progress: &(dyn Fn(u64) + Sync),
+        finish: impl FnOnce() -> Result<Vec<u8>, Error>,
+    ) -> Result<PutResult, Error> {
         let coord = self.coordinator(name)?;
         if size == 0 {
-            return self.put_empty(coord, name).await;
+            let attributes = checked_attributes(name, finish()?)?;
+            return self.put_empty(coord, name, attributes).await;
         }
         let begin = Call::new(
             request_id(),
@@ -65,9 +84,21 @@ impl Client {
         let sent = self
             .send_data(&replicas, &ticket, size, data, progress)
             .await;
-        let (crc, copies) = match sent {
-            Ok((crc, copies)) if copies >= w_d => (crc, copies),
-            other => {
+        let sent = match sent {
+            Ok((crc, copies)) if copies >= w_d => {
+                finish().and_then(|a| checked_attributes(name, a)).map(|a| (crc, copies, a))
+            }
+            Ok((_, copies)) => Err(Error::Remote {
+                code: Code::Unavailable,
+                message: format!(
+                    "only {copies} of the W_d={w_d} data replicas were written; the Post was dropped"
+                ),
+            }),
+            Err(e) => Err(e),
+        };
+        let (crc, copies, attributes) = match sent {
+            Ok(sent) => sent,
+            Err(e) => {
                 let abort = Call::new(
                     request_id(),
                     vec![coord],
@@ -79,15 +110,7 @@ impl Client {
                     META_TIMEOUT_MS,
                 );
                 let _ = self.run(abort).await;
-                return Err(match other {
-                    Err(e) => e,
-                    Ok((_, copies)) => Error::Remote {
-                        code: Code::Unavailable,
-                        message: format!(
-                            "only {copies} of the W_d={w_d} data replicas were written; the Post was dropped"
-                        ),
-                    },
-                });
+                return Err(e);
             }
         };
         let commit = Call::new(
@@ -97,6 +120,7 @@ impl Client {
                 name: name.to_string(),
                 version,
                 crc,
+                attributes,
             },
             COMMIT_ATTEMPTS,
             META_TIMEOUT_MS,
@@ -115,12 +139,18 @@ impl Client {
     /// Posts an empty object with one request to its coordinator `coord`:
     /// its record is all of it (see [`PutResult::replicas`]), durable on
     /// the metadata copies once the answer comes.
-    async fn put_empty(&self, coord: Addr, name: &str) -> Result<PutResult, Error> {
+    async fn put_empty(
+        &self,
+        coord: Addr,
+        name: &str,
+        attributes: Vec<u8>,
+    ) -> Result<PutResult, Error> {
         let post = Call::new(
             request_id(),
             vec![coord],
             Body::PostEmpty {
                 name: name.to_string(),
+                attributes,
             },
             COMMIT_ATTEMPTS,
             META_TIMEOUT_MS,
@@ -169,4 +199,19 @@ impl Client {
             .map_err(|e| Error::io("reading the Put reply", e))?;
         Ok((crc, copies))
     }
+}
+
+/// `attributes`, if they fit a record ([`MAX_ATTRIBUTES`]).
+fn checked_attributes(name: &str, attributes: Vec<u8>) -> Result<Vec<u8>, Error> {
+    if attributes.len() > MAX_ATTRIBUTES {
+        return Err(Error::Malformed {
+            context: format!("posting '{name}'"),
+            source: WireError::Invalid(format!(
+                "its attributes take {} bytes; a record holds at most {MAX_ATTRIBUTES}: \
+                 store less with the object",
+                attributes.len()
+            )),
+        });
+    }
+    Ok(attributes)
 }

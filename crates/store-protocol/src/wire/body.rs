@@ -18,6 +18,12 @@ pub const MAX_OBJECT: u64 = 1 << 40;
 /// ([`crate::auth::LinkProof`]).
 pub const MAX_TICKET: usize = 512;
 
+/// Longest attributes a record carries: opaque bytes its writer stores
+/// with the object (the S3 gateway keeps an object's ETag, content type
+/// and user metadata there). Bounded so a record fits one datagram and
+/// the metadata node's read cache stays small.
+pub const MAX_ATTRIBUTES: usize = 2048;
+
 /// An object's metadata as stored by metadata nodes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
@@ -35,6 +41,9 @@ pub struct Record {
     pub replicas: Vec<Addr>,
     /// Set while a rename may share these replicas with another name.
     pub rename: Option<RenameLink>,
+    /// Opaque bytes the Post stored with the object (at most
+    /// [`MAX_ATTRIBUTES`]); kept by renames and repairs.
+    pub attributes: Vec<u8>,
 }
 
 /// The other name of a rename, kept in both records: a rename marks the old
@@ -58,6 +67,11 @@ pub struct ListEntry {
     pub size: u64,
     /// Version.
     pub version: u64,
+    /// CRC-32C of the whole object.
+    pub crc: u32,
+    /// The record's attributes ([`Record::attributes`]), so a listing
+    /// needs no Get per name.
+    pub attributes: Vec<u8>,
 }
 
 /// One row of a metadata group, as a handover copies it.
@@ -134,6 +148,9 @@ pub enum Body {
         version: u64,
         /// CRC-32C of the data.
         crc: u32,
+        /// The record's attributes (at most [`MAX_ATTRIBUTES`]), known
+        /// only once the data has streamed.
+        attributes: Vec<u8>,
     },
     /// Client → coordinator: Post an empty object in one request. Its
     /// record (size 0, the empty data's checksum) is all of it, so there
@@ -142,6 +159,8 @@ pub enum Body {
     PostEmpty {
         /// Object name.
         name: String,
+        /// The record's attributes (at most [`MAX_ATTRIBUTES`]).
+        attributes: Vec<u8>,
     },
     /// Client → coordinator: the data phase failed; drop the Post.
     PostAbort {

@@ -8,8 +8,8 @@ use super::body::{
 use super::frame::{peek, tenant_parts, HEADER_LEN, SEAL_LEN};
 use super::kinds::Kind;
 use super::records::{
-    flag, get_addr_list, get_bounded_addrs, get_cursor, get_record, get_rows, get_ticket,
-    sync_count,
+    flag, get_addr_list, get_attributes, get_bounded_addrs, get_cursor, get_record, get_rows,
+    get_ticket, sync_count,
 };
 use crate::codec::{Reader, WireError, MAX_DATAGRAM, MAX_NAME};
 use crate::error::Code;
@@ -72,11 +72,15 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
                 ticket: get_ticket(r)?,
             }
         }
-        Kind::PostEmpty => Body::PostEmpty { name: r.name()? },
+        Kind::PostEmpty => Body::PostEmpty {
+            name: r.name()?,
+            attributes: get_attributes(r)?,
+        },
         Kind::PostCommit => Body::PostCommit {
             name: r.name()?,
             version: r.u64()?,
             crc: r.u32()?,
+            attributes: get_attributes(r)?,
         },
         Kind::PostAbort => Body::PostAbort {
             name: r.name()?,
@@ -112,9 +116,9 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
         },
         Kind::ListPage => {
             let n = r.u32()? as usize;
-            // Each entry takes at least 18 bytes: bound the count by the
+            // Each entry takes at least 24 bytes: bound the count by the
             // datagram before allocating.
-            if n > MAX_DATAGRAM / 18 {
+            if n > MAX_DATAGRAM / 24 {
                 return Err(WireError::Invalid(format!("{n} list entries")));
             }
             let mut entries = Vec::with_capacity(n);
@@ -123,6 +127,8 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
                     name: r.name()?,
                     size: r.u64()?,
                     version: r.u64()?,
+                    crc: r.u32()?,
+                    attributes: get_attributes(r)?,
                 });
             }
             Body::ListPage {

@@ -121,11 +121,20 @@ impl Msg {
                 w.addrs(replicas);
                 w.bytes16(ticket);
             }
-            Body::PostEmpty { name } => w.str(name),
-            Body::PostCommit { name, version, crc } => {
+            Body::PostEmpty { name, attributes } => {
+                w.str(name);
+                w.bytes16(attributes);
+            }
+            Body::PostCommit {
+                name,
+                version,
+                crc,
+                attributes,
+            } => {
                 w.str(name);
                 w.u64(*version);
                 w.u32(*crc);
+                w.bytes16(attributes);
             }
             Body::PostAbort { name, version } | Body::Unreplicate { name, version } => {
                 w.str(name);
@@ -205,6 +214,8 @@ impl Msg {
                     w.str(&e.name);
                     w.u64(e.size);
                     w.u64(e.version);
+                    w.u32(e.crc);
+                    w.bytes16(&e.attributes);
                 }
                 w.u8(*more as u8);
             }

@@ -7,18 +7,21 @@ use crate::codec::{Reader, WireError, MAX_DATAGRAM};
 
 /// The first bytes of every metadata datagram.
 pub(super) const MAGIC: [u8; 2] = *b"S6";
-/// Version 6: a request may end in zero padding
+/// Version 7: records, `PostCommit`, `PostEmpty` and list entries carry
+/// a record's attributes ([`Record::attributes`](super::Record::attributes)),
+/// and list entries the object's CRC-32C.
+/// (Version 6: a request may end in zero padding
 /// ([`Msg::encode_padded`](super::Msg::encode_padded)), an
 /// unauthenticated request gets no answer longer than itself (a
 /// [`Body::PadTo`](super::Body::PadTo) instead), and a storage node
 /// reports a tenant's Put whose connection closed early
-/// ([`Body::PutAbandoned`](super::Body::PutAbandoned)). (Version 5: a
+/// ([`Body::PutAbandoned`](super::Body::PutAbandoned)). Version 5: a
 /// tenant's seal carries its credential's generation (flag `TENANT`), and the
 /// operator's `RevokeTenant` (kind 37) is new. Version 4 added link proofs ([`crate::auth::LinkProof`]) in a
 /// tenant's `Link`, `GetLinkProof` and `LinkProof`; version 3 tenants' seals
 /// ([`Msg::seal_tenant`](super::Msg::seal_tenant)), version 2 the data-path tickets of `PostPlan`
 /// and `Found`.) Other versions are refused as "bad magic or version".
-pub(super) const VERSION: u8 = 6;
+pub(super) const VERSION: u8 = 7;
 
 /// Bytes of a message's header: magic, version, kind, request id, target.
 pub const HEADER_LEN: usize = 28;

@@ -27,8 +27,8 @@ mod records;
 
 pub use self::body::{
     Body, GatherCursor, ListEntry, Msg, Record, RenameLink, Role, Row, SyncEntry, SyncSum,
-    MAX_DAMAGED, MAX_DATA_REPLICAS, MAX_GATHER_GROUPS, MAX_OBJECT, MAX_PULL_ROWS, MAX_REFERENCED,
-    MAX_SYNC_ENTRIES, MAX_SYNC_SUMS, MAX_TICKET,
+    MAX_ATTRIBUTES, MAX_DAMAGED, MAX_DATA_REPLICAS, MAX_GATHER_GROUPS, MAX_OBJECT, MAX_PULL_ROWS,
+    MAX_REFERENCED, MAX_SYNC_ENTRIES, MAX_SYNC_SUMS, MAX_TICKET,
 };
 pub use self::decode::malformed;
 pub use self::frame::{
@@ -63,6 +63,7 @@ mod tests {
             meta: vec![1, 2, 3],
             replicas: vec![u128::MAX, 5],
             rename: None,
+            attributes: b"{\"etag\":\"x\"}".to_vec(),
         }
     }
 
@@ -82,8 +83,12 @@ mod tests {
                 name: "x".into(),
                 version: 1,
                 crc: 2,
+                attributes: vec![9; MAX_ATTRIBUTES],
             },
-            Body::PostEmpty { name: "x".into() },
+            Body::PostEmpty {
+                name: "x".into(),
+                attributes: vec![1, 2, 3],
+            },
             Body::PostAbort {
                 name: "x".into(),
                 version: 1,
@@ -167,6 +172,8 @@ mod tests {
                     name: "n".into(),
                     size: 1,
                     version: 2,
+                    crc: 0xfeed_f00d,
+                    attributes: vec![4; 10],
                 }],
                 more: true,
             },

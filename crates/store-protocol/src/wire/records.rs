@@ -5,8 +5,8 @@
 //! allocated.
 
 use super::body::{
-    GatherCursor, Record, RenameLink, Row, MAX_DATA_REPLICAS, MAX_OBJECT, MAX_PULL_ROWS,
-    MAX_REFERENCED, MAX_TICKET,
+    GatherCursor, Record, RenameLink, Row, MAX_ATTRIBUTES, MAX_DATA_REPLICAS, MAX_OBJECT,
+    MAX_PULL_ROWS, MAX_REFERENCED, MAX_TICKET,
 };
 use crate::addr::{Addr, MAX_META_REPLICAS};
 use crate::codec::{Reader, WireError, Writer, MAX_NAME};
@@ -29,9 +29,31 @@ pub(super) fn put_record(w: &mut Writer, r: &Record) {
             w.str(n);
         }
     }
+    w.bytes16(&r.attributes);
 }
 
 pub(super) fn get_record(r: &mut Reader) -> Result<Record, WireError> {
+    let mut record = get_record_fields(r)?;
+    record.attributes = get_attributes(r)?;
+    Ok(record)
+}
+
+/// A record's attributes: at most [`MAX_ATTRIBUTES`] bytes, refused
+/// before anything is allocated if longer.
+pub(super) fn get_attributes(r: &mut Reader) -> Result<Vec<u8>, WireError> {
+    let bytes = r.bytes16()?;
+    if bytes.len() > MAX_ATTRIBUTES {
+        return Err(WireError::Invalid(format!(
+            "attributes of {} bytes; the limit is {MAX_ATTRIBUTES}",
+            bytes.len()
+        )));
+    }
+    Ok(bytes.to_vec())
+}
+
+/// A record's fields before its attributes (the whole record as rows
+/// written before attributes existed hold it), with empty attributes.
+fn get_record_fields(r: &mut Reader) -> Result<Record, WireError> {
     let name = r.name()?;
     let size = r.u64()?;
     if size > MAX_OBJECT {
@@ -52,6 +74,7 @@ pub(super) fn get_record(r: &mut Reader) -> Result<Record, WireError> {
             2 => Some(RenameLink::From(r.name()?)),
             k => return Err(WireError::Invalid(format!("rename link kind {k}"))),
         },
+        attributes: Vec::new(),
     })
 }
 
@@ -97,10 +120,15 @@ pub fn encode_record(rec: &Record) -> Vec<u8> {
     w.buf
 }
 
-/// Decodes a record encoded by [`encode_record`].
+/// Decodes a record encoded by [`encode_record`], or by a build before
+/// records had attributes: those end before the attributes' length,
+/// and decode with none (a metadata database keeps its old rows).
 pub fn decode_record(buf: &[u8]) -> Result<Record, WireError> {
     let mut r = Reader::new(buf);
-    let rec = get_record(&mut r)?;
+    let mut rec = get_record_fields(&mut r)?;
+    if r.remaining() > 0 {
+        rec.attributes = get_attributes(&mut r)?;
+    }
     r.finish()?;
     Ok(rec)
 }
@@ -179,5 +207,53 @@ pub(super) fn flag(r: &mut Reader, what: &str) -> Result<bool, WireError> {
         0 => Ok(false),
         1 => Ok(true),
         v => Err(WireError::Invalid(format!("{what} is {v}, not 0 or 1"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(attributes: Vec<u8>) -> Record {
+        Record {
+            name: "acme/photo.jpg".into(),
+            size: 42,
+            crc: 0x1234_5678,
+            version: 3,
+            meta: vec![1, 2],
+            replicas: vec![9],
+            rename: Some(RenameLink::From("acme/old.jpg".into())),
+            attributes,
+        }
+    }
+
+    #[test]
+    fn a_row_written_before_attributes_decodes_with_none() {
+        // The layout of a record before attributes existed, written field
+        // by field: it ends after the rename link.
+        let mut w = Writer::default();
+        w.str("acme/photo.jpg");
+        w.u64(42);
+        w.u32(0x1234_5678);
+        w.u64(3);
+        w.addrs(&[1, 2]);
+        w.addrs(&[9]);
+        w.u8(2);
+        w.str("acme/old.jpg");
+        assert_eq!(decode_record(&w.buf).unwrap(), record(Vec::new()));
+    }
+
+    #[test]
+    fn attributes_survive_a_round_trip_and_oversized_ones_are_refused() {
+        let full = record(vec![7; MAX_ATTRIBUTES]);
+        assert_eq!(decode_record(&encode_record(&full)).unwrap(), full);
+        let mut bytes = encode_record(&record(Vec::new()));
+        // Replace the empty attributes with one byte too many.
+        bytes.truncate(bytes.len() - 2);
+        let mut w = Writer::default();
+        w.bytes16(&vec![0; MAX_ATTRIBUTES + 1]);
+        bytes.extend_from_slice(&w.buf);
+        let error = decode_record(&bytes).unwrap_err().to_string();
+        assert!(error.contains("2049") && error.contains("limit"), "{error}");
     }
 }

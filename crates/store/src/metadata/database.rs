@@ -520,6 +520,8 @@ impl MetaDb {
                         name: r.name,
                         size: r.size,
                         version: r.version,
+                        crc: r.crc,
+                        attributes: r.attributes,
                     });
                     taken += 1;
                 }
@@ -688,7 +690,11 @@ impl MetaDb {
             let mut last: Option<Vec<u8>> = None;
             for row in t.range(start.as_slice()..).database(what)? {
                 let (k, v) = row.database(what)?;
-                if scanned >= max_scan || rows.len() >= max_rows || bytes > max_bytes {
+                // The page ends before a row that would take it past
+                // `max_bytes` (a record with a long name, rename link and
+                // attributes is over 10 KiB), but holds at least one.
+                let over = !rows.is_empty() && bytes + v.value().len() + 1 > max_bytes;
+                if scanned >= max_scan || rows.len() >= max_rows || over {
                     if let Some(l) = &last {
                         return Ok((rows, Some(cursor(false, l))));
                     }
@@ -943,6 +949,7 @@ mod tests {
             meta: vec![],
             replicas: vec![],
             rename: None,
+            attributes: Vec::new(),
         }
     }
 
@@ -1174,5 +1181,39 @@ mod tests {
         assert_eq!(page.len(), 6);
         assert_eq!(page[0].name, "p/04");
         assert_eq!(db.count().unwrap(), 20);
+    }
+
+    #[test]
+    fn a_row_written_before_attributes_reads_back_with_none_and_keeps_them_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let db = MetaDb::open(&path).unwrap();
+        // A row as a build before attributes wrote it: the record's
+        // encoding without the attributes' length at its end.
+        let old = rec("acme/old", 4);
+        let mut legacy = encode_record(&old);
+        legacy.truncate(legacy.len() - 2);
+        let tx = db.db.begin_write().unwrap();
+        tx.open_table(RECORDS)
+            .unwrap()
+            .insert(key(2, "acme/old").as_slice(), legacy.as_slice())
+            .unwrap();
+        tx.commit().unwrap();
+        assert_eq!(db.get(2, "acme/old").unwrap(), Some(old.clone()));
+        let (listed, _) = db.list(&[2], "acme/", "", 10).unwrap();
+        assert_eq!(listed.len(), 1);
+        assert!(listed[0].attributes.is_empty());
+        // A new version with attributes keeps them across a reopen, and in
+        // the listing.
+        let new = Record {
+            attributes: b"{\"etag\":\"abc\"}".to_vec(),
+            ..rec("acme/old", 5)
+        };
+        assert!(db.apply_record(2, &new).unwrap());
+        drop(db);
+        let db = MetaDb::open(&path).unwrap();
+        assert_eq!(db.get(2, "acme/old").unwrap(), Some(new.clone()));
+        let (listed, _) = db.list(&[2], "acme/", "", 10).unwrap();
+        assert_eq!(listed[0].attributes, new.attributes);
     }
 }

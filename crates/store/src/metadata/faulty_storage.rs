@@ -380,6 +380,7 @@ mod tests {
             meta: vec![],
             replicas: vec![],
             rename: None,
+            attributes: Vec::new(),
         };
         let disk = Disk::new();
         let db = MetaDb::open_with_backend(disk.backend(), |_| {}).unwrap();
@@ -462,6 +463,8 @@ mod tests {
                     meta: vec![],
                     replicas: vec![],
                     rename: None,
+                    // Some rows with attributes, so torn writes cover them.
+                    attributes: vec![7; (k % 3 * 100) as usize],
                 };
                 match db.apply_record(0, &record) {
                     Ok(_) if grouped => group.push((name, version)),

@@ -442,3 +442,101 @@ fn a_killed_client_s_name_is_free_for_the_next_put_at_once() {
     // The half-written replica is gone.
     wait_until("the temporary replica removed", || !receiving());
 }
+
+/// Attributes a client computes after the data: committed with the
+/// record, returned by Get and List, kept by a rename; a refusal from
+/// `finish` or oversized attributes store nothing, and the name keeps
+/// its object and is free for the next Post at once.
+#[test]
+fn attributes_come_after_the_data_and_a_refusal_stores_nothing() {
+    use strata_store_client::client::Client;
+    use strata_store_protocol::wire::MAX_ATTRIBUTES;
+    use strata_store_protocol::Error;
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &[]);
+    let on = store.on;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let client = Client::connect(on, admin(on)).await.unwrap();
+        let data = pattern(700 << 10, 9);
+        let streamed = std::sync::atomic::AtomicU64::new(0);
+        let put = client
+            .put_with_attributes(
+                "attrs/a",
+                data.len() as u64,
+                &mut &data[..],
+                &|done| streamed.store(done, std::sync::atomic::Ordering::Relaxed),
+                || {
+                    // Called once every byte went out.
+                    let done = streamed.load(std::sync::atomic::Ordering::Relaxed);
+                    Ok(format!("after {done}").into_bytes())
+                },
+            )
+            .await
+            .unwrap();
+        let want = format!("after {}", data.len()).into_bytes();
+        let (record, bytes) = client.get_bytes("attrs/a").await.unwrap();
+        assert_eq!(record.attributes, want);
+        assert_eq!(record.version, put.version);
+        assert!(bytes == data);
+        client
+            .put_with_attributes("attrs/empty", 0, &mut &b""[..], &|_| {}, || {
+                Ok(b"of nothing".to_vec())
+            })
+            .await
+            .unwrap();
+        let (listed, _) = client.list("attrs/", "", 10).await.unwrap();
+        let found: Vec<_> = listed
+            .iter()
+            .map(|e| (e.name.as_str(), e.attributes.as_slice(), e.crc))
+            .collect();
+        let empty_crc = crc32c::crc32c(&[]);
+        assert_eq!(
+            found,
+            [
+                ("attrs/a", want.as_slice(), crc32c::crc32c(&data)),
+                ("attrs/empty", &b"of nothing"[..], empty_crc)
+            ]
+        );
+
+        // Refused by `finish` after the data went out: nothing changes.
+        let other = pattern(300 << 10, 10);
+        let refused = client
+            .put_with_attributes(
+                "attrs/a",
+                other.len() as u64,
+                &mut &other[..],
+                &|_| {},
+                || Err(Error::Peer("the digest does not match".into())),
+            )
+            .await
+            .unwrap_err();
+        assert!(refused.to_string().contains("digest"), "{refused}");
+        let too_big = client
+            .put_with_attributes(
+                "attrs/a",
+                other.len() as u64,
+                &mut &other[..],
+                &|_| {},
+                || Ok(vec![0; MAX_ATTRIBUTES + 1]),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            too_big.report().to_string().contains("2048"),
+            "{}",
+            too_big.report()
+        );
+        let (record, bytes) = client.get_bytes("attrs/a").await.unwrap();
+        assert_eq!((record.version, &record.attributes), (put.version, &want));
+        assert!(bytes == data, "a refused Post changed the object");
+
+        // The name is not locked by the aborted Posts; a rename keeps the
+        // attributes.
+        client.rename("attrs/a", "attrs/b").await.unwrap();
+        assert_eq!(client.stat("attrs/b").await.unwrap().attributes, want);
+    });
+}

@@ -267,6 +267,8 @@ fn rs3_is_set_at_run_time_and_shown_on_metrics() {
         .split("metrics on http://")
         .nth(1)
         .expect("the metrics endpoint on the readiness line");
+    // The S3 gateway's endpoint follows it on the line.
+    let at = at.split([',', ' ']).next().unwrap_or_default();
     let at = at.trim_end_matches("/metrics").to_string();
     let dp = p(&d);
     strata_ok(&["store", "tenant", "add", "--dir", &dp, "--tenant", "acme"]);

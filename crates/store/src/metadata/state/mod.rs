@@ -146,7 +146,7 @@ enum Phase {
         needed: usize,
         free_after: Vec<Addr>,
         /// The answer once W_m hold it (`None`: Done with the version).
-        answer: Option<Body>,
+        answer: Option<Box<Body>>,
     },
 }
 
@@ -616,14 +616,24 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 self.not_frozen(mg)?;
                 self.post_begin(now, from, msg.req, name, *size).map(Some)
             }
-            Body::PostEmpty { name } => {
+            Body::PostEmpty { name, attributes } => {
                 let mg = self.coordinator_check(msg.target, name)?;
                 self.not_frozen(mg)?;
-                self.post_empty(now, from, msg.req, name, out)
+                self.post_empty(now, from, msg.req, name, attributes, out)
             }
-            Body::PostCommit { name, version, crc } => {
+            Body::PostCommit {
+                name,
+                version,
+                crc,
+                attributes,
+            } => {
                 self.coordinator_check(msg.target, name)?;
-                self.post_commit(now, from, msg.req, name, *version, *crc, out)
+                let commit = writes::Commit {
+                    version: *version,
+                    crc: *crc,
+                    attributes,
+                };
+                self.post_commit(now, from, msg.req, name, commit, out)
             }
             Body::PostAbort { name, version } => {
                 self.coordinator_check(msg.target, name)?;
@@ -887,7 +897,7 @@ fn fit_page(mut entries: Vec<strata_store_protocol::wire::ListEntry>, mut more: 
     let mut bytes = 64;
     let mut keep = 0;
     for e in &entries {
-        bytes += e.name.len() + 18;
+        bytes += e.name.len() + 24 + e.attributes.len();
         if bytes > strata_store_protocol::wire::MAX_DATAGRAM - 1024 {
             break;
         }

@@ -31,7 +31,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                     acked,
                     needed,
                     free_after,
-                    answer,
+                    answer: answer.map(Box::new),
                 },
             },
         );
@@ -110,7 +110,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         } = p.phase
         {
             out.extend(free_after.into_iter().map(Out::Free));
-            body = answer.unwrap_or(body);
+            body = answer.map_or(body, |answer| *answer);
         }
         let reply = Msg::new(p.client_req, 0, body);
         // The reply's target is irrelevant to the client; keep the request id.

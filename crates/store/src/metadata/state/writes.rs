@@ -4,6 +4,17 @@
 
 use super::*;
 
+/// What a Post's commit names: the version planned, the data's CRC-32C
+/// and the record's attributes.
+pub(super) struct Commit<'a> {
+    /// The version from the plan.
+    pub version: u64,
+    /// CRC-32C of the data.
+    pub crc: u32,
+    /// The record's attributes (decoding bounded them).
+    pub attributes: &'a [u8],
+}
+
 impl<P: Clone + Eq + Hash> MnCore<P> {
     /// Drops the Post in its data phase whose first replica is `replica`:
     /// a storage node saw its client's connection close before the data
@@ -65,13 +76,19 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         from: &P,
         req: u64,
         name: &str,
+        attributes: &[u8],
         out: &mut Vec<Out<P>>,
     ) -> Result<Option<Body>, Error> {
         if self.in_progress(name, from, req) {
             return Ok(None);
         }
         let (version, _) = self.begin(now, from, req, name, 0)?;
-        self.post_commit(now, from, req, name, version, crc32c::crc32c(&[]), out)
+        let commit = Commit {
+            version,
+            crc: crc32c::crc32c(&[]),
+            attributes,
+        };
+        self.post_commit(now, from, req, name, commit, out)
     }
 
     /// Locks `name` for a Post of `size` bytes and chooses its version and
@@ -205,17 +222,23 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             .collect())
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Commits the Post of `name` in its data phase: its record, with
+    /// the commit's checksum and attributes, replicated to the name's
+    /// metadata addresses.
     pub(super) fn post_commit(
         &mut self,
         now: u64,
         from: &P,
         req: u64,
         name: &str,
-        version: u64,
-        crc: u32,
+        commit: Commit<'_>,
         out: &mut Vec<Out<P>>,
     ) -> Result<Option<Body>, Error> {
+        let Commit {
+            version,
+            crc,
+            attributes,
+        } = commit;
         let Some(p) = self.pending.get(name) else {
             let mg0 = self.owned(self.table.meta_addrs(name)[0])?;
             self.not_frozen(mg0)?;
@@ -225,7 +248,11 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 // alone does not tell: the plan was lost with the restart,
                 // so a repair may have taken the same version since (for
                 // the old data); the checksum must be this Post's too.
-                if r.version == version && r.crc == crc && r.rename.is_none() {
+                if r.version == version
+                    && r.crc == crc
+                    && r.attributes == attributes
+                    && r.rename.is_none()
+                {
                     return self.commit_record(now, from.clone(), req, r, Vec::new(), out);
                 }
             }
@@ -264,6 +291,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             meta: self.table.meta_addrs(name),
             replicas: replicas.clone(),
             rename: None,
+            attributes: attributes.to_vec(),
         };
         // A Post over an existing object frees the old replicas once the new
         // record is acknowledged, unless an interrupted rename may share

@@ -1,0 +1,75 @@
+//! `strata s3`: the S3 gateway on its own, and the one `strata store up`
+//! starts beside its cluster. The gateway itself is `strata_s3`.
+
+use super::*;
+
+/// Where `strata s3` listens unless told: loopback, port 10900.
+pub const DEFAULT_S3_LISTEN: &str = "127.0.0.1:10900";
+
+/// `strata s3` arguments.
+#[derive(Args)]
+pub struct S3Args {
+    /// The orchestrator's UDP endpoint of the cluster to serve.
+    #[arg(long, env = "STRATA_CLUSTER", default_value = "127.0.0.1:10890")]
+    pub(super) cluster: SocketAddr,
+    /// Where to serve S3 (HTTP; put TLS in front of it for other hosts).
+    #[arg(long, default_value = DEFAULT_S3_LISTEN)]
+    pub(super) listen: SocketAddr,
+    /// The gateway derives every tenant's credential (and S3 secret)
+    /// from the cluster key; default: ./cluster.key.
+    #[command(flatten)]
+    pub(super) key: KeyArg,
+}
+
+/// Binds the gateway of the cluster at `cluster` on `listen`; the bound
+/// endpoint and its task (stopped when dropped).
+pub(super) async fn start_gateway(
+    cluster: SocketAddr,
+    key: ClusterKey,
+    listen: SocketAddr,
+) -> Result<(SocketAddr, AbortOnDrop)> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("could not listen for S3 on {listen}; is the port taken?"))?;
+    let bound = listener.local_addr()?;
+    let gateway = strata_s3::Gateway::new(cluster, key);
+    let task = tokio::spawn(async move {
+        if let Err(e) = strata_s3::serve(listener, gateway).await {
+            tracing::error!("the S3 gateway stopped: {e}");
+        }
+    });
+    Ok((bound, AbortOnDrop(task)))
+}
+
+/// Runs `strata s3` until SIGTERM or SIGINT.
+pub fn run_s3(args: S3Args) -> Result<i32> {
+    crate::serve::init_logging();
+    let key = args.key.load(&[PathBuf::from(KEY_FILE)])?;
+    runtime()?.block_on(async {
+        // Fails early, with the cluster named, if no orchestrator answers.
+        strata_store_client::transport::fetch_table(args.cluster, Some(&key))
+            .await
+            .with_context(|| format!("no cluster answered at {}", args.cluster))?;
+        let (bound, _task) = start_gateway(args.cluster, key.clone(), args.listen).await?;
+        reload_on_hangup(key, None)?;
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "strata s3: ready on http://{bound} (cluster {})",
+            args.cluster
+        )?;
+        out.flush()?;
+        drop(out);
+        crate::serve::wait_for_signal().await;
+        anyhow::Ok(0)
+    })
+}
+
+/// The S3 access key and secret of `credential`, as `tenant add` prints
+/// them.
+pub(super) fn s3_keys(credential: &TenantCredential) -> (String, String) {
+    (
+        strata_s3::access::access_key(credential),
+        strata_s3::access::secret_key(credential),
+    )
+}

@@ -1,0 +1,371 @@
+//! The S3 gateway, through the clients people use: aws-cli and boto3
+//! against the gateway `strata store up` starts, and `strata s3` on its
+//! own. Content, codes and headers are checked; a Python start-up costs
+//! about half a second, so the aws-cli invocations are few and boto3's
+//! checks share one script (`s3_boto3.py`).
+
+use crate::common::store::Store;
+use crate::common::{output_text, p, pattern, tmp, Launch};
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// A tenant's S3 key pair, as `strata store tenant add` prints it.
+struct Keys {
+    access: String,
+    secret: String,
+}
+
+/// Issues tenant `tenant` of `store` and returns its S3 keys.
+fn tenant(store: &Store, tenant: &str) -> Keys {
+    let dir = p(&store.dir);
+    let issued = store.json(&["store", "tenant", "add", "--dir", &dir, "--tenant", tenant]);
+    let field = |name: &str| {
+        issued[name]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {name} in {issued}"))
+            .to_string()
+    };
+    Keys {
+        access: field("s3_access_key"),
+        secret: field("s3_secret_key"),
+    }
+}
+
+/// The gateway's endpoint on `store up`'s readiness line.
+fn endpoint(store: &Store) -> String {
+    let line = store.line();
+    let at = line
+        .find("s3 on ")
+        .unwrap_or_else(|| panic!("no S3 endpoint on the readiness line {line:?}"));
+    line[at + "s3 on ".len()..]
+        .split([' ', ','])
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// `aws --endpoint-url ENDPOINT ARGS` as the tenant of `keys`, with no
+/// configuration file of the host's.
+fn aws(endpoint: &str, keys: &Keys, home: &Path, args: &[&str]) -> Output {
+    Command::new("aws")
+        .arg("--endpoint-url")
+        .arg(endpoint)
+        .args(args)
+        .env("AWS_ACCESS_KEY_ID", &keys.access)
+        .env("AWS_SECRET_ACCESS_KEY", &keys.secret)
+        .env("AWS_DEFAULT_REGION", "us-east-1")
+        .env("AWS_CONFIG_FILE", home.join("aws-config"))
+        .env("AWS_SHARED_CREDENTIALS_FILE", home.join("aws-credentials"))
+        .env("HOME", home)
+        .output()
+        .expect("run aws (apt-get install awscli)")
+}
+
+/// [`aws`], which must succeed; its standard output.
+fn aws_ok(endpoint: &str, keys: &Keys, home: &Path, args: &[&str]) -> String {
+    let out = aws(endpoint, keys, home, args);
+    assert!(
+        out.status.success(),
+        "aws {args:?} failed: {}",
+        output_text(&out)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn aws_cli_copies_lists_ranges_and_removes_through_the_gateway() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &[]);
+    let keys = tenant(&store, "acme");
+    let s3 = endpoint(&store);
+    let home = dir.path();
+    // Under aws-cli's 8 MiB multipart threshold: one PutObject.
+    let data = pattern(3 << 20, 28);
+    let file = home.join("big.bin");
+    std::fs::write(&file, &data).unwrap();
+    let run = |args: &[&str]| aws_ok(&s3, &keys, home, args);
+
+    run(&["s3", "mb", "s3://acme"]);
+    run(&[
+        "s3",
+        "cp",
+        &p(&file),
+        "s3://acme/docs/big.bin",
+        "--metadata",
+        "colour=red",
+        "--content-type",
+        "application/x-big",
+    ]);
+    let small = home.join("small.txt");
+    std::fs::write(&small, b"small object\n").unwrap();
+    run(&[
+        "s3api",
+        "put-object",
+        "--bucket",
+        "acme",
+        "--key",
+        "small.txt",
+        "--body",
+        &p(&small),
+    ]);
+    let listed = run(&["s3", "ls", "s3://acme/docs/"]);
+    assert!(
+        listed.contains(&format!("{} big.bin", data.len())),
+        "{listed}"
+    );
+    let back = home.join("back.bin");
+    run(&["s3", "cp", "s3://acme/docs/big.bin", &p(&back)]);
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "aws s3 cp read back other bytes"
+    );
+
+    let part = home.join("part.bin");
+    let got = run(&[
+        "s3api",
+        "get-object",
+        "--bucket",
+        "acme",
+        "--key",
+        "docs/big.bin",
+        "--range",
+        "bytes=1000-1999",
+        &p(&part),
+    ]);
+    let got: serde_json::Value = serde_json::from_str(&got).unwrap();
+    assert_eq!(
+        got["ContentRange"],
+        format!("bytes 1000-1999/{}", data.len())
+    );
+    assert!(std::fs::read(&part).unwrap() == data[1000..2000]);
+    // A range across the store client's 256 KiB chunks, from a later one.
+    run(&[
+        "s3api",
+        "get-object",
+        "--bucket",
+        "acme",
+        "--key",
+        "docs/big.bin",
+        "--range",
+        "bytes=262000-600000",
+        &p(&part),
+    ]);
+    assert!(std::fs::read(&part).unwrap() == data[262000..600001]);
+
+    let head = run(&[
+        "s3api",
+        "head-object",
+        "--bucket",
+        "acme",
+        "--key",
+        "docs/big.bin",
+    ]);
+    let head: serde_json::Value = serde_json::from_str(&head).unwrap();
+    assert_eq!(head["Metadata"]["colour"], "red", "{head}");
+    assert_eq!(head["ContentType"], "application/x-big", "{head}");
+    assert_eq!(head["ContentLength"], data.len() as u64, "{head}");
+    let md5 = head["ETag"].as_str().unwrap().trim_matches('"').to_string();
+    let md5sum = Command::new("md5sum").arg(&file).output().unwrap();
+    assert!(String::from_utf8_lossy(&md5sum.stdout).starts_with(&md5));
+
+    let keys_listed = run(&["s3api", "list-objects-v2", "--bucket", "acme"]);
+    let keys_listed: serde_json::Value = serde_json::from_str(&keys_listed).unwrap();
+    let names: Vec<&str> = keys_listed["Contents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["Key"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["docs/big.bin", "small.txt"]);
+
+    let deleted = run(&[
+        "s3api",
+        "delete-objects",
+        "--bucket",
+        "acme",
+        "--delete",
+        r#"{"Objects":[{"Key":"small.txt"}]}"#,
+    ]);
+    assert!(deleted.contains("small.txt"), "{deleted}");
+    run(&["s3", "rm", "s3://acme/docs/big.bin"]);
+    assert_eq!(run(&["s3", "ls", "s3://acme/", "--recursive"]), "");
+    // Nothing of the tenant's is left in the store but the bucket's marker.
+    let left = store.ok(&["obj", "ls", "acme/", "--all"]);
+    assert!(
+        !left.contains("big.bin") && !left.contains("small"),
+        "{left}"
+    );
+}
+
+#[test]
+fn an_object_stored_with_strata_obj_is_listed_and_read_through_s3() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &[]);
+    let keys = tenant(&store, "acme");
+    let s3 = endpoint(&store);
+    let home = dir.path();
+    let run = |args: &[&str]| aws_ok(&s3, &keys, home, args);
+    run(&["s3", "mb", "s3://acme"]);
+    let data = pattern(300 << 10, 5);
+    let file = home.join("plain.bin");
+    std::fs::write(&file, &data).unwrap();
+    store.ok(&["obj", "put", &p(&file), "acme/from-strata/plain.bin"]);
+    let crc = crc32c::crc32c(&data);
+
+    let listed = run(&["s3api", "list-objects-v2", "--bucket", "acme"]);
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let entry = &listed["Contents"][0];
+    assert_eq!(entry["Key"], "from-strata/plain.bin", "{listed}");
+    assert_eq!(entry["Size"], data.len() as u64, "{listed}");
+    // No S3 metadata was stored with it: its ETag is its CRC-32C.
+    assert_eq!(entry["ETag"], format!("\"{crc:08x}\""), "{listed}");
+
+    let back = home.join("back.bin");
+    let got = run(&[
+        "s3api",
+        "get-object",
+        "--bucket",
+        "acme",
+        "--key",
+        "from-strata/plain.bin",
+        &p(&back),
+    ]);
+    let got: serde_json::Value = serde_json::from_str(&got).unwrap();
+    assert_eq!(got["ETag"], format!("\"{crc:08x}\""), "{got}");
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "S3 read back other bytes"
+    );
+
+    // And the other way: an S3 object is the plain store name, its bytes
+    // the body.
+    run(&["s3", "cp", &p(&file), "s3://acme/via-s3.bin"]);
+    let names = store.ok(&["obj", "ls", "acme/"]);
+    assert!(names.contains("acme/via-s3.bin"), "{names}");
+    let copy = home.join("copy.bin");
+    store.ok(&["obj", "get", "acme/via-s3.bin", &p(&copy)]);
+    assert!(std::fs::read(&copy).unwrap() == data);
+}
+
+/// A replica damaged on disk (one bit flipped near its end): GetObject
+/// holds back its last chunk until the replica's CRC-32C is checked, so
+/// the client sees a failed read, never the whole body with the bad byte;
+/// a Range before the damage fails too, since the whole object is read
+/// for its checksum.
+#[test]
+fn a_damaged_replica_cuts_a_get_short_instead_of_serving_bad_bytes() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &[]);
+    let keys = tenant(&store, "acme");
+    let s3 = endpoint(&store);
+    let home = dir.path();
+    let data = pattern(1 << 20, 12);
+    let file = home.join("data.bin");
+    std::fs::write(&file, &data).unwrap();
+    aws_ok(&s3, &keys, home, &["s3", "mb", "s3://acme"]);
+    aws_ok(
+        &s3,
+        &keys,
+        home,
+        &["s3", "cp", &p(&file), "s3://acme/data.bin"],
+    );
+    // One storage node, one replica: the largest file is the object's
+    // (the bucket's marker is the other). The flipped byte is data: the
+    // header is at the file's start.
+    let replica = store
+        .replica_files()
+        .into_iter()
+        .max_by_key(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0))
+        .unwrap();
+    let mut bytes = std::fs::read(&replica).unwrap();
+    let at = bytes.len() - 10;
+    bytes[at] ^= 0x10;
+    std::fs::write(&replica, &bytes).unwrap();
+    let back = home.join("back.bin");
+    for range in [None, Some("bytes=0-99")] {
+        let mut args = vec![
+            "s3api",
+            "get-object",
+            "--bucket",
+            "acme",
+            "--key",
+            "data.bin",
+        ];
+        if let Some(range) = range {
+            args.extend(["--range", range]);
+        }
+        let back_path = p(&back);
+        args.push(&back_path);
+        let out = aws(&s3, &keys, home, &args);
+        assert!(
+            !out.status.success(),
+            "a damaged replica was served whole ({range:?}): {}",
+            output_text(&out)
+        );
+    }
+}
+
+#[test]
+fn boto3_runs_every_supported_operation_and_error() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &[]);
+    let acme = tenant(&store, "acme");
+    let globex = tenant(&store, "globex");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/integration/s3_boto3.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .args([&endpoint(&store), "acme", &acme.access, &acme.secret])
+        .args(["globex", &globex.access, &globex.secret])
+        .output()
+        .expect("run python3 (apt-get install python3-boto3)");
+    let text = output_text(&out);
+    assert!(out.status.success(), "s3_boto3.py failed:\n{text}");
+    assert!(text.contains("checks passed"), "{text}");
+}
+
+#[test]
+fn strata_s3_serves_a_cluster_alone_and_refuses_anonymous_requests() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &[]);
+    let keys = tenant(&store, "acme");
+    let on = store.on.to_string();
+    let key = p(&store.key_path());
+    let gateway = Launch::strata(&[
+        "s3",
+        "--cluster",
+        &on,
+        "--listen",
+        "127.0.0.1:0",
+        "--key",
+        &key,
+    ])
+    .start();
+    let address = gateway.word_after("ready on http://");
+    let s3 = format!("http://{address}");
+    let home = dir.path();
+    aws_ok(&s3, &keys, home, &["s3", "mb", "s3://acme"]);
+    let wrong = Keys {
+        access: keys.access.clone(),
+        secret: "0".repeat(40),
+    };
+    let refused = aws(&s3, &wrong, home, &["s3", "ls", "s3://acme"]);
+    assert!(!refused.status.success());
+    assert!(
+        output_text(&refused).contains("SignatureDoesNotMatch"),
+        "{}",
+        output_text(&refused)
+    );
+
+    // An unsigned request: AccessDenied, in S3's XML.
+    let mut stream = std::net::TcpStream::connect(&address).unwrap();
+    stream
+        .write_all(b"GET /acme?list-type=2 HTTP/1.1\r\nHost: s3\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(answer.contains("<Code>AccessDenied</Code>"), "{answer}");
+    // The bucket the signed request made is the store's `acme/` marker.
+    store.ok(&["obj", "stat", "acme/"]);
+}

@@ -1,0 +1,269 @@
+"""Every S3 operation the gateway supports, and its errors, through boto3.
+
+Usage: s3_boto3.py ENDPOINT BUCKET ACCESS SECRET OTHER_BUCKET OTHER_ACCESS OTHER_SECRET
+
+BUCKET is the tenant's bucket (not made yet); OTHER_BUCKET belongs to
+another tenant, whose keys are OTHER_ACCESS and OTHER_SECRET. Run by
+crates/cli/tests/integration/s3.rs against `strata store up`'s gateway.
+Every check asserts content, codes or headers; the first failure raises
+and exits non-zero with a traceback. At the end it prints
+"boto3: N checks passed".
+"""
+
+import base64
+import datetime
+import hashlib
+import sys
+
+import boto3
+import botocore
+from botocore.config import Config
+from botocore.exceptions import ClientError, ParamValidationError
+
+ENDPOINT, BUCKET, ACCESS, SECRET, OTHER_BUCKET, OTHER_ACCESS, OTHER_SECRET = sys.argv[1:8]
+CHECKS = 0
+
+
+def client(access=ACCESS, secret=SECRET, **config):
+    return boto3.client(
+        "s3",
+        endpoint_url=ENDPOINT,
+        aws_access_key_id=access,
+        aws_secret_access_key=secret,
+        region_name="us-east-1",
+        config=Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"}, **config),
+    )
+
+
+def check(condition, what):
+    global CHECKS
+    if not condition:
+        raise AssertionError(what)
+    CHECKS += 1
+
+
+def fails(code, call, *args, status=None, **kwargs):
+    """Runs call(*args, **kwargs), which must fail with the S3 error code."""
+    try:
+        call(*args, **kwargs)
+    except ClientError as e:
+        got = e.response["Error"]["Code"]
+        if call.__name__.startswith("head_"):
+            code = str(status)  # a HEAD answer has no body to carry the code
+        check(got == code, f"{call.__name__}: expected {code}, got {got}: {e}")
+        if status is not None:
+            real = e.response["ResponseMetadata"]["HTTPStatusCode"]
+            check(real == status, f"{call.__name__}: expected HTTP {status}, got {real}")
+        return e
+    raise AssertionError(f"{call.__name__} should have failed with {code}")
+
+
+s3 = client()
+
+# Buckets: made, shown, made again, looked up.
+fails("NoSuchBucket", s3.head_bucket, Bucket=BUCKET, status=404)
+fails("NoSuchBucket", s3.list_objects_v2, Bucket=BUCKET)
+fails("NoSuchBucket", s3.put_object, Bucket=BUCKET, Key="k", Body=b"x")
+s3.create_bucket(Bucket=BUCKET)
+s3.head_bucket(Bucket=BUCKET)
+fails("BucketAlreadyOwnedByYou", s3.create_bucket, Bucket=BUCKET, status=409)
+names = [b["Name"] for b in s3.list_buckets()["Buckets"]]
+check(names == [BUCKET], f"list_buckets: {names}")
+
+# Put and Get: content, ETag (MD5), metadata and content type kept.
+body = bytes(range(256)) * 64 + b"tail"
+md5 = hashlib.md5(body).hexdigest()
+put = s3.put_object(
+    Bucket=BUCKET,
+    Key="dir/data.bin",
+    Body=body,
+    ContentType="application/x-test",
+    Metadata={"colour": "blue", "owner": "test suite"},
+    ContentMD5=base64.b64encode(hashlib.md5(body).digest()).decode(),
+)
+check(put["ETag"] == f'"{md5}"', f"put ETag {put['ETag']} is not the MD5 {md5}")
+got = s3.get_object(Bucket=BUCKET, Key="dir/data.bin")
+check(got["Body"].read() == body, "get_object returned other bytes")
+check(got["ETag"] == f'"{md5}"', "get_object ETag")
+check(got["ContentType"] == "application/x-test", f"content type {got['ContentType']}")
+check(got["Metadata"] == {"colour": "blue", "owner": "test suite"}, f"metadata {got['Metadata']}")
+check(got["ContentLength"] == len(body), "content length")
+head = s3.head_object(Bucket=BUCKET, Key="dir/data.bin")
+check(head["ContentLength"] == len(body), "head content length")
+check(head["Metadata"]["colour"] == "blue", "head metadata")
+check(head["ETag"] == f'"{md5}"', "head ETag")
+modified = head["LastModified"]
+now = datetime.datetime.now(datetime.timezone.utc)
+check(abs((now - modified).total_seconds()) < 120, f"LastModified {modified} is not now")
+
+# An empty object, and an overwrite: the new body, type and metadata only.
+s3.put_object(Bucket=BUCKET, Key="empty", Body=b"")
+check(s3.get_object(Bucket=BUCKET, Key="empty")["Body"].read() == b"", "empty object")
+s3.put_object(Bucket=BUCKET, Key="over", Body=b"first", Metadata={"v": "1"})
+s3.put_object(Bucket=BUCKET, Key="over", Body=b"second version", Metadata={"v": "2"})
+over = s3.get_object(Bucket=BUCKET, Key="over")
+check(over["Body"].read() == b"second version", "overwrite kept the old body")
+check(over["Metadata"] == {"v": "2"}, f"overwrite metadata {over['Metadata']}")
+listed = s3.list_objects_v2(Bucket=BUCKET, Prefix="over")["Contents"]
+check([o["Key"] for o in listed] == ["over"], f"an overwritten key is listed once: {listed}")
+check(listed[0]["Size"] == len(b"second version"), "listed size of the new body")
+
+# Content-MD5: a wrong one stores nothing; a malformed one is refused.
+wrong = base64.b64encode(hashlib.md5(b"other").digest()).decode()
+fails("BadDigest", s3.put_object, Bucket=BUCKET, Key="bad-md5", Body=b"data", ContentMD5=wrong)
+fails("InvalidDigest", s3.put_object, Bucket=BUCKET, Key="bad-md5", Body=b"data", ContentMD5="abc")
+try:
+    s3.head_object(Bucket=BUCKET, Key="bad-md5")
+    raise AssertionError("a Put with a wrong Content-MD5 stored the object")
+except ClientError as e:
+    check(e.response["ResponseMetadata"]["HTTPStatusCode"] == 404, "bad-md5 must not exist")
+
+# Ranges.
+part = s3.get_object(Bucket=BUCKET, Key="dir/data.bin", Range="bytes=10-19")
+check(part["Body"].read() == body[10:20], "range 10-19")
+check(part["ContentRange"] == f"bytes 10-19/{len(body)}", f"content range {part['ContentRange']}")
+check(part["ResponseMetadata"]["HTTPStatusCode"] == 206, "a range answers 206")
+suffix = s3.get_object(Bucket=BUCKET, Key="dir/data.bin", Range="bytes=-4")
+check(suffix["Body"].read() == b"tail", "suffix range")
+open_end = s3.get_object(Bucket=BUCKET, Key="dir/data.bin", Range=f"bytes={len(body) - 2}-")
+check(open_end["Body"].read() == b"il", "open-ended range")
+fails("InvalidRange", s3.get_object, Bucket=BUCKET, Key="dir/data.bin",
+      Range=f"bytes={len(body)}-", status=416)
+
+# Conditional Gets.
+got = s3.get_object(Bucket=BUCKET, Key="dir/data.bin", IfMatch=md5)
+check(got["Body"].read() == body, "If-Match with the ETag")
+fails("PreconditionFailed", s3.get_object, Bucket=BUCKET, Key="dir/data.bin",
+      IfMatch="0" * 32, status=412)
+for kwargs in [{"IfNoneMatch": md5}, {"IfModifiedSince": now + datetime.timedelta(minutes=5)}]:
+    try:
+        s3.get_object(Bucket=BUCKET, Key="dir/data.bin", **kwargs)
+        raise AssertionError(f"{kwargs} should answer 304")
+    except ClientError as e:
+        status = e.response["ResponseMetadata"]["HTTPStatusCode"]
+        check(status == 304, f"{kwargs}: HTTP {status}")
+since = s3.get_object(Bucket=BUCKET, Key="dir/data.bin",
+                      IfModifiedSince=now - datetime.timedelta(hours=1))
+check(since["Body"].read() == body, "If-Modified-Since an hour ago")
+fails("NoSuchKey", s3.get_object, Bucket=BUCKET, Key="missing", status=404)
+
+# Listings: V2 with prefix, delimiter, max-keys and continuation; V1 too.
+keys = ["a/1", "a/2", "a/b/3", "b/4", "c"]
+for key in keys:
+    s3.put_object(Bucket=BUCKET, Key=key, Body=key.encode())
+everything = sorted(keys + ["dir/data.bin", "empty", "over"])
+listed = s3.list_objects_v2(Bucket=BUCKET)
+check([o["Key"] for o in listed["Contents"]] == everything, f"list all: {listed['Contents']}")
+check(listed["KeyCount"] == len(everything) and not listed["IsTruncated"], "key count")
+entry = next(o for o in listed["Contents"] if o["Key"] == "dir/data.bin")
+check(entry["ETag"] == f'"{md5}"' and entry["Size"] == len(body), f"listed entry {entry}")
+rolled = s3.list_objects_v2(Bucket=BUCKET, Delimiter="/")
+check([p["Prefix"] for p in rolled["CommonPrefixes"]] == ["a/", "b/", "dir/"], f"prefixes {rolled}")
+check([o["Key"] for o in rolled["Contents"]] == ["c", "empty", "over"], "top-level keys")
+under = s3.list_objects_v2(Bucket=BUCKET, Prefix="a/", Delimiter="/")
+check([o["Key"] for o in under["Contents"]] == ["a/1", "a/2"], f"under a/: {under}")
+check([p["Prefix"] for p in under["CommonPrefixes"]] == ["a/b/"], "a/b/ rolled up")
+seen, token, pages = [], None, 0
+while True:
+    kwargs = {"ContinuationToken": token} if token else {}
+    page = s3.list_objects_v2(Bucket=BUCKET, MaxKeys=3, **kwargs)
+    pages += 1
+    seen += [o["Key"] for o in page.get("Contents", [])]
+    check(page["KeyCount"] <= 3, "max-keys honoured")
+    if not page["IsTruncated"]:
+        break
+    token = page["NextContinuationToken"]
+check(seen == everything and pages == 3, f"pages of 3: {seen} in {pages}")
+pages_with_prefixes = s3.list_objects_v2(Bucket=BUCKET, Delimiter="/", MaxKeys=2)
+check(pages_with_prefixes["IsTruncated"], "a page of 2 of 6 is truncated")
+rest = s3.list_objects_v2(Bucket=BUCKET, Delimiter="/",
+                          ContinuationToken=pages_with_prefixes["NextContinuationToken"])
+both = [p["Prefix"] for p in pages_with_prefixes.get("CommonPrefixes", [])] + \
+    [o["Key"] for o in pages_with_prefixes.get("Contents", [])]
+both += [p["Prefix"] for p in rest.get("CommonPrefixes", [])] + \
+    [o["Key"] for o in rest.get("Contents", [])]
+check(sorted(both) == ["a/", "b/", "c", "dir/", "empty", "over"], f"delimited pages: {both}")
+after = s3.list_objects_v2(Bucket=BUCKET, StartAfter="b/4")
+check([o["Key"] for o in after["Contents"]] == ["c", "dir/data.bin", "empty", "over"], "start-after")
+v1 = s3.list_objects(Bucket=BUCKET, Prefix="a/", MaxKeys=2)
+check([o["Key"] for o in v1["Contents"]] == ["a/1", "a/2"] and v1["IsTruncated"], f"v1 page {v1}")
+v1_rest = s3.list_objects(Bucket=BUCKET, Prefix="a/", Marker="a/2")
+check([o["Key"] for o in v1_rest["Contents"]] == ["a/b/3"], "v1 marker")
+v1_rolled = s3.list_objects(Bucket=BUCKET, Delimiter="/")
+check([p["Prefix"] for p in v1_rolled["CommonPrefixes"]] == ["a/", "b/", "dir/"], "v1 delimiter")
+
+# Deletes: one, several (a missing key is no error, as in S3), then the bucket.
+fails("BucketNotEmpty", s3.delete_bucket, Bucket=BUCKET, status=409)
+s3.delete_object(Bucket=BUCKET, Key="c")
+fails("NoSuchKey", s3.get_object, Bucket=BUCKET, Key="c")
+s3.delete_object(Bucket=BUCKET, Key="never-there")
+gone = s3.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in
+                                                            ["a/1", "a/2", "a/b/3", "nope"]]})
+check(sorted(d["Key"] for d in gone["Deleted"]) == ["a/1", "a/2", "a/b/3", "nope"], f"{gone}")
+left = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]]
+check(left == ["b/4", "dir/data.bin", "empty", "over"], f"left after deletes: {left}")
+
+# Bad input, each a clear S3 error.
+fails("KeyTooLongError", s3.put_object, Bucket=BUCKET, Key="k" * 1025, Body=b"x", status=400)
+check(not any(o["Key"].startswith("kkk") for o in
+              s3.list_objects_v2(Bucket=BUCKET)["Contents"]), "nothing stored for a long key")
+s3.put_object(Bucket=BUCKET, Key="k" * 1024, Body=b"longest")
+check(s3.get_object(Bucket=BUCKET, Key="k" * 1024)["Body"].read() == b"longest", "1,024-byte key")
+try:
+    s3.put_object(Bucket=BUCKET, Key="", Body=b"x")
+    raise AssertionError("an empty key was taken")
+except ParamValidationError:
+    CHECKS += 1  # boto3 refuses it before sending: the raw request is below
+unvalidated = client(parameter_validation=False)
+e = fails("InvalidArgument", unvalidated.put_object, Bucket=BUCKET, Key="a\x00b", Body=b"x")
+check("NUL" in e.response["Error"]["Message"], "the refused byte is named")
+# Control bytes other than NUL are ordinary key bytes (the store name is the key).
+unvalidated.put_object(Bucket=BUCKET, Key="ctl\x01key", Body=b"control")
+check(s3.get_object(Bucket=BUCKET, Key="ctl\x01key")["Body"].read() == b"control", "key 0x01")
+s3.delete_object(Bucket=BUCKET, Key="ctl\x01key")
+fails("MetadataTooLarge", s3.put_object, Bucket=BUCKET, Key="m", Body=b"x",
+      Metadata={"big": "v" * 4000})
+fails("SignatureDoesNotMatch", client(secret="0" * 40).list_objects_v2, Bucket=BUCKET, status=403)
+fails("InvalidAccessKeyId", client(access="nobody", secret="0" * 40).list_buckets, status=403)
+fails("AccessDenied", client(signature_version=botocore.UNSIGNED).list_objects_v2,
+      Bucket=BUCKET, status=403)
+other = client(OTHER_ACCESS, OTHER_SECRET)
+other.create_bucket(Bucket=OTHER_BUCKET)
+other.put_object(Bucket=OTHER_BUCKET, Key="secret", Body=b"theirs")
+for call, kwargs in [
+    (s3.get_object, {"Key": "secret"}),
+    (s3.put_object, {"Key": "mine", "Body": b"x"}),
+    (s3.list_objects_v2, {}),
+    (s3.delete_object, {"Key": "secret"}),
+    (s3.create_bucket, {}),
+]:
+    fails("AccessDenied", call, Bucket=OTHER_BUCKET, status=403, **kwargs)
+fails("AccessDenied", other.get_object, Bucket=BUCKET, Key="over", status=403)
+check(other.get_object(Bucket=OTHER_BUCKET, Key="secret")["Body"].read() == b"theirs",
+      "the other tenant's object is untouched")
+
+# A request whose date header was dropped after signing.
+def drop_date(request, **_):
+    del request.headers["X-Amz-Date"]
+
+
+undated = client()
+undated.meta.events.register_last("before-send.s3.ListObjectsV2", drop_date)
+try:
+    undated.list_objects_v2(Bucket=BUCKET)
+    raise AssertionError("a request without a date was served")
+except ClientError as e:
+    code = e.response["Error"]["Code"]
+    status = e.response["ResponseMetadata"]["HTTPStatusCode"]
+    check(status == 400 and code == "InvalidRequest", f"no date: {code} {status}")
+    check("x-amz-date" in e.response["Error"]["Message"], "the missing header is named")
+
+# The bucket goes once empty.
+gone = s3.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in
+                                                            ["b/4", "dir/data.bin", "empty",
+                                                             "over", "k" * 1024]]})
+check(len(gone["Deleted"]) == 5 and not gone.get("Errors"), f"{gone}")
+s3.delete_bucket(Bucket=BUCKET)
+fails("NoSuchBucket", s3.head_bucket, Bucket=BUCKET, status=404)
+check(s3.list_buckets()["Buckets"] == [], "no bucket left")
+print(f"boto3: {CHECKS} checks passed")

@@ -1,0 +1,423 @@
+//! Objects: Put, Get (with Range and the conditional headers), Head and
+//! Delete, each on the store object `B/K` ([`crate::names`]), whose
+//! record carries the S3 metadata.
+
+use crate::buckets::{check_scope, from_ms, now_ms};
+use crate::errors::{from_store, is_missing, s3};
+use crate::names::{object_name, NameError, ObjectMeta};
+use crate::streams::{lock, response_body, BodyReader, Piece, Received, Sink, PIECES_IN_FLIGHT};
+use crate::Gateway;
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use bytes::Bytes;
+use md5::Digest;
+use s3s::dto::{ETag, ETagCondition, Range, StreamingBlob, Timestamp};
+use s3s::stream::ByteStream;
+use s3s::{S3ErrorCode, S3Result};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use strata_store_client::client::{Client, Opened};
+use strata_store_protocol::wire::MAX_OBJECT;
+use strata_store_protocol::Error;
+use tokio::sync::mpsc;
+
+/// How often a Get looks its key up again when the version it found was
+/// replaced by an overwrite before its data was read.
+const LOOKUP_ATTEMPTS: usize = 3;
+
+/// A PutObject's fields the gateway keeps.
+pub(crate) struct PutRequest {
+    /// The bucket.
+    pub bucket: String,
+    /// The key.
+    pub key: String,
+    /// The body as it arrives.
+    pub body: Option<StreamingBlob>,
+    /// Content-Length, if given.
+    pub content_length: Option<i64>,
+    /// Content-MD5 (base64), if given.
+    pub content_md5: Option<String>,
+    /// Content-Type, if given.
+    pub content_type: Option<String>,
+    /// The `x-amz-meta-*` headers.
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// The conditional headers of a Get or Head.
+#[derive(Default)]
+pub(crate) struct Conditions {
+    /// If-Match.
+    pub if_match: Option<ETagCondition>,
+    /// If-None-Match.
+    pub if_none_match: Option<ETagCondition>,
+    /// If-Modified-Since.
+    pub if_modified_since: Option<Timestamp>,
+    /// If-Unmodified-Since.
+    pub if_unmodified_since: Option<Timestamp>,
+}
+
+/// An object being read: its metadata, the body streamed from the store
+/// and, for a Range, the range served.
+pub(crate) struct Read {
+    /// The object's metadata.
+    pub meta: ObjectMeta,
+    /// The bytes served, as they come from the store.
+    pub body: StreamingBlob,
+    /// How many bytes `body` holds.
+    pub length: u64,
+    /// `bytes FIRST-LAST/SIZE` for a Range.
+    pub content_range: Option<String>,
+}
+
+/// The S3 ETag of `meta`.
+pub(crate) fn etag(meta: &ObjectMeta) -> ETag {
+    ETag::Strong(meta.etag.clone())
+}
+
+/// The Last-Modified of `meta`.
+pub(crate) fn last_modified(meta: &ObjectMeta) -> Timestamp {
+    Timestamp::from(from_ms(meta.modified_ms))
+}
+
+/// The metadata an opened store object carries.
+fn meta_of(opened: &Opened) -> ObjectMeta {
+    let record = &opened.record;
+    ObjectMeta::from_record(record.size, record.crc, &record.attributes)
+}
+
+/// The store name of `key` in `bucket`; InvalidArgument if there is none.
+fn name_of(bucket: &str, key: &str) -> S3Result<String> {
+    object_name(bucket, key).map_err(|why| {
+        let code = match why {
+            NameError::BadKey(_) => S3ErrorCode::InvalidArgument,
+            NameError::TooLarge { .. } => S3ErrorCode::MetadataTooLarge,
+        };
+        s3(code, format!("key {key:?} of bucket '{bucket}': {why}"))
+    })
+}
+
+impl Gateway {
+    /// PutObject: streams the body into the store object `B/K` while its
+    /// MD5 is computed; once the data is stored, checks the Content-MD5
+    /// and commits the record with the S3 metadata as its attributes
+    /// (a mismatch aborts the Post: nothing is stored). Returns the
+    /// metadata stored.
+    pub(crate) async fn put_object(
+        &self,
+        client: &Client,
+        request: PutRequest,
+    ) -> S3Result<ObjectMeta> {
+        let PutRequest {
+            bucket,
+            key,
+            body,
+            content_length,
+            content_md5: md5_header,
+            content_type,
+            metadata,
+        } = request;
+        let (bucket, key) = (bucket.as_str(), key.as_str());
+        self.bucket_exists(client, bucket).await?;
+        let name = name_of(bucket, key)?;
+        let expected = content_md5(md5_header.as_deref())?;
+        let size = body_size(&body, content_length)?;
+        let mut meta = ObjectMeta {
+            // An MD5's length: the attributes are checked before the body
+            // is read, and the digest fills this in once it is.
+            etag: "0".repeat(32),
+            size,
+            modified_ms: now_ms(),
+            content_type,
+            metadata,
+        };
+        meta.attributes().map_err(|why| {
+            s3(
+                S3ErrorCode::MetadataTooLarge,
+                format!("'{bucket}/{key}': {why}"),
+            )
+        })?;
+        let received = Arc::new(Mutex::new(Received::default()));
+        let mut reader = BodyReader::new(body, received.clone());
+        let mut refused = None;
+        let finish = || {
+            let digest: [u8; 16] = lock(&received).md5.clone().finalize().into();
+            if expected.is_some_and(|md5| md5 != digest) {
+                refused = Some(S3ErrorCode::BadDigest);
+                return Err(Error::Peer(format!(
+                    "the Content-MD5 given for '{bucket}/{key}' is not the MD5 of the {size} \
+                     bytes received; nothing was stored"
+                )));
+            }
+            meta.etag = digest.iter().map(|b| format!("{b:02x}")).collect();
+            meta.attributes()
+                .map_err(|why| Error::Peer(why.to_string()))
+        };
+        let stored = client
+            .put_with_attributes(&name, size, &mut reader, &|_| {}, finish)
+            .await;
+        match stored {
+            Ok(_) => Ok(meta),
+            Err(e) => Err(put_error(bucket, key, size, &received, refused, &e)),
+        }
+    }
+
+    /// The key's store object, looked up for reading; NoSuchKey (or
+    /// NoSuchBucket) if there is none.
+    pub(crate) async fn find(&self, client: &Client, bucket: &str, key: &str) -> S3Result<Opened> {
+        check_scope(client, bucket)?;
+        let name = name_of(bucket, key)?;
+        match client.open(&name).await {
+            Ok(opened) => Ok(opened),
+            Err(e) if is_missing(&e) => {
+                self.bucket_exists(client, bucket).await?;
+                Err(s3(
+                    S3ErrorCode::NoSuchKey,
+                    format!("no object '{key}' in bucket '{bucket}'"),
+                ))
+            }
+            Err(e) => Err(from_store(&format!("looking up '{bucket}/{key}'"), &e)),
+        }
+    }
+
+    /// HeadObject: the key's metadata, after its conditions.
+    pub(crate) async fn head_object(
+        &self,
+        client: &Client,
+        bucket: &str,
+        key: &str,
+        conditions: &Conditions,
+    ) -> S3Result<ObjectMeta> {
+        let meta = meta_of(&self.find(client, bucket, key).await?);
+        check_conditions(&meta, conditions)?;
+        Ok(meta)
+    }
+
+    /// GetObject: the key's bytes (or the range asked), after its
+    /// conditions, streamed from the store. The response starts once
+    /// the first bytes came (or the read failed before any): a version
+    /// overwritten between the lookup and the read is looked up again.
+    pub(crate) async fn get_object(
+        &self,
+        client: &Arc<Client>,
+        bucket: &str,
+        key: &str,
+        conditions: &Conditions,
+        range: Option<&Range>,
+    ) -> S3Result<Read> {
+        for _ in 0..LOOKUP_ATTEMPTS {
+            let opened = self.find(client, bucket, key).await?;
+            let meta = meta_of(&opened);
+            check_conditions(&meta, conditions)?;
+            let span = match range {
+                Some(range) => range.check(meta.size).map_err(|_| {
+                    s3(
+                        S3ErrorCode::InvalidRange,
+                        format!(
+                            "the range asked is outside '{bucket}/{key}', which holds {} bytes",
+                            meta.size
+                        ),
+                    )
+                })?,
+                None => 0..meta.size,
+            };
+            let content_range = range.map(|_| {
+                format!(
+                    "bytes {}-{}/{}",
+                    span.start,
+                    span.end.saturating_sub(1),
+                    meta.size
+                )
+            });
+            let length = span.end - span.start;
+            let version = opened.record.version;
+            let (first, receiver) = start_read(client.clone(), opened, span).await;
+            let body = match first {
+                None => StreamingBlob::from(s3s::Body::from(Bytes::new())),
+                Some(Piece::Data(first)) => response_body(first, receiver),
+                Some(Piece::Failed(e)) => {
+                    if self.replaced(client, bucket, key, version).await {
+                        continue;
+                    }
+                    return Err(from_store(&format!("reading '{bucket}/{key}'"), &e));
+                }
+            };
+            return Ok(Read {
+                meta,
+                body,
+                length,
+                content_range,
+            });
+        }
+        Err(s3(
+            S3ErrorCode::ServiceUnavailable,
+            format!("'{bucket}/{key}' was overwritten during every read; retry"),
+        ))
+    }
+
+    /// Whether the key no longer holds `version` (overwritten or deleted).
+    async fn replaced(&self, client: &Client, bucket: &str, key: &str, version: u64) -> bool {
+        match self.find(client, bucket, key).await {
+            Ok(opened) => opened.record.version != version,
+            Err(_) => true,
+        }
+    }
+
+    /// DeleteObject: the key's store object (none is not an error, as in
+    /// S3).
+    pub(crate) async fn delete_object(
+        &self,
+        client: &Client,
+        bucket: &str,
+        key: &str,
+    ) -> S3Result<()> {
+        check_scope(client, bucket)?;
+        let name = name_of(bucket, key)?;
+        match client.delete(&name).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_missing(&e) => self.bucket_exists(client, bucket).await,
+            Err(e) => Err(from_store(&format!("deleting '{bucket}/{key}'"), &e)),
+        }
+    }
+}
+
+/// Starts reading `opened`'s bytes of `span` in a task of its own; returns
+/// the first piece (`None`: the read sent nothing and succeeded) and the
+/// channel the rest comes on.
+async fn start_read(
+    client: Arc<Client>,
+    opened: Opened,
+    span: std::ops::Range<u64>,
+) -> (Option<Piece>, mpsc::Receiver<Piece>) {
+    let (sender, mut receiver) = mpsc::channel(PIECES_IN_FLIGHT);
+    let failures = sender.clone();
+    tokio::spawn(async move {
+        let mut sink = Sink::new(sender, span);
+        if let Err(e) = client.read(&opened, &mut sink, &|_| {}).await {
+            drop(sink);
+            // Nobody listens any more if the S3 client went away.
+            let _ = failures.send(Piece::Failed(e)).await;
+        }
+    });
+    let first = receiver.recv().await;
+    (first, receiver)
+}
+
+/// The size a Put's body will have: its Content-Length (0 without a
+/// body), at most the store's largest object.
+fn body_size(body: &Option<StreamingBlob>, declared: Option<i64>) -> S3Result<u64> {
+    let declared = match (declared, body) {
+        (Some(length), _) => length,
+        (None, None) => 0,
+        (None, Some(body)) => match body.remaining_length().exact() {
+            Some(length) => length as i64,
+            None => {
+                return Err(s3(
+                    S3ErrorCode::MissingContentLength,
+                    "PutObject needs a Content-Length: the store learns an object's size \
+                     before its bytes",
+                ))
+            }
+        },
+    };
+    match u64::try_from(declared) {
+        Ok(size) if size <= MAX_OBJECT => Ok(size),
+        _ => Err(s3(
+            S3ErrorCode::EntityTooLarge,
+            format!("an object holds at most {MAX_OBJECT} bytes, not {declared}"),
+        )),
+    }
+}
+
+/// The S3 error of a failed Put: BadDigest when the Content-MD5 refused
+/// it, IncompleteBody when the body ended early or broke, else the
+/// store's.
+fn put_error(
+    bucket: &str,
+    key: &str,
+    size: u64,
+    received: &Mutex<Received>,
+    refused: Option<S3ErrorCode>,
+    error: &Error,
+) -> s3s::S3Error {
+    if let Some(code) = refused {
+        return s3(code, error.to_string());
+    }
+    let received = lock(received);
+    if let Some(why) = &received.failed {
+        return s3(
+            S3ErrorCode::IncompleteBody,
+            format!("{why}; nothing was stored"),
+        );
+    }
+    if received.bytes < size && size > 0 {
+        return s3(
+            S3ErrorCode::IncompleteBody,
+            format!(
+                "the body held {} bytes, not the {size} of its Content-Length; nothing was stored",
+                received.bytes
+            ),
+        );
+    }
+    from_store(&format!("storing '{bucket}/{key}'"), error)
+}
+
+/// The 16 bytes of a Content-MD5 header; InvalidDigest if it is not the
+/// base64 of 16 bytes.
+fn content_md5(header: Option<&str>) -> S3Result<Option<[u8; 16]>> {
+    let Some(text) = header else {
+        return Ok(None);
+    };
+    let bytes = STANDARD.decode(text.trim()).unwrap_or_default();
+    let digest: [u8; 16] = bytes.try_into().map_err(|_| {
+        s3(
+            S3ErrorCode::InvalidDigest,
+            format!("Content-MD5 {text:?} is not the base64 of a 16-byte MD5"),
+        )
+    })?;
+    Ok(Some(digest))
+}
+
+/// Applies the conditional headers as S3 does: If-Match then
+/// If-Unmodified-Since (412), If-None-Match then If-Modified-Since (304).
+fn check_conditions(meta: &ObjectMeta, conditions: &Conditions) -> S3Result<()> {
+    let matches = |condition: &ETagCondition| match condition {
+        ETagCondition::Any => true,
+        ETagCondition::ETag(tag) => tag.value() == meta.etag,
+    };
+    let modified_s = meta.modified_ms / 1000;
+    let seconds = |t: &Timestamp| {
+        let t: time::OffsetDateTime = t.clone().into();
+        t.unix_timestamp().max(0) as u64
+    };
+    if let Some(condition) = &conditions.if_match {
+        if !matches(condition) {
+            return Err(precondition("If-Match names another ETag"));
+        }
+    } else if let Some(since) = &conditions.if_unmodified_since {
+        if modified_s > seconds(since) {
+            return Err(precondition(
+                "the object was modified after If-Unmodified-Since",
+            ));
+        }
+    }
+    if let Some(condition) = &conditions.if_none_match {
+        if matches(condition) {
+            return Err(s3(
+                S3ErrorCode::NotModified,
+                "If-None-Match matches the ETag",
+            ));
+        }
+    } else if let Some(since) = &conditions.if_modified_since {
+        if modified_s <= seconds(since) {
+            return Err(s3(
+                S3ErrorCode::NotModified,
+                "the object was not modified after If-Modified-Since",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn precondition(why: &str) -> s3s::S3Error {
+    s3(S3ErrorCode::PreconditionFailed, why.to_string())
+}

@@ -1,0 +1,323 @@
+//! The S3 operations s3s hands over, each turned into a call of the
+//! gateway's own methods and its answer into s3s's output types. Every
+//! other operation answers NotImplemented (s3s's default).
+
+use crate::errors::s3;
+use crate::listing::{ListRequest, Page, Position, MAX_KEYS};
+use crate::names::ObjectMeta;
+use crate::objects::{etag, last_modified, Conditions, PutRequest};
+use crate::Gateway;
+use s3s::dto::*;
+use s3s::{S3ErrorCode, S3Request, S3Response, S3Result, S3};
+use std::sync::Arc;
+use strata_store_client::client::Client;
+
+impl Gateway {
+    /// The store client of the request's tenant; anonymous requests are
+    /// refused (s3s refuses them before this too).
+    async fn tenant<T>(&self, request: &S3Request<T>) -> S3Result<Arc<Client>> {
+        let Some(credentials) = &request.credentials else {
+            return Err(s3(
+                S3ErrorCode::AccessDenied,
+                "anonymous requests are refused: sign requests with a tenant's access key",
+            ));
+        };
+        self.client(&credentials.access_key).await
+    }
+}
+
+/// The max-keys of a listing: S3's default and bound are 1,000.
+fn max_keys(asked: Option<i32>) -> usize {
+    asked.map_or(MAX_KEYS, |n| (n.max(0) as usize).min(MAX_KEYS))
+}
+
+/// An S3 listing entry.
+fn object(key: String, meta: &ObjectMeta) -> Object {
+    Object {
+        key: Some(key),
+        size: Some(meta.size as i64),
+        e_tag: Some(etag(meta)),
+        last_modified: Some(last_modified(meta)),
+        storage_class: Some(ObjectStorageClass::from_static(
+            ObjectStorageClass::STANDARD,
+        )),
+        ..Default::default()
+    }
+}
+
+/// A page's objects and common prefixes, as s3s's lists.
+fn contents(page: &Page) -> (Vec<Object>, Vec<CommonPrefix>) {
+    let objects = page
+        .objects
+        .iter()
+        .map(|(key, meta)| object(key.clone(), meta))
+        .collect();
+    let prefixes = page
+        .prefixes
+        .iter()
+        .map(|prefix| CommonPrefix {
+            prefix: Some(prefix.clone()),
+        })
+        .collect();
+    (objects, prefixes)
+}
+
+#[async_trait::async_trait]
+impl S3 for Gateway {
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        let client = self.tenant(&req).await?;
+        self.create_bucket(&client, &req.input.bucket).await?;
+        Ok(S3Response::new(CreateBucketOutput {
+            location: Some(format!("/{}", req.input.bucket)),
+        }))
+    }
+
+    async fn head_bucket(
+        &self,
+        req: S3Request<HeadBucketInput>,
+    ) -> S3Result<S3Response<HeadBucketOutput>> {
+        let client = self.tenant(&req).await?;
+        self.bucket_exists(&client, &req.input.bucket).await?;
+        Ok(S3Response::new(HeadBucketOutput::default()))
+    }
+
+    async fn delete_bucket(
+        &self,
+        req: S3Request<DeleteBucketInput>,
+    ) -> S3Result<S3Response<DeleteBucketOutput>> {
+        let client = self.tenant(&req).await?;
+        self.delete_bucket(&client, &req.input.bucket).await?;
+        Ok(S3Response::new(DeleteBucketOutput::default()))
+    }
+
+    async fn list_buckets(
+        &self,
+        req: S3Request<ListBucketsInput>,
+    ) -> S3Result<S3Response<ListBucketsOutput>> {
+        let client = self.tenant(&req).await?;
+        let buckets = self
+            .list_buckets(&client)
+            .await?
+            .into_iter()
+            .map(|bucket| Bucket {
+                name: Some(bucket.name),
+                creation_date: Some(Timestamp::from(bucket.created)),
+                ..Default::default()
+            })
+            .collect();
+        Ok(S3Response::new(ListBucketsOutput {
+            buckets: Some(buckets),
+            owner: Some(Owner {
+                display_name: Some(client.credential().tenant().to_string()),
+                id: Some(client.credential().tenant().to_string()),
+            }),
+            ..Default::default()
+        }))
+    }
+
+    async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        let client = self.tenant(&req).await?;
+        let input = req.input;
+        let request = PutRequest {
+            bucket: input.bucket,
+            key: input.key,
+            body: input.body,
+            content_length: input.content_length,
+            content_md5: input.content_md5,
+            content_type: input.content_type,
+            metadata: input.metadata.unwrap_or_default().into_iter().collect(),
+        };
+        let meta = self.put_object(&client, request).await?;
+        Ok(S3Response::new(PutObjectOutput {
+            e_tag: Some(etag(&meta)),
+            ..Default::default()
+        }))
+    }
+
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        let client = self.tenant(&req).await?;
+        let input = req.input;
+        let conditions = Conditions {
+            if_match: input.if_match,
+            if_none_match: input.if_none_match,
+            if_modified_since: input.if_modified_since,
+            if_unmodified_since: input.if_unmodified_since,
+        };
+        let read = self
+            .get_object(
+                &client,
+                &input.bucket,
+                &input.key,
+                &conditions,
+                input.range.as_ref(),
+            )
+            .await?;
+        let meta = &read.meta;
+        Ok(S3Response::new(GetObjectOutput {
+            content_length: Some(read.length as i64),
+            content_range: read.content_range.clone(),
+            accept_ranges: Some("bytes".into()),
+            e_tag: Some(etag(meta)),
+            last_modified: Some(last_modified(meta)),
+            content_type: meta.content_type.clone(),
+            metadata: (!meta.metadata.is_empty())
+                .then(|| meta.metadata.clone().into_iter().collect()),
+            body: Some(read.body),
+            ..Default::default()
+        }))
+    }
+
+    async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        let client = self.tenant(&req).await?;
+        let input = req.input;
+        let conditions = Conditions {
+            if_match: input.if_match,
+            if_none_match: input.if_none_match,
+            if_modified_since: input.if_modified_since,
+            if_unmodified_since: input.if_unmodified_since,
+        };
+        let meta = self
+            .head_object(&client, &input.bucket, &input.key, &conditions)
+            .await?;
+        Ok(S3Response::new(HeadObjectOutput {
+            content_length: Some(meta.size as i64),
+            accept_ranges: Some("bytes".into()),
+            e_tag: Some(etag(&meta)),
+            last_modified: Some(last_modified(&meta)),
+            content_type: meta.content_type.clone(),
+            metadata: (!meta.metadata.is_empty()).then(|| meta.metadata.into_iter().collect()),
+            ..Default::default()
+        }))
+    }
+
+    async fn delete_object(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        let client = self.tenant(&req).await?;
+        self.delete_object(&client, &req.input.bucket, &req.input.key)
+            .await?;
+        Ok(S3Response::new(DeleteObjectOutput::default()))
+    }
+
+    async fn delete_objects(
+        &self,
+        req: S3Request<DeleteObjectsInput>,
+    ) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        let client = self.tenant(&req).await?;
+        let input = req.input;
+        self.bucket_exists(&client, &input.bucket).await?;
+        let quiet = input.delete.quiet.unwrap_or(false);
+        let (mut deleted, mut errors) = (Vec::new(), Vec::new());
+        for object in input.delete.objects {
+            match self
+                .delete_object(&client, &input.bucket, &object.key)
+                .await
+            {
+                Ok(()) if quiet => {}
+                Ok(()) => deleted.push(DeletedObject {
+                    key: Some(object.key),
+                    ..Default::default()
+                }),
+                Err(e) => errors.push(Error {
+                    code: Some(e.code().as_str().to_string()),
+                    message: e.message().map(str::to_string),
+                    key: Some(object.key),
+                    ..Default::default()
+                }),
+            }
+        }
+        Ok(S3Response::new(DeleteObjectsOutput {
+            deleted: Some(deleted),
+            errors: (!errors.is_empty()).then_some(errors),
+            ..Default::default()
+        }))
+    }
+
+    async fn list_objects_v2(
+        &self,
+        req: S3Request<ListObjectsV2Input>,
+    ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        let client = self.tenant(&req).await?;
+        let input = req.input;
+        let after = match (&input.continuation_token, &input.start_after) {
+            (Some(token), _) => Some(Position::from_token(token)?),
+            (None, Some(key)) => Some(Position::Key(key.clone())),
+            (None, None) => None,
+        };
+        let request = ListRequest {
+            bucket: input.bucket.clone(),
+            prefix: input.prefix.clone().unwrap_or_default(),
+            delimiter: input.delimiter.clone(),
+            after,
+            max_keys: max_keys(input.max_keys),
+        };
+        let page = self.list_objects(&client, request).await?;
+        let (objects, prefixes) = contents(&page);
+        Ok(S3Response::new(ListObjectsV2Output {
+            name: Some(input.bucket),
+            prefix: input.prefix,
+            delimiter: input.delimiter,
+            max_keys: Some(max_keys(input.max_keys) as i32),
+            key_count: Some((objects.len() + prefixes.len()) as i32),
+            continuation_token: input.continuation_token,
+            start_after: input.start_after,
+            is_truncated: Some(page.truncated),
+            next_continuation_token: page
+                .last
+                .as_ref()
+                .filter(|_| page.truncated)
+                .map(Position::token),
+            contents: Some(objects),
+            common_prefixes: Some(prefixes),
+            encoding_type: input.encoding_type,
+            ..Default::default()
+        }))
+    }
+
+    async fn list_objects(
+        &self,
+        req: S3Request<ListObjectsInput>,
+    ) -> S3Result<S3Response<ListObjectsOutput>> {
+        let client = self.tenant(&req).await?;
+        let input = req.input;
+        let request = ListRequest {
+            bucket: input.bucket.clone(),
+            prefix: input.prefix.clone().unwrap_or_default(),
+            delimiter: input.delimiter.clone(),
+            after: input.marker.clone().map(Position::Key),
+            max_keys: max_keys(input.max_keys),
+        };
+        let page = self.list_objects(&client, request).await?;
+        let (objects, prefixes) = contents(&page);
+        Ok(S3Response::new(ListObjectsOutput {
+            name: Some(input.bucket),
+            prefix: input.prefix,
+            delimiter: input.delimiter,
+            marker: input.marker,
+            max_keys: Some(max_keys(input.max_keys) as i32),
+            is_truncated: Some(page.truncated),
+            next_marker: page
+                .last
+                .as_ref()
+                .filter(|_| page.truncated)
+                .map(|last| last.text().to_string()),
+            contents: Some(objects),
+            common_prefixes: Some(prefixes),
+            encoding_type: input.encoding_type,
+            ..Default::default()
+        }))
+    }
+}

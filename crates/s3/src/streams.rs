@@ -1,0 +1,259 @@
+//! Moving bodies between HTTP and the store without holding them whole:
+//! [`BodyReader`] feeds a PutObject's body to the store's Post while it
+//! computes the MD5, and [`Sink`] takes a store read and sends the bytes
+//! of the range asked to the response as they come.
+
+use bytes::Bytes;
+use futures::Stream;
+use md5::{Digest, Md5};
+use s3s::dto::StreamingBlob;
+use std::io;
+use std::ops::Range;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
+use tokio::sync::mpsc;
+use tokio_util::sync::PollSender;
+
+/// What a Put's body gave so far: shared between the reader the store's
+/// Post reads and the gateway, which looks at it once the data went out.
+#[derive(Default)]
+pub(crate) struct Received {
+    /// MD5 of the bytes read so far.
+    pub md5: Md5,
+    /// Bytes read so far.
+    pub bytes: u64,
+    /// Why the body could not be read, if it could not.
+    pub failed: Option<String>,
+}
+
+/// A PutObject's body as an [`AsyncRead`], hashed as it is read.
+pub(crate) struct BodyReader {
+    body: Option<StreamingBlob>,
+    chunk: Bytes,
+    received: Arc<Mutex<Received>>,
+}
+
+impl BodyReader {
+    /// A reader of `body` that records what it read in `received`.
+    pub fn new(body: Option<StreamingBlob>, received: Arc<Mutex<Received>>) -> BodyReader {
+        BodyReader {
+            body,
+            chunk: Bytes::new(),
+            received,
+        }
+    }
+}
+
+impl AsyncRead for BodyReader {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        while self.chunk.is_empty() {
+            let Some(body) = self.body.as_mut() else {
+                return Poll::Ready(Ok(()));
+            };
+            match ready!(Pin::new(body).poll_next(cx)) {
+                Some(Ok(chunk)) => self.chunk = chunk,
+                Some(Err(e)) => {
+                    let why = format!("the request body could not be read: {e}");
+                    lock(&self.received).failed = Some(why.clone());
+                    return Poll::Ready(Err(io::Error::other(why)));
+                }
+                None => self.body = None,
+            }
+        }
+        let n = self.chunk.len().min(buf.remaining());
+        let part = self.chunk.split_to(n);
+        let mut received = lock(&self.received);
+        received.md5.update(&part);
+        received.bytes += n as u64;
+        buf.put_slice(&part);
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Locks `received`, whatever a panic elsewhere left in it (counters and
+/// a hash: nothing to tear).
+pub(crate) fn lock(received: &Mutex<Received>) -> std::sync::MutexGuard<'_, Received> {
+    received.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One piece of a streamed GetObject body.
+pub(crate) enum Piece {
+    /// Bytes of the response, in order.
+    Data(Bytes),
+    /// The read failed: the response is cut short with this error.
+    Failed(strata_store_protocol::Error),
+}
+
+/// Pieces a streamed Get keeps in flight to a slow HTTP client, each at
+/// most one store chunk (256 KiB): the gateway's memory per Get.
+pub(crate) const PIECES_IN_FLIGHT: usize = 4;
+
+/// A store read's output that sends the bytes of `span` (offsets in the
+/// object) to a GetObject's response. The last piece is held back until
+/// the store client flushes, which it does only once the replica's
+/// CRC-32C matched: a damaged replica's read fails before the response's
+/// last byte, so a client never takes a whole body that was not
+/// verified. Bytes outside the span are read and dropped (the store's
+/// data protocol reads whole objects).
+pub(crate) struct Sink {
+    sender: PollSender<Piece>,
+    position: u64,
+    span: Range<u64>,
+    held: Option<Bytes>,
+    sent: bool,
+}
+
+impl Sink {
+    /// A sink sending the bytes of `span` to `sender`.
+    pub fn new(sender: mpsc::Sender<Piece>, span: Range<u64>) -> Sink {
+        Sink {
+            sender: PollSender::new(sender),
+            position: 0,
+            span,
+            held: None,
+            sent: false,
+        }
+    }
+
+    /// Sends the piece held back, once the channel has room.
+    fn poll_send_held(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.held.is_none() {
+            return Poll::Ready(Ok(()));
+        }
+        let gone = || io::Error::new(io::ErrorKind::BrokenPipe, "the S3 client went away");
+        ready!(self.sender.poll_reserve(cx)).map_err(|_| gone())?;
+        if let Some(piece) = self.held.take() {
+            self.sender
+                .send_item(Piece::Data(piece))
+                .map_err(|_| gone())?;
+            self.sent = true;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Sink {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let start = self.position;
+        let end = start + buf.len() as u64;
+        let from = start.max(self.span.start);
+        let to = end.min(self.span.end);
+        // Past the span, the piece held stays held: it is the response's
+        // last, sent at the flush once the whole object was verified.
+        if from < to {
+            ready!(self.poll_send_held(cx))?;
+            let part = &buf[(from - start) as usize..(to - start) as usize];
+            self.held = Some(Bytes::copy_from_slice(part));
+        }
+        self.position = end;
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_send_held(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_flush(cx)
+    }
+}
+
+impl AsyncSeek for Sink {
+    /// Rewinding is how the store client starts over on another replica:
+    /// possible while no byte reached the response.
+    fn start_seek(mut self: Pin<&mut Self>, position: io::SeekFrom) -> io::Result<()> {
+        if position != io::SeekFrom::Start(0) || self.sent {
+            return Err(io::Error::other(
+                "a streamed read cannot start over once bytes went to the S3 client",
+            ));
+        }
+        self.held = None;
+        self.position = 0;
+        Ok(())
+    }
+
+    fn poll_complete(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<u64>> {
+        Poll::Ready(Ok(self.position))
+    }
+}
+
+/// The body of a GetObject response: `first`, then the pieces still to
+/// come from `receiver`; a failed read ends it with an error.
+pub(crate) fn response_body(first: Bytes, receiver: mpsc::Receiver<Piece>) -> StreamingBlob {
+    let mut receiver = receiver;
+    let rest = futures::stream::poll_fn(move |cx| {
+        receiver.poll_recv(cx).map(|piece| {
+            piece.map(|piece| match piece {
+                Piece::Data(bytes) => Ok(bytes),
+                Piece::Failed(e) => Err(io::Error::other(e.report().to_string())),
+            })
+        })
+    });
+    let first = futures::stream::iter([Ok::<Bytes, io::Error>(first)]);
+    StreamingBlob::wrap(futures::StreamExt::chain(first, rest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncSeekExt, AsyncWriteExt};
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+    }
+
+    fn data(piece: Option<Piece>) -> Option<Vec<u8>> {
+        match piece {
+            Some(Piece::Data(bytes)) => Some(bytes.to_vec()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_sink_sends_only_its_span_and_holds_the_last_piece_until_flushed() {
+        runtime().block_on(async {
+            let (sender, mut receiver) = mpsc::channel(8);
+            let mut sink = Sink::new(sender, 3..9);
+            sink.write_all(b"abcdef").await.unwrap();
+            // Held back: nothing sent before the next write or the flush.
+            assert!(receiver.try_recv().is_err());
+            sink.write_all(b"ghijkl").await.unwrap();
+            assert_eq!(data(receiver.recv().await), Some(b"def".to_vec()));
+            assert!(receiver.try_recv().is_err());
+            // Past the span: the last piece waits for the flush still.
+            sink.write_all(b"mnopqr").await.unwrap();
+            assert!(receiver.try_recv().is_err());
+            sink.flush().await.unwrap();
+            assert_eq!(data(receiver.recv().await), Some(b"ghi".to_vec()));
+            // Bytes already sent: no starting over.
+            assert!(sink.seek(io::SeekFrom::Start(0)).await.is_err());
+        });
+    }
+
+    #[test]
+    fn a_sink_starts_over_while_nothing_was_sent() {
+        runtime().block_on(async {
+            let (sender, mut receiver) = mpsc::channel(8);
+            let mut sink = Sink::new(sender, 0..4);
+            sink.write_all(b"bad!").await.unwrap();
+            sink.seek(io::SeekFrom::Start(0)).await.unwrap();
+            sink.write_all(b"good").await.unwrap();
+            sink.flush().await.unwrap();
+            drop(sink);
+            assert_eq!(data(receiver.recv().await), Some(b"good".to_vec()));
+            assert!(receiver.recv().await.is_none());
+        });
+    }
+}
