@@ -20,7 +20,7 @@ each sees the same machine) runs `strata store bench --workload get
 Reported per choice (the median of the rounds): Gets per second, MB/s, p50
 and p99 latency, each storage node's share of the reads (the slow node
 first), the slow node's latency and the fast nodes' mean as the NAMI client
-estimated them (ms, EWMA of time to first byte), and the spread of reads
+estimated them (ms, EWMA of the time to 64 KiB of the reply), and the spread of reads
 across nodes (standard deviation over mean, %). The spread is of reads
 sent, not of disk utilization as the thesis measured.
 

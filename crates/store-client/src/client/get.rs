@@ -8,6 +8,7 @@ use super::report::refused_as_damaged;
 use super::{checked_name, Client, META_ATTEMPTS, META_TIMEOUT_MS};
 use crate::stream::{read_get_body, read_status};
 use crate::transport::request_id;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use strata_store_protocol::data::{Credential, Request};
 use strata_store_protocol::wire::{Body, Record};
@@ -171,8 +172,8 @@ impl Client {
                 };
                 let answer = read_replica(stream, &replica, ticket, record, out, progress);
                 match answer.await {
-                    Ok((stream, first_byte)) => {
-                        self.read_sample(&replica, Some(first_byte));
+                    Ok((stream, latency)) => {
+                        self.read_sample(&replica, Some(latency));
                         if let Some(stream) = stream {
                             self.connections.keep(&replica, stream);
                         }
@@ -216,12 +217,19 @@ impl Client {
 /// Bytes of a Get reply read at once: a small object's whole reply.
 const REPLY_BUFFER: usize = 8 * 1024;
 
+/// The node's latency sample is the time until this much of the body
+/// (or all of a smaller one) has arrived: the time to the first byte
+/// alone misses a node whose link is slow, since a reply's first
+/// segment passes before the link's queue holds it back, and the whole
+/// reply would make a large object's node look slow.
+const LATENCY_SAMPLE_BYTES: u64 = 64 * 1024;
+
 /// Reads one replica over `s` into `out`: the Get request with the
 /// `ticket`, the reply's status, then its body (size, data, trailer),
 /// checked against `record`. Gives the stream back at a request
-/// boundary (`None` if it is out of step) and the time to the reply's
-/// first byte (the node's latency sample), or the error and whether the
-/// node had started answering.
+/// boundary (`None` if it is out of step) and the node's latency sample
+/// (see [`LATENCY_SAMPLE_BYTES`]), or the error and whether the node had
+/// started answering.
 async fn read_replica<W: AsyncWrite + Unpin>(
     mut s: TcpStream,
     replica: &Replica,
@@ -243,22 +251,35 @@ async fn read_replica<W: AsyncWrite + Unpin>(
     read_status(&mut reply, "reading the replica")
         .await
         .map_err(before)?;
-    let first_byte = start.elapsed();
+    let sample_at = record.size.min(LATENCY_SAMPLE_BYTES);
+    // Nanoseconds + 1 when the sample's bytes were in (0: not yet).
+    let sampled = std::sync::atomic::AtomicU64::new(0);
+    let timed = |done: u64| {
+        if done >= sample_at && sampled.load(Ordering::Relaxed) == 0 {
+            let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+            sampled.store(nanos + 1, Ordering::Relaxed);
+        }
+        progress(done);
+    };
     read_get_body(
         &mut reply,
         replica.addr,
         record.size,
         record.crc,
         out,
-        progress,
+        &timed,
     )
     .await
     .map_err(after)?;
+    let latency = match sampled.load(Ordering::Relaxed) {
+        0 => start.elapsed(),
+        nanos => Duration::from_nanos(nanos - 1),
+    };
     // The node sends nothing past the trailer until asked again: bytes
     // left over mean the stream is out of step, and it is not kept.
     let in_step = reply.buffer().is_empty();
     out.flush()
         .await
         .map_err(|e| after(Error::io("writing the output", e)))?;
-    Ok((in_step.then_some(s), first_byte))
+    Ok((in_step.then_some(s), latency))
 }

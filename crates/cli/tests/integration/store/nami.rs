@@ -216,3 +216,120 @@ fn nami_reads_less_from_a_slow_node_than_uniform_and_primary_keeps_the_order() {
     let shares: f64 = nodes.iter().map(|n| n["share"].as_f64().unwrap()).sum();
     assert!((shares - 1.0).abs() < 1e-6, "{view}");
 }
+
+/// Runs `work` on a thread of its own that has entered the network
+/// namespace `ns` (`setns`): the sockets it opens live there.
+fn in_namespace<T: Send + 'static>(ns: &str, work: impl FnOnce() -> T + Send + 'static) -> T {
+    use std::os::fd::AsRawFd;
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let handle = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        // SAFETY: a namespace descriptor we hold open; this thread alone moves.
+        let entered = unsafe { libc::setns(handle.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(
+            entered,
+            0,
+            "setns {path}: {}",
+            std::io::Error::last_os_error()
+        );
+        work()
+    })
+    .join()
+    .expect("the thread in the namespace")
+}
+
+/// One client's reads of `names` in turn, `count` of them: the reads the
+/// node at `port` took among them, as the client's own view counts them.
+async fn reads_from(
+    client: &strata_store_client::client::Client,
+    names: &[String],
+    count: usize,
+    port: u16,
+) -> (u64, u64) {
+    let taken = |client: &strata_store_client::client::Client| {
+        let view = client.replica_view();
+        let all: u64 = view.iter().map(|n| n.reads).sum();
+        let slow: u64 = view
+            .iter()
+            .filter(|n| n.endpoint.port() == port)
+            .map(|n| n.reads)
+            .sum();
+        (slow, all)
+    };
+    let (slow_before, all_before) = taken(client);
+    for i in 0..count {
+        let name = &names[i % names.len()];
+        client
+            .get_bytes(name)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    let (slow_after, all_after) = taken(client);
+    (slow_after - slow_before, all_after - all_before)
+}
+
+/// One client, reading on: while a node is slow it takes a small share
+/// of the reads, and once the slowdown is removed, its estimate comes
+/// back down and it takes its share again (the "shift back").
+#[test]
+fn nami_shifts_reads_back_to_a_node_once_it_recovers() {
+    let ns = Namespace::new();
+    let dir = tmp();
+    let d = dir.path().join("cluster");
+    let flags = ["--mn", "3", "--sn", "3", "--replication", "3,2,3,2"];
+    let store = Store::up_on(&d, "127.0.0.1:0", Some(&ns.0), &flags);
+    let status = json_in(&ns, &store, &["store", "status"]);
+    let slow_port: u16 = status["storage_nodes"][0]["endpoint"]
+        .as_str()
+        .unwrap()
+        .parse::<SocketAddr>()
+        .unwrap()
+        .port();
+    let made = json_in(
+        &ns,
+        &store,
+        &[
+            "store",
+            "bench",
+            "--workload",
+            "post",
+            "--threads",
+            "2",
+            "--ops",
+            "20",
+            "--size",
+            "64k",
+        ],
+    );
+    assert_eq!(made["errors"], 0, "{made}");
+    let names: Vec<String> = (0..2)
+        .flat_map(|t| (0..20).map(move |i| strata_store::bench::object_name("bench", 65_536, t, i)))
+        .collect();
+    ns.slow_port(slow_port);
+    let (on, credential, name) = (store.on, admin(store.on), ns.0.clone());
+    let (slow, recovered) = in_namespace(&ns.0, move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let client = strata_store_client::client::Client::connect(on, credential)
+                .await
+                .unwrap();
+            let slow = reads_from(&client, &names, 300, slow_port).await;
+            run_ok("tc", &["-n", &name, "qdisc", "del", "dev", "lo", "root"]);
+            let recovered = reads_from(&client, &names, 600, slow_port).await;
+            (slow, recovered)
+        })
+    });
+    let share = |(mine, all): (u64, u64)| mine as f64 / all.max(1) as f64;
+    let (while_slow, after) = (share(slow), share(recovered));
+    eprintln!("the node's share of reads: {while_slow:.3} while slow, {after:.3} after");
+    // Expected: 1/5 while slow (weights 2, 2, 1), then 1/3 once its
+    // estimate ties with the others' (a dozen samples, at one in five).
+    assert!(while_slow < 0.28, "{slow:?}");
+    assert!(
+        after > 0.24 && after > while_slow + 0.06,
+        "{slow:?} then {recovered:?}"
+    );
+}
