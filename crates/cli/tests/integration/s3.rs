@@ -109,6 +109,24 @@ fn aws_cli_copies_lists_ranges_and_removes_through_the_gateway() {
         "--body",
         &p(&small),
     ]);
+    // A presigned GET URL from aws-cli, used with curl. aws-cli 1.x
+    // presigns with SigV2 unless its configuration says s3v4.
+    std::fs::write(
+        home.join("aws-config"),
+        "[default]\ns3 =\n    signature_version = s3v4\n",
+    )
+    .unwrap();
+    let url = run(&["s3", "presign", "s3://acme/small.txt", "--expires-in", "60"]);
+    assert!(url.contains("X-Amz-Signature="), "not a SigV4 URL: {url}");
+    let fetched = Command::new("curl")
+        .args(["-sS", "--fail", url.trim()])
+        .output()
+        .expect("run curl");
+    assert!(
+        fetched.status.success() && fetched.stdout == b"small object\n",
+        "curl of a presigned URL: {}",
+        output_text(&fetched)
+    );
     let listed = run(&["s3", "ls", "s3://acme/docs/"]);
     assert!(
         listed.contains(&format!("{} big.bin", data.len())),

@@ -13,7 +13,9 @@ and exits non-zero with a traceback. At the end it prints
 import base64
 import datetime
 import hashlib
+import subprocess
 import sys
+import time
 
 import boto3
 import botocore
@@ -191,6 +193,58 @@ v1_rest = s3.list_objects(Bucket=BUCKET, Prefix="a/", Marker="a/2")
 check([o["Key"] for o in v1_rest["Contents"]] == ["a/b/3"], "v1 marker")
 v1_rolled = s3.list_objects(Bucket=BUCKET, Delimiter="/")
 check([p["Prefix"] for p in v1_rolled["CommonPrefixes"]] == ["a/", "b/", "dir/"], "v1 delimiter")
+
+# Presigned URLs, used with curl: GET and PUT work, an expired or altered
+# one is refused, and one past S3's 7 days is refused as S3 refuses it.
+def curl(url, *args):
+    """curl's (HTTP status, body) for url."""
+    done = subprocess.run(["curl", "-sS", "-o", "-", "-w", "\n%{http_code}", *args, url],
+                          capture_output=True, check=True)
+    body, _, status = done.stdout.rpartition(b"\n")
+    return int(status), body
+
+
+signer = client(signature_version="s3v4")
+short = signer.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": "over"},
+                                      ExpiresIn=1)
+short_made = time.monotonic()
+url = signer.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": "dir/data.bin"},
+                                    ExpiresIn=60)
+check("X-Amz-Signature=" in url and "X-Amz-Expires=60" in url, f"not a SigV4 URL: {url}")
+status, got = curl(url)
+check(status == 200 and got == body, f"presigned GET: HTTP {status}, {len(got)} bytes")
+status, got = curl(url, "-r", "10-19")
+check(status == 206 and got == body[10:20], f"presigned ranged GET: HTTP {status} {got!r}")
+put_url = signer.generate_presigned_url("put_object",
+                                        Params={"Bucket": BUCKET, "Key": "presigned.txt"},
+                                        ExpiresIn=60)
+status, got = curl(put_url, "-X", "PUT", "--data-binary", "sent by curl")
+check(status == 200, f"presigned PUT: HTTP {status} {got!r}")
+check(s3.get_object(Bucket=BUCKET, Key="presigned.txt")["Body"].read() == b"sent by curl",
+      "the presigned PUT stored other bytes")
+# The last hex digit of the signature changed: refused, nothing stored.
+last = put_url.index("X-Amz-Signature=") + len("X-Amz-Signature=") + 63
+altered = put_url[:last] + ("0" if put_url[last] != "0" else "1") + put_url[last + 1:]
+status, got = curl(altered, "-X", "PUT", "--data-binary", "forged")
+check(status == 403 and b"<Code>SignatureDoesNotMatch</Code>" in got, f"altered: {status} {got!r}")
+check(s3.get_object(Bucket=BUCKET, Key="presigned.txt")["Body"].read() == b"sent by curl",
+      "an altered presigned PUT changed the object")
+# Signed for another key: the signature covers the path.
+status, got = curl(url.replace("dir/data.bin", "over", 1))
+check(status == 403 and b"<Code>SignatureDoesNotMatch</Code>" in got, f"other key: {status}")
+week = signer.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": "over"},
+                                     ExpiresIn=7 * 24 * 3600 + 1)
+status, got = curl(week)
+check(status == 400 and b"<Code>AuthorizationQueryParametersError</Code>" in got,
+      f"an expiry past 7 days: {status} {got!r}")
+week = signer.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": "over"},
+                                     ExpiresIn=7 * 24 * 3600)
+check(curl(week) == (200, b"second version"), "an expiry of exactly 7 days")
+time.sleep(max(0.0, 2.1 - (time.monotonic() - short_made)))
+status, got = curl(short)
+check(status == 403 and b"<Code>AccessDenied</Code>" in got and b"expired" in got,
+      f"an expired presigned URL: {status} {got!r}")
+s3.delete_object(Bucket=BUCKET, Key="presigned.txt")
 
 # Deletes: one, several (a missing key is no error, as in S3), then the bucket.
 fails("BucketNotEmpty", s3.delete_bucket, Bucket=BUCKET, status=409)
