@@ -10,7 +10,7 @@
 //!   never held whole.
 //! - `errors`: the store's errors as S3 errors.
 //! - [`presigned`]: the bound on a presigned URL's life.
-//! - `buckets`, `objects`, `listing`: the operations, as methods of
+//! - `buckets`, `objects`, `copies`, `listing`: the operations, as methods of
 //!   [`Gateway`]; `service` hands s3s's calls to them.
 //!
 //! The gateway holds the cluster key: for each access key it re-derives
@@ -20,6 +20,7 @@
 
 pub mod access;
 mod buckets;
+mod copies;
 mod errors;
 mod listing;
 pub mod names;

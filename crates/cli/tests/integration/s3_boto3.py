@@ -1,9 +1,11 @@
 """Every S3 operation the gateway supports, and its errors, through boto3.
 
 Usage: s3_boto3.py ENDPOINT BUCKET ACCESS SECRET OTHER_BUCKET OTHER_ACCESS OTHER_SECRET
+                   ADMIN_ACCESS ADMIN_SECRET
 
 BUCKET is the tenant's bucket (not made yet); OTHER_BUCKET belongs to
-another tenant, whose keys are OTHER_ACCESS and OTHER_SECRET. Run by
+another tenant, whose keys are OTHER_ACCESS and OTHER_SECRET; the ADMIN
+keys are the admin tenant's ('*'), which may use both buckets. Run by
 crates/cli/tests/integration/s3.rs against `strata store up`'s gateway.
 Every check asserts content, codes or headers; the first failure raises
 and exits non-zero with a traceback. At the end it prints
@@ -23,6 +25,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, ParamValidationError
 
 ENDPOINT, BUCKET, ACCESS, SECRET, OTHER_BUCKET, OTHER_ACCESS, OTHER_SECRET = sys.argv[1:8]
+ADMIN_ACCESS, ADMIN_SECRET = sys.argv[8:10]
 CHECKS = 0
 
 
@@ -295,6 +298,54 @@ for call, kwargs in [
 fails("AccessDenied", other.get_object, Bucket=BUCKET, Key="over", status=403)
 check(other.get_object(Bucket=OTHER_BUCKET, Key="secret")["Body"].read() == b"theirs",
       "the other tenant's object is untouched")
+
+# CopyObject: content, ETag and metadata kept (or replaced); the copy
+# conditions; a missing source; across tenants only for the admin.
+source = {"Bucket": BUCKET, "Key": "dir/data.bin"}
+copied = s3.copy_object(Bucket=BUCKET, Key="copy/data.bin", CopySource=source)
+check(copied["CopyObjectResult"]["ETag"] == f'"{md5}"', f"copy ETag {copied}")
+got = s3.get_object(Bucket=BUCKET, Key="copy/data.bin")
+check(got["Body"].read() == body and got["ETag"] == f'"{md5}"', "the copy holds other bytes")
+check(got["ContentType"] == "application/x-test", f"copied content type {got['ContentType']}")
+check(got["Metadata"] == {"colour": "blue", "owner": "test suite"}, f"copied {got['Metadata']}")
+s3.copy_object(Bucket=BUCKET, Key="copy/data.bin", CopySource=source, MetadataDirective="REPLACE",
+               Metadata={"colour": "green"}, ContentType="text/plain")
+head = s3.head_object(Bucket=BUCKET, Key="copy/data.bin")
+check(head["Metadata"] == {"colour": "green"}, f"replaced metadata {head['Metadata']}")
+check(head["ContentType"] == "text/plain" and head["ETag"] == f'"{md5}"', f"replaced {head}")
+check(s3.head_object(Bucket=BUCKET, Key="dir/data.bin")["Metadata"]["colour"] == "blue",
+      "the source's metadata changed")
+fails("InvalidRequest", s3.copy_object, Bucket=BUCKET, Key="dir/data.bin", CopySource=source,
+      status=400)
+s3.copy_object(Bucket=BUCKET, Key="over", CopySource={"Bucket": BUCKET, "Key": "over"},
+               MetadataDirective="REPLACE", Metadata={"v": "3"})
+over = s3.get_object(Bucket=BUCKET, Key="over")
+check(over["Body"].read() == b"second version" and over["Metadata"] == {"v": "3"},
+      "a copy onto itself with new metadata")
+s3.copy_object(Bucket=BUCKET, Key="copy/empty", CopySource={"Bucket": BUCKET, "Key": "empty"})
+check(s3.get_object(Bucket=BUCKET, Key="copy/empty")["Body"].read() == b"", "an empty copy")
+s3.copy_object(Bucket=BUCKET, Key="copy/data.bin", CopySource=source, CopySourceIfMatch=md5)
+fails("PreconditionFailed", s3.copy_object, Bucket=BUCKET, Key="copy/x", CopySource=source,
+      CopySourceIfMatch="0" * 32, status=412)
+fails("PreconditionFailed", s3.copy_object, Bucket=BUCKET, Key="copy/x", CopySource=source,
+      CopySourceIfNoneMatch=md5, status=412)
+fails("PreconditionFailed", s3.copy_object, Bucket=BUCKET, Key="copy/x", CopySource=source,
+      CopySourceIfModifiedSince=now + datetime.timedelta(minutes=5), status=412)
+fails("NoSuchKey", s3.copy_object, Bucket=BUCKET, Key="copy/x",
+      CopySource={"Bucket": BUCKET, "Key": "missing"}, status=404)
+fails("NoSuchKey", s3.head_object, Bucket=BUCKET, Key="copy/x", status=404)
+fails("AccessDenied", s3.copy_object, Bucket=BUCKET, Key="stolen",
+      CopySource={"Bucket": OTHER_BUCKET, "Key": "secret"}, status=403)
+fails("AccessDenied", s3.copy_object, Bucket=OTHER_BUCKET, Key="pushed", CopySource=source,
+      status=403)
+admin = client(ADMIN_ACCESS, ADMIN_SECRET)
+admin.copy_object(Bucket=OTHER_BUCKET, Key="from-acme", CopySource=source)
+got = other.get_object(Bucket=OTHER_BUCKET, Key="from-acme")
+check(got["Body"].read() == body and got["ETag"] == f'"{md5}"', "the admin's cross-bucket copy")
+check(got["Metadata"] == {"colour": "blue", "owner": "test suite"}, "cross-bucket metadata")
+gone = s3.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": "copy/data.bin"},
+                                                            {"Key": "copy/empty"}]})
+check(len(gone["Deleted"]) == 2, f"{gone}")
 
 # A request whose date header was dropped after signing.
 def drop_date(request, **_):
