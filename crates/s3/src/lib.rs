@@ -9,7 +9,8 @@
 //! - `streams`: bodies moved between HTTP and the store as they come,
 //!   never held whole.
 //! - `errors`: the store's errors as S3 errors.
-//! - `buckets`, `objects`, `listing`: the operations, as methods of
+//! - [`presigned`]: the bound on a presigned URL's life.
+//! - `buckets`, `objects`, `copies`, `listing`: the operations, as methods of
 //!   [`Gateway`]; `service` hands s3s's calls to them.
 //!
 //! The gateway holds the cluster key: for each access key it re-derives
@@ -19,10 +20,12 @@
 
 pub mod access;
 mod buckets;
+mod copies;
 mod errors;
 mod listing;
 pub mod names;
 mod objects;
+pub mod presigned;
 mod service;
 mod streams;
 
@@ -105,12 +108,13 @@ impl S3Auth for Auth {
 }
 
 /// Serves S3 on `listener` until the task is dropped: every request must
-/// be signed (SigV4) with a key [`access`] derives; anonymous ones are
-/// refused with AccessDenied.
+/// be signed (SigV4, in headers or a presigned URL's query) with a key
+/// [`access`] derives; anonymous ones are refused with AccessDenied.
 pub async fn serve(listener: TcpListener, gateway: Gateway) -> std::io::Result<()> {
     let key = gateway.key.clone();
     let mut builder = S3ServiceBuilder::new(gateway);
     builder.set_auth(Auth { key });
+    builder.set_access(presigned::Access);
     let service = builder.build();
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {

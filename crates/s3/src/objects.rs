@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 
 /// How often a Get looks its key up again when the version it found was
 /// replaced by an overwrite before its data was read.
-const LOOKUP_ATTEMPTS: usize = 3;
+pub(crate) const LOOKUP_ATTEMPTS: usize = 3;
 
 /// A PutObject's fields the gateway keeps.
 pub(crate) struct PutRequest {
@@ -80,13 +80,13 @@ pub(crate) fn last_modified(meta: &ObjectMeta) -> Timestamp {
 }
 
 /// The metadata an opened store object carries.
-fn meta_of(opened: &Opened) -> ObjectMeta {
+pub(crate) fn meta_of(opened: &Opened) -> ObjectMeta {
     let record = &opened.record;
     ObjectMeta::from_record(record.size, record.crc, &record.attributes)
 }
 
 /// The store name of `key` in `bucket`; InvalidArgument if there is none.
-fn name_of(bucket: &str, key: &str) -> S3Result<String> {
+pub(crate) fn name_of(bucket: &str, key: &str) -> S3Result<String> {
     object_name(bucket, key).map_err(|why| {
         let code = match why {
             NameError::BadKey(_) => S3ErrorCode::InvalidArgument,
@@ -255,7 +255,13 @@ impl Gateway {
     }
 
     /// Whether the key no longer holds `version` (overwritten or deleted).
-    async fn replaced(&self, client: &Client, bucket: &str, key: &str, version: u64) -> bool {
+    pub(crate) async fn replaced(
+        &self,
+        client: &Client,
+        bucket: &str,
+        key: &str,
+        version: u64,
+    ) -> bool {
         match self.find(client, bucket, key).await {
             Ok(opened) => opened.record.version != version,
             Err(_) => true,
@@ -283,7 +289,7 @@ impl Gateway {
 /// Starts reading `opened`'s bytes of `span` in a task of its own; returns
 /// the first piece (`None`: the read sent nothing and succeeded) and the
 /// channel the rest comes on.
-async fn start_read(
+pub(crate) async fn start_read(
     client: Arc<Client>,
     opened: Opened,
     span: std::ops::Range<u64>,
@@ -379,7 +385,7 @@ fn content_md5(header: Option<&str>) -> S3Result<Option<[u8; 16]>> {
 
 /// Applies the conditional headers as S3 does: If-Match then
 /// If-Unmodified-Since (412), If-None-Match then If-Modified-Since (304).
-fn check_conditions(meta: &ObjectMeta, conditions: &Conditions) -> S3Result<()> {
+pub(crate) fn check_conditions(meta: &ObjectMeta, conditions: &Conditions) -> S3Result<()> {
     let matches = |condition: &ETagCondition| match condition {
         ETagCondition::Any => true,
         ETagCondition::ETag(tag) => tag.value() == meta.etag,

@@ -2,6 +2,7 @@
 //! gateway's own methods and its answer into s3s's output types. Every
 //! other operation answers NotImplemented (s3s's default).
 
+use crate::copies::{CopyRequest, Replacement};
 use crate::errors::s3;
 use crate::listing::{ListRequest, Page, Position, MAX_KEYS};
 use crate::names::ObjectMeta;
@@ -29,6 +30,26 @@ impl Gateway {
 /// The max-keys of a listing: S3's default and bound are 1,000.
 fn max_keys(asked: Option<i32>) -> usize {
     asked.map_or(MAX_KEYS, |n| (n.max(0) as usize).min(MAX_KEYS))
+}
+
+/// The bucket and key of a copy's source; versions and access points
+/// are not supported.
+fn copy_source(source: CopySource) -> S3Result<(String, String)> {
+    match source {
+        CopySource::Bucket {
+            bucket,
+            key,
+            version_id: None,
+        } => Ok((bucket.into(), key.into())),
+        CopySource::Bucket { .. } => Err(s3(
+            S3ErrorCode::NotImplemented,
+            "objects have no versions here: name the copy source without ?versionId=",
+        )),
+        _ => Err(s3(
+            S3ErrorCode::NotImplemented,
+            "access points are not supported: name the copy source as BUCKET/KEY",
+        )),
+    }
 }
 
 /// An S3 listing entry.
@@ -136,6 +157,44 @@ impl S3 for Gateway {
         let meta = self.put_object(&client, request).await?;
         Ok(S3Response::new(PutObjectOutput {
             e_tag: Some(etag(&meta)),
+            ..Default::default()
+        }))
+    }
+
+    async fn copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        let client = self.tenant(&req).await?;
+        let input = req.input;
+        let (source_bucket, source_key) = copy_source(input.copy_source)?;
+        let replace = input
+            .metadata_directive
+            .as_ref()
+            .is_some_and(|directive| directive.as_str() == MetadataDirective::REPLACE);
+        let request = CopyRequest {
+            source_bucket,
+            source_key,
+            bucket: input.bucket,
+            key: input.key,
+            replacement: replace.then(|| Replacement {
+                content_type: input.content_type,
+                metadata: input.metadata.unwrap_or_default().into_iter().collect(),
+            }),
+            conditions: Conditions {
+                if_match: input.copy_source_if_match,
+                if_none_match: input.copy_source_if_none_match,
+                if_modified_since: input.copy_source_if_modified_since,
+                if_unmodified_since: input.copy_source_if_unmodified_since,
+            },
+        };
+        let meta = self.copy_object(&client, &request).await?;
+        Ok(S3Response::new(CopyObjectOutput {
+            copy_object_result: Some(CopyObjectResult {
+                e_tag: Some(etag(&meta)),
+                last_modified: Some(last_modified(&meta)),
+                ..Default::default()
+            }),
             ..Default::default()
         }))
     }

@@ -55,6 +55,8 @@ fn aws(endpoint: &str, keys: &Keys, home: &Path, args: &[&str]) -> Output {
         .env("AWS_ACCESS_KEY_ID", &keys.access)
         .env("AWS_SECRET_ACCESS_KEY", &keys.secret)
         .env("AWS_DEFAULT_REGION", "us-east-1")
+        // A refusal is the answer under test: no retries with back-off.
+        .env("AWS_MAX_ATTEMPTS", "1")
         .env("AWS_CONFIG_FILE", home.join("aws-config"))
         .env("AWS_SHARED_CREDENTIALS_FILE", home.join("aws-credentials"))
         .env("HOME", home)
@@ -109,6 +111,24 @@ fn aws_cli_copies_lists_ranges_and_removes_through_the_gateway() {
         "--body",
         &p(&small),
     ]);
+    // A presigned GET URL from aws-cli, used with curl. aws-cli 1.x
+    // presigns with SigV2 unless its configuration says s3v4.
+    std::fs::write(
+        home.join("aws-config"),
+        "[default]\ns3 =\n    signature_version = s3v4\n",
+    )
+    .unwrap();
+    let url = run(&["s3", "presign", "s3://acme/small.txt", "--expires-in", "60"]);
+    assert!(url.contains("X-Amz-Signature="), "not a SigV4 URL: {url}");
+    let fetched = Command::new("curl")
+        .args(["-sS", "--fail", url.trim()])
+        .output()
+        .expect("run curl");
+    assert!(
+        fetched.status.success() && fetched.stdout == b"small object\n",
+        "curl of a presigned URL: {}",
+        output_text(&fetched)
+    );
     let listed = run(&["s3", "ls", "s3://acme/docs/"]);
     assert!(
         listed.contains(&format!("{} big.bin", data.len())),
@@ -188,6 +208,32 @@ fn aws_cli_copies_lists_ranges_and_removes_through_the_gateway() {
         r#"{"Objects":[{"Key":"small.txt"}]}"#,
     ]);
     assert!(deleted.contains("small.txt"), "{deleted}");
+    // A copy inside the bucket: one CopyObject under aws-cli's 8 MiB
+    // multipart threshold, streamed across the store's 256 KiB chunks.
+    run(&[
+        "s3",
+        "cp",
+        "s3://acme/docs/big.bin",
+        "s3://acme/docs/copy.bin",
+    ]);
+    let copy = home.join("copy.bin");
+    run(&["s3", "cp", "s3://acme/docs/copy.bin", &p(&copy)]);
+    assert!(
+        std::fs::read(&copy).unwrap() == data,
+        "the copy holds other bytes"
+    );
+    let head = run(&[
+        "s3api",
+        "head-object",
+        "--bucket",
+        "acme",
+        "--key",
+        "docs/copy.bin",
+    ]);
+    let head: serde_json::Value = serde_json::from_str(&head).unwrap();
+    assert_eq!(head["ETag"], format!("\"{md5}\""), "{head}");
+    assert_eq!(head["Metadata"]["colour"], "red", "{head}");
+    run(&["s3", "rm", "s3://acme/docs/copy.bin"]);
     run(&["s3", "rm", "s3://acme/docs/big.bin"]);
     assert_eq!(run(&["s3", "ls", "s3://acme/", "--recursive"]), "");
     // Nothing of the tenant's is left in the store but the bucket's marker.
@@ -252,7 +298,7 @@ fn an_object_stored_with_strata_obj_is_listed_and_read_through_s3() {
 /// holds back its last chunk until the replica's CRC-32C is checked, so
 /// the client sees a failed read, never the whole body with the bad byte;
 /// a Range before the damage fails too, since the whole object is read
-/// for its checksum.
+/// for its checksum, and so does a copy, which stores nothing.
 #[test]
 fn a_damaged_replica_cuts_a_get_short_instead_of_serving_bad_bytes() {
     let dir = tmp();
@@ -304,6 +350,29 @@ fn a_damaged_replica_cuts_a_get_short_instead_of_serving_bad_bytes() {
             output_text(&out)
         );
     }
+    // A copy of it fails too, and stores nothing at the destination.
+    let copy = aws(
+        &s3,
+        &keys,
+        home,
+        &[
+            "s3api",
+            "copy-object",
+            "--bucket",
+            "acme",
+            "--key",
+            "copy.bin",
+            "--copy-source",
+            "acme/data.bin",
+        ],
+    );
+    assert!(
+        !copy.status.success(),
+        "a damaged replica was copied: {}",
+        output_text(&copy)
+    );
+    let listed = aws_ok(&s3, &keys, home, &["s3", "ls", "s3://acme/"]);
+    assert!(!listed.contains("copy.bin"), "a failed copy left {listed}");
 }
 
 #[test]
@@ -312,11 +381,13 @@ fn boto3_runs_every_supported_operation_and_error() {
     let store = Store::up(&dir.path().join("store"), &[]);
     let acme = tenant(&store, "acme");
     let globex = tenant(&store, "globex");
+    let admin = tenant(&store, "*");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/integration/s3_boto3.py");
     let out = Command::new("python3")
         .arg(script)
         .args([&endpoint(&store), "acme", &acme.access, &acme.secret])
         .args(["globex", &globex.access, &globex.secret])
+        .args([&admin.access, &admin.secret])
         .output()
         .expect("run python3 (apt-get install python3-boto3)");
     let text = output_text(&out);

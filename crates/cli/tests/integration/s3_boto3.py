@@ -1,9 +1,11 @@
 """Every S3 operation the gateway supports, and its errors, through boto3.
 
 Usage: s3_boto3.py ENDPOINT BUCKET ACCESS SECRET OTHER_BUCKET OTHER_ACCESS OTHER_SECRET
+                   ADMIN_ACCESS ADMIN_SECRET
 
 BUCKET is the tenant's bucket (not made yet); OTHER_BUCKET belongs to
-another tenant, whose keys are OTHER_ACCESS and OTHER_SECRET. Run by
+another tenant, whose keys are OTHER_ACCESS and OTHER_SECRET; the ADMIN
+keys are the admin tenant's ('*'), which may use both buckets. Run by
 crates/cli/tests/integration/s3.rs against `strata store up`'s gateway.
 Every check asserts content, codes or headers; the first failure raises
 and exits non-zero with a traceback. At the end it prints
@@ -13,7 +15,9 @@ and exits non-zero with a traceback. At the end it prints
 import base64
 import datetime
 import hashlib
+import subprocess
 import sys
+import time
 
 import boto3
 import botocore
@@ -21,6 +25,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, ParamValidationError
 
 ENDPOINT, BUCKET, ACCESS, SECRET, OTHER_BUCKET, OTHER_ACCESS, OTHER_SECRET = sys.argv[1:8]
+ADMIN_ACCESS, ADMIN_SECRET = sys.argv[8:10]
 CHECKS = 0
 
 
@@ -192,6 +197,58 @@ check([o["Key"] for o in v1_rest["Contents"]] == ["a/b/3"], "v1 marker")
 v1_rolled = s3.list_objects(Bucket=BUCKET, Delimiter="/")
 check([p["Prefix"] for p in v1_rolled["CommonPrefixes"]] == ["a/", "b/", "dir/"], "v1 delimiter")
 
+# Presigned URLs, used with curl: GET and PUT work, an expired or altered
+# one is refused, and one past S3's 7 days is refused as S3 refuses it.
+def curl(url, *args):
+    """curl's (HTTP status, body) for url."""
+    done = subprocess.run(["curl", "-sS", "-o", "-", "-w", "\n%{http_code}", *args, url],
+                          capture_output=True, check=True)
+    body, _, status = done.stdout.rpartition(b"\n")
+    return int(status), body
+
+
+signer = client(signature_version="s3v4")
+short = signer.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": "over"},
+                                      ExpiresIn=1)
+short_made = time.monotonic()
+url = signer.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": "dir/data.bin"},
+                                    ExpiresIn=60)
+check("X-Amz-Signature=" in url and "X-Amz-Expires=60" in url, f"not a SigV4 URL: {url}")
+status, got = curl(url)
+check(status == 200 and got == body, f"presigned GET: HTTP {status}, {len(got)} bytes")
+status, got = curl(url, "-r", "10-19")
+check(status == 206 and got == body[10:20], f"presigned ranged GET: HTTP {status} {got!r}")
+put_url = signer.generate_presigned_url("put_object",
+                                        Params={"Bucket": BUCKET, "Key": "presigned.txt"},
+                                        ExpiresIn=60)
+status, got = curl(put_url, "-X", "PUT", "--data-binary", "sent by curl")
+check(status == 200, f"presigned PUT: HTTP {status} {got!r}")
+check(s3.get_object(Bucket=BUCKET, Key="presigned.txt")["Body"].read() == b"sent by curl",
+      "the presigned PUT stored other bytes")
+# The last hex digit of the signature changed: refused, nothing stored.
+last = put_url.index("X-Amz-Signature=") + len("X-Amz-Signature=") + 63
+altered = put_url[:last] + ("0" if put_url[last] != "0" else "1") + put_url[last + 1:]
+status, got = curl(altered, "-X", "PUT", "--data-binary", "forged")
+check(status == 403 and b"<Code>SignatureDoesNotMatch</Code>" in got, f"altered: {status} {got!r}")
+check(s3.get_object(Bucket=BUCKET, Key="presigned.txt")["Body"].read() == b"sent by curl",
+      "an altered presigned PUT changed the object")
+# Signed for another key: the signature covers the path.
+status, got = curl(url.replace("dir/data.bin", "over", 1))
+check(status == 403 and b"<Code>SignatureDoesNotMatch</Code>" in got, f"other key: {status}")
+week = signer.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": "over"},
+                                     ExpiresIn=7 * 24 * 3600 + 1)
+status, got = curl(week)
+check(status == 400 and b"<Code>AuthorizationQueryParametersError</Code>" in got,
+      f"an expiry past 7 days: {status} {got!r}")
+week = signer.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": "over"},
+                                     ExpiresIn=7 * 24 * 3600)
+check(curl(week) == (200, b"second version"), "an expiry of exactly 7 days")
+time.sleep(max(0.0, 2.1 - (time.monotonic() - short_made)))
+status, got = curl(short)
+check(status == 403 and b"<Code>AccessDenied</Code>" in got and b"expired" in got,
+      f"an expired presigned URL: {status} {got!r}")
+s3.delete_object(Bucket=BUCKET, Key="presigned.txt")
+
 # Deletes: one, several (a missing key is no error, as in S3), then the bucket.
 fails("BucketNotEmpty", s3.delete_bucket, Bucket=BUCKET, status=409)
 s3.delete_object(Bucket=BUCKET, Key="c")
@@ -241,6 +298,54 @@ for call, kwargs in [
 fails("AccessDenied", other.get_object, Bucket=BUCKET, Key="over", status=403)
 check(other.get_object(Bucket=OTHER_BUCKET, Key="secret")["Body"].read() == b"theirs",
       "the other tenant's object is untouched")
+
+# CopyObject: content, ETag and metadata kept (or replaced); the copy
+# conditions; a missing source; across tenants only for the admin.
+source = {"Bucket": BUCKET, "Key": "dir/data.bin"}
+copied = s3.copy_object(Bucket=BUCKET, Key="copy/data.bin", CopySource=source)
+check(copied["CopyObjectResult"]["ETag"] == f'"{md5}"', f"copy ETag {copied}")
+got = s3.get_object(Bucket=BUCKET, Key="copy/data.bin")
+check(got["Body"].read() == body and got["ETag"] == f'"{md5}"', "the copy holds other bytes")
+check(got["ContentType"] == "application/x-test", f"copied content type {got['ContentType']}")
+check(got["Metadata"] == {"colour": "blue", "owner": "test suite"}, f"copied {got['Metadata']}")
+s3.copy_object(Bucket=BUCKET, Key="copy/data.bin", CopySource=source, MetadataDirective="REPLACE",
+               Metadata={"colour": "green"}, ContentType="text/plain")
+head = s3.head_object(Bucket=BUCKET, Key="copy/data.bin")
+check(head["Metadata"] == {"colour": "green"}, f"replaced metadata {head['Metadata']}")
+check(head["ContentType"] == "text/plain" and head["ETag"] == f'"{md5}"', f"replaced {head}")
+check(s3.head_object(Bucket=BUCKET, Key="dir/data.bin")["Metadata"]["colour"] == "blue",
+      "the source's metadata changed")
+fails("InvalidRequest", s3.copy_object, Bucket=BUCKET, Key="dir/data.bin", CopySource=source,
+      status=400)
+s3.copy_object(Bucket=BUCKET, Key="over", CopySource={"Bucket": BUCKET, "Key": "over"},
+               MetadataDirective="REPLACE", Metadata={"v": "3"})
+over = s3.get_object(Bucket=BUCKET, Key="over")
+check(over["Body"].read() == b"second version" and over["Metadata"] == {"v": "3"},
+      "a copy onto itself with new metadata")
+s3.copy_object(Bucket=BUCKET, Key="copy/empty", CopySource={"Bucket": BUCKET, "Key": "empty"})
+check(s3.get_object(Bucket=BUCKET, Key="copy/empty")["Body"].read() == b"", "an empty copy")
+s3.copy_object(Bucket=BUCKET, Key="copy/data.bin", CopySource=source, CopySourceIfMatch=md5)
+fails("PreconditionFailed", s3.copy_object, Bucket=BUCKET, Key="copy/x", CopySource=source,
+      CopySourceIfMatch="0" * 32, status=412)
+fails("PreconditionFailed", s3.copy_object, Bucket=BUCKET, Key="copy/x", CopySource=source,
+      CopySourceIfNoneMatch=md5, status=412)
+fails("PreconditionFailed", s3.copy_object, Bucket=BUCKET, Key="copy/x", CopySource=source,
+      CopySourceIfModifiedSince=now + datetime.timedelta(minutes=5), status=412)
+fails("NoSuchKey", s3.copy_object, Bucket=BUCKET, Key="copy/x",
+      CopySource={"Bucket": BUCKET, "Key": "missing"}, status=404)
+fails("NoSuchKey", s3.head_object, Bucket=BUCKET, Key="copy/x", status=404)
+fails("AccessDenied", s3.copy_object, Bucket=BUCKET, Key="stolen",
+      CopySource={"Bucket": OTHER_BUCKET, "Key": "secret"}, status=403)
+fails("AccessDenied", s3.copy_object, Bucket=OTHER_BUCKET, Key="pushed", CopySource=source,
+      status=403)
+admin = client(ADMIN_ACCESS, ADMIN_SECRET)
+admin.copy_object(Bucket=OTHER_BUCKET, Key="from-acme", CopySource=source)
+got = other.get_object(Bucket=OTHER_BUCKET, Key="from-acme")
+check(got["Body"].read() == body and got["ETag"] == f'"{md5}"', "the admin's cross-bucket copy")
+check(got["Metadata"] == {"colour": "blue", "owner": "test suite"}, "cross-bucket metadata")
+gone = s3.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": "copy/data.bin"},
+                                                            {"Key": "copy/empty"}]})
+check(len(gone["Deleted"]) == 2, f"{gone}")
 
 # A request whose date header was dropped after signing.
 def drop_date(request, **_):
