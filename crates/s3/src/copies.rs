@@ -8,7 +8,9 @@
 use crate::buckets::{check_scope, now_ms};
 use crate::errors::{from_store, s3};
 use crate::names::ObjectMeta;
-use crate::objects::{check_conditions, meta_of, name_of, start_read, Conditions, LOOKUP_ATTEMPTS};
+use crate::objects::{
+    check_conditions, check_fits, meta_of, name_of, start_read, Conditions, LOOKUP_ATTEMPTS,
+};
 use crate::streams::{lock, response_body, BodyReader, Piece, Received};
 use crate::Gateway;
 use md5::Digest;
@@ -129,12 +131,7 @@ fn destination_meta(source: &ObjectMeta, request: &CopyRequest) -> S3Result<Obje
         content_type,
         metadata,
     };
-    meta.attributes().map_err(|why| {
-        s3(
-            S3ErrorCode::MetadataTooLarge,
-            format!("'{}/{}': {why}", request.bucket, request.key),
-        )
-    })?;
+    check_fits(&meta, &request.bucket, &request.key)?;
     Ok(meta)
 }
 

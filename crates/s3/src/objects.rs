@@ -96,6 +96,17 @@ pub(crate) fn name_of(bucket: &str, key: &str) -> S3Result<String> {
     })
 }
 
+/// Refuses an object whose S3 metadata does not fit the store record's
+/// attributes, before any byte of it is stored.
+pub(crate) fn check_fits(meta: &ObjectMeta, bucket: &str, key: &str) -> S3Result<()> {
+    meta.attributes().map(|_| ()).map_err(|why| {
+        s3(
+            S3ErrorCode::MetadataTooLarge,
+            format!("'{bucket}/{key}': {why}"),
+        )
+    })
+}
+
 impl Gateway {
     /// PutObject: streams the body into the store object `B/K` while its
     /// MD5 is computed; once the data is stored, checks the Content-MD5
@@ -130,12 +141,7 @@ impl Gateway {
             content_type,
             metadata,
         };
-        meta.attributes().map_err(|why| {
-            s3(
-                S3ErrorCode::MetadataTooLarge,
-                format!("'{bucket}/{key}': {why}"),
-            )
-        })?;
+        check_fits(&meta, bucket, key)?;
         let received = Arc::new(Mutex::new(Received::default()));
         let mut reader = BodyReader::new(body, received.clone());
         let mut refused = None;
