@@ -11,6 +11,7 @@
 //! Needs root and iproute2 (`ip netns`, `tc`); CI runs as root.
 
 use super::*;
+use crate::common::run_ok;
 
 /// A namespace with its loopback up, deleted on drop.
 struct Namespace(String);
@@ -60,13 +61,19 @@ impl Drop for Namespace {
     }
 }
 
-fn run_ok(program: &str, args: &[&str]) {
-    let out = Command::new(program).args(args).output().expect(program);
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+/// A store of 3 metadata and 3 storage nodes, replication 3, in a
+/// network namespace of its own (its directory held by the `TempDir`).
+fn store_in_namespace() -> (Namespace, tempfile::TempDir, Store) {
+    let ns = Namespace::new();
+    let dir = tmp();
+    let flags = ["--mn", "3", "--sn", "3", "--replication", "3,2,3,2"];
+    let store = Store::up_on(
+        &dir.path().join("cluster"),
+        "127.0.0.1:0",
+        Some(&ns.0),
+        &flags,
     );
+    (ns, dir, store)
 }
 
 /// `strata ARGS --output json` against `store`, run in `ns`; its JSON.
@@ -112,11 +119,7 @@ fn share_of(report: &serde_json::Value, id: &str) -> f64 {
 
 #[test]
 fn nami_reads_less_from_a_slow_node_than_uniform_and_primary_keeps_the_order() {
-    let ns = Namespace::new();
-    let dir = tmp();
-    let d = dir.path().join("cluster");
-    let flags = ["--mn", "3", "--sn", "3", "--replication", "3,2,3,2"];
-    let store = Store::up_on(&d, "127.0.0.1:0", Some(&ns.0), &flags);
+    let (ns, _dir, store) = store_in_namespace();
     let status = json_in(&ns, &store, &["store", "status"]);
     let slow = &status["storage_nodes"][0];
     let slow_id = slow["id"].as_str().unwrap().to_string();
@@ -273,11 +276,7 @@ async fn reads_from(
 /// back down and it takes its share again (the "shift back").
 #[test]
 fn nami_shifts_reads_back_to_a_node_once_it_recovers() {
-    let ns = Namespace::new();
-    let dir = tmp();
-    let d = dir.path().join("cluster");
-    let flags = ["--mn", "3", "--sn", "3", "--replication", "3,2,3,2"];
-    let store = Store::up_on(&d, "127.0.0.1:0", Some(&ns.0), &flags);
+    let (ns, _dir, store) = store_in_namespace();
     let status = json_in(&ns, &store, &["store", "status"]);
     let slow_port: u16 = status["storage_nodes"][0]["endpoint"]
         .as_str()
