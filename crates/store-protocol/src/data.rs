@@ -277,7 +277,13 @@ impl Incoming {
                 let ticket = Ticket::open(bytes, key, now_ms).map_err(|e| refuse(e.to_string()))?;
                 let allowed = match &self.req {
                     Request::Put { addr, size, chain } => {
-                        ticket.allows(TicketOp::Put, *addr, chain, *size)
+                        // A Put is of replicas or of one fragment, as the
+                        // ticket was issued for.
+                        let op = match ticket.op {
+                            TicketOp::PutFragment => TicketOp::PutFragment,
+                            _ => TicketOp::Put,
+                        };
+                        ticket.allows(op, *addr, chain, *size)
                     }
                     Request::Get { addr } => ticket.allows(TicketOp::Get, *addr, &[], 0),
                     Request::Free { .. } | Request::Schedule { .. } => Err(format!(

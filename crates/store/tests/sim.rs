@@ -95,6 +95,7 @@ fn every_metadata_copy_acks() -> Params {
         w_m: 3,
         n_d: 2,
         w_d: 1,
+        data_fragments: 0,
     }
 }
 
@@ -645,6 +646,17 @@ impl Sim {
                     let at = self.now + 5 + self.rng.below(200);
                     self.copies.push((at, slot, name, version, targets));
                 }
+                Out::Rebuild {
+                    record, targets, ..
+                } => {
+                    assert!(
+                        self.kill_sn_at.is_some() || self.drain_sn_at.is_some(),
+                        "rebuild without a dead or drained node"
+                    );
+                    let at = self.now + 5 + self.rng.below(200);
+                    self.copies
+                        .push((at, slot, record.name, record.version, targets));
+                }
             }
         }
     }
@@ -730,6 +742,7 @@ impl Sim {
             let body = Body::PostBegin {
                 name: name.clone(),
                 size: size_of(token),
+                class: None,
             };
             self.clients[c as usize].op = Op::PostBegin { name, token };
             self.start_call(c, vec![addrs[0]], body, 5, false);
@@ -779,6 +792,7 @@ impl Sim {
                         version,
                         crc: token,
                         attributes: attributes_of(token),
+                        fragment_crcs: Vec::new(),
                     };
                     let coord = self.table.meta_addrs(&name)[0];
                     self.clients[c as usize].op = Op::PostCommit { name, token };
@@ -1461,6 +1475,7 @@ const MAJORITY: Params = Params {
     w_m: 2,
     n_d: 3,
     w_d: 2,
+    data_fragments: 0,
 };
 
 #[test]
@@ -1470,6 +1485,7 @@ fn metadata_protocol_with_w_equal_n_has_no_lost_or_stale_reads() {
         w_m: 3,
         n_d: 3,
         w_d: 2,
+        data_fragments: 0,
     };
     for seed in seeds(1) {
         let (acked, gets, crashes) = simulate(seed, p);
@@ -1488,6 +1504,7 @@ fn metadata_protocol_with_majority_writes_loses_no_acknowledged_write() {
         w_m: 2,
         n_d: 2,
         w_d: 1,
+        data_fragments: 0,
     };
     for seed in seeds(1_000) {
         let (acked, gets, crashes) = simulate(seed, p);
@@ -1511,6 +1528,7 @@ fn anti_entropy_brings_every_metadata_copy_to_its_coordinator_s_state() {
         w_m: 2,
         n_d: 2,
         w_d: 1,
+        data_fragments: 0,
     };
     let mut refreshes = 0;
     for seed in seeds(9_000) {
@@ -1858,6 +1876,7 @@ fn the_simulation_is_deterministic() {
         w_m: 2,
         n_d: 2,
         w_d: 1,
+        data_fragments: 0,
     };
     let run = |seed| {
         let mut sim = Sim::new(seed, p);
@@ -1897,6 +1916,7 @@ fn a_group_taken_over_is_copied_into_an_empty_group_unless_it_comes_home() {
             replicas: vec![],
             rename: None,
             attributes: Vec::new(),
+            fragments: None,
         };
         db.apply_record(group, &stale).unwrap();
         t.moves.push(Move {

@@ -385,6 +385,17 @@ pub struct UpArgs {
     /// "a/b" is "a").
     #[arg(long = "bucket")]
     pub(super) buckets: Vec<String>,
+    /// The data's storage class for the whole cluster: replicated (N_d
+    /// replicas, from --replication) or ec(K,M), K data and M parity
+    /// fragments on K+M distinct storage nodes (N_d becomes K+M, and
+    /// every fragment must be durable before a Post is acknowledged).
+    #[arg(long, default_value = "replicated")]
+    pub(super) class: String,
+    /// Per-bucket storage class, NAME=CLASS, such as photos=ec(4,2) or
+    /// logs=replicated(3) (repeatable; on top of the bucket's --bucket
+    /// replication, or the cluster's).
+    #[arg(long = "bucket-class")]
+    pub(super) bucket_classes: Vec<String>,
     /// Capacity each storage node declares (e.g. 100G).
     #[arg(long, default_value = "1T")]
     pub(super) capacity: String,
@@ -646,6 +657,10 @@ pub enum ObjCommand {
         /// Show a progress bar.
         #[arg(short = 'p')]
         progress: bool,
+        /// Storage class of this object, replicated(N) or ec(K,M) (default:
+        /// its bucket's, or the cluster's).
+        #[arg(long)]
+        class: Option<String>,
         /// File to upload (`-`: standard input).
         file: Input,
         /// Object name.

@@ -950,6 +950,7 @@ mod tests {
             replicas: vec![],
             rename: None,
             attributes: Vec::new(),
+            fragments: None,
         }
     }
 
