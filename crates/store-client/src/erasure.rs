@@ -415,6 +415,61 @@ impl FragmentReader {
     }
 }
 
+/// Reads a whole object of `size` bytes and CRC-32C `crc` into memory
+/// from any k of its `sources` (in the order given): a fragment that
+/// fails is left out of the next attempt, while k are left. Returns the
+/// object and the fragments that failed on the way (to report them).
+pub async fn gather_object(
+    size: u64,
+    crc: u32,
+    fragments: &Fragments,
+    sources: Vec<FragmentSource>,
+    hedge: Option<Duration>,
+) -> Result<(Vec<u8>, Vec<FragmentFailure>), Error> {
+    let mut failures: Vec<FragmentFailure> = Vec::new();
+    loop {
+        let left: Vec<FragmentSource> = sources
+            .iter()
+            .filter(|s| !failures.iter().any(|f| f.index == s.index))
+            .cloned()
+            .collect();
+        let mut reader = FragmentReader::new(size, fragments, left, hedge)?;
+        let mut object = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(1 << 30));
+        let mut result = Ok(());
+        while let Some(stripe) = reader.next_stripe().await {
+            match stripe {
+                Ok(shards) => {
+                    for shard in shards {
+                        let take = (size - object.len() as u64).min(shard.len() as u64) as usize;
+                        object.extend_from_slice(&shard[..take]);
+                    }
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        if result.is_ok() {
+            result = reader.finish().await;
+        }
+        if result.is_ok() && crc32c::crc32c(&object) != crc {
+            result = Err(Error::Corrupt(format!(
+                "the decoded object fails its checksum (want {crc:08x})"
+            )));
+        }
+        let fresh = reader.failures.len();
+        failures.append(&mut reader.failures);
+        match result {
+            Ok(()) => return Ok((object, failures)),
+            Err(e) if fresh == 0 || sources.len() - failures.len() < fragments.data as usize => {
+                return Err(e)
+            }
+            Err(_) => {}
+        }
+    }
+}
+
 /// What a shard-reading task gives back: the fragment (or, if it could
 /// not be opened, its index and address) and the shard.
 type ShardRead = (Result<OpenFragment, (usize, Addr)>, Result<Vec<u8>, Error>);

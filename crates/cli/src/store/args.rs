@@ -482,14 +482,22 @@ pub struct DataArgs {
     /// closed as soon as accepted).
     #[arg(long, default_value_t = strata_store::storage::replicas::DATA_MAX_CONNECTIONS)]
     pub(super) data_max_connections: usize,
+    /// Memory of each storage node's whole-object cache (e.g. 64M, 1G; 0
+    /// for none): erasure-coded objects whose fragment 0 the node holds,
+    /// served whole, least recently used evicted first; an object takes
+    /// at most an eighth of it.
+    #[arg(long, default_value = "64M")]
+    pub(super) object_cache: String,
 }
 
 impl DataArgs {
-    pub(super) fn limits(&self) -> strata_store::storage::replicas::DataLimits {
-        strata_store::storage::replicas::DataLimits {
+    pub(super) fn limits(&self) -> anyhow::Result<strata_store::storage::replicas::DataLimits> {
+        Ok(strata_store::storage::replicas::DataLimits {
             read_timeout: std::time::Duration::from_millis(self.data_timeout_ms.max(1)),
             max_connections: self.data_max_connections.max(1),
-        }
+            object_cache: crate::units::parse_size(&self.object_cache)
+                .map_err(|e| anyhow::anyhow!("invalid --object-cache: {e}"))?,
+        })
     }
 }
 

@@ -40,7 +40,7 @@ pub(super) fn up(args: UpArgs) -> Result<i32> {
     cfg.keep_routes = !args.routes.no_routes;
     cfg.gc = args.gc.config();
     cfg.scrub = args.scrub.config();
-    cfg.data_limits = args.data.limits();
+    cfg.data_limits = args.data.limits()?;
     cfg.schedule = args.schedule.config()?;
     cfg.metadata_sync_ms = args.sync.metadata_sync_ms;
     cfg.key = args.key.path.clone();

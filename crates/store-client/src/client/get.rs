@@ -12,7 +12,7 @@ use crate::transport::request_id;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use strata_store_protocol::addr::Addr;
-use strata_store_protocol::data::{Credential, Request};
+use strata_store_protocol::data::{CodedObject, Credential, Request};
 use strata_store_protocol::wire::{Body, Fragments, Record};
 use strata_store_protocol::Error;
 use tokio::io::{AsyncSeek, AsyncSeekExt, AsyncWrite, AsyncWriteExt, BufReader};
@@ -177,7 +177,8 @@ impl Client {
                         break;
                     }
                 };
-                let answer = read_replica(stream, &replica, ticket, record, out, progress);
+                let request = Request::Get { addr }.encode(Credential::Ticket(ticket));
+                let answer = read_replica(stream, &replica, request, record, out, progress);
                 match answer.await {
                     Ok((stream, latency)) => {
                         self.read_sample(&replica, Some(latency));
@@ -232,6 +233,18 @@ impl Client {
         for (index, &addr) in record.replicas.iter().enumerate() {
             if let Ok(replica) = Replica::locate(&table, addr) {
                 located.push((index, replica));
+            }
+        }
+        // The node of fragment 0 first: from its object cache, or
+        // gathered there, in one stream.
+        if let Some(&(0, first)) = located.first() {
+            let whole = record.size <= self.whole_object_reads();
+            if whole
+                && self
+                    .read_whole(record, fragments, first, ticket, out, progress)
+                    .await
+            {
+                return Ok(());
             }
         }
         let replicas: Vec<Replica> = located.iter().map(|(_, r)| *r).collect();
@@ -304,6 +317,51 @@ impl Client {
         }
     }
 
+    /// Reads an erasure-coded object whole from `first`, the node of its
+    /// fragment 0 ([`Request::GetObject`]); whether it came, checked
+    /// against the record's size and CRC-32C. On any failure the caller
+    /// reads the fragments itself (the output is rewound then).
+    async fn read_whole<W: AsyncWrite + AsyncSeek + Unpin>(
+        &self,
+        record: &Record,
+        fragments: &Fragments,
+        first: Replica,
+        ticket: &[u8],
+        out: &mut W,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> bool {
+        let request = Request::GetObject {
+            addr: first.addr,
+            object: CodedObject {
+                size: record.size,
+                crc: record.crc,
+                data: fragments.data,
+                fragments: record
+                    .replicas
+                    .iter()
+                    .copied()
+                    .zip(fragments.crcs.iter().copied())
+                    .collect(),
+            },
+        }
+        .encode(Credential::Ticket(ticket));
+        self.read_sent(&first);
+        let Ok((stream, _)) = self.connections.take(&first).await else {
+            self.read_sample(&first, None);
+            return false;
+        };
+        match read_replica(stream, &first, request, record, out, progress).await {
+            Ok((stream, latency)) => {
+                self.read_sample(&first, Some(latency));
+                if let Some(stream) = stream {
+                    self.connections.keep(&first, stream);
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Reads a whole object into memory.
     pub async fn get_bytes(&self, name: &str) -> Result<(Record, Vec<u8>), Error> {
         let mut cur = std::io::Cursor::new(Vec::new());
@@ -324,8 +382,8 @@ const REPLY_BUFFER: usize = 8 * 1024;
 /// reply would make a large object's node look slow.
 const LATENCY_SAMPLE_BYTES: u64 = 64 * 1024;
 
-/// Reads one replica over `s` into `out`: the Get request with the
-/// `ticket`, the reply's status, then its body (size, data, trailer),
+/// Reads one replica over `s` into `out`: the Get `request` (or a
+/// GetObject's), the reply's status, then its body (size, data, trailer),
 /// checked against `record`. Gives the stream back at a request
 /// boundary (`None` if it is out of step) and the node's latency sample
 /// (see [`LATENCY_SAMPLE_BYTES`]), or the error and whether the node had
@@ -333,7 +391,7 @@ const LATENCY_SAMPLE_BYTES: u64 = 64 * 1024;
 async fn read_replica<W: AsyncWrite + Unpin>(
     mut s: TcpStream,
     replica: &Replica,
-    ticket: &[u8],
+    request: Vec<u8>,
     record: &Record,
     out: &mut W,
     progress: &(dyn Fn(u64) + Sync),
@@ -342,7 +400,6 @@ async fn read_replica<W: AsyncWrite + Unpin>(
     let start = Instant::now();
     let before = |e| (e, false);
     let after = |e| (e, true);
-    let request = Request::Get { addr: replica.addr }.encode(Credential::Ticket(ticket));
     s.write_all(&request).await.map_err(io).map_err(before)?;
     // Buffered, so that a small reply's status, size, data and trailer
     // take one receive instead of one each; reads of a large body's

@@ -95,7 +95,15 @@ pub struct Client {
     /// An erasure-coded Get's hedge delay, in microseconds
     /// ([`NO_HEDGE`]: none).
     hedge_micros: std::sync::atomic::AtomicU64,
+    /// Largest erasure-coded object a Get asks the node of its fragment
+    /// 0 for whole ([`Client::set_whole_object_reads`]).
+    whole_object_max: std::sync::atomic::AtomicU64,
 }
+
+/// By default a Get asks the node of fragment 0 for erasure-coded
+/// objects of up to 8 MiB whole: what a storage node's default object
+/// cache takes (an eighth of its 64 MiB).
+pub const DEFAULT_WHOLE_OBJECT_READS: u64 = 8 << 20;
 
 /// [`Client::set_hedge`] with no delay given: no hedged reads.
 const NO_HEDGE: u64 = u64::MAX;
@@ -137,7 +145,23 @@ impl Client {
             reports: Arc::default(),
             choice,
             hedge_micros: std::sync::atomic::AtomicU64::new(DEFAULT_HEDGE.as_micros() as u64),
+            whole_object_max: std::sync::atomic::AtomicU64::new(DEFAULT_WHOLE_OBJECT_READS),
         })
+    }
+
+    /// Sets the largest erasure-coded object a Get asks the node of its
+    /// fragment 0 for whole, served from that node's object cache or
+    /// gathered there ([`DEFAULT_WHOLE_OBJECT_READS`] unless set; 0: a
+    /// Get always reads the fragments itself).
+    pub fn set_whole_object_reads(&self, max: u64) {
+        self.whole_object_max
+            .store(max, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// [`Client::set_whole_object_reads`]'s setting.
+    pub fn whole_object_reads(&self) -> u64 {
+        self.whole_object_max
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Sets the hedge of erasure-coded Gets: with `Some(delay)`, a Get

@@ -22,3 +22,4 @@ pub mod scheduled;
 pub mod scrub;
 pub mod sendfile;
 pub mod server;
+mod whole;

@@ -47,6 +47,25 @@ fn prefix_of(store: &Store, index: usize) -> String {
         .to_string()
 }
 
+/// The storage process's `/metrics` endpoint, from the readiness line.
+fn metrics_at(store: &Store) -> String {
+    let at = store
+        .line()
+        .split("metrics on http://")
+        .nth(1)
+        .expect("a metrics endpoint");
+    let at = at.split([',', ' ']).next().unwrap_or_default();
+    at.trim_end_matches("/metrics").to_string()
+}
+
+/// The sum of `metric`'s samples over every node in `text`.
+fn sum_of(text: &str, metric: &str) -> f64 {
+    text.lines()
+        .filter(|line| line.starts_with(&format!("{metric}{{")))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 fn get_is(store: &Store, dir: &Path, name: &str, want: &[u8]) {
     let out = dir.join("got");
     store.ok(&["obj", "get", name, &p(&out)]);
@@ -87,6 +106,8 @@ fn erasure_coded_objects_survive_damage_and_m_dead_nodes_and_are_rebuilt() {
             "500",
             "--definitive-failure-ms",
             "2500",
+            "--metrics",
+            "127.0.0.1:0",
         ],
     );
     let mut doomed = [
@@ -125,6 +146,31 @@ fn erasure_coded_objects_survive_damage_and_m_dead_nodes_and_are_rebuilt() {
         "{raw} raw bytes for 2.5 MB"
     );
 
+    // The node of fragment 0 serves an object whole, gathered on the
+    // first Get; a second Get is a hit of its object cache. (/metrics
+    // shows the nodes of `store up`'s process: an object whose fragment
+    // 0 is on one of them.)
+    let local: Vec<String> = (0..4).map(|i| prefix_of(&store, i)).collect();
+    let data = pattern(70_000, 99);
+    let probe = dir.path().join("probe");
+    std::fs::write(&probe, &data).unwrap();
+    let name = (0..40)
+        .map(|i| format!("ec/probe{i}"))
+        .find(|name| {
+            store.ok(&["obj", "put", &p(&probe), name]);
+            let first = &fragments_of(&store, name)[0];
+            local.iter().any(|l| first.starts_with(&format!("{l}:")))
+        })
+        .expect("an object with fragment 0 on a node of the store's process");
+    let hits = || {
+        let text = super::rs3::metrics(&metrics_at(&store));
+        sum_of(&text, "strata_object_cache_hits_total")
+    };
+    let before = hits();
+    get_is(&store, dir.path(), &name, &data);
+    get_is(&store, dir.path(), &name, &data);
+    assert!(hits() >= before + 1.0, "no object cache hit on /metrics");
+
     // A class per Post, and one out of bounds refused.
     let src = dir.path().join("src0");
     store.ok(&["obj", "put", "--class", "ec(2,1)", &p(&src), "x/one"]);
@@ -134,7 +180,12 @@ fn erasure_coded_objects_survive_damage_and_m_dead_nodes_and_are_rebuilt() {
 
     // A damaged fragment is caught by its CRC: the Get decodes without
     // it and is exact, and the fragment is rebuilt under a new address.
-    let (name, data) = &objects[3];
+    // (A fresh object: one read before is served from the object cache,
+    // which holds it verified, without reading fragments.)
+    let data = &pattern(2_000_000, 77);
+    let name = &"ec/damaged".to_string();
+    std::fs::write(&probe, data).unwrap();
+    store.ok(&["obj", "put", &p(&probe), name]);
     let damaged = fragments_of(&store, name)[0].clone();
     let path = file_of(dir.path(), &damaged).unwrap();
     let mut bytes = std::fs::read(&path).unwrap();
@@ -178,4 +229,84 @@ fn erasure_coded_objects_survive_damage_and_m_dead_nodes_and_are_rebuilt() {
     for (name, data) in &objects {
         get_is(&store, dir.path(), name, data);
     }
+}
+
+/// A Get of the race: when it started, and what it returned (`None`:
+/// it failed).
+type Seen = (Instant, Option<Vec<u8>>);
+
+/// Eight clients read an erasure-coded object (through the object cache
+/// of its fragment-0 node) while it is overwritten, then deleted: no Get
+/// that started after the overwrite was acknowledged returns the old
+/// bytes, and none that started after the Delete returns any.
+#[test]
+fn cached_gets_never_return_old_bytes_after_an_overwrite_or_delete() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let dir = tmp();
+    let store = Store::up(
+        &dir.path().join("cluster"),
+        &["--mn", "1", "--sn", "6", "--class", "ec(4,2)"],
+    );
+    let (old, new) = (pattern(200_000, 1), pattern(200_000, 2));
+    let src = |name: &str, data: &[u8]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, data).unwrap();
+        p(&path)
+    };
+    let (old_src, new_src) = (src("old", &old), src("new", &new));
+    store.ok(&["obj", "put", &old_src, "race/obj"]);
+    get_is(&store, dir.path(), "race/obj", &old);
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let readers: Vec<_> = (0..8)
+        .map(|i| {
+            let (stop, seen) = (stop.clone(), seen.clone());
+            let out = dir.path().join(format!("out{i}"));
+            let mut command = store.quiet_command(&["obj", "get", "race/obj", &p(&out)]);
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let ok = command.status().is_ok_and(|s| s.success());
+                    let got = ok.then(|| std::fs::read(&out).unwrap_or_default());
+                    seen.lock().unwrap().push((started, got));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(400));
+    store.ok(&["obj", "put", &new_src, "race/obj"]);
+    let overwritten = Instant::now();
+    std::thread::sleep(Duration::from_millis(400));
+    store.ok(&["obj", "rm", "race/obj"]);
+    let deleted = Instant::now();
+    std::thread::sleep(Duration::from_millis(400));
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        reader.join().unwrap();
+    }
+    let seen = seen.lock().unwrap();
+    let after_overwrite = seen.iter().filter(|(at, _)| *at > overwritten).count();
+    let after_delete = seen.iter().filter(|(at, _)| *at > deleted).count();
+    assert!(
+        after_overwrite >= 8 && after_delete >= 8,
+        "too few Gets: {}",
+        seen.len()
+    );
+    for (at, got) in seen.iter() {
+        if *at > deleted {
+            assert!(got.is_none(), "a Get after the Delete returned bytes");
+        } else if *at > overwritten {
+            assert!(
+                got.as_deref() != Some(&old[..]),
+                "a Get after the overwrite returned the old bytes"
+            );
+        }
+    }
+    assert!(
+        seen.iter().any(|(at, got)| *at > overwritten
+            && *at < deleted
+            && got.as_deref() == Some(&new[..])),
+        "no Get read the new bytes"
+    );
 }
