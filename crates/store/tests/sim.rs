@@ -49,8 +49,9 @@ use strata_store::metadata::state::{MnCore, Out};
 use strata_store::orchestrator::state::OnCore;
 use strata_store_client::client::{Call, Step};
 use strata_store_protocol::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+use strata_store_protocol::class::StorageClass;
 use strata_store_protocol::table::{Device, MnEntry, Params, SnEntry, State, Table};
-use strata_store_protocol::wire::{Body, Code, Msg, Record};
+use strata_store_protocol::wire::{Body, Code, Fragments, Msg, Record};
 
 const MNS: u16 = 3;
 const CLIENTS: u32 = 4;
@@ -148,6 +149,18 @@ enum Obj {
 
 fn size_of(token: u32) -> u64 {
     token as u64 * 7 + 1
+}
+
+/// Every third Post is erasure-coded, in `ec(2,1)`: its plan places three
+/// fragments, its commit gives their checksums, and repair rebuilds them
+/// in place ([`Out::Rebuild`]).
+fn coded(token: u32) -> bool {
+    token % 3 == 0
+}
+
+/// The fragment checksums an erasure-coded Post `token` commits.
+fn fragment_crcs_of(token: u32) -> Vec<u32> {
+    (1..=3).map(|i| token.rotate_left(i) ^ i).collect()
 }
 
 /// The attributes every empty object of the simulation is posted with.
@@ -739,10 +752,11 @@ impl Sim {
         } else if roll < 50 {
             let token = self.next_token;
             self.next_token += 1;
+            let class = coded(token).then_some(StorageClass::ErasureCoded { data: 2, parity: 1 });
             let body = Body::PostBegin {
                 name: name.clone(),
                 size: size_of(token),
-                class: None,
+                class,
             };
             self.clients[c as usize].op = Op::PostBegin { name, token };
             self.start_call(c, vec![addrs[0]], body, 5, false);
@@ -777,8 +791,20 @@ impl Sim {
             Op::Idle => {}
             Op::PostBegin { name, token } => match result {
                 Ok(Body::PostPlan {
-                    version, replicas, ..
+                    version,
+                    replicas,
+                    data_fragments,
+                    ..
                 }) => {
+                    assert_eq!(
+                        (data_fragments, replicas.len()),
+                        if coded(token) {
+                            (2, 3)
+                        } else {
+                            (0, replicas.len())
+                        },
+                        "{name}: the plan of Post {token}"
+                    );
                     if self.cancelled
                         && replicas
                             .iter()
@@ -792,7 +818,10 @@ impl Sim {
                         version,
                         crc: token,
                         attributes: attributes_of(token),
-                        fragment_crcs: Vec::new(),
+                        fragment_crcs: match coded(token) {
+                            true => fragment_crcs_of(token),
+                            false => Vec::new(),
+                        },
                     };
                     let coord = self.table.meta_addrs(&name)[0];
                     self.clients[c as usize].op = Op::PostCommit { name, token };
@@ -847,7 +876,22 @@ impl Sim {
             size_of(token),
             "{name}: torn record {record:?}"
         );
+        let expected = coded(token).then(|| Fragments {
+            data: 2,
+            crcs: fragment_crcs_of(token),
+        });
+        assert_eq!(record.fragments, expected, "{name}: {record:?}");
         let plan = self.plans.get(&token);
+        if let (Some(plan), true) = (plan, coded(token)) {
+            // A rebuilt fragment takes its slot: the others keep theirs.
+            assert_eq!(record.replicas.len(), plan.len(), "{name}: {record:?}");
+            for (slot, r) in record.replicas.iter().enumerate() {
+                assert!(
+                    *r == plan[slot] || self.copied.contains(r),
+                    "{name}: fragment {slot} at {r:x} is neither the Post's nor a rebuild's"
+                );
+            }
+        }
         if self.kill_sn_at.is_none() && self.drain_sn_at.is_none() {
             assert_eq!(
                 Some(&record.replicas),
@@ -1317,7 +1361,9 @@ impl Sim {
                 .filter(|&&r| dead.contains(&self.table.layout.sn_of(r).unwrap()))
                 .count();
             assert_eq!(on_dead, 0, "{name}: still on the dead node: {record:?}");
-            assert_eq!(record.replicas.len(), n_d, "{name}: {record:?}");
+            // An erasure-coded object keeps its k + m fragments.
+            let want = if record.fragments.is_some() { 3 } else { n_d };
+            assert_eq!(record.replicas.len(), want, "{name}: {record:?}");
         }
     }
 

@@ -623,12 +623,13 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         if readable < usize::from(data) {
             return false;
         }
-        // The old addresses of the rebuilt fragments on nodes still up
-        // (damaged, or on a drained node) are freed once it commits.
+        // The damaged fragments are freed once it commits, as damaged
+        // replicas are; one on a drained node stays until the node
+        // retires (a metadata copy may still name it meanwhile).
         let dropped: Vec<Addr> = lost
             .iter()
             .map(|&slot| record.replicas[slot])
-            .filter(|&a| matches!(state_of(a), Some((State::Up, _))))
+            .filter(|a| damaged.contains(a))
             .collect();
         let layout = StripeLayout::new(record.size, data, parity);
         let nodes_of = |keep: &dyn Fn(usize) -> bool| -> Vec<u16> {
