@@ -155,7 +155,7 @@ fn size_of(token: u32) -> u64 {
 /// fragments, its commit gives their checksums, and repair rebuilds them
 /// in place ([`Out::Rebuild`]).
 fn coded(token: u32) -> bool {
-    token % 3 == 0
+    token.is_multiple_of(3)
 }
 
 /// The fragment checksums an erasure-coded Post `token` commits.
