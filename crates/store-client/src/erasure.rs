@@ -7,8 +7,9 @@
 
 use crate::stream::read_status;
 use reed_solomon_simd::{ReedSolomonDecoder, ReedSolomonEncoder};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use strata_store_protocol::addr::{fmt_addr, Addr};
 use strata_store_protocol::class::StripeLayout;
@@ -71,12 +72,14 @@ impl StripeCoder {
     /// shards, by fragment index (data first, then parity), each checked
     /// before it came here. Data shards present are taken as they are;
     /// missing ones are decoded.
-    pub fn decode(&mut self, shards: &[(usize, Vec<u8>)]) -> Result<Vec<Vec<u8>>, Error> {
+    pub fn decode(&mut self, shards: Vec<(usize, Vec<u8>)>) -> Result<Vec<Vec<u8>>, Error> {
         let (k, m, shard) = (self.layout.data, self.layout.parity, self.layout.shard);
         let mut data: Vec<Option<Vec<u8>>> = vec![None; k];
+        let mut parity = Vec::new();
         for (index, bytes) in shards {
-            if *index < k {
-                data[*index] = Some(bytes.clone());
+            match index < k {
+                true => data[index] = Some(bytes),
+                false => parity.push((index, bytes)),
             }
         }
         if data.iter().all(Option::is_some) {
@@ -85,13 +88,17 @@ impl StripeCoder {
         self.decoder
             .reset(k, m, shard)
             .map_err(|e| coding_error("resetting the decoder", e))?;
-        for (index, bytes) in shards {
-            let added = if *index < k {
-                self.decoder.add_original_shard(*index, bytes)
-            } else {
-                self.decoder.add_recovery_shard(*index - k, bytes)
-            };
-            added.map_err(|e| coding_error("adding a shard", e))?;
+        for (index, bytes) in data.iter().enumerate() {
+            if let Some(bytes) = bytes {
+                self.decoder
+                    .add_original_shard(index, bytes)
+                    .map_err(|e| coding_error("adding a shard", e))?;
+            }
+        }
+        for (index, bytes) in &parity {
+            self.decoder
+                .add_recovery_shard(*index - k, bytes)
+                .map_err(|e| coding_error("adding a shard", e))?;
         }
         let result = self
             .decoder
@@ -100,6 +107,7 @@ impl StripeCoder {
         for (index, bytes) in result.restored_original_iter() {
             data[index] = Some(bytes.to_vec());
         }
+        drop(result);
         data.into_iter()
             .enumerate()
             .map(|(index, shard)| {
@@ -122,6 +130,50 @@ pub struct FragmentSource {
     pub endpoint: SocketAddr,
     /// The encoded Get request for it, credentials included.
     pub request: Vec<u8>,
+    /// Idle connections to take one from, and to give it back to once
+    /// the fragment is read whole (`None`: a new connection each time).
+    pub pool: Option<Arc<StreamPool>>,
+}
+
+/// Idle data connections for fragment reads, by storage node endpoint:
+/// a new connection costs the node its buffers and a thread wake-up per
+/// fragment, which cost more than the fragment itself on a cold read of
+/// a 1 MiB object. At most [`POOL_PER_NODE`] per node and
+/// [`POOL_TOTAL`] in all.
+#[derive(Debug, Default)]
+pub struct StreamPool {
+    idle: Mutex<HashMap<SocketAddr, Vec<TcpStream>>>,
+}
+
+/// Idle connections a [`StreamPool`] keeps per node.
+pub const POOL_PER_NODE: usize = 16;
+/// Idle connections a [`StreamPool`] keeps in all.
+pub const POOL_TOTAL: usize = 256;
+
+impl StreamPool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, Vec<TcpStream>>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take(&self, endpoint: SocketAddr) -> Option<TcpStream> {
+        let mut idle = self.lock();
+        let stream = idle.get_mut(&endpoint).and_then(Vec::pop);
+        if idle.get(&endpoint).is_some_and(Vec::is_empty) {
+            idle.remove(&endpoint);
+        }
+        stream
+    }
+
+    fn keep(&self, endpoint: SocketAddr, stream: TcpStream) {
+        let mut idle = self.lock();
+        if idle.values().map(Vec::len).sum::<usize>() >= POOL_TOTAL {
+            return;
+        }
+        let for_node = idle.entry(endpoint).or_default();
+        if for_node.len() < POOL_PER_NODE {
+            for_node.push(stream);
+        }
+    }
 }
 
 /// A fragment being read: its stream, positioned after the bytes read.
@@ -130,6 +182,8 @@ struct OpenFragment {
     addr: Addr,
     stream: BufReader<TcpStream>,
     crc: u32,
+    /// Where the stream goes back once the fragment is read whole.
+    home: Option<(SocketAddr, Arc<StreamPool>)>,
 }
 
 /// Bytes of buffering per fragment stream: a stripe's shard or less.
@@ -142,11 +196,22 @@ const FRAGMENT_BUFFER: usize = 64 * 1024;
 async fn open_fragment(source: FragmentSource, len: u64, skip: u64) -> Result<OpenFragment, Error> {
     let (index, addr) = (source.index, source.addr);
     let io = move |e| Error::io(format!("reading fragment {index} ({})", fmt_addr(addr)), e);
-    let mut stream = crate::transport::connect_data(source.endpoint).await?;
-    stream.write_all(&source.request).await.map_err(io)?;
-    let mut stream = BufReader::with_capacity(FRAGMENT_BUFFER, stream);
-    read_status(&mut stream, "reading a fragment").await?;
-    let have = stream.read_u64().await.map_err(io)?;
+    let idle = source.pool.as_ref().and_then(|p| p.take(source.endpoint));
+    let (stream, have) = match idle {
+        // An idle connection the node closed meanwhile fails before any
+        // answer: a new one then.
+        Some(stream) => match ask_fragment(stream, &source.request, io).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                let stream = crate::transport::connect_data(source.endpoint).await?;
+                ask_fragment(stream, &source.request, io).await?
+            }
+        },
+        None => {
+            let stream = crate::transport::connect_data(source.endpoint).await?;
+            ask_fragment(stream, &source.request, io).await?
+        }
+    };
     if have != len {
         return Err(Error::Corrupt(format!(
             "fragment {} ({}) holds {have} bytes; its object's layout says {len}",
@@ -159,8 +224,11 @@ async fn open_fragment(source: FragmentSource, len: u64, skip: u64) -> Result<Op
         addr: source.addr,
         stream,
         crc: 0,
+        home: source.pool.map(|pool| (source.endpoint, pool)),
     };
-    let mut buffer = vec![0u8; FRAGMENT_BUFFER];
+    // Allocated only for a replacement that skips (the common open reads
+    // from the start).
+    let mut buffer = vec![0u8; if skip > 0 { FRAGMENT_BUFFER } else { 0 }];
     let mut left = skip;
     while left > 0 {
         let n = left.min(FRAGMENT_BUFFER as u64) as usize;
@@ -175,13 +243,36 @@ async fn open_fragment(source: FragmentSource, len: u64, skip: u64) -> Result<Op
     Ok(fragment)
 }
 
+/// Sends a fragment's Get `request` on `stream` and reads the answer's
+/// status and size.
+async fn ask_fragment(
+    mut stream: TcpStream,
+    request: &[u8],
+    io: impl Fn(std::io::Error) -> Error + Copy,
+) -> Result<(BufReader<TcpStream>, u64), Error> {
+    stream.write_all(request).await.map_err(io)?;
+    let mut stream = BufReader::with_capacity(FRAGMENT_BUFFER, stream);
+    read_status(&mut stream, "reading a fragment").await?;
+    let have = stream.read_u64().await.map_err(io)?;
+    Ok((stream, have))
+}
+
 /// Reads the next `shard` bytes of `fragment`.
 async fn read_shard(
     mut fragment: OpenFragment,
     shard: usize,
 ) -> (OpenFragment, Result<Vec<u8>, Error>) {
-    let mut bytes = vec![0u8; shard];
-    let read = fragment.stream.read_exact(&mut bytes).await;
+    // Read into spare capacity: no zeroing of a buffer about to be
+    // overwritten.
+    let mut bytes = Vec::with_capacity(shard);
+    let read = (&mut fragment.stream)
+        .take(shard as u64)
+        .read_to_end(&mut bytes)
+        .await
+        .and_then(|n| match n == shard {
+            true => Ok(n),
+            false => Err(std::io::ErrorKind::UnexpectedEof.into()),
+        });
     match read {
         Ok(_) => {
             fragment.crc = crc32c::crc32c_append(fragment.crc, &bytes);
@@ -376,7 +467,7 @@ impl FragmentReader {
             Err(e) => return Some(Err(e)),
         };
         self.stripe += 1;
-        Some(self.coder.decode(&shards))
+        Some(self.coder.decode(shards))
     }
 
     /// After the last stripe: checks each fragment read against its
@@ -394,7 +485,15 @@ impl FragmentReader {
             };
             let want = self.crcs.get(fragment.index).copied();
             let problem = match trailer.await {
-                Ok(verified) if verified && want == Some(fragment.crc) => continue,
+                Ok(verified) if verified && want == Some(fragment.crc) => {
+                    // In step (nothing past the trailer): reusable.
+                    if let Some((endpoint, pool)) = &fragment.home {
+                        if fragment.stream.buffer().is_empty() {
+                            pool.keep(*endpoint, fragment.stream.into_inner());
+                        }
+                    }
+                    continue;
+                }
                 Ok(_) => Error::Corrupt(format!(
                     "fragment {} ({at}) failed its checksum (got {:08x}, want {:08x})",
                     fragment.index,
@@ -533,7 +632,7 @@ mod tests {
                         .filter(|i| mask & (1 << i) != 0)
                         .map(|i| (i, all[i][range.clone()].to_vec()))
                         .collect();
-                    for shard in coder.decode(&shards).unwrap() {
+                    for shard in coder.decode(shards).unwrap() {
                         back.extend_from_slice(&shard);
                     }
                 }
@@ -571,7 +670,7 @@ mod tests {
         ];
         let start = Instant::now();
         for _ in 0..rounds {
-            let data = coder.decode(&shards).unwrap();
+            let data = coder.decode(shards.clone()).unwrap();
             assert_eq!(data[0], stripe[..layout.shard]);
         }
         let decode = start.elapsed();
@@ -589,6 +688,6 @@ mod tests {
         let all = fragments(layout, &object(4096));
         let mut coder = StripeCoder::new(layout).unwrap();
         let three: Vec<(usize, Vec<u8>)> = [0, 4, 5].iter().map(|&i| (i, all[i].clone())).collect();
-        assert!(coder.decode(&three).is_err());
+        assert!(coder.decode(three).is_err());
     }
 }

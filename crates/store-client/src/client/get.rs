@@ -265,6 +265,7 @@ impl Client {
                     addr: replica.addr,
                     endpoint: replica.endpoint,
                     request: Request::Get { addr: replica.addr }.encode(Credential::Ticket(ticket)),
+                    pool: Some(self.fragment_pool.clone()),
                 })
                 .collect();
             for (_, replica) in located

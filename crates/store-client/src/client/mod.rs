@@ -98,6 +98,8 @@ pub struct Client {
     /// Largest erasure-coded object a Get asks the node of its fragment
     /// 0 for whole ([`Client::set_whole_object_reads`]).
     whole_object_max: std::sync::atomic::AtomicU64,
+    /// Idle connections of erasure-coded Gets' fragment reads.
+    fragment_pool: Arc<crate::erasure::StreamPool>,
 }
 
 /// By default a Get asks the node of fragment 0 for erasure-coded
@@ -146,6 +148,7 @@ impl Client {
             choice,
             hedge_micros: std::sync::atomic::AtomicU64::new(DEFAULT_HEDGE.as_micros() as u64),
             whole_object_max: std::sync::atomic::AtomicU64::new(DEFAULT_WHOLE_OBJECT_READS),
+            fragment_pool: Arc::default(),
         })
     }
 

@@ -190,6 +190,7 @@ async fn rebuild_from(
                 addr,
                 endpoint,
                 request: Request::Get { addr }.encode(Credential::Seal(key)),
+                pool: None,
             })
         })
         .collect();

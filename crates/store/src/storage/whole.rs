@@ -10,7 +10,7 @@ use crate::runtime::{read_table, SharedTable};
 use crate::storage::reader::reply_err;
 use crate::storage::replicas::SnStore;
 use std::sync::Arc;
-use strata_store_client::erasure::{gather_object, FragmentSource};
+use strata_store_client::erasure::{gather_object, FragmentSource, StreamPool};
 use strata_store_protocol::addr::{fmt_addr, Addr};
 use strata_store_protocol::data::{CodedObject, Credential, Request};
 use strata_store_protocol::wire::Fragments;
@@ -58,6 +58,13 @@ pub(super) async fn get_object<W: AsyncWrite + Unpin>(
     w.flush().await.map_err(io)
 }
 
+/// The idle connections of the process's storage nodes to the others,
+/// for the fragments they gather (shared: keyed by endpoint).
+fn fragment_pool() -> Arc<StreamPool> {
+    static POOL: std::sync::OnceLock<Arc<StreamPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(Arc::default).clone()
+}
+
 /// Reads the object from any k of its fragments, fragment 0 (this
 /// node's) first, sealed with the node's key.
 async fn gather(
@@ -81,6 +88,7 @@ async fn gather(
                 addr,
                 endpoint: table.sn_endpoint(addr)?,
                 request: Request::Get { addr }.encode(Credential::Seal(key)),
+                pool: Some(fragment_pool()),
             })
         })
         .collect();
