@@ -212,6 +212,22 @@ class CephCluster:
             raise CephError(f"no pool with replication {replication}: 1 or 3")
         return f"bench{replication}"
 
+    def ec_pool(self, data, parity):
+        """An erasure-coded pool of `data` + `parity` chunks, one per OSD
+        (crush failure domain osd: they all share the one host), made on
+        first use; returns its name."""
+        if self.osds < data + parity:
+            raise CephError(f"an ec pool of {data}+{parity} needs --osds {data + parity}")
+        name = f"benchec{data}{parity}"
+        profile = f"k{data}m{parity}"
+        self.ceph("osd", "erasure-code-profile", "set", profile, f"k={data}", f"m={parity}",
+                  "crush-failure-domain=osd", "--force")
+        self.ceph("osd", "pool", "create", name, str(PG_COUNT), str(PG_COUNT), "erasure",
+                  profile)
+        self.ceph("osd", "pool", "application", "enable", name, "rados")
+        self.wait_healthy()
+        return name
+
     def osd_pids(self):
         return [p.pid for n, p in self.daemons.items() if n.startswith("osd.")]
 

@@ -20,6 +20,14 @@ read, and the bytes on the storage nodes' disks over the bytes posted.
 
 Targets: ec(4,2) Gets of 1 MB objects with the cache warm within 10% of
 replicated(3); ec(4,2) raw bytes <= 1.6x (replication 3: 3x).
+
+With --ceph (as root; installs Debian's ceph 16 packages if missing), the
+same host then runs Ceph with 6 BlueStore OSDs and an erasure-coded pool
+k=4 m=2 (crush failure domain osd), and `rados bench -t THREADS` writes
+then reads it for --ceph-seconds at 1 MiB and 64 MiB, next to Strata's
+ec(4,2) bucket at the same sizes (Posts, then --passes cold-then-warm
+Gets): rates and CPU per GB of the servers (Ceph's OSDs; Strata's store
+process).
 """
 import argparse
 import json
@@ -66,6 +74,53 @@ def bench(opts, on, pid, workload, prefix, passes=1):
     return r
 
 
+def ceph_side(opts, sizes):
+    """Ceph's ec k=4 m=2 pool under `rados bench` at each size: rows of
+    (size, mode, ops/s, MB/s, OSD CPU s per GB)."""
+    sys.path.insert(0, HERE)
+    from ceph_cluster import CephCluster
+    from store_bench import rados_bench
+    rows = []
+    with CephCluster(osds=6, store="bluestore", osd_size_gib=8) as ceph:
+        pool = ceph.ec_pool(4, 2)
+        for size in sizes:
+            for mode in ("write", "seq"):
+                r = rados_bench(ceph.conf, pool, mode, opts.ceph_seconds, opts.threads, size,
+                                f"ec{size}", ceph.osd_pids(), ceph.all_pids())
+                cpu_s_per_gb = r["cpu_pct"] / 100 / max(r["mb_per_s"] / 1000, 1e-9)
+                rows.append((size, mode, r["ops_per_s"], r["mb_per_s"], cpu_s_per_gb))
+    return rows
+
+
+def strata_side(opts, sizes):
+    """Strata's ec(4,2) bucket at each size: Posts then Gets, rows as
+    ceph_side's."""
+    rows = []
+    for size in sizes:
+        work = tempfile.mkdtemp(prefix="ec-bench-")
+        d = os.path.join(work, "store")
+        store = subprocess.Popen(
+            [opts.strata, "store", "up", "--dir", d, "--listen", "127.0.0.1:0", "--mn", "1",
+             "--sn", "6", "--class", "ec(4,2)", "--object-cache", "1G"],
+            stdout=subprocess.PIPE, text=True)
+        try:
+            on = store.stdout.readline().split()[4]
+            os.environ["STRATA_CREDENTIAL"] = os.path.join(d, "admin.credential")
+            sized = argparse.Namespace(**vars(opts))
+            sized.size = str(size)
+            sized.ops = max(1, opts.ops * (1 << 20) // size)
+            for workload, mode, passes in (("post", "write", 1), ("get", "seq", opts.passes)):
+                r = bench(sized, on, store.pid, workload, "e", passes)
+                gb = r["mb_per_s"] * r["seconds"] / 1000
+                rows.append((size, mode, r["ops_per_s"], r["mb_per_s"],
+                             r["store_cpu_s"] / max(gb, 1e-9)))
+        finally:
+            store.terminate()
+            store.wait()
+            shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--strata", default=STRATA_DEFAULT)
@@ -75,7 +130,22 @@ def main():
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json-out")
+    ap.add_argument("--ceph", action="store_true",
+                    help="also compare with a Ceph ec k=4 m=2 pool at 1 MiB and 64 MiB")
+    ap.add_argument("--ceph-seconds", type=int, default=10)
     opts = ap.parse_args()
+    if opts.ceph:
+        sizes = [1 << 20, 64 << 20]
+        strata = strata_side(opts, sizes)
+        ceph = ceph_side(opts, sizes)
+        print(f"{'system':<8} {'size':>6} {'mode':<6} {'ops/s':>8} {'MB/s':>8} {'CPU s/GB':>9}")
+        for system, rows in (("strata", strata), ("ceph", ceph)):
+            for size, mode, ops, mb, cpu in rows:
+                print(f"{system:<8} {size >> 20:>5}M {mode:<6} {ops:>8.1f} {mb:>8.0f} {cpu:>9.2f}")
+        if opts.json_out:
+            with open(opts.json_out, "w") as f:
+                json.dump({"strata": strata, "ceph": ceph}, f, indent=1)
+        return
     work = tempfile.mkdtemp(prefix="ec-bench-")
     d = os.path.join(work, "store")
     store = subprocess.Popen(
