@@ -375,6 +375,39 @@ mod tests {
     }
 
     #[test]
+    fn hostile_get_object_headers_are_refused() {
+        let rt = rt();
+        let object = |data: u8, fragments: Vec<(Addr, u32)>| Request::GetObject {
+            addr: 7,
+            object: CodedObject {
+                size: 100,
+                crc: 1,
+                data,
+                fragments,
+            },
+        };
+        let good = object(2, vec![(7, 1), (8, 2), (9, 3)]);
+        let back = read(&rt, &good.encode(Credential::None)).unwrap();
+        assert_eq!(back.req, good);
+        for (bad, why) in [
+            (object(2, vec![(8, 1), (7, 2), (9, 3)]), "fragment 0"),
+            (object(3, vec![(7, 1), (8, 2), (9, 3)]), "more than k"),
+            (object(0, vec![(7, 1), (8, 2)]), "more than k"),
+        ] {
+            let error = read(&rt, &bad.encode(Credential::None)).unwrap_err();
+            assert!(error.report().to_string().contains(why), "{error}");
+        }
+        // A count above 16 is refused before anything is allocated.
+        let mut huge = good.encode(Credential::None);
+        huge[HEADER + 8 + 4 + 1] = 200;
+        let error = read(&rt, &huge).unwrap_err();
+        assert!(
+            error.report().to_string().contains("200 fragments"),
+            "{error}"
+        );
+    }
+
+    #[test]
     fn hostile_headers_are_refused() {
         let rt = rt();
         let mut bad = Request::Get { addr: 1 }.encode(Credential::None);

@@ -199,6 +199,41 @@ fn erasure_coded_objects_survive_damage_and_m_dead_nodes_and_are_rebuilt() {
     });
     get_is(&store, dir.path(), name, data);
 
+    // Fragments in the wrong place: two swapped (each a whole replica
+    // file with a good checksum of its own, at the other's index), and
+    // one of another object's length. Each is caught against the
+    // record's CRC-32C or the layout's length, never decoded: the Gets
+    // are exact from the good fragments, and the bad ones are rebuilt.
+    let misplaced = "ec/misplaced".to_string();
+    let data = pattern(600_000, 78);
+    std::fs::write(&probe, &data).unwrap();
+    store.ok(&["obj", "put", &p(&probe), &misplaced]);
+    let at = fragments_of(&store, &misplaced);
+    let (one, two) = (
+        file_of(dir.path(), &at[1]).unwrap(),
+        file_of(dir.path(), &at[2]).unwrap(),
+    );
+    let (bytes_one, bytes_two) = (std::fs::read(&one).unwrap(), std::fs::read(&two).unwrap());
+    std::fs::write(&one, &bytes_two).unwrap();
+    std::fs::write(&two, &bytes_one).unwrap();
+    get_is(&store, dir.path(), &misplaced, &data);
+    wait_until("the swapped fragments rebuilt", || {
+        let now = fragments_of(&store, &misplaced);
+        now[1] != at[1] && now[2] != at[2]
+    });
+    get_is(&store, dir.path(), &misplaced, &data);
+    let short = "ec/short".to_string();
+    let data = pattern(900_000, 79);
+    std::fs::write(&probe, &data).unwrap();
+    store.ok(&["obj", "put", &p(&probe), &short]);
+    let at = fragments_of(&store, &short);
+    let other = file_of(dir.path(), &fragments_of(&store, &misplaced)[3]).unwrap();
+    std::fs::copy(&other, file_of(dir.path(), &at[3]).unwrap()).unwrap();
+    get_is(&store, dir.path(), &short, &data);
+    wait_until("the fragment of the wrong length rebuilt", || {
+        fragments_of(&store, &short)[3] != at[3]
+    });
+
     // kill -9 of m = 2 storage nodes, each holding a fragment of every
     // object: every object reads back at once, from the 4 left.
     let _spares = [
