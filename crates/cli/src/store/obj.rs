@@ -85,16 +85,23 @@ pub(super) async fn obj(cmd: ObjCommand) -> Result<i32> {
             if cluster.output == Output::Json {
                 println!(
                     "{}",
-                    json!({"name": name, "size": size, "version": r.version, "crc32c": format!("{:08x}", r.crc), "copies": r.copies})
+                    json!({"name": name, "size": size, "version": r.version, "crc32c": format!("{:08x}", r.crc), "copies": r.copies, "data_fragments": r.data_fragments})
                 );
             } else {
+                let kept = match r.data_fragments {
+                    0 if r.copies == 1 => "1 copy".to_string(),
+                    0 => format!("{} copies", r.copies),
+                    k => format!(
+                        "{} fragments in ec({k},{})",
+                        r.copies,
+                        r.replicas.len().saturating_sub(usize::from(k))
+                    ),
+                };
                 println!(
-                    "posted {name}: {} version {} crc32c {:08x}, {} cop{}",
+                    "posted {name}: {} version {} crc32c {:08x}, {kept}",
                     human(size),
                     r.version,
                     r.crc,
-                    r.copies,
-                    if r.copies == 1 { "y" } else { "ies" }
                 );
             }
         }

@@ -24,8 +24,11 @@ pub struct PutResult {
     pub version: u64,
     /// CRC-32C of the data.
     pub crc: u32,
-    /// Durable data copies when acknowledged (0 for an empty object).
+    /// Durable data copies when acknowledged (0 for an empty object);
+    /// for an erasure-coded object, durable fragments.
     pub copies: u8,
+    /// Data fragments (k) of an erasure-coded object; 0 for replicas.
+    pub data_fragments: u8,
     /// Replica addresses: none for an empty object, whose record (size 0,
     /// the empty checksum), durable on the metadata copies, holds all of
     /// it.
@@ -166,6 +169,7 @@ impl Client {
                 version,
                 crc,
                 copies,
+                data_fragments,
                 replicas,
             }),
             other => Err(unexpected("PostCommit", &other)),
@@ -196,6 +200,7 @@ impl Client {
                 version,
                 crc: crc32c::crc32c(&[]),
                 copies: 0,
+                data_fragments: 0,
                 replicas: Vec::new(),
             }),
             other => Err(unexpected("PostEmpty", &other)),
