@@ -4,8 +4,11 @@
 //! ([`crate::storage::scrub`]), and RS3's per-class bytes, queue depth
 //! and latency histogram ([`crate::storage::scheduled`]), and the
 //! whole-object cache's hits, misses, evictions and size
-//! ([`crate::storage::object_cache`]).
+//! ([`crate::storage::object_cache`]); per metadata node of the process
+//! (label `slot`), its repair's copies and rebuilds
+//! ([`crate::metadata::state::RepairStats`]).
 
+use crate::metadata::state::RepairStats;
 use crate::storage::object_cache::CacheStats;
 use crate::storage::replicas::SnStore;
 use crate::storage::scheduled::{ClassStats, ScheduleStats, LATENCY_BUCKETS_US};
@@ -72,13 +75,88 @@ fn families<T>(out: &mut String, families: &[Family<T>], rows: &[(String, &T)]) 
     }
 }
 
-/// Renders `nodes` in the Prometheus text format.
-pub fn render(nodes: &[NodeMetrics]) -> String {
+/// What one metadata node of the process shows on `/metrics`: its
+/// repair counters.
+pub struct MnMetrics {
+    /// The node's slot.
+    pub slot: u16,
+    /// Its repair since it started.
+    pub repair: RepairStats,
+}
+
+/// The metadata nodes `nodes` (slot, and where each publishes its
+/// repair counters) as a source for [`serve`].
+pub fn mn_source(
+    nodes: Vec<(u16, Arc<std::sync::Mutex<RepairStats>>)>,
+) -> Arc<dyn Fn() -> Vec<MnMetrics> + Send + Sync> {
+    Arc::new(move || {
+        nodes
+            .iter()
+            .map(|(slot, stats)| MnMetrics {
+                slot: *slot,
+                repair: *stats.lock().unwrap_or_else(|e| e.into_inner()),
+            })
+            .collect()
+    })
+}
+
+/// Renders `nodes` and `mns` in the Prometheus text format.
+pub fn render(nodes: &[NodeMetrics], mns: &[MnMetrics]) -> String {
     let mut out = String::new();
     render_scrub(&mut out, nodes);
     render_schedule(&mut out, nodes);
     render_object_cache(&mut out, nodes);
+    render_repair(&mut out, mns);
     out
+}
+
+fn render_repair(out: &mut String, mns: &[MnMetrics]) {
+    if mns.is_empty() {
+        return;
+    }
+    let repair: [Family<RepairStats>; 6] = [
+        (
+            "strata_repair_copies_started_total",
+            "counter",
+            "Replica copies a metadata node's repair started.",
+            |r| r.copies_started,
+        ),
+        (
+            "strata_repair_rebuilds_started_total",
+            "counter",
+            "Erasure-coded fragment rebuilds a metadata node's repair started.",
+            |r| r.rebuilds_started,
+        ),
+        (
+            "strata_repair_committed_total",
+            "counter",
+            "Copies and rebuilds committed into their record.",
+            |r| r.committed,
+        ),
+        (
+            "strata_repair_failed_total",
+            "counter",
+            "Copies and rebuilds that failed or were overtaken.",
+            |r| r.failed,
+        ),
+        (
+            "strata_repair_in_flight",
+            "gauge",
+            "Copies and rebuilds under way.",
+            |r| r.in_flight,
+        ),
+        (
+            "strata_repair_damaged_waiting",
+            "gauge",
+            "Replica addresses reported damaged and not repaired yet.",
+            |r| r.damaged_waiting,
+        ),
+    ];
+    let rows: Vec<(String, &RepairStats)> = mns
+        .iter()
+        .map(|m| (format!("slot=\"{}\"", m.slot), &m.repair))
+        .collect();
+    families(out, &repair, &rows);
 }
 
 fn render_object_cache(out: &mut String, nodes: &[NodeMetrics]) {
@@ -283,17 +361,19 @@ fn render_schedule(out: &mut String, nodes: &[NodeMetrics]) {
 pub async fn serve(
     listener: tokio::net::TcpListener,
     nodes: Arc<dyn Fn() -> Vec<NodeMetrics> + Send + Sync>,
+    mns: Arc<dyn Fn() -> Vec<MnMetrics> + Send + Sync>,
 ) {
     use http_body_util::Full;
     use hyper::body::Bytes;
     use hyper::{Response, StatusCode};
     let handler = move |request: hyper::Request<hyper::body::Incoming>| {
         let nodes = nodes.clone();
+        let mns = mns.clone();
         async move {
             let found =
                 request.method() == hyper::Method::GET && request.uri().path() == "/metrics";
             let (status, body) = if found {
-                (StatusCode::OK, render(&nodes()))
+                (StatusCode::OK, render(&nodes(), &mns()))
             } else {
                 (
                     StatusCode::NOT_FOUND,
@@ -349,21 +429,31 @@ mod tests {
                 latency_buckets: [0, 1, 2, 2, 2, 2, 2, 2, 2, 2],
             },
         );
-        let text = render(&[NodeMetrics {
-            uuid: 0xab,
-            scrub: ScrubStats {
-                passes: 3,
-                damaged: 1,
-                last_pass_unix_ms: Some(1_700_000_000_250),
-                ..ScrubStats::default()
-            },
-            schedule: Some(schedule),
-            object_cache: crate::storage::object_cache::CacheStats {
-                hits: 5,
-                budget: 1 << 20,
-                ..Default::default()
-            },
-        }]);
+        let text = render(
+            &[NodeMetrics {
+                uuid: 0xab,
+                scrub: ScrubStats {
+                    passes: 3,
+                    damaged: 1,
+                    last_pass_unix_ms: Some(1_700_000_000_250),
+                    ..ScrubStats::default()
+                },
+                schedule: Some(schedule),
+                object_cache: crate::storage::object_cache::CacheStats {
+                    hits: 5,
+                    budget: 1 << 20,
+                    ..Default::default()
+                },
+            }],
+            &[MnMetrics {
+                slot: 2,
+                repair: RepairStats {
+                    rebuilds_started: 4,
+                    committed: 3,
+                    ..RepairStats::default()
+                },
+            }],
+        );
         for line in [
             "strata_scrub_passes_total{node=\"00000000000000ab\"} 3",
             "strata_scrub_damaged_total{node=\"00000000000000ab\"} 1",
@@ -376,6 +466,8 @@ mod tests {
             "strata_rs3_class_latency_seconds_count{node=\"00000000000000ab\",class=\"acme\"} 2",
             "strata_object_cache_hits_total{node=\"00000000000000ab\"} 5",
             "strata_object_cache_budget_bytes{node=\"00000000000000ab\"} 1048576",
+            "strata_repair_rebuilds_started_total{slot=\"2\"} 4",
+            "strata_repair_committed_total{slot=\"2\"} 3",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

@@ -66,7 +66,7 @@ pub(super) fn node(cmd: NodeCommand) -> Result<i32> {
                 .context("could not add the storage node")?;
                 let registered = register_added_node(&key, cluster.cluster);
                 let nodes = vec![(sn.uuid, sn.store.clone())];
-                let metrics = super::up::serve_metrics(schedule.metrics, nodes).await?;
+                let metrics = super::up::serve_metrics(schedule.metrics, nodes, Vec::new()).await?;
                 println!(
                     "strata store: storage node {:016x} (prefix index {}) on {}{}",
                     sn.uuid,

@@ -58,7 +58,12 @@ pub(super) fn up(args: UpArgs) -> Result<i32> {
             .iter()
             .map(|sn| (sn.uuid, sn.store.clone()))
             .collect();
-        let metrics = serve_metrics(args.schedule.metrics, nodes).await?;
+        let mns = cluster
+            .mns
+            .iter()
+            .map(|mn| (mn.slot, mn.repair_stats()))
+            .collect();
+        let metrics = serve_metrics(args.schedule.metrics, nodes, mns).await?;
         let (s3, _s3_task) = start_gateway(cluster.on, cluster.key.clone(), args.s3).await?;
         let mut out = std::io::stdout().lock();
         // Field 5 is the orchestrator's endpoint (scripts read it there);
@@ -92,12 +97,17 @@ pub(super) async fn serve_metrics(
         u64,
         std::sync::Arc<strata_store::storage::replicas::SnStore>,
     )>,
+    mns: Vec<(
+        u16,
+        std::sync::Arc<std::sync::Mutex<strata_store::metadata::state::RepairStats>>,
+    )>,
 ) -> Result<Option<(SocketAddr, AbortOnDrop)>> {
     let Some(at) = at else { return Ok(None) };
     let listener = strata_store::metrics::bind(at).await?;
     let bound = listener.local_addr()?;
     let source = strata_store::metrics::NodeMetrics::source(nodes);
-    let task = tokio::spawn(strata_store::metrics::serve(listener, source));
+    let mns = strata_store::metrics::mn_source(mns);
+    let task = tokio::spawn(strata_store::metrics::serve(listener, source, mns));
     Ok(Some((bound, AbortOnDrop(task))))
 }
 

@@ -3,7 +3,7 @@
 //! core ([`crate::metadata::state::MnCore`]), and the work the core hands
 //! out (replica copies and frees) spawned on the runtime.
 
-use crate::metadata::state::{MnCore, Out};
+use crate::metadata::state::{MnCore, Out, RepairStats};
 use crate::runtime::{advertised, bind_address, nanos, node_uuid, refresh_loop, register};
 use std::net::{Ipv6Addr, SocketAddr};
 use std::path::Path;
@@ -230,8 +230,19 @@ pub struct MnHandle {
     /// with it the node's socket).
     gone: std::sync::mpsc::Receiver<()>,
     refresher: tokio::task::JoinHandle<()>,
+    /// The node's repair counters, as its serving thread last published
+    /// them.
+    repair: Arc<std::sync::Mutex<RepairStats>>,
     /// Keeps the serving thread alive while the node runs.
     _server: MnServer,
+}
+
+impl MnHandle {
+    /// Where the node publishes its repair counters (after each tick),
+    /// for `/metrics`.
+    pub fn repair_stats(&self) -> Arc<std::sync::Mutex<RepairStats>> {
+        self.repair.clone()
+    }
 }
 
 impl Drop for MnHandle {
@@ -412,6 +423,8 @@ struct Served {
     next_tick: Instant,
     copies: std::sync::mpsc::Sender<CopyReport>,
     copied: std::sync::mpsc::Receiver<CopyReport>,
+    /// Where the repair counters are published ([`MnHandle::repair_stats`]).
+    repair: Arc<std::sync::Mutex<RepairStats>>,
     /// Why the node's group commit failed: from then on it answers
     /// nothing (its writes may not be durable) until it is restarted.
     failed: Option<String>,
@@ -509,6 +522,7 @@ pub async fn start_mn_on(
     let (copies, copied) = std::sync::mpsc::channel();
     let start = Instant::now();
     let fd = sock.as_raw_fd();
+    let repair = Arc::new(std::sync::Mutex::new(core.repair_stats()));
     let node = Served {
         sock,
         core,
@@ -520,6 +534,7 @@ pub async fn start_mn_on(
         next_tick: start + MN_TICK,
         copies,
         copied,
+        repair: repair.clone(),
         failed: None,
         fenced,
         _gone: gone_tx,
@@ -543,6 +558,7 @@ pub async fn start_mn_on(
         stop,
         gone,
         refresher,
+        repair,
         _server: server.clone(),
     })
 }
@@ -750,6 +766,7 @@ fn serve_node(
                     .copy_done(now(), &done.name, done.version, done.targets, done.result);
             outs.extend(outs_done.into_iter().map(|o| (o, true)));
         }
+        *node.repair.lock().unwrap_or_else(|e| e.into_inner()) = node.core.repair_stats();
         match node.tables.has_changed() {
             Ok(true) => {
                 // Epochs only go up (across orchestrator restarts

@@ -261,6 +261,26 @@ struct Inflight {
 }
 
 /// A metadata node's state machine.
+/// A metadata node's repair since it started: copies of replicas and
+/// rebuilds of erasure-coded fragments started, committed and failed,
+/// and what is under way now (for `/metrics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RepairStats {
+    /// Replica copies started.
+    pub copies_started: u64,
+    /// Fragment rebuilds started.
+    pub rebuilds_started: u64,
+    /// Copies and rebuilds committed into their record.
+    pub committed: u64,
+    /// Copies and rebuilds that failed or were overtaken (their new
+    /// replicas freed).
+    pub failed: u64,
+    /// Copies and rebuilds under way now.
+    pub in_flight: u64,
+    /// Replica addresses reported damaged and not repaired yet.
+    pub damaged_waiting: u64,
+}
+
 pub struct MnCore<P> {
     db: MetaDb,
     table: Table,
@@ -276,6 +296,8 @@ pub struct MnCore<P> {
     nonce: u64,
     /// Repair copies under way, by name.
     repairs: BTreeMap<String, Repair>,
+    /// What repair has done since the node started ([`RepairStats`]).
+    repair_counts: RepairStats,
     /// Where the repair scan resumes: a group and the last name looked at.
     repair_cursor: Option<(u32, Option<String>)>,
     /// No repair step before this time.
@@ -374,6 +396,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             next_op: 0,
             nonce,
             repairs: BTreeMap::new(),
+            repair_counts: RepairStats::default(),
             repair_cursor: None,
             next_repair: 0,
             drain_pass: None,

@@ -432,6 +432,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 slots: Vec::new(),
             },
         );
+        self.repair_counts.copies_started += 1;
         out.push(Out::Copy {
             name: record.name,
             version: record.version,
@@ -474,10 +475,24 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 "the repair copy of {name:?} failed or was superseded"
             ))),
         };
-        if committed.is_err() {
-            out.extend(targets.into_iter().map(Out::Free));
+        match committed {
+            Ok(()) => self.repair_counts.committed += 1,
+            Err(_) => {
+                self.repair_counts.failed += 1;
+                out.extend(targets.into_iter().map(Out::Free));
+            }
         }
         out
+    }
+
+    /// What repair has done since the node started, and what is under
+    /// way now.
+    pub fn repair_stats(&self) -> RepairStats {
+        RepairStats {
+            in_flight: self.repairs.len() as u64,
+            damaged_waiting: self.damaged_count() as u64,
+            ..self.repair_counts
+        }
     }
 
     pub(super) fn commit_repair(
@@ -666,6 +681,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 slots: lost.clone(),
             },
         );
+        self.repair_counts.rebuilds_started += 1;
         out.push(Out::Rebuild {
             record: Box::new(record),
             slots: lost,
