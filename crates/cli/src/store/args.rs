@@ -421,6 +421,8 @@ pub struct UpArgs {
     /// in the readiness line). `strata s3` runs one on its own.
     #[arg(long = "s3", value_name = "ADDR", default_value = "127.0.0.1:0")]
     pub(super) s3: SocketAddr,
+    #[command(flatten)]
+    pub(super) s3_expiry: super::UploadExpiryArg,
 }
 
 /// Collection of replicas that no record names (a storage node back

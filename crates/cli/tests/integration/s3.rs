@@ -440,3 +440,157 @@ fn strata_s3_serves_a_cluster_alone_and_refuses_anonymous_requests() {
     // The bucket the signed request made is the store's `acme/` marker.
     store.ok(&["obj", "stat", "acme/"]);
 }
+
+/// The store names under the bucket `bucket` the gateway keeps for
+/// multipart uploads (upload states and parts), as `strata obj ls` shows
+/// them.
+fn multipart_names(store: &Store, bucket: &str) -> Vec<String> {
+    let listed = store.ok(&["obj", "ls", &format!("{bucket}/.strata-multipart/")]);
+    listed
+        .lines()
+        .filter(|line| line.contains(".strata-multipart/"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// aws-cli uploads a file over its multipart threshold (5 MB here) in
+/// parts; the object reads back whole and by ranges across parts, has
+/// S3's multipart ETag, copies in parts (UploadPartCopy), and leaves no
+/// part behind once deleted.
+#[test]
+fn aws_cli_uploads_copies_and_deletes_in_parts() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &[]);
+    let keys = tenant(&store, "acme");
+    let s3 = endpoint(&store);
+    let home = dir.path();
+    std::fs::write(
+        home.join("aws-config"),
+        "[default]\ns3 =\n    multipart_threshold = 5MB\n    multipart_chunksize = 5MB\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| aws_ok(&s3, &keys, home, args);
+    // Three parts of 5 MiB, 5 MiB and the rest.
+    let data = pattern(12 << 20, 40);
+    let file = home.join("big.bin");
+    std::fs::write(&file, &data).unwrap();
+    run(&["s3", "mb", "s3://acme"]);
+    run(&[
+        "s3",
+        "cp",
+        &p(&file),
+        "s3://acme/big.bin",
+        "--metadata",
+        "kind=parts",
+    ]);
+    let head = run(&[
+        "s3api",
+        "head-object",
+        "--bucket",
+        "acme",
+        "--key",
+        "big.bin",
+    ]);
+    let head: serde_json::Value = serde_json::from_str(&head).unwrap();
+    assert_eq!(head["ContentLength"], data.len() as u64, "{head}");
+    assert_eq!(head["Metadata"]["kind"], "parts", "{head}");
+    let etag = head["ETag"].as_str().unwrap().trim_matches('"').to_string();
+    assert!(etag.ends_with("-3"), "not a 3-part ETag: {etag}");
+    let back = home.join("back.bin");
+    run(&["s3", "cp", "s3://acme/big.bin", &p(&back)]);
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "read back other bytes"
+    );
+    // A range across the first part boundary (5 MiB).
+    let part = home.join("range.bin");
+    let boundary = 5 << 20;
+    let range = format!("bytes={}-{}", boundary - 1000, boundary + 999);
+    run(&[
+        "s3api",
+        "get-object",
+        "--bucket",
+        "acme",
+        "--key",
+        "big.bin",
+        "--range",
+        &range,
+        &p(&part),
+    ]);
+    assert!(std::fs::read(&part).unwrap() == data[boundary - 1000..boundary + 1000]);
+    let listed = run(&["s3", "ls", "s3://acme/"]);
+    assert!(
+        listed.contains(&format!("{} big.bin", data.len())),
+        "{listed}"
+    );
+    assert!(!listed.contains("strata-multipart"), "{listed}");
+    // A copy above the threshold: aws-cli copies it in parts.
+    run(&["s3", "cp", "s3://acme/big.bin", "s3://acme/copy.bin"]);
+    run(&["s3", "cp", "s3://acme/copy.bin", &p(&back)]);
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "the copy holds other bytes"
+    );
+    assert_eq!(
+        multipart_names(&store, "acme").len(),
+        6,
+        "two objects of 3 parts"
+    );
+    // Overwritten by a single Put, and deleted: no part is left.
+    let small = home.join("small.txt");
+    std::fs::write(&small, b"now small\n").unwrap();
+    run(&["s3", "cp", &p(&small), "s3://acme/copy.bin"]);
+    run(&["s3", "rm", "s3://acme/big.bin"]);
+    assert_eq!(multipart_names(&store, "acme"), Vec::<String>::new());
+    run(&["s3", "cp", "s3://acme/copy.bin", &p(&back)]);
+    assert_eq!(std::fs::read(&back).unwrap(), b"now small\n");
+}
+
+/// An upload nobody completes is aborted once `--multipart-expiry` has
+/// passed: its state and parts leave the store.
+#[test]
+fn abandoned_uploads_are_cleaned_after_the_expiry() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &["--multipart-expiry", "2s"]);
+    let keys = tenant(&store, "acme");
+    let s3 = endpoint(&store);
+    let home = dir.path();
+    let run = |args: &[&str]| aws_ok(&s3, &keys, home, args);
+    run(&["s3", "mb", "s3://acme"]);
+    let created = run(&[
+        "s3api",
+        "create-multipart-upload",
+        "--bucket",
+        "acme",
+        "--key",
+        "left",
+    ]);
+    let created: serde_json::Value = serde_json::from_str(&created).unwrap();
+    let upload = created["UploadId"].as_str().unwrap().to_string();
+    let body = home.join("part.bin");
+    std::fs::write(&body, pattern(1000, 3)).unwrap();
+    let args = [
+        "s3api",
+        "upload-part",
+        "--bucket",
+        "acme",
+        "--key",
+        "left",
+        "--part-number",
+        "1",
+    ];
+    let mut args = args.to_vec();
+    let body_path = p(&body);
+    args.extend(["--upload-id", &upload, "--body", &body_path]);
+    run(&args);
+    assert_eq!(
+        multipart_names(&store, "acme").len(),
+        2,
+        "the state and one part"
+    );
+    crate::common::store::wait_until("the expired upload to be cleaned", || {
+        multipart_names(&store, "acme").is_empty()
+    });
+    let listed = run(&["s3api", "list-multipart-uploads", "--bucket", "acme"]);
+    assert!(!listed.contains(&upload), "{listed}");
+}
