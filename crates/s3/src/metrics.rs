@@ -17,7 +17,7 @@ use s3s::{HttpError, HttpResponse};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
@@ -197,14 +197,19 @@ pub(crate) async fn handle(
     let operation = Operation::default();
     request.extensions_mut().insert(operation.clone());
     let received = Arc::new(AtomicU64::new(0));
-    let counted = received.clone();
-    let request = request.map(move |body| {
-        s3s::Body::http_body(Counted {
-            body,
-            count: counted,
-        })
-    });
-    let response = service.call(request).await?;
+    let finished = Arc::new(AtomicBool::new(request.body().is_end_stream()));
+    let (count, end) = (received.clone(), finished.clone());
+    let request = request.map(move |body| s3s::Body::http_body(Counted { body, count, end }));
+    let mut response = service.call(request).await?;
+    if !finished.load(Ordering::Relaxed) {
+        // Answered before its body was read (a refusal): the rest of the
+        // body must not be taken for the next request on the connection,
+        // which hyper otherwise sometimes does (a bare 400 to the next).
+        response.headers_mut().insert(
+            hyper::header::CONNECTION,
+            hyper::header::HeaderValue::from_static("close"),
+        );
+    }
     let status = response.status().as_u16();
     Ok(response.map(|body| Measured {
         body,
@@ -219,10 +224,12 @@ pub(crate) async fn handle(
     }))
 }
 
-/// A request body that counts the bytes it gives.
+/// A request body that counts the bytes it gives, and tells when it
+/// was read to its end.
 struct Counted {
     body: Incoming,
     count: Arc<AtomicU64>,
+    end: Arc<AtomicBool>,
 }
 
 impl Body for Counted {
@@ -234,10 +241,17 @@ impl Body for Counted {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
-        if let Some(Ok(frame)) = &frame {
-            if let Some(data) = frame.data_ref() {
-                self.count.fetch_add(data.len() as u64, Ordering::Relaxed);
+        match &frame {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    self.count.fetch_add(data.len() as u64, Ordering::Relaxed);
+                }
             }
+            Some(Err(_)) => {}
+            None => self.end.store(true, Ordering::Relaxed),
+        }
+        if self.body.is_end_stream() {
+            self.end.store(true, Ordering::Relaxed);
         }
         Poll::Ready(frame)
     }

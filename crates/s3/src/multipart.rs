@@ -688,7 +688,7 @@ fn choose_parts(
         previous = number;
     }
     let mut chosen: Vec<PartRef> = Vec::with_capacity(listed.len());
-    for (at, (number, etag)) in listed.iter().enumerate() {
+    for (number, etag) in listed {
         let number = check_part_number(*number)?;
         let found = stored.iter().find(|part| part.number == number);
         let Some(part) = found.filter(|part| {
@@ -703,22 +703,23 @@ fn choose_parts(
                 ),
             ));
         };
-        if part.size < MIN_PART && at + 1 < listed.len() {
-            return Err(s3(
-                S3ErrorCode::EntityTooSmall,
-                format!(
-                    "part {number} holds {} bytes: every part but the last must hold at least \
-                     {MIN_PART} (5 MiB)",
-                    part.size
-                ),
-            ));
-        }
         chosen.push(PartRef {
             number,
             size: part.size,
             version: part.version,
             etag: part.meta.etag.clone(),
         });
+    }
+    let last = chosen.len() - 1;
+    if let Some(part) = chosen[..last].iter().find(|part| part.size < MIN_PART) {
+        return Err(s3(
+            S3ErrorCode::EntityTooSmall,
+            format!(
+                "part {} holds {} bytes: every part but the last must hold at least \
+                 {MIN_PART} (5 MiB)",
+                part.number, part.size
+            ),
+        ));
     }
     Ok(chosen)
 }
