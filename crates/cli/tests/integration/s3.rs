@@ -439,6 +439,63 @@ fn strata_s3_serves_a_cluster_alone_and_refuses_anonymous_requests() {
     assert!(answer.contains("<Code>AccessDenied</Code>"), "{answer}");
     // The bucket the signed request made is the store's `acme/` marker.
     store.ok(&["obj", "stat", "acme/"]);
+
+    // /metrics: the requests above, and a Put and a Get of 5,000 bytes.
+    let body = home.join("five.bin");
+    std::fs::write(&body, pattern(5000, 2)).unwrap();
+    aws_ok(
+        &s3,
+        &keys,
+        home,
+        &["s3", "cp", &p(&body), "s3://acme/five.bin"],
+    );
+    aws_ok(
+        &s3,
+        &keys,
+        home,
+        &["s3", "cp", "s3://acme/five.bin", &p(&home.join("back"))],
+    );
+    let mut stream = std::net::TcpStream::connect(&address).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: s3\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut scraped = String::new();
+    stream.read_to_string(&mut scraped).unwrap();
+    assert!(scraped.starts_with("HTTP/1.1 200"), "{scraped}");
+    assert!(scraped.contains("text/plain; version=0.0.4"), "{scraped}");
+    let value = |sample: &str| -> f64 {
+        let line = scraped
+            .lines()
+            .find(|line| line.starts_with(sample) && line[sample.len()..].starts_with(' '))
+            .unwrap_or_else(|| panic!("no {sample} in /metrics:\n{scraped}"));
+        line[sample.len()..].trim().parse().unwrap()
+    };
+    let requests = |operation: &str, status: u16| {
+        value(&format!(
+            "strata_s3_requests_total{{operation=\"{operation}\",status=\"{status}\"}}"
+        ))
+    };
+    assert_eq!(requests("CreateBucket", 200), 1.0);
+    assert_eq!(requests("PutObject", 200), 1.0);
+    assert_eq!(requests("GetObject", 200), 1.0);
+    // The anonymous listing was routed, then refused; the wrong
+    // signature was refused before s3s routed it.
+    assert_eq!(requests("ListObjectsV2", 403), 1.0);
+    assert!(requests("unrouted", 403) >= 1.0);
+    assert!(value("strata_s3_received_bytes_total{operation=\"PutObject\"}") >= 5000.0);
+    assert!(value("strata_s3_sent_bytes_total{operation=\"GetObject\"}") >= 5000.0);
+    let histogram = "strata_s3_request_duration_seconds";
+    assert_eq!(
+        value(&format!("{histogram}_count{{operation=\"PutObject\"}}")),
+        1.0
+    );
+    assert_eq!(
+        value(&format!(
+            "{histogram}_bucket{{operation=\"PutObject\",le=\"+Inf\"}}"
+        )),
+        1.0
+    );
+    assert!(value(&format!("{histogram}_sum{{operation=\"PutObject\"}}")) > 0.0);
 }
 
 /// The store names under the bucket `bucket` the gateway keeps for
