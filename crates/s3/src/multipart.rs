@@ -434,7 +434,8 @@ impl Gateway {
         Ok(meta)
     }
 
-    /// AbortMultipartUpload: forgets the upload, then deletes its parts.
+    /// AbortMultipartUpload: forgets the upload, then deletes its parts
+    /// ([`discard_upload`]).
     pub(crate) async fn abort_upload(
         &self,
         client: &Client,
@@ -443,12 +444,7 @@ impl Gateway {
         upload: &str,
     ) -> S3Result<()> {
         self.pending(client, bucket, key, upload).await?;
-        match client.delete(&upload_name(bucket, key, upload)).await {
-            Ok(_) => {}
-            Err(e) if is_missing(&e) => return Err(no_such_upload(bucket, key, upload)),
-            Err(e) => return Err(from_store(&format!("aborting upload '{upload}'"), &e)),
-        }
-        drop_parts(client, bucket, key, upload).await;
+        discard_upload(client, bucket, key, upload).await;
         Ok(())
     }
 
@@ -575,19 +571,28 @@ impl Gateway {
     ) -> S3Result<usize> {
         let oldest = now_ms().saturating_sub(expiry.as_millis() as u64);
         let mut cleaned = 0;
-        let mut expired = Vec::new();
-        let page = self
-            .list_uploads(admin, bucket, "", None, None, usize::MAX)
-            .await?;
-        for (key, upload, started) in page.uploads {
-            if started < oldest {
-                expired.push((key, upload));
+        let mut after: Option<(String, String)> = None;
+        loop {
+            let (key_marker, upload_marker) = match &after {
+                Some((key, upload)) => (Some(key.as_str()), Some(upload.as_str())),
+                None => (None, None),
+            };
+            let page = self
+                .list_uploads(admin, bucket, "", key_marker, upload_marker, MAX_LISTED)
+                .await?;
+            after = page
+                .uploads
+                .last()
+                .map(|(key, upload, _)| (key.clone(), upload.clone()));
+            for (key, upload, started) in page.uploads {
+                if started < oldest {
+                    discard_upload(admin, bucket, &key, &upload).await;
+                    cleaned += 1;
+                }
             }
-        }
-        for (key, upload) in expired {
-            delete_quietly(admin, &upload_name(bucket, &key, &upload)).await;
-            drop_parts(admin, bucket, &key, &upload).await;
-            cleaned += 1;
+            if !page.truncated {
+                break;
+            }
         }
         // Parts by upload: one List per upload, skipping to the next.
         let prefix = all_parts_prefix(bucket);
@@ -606,33 +611,22 @@ impl Gateway {
                 continue;
             };
             cursor = format!("{}\u{10FFFF}", parts_prefix(bucket, &key, &upload));
-            if !self.parts_in_use(admin, bucket, &key, &upload).await {
-                drop_parts(admin, bucket, &key, &upload).await;
-                cleaned += 1;
+            match parts_use(admin, bucket, &key, &upload).await {
+                Use::Pending | Use::Unknown => {}
+                Use::Unused => {
+                    drop_parts(admin, bucket, &key, &upload).await;
+                    cleaned += 1;
+                }
+                Use::Object(count) => {
+                    // More part names than the object has: a Complete
+                    // stopped before deleting the parts it left out.
+                    let prefix = parts_prefix(bucket, &key, &upload);
+                    let listed = admin.list(&prefix, "", count + 1).await;
+                    if listed.is_ok_and(|(names, _)| names.len() > count as usize) {
+                        discard_upload(admin, bucket, &key, &upload).await;
+                    }
+                }
             }
-        }
-    }
-
-    /// Whether an upload's parts are used: it is pending, or the key's
-    /// object is its manifest. The state is looked at first: a Complete
-    /// writes the manifest before it forgets the upload. Any doubt (the
-    /// store unavailable) counts as in use.
-    async fn parts_in_use(&self, admin: &Client, bucket: &str, key: &str, upload: &str) -> bool {
-        match admin.stat(&upload_name(bucket, key, upload)).await {
-            Ok(_) => return true,
-            Err(e) if is_missing(&e) => {}
-            Err(_) => return true,
-        }
-        let Ok(name) = name_of(bucket, key) else {
-            return false;
-        };
-        match admin.stat(&name).await {
-            Ok(record) => {
-                let meta = ObjectMeta::from_record(record.size, record.crc, &record.attributes);
-                meta.multipart.is_some_and(|m| m.upload == upload)
-            }
-            Err(e) if is_missing(&e) => false,
-            Err(_) => true,
         }
     }
 
@@ -744,6 +738,112 @@ pub(crate) async fn previous_upload(client: &Client, name: &str) -> Option<Strin
     let record = client.stat(name).await.ok()?;
     let meta = ObjectMeta::from_record(record.size, record.crc, &record.attributes);
     meta.multipart.map(|multipart| multipart.upload)
+}
+
+/// What uses an upload's parts.
+enum Use {
+    /// The upload is pending.
+    Pending,
+    /// The key's object is the upload's manifest, of this many parts.
+    Object(u32),
+    /// Nothing: the upload was aborted, or its object replaced.
+    Unused,
+    /// The store could not tell: leave them.
+    Unknown,
+}
+
+/// What uses the parts of `upload` of `key`. The state is looked at
+/// first: a Complete writes the manifest before it forgets the upload.
+async fn parts_use(client: &Client, bucket: &str, key: &str, upload: &str) -> Use {
+    match client.stat(&upload_name(bucket, key, upload)).await {
+        Ok(_) => return Use::Pending,
+        Err(e) if is_missing(&e) => {}
+        Err(_) => return Use::Unknown,
+    }
+    let Ok(name) = name_of(bucket, key) else {
+        return Use::Unused;
+    };
+    match client.stat(&name).await {
+        Ok(record) => {
+            let meta = ObjectMeta::from_record(record.size, record.crc, &record.attributes);
+            match meta.multipart {
+                Some(multipart) if multipart.upload == upload => Use::Object(multipart.parts),
+                _ => Use::Unused,
+            }
+        }
+        Err(e) if is_missing(&e) => Use::Unused,
+        Err(_) => Use::Unknown,
+    }
+}
+
+/// The part numbers the key's manifest lists if it is `upload`'s;
+/// `Ok(None)` if the key holds no manifest of it, `Err` if the store
+/// could not tell.
+async fn manifest_parts(
+    client: &Client,
+    bucket: &str,
+    key: &str,
+    upload: &str,
+) -> Result<Option<Vec<u32>>, Error> {
+    let Ok(name) = name_of(bucket, key) else {
+        return Ok(None);
+    };
+    let opened = match client.open(&name).await {
+        Ok(opened) => opened,
+        Err(e) if is_missing(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let meta = meta_of(&opened);
+    if meta
+        .multipart
+        .is_none_or(|multipart| multipart.upload != upload)
+    {
+        return Ok(None);
+    }
+    let manifest = read_manifest(client, &opened).await?;
+    Ok(Some(
+        manifest.parts.iter().map(|part| part.number).collect(),
+    ))
+}
+
+/// Forgets an upload and deletes its parts, but those of its object: a
+/// Complete that wrote the manifest then stopped (its gateway died)
+/// left the upload pending, and only the parts it left out may go.
+/// Failures are logged: the cleaner retries.
+pub(crate) async fn discard_upload(client: &Client, bucket: &str, key: &str, upload: &str) {
+    let used = match manifest_parts(client, bucket, key, upload).await {
+        Ok(used) => used,
+        Err(e) => {
+            tracing::warn!(
+                "reading '{bucket}/{key}' before discarding upload {upload}: {}",
+                e.report()
+            );
+            return;
+        }
+    };
+    delete_quietly(client, &upload_name(bucket, key, upload)).await;
+    let Some(used) = used else {
+        drop_parts(client, bucket, key, upload).await;
+        return;
+    };
+    let prefix = parts_prefix(bucket, key, upload);
+    let mut cursor = String::new();
+    loop {
+        let Ok((entries, next)) = client.list(&prefix, &cursor, STORE_PAGE).await else {
+            return;
+        };
+        for entry in entries {
+            let unused = parse_part_name(bucket, &entry.name)
+                .is_some_and(|(_, _, number)| !used.contains(&number));
+            if unused {
+                delete_quietly(client, &entry.name).await;
+            }
+        }
+        match next {
+            Some(next) => cursor = cursor.max(next),
+            None => return,
+        }
+    }
 }
 
 /// Deletes every part of an upload. Failures are logged: the cleaner
