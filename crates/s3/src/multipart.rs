@@ -25,7 +25,7 @@ use md5::{Digest, Md5};
 use s3s::dto::StreamingBlob;
 use s3s::{S3ErrorCode, S3Result};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
@@ -399,7 +399,7 @@ impl Gateway {
             }),
             ..state
         };
-        let used: Vec<u32> = chosen.iter().map(|part| part.number).collect();
+        let used: HashSet<u32> = chosen.iter().map(|part| part.number).collect();
         let body = serde_json::to_vec(&Manifest { parts: chosen }).map_err(|e| {
             s3(
                 S3ErrorCode::InternalError,
@@ -684,7 +684,11 @@ fn choose_parts(
     let mut chosen: Vec<PartRef> = Vec::with_capacity(listed.len());
     for (number, etag) in listed {
         let number = check_part_number(*number)?;
-        let found = stored.iter().find(|part| part.number == number);
+        // Both lists are in part-number order: a binary search each.
+        let found = stored
+            .binary_search_by_key(&number, |part| part.number)
+            .ok()
+            .map(|at| &stored[at]);
         let Some(part) = found.filter(|part| {
             etag.as_deref()
                 .is_none_or(|etag| etag.trim_matches('"') == part.meta.etag)
@@ -784,7 +788,7 @@ async fn manifest_parts(
     bucket: &str,
     key: &str,
     upload: &str,
-) -> Result<Option<Vec<u32>>, Error> {
+) -> Result<Option<HashSet<u32>>, Error> {
     let Ok(name) = name_of(bucket, key) else {
         return Ok(None);
     };
