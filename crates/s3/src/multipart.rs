@@ -378,37 +378,8 @@ impl Gateway {
         let state = self.pending(client, bucket, key, upload).await?;
         let stored = self.stored_parts(client, bucket, key, upload).await?;
         let chosen = choose_parts(bucket, key, listed, &stored)?;
-        let size: u64 = chosen.iter().map(|part| part.size).sum();
-        if size > MAX_MULTIPART_OBJECT {
-            return Err(s3(
-                S3ErrorCode::EntityTooLarge,
-                format!(
-                    "the parts hold {size} bytes; an object holds at most {MAX_MULTIPART_OBJECT}"
-                ),
-            ));
-        }
-        let md5s: Vec<&str> = chosen.iter().map(|part| part.etag.as_str()).collect();
-        let meta = ObjectMeta {
-            etag: multipart_etag(&md5s),
-            size,
-            modified_ms: now_ms(),
-            multipart: Some(Multipart {
-                upload: upload.to_string(),
-                parts: chosen.len() as u32,
-                size,
-            }),
-            ..state
-        };
         let used: HashSet<u32> = chosen.iter().map(|part| part.number).collect();
-        let body = serde_json::to_vec(&Manifest { parts: chosen }).map_err(|e| {
-            s3(
-                S3ErrorCode::InternalError,
-                format!("encoding a manifest: {e}"),
-            )
-        })?;
-        let attributes = meta
-            .attributes()
-            .map_err(|why| s3(S3ErrorCode::MetadataTooLarge, why.to_string()))?;
+        let (meta, body, attributes) = manifest(state, upload, chosen)?;
         let name = name_of(bucket, key)?;
         let previous = previous_upload(client, &name).await;
         client
@@ -419,12 +390,7 @@ impl Gateway {
             .map_err(|e| from_store(&format!("completing '{bucket}/{key}'"), &e))?;
         // The manifest is in place: from here on, a failure leaves names
         // for the cleaner, never a broken object.
-        if let Err(e) = client.delete(&upload_name(bucket, key, upload)).await {
-            tracing::warn!(
-                "forgetting upload {upload} of '{bucket}/{key}': {}",
-                e.report()
-            );
-        }
+        delete_quietly(client, &upload_name(bucket, key, upload)).await;
         for part in stored.iter().filter(|part| !used.contains(&part.number)) {
             delete_quietly(client, &part_name(bucket, key, upload, part.number)).await;
         }
@@ -720,6 +686,45 @@ fn choose_parts(
         ));
     }
     Ok(chosen)
+}
+
+/// The manifest of `upload` of the parts `chosen`, for an object with
+/// the pending upload's metadata `state`: its metadata, body and record
+/// attributes.
+fn manifest(
+    state: ObjectMeta,
+    upload: &str,
+    chosen: Vec<PartRef>,
+) -> S3Result<(ObjectMeta, Vec<u8>, Vec<u8>)> {
+    let size: u64 = chosen.iter().map(|part| part.size).sum();
+    if size > MAX_MULTIPART_OBJECT {
+        return Err(s3(
+            S3ErrorCode::EntityTooLarge,
+            format!("the parts hold {size} bytes; an object holds at most {MAX_MULTIPART_OBJECT}"),
+        ));
+    }
+    let md5s: Vec<&str> = chosen.iter().map(|part| part.etag.as_str()).collect();
+    let meta = ObjectMeta {
+        etag: multipart_etag(&md5s),
+        size,
+        modified_ms: now_ms(),
+        multipart: Some(Multipart {
+            upload: upload.to_string(),
+            parts: chosen.len() as u32,
+            size,
+        }),
+        ..state
+    };
+    let body = serde_json::to_vec(&Manifest { parts: chosen }).map_err(|e| {
+        s3(
+            S3ErrorCode::InternalError,
+            format!("encoding a manifest: {e}"),
+        )
+    })?;
+    let attributes = meta
+        .attributes()
+        .map_err(|why| s3(S3ErrorCode::MetadataTooLarge, why.to_string()))?;
+    Ok((meta, body, attributes))
 }
 
 /// The metadata a part's record carries (its MD5 is filled in as it is
