@@ -4,6 +4,8 @@
 //! - [`transport`]: UDP calls (resent, sealed when the caller holds the
 //!   cluster key) and the prefix table fetched from the orchestrator.
 //! - [`stream`]: the TCP data frames read and written on async streams.
+//! - [`erasure`]: erasure coding: stripes encoded and decoded, and an
+//!   object's fragments read from any k of them.
 //! - [`client`]: the metadata calls as state machines, and the async
 //!   client that runs them over UDP and streams data over TCP.
 //! - [`admin`]: the operator's requests to the orchestrator.
@@ -14,6 +16,7 @@
 
 pub mod admin;
 pub mod client;
+pub mod erasure;
 pub mod stream;
 pub mod transport;
 

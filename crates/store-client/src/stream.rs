@@ -5,7 +5,8 @@
 
 use strata_store_protocol::addr::{fmt_addr, Addr};
 use strata_store_protocol::data::{
-    Incoming, Proof, Request, HEADER, MAX_SCHEDULE_TEXT, MODE_NONE, MODE_SEALED, MODE_TICKET,
+    CodedObject, Incoming, Proof, Request, HEADER, MAX_SCHEDULE_TEXT, MODE_NONE, MODE_SEALED,
+    MODE_TICKET,
 };
 use strata_store_protocol::key::TAG_LEN;
 use strata_store_protocol::wire::{WireError, Writer, MAX_DATA_REPLICAS, MAX_OBJECT, MAX_TICKET};
@@ -68,6 +69,10 @@ pub async fn read_request<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Inco
         }
         2 => Request::Get { addr },
         3 => Request::Free { addr },
+        5 => Request::GetObject {
+            addr,
+            object: read_coded_object(r, addr).await?,
+        },
         _ => {
             let n = r
                 .read_u16()
@@ -124,6 +129,45 @@ pub async fn read_request<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Inco
         }
     };
     Ok(Some(Incoming { req, proof }))
+}
+
+/// Reads a GetObject's description of its object, bounded and checked
+/// ([`CodedObject::check`]) before anything is allocated.
+async fn read_coded_object<R: AsyncRead + Unpin>(
+    r: &mut R,
+    addr: Addr,
+) -> Result<CodedObject, Error> {
+    let io = |e| Error::io("reading a GetObject request", e);
+    let size = r.read_u64().await.map_err(io)?;
+    let crc = r.read_u32().await.map_err(io)?;
+    let data = r.read_u8().await.map_err(io)?;
+    let count = r.read_u8().await.map_err(io)? as usize;
+    if count > MAX_DATA_REPLICAS || size > MAX_OBJECT {
+        return Err(Error::malformed(
+            "a GetObject request",
+            WireError::Invalid(format!(
+                "{count} fragments of an object of {size} bytes (at most \
+                 {MAX_DATA_REPLICAS} fragments and {MAX_OBJECT} bytes)"
+            )),
+        ));
+    }
+    let mut fragments = Vec::with_capacity(count);
+    for _ in 0..count {
+        fragments.push((
+            r.read_u128().await.map_err(io)?,
+            r.read_u32().await.map_err(io)?,
+        ));
+    }
+    let object = CodedObject {
+        size,
+        crc,
+        data,
+        fragments,
+    };
+    object
+        .check(addr)
+        .map_err(|why| Error::malformed("a GetObject request", WireError::Invalid(why)))?;
+    Ok(object)
 }
 
 /// Writes an error reply: status 1 and a message.

@@ -674,6 +674,7 @@ mod tests {
             replicas: vec![4, 5, 6],
             rename: None,
             attributes: Vec::new(),
+            fragments: None,
         };
         Msg::new(42, 1, Body::Replicate { record })
     }
@@ -995,6 +996,7 @@ mod tests {
             size: 40 << 20,
             replicas: vec![5, 6],
             ticket: vec![],
+            data_fragments: 0,
         };
         issue_ticket(&mut plan, 0, "acme", &k, NOW);
         let Body::PostPlan { ticket, .. } = &plan else {
@@ -1048,6 +1050,7 @@ mod tests {
             replicas: vec![1 << 70, 5, u128::MAX - 3],
             rename: Some(wire::RenameLink::From("acme/old".into())),
             attributes: Vec::new(),
+            fragments: None,
         }
     }
 

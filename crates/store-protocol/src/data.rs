@@ -4,6 +4,10 @@
 //! Request: `S6D2`, kind (u8), replica address (16 bytes), then
 //! - Put: size (u64), forward chain (u8 count ≤ 15, addresses);
 //! - Get and Free: nothing more;
+//! - GetObject (an erasure-coded object, whole, from the node of its
+//!   fragment 0, the address): the object's size (u64) and CRC-32C
+//!   (u32), its data fragments k (u8), then its fragment count (u8, at
+//!   most 16) and each fragment's address and CRC-32C, fragment 0 first;
 //! - Schedule (an operator's RS3 settings; the address is any in the
 //!   node's prefix): the settings text (u16 length, at most
 //!   [`MAX_SCHEDULE_TEXT`] bytes, UTF-8);
@@ -63,6 +67,15 @@ pub enum Request {
         /// Replica address.
         addr: Addr,
     },
+    /// Read an erasure-coded object whole from the node of its fragment
+    /// 0 (`addr`): from its object cache, or gathered from any k of the
+    /// fragments and decoded there, then cached.
+    GetObject {
+        /// Fragment 0's address (this node's).
+        addr: Addr,
+        /// What the object's record says of it.
+        object: CodedObject,
+    },
     /// Free a replica.
     Free {
         /// Replica address.
@@ -76,6 +89,41 @@ pub enum Request {
         /// Settings, one `key=value` per line (see `strata store schedule`).
         settings: String,
     },
+}
+
+/// An erasure-coded object as its record describes it, sent with a
+/// [`Request::GetObject`] so that the node of fragment 0 can gather and
+/// check the others.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CodedObject {
+    /// Its size.
+    pub size: u64,
+    /// Its CRC-32C.
+    pub crc: u32,
+    /// Its data fragments (k).
+    pub data: u8,
+    /// Each fragment's address and CRC-32C, by index.
+    pub fragments: Vec<(Addr, u32)>,
+}
+
+impl CodedObject {
+    /// Checks what a request may carry: k ≥ 1, more fragments than k
+    /// and at most [`crate::wire::MAX_DATA_REPLICAS`], fragment 0 at
+    /// `addr`.
+    pub fn check(&self, addr: Addr) -> Result<(), String> {
+        let n = self.fragments.len();
+        if self.data == 0 || n <= self.data as usize || n > crate::wire::MAX_DATA_REPLICAS {
+            return Err(format!(
+                "a GetObject of {} data fragments names {n} fragments (more than k, at most {})",
+                self.data,
+                crate::wire::MAX_DATA_REPLICAS
+            ));
+        }
+        if self.fragments.first().map(|f| f.0) != Some(addr) {
+            return Err("a GetObject must go to the node of the object's fragment 0".into());
+        }
+        Ok(())
+    }
 }
 
 /// What a request is sent with: nothing, a seal with the cluster key (a
@@ -137,6 +185,7 @@ impl Request {
         match self {
             Request::Put { addr, .. }
             | Request::Get { addr }
+            | Request::GetObject { addr, .. }
             | Request::Free { addr }
             | Request::Schedule { addr, .. } => *addr,
         }
@@ -146,6 +195,7 @@ impl Request {
         match self {
             Request::Put { .. } => "Put",
             Request::Get { .. } => "Get",
+            Request::GetObject { .. } => "GetObject",
             Request::Free { .. } => "Free",
             Request::Schedule { .. } => "Schedule",
         }
@@ -174,6 +224,19 @@ impl Request {
                 w.u8(4);
                 w.addr(*addr);
                 w.str(&settings[..floor_char(settings, MAX_SCHEDULE_TEXT)]);
+            }
+            Request::GetObject { addr, object } => {
+                w.u8(5);
+                w.addr(*addr);
+                w.u64(object.size);
+                w.u32(object.crc);
+                w.u8(object.data);
+                let n = object.fragments.len().min(crate::wire::MAX_DATA_REPLICAS);
+                w.u8(n as u8);
+                for &(fragment, crc) in &object.fragments[..n] {
+                    w.addr(fragment);
+                    w.u32(crc);
+                }
             }
         }
         w
@@ -211,7 +274,7 @@ impl Request {
             return Err(WireError::BadMagic);
         }
         let kind = r.u8()?;
-        if !(1..=4).contains(&kind) {
+        if !(1..=5).contains(&kind) {
             return Err(WireError::UnknownKind(kind));
         }
         Ok((kind, r.addr()?))
@@ -277,9 +340,27 @@ impl Incoming {
                 let ticket = Ticket::open(bytes, key, now_ms).map_err(|e| refuse(e.to_string()))?;
                 let allowed = match &self.req {
                     Request::Put { addr, size, chain } => {
-                        ticket.allows(TicketOp::Put, *addr, chain, *size)
+                        // A Put is of replicas or of one fragment, as the
+                        // ticket was issued for.
+                        let op = match ticket.op {
+                            TicketOp::PutFragment => TicketOp::PutFragment,
+                            _ => TicketOp::Put,
+                        };
+                        ticket.allows(op, *addr, chain, *size)
                     }
                     Request::Get { addr } => ticket.allows(TicketOp::Get, *addr, &[], 0),
+                    // Every fragment it names, of the ticket's object.
+                    Request::GetObject { object, .. } => object
+                        .fragments
+                        .iter()
+                        .try_for_each(|&(a, _)| ticket.allows(TicketOp::Get, a, &[], 0))
+                        .and_then(|_| match ticket.size == object.size {
+                            true => Ok(()),
+                            false => Err(format!(
+                                "the ticket covers an object of {} bytes, not {}",
+                                ticket.size, object.size
+                            )),
+                        }),
                     Request::Free { .. } | Request::Schedule { .. } => Err(format!(
                         "a {what} needs the cluster key's seal; a ticket allows none"
                     )),

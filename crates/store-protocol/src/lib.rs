@@ -10,6 +10,8 @@
 //! - [`key`]: the cluster keyring and the secrets derived from it.
 //! - [`tenant`]: tenants' ids and credentials.
 //! - [`wire`]: pure encode/decode of UDP metadata messages.
+//! - [`class`]: storage classes (replicas or erasure-coded fragments)
+//!   and the stripe layout of an erasure-coded object.
 //! - [`scope`]: the names a tenant's request may touch.
 //! - [`table`]: the prefix table the orchestrator publishes.
 //! - [`ticket`]: tickets for the data path and link proofs for renames.
@@ -22,6 +24,7 @@
 
 pub mod addr;
 pub mod auth;
+pub mod class;
 pub mod codec;
 pub mod data;
 pub mod error;

@@ -88,6 +88,7 @@ mod tests {
             replicas: vec![],
             rename,
             attributes: vec![],
+            fragments: None,
         };
         let link = |from: &str| Body::Link {
             record: rec("acme/new", Some(RenameLink::From(from.into()))),
@@ -119,12 +120,14 @@ mod tests {
             Body::PostBegin {
                 name: "b/x".into(),
                 size: 1,
+                class: None,
             },
             Body::PostCommit {
                 name: "b/x".into(),
                 version: 1,
                 crc: 0,
                 attributes: Vec::new(),
+                fragment_crcs: Vec::new(),
             },
             Body::PostEmpty {
                 name: "b/x".into(),

@@ -11,6 +11,7 @@
 //!   port, and the network's routes for each node's prefix deliver it.
 
 use crate::addr::{Addr, Layout, MAX_META_REPLICAS};
+use crate::class::StorageClass;
 use crate::wire::{Fingerprints, Reader, WireError, Writer, MAX_DATA_REPLICAS};
 use std::net::{Ipv6Addr, SocketAddr};
 
@@ -28,10 +29,15 @@ pub struct Params {
     pub n_d: u8,
     /// Data acknowledgements before a write is acknowledged.
     pub w_d: u8,
+    /// Data fragments (k) when the data is erasure-coded: `ec(k, N_d -
+    /// k)`, W_d being the fragments that must be durable (at least k);
+    /// 0 when it is kept as N_d replicas.
+    pub data_fragments: u8,
 }
 
 impl Params {
-    /// Checks 1 ≤ W ≤ N ≤ 16.
+    /// Checks 1 ≤ W ≤ N ≤ 16, and for an erasure-coded class its bounds
+    /// ([`StorageClass::validate`]) and k ≤ W_d.
     pub fn validate(&self) -> Result<(), String> {
         let ok = |n: u8, w: u8, max: usize| w >= 1 && w <= n && (n as usize) <= max;
         if !ok(self.n_m, self.w_m, MAX_META_REPLICAS) || !ok(self.n_d, self.w_d, MAX_DATA_REPLICAS)
@@ -41,7 +47,41 @@ impl Params {
                 self.n_m, self.w_m, self.n_d, self.w_d
             ));
         }
+        if self.data_fragments > 0 {
+            self.class().validate()?;
+            if self.w_d < self.data_fragments {
+                return Err(format!(
+                    "{} with W_d={} is invalid: at least the {} data fragments must be \
+                     durable before a Post is acknowledged",
+                    self.class(),
+                    self.w_d,
+                    self.data_fragments
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The data's storage class.
+    pub fn class(&self) -> StorageClass {
+        StorageClass::from_counts(self.n_d, self.data_fragments)
+    }
+
+    /// These parameters with the data kept in `class` instead: N_d its
+    /// nodes, and W_d all of them for erasure coding (a fragment fewer
+    /// is a failure fewer to survive) or the same quorum, at most N_d,
+    /// for replicas.
+    pub fn with_class(self, class: StorageClass) -> Params {
+        let n_d = class.nodes();
+        Params {
+            n_d,
+            w_d: match class {
+                StorageClass::Replicated { .. } => self.w_d.min(n_d).max(1),
+                StorageClass::ErasureCoded { .. } => n_d,
+            },
+            data_fragments: class.data_fragments(),
+            ..self
+        }
     }
 }
 
@@ -52,6 +92,7 @@ impl Default for Params {
             w_m: 1,
             n_d: 1,
             w_d: 1,
+            data_fragments: 0,
         }
     }
 }
@@ -242,6 +283,13 @@ const KEYS_SECTION: u8 = 1;
 /// with revocations always writes the fingerprint section, maybe empty,
 /// before it).
 const REVOKED_SECTION: u8 = 1;
+
+/// Version of the optional trailing section of the encoded table that
+/// gives the data fragments of the cluster's and each bucket's
+/// parameters ([`Params::data_fragments`]): written only when one is
+/// erasure-coded (always after the fingerprint and revocation sections,
+/// maybe empty); a table without it keeps every class replicated.
+const CLASSES_SECTION: u8 = 1;
 
 /// Most tenants the revocation list holds: 12 bytes each, so at most
 /// 24 KiB of the table's datagram ([`crate::wire::MAX_DATAGRAM`]).
@@ -496,9 +544,12 @@ impl Table {
             w.u64(d.unplaceable);
             w.u16(d.unreported);
         }
+        let coded = std::iter::once(&self.params)
+            .chain(self.buckets.iter().map(|(_, p)| p))
+            .any(|p| p.data_fragments > 0);
         // Left out when empty (it decodes the same), unless revocations
-        // follow it.
-        if self.on_keys.is_some() || !self.keys.is_empty() || !self.revoked.is_empty() {
+        // or classes follow it.
+        if self.on_keys.is_some() || !self.keys.is_empty() || !self.revoked.is_empty() || coded {
             w.u8(KEYS_SECTION);
             match &self.on_keys {
                 Some(k) => {
@@ -514,13 +565,20 @@ impl Table {
                 w.prints(k);
             }
         }
-        if !self.revoked.is_empty() {
+        if !self.revoked.is_empty() || coded {
             w.u8(REVOKED_SECTION);
             let n = self.revoked.len().min(MAX_REVOKED_TENANTS);
             w.u32(n as u32);
             for (hash, min) in &self.revoked[..n] {
                 w.u64(*hash);
                 w.u32(*min);
+            }
+        }
+        if coded {
+            w.u8(CLASSES_SECTION);
+            w.u8(self.params.data_fragments);
+            for (_, p) in &self.buckets {
+                w.u8(p.data_fragments);
             }
         }
         w.buf
@@ -604,6 +662,14 @@ impl Table {
         } else {
             get_revoked(&mut r)?
         };
+        let mut params = params;
+        if r.remaining() > 0 {
+            expect_section(&mut r, CLASSES_SECTION, "storage class")?;
+            for p in std::iter::once(&mut params).chain(buckets.iter_mut().map(|(_, p)| p)) {
+                p.data_fragments = r.u8()?;
+                p.validate().map_err(WireError::Invalid)?;
+            }
+        }
         r.finish()?;
         Ok(Table {
             epoch,
@@ -911,6 +977,7 @@ fn get_params(r: &mut Reader) -> Result<Params, WireError> {
         w_m: r.u8()?,
         n_d: r.u8()?,
         w_d: r.u8()?,
+        data_fragments: 0,
     };
     p.validate().map_err(WireError::Invalid)?;
     Ok(p)
@@ -932,6 +999,7 @@ mod tests {
                 w_m: 2,
                 n_d: 3,
                 w_d: 2,
+                data_fragments: 0,
             },
             buckets: vec![("cold".into(), Params::default())],
             mns: vec![MnEntry {

@@ -13,6 +13,10 @@ pub enum TicketOp {
     Put = 1,
     /// Read any of the replicas of one record.
     Get = 2,
+    /// Store any one of the fragments of one erasure-coded Post, alone
+    /// (no forward chain): each fragment's bytes differ, so the client
+    /// sends each to its own node.
+    PutFragment = 3,
 }
 
 impl TicketOp {
@@ -20,6 +24,7 @@ impl TicketOp {
         match self {
             TicketOp::Put => "Put",
             TicketOp::Get => "Get",
+            TicketOp::PutFragment => "Put of a fragment",
         }
     }
 }
@@ -41,7 +46,8 @@ pub struct Ticket {
     pub op: TicketOp,
     /// When it stops being valid (ms since the Unix epoch).
     pub expires: u64,
-    /// The object's size: a Put must send exactly this many bytes.
+    /// The object's size: a Put must send exactly this many bytes (a
+    /// fragment's Put: the fragment's size).
     pub size: u64,
     /// The replicas it covers: a Put must write exactly these, in this
     /// order; a Get may read any of them.
@@ -127,6 +133,7 @@ impl Ticket {
         let op = match r.u8().map_err(bad)? {
             1 => TicketOp::Put,
             2 => TicketOp::Get,
+            3 => TicketOp::PutFragment,
             k => return Err(TicketError::Malformed(format!("operation {k}"))),
         };
         let expires = r.u64().map_err(bad)?;
@@ -176,6 +183,17 @@ impl Ticket {
                 crate::addr::fmt_addr(addr)
             )),
             TicketOp::Get => Ok(()),
+            TicketOp::PutFragment => {
+                if !chain.is_empty() || !self.replicas.contains(&addr) {
+                    return Err(format!(
+                        "the ticket covers the Put of one of the fragments {} alone, \
+                         but this one writes {}",
+                        fmt_list(&self.replicas),
+                        fmt_list(&[&[addr][..], chain].concat())
+                    ));
+                }
+                check_size(self.size, size)
+            }
             TicketOp::Put => {
                 let written = std::iter::once(&addr).chain(chain);
                 if !written.eq(self.replicas.iter()) {
@@ -185,16 +203,20 @@ impl Ticket {
                         fmt_list(&[&[addr][..], chain].concat())
                     ));
                 }
-                if size != self.size {
-                    return Err(format!(
-                        "the ticket covers a Put of {} bytes but this one sends {size}",
-                        self.size
-                    ));
-                }
-                Ok(())
+                check_size(self.size, size)
             }
         }
     }
+}
+
+/// A Put must send exactly the bytes its ticket covers.
+fn check_size(covered: u64, size: u64) -> Result<(), String> {
+    if size != covered {
+        return Err(format!(
+            "the ticket covers a Put of {covered} bytes but this one sends {size}"
+        ));
+    }
+    Ok(())
 }
 
 fn fmt_list(addrs: &[Addr]) -> String {
@@ -221,12 +243,22 @@ pub fn issue_ticket(
             size,
             replicas,
             ticket,
+            data_fragments,
             ..
         } if ticket.is_empty() && !replicas.is_empty() => {
+            // An erasure-coded Post writes each fragment on its own.
+            let (op, size) = match *data_fragments {
+                0 => (TicketOp::Put, *size),
+                data => {
+                    let parity = (replicas.len() as u8).saturating_sub(data);
+                    let layout = crate::class::StripeLayout::new(*size, data, parity);
+                    (TicketOp::PutFragment, layout.fragment_len())
+                }
+            };
             *ticket = Ticket {
-                op: TicketOp::Put,
-                expires: now_ms.saturating_add(put_ticket_ms(*size)),
-                size: *size,
+                op,
+                expires: now_ms.saturating_add(put_ticket_ms(size)),
+                size,
                 replicas: replicas.clone(),
                 coordinator,
                 tenant: tenant.to_string(),

@@ -2,8 +2,11 @@
 //! Prometheus text format. Per node (label `node`, its uuid in hex): the
 //! scrub's progress and the damaged replicas it found
 //! ([`crate::storage::scrub`]), and RS3's per-class bytes, queue depth
-//! and latency histogram ([`crate::storage::scheduled`]).
+//! and latency histogram ([`crate::storage::scheduled`]), and the
+//! whole-object cache's hits, misses, evictions and size
+//! ([`crate::storage::object_cache`]).
 
+use crate::storage::object_cache::CacheStats;
 use crate::storage::replicas::SnStore;
 use crate::storage::scheduled::{ClassStats, ScheduleStats, LATENCY_BUCKETS_US};
 use crate::storage::scrub::ScrubStats;
@@ -20,6 +23,8 @@ pub struct NodeMetrics {
     pub scrub: ScrubStats,
     /// Its RS3 sender's counters (`None`: the node has none).
     pub schedule: Option<ScheduleStats>,
+    /// Its whole-object cache's counters.
+    pub object_cache: CacheStats,
 }
 
 impl NodeMetrics {
@@ -29,6 +34,7 @@ impl NodeMetrics {
             uuid,
             scrub: store.scrub_stats(),
             schedule: store.schedule().map(|sender| sender.stats()),
+            object_cache: store.object_cache().stats(),
         }
     }
 
@@ -71,7 +77,54 @@ pub fn render(nodes: &[NodeMetrics]) -> String {
     let mut out = String::new();
     render_scrub(&mut out, nodes);
     render_schedule(&mut out, nodes);
+    render_object_cache(&mut out, nodes);
     out
+}
+
+fn render_object_cache(out: &mut String, nodes: &[NodeMetrics]) {
+    let cache: [Family<CacheStats>; 6] = [
+        (
+            "strata_object_cache_hits_total",
+            "counter",
+            "Whole erasure-coded objects served from the object cache.",
+            |c| c.hits,
+        ),
+        (
+            "strata_object_cache_misses_total",
+            "counter",
+            "Whole-object reads that gathered the fragments (or found the object too large).",
+            |c| c.misses,
+        ),
+        (
+            "strata_object_cache_evictions_total",
+            "counter",
+            "Objects evicted (least recently used first) to make room.",
+            |c| c.evictions,
+        ),
+        (
+            "strata_object_cache_bytes",
+            "gauge",
+            "Bytes the object cache holds.",
+            |c| c.bytes,
+        ),
+        (
+            "strata_object_cache_objects",
+            "gauge",
+            "Objects the object cache holds.",
+            |c| c.entries,
+        ),
+        (
+            "strata_object_cache_budget_bytes",
+            "gauge",
+            "The object cache's byte budget.",
+            |c| c.budget,
+        ),
+    ];
+    let rows: Vec<(String, &CacheStats)> = nodes
+        .iter()
+        .map(|node| (format!("node=\"{:016x}\"", node.uuid), &node.object_cache))
+        .collect();
+    families(out, &cache, &rows);
 }
 
 fn render_scrub(out: &mut String, nodes: &[NodeMetrics]) {
@@ -305,6 +358,11 @@ mod tests {
                 ..ScrubStats::default()
             },
             schedule: Some(schedule),
+            object_cache: crate::storage::object_cache::CacheStats {
+                hits: 5,
+                budget: 1 << 20,
+                ..Default::default()
+            },
         }]);
         for line in [
             "strata_scrub_passes_total{node=\"00000000000000ab\"} 3",
@@ -316,6 +374,8 @@ mod tests {
             "strata_rs3_class_latency_seconds_bucket{node=\"00000000000000ab\",class=\"acme\",le=\"0.001\"} 1",
             "strata_rs3_class_latency_seconds_bucket{node=\"00000000000000ab\",class=\"acme\",le=\"+Inf\"} 2",
             "strata_rs3_class_latency_seconds_count{node=\"00000000000000ab\",class=\"acme\"} 2",
+            "strata_object_cache_hits_total{node=\"00000000000000ab\"} 5",
+            "strata_object_cache_budget_bytes{node=\"00000000000000ab\"} 1048576",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

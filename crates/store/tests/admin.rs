@@ -17,6 +17,7 @@ async fn two_storage_nodes(dir: &std::path::Path) -> Cluster {
         w_m: 1,
         n_d: 1,
         w_d: 1,
+        data_fragments: 0,
     };
     Cluster::start(cfg).await.unwrap()
 }

@@ -89,6 +89,7 @@ fn unauthenticated_datagrams() -> Vec<Vec<u8>> {
         Body::PostBegin {
             name: name.clone(),
             size: 10,
+            class: None,
         },
         Body::List {
             prefix: "acme/".into(),

@@ -27,6 +27,7 @@ async fn three_nodes(dir: &std::path::Path) -> (Cluster, TenantCredential) {
         w_m: 2,
         n_d: 1,
         w_d: 1,
+        data_fragments: 0,
     };
     let cluster = Cluster::start(cfg).await.unwrap();
     let cred = TenantCredential::issue(&cluster.key, ADMIN).unwrap();

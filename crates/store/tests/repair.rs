@@ -26,6 +26,7 @@ fn table() -> Table {
             w_m: 1,
             n_d: 3,
             w_d: 2,
+            data_fragments: 0,
         },
         buckets: vec![],
         mns: vec![MnEntry {
@@ -76,6 +77,7 @@ fn post(core: &mut MnCore<u32>, t: &Table, name: &str, now: u64) {
         Body::PostBegin {
             name: name.into(),
             size: 1000,
+            class: None,
         },
     );
     let version = match &core.handle(now, CLIENT, begin)[..] {
@@ -98,6 +100,7 @@ fn post(core: &mut MnCore<u32>, t: &Table, name: &str, now: u64) {
             version,
             crc: 0xabcd,
             attributes: b"etag and type".to_vec(),
+            fragment_crcs: Vec::new(),
         },
     );
     let outs = core.handle(now + 1, CLIENT, commit);
@@ -221,6 +224,7 @@ fn a_copy_overtaken_by_a_new_post_is_dropped() {
         Body::PostBegin {
             name: "c/obj".into(),
             size: 10,
+            class: None,
         },
     );
     core.handle(15, CLIENT, begin);
@@ -848,6 +852,7 @@ fn a_post_commit_after_a_restart_is_not_acknowledged_over_a_repair() {
         Body::PostBegin {
             name: "f/obj".into(),
             size: 10,
+            class: None,
         },
     );
     let planned = match &core.handle(10, CLIENT, begin)[..] {
@@ -874,6 +879,7 @@ fn a_post_commit_after_a_restart_is_not_acknowledged_over_a_repair() {
             version: planned,
             crc: 0x1234,
             attributes: Vec::new(),
+            fragment_crcs: Vec::new(),
         },
     );
     let outs = core.handle(40, CLIENT, commit);
@@ -944,6 +950,7 @@ mod unauthenticated {
             replicas: vec![t.layout.sn_prefix(1) | 77],
             rename: None,
             attributes: Vec::new(),
+            fragments: None,
         };
         let msg = Msg::new(5, meta[0], Body::Replicate { record: rec });
         let [plain, wrong, good] = forms(&msg);
@@ -1035,6 +1042,7 @@ mod unauthenticated {
             replicas: vec![t.layout.sn_prefix(1) | 9],
             rename: None,
             attributes: Vec::new(),
+            fragments: None,
         });
         let page = pull.reply(Body::MgRows {
             rows: vec![row],

@@ -20,6 +20,7 @@ async fn a_flipped_replica_is_counted_reported_and_repaired() {
         w_m: 1,
         n_d: 2,
         w_d: 2,
+        data_fragments: 0,
     };
     cfg.scrub = ScrubConfig::at_rate(32 << 20, Duration::from_millis(200));
     let cluster = Cluster::start(cfg).await.unwrap();

@@ -49,8 +49,9 @@ use strata_store::metadata::state::{MnCore, Out};
 use strata_store::orchestrator::state::OnCore;
 use strata_store_client::client::{Call, Step};
 use strata_store_protocol::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
+use strata_store_protocol::class::StorageClass;
 use strata_store_protocol::table::{Device, MnEntry, Params, SnEntry, State, Table};
-use strata_store_protocol::wire::{Body, Code, Msg, Record};
+use strata_store_protocol::wire::{Body, Code, Fragments, Msg, Record};
 
 const MNS: u16 = 3;
 const CLIENTS: u32 = 4;
@@ -95,6 +96,7 @@ fn every_metadata_copy_acks() -> Params {
         w_m: 3,
         n_d: 2,
         w_d: 1,
+        data_fragments: 0,
     }
 }
 
@@ -147,6 +149,18 @@ enum Obj {
 
 fn size_of(token: u32) -> u64 {
     token as u64 * 7 + 1
+}
+
+/// Every third Post is erasure-coded, in `ec(2,1)`: its plan places three
+/// fragments, its commit gives their checksums, and repair rebuilds them
+/// in place ([`Out::Rebuild`]).
+fn coded(token: u32) -> bool {
+    token.is_multiple_of(3)
+}
+
+/// The fragment checksums an erasure-coded Post `token` commits.
+fn fragment_crcs_of(token: u32) -> Vec<u32> {
+    (1..=3).map(|i| token.rotate_left(i) ^ i).collect()
 }
 
 /// The attributes every empty object of the simulation is posted with.
@@ -645,6 +659,17 @@ impl Sim {
                     let at = self.now + 5 + self.rng.below(200);
                     self.copies.push((at, slot, name, version, targets));
                 }
+                Out::Rebuild {
+                    record, targets, ..
+                } => {
+                    assert!(
+                        self.kill_sn_at.is_some() || self.drain_sn_at.is_some(),
+                        "rebuild without a dead or drained node"
+                    );
+                    let at = self.now + 5 + self.rng.below(200);
+                    self.copies
+                        .push((at, slot, record.name, record.version, targets));
+                }
             }
         }
     }
@@ -727,9 +752,11 @@ impl Sim {
         } else if roll < 50 {
             let token = self.next_token;
             self.next_token += 1;
+            let class = coded(token).then_some(StorageClass::ErasureCoded { data: 2, parity: 1 });
             let body = Body::PostBegin {
                 name: name.clone(),
                 size: size_of(token),
+                class,
             };
             self.clients[c as usize].op = Op::PostBegin { name, token };
             self.start_call(c, vec![addrs[0]], body, 5, false);
@@ -764,8 +791,20 @@ impl Sim {
             Op::Idle => {}
             Op::PostBegin { name, token } => match result {
                 Ok(Body::PostPlan {
-                    version, replicas, ..
+                    version,
+                    replicas,
+                    data_fragments,
+                    ..
                 }) => {
+                    assert_eq!(
+                        (data_fragments, replicas.len()),
+                        if coded(token) {
+                            (2, 3)
+                        } else {
+                            (0, replicas.len())
+                        },
+                        "{name}: the plan of Post {token}"
+                    );
                     if self.cancelled
                         && replicas
                             .iter()
@@ -779,6 +818,10 @@ impl Sim {
                         version,
                         crc: token,
                         attributes: attributes_of(token),
+                        fragment_crcs: match coded(token) {
+                            true => fragment_crcs_of(token),
+                            false => Vec::new(),
+                        },
                     };
                     let coord = self.table.meta_addrs(&name)[0];
                     self.clients[c as usize].op = Op::PostCommit { name, token };
@@ -833,7 +876,22 @@ impl Sim {
             size_of(token),
             "{name}: torn record {record:?}"
         );
+        let expected = coded(token).then(|| Fragments {
+            data: 2,
+            crcs: fragment_crcs_of(token),
+        });
+        assert_eq!(record.fragments, expected, "{name}: {record:?}");
         let plan = self.plans.get(&token);
+        if let (Some(plan), true) = (plan, coded(token)) {
+            // A rebuilt fragment takes its slot: the others keep theirs.
+            assert_eq!(record.replicas.len(), plan.len(), "{name}: {record:?}");
+            for (slot, r) in record.replicas.iter().enumerate() {
+                assert!(
+                    *r == plan[slot] || self.copied.contains(r),
+                    "{name}: fragment {slot} at {r:x} is neither the Post's nor a rebuild's"
+                );
+            }
+        }
         if self.kill_sn_at.is_none() && self.drain_sn_at.is_none() {
             assert_eq!(
                 Some(&record.replicas),
@@ -1303,7 +1361,9 @@ impl Sim {
                 .filter(|&&r| dead.contains(&self.table.layout.sn_of(r).unwrap()))
                 .count();
             assert_eq!(on_dead, 0, "{name}: still on the dead node: {record:?}");
-            assert_eq!(record.replicas.len(), n_d, "{name}: {record:?}");
+            // An erasure-coded object keeps its k + m fragments.
+            let want = if record.fragments.is_some() { 3 } else { n_d };
+            assert_eq!(record.replicas.len(), want, "{name}: {record:?}");
         }
     }
 
@@ -1461,6 +1521,7 @@ const MAJORITY: Params = Params {
     w_m: 2,
     n_d: 3,
     w_d: 2,
+    data_fragments: 0,
 };
 
 #[test]
@@ -1470,6 +1531,7 @@ fn metadata_protocol_with_w_equal_n_has_no_lost_or_stale_reads() {
         w_m: 3,
         n_d: 3,
         w_d: 2,
+        data_fragments: 0,
     };
     for seed in seeds(1) {
         let (acked, gets, crashes) = simulate(seed, p);
@@ -1488,6 +1550,7 @@ fn metadata_protocol_with_majority_writes_loses_no_acknowledged_write() {
         w_m: 2,
         n_d: 2,
         w_d: 1,
+        data_fragments: 0,
     };
     for seed in seeds(1_000) {
         let (acked, gets, crashes) = simulate(seed, p);
@@ -1511,6 +1574,7 @@ fn anti_entropy_brings_every_metadata_copy_to_its_coordinator_s_state() {
         w_m: 2,
         n_d: 2,
         w_d: 1,
+        data_fragments: 0,
     };
     let mut refreshes = 0;
     for seed in seeds(9_000) {
@@ -1858,6 +1922,7 @@ fn the_simulation_is_deterministic() {
         w_m: 2,
         n_d: 2,
         w_d: 1,
+        data_fragments: 0,
     };
     let run = |seed| {
         let mut sim = Sim::new(seed, p);
@@ -1897,6 +1962,7 @@ fn a_group_taken_over_is_copied_into_an_empty_group_unless_it_comes_home() {
             replicas: vec![],
             rename: None,
             attributes: Vec::new(),
+            fragments: None,
         };
         db.apply_record(group, &stale).unwrap();
         t.moves.push(Move {

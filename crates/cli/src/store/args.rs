@@ -385,6 +385,17 @@ pub struct UpArgs {
     /// "a/b" is "a").
     #[arg(long = "bucket")]
     pub(super) buckets: Vec<String>,
+    /// The data's storage class for the whole cluster: replicated (N_d
+    /// replicas, from --replication) or ec(K,M), K data and M parity
+    /// fragments on K+M distinct storage nodes (N_d becomes K+M, and
+    /// every fragment must be durable before a Post is acknowledged).
+    #[arg(long, default_value = "replicated")]
+    pub(super) class: String,
+    /// Per-bucket storage class, NAME=CLASS, such as photos=ec(4,2) or
+    /// logs=replicated(3) (repeatable; on top of the bucket's --bucket
+    /// replication, or the cluster's).
+    #[arg(long = "bucket-class")]
+    pub(super) bucket_classes: Vec<String>,
     /// Capacity each storage node declares (e.g. 100G).
     #[arg(long, default_value = "1T")]
     pub(super) capacity: String,
@@ -473,14 +484,22 @@ pub struct DataArgs {
     /// closed as soon as accepted).
     #[arg(long, default_value_t = strata_store::storage::replicas::DATA_MAX_CONNECTIONS)]
     pub(super) data_max_connections: usize,
+    /// Memory of each storage node's whole-object cache (e.g. 64M, 1G; 0
+    /// for none): erasure-coded objects whose fragment 0 the node holds,
+    /// served whole, least recently used evicted first; an object takes
+    /// at most an eighth of it.
+    #[arg(long, default_value = "64M")]
+    pub(super) object_cache: String,
 }
 
 impl DataArgs {
-    pub(super) fn limits(&self) -> strata_store::storage::replicas::DataLimits {
-        strata_store::storage::replicas::DataLimits {
+    pub(super) fn limits(&self) -> anyhow::Result<strata_store::storage::replicas::DataLimits> {
+        Ok(strata_store::storage::replicas::DataLimits {
             read_timeout: std::time::Duration::from_millis(self.data_timeout_ms.max(1)),
             max_connections: self.data_max_connections.max(1),
-        }
+            object_cache: crate::units::parse_size(&self.object_cache)
+                .map_err(|e| anyhow::anyhow!("invalid --object-cache: {e}"))?,
+        })
     }
 }
 
@@ -648,6 +667,10 @@ pub enum ObjCommand {
         /// Show a progress bar.
         #[arg(short = 'p')]
         progress: bool,
+        /// Storage class of this object, replicated(N) or ec(K,M) (default:
+        /// its bucket's, or the cluster's).
+        #[arg(long)]
+        class: Option<String>,
         /// File to upload (`-`: standard input).
         file: Input,
         /// Object name.

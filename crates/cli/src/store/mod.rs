@@ -36,6 +36,7 @@ use strata_store_client::client::{Client, RenameStep};
 use strata_store_protocol::auth::{
     fmt_fingerprint, sibling, ClusterKey, Fingerprints, KEY_FILE, NEXT_SUFFIX, PREV_SUFFIX,
 };
+use strata_store_protocol::class::StorageClass;
 use strata_store_protocol::table::{Device, Params, Table};
 use strata_store_protocol::tenant::{
     describe_scope, TenantCredential, ADMIN, ADMIN_CREDENTIAL_FILE, CREDENTIAL_ENV,
@@ -62,9 +63,53 @@ fn parse_params(s: &str) -> Result<Params> {
     let [n_m, w_m, n_d, w_d] = v[..] else {
         bail!("invalid replication '{s}': expected four numbers N_m,W_m,N_d,W_d");
     };
-    let p = Params { n_m, w_m, n_d, w_d };
+    let p = Params {
+        n_m,
+        w_m,
+        n_d,
+        w_d,
+        data_fragments: 0,
+    };
     p.validate().map_err(anyhow::Error::msg)?;
     Ok(p)
+}
+
+/// A storage class from the command line: `replicated` (keep the
+/// replication as given), `replicated(N)` or `ec(K,M)`.
+fn parse_class(text: &str) -> Result<Option<StorageClass>> {
+    if text.trim() == "replicated" {
+        return Ok(None);
+    }
+    StorageClass::parse(text)
+        .map(Some)
+        .map_err(anyhow::Error::msg)
+}
+
+/// Applies `--class` to the cluster's parameters and each
+/// `--bucket-class NAME=CLASS` to that bucket's (its `--bucket` override,
+/// or a copy of the cluster's).
+fn apply_classes(cfg: &mut ClusterConfig, class: &str, buckets: &[String]) -> Result<()> {
+    if let Some(class) = parse_class(class).context("invalid --class")? {
+        cfg.params = cfg.params.with_class(class);
+    }
+    for entry in buckets {
+        let (name, class) = entry.split_once('=').with_context(|| {
+            format!("invalid --bucket-class '{entry}': expected NAME=CLASS, such as photos=ec(4,2)")
+        })?;
+        let class = parse_class(class)
+            .with_context(|| format!("invalid --bucket-class '{entry}'"))?
+            .unwrap_or(StorageClass::Replicated {
+                copies: cfg.params.n_d,
+            });
+        match cfg.buckets.iter_mut().find(|(bucket, _)| bucket == name) {
+            Some((_, params)) => *params = params.with_class(class),
+            None => {
+                let params = cfg.params.with_class(class);
+                cfg.buckets.push((name.to_string(), params));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn device(s: &str) -> Device {

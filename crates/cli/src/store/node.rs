@@ -57,7 +57,7 @@ pub(super) fn node(cmd: NodeCommand) -> Result<i32> {
                     device(&dev),
                     gc.config(),
                     scrub.config(),
-                    data.limits(),
+                    data.limits()?,
                     keep_routes,
                     &key,
                     schedule.config()?,

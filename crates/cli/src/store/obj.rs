@@ -26,7 +26,24 @@ pub(super) fn record_json(r: &strata_store_protocol::wire::Record) -> serde_json
             Some(RenameLink::To(n)) => json!({"to": n}),
             Some(RenameLink::From(n)) => json!({"from": n}),
         },
+        "class": record_class(r).to_string(),
+        "fragment_crc32c": r.fragments.as_ref().map(|f| {
+            f.crcs.iter().map(|c| format!("{c:08x}")).collect::<Vec<_>>()
+        }),
     })
+}
+
+/// The storage class a record's data is kept in.
+fn record_class(r: &strata_store_protocol::wire::Record) -> StorageClass {
+    match &r.fragments {
+        Some(f) => StorageClass::ErasureCoded {
+            data: f.data,
+            parity: f.parity(),
+        },
+        None => StorageClass::Replicated {
+            copies: r.replicas.len() as u8,
+        },
+    }
 }
 
 pub(super) async fn obj(cmd: ObjCommand) -> Result<i32> {
@@ -35,9 +52,14 @@ pub(super) async fn obj(cmd: ObjCommand) -> Result<i32> {
             cluster,
             tenant,
             progress,
+            class,
             file,
             name,
         } => {
+            let class = class
+                .map(|c| StorageClass::parse(&c).map_err(anyhow::Error::msg))
+                .transpose()
+                .context("invalid --class")?;
             if file == Input::Stdin && tenant.credential == Some(Input::Stdin) {
                 bail!(
                     "obj put: the object's data and --credential both read standard input \
@@ -49,7 +71,14 @@ pub(super) async fn obj(cmd: ObjCommand) -> Result<i32> {
             let size = f.metadata().await?.len();
             let bar = progress_bar(progress, size);
             let r = client
-                .put(&name, size, &mut f, &|done| bar.set_position(done))
+                .put_in_class(
+                    &name,
+                    size,
+                    &mut f,
+                    &|done| bar.set_position(done),
+                    class,
+                    || Ok(Vec::new()),
+                )
                 .await
                 .with_context(|| format!("could not post '{name}'"))?;
             bar.finish_and_clear();
@@ -186,8 +215,26 @@ pub(super) async fn obj(cmd: ObjCommand) -> Result<i32> {
                         strata_store_protocol::addr::fmt_addr(*a)
                     );
                 }
-                for a in &r.replicas {
-                    println!("replica: {}", strata_store_protocol::addr::fmt_addr(*a));
+                println!("class: {}", record_class(&r));
+                match &r.fragments {
+                    Some(f) => {
+                        for (index, (a, crc)) in r.replicas.iter().zip(&f.crcs).enumerate() {
+                            let kind = if index < usize::from(f.data) {
+                                "data"
+                            } else {
+                                "parity"
+                            };
+                            println!(
+                                "fragment {index} ({kind}): {} crc32c {crc:08x}",
+                                strata_store_protocol::addr::fmt_addr(*a)
+                            );
+                        }
+                    }
+                    None => {
+                        for a in &r.replicas {
+                            println!("replica: {}", strata_store_protocol::addr::fmt_addr(*a));
+                        }
+                    }
                 }
             }
         }

@@ -32,6 +32,7 @@ pub(super) fn up(args: UpArgs) -> Result<i32> {
             .with_context(|| format!("invalid --bucket '{b}': expected NAME=N_m,W_m,N_d,W_d"))?;
         cfg.buckets.push((name.to_string(), parse_params(p)?));
     }
+    apply_classes(&mut cfg, &args.class, &args.bucket_classes)?;
     cfg.sn_capacity = parse_size(&args.capacity).map_err(anyhow::Error::msg)?;
     cfg.device = device(&args.device);
     cfg.mg_bits = args.mg_bits;
@@ -39,7 +40,7 @@ pub(super) fn up(args: UpArgs) -> Result<i32> {
     cfg.keep_routes = !args.routes.no_routes;
     cfg.gc = args.gc.config();
     cfg.scrub = args.scrub.config();
-    cfg.data_limits = args.data.limits();
+    cfg.data_limits = args.data.limits()?;
     cfg.schedule = args.schedule.config()?;
     cfg.metadata_sync_ms = args.sync.metadata_sync_ms;
     cfg.key = args.key.path.clone();

@@ -6,12 +6,14 @@ use super::calls::{unexpected, Call};
 use super::replica::Replica;
 use super::report::refused_as_damaged;
 use super::{checked_name, Client, META_ATTEMPTS, META_TIMEOUT_MS};
+use crate::erasure::{FragmentReader, FragmentSource};
 use crate::stream::{read_get_body, read_status};
 use crate::transport::request_id;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use strata_store_protocol::data::{Credential, Request};
-use strata_store_protocol::wire::{Body, Record};
+use strata_store_protocol::addr::Addr;
+use strata_store_protocol::data::{CodedObject, Credential, Request};
+use strata_store_protocol::wire::{Body, Fragments, Record};
 use strata_store_protocol::Error;
 use tokio::io::{AsyncSeek, AsyncSeekExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -138,6 +140,11 @@ impl Client {
             // there with the mismatch.
             return Ok(());
         }
+        if let Some(fragments) = &record.fragments {
+            return self
+                .read_fragments(record, fragments, ticket, out, progress)
+                .await;
+        }
         let table = self.table();
         let mut last = None;
         let mut replicas = Vec::with_capacity(record.replicas.len());
@@ -170,7 +177,8 @@ impl Client {
                         break;
                     }
                 };
-                let answer = read_replica(stream, &replica, ticket, record, out, progress);
+                let request = Request::Get { addr }.encode(Credential::Ticket(ticket));
+                let answer = read_replica(stream, &replica, request, record, out, progress);
                 match answer.await {
                     Ok((stream, latency)) => {
                         self.read_sample(&replica, Some(latency));
@@ -204,6 +212,156 @@ impl Client {
         Err(last.unwrap_or_else(|| Error::Corrupt(format!("{name:?} has no replica"))))
     }
 
+    /// Reads an erasure-coded object into `out`: from the `k` fragments
+    /// the replica choice expects to answer fastest (a hedge asks for
+    /// one more if the first stripe is late, [`Client::set_hedge`]),
+    /// replacing any that fails by another. Each fragment is checked
+    /// against its CRC-32C, and the whole against the object's, before
+    /// the read succeeds; a read with a fragment that failed its check
+    /// is done again without it (rewinding `out`), and the fragment is
+    /// reported to the coordinator for repair.
+    async fn read_fragments<W: AsyncWrite + AsyncSeek + Unpin>(
+        &self,
+        record: &Record,
+        fragments: &Fragments,
+        ticket: &[u8],
+        out: &mut W,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(), Error> {
+        let table = self.table();
+        let mut located = Vec::with_capacity(record.replicas.len());
+        for (index, &addr) in record.replicas.iter().enumerate() {
+            if let Ok(replica) = Replica::locate(&table, addr) {
+                located.push((index, replica));
+            }
+        }
+        // The node of fragment 0 first: from its object cache, or
+        // gathered there, in one stream.
+        if let Some(&(0, first)) = located.first() {
+            let whole = record.size <= self.whole_object_reads();
+            if whole
+                && self
+                    .read_whole(record, fragments, first, ticket, out, progress)
+                    .await
+            {
+                return Ok(());
+            }
+        }
+        let replicas: Vec<Replica> = located.iter().map(|(_, r)| *r).collect();
+        let order: Vec<usize> = self.replica_order(&replicas);
+        let mut excluded: Vec<usize> = Vec::new();
+        let mut damaged: Vec<Addr> = Vec::new();
+        let hedge = self.hedge();
+        loop {
+            out.seek(std::io::SeekFrom::Start(0))
+                .await
+                .map_err(|e| Error::io("rewinding the output", e))?;
+            let sources: Vec<FragmentSource> = order
+                .iter()
+                .map(|&i| located[i])
+                .filter(|(index, _)| !excluded.contains(index))
+                .map(|(index, replica)| FragmentSource {
+                    index,
+                    addr: replica.addr,
+                    endpoint: replica.endpoint,
+                    request: Request::Get { addr: replica.addr }.encode(Credential::Ticket(ticket)),
+                })
+                .collect();
+            for (_, replica) in located
+                .iter()
+                .filter(|(i, _)| !excluded.contains(i))
+                .take(usize::from(fragments.data))
+            {
+                self.read_sent(replica);
+            }
+            let mut reader = FragmentReader::new(record.size, fragments, sources, hedge)?;
+            let result = decode_into(&mut reader, record, out, progress).await;
+            for &(index, latency) in &reader.first_shard {
+                if let Some((_, replica)) = located.iter().find(|(i, _)| *i == index) {
+                    self.read_sample(replica, Some(latency));
+                }
+            }
+            let mut retry = false;
+            for failure in &reader.failures {
+                if let Some((_, replica)) = located.iter().find(|(i, _)| *i == failure.index) {
+                    if !failure.damaged {
+                        self.read_sample(replica, None);
+                    }
+                }
+                if failure.damaged && !damaged.contains(&failure.addr) {
+                    damaged.push(failure.addr);
+                }
+                if !excluded.contains(&failure.index) {
+                    excluded.push(failure.index);
+                    retry = true;
+                }
+            }
+            match result {
+                Ok(()) => {
+                    for bad in damaged {
+                        self.report_bad_replica(&record.name, bad);
+                    }
+                    return Ok(());
+                }
+                // Read again without the fragments that failed, while
+                // enough are left.
+                Err(_)
+                    if retry && located.len() - excluded.len() >= usize::from(fragments.data) => {}
+                Err(e) => {
+                    for bad in damaged {
+                        self.report_bad_replica(&record.name, bad);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Reads an erasure-coded object whole from `first`, the node of its
+    /// fragment 0 ([`Request::GetObject`]); whether it came, checked
+    /// against the record's size and CRC-32C. On any failure the caller
+    /// reads the fragments itself (the output is rewound then).
+    async fn read_whole<W: AsyncWrite + AsyncSeek + Unpin>(
+        &self,
+        record: &Record,
+        fragments: &Fragments,
+        first: Replica,
+        ticket: &[u8],
+        out: &mut W,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> bool {
+        let request = Request::GetObject {
+            addr: first.addr,
+            object: CodedObject {
+                size: record.size,
+                crc: record.crc,
+                data: fragments.data,
+                fragments: record
+                    .replicas
+                    .iter()
+                    .copied()
+                    .zip(fragments.crcs.iter().copied())
+                    .collect(),
+            },
+        }
+        .encode(Credential::Ticket(ticket));
+        self.read_sent(&first);
+        let Ok((stream, _)) = self.connections.take(&first).await else {
+            self.read_sample(&first, None);
+            return false;
+        };
+        match read_replica(stream, &first, request, record, out, progress).await {
+            Ok((stream, latency)) => {
+                self.read_sample(&first, Some(latency));
+                if let Some(stream) = stream {
+                    self.connections.keep(&first, stream);
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Reads a whole object into memory.
     pub async fn get_bytes(&self, name: &str) -> Result<(Record, Vec<u8>), Error> {
         let mut cur = std::io::Cursor::new(Vec::new());
@@ -224,8 +382,8 @@ const REPLY_BUFFER: usize = 8 * 1024;
 /// reply would make a large object's node look slow.
 const LATENCY_SAMPLE_BYTES: u64 = 64 * 1024;
 
-/// Reads one replica over `s` into `out`: the Get request with the
-/// `ticket`, the reply's status, then its body (size, data, trailer),
+/// Reads one replica over `s` into `out`: the Get `request` (or a
+/// GetObject's), the reply's status, then its body (size, data, trailer),
 /// checked against `record`. Gives the stream back at a request
 /// boundary (`None` if it is out of step) and the node's latency sample
 /// (see [`LATENCY_SAMPLE_BYTES`]), or the error and whether the node had
@@ -233,7 +391,7 @@ const LATENCY_SAMPLE_BYTES: u64 = 64 * 1024;
 async fn read_replica<W: AsyncWrite + Unpin>(
     mut s: TcpStream,
     replica: &Replica,
-    ticket: &[u8],
+    request: Vec<u8>,
     record: &Record,
     out: &mut W,
     progress: &(dyn Fn(u64) + Sync),
@@ -242,7 +400,6 @@ async fn read_replica<W: AsyncWrite + Unpin>(
     let start = Instant::now();
     let before = |e| (e, false);
     let after = |e| (e, true);
-    let request = Request::Get { addr: replica.addr }.encode(Credential::Ticket(ticket));
     s.write_all(&request).await.map_err(io).map_err(before)?;
     // Buffered, so that a small reply's status, size, data and trailer
     // take one receive instead of one each; reads of a large body's
@@ -282,4 +439,38 @@ async fn read_replica<W: AsyncWrite + Unpin>(
         .await
         .map_err(|e| after(Error::io("writing the output", e)))?;
     Ok((in_step.then_some(s), latency))
+}
+
+/// Writes the stripes `reader` decodes to `out` (the last one cut at the
+/// object's size), then checks every fragment read and the object's
+/// CRC-32C.
+async fn decode_into<W: AsyncWrite + Unpin>(
+    reader: &mut FragmentReader,
+    record: &Record,
+    out: &mut W,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<(), Error> {
+    let mut done = 0u64;
+    let mut crc = 0u32;
+    while let Some(stripe) = reader.next_stripe().await {
+        for shard in stripe? {
+            let take = (record.size - done).min(shard.len() as u64) as usize;
+            crc = crc32c::crc32c_append(crc, &shard[..take]);
+            out.write_all(&shard[..take])
+                .await
+                .map_err(|e| Error::io("writing the output", e))?;
+            done += take as u64;
+        }
+        progress(done);
+    }
+    reader.finish().await?;
+    if crc != record.crc || done != record.size {
+        return Err(Error::Corrupt(format!(
+            "{:?}: its decoded data fails the object's checksum (got {crc:08x}, want {:08x})",
+            record.name, record.crc
+        )));
+    }
+    out.flush()
+        .await
+        .map_err(|e| Error::io("writing the output", e))
 }

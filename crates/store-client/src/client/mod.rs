@@ -57,7 +57,7 @@ pub use self::choice::{NodeView, ReplicaChoice};
 pub use self::get::Opened;
 pub use self::names::RenameStep;
 pub use self::put::PutResult;
-pub use self::repair::{copy_replica, free_replica};
+pub use self::repair::{copy_replica, free_replica, rebuild_fragments};
 pub use self::report::MAX_REPORTS;
 pub use self::udp::{meta_over_ipv6, run_call};
 
@@ -92,7 +92,25 @@ pub struct Client {
     /// Which replica a Get reads first, and each node's latency estimate
     /// (shared with the task that probes idle nodes).
     choice: self::nami::SharedChoice,
+    /// An erasure-coded Get's hedge delay, in microseconds
+    /// ([`NO_HEDGE`]: none).
+    hedge_micros: std::sync::atomic::AtomicU64,
+    /// Largest erasure-coded object a Get asks the node of its fragment
+    /// 0 for whole ([`Client::set_whole_object_reads`]).
+    whole_object_max: std::sync::atomic::AtomicU64,
 }
+
+/// By default a Get asks the node of fragment 0 for erasure-coded
+/// objects of up to 8 MiB whole: what a storage node's default object
+/// cache takes (an eighth of its 64 MiB).
+pub const DEFAULT_WHOLE_OBJECT_READS: u64 = 8 << 20;
+
+/// [`Client::set_hedge`] with no delay given: no hedged reads.
+const NO_HEDGE: u64 = u64::MAX;
+
+/// The default hedge delay of an erasure-coded Get: one more fragment is
+/// asked for if the first stripe has not come within this.
+pub const DEFAULT_HEDGE: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Idle UDP sockets a client keeps.
 const IDLE_SOCKETS: usize = 64;
@@ -126,7 +144,44 @@ impl Client {
             credential,
             reports: Arc::default(),
             choice,
+            hedge_micros: std::sync::atomic::AtomicU64::new(DEFAULT_HEDGE.as_micros() as u64),
+            whole_object_max: std::sync::atomic::AtomicU64::new(DEFAULT_WHOLE_OBJECT_READS),
         })
+    }
+
+    /// Sets the largest erasure-coded object a Get asks the node of its
+    /// fragment 0 for whole, served from that node's object cache or
+    /// gathered there ([`DEFAULT_WHOLE_OBJECT_READS`] unless set; 0: a
+    /// Get always reads the fragments itself).
+    pub fn set_whole_object_reads(&self, max: u64) {
+        self.whole_object_max
+            .store(max, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// [`Client::set_whole_object_reads`]'s setting.
+    pub fn whole_object_reads(&self) -> u64 {
+        self.whole_object_max
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets the hedge of erasure-coded Gets: with `Some(delay)`, a Get
+    /// whose first stripe has not come from its `k` fragments within
+    /// `delay` asks for one more fragment and keeps the first `k` to
+    /// answer ([`DEFAULT_HEDGE`] unless set); `None` for no hedge.
+    pub fn set_hedge(&self, delay: Option<std::time::Duration>) {
+        let micros = delay.map_or(NO_HEDGE, |d| {
+            u64::try_from(d.as_micros()).unwrap_or(NO_HEDGE - 1)
+        });
+        self.hedge_micros
+            .store(micros, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The hedge delay of erasure-coded Gets ([`Client::set_hedge`]).
+    pub fn hedge(&self) -> Option<std::time::Duration> {
+        match self.hedge_micros.load(std::sync::atomic::Ordering::Relaxed) {
+            NO_HEDGE => None,
+            micros => Some(std::time::Duration::from_micros(micros)),
+        }
     }
 
     /// The tenant this client acts as.

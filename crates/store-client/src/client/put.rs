@@ -5,13 +5,17 @@
 use super::calls::{unexpected, Call};
 use super::replica::Replica;
 use super::{Client, COMMIT_ATTEMPTS, META_ATTEMPTS, META_TIMEOUT_MS};
+use crate::erasure::StripeCoder;
 use crate::stream::{read_status, write_put_body};
 use crate::transport::request_id;
 use strata_store_protocol::addr::Addr;
+use strata_store_protocol::class::{StorageClass, StripeLayout};
 use strata_store_protocol::data::{Credential, Request};
+use strata_store_protocol::table::Table;
 use strata_store_protocol::wire::{Body, Code, WireError, MAX_ATTRIBUTES};
 use strata_store_protocol::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 /// What a Post did.
 #[derive(Clone, Debug)]
@@ -56,6 +60,23 @@ impl Client {
         progress: &(dyn Fn(u64) + Sync),
         finish: impl FnOnce() -> Result<Vec<u8>, Error>,
     ) -> Result<PutResult, Error> {
+        self.put_in_class(name, size, data, progress, None, finish)
+            .await
+    }
+
+    /// Posts an object as [`Client::put_with_attributes`] does, kept in
+    /// `class` (`None`: its bucket's class, or the cluster's). An
+    /// erasure-coded object is encoded here, a stripe at a time, and
+    /// each fragment streamed to its own storage node.
+    pub async fn put_in_class<R: AsyncRead + Unpin>(
+        &self,
+        name: &str,
+        size: u64,
+        data: &mut R,
+        progress: &(dyn Fn(u64) + Sync),
+        class: Option<StorageClass>,
+        finish: impl FnOnce() -> Result<Vec<u8>, Error>,
+    ) -> Result<PutResult, Error> {
         let coord = self.coordinator(name)?;
         if size == 0 {
             let attributes = checked_attributes(name, finish()?)?;
@@ -67,28 +88,42 @@ impl Client {
             Body::PostBegin {
                 name: name.to_string(),
                 size,
+                class,
             },
             META_ATTEMPTS,
             META_TIMEOUT_MS,
         );
-        let (version, replicas, ticket) = match self.run(begin).await? {
+        let (version, replicas, ticket, data_fragments) = match self.run(begin).await? {
             Body::PostPlan {
                 version,
                 replicas,
                 ticket,
+                data_fragments,
                 ..
-            } if !replicas.is_empty() => (version, replicas, ticket),
+            } if !replicas.is_empty() => (version, replicas, ticket, data_fragments),
             other => return Err(unexpected("PostBegin", &other)),
         };
-        let w_d = self.table().params_for(name).w_d;
-        let sent = self
-            .send_data(&replicas, &ticket, size, data, progress)
-            .await;
-        let sent = match sent {
-            Ok((crc, copies)) if copies >= w_d => {
-                finish().and_then(|a| checked_attributes(name, a)).map(|a| (crc, copies, a))
+        let params = self.table().params_for(name);
+        let w_d = match (class, data_fragments) {
+            (_, 0) => params.w_d.min(replicas.len() as u8),
+            // Every fragment: a Post that lost one survives a failure less.
+            (_, _) => replicas.len() as u8,
+        };
+        let sent = match data_fragments {
+            0 => self
+                .send_data(&replicas, &ticket, size, data, progress)
+                .await
+                .map(|(crc, copies)| (crc, copies, Vec::new())),
+            k => {
+                self.send_fragments(&replicas, &ticket, size, k, data, progress)
+                    .await
             }
-            Ok((_, copies)) => Err(Error::Remote {
+        };
+        let sent = match sent {
+            Ok((crc, copies, fragment_crcs)) if copies >= w_d => finish()
+                .and_then(|a| checked_attributes(name, a))
+                .map(|a| (crc, copies, a, fragment_crcs)),
+            Ok((_, copies, _)) => Err(Error::Remote {
                 code: Code::Unavailable,
                 message: format!(
                     "only {copies} of the W_d={w_d} data replicas were written; the Post was dropped"
@@ -96,7 +131,7 @@ impl Client {
             }),
             Err(e) => Err(e),
         };
-        let (crc, copies, attributes) = match sent {
+        let (crc, copies, attributes, fragment_crcs) = match sent {
             Ok(sent) => sent,
             Err(e) => {
                 let abort = Call::new(
@@ -121,6 +156,7 @@ impl Client {
                 version,
                 crc,
                 attributes,
+                fragment_crcs,
             },
             COMMIT_ATTEMPTS,
             META_TIMEOUT_MS,
@@ -199,6 +235,118 @@ impl Client {
             .map_err(|e| Error::io("reading the Put reply", e))?;
         Ok((crc, copies))
     }
+}
+
+impl Client {
+    /// Encodes the object read from `data` into the `replicas.len()`
+    /// fragments of `ec(k, replicas.len() - k)`, a stripe at a time, and
+    /// streams fragment `i` to `replicas[i]`, each with its own CRC-32C
+    /// trailer. A fragment whose node fails is dropped and the others
+    /// go on; returns the object's CRC-32C, the fragments durably
+    /// stored, and each fragment's CRC-32C.
+    async fn send_fragments<R: AsyncRead + Unpin>(
+        &self,
+        replicas: &[Addr],
+        ticket: &[u8],
+        size: u64,
+        k: u8,
+        data: &mut R,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(u32, u8, Vec<u32>), Error> {
+        let parity = (replicas.len() as u8).saturating_sub(k);
+        let layout = StripeLayout::new(size, k, parity);
+        let mut coder = StripeCoder::new(layout)?;
+        let table = self.table();
+        let mut streams: Vec<Option<TcpStream>> = Vec::with_capacity(replicas.len());
+        for &addr in replicas {
+            streams.push(
+                open_fragment_put(&table, addr, ticket, layout.fragment_len())
+                    .await
+                    .ok(),
+            );
+        }
+        let mut crcs = vec![0u32; replicas.len()];
+        let mut object_crc = 0u32;
+        let mut stripe = vec![0u8; layout.stripe_data()];
+        let mut done = 0u64;
+        for _ in 0..layout.stripes {
+            let want = (size - done).min(stripe.len() as u64) as usize;
+            data.read_exact(&mut stripe[..want]).await.map_err(|e| {
+                Error::io(format!("reading the input after {done} of {size} bytes"), e)
+            })?;
+            stripe[want..].fill(0);
+            object_crc = crc32c::crc32c_append(object_crc, &stripe[..want]);
+            let parity = coder.encode(&stripe)?;
+            let shards = stripe
+                .chunks(layout.shard)
+                .chain(parity.iter().map(Vec::as_slice));
+            let mut writes = tokio::task::JoinSet::new();
+            for (index, (shard, slot)) in shards.zip(streams.iter_mut()).enumerate() {
+                let Some(mut stream) = slot.take() else {
+                    continue;
+                };
+                crcs[index] = crc32c::crc32c_append(crcs[index], shard);
+                let shard = shard.to_vec();
+                writes
+                    .spawn(async move { (index, stream.write_all(&shard).await.map(|_| stream)) });
+            }
+            while let Some(joined) = writes.join_next().await {
+                // A node that failed is left out from here on.
+                if let Ok((index, Ok(stream))) = joined {
+                    streams[index] = Some(stream);
+                }
+            }
+            if streams.iter().all(Option::is_none) {
+                return Err(Error::Remote {
+                    code: Code::Unavailable,
+                    message: "no storage node took the object's fragments".into(),
+                });
+            }
+            done += want as u64;
+            progress(done);
+        }
+        let mut copies = 0u8;
+        for (index, slot) in streams.iter_mut().enumerate() {
+            let Some(stream) = slot else { continue };
+            if finish_fragment_put(stream, crcs[index]).await.is_ok() {
+                copies += 1;
+            }
+        }
+        Ok((object_crc, copies, crcs))
+    }
+}
+
+/// Connects to fragment `addr`'s node and sends the Put header of a
+/// fragment of `len` bytes with the Post's `ticket`.
+async fn open_fragment_put(
+    table: &Table,
+    addr: Addr,
+    ticket: &[u8],
+    len: u64,
+) -> Result<TcpStream, Error> {
+    let mut stream = Replica::locate(table, addr)?.connect().await?;
+    let header = Request::Put {
+        addr,
+        size: len,
+        chain: Vec::new(),
+    }
+    .encode(Credential::Ticket(ticket));
+    stream
+        .write_all(&header)
+        .await
+        .map_err(|e| Error::io("sending a fragment", e))?;
+    Ok(stream)
+}
+
+/// Ends a fragment's Put: its CRC-32C trailer, then the node's answer
+/// that it is durable.
+async fn finish_fragment_put(stream: &mut TcpStream, crc: u32) -> Result<(), Error> {
+    let io = |e| Error::io("finishing a fragment", e);
+    stream.write_all(&crc.to_be_bytes()).await.map_err(io)?;
+    stream.flush().await.map_err(io)?;
+    read_status(stream, "storing a fragment").await?;
+    stream.read_u8().await.map_err(io)?;
+    Ok(())
 }
 
 /// `attributes`, if they fit a record ([`MAX_ATTRIBUTES`]).

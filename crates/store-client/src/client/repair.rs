@@ -2,6 +2,7 @@
 //! copying a replica for repair, and freeing one.
 
 use super::replica::Replica;
+use crate::erasure::{FragmentReader, FragmentSource, StripeCoder};
 use crate::stream::{read_get_body, read_status};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use strata_store_protocol::addr::{fmt_addr, Addr};
 use strata_store_protocol::auth::ClusterKey;
 use strata_store_protocol::data::{Credential, Request};
 use strata_store_protocol::table::Table;
+use strata_store_protocol::wire::Record;
 use strata_store_protocol::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -86,6 +88,162 @@ async fn copy_from(
     to.flush().await.map_err(io)?;
     read_status(&mut to, "storing the copy").await?;
     to.read_u8().await.map_err(io)
+}
+
+/// Rebuilds fragments `slots` of the erasure-coded `record` from any k
+/// of its other fragments (read sealed with `key`), and writes fragment
+/// `slots[i]` to the new address `targets[i]`: the metadata nodes'
+/// repair. Every fragment read is checked against its CRC-32C before it
+/// is decoded, and every rebuilt one against the record's before it is
+/// kept: a target's Put gets its trailer only then, so a storage node
+/// never keeps a fragment that does not match. Returns how many were
+/// written (all of them), or the error.
+pub async fn rebuild_fragments(
+    table: &Table,
+    key: &ClusterKey,
+    record: &Record,
+    slots: &[usize],
+    targets: &[Addr],
+) -> Result<u8, Error> {
+    let limit = Duration::from_millis(30_000 + record.size / (16 << 20) * 1000);
+    let attempts = async {
+        // A source fragment that fails (damaged too, unreported so far)
+        // is left out of the next attempt, while k are left.
+        let mut excluded = Vec::new();
+        loop {
+            match rebuild(table, key, record, slots, targets, &excluded).await {
+                Ok(written) => return Ok(written),
+                Err((e, failed)) => {
+                    let fresh: Vec<usize> = failed
+                        .into_iter()
+                        .filter(|i| !excluded.contains(i))
+                        .collect();
+                    if fresh.is_empty() {
+                        return Err(e);
+                    }
+                    excluded.extend(fresh);
+                }
+            }
+        }
+    };
+    match tokio::time::timeout(limit, attempts).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Timeout(format!(
+            "rebuilding fragments of {:?} took longer than {limit:?}",
+            record.name
+        ))),
+    }
+}
+
+/// One attempt of [`rebuild_fragments`], reading no fragment of
+/// `excluded`; an error comes with the fragments that failed in it.
+async fn rebuild(
+    table: &Table,
+    key: &ClusterKey,
+    record: &Record,
+    slots: &[usize],
+    targets: &[Addr],
+    excluded: &[usize],
+) -> Result<u8, (Error, Vec<usize>)> {
+    let mut reader = None;
+    let result = rebuild_from(table, key, record, slots, targets, excluded, &mut reader).await;
+    result.map_err(|e| {
+        let failed = reader.map_or_else(Vec::new, |r: FragmentReader| {
+            r.failures.iter().map(|f| f.index).collect()
+        });
+        (e, failed)
+    })
+}
+
+async fn rebuild_from(
+    table: &Table,
+    key: &ClusterKey,
+    record: &Record,
+    slots: &[usize],
+    targets: &[Addr],
+    excluded: &[usize],
+    reader_out: &mut Option<FragmentReader>,
+) -> Result<u8, Error> {
+    let Some(fragments) = &record.fragments else {
+        return Err(Error::Table(format!(
+            "{:?} is not erasure-coded: copy its replicas instead",
+            record.name
+        )));
+    };
+    if slots.len() != targets.len() || slots.iter().any(|&s| s >= record.replicas.len()) {
+        return Err(Error::Table(format!(
+            "a rebuild of {:?} names {} fragments for {} targets",
+            record.name,
+            slots.len(),
+            targets.len()
+        )));
+    }
+    let sources: Vec<FragmentSource> = record
+        .replicas
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| !slots.contains(index) && !excluded.contains(index))
+        .filter_map(|(index, &addr)| {
+            let endpoint = Replica::locate(table, addr).ok()?.endpoint;
+            Some(FragmentSource {
+                index,
+                addr,
+                endpoint,
+                request: Request::Get { addr }.encode(Credential::Seal(key)),
+            })
+        })
+        .collect();
+    let reader = reader_out.insert(FragmentReader::new(record.size, fragments, sources, None)?);
+    let layout = reader.layout();
+    let mut coder = StripeCoder::new(layout)?;
+    let io = |e| Error::io("writing a rebuilt fragment", e);
+    let mut streams = Vec::with_capacity(targets.len());
+    for &target in targets {
+        let mut to = Replica::locate(table, target)?.connect().await?;
+        let header = Request::Put {
+            addr: target,
+            size: layout.fragment_len(),
+            chain: Vec::new(),
+        };
+        to.write_all(&header.encode(Credential::Seal(key)))
+            .await
+            .map_err(io)?;
+        streams.push(to);
+    }
+    let mut crcs = vec![0u32; slots.len()];
+    let parity_needed = slots.iter().any(|&slot| slot >= layout.data);
+    while let Some(stripe) = reader.next_stripe().await {
+        let data = stripe?;
+        let parity = match parity_needed {
+            true => coder.encode(&data.concat())?,
+            false => Vec::new(),
+        };
+        for (i, &slot) in slots.iter().enumerate() {
+            let shard = match slot < layout.data {
+                true => &data[slot],
+                false => &parity[slot - layout.data],
+            };
+            crcs[i] = crc32c::crc32c_append(crcs[i], shard);
+            streams[i].write_all(shard).await.map_err(io)?;
+        }
+    }
+    reader.finish().await?;
+    for (i, &slot) in slots.iter().enumerate() {
+        if fragments.crcs.get(slot) != Some(&crcs[i]) {
+            // Dropped before its trailer: the target discards it.
+            return Err(Error::Corrupt(format!(
+                "the rebuilt fragment {slot} of {:?} does not match its checksum",
+                record.name
+            )));
+        }
+    }
+    for (stream, crc) in streams.iter_mut().zip(&crcs) {
+        stream.write_all(&crc.to_be_bytes()).await.map_err(io)?;
+        stream.flush().await.map_err(io)?;
+        read_status(stream, "storing a rebuilt fragment").await?;
+        stream.read_u8().await.map_err(io)?;
+    }
+    Ok(targets.len() as u8)
 }
 
 /// Asks a storage node to free a replica (sealed with the cluster `key`:

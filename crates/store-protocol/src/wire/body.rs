@@ -3,6 +3,7 @@
 
 use super::frame::{HEADER_LEN, SEAL_LEN};
 use crate::addr::Addr;
+use crate::class::StorageClass;
 use crate::error::Code;
 use crate::key::Fingerprints;
 use std::net::SocketAddr;
@@ -44,6 +45,29 @@ pub struct Record {
     /// Opaque bytes the Post stored with the object (at most
     /// [`MAX_ATTRIBUTES`]); kept by renames and repairs.
     pub attributes: Vec<u8>,
+    /// For an erasure-coded object, its fragments' coding and checksums:
+    /// `replicas[i]` then holds fragment `i`. `None` for replicas.
+    pub fragments: Option<Fragments>,
+}
+
+/// An erasure-coded object's fragments, beside [`Record::replicas`]
+/// (fragment `i` at `replicas[i]`; the first `data` are the data
+/// fragments, the rest parity). The layout of each follows from the
+/// object's size ([`crate::class::StripeLayout`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fragments {
+    /// Data fragments (k): any `data` fragments give the object back.
+    pub data: u8,
+    /// CRC-32C of each fragment, by index: checked end to end before a
+    /// fragment is decoded.
+    pub crcs: Vec<u32>,
+}
+
+impl Fragments {
+    /// Parity fragments (m).
+    pub fn parity(&self) -> u8 {
+        (self.crcs.len() as u8).saturating_sub(self.data)
+    }
 }
 
 /// The other name of a rename, kept in both records: a rename marks the old
@@ -127,6 +151,8 @@ pub enum Body {
         name: String,
         /// Object size.
         size: u64,
+        /// The storage class of this object, if not its bucket's.
+        class: Option<StorageClass>,
     },
     /// Coordinator → client: where to stream the data.
     PostPlan {
@@ -134,11 +160,15 @@ pub enum Body {
         version: u64,
         /// The size the Post announced (its ticket binds it).
         size: u64,
-        /// Replica addresses, first one first.
+        /// Replica addresses, first one first; for an erasure-coded
+        /// object, fragment `i` goes to `replicas[i]`.
         replicas: Vec<Addr>,
         /// The Put ticket for those replicas ([`crate::auth::Ticket`]),
         /// filled in by the node's runtime; empty when none was issued.
         ticket: Vec<u8>,
+        /// Data fragments (k) of an erasure-coded object, whose parity
+        /// fragments are the rest of `replicas`; 0 for replicas.
+        data_fragments: u8,
     },
     /// Client → coordinator: data is durable on W_d replicas; commit.
     PostCommit {
@@ -151,6 +181,9 @@ pub enum Body {
         /// The record's attributes (at most [`MAX_ATTRIBUTES`]), known
         /// only once the data has streamed.
         attributes: Vec<u8>,
+        /// The CRC-32C of each fragment of an erasure-coded object, by
+        /// index (empty for replicas).
+        fragment_crcs: Vec<u32>,
     },
     /// Client → coordinator: Post an empty object in one request. Its
     /// record (size 0, the empty data's checksum) is all of it, so there

@@ -11,6 +11,7 @@ use super::records::{
     flag, get_addr_list, get_attributes, get_bounded_addrs, get_cursor, get_record, get_rows,
     get_ticket, sync_count,
 };
+use crate::class::StorageClass;
 use crate::codec::{Reader, WireError, MAX_DATAGRAM, MAX_NAME};
 use crate::error::Code;
 
@@ -56,6 +57,7 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
         Kind::PostBegin => Body::PostBegin {
             name: r.name()?,
             size: r.u64()?,
+            class: get_class(r)?,
         },
         Kind::PostPlan => {
             let version = r.u64()?;
@@ -70,6 +72,7 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
                 size,
                 replicas: r.addrs(MAX_DATA_REPLICAS, "replicas")?,
                 ticket: get_ticket(r)?,
+                data_fragments: r.u8()?,
             }
         }
         Kind::PostEmpty => Body::PostEmpty {
@@ -81,6 +84,15 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
             version: r.u64()?,
             crc: r.u32()?,
             attributes: get_attributes(r)?,
+            fragment_crcs: {
+                let n = r.u8()? as usize;
+                if n > MAX_DATA_REPLICAS {
+                    return Err(WireError::Invalid(format!(
+                        "{n} fragment checksums; the limit is {MAX_DATA_REPLICAS}"
+                    )));
+                }
+                (0..n).map(|_| r.u32()).collect::<Result<_, _>>()?
+            },
         },
         Kind::PostAbort => Body::PostAbort {
             name: r.name()?,
@@ -308,4 +320,19 @@ pub fn malformed(bytes: &[u8], e: &WireError) -> Msg {
             message: format!("malformed message: {e}"),
         },
     )
+}
+
+/// What `put_class` wrote, checked against the class bounds.
+fn get_class(r: &mut Reader) -> Result<Option<StorageClass>, WireError> {
+    let class = match r.u8()? {
+        0 => return Ok(None),
+        1 => StorageClass::Replicated { copies: r.u8()? },
+        2 => StorageClass::ErasureCoded {
+            data: r.u8()?,
+            parity: r.u8()?,
+        },
+        k => return Err(WireError::Invalid(format!("storage class kind {k}"))),
+    };
+    class.validate().map_err(WireError::Invalid)?;
+    Ok(Some(class))
 }

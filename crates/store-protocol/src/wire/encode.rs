@@ -3,10 +3,12 @@
 //! padded.
 
 use super::body::{
-    Body, Msg, MAX_DAMAGED, MAX_GATHER_GROUPS, MAX_REFERENCED, MAX_SYNC_ENTRIES, MAX_SYNC_SUMS,
+    Body, Msg, MAX_DAMAGED, MAX_DATA_REPLICAS, MAX_GATHER_GROUPS, MAX_REFERENCED, MAX_SYNC_ENTRIES,
+    MAX_SYNC_SUMS,
 };
 use super::frame::{MAGIC, SEALED, SEAL_LEN, TENANT, TENANT_SEAL_FIXED, VERSION};
 use super::records::{put_cursor, put_record, put_rows};
+use crate::class::StorageClass;
 use crate::codec::{WireError, Writer, MAX_DATAGRAM};
 
 impl Msg {
@@ -106,20 +108,23 @@ impl Msg {
 
     fn encode_body(&self, w: &mut Writer) {
         match &self.body {
-            Body::PostBegin { name, size } => {
+            Body::PostBegin { name, size, class } => {
                 w.str(name);
                 w.u64(*size);
+                put_class(w, *class);
             }
             Body::PostPlan {
                 version,
                 size,
                 replicas,
                 ticket,
+                data_fragments,
             } => {
                 w.u64(*version);
                 w.u64(*size);
                 w.addrs(replicas);
                 w.bytes16(ticket);
+                w.u8(*data_fragments);
             }
             Body::PostEmpty { name, attributes } => {
                 w.str(name);
@@ -130,11 +135,17 @@ impl Msg {
                 version,
                 crc,
                 attributes,
+                fragment_crcs,
             } => {
                 w.str(name);
                 w.u64(*version);
                 w.u32(*crc);
                 w.bytes16(attributes);
+                let n = fragment_crcs.len().min(MAX_DATA_REPLICAS);
+                w.u8(n as u8);
+                for &crc in &fragment_crcs[..n] {
+                    w.u32(crc);
+                }
             }
             Body::PostAbort { name, version } | Body::Unreplicate { name, version } => {
                 w.str(name);
@@ -358,5 +369,22 @@ fn pad(w: &mut Writer, pad_to: usize, suffix: usize) {
     let len = w.buf.len() + suffix;
     if pad_to > len {
         w.buf.resize(w.buf.len() + (pad_to - len), 0);
+    }
+}
+
+/// A `PostBegin`'s storage class: 0 for the bucket's, 1 and a count for
+/// replicas, 2, k and m for erasure coding.
+fn put_class(w: &mut Writer, class: Option<StorageClass>) {
+    match class {
+        None => w.u8(0),
+        Some(StorageClass::Replicated { copies }) => {
+            w.u8(1);
+            w.u8(copies);
+        }
+        Some(StorageClass::ErasureCoded { data, parity }) => {
+            w.u8(2);
+            w.u8(data);
+            w.u8(parity);
+        }
     }
 }

@@ -26,9 +26,9 @@ mod kinds;
 mod records;
 
 pub use self::body::{
-    Body, GatherCursor, ListEntry, Msg, Record, RenameLink, Role, Row, SyncEntry, SyncSum,
-    MAX_ATTRIBUTES, MAX_DAMAGED, MAX_DATA_REPLICAS, MAX_GATHER_GROUPS, MAX_OBJECT, MAX_PULL_ROWS,
-    MAX_REFERENCED, MAX_SYNC_ENTRIES, MAX_SYNC_SUMS, MAX_TICKET,
+    Body, Fragments, GatherCursor, ListEntry, Msg, Record, RenameLink, Role, Row, SyncEntry,
+    SyncSum, MAX_ATTRIBUTES, MAX_DAMAGED, MAX_DATA_REPLICAS, MAX_GATHER_GROUPS, MAX_OBJECT,
+    MAX_PULL_ROWS, MAX_REFERENCED, MAX_SYNC_ENTRIES, MAX_SYNC_SUMS, MAX_TICKET,
 };
 pub use self::decode::malformed;
 pub use self::frame::{
@@ -64,7 +64,19 @@ mod tests {
             replicas: vec![u128::MAX, 5],
             rename: None,
             attributes: b"{\"etag\":\"x\"}".to_vec(),
+            fragments: None,
         }
+    }
+
+    /// An erasure-coded record: ec(2,1).
+    fn coded_record(name: &str) -> Record {
+        let mut record = record(name);
+        record.replicas = vec![7, 8, 9];
+        record.fragments = Some(Fragments {
+            data: 2,
+            crcs: vec![1, 2, 3],
+        });
+        record
     }
 
     fn samples() -> Vec<Body> {
@@ -72,18 +84,45 @@ mod tests {
             Body::PostBegin {
                 name: "a/b".into(),
                 size: 9,
+                class: None,
+            },
+            Body::PostBegin {
+                name: "a/c".into(),
+                size: 9,
+                class: Some(crate::class::StorageClass::ErasureCoded { data: 4, parity: 2 }),
+            },
+            Body::PostBegin {
+                name: "a/d".into(),
+                size: 9,
+                class: Some(crate::class::StorageClass::Replicated { copies: 2 }),
             },
             Body::PostPlan {
                 version: 3,
                 size: 12,
                 replicas: vec![1, 2],
                 ticket: vec![7; 40],
+                data_fragments: 0,
+            },
+            Body::PostPlan {
+                version: 3,
+                size: 12,
+                replicas: vec![1, 2, 3],
+                ticket: vec![7; 40],
+                data_fragments: 2,
+            },
+            Body::PostCommit {
+                name: "y".into(),
+                version: 1,
+                crc: 2,
+                attributes: Vec::new(),
+                fragment_crcs: vec![5, 6, 7],
             },
             Body::PostCommit {
                 name: "x".into(),
                 version: 1,
                 crc: 2,
                 attributes: vec![9; MAX_ATTRIBUTES],
+                fragment_crcs: Vec::new(),
             },
             Body::PostEmpty {
                 name: "x".into(),
@@ -119,6 +158,10 @@ mod tests {
             Body::LinkProof {
                 record: record("p"),
                 proof: vec![8; 70],
+            },
+            Body::Found {
+                record: coded_record("e"),
+                ticket: vec![1; 30],
             },
             Body::Get { name: "g".into() },
             Body::Refresh {

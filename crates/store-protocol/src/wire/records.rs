@@ -5,8 +5,8 @@
 //! allocated.
 
 use super::body::{
-    GatherCursor, Record, RenameLink, Row, MAX_ATTRIBUTES, MAX_DATA_REPLICAS, MAX_OBJECT,
-    MAX_PULL_ROWS, MAX_REFERENCED, MAX_TICKET,
+    Fragments, GatherCursor, Record, RenameLink, Row, MAX_ATTRIBUTES, MAX_DATA_REPLICAS,
+    MAX_OBJECT, MAX_PULL_ROWS, MAX_REFERENCED, MAX_TICKET,
 };
 use crate::addr::{Addr, MAX_META_REPLICAS};
 use crate::codec::{Reader, WireError, Writer, MAX_NAME};
@@ -30,11 +30,48 @@ pub(super) fn put_record(w: &mut Writer, r: &Record) {
         }
     }
     w.bytes16(&r.attributes);
+    put_fragments(w, r.fragments.as_ref());
+}
+
+/// An erasure-coded record's fragments: the data count (0 for a
+/// replicated record, and nothing more), then each fragment's CRC-32C.
+fn put_fragments(w: &mut Writer, fragments: Option<&Fragments>) {
+    match fragments {
+        None => w.u8(0),
+        Some(f) => {
+            w.u8(f.data);
+            w.u8(f.crcs.len() as u8);
+            for &crc in &f.crcs {
+                w.u32(crc);
+            }
+        }
+    }
+}
+
+/// Reads what [`put_fragments`] wrote for a record with `replicas`
+/// replica addresses: an erasure-coded record has one fragment per
+/// address, at least one of parity, and at most [`MAX_DATA_REPLICAS`].
+fn get_fragments(r: &mut Reader, replicas: usize) -> Result<Option<Fragments>, WireError> {
+    let data = r.u8()?;
+    if data == 0 {
+        return Ok(None);
+    }
+    let count = r.u8()? as usize;
+    if count > MAX_DATA_REPLICAS || count != replicas || count <= data as usize {
+        return Err(WireError::Invalid(format!(
+            "an erasure-coded record of {data} data fragments lists {count} fragment \
+             checksums for {replicas} fragment addresses (they must be equal, above \
+             {data} and at most {MAX_DATA_REPLICAS})"
+        )));
+    }
+    let crcs = (0..count).map(|_| r.u32()).collect::<Result<_, _>>()?;
+    Ok(Some(Fragments { data, crcs }))
 }
 
 pub(super) fn get_record(r: &mut Reader) -> Result<Record, WireError> {
     let mut record = get_record_fields(r)?;
     record.attributes = get_attributes(r)?;
+    record.fragments = get_fragments(r, record.replicas.len())?;
     Ok(record)
 }
 
@@ -75,6 +112,7 @@ fn get_record_fields(r: &mut Reader) -> Result<Record, WireError> {
             k => return Err(WireError::Invalid(format!("rename link kind {k}"))),
         },
         attributes: Vec::new(),
+        fragments: None,
     })
 }
 
@@ -121,13 +159,17 @@ pub fn encode_record(rec: &Record) -> Vec<u8> {
 }
 
 /// Decodes a record encoded by [`encode_record`], or by a build before
-/// records had attributes: those end before the attributes' length,
-/// and decode with none (a metadata database keeps its old rows).
+/// records had attributes or fragments: those end before the
+/// attributes' length or the fragments', and decode with none (a
+/// metadata database keeps its old rows).
 pub fn decode_record(buf: &[u8]) -> Result<Record, WireError> {
     let mut r = Reader::new(buf);
     let mut rec = get_record_fields(&mut r)?;
     if r.remaining() > 0 {
         rec.attributes = get_attributes(&mut r)?;
+    }
+    if r.remaining() > 0 {
+        rec.fragments = get_fragments(&mut r, rec.replicas.len())?;
     }
     r.finish()?;
     Ok(rec)
@@ -224,6 +266,7 @@ mod tests {
             replicas: vec![9],
             rename: Some(RenameLink::From("acme/old.jpg".into())),
             attributes,
+            fragments: None,
         }
     }
 
@@ -248,12 +291,31 @@ mod tests {
         let full = record(vec![7; MAX_ATTRIBUTES]);
         assert_eq!(decode_record(&encode_record(&full)).unwrap(), full);
         let mut bytes = encode_record(&record(Vec::new()));
-        // Replace the empty attributes with one byte too many.
-        bytes.truncate(bytes.len() - 2);
+        // Replace the empty attributes (and no fragments) with one byte
+        // too many.
+        bytes.truncate(bytes.len() - 3);
         let mut w = Writer::default();
         w.bytes16(&vec![0; MAX_ATTRIBUTES + 1]);
         bytes.extend_from_slice(&w.buf);
         let error = decode_record(&bytes).unwrap_err().to_string();
         assert!(error.contains("2049") && error.contains("limit"), "{error}");
+    }
+
+    #[test]
+    fn fragments_round_trip_and_must_match_the_addresses() {
+        let mut coded = record(Vec::new());
+        coded.replicas = vec![1, 2, 3];
+        coded.fragments = Some(Fragments {
+            data: 2,
+            crcs: vec![10, 11, 12],
+        });
+        assert_eq!(decode_record(&encode_record(&coded)).unwrap(), coded);
+        for (data, crcs) in [(2, vec![10, 11]), (3, vec![1, 2, 3]), (2, vec![1, 2, 3, 4])] {
+            coded.fragments = Some(Fragments { data, crcs });
+            let error = decode_record(&encode_record(&coded))
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("fragment"), "{error}");
+        }
     }
 }

@@ -950,6 +950,7 @@ mod tests {
             replicas: vec![],
             rename: None,
             attributes: Vec::new(),
+            fragments: None,
         }
     }
 
@@ -1189,10 +1190,11 @@ mod tests {
         let path = dir.path().join("m.redb");
         let db = MetaDb::open(&path).unwrap();
         // A row as a build before attributes wrote it: the record's
-        // encoding without the attributes' length at its end.
+        // encoding without the attributes' length (and the fragments'
+        // byte, newer still) at its end.
         let old = rec("acme/old", 4);
         let mut legacy = encode_record(&old);
-        legacy.truncate(legacy.len() - 2);
+        legacy.truncate(legacy.len() - 3);
         let tx = db.db.begin_write().unwrap();
         tx.open_table(RECORDS)
             .unwrap()

@@ -381,6 +381,7 @@ mod tests {
             replicas: vec![],
             rename: None,
             attributes: Vec::new(),
+            fragments: None,
         };
         let disk = Disk::new();
         let db = MetaDb::open_with_backend(disk.backend(), |_| {}).unwrap();
@@ -465,6 +466,7 @@ mod tests {
                     rename: None,
                     // Some rows with attributes, so torn writes cover them.
                     attributes: vec![7; (k % 3 * 100) as usize],
+                    fragments: None,
                 };
                 match db.apply_record(0, &record) {
                     Ok(_) if grouped => group.push((name, version)),

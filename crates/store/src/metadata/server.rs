@@ -956,6 +956,31 @@ fn spawn_work(table: &Table, out: Out<SocketAddr>, work: &Work) {
                 });
             });
         }
+        Out::Rebuild {
+            record,
+            slots,
+            targets,
+        } => {
+            let table = table.clone();
+            let report = work.copies.clone();
+            let key = work.key.clone();
+            work.runtime.spawn(async move {
+                let result = strata_store_client::client::rebuild_fragments(
+                    &table, &key, &record, &slots, &targets,
+                )
+                .await
+                .map_err(|e| e.report().to_string());
+                if let Err(e) = &result {
+                    tracing::warn!("repair rebuild of {:?} failed: {e}", record.name);
+                }
+                let _ = report.send(CopyReport {
+                    name: record.name,
+                    version: record.version,
+                    targets,
+                    result,
+                });
+            });
+        }
         // Datagrams are sent by `dispatch`.
         Out::ToOn(_) | Out::Reply(..) | Out::ToMeta(_) => {}
     }

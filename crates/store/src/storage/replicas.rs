@@ -13,6 +13,7 @@ use crate::runtime::SharedTable;
 use crate::storage::core::{AfterRefusal, Refusal, StorageCore};
 use crate::storage::file::{file_name, parse_name, CHECKSUM_OFFSET};
 use crate::storage::group_sync::GroupSync;
+use crate::storage::object_cache::{ObjectCache, DEFAULT_OBJECT_CACHE};
 use crate::storage::put::{PutAction, PutEvent, PutMachine, PutPhase, PutReply};
 use crate::storage::reader::{get, reply_err, ReplicaDir, Route, CHUNK};
 use crate::storage::scheduled::ScheduledSender;
@@ -53,6 +54,9 @@ pub struct SnStore {
     replicas_sync: GroupSync,
     /// `replicas/`, held open for the Gets' lookups.
     replicas: ReplicaDir,
+    /// Whole erasure-coded objects whose fragment 0 this node holds
+    /// ([`crate::storage::object_cache`]).
+    object_cache: ObjectCache,
 }
 
 /// Limits of a storage node's data port, so that peers that connect and
@@ -68,6 +72,9 @@ pub struct DataLimits {
     /// Most data connections open at once; one more is closed as soon as
     /// it is accepted.
     pub max_connections: usize,
+    /// Bytes of memory for the whole-object cache
+    /// ([`crate::storage::object_cache`]; 0: none).
+    pub object_cache: u64,
 }
 
 /// Default of [`DataLimits::read_timeout`]: 10 s.
@@ -80,6 +87,7 @@ impl Default for DataLimits {
         DataLimits {
             read_timeout: DATA_READ_TIMEOUT,
             max_connections: DATA_MAX_CONNECTIONS,
+            object_cache: DEFAULT_OBJECT_CACHE,
         }
     }
 }
@@ -133,12 +141,30 @@ impl SnStore {
             scrub: ScrubProgress::default(),
             replicas_sync: GroupSync::directory(objects_dir),
             replicas,
+            object_cache: ObjectCache::new(DEFAULT_OBJECT_CACHE),
         })
+    }
+
+    /// The store, with a whole-object cache of `budget` bytes (0: none).
+    pub fn with_object_cache(mut self, budget: u64) -> SnStore {
+        self.object_cache = ObjectCache::new(budget);
+        self
+    }
+
+    /// The whole-object cache.
+    pub fn object_cache(&self) -> &ObjectCache {
+        &self.object_cache
+    }
+
+    /// The cluster key the node seals its requests with, if it has one.
+    pub(super) fn key(&self) -> Option<&ClusterKey> {
+        self.key.as_ref()
     }
 
     /// The store, with the data port's `limits`.
     pub fn with_limits(mut self, limits: DataLimits) -> SnStore {
         self.limits = limits;
+        self.object_cache = ObjectCache::new(limits.object_cache);
         self
     }
 
@@ -423,7 +449,12 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
                     Err(why) => reply_err(w, &why).await?,
                 }
             }
+            Request::GetObject { addr, object } => {
+                crate::storage::whole::get_object(w, store, table, addr, object).await?
+            }
             Request::Free { addr } => {
+                // An entry of the object cache goes with its fragment 0.
+                store.object_cache.remove(addr);
                 let path = store.path(addr);
                 if let Ok(m) = tokio::fs::metadata(&path).await {
                     if tokio::fs::remove_file(&path).await.is_ok() {

@@ -104,6 +104,16 @@ impl Store {
         command
     }
 
+    /// `strata ARGS` against this store, to run (as often as needed)
+    /// with its output thrown away.
+    pub fn quiet_command(&self, args: &[&str]) -> Command {
+        let mut command = self.strata(args);
+        command
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        command
+    }
+
     /// Starts `strata ARGS` against this store, its output captured, and
     /// returns at once.
     pub fn command(&self, args: &[&str]) -> std::process::Child {

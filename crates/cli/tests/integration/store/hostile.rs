@@ -118,6 +118,7 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
     let begin = Body::PostBegin {
         name: "obj/a".into(),
         size: 1,
+        class: None,
     };
     let reply = udp_ask(owner, &as_admin(store.on, &Msg::new(9, addrs[1], begin)));
     assert!(
@@ -130,6 +131,7 @@ fn hostile_messages_get_clear_errors_and_nothing_half_stored() {
     let begin = Body::PostBegin {
         name: "obj/a".into(),
         size: 4096,
+        class: None,
     };
     match udp_ask(coord, &as_admin(store.on, &Msg::new(10, addrs[0], begin))).body {
         Body::PostPlan {
@@ -352,6 +354,7 @@ fn unsealed_or_unticketed_data_requests_are_refused_and_change_nothing() {
         Body::PostBegin {
             name: "keep/c".into(),
             size: 3,
+            class: None,
         },
     );
     let Body::PostPlan {
@@ -447,6 +450,7 @@ fn unsealed_forged_stale_or_out_of_scope_metadata_requests_are_refused_and_chang
             Body::PostBegin {
                 name: name.into(),
                 size: 3,
+                class: None,
             },
             Body::Update {
                 record: Record {
@@ -609,6 +613,7 @@ fn no_unauthenticated_datagram_gets_a_longer_answer() {
         Body::PostBegin {
             name: "acme/a".into(),
             size: 10,
+            class: None,
         },
         Body::List {
             prefix: String::new(),

@@ -5,6 +5,7 @@
 //! The harness (`Store`, `Node`) is in `common::store`; the tests are
 //! split by concern into the modules below.
 
+mod erasure;
 mod failures;
 mod group_commit;
 mod hostile;

@@ -227,7 +227,7 @@ fn with_rs3_small_gets_pass_big_streams() {
 }
 
 /// `GET http://at/metrics`'s body.
-fn metrics(at: &str) -> String {
+pub(super) fn metrics(at: &str) -> String {
     ureq::get(&format!("http://{at}/metrics"))
         .call()
         .expect("GET /metrics")

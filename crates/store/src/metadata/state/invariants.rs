@@ -246,6 +246,7 @@ mod tests {
                 targets: Vec::new(),
                 dropped: Vec::new(),
                 deadline: 0,
+                slots: Vec::new(),
             };
             c.repairs.insert(format!("n{i}"), repair);
         }

@@ -31,8 +31,11 @@ use crate::metadata::database::{Classify, MetaDb};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::Hash;
 use strata_store_protocol::addr::{splitmix64, Addr};
-use strata_store_protocol::table::{Device, MovePhase, State, Table};
-use strata_store_protocol::wire::{Body, Code, GatherCursor, Msg, Record, Row, SyncEntry, SyncSum};
+use strata_store_protocol::class::{StorageClass, StripeLayout};
+use strata_store_protocol::table::{Device, MovePhase, Params, State, Table};
+use strata_store_protocol::wire::{
+    Body, Code, Fragments, GatherCursor, Msg, Record, Row, SyncEntry, SyncSum,
+};
 use strata_store_protocol::Error;
 
 /// Objects below this size prefer SSD storage nodes; larger ones HDD.
@@ -105,6 +108,18 @@ pub enum Out<P> {
         /// Object CRC-32C, checked on the copy.
         crc: u32,
     },
+    /// Repair of an erasure-coded object: read any k of its fragments
+    /// (leaving out `slots`), rebuild the fragments of `slots` and write
+    /// fragment `slots[i]` to `targets[i]`, then report with
+    /// [`MnCore::copy_done`].
+    Rebuild {
+        /// The record being repaired (its fragments' addresses and CRCs).
+        record: Box<Record>,
+        /// The fragment indices to rebuild.
+        slots: Vec<usize>,
+        /// New addresses for them.
+        targets: Vec<Addr>,
+    },
 }
 
 /// One full scan of the groups this node owns while storage nodes are
@@ -135,11 +150,19 @@ struct Repair {
     /// committed, then freed.
     dropped: Vec<Addr>,
     deadline: u64,
+    /// For an erasure-coded record, the fragment index each target
+    /// rebuilds (empty for replicas: targets are appended).
+    slots: Vec<usize>,
 }
 
 enum Phase {
     /// Waiting for the client's data and `PostCommit`.
-    Data { size: u64, replicas: Vec<Addr> },
+    Data {
+        size: u64,
+        replicas: Vec<Addr>,
+        /// Data fragments of an erasure-coded Post (0: replicas).
+        data_fragments: u8,
+    },
     /// Stored locally; replicating until W_m addresses acknowledge.
     Replicating {
         acked: Vec<bool>,
@@ -611,10 +634,11 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         out: &mut Vec<Out<P>>,
     ) -> Result<Option<Body>, Error> {
         match &msg.body {
-            Body::PostBegin { name, size } => {
+            Body::PostBegin { name, size, class } => {
                 let mg = self.coordinator_check(msg.target, name)?;
                 self.not_frozen(mg)?;
-                self.post_begin(now, from, msg.req, name, *size).map(Some)
+                self.post_begin(now, from, msg.req, name, *size, *class)
+                    .map(Some)
             }
             Body::PostEmpty { name, attributes } => {
                 let mg = self.coordinator_check(msg.target, name)?;
@@ -626,12 +650,14 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 version,
                 crc,
                 attributes,
+                fragment_crcs,
             } => {
                 self.coordinator_check(msg.target, name)?;
                 let commit = writes::Commit {
                     version: *version,
                     crc: *crc,
                     attributes,
+                    fragment_crcs,
                 };
                 self.post_commit(now, from, msg.req, name, commit, out)
             }

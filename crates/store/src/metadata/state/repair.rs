@@ -349,6 +349,9 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         {
             return false;
         }
+        if record.fragments.is_some() {
+            return self.repair_fragments(now, record, damaged, out);
+        }
         let t = &self.table;
         // (liveness, being drained) of a replica's node.
         let state_of = |a: Addr| t.sn_for(a).map(|s| (s.state, t.retiring(s.index)));
@@ -401,6 +404,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                     targets: Vec::new(),
                     dropped: Vec::new(),
                     deadline: now,
+                    slots: Vec::new(),
                 };
                 let _ = self.commit_repair(now, &record.name, repair, 0, out);
             }
@@ -425,6 +429,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 targets: targets.clone(),
                 dropped: damaged,
                 deadline: now + DATA_BASE_MS + record.size / (16 << 20) * 1000,
+                slots: Vec::new(),
             },
         );
         out.push(Out::Copy {
@@ -498,10 +503,25 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             .ok_or_else(|| Error::Superseded(format!("{name:?} changed during repair")))?;
         let written = copies.min(repair.targets.len());
         let mut record = current;
-        record.replicas = repair.keep;
-        record
-            .replicas
-            .extend_from_slice(&repair.targets[..written]);
+        if repair.slots.is_empty() {
+            record.replicas = repair.keep;
+            record
+                .replicas
+                .extend_from_slice(&repair.targets[..written]);
+        } else {
+            // A rebuild writes every fragment it was given or fails.
+            if written < repair.targets.len() {
+                return Err(Error::Superseded(format!(
+                    "the rebuild of {name:?} wrote {written} of its {} fragments",
+                    repair.targets.len()
+                )));
+            }
+            for (&slot, &target) in repair.slots.iter().zip(&repair.targets) {
+                if let Some(replica) = record.replicas.get_mut(slot) {
+                    *replica = target;
+                }
+            }
+        }
         // A new version: metadata replicas ignore a record whose version
         // they already hold.
         record.version = self.db.latest_version(mg0, name)? + 1;
@@ -562,5 +582,95 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                     .then(|| self.place_n(name, version, size, count, 1, &others).ok())
                     .flatten()
             })
+    }
+
+    /// [`MnCore::repair_record`] for an erasure-coded record: the
+    /// fragments on dead or drained nodes, or reported `damaged`, are
+    /// rebuilt from any k others onto nodes that hold none of the
+    /// object's fragments ([`Out::Rebuild`]); with fewer than k readable,
+    /// it waits (a node only briefly down comes back). Returns whether
+    /// no node can take a rebuilt fragment.
+    fn repair_fragments(
+        &mut self,
+        now: u64,
+        record: Record,
+        damaged: Vec<Addr>,
+        out: &mut Vec<Out<P>>,
+    ) -> bool {
+        let Some((data, parity)) = record.fragments.as_ref().map(|f| (f.data, f.parity())) else {
+            return false;
+        };
+        let t = &self.table;
+        let state_of = |a: Addr| t.sn_for(a).map(|s| (s.state, t.retiring(s.index)));
+        let lost: Vec<usize> = record
+            .replicas
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| {
+                damaged.contains(a)
+                    || !matches!(state_of(**a), Some((State::Up | State::Down, false)))
+            })
+            .map(|(slot, _)| slot)
+            .collect();
+        if lost.is_empty() {
+            return false;
+        }
+        let readable = record
+            .replicas
+            .iter()
+            .filter(|a| !damaged.contains(a) && matches!(state_of(**a), Some((State::Up, _))))
+            .count();
+        if readable < usize::from(data) {
+            return false;
+        }
+        // The damaged fragments are freed once it commits, as damaged
+        // replicas are; one on a drained node stays until the node
+        // retires (a metadata copy may still name it meanwhile).
+        let dropped: Vec<Addr> = lost
+            .iter()
+            .map(|&slot| record.replicas[slot])
+            .filter(|a| damaged.contains(a))
+            .collect();
+        let layout = StripeLayout::new(record.size, data, parity);
+        let nodes_of = |keep: &dyn Fn(usize) -> bool| -> Vec<u16> {
+            record
+                .replicas
+                .iter()
+                .enumerate()
+                .filter(|(slot, _)| keep(*slot))
+                .filter_map(|(_, &a)| self.table.layout.sn_of(a))
+                .collect()
+        };
+        let every = nodes_of(&|_| true);
+        // Failing that (a small cluster), a lost fragment's own node, if
+        // up (a damaged one), takes its rebuilt fragment as a new file:
+        // still one fragment per node.
+        let kept = nodes_of(&|slot| !lost.contains(&slot));
+        let count = lost.len();
+        let (name, version) = (record.name.clone(), record.version + 1);
+        let len = layout.fragment_len();
+        let placed = self
+            .place_n(&name, version, len, count, count, &every)
+            .or_else(|_| self.place_n(&name, version, len, count, count, &kept));
+        let Ok(targets) = placed else {
+            return true;
+        };
+        self.repairs.insert(
+            name,
+            Repair {
+                version: record.version,
+                keep: Vec::new(),
+                targets: targets.clone(),
+                dropped,
+                deadline: now + DATA_BASE_MS + record.size / (16 << 20) * 1000,
+                slots: lost.clone(),
+            },
+        );
+        out.push(Out::Rebuild {
+            record: Box::new(record),
+            slots: lost,
+            targets,
+        });
+        false
     }
 }

@@ -13,6 +13,9 @@ pub(super) struct Commit<'a> {
     pub crc: u32,
     /// The record's attributes (decoding bounded them).
     pub attributes: &'a [u8],
+    /// Each fragment's CRC-32C for an erasure-coded Post (empty for
+    /// replicas).
+    pub fragment_crcs: &'a [u32],
 }
 
 impl<P: Clone + Eq + Hash> MnCore<P> {
@@ -24,7 +27,15 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     /// Post already committed or aborted).
     pub(super) fn abandon(&mut self, replica: Addr, out: &mut Vec<Out<P>>) -> u64 {
         let found = self.pending.iter().find_map(|(name, p)| match &p.phase {
-            Phase::Data { replicas, .. } if replicas.first() == Some(&replica) => {
+            // The first replica takes a replicated Post's data; each
+            // fragment's node takes an erasure-coded one's.
+            Phase::Data {
+                replicas,
+                data_fragments,
+                ..
+            } if replicas.first() == Some(&replica)
+                || (*data_fragments > 0 && replicas.contains(&replica)) =>
+            {
                 Some(name.clone())
             }
             _ => None,
@@ -56,13 +67,19 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         req: u64,
         name: &str,
         size: u64,
+        class: Option<StorageClass>,
     ) -> Result<Body, Error> {
-        let (version, replicas) = self.begin(now, from, req, name, size)?;
+        let params = match class {
+            Some(class) => self.table.params_for(name).with_class(class),
+            None => self.table.params_for(name),
+        };
+        let (version, replicas) = self.begin(now, from, req, name, size, params)?;
         Ok(Body::PostPlan {
             version,
             size,
             replicas,
             ticket: Vec::new(),
+            data_fragments: params.data_fragments,
         })
     }
 
@@ -82,17 +99,21 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         if self.in_progress(name, from, req) {
             return Ok(None);
         }
-        let (version, _) = self.begin(now, from, req, name, 0)?;
+        let params = self.table.params_for(name);
+        let (version, _) = self.begin(now, from, req, name, 0, params)?;
         let commit = Commit {
             version,
             crc: crc32c::crc32c(&[]),
             attributes,
+            fragment_crcs: &[],
         };
         self.post_commit(now, from, req, name, commit, out)
     }
 
-    /// Locks `name` for a Post of `size` bytes and chooses its version and
-    /// replicas (none for an empty object).
+    /// Locks `name` for a Post of `size` bytes kept as `params` say, and
+    /// chooses its version and replicas (none for an empty object), or
+    /// for an erasure-coded one its fragments' nodes: one each, all
+    /// distinct, or the Post is refused.
     fn begin(
         &mut self,
         now: u64,
@@ -100,6 +121,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         req: u64,
         name: &str,
         size: u64,
+        params: Params,
     ) -> Result<(u64, Vec<Addr>), Error> {
         if size > strata_store_protocol::wire::MAX_OBJECT {
             return Err(remote(
@@ -122,10 +144,23 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         // checksum) is all of it, durable on the metadata copies, and a
         // Get never reads a replica for it. So it gets none, and its Post
         // costs no storage node a file and its syncs.
-        let replicas = if size == 0 {
-            Vec::new()
-        } else {
-            self.place(name, version, size)?
+        // An empty object has no fragments either.
+        let data_fragments = if size == 0 { 0 } else { params.data_fragments };
+        let replicas = match (size, data_fragments) {
+            (0, _) => Vec::new(),
+            (_, 0) => self.place_n(
+                name,
+                version,
+                size,
+                params.n_d as usize,
+                params.w_d as usize,
+                &[],
+            )?,
+            (_, k) => {
+                let nodes = params.n_d as usize;
+                let layout = StripeLayout::new(size, k, params.n_d - k);
+                self.place_n(name, version, layout.fragment_len(), nodes, nodes, &[])?
+            }
         };
         self.next_op += 1;
         self.pending.insert(
@@ -139,36 +174,17 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 phase: Phase::Data {
                     size,
                     replicas: replicas.clone(),
+                    data_fragments,
                 },
             },
         );
         Ok((version, replicas))
     }
 
-    /// Chooses storage nodes: up, with room, the preferred device type
-    /// first (SSD for small objects, HDD for large), then most free space,
-    /// with a per-object hash so equal nodes share the load.
-    pub(super) fn place(
-        &mut self,
-        name: &str,
-        version: u64,
-        size: u64,
-    ) -> Result<Vec<Addr>, Error> {
-        let params = self.table.params_for(name);
-        self.place_n(
-            name,
-            version,
-            size,
-            params.n_d as usize,
-            params.w_d as usize,
-            &[],
-        )
-    }
-
-    /// Chooses up to `count` storage nodes (at least `min`) as [`place`]
-    /// does, leaving out the prefixes in `exclude`.
-    ///
-    /// [`place`]: MnCore::place
+    /// Chooses up to `count` storage nodes (at least `min`): up, with
+    /// room, the preferred device type first (SSD for small objects, HDD
+    /// for large), then most free space, with a per-object hash so equal
+    /// nodes share the load; leaving out the prefixes in `exclude`.
     pub(super) fn place_n(
         &mut self,
         name: &str,
@@ -238,6 +254,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             version,
             crc,
             attributes,
+            fragment_crcs,
         } = commit;
         let Some(p) = self.pending.get(name) else {
             let mg0 = self.owned(self.table.meta_addrs(name)[0])?;
@@ -251,6 +268,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 if r.version == version
                     && r.crc == crc
                     && r.attributes == attributes
+                    && r.fragments.as_ref().map_or(&[][..], |f| &f.crcs[..]) == fragment_crcs
                     && r.rename.is_none()
                 {
                     return self.commit_record(now, from.clone(), req, r, Vec::new(), out);
@@ -261,9 +279,15 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 format!("no Post of {name:?} version {version} is in progress (it expired or the node restarted); post again"),
             ));
         };
-        let Phase::Data { size, replicas } = &p.phase else {
+        let Phase::Data {
+            size,
+            replicas,
+            data_fragments,
+        } = &p.phase
+        else {
             return Ok(None);
         };
+        let fragments = checked_fragments(name, *data_fragments, replicas.len(), fragment_crcs)?;
         if p.version != version {
             return Err(remote(
                 Code::Conflict,
@@ -292,6 +316,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             replicas: replicas.clone(),
             rename: None,
             attributes: attributes.to_vec(),
+            fragments,
         };
         // A Post over an existing object frees the old replicas once the new
         // record is acknowledged, unless an interrupted rename may share
@@ -537,5 +562,38 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             answer,
             out,
         )
+    }
+}
+
+/// The fragments of the record a commit makes: one CRC-32C per fragment
+/// for an erasure-coded Post (`data_fragments` > 0), none for replicas.
+fn checked_fragments(
+    name: &str,
+    data_fragments: u8,
+    replicas: usize,
+    crcs: &[u32],
+) -> Result<Option<Fragments>, Error> {
+    match data_fragments {
+        0 if crcs.is_empty() => Ok(None),
+        0 => Err(remote(
+            Code::BadRequest,
+            format!(
+                "the commit of {name:?} gives {} fragment checksums, but it is kept as \
+                 replicas; commit it without them",
+                crcs.len()
+            ),
+        )),
+        data if crcs.len() == replicas => Ok(Some(Fragments {
+            data,
+            crcs: crcs.to_vec(),
+        })),
+        _ => Err(remote(
+            Code::BadRequest,
+            format!(
+                "the commit of {name:?} gives {} fragment checksums for its {replicas} \
+                 fragments; post it again",
+                crcs.len()
+            ),
+        )),
     }
 }
