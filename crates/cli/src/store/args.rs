@@ -102,7 +102,7 @@ pub enum StoreCommand {
     /// nodes, in mapped mode on loopback. Prints a readiness line, then
     /// serves until SIGTERM or SIGINT, when it stops its nodes and the
     /// nodes `strata store node add` runs with DIR's cluster.key.
-    Up(UpArgs),
+    Up(Box<UpArgs>),
     /// Add or remove nodes.
     Node {
         #[command(subcommand)]
