@@ -32,6 +32,34 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// Parses a duration: a whole number with a unit, `s`, `m`, `h` or `d`
+/// (`90s`, `12h`, `7d`); a bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (number, unit) = match s.char_indices().last() {
+        Some((at, c)) if c.is_ascii_alphabetic() => (&s[..at], c),
+        _ => (s, 's'),
+    };
+    let seconds_per = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        _ => {
+            return Err(format!(
+                "invalid duration '{s}': the unit is s, m, h or d, not '{unit}'"
+            ))
+        }
+    };
+    let count: u64 = number.parse().map_err(|_| {
+        format!("invalid duration '{s}': expected a whole number and s, m, h or d (7d)")
+    })?;
+    count
+        .checked_mul(seconds_per)
+        .map(std::time::Duration::from_secs)
+        .ok_or_else(|| format!("invalid duration '{s}': too long"))
+}
+
 /// Renders bytes as qemu-img does: "1 GiB", "64 KiB", "1.5 MiB".
 pub fn human(bytes: u64) -> String {
     const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
@@ -52,6 +80,17 @@ pub fn human(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("7d").unwrap().as_secs(), 7 * 86_400);
+        assert_eq!(parse_duration("90").unwrap().as_secs(), 90);
+        assert_eq!(parse_duration("2s").unwrap().as_secs(), 2);
+        assert_eq!(parse_duration("3h").unwrap().as_secs(), 3 * 3600);
+        for bad in ["", "d", "1.5h", "7w", "-1s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn sizes() {

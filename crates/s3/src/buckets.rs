@@ -3,12 +3,13 @@
 //! one bucket, `ID`; the admin tenant `*` may make any.
 
 use crate::errors::{from_store, is_missing, s3};
-use crate::names::bucket_prefix;
+use crate::names::{bucket_prefix, reserved_prefix};
 use crate::Gateway;
 use s3s::{S3ErrorCode, S3Result};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use strata_store_client::client::Client;
 use strata_store_protocol::tenant::{in_scope, ADMIN};
+use strata_store_protocol::wire::ListEntry;
 
 /// A bucket as ListBuckets shows it.
 pub(crate) struct BucketInfo {
@@ -81,20 +82,32 @@ impl Gateway {
     }
 
     /// DeleteBucket: only an empty bucket (no name under `B/` but the
-    /// marker, written through the gateway or not).
+    /// marker and the gateway's own, written through the gateway or
+    /// not). Pending multipart uploads go with it, as in S3.
     pub(crate) async fn delete_bucket(&self, client: &Client, bucket: &str) -> S3Result<()> {
         self.bucket_exists(client, bucket).await?;
         let marker = bucket_prefix(bucket);
-        let (names, _) = client
-            .list(&marker, "", 2)
-            .await
-            .map_err(|e| from_store(&format!("listing bucket '{bucket}'"), &e))?;
-        if names.iter().any(|entry| entry.name != marker) {
-            return Err(s3(
-                S3ErrorCode::BucketNotEmpty,
-                format!("bucket '{bucket}' still holds objects; delete them first"),
-            ));
+        let reserved = reserved_prefix(bucket);
+        let holds_keys = |names: &[ListEntry]| {
+            names
+                .iter()
+                .any(|entry| entry.name != marker && !entry.name.starts_with(&reserved))
+        };
+        // The first name after the marker, then the first past the
+        // gateway's own names (which sort among the keys).
+        for after in [String::new(), format!("{reserved}\u{10FFFF}")] {
+            let (names, _) = client
+                .list(&marker, &after, 2)
+                .await
+                .map_err(|e| from_store(&format!("listing bucket '{bucket}'"), &e))?;
+            if holds_keys(&names) {
+                return Err(s3(
+                    S3ErrorCode::BucketNotEmpty,
+                    format!("bucket '{bucket}' still holds objects; delete them first"),
+                ));
+            }
         }
+        self.drop_reserved(client, bucket).await?;
         match client.delete(&marker).await {
             Ok(_) => Ok(()),
             Err(e) if is_missing(&e) => Err(no_such_bucket(bucket)),

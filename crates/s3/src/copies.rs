@@ -7,10 +7,9 @@
 
 use crate::buckets::{check_scope, now_ms};
 use crate::errors::{from_store, s3};
+use crate::multipart::{drop_parts, previous_upload, start_object_read};
 use crate::names::ObjectMeta;
-use crate::objects::{
-    check_conditions, check_fits, meta_of, name_of, start_read, Conditions, LOOKUP_ATTEMPTS,
-};
+use crate::objects::{check_conditions, check_fits, meta_of, name_of, Conditions, LOOKUP_ATTEMPTS};
 use crate::streams::{lock, response_body, BodyReader, Piece, Received};
 use crate::Gateway;
 use md5::Digest;
@@ -74,9 +73,12 @@ impl Gateway {
             let opened = self
                 .find(client, &request.source_bucket, &request.source_key)
                 .await?;
-            let meta = destination_meta(&meta_of(&opened), request)?;
+            let source = meta_of(&opened);
+            let meta = destination_meta(&source, request)?;
             let version = opened.record.version;
-            let Some(body) = read_source(client, opened).await? else {
+            let (source_bucket, source_key) = (&request.source_bucket, &request.source_key);
+            let read = read_source(client, source_bucket, source_key, opened, &source).await;
+            let Some(body) = read else {
                 // The version found was overwritten before it was read.
                 let (source_bucket, source_key) = (&request.source_bucket, &request.source_key);
                 if self
@@ -90,7 +92,12 @@ impl Gateway {
                     format!("'{source_bucket}/{source_key}' could not be read; retry"),
                 ));
             };
-            return store_copy(client, &name, meta, body).await;
+            let previous = previous_upload(client, &name).await;
+            let stored = store_copy(client, &name, meta, body).await?;
+            if let Some(previous) = previous {
+                drop_parts(client, bucket, key, &previous).await;
+            }
+            return Ok(stored);
         }
         Err(s3(
             S3ErrorCode::ServiceUnavailable,
@@ -102,12 +109,11 @@ impl Gateway {
     }
 }
 
-/// The destination's metadata: the source's ETag and size, now as its
-/// time, and the source's content type and user metadata unless they
-/// are replaced. Copy conditions that do not hold answer
-/// PreconditionFailed (S3 answers 412 for all four, never 304).
-fn destination_meta(source: &ObjectMeta, request: &CopyRequest) -> S3Result<ObjectMeta> {
-    check_conditions(source, &request.conditions).map_err(|e| {
+/// Applies the `x-amz-copy-source-if-*` headers to the source: those
+/// that do not hold answer PreconditionFailed (S3 answers 412 for all
+/// four, never 304).
+pub(crate) fn check_copy_conditions(source: &ObjectMeta, conditions: &Conditions) -> S3Result<()> {
+    check_conditions(source, conditions).map_err(|e| {
         if *e.code() == S3ErrorCode::NotModified {
             s3(
                 S3ErrorCode::PreconditionFailed,
@@ -116,7 +122,15 @@ fn destination_meta(source: &ObjectMeta, request: &CopyRequest) -> S3Result<Obje
         } else {
             e
         }
-    })?;
+    })
+}
+
+/// The destination's metadata: the source's ETag and size, now as its
+/// time, and the source's content type and user metadata unless they
+/// are replaced; a copy of a multipart object is one plain object, with
+/// the source's multipart ETag. Copy conditions are checked first.
+fn destination_meta(source: &ObjectMeta, request: &CopyRequest) -> S3Result<ObjectMeta> {
+    check_copy_conditions(source, &request.conditions)?;
     let (content_type, metadata) = match &request.replacement {
         Some(replacement) => (
             replacement.content_type.clone(),
@@ -130,6 +144,7 @@ fn destination_meta(source: &ObjectMeta, request: &CopyRequest) -> S3Result<Obje
         modified_ms: now_ms(),
         content_type,
         metadata,
+        multipart: None,
     };
     check_fits(&meta, &request.bucket, &request.key)?;
     Ok(meta)
@@ -137,17 +152,24 @@ fn destination_meta(source: &ObjectMeta, request: &CopyRequest) -> S3Result<Obje
 
 /// The source's bytes as a stream, once the first came; `None` if the
 /// read failed before any (the version may have been overwritten).
-async fn read_source(client: &Arc<Client>, opened: Opened) -> S3Result<Option<StreamingBlob>> {
-    let size = opened.record.size;
-    let (first, receiver) = start_read(client.clone(), opened, 0..size).await;
-    Ok(match first {
+async fn read_source(
+    client: &Arc<Client>,
+    bucket: &str,
+    key: &str,
+    opened: Opened,
+    meta: &ObjectMeta,
+) -> Option<StreamingBlob> {
+    let span = 0..meta.size;
+    let (first, receiver) =
+        start_object_read(client.clone(), bucket, key, opened, meta, span).await;
+    match first {
         None => Some(StreamingBlob::from(s3s::Body::from(bytes::Bytes::new()))),
         Some(Piece::Data(first)) => Some(response_body(first, receiver)),
         Some(Piece::Failed(e)) => {
             tracing::debug!("reading the source of a copy: {}", e.report());
             None
         }
-    })
+    }
 }
 
 /// Posts `body` as the store object `name` with `meta`. The bytes are

@@ -10,8 +10,10 @@
 //!   never held whole.
 //! - `errors`: the store's errors as S3 errors.
 //! - [`presigned`]: the bound on a presigned URL's life.
-//! - `buckets`, `objects`, `copies`, `listing`: the operations, as methods of
-//!   [`Gateway`]; `service` hands s3s's calls to them.
+//! - `buckets`, `objects`, `copies`, `listing`, `multipart`: the
+//!   operations, as methods of [`Gateway`]; `service` hands s3s's calls
+//!   to them.
+//! - [`metrics`]: the gateway's `/metrics`.
 //!
 //! The gateway holds the cluster key: for each access key it re-derives
 //! the tenant's credential and acts as that tenant, so the store's scope
@@ -23,27 +25,44 @@ mod buckets;
 mod copies;
 mod errors;
 mod listing;
+pub mod metrics;
+mod multipart;
 pub mod names;
 mod objects;
 pub mod presigned;
 mod service;
 mod streams;
 
+use metrics::Metrics;
 use s3s::auth::{S3Auth, SecretKey};
 use s3s::service::S3ServiceBuilder;
 use s3s::{S3ErrorCode, S3Result};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use strata_store_client::client::Client;
 use strata_store_protocol::key::ClusterKey;
+use strata_store_protocol::tenant::{TenantCredential, ADMIN};
 use tokio::net::TcpListener;
+
+/// A task aborted when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// Tenants whose store clients the gateway keeps connected at once.
 const MAX_CLIENTS: usize = 256;
 
 /// HTTP connections served at once; more wait to be accepted.
 pub const MAX_CONNECTIONS: usize = 1024;
+
+/// How long a multipart upload may stay pending unless told: 7 days.
+pub const DEFAULT_UPLOAD_EXPIRY: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The gateway of one cluster: the S3 operations, each acting as the
 /// tenant its request's access key names.
@@ -52,6 +71,8 @@ pub struct Gateway {
     key: ClusterKey,
     /// Connected store clients by access key (at most [`MAX_CLIENTS`]).
     clients: Mutex<HashMap<String, Arc<Client>>>,
+    /// Pending multipart uploads older than this are aborted.
+    upload_expiry: Duration,
 }
 
 impl Gateway {
@@ -63,7 +84,46 @@ impl Gateway {
             cluster,
             key,
             clients: Mutex::new(HashMap::new()),
+            upload_expiry: DEFAULT_UPLOAD_EXPIRY,
         }
+    }
+
+    /// The gateway, aborting multipart uploads still pending `expiry`
+    /// after they started (default [`DEFAULT_UPLOAD_EXPIRY`]).
+    pub fn with_upload_expiry(mut self, expiry: Duration) -> Gateway {
+        self.upload_expiry = expiry;
+        self
+    }
+
+    /// Every so often (a tenth of the expiry, between a second and an
+    /// hour), aborts the expired uploads of every bucket and deletes the
+    /// parts nothing uses ([`Gateway::clean_uploads`]), acting as the
+    /// admin tenant. Runs until dropped.
+    async fn clean_periodically(self) {
+        let pause =
+            (self.upload_expiry / 10).clamp(Duration::from_secs(1), Duration::from_secs(3600));
+        loop {
+            tokio::time::sleep(pause).await;
+            if let Err(e) = self.clean_once().await {
+                tracing::warn!("cleaning multipart uploads: {e}");
+            }
+        }
+    }
+
+    async fn clean_once(&self) -> Result<(), String> {
+        let admin =
+            TenantCredential::issue(&self.key, ADMIN).map_err(|e| e.report().to_string())?;
+        let client = Client::connect(self.cluster, admin)
+            .await
+            .map_err(|e| format!("connecting to the cluster: {}", e.report()))?;
+        let cleaned = self
+            .clean_uploads(&client, self.upload_expiry)
+            .await
+            .map_err(|e| e.message().unwrap_or_default().to_string())?;
+        if cleaned > 0 {
+            tracing::info!("cleaned {cleaned} expired or abandoned multipart uploads");
+        }
+        Ok(())
     }
 
     /// The store client acting as the tenant of `access_key`.
@@ -109,9 +169,15 @@ impl S3Auth for Auth {
 
 /// Serves S3 on `listener` until the task is dropped: every request must
 /// be signed (SigV4, in headers or a presigned URL's query) with a key
-/// [`access`] derives; anonymous ones are refused with AccessDenied.
+/// [`access`] derives; anonymous ones are refused with AccessDenied, but
+/// for an unsigned `GET /metrics` ([`metrics`]). Meanwhile, expired and
+/// abandoned multipart uploads are cleaned.
 pub async fn serve(listener: TcpListener, gateway: Gateway) -> std::io::Result<()> {
     let key = gateway.key.clone();
+    let cleaner =
+        Gateway::new(gateway.cluster, key.clone()).with_upload_expiry(gateway.upload_expiry);
+    let _cleaning = AbortOnDrop(tokio::spawn(cleaner.clean_periodically()));
+    let metrics = Arc::new(Metrics::default());
     let mut builder = S3ServiceBuilder::new(gateway);
     builder.set_auth(Auth { key });
     builder.set_access(presigned::Access);
@@ -131,11 +197,14 @@ pub async fn serve(listener: TcpListener, gateway: Gateway) -> std::io::Result<(
                 continue;
             }
         };
-        let service = service.clone();
+        let (service, metrics) = (service.clone(), metrics.clone());
         tokio::spawn(async move {
             let io = hyper_util::rt::TokioIo::new(stream);
+            let handler = hyper::service::service_fn(move |request| {
+                metrics::handle(service.clone(), metrics.clone(), request)
+            });
             let served = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, service)
+                .serve_connection(io, handler)
                 .await;
             if let Err(e) = served {
                 tracing::debug!("S3 connection from {peer}: {e}");

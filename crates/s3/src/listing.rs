@@ -3,7 +3,7 @@
 //! with its S3 metadata) and grouped by delimiter.
 
 use crate::errors::{from_store, s3};
-use crate::names::{bucket_prefix, key_of, ObjectMeta};
+use crate::names::{bucket_prefix, key_of, reserved_prefix, ObjectMeta};
 use crate::Gateway;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -135,6 +135,7 @@ impl Gateway {
             Some(Position::Prefix(prefix)) => format!("{bucket}/{prefix}\u{10FFFF}"),
         };
         let mut skip = request.after.clone();
+        let reserved = reserved_prefix(bucket);
         loop {
             let (entries, cursor) = client
                 .list(&store_prefix, &after, STORE_PAGE)
@@ -142,6 +143,11 @@ impl Gateway {
                 .map_err(|e| from_store(&format!("listing bucket '{bucket}'"), &e))?;
             for entry in entries {
                 let Some(key) = key_of(bucket, &entry.name) else {
+                    if entry.name.starts_with(&reserved) {
+                        // Past every multipart name at once: no key is
+                        // among them.
+                        after = after.max(format!("{reserved}\u{10FFFF}"));
+                    }
                     continue;
                 };
                 if skip.as_ref().is_some_and(|position| position.covers(key)) {

@@ -10,6 +10,17 @@
 //!   metadata ([`ObjectMeta::attributes`]): the MD5 (the ETag), when the
 //!   gateway stored it, the Content-Type and the `x-amz-meta-*` headers.
 //!
+//! - A multipart upload's state and parts live under the bucket's
+//!   reserved prefix [`RESERVED`] (`B/.strata-multipart/`), which no key
+//!   may start with and listings never show: the upload `U` of key `K`
+//!   is the empty object [`upload_name`] (its attributes hold the
+//!   content type, user metadata and start time), and its part `N` the
+//!   object [`part_name`] (its attributes hold the part's MD5). The key
+//!   is written in hex there, so names sort as keys do and no byte of a
+//!   key can be mistaken for a separator. A completed upload is a
+//!   *manifest* at `B/K`: its attributes say so ([`Multipart`]) and its
+//!   body lists the parts ([`crate::multipart`]).
+//!
 //! So a Get or Head is one metadata lookup, a listing reads every key's
 //! metadata from the List itself, the store's versions order overwrites,
 //! and a name stored with `strata obj` is an S3 object too: its record
@@ -24,6 +35,25 @@ use strata_store_protocol::wire::{check_name, MAX_ATTRIBUTES};
 /// their format, so a later gateway can change it and still read these.
 /// Version 1 is this byte followed by a JSON document ([`Stored`]).
 pub const ATTRIBUTES_VERSION: u8 = 1;
+
+/// Keys starting with this are refused, and names under `B/` starting
+/// with it are the gateway's own: multipart uploads and their parts.
+pub const RESERVED: &str = ".strata-multipart/";
+
+/// What marks an object as a completed multipart upload's manifest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Multipart {
+    /// The upload's id: its parts are [`part_name`]s with it.
+    #[serde(rename = "u")]
+    pub upload: String,
+    /// How many parts the object has.
+    #[serde(rename = "n")]
+    pub parts: u32,
+    /// The object's size: the sum of its parts' (the record's size is the
+    /// manifest's).
+    #[serde(rename = "s")]
+    pub size: u64,
+}
 
 /// An object's S3 metadata.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,6 +70,8 @@ pub struct ObjectMeta {
     pub content_type: Option<String>,
     /// The user metadata (`x-amz-meta-*`), names without the prefix.
     pub metadata: BTreeMap<String, String>,
+    /// For a completed multipart upload, its manifest's mark.
+    pub multipart: Option<Multipart>,
 }
 
 /// What the attributes hold, after their version byte: the metadata but
@@ -54,6 +86,8 @@ struct Stored {
     content_type: Option<String>,
     #[serde(rename = "m", default, skip_serializing_if = "BTreeMap::is_empty")]
     metadata: BTreeMap<String, String>,
+    #[serde(rename = "x", default, skip_serializing_if = "Option::is_none")]
+    multipart: Option<Multipart>,
 }
 
 /// Why a key or its metadata cannot be stored.
@@ -88,10 +122,15 @@ pub fn bucket_prefix(bucket: &str) -> String {
 }
 
 /// The store name of the object `key` of `bucket`, if it is one: 1 to
-/// 4,096 bytes with the bucket, no NUL.
+/// 4,096 bytes with the bucket, no NUL, not under [`RESERVED`].
 pub fn object_name(bucket: &str, key: &str) -> Result<String, NameError> {
     if key.is_empty() {
         return Err(NameError::BadKey("the key is empty".into()));
+    }
+    if key.starts_with(RESERVED) {
+        return Err(NameError::BadKey(format!(
+            "keys starting with '{RESERVED}' are the gateway's own (multipart uploads)"
+        )));
     }
     let name = format!("{bucket}/{key}");
     check_name(&name).map_err(NameError::BadKey)?;
@@ -99,10 +138,82 @@ pub fn object_name(bucket: &str, key: &str) -> Result<String, NameError> {
 }
 
 /// The key a store name of `bucket` names; `None` for the bucket's
-/// marker and for names outside the bucket.
+/// marker, the gateway's own names ([`RESERVED`]) and names outside the
+/// bucket.
 pub fn key_of<'a>(bucket: &str, name: &'a str) -> Option<&'a str> {
     let key = name.strip_prefix(bucket)?.strip_prefix('/')?;
-    (!key.is_empty()).then_some(key)
+    (!key.is_empty() && !key.starts_with(RESERVED)).then_some(key)
+}
+
+/// The prefix of every name of `bucket` the gateway keeps for itself.
+pub fn reserved_prefix(bucket: &str) -> String {
+    format!("{bucket}/{RESERVED}")
+}
+
+/// The prefix of the pending uploads of keys starting with `key_prefix`.
+pub fn uploads_prefix(bucket: &str, key_prefix: &str) -> String {
+    format!("{bucket}/{RESERVED}u/{}", hex(key_prefix.as_bytes()))
+}
+
+/// The store name of upload `upload` of `key` while it is pending.
+pub fn upload_name(bucket: &str, key: &str, upload: &str) -> String {
+    format!("{}/{upload}", uploads_prefix(bucket, key))
+}
+
+/// The prefix of the parts of every upload.
+pub fn all_parts_prefix(bucket: &str) -> String {
+    format!("{bucket}/{RESERVED}p/")
+}
+
+/// The prefix of the parts of upload `upload` of `key`.
+pub fn parts_prefix(bucket: &str, key: &str, upload: &str) -> String {
+    format!(
+        "{}{}/{upload}/",
+        all_parts_prefix(bucket),
+        hex(key.as_bytes())
+    )
+}
+
+/// The store name of part `number` of upload `upload` of `key`: five
+/// digits, so names sort as part numbers do.
+pub fn part_name(bucket: &str, key: &str, upload: &str, number: u32) -> String {
+    format!("{}{number:05}", parts_prefix(bucket, key, upload))
+}
+
+/// The key and upload id a pending upload's store name holds.
+pub fn parse_upload_name(bucket: &str, name: &str) -> Option<(String, String)> {
+    let rest = name.strip_prefix(&uploads_prefix(bucket, ""))?;
+    let (key, upload) = rest.split_once('/')?;
+    Some((unhex(key)?, upload.to_string()))
+}
+
+/// The key, upload id and part number a part's store name holds.
+pub fn parse_part_name(bucket: &str, name: &str) -> Option<(String, String, u32)> {
+    let rest = name.strip_prefix(&all_parts_prefix(bucket))?;
+    let mut fields = rest.split('/');
+    let (key, upload, number) = (fields.next()?, fields.next()?, fields.next()?);
+    if fields.next().is_some() {
+        return None;
+    }
+    Some((unhex(key)?, upload.to_string(), number.parse().ok()?))
+}
+
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The text whose UTF-8 bytes `text` is the lowercase hex of.
+fn unhex(text: &str) -> Option<String> {
+    let bytes = text
+        .as_bytes()
+        .chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    if bytes.len() * 2 != text.len() {
+        return None;
+    }
+    String::from_utf8(bytes).ok()
 }
 
 impl ObjectMeta {
@@ -114,6 +225,7 @@ impl ObjectMeta {
             modified_ms: self.modified_ms,
             content_type: self.content_type.clone(),
             metadata: self.metadata.clone(),
+            multipart: self.multipart.clone(),
         };
         let mut bytes = vec![ATTRIBUTES_VERSION];
         // Strings and integers only: serializing cannot fail.
@@ -127,7 +239,7 @@ impl ObjectMeta {
     }
 
     /// The metadata of a store object of `size` bytes with CRC-32C `crc`
-    /// and record `attributes`. Attributes the gateway did not write
+    /// and record `attributes` (a manifest's size is its parts'). Attributes the gateway did not write
     /// (none, for a name stored with `strata obj`, or of an unknown
     /// version) give the CRC-32C as the ETag, the epoch as the time, and
     /// no content type or user metadata.
@@ -139,10 +251,11 @@ impl ObjectMeta {
         match stored {
             Some(stored) => ObjectMeta {
                 etag: stored.etag,
-                size,
+                size: stored.multipart.as_ref().map_or(size, |m| m.size),
                 modified_ms: stored.modified_ms,
                 content_type: stored.content_type,
                 metadata: stored.metadata,
+                multipart: stored.multipart,
             },
             None => ObjectMeta {
                 etag: format!("{crc:08x}"),
@@ -150,6 +263,7 @@ impl ObjectMeta {
                 modified_ms: 0,
                 content_type: None,
                 metadata: BTreeMap::new(),
+                multipart: None,
             },
         }
     }
@@ -166,7 +280,53 @@ mod tests {
             modified_ms: 5,
             content_type: Some("text/plain".into()),
             metadata: BTreeMap::from([("colour".into(), "blue".into())]),
+            multipart: None,
         }
+    }
+
+    #[test]
+    fn a_manifest_has_its_parts_size() {
+        let mut manifest = meta();
+        manifest.multipart = Some(Multipart {
+            upload: "ab12".into(),
+            parts: 3,
+            size: 15 << 20,
+        });
+        let bytes = manifest.attributes().unwrap();
+        let back = ObjectMeta::from_record(200, 0, &bytes);
+        assert_eq!(back.size, 15 << 20);
+        assert_eq!(back.multipart, manifest.multipart);
+    }
+
+    #[test]
+    fn upload_and_part_names_give_back_their_key() {
+        let key = "dir/a b\u{1}/z";
+        let upload = upload_name("acme", key, "00ff");
+        assert!(upload.starts_with("acme/.strata-multipart/u/"));
+        assert_eq!(
+            parse_upload_name("acme", &upload),
+            Some((key.to_string(), "00ff".to_string()))
+        );
+        let part = part_name("acme", key, "00ff", 42);
+        assert!(part.ends_with("/00ff/00042"), "{part}");
+        assert_eq!(
+            parse_part_name("acme", &part),
+            Some((key.to_string(), "00ff".to_string(), 42))
+        );
+        // Keys sort as their hex does: a key before its extensions.
+        assert!(upload_name("acme", "a", "f") < upload_name("acme", "a/", "0"));
+        assert!(upload_name("acme", "a", "f") < upload_name("acme", "b", "0"));
+        assert_eq!(
+            parse_upload_name("acme", "acme/.strata-multipart/u/6/x"),
+            None
+        );
+    }
+
+    #[test]
+    fn reserved_names_are_no_keys() {
+        assert!(object_name("acme", ".strata-multipart/p/x").is_err());
+        assert!(object_name("acme", ".strata-multipart").is_ok());
+        assert_eq!(key_of("acme", "acme/.strata-multipart/u/61/f"), None);
     }
 
     #[test]

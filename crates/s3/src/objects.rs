@@ -4,6 +4,7 @@
 
 use crate::buckets::{check_scope, from_ms, now_ms};
 use crate::errors::{from_store, is_missing, s3};
+use crate::multipart::{drop_parts, previous_upload, start_object_read};
 use crate::names::{object_name, NameError, ObjectMeta};
 use crate::streams::{lock, response_body, BodyReader, Piece, Received, Sink, PIECES_IN_FLIGHT};
 use crate::Gateway;
@@ -108,11 +109,9 @@ pub(crate) fn check_fits(meta: &ObjectMeta, bucket: &str, key: &str) -> S3Result
 }
 
 impl Gateway {
-    /// PutObject: streams the body into the store object `B/K` while its
-    /// MD5 is computed; once the data is stored, checks the Content-MD5
-    /// and commits the record with the S3 metadata as its attributes
-    /// (a mismatch aborts the Post: nothing is stored). Returns the
-    /// metadata stored.
+    /// PutObject: streams the body into the store object `B/K`
+    /// ([`store_body`]); a multipart object it replaces loses its parts.
+    /// Returns the metadata stored.
     pub(crate) async fn put_object(
         &self,
         client: &Client,
@@ -131,8 +130,8 @@ impl Gateway {
         self.bucket_exists(client, bucket).await?;
         let name = name_of(bucket, key)?;
         let expected = content_md5(md5_header.as_deref())?;
-        let size = body_size(&body, content_length)?;
-        let mut meta = ObjectMeta {
+        let size = body_size(&body, content_length, MAX_OBJECT)?;
+        let meta = ObjectMeta {
             // An MD5's length: the attributes are checked before the body
             // is read, and the digest fills this in once it is.
             etag: "0".repeat(32),
@@ -140,31 +139,16 @@ impl Gateway {
             modified_ms: now_ms(),
             content_type,
             metadata,
+            multipart: None,
         };
         check_fits(&meta, bucket, key)?;
-        let received = Arc::new(Mutex::new(Received::default()));
-        let mut reader = BodyReader::new(body, received.clone());
-        let mut refused = None;
-        let finish = || {
-            let digest: [u8; 16] = lock(&received).md5.clone().finalize().into();
-            if expected.is_some_and(|md5| md5 != digest) {
-                refused = Some(S3ErrorCode::BadDigest);
-                return Err(Error::Peer(format!(
-                    "the Content-MD5 given for '{bucket}/{key}' is not the MD5 of the {size} \
-                     bytes received; nothing was stored"
-                )));
-            }
-            meta.etag = digest.iter().map(|b| format!("{b:02x}")).collect();
-            meta.attributes()
-                .map_err(|why| Error::Peer(why.to_string()))
-        };
-        let stored = client
-            .put_with_attributes(&name, size, &mut reader, &|_| {}, finish)
-            .await;
-        match stored {
-            Ok(_) => Ok(meta),
-            Err(e) => Err(put_error(bucket, key, size, &received, refused, &e)),
+        let previous = previous_upload(client, &name).await;
+        let what = format!("'{bucket}/{key}'");
+        let meta = store_body(client, &name, &what, body, expected, meta).await?;
+        if let Some(previous) = previous {
+            drop_parts(client, bucket, key, &previous).await;
         }
+        Ok(meta)
     }
 
     /// The key's store object, looked up for reading; NoSuchKey (or
@@ -236,7 +220,8 @@ impl Gateway {
             });
             let length = span.end - span.start;
             let version = opened.record.version;
-            let (first, receiver) = start_read(client.clone(), opened, span).await;
+            let (first, receiver) =
+                start_object_read(client.clone(), bucket, key, opened, &meta, span).await;
             let body = match first {
                 None => StreamingBlob::from(s3s::Body::from(Bytes::new())),
                 Some(Piece::Data(first)) => response_body(first, receiver),
@@ -275,7 +260,7 @@ impl Gateway {
     }
 
     /// DeleteObject: the key's store object (none is not an error, as in
-    /// S3).
+    /// S3), then, for a multipart object, its parts.
     pub(crate) async fn delete_object(
         &self,
         client: &Client,
@@ -284,8 +269,14 @@ impl Gateway {
     ) -> S3Result<()> {
         check_scope(client, bucket)?;
         let name = name_of(bucket, key)?;
+        let previous = previous_upload(client, &name).await;
         match client.delete(&name).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                if let Some(previous) = previous {
+                    drop_parts(client, bucket, key, &previous).await;
+                }
+                Ok(())
+            }
             Err(e) if is_missing(&e) => self.bucket_exists(client, bucket).await,
             Err(e) => Err(from_store(&format!("deleting '{bucket}/{key}'"), &e)),
         }
@@ -314,9 +305,53 @@ pub(crate) async fn start_read(
     (first, receiver)
 }
 
+/// Streams `body` (`meta.size` bytes) into the store object `name` (the
+/// object `what` names, for messages) while its MD5 is computed; once
+/// the data is stored, checks it against `expected` (Content-MD5) and
+/// commits the record with `meta`, its ETag the MD5, as its attributes.
+/// A mismatch or a short body aborts the Post: nothing is stored, and
+/// the name keeps what it held. Returns the metadata stored.
+pub(crate) async fn store_body(
+    client: &Client,
+    name: &str,
+    what: &str,
+    body: Option<StreamingBlob>,
+    expected: Option<[u8; 16]>,
+    mut meta: ObjectMeta,
+) -> S3Result<ObjectMeta> {
+    let size = meta.size;
+    let received = Arc::new(Mutex::new(Received::default()));
+    let mut reader = BodyReader::new(body, received.clone());
+    let mut refused = None;
+    let finish = || {
+        let digest: [u8; 16] = lock(&received).md5.clone().finalize().into();
+        if expected.is_some_and(|md5| md5 != digest) {
+            refused = Some(S3ErrorCode::BadDigest);
+            return Err(Error::Peer(format!(
+                "the Content-MD5 given for {what} is not the MD5 of the {size} bytes \
+                 received; nothing was stored"
+            )));
+        }
+        meta.etag = digest.iter().map(|b| format!("{b:02x}")).collect();
+        meta.attributes()
+            .map_err(|why| Error::Peer(why.to_string()))
+    };
+    let stored = client
+        .put_with_attributes(name, size, &mut reader, &|_| {}, finish)
+        .await;
+    match stored {
+        Ok(_) => Ok(meta),
+        Err(e) => Err(put_error(what, size, &received, refused, &e)),
+    }
+}
+
 /// The size a Put's body will have: its Content-Length (0 without a
-/// body), at most the store's largest object.
-fn body_size(body: &Option<StreamingBlob>, declared: Option<i64>) -> S3Result<u64> {
+/// body), at most `largest`.
+pub(crate) fn body_size(
+    body: &Option<StreamingBlob>,
+    declared: Option<i64>,
+    largest: u64,
+) -> S3Result<u64> {
     let declared = match (declared, body) {
         (Some(length), _) => length,
         (None, None) => 0,
@@ -332,10 +367,10 @@ fn body_size(body: &Option<StreamingBlob>, declared: Option<i64>) -> S3Result<u6
         },
     };
     match u64::try_from(declared) {
-        Ok(size) if size <= MAX_OBJECT => Ok(size),
+        Ok(size) if size <= largest => Ok(size),
         _ => Err(s3(
             S3ErrorCode::EntityTooLarge,
-            format!("an object holds at most {MAX_OBJECT} bytes, not {declared}"),
+            format!("this takes at most {largest} bytes, not {declared}"),
         )),
     }
 }
@@ -344,8 +379,7 @@ fn body_size(body: &Option<StreamingBlob>, declared: Option<i64>) -> S3Result<u6
 /// it, IncompleteBody when the body ended early or broke, else the
 /// store's.
 fn put_error(
-    bucket: &str,
-    key: &str,
+    what: &str,
     size: u64,
     received: &Mutex<Received>,
     refused: Option<S3ErrorCode>,
@@ -370,12 +404,12 @@ fn put_error(
             ),
         );
     }
-    from_store(&format!("storing '{bucket}/{key}'"), error)
+    from_store(&format!("storing {what}"), error)
 }
 
 /// The 16 bytes of a Content-MD5 header; InvalidDigest if it is not the
 /// base64 of 16 bytes.
-fn content_md5(header: Option<&str>) -> S3Result<Option<[u8; 16]>> {
+pub(crate) fn content_md5(header: Option<&str>) -> S3Result<Option<[u8; 16]>> {
     let Some(text) = header else {
         return Ok(None);
     };

@@ -19,6 +19,12 @@ pub(crate) struct Access;
 #[async_trait::async_trait]
 impl S3Access for Access {
     async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
+        // The operation s3s routed to, for /metrics (before any refusal:
+        // refused requests are counted too).
+        let name = cx.s3_op().name().to_string();
+        if let Some(operation) = cx.extensions_mut().get::<crate::metrics::Operation>() {
+            operation.set(&name);
+        }
         if cx.credentials().is_none() {
             return Err(s3(
                 S3ErrorCode::AccessDenied,

@@ -2,9 +2,11 @@
 //! gateway's own methods and its answer into s3s's output types. Every
 //! other operation answers NotImplemented (s3s's default).
 
+use crate::buckets::from_ms;
 use crate::copies::{CopyRequest, Replacement};
 use crate::errors::s3;
 use crate::listing::{ListRequest, Page, Position, MAX_KEYS};
+use crate::multipart::{CopySourceRef, PartTarget, MAX_LISTED};
 use crate::names::ObjectMeta;
 use crate::objects::{etag, last_modified, Conditions, PutRequest};
 use crate::Gateway;
@@ -30,6 +32,12 @@ impl Gateway {
 /// The max-keys of a listing: S3's default and bound are 1,000.
 fn max_keys(asked: Option<i32>) -> usize {
     asked.map_or(MAX_KEYS, |n| (n.max(0) as usize).min(MAX_KEYS))
+}
+
+/// The max-parts or max-uploads of a listing: S3's default and bound
+/// are 1,000.
+fn listed_max(asked: Option<i32>) -> usize {
+    asked.map_or(MAX_LISTED, |n| (n.max(0) as usize).min(MAX_LISTED))
 }
 
 /// The bucket and key of a copy's source; versions and access points
@@ -376,6 +384,238 @@ impl S3 for Gateway {
             contents: Some(objects),
             common_prefixes: Some(prefixes),
             encoding_type: input.encoding_type,
+            ..Default::default()
+        }))
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        let client = self.tenant(&req).await?;
+        let input = req.input;
+        let metadata = input.metadata.unwrap_or_default().into_iter().collect();
+        let upload = self
+            .create_upload(
+                &client,
+                &input.bucket,
+                &input.key,
+                input.content_type,
+                metadata,
+            )
+            .await?;
+        Ok(S3Response::new(CreateMultipartUploadOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            upload_id: Some(upload),
+            ..Default::default()
+        }))
+    }
+
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        let client = self.tenant(&req).await?;
+        let input = req.input;
+        let target = PartTarget {
+            bucket: input.bucket,
+            key: input.key,
+            upload: input.upload_id,
+            number: input.part_number,
+        };
+        let meta = self
+            .upload_part(
+                &client,
+                &target,
+                input.body,
+                input.content_length,
+                input.content_md5.as_deref(),
+            )
+            .await?;
+        Ok(S3Response::new(UploadPartOutput {
+            e_tag: Some(etag(&meta)),
+            ..Default::default()
+        }))
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        let client = self.tenant(&req).await?;
+        let input = req.input;
+        let (source_bucket, source_key) = copy_source(input.copy_source)?;
+        let conditions = Conditions {
+            if_match: input.copy_source_if_match,
+            if_none_match: input.copy_source_if_none_match,
+            if_modified_since: input.copy_source_if_modified_since,
+            if_unmodified_since: input.copy_source_if_unmodified_since,
+        };
+        let source = CopySourceRef {
+            bucket: &source_bucket,
+            key: &source_key,
+            range: input.copy_source_range.as_deref(),
+            conditions: &conditions,
+        };
+        let target = PartTarget {
+            bucket: input.bucket,
+            key: input.key,
+            upload: input.upload_id,
+            number: input.part_number,
+        };
+        let meta = self.upload_part_copy(&client, &target, &source).await?;
+        Ok(S3Response::new(UploadPartCopyOutput {
+            copy_part_result: Some(CopyPartResult {
+                e_tag: Some(etag(&meta)),
+                last_modified: Some(last_modified(&meta)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }))
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let client = self.tenant(&req).await?;
+        let input = req.input;
+        let listed: Vec<(i32, Option<String>)> = input
+            .multipart_upload
+            .and_then(|upload| upload.parts)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|part| {
+                (
+                    part.part_number.unwrap_or(0),
+                    part.e_tag.map(|tag| tag.value().to_string()),
+                )
+            })
+            .collect();
+        let meta = self
+            .complete_upload(
+                &client,
+                &input.bucket,
+                &input.key,
+                &input.upload_id,
+                &listed,
+            )
+            .await?;
+        Ok(S3Response::new(CompleteMultipartUploadOutput {
+            location: Some(format!("/{}/{}", input.bucket, input.key)),
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            e_tag: Some(etag(&meta)),
+            ..Default::default()
+        }))
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        let client = self.tenant(&req).await?;
+        let input = &req.input;
+        self.abort_upload(&client, &input.bucket, &input.key, &input.upload_id)
+            .await?;
+        Ok(S3Response::new(AbortMultipartUploadOutput::default()))
+    }
+
+    async fn list_parts(
+        &self,
+        req: S3Request<ListPartsInput>,
+    ) -> S3Result<S3Response<ListPartsOutput>> {
+        let client = self.tenant(&req).await?;
+        let input = req.input;
+        let max = listed_max(input.max_parts);
+        let after = u32::try_from(input.part_number_marker.unwrap_or(0).max(0)).unwrap_or(0);
+        // One more than asked tells whether the listing is truncated.
+        let mut parts = self
+            .list_parts(
+                &client,
+                &input.bucket,
+                &input.key,
+                &input.upload_id,
+                after,
+                max + 1,
+            )
+            .await?;
+        let truncated = parts.len() > max;
+        parts.truncate(max);
+        let next = parts
+            .last()
+            .filter(|_| truncated)
+            .map(|part| part.number as i32);
+        let parts = parts
+            .into_iter()
+            .map(|part| Part {
+                part_number: Some(part.number as i32),
+                size: Some(part.size as i64),
+                e_tag: Some(etag(&part.meta)),
+                last_modified: Some(last_modified(&part.meta)),
+                ..Default::default()
+            })
+            .collect();
+        Ok(S3Response::new(ListPartsOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            upload_id: Some(input.upload_id),
+            max_parts: Some(max as i32),
+            part_number_marker: input.part_number_marker,
+            next_part_number_marker: next,
+            is_truncated: Some(truncated),
+            parts: Some(parts),
+            storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+            ..Default::default()
+        }))
+    }
+
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        let client = self.tenant(&req).await?;
+        let input = req.input;
+        if input.delimiter.is_some() {
+            return Err(s3(
+                S3ErrorCode::NotImplemented,
+                "ListMultipartUploads takes no delimiter here: list with a prefix instead",
+            ));
+        }
+        let max = listed_max(input.max_uploads);
+        let page = self
+            .list_uploads(
+                &client,
+                &input.bucket,
+                input.prefix.as_deref().unwrap_or_default(),
+                input.key_marker.as_deref(),
+                input.upload_id_marker.as_deref(),
+                max,
+            )
+            .await?;
+        let last = page.uploads.last().filter(|_| page.truncated).cloned();
+        let uploads = page
+            .uploads
+            .into_iter()
+            .map(|(key, upload, started)| MultipartUpload {
+                key: Some(key),
+                upload_id: Some(upload),
+                initiated: Some(Timestamp::from(from_ms(started))),
+                storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+                ..Default::default()
+            })
+            .collect();
+        Ok(S3Response::new(ListMultipartUploadsOutput {
+            bucket: Some(input.bucket),
+            prefix: input.prefix,
+            key_marker: input.key_marker,
+            upload_id_marker: input.upload_id_marker,
+            max_uploads: Some(max as i32),
+            is_truncated: Some(page.truncated),
+            next_key_marker: last.as_ref().map(|(key, _, _)| key.clone()),
+            next_upload_id_marker: last.map(|(_, upload, _)| upload),
+            uploads: Some(uploads),
             ..Default::default()
         }))
     }

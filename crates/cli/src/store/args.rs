@@ -102,7 +102,7 @@ pub enum StoreCommand {
     /// nodes, in mapped mode on loopback. Prints a readiness line, then
     /// serves until SIGTERM or SIGINT, when it stops its nodes and the
     /// nodes `strata store node add` runs with DIR's cluster.key.
-    Up(UpArgs),
+    Up(Box<UpArgs>),
     /// Add or remove nodes.
     Node {
         #[command(subcommand)]
@@ -432,6 +432,8 @@ pub struct UpArgs {
     /// in the readiness line). `strata s3` runs one on its own.
     #[arg(long = "s3", value_name = "ADDR", default_value = "127.0.0.1:0")]
     pub(super) s3: SocketAddr,
+    #[command(flatten)]
+    pub(super) s3_expiry: super::UploadExpiryArg,
 }
 
 /// Collection of replicas that no record names (a storage node back

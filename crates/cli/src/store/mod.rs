@@ -124,7 +124,7 @@ fn device(s: &str) -> Device {
 pub fn run_store(cmd: StoreCommand) -> Result<i32> {
     crate::serve::init_logging();
     match cmd {
-        StoreCommand::Up(args) => up(args),
+        StoreCommand::Up(args) => up(*args),
         StoreCommand::Status(args) => status(&args),
         StoreCommand::Routes(args) => routes(&args),
         StoreCommand::Node { command } => node(command),

@@ -19,6 +19,18 @@ pub struct S3Args {
     /// from the cluster key; default: ./cluster.key.
     #[command(flatten)]
     pub(super) key: KeyArg,
+    #[command(flatten)]
+    pub(super) expiry: UploadExpiryArg,
+}
+
+/// How long the gateway keeps multipart uploads nobody completes.
+#[derive(Args)]
+pub struct UploadExpiryArg {
+    /// Abort multipart uploads still pending this long after they
+    /// started, and delete their parts (`90s`, `12h`, `7d`); the gateway
+    /// looks every tenth of it (at least every second, at most hourly).
+    #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = crate::units::parse_duration)]
+    pub(super) multipart_expiry: std::time::Duration,
 }
 
 /// Binds the gateway of the cluster at `cluster` on `listen`; the bound
@@ -27,12 +39,13 @@ pub(super) async fn start_gateway(
     cluster: SocketAddr,
     key: ClusterKey,
     listen: SocketAddr,
+    expiry: &UploadExpiryArg,
 ) -> Result<(SocketAddr, AbortOnDrop)> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("could not listen for S3 on {listen}; is the port taken?"))?;
     let bound = listener.local_addr()?;
-    let gateway = strata_s3::Gateway::new(cluster, key);
+    let gateway = strata_s3::Gateway::new(cluster, key).with_upload_expiry(expiry.multipart_expiry);
     let task = tokio::spawn(async move {
         if let Err(e) = strata_s3::serve(listener, gateway).await {
             tracing::error!("the S3 gateway stopped: {e}");
@@ -50,7 +63,8 @@ pub fn run_s3(args: S3Args) -> Result<i32> {
         strata_store_client::transport::fetch_table(args.cluster, Some(&key))
             .await
             .with_context(|| format!("no cluster answered at {}", args.cluster))?;
-        let (bound, _task) = start_gateway(args.cluster, key.clone(), args.listen).await?;
+        let (bound, _task) =
+            start_gateway(args.cluster, key.clone(), args.listen, &args.expiry).await?;
         reload_on_hangup(key, None)?;
         let mut out = std::io::stdout().lock();
         writeln!(

@@ -64,7 +64,8 @@ pub(super) fn up(args: UpArgs) -> Result<i32> {
             .map(|mn| (mn.slot, mn.repair_stats()))
             .collect();
         let metrics = serve_metrics(args.schedule.metrics, nodes, mns).await?;
-        let (s3, _s3_task) = start_gateway(cluster.on, cluster.key.clone(), args.s3).await?;
+        let (s3, _s3_task) =
+            start_gateway(cluster.on, cluster.key.clone(), args.s3, &args.s3_expiry).await?;
         let mut out = std::io::stdout().lock();
         // Field 5 is the orchestrator's endpoint (scripts read it there);
         // what was added later goes after the node counts.

@@ -439,4 +439,596 @@ fn strata_s3_serves_a_cluster_alone_and_refuses_anonymous_requests() {
     assert!(answer.contains("<Code>AccessDenied</Code>"), "{answer}");
     // The bucket the signed request made is the store's `acme/` marker.
     store.ok(&["obj", "stat", "acme/"]);
+
+    // /metrics: the requests above, and a Put and a Get of 5,000 bytes.
+    let body = home.join("five.bin");
+    std::fs::write(&body, pattern(5000, 2)).unwrap();
+    aws_ok(
+        &s3,
+        &keys,
+        home,
+        &["s3", "cp", &p(&body), "s3://acme/five.bin"],
+    );
+    aws_ok(
+        &s3,
+        &keys,
+        home,
+        &["s3", "cp", "s3://acme/five.bin", &p(&home.join("back"))],
+    );
+    let mut stream = std::net::TcpStream::connect(&address).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: s3\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut scraped = String::new();
+    stream.read_to_string(&mut scraped).unwrap();
+    assert!(scraped.starts_with("HTTP/1.1 200"), "{scraped}");
+    assert!(scraped.contains("text/plain; version=0.0.4"), "{scraped}");
+    let value = |sample: &str| -> f64 {
+        let line = scraped
+            .lines()
+            .find(|line| line.starts_with(sample) && line[sample.len()..].starts_with(' '))
+            .unwrap_or_else(|| panic!("no {sample} in /metrics:\n{scraped}"));
+        line[sample.len()..].trim().parse().unwrap()
+    };
+    let requests = |operation: &str, status: u16| {
+        value(&format!(
+            "strata_s3_requests_total{{operation=\"{operation}\",status=\"{status}\"}}"
+        ))
+    };
+    assert_eq!(requests("CreateBucket", 200), 1.0);
+    assert_eq!(requests("PutObject", 200), 1.0);
+    assert_eq!(requests("GetObject", 200), 1.0);
+    // The anonymous listing was routed, then refused; the wrong
+    // signature was refused before s3s routed it.
+    assert_eq!(requests("ListObjectsV2", 403), 1.0);
+    assert!(requests("unrouted", 403) >= 1.0);
+    assert!(value("strata_s3_received_bytes_total{operation=\"PutObject\"}") >= 5000.0);
+    assert!(value("strata_s3_sent_bytes_total{operation=\"GetObject\"}") >= 5000.0);
+    let histogram = "strata_s3_request_duration_seconds";
+    assert_eq!(
+        value(&format!("{histogram}_count{{operation=\"PutObject\"}}")),
+        1.0
+    );
+    assert_eq!(
+        value(&format!(
+            "{histogram}_bucket{{operation=\"PutObject\",le=\"+Inf\"}}"
+        )),
+        1.0
+    );
+    assert!(value(&format!("{histogram}_sum{{operation=\"PutObject\"}}")) > 0.0);
+}
+
+/// The store names under the bucket `bucket` the gateway keeps for
+/// multipart uploads (upload states and parts), as `strata obj ls` shows
+/// them.
+fn multipart_names(store: &Store, bucket: &str) -> Vec<String> {
+    let listed = store.ok(&["obj", "ls", &format!("{bucket}/.strata-multipart/")]);
+    listed
+        .lines()
+        .filter(|line| line.contains(".strata-multipart/"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// aws-cli uploads a file over its multipart threshold (5 MB here) in
+/// parts; the object reads back whole and by ranges across parts, has
+/// S3's multipart ETag, copies in parts (UploadPartCopy), and leaves no
+/// part behind once deleted.
+#[test]
+fn aws_cli_uploads_copies_and_deletes_in_parts() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &[]);
+    let keys = tenant(&store, "acme");
+    let s3 = endpoint(&store);
+    let home = dir.path();
+    std::fs::write(
+        home.join("aws-config"),
+        "[default]\ns3 =\n    multipart_threshold = 5MB\n    multipart_chunksize = 5MB\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| aws_ok(&s3, &keys, home, args);
+    // Three parts of 5 MiB, 5 MiB and the rest.
+    let data = pattern(12 << 20, 40);
+    let file = home.join("big.bin");
+    std::fs::write(&file, &data).unwrap();
+    run(&["s3", "mb", "s3://acme"]);
+    run(&[
+        "s3",
+        "cp",
+        &p(&file),
+        "s3://acme/big.bin",
+        "--metadata",
+        "kind=parts",
+    ]);
+    let head = run(&[
+        "s3api",
+        "head-object",
+        "--bucket",
+        "acme",
+        "--key",
+        "big.bin",
+    ]);
+    let head: serde_json::Value = serde_json::from_str(&head).unwrap();
+    assert_eq!(head["ContentLength"], data.len() as u64, "{head}");
+    assert_eq!(head["Metadata"]["kind"], "parts", "{head}");
+    let etag = head["ETag"].as_str().unwrap().trim_matches('"').to_string();
+    assert!(etag.ends_with("-3"), "not a 3-part ETag: {etag}");
+    let back = home.join("back.bin");
+    run(&["s3", "cp", "s3://acme/big.bin", &p(&back)]);
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "read back other bytes"
+    );
+    // A range across the first part boundary (5 MiB).
+    let part = home.join("range.bin");
+    let boundary = 5 << 20;
+    let range = format!("bytes={}-{}", boundary - 1000, boundary + 999);
+    run(&[
+        "s3api",
+        "get-object",
+        "--bucket",
+        "acme",
+        "--key",
+        "big.bin",
+        "--range",
+        &range,
+        &p(&part),
+    ]);
+    assert!(std::fs::read(&part).unwrap() == data[boundary - 1000..boundary + 1000]);
+    let listed = run(&["s3", "ls", "s3://acme/"]);
+    assert!(
+        listed.contains(&format!("{} big.bin", data.len())),
+        "{listed}"
+    );
+    assert!(!listed.contains("strata-multipart"), "{listed}");
+    // A copy above the threshold: aws-cli copies it in parts.
+    run(&["s3", "cp", "s3://acme/big.bin", "s3://acme/copy.bin"]);
+    run(&["s3", "cp", "s3://acme/copy.bin", &p(&back)]);
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "the copy holds other bytes"
+    );
+    assert_eq!(
+        multipart_names(&store, "acme").len(),
+        6,
+        "two objects of 3 parts"
+    );
+    // Overwritten by a single Put, and deleted: no part is left.
+    let small = home.join("small.txt");
+    std::fs::write(&small, b"now small\n").unwrap();
+    run(&["s3", "cp", &p(&small), "s3://acme/copy.bin"]);
+    run(&["s3", "rm", "s3://acme/big.bin"]);
+    assert_eq!(multipart_names(&store, "acme"), Vec::<String>::new());
+    run(&["s3", "cp", "s3://acme/copy.bin", &p(&back)]);
+    assert_eq!(std::fs::read(&back).unwrap(), b"now small\n");
+}
+
+/// An upload nobody completes is aborted once `--multipart-expiry` has
+/// passed: its state and parts leave the store.
+#[test]
+fn abandoned_uploads_are_cleaned_after_the_expiry() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &["--multipart-expiry", "4s"]);
+    let keys = tenant(&store, "acme");
+    let s3 = endpoint(&store);
+    let home = dir.path();
+    let run = |args: &[&str]| aws_ok(&s3, &keys, home, args);
+    run(&["s3", "mb", "s3://acme"]);
+    let created = run(&[
+        "s3api",
+        "create-multipart-upload",
+        "--bucket",
+        "acme",
+        "--key",
+        "left",
+    ]);
+    let created: serde_json::Value = serde_json::from_str(&created).unwrap();
+    let upload = created["UploadId"].as_str().unwrap().to_string();
+    let body = home.join("part.bin");
+    std::fs::write(&body, pattern(1000, 3)).unwrap();
+    let args = [
+        "s3api",
+        "upload-part",
+        "--bucket",
+        "acme",
+        "--key",
+        "left",
+        "--part-number",
+        "1",
+    ];
+    let mut args = args.to_vec();
+    let body_path = p(&body);
+    args.extend(["--upload-id", &upload, "--body", &body_path]);
+    run(&args);
+    assert_eq!(
+        multipart_names(&store, "acme").len(),
+        2,
+        "the state and one part"
+    );
+    crate::common::store::wait_until("the expired upload to be cleaned", || {
+        multipart_names(&store, "acme").is_empty()
+    });
+    let listed = run(&["s3api", "list-multipart-uploads", "--bucket", "acme"]);
+    assert!(!listed.contains(&upload), "{listed}");
+
+    // A Complete whose gateway died after writing the manifest leaves the
+    // upload's state and the parts it left out: made here by hand around
+    // a completed object. The cleaner takes them, and the object's parts
+    // stay.
+    std::fs::write(
+        home.join("aws-config"),
+        "[default]\ns3 =\n    multipart_threshold = 5MB\n    multipart_chunksize = 5MB\n",
+    )
+    .unwrap();
+    let data = pattern(6 << 20, 8);
+    let file = home.join("done.bin");
+    std::fs::write(&file, &data).unwrap();
+    run(&["s3", "cp", &p(&file), "s3://acme/done"]);
+    let parts = multipart_names(&store, "acme");
+    assert_eq!(parts.len(), 2, "{parts:?}");
+    let first = parts[0].split_whitespace().last().unwrap().to_string();
+    let upload_dir = first.trim_end_matches("00001");
+    let state = upload_dir
+        .replacen("/.strata-multipart/p/", "/.strata-multipart/u/", 1)
+        .trim_end_matches('/')
+        .to_string();
+    let empty = home.join("empty");
+    std::fs::write(&empty, b"").unwrap();
+    store.ok(&["obj", "put", &p(&empty), &state]);
+    store.ok(&["obj", "put", &p(&body), &format!("{upload_dir}00009")]);
+    // (No count here: the cleaner may already be at them.)
+    crate::common::store::wait_until("the interrupted Complete to be cleaned", || {
+        multipart_names(&store, "acme") == parts
+    });
+    let back = home.join("back.bin");
+    run(&["s3", "cp", "s3://acme/done", &p(&back)]);
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "the object lost bytes"
+    );
+}
+
+/// A gateway killed (SIGKILL) while aws-cli uploads in parts: the
+/// upload fails and no object is visible; retried through a new gateway
+/// it completes, and the dead upload's names are cleaned at its expiry.
+#[test]
+fn a_gateway_killed_mid_upload_leaves_no_object_and_a_retry_completes() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &[]);
+    let keys = tenant(&store, "acme");
+    let home = dir.path();
+    let (on, key) = (store.on.to_string(), p(&store.key_path()));
+    let gateway = || {
+        Launch::strata(&[
+            "s3",
+            "--cluster",
+            &on,
+            "--listen",
+            "127.0.0.1:0",
+            "--key",
+            &key,
+        ])
+        .start()
+    };
+    let first = gateway();
+    let s3 = format!("http://{}", first.word_after("ready on http://"));
+    std::fs::write(
+        home.join("aws-config"),
+        "[default]\ns3 =\n    multipart_threshold = 5MB\n    multipart_chunksize = 5MB\n    \
+         max_concurrent_requests = 1\n",
+    )
+    .unwrap();
+    aws_ok(&s3, &keys, home, &["s3", "mb", "s3://acme"]);
+    let data = pattern(40 << 20, 6);
+    let file = home.join("big.bin");
+    std::fs::write(&file, &data).unwrap();
+    let upload = Command::new("aws")
+        .args([
+            "--endpoint-url",
+            &s3,
+            "s3",
+            "cp",
+            &p(&file),
+            "s3://acme/big.bin",
+        ])
+        .env("AWS_ACCESS_KEY_ID", &keys.access)
+        .env("AWS_SECRET_ACCESS_KEY", &keys.secret)
+        .env("AWS_DEFAULT_REGION", "us-east-1")
+        .env("AWS_MAX_ATTEMPTS", "1")
+        .env("AWS_CONFIG_FILE", home.join("aws-config"))
+        .env("HOME", home)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run aws");
+    crate::common::store::wait_until("a first part to be stored", || {
+        multipart_names(&store, "acme")
+            .iter()
+            .any(|name| name.contains("/p/"))
+    });
+    drop(first);
+    let output = upload.wait_with_output().unwrap();
+    assert!(!output.status.success(), "the upload outlived its gateway");
+
+    let second = gateway();
+    let s3 = format!("http://{}", second.word_after("ready on http://"));
+    let head = aws(
+        &s3,
+        &keys,
+        home,
+        &[
+            "s3api",
+            "head-object",
+            "--bucket",
+            "acme",
+            "--key",
+            "big.bin",
+        ],
+    );
+    assert!(!head.status.success(), "a partial object is visible");
+    let pending = aws_ok(
+        &s3,
+        &keys,
+        home,
+        &["s3api", "list-multipart-uploads", "--bucket", "acme"],
+    );
+    assert!(pending.contains("big.bin"), "{pending}");
+    aws_ok(
+        &s3,
+        &keys,
+        home,
+        &["s3", "cp", &p(&file), "s3://acme/big.bin"],
+    );
+    let back = home.join("back.bin");
+    aws_ok(
+        &s3,
+        &keys,
+        home,
+        &["s3", "cp", "s3://acme/big.bin", &p(&back)],
+    );
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "the retried upload holds other bytes"
+    );
+    // The dead upload is still pending (7 days by default): aborted by
+    // hand, it leaves only the object's eight parts.
+    let pending: serde_json::Value = serde_json::from_str(&aws_ok(
+        &s3,
+        &keys,
+        home,
+        &["s3api", "list-multipart-uploads", "--bucket", "acme"],
+    ))
+    .unwrap();
+    let dead = pending["Uploads"][0]["UploadId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    aws_ok(
+        &s3,
+        &keys,
+        home,
+        &[
+            "s3api",
+            "abort-multipart-upload",
+            "--bucket",
+            "acme",
+            "--key",
+            "big.bin",
+            "--upload-id",
+            &dead,
+        ],
+    );
+    assert_eq!(multipart_names(&store, "acme").len(), 8);
+}
+
+/// `rclone ARGS` against the gateway `s3` as the tenant of `keys`, from
+/// environment variables alone (remote `strata:`); no configuration file
+/// of the host's is read.
+fn rclone(s3: &str, keys: &Keys, home: &Path, args: &[&str]) -> Output {
+    Command::new("rclone")
+        .args(args)
+        .env("RCLONE_CONFIG", home.join("rclone.conf"))
+        .env("RCLONE_CONFIG_STRATA_TYPE", "s3")
+        .env("RCLONE_CONFIG_STRATA_PROVIDER", "Other")
+        .env("RCLONE_CONFIG_STRATA_ENDPOINT", s3)
+        .env("RCLONE_CONFIG_STRATA_REGION", "us-east-1")
+        .env("RCLONE_CONFIG_STRATA_ACCESS_KEY_ID", &keys.access)
+        .env("RCLONE_CONFIG_STRATA_SECRET_ACCESS_KEY", &keys.secret)
+        // rclone's AWS SDK refuses its plain-HTTP transport when a CA
+        // bundle is named, and the gateway speaks plain HTTP.
+        .env_remove("AWS_CA_BUNDLE")
+        .output()
+        .expect("run rclone (apt-get install rclone)")
+}
+
+/// [`rclone`], which must succeed; its standard output and error.
+fn rclone_ok(s3: &str, keys: &Keys, home: &Path, args: &[&str]) -> String {
+    let out = rclone(s3, keys, home, args);
+    let text = output_text(&out);
+    assert!(out.status.success(), "rclone {args:?} failed: {text}");
+    text
+}
+
+/// Writes a tree of 1,000 files of mixed sizes under `root`: 990 small
+/// ones (0 to 30,000 bytes) in 10 directories, and 10 at the top, of
+/// which `big3.bin` (12 MiB) and `big4.bin` (7 MiB) are over rclone's
+/// upload cutoff as the test sets it (5 MiB), so they go in parts.
+fn write_tree(root: &Path) -> usize {
+    let sizes = [0, 1, 100, 1000, 4096, 10_000, 30_000];
+    let mut files = 0;
+    for dir in 0..10u64 {
+        std::fs::create_dir_all(root.join(format!("d{dir}/sub"))).unwrap();
+        for i in 0..99u64 {
+            let sub = if i % 3 == 0 { "sub/" } else { "" };
+            let path = root.join(format!("d{dir}/{sub}f{i}.bin"));
+            let size = sizes[((i + dir) % sizes.len() as u64) as usize];
+            std::fs::write(path, pattern(size, dir * 1000 + i)).unwrap();
+            files += 1;
+        }
+    }
+    let big = [
+        1 << 20,
+        2 << 20,
+        3 << 20,
+        12 << 20,
+        7 << 20,
+        100,
+        200,
+        300,
+        400,
+        500,
+    ];
+    for (j, size) in big.into_iter().enumerate() {
+        std::fs::write(
+            root.join(format!("big{j}.bin")),
+            pattern(size, 77 + j as u64),
+        )
+        .unwrap();
+        files += 1;
+    }
+    files
+}
+
+/// rclone copies a tree of 1,000 files (two of them in parts), finds no
+/// difference with `check`, and after files were deleted and changed
+/// locally, `sync` makes the bucket match again, the parts of the
+/// deleted multipart file deleted with it.
+#[test]
+fn rclone_copies_checks_and_syncs_a_tree_of_a_thousand_files() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &[]);
+    let keys = tenant(&store, "acme");
+    let s3 = endpoint(&store);
+    let home = dir.path();
+    let tree = home.join("tree");
+    assert_eq!(write_tree(&tree), 1000);
+    let run = |args: &[&str]| rclone_ok(&s3, &keys, home, args);
+    let tree_path = p(&tree);
+    let parts = ["--s3-upload-cutoff", "5M", "--s3-chunk-size", "5M"];
+    let mut copy = vec!["copy", &tree_path, "strata:acme/tree", "--transfers", "8"];
+    copy.extend(parts);
+    run(&copy);
+    let checked = run(&["check", &tree_path, "strata:acme/tree"]);
+    assert!(checked.contains("0 differences found"), "{checked}");
+    assert!(checked.contains("1000 matching files"), "{checked}");
+    // Two 3-part and 2-part uploads: five part objects, no upload pending.
+    assert_eq!(multipart_names(&store, "acme").len(), 5);
+
+    std::fs::remove_dir_all(tree.join("d3")).unwrap();
+    std::fs::remove_file(tree.join("big3.bin")).unwrap();
+    std::fs::write(tree.join("d0/f1.bin"), b"changed locally\n").unwrap();
+    let mut sync = vec!["sync", &tree_path, "strata:acme/tree"];
+    sync.extend(parts);
+    run(&sync);
+    let checked = run(&["check", &tree_path, "strata:acme/tree"]);
+    assert!(checked.contains("0 differences found"), "{checked}");
+    assert!(checked.contains("900 matching files"), "{checked}");
+    let listed = run(&["lsf", "-R", "--files-only", "strata:acme/tree"]);
+    assert_eq!(listed.lines().filter(|l| l.ends_with(".bin")).count(), 900);
+    assert!(!listed.contains("d3/"), "{listed}");
+    let changed = run(&["cat", "strata:acme/tree/d0/f1.bin"]);
+    assert!(changed.contains("changed locally"), "{changed}");
+    // big3.bin's three parts went with it; big4.bin's two stay.
+    assert_eq!(multipart_names(&store, "acme").len(), 2);
+}
+
+/// An s3fs mount, stopped and unmounted when dropped (also when a test
+/// fails midway).
+struct Mount {
+    point: std::path::PathBuf,
+    child: std::process::Child,
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.point).output();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether `point` is mounted now.
+fn mounted(point: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let point = p(point);
+    mounts
+        .lines()
+        .any(|line| line.split(' ').nth(1) == Some(point.as_str()))
+}
+
+/// s3fs mounts a bucket: files written through it (one in parts) are
+/// read back, listed, renamed and removed, and the store holds what was
+/// written; then it unmounts.
+#[test]
+fn s3fs_mounts_a_bucket_and_writes_reads_and_lists_files() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &[]);
+    let keys = tenant(&store, "acme");
+    let s3 = endpoint(&store);
+    let home = dir.path();
+    aws_ok(&s3, &keys, home, &["s3", "mb", "s3://acme"]);
+    let passwd = home.join("passwd");
+    std::fs::write(&passwd, format!("{}:{}\n", keys.access, keys.secret)).unwrap();
+    std::fs::set_permissions(&passwd, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let point = home.join("mnt");
+    std::fs::create_dir(&point).unwrap();
+    let child = Command::new("s3fs")
+        .args(["acme", &p(&point), "-f", "-o", &format!("url={s3}")])
+        .args(["-o", "use_path_request_style", "-o", "endpoint=us-east-1"])
+        .args(["-o", &format!("passwd_file={}", p(&passwd))])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run s3fs (apt-get install s3fs; it needs /dev/fuse)");
+    let mount = Mount {
+        point: point.clone(),
+        child,
+    };
+    crate::common::store::wait_until("s3fs to mount the bucket", || mounted(&point));
+
+    std::fs::write(point.join("hello.txt"), b"hello through fuse\n").unwrap();
+    std::fs::create_dir(point.join("docs")).unwrap();
+    // Over s3fs's 10 MB multipart size: uploaded in parts.
+    let data = pattern(12 << 20, 9);
+    std::fs::write(point.join("docs/big.bin"), &data).unwrap();
+    assert_eq!(
+        std::fs::read(point.join("hello.txt")).unwrap(),
+        b"hello through fuse\n"
+    );
+    assert!(std::fs::read(point.join("docs/big.bin")).unwrap() == data);
+    let mut names: Vec<String> = std::fs::read_dir(&point)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["docs", "hello.txt"]);
+    std::fs::rename(point.join("docs/big.bin"), point.join("docs/moved.bin")).unwrap();
+    assert!(std::fs::read(point.join("docs/moved.bin")).unwrap() == data);
+    std::fs::remove_file(point.join("hello.txt")).unwrap();
+    // What s3fs wrote is in the bucket, under the keys it shows.
+    let copy = home.join("moved.bin");
+    aws_ok(
+        &s3,
+        &keys,
+        home,
+        &["s3", "cp", "s3://acme/docs/moved.bin", &p(&copy)],
+    );
+    assert!(
+        std::fs::read(&copy).unwrap() == data,
+        "the store holds other bytes"
+    );
+    let listed = store.ok(&["obj", "ls", "acme/"]);
+    assert!(
+        !listed.contains("hello.txt") && !listed.contains("big.bin"),
+        "{listed}"
+    );
+
+    let unmounted = Command::new("umount").arg(&point).output().unwrap();
+    assert!(
+        unmounted.status.success(),
+        "umount: {}",
+        output_text(&unmounted)
+    );
+    assert!(!mounted(&point));
+    drop(mount);
 }

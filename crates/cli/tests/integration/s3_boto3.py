@@ -347,6 +347,135 @@ gone = s3.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": "copy/data.b
                                                             {"Key": "copy/empty"}]})
 check(len(gone["Deleted"]) == 2, f"{gone}")
 
+# Multipart uploads: every operation, S3's ETag, ranges across parts,
+# and each refusal.
+MIB = 1 << 20
+first = bytes(range(251)) * (5 * MIB // 251 + 1)
+first = first[:5 * MIB]
+second = b"the second and last part"
+made = s3.create_multipart_upload(Bucket=BUCKET, Key="mp/object", ContentType="video/x-test",
+                                  Metadata={"parts": "two"})
+upload = made["UploadId"]
+check(made["Key"] == "mp/object" and len(upload) == 32, f"create: {made}")
+p1 = s3.upload_part(Bucket=BUCKET, Key="mp/object", UploadId=upload, PartNumber=1, Body=first)
+check(p1["ETag"] == f'"{hashlib.md5(first).hexdigest()}"', f"part 1 ETag {p1['ETag']}")
+p2 = s3.upload_part(Bucket=BUCKET, Key="mp/object", UploadId=upload, PartNumber=2, Body=second,
+                    ContentMD5=base64.b64encode(hashlib.md5(second).digest()).decode())
+fails("BadDigest", s3.upload_part, Bucket=BUCKET, Key="mp/object", UploadId=upload, PartNumber=3,
+      Body=b"x", ContentMD5=wrong)
+for number in [0, 10001]:
+    fails("InvalidArgument", s3.upload_part, Bucket=BUCKET, Key="mp/object", UploadId=upload,
+          PartNumber=number, Body=b"x", status=400)
+for call, kwargs in [(s3.upload_part, {"PartNumber": 1, "Body": b"x"}), (s3.list_parts, {}),
+                     (s3.abort_multipart_upload, {}),
+                     (s3.complete_multipart_upload,
+                      {"MultipartUpload": {"Parts": [{"PartNumber": 1, "ETag": p1["ETag"]}]}})]:
+    fails("NoSuchUpload", call, Bucket=BUCKET, Key="mp/object", UploadId="f" * 32, status=404,
+          **kwargs)
+fails("NoSuchUpload", s3.list_parts, Bucket=BUCKET, Key="mp/other-key", UploadId=upload)
+parts = s3.list_parts(Bucket=BUCKET, Key="mp/object", UploadId=upload)
+check([(q["PartNumber"], q["Size"], q["ETag"]) for q in parts["Parts"]] ==
+      [(1, len(first), p1["ETag"]), (2, len(second), p2["ETag"])], f"list_parts {parts}")
+page = s3.list_parts(Bucket=BUCKET, Key="mp/object", UploadId=upload, MaxParts=1)
+check(page["IsTruncated"] and page["NextPartNumberMarker"] == 1 and len(page["Parts"]) == 1,
+      f"list_parts page {page}")
+rest = s3.list_parts(Bucket=BUCKET, Key="mp/object", UploadId=upload, PartNumberMarker=1)
+check([q["PartNumber"] for q in rest["Parts"]] == [2] and not rest["IsTruncated"], f"{rest}")
+# A second upload: one small part and one more, to be refused then left pending.
+other = s3.create_multipart_upload(Bucket=BUCKET, Key="mp/small")["UploadId"]
+small1 = s3.upload_part(Bucket=BUCKET, Key="mp/small", UploadId=other, PartNumber=1, Body=b"tiny")
+small2 = s3.upload_part(Bucket=BUCKET, Key="mp/small", UploadId=other, PartNumber=2, Body=b"end")
+uploads = s3.list_multipart_uploads(Bucket=BUCKET)["Uploads"]
+check([(u["Key"], u["UploadId"]) for u in uploads] == [("mp/object", upload), ("mp/small", other)],
+      f"list_multipart_uploads {uploads}")
+check(abs((now - uploads[0]["Initiated"]).total_seconds()) < 120, f"initiated {uploads[0]}")
+page = s3.list_multipart_uploads(Bucket=BUCKET, MaxUploads=1)
+check(page["IsTruncated"] and page["NextKeyMarker"] == "mp/object", f"uploads page {page}")
+rest = s3.list_multipart_uploads(Bucket=BUCKET, KeyMarker=page["NextKeyMarker"],
+                                 UploadIdMarker=page["NextUploadIdMarker"])
+check([u["Key"] for u in rest["Uploads"]] == ["mp/small"], f"uploads after the marker {rest}")
+only = s3.list_multipart_uploads(Bucket=BUCKET, Prefix="mp/s")["Uploads"]
+check([u["UploadId"] for u in only] == [other], f"uploads by prefix {only}")
+check(not any("strata-multipart" in o["Key"] for o in
+              s3.list_objects_v2(Bucket=BUCKET)["Contents"]), "listings hide the parts")
+fails("NoSuchKey", s3.head_object, Bucket=BUCKET, Key="mp/object", status=404)
+fails("EntityTooSmall", s3.complete_multipart_upload, Bucket=BUCKET, Key="mp/small",
+      UploadId=other, status=400, MultipartUpload={"Parts": [
+          {"PartNumber": 1, "ETag": small1["ETag"]}, {"PartNumber": 2, "ETag": small2["ETag"]}]})
+both = [{"PartNumber": 1, "ETag": p1["ETag"]}, {"PartNumber": 2, "ETag": p2["ETag"]}]
+fails("InvalidPartOrder", s3.complete_multipart_upload, Bucket=BUCKET, Key="mp/object",
+      UploadId=upload, status=400, MultipartUpload={"Parts": both[::-1]})
+fails("InvalidPart", s3.complete_multipart_upload, Bucket=BUCKET, Key="mp/object",
+      UploadId=upload, status=400,
+      MultipartUpload={"Parts": both + [{"PartNumber": 3, "ETag": p2["ETag"]}]})
+fails("InvalidPart", s3.complete_multipart_upload, Bucket=BUCKET, Key="mp/object",
+      UploadId=upload, status=400, MultipartUpload={"Parts": [
+          {"PartNumber": 1, "ETag": p2["ETag"]}, {"PartNumber": 2, "ETag": p2["ETag"]}]})
+fails("MalformedXML", s3.complete_multipart_upload, Bucket=BUCKET, Key="mp/object",
+      UploadId=upload, status=400, MultipartUpload={"Parts": []})
+done = s3.complete_multipart_upload(Bucket=BUCKET, Key="mp/object", UploadId=upload,
+                                    MultipartUpload={"Parts": both})
+digests = hashlib.md5(first).digest() + hashlib.md5(second).digest()
+mp_etag = f'"{hashlib.md5(digests).hexdigest()}-2"'
+check(done["ETag"] == mp_etag, f"complete ETag {done['ETag']}, S3's is {mp_etag}")
+fails("NoSuchUpload", s3.upload_part, Bucket=BUCKET, Key="mp/object", UploadId=upload,
+      PartNumber=3, Body=b"late")
+whole = first + second
+got = s3.get_object(Bucket=BUCKET, Key="mp/object")
+check(got["Body"].read() == whole and got["ETag"] == mp_etag, "the multipart object's bytes")
+check(got["ContentType"] == "video/x-test" and got["Metadata"] == {"parts": "two"},
+      f"multipart metadata {got['ContentType']} {got['Metadata']}")
+check(got["ContentLength"] == len(whole), "multipart length")
+across = s3.get_object(Bucket=BUCKET, Key="mp/object", Range=f"bytes={5 * MIB - 3}-{5 * MIB + 2}")
+check(across["Body"].read() == whole[5 * MIB - 3:5 * MIB + 3], "a range across the parts")
+check(across["ContentRange"] == f"bytes {5 * MIB - 3}-{5 * MIB + 2}/{len(whole)}", "its range")
+tail = s3.get_object(Bucket=BUCKET, Key="mp/object", Range="bytes=-5")
+check(tail["Body"].read() == second[-5:], "a suffix range in the last part")
+check(s3.get_object(Bucket=BUCKET, Key="mp/object", IfMatch=mp_etag)["Body"].read() == whole,
+      "If-Match with the multipart ETag")
+entry = s3.list_objects_v2(Bucket=BUCKET, Prefix="mp/")["Contents"][0]
+check(entry["Key"] == "mp/object" and entry["Size"] == len(whole) and entry["ETag"] == mp_etag,
+      f"the multipart object listed {entry}")
+check([u["Key"] for u in s3.list_multipart_uploads(Bucket=BUCKET)["Uploads"]] == ["mp/small"],
+      "a completed upload is no longer listed")
+# UploadPartCopy: parts copied from a multipart object, one by range.
+third = s3.create_multipart_upload(Bucket=BUCKET, Key="mp/copied")["UploadId"]
+source = {"Bucket": BUCKET, "Key": "mp/object"}
+c1 = s3.upload_part_copy(Bucket=BUCKET, Key="mp/copied", UploadId=third, PartNumber=1,
+                         CopySource=source)
+c2 = s3.upload_part_copy(Bucket=BUCKET, Key="mp/copied", UploadId=third, PartNumber=2,
+                         CopySource=source, CopySourceRange="bytes=10-19")
+check(c1["CopyPartResult"]["ETag"] == f'"{hashlib.md5(whole).hexdigest()}"', f"part copy {c1}")
+fails("InvalidRange", s3.upload_part_copy, Bucket=BUCKET, Key="mp/copied", UploadId=third,
+      PartNumber=3, CopySource=source, CopySourceRange=f"bytes=0-{len(whole)}", status=416)
+s3.complete_multipart_upload(Bucket=BUCKET, Key="mp/copied", UploadId=third, MultipartUpload={
+    "Parts": [{"PartNumber": 1, "ETag": c1["CopyPartResult"]["ETag"]},
+              {"PartNumber": 2, "ETag": c2["CopyPartResult"]["ETag"]}]})
+check(s3.get_object(Bucket=BUCKET, Key="mp/copied")["Body"].read() == whole + whole[10:20],
+      "an object of copied parts")
+# CopyObject of a multipart object: one plain object, the same bytes and ETag.
+s3.copy_object(Bucket=BUCKET, Key="mp/plain-copy", CopySource=source)
+got = s3.get_object(Bucket=BUCKET, Key="mp/plain-copy")
+check(got["Body"].read() == whole and got["ETag"] == mp_etag, "a copy of a multipart object")
+# Abort: the upload goes; overwrite and delete: the object's parts go.
+s3.abort_multipart_upload(Bucket=BUCKET, Key="mp/small", UploadId=other)
+fails("NoSuchUpload", s3.list_parts, Bucket=BUCKET, Key="mp/small", UploadId=other, status=404)
+check(s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == [], "aborted: none pending")
+s3.put_object(Bucket=BUCKET, Key="mp/copied", Body=b"overwritten")
+check(s3.get_object(Bucket=BUCKET, Key="mp/copied")["Body"].read() == b"overwritten", "overwrite")
+fails("InvalidArgument", s3.put_object, Bucket=BUCKET, Key=".strata-multipart/u/x", Body=b"x",
+      status=400)
+fails("InvalidArgument", s3.create_multipart_upload, Bucket=BUCKET, Key=".strata-multipart/p",
+      status=400)
+fails("AccessDenied", s3.create_multipart_upload, Bucket=OTHER_BUCKET,
+      Key="k", status=403)
+gone = s3.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in
+                                                            ["mp/object", "mp/copied",
+                                                             "mp/plain-copy"]]})
+check(len(gone["Deleted"]) == 3, f"{gone}")
+# Left pending on purpose: DeleteBucket takes it away with the bucket.
+s3.create_multipart_upload(Bucket=BUCKET, Key="mp/pending")
+
 # A request whose date header was dropped after signing.
 def drop_date(request, **_):
     del request.headers["X-Amz-Date"]

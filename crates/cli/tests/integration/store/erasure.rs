@@ -268,7 +268,10 @@ fn erasure_coded_objects_survive_damage_and_m_dead_nodes_and_are_rebuilt() {
     let text = super::rs3::metrics(&metrics_at(&store));
     let rebuilt = sum_of(&text, "strata_repair_rebuilds_started_total");
     let committed = sum_of(&text, "strata_repair_committed_total");
-    assert!(rebuilt >= 8.0 && committed >= 8.0, "repair counts on /metrics:\n{text}");
+    assert!(
+        rebuilt >= 8.0 && committed >= 8.0,
+        "repair counts on /metrics:\n{text}"
+    );
 }
 
 /// A Get of the race: when it started, and what it returned (`None`:
