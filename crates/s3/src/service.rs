@@ -75,20 +75,48 @@ fn object(key: String, meta: &ObjectMeta) -> Object {
 }
 
 /// A page's objects and common prefixes, as s3s's lists.
-fn contents(page: &Page) -> (Vec<Object>, Vec<CommonPrefix>) {
+fn contents(page: &Page, url: bool) -> (Vec<Object>, Vec<CommonPrefix>) {
     let objects = page
         .objects
         .iter()
-        .map(|(key, meta)| object(key.clone(), meta))
+        .map(|(key, meta)| object(encoded(key, url), meta))
         .collect();
     let prefixes = page
         .prefixes
         .iter()
         .map(|prefix| CommonPrefix {
-            prefix: Some(prefix.clone()),
+            prefix: Some(encoded(prefix, url)),
         })
         .collect();
     (objects, prefixes)
+}
+
+/// Whether a listing asked for `encoding-type=url` (as the AWS SDKs and
+/// aws-cli do by default): its keys, prefixes, delimiter and markers
+/// are then percent-encoded in the answer, so that keys XML 1.0 cannot
+/// carry (control characters) list, and the clients decode them.
+fn url_encoding(encoding: &Option<EncodingType>) -> bool {
+    encoding
+        .as_ref()
+        .is_some_and(|e| e.as_str() == EncodingType::URL)
+}
+
+/// `text` percent-encoded as S3 encodes listings (every byte but the
+/// unreserved characters and `/`) when `url`, else as it is.
+fn encoded(text: &str, url: bool) -> String {
+    if !url {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                out.push(byte as char)
+            }
+            _ => out.push_str(&format!("%{byte:02X}")),
+        }
+    }
+    out
 }
 
 #[async_trait::async_trait]
@@ -332,15 +360,17 @@ impl S3 for Gateway {
             max_keys: max_keys(input.max_keys),
         };
         let page = self.list_objects(&client, request).await?;
-        let (objects, prefixes) = contents(&page);
+        let url = url_encoding(&input.encoding_type);
+        let (objects, prefixes) = contents(&page, url);
+        let encode = |text: Option<String>| text.map(|t| encoded(&t, url));
         Ok(S3Response::new(ListObjectsV2Output {
             name: Some(input.bucket),
-            prefix: input.prefix,
-            delimiter: input.delimiter,
+            prefix: encode(input.prefix),
+            delimiter: encode(input.delimiter),
             max_keys: Some(max_keys(input.max_keys) as i32),
             key_count: Some((objects.len() + prefixes.len()) as i32),
             continuation_token: input.continuation_token,
-            start_after: input.start_after,
+            start_after: encode(input.start_after),
             is_truncated: Some(page.truncated),
             next_continuation_token: page
                 .last
@@ -368,19 +398,21 @@ impl S3 for Gateway {
             max_keys: max_keys(input.max_keys),
         };
         let page = self.list_objects(&client, request).await?;
-        let (objects, prefixes) = contents(&page);
+        let url = url_encoding(&input.encoding_type);
+        let (objects, prefixes) = contents(&page, url);
+        let encode = |text: Option<String>| text.map(|t| encoded(&t, url));
         Ok(S3Response::new(ListObjectsOutput {
             name: Some(input.bucket),
-            prefix: input.prefix,
-            delimiter: input.delimiter,
-            marker: input.marker,
+            prefix: encode(input.prefix),
+            delimiter: encode(input.delimiter),
+            marker: encode(input.marker),
             max_keys: Some(max_keys(input.max_keys) as i32),
             is_truncated: Some(page.truncated),
             next_marker: page
                 .last
                 .as_ref()
                 .filter(|_| page.truncated)
-                .map(|last| last.text().to_string()),
+                .map(|last| encoded(last.text(), url)),
             contents: Some(objects),
             common_prefixes: Some(prefixes),
             encoding_type: input.encoding_type,
