@@ -3,8 +3,11 @@
 //! stripes and fragments. Pure arithmetic; the coding itself is the
 //! client's (`strata_store_client::erasure`).
 
-use crate::wire::MAX_DATA_REPLICAS;
 use std::fmt;
+
+/// Most replicas of an object's data, or fragments of an erasure-coded
+/// one (one storage node each).
+pub const MAX_DATA_REPLICAS: usize = 16;
 
 /// Bytes of an object's data in one full stripe: the unit that is
 /// encoded at once, so a client or a repair holds `k + m` shards of

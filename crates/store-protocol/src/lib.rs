@@ -9,9 +9,9 @@
 //! - [`error`]: the codes answers carry and the store's [`Error`].
 //! - [`key`]: the cluster keyring and the secrets derived from it.
 //! - [`tenant`]: tenants' ids and credentials.
-//! - [`wire`]: pure encode/decode of UDP metadata messages.
 //! - [`class`]: storage classes (replicas or erasure-coded fragments)
 //!   and the stripe layout of an erasure-coded object.
+//! - [`wire`]: pure encode/decode of UDP metadata messages.
 //! - [`scope`]: the names a tenant's request may touch.
 //! - [`table`]: the prefix table the orchestrator publishes.
 //! - [`ticket`]: tickets for the data path and link proofs for renames.

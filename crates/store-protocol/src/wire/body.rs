@@ -8,8 +8,7 @@ use crate::error::Code;
 use crate::key::Fingerprints;
 use std::net::SocketAddr;
 
-/// Most replicas of an object's data.
-pub const MAX_DATA_REPLICAS: usize = 16;
+pub use crate::class::MAX_DATA_REPLICAS;
 
 /// Largest object the store accepts (1 TiB).
 pub const MAX_OBJECT: u64 = 1 << 40;

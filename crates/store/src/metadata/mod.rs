@@ -7,3 +7,4 @@ pub mod database;
 pub mod faulty_storage;
 pub mod server;
 pub mod state;
+mod work;

@@ -4,6 +4,7 @@
 //! out (replica copies and frees) spawned on the runtime.
 
 use crate::metadata::state::{MnCore, Out, RepairStats};
+use crate::metadata::work::{CopyReport, Work};
 use crate::runtime::{advertised, bind_address, nanos, node_uuid, refresh_loop, register};
 use std::net::{Ipv6Addr, SocketAddr};
 use std::path::Path;
@@ -885,23 +886,6 @@ fn want_destinations(sock: &std::net::UdpSocket) -> std::io::Result<()> {
     Ok(())
 }
 
-/// How a repair copy ended, sent back to the metadata node's loop.
-struct CopyReport {
-    name: String,
-    version: u64,
-    targets: Vec<strata_store_protocol::addr::Addr>,
-    result: Result<u8, String>,
-}
-
-/// What a metadata node's runtime needs to start data-path work: the
-/// cluster key (work on storage nodes is sealed with it, and tickets are
-/// issued with it), where copies report, and the runtime to spawn on.
-struct Work<'a> {
-    key: &'a ClusterKey,
-    copies: &'a std::sync::mpsc::Sender<CopyReport>,
-    runtime: &'a tokio::runtime::Handle,
-}
-
 /// Carries out one of the core's outputs: datagrams go to `outgoing`
 /// (sent together after the batch), sealed with `key` if given at `wall`;
 /// a `PostPlan` or `Found` answer gets its ticket
@@ -923,83 +907,13 @@ fn dispatch(
             Some(endpoint) => (msg, endpoint),
             None => return,
         },
-        other => return spawn_work(table, other, work),
+        other => return super::work::spawn_work(table, other, work),
     };
     // A tenant's direct answer got its ticket in `mn_receive`; the
     // others (answers to nodes) are issued to no tenant.
     strata_store_protocol::auth::issue_ticket(&mut msg.body, msg.target, "", work.key, wall);
     if let Ok(bytes) = strata_store_protocol::auth::encode(&msg, key, wall) {
         outgoing.push((bytes, to));
-    }
-}
-
-/// Starts a core output that is work rather than a datagram: freeing a
-/// replica or copying one for repair.
-fn spawn_work(table: &Table, out: Out<SocketAddr>, work: &Work) {
-    match out {
-        Out::Free(addr) => {
-            if let Some(endpoint) = table.sn_endpoint(addr) {
-                let key = work.key.clone();
-                work.runtime.spawn(async move {
-                    let _ = strata_store_client::client::free_replica(endpoint, addr, &key).await;
-                });
-            }
-        }
-        Out::Copy {
-            name,
-            version,
-            sources,
-            targets,
-            size,
-            crc,
-        } => {
-            let table = table.clone();
-            let report = work.copies.clone();
-            let key = work.key.clone();
-            work.runtime.spawn(async move {
-                let result = strata_store_client::client::copy_replica(
-                    &table, &key, &sources, &targets, size, crc,
-                )
-                .await
-                .map_err(|e| e.report().to_string());
-                if let Err(e) = &result {
-                    tracing::warn!("repair copy of {name:?} failed: {e}");
-                }
-                let _ = report.send(CopyReport {
-                    name,
-                    version,
-                    targets,
-                    result,
-                });
-            });
-        }
-        Out::Rebuild {
-            record,
-            slots,
-            targets,
-        } => {
-            let table = table.clone();
-            let report = work.copies.clone();
-            let key = work.key.clone();
-            work.runtime.spawn(async move {
-                let result = strata_store_client::client::rebuild_fragments(
-                    &table, &key, &record, &slots, &targets,
-                )
-                .await
-                .map_err(|e| e.report().to_string());
-                if let Err(e) = &result {
-                    tracing::warn!("repair rebuild of {:?} failed: {e}", record.name);
-                }
-                let _ = report.send(CopyReport {
-                    name: record.name,
-                    version: record.version,
-                    targets,
-                    result,
-                });
-            });
-        }
-        // Datagrams are sent by `dispatch`.
-        Out::ToOn(_) | Out::Reply(..) | Out::ToMeta(_) => {}
     }
 }
 

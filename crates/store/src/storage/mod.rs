@@ -13,6 +13,7 @@ pub mod core;
 pub mod file;
 pub mod group_sync;
 mod nowait;
+pub mod limits;
 pub mod object_cache;
 pub mod put;
 mod reader;

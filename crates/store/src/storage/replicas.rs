@@ -14,6 +14,7 @@ use crate::storage::core::{AfterRefusal, Refusal, StorageCore};
 use crate::storage::file::{file_name, parse_name, CHECKSUM_OFFSET};
 use crate::storage::group_sync::GroupSync;
 use crate::storage::object_cache::{ObjectCache, DEFAULT_OBJECT_CACHE};
+pub use crate::storage::limits::{DataLimits, DATA_MAX_CONNECTIONS, DATA_READ_TIMEOUT};
 use crate::storage::put::{PutAction, PutEvent, PutMachine, PutPhase, PutReply};
 use crate::storage::reader::{get, reply_err, ReplicaDir, Route, CHUNK};
 use crate::storage::scheduled::ScheduledSender;
@@ -57,39 +58,6 @@ pub struct SnStore {
     /// Whole erasure-coded objects whose fragment 0 this node holds
     /// ([`crate::storage::object_cache`]).
     object_cache: ObjectCache,
-}
-
-/// Limits of a storage node's data port, so that peers that connect and
-/// send little or nothing cannot hold its connections forever.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DataLimits {
-    /// How long a connection may take to send a whole request header,
-    /// counted from when the node starts waiting for it (so an idle
-    /// connection between requests is closed after it too), and how long
-    /// one read of a Put's data may wait. Past it the connection is
-    /// closed.
-    pub read_timeout: std::time::Duration,
-    /// Most data connections open at once; one more is closed as soon as
-    /// it is accepted.
-    pub max_connections: usize,
-    /// Bytes of memory for the whole-object cache
-    /// ([`crate::storage::object_cache`]; 0: none).
-    pub object_cache: u64,
-}
-
-/// Default of [`DataLimits::read_timeout`]: 10 s.
-pub const DATA_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-/// Default of [`DataLimits::max_connections`].
-pub const DATA_MAX_CONNECTIONS: usize = 1024;
-
-impl Default for DataLimits {
-    fn default() -> Self {
-        DataLimits {
-            read_timeout: DATA_READ_TIMEOUT,
-            max_connections: DATA_MAX_CONNECTIONS,
-            object_cache: DEFAULT_OBJECT_CACHE,
-        }
-    }
 }
 
 impl SnStore {
@@ -145,21 +113,11 @@ impl SnStore {
         })
     }
 
-    /// The store, with a whole-object cache of `budget` bytes (0: none).
-    pub fn with_object_cache(mut self, budget: u64) -> SnStore {
-        self.object_cache = ObjectCache::new(budget);
-        self
-    }
-
     /// The whole-object cache.
     pub fn object_cache(&self) -> &ObjectCache {
         &self.object_cache
     }
 
-    /// The cluster key the node seals its requests with, if it has one.
-    pub(super) fn key(&self) -> Option<&ClusterKey> {
-        self.key.as_ref()
-    }
 
     /// The store, with the data port's `limits`.
     pub fn with_limits(mut self, limits: DataLimits) -> SnStore {
@@ -450,7 +408,8 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
                 }
             }
             Request::GetObject { addr, object } => {
-                crate::storage::whole::get_object(w, store, table, addr, object).await?
+                let (cache, key) = (&store.object_cache, store.key.as_ref());
+                crate::storage::whole::get_object(w, cache, key, table, addr, object).await?
             }
             Request::Free { addr } => {
                 // An entry of the object cache goes with its fragment 0.

@@ -7,11 +7,12 @@
 //! [`Request::GetObject`]: strata_store_protocol::data::Request::GetObject
 
 use crate::runtime::{read_table, SharedTable};
+use crate::storage::object_cache::ObjectCache;
 use crate::storage::reader::reply_err;
-use crate::storage::replicas::SnStore;
 use std::sync::Arc;
 use strata_store_client::erasure::{gather_object, FragmentSource, StreamPool};
 use strata_store_protocol::addr::{fmt_addr, Addr};
+use strata_store_protocol::auth::ClusterKey;
 use strata_store_protocol::data::{CodedObject, Credential, Request};
 use strata_store_protocol::wire::Fragments;
 use strata_store_protocol::Error;
@@ -22,12 +23,12 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 /// back on (it then reads the fragments itself).
 pub(super) async fn get_object<W: AsyncWrite + Unpin>(
     w: &mut W,
-    store: &SnStore,
+    cache: &ObjectCache,
+    key: Option<&ClusterKey>,
     table: &SharedTable,
     addr: Addr,
     object: CodedObject,
 ) -> Result<(), Error> {
-    let cache = store.object_cache();
     let data = match cache.get(addr, object.size, object.crc) {
         Some(data) => data,
         None if object.size > cache.max_object() => {
@@ -40,7 +41,7 @@ pub(super) async fn get_object<W: AsyncWrite + Unpin>(
             );
             return reply_err(w, &why).await;
         }
-        None => match gather(store, table, &object).await {
+        None => match gather(key, table, &object).await {
             Ok(data) => {
                 let data = Arc::new(data);
                 cache.insert(addr, object.crc, data.clone());
@@ -68,11 +69,11 @@ fn fragment_pool() -> Arc<StreamPool> {
 /// Reads the object from any k of its fragments, fragment 0 (this
 /// node's) first, sealed with the node's key.
 async fn gather(
-    store: &SnStore,
+    key: Option<&ClusterKey>,
     table: &SharedTable,
     object: &CodedObject,
 ) -> Result<Vec<u8>, Error> {
-    let Some(key) = store.key() else {
+    let Some(key) = key else {
         return Err(Error::config(
             "this storage node holds no cluster key to read the other fragments with",
         ));

@@ -27,6 +27,8 @@ mod restore;
 mod sync;
 mod writes;
 
+pub use self::repair::RepairStats;
+
 use crate::metadata::database::{Classify, MetaDb};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::Hash;
@@ -261,26 +263,6 @@ struct Inflight {
 }
 
 /// A metadata node's state machine.
-/// A metadata node's repair since it started: copies of replicas and
-/// rebuilds of erasure-coded fragments started, committed and failed,
-/// and what is under way now (for `/metrics`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RepairStats {
-    /// Replica copies started.
-    pub copies_started: u64,
-    /// Fragment rebuilds started.
-    pub rebuilds_started: u64,
-    /// Copies and rebuilds committed into their record.
-    pub committed: u64,
-    /// Copies and rebuilds that failed or were overtaken (their new
-    /// replicas freed).
-    pub failed: u64,
-    /// Copies and rebuilds under way now.
-    pub in_flight: u64,
-    /// Replica addresses reported damaged and not repaired yet.
-    pub damaged_waiting: u64,
-}
-
 pub struct MnCore<P> {
     db: MetaDb,
     table: Table,
