@@ -7,9 +7,9 @@
 
 use crate::buckets::{check_scope, now_ms};
 use crate::errors::{from_store, s3};
-use crate::multipart::{drop_parts, previous_upload, start_object_read};
 use crate::names::ObjectMeta;
 use crate::objects::{check_conditions, check_fits, meta_of, name_of, Conditions, LOOKUP_ATTEMPTS};
+use crate::parts::{drop_parts, previous_upload, start_object_read};
 use crate::streams::{lock, response_body, BodyReader, Piece, Received};
 use crate::Gateway;
 use md5::Digest;

@@ -4,9 +4,10 @@
 
 use crate::buckets::{check_scope, from_ms, now_ms};
 use crate::errors::{from_store, is_missing, s3};
-use crate::multipart::{drop_parts, previous_upload, start_object_read};
-use crate::names::{object_name, NameError, ObjectMeta};
-use crate::streams::{lock, response_body, BodyReader, Piece, Received, Sink, PIECES_IN_FLIGHT};
+use crate::names::ObjectMeta;
+use crate::parts::{drop_parts, previous_upload, start_object_read};
+pub(crate) use crate::parts::{meta_of, name_of};
+use crate::streams::{lock, response_body, BodyReader, Piece, Received};
 use crate::Gateway;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
@@ -20,7 +21,6 @@ use std::sync::{Arc, Mutex};
 use strata_store_client::client::{Client, Opened};
 use strata_store_protocol::wire::MAX_OBJECT;
 use strata_store_protocol::Error;
-use tokio::sync::mpsc;
 
 /// How often a Get looks its key up again when the version it found was
 /// replaced by an overwrite before its data was read.
@@ -78,23 +78,6 @@ pub(crate) fn etag(meta: &ObjectMeta) -> ETag {
 /// The Last-Modified of `meta`.
 pub(crate) fn last_modified(meta: &ObjectMeta) -> Timestamp {
     Timestamp::from(from_ms(meta.modified_ms))
-}
-
-/// The metadata an opened store object carries.
-pub(crate) fn meta_of(opened: &Opened) -> ObjectMeta {
-    let record = &opened.record;
-    ObjectMeta::from_record(record.size, record.crc, &record.attributes)
-}
-
-/// The store name of `key` in `bucket`; InvalidArgument if there is none.
-pub(crate) fn name_of(bucket: &str, key: &str) -> S3Result<String> {
-    object_name(bucket, key).map_err(|why| {
-        let code = match why {
-            NameError::BadKey(_) => S3ErrorCode::InvalidArgument,
-            NameError::TooLarge { .. } => S3ErrorCode::MetadataTooLarge,
-        };
-        s3(code, format!("key {key:?} of bucket '{bucket}': {why}"))
-    })
 }
 
 /// Refuses an object whose S3 metadata does not fit the store record's
@@ -281,28 +264,6 @@ impl Gateway {
             Err(e) => Err(from_store(&format!("deleting '{bucket}/{key}'"), &e)),
         }
     }
-}
-
-/// Starts reading `opened`'s bytes of `span` in a task of its own; returns
-/// the first piece (`None`: the read sent nothing and succeeded) and the
-/// channel the rest comes on.
-pub(crate) async fn start_read(
-    client: Arc<Client>,
-    opened: Opened,
-    span: std::ops::Range<u64>,
-) -> (Option<Piece>, mpsc::Receiver<Piece>) {
-    let (sender, mut receiver) = mpsc::channel(PIECES_IN_FLIGHT);
-    let failures = sender.clone();
-    tokio::spawn(async move {
-        let mut sink = Sink::new(sender, span);
-        if let Err(e) = client.read(&opened, &mut sink, &|_| {}).await {
-            drop(sink);
-            // Nobody listens any more if the S3 client went away.
-            let _ = failures.send(Piece::Failed(e)).await;
-        }
-    });
-    let first = receiver.recv().await;
-    (first, receiver)
 }
 
 /// Streams `body` (`meta.size` bytes) into the store object `name` (the

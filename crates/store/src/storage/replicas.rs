@@ -13,8 +13,8 @@ use crate::runtime::SharedTable;
 use crate::storage::core::{AfterRefusal, Refusal, StorageCore};
 use crate::storage::file::{file_name, parse_name, CHECKSUM_OFFSET};
 use crate::storage::group_sync::GroupSync;
-use crate::storage::object_cache::{ObjectCache, DEFAULT_OBJECT_CACHE};
 pub use crate::storage::limits::{DataLimits, DATA_MAX_CONNECTIONS, DATA_READ_TIMEOUT};
+use crate::storage::object_cache::{ObjectCache, DEFAULT_OBJECT_CACHE};
 use crate::storage::put::{PutAction, PutEvent, PutMachine, PutPhase, PutReply};
 use crate::storage::reader::{get, reply_err, ReplicaDir, Route, CHUNK};
 use crate::storage::scheduled::ScheduledSender;
@@ -117,7 +117,6 @@ impl SnStore {
     pub fn object_cache(&self) -> &ObjectCache {
         &self.object_cache
     }
-
 
     /// The store, with the data port's `limits`.
     pub fn with_limits(mut self, limits: DataLimits) -> SnStore {
