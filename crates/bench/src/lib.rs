@@ -9,6 +9,13 @@
 //! and a report ([`report`]) summarizes or compares runs. Never prints:
 //! progress goes to the caller as events.
 
+pub mod error;
+pub mod inventory;
+pub mod provider;
 pub mod rate;
+pub mod record;
+pub mod report;
+pub mod run;
 pub mod spec;
 pub mod units;
+pub mod workload;

@@ -368,13 +368,13 @@ fn check_groups(raw: &[RawVolumeGroup]) -> Result<Vec<VolumeGroup>, SpecError> {
                 ),
             );
         }
-        let template = group
-            .template
-            .as_ref()
-            .map_or_else(|| "{group}-{index}".to_string(), |t| t.value.clone());
-        if let Some(at) = &group.template {
-            check_template(at)?;
-        }
+        let template = group.template.clone().unwrap_or_else(|| Spanned {
+            value: "{group}-{index}".to_string(),
+            referenced: group.name.referenced,
+            defined: group.name.defined,
+        });
+        check_template(&template, &group.name.value)?;
+        let template = template.value;
         groups.push(VolumeGroup {
             name: group.name.value.clone(),
             count: group.count,
@@ -386,16 +386,27 @@ fn check_groups(raw: &[RawVolumeGroup]) -> Result<Vec<VolumeGroup>, SpecError> {
     Ok(groups)
 }
 
+/// Longest name a template may make (with a 4-digit index): the run id
+/// and a dash go in front, and volume names take at most 64 characters.
+const MAX_TEMPLATE_NAME: usize = 64 - RUN_ID_LEN - 1;
+
+/// Length of a run id (`cns` and eight hex digits), which starts every
+/// name a run gives.
+pub const RUN_ID_LEN: usize = 11;
+
 /// A template must make distinct names (so it holds `{index}`) of the
-/// characters volume names take.
-fn check_template(at: &Spanned<String>) -> Result<(), SpecError> {
-    let sample = at.value.replace("{group}", "g").replace("{index}", "0");
+/// characters volume names take, short enough for the run id in front.
+fn check_template(at: &Spanned<String>, group: &str) -> Result<(), SpecError> {
+    let sample = at
+        .value
+        .replace("{group}", group)
+        .replace("{index}", "9999");
     let fits = sample
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if !at.value.contains("{index}") || !fits || sample.len() > 100 {
+    if !at.value.contains("{index}") || !fits || sample.len() > MAX_TEMPLATE_NAME {
         return refused(at, format!(
-            "template `{}`: write letters, digits, '-', '_' or '.', with {{index}} (and optionally {{group}}), such as \"{{group}}-{{index}}\"",
+            "volume names `{}`: write a template of letters, digits, '-', '_' or '.', with {{index}} (and optionally {{group}}), that makes names of at most {MAX_TEMPLATE_NAME} characters, such as \"{{group}}-{{index}}\"",
             at.value
         ));
     }

@@ -56,9 +56,11 @@ fn parse_seconds(text: &str) -> Result<f64, String> {
         "" | "s" => 1.0,
         "m" => 60.0,
         "h" => 3600.0,
-        _ => return Err(format!(
+        _ => {
+            return Err(format!(
             "duration `{text}`: unknown unit `{unit}`; write ms, s, m or h (such as 500ms or 2s)"
-        )),
+        ))
+        }
     };
     number
         .trim()
