@@ -34,6 +34,9 @@ pub enum Status {
     /// It arrived while its operation had `max_in_flight` in flight, and
     /// was not started (an open rate's overload).
     Dropped,
+    /// It found nothing to act on (a delete before anything was made):
+    /// not started.
+    Skipped,
 }
 
 /// One operation: a control operation, a workload instance, a setup or a

@@ -26,6 +26,8 @@ pub struct OperationSummary {
     pub errors: u64,
     /// Arrivals dropped at `max_in_flight`.
     pub dropped: u64,
+    /// Arrivals that found nothing to act on.
+    pub skipped: u64,
     /// Median latency.
     pub p50_ms: f64,
     /// 90th percentile.
@@ -151,6 +153,7 @@ fn operations(records: &[Record], duration: f64) -> Vec<OperationSummary> {
                 ok: ok.len() as u64,
                 errors: count(Status::Error),
                 dropped: count(Status::Dropped),
+                skipped: count(Status::Skipped),
                 p50_ms: quantile(&latencies, 0.5),
                 p90_ms: quantile(&latencies, 0.9),
                 p99_ms: quantile(&latencies, 0.99),

@@ -252,6 +252,8 @@ struct Done {
     target: String,
     stages: Stages,
     result: std::result::Result<Detail, String>,
+    /// It found nothing to act on, and did nothing.
+    skipped: bool,
 }
 
 impl Run<'_> {
@@ -262,10 +264,10 @@ impl Run<'_> {
 
     /// Writes a record and tells the caller.
     fn record(&self, operation: &str, action: &str, start: Instant, done: Done) {
-        let status = if done.result.is_ok() {
-            Status::Ok
-        } else {
-            Status::Error
+        let status = match (&done.result, done.skipped) {
+            (_, true) => Status::Skipped,
+            (Ok(_), false) => Status::Ok,
+            (Err(_), false) => Status::Error,
         };
         let (detail, error) = match done.result {
             Ok(detail) => (detail, None),
@@ -291,7 +293,7 @@ impl Run<'_> {
     }
 
     fn write(&self, record: Record) {
-        if record.status != Status::Ok {
+        if record.status == Status::Error {
             self.failures.fetch_add(1, Ordering::SeqCst);
         }
         let (operation, status) = (record.operation.clone(), record.status);
@@ -356,6 +358,7 @@ impl Run<'_> {
                         target: name,
                         stages,
                         result,
+                        skipped: false,
                     },
                 );
             }
@@ -497,16 +500,24 @@ impl Run<'_> {
         }
     }
 
+    fn skipped(target: String, error: String) -> Done {
+        Done {
+            skipped: true,
+            ..Run::failed(target, error)
+        }
+    }
+
     fn failed(target: String, error: String) -> Done {
         Done {
             target,
             stages: Stages::default(),
             result: Err(error),
+            skipped: false,
         }
     }
 
     fn nothing_to(operation: &ControlOperation, what: &str) -> Done {
-        Run::failed(
+        Run::skipped(
             String::new(),
             format!(
                 "no {what} in group `{}` to {} yet",
@@ -542,6 +553,7 @@ impl Run<'_> {
             target: name,
             stages,
             result,
+            skipped: false,
         }
     }
 
@@ -559,6 +571,7 @@ impl Run<'_> {
             target: volume.name,
             stages: Stages::default(),
             result,
+            skipped: false,
         }
     }
 
@@ -593,6 +606,7 @@ impl Run<'_> {
             target: format!("{}@{name}", volume.name),
             stages: Stages::default(),
             result,
+            skipped: false,
         }
     }
 
@@ -612,6 +626,7 @@ impl Run<'_> {
             target: format!("{}@{}", snapshot.volume, snapshot.name),
             stages: Stages::default(),
             result,
+            skipped: false,
         }
     }
 
@@ -657,6 +672,7 @@ impl Run<'_> {
             target,
             stages,
             result,
+            skipped: false,
         }
     }
 
@@ -682,6 +698,7 @@ impl Run<'_> {
             target: volume.name,
             stages: Stages::default(),
             result,
+            skipped: false,
         }
     }
 
@@ -737,10 +754,12 @@ impl Run<'_> {
         });
         if launch.fio_output.is_some() {
             let first = self.seconds(start) as u64;
+            // fio logs a window as it closes, and its run ends as the last
+            // one would: that one is never logged, so it is not expected.
             let windows = if self.stop.load(Ordering::SeqCst) {
                 0
             } else {
-                self.spec.duration.as_secs()
+                self.spec.duration.as_secs().saturating_sub(1)
             };
             for sample in workload::samples(&prefix, &variables, first, windows) {
                 if let Err(e) = self.io.append(&sample) {
@@ -757,6 +776,7 @@ impl Run<'_> {
                 target: volume.name,
                 stages,
                 result,
+                skipped: false,
             },
         );
     }
@@ -839,6 +859,7 @@ impl Run<'_> {
                     target: name.to_string(),
                     stages: Stages::default(),
                     result,
+                    skipped: false,
                 },
             );
         })
