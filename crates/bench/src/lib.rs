@@ -9,6 +9,7 @@
 //! and a report ([`report`]) summarizes or compares runs. Never prints:
 //! progress goes to the caller as events.
 
+pub mod cleanup;
 pub mod error;
 pub mod inventory;
 pub mod provider;

@@ -56,6 +56,9 @@ pub struct Launch {
     pub command: Command,
     /// The fio JSON output file (fio only).
     pub fio_output: Option<PathBuf>,
+    /// Whether fio runs for the run's duration (the spec gave no
+    /// `runtime`), so that a second it logged nothing for is a stall.
+    pub timed_by_run: bool,
 }
 
 /// The command for an instance: fio with `target` (the provider's engine
@@ -85,6 +88,7 @@ pub fn launch(
             Launch {
                 command,
                 fio_output: None,
+                timed_by_run: false,
             }
         }
     }
@@ -109,7 +113,8 @@ fn fio(
             command.arg(format!("--{key}={}", variables.fill(value)));
         }
     }
-    if !options.contains_key("runtime") {
+    let timed_by_run = !options.contains_key("runtime");
+    if timed_by_run {
         command.arg("--time_based=1");
         command.arg(format!("--runtime={}", duration.as_secs().max(1)));
     }
@@ -125,6 +130,7 @@ fn fio(
     Launch {
         command,
         fio_output: Some(output),
+        timed_by_run,
     }
 }
 

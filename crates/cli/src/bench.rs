@@ -345,7 +345,7 @@ impl Progress {
 fn clean(dir: &Path, daemon: &DaemonArgs) -> Result<i32> {
     let strata =
         std::env::current_exe().context("cannot find the strata binary to start its daemon")?;
-    let cleaned = run::clean(dir, &strata, daemon.api.clone(), daemon.token()?)?;
+    let cleaned = strata_bench::cleanup::clean(dir, &strata, daemon.api.clone(), daemon.token()?)?;
     for name in &cleaned.deleted {
         println!("deleted {name}");
     }
