@@ -7,7 +7,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The spec was refused (nothing was started).
-    #[error("{}:{source}", path.display())]
+    #[error("{}:{}: {}", path.display(), source.line, source.message)]
     Spec {
         /// The spec file.
         path: PathBuf,
