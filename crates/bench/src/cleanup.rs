@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::provider::{Detail, Provider, StrataProvider};
+use crate::provider::{Answer, Provider, StrataProvider};
 use crate::record::RunInfo;
 
 /// Deletes the provider's volumes named `prefix...`, calling `each` for
@@ -14,7 +14,7 @@ use crate::record::RunInfo;
 pub fn cleanup_prefix(
     provider: &dyn Provider,
     prefix: &str,
-    each: &mut dyn FnMut(&str, Instant, std::result::Result<Detail, String>),
+    each: &mut dyn FnMut(&str, Instant, Answer),
 ) -> Vec<String> {
     for _ in 0..3 {
         let names = match provider.volumes_named(prefix) {

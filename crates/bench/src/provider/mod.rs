@@ -25,6 +25,9 @@ impl Stages {
 /// What a provider said of an operation that succeeded.
 pub type Detail = Option<serde_json::Value>;
 
+/// How a provider's operation ended: its detail, or why it failed.
+pub type Answer = Result<Detail, String>;
+
 /// A storage system a run acts on.
 pub trait Provider: Send + Sync {
     /// Its name in records and reports (`strata`, `null`).
