@@ -7,12 +7,12 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The spec was refused (nothing was started).
-    #[error("{}:{}: {}", path.display(), source.line, source.message)]
+    #[error("{}:{}: {}", path.display(), problem.line, problem.message)]
     Spec {
         /// The spec file.
         path: PathBuf,
         /// Its line and the fix.
-        source: crate::spec::SpecError,
+        problem: crate::spec::SpecError,
     },
     /// A file or directory of the run could not be read or written.
     #[error("{what} {}: {source}", path.display())]

@@ -745,3 +745,29 @@ rates:
         }
     }
 }
+
+/// The example specs under bench/specs/ stay valid and short.
+#[cfg(test)]
+mod example_specs {
+    #[test]
+    fn every_example_spec_is_valid_and_under_sixty_lines() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/specs");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).expect("bench/specs/") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                let text = std::fs::read_to_string(&path).expect("spec");
+                assert!(
+                    text.lines().count() < 60,
+                    "{}: 60 lines or more",
+                    path.display()
+                );
+                if let Err(e) = super::parse(&text) {
+                    panic!("{}:{e}", path.display());
+                }
+                seen += 1;
+            }
+        }
+        assert!(seen >= 3, "only {seen} example specs");
+    }
+}

@@ -155,9 +155,9 @@ fn install_signal_handlers() {
 fn run_spec(args: RunArgs) -> Result<i32> {
     let text = std::fs::read_to_string(&args.spec)
         .with_context(|| format!("cannot read the spec {}", args.spec.display()))?;
-    let spec = spec::parse(&text).map_err(|source| strata_bench::error::Error::Spec {
+    let spec = spec::parse(&text).map_err(|problem| strata_bench::error::Error::Spec {
         path: args.spec.clone(),
-        source,
+        problem,
     })?;
     if args.dry_run {
         for line in plan(&spec) {

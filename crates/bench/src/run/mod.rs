@@ -31,6 +31,13 @@ pub const WORKLOAD_GRACE: Duration = Duration::from_secs(30);
 const KILL_AFTER: Duration = Duration::from_secs(5);
 /// How often waiting loops look at the clock and the stop flag.
 const POLL: Duration = Duration::from_millis(20);
+/// Most records one run writes before it stops starting operations (a
+/// null provider's closed loop makes some 100,000 a second): the file
+/// stays under about a gigabyte, and `report` reads it whole.
+pub const MAX_RECORDS: u64 = 5_000_000;
+/// How long a closed loop's operation that found nothing to act on waits
+/// before it tries again.
+const SKIP_BACKOFF: Duration = Duration::from_millis(100);
 /// How often progress ticks are sent while the run measures.
 const TICK: Duration = Duration::from_millis(250);
 
@@ -301,8 +308,15 @@ impl Run<'_> {
         if let Err(e) = self.records.append(&record) {
             (self.events)(Event::Warning(e.to_string()));
         }
-        self.written.fetch_add(1, Ordering::SeqCst);
+        let written = self.written.fetch_add(1, Ordering::SeqCst) + 1;
         (self.events)(Event::Operation { operation, status });
+        if written == MAX_RECORDS {
+            self.ending.store(true, Ordering::SeqCst);
+            (self.events)(Event::Warning(format!(
+                "{MAX_RECORDS} records written, the most one run keeps: no new operation starts; \
+                 shorten the run or lower its rates"
+            )));
+        }
     }
 
     /// A volume name of `group` with `index`: the run id, then the group's
@@ -436,7 +450,13 @@ impl Run<'_> {
         let seed = self.seed ^ (index + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let limit = operation.limit.map(u64::from);
         if let RateLaw::ClosedLoop(in_flight) = operation.rate {
-            closed_loop(in_flight, limit, &self.ending, |_| self.perform(operation));
+            closed_loop(in_flight, limit, &self.ending, |_| {
+                if !self.perform(operation) {
+                    // Nothing to act on yet (a delete before any create):
+                    // wait a little rather than record a skip per spin.
+                    std::thread::sleep(SKIP_BACKOFF);
+                }
+            });
             return;
         }
         let mut arrivals = Arrivals::new(operation.rate, seed);
@@ -454,7 +474,7 @@ impl Run<'_> {
             }
             in_flight.fetch_add(1, Ordering::SeqCst);
             scope.spawn(move || {
-                self.perform(operation);
+                let _acted = self.perform(operation);
                 in_flight.fetch_sub(1, Ordering::SeqCst);
             });
         }

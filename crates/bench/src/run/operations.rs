@@ -9,8 +9,9 @@ use crate::provider::Stages;
 use crate::spec::{Action, ControlOperation};
 
 impl Run<'_> {
-    /// Performs one operation and records it.
-    pub(super) fn perform(&self, operation: &ControlOperation) {
+    /// Performs one operation and records it; whether it found something
+    /// to act on.
+    pub(super) fn perform(&self, operation: &ControlOperation) -> bool {
         let start = Instant::now();
         let done = match operation.action {
             Action::Create => self.create(operation),
@@ -20,7 +21,9 @@ impl Run<'_> {
             Action::Clone => self.clone_snapshot(operation),
             Action::Resize => self.resize(operation),
         };
+        let acted = !done.skipped;
         self.record(&operation.name, action_name(operation.action), start, done);
+        acted
     }
 
     fn scope<'o>(&self, operation: &'o ControlOperation) -> inventory::Scope<'o> {
@@ -61,7 +64,7 @@ impl Run<'_> {
     fn create(&self, operation: &ControlOperation) -> Done {
         let group = self.spec.volumes.iter().find(|g| g.name == operation.group);
         let (Some(group), true) = (group, self.inventory.lock().volume_room()) else {
-            return Run::failed(
+            return Run::skipped(
                 String::new(),
                 format!(
                     "the run holds {} volumes, the most it makes: add a delete or lower the rate",
@@ -124,7 +127,7 @@ impl Run<'_> {
             return Run::nothing_to(operation, "volume");
         };
         if !room {
-            return Run::failed(volume.name, format!("the run holds {} snapshots, the most it keeps: add a delete_snapshot or lower the rate", inventory::MAX_SNAPSHOTS));
+            return Run::skipped(volume.name, format!("the run holds {} snapshots, the most it keeps: add a delete_snapshot or lower the rate", inventory::MAX_SNAPSHOTS));
         }
         let name = format!("{}-s{number}", self.run_id);
         let result = self.provider.snapshot(&volume.name, &name);
@@ -182,7 +185,7 @@ impl Run<'_> {
             self.inventory
                 .lock()
                 .clone_failed(&snapshot.volume, &snapshot.name);
-            return Run::failed(
+            return Run::skipped(
                 target,
                 format!(
                     "the run holds {} volumes, the most it makes: add a delete or lower the rate",
