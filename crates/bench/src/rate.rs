@@ -15,6 +15,10 @@ use crate::spec::RateLaw;
 pub struct Arrivals {
     law: RateLaw,
     rng: StdRng,
+    /// Time of the last arrival since the start (the sum of the gaps).
+    clock: Duration,
+    /// The next arrival of a trace.
+    next: usize,
 }
 
 impl Arrivals {
@@ -23,23 +27,55 @@ impl Arrivals {
         Arrivals {
             law,
             rng: StdRng::seed_from_u64(seed),
+            clock: Duration::ZERO,
+            next: 0,
         }
     }
 
-    /// The gap before the next arrival; `None` for a closed loop, whose
-    /// operations start when others end (see [`closed_loop`]).
+    /// The gap before the next arrival; `None` when no more arrive: a
+    /// trace's end, or a closed loop, whose operations start when others
+    /// end (see [`closed_loop`]).
     pub fn next_gap(&mut self) -> Option<Duration> {
-        match self.law {
-            RateLaw::Every(interval) => Some(interval),
+        let gap = match &self.law {
+            RateLaw::Every(interval) => *interval,
             RateLaw::Poisson(mean) => {
                 // Inverse transform of the exponential law: with U uniform
                 // on [0, 1), -ln(1 - U) has mean 1 (and 1 - U is never 0).
                 let uniform: f64 = self.rng.random();
-                Some(mean.mul_f64(-(1.0 - uniform).ln()))
+                mean.mul_f64(-(1.0 - uniform).ln())
             }
-            RateLaw::ClosedLoop(_) => None,
+            RateLaw::ClosedLoop(_) => return None,
+            RateLaw::Ramp { from, to, over } => {
+                let done = (self.clock.as_secs_f64() / over.as_secs_f64()).min(1.0);
+                Duration::from_secs_f64(
+                    from.as_secs_f64() + (to.as_secs_f64() - from.as_secs_f64()) * done,
+                )
+            }
+            RateLaw::Steps(steps) => step_gap(steps, self.clock),
+            RateLaw::Trace(times) => {
+                let at = *times.get(self.next)?;
+                self.next += 1;
+                at.saturating_sub(self.clock)
+            }
+        };
+        self.clock += gap;
+        Some(gap)
+    }
+}
+
+/// The gap of the step that holds `clock` (each lasts its `for`; the last
+/// one, or the last listed, lasts to the end).
+fn step_gap(steps: &[(Duration, Option<Duration>)], clock: Duration) -> Duration {
+    let mut start = Duration::ZERO;
+    for (every, lasting) in steps {
+        match lasting {
+            Some(lasting) if clock >= start + *lasting => start += *lasting,
+            _ => return *every,
         }
     }
+    steps
+        .last()
+        .map_or(Duration::from_secs(1), |(every, _)| *every)
 }
 
 /// Runs `operation` back to back on `in_flight` threads, so that exactly
@@ -125,12 +161,57 @@ mod tests {
         assert!((0..100).all(|_| every.next_gap() == Some(Duration::from_millis(250))));
         let law = RateLaw::Poisson(Duration::from_secs(1));
         let draw = |seed| {
-            let mut a = Arrivals::new(law, seed);
+            let mut a = Arrivals::new(law.clone(), seed);
             (0..20).map(|_| a.next_gap()).collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
         assert_eq!(Arrivals::new(RateLaw::ClosedLoop(3), 1).next_gap(), None);
+    }
+
+    /// A trace is replayed exactly, then ends; a ramp's gaps go from
+    /// `from` to `to` and stay; steps change the gap at their ends.
+    #[test]
+    fn traces_ramps_and_steps() {
+        let ms = Duration::from_millis;
+        let times = vec![ms(500), ms(1250), ms(1250), ms(3000)];
+        let mut trace = Arrivals::new(RateLaw::Trace(times.clone()), 1);
+        let mut clock = Duration::ZERO;
+        let mut replayed = Vec::new();
+        while let Some(gap) = trace.next_gap() {
+            clock += gap;
+            replayed.push(clock);
+        }
+        assert_eq!(replayed, times);
+        let ramp = RateLaw::Ramp {
+            from: ms(1000),
+            to: ms(100),
+            over: Duration::from_secs(10),
+        };
+        let mut arrivals = Arrivals::new(ramp, 1);
+        let gaps: Vec<Duration> = (0..40).map(|_| arrivals.next_gap().unwrap()).collect();
+        assert_eq!(gaps[0], ms(1000));
+        assert!(gaps.windows(2).all(|w| w[1] <= w[0]), "{gaps:?}");
+        assert_eq!(gaps[39], ms(100));
+        let steps = RateLaw::Steps(vec![
+            (ms(500), Some(Duration::from_secs(2))),
+            (ms(100), None),
+        ]);
+        let mut arrivals = Arrivals::new(steps, 1);
+        let gaps: Vec<Duration> = (0..8).map(|_| arrivals.next_gap().unwrap()).collect();
+        assert_eq!(
+            gaps,
+            [
+                ms(500),
+                ms(500),
+                ms(500),
+                ms(500),
+                ms(100),
+                ms(100),
+                ms(100),
+                ms(100)
+            ]
+        );
     }
 
     /// Three in flight, each taking 5 ms: never more than three at once,

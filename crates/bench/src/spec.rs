@@ -118,7 +118,7 @@ pub enum Selector {
 }
 
 /// How often an operation arrives.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum RateLaw {
     /// One every interval.
     Every(Duration),
@@ -126,7 +126,23 @@ pub enum RateLaw {
     Poisson(Duration),
     /// This many always in flight: each one that ends starts the next.
     ClosedLoop(u32),
+    /// The gap goes linearly from `from` to `to` over `over`, then stays.
+    Ramp {
+        /// The first gap.
+        from: Duration,
+        /// The gap after `over`.
+        to: Duration,
+        /// How long the change takes.
+        over: Duration,
+    },
+    /// One every `.0` for `.1` (the last step lasts to the end), in order.
+    Steps(Vec<(Duration, Option<Duration>)>),
+    /// Arrivals at exactly these times since the run's start, then none.
+    Trace(Vec<Duration>),
 }
+
+/// Most arrival times a trace may list.
+pub const MAX_TRACE: usize = 1_000_000;
 
 /// A control operation with its rate.
 #[derive(Clone, Debug)]
@@ -241,6 +257,25 @@ struct RawRate {
     every: Option<Interval>,
     poisson_mean: Option<Interval>,
     in_flight: Option<u32>,
+    ramp: Option<RawRamp>,
+    steps: Option<Vec<RawStep>>,
+    trace: Option<Vec<f64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRamp {
+    from: Interval,
+    to: Interval,
+    over: Interval,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStep {
+    every: Interval,
+    #[serde(rename = "for")]
+    lasting: Option<Interval>,
 }
 
 #[derive(Deserialize)]
@@ -522,23 +557,86 @@ fn check_rates(raw: &[RawRate]) -> Result<Vec<(String, RateLaw)>, SpecError> {
                 ),
             );
         }
-        let law = match (rate.every, rate.poisson_mean, rate.in_flight) {
-            (Some(every), None, None) => RateLaw::Every(every.0),
-            (None, Some(mean), None) => RateLaw::Poisson(mean.0),
-            (None, None, Some(n)) if (1..=MAX_COUNT).contains(&n) => RateLaw::ClosedLoop(n),
-            (None, None, Some(n)) => {
-                return refused(&rate.name, format!("rate `{}`: in_flight {n}: write 1 to {MAX_COUNT}", rate.name.value))
-            }
-            _ => {
-                return refused(&rate.name, format!(
-                    "rate `{}`: give exactly one of `every: 1s`, `poisson_mean: 500ms` or `in_flight: 4`",
-                    rate.name.value
-                ))
-            }
-        };
+        let law = rate_law(rate)?;
         rates.push((rate.name.value.clone(), law));
     }
     Ok(rates)
+}
+
+/// The one law a rate states.
+fn rate_law(rate: &RawRate) -> Result<RateLaw, SpecError> {
+    let name = &rate.name;
+    let stated = [
+        rate.every.is_some(),
+        rate.poisson_mean.is_some(),
+        rate.in_flight.is_some(),
+        rate.ramp.is_some(),
+        rate.steps.is_some(),
+        rate.trace.is_some(),
+    ];
+    if stated.iter().filter(|s| **s).count() != 1 {
+        return refused(name, format!(
+            "rate `{}`: give exactly one of `every: 1s`, `poisson_mean: 500ms`, `in_flight: 4`, \
+             `ramp: {{from: 1s, to: 100ms, over: 30s}}`, `steps: [{{every: 1s, for: 10s}}, {{every: 200ms}}]` \
+             or `trace: [0.5, 1.25, 3]`",
+            name.value
+        ));
+    }
+    if let Some(every) = rate.every {
+        return Ok(RateLaw::Every(every.0));
+    }
+    if let Some(mean) = rate.poisson_mean {
+        return Ok(RateLaw::Poisson(mean.0));
+    }
+    if let Some(ramp) = &rate.ramp {
+        return Ok(RateLaw::Ramp {
+            from: ramp.from.0,
+            to: ramp.to.0,
+            over: ramp.over.0,
+        });
+    }
+    if let Some(steps) = &rate.steps {
+        let open = steps.iter().position(|s| s.lasting.is_none());
+        if steps.is_empty() || steps.len() > 1000 || open.is_some_and(|at| at + 1 != steps.len()) {
+            return refused(name, format!(
+                "rate `{}`: steps: write 1 to 1000 steps, each `{{every: T, for: T}}`; only the last may leave out `for`",
+                name.value
+            ));
+        }
+        return Ok(RateLaw::Steps(
+            steps
+                .iter()
+                .map(|s| (s.every.0, s.lasting.map(|l| l.0)))
+                .collect(),
+        ));
+    }
+    if let Some(trace) = &rate.trace {
+        let ordered = trace.windows(2).all(|w| w[0] <= w[1]);
+        let bounded = trace
+            .iter()
+            .all(|t| t.is_finite() && *t >= 0.0 && *t <= 7.0 * 86_400.0);
+        if trace.is_empty() || trace.len() > MAX_TRACE || !ordered || !bounded {
+            return refused(name, format!(
+                "rate `{}`: trace: write 1 to {MAX_TRACE} arrival times in seconds since the start, in order, \
+                 none negative or past a week (such as [0.5, 1.25, 3])",
+                name.value
+            ));
+        }
+        return Ok(RateLaw::Trace(
+            trace.iter().map(|t| Duration::from_secs_f64(*t)).collect(),
+        ));
+    }
+    match rate.in_flight {
+        Some(n) if (1..=MAX_COUNT).contains(&n) => Ok(RateLaw::ClosedLoop(n)),
+        n => refused(
+            name,
+            format!(
+                "rate `{}`: in_flight {}: write 1 to {MAX_COUNT}",
+                name.value,
+                n.unwrap_or(0)
+            ),
+        ),
+    }
 }
 
 fn check_operation(
@@ -609,7 +707,7 @@ fn check_operation(
         workload,
         select: op.select,
         rate_name: op.rate.value.clone(),
-        rate: *law,
+        rate: law.clone(),
         limit: op.limit,
         max_in_flight,
         size: op.size,
@@ -700,6 +798,30 @@ rates:
             WorkloadKind::Fio(options) => assert_eq!(options["iodepth"], "4"),
             other => panic!("not fio: {other:?}"),
         }
+    }
+
+    #[test]
+    fn ramps_steps_and_traces_read_and_bad_traces_are_refused() {
+        let rates = "  - {name: up, ramp: {from: 1s, to: 100ms, over: 30s}}\n  - {name: stairs, steps: [{every: 1s, for: 10s}, {every: 200ms}]}\n  - {name: replay, trace: [0.5, 1.25, 3]}\n";
+        let text = GOOD.replacen(
+            "    in_flight: 2\n",
+            &format!("    in_flight: 2\n{rates}"),
+            1,
+        );
+        parse(&text).expect("ramp, steps and trace");
+        let bad = text.replacen("[0.5, 1.25, 3]", "[2, 1]", 1);
+        let error = parse(&bad).expect_err("a trace out of order");
+        assert_eq!(error.line, 34, "{error}");
+        assert!(error.message.contains("in order"), "{error}");
+        let open_middle = text.replacen(
+            "[{every: 1s, for: 10s}, {every: 200ms}]",
+            "[{every: 1s}, {every: 200ms}]",
+            1,
+        );
+        assert!(parse(&open_middle)
+            .expect_err("open step first")
+            .message
+            .contains("only the last"));
     }
 
     /// Each bad spec is refused with the line to fix and a hint.

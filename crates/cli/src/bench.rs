@@ -269,10 +269,15 @@ fn plan(spec: &Spec) -> Vec<String> {
         ));
     }
     for op in &spec.control_operations {
-        let rate = match op.rate {
+        let rate = match &op.rate {
             RateLaw::Every(every) => format!("every {every:?}"),
             RateLaw::Poisson(mean) => format!("Poisson arrivals, mean gap {mean:?}"),
             RateLaw::ClosedLoop(n) => format!("{n} always in flight"),
+            RateLaw::Ramp { from, to, over } => {
+                format!("a gap from {from:?} to {to:?} over {over:?}")
+            }
+            RateLaw::Steps(steps) => format!("{} steps, first every {:?}", steps.len(), steps[0].0),
+            RateLaw::Trace(times) => format!("a trace of {} arrivals", times.len()),
         };
         let on = op.workload.as_ref().map_or_else(
             || format!("volumes {}", op.group),

@@ -459,7 +459,7 @@ impl Run<'_> {
             });
             return;
         }
-        let mut arrivals = Arrivals::new(operation.rate, seed);
+        let mut arrivals = Arrivals::new(operation.rate.clone(), seed);
         let mut next = Instant::now();
         let mut arrived = 0u64;
         while let Some(gap) = arrivals.next_gap() {
