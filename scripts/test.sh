@@ -12,7 +12,9 @@ need=()
 # page cache holds of a layer file with util-linux's fincore. The NBD TLS
 # tests (crates/cli/tests/integration/nbd_tls.rs) make their certificates with openssl;
 # img convert's cache-mode test counts syncs with strace. The S3 gateway's
-# tests (crates/cli/tests/integration/s3.rs) use aws-cli and boto3.
+# tests (crates/cli/tests/integration/s3.rs) use aws-cli and boto3. `strata
+# bench`'s tests (crates/cli/tests/integration/bench.rs) run fio's nbd and
+# null engines.
 for tool in qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils \
   nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:python3-libnbd fio:fio nbdkit:nbdkit \
   fincore:util-linux-extra openssl:openssl strace:strace aws:awscli; do

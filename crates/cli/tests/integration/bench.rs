@@ -25,6 +25,9 @@ workloads:
     count: 2
     volumes: data
     fio: {rw: randwrite, bs: 4k, size: 16M, iodepth: 8, verify: crc32c, verify_fatal: 1, verify_backlog: 256, do_verify: 1}
+  - name: checker
+    volumes: data
+    command: [sh, -c, 'test \"$STRATA_BENCH_VOLUME\" = {volume} && test \"$STRATA_BENCH_URI\" = \"{uri}\"']
 control_operations:
   - {name: snapshots, action: snapshot, workload: writer, select: random, rate: half-second}
   - {name: clones, action: clone, workload: writer, select: newest, into: copies, rate: second}
@@ -126,6 +129,9 @@ fn a_small_spec_runs_against_the_daemon_and_its_summary_counts_the_records() {
     // fio verified every block it wrote, on both volumes, under snapshots,
     // clones and grows.
     assert_eq!(count(&counts, "writer", "ok"), 2, "{counts:?}");
+    // A command workload got its volume and NBD address, in its words and
+    // its environment alike.
+    assert_eq!(count(&counts, "checker", "ok"), 1, "{counts:?}");
     assert!(count(&counts, "snapshots", "ok") >= 4, "{counts:?}");
     assert!(count(&counts, "creates", "ok") >= 2, "{counts:?}");
     assert!(count(&counts, "clones", "ok") >= 1, "{counts:?}");
@@ -171,6 +177,7 @@ fn the_null_provider_runs_the_same_spec_and_runs_compare() {
     let (_dir, out, records) = run_small_spec(&["--provider", "null"]);
     let counts = tally(&records);
     assert_eq!(count(&counts, "writer", "ok"), 2, "{counts:?}");
+    assert_eq!(count(&counts, "checker", "ok"), 1, "{counts:?}");
     assert!(count(&counts, "snapshots", "ok") >= 4, "{counts:?}");
     assert_eq!(
         count(&counts, "cleanup", "ok"),
@@ -204,16 +211,16 @@ fn bad_specs_are_refused_with_their_line_before_anything_starts() {
         (
             "  - {name: arrivals, poisson_mean: 300ms}",
             "  - {name: arrivals, poisson_mean: 300ms, burst: 2}",
-            20,
+            23,
             "unknown field `burst`",
         ),
         (
             "rate: second}\n  - {name: creates",
             "rate: sometimes}\n  - {name: creates",
-            13,
+            16,
             "names no rate: write one of half-second, second, arrivals",
         ),
-        ("every: 500ms", "every: -500ms", 18, "negative interval"),
+        ("every: 500ms", "every: -500ms", 21, "negative interval"),
         (
             "    volumes: data\n    fio",
             "    fio",
