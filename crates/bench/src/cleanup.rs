@@ -60,7 +60,10 @@ pub fn clean(
         info.own_daemon,
         api.or(info.api.clone()),
     ) {
-        ("null", _, _) => return Ok(Cleaned::default()),
+        // The null provider keeps nothing; the QEMU provider's volumes live
+        // only while its daemon runs, and their files are in the run's
+        // directory.
+        ("null" | "qemu", _, _) => return Ok(Cleaned::default()),
         ("strata", true, _) => Box::new(
             StrataProvider::start(strata, &dir.join("pool"), &dir.join("clean-daemon.log"))
                 .map_err(Error::Provider)?,

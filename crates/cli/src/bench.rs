@@ -93,6 +93,9 @@ pub enum ProviderName {
     Strata,
     /// Every control operation succeeds at once; fio's null engine.
     Null,
+    /// qemu-storage-daemon exporting qcow2 over NBD, external snapshots
+    /// over QMP (started in the run directory).
+    Qemu,
 }
 
 /// `strata bench run` options.
@@ -174,6 +177,7 @@ fn run_spec(args: RunArgs) -> Result<i32> {
     };
     let provider = match (args.provider, &args.daemon.api) {
         (ProviderName::Null, _) => ProviderChoice::Null,
+        (ProviderName::Qemu, _) => ProviderChoice::Qemu,
         (ProviderName::Strata, Some(api)) => ProviderChoice::Strata {
             api: api.clone(),
             token: args.daemon.token()?,

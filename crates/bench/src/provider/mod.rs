@@ -3,11 +3,13 @@
 
 pub mod nbd_probe;
 pub mod null;
+pub mod qemu;
 pub mod strata;
 
 use std::time::Instant;
 
 pub use null::NullProvider;
+pub use qemu::QemuProvider;
 pub use strata::StrataProvider;
 
 /// The stages an operation went through, each with the time it was

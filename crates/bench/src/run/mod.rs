@@ -19,7 +19,7 @@ use rand::SeedableRng;
 use crate::cleanup::cleanup_prefix;
 use crate::error::{Error, Result};
 use crate::inventory::Inventory;
-use crate::provider::{Detail, NullProvider, Provider, Stages, StrataProvider};
+use crate::provider::{Detail, NullProvider, Provider, QemuProvider, Stages, StrataProvider};
 use crate::rate::{closed_loop, Arrivals};
 use crate::record::{LineWriter, Record, RunInfo, Status, IO_SERIES, RECORDS};
 use crate::spec::{Action, ControlOperation, RateLaw, Spec};
@@ -58,6 +58,8 @@ pub enum ProviderChoice {
     },
     /// The null provider.
     Null,
+    /// qemu-storage-daemon, started with its files in the run directory.
+    Qemu,
 }
 
 /// How to run a spec.
@@ -162,6 +164,12 @@ pub fn run(
         .provider
     {
         ProviderChoice::Null => (Box::new(NullProvider), None, false),
+        ProviderChoice::Qemu => {
+            events(Event::Phase("starting qemu-storage-daemon".into()));
+            let qemu = QemuProvider::start(&dir.join("qemu"), &dir.join("qemu.log"))
+                .map_err(Error::Provider)?;
+            (Box::new(qemu), None, true)
+        }
         ProviderChoice::Strata { api, token } => (
             Box::new(StrataProvider::connect(api, token.clone())),
             Some(api.clone()),
