@@ -14,8 +14,8 @@ need=()
 # img convert's cache-mode test counts syncs with strace. The S3 gateway's
 # tests (crates/cli/tests/integration/s3.rs) use aws-cli and boto3. `strata
 # bench`'s tests (crates/cli/tests/integration/bench.rs) run fio's nbd and
-# null engines.
-for tool in qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils \
+# null engines, and qemu-storage-daemon for the QEMU provider.
+for tool in qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils qemu-storage-daemon:qemu-utils \
   nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:python3-libnbd fio:fio nbdkit:nbdkit \
   fincore:util-linux-extra openssl:openssl strace:strace aws:awscli; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")

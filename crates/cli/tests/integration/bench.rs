@@ -203,6 +203,50 @@ fn the_null_provider_runs_the_same_spec_and_runs_compare() {
     assert_eq!(per_minute["ratio"].as_f64(), Some(1.0));
 }
 
+/// QEMU as the anchor on the same spec: fio verifies its data under
+/// external snapshots and clones; grows are refused with the reason (its
+/// NBD export does not share resize), so the run exits 1; nothing is left.
+#[test]
+fn the_qemu_provider_runs_the_same_spec() {
+    let dir = tmp();
+    let spec = at(&dir, "spec.yaml");
+    std::fs::write(&spec, SMALL_SPEC).unwrap();
+    let out = at(&dir, "run");
+    let result = strata(&[
+        "bench",
+        "run",
+        &p(&spec),
+        "--out",
+        &p(&out),
+        "--provider",
+        "qemu",
+    ]);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(1), "{stderr}");
+    let records = records(&out);
+    let counts = tally(&records);
+    assert_eq!(count(&counts, "writer", "ok"), 2, "{counts:?}");
+    assert_eq!(count(&counts, "checker", "ok"), 1, "{counts:?}");
+    assert!(count(&counts, "snapshots", "ok") >= 4, "{counts:?}");
+    assert!(count(&counts, "clones", "ok") >= 1, "{counts:?}");
+    let failed: Vec<&Value> = records.iter().filter(|r| r["status"] == "error").collect();
+    assert!(!failed.is_empty(), "{counts:?}");
+    for record in failed {
+        assert_eq!(record["operation"], "grows", "{record}");
+        assert!(
+            record["error"]
+                .as_str()
+                .unwrap()
+                .contains("cannot grow while exported"),
+            "{record}"
+        );
+    }
+    assert_summary_counts_records(&out, &records);
+    assert!(count(&counts, "cleanup", "ok") >= 4, "{counts:?}");
+    let layers = std::fs::read_dir(out.join("qemu")).unwrap().count();
+    assert_eq!(layers, 0, "layer files or the QMP socket left");
+}
+
 /// Each bad spec is refused with its file, line and a fix, and nothing
 /// starts: no run directory.
 #[test]
