@@ -113,6 +113,10 @@ impl QemuProvider {
     pub fn start(dir: &Path, log: &Path) -> Result<QemuProvider, String> {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        // Absolute: overlays name their backing files by this path.
+        let dir = &dir
+            .canonicalize()
+            .map_err(|e| format!("cannot resolve {}: {e}", dir.display()))?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| format!("no free port for qemu-storage-daemon's NBD server: {e}"))?

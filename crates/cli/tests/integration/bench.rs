@@ -206,21 +206,28 @@ fn the_null_provider_runs_the_same_spec_and_runs_compare() {
 /// QEMU as the anchor on the same spec: fio verifies its data under
 /// external snapshots and clones; grows are refused with the reason (its
 /// NBD export does not share resize), so the run exits 1; nothing is left.
+/// The run directory is given relative to the working directory.
 #[test]
 fn the_qemu_provider_runs_the_same_spec() {
     let dir = tmp();
     let spec = at(&dir, "spec.yaml");
     std::fs::write(&spec, SMALL_SPEC).unwrap();
     let out = at(&dir, "run");
-    let result = strata(&[
-        "bench",
-        "run",
-        &p(&spec),
-        "--out",
-        &p(&out),
-        "--provider",
-        "qemu",
-    ]);
+    // A relative run directory: the overlays must still find their
+    // backing files.
+    let result = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "bench",
+            "run",
+            "spec.yaml",
+            "--out",
+            "run",
+            "--provider",
+            "qemu",
+        ])
+        .current_dir(dir.path())
+        .output()
+        .expect("run strata bench");
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert_eq!(result.status.code(), Some(1), "{stderr}");
     let records = records(&out);
