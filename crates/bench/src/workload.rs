@@ -103,6 +103,11 @@ fn fio(
     prefix: &Path,
 ) -> Launch {
     let mut command = Command::new("fio");
+    // fio keeps files of its own there (verify state): in the run
+    // directory, never where `strata bench` was started.
+    if let Some(dir) = prefix.parent() {
+        command.current_dir(dir);
+    }
     command.arg(format!(
         "--name={}-{}",
         variables.workload, variables.instance

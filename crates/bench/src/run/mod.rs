@@ -153,6 +153,10 @@ pub fn run(
 ) -> Result<Outcome> {
     let dir = options.out.clone();
     make_run_directory(&dir)?;
+    // Absolute: workloads run in directories of their own.
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| Error::io("cannot resolve the run directory", &dir, e))?;
     let spec_copy = dir.join("spec.yaml");
     std::fs::write(&spec_copy, &options.spec_text)
         .map_err(|e| Error::io("cannot write", &spec_copy, e))?;

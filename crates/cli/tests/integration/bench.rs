@@ -157,6 +157,18 @@ fn a_small_spec_runs_against_the_daemon_and_its_summary_counts_the_records() {
             assert!(record["detail"]["pause_ms"].as_f64().is_some(), "{record}");
         }
     }
+    // fio's own files (its verify state) stay in the run directory.
+    let state = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .any(|e| e.file_name().to_string_lossy().ends_with("verify.state"))
+    };
+    assert!(state(&out.join("workloads")));
+    assert!(
+        !state(Path::new(".")),
+        "fio wrote its state where the test runs"
+    );
     let summary = assert_summary_counts_records(&out, &records);
     let writer = &summary["workloads"][0];
     assert_eq!(writer["instances"], 2);
