@@ -13,8 +13,10 @@ need=()
 # tests (crates/cli/tests/integration/nbd_tls.rs) make their certificates with openssl;
 # img convert's cache-mode test counts syncs with strace. The S3 gateway's
 # tests (crates/cli/tests/integration/s3.rs) use aws-cli, boto3, rclone and
-# s3fs (which mounts through /dev/fuse and unmounts with umount).
-for tool in qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils \
+# s3fs (which mounts through /dev/fuse and unmounts with umount). `strata
+# bench`'s tests (crates/cli/tests/integration/bench.rs) run fio's nbd and
+# null engines, and qemu-storage-daemon for the QEMU provider.
+for tool in qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils qemu-storage-daemon:qemu-utils \
   nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:python3-libnbd fio:fio nbdkit:nbdkit \
   fincore:util-linux-extra openssl:openssl strace:strace aws:awscli \
   rclone:rclone s3fs:s3fs; do

@@ -1,5 +1,6 @@
 //! `strata`: parse arguments, call the libraries, render the result.
 
+mod bench;
 mod daemon;
 mod humanize;
 mod img;
@@ -73,6 +74,12 @@ enum Command {
     },
     /// Serve a store cluster over S3 (`strata store up` starts one too).
     S3(store::S3Args),
+    /// Declarative benchmarks: I/O workloads mixed with control
+    /// operations (create, snapshot, clone, resize, delete) at set rates.
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCommand,
+    },
     /// Print the completion script of a shell (bash, zsh, fish, ...).
     Completions {
         /// The shell.
@@ -110,6 +117,7 @@ fn main() {
         Command::Obj { command } => store::run_obj(command),
         Command::S3(args) => store::run_s3(args),
         Command::Up(args) => up::run(args),
+        Command::Bench { command } => bench::run(command),
         Command::Completions { shell } => ops::completions(shell, Cli::command()),
         Command::Man { dir } => ops::man_pages(&dir, Cli::command()),
     };

@@ -7,6 +7,7 @@
 //! `-- store::`.
 
 mod architecture;
+mod bench;
 mod common;
 mod damaged;
 mod docs_examples;

@@ -1,0 +1,22 @@
+//! `strata-bench`: declarative benchmarks that mix I/O workloads with
+//! control operations on volumes (after CNSBench). A YAML spec
+//! ([`spec`]) names volume groups, workloads (fio over NBD or any
+//! command), control operations (create, delete, snapshot, clone,
+//! resize) and the rates that drive them ([`rate`]); a run
+//! drives a provider ([`provider`]: Strata's volume daemon, or a null
+//! provider as the ceiling), records one JSON line per operation and the
+//! workloads' I/O per second ([`record`]), cleans up everything it made,
+//! and a report ([`report`]) summarizes or compares runs. Never prints:
+//! progress goes to the caller as events.
+
+pub mod cleanup;
+pub mod error;
+pub mod inventory;
+pub mod provider;
+pub mod rate;
+pub mod record;
+pub mod report;
+pub mod run;
+pub mod spec;
+pub mod units;
+pub mod workload;

@@ -1,0 +1,462 @@
+//! `strata bench ...`: declarative benchmarks that mix I/O workloads with
+//! control operations (strata-bench): parse, call, render.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use strata_bench::record::Status;
+use strata_bench::report::{self, Summary};
+use strata_bench::run::{self, Event, ProviderChoice, RunOptions};
+use strata_bench::spec::{self, RateLaw, Spec, WorkloadKind};
+
+use crate::units::human;
+use crate::volume::Output;
+
+/// `strata bench` subcommands.
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Run a spec: make its volumes, run its workloads and control
+    /// operations for its duration, record every operation, then delete
+    /// everything the run made (also on Ctrl-C).
+    Run(RunArgs),
+    /// Summarize a run directory: latency percentiles per operation,
+    /// operations per minute, I/O per workload and its zero-operation seconds.
+    Report {
+        /// The run directory.
+        #[arg(value_parser = crate::stdio::directory())]
+        dir: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "human")]
+        output: Output,
+    },
+    /// Compare two run directories metric by metric (ratios B / A).
+    Compare {
+        /// The first run directory.
+        #[arg(value_parser = crate::stdio::directory())]
+        a: PathBuf,
+        /// The second run directory.
+        #[arg(value_parser = crate::stdio::directory())]
+        b: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "human")]
+        output: Output,
+    },
+    /// Delete what a run left (after it was killed): every volume whose
+    /// name carries its run id, with their snapshots.
+    Clean {
+        /// The run directory.
+        #[arg(value_parser = crate::stdio::directory())]
+        dir: PathBuf,
+        #[command(flatten)]
+        daemon: DaemonArgs,
+    },
+}
+
+/// Where a run's Strata daemon is.
+#[derive(Args)]
+pub struct DaemonArgs {
+    /// API address of a running daemon (default: start one on embedded
+    /// defaults, with its pool in the run directory).
+    #[arg(long)]
+    api: Option<String>,
+    /// File holding that daemon's API token (default: POOL/api.token
+    /// with --pool; none without either).
+    #[arg(long = "token-file")]
+    token_file: Option<PathBuf>,
+    /// That daemon's pool directory, where its api.token is.
+    #[arg(long, value_parser = crate::stdio::directory())]
+    pool: Option<PathBuf>,
+}
+
+impl DaemonArgs {
+    /// The token to send, if any.
+    fn token(&self) -> Result<Option<String>> {
+        let path = match (&self.token_file, &self.pool) {
+            (Some(file), _) => file.clone(),
+            (None, Some(pool)) => pool.join("api.token"),
+            (None, None) => return Ok(None),
+        };
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read the API token {}", path.display()))?;
+        Ok(Some(text.trim().to_string()))
+    }
+}
+
+/// Which provider to run on.
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum ProviderName {
+    /// Strata's volume daemon.
+    Strata,
+    /// Every control operation succeeds at once; fio's null engine.
+    Null,
+    /// qemu-storage-daemon exporting qcow2 over NBD, external snapshots
+    /// over QMP (started in the run directory).
+    Qemu,
+}
+
+/// `strata bench run` options.
+#[derive(Args)]
+pub struct RunArgs {
+    /// The spec (YAML; see docs/bench.md).
+    #[arg(value_parser = crate::stdio::file("the spec is read twice (checked, then kept in the run directory)"))]
+    spec: PathBuf,
+    /// The run directory (new or empty; default: the spec's outputs.dir).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Check the spec and show what would run, without starting anything.
+    #[arg(long)]
+    dry_run: bool,
+    /// Seed of every random draw (arrivals, selections); default: from the clock.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// The provider.
+    #[arg(long, value_enum, default_value = "strata")]
+    provider: ProviderName,
+    #[command(flatten)]
+    daemon: DaemonArgs,
+}
+
+/// Runs a `strata bench` command.
+pub fn run(command: BenchCommand) -> Result<i32> {
+    match command {
+        BenchCommand::Run(args) => run_spec(args),
+        BenchCommand::Report { dir, output } => {
+            let summary = report::summarize(&dir)?;
+            render_summary(&summary, output);
+            Ok(0)
+        }
+        BenchCommand::Compare { a, b, output } => {
+            let rows = report::compare(&report::summarize(&a)?, &report::summarize(&b)?);
+            render_comparison(&rows, output);
+            Ok(0)
+        }
+        BenchCommand::Clean { dir, daemon } => clean(&dir, &daemon),
+    }
+}
+
+/// Set by SIGINT or SIGTERM: the run stops, cleans up and exits.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_signal: libc::c_int) {
+    // Only an atomic store: all a signal handler may safely do.
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores into an atomic.
+        unsafe {
+            libc::signal(signal, on_signal as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+fn run_spec(args: RunArgs) -> Result<i32> {
+    let text = std::fs::read_to_string(&args.spec)
+        .with_context(|| format!("cannot read the spec {}", args.spec.display()))?;
+    let spec = spec::parse(&text).map_err(|problem| strata_bench::error::Error::Spec {
+        path: args.spec.clone(),
+        problem,
+    })?;
+    if args.dry_run {
+        for line in plan(&spec) {
+            println!("{line}");
+        }
+        return Ok(0);
+    }
+    let Some(out) = args
+        .out
+        .clone()
+        .or_else(|| spec.output_dir.clone().map(PathBuf::from))
+    else {
+        bail!("no run directory: give --out DIR (or `outputs: {{dir: DIR}}` in the spec)");
+    };
+    let provider = match (args.provider, &args.daemon.api) {
+        (ProviderName::Null, _) => ProviderChoice::Null,
+        (ProviderName::Qemu, _) => ProviderChoice::Qemu,
+        (ProviderName::Strata, Some(api)) => ProviderChoice::Strata {
+            api: api.clone(),
+            token: args.daemon.token()?,
+        },
+        (ProviderName::Strata, None) => ProviderChoice::StartStrata {
+            strata: std::env::current_exe()
+                .context("cannot find the strata binary to start its daemon")?,
+        },
+    };
+    let seed = args.seed.unwrap_or_else(clock_seed);
+    install_signal_handlers();
+    let progress = Progress::new(spec.duration);
+    let options = RunOptions {
+        out: out.clone(),
+        seed,
+        provider,
+        spec_text: text,
+    };
+    let outcome = run::run(&spec, options, &STOP, &|event| progress.show(event));
+    progress.finish();
+    let outcome = outcome?;
+    eprintln!(
+        "strata bench: run {} ({}): {} records, {} failed{}; results in {} (seed {seed}; `strata bench report {}`)",
+        outcome.run_id,
+        if outcome.interrupted { "interrupted" } else { "done" },
+        outcome.records,
+        outcome.failures,
+        if outcome.leftovers.is_empty() {
+            String::new()
+        } else {
+            format!(", NOT deleted: {}", outcome.leftovers.join(", "))
+        },
+        outcome.dir.display(),
+        outcome.dir.display(),
+    );
+    Ok(
+        match (
+            outcome.interrupted,
+            outcome.leftovers.is_empty(),
+            outcome.failures,
+        ) {
+            (_, false, _) => 1,
+            (true, true, _) => 130,
+            (false, true, 0) => 0,
+            (false, true, _) => 1,
+        },
+    )
+}
+
+fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// What a spec would do, for `--dry-run`.
+fn plan(spec: &Spec) -> Vec<String> {
+    let mut lines = vec![format!(
+        "spec is valid; a run would last {:?}:",
+        spec.duration
+    )];
+    for group in &spec.volumes {
+        lines.push(format!(
+            "  volumes {}: {} at the start, {} each, named RUN-{}",
+            group.name,
+            group.count,
+            human(group.size),
+            group.template
+        ));
+    }
+    for workload in &spec.workloads {
+        let what = match &workload.kind {
+            WorkloadKind::Fio(options) => format!(
+                "fio {}",
+                options
+                    .iter()
+                    .map(|(k, v)| format!("--{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+            WorkloadKind::Command(words) => words.join(" "),
+        };
+        lines.push(format!(
+            "  workload {}: {} instance(s) on volumes {}{}: {what}",
+            workload.name,
+            workload.count,
+            workload.volumes,
+            if workload.barrier {
+                ", started together"
+            } else {
+                ""
+            }
+        ));
+    }
+    for op in &spec.control_operations {
+        let rate = match &op.rate {
+            RateLaw::Every(every) => format!("every {every:?}"),
+            RateLaw::Poisson(mean) => format!("Poisson arrivals, mean gap {mean:?}"),
+            RateLaw::ClosedLoop(n) => format!("{n} always in flight"),
+            RateLaw::Ramp { from, to, over } => {
+                format!("a gap from {from:?} to {to:?} over {over:?}")
+            }
+            RateLaw::Steps(steps) => format!("{} steps, first every {:?}", steps.len(), steps[0].0),
+            RateLaw::Trace(times) => format!("a trace of {} arrivals", times.len()),
+        };
+        let on = op.workload.as_ref().map_or_else(
+            || format!("volumes {}", op.group),
+            |w| format!("workload {w}'s volumes"),
+        );
+        lines.push(format!(
+            "  operation {}: {} ({:?}) on {on}, {rate} (rate {}){}",
+            op.name,
+            run::action_name(op.action),
+            op.select,
+            op.rate_name,
+            op.limit.map_or(String::new(), |l| format!(", at most {l}"))
+        ));
+    }
+    lines
+}
+
+/// The progress bar of a run: measured seconds, and operations so far.
+struct Progress {
+    bar: ProgressBar,
+    ok: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Progress {
+    fn new(duration: Duration) -> Progress {
+        let bar = ProgressBar::new(duration.as_millis() as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {prefix} [{bar:30}] {elapsed} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        bar.enable_steady_tick(Duration::from_millis(200));
+        Progress {
+            bar,
+            ok: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        }
+    }
+
+    fn show(&self, event: Event) {
+        match event {
+            Event::Started { run_id, provider } => {
+                self.bar.set_prefix(format!("{run_id} on {provider}"))
+            }
+            Event::Phase(phase) => self.bar.set_message(phase),
+            Event::Tick(seconds) => self.bar.set_position((seconds * 1000.0) as u64),
+            Event::Operation { status, .. } => {
+                let counter = if status == Status::Error {
+                    &self.failed
+                } else {
+                    &self.ok
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                self.bar.set_message(format!(
+                    "{} operations, {} failed",
+                    self.ok.load(Ordering::Relaxed) + self.failed.load(Ordering::Relaxed),
+                    self.failed.load(Ordering::Relaxed)
+                ));
+            }
+            Event::Warning(text) => self.bar.println(format!("strata bench: {text}")),
+        }
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+fn clean(dir: &Path, daemon: &DaemonArgs) -> Result<i32> {
+    let strata =
+        std::env::current_exe().context("cannot find the strata binary to start its daemon")?;
+    let cleaned = strata_bench::cleanup::clean(dir, &strata, daemon.api.clone(), daemon.token()?)?;
+    for name in &cleaned.deleted {
+        println!("deleted {name}");
+    }
+    for failure in &cleaned.failed {
+        eprintln!("strata bench clean: {failure}");
+    }
+    if !cleaned.leftovers.is_empty() {
+        bail!("still there: {} (run `strata bench clean` again, or delete them with `strata volume delete`)", cleaned.leftovers.join(", "));
+    }
+    println!(
+        "nothing of the run is left ({} volume(s) deleted)",
+        cleaned.deleted.len()
+    );
+    Ok(0)
+}
+
+fn render_summary(summary: &Summary, output: Output) {
+    if output == Output::Json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(summary).unwrap_or_default()
+        );
+        return;
+    }
+    println!(
+        "run {} on {}, seed {}, {} s{}, {} records",
+        summary.run_id,
+        summary.provider,
+        summary.seed,
+        summary.duration,
+        if summary.interrupted {
+            " (interrupted)"
+        } else {
+            ""
+        },
+        summary.records
+    );
+    println!(
+        "{:<16} {:<16} {:>6} {:>6} {:>5} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8}",
+        "operation",
+        "action",
+        "count",
+        "ok",
+        "err",
+        "skip",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "max ms",
+        "per min"
+    );
+    for op in &summary.operations {
+        println!(
+            "{:<16} {:<16} {:>6} {:>6} {:>5} {:>5} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8.1}",
+            op.operation,
+            op.action,
+            op.count,
+            op.ok,
+            op.errors + op.dropped,
+            op.skipped,
+            op.p50_ms,
+            op.p90_ms,
+            op.p99_ms,
+            op.p999_ms,
+            op.max_ms,
+            op.per_minute
+        );
+    }
+    if summary.workloads.is_empty() {
+        return;
+    }
+    println!(
+        "{:<16} {:>9} {:>11} {:>10} {:>10} {:>12}",
+        "workload", "instances", "mean IOPS", "min IOPS", "MiB/s", "zero-op s"
+    );
+    for w in &summary.workloads {
+        println!(
+            "{:<16} {:>9} {:>11.0} {:>10.0} {:>10.1} {:>12}",
+            w.workload,
+            w.instances,
+            w.mean_iops,
+            w.min_iops,
+            w.mean_kib_per_s / 1024.0,
+            w.zero_seconds
+        );
+    }
+}
+
+fn render_comparison(rows: &[report::Comparison], output: Output) {
+    if output == Output::Json {
+        println!("{}", serde_json::to_string_pretty(rows).unwrap_or_default());
+        return;
+    }
+    println!("{:<44} {:>12} {:>12} {:>8}", "metric", "A", "B", "B / A");
+    for row in rows {
+        let ratio = row
+            .ratio
+            .map_or_else(|| "-".to_string(), |r| format!("{r:.3}"));
+        println!(
+            "{:<44} {:>12.2} {:>12.2} {:>8}",
+            row.metric, row.a, row.b, ratio
+        );
+    }
+}

@@ -1,0 +1,409 @@
+//! `strata bench`: a small spec run end to end against a real volume
+//! daemon with fio's verify, the same spec on the null provider, bad specs
+//! refused with their line before anything starts, and cleanup after
+//! SIGINT.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::common::{at, p, strata, strata_ok, tmp, Launch};
+
+/// Three seconds of two fio writers with verify, snapshots of their
+/// volumes, clones of those, volumes created and deleted, and grows.
+const SMALL_SPEC: &str = "\
+duration: 3s
+volumes:
+  - {name: data, count: 2, size: 64M}
+  - {name: scratch, count: 0, size: 16M}
+  - {name: copies, count: 0, size: 64M}
+workloads:
+  - name: writer
+    count: 2
+    volumes: data
+    fio: {rw: randwrite, bs: 4k, size: 16M, iodepth: 8, verify: crc32c, verify_fatal: 1, verify_backlog: 256, do_verify: 1}
+  - name: checker
+    volumes: data
+    command: [sh, -c, 'test \"$STRATA_BENCH_VOLUME\" = {volume} && test \"$STRATA_BENCH_URI\" = \"{uri}\"']
+control_operations:
+  - {name: snapshots, action: snapshot, workload: writer, select: random, rate: half-second}
+  - {name: clones, action: clone, workload: writer, select: newest, into: copies, rate: second}
+  - {name: creates, action: create, volumes: scratch, rate: arrivals}
+  - {name: deletes, action: delete, volumes: scratch, select: oldest, rate: second}
+  - {name: grows, action: resize, workload: writer, size: +16M, rate: second}
+rates:
+  - {name: half-second, every: 500ms}
+  - {name: second, every: 1s}
+  - {name: arrivals, poisson_mean: 300ms}
+";
+
+/// The records of a run directory, one JSON value per line.
+fn records(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("records.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a record is JSON"))
+        .collect()
+}
+
+/// Records per (operation, action, status).
+fn tally(records: &[Value]) -> BTreeMap<(String, String, String), u64> {
+    let mut counts = BTreeMap::new();
+    for record in records {
+        let key = (
+            record["operation"].as_str().unwrap().to_string(),
+            record["action"].as_str().unwrap().to_string(),
+            record["status"].as_str().unwrap().to_string(),
+        );
+        *counts.entry(key).or_default() += 1;
+    }
+    counts
+}
+
+fn count(tally: &BTreeMap<(String, String, String), u64>, operation: &str, status: &str) -> u64 {
+    tally
+        .iter()
+        .filter(|((o, _, s), _)| o == operation && s == status)
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// The summary's counts per operation equal the records', and add up to
+/// every record.
+fn assert_summary_counts_records(dir: &Path, records: &[Value]) -> Value {
+    let summary: Value = serde_json::from_str(&strata_ok(&[
+        "bench",
+        "report",
+        &p(dir),
+        "--output",
+        "json",
+    ]))
+    .unwrap();
+    assert_eq!(summary["records"].as_u64(), Some(records.len() as u64));
+    let mut total = 0;
+    for op in summary["operations"].as_array().unwrap() {
+        let (name, action) = (
+            op["operation"].as_str().unwrap(),
+            op["action"].as_str().unwrap(),
+        );
+        let matching: Vec<&Value> = records
+            .iter()
+            .filter(|r| r["operation"] == name && r["action"] == action)
+            .collect();
+        let ok = matching.iter().filter(|r| r["status"] == "ok").count() as u64;
+        assert_eq!(
+            op["count"].as_u64(),
+            Some(matching.len() as u64),
+            "{name}: {op}"
+        );
+        assert_eq!(op["ok"].as_u64(), Some(ok), "{name}: {op}");
+        total += matching.len();
+    }
+    assert_eq!(total, records.len());
+    summary
+}
+
+fn run_small_spec(extra: &[&str]) -> (tempfile::TempDir, std::path::PathBuf, Vec<Value>) {
+    let dir = tmp();
+    let spec = at(&dir, "spec.yaml");
+    std::fs::write(&spec, SMALL_SPEC).unwrap();
+    let out = at(&dir, "run");
+    let mut args = vec!["bench", "run", &p(&spec), "--out", &p(&out), "--seed", "3"]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    strata_ok(&refs);
+    let records = records(&out);
+    (dir, out, records)
+}
+
+#[test]
+fn a_small_spec_runs_against_the_daemon_and_its_summary_counts_the_records() {
+    let (_dir, out, records) = run_small_spec(&[]);
+    let counts = tally(&records);
+    // fio verified every block it wrote, on both volumes, under snapshots,
+    // clones and grows.
+    assert_eq!(count(&counts, "writer", "ok"), 2, "{counts:?}");
+    // A command workload got its volume and NBD address, in its words and
+    // its environment alike.
+    assert_eq!(count(&counts, "checker", "ok"), 1, "{counts:?}");
+    assert!(count(&counts, "snapshots", "ok") >= 4, "{counts:?}");
+    assert!(count(&counts, "creates", "ok") >= 2, "{counts:?}");
+    assert!(count(&counts, "clones", "ok") >= 1, "{counts:?}");
+    assert!(count(&counts, "grows", "ok") >= 1, "{counts:?}");
+    assert_eq!(
+        counts.keys().filter(|(_, _, s)| s == "error").count(),
+        0,
+        "{counts:?}"
+    );
+    for record in &records {
+        assert!(
+            record["end"].as_f64() >= record["start"].as_f64(),
+            "{record}"
+        );
+        if record["action"] == "create" && record["status"] == "ok" {
+            let stages = &record["stages"];
+            assert!(
+                stages["created"].as_f64() <= stages["attached"].as_f64(),
+                "{record}"
+            );
+        }
+        if record["action"] == "snapshot" {
+            assert!(record["detail"]["pause_ms"].as_f64().is_some(), "{record}");
+        }
+    }
+    // fio's own files (its verify state) stay in the run directory.
+    let state = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .any(|e| e.file_name().to_string_lossy().ends_with("verify.state"))
+    };
+    assert!(state(&out.join("workloads")));
+    assert!(
+        !state(Path::new(".")),
+        "fio wrote its state where the test runs"
+    );
+    let summary = assert_summary_counts_records(&out, &records);
+    let writer = &summary["workloads"][0];
+    assert_eq!(writer["instances"], 2);
+    assert!(writer["mean_iops"].as_f64().unwrap() > 0.0, "{writer}");
+    // Every volume the run made (clones, scratch, the writers') was
+    // deleted: the cleanup restarts the run's daemon and finds none.
+    let cleaned = strata_ok(&["bench", "clean", &p(&out)]);
+    assert!(cleaned.contains("0 volume(s) deleted"), "{cleaned}");
+    let text = strata_ok(&["bench", "report", &p(&out)]);
+    assert!(
+        text.contains("p99.9 ms") && text.contains("snapshots"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_null_provider_runs_the_same_spec_and_runs_compare() {
+    let (_dir, out, records) = run_small_spec(&["--provider", "null"]);
+    let counts = tally(&records);
+    assert_eq!(count(&counts, "writer", "ok"), 2, "{counts:?}");
+    assert_eq!(count(&counts, "checker", "ok"), 1, "{counts:?}");
+    assert!(count(&counts, "snapshots", "ok") >= 4, "{counts:?}");
+    assert_eq!(
+        count(&counts, "cleanup", "ok"),
+        0,
+        "the null provider keeps nothing to delete"
+    );
+    assert_summary_counts_records(&out, &records);
+    let rows: Value = serde_json::from_str(&strata_ok(&[
+        "bench",
+        "compare",
+        &p(&out),
+        &p(&out),
+        "--output",
+        "json",
+    ]))
+    .unwrap();
+    let per_minute = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["metric"] == "snapshots.snapshot.per_minute")
+        .expect("the snapshots' rate is compared");
+    assert_eq!(per_minute["ratio"].as_f64(), Some(1.0));
+}
+
+/// QEMU as the anchor on the same spec: fio verifies its data under
+/// external snapshots and clones; grows are refused with the reason (its
+/// NBD export does not share resize), so the run exits 1; nothing is left.
+/// The run directory is given relative to the working directory.
+#[test]
+fn the_qemu_provider_runs_the_same_spec() {
+    let dir = tmp();
+    let spec = at(&dir, "spec.yaml");
+    std::fs::write(&spec, SMALL_SPEC).unwrap();
+    let out = at(&dir, "run");
+    // A relative run directory: the overlays must still find their
+    // backing files.
+    let result = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "bench",
+            "run",
+            "spec.yaml",
+            "--out",
+            "run",
+            "--provider",
+            "qemu",
+        ])
+        .current_dir(dir.path())
+        .output()
+        .expect("run strata bench");
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(1), "{stderr}");
+    let records = records(&out);
+    let counts = tally(&records);
+    assert_eq!(count(&counts, "writer", "ok"), 2, "{counts:?}");
+    assert_eq!(count(&counts, "checker", "ok"), 1, "{counts:?}");
+    assert!(count(&counts, "snapshots", "ok") >= 4, "{counts:?}");
+    assert!(count(&counts, "clones", "ok") >= 1, "{counts:?}");
+    let failed: Vec<&Value> = records.iter().filter(|r| r["status"] == "error").collect();
+    assert!(!failed.is_empty(), "{counts:?}");
+    for record in failed {
+        assert_eq!(record["operation"], "grows", "{record}");
+        assert!(
+            record["error"]
+                .as_str()
+                .unwrap()
+                .contains("cannot grow while exported"),
+            "{record}"
+        );
+    }
+    assert_summary_counts_records(&out, &records);
+    assert!(count(&counts, "cleanup", "ok") >= 4, "{counts:?}");
+    let layers = std::fs::read_dir(out.join("qemu")).unwrap().count();
+    assert_eq!(layers, 0, "layer files or the QMP socket left");
+}
+
+/// Each bad spec is refused with its file, line and a fix, and nothing
+/// starts: no run directory.
+#[test]
+fn bad_specs_are_refused_with_their_line_before_anything_starts() {
+    let cases = [
+        (
+            "  - {name: arrivals, poisson_mean: 300ms}",
+            "  - {name: arrivals, poisson_mean: 300ms, burst: 2}",
+            23,
+            "unknown field `burst`",
+        ),
+        (
+            "rate: second}\n  - {name: creates",
+            "rate: sometimes}\n  - {name: creates",
+            16,
+            "names no rate: write one of half-second, second, arrivals",
+        ),
+        ("every: 500ms", "every: -500ms", 21, "negative interval"),
+        (
+            "    volumes: data\n    fio",
+            "    fio",
+            7,
+            "uses no volume: add `volumes: GROUP`",
+        ),
+    ];
+    let dir = tmp();
+    for (from, to, line, hint) in cases {
+        let text = SMALL_SPEC.replacen(from, to, 1);
+        assert_ne!(text, SMALL_SPEC, "{to}");
+        let spec = at(&dir, "bad.yaml");
+        std::fs::write(&spec, text).unwrap();
+        let out = at(&dir, "run");
+        let result = strata(&["bench", "run", &p(&spec), "--out", &p(&out)]);
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert_eq!(result.status.code(), Some(1), "{to}: {stderr}");
+        assert!(
+            stderr.contains(&format!("bad.yaml:{line}: ")),
+            "{to}: {stderr}"
+        );
+        assert!(stderr.contains(hint), "{to}: {stderr}");
+        assert!(!out.exists(), "{to}: a run directory was made");
+    }
+}
+
+/// Ctrl-C in the middle of a run: the workloads are stopped, and every
+/// volume and snapshot the run made on the daemon is deleted.
+#[test]
+fn cleanup_after_sigint_leaves_no_volume_or_snapshot() {
+    let dir = tmp();
+    let pool = at(&dir, "pool");
+    let daemon = Launch::strata(&[
+        "daemon",
+        "--pool",
+        &p(&pool),
+        "--listen",
+        "127.0.0.1:0",
+        "--nbd-port",
+        "0",
+    ])
+    .start();
+    let api = daemon.word_after("http://");
+    let spec = at(&dir, "spec.yaml");
+    let long = SMALL_SPEC.replacen("duration: 3s", "duration: 60s", 1);
+    std::fs::write(&spec, long).unwrap();
+    let out = at(&dir, "run");
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "bench",
+            "run",
+            &p(&spec),
+            "--out",
+            &p(&out),
+            "--api",
+            &api,
+            "--pool",
+            &p(&pool),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn strata bench run");
+    // Wait until the run holds snapshots and a clone.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let counts = tally(&records(&out));
+        if count(&counts, "snapshots", "ok") >= 2 && count(&counts, "clones", "ok") >= 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot and clone within 30 s: {counts:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let client = [
+        "--api",
+        api.as_str(),
+        "--pool",
+        &p(&pool),
+        "--output",
+        "json",
+    ];
+    let before: Value =
+        serde_json::from_str(&strata_ok(&[&["volume", "list"], &client[..]].concat())).unwrap();
+    assert!(before.as_array().unwrap().len() >= 3, "{before}");
+    // SAFETY: signalling the child this test started.
+    unsafe { libc::kill(bench.id() as i32, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = bench.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = bench.kill();
+            panic!("strata bench run did not stop within 60 s of SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(bench.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    let after: Value =
+        serde_json::from_str(&strata_ok(&[&["volume", "list"], &client[..]].concat())).unwrap();
+    assert_eq!(
+        after,
+        serde_json::json!([]),
+        "volumes (and with them snapshots) left: {stderr}"
+    );
+    let records = records(&out);
+    let counts = tally(&records);
+    assert!(count(&counts, "cleanup", "ok") >= 3, "{counts:?}");
+    assert_eq!(
+        count(&counts, "writer", "error"),
+        2,
+        "the writers were stopped: {counts:?}"
+    );
+    let info: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+    assert_eq!(info["interrupted"], true);
+}
