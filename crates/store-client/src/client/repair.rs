@@ -106,12 +106,19 @@ pub async fn rebuild_fragments(
     targets: &[Addr],
 ) -> Result<u8, Error> {
     let limit = Duration::from_millis(30_000 + record.size / (16 << 20) * 1000);
+    let job = Rebuild {
+        table,
+        key,
+        record,
+        slots,
+        targets,
+    };
     let attempts = async {
         // A source fragment that fails (damaged too, unreported so far)
         // is left out of the next attempt, while k are left.
         let mut excluded = Vec::new();
         loop {
-            match rebuild(table, key, record, slots, targets, &excluded).await {
+            match job.attempt(&excluded).await {
                 Ok(written) => return Ok(written),
                 Err((e, failed)) => {
                     let fresh: Vec<usize> = failed
@@ -135,116 +142,126 @@ pub async fn rebuild_fragments(
     }
 }
 
-/// One attempt of [`rebuild_fragments`], reading no fragment of
-/// `excluded`; an error comes with the fragments that failed in it.
-async fn rebuild(
-    table: &Table,
-    key: &ClusterKey,
-    record: &Record,
-    slots: &[usize],
-    targets: &[Addr],
-    excluded: &[usize],
-) -> Result<u8, (Error, Vec<usize>)> {
-    let mut reader = None;
-    let result = rebuild_from(table, key, record, slots, targets, excluded, &mut reader).await;
-    result.map_err(|e| {
-        let failed = reader.map_or_else(Vec::new, |r: FragmentReader| {
-            r.failures.iter().map(|f| f.index).collect()
-        });
-        (e, failed)
-    })
+/// What a [`rebuild_fragments`] call rebuilds: the fragments `slots` of
+/// `record`, onto `targets`, read and written sealed with `key`.
+struct Rebuild<'a> {
+    table: &'a Table,
+    key: &'a ClusterKey,
+    record: &'a Record,
+    slots: &'a [usize],
+    targets: &'a [Addr],
 }
 
-async fn rebuild_from(
-    table: &Table,
-    key: &ClusterKey,
-    record: &Record,
-    slots: &[usize],
-    targets: &[Addr],
-    excluded: &[usize],
-    reader_out: &mut Option<FragmentReader>,
-) -> Result<u8, Error> {
-    let Some(fragments) = &record.fragments else {
-        return Err(Error::Table(format!(
-            "{:?} is not erasure-coded: copy its replicas instead",
-            record.name
-        )));
-    };
-    if slots.len() != targets.len() || slots.iter().any(|&s| s >= record.replicas.len()) {
-        return Err(Error::Table(format!(
-            "a rebuild of {:?} names {} fragments for {} targets",
-            record.name,
-            slots.len(),
-            targets.len()
-        )));
-    }
-    let sources: Vec<FragmentSource> = record
-        .replicas
-        .iter()
-        .enumerate()
-        .filter(|(index, _)| !slots.contains(index) && !excluded.contains(index))
-        .filter_map(|(index, &addr)| {
-            let endpoint = Replica::locate(table, addr).ok()?.endpoint;
-            Some(FragmentSource {
-                index,
-                addr,
-                endpoint,
-                request: Request::Get { addr }.encode(Credential::Seal(key)),
-                pool: None,
-            })
+impl Rebuild<'_> {
+    /// One attempt, reading no fragment of `excluded`; an error comes
+    /// with the fragments that failed in it.
+    async fn attempt(&self, excluded: &[usize]) -> Result<u8, (Error, Vec<usize>)> {
+        let mut reader = None;
+        let result = self.run(excluded, &mut reader).await;
+        result.map_err(|e| {
+            let failed = reader.map_or_else(Vec::new, |r: FragmentReader| {
+                r.failures.iter().map(|f| f.index).collect()
+            });
+            (e, failed)
         })
-        .collect();
-    let reader = reader_out.insert(FragmentReader::new(record.size, fragments, sources, None)?);
-    let layout = reader.layout();
-    let mut coder = StripeCoder::new(layout)?;
-    let io = |e| Error::io("writing a rebuilt fragment", e);
-    let mut streams = Vec::with_capacity(targets.len());
-    for &target in targets {
-        let mut to = Replica::locate(table, target)?.connect().await?;
-        let header = Request::Put {
-            addr: target,
-            size: layout.fragment_len(),
-            chain: Vec::new(),
-        };
-        to.write_all(&header.encode(Credential::Seal(key)))
-            .await
-            .map_err(io)?;
-        streams.push(to);
     }
-    let mut crcs = vec![0u32; slots.len()];
-    let parity_needed = slots.iter().any(|&slot| slot >= layout.data);
-    while let Some(stripe) = reader.next_stripe().await {
-        let data = stripe?;
-        let parity = match parity_needed {
-            true => coder.encode(&data.concat())?,
-            false => Vec::new(),
-        };
-        for (i, &slot) in slots.iter().enumerate() {
-            let shard = match slot < layout.data {
-                true => &data[slot],
-                false => &parity[slot - layout.data],
-            };
-            crcs[i] = crc32c::crc32c_append(crcs[i], shard);
-            streams[i].write_all(shard).await.map_err(io)?;
-        }
-    }
-    reader.finish().await?;
-    for (i, &slot) in slots.iter().enumerate() {
-        if fragments.crcs.get(slot) != Some(&crcs[i]) {
-            // Dropped before its trailer: the target discards it.
-            return Err(Error::Corrupt(format!(
-                "the rebuilt fragment {slot} of {:?} does not match its checksum",
+
+    /// The attempt itself; the reader it makes is left in `reader_out`,
+    /// so the caller sees which fragments failed.
+    async fn run(
+        &self,
+        excluded: &[usize],
+        reader_out: &mut Option<FragmentReader>,
+    ) -> Result<u8, Error> {
+        let Rebuild {
+            table,
+            key,
+            record,
+            slots,
+            targets,
+        } = *self;
+        let Some(fragments) = &record.fragments else {
+            return Err(Error::Table(format!(
+                "{:?} is not erasure-coded: copy its replicas instead",
                 record.name
             )));
+        };
+        if slots.len() != targets.len() || slots.iter().any(|&s| s >= record.replicas.len()) {
+            return Err(Error::Table(format!(
+                "a rebuild of {:?} names {} fragments for {} targets",
+                record.name,
+                slots.len(),
+                targets.len()
+            )));
         }
+        let sources: Vec<FragmentSource> = record
+            .replicas
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| !slots.contains(index) && !excluded.contains(index))
+            .filter_map(|(index, &addr)| {
+                let endpoint = Replica::locate(table, addr).ok()?.endpoint;
+                Some(FragmentSource {
+                    index,
+                    addr,
+                    endpoint,
+                    request: Request::Get { addr }.encode(Credential::Seal(key)),
+                    pool: None,
+                })
+            })
+            .collect();
+        let reader = reader_out.insert(FragmentReader::new(record.size, fragments, sources, None)?);
+        let layout = reader.layout();
+        let mut coder = StripeCoder::new(layout)?;
+        let io = |e| Error::io("writing a rebuilt fragment", e);
+        let mut streams = Vec::with_capacity(targets.len());
+        for &target in targets {
+            let mut to = Replica::locate(table, target)?.connect().await?;
+            let header = Request::Put {
+                addr: target,
+                size: layout.fragment_len(),
+                chain: Vec::new(),
+            };
+            to.write_all(&header.encode(Credential::Seal(key)))
+                .await
+                .map_err(io)?;
+            streams.push(to);
+        }
+        let mut crcs = vec![0u32; slots.len()];
+        let parity_needed = slots.iter().any(|&slot| slot >= layout.data);
+        while let Some(stripe) = reader.next_stripe().await {
+            let data = stripe?;
+            let parity = match parity_needed {
+                true => coder.encode(&data.concat())?,
+                false => Vec::new(),
+            };
+            for (i, &slot) in slots.iter().enumerate() {
+                let shard = match slot < layout.data {
+                    true => &data[slot],
+                    false => &parity[slot - layout.data],
+                };
+                crcs[i] = crc32c::crc32c_append(crcs[i], shard);
+                streams[i].write_all(shard).await.map_err(io)?;
+            }
+        }
+        reader.finish().await?;
+        for (i, &slot) in slots.iter().enumerate() {
+            if fragments.crcs.get(slot) != Some(&crcs[i]) {
+                // Dropped before its trailer: the target discards it.
+                return Err(Error::Corrupt(format!(
+                    "the rebuilt fragment {slot} of {:?} does not match its checksum",
+                    record.name
+                )));
+            }
+        }
+        for (stream, crc) in streams.iter_mut().zip(&crcs) {
+            stream.write_all(&crc.to_be_bytes()).await.map_err(io)?;
+            stream.flush().await.map_err(io)?;
+            read_status(stream, "storing a rebuilt fragment").await?;
+            stream.read_u8().await.map_err(io)?;
+        }
+        Ok(targets.len() as u8)
     }
-    for (stream, crc) in streams.iter_mut().zip(&crcs) {
-        stream.write_all(&crc.to_be_bytes()).await.map_err(io)?;
-        stream.flush().await.map_err(io)?;
-        read_status(stream, "storing a rebuilt fragment").await?;
-        stream.read_u8().await.map_err(io)?;
-    }
-    Ok(targets.len() as u8)
 }
 
 /// Asks a storage node to free a replica (sealed with the cluster `key`:
