@@ -17,7 +17,7 @@ use crate::names::{
     reserved_prefix, upload_name, uploads_prefix, Multipart, ObjectMeta,
 };
 use crate::objects::{
-    check_fits, content_md5, meta_of, name_of, store_body, Conditions, LOOKUP_ATTEMPTS,
+    check_fits, content_md5, meta_of, name_of, store_body, Claims, Conditions, LOOKUP_ATTEMPTS,
 };
 use crate::parts::{
     delete_quietly, discard_upload, drop_parts, parts_use, previous_upload, start_object_read,
@@ -26,7 +26,7 @@ use crate::parts::{
 use crate::streams::{response_body, Piece};
 use crate::Gateway;
 use md5::{Digest, Md5};
-use s3s::dto::StreamingBlob;
+use s3s::dto::{Checksum, StreamingBlob};
 use s3s::{S3ErrorCode, S3Result};
 use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
@@ -263,6 +263,7 @@ impl Gateway {
         body: Option<StreamingBlob>,
         content_length: Option<i64>,
         md5_header: Option<&str>,
+        checksums: Checksum,
     ) -> S3Result<ObjectMeta> {
         let (bucket, key) = (target.bucket.as_str(), target.key.as_str());
         let number = check_part_number(target.number)?;
@@ -272,7 +273,11 @@ impl Gateway {
         let name = part_name(bucket, key, &target.upload, number);
         let meta = part_meta(size);
         let what = format!("part {number} of '{bucket}/{key}'");
-        store_body(client, &name, &what, body, expected, meta).await
+        let claims = Claims {
+            md5: expected,
+            checksums,
+        };
+        store_body(client, &name, &what, body, claims, meta).await
     }
 
     /// UploadPartCopy: the bytes of `range` (`bytes=FIRST-LAST`; the
@@ -324,7 +329,8 @@ impl Gateway {
                     return Err(from_store(&format!("reading the source of {what}"), &e));
                 }
             };
-            return store_body(client, &name, &what, Some(body), None, part_meta(size)).await;
+            let claims = Claims::default();
+            return store_body(client, &name, &what, Some(body), claims, part_meta(size)).await;
         }
         Err(s3(
             S3ErrorCode::ServiceUnavailable,

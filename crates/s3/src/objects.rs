@@ -13,7 +13,7 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use bytes::Bytes;
 use md5::Digest;
-use s3s::dto::{ETag, ETagCondition, Range, StreamingBlob, Timestamp};
+use s3s::dto::{Checksum, ETag, ETagCondition, Range, StreamingBlob, Timestamp};
 use s3s::stream::ByteStream;
 use s3s::{S3ErrorCode, S3Result};
 use std::collections::BTreeMap;
@@ -42,6 +42,8 @@ pub(crate) struct PutRequest {
     pub content_type: Option<String>,
     /// The `x-amz-meta-*` headers.
     pub metadata: BTreeMap<String, String>,
+    /// The `x-amz-checksum-*` headers (base64), checked against the body.
+    pub checksums: Checksum,
 }
 
 /// The conditional headers of a Get or Head.
@@ -108,6 +110,7 @@ impl Gateway {
             content_md5: md5_header,
             content_type,
             metadata,
+            checksums,
         } = request;
         let (bucket, key) = (bucket.as_str(), key.as_str());
         self.bucket_exists(client, bucket).await?;
@@ -127,7 +130,11 @@ impl Gateway {
         check_fits(&meta, bucket, key)?;
         let previous = previous_upload(client, &name).await;
         let what = format!("'{bucket}/{key}'");
-        let meta = store_body(client, &name, &what, body, expected, meta).await?;
+        let claims = Claims {
+            md5: expected,
+            checksums,
+        };
+        let meta = store_body(client, &name, &what, body, claims, meta).await?;
         if let Some(previous) = previous {
             drop_parts(client, bucket, key, &previous).await;
         }
@@ -277,20 +284,35 @@ pub(crate) async fn store_body(
     name: &str,
     what: &str,
     body: Option<StreamingBlob>,
-    expected: Option<[u8; 16]>,
+    claims: Claims,
     mut meta: ObjectMeta,
 ) -> S3Result<ObjectMeta> {
     let size = meta.size;
-    let received = Arc::new(Mutex::new(Received::default()));
+    let received = Arc::new(Mutex::new(Received {
+        checksums: hasher_for(&claims.checksums),
+        ..Received::default()
+    }));
     let mut reader = BodyReader::new(body, received.clone());
     let mut refused = None;
     let finish = || {
-        let digest: [u8; 16] = lock(&received).md5.clone().finalize().into();
-        if expected.is_some_and(|md5| md5 != digest) {
+        let (digest, computed) = {
+            let mut received = lock(&received);
+            let digest: [u8; 16] = received.md5.clone().finalize().into();
+            let computed = std::mem::take(&mut received.checksums).finalize();
+            (digest, computed)
+        };
+        if claims.md5.is_some_and(|md5| md5 != digest) {
             refused = Some(S3ErrorCode::BadDigest);
             return Err(Error::Peer(format!(
                 "the Content-MD5 given for {what} is not the MD5 of the {size} bytes \
                  received; nothing was stored"
+            )));
+        }
+        if let Some(algorithm) = mismatched(&claims.checksums, &computed) {
+            refused = Some(S3ErrorCode::BadDigest);
+            return Err(Error::Peer(format!(
+                "the {algorithm} you specified for {what} did not match the calculated \
+                 checksum of the {size} bytes received; nothing was stored"
             )));
         }
         meta.etag = digest.iter().map(|b| format!("{b:02x}")).collect();
@@ -304,6 +326,58 @@ pub(crate) async fn store_body(
         Ok(_) => Ok(meta),
         Err(e) => Err(put_error(what, size, &received, refused, &e)),
     }
+}
+
+/// What a Put's request says its body is: its Content-MD5 and its
+/// `x-amz-checksum-*` headers, each checked once the body is read.
+#[derive(Default)]
+pub(crate) struct Claims {
+    /// The Content-MD5, decoded.
+    pub md5: Option<[u8; 16]>,
+    /// The `x-amz-checksum-*` values (base64).
+    pub checksums: Checksum,
+}
+
+/// A hasher computing the algorithms `claimed` names.
+fn hasher_for(claimed: &Checksum) -> s3s::checksum::ChecksumHasher {
+    s3s::checksum::ChecksumHasher {
+        crc32: claimed.checksum_crc32.as_ref().map(|_| Default::default()),
+        crc32c: claimed.checksum_crc32c.as_ref().map(|_| Default::default()),
+        sha1: claimed.checksum_sha1.as_ref().map(|_| Default::default()),
+        sha256: claimed.checksum_sha256.as_ref().map(|_| Default::default()),
+        crc64nvme: claimed
+            .checksum_crc64nvme
+            .as_ref()
+            .map(|_| Default::default()),
+    }
+}
+
+/// The first algorithm whose `claimed` value differs from the
+/// `computed` one, as S3 names it.
+fn mismatched(claimed: &Checksum, computed: &Checksum) -> Option<&'static str> {
+    let pairs = [
+        ("CRC32", &claimed.checksum_crc32, &computed.checksum_crc32),
+        (
+            "CRC32C",
+            &claimed.checksum_crc32c,
+            &computed.checksum_crc32c,
+        ),
+        ("SHA1", &claimed.checksum_sha1, &computed.checksum_sha1),
+        (
+            "SHA256",
+            &claimed.checksum_sha256,
+            &computed.checksum_sha256,
+        ),
+        (
+            "CRC64NVME",
+            &claimed.checksum_crc64nvme,
+            &computed.checksum_crc64nvme,
+        ),
+    ];
+    pairs
+        .into_iter()
+        .find(|(_, claimed, computed)| claimed.is_some() && claimed != computed)
+        .map(|(name, _, _)| name)
 }
 
 /// The size a Put's body will have: its Content-Length (0 without a

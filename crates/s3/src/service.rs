@@ -189,10 +189,26 @@ impl S3 for Gateway {
             content_md5: input.content_md5,
             content_type: input.content_type,
             metadata: input.metadata.unwrap_or_default().into_iter().collect(),
+            checksums: Checksum {
+                checksum_crc32: input.checksum_crc32,
+                checksum_crc32c: input.checksum_crc32c,
+                checksum_sha1: input.checksum_sha1,
+                checksum_sha256: input.checksum_sha256,
+                checksum_crc64nvme: input.checksum_crc64nvme,
+                ..Default::default()
+            },
         };
+        let echo = request.checksums.clone();
         let meta = self.put_object(&client, request).await?;
+        // The checksums given, checked against the body, are echoed as
+        // S3 does.
         Ok(S3Response::new(PutObjectOutput {
             e_tag: Some(etag(&meta)),
+            checksum_crc32: echo.checksum_crc32,
+            checksum_crc32c: echo.checksum_crc32c,
+            checksum_sha1: echo.checksum_sha1,
+            checksum_sha256: echo.checksum_sha256,
+            checksum_crc64nvme: echo.checksum_crc64nvme,
             ..Default::default()
         }))
     }
@@ -456,6 +472,15 @@ impl S3 for Gateway {
             upload: input.upload_id,
             number: input.part_number,
         };
+        let checksums = Checksum {
+            checksum_crc32: input.checksum_crc32,
+            checksum_crc32c: input.checksum_crc32c,
+            checksum_sha1: input.checksum_sha1,
+            checksum_sha256: input.checksum_sha256,
+            checksum_crc64nvme: input.checksum_crc64nvme,
+            ..Default::default()
+        };
+        let echo = checksums.clone();
         let meta = self
             .upload_part(
                 &client,
@@ -463,10 +488,16 @@ impl S3 for Gateway {
                 input.body,
                 input.content_length,
                 input.content_md5.as_deref(),
+                checksums,
             )
             .await?;
         Ok(S3Response::new(UploadPartOutput {
             e_tag: Some(etag(&meta)),
+            checksum_crc32: echo.checksum_crc32,
+            checksum_crc32c: echo.checksum_crc32c,
+            checksum_sha1: echo.checksum_sha1,
+            checksum_sha256: echo.checksum_sha256,
+            checksum_crc64nvme: echo.checksum_crc64nvme,
             ..Default::default()
         }))
     }

@@ -26,6 +26,9 @@ pub(crate) struct Received {
     pub bytes: u64,
     /// Why the body could not be read, if it could not.
     pub failed: Option<String>,
+    /// The `x-amz-checksum-*` algorithms the request named, fed as the
+    /// MD5 is (none named: nothing computed).
+    pub checksums: s3s::checksum::ChecksumHasher,
 }
 
 /// A PutObject's body as an [`AsyncRead`], hashed as it is read.
@@ -70,6 +73,7 @@ impl AsyncRead for BodyReader {
         let part = self.chunk.split_to(n);
         let mut received = lock(&self.received);
         received.md5.update(&part);
+        received.checksums.update(&part);
         received.bytes += n as u64;
         buf.put_slice(&part);
         Poll::Ready(Ok(()))

@@ -291,6 +291,23 @@ rolled = s3.list_objects_v2(Bucket=BUCKET, Prefix="dir\x02", Delimiter="/")
 check([p["Prefix"] for p in rolled.get("CommonPrefixes", [])] == ["dir\x02/"], "an odd prefix")
 for key in odd:
     s3.delete_object(Bucket=BUCKET, Key=key)
+# x-amz-checksum-* headers are checked against the body and echoed; a
+# wrong one is BadDigest, and nothing is stored.
+import base64, hashlib
+summed = b"checked bytes" * 1000
+sha256 = base64.b64encode(hashlib.sha256(summed).digest()).decode()
+put = s3.put_object(Bucket=BUCKET, Key="summed", Body=summed, ChecksumSHA256=sha256)
+check(put.get("ChecksumSHA256") == sha256, "the SHA-256 checksum echoed")
+put = s3.put_object(Bucket=BUCKET, Key="summed2", Body=summed, ChecksumAlgorithm="SHA1")
+sha1 = base64.b64encode(hashlib.sha1(summed).digest()).decode()
+check(put.get("ChecksumSHA1") == sha1, "a SHA-1 checksum boto3 computed is taken")
+wrong_sha256 = base64.b64encode(hashlib.sha256(b"other").digest()).decode()
+e = fails("BadDigest", s3.put_object, Bucket=BUCKET, Key="badsum", Body=summed,
+          ChecksumSHA256=wrong_sha256, status=400)
+check("SHA256" in e.response["Error"]["Message"], "the refused checksum is named")
+fails("NoSuchKey", s3.get_object, Bucket=BUCKET, Key="badsum", status=404)
+for key in ("summed", "summed2"):
+    s3.delete_object(Bucket=BUCKET, Key=key)
 fails("MetadataTooLarge", s3.put_object, Bucket=BUCKET, Key="m", Body=b"x",
       Metadata={"big": "v" * 4000})
 fails("SignatureDoesNotMatch", client(secret="0" * 40).list_objects_v2, Bucket=BUCKET, status=403)
