@@ -67,11 +67,15 @@ pub const DEFAULT_UPLOAD_EXPIRY: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The gateway of one cluster: the S3 operations, each acting as the
 /// tenant its request's access key names.
+/// The gateway's store clients, by access key.
+pub(crate) type Clients = Arc<Mutex<HashMap<String, Arc<Client>>>>;
+
 pub struct Gateway {
     cluster: SocketAddr,
     key: ClusterKey,
-    /// Connected store clients by access key (at most [`MAX_CLIENTS`]).
-    clients: Mutex<HashMap<String, Arc<Client>>>,
+    /// Connected store clients by access key (at most [`MAX_CLIENTS`]);
+    /// `/metrics` shows each one's replica choice.
+    clients: Clients,
     /// Pending multipart uploads older than this are aborted.
     upload_expiry: Duration,
 }
@@ -84,7 +88,7 @@ impl Gateway {
         Gateway {
             cluster,
             key,
-            clients: Mutex::new(HashMap::new()),
+            clients: Clients::default(),
             upload_expiry: DEFAULT_UPLOAD_EXPIRY,
         }
     }
@@ -178,7 +182,7 @@ pub async fn serve(listener: TcpListener, gateway: Gateway) -> std::io::Result<(
     let cleaner =
         Gateway::new(gateway.cluster, key.clone()).with_upload_expiry(gateway.upload_expiry);
     let _cleaning = AbortOnDrop(tokio::spawn(cleaner.clean_periodically()));
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::with_clients(gateway.clients.clone()));
     let mut builder = S3ServiceBuilder::new(gateway);
     builder.set_auth(Auth { key });
     builder.set_access(presigned::Access);

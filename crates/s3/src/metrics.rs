@@ -63,6 +63,75 @@ struct PerOperation {
 #[derive(Default)]
 pub struct Metrics {
     counters: Mutex<Counters>,
+    /// The gateway's store clients, whose replica choice (NAMI's
+    /// latencies and weights) is shown too.
+    clients: Option<crate::Clients>,
+}
+
+impl Metrics {
+    /// Counters that also show the replica choice of `clients`.
+    pub(crate) fn with_clients(clients: crate::Clients) -> Metrics {
+        Metrics {
+            clients: Some(clients),
+            ..Metrics::default()
+        }
+    }
+
+    /// Per store client (label `tenant`, its access key's tenant) and
+    /// storage node (label `node`): NAMI's latency estimate, weight,
+    /// share of the draws and reads sent.
+    fn render_choice(&self, out: &mut String) {
+        let Some(clients) = &self.clients else { return };
+        let clients: Vec<(String, std::sync::Arc<strata_store_client::client::Client>)> = clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(key, client)| (key.clone(), client.clone()))
+            .collect();
+        let mut rows = Vec::new();
+        for (key, client) in &clients {
+            let tenant = key.split('~').next().unwrap_or_default();
+            for node in client.replica_view() {
+                let labels = format!("tenant=\"{tenant}\",node=\"{:016x}\"", node.node);
+                rows.push((labels, node));
+            }
+        }
+        type Field = fn(&strata_store_client::client::NodeView) -> Option<f64>;
+        let families: [(&str, &str, &str, Field); 4] = [
+            (
+                "strata_s3_store_node_latency_seconds",
+                "gauge",
+                "The store client's latency estimate of a storage node (NAMI's EWMA).",
+                |n| n.latency_ms.map(|ms| ms / 1000.0),
+            ),
+            (
+                "strata_s3_store_node_weight",
+                "gauge",
+                "The node's weight in the replica choice (NAMI's ranking).",
+                |n| Some(f64::from(n.weight)),
+            ),
+            (
+                "strata_s3_store_node_share",
+                "gauge",
+                "The node's chance of being drawn first for a read.",
+                |n| Some(n.share),
+            ),
+            (
+                "strata_s3_store_node_reads_total",
+                "counter",
+                "Reads the client sent the node.",
+                |n| Some(n.reads as f64),
+            ),
+        ];
+        for (name, kind, help, field) in families {
+            family(out, name, kind, help);
+            for (labels, node) in &rows {
+                if let Some(value) = field(node) {
+                    let _ = writeln!(out, "{name}{{{labels}}} {value}");
+                }
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -149,6 +218,8 @@ impl Metrics {
             let _ = writeln!(out, "{name}_sum{{{labels}}} {}", per.seconds);
             let _ = writeln!(out, "{name}_count{{{labels}}} {}", per.count);
         }
+        drop(counters);
+        self.render_choice(&mut out);
         out
     }
 }

@@ -496,6 +496,18 @@ fn strata_s3_serves_a_cluster_alone_and_refuses_anonymous_requests() {
         1.0
     );
     assert!(value(&format!("{histogram}_sum{{operation=\"PutObject\"}}")) > 0.0);
+    // The replica choice of acme's store client: its Get read a node,
+    // whose NAMI weight and reads show.
+    let reads: f64 = scraped
+        .lines()
+        .filter(|line| line.starts_with("strata_s3_store_node_reads_total{tenant=\"acme\""))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(reads >= 1.0, "no store read on /metrics:\n{scraped}");
+    assert!(
+        scraped.contains("strata_s3_store_node_weight{tenant=\"acme\",node=\""),
+        "{scraped}"
+    );
 }
 
 /// The store names under the bucket `bucket` the gateway keeps for
