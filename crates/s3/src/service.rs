@@ -119,6 +119,20 @@ fn encoded(text: &str, url: bool) -> String {
     out
 }
 
+/// The `x-amz-checksum-*` headers of a PutObject or UploadPart (CRC32,
+/// CRC32C, SHA-1, SHA-256, CRC64NVME, in that order), to check against
+/// its body.
+fn claimed_checksums([crc32, crc32c, sha1, sha256, crc64nvme]: [Option<String>; 5]) -> Checksum {
+    Checksum {
+        checksum_crc32: crc32,
+        checksum_crc32c: crc32c,
+        checksum_sha1: sha1,
+        checksum_sha256: sha256,
+        checksum_crc64nvme: crc64nvme,
+        ..Default::default()
+    }
+}
+
 #[async_trait::async_trait]
 impl S3 for Gateway {
     async fn create_bucket(
@@ -189,14 +203,13 @@ impl S3 for Gateway {
             content_md5: input.content_md5,
             content_type: input.content_type,
             metadata: input.metadata.unwrap_or_default().into_iter().collect(),
-            checksums: Checksum {
-                checksum_crc32: input.checksum_crc32,
-                checksum_crc32c: input.checksum_crc32c,
-                checksum_sha1: input.checksum_sha1,
-                checksum_sha256: input.checksum_sha256,
-                checksum_crc64nvme: input.checksum_crc64nvme,
-                ..Default::default()
-            },
+            checksums: claimed_checksums([
+                input.checksum_crc32,
+                input.checksum_crc32c,
+                input.checksum_sha1,
+                input.checksum_sha256,
+                input.checksum_crc64nvme,
+            ]),
         };
         let echo = request.checksums.clone();
         let meta = self.put_object(&client, request).await?;
@@ -472,14 +485,13 @@ impl S3 for Gateway {
             upload: input.upload_id,
             number: input.part_number,
         };
-        let checksums = Checksum {
-            checksum_crc32: input.checksum_crc32,
-            checksum_crc32c: input.checksum_crc32c,
-            checksum_sha1: input.checksum_sha1,
-            checksum_sha256: input.checksum_sha256,
-            checksum_crc64nvme: input.checksum_crc64nvme,
-            ..Default::default()
-        };
+        let checksums = claimed_checksums([
+            input.checksum_crc32,
+            input.checksum_crc32c,
+            input.checksum_sha1,
+            input.checksum_sha256,
+            input.checksum_crc64nvme,
+        ]);
         let echo = checksums.clone();
         let meta = self
             .upload_part(

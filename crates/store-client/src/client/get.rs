@@ -268,12 +268,11 @@ impl Client {
                     pool: Some(self.fragment_pool.clone()),
                 })
                 .collect();
-            for (_, replica) in located
-                .iter()
-                .filter(|(i, _)| !excluded.contains(i))
-                .take(usize::from(fragments.data))
-            {
-                self.read_sent(replica);
+            // The first k in the order tried are the reads sent.
+            for source in sources.iter().take(usize::from(fragments.data)) {
+                if let Some((_, replica)) = located.iter().find(|(i, _)| *i == source.index) {
+                    self.read_sent(replica);
+                }
             }
             let mut reader = FragmentReader::new(record.size, fragments, sources, hedge)?;
             let result = decode_into(&mut reader, record, out, progress).await;

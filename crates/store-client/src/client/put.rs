@@ -106,11 +106,10 @@ impl Client {
             } if !replicas.is_empty() => (version, replicas, ticket, data_fragments),
             other => return Err(unexpected("PostBegin", &other)),
         };
-        let params = self.table().params_for(name);
-        let w_d = match (class, data_fragments) {
-            (_, 0) => params.w_d.min(replicas.len() as u8),
+        let w_d = match data_fragments {
+            0 => self.table().params_for(name).w_d.min(replicas.len() as u8),
             // Every fragment: a Post that lost one survives a failure less.
-            (_, _) => replicas.len() as u8,
+            _ => replicas.len() as u8,
         };
         let sent = match data_fragments {
             0 => self
