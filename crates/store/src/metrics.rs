@@ -176,7 +176,7 @@ fn render_object_cache(out: &mut String, nodes: &[NodeMetrics]) {
         (
             "strata_object_cache_evictions_total",
             "counter",
-            "Objects evicted (least recently used first) to make room.",
+            "Objects evicted by the Clock-PRO policy to make room.",
             |c| c.evictions,
         ),
         (

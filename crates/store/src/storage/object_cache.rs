@@ -5,98 +5,56 @@
 //! in memory, so a hit costs one read from memory instead of k from
 //! disks.
 //!
-//! Eviction is LRU within a byte budget. Entries are keyed by the
+//! Eviction is quick_cache's Clock-PRO variant (close to S3-FIFO):
+//! a new object enters a cold queue and is promoted only if it is read
+//! again before it leaves, and ghost entries remember recent evictions.
+//! A one-off Get therefore never pushes out the objects that are read
+//! again and again, which LRU lets it do. The module's tests measure
+//! the gain over LRU on the thesis's trace. Entries are keyed by the
 //! fragment-0 replica address, which names one version of one object
 //! and is never reused: an overwrite gets new addresses, so no Get that
 //! looked the name up after it can reach the old entry, and freeing the
 //! fragment (after a Delete or an overwrite) drops the entry.
 
-use std::collections::{BTreeMap, HashMap};
-use std::hash::Hash;
+use quick_cache::unsync::Cache;
+use quick_cache::{DefaultHashBuilder, Lifecycle, OptionsBuilder, Weighter};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use strata_store_protocol::addr::Addr;
 
-/// An LRU map within a byte budget: the least recently used entries go
-/// first when a new one needs room; an entry larger than the budget is
-/// never kept.
-pub struct Lru<K, V> {
-    budget: u64,
-    bytes: u64,
-    tick: u64,
-    map: HashMap<K, (V, u64, u64)>,
-    order: BTreeMap<u64, K>,
-}
-
-impl<K: Hash + Eq + Clone, V: Clone> Lru<K, V> {
-    /// An empty cache of `budget` bytes.
-    pub fn new(budget: u64) -> Lru<K, V> {
-        Lru {
-            budget,
-            bytes: 0,
-            tick: 0,
-            map: HashMap::new(),
-            order: BTreeMap::new(),
-        }
-    }
-
-    /// The entry of `key`, made the most recently used.
-    pub fn get(&mut self, key: &K) -> Option<V> {
-        self.tick += 1;
-        let tick = self.tick;
-        let (value, _, used) = self.map.get_mut(key)?;
-        self.order.remove(used);
-        *used = tick;
-        self.order.insert(tick, key.clone());
-        Some(value.clone())
-    }
-
-    /// Keeps `value` of `size` bytes under `key`, evicting the least
-    /// recently used entries until it fits; returns how many went.
-    pub fn insert(&mut self, key: K, value: V, size: u64) -> usize {
-        self.remove(&key);
-        if size > self.budget {
-            return 0;
-        }
-        let mut evicted = 0;
-        while self.bytes + size > self.budget {
-            let Some((_, oldest)) = self.order.pop_first() else {
-                break;
-            };
-            if let Some((_, bytes, _)) = self.map.remove(&oldest) {
-                self.bytes -= bytes;
-                evicted += 1;
-            }
-        }
-        self.tick += 1;
-        self.order.insert(self.tick, key.clone());
-        self.map.insert(key, (value, size, self.tick));
-        self.bytes += size;
-        debug_assert!(self.bytes <= self.budget && self.map.len() == self.order.len());
-        evicted
-    }
-
-    /// Drops the entry of `key`, if any.
-    pub fn remove(&mut self, key: &K) {
-        if let Some((_, bytes, used)) = self.map.remove(key) {
-            self.order.remove(&used);
-            self.bytes -= bytes;
-        }
-    }
-
-    /// Bytes and entries held.
-    pub fn usage(&self) -> (u64, usize) {
-        (self.bytes, self.map.len())
-    }
-}
-
-/// A cached object: its bytes and the size and CRC-32C it was verified
-/// against.
+/// A cached object: its bytes and the CRC-32C it was verified against.
 #[derive(Clone)]
 struct Cached {
     data: Arc<Vec<u8>>,
     crc: u32,
 }
+
+/// Weighs an entry by its bytes, so the budget is in bytes.
+#[derive(Clone, Copy)]
+struct ByBytes;
+
+impl Weighter<Addr, Cached> for ByBytes {
+    fn weight(&self, _: &Addr, cached: &Cached) -> u64 {
+        // Never 0: quick_cache never evicts entries that weigh nothing.
+        (cached.data.len() as u64).max(1)
+    }
+}
+
+/// Counts the entries the policy evicts, for `/metrics`.
+#[derive(Clone, Default)]
+struct CountEvictions(Arc<AtomicU64>);
+
+impl Lifecycle<Addr, Cached> for CountEvictions {
+    type RequestState = ();
+
+    fn begin_request(&self) {}
+
+    fn on_evict(&self, _: &mut (), _: Addr, _: Cached) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+type Entries = Cache<Addr, Cached, ByBytes, DefaultHashBuilder, CountEvictions>;
 
 /// The counters of an [`ObjectCache`], for `/metrics`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -105,7 +63,7 @@ pub struct CacheStats {
     pub hits: u64,
     /// Gets that had to gather fragments.
     pub misses: u64,
-    /// Entries evicted to make room.
+    /// Entries evicted to make room (or refused at admission).
     pub evictions: u64,
     /// Bytes held now.
     pub bytes: u64,
@@ -117,25 +75,61 @@ pub struct CacheStats {
 
 /// A storage node's whole-object cache (see the module).
 pub struct ObjectCache {
-    lru: Mutex<Lru<Addr, Cached>>,
+    entries: Option<Mutex<Entries>>,
     budget: u64,
     hits: AtomicU64,
     misses: AtomicU64,
-    evictions: AtomicU64,
+    evictions: Arc<AtomicU64>,
 }
 
 /// Default byte budget of a storage node's object cache.
 pub const DEFAULT_OBJECT_CACHE: u64 = 64 << 20;
 
+/// The name of the eviction policy, for `/metrics` and the docs.
+pub const POLICY: &str = "clock-pro";
+
+/// A Clock-PRO cache of `budget` weight, with `lifecycle` told of
+/// evictions; `None` for a budget of 0 (nothing is kept).
+fn clock_pro<K, V, W, L>(
+    budget: u64,
+    weigher: W,
+    lifecycle: L,
+) -> Option<Cache<K, V, W, DefaultHashBuilder, L>>
+where
+    K: Eq + std::hash::Hash,
+    V: Clone,
+    W: Weighter<K, V> + Clone,
+    L: Lifecycle<K, V> + Clone,
+{
+    let options = OptionsBuilder::new()
+        .weight_capacity(budget)
+        // A guess that only sizes the first table; it grows as needed.
+        .estimated_items_capacity(1024)
+        .build()
+        .ok()?;
+    Some(Cache::with_options(
+        options,
+        weigher,
+        DefaultHashBuilder::default(),
+        lifecycle,
+    ))
+}
+
 impl ObjectCache {
     /// A cache of `budget` bytes (0: none is kept).
     pub fn new(budget: u64) -> ObjectCache {
+        let evictions = Arc::new(AtomicU64::new(0));
+        let entries = if budget == 0 {
+            None
+        } else {
+            clock_pro(budget, ByBytes, CountEvictions(evictions.clone())).map(Mutex::new)
+        };
         ObjectCache {
-            lru: Mutex::new(Lru::new(budget)),
+            entries,
             budget,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
-            evictions: AtomicU64::new(0),
+            evictions,
         }
     }
 
@@ -145,52 +139,63 @@ impl ObjectCache {
         self.budget / 8
     }
 
-    fn lru(&self) -> std::sync::MutexGuard<'_, Lru<Addr, Cached>> {
-        self.lru.lock().unwrap_or_else(|e| e.into_inner())
+    fn entries(&self) -> Option<std::sync::MutexGuard<'_, Entries>> {
+        let entries = self.entries.as_ref()?;
+        Some(entries.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// The object whose fragment 0 is `addr`, if it is held with this
     /// size and CRC-32C (counted as a hit or a miss).
     pub fn get(&self, addr: Addr, size: u64, crc: u32) -> Option<Arc<Vec<u8>>> {
-        let found = self
-            .lru()
-            .get(&addr)
-            .filter(|c| c.crc == crc && c.data.len() as u64 == size);
+        let found = self.entries().and_then(|entries| {
+            entries
+                .get(&addr)
+                .filter(|c| c.crc == crc && c.data.len() as u64 == size)
+                .map(|c| c.data.clone())
+        });
         let counter = if found.is_some() {
             &self.hits
         } else {
             &self.misses
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        found.map(|c| c.data)
+        found
     }
 
     /// Keeps the object whose fragment 0 is `addr`, verified against
     /// `crc`.
     pub fn insert(&self, addr: Addr, crc: u32, data: Arc<Vec<u8>>) {
-        let size = data.len() as u64;
-        if size > self.max_object() {
+        if data.len() as u64 > self.max_object() {
             return;
         }
-        let evicted = self.lru().insert(addr, Cached { data, crc }, size);
-        self.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+        if let Some(mut entries) = self.entries() {
+            entries.insert(addr, Cached { data, crc });
+            debug_assert!(
+                entries.weight() <= self.budget,
+                "the cache holds more than its budget"
+            );
+        }
     }
 
     /// Drops the entry of fragment-0 address `addr` (its fragment was
     /// freed).
     pub fn remove(&self, addr: Addr) {
-        self.lru().remove(&addr);
+        if let Some(mut entries) = self.entries() {
+            entries.remove(&addr);
+        }
     }
 
     /// The counters now.
     pub fn stats(&self) -> CacheStats {
-        let (bytes, entries) = self.lru().usage();
+        let (bytes, entries) = self
+            .entries()
+            .map_or((0, 0), |entries| (entries.weight(), entries.len() as u64));
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
             bytes,
-            entries: entries as u64,
+            entries,
             budget: self.budget,
         }
     }
@@ -199,20 +204,103 @@ impl ObjectCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::{BTreeMap, HashMap};
+    use std::hash::Hash;
+
+    /// The baseline the thesis measured: LRU within a budget, the least
+    /// recently used entries going first when a new one needs room.
+    struct Lru<K> {
+        budget: u64,
+        bytes: u64,
+        tick: u64,
+        map: HashMap<K, (u64, u64)>,
+        order: BTreeMap<u64, K>,
+    }
+
+    impl<K: Hash + Eq + Clone> Lru<K> {
+        fn new(budget: u64) -> Lru<K> {
+            Lru {
+                budget,
+                bytes: 0,
+                tick: 0,
+                map: HashMap::new(),
+                order: BTreeMap::new(),
+            }
+        }
+    }
+
+    /// A cache as the simulation drives it: a hit, or a miss after which
+    /// the entry is kept.
+    trait Policy<K> {
+        fn read(&mut self, key: K, size: u64) -> bool;
+    }
+
+    impl<K: Hash + Eq + Clone> Policy<K> for Lru<K> {
+        fn read(&mut self, key: K, size: u64) -> bool {
+            self.tick += 1;
+            if let Some((_, used)) = self.map.get_mut(&key) {
+                self.order.remove(used);
+                *used = self.tick;
+                self.order.insert(self.tick, key);
+                return true;
+            }
+            while self.bytes + size > self.budget {
+                let Some((_, oldest)) = self.order.pop_first() else {
+                    return false;
+                };
+                if let Some((bytes, _)) = self.map.remove(&oldest) {
+                    self.bytes -= bytes;
+                }
+            }
+            self.order.insert(self.tick, key.clone());
+            self.map.insert(key, (size, self.tick));
+            self.bytes += size;
+            false
+        }
+    }
+
+    /// Weighs a simulated entry by the size stored as its value.
+    #[derive(Clone, Copy)]
+    struct Stored;
+
+    impl<K> Weighter<K, u64> for Stored {
+        fn weight(&self, _: &K, size: &u64) -> u64 {
+            *size
+        }
+    }
+
+    #[derive(Clone, Copy)]
+    struct Quiet;
+
+    impl<K, V> Lifecycle<K, V> for Quiet {
+        type RequestState = ();
+        fn begin_request(&self) {}
+    }
+
+    impl<K: Hash + Eq> Policy<K> for Cache<K, u64, Stored, DefaultHashBuilder, Quiet> {
+        fn read(&mut self, key: K, size: u64) -> bool {
+            if self.get(&key).is_some() {
+                return true;
+            }
+            self.insert(key, size);
+            false
+        }
+    }
+
+    fn policy<K: Hash + Eq + Clone + 'static>(clock: bool, budget: u64) -> Box<dyn Policy<K>> {
+        match clock {
+            false => Box::new(Lru::new(budget)),
+            true => Box::new(clock_pro(budget, Stored, Quiet).expect("a valid budget")),
+        }
+    }
 
     #[test]
-    fn the_least_recently_used_go_first_within_the_budget() {
-        let mut lru: Lru<u32, u32> = Lru::new(100);
-        lru.insert(1, 1, 40);
-        lru.insert(2, 2, 40);
-        assert_eq!(lru.get(&1), Some(1));
-        assert_eq!(lru.insert(3, 3, 40), 1, "one entry makes room");
-        assert_eq!(lru.get(&2), None, "2 was the least recently used");
-        assert_eq!((lru.get(&1), lru.get(&3)), (Some(1), Some(3)));
-        assert_eq!(lru.insert(4, 4, 101), 0);
-        assert_eq!(lru.get(&4), None, "larger than the budget: not kept");
-        lru.remove(&1);
-        assert_eq!(lru.usage(), (40, 1));
+    fn the_least_recently_used_go_first_in_the_baseline() {
+        let mut lru: Lru<u32> = Lru::new(100);
+        assert!(!lru.read(1, 40) && !lru.read(2, 40));
+        assert!(lru.read(1, 40));
+        assert!(!lru.read(3, 40), "2 makes room");
+        assert!(!lru.read(2, 40), "2 was the least recently used");
     }
 
     #[test]
@@ -231,6 +319,43 @@ mod tests {
         );
         let stats = cache.stats();
         assert_eq!((stats.hits, stats.misses), (1, 4));
+        assert_eq!((stats.bytes, stats.entries), (0, 0));
+        let none = ObjectCache::new(0);
+        none.insert(1, 1, Arc::new(vec![0; 10]));
+        assert!(none.get(1, 10, 1).is_none(), "a budget of 0 keeps nothing");
+    }
+
+    #[test]
+    fn the_cache_stays_within_its_budget_and_counts_evictions() {
+        let cache = ObjectCache::new(64 << 10);
+        for addr in 0..100u64 {
+            cache.insert(addr as Addr, 0, Arc::new(vec![0; 8 << 10]));
+            assert!(cache.stats().bytes <= 64 << 10);
+        }
+        let stats = cache.stats();
+        assert!(stats.entries >= 4 && stats.entries <= 8, "{stats:?}");
+        assert!(stats.evictions >= 92, "{stats:?}");
+    }
+
+    #[test]
+    fn objects_read_again_survive_a_scan_of_one_off_reads() {
+        // LRU loses a hot set to any longer run of cold reads; the
+        // policy kept must not.
+        let cache = ObjectCache::new(1 << 20);
+        let object = || Arc::new(vec![7u8; 16 << 10]);
+        for round in 0..3 {
+            for hot in 0..16u64 {
+                if cache.get(hot as Addr, 16 << 10, 0).is_none() {
+                    assert_eq!(round, 0, "hot object {hot} lost in round {round}");
+                    cache.insert(hot as Addr, 0, object());
+                }
+            }
+            for cold in 0..200u64 {
+                let addr = (1_000 + round * 1_000 + cold) as Addr;
+                assert!(cache.get(addr, 16 << 10, 0).is_none());
+                cache.insert(addr, 0, object());
+            }
+        }
     }
 
     /// A seeded generator for the trace (splitmix64).
@@ -247,14 +372,49 @@ mod tests {
         }
     }
 
+    /// Hit ratios, one per budget.
+    #[derive(Debug)]
+    struct Ratios {
+        share: f64,
+        whole_lru: f64,
+        fragments_lru: f64,
+        whole_clock: f64,
+        fragments_clock: f64,
+    }
+
+    /// The thesis's modified Zipf law (its section 5.3.1): four
+    /// popularity classes holding 10%, 10%, 40% and 40% of the objects,
+    /// class i drawn with weight 1/i^0.9, then an object of it at random.
+    fn trace(rng: &mut Rng, objects: usize, requests: usize) -> Vec<usize> {
+        let classes = [objects / 10, objects / 10, objects * 2 / 5, objects * 2 / 5];
+        let weights: Vec<f64> = (1..=classes.len())
+            .map(|i| 1.0 / (i as f64).powf(0.9))
+            .collect();
+        let total: f64 = weights.iter().sum();
+        (0..requests)
+            .map(|_| {
+                let mut u = rng.unit() * total;
+                let mut first = 0;
+                for (class, &w) in classes.iter().zip(&weights) {
+                    if u < w {
+                        return first + (rng.next() % *class as u64) as usize;
+                    }
+                    u -= w;
+                    first += class;
+                }
+                objects - 1
+            })
+            .collect()
+    }
+
     /// Hit ratios of whole-object caching at the node of fragment 0
-    /// against fragment caching at every node, with LRU caches of the
-    /// same total byte budget, under a modified Zipf(0.9) trace (the
-    /// thesis's section 5.3, on this module's LRU): 12 nodes, 20,000 objects of
-    /// 4+2 fragments on distinct nodes, 200,000 Gets reading the 4 data
-    /// fragments; a fragment-cached Get hits only when all 4 are cached.
-    /// Returns (whole, fragments) per budget.
-    fn hit_ratios(shape: (usize, usize, usize, usize), budgets: &[f64]) -> Vec<(f64, f64, f64)> {
+    /// against fragment caching at every node, with caches of the same
+    /// total byte budget, each under LRU (as the thesis's section 5.3
+    /// measured) and under this module's Clock-PRO: `nodes` nodes,
+    /// `objects` objects of k data fragments among n on distinct nodes,
+    /// 200,000 Gets reading the k data fragments; a fragment-cached Get
+    /// hits only when all k are cached.
+    fn hit_ratios(shape: (usize, usize, usize, usize), budgets: &[f64]) -> Vec<Ratios> {
         let (nodes, objects, k, n) = shape;
         let requests = 200_000usize;
         let mut rng = Rng(42);
@@ -270,70 +430,53 @@ mod tests {
                 chosen
             })
             .collect();
-        // The thesis's modified Zipf law (its section 5.3.1): four
-        // popularity classes holding 10%, 10%, 40% and 40% of the objects,
-        // class i drawn with weight 1/i^0.9, then an object of it at
-        // random.
-        let classes = [objects / 10, objects / 10, objects * 2 / 5, objects * 2 / 5];
-        let weights: Vec<f64> = (1..=classes.len())
-            .map(|i| 1.0 / (i as f64).powf(0.9))
-            .collect();
-        let total: f64 = weights.iter().sum();
-        let trace: Vec<usize> = (0..requests)
-            .map(|_| {
-                let mut u = rng.unit() * total;
-                let mut first = 0;
-                for (class, &w) in classes.iter().zip(&weights) {
-                    if u < w {
-                        return first + (rng.next() % *class as u64) as usize;
-                    }
-                    u -= w;
-                    first += class;
+        let trace = trace(&mut rng, objects, requests);
+        let run = |share: f64, clock: bool| {
+            // A node's budget, in fragments: `share` of the fragments it
+            // holds on average (a whole object costs k of them).
+            let per_node = ((objects * n / nodes) as f64 * share) as u64;
+            let mut whole: Vec<Box<dyn Policy<usize>>> =
+                (0..nodes).map(|_| policy(clock, per_node)).collect();
+            let mut parts: Vec<Box<dyn Policy<(usize, usize)>>> =
+                (0..nodes).map(|_| policy(clock, per_node)).collect();
+            let (mut whole_hits, mut part_hits) = (0usize, 0usize);
+            for &object in &trace {
+                let at = &placement[object];
+                whole_hits += usize::from(whole[at[0]].read(object, k as u64));
+                let mut all = true;
+                for (index, &node) in at.iter().enumerate().take(k) {
+                    all &= parts[node].read((object, index), 1);
                 }
-                objects - 1
-            })
-            .collect();
+                part_hits += usize::from(all);
+            }
+            let ratio = |hits: usize| hits as f64 / requests as f64;
+            (ratio(whole_hits), ratio(part_hits))
+        };
         budgets
             .iter()
             .map(|&share| {
-                // A node's budget, in fragments: `share` of the fragments
-                // it holds on average (a whole object costs k of them).
-                let per_node = ((objects * n / nodes) as f64 * share) as u64;
-                let mut whole: Vec<Lru<usize, ()>> =
-                    (0..nodes).map(|_| Lru::new(per_node)).collect();
-                let mut parts: Vec<Lru<(usize, usize), ()>> =
-                    (0..nodes).map(|_| Lru::new(per_node)).collect();
-                let (mut whole_hits, mut part_hits) = (0usize, 0usize);
-                for &object in &trace {
-                    let at = &placement[object];
-                    if whole[at[0]].get(&object).is_some() {
-                        whole_hits += 1;
-                    } else {
-                        whole[at[0]].insert(object, (), k as u64);
-                    }
-                    let mut all = true;
-                    for (index, &node) in at.iter().enumerate().take(k) {
-                        if parts[node].get(&(object, index)).is_none() {
-                            all = false;
-                            parts[node].insert((object, index), (), 1);
-                        }
-                    }
-                    part_hits += usize::from(all);
+                let (whole_lru, fragments_lru) = run(share, false);
+                let (whole_clock, fragments_clock) = run(share, true);
+                Ratios {
+                    share,
+                    whole_lru,
+                    fragments_lru,
+                    whole_clock,
+                    fragments_clock,
                 }
-                let ratio = |hits: usize| hits as f64 / requests as f64;
-                (share, ratio(whole_hits), ratio(part_hits))
             })
             .collect()
     }
 
     #[test]
     fn whole_objects_hit_more_often_than_fragments_in_the_same_budget() {
-        for (share, whole, fragments) in hit_ratios(SHAPE, &[0.01, 0.05]) {
+        for r in hit_ratios(SHAPE, &[0.01, 0.05]) {
             // The thesis reports +4-18% (relative) in its LRU runs.
-            assert!(
-                whole >= fragments * 1.02,
-                "budget {share}: whole-object {whole:.3} against fragments {fragments:.3}"
-            );
+            assert!(r.whole_lru >= r.fragments_lru * 1.02, "{r:?}");
+            // The policy kept must beat the thesis's LRU clearly. (Under
+            // it, caching fragments does as well as caching objects on
+            // this trace: docs/benchmarks.md says so.)
+            assert!(r.whole_clock >= r.whole_lru * 1.1, "{r:?}");
         }
     }
 
@@ -342,15 +485,17 @@ mod tests {
     #[test]
     #[ignore]
     fn object_cache_hit_ratios() {
+        println!("shape (nodes, objects, k, n) | budget | whole LRU | fragments LRU | whole Clock-PRO | fragments Clock-PRO");
         for shape in [SHAPE, (100, 100_000, 4, 6), (100, 100_000, 10, 12)] {
-            println!("{shape:?}");
-            for (share, whole, fragments) in hit_ratios(shape, &[0.01, 0.05, 0.1]) {
+            for r in hit_ratios(shape, &[0.01, 0.05, 0.1]) {
                 println!(
-                "budget {share}: whole-object LRU {:.1}% hits, fragment LRU {:.1}% (+{:.1} points)",
-                whole * 100.0,
-                fragments * 100.0,
-                (whole - fragments) * 100.0
-            );
+                    "{shape:?} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}%",
+                    r.share,
+                    r.whole_lru * 100.0,
+                    r.fragments_lru * 100.0,
+                    r.whole_clock * 100.0,
+                    r.fragments_clock * 100.0
+                );
             }
         }
     }
