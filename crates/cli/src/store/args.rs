@@ -275,6 +275,12 @@ pub struct StatusArgs {
     pub(super) probes: u16,
     #[command(flatten)]
     pub(super) tenant: TenantArg,
+    /// With the cluster key (--key FILE or STRATA_CLUSTER_KEY), the table
+    /// also shows each metadata node's repair since it started: replica
+    /// copies and fragment rebuilds started, committed, failed, under way,
+    /// and damaged replicas waiting.
+    #[command(flatten)]
+    pub(super) key: KeyArg,
 }
 
 /// `strata store bench` arguments.

@@ -2,20 +2,106 @@
 //! printed for people or as JSON.
 
 use super::*;
+use strata_store_client::admin::RepairCounts;
+use strata_store_protocol::auth::ClusterKey;
 
 pub(super) fn status(args: &StatusArgs) -> Result<i32> {
     let c = &args.cluster;
     if args.client {
         return client_status(args);
     }
-    let table = runtime()?
+    let rt = runtime()?;
+    let table = rt
         .block_on(strata_store_client::transport::fetch_table(c.cluster, None))
         .with_context(|| format!("no orchestrator answered at {}", c.cluster))?;
+    // Repair counts need the cluster key; without one the table alone.
+    let repair = match &args.key.path {
+        Some(_) => Some(rt.block_on(repair_counts(&table, &args.key.load(&[])?))),
+        None => None,
+    };
     match c.output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&table_json(&table))?),
-        Output::Human => print_table(&table),
+        Output::Json => {
+            let mut shown = table_json(&table);
+            if let Some(repair) = &repair {
+                shown["repair"] = repair_json(repair);
+            }
+            println!("{}", serde_json::to_string_pretty(&shown)?)
+        }
+        Output::Human => {
+            print_table(&table);
+            match &repair {
+                Some(repair) => print_repair(repair),
+                None => println!("(repair counts: give --key FILE, the cluster key)"),
+            }
+        }
     }
     Ok(0)
+}
+
+/// One metadata node's repair counts, or why they could not be read.
+type NodeRepair = (u16, SocketAddr, std::result::Result<RepairCounts, String>);
+
+/// Asks each metadata node of `table` for its repair counts, one after
+/// the other (a node that does not answer is reported, not fatal).
+async fn repair_counts(table: &Table, key: &ClusterKey) -> Vec<NodeRepair> {
+    let mut nodes = Vec::with_capacity(table.mns.len());
+    for m in &table.mns {
+        let counts = strata_store_client::admin::repair_counts(m.endpoint, key)
+            .await
+            .map_err(|e| e.to_string());
+        nodes.push((m.slot, m.endpoint, counts));
+    }
+    nodes
+}
+
+fn repair_json(nodes: &[NodeRepair]) -> serde_json::Value {
+    let total = nodes.iter().filter_map(|(_, _, r)| r.as_ref().ok()).fold(
+        RepairCounts::default(),
+        |mut sum, r| {
+            sum.copies_started += r.copies_started;
+            sum.rebuilds_started += r.rebuilds_started;
+            sum.committed += r.committed;
+            sum.failed += r.failed;
+            sum.in_flight += r.in_flight;
+            sum.damaged_waiting += r.damaged_waiting;
+            sum
+        },
+    );
+    let counts = |r: &RepairCounts| {
+        json!({
+            "copies_started": r.copies_started,
+            "rebuilds_started": r.rebuilds_started,
+            "committed": r.committed,
+            "failed": r.failed,
+            "in_flight": r.in_flight,
+            "damaged_waiting": r.damaged_waiting,
+        })
+    };
+    json!({
+        "total": counts(&total),
+        "metadata_nodes": nodes.iter().map(|(slot, endpoint, r)| match r {
+            Ok(r) => json!({"slot": slot, "endpoint": endpoint.to_string(), "counts": counts(r)}),
+            Err(e) => json!({"slot": slot, "endpoint": endpoint.to_string(), "error": e}),
+        }).collect::<Vec<_>>(),
+    })
+}
+
+fn print_repair(nodes: &[NodeRepair]) {
+    for (slot, endpoint, r) in nodes {
+        match r {
+            Ok(r) => println!(
+                "repair on mn slot {slot}: {} replica copies and {} fragment rebuilds started, \
+                 {} committed, {} failed, {} under way, {} damaged replicas waiting",
+                r.copies_started,
+                r.rebuilds_started,
+                r.committed,
+                r.failed,
+                r.in_flight,
+                r.damaged_waiting
+            ),
+            Err(e) => println!("repair on mn slot {slot} ({endpoint}): no answer: {e}"),
+        }
+    }
 }
 
 /// `strata store status --client`: probes every storage node, then

@@ -407,6 +407,25 @@ pub enum Body {
         /// The replica that failed.
         replica: Addr,
     },
+    /// Operator → metadata node, sealed with the cluster key: what has
+    /// your repair done since you started? Answered
+    /// [`Body::RepairCounts`] (`strata store status`).
+    GetRepairCounts,
+    /// Metadata node → operator: its repair counters since it started.
+    RepairCounts {
+        /// Replica copies started.
+        copies_started: u64,
+        /// Erasure-coded fragment rebuilds started.
+        rebuilds_started: u64,
+        /// Copies and rebuilds committed into their record.
+        committed: u64,
+        /// Copies and rebuilds that failed or were overtaken.
+        failed: u64,
+        /// Copies and rebuilds under way.
+        in_flight: u64,
+        /// Replica addresses reported damaged and not repaired yet.
+        damaged_waiting: u64,
+    },
     /// Storage node → metadata node: which of these replica addresses do
     /// your records name? (Garbage collection of unreferenced replicas.)
     Referenced {

@@ -161,6 +161,15 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
         Kind::DamagedReplicas => Body::DamagedReplicas {
             addrs: get_bounded_addrs(r, MAX_DAMAGED, "damaged replicas in one report")?,
         },
+        Kind::GetRepairCounts => Body::GetRepairCounts,
+        Kind::RepairCounts => Body::RepairCounts {
+            copies_started: r.u64()?,
+            rebuilds_started: r.u64()?,
+            committed: r.u64()?,
+            failed: r.u64()?,
+            in_flight: r.u64()?,
+            damaged_waiting: r.u64()?,
+        },
         Kind::BadReplica => Body::BadReplica {
             name: r.name()?,
             replica: r.addr()?,

@@ -242,6 +242,26 @@ impl Msg {
                     w.addr(a);
                 }
             }
+            Body::GetRepairCounts => {}
+            Body::RepairCounts {
+                copies_started,
+                rebuilds_started,
+                committed,
+                failed,
+                in_flight,
+                damaged_waiting,
+            } => {
+                for count in [
+                    copies_started,
+                    rebuilds_started,
+                    committed,
+                    failed,
+                    in_flight,
+                    damaged_waiting,
+                ] {
+                    w.u64(*count);
+                }
+            }
             Body::BadReplica { name, replica } => {
                 w.str(name);
                 w.addr(*replica);

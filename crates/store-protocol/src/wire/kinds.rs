@@ -113,11 +113,15 @@ pub enum Kind {
     BadReplica = 41,
     /// [`Body::PostEmpty`].
     PostEmpty = 42,
+    /// [`Body::GetRepairCounts`].
+    GetRepairCounts = 43,
+    /// [`Body::RepairCounts`].
+    RepairCounts = 44,
 }
 
 /// The one table of message kinds: each kind, in number order, with its
 /// class. Encoding, decoding and the gate all read it.
-const KINDS: [(Kind, Class); 42] = [
+const KINDS: [(Kind, Class); 44] = [
     (Kind::PostBegin, Class::TenantRequest),
     (Kind::PostPlan, Class::Answer),
     (Kind::PostCommit, Class::TenantRequest),
@@ -160,6 +164,8 @@ const KINDS: [(Kind, Class); 42] = [
     (Kind::DamagedReplicas, Class::Internal),
     (Kind::BadReplica, Class::TenantRequest),
     (Kind::PostEmpty, Class::TenantRequest),
+    (Kind::GetRepairCounts, Class::Internal),
+    (Kind::RepairCounts, Class::Answer),
 ];
 
 // The table is in number order from 1, so a kind's row is found by its
@@ -263,6 +269,8 @@ impl Body {
             Body::DamagedReplicas { .. } => Kind::DamagedReplicas,
             Body::BadReplica { .. } => Kind::BadReplica,
             Body::PostEmpty { .. } => Kind::PostEmpty,
+            Body::GetRepairCounts => Kind::GetRepairCounts,
+            Body::RepairCounts { .. } => Kind::RepairCounts,
         }
     }
 }

@@ -370,6 +370,15 @@ mod tests {
                 name: "acme/x".into(),
                 replica: 1 << 90 | 5,
             },
+            Body::GetRepairCounts,
+            Body::RepairCounts {
+                copies_started: 1,
+                rebuilds_started: 2,
+                committed: 3,
+                failed: 4,
+                in_flight: 5,
+                damaged_waiting: u64::MAX,
+            },
         ]
     }
 
@@ -390,8 +399,8 @@ mod tests {
             assert_eq!(is_answer(kind as u8), class == Class::Answer);
             assert_eq!(is_control(kind as u8), class == Class::Control);
         }
-        assert_eq!(Kind::all().count(), 42);
-        for unknown in [0, 43, 63, 255] {
+        assert_eq!(Kind::all().count(), 44);
+        for unknown in [0, 45, 63, 255] {
             assert_eq!(Kind::from_number(unknown), None);
             assert!(!is_client_request(unknown) && !is_answer(unknown) && !is_control(unknown));
         }
@@ -409,7 +418,7 @@ mod tests {
         );
         assert_eq!(
             numbers(Class::Answer),
-            [2, 7, 10, 13, 14, 16, 18, 23, 25, 28, 34, 36, 39]
+            [2, 7, 10, 13, 14, 16, 18, 23, 25, 28, 34, 36, 39, 44]
         );
         assert_eq!(numbers(Class::Control), [20, 30]);
         assert_eq!(KIND_GET_TABLE, 15);
