@@ -512,9 +512,10 @@ impl DataArgs {
 /// RS3, the storage nodes' read scheduler (docs/design/rs3.md).
 #[derive(Args)]
 pub struct ScheduleArgs {
-    /// Serve the storage nodes' `GET /metrics` (Prometheus text: scrub
+    /// Serve `GET /metrics` (Prometheus text: the storage nodes' scrub
     /// progress and damaged replicas, RS3's per-class bytes, queue depth
-    /// and latency) on this TCP endpoint; stated on the readiness line.
+    /// and latency, object cache; the metadata nodes' repair counts) on
+    /// this TCP endpoint; stated on the readiness line.
     /// Default: not served.
     #[arg(long, value_name = "ADDR")]
     pub(super) metrics: Option<SocketAddr>,

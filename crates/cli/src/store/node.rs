@@ -40,9 +40,16 @@ pub(super) fn node(cmd: NodeCommand) -> Result<i32> {
                     .await
                     .context("could not add the metadata node")?;
                     let registered = register_added_node(&key, cluster.cluster);
+                    let repair = vec![(mn.slot, mn.repair_stats())];
+                    let metrics =
+                        super::up::serve_metrics(schedule.metrics, Vec::new(), repair).await?;
                     println!(
-                        "strata store: metadata node slot {} on {}",
-                        mn.slot, mn.endpoint
+                        "strata store: metadata node slot {} on {}{}",
+                        mn.slot,
+                        mn.endpoint,
+                        metrics.as_ref().map_or(String::new(), |(at, _)| format!(
+                            ", metrics on http://{at}/metrics"
+                        )),
                     );
                     std::io::stdout().flush()?;
                     crate::serve::wait_for_signal().await;

@@ -207,8 +207,8 @@ pub fn wait_until_long(what: &str, limit: Duration, mut f: impl FnMut() -> bool)
 }
 
 /// A `strata store node add` process (a node of its own, so it can be
-/// killed with SIGKILL), killed on drop.
-pub struct Node(pub Child);
+/// killed with SIGKILL), killed on drop; with its readiness line.
+pub struct Node(pub Child, pub String);
 
 impl Node {
     pub fn add(store: &Store, dir: &Path, role: &str) -> Node {
@@ -229,7 +229,7 @@ impl Node {
             .read_line(&mut line)
             .unwrap();
         assert!(line.starts_with("strata store:"), "{line:?}");
-        Node(child)
+        Node(child, line)
     }
 
     pub fn kill9(&mut self) {

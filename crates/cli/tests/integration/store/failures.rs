@@ -77,8 +77,24 @@ fn kill_9_of_a_storage_node_then_a_metadata_node_under_load() {
     std::thread::sleep(Duration::from_millis(1000));
     mn.kill9();
     std::thread::sleep(Duration::from_millis(2500));
-    let _mn = Node::add(&store, &dir.path().join("mn-extra"), "mn");
+    let mn = Node::add_with(
+        &store,
+        &dir.path().join("mn-extra"),
+        "mn",
+        &["--metrics", "127.0.0.1:0"],
+    );
     std::thread::sleep(Duration::from_millis(1500));
+    // A metadata node of its own serves its repair counts on /metrics.
+    let at =
+        mn.1.split("metrics on http://")
+            .nth(1)
+            .expect("a metrics endpoint");
+    let text = super::rs3::metrics(at.trim().trim_end_matches("/metrics"));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("strata_repair_copies_started_total{slot=")),
+        "no repair counts on the metadata node's /metrics:\n{text}"
+    );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let load = load.join().unwrap();
     eprintln!(

@@ -31,7 +31,7 @@ fn a_storage_node_added_to_a_running_cluster_takes_new_objects() {
     BufReader::new(add.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let _add = Node(add); // killed on drop, even if an assertion fails
+    let _add = Node(add, String::new()); // killed on drop, even if an assertion fails
     assert!(line.contains("prefix index 2"), "{line}");
     wait_until("the new node in the table", || {
         store.status()["storage_nodes"].as_array().unwrap().len() == 2
