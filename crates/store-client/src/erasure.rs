@@ -6,6 +6,7 @@
 //! [`StorageClass::ErasureCoded`]: strata_store_protocol::class::StorageClass
 
 use crate::stream::read_status;
+use crate::transport::{guarded, Guarded, REPLY_STALL};
 use reed_solomon_simd::{ReedSolomonDecoder, ReedSolomonEncoder};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -142,7 +143,7 @@ pub struct FragmentSource {
 /// [`POOL_TOTAL`] in all.
 #[derive(Debug, Default)]
 pub struct StreamPool {
-    idle: Mutex<HashMap<SocketAddr, Vec<TcpStream>>>,
+    idle: Mutex<HashMap<SocketAddr, Vec<Guarded<TcpStream>>>>,
 }
 
 /// Idle connections a [`StreamPool`] keeps per node.
@@ -151,11 +152,11 @@ pub const POOL_PER_NODE: usize = 16;
 pub const POOL_TOTAL: usize = 256;
 
 impl StreamPool {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, Vec<TcpStream>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, Vec<Guarded<TcpStream>>>> {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn take(&self, endpoint: SocketAddr) -> Option<TcpStream> {
+    fn take(&self, endpoint: SocketAddr) -> Option<Guarded<TcpStream>> {
         let mut idle = self.lock();
         let stream = idle.get_mut(&endpoint).and_then(Vec::pop);
         if idle.get(&endpoint).is_some_and(Vec::is_empty) {
@@ -164,7 +165,7 @@ impl StreamPool {
         stream
     }
 
-    fn keep(&self, endpoint: SocketAddr, stream: TcpStream) {
+    fn keep(&self, endpoint: SocketAddr, stream: Guarded<TcpStream>) {
         let mut idle = self.lock();
         if idle.values().map(Vec::len).sum::<usize>() >= POOL_TOTAL {
             return;
@@ -180,7 +181,7 @@ impl StreamPool {
 struct OpenFragment {
     index: usize,
     addr: Addr,
-    stream: BufReader<TcpStream>,
+    stream: BufReader<Guarded<TcpStream>>,
     crc: u32,
     /// Where the stream goes back once the fragment is read whole.
     home: Option<(SocketAddr, Arc<StreamPool>)>,
@@ -204,12 +205,12 @@ async fn open_fragment(source: FragmentSource, len: u64, skip: u64) -> Result<Op
             Ok(answer) => answer,
             Err(_) => {
                 let stream = crate::transport::connect_data(source.endpoint).await?;
-                ask_fragment(stream, &source.request, io).await?
+                ask_fragment(guarded(stream, REPLY_STALL), &source.request, io).await?
             }
         },
         None => {
             let stream = crate::transport::connect_data(source.endpoint).await?;
-            ask_fragment(stream, &source.request, io).await?
+            ask_fragment(guarded(stream, REPLY_STALL), &source.request, io).await?
         }
     };
     if have != len {
@@ -246,10 +247,10 @@ async fn open_fragment(source: FragmentSource, len: u64, skip: u64) -> Result<Op
 /// Sends a fragment's Get `request` on `stream` and reads the answer's
 /// status and size.
 async fn ask_fragment(
-    mut stream: TcpStream,
+    mut stream: Guarded<TcpStream>,
     request: &[u8],
     io: impl Fn(std::io::Error) -> Error + Copy,
-) -> Result<(BufReader<TcpStream>, u64), Error> {
+) -> Result<(BufReader<Guarded<TcpStream>>, u64), Error> {
     stream.write_all(request).await.map_err(io)?;
     let mut stream = BufReader::with_capacity(FRAGMENT_BUFFER, stream);
     read_status(&mut stream, "reading a fragment").await?;

@@ -159,9 +159,39 @@ pub async fn fetch_table(on: SocketAddr, key: Option<&ClusterKey>) -> Result<Tab
 /// endpoint the prefix table gave), with Nagle's delay off: requests and
 /// replies are small, and each waits for the other.
 pub async fn connect_data(endpoint: SocketAddr) -> Result<TcpStream, Error> {
-    let stream = TcpStream::connect(endpoint)
+    let io = |e| Error::io(format!("connecting to storage node {endpoint}"), e);
+    // A node cut off by a partition drops the SYN: without a bound the
+    // kernel retries for about two minutes.
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(endpoint))
         .await
-        .map_err(|e| Error::io(format!("connecting to storage node {endpoint}"), e))?;
+        .map_err(|_| io(std::io::ErrorKind::TimedOut.into()))?
+        .map_err(io)?;
     let _ = stream.set_nodelay(true);
     Ok(stream)
+}
+
+/// Longest a data connection to a storage node may take to open.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Longest a reader of a storage node's reply waits for its next byte
+/// when another replica or fragment could serve instead: then it gives
+/// that node up. A node that stops answering, stopped or cut off by a
+/// partition while its connections stay open, would otherwise hold a
+/// Get forever.
+pub const REPLY_STALL: Duration = Duration::from_secs(5);
+
+/// The same wait for the last replica left to try: a node that is only
+/// slow (its link shaped, its Gets queued behind big streams by RS3)
+/// gets the time to answer, since failing gains nothing.
+pub const LAST_REPLY_STALL: Duration = Duration::from_secs(120);
+
+/// A reply stream that fails with `TimedOut` once no byte has come for
+/// its stall limit.
+pub type Guarded<R> = std::pin::Pin<Box<tokio_io_timeout::TimeoutReader<R>>>;
+
+/// Guards `reader` with the stall limit `stall` (see [`Guarded`]).
+pub fn guarded<R: tokio::io::AsyncRead>(reader: R, stall: Duration) -> Guarded<R> {
+    let mut reader = tokio_io_timeout::TimeoutReader::new(reader);
+    reader.set_timeout(Some(stall));
+    Box::pin(reader)
 }

@@ -8,7 +8,7 @@ use super::report::refused_as_damaged;
 use super::{checked_name, Client, META_ATTEMPTS, META_TIMEOUT_MS};
 use crate::erasure::{FragmentReader, FragmentSource};
 use crate::stream::{read_get_body, read_status};
-use crate::transport::request_id;
+use crate::transport::{guarded, request_id, LAST_REPLY_STALL, REPLY_STALL};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use strata_store_protocol::addr::Addr;
@@ -158,8 +158,14 @@ impl Client {
         // Replicas that served bad bytes or were refused as damaged:
         // reported once another one has served the object.
         let mut damaged = Vec::new();
-        for index in self.replica_order(&replicas) {
+        let order = self.replica_order(&replicas);
+        for (position, &index) in order.iter().enumerate() {
             let replica = replicas[index];
+            // Give a silent node up only while another replica is left.
+            let stall = match position + 1 == order.len() {
+                true => LAST_REPLY_STALL,
+                false => REPLY_STALL,
+            };
             let addr = replica.addr;
             // An idle connection the node closed meanwhile fails before any
             // byte of the object arrives: try that replica again afresh.
@@ -178,7 +184,7 @@ impl Client {
                     }
                 };
                 let request = Request::Get { addr }.encode(Credential::Ticket(ticket));
-                let answer = read_replica(stream, &replica, request, record, out, progress);
+                let answer = read_replica(stream, &replica, request, record, out, progress, stall);
                 match answer.await {
                     Ok((stream, latency)) => {
                         self.read_sample(&replica, Some(latency));
@@ -350,7 +356,9 @@ impl Client {
             self.read_sample(&first, None);
             return false;
         };
-        match read_replica(stream, &first, request, record, out, progress).await {
+        // The fragments are the fallback: a silent node is given up.
+        let read = read_replica(stream, &first, request, record, out, progress, REPLY_STALL);
+        match read.await {
             Ok((stream, latency)) => {
                 self.read_sample(&first, Some(latency));
                 if let Some(stream) = stream {
@@ -387,7 +395,7 @@ const LATENCY_SAMPLE_BYTES: u64 = 64 * 1024;
 /// checked against `record`. Gives the stream back at a request
 /// boundary (`None` if it is out of step) and the node's latency sample
 /// (see [`LATENCY_SAMPLE_BYTES`]), or the error and whether the node had
-/// started answering.
+/// started answering. A node silent for `stall` has failed.
 async fn read_replica<W: AsyncWrite + Unpin>(
     mut s: TcpStream,
     replica: &Replica,
@@ -395,6 +403,7 @@ async fn read_replica<W: AsyncWrite + Unpin>(
     record: &Record,
     out: &mut W,
     progress: &(dyn Fn(u64) + Sync),
+    stall: Duration,
 ) -> Result<(Option<TcpStream>, Duration), (Error, bool)> {
     let io = |e| Error::io("reading object data", e);
     let start = Instant::now();
@@ -404,7 +413,7 @@ async fn read_replica<W: AsyncWrite + Unpin>(
     // Buffered, so that a small reply's status, size, data and trailer
     // take one receive instead of one each; reads of a large body's
     // chunks bypass the buffer.
-    let mut reply = BufReader::with_capacity(REPLY_BUFFER, &mut s);
+    let mut reply = BufReader::with_capacity(REPLY_BUFFER, guarded(&mut s, stall));
     read_status(&mut reply, "reading the replica")
         .await
         .map_err(before)?;
@@ -435,6 +444,7 @@ async fn read_replica<W: AsyncWrite + Unpin>(
     // The node sends nothing past the trailer until asked again: bytes
     // left over mean the stream is out of step, and it is not kept.
     let in_step = reply.buffer().is_empty();
+    drop(reply);
     out.flush()
         .await
         .map_err(|e| after(Error::io("writing the output", e)))?;

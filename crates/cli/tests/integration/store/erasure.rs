@@ -378,3 +378,126 @@ fn cached_gets_never_return_old_bytes_after_an_overwrite_or_delete() {
         "no Get read the new bytes"
     );
 }
+
+/// Runs `strata obj get NAME` and checks it returns `want` within
+/// `limit` (a Get that hangs fails the test instead of holding it).
+fn get_within(store: &Store, dir: &Path, name: &str, want: &[u8], limit: Duration) {
+    let out = dir.join("got-in-time");
+    let _ = std::fs::remove_file(&out);
+    let mut get = store.command(&["obj", "get", name, &p(&out)]);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = get.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = get.kill();
+            let _ = get.wait();
+            panic!("the Get of {name} still runs after {limit:?}: it hangs");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = get.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    assert!(status.success(), "the Get of {name} failed: {err}");
+    assert!(
+        std::fs::read(&out).unwrap() == want,
+        "{name} read back wrong"
+    );
+}
+
+/// A storage node that stops answering while its connections stay open
+/// (SIGSTOP: what its clients see of a network partition, before the
+/// orchestrator's timers mark it down): Gets of erasure-coded objects
+/// whose fragment 0 it holds, which go to it first, and of objects with
+/// a replica on it come back whole and exact, in bounded time, from the
+/// other nodes.
+#[test]
+fn gets_go_around_a_storage_node_that_stops_answering() {
+    let dir = tmp();
+    let store = Store::up(
+        &dir.path().join("cluster"),
+        &[
+            "--mn",
+            "1",
+            "--sn",
+            "0",
+            "--replication",
+            "1,1,3,3",
+            "--bucket-class",
+            "ec=ec(4,2)",
+            // The stopped node stays `up` in the table throughout: the
+            // clients alone must go around it.
+            "--short-failure-ms",
+            "300000",
+        ],
+    );
+    let nodes: Vec<Node> = (0..6)
+        .map(|i| Node::add(&store, &dir.path().join(format!("sn-{i}")), "sn"))
+        .collect();
+    wait_until("6 storage nodes up with room", || {
+        let status = store.status();
+        let sns = status["storage_nodes"].as_array().unwrap();
+        sns.len() == 6
+            && sns
+                .iter()
+                .all(|s| s["state"] == "up" && s["free"].as_u64() > Some(1 << 30))
+    });
+    let mut objects = Vec::new();
+    for (i, name) in ["ec/a", "ec/b", "ec/c", "r/a", "r/b"].iter().enumerate() {
+        let data = pattern(1 << 20, 90 + i as u64);
+        let src = dir.path().join(format!("src-{i}"));
+        std::fs::write(&src, &data).unwrap();
+        // The metadata node learns of the added nodes with its next
+        // table refresh.
+        wait_until("a Post placed", || {
+            store.run(&["obj", "put", &p(&src), name]).status.success()
+        });
+        objects.push((name.to_string(), data));
+    }
+    // The node of ec/a's fragment 0, by its prefix, then its endpoint.
+    let first = fragments_of(&store, "ec/a")[0].clone();
+    let status = store.status();
+    let endpoint = status["storage_nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| {
+            let prefix = s["prefix"].as_str().unwrap().trim_end_matches("::/64");
+            first.starts_with(&format!("{prefix}:"))
+        })
+        .expect("the node of fragment 0")["endpoint"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let stopped = nodes
+        .iter()
+        .find(|n| n.1.contains(&endpoint))
+        .expect("fragment 0 on an added node");
+    let pid = stopped.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    for (name, data) in &objects {
+        get_within(&store, dir.path(), name, data, Duration::from_secs(30));
+    }
+    assert_eq!(
+        store.status()["storage_nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["state"] == "up")
+            .count(),
+        6,
+        "the stopped node must still be `up` in the table for this test to mean anything"
+    );
+    assert!(Command::new("kill")
+        .args(["-CONT", &pid])
+        .status()
+        .unwrap()
+        .success());
+}
