@@ -15,11 +15,12 @@ need=()
 # tests (crates/cli/tests/integration/s3.rs) use aws-cli, boto3, rclone and
 # s3fs (which mounts through /dev/fuse and unmounts with umount). `strata
 # bench`'s tests (crates/cli/tests/integration/bench.rs) run fio's nbd and
-# null engines, and qemu-storage-daemon for the QEMU provider.
+# null engines, and qemu-storage-daemon for the QEMU provider; its HTML
+# report is rendered and screenshot in headless Chromium.
 for tool in qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils qemu-storage-daemon:qemu-utils \
   nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:python3-libnbd fio:fio nbdkit:nbdkit \
   fincore:util-linux-extra openssl:openssl strace:strace aws:awscli \
-  rclone:rclone s3fs:s3fs; do
+  rclone:rclone s3fs:s3fs chromium:chromium; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 python3 -c "import boto3" 2>/dev/null || need+=(python3-boto3)

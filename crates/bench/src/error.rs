@@ -27,6 +27,9 @@ pub enum Error {
     /// The provider could not be started, reached or cleaned up.
     #[error("{0}")]
     Provider(String),
+    /// The HTML report could not be drawn.
+    #[error("{0}")]
+    Report(String),
     /// A run directory's contents are not what `strata bench` writes.
     #[error("{}: {message}", path.display())]
     RunDirectory {

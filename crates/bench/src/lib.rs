@@ -6,11 +6,13 @@
 //! drives a provider ([`provider`]: Strata's volume daemon, or a null
 //! provider as the ceiling), records one JSON line per operation and the
 //! workloads' I/O per second ([`record`]), cleans up everything it made,
-//! and a report ([`report`]) summarizes or compares runs. Never prints:
+//! and a report ([`report`]) summarizes or compares runs, or draws them
+//! on an HTML page ([`html`]). Never prints:
 //! progress goes to the caller as events.
 
 pub mod cleanup;
 pub mod error;
+pub mod html;
 pub mod inventory;
 pub mod provider;
 pub mod rate;

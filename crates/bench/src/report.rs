@@ -98,8 +98,19 @@ fn sorted(mut values: Vec<f64>) -> Vec<f64> {
     values
 }
 
-/// Reads a run directory and summarizes it.
-pub fn summarize(dir: &Path) -> Result<Summary> {
+/// What a run directory holds: its identity, its records and its I/O
+/// series.
+pub struct RunData {
+    /// `run.json`.
+    pub info: RunInfo,
+    /// `records.jsonl`.
+    pub records: Vec<Record>,
+    /// `io.jsonl` (empty when the run had no workload).
+    pub samples: Vec<IoSample>,
+}
+
+/// Reads a run directory.
+pub fn load(dir: &Path) -> Result<RunData> {
     let info = RunInfo::load(dir)?;
     let records: Vec<Record> = read_lines(&dir.join(RECORDS))?;
     let io_path = dir.join(IO_SERIES);
@@ -108,16 +119,42 @@ pub fn summarize(dir: &Path) -> Result<Summary> {
     } else {
         Vec::new()
     };
-    Ok(Summary {
-        run_id: info.run_id,
-        provider: info.provider,
+    Ok(RunData {
+        info,
+        records,
+        samples,
+    })
+}
+
+/// Reads a run directory and summarizes it.
+pub fn summarize(dir: &Path) -> Result<Summary> {
+    Ok(summary_of(&load(dir)?))
+}
+
+/// The summary of a run's data.
+pub fn summary_of(data: &RunData) -> Summary {
+    let info = &data.info;
+    Summary {
+        run_id: info.run_id.clone(),
+        provider: info.provider.clone(),
         seed: info.seed,
         duration: info.duration,
         interrupted: info.interrupted,
-        records: records.len() as u64,
-        operations: operations(&records, info.duration),
-        workloads: workloads(&samples),
-    })
+        records: data.records.len() as u64,
+        operations: operations(&data.records, info.duration),
+        workloads: workloads(&data.samples),
+    }
+}
+
+/// The latencies (end − start, in milliseconds) of `records` that
+/// succeeded, sorted.
+pub fn latencies<'a>(records: impl Iterator<Item = &'a Record>) -> Vec<f64> {
+    sorted(
+        records
+            .filter(|r| r.status == Status::Ok)
+            .map(|r| (r.end - r.start) * 1000.0)
+            .collect(),
+    )
 }
 
 fn operations(records: &[Record], duration: f64) -> Vec<OperationSummary> {
@@ -136,7 +173,7 @@ fn operations(records: &[Record], duration: f64) -> Vec<OperationSummary> {
             let list = &groups[&key];
             let count = |status| list.iter().filter(|r| r.status == status).count() as u64;
             let ok: Vec<&&Record> = list.iter().filter(|r| r.status == Status::Ok).collect();
-            let latencies = sorted(ok.iter().map(|r| (r.end - r.start) * 1000.0).collect());
+            let latencies = latencies(list.iter().copied());
             let mut stages: BTreeMap<String, Vec<f64>> = BTreeMap::new();
             for record in &ok {
                 for (stage, at) in &record.stages {

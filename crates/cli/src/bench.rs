@@ -32,6 +32,11 @@ pub enum BenchCommand {
         /// Output format.
         #[arg(long, value_enum, default_value = "human")]
         output: Output,
+        /// Also write DIR/report.html: the summary, the workloads' I/O
+        /// over time with the control operations marked, and each
+        /// operation's latency CDF, as inline SVG (no JavaScript).
+        #[arg(long)]
+        html: bool,
     },
     /// Compare two run directories metric by metric (ratios B / A).
     Compare {
@@ -124,9 +129,15 @@ pub struct RunArgs {
 pub fn run(command: BenchCommand) -> Result<i32> {
     match command {
         BenchCommand::Run(args) => run_spec(args),
-        BenchCommand::Report { dir, output } => {
-            let summary = report::summarize(&dir)?;
-            render_summary(&summary, output);
+        BenchCommand::Report { dir, output, html } => {
+            let data = report::load(&dir)?;
+            render_summary(&report::summary_of(&data), output);
+            if html {
+                let path = dir.join("report.html");
+                std::fs::write(&path, strata_bench::html::render(&data)?)
+                    .with_context(|| format!("cannot write the report {}", path.display()))?;
+                eprintln!("strata bench: report written to {}", path.display());
+            }
             Ok(0)
         }
         BenchCommand::Compare { a, b, output } => {

@@ -182,6 +182,90 @@ fn a_small_spec_runs_against_the_daemon_and_its_summary_counts_the_records() {
         text.contains("p99.9 ms") && text.contains("snapshots"),
         "{text}"
     );
+    html_report_renders_in_chromium(&out);
+}
+
+/// Headless Chromium as the test command installs it, with the flags
+/// this closed network needs (no background connections), a profile of
+/// its own, and a bound on its time.
+fn chromium(profile: &Path, args: &[&str]) -> std::process::Output {
+    let output = Command::new("timeout")
+        .arg("120")
+        .arg("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", p(profile)))
+        .args(args)
+        .output()
+        .expect("run chromium (scripts/test.sh installs it)");
+    assert!(
+        output.status.success(),
+        "chromium {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// `strata bench report --html` writes a page that Chromium renders with
+/// both plots: its DOM holds two SVG figures drawn with lines, and its
+/// screenshot shows the I/O series' color over a plot's area.
+fn html_report_renders_in_chromium(out: &Path) {
+    strata_ok(&["bench", "report", &p(out), "--html"]);
+    let page = out.join("report.html");
+    let url = format!("file://{}", p(&page));
+    let profile = tempfile::tempdir().unwrap();
+    let dom = chromium(profile.path(), &["--dump-dom", &url]);
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    for figure in ["io-over-time", "latency-cdf"] {
+        let at = dom
+            .find(&format!("<figure id=\"{figure}\""))
+            .unwrap_or_else(|| panic!("no {figure} figure in the rendered page"));
+        let end = at + dom[at..].find("</figure>").expect("a closed figure");
+        let figure_text = &dom[at..end];
+        assert!(
+            figure_text.contains("<svg") && figure_text.contains("<polyline"),
+            "{figure}: no drawn SVG plot"
+        );
+    }
+    assert!(dom.contains("writer (I/O)") && dom.contains("snapshot (start)"));
+    let shot = out.join("report.png");
+    chromium(
+        profile.path(),
+        &[
+            &format!("--screenshot={}", p(&shot)),
+            "--window-size=1100,1500",
+            &url,
+        ],
+    );
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&shot).unwrap()));
+    let mut reader = decoder.read_info().unwrap();
+    let mut pixels = vec![0; reader.output_buffer_size()];
+    let frame = reader.next_frame(&mut pixels).unwrap();
+    let channels = frame.color_type.samples();
+    // The first series' blue (31, 119, 180): the workload's I/O line.
+    let blue = pixels[..frame.buffer_size()]
+        .chunks(channels)
+        .filter(|px| {
+            px.len() >= 3
+                && px[0].abs_diff(31) < 24
+                && px[1].abs_diff(119) < 24
+                && px[2].abs_diff(180) < 24
+        })
+        .count();
+    assert!(
+        blue > 300,
+        "the screenshot shows no I/O line ({blue} pixels of its color): {}",
+        p(&shot)
+    );
 }
 
 #[test]

@@ -1,0 +1,402 @@
+//! The HTML report of a run: one self-contained page (no JavaScript,
+//! plots as inline SVG made with plotters) with the run's identity, its
+//! summary tables, the workloads' I/O over time with every control
+//! operation marked where it started, and each operation's latency CDF.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::report::{latencies, summary_of, RunData, Summary};
+
+/// The size of each plot, in pixels.
+const PLOT_SIZE: (u32, u32) = (960, 380);
+
+/// Renders the report page of `data`.
+pub fn render(data: &RunData) -> Result<String> {
+    let summary = summary_of(data);
+    let io = plot(|area| io_over_time(area, data)).map_err(plot_error("I/O over time"))?;
+    let cdf = plot(|area| latency_cdf(area, data)).map_err(plot_error("latency CDFs"))?;
+    let mut page = String::new();
+    let _ = write!(
+        page,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <title>strata bench: run {id}</title>\n<style>{STYLE}</style></head><body>\n\
+         <h1>strata bench: run {id}</h1>\n<p>provider <b>{provider}</b>, seed {seed}, \
+         {duration:.0} s{interrupted}, {records} records</p>\n",
+        id = escape(&summary.run_id),
+        provider = escape(&summary.provider),
+        seed = summary.seed,
+        duration = summary.duration,
+        interrupted = if summary.interrupted {
+            " (stopped early)"
+        } else {
+            ""
+        },
+        records = summary.records,
+    );
+    operations_table(&mut page, &summary);
+    workloads_table(&mut page, &summary);
+    let _ = write!(
+        page,
+        "<figure id=\"io-over-time\"><figcaption>I/O over time: each workload's \
+         operations per second (all its instances), with each control operation \
+         marked at its start</figcaption>\n{io}</figure>\n\
+         <figure id=\"latency-cdf\"><figcaption>Latency CDF of each operation \
+         (those that succeeded)</figcaption>\n{cdf}</figure>\n</body></html>\n"
+    );
+    Ok(page)
+}
+
+const STYLE: &str = "body{font-family:sans-serif;margin:2em;color:#222}\
+    table{border-collapse:collapse;margin:1em 0}\
+    td,th{border:1px solid #bbb;padding:.25em .6em;text-align:right}\
+    th{background:#eee}td:first-child,th:first-child{text-align:left}\
+    figure{margin:2em 0}figcaption{font-weight:bold;margin-bottom:.5em}";
+
+fn plot_error(what: &'static str) -> impl Fn(String) -> Error {
+    move |message| Error::Report(format!("cannot draw the {what}: {message}"))
+}
+
+/// Draws with `draw` on an SVG area of [`PLOT_SIZE`]; returns the SVG.
+fn plot<F>(draw: F) -> std::result::Result<String, String>
+where
+    F: FnOnce(&DrawingArea<SVGBackend<'_>, Shift>) -> std::result::Result<(), String>,
+{
+    let mut svg = String::new();
+    {
+        let area = SVGBackend::with_string(&mut svg, PLOT_SIZE).into_drawing_area();
+        area.fill(&WHITE).map_err(|e| e.to_string())?;
+        draw(&area)?;
+        area.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+/// A color per series, the same for a name wherever it is drawn.
+fn color(index: usize) -> RGBColor {
+    const COLORS: [RGBColor; 8] = [
+        RGBColor(31, 119, 180),
+        RGBColor(214, 39, 40),
+        RGBColor(44, 160, 44),
+        RGBColor(148, 103, 189),
+        RGBColor(255, 127, 14),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(23, 190, 207),
+    ];
+    COLORS[index % COLORS.len()]
+}
+
+fn io_over_time(
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    data: &RunData,
+) -> std::result::Result<(), String> {
+    let mut series: BTreeMap<&str, BTreeMap<u64, f64>> = BTreeMap::new();
+    for sample in &data.samples {
+        *series
+            .entry(&sample.workload)
+            .or_default()
+            .entry(sample.second)
+            .or_default() += sample.read_iops + sample.write_iops;
+    }
+    let last_second = data.samples.iter().map(|s| s.second + 1).max().unwrap_or(0) as f64;
+    let last_record = data.records.iter().map(|r| r.end).fold(0.0, f64::max);
+    let x_max = last_second
+        .max(last_record)
+        .max(data.info.duration)
+        .max(1.0);
+    let y_max = series
+        .values()
+        .flat_map(|points| points.values().copied())
+        .fold(0.0, f64::max)
+        .max(1.0)
+        * 1.1;
+    if !x_max.is_finite() || !y_max.is_finite() {
+        return Err(format!(
+            "axes of {x_max} s and {y_max} operations per second cannot be drawn"
+        ));
+    }
+    let mut chart = ChartBuilder::on(area)
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since the run's start")
+        .y_desc("operations per second")
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (index, (workload, points)) in series.iter().enumerate() {
+        let stroke = color(index).stroke_width(2);
+        chart
+            .draw_series(LineSeries::new(
+                points
+                    .iter()
+                    .map(|(second, iops)| (*second as f64 + 0.5, *iops)),
+                stroke,
+            ))
+            .map_err(|e| e.to_string())?
+            .label(format!("{workload} (I/O)"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], stroke));
+    }
+    // Control operations: a thin vertical mark at each start, a color
+    // per action, so that a dip lines up with what caused it.
+    let mut actions: Vec<&str> = data
+        .records
+        .iter()
+        .filter(|r| r.action != "workload" && r.operation != "setup" && r.operation != "cleanup")
+        .map(|r| r.action.as_str())
+        .collect();
+    actions.sort_unstable();
+    actions.dedup();
+    for (index, action) in actions.iter().enumerate() {
+        let stroke = color(series.len() + index).mix(0.6).stroke_width(1);
+        let starts = data
+            .records
+            .iter()
+            .filter(|r| r.action == *action && r.action != "workload")
+            .filter(|r| r.operation != "setup" && r.operation != "cleanup")
+            .map(|r| r.start);
+        chart
+            .draw_series(starts.map(|at| PathElement::new(vec![(at, 0.0), (at, y_max)], stroke)))
+            .map_err(|e| e.to_string())?
+            .label(format!("{action} (start)"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], stroke));
+    }
+    if !series.is_empty() || !actions.is_empty() {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn latency_cdf(
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    data: &RunData,
+) -> std::result::Result<(), String> {
+    let mut keys: Vec<(&str, &str)> = Vec::new();
+    for record in &data.records {
+        let key = (record.operation.as_str(), record.action.as_str());
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    let curves: Vec<(String, Vec<f64>)> = keys
+        .iter()
+        .map(|&(operation, action)| {
+            let of = data
+                .records
+                .iter()
+                .filter(|r| r.operation == operation && r.action == action);
+            (format!("{operation} ({action})"), latencies(of))
+        })
+        .filter(|(_, values)| !values.is_empty())
+        .collect();
+    // A log axis: control operations and workloads differ by orders of
+    // magnitude. Latencies under 1 µs are drawn at 1 µs.
+    let floor = 0.001;
+    let low = curves
+        .iter()
+        .filter_map(|(_, v)| v.first().copied())
+        .reduce(f64::min)
+        .unwrap_or(1.0)
+        .max(floor);
+    // At least a decade wide, and finite (a record's times are input).
+    let high = curves
+        .iter()
+        .filter_map(|(_, v)| v.last().copied())
+        .fold(0.0, f64::max)
+        .max(low * 10.0);
+    if !high.is_finite() {
+        return Err(format!("a latency of {high} ms cannot be drawn"));
+    }
+    let mut chart = ChartBuilder::on(area)
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d((low * 0.9..high * 1.1).log_scale(), 0.0..1.0)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc("latency (ms, log scale)")
+        .y_desc("fraction of operations")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (index, (label, values)) in curves.iter().enumerate() {
+        let stroke = color(index).stroke_width(2);
+        let count = values.len() as f64;
+        // A step per operation: fraction done by each latency.
+        let steps = values.iter().enumerate().flat_map(|(i, &v)| {
+            let v = v.max(floor);
+            [(v, i as f64 / count), (v, (i + 1) as f64 / count)]
+        });
+        chart
+            .draw_series(LineSeries::new(steps, stroke))
+            .map_err(|e| e.to_string())?
+            .label(label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], stroke));
+    }
+    if !curves.is_empty() {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn operations_table(page: &mut String, summary: &Summary) {
+    page.push_str(
+        "<table id=\"operations\"><tr><th>operation</th><th>action</th><th>ok</th>\
+         <th>errors</th><th>dropped</th><th>p50 ms</th><th>p90 ms</th><th>p99 ms</th>\
+         <th>max ms</th><th>per minute</th></tr>\n",
+    );
+    for op in &summary.operations {
+        let _ = writeln!(
+            page,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td>\
+             <td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td></tr>",
+            escape(&op.operation),
+            escape(&op.action),
+            op.ok,
+            op.errors,
+            op.dropped,
+            op.p50_ms,
+            op.p90_ms,
+            op.p99_ms,
+            op.max_ms,
+            op.per_minute
+        );
+    }
+    page.push_str("</table>\n");
+}
+
+fn workloads_table(page: &mut String, summary: &Summary) {
+    if summary.workloads.is_empty() {
+        return;
+    }
+    page.push_str(
+        "<table id=\"workloads\"><tr><th>workload</th><th>instances</th>\
+         <th>mean IOPS</th><th>lowest IOPS in a second</th><th>mean KiB/s</th>\
+         <th>zero-operation seconds</th></tr>\n",
+    );
+    for w in &summary.workloads {
+        let _ = writeln!(
+            page,
+            "<tr><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{}</td></tr>",
+            escape(&w.workload),
+            w.instances,
+            w.mean_iops,
+            w.min_iops,
+            w.mean_kib_per_s,
+            w.zero_seconds
+        );
+    }
+    page.push_str("</table>\n");
+}
+
+/// `text` with HTML's special characters escaped (names come from the
+/// spec, which a user wrote).
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{IoSample, Record, RunInfo, Status};
+
+    fn record(operation: &str, action: &str, start: f64, end: f64) -> Record {
+        Record {
+            operation: operation.into(),
+            action: action.into(),
+            target: "v<1>".into(),
+            start,
+            stages: BTreeMap::new(),
+            end,
+            status: Status::Ok,
+            error: None,
+            detail: None,
+        }
+    }
+
+    fn data() -> RunData {
+        RunData {
+            info: RunInfo {
+                run_id: "r<x>".into(),
+                seed: 7,
+                provider: "null".into(),
+                api: None,
+                own_daemon: false,
+                started_unix: 0.0,
+                measure_start: 0.0,
+                duration: 10.0,
+                interrupted: false,
+            },
+            records: vec![
+                record("snap", "snapshot", 2.0, 2.01),
+                record("snap", "snapshot", 6.0, 6.3),
+                record("db", "workload", 0.0, 10.0),
+            ],
+            samples: (0..10)
+                .map(|second| IoSample {
+                    workload: "db".into(),
+                    instance: 0,
+                    second,
+                    read_iops: 100.0,
+                    write_iops: if second == 6 { 0.0 } else { 50.0 },
+                    read_kib: 400.0,
+                    write_kib: 200.0,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_page_has_both_plots_with_their_series_and_escapes_names() {
+        let page = render(&data()).unwrap();
+        assert!(page.contains("run r&lt;x&gt;"), "names escaped");
+        assert!(!page.contains("r<x>"));
+        for id in ["io-over-time", "latency-cdf", "operations", "workloads"] {
+            assert!(page.contains(&format!("id=\"{id}\"")), "{id} missing");
+        }
+        assert_eq!(page.matches("<svg").count(), 2);
+        assert!(page.contains("db (I/O)") && page.contains("snapshot (start)"));
+        assert!(page.contains("snap (snapshot)"), "a CDF per operation");
+        assert!(!page.contains("<script"), "no JavaScript");
+    }
+
+    #[test]
+    fn an_empty_run_still_renders() {
+        let mut empty = data();
+        empty.records.clear();
+        empty.samples.clear();
+        let page = render(&empty).unwrap();
+        assert_eq!(page.matches("<svg").count(), 2);
+    }
+}
