@@ -220,7 +220,11 @@ fn print_json(value: &impl serde::Serialize) -> Result<()> {
 
 fn entry_line(entry: &Entry) -> String {
     let tier = if entry.directory {
-        if entry.ephemeral { "dir(eph)" } else { "dir" }
+        if entry.ephemeral {
+            "dir(eph)"
+        } else {
+            "dir"
+        }
     } else if entry.ephemeral {
         "ephemeral"
     } else {
@@ -295,7 +299,10 @@ fn persist(args: &ServiceArg, path: &str) -> Result<i32> {
     )?;
     match args.output {
         Output::Json => print_json(&updated)?,
-        Output::Human => println!("{path}: durable now ({} bytes, was held by {holder})", updated.size),
+        Output::Human => println!(
+            "{path}: durable now ({} bytes, was held by {holder})",
+            updated.size
+        ),
     }
     Ok(0)
 }
@@ -334,7 +341,11 @@ fn evict(args: &ServiceArg, path: &str) -> Result<i32> {
         Output::Json => print_json(&results)?,
         Output::Human => {
             for result in &results {
-                println!("{}: dropped on {}", path, result["node"].as_str().unwrap_or("?"));
+                println!(
+                    "{}: dropped on {}",
+                    path,
+                    result["node"].as_str().unwrap_or("?")
+                );
             }
             if results.is_empty() {
                 println!("{path}: no node keeps a copy");

@@ -108,7 +108,11 @@ impl Catalog {
                 .map_err(|e| store_error("reading a node", e))?
                 .map(|v| v.value().to_string());
             if known.as_deref() != Some(address) {
-                if known.is_none() && ReadableTableMetadata::len(&*nodes).map_err(|e| store_error("counting", e))? as usize >= MAX_NODES {
+                if known.is_none()
+                    && ReadableTableMetadata::len(&*nodes)
+                        .map_err(|e| store_error("counting", e))? as usize
+                        >= MAX_NODES
+                {
                     return Err(F3Error::conflict(format!(
                         "node {node}: the catalog holds {MAX_NODES} nodes already"
                     )));
@@ -152,16 +156,17 @@ impl Catalog {
         check_node_name(name)?;
         let nodes = self.nodes()?;
         let names: Vec<String> = nodes.iter().take(20).map(|n| n.name.clone()).collect();
-        nodes
-            .into_iter()
-            .find(|n| n.name == name)
-            .ok_or_else(|| {
-                F3Error::not_found(format!(
-                    "unknown node {name:?}: no `strata node` registered under that name \
+        nodes.into_iter().find(|n| n.name == name).ok_or_else(|| {
+            F3Error::not_found(format!(
+                "unknown node {name:?}: no `strata node` registered under that name \
                      (known: {})",
-                    if names.is_empty() { "none".to_string() } else { names.join(", ") }
-                ))
-            })
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
+            ))
+        })
     }
 
     /// The entry at `path`.
@@ -181,7 +186,9 @@ impl Catalog {
     pub fn list(&self, path: &NamespacePath) -> Result<Vec<Entry>> {
         let directory = self.stat(path)?;
         if !directory.directory {
-            return Err(F3Error::invalid(format!("{path} is a file, not a directory")));
+            return Err(F3Error::invalid(format!(
+                "{path} is a file, not a directory"
+            )));
         }
         let prefix = path.child_prefix();
         let txn = self
@@ -224,11 +231,16 @@ impl Catalog {
                 F3Error::not_found(format!("{}: no such directory in F3", path.parent()))
             })?;
             if !parent.directory {
-                return Err(F3Error::invalid(format!("{} is a file, not a directory", parent.path)));
+                return Err(F3Error::invalid(format!(
+                    "{} is a file, not a directory",
+                    parent.path
+                )));
             }
             let now = unix_ms();
             let entry = match get(files, path.as_str())? {
-                Some(mut existing) if request.replace && !existing.directory && !request.directory => {
+                Some(mut existing)
+                    if request.replace && !existing.directory && !request.directory =>
+                {
                     existing.size = 0;
                     existing.version += 1;
                     existing.held.clear();
@@ -324,7 +336,9 @@ impl Catalog {
         self.update_entry(&path, |entry| {
             if let Some(size) = request.size {
                 if entry.directory {
-                    return Err(F3Error::invalid(format!("{path} is a directory: it has no size")));
+                    return Err(F3Error::invalid(format!(
+                        "{path} is a directory: it has no size"
+                    )));
                 }
                 entry.size = size;
                 entry.version += 1;
@@ -452,7 +466,10 @@ fn add_writer(entry: &mut Entry, node: &str) -> Result<()> {
     Ok(())
 }
 
-fn get(table: &impl ReadableTable<&'static str, &'static [u8]>, path: &str) -> Result<Option<Entry>> {
+fn get(
+    table: &impl ReadableTable<&'static str, &'static [u8]>,
+    path: &str,
+) -> Result<Option<Entry>> {
     match table.get(path).map_err(|e| store_error("reading", e))? {
         Some(value) => Ok(Some(decode(path, value.value())?)),
         None => Ok(None),
@@ -478,4 +495,78 @@ fn decode(path: &str, bytes: &[u8]) -> Result<Entry> {
         ));
     }
     Ok(entry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn create(
+        catalog: &Catalog,
+        path: &str,
+        directory: bool,
+        ephemeral: bool,
+        node: &str,
+    ) -> Result<Entry> {
+        catalog.create(&CreateRequest {
+            path: path.into(),
+            directory,
+            ephemeral,
+            node: node.into(),
+            replace: false,
+        })
+    }
+
+    #[test]
+    fn files_writers_and_holdings_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let catalog = Catalog::open(dir.path(), Duration::from_secs(3)).unwrap();
+            catalog.heartbeat("a", "127.0.0.1:1").unwrap();
+            catalog.heartbeat("b", "127.0.0.1:2").unwrap();
+            create(&catalog, "/jobs", true, true, "a").unwrap();
+            let entry = create(&catalog, "/jobs/out", false, true, "a").unwrap();
+            assert_eq!(entry.holder.as_deref(), Some("a"));
+            assert_eq!(entry.writers.get("a"), Some(&1));
+            assert!(create(&catalog, "/jobs/out", false, true, "b").is_err());
+            assert!(create(&catalog, "/nowhere/x", false, true, "a").is_err());
+            assert!(create(&catalog, "/jobs/y", false, true, "ghost").is_err());
+            let closed = catalog
+                .writer(&WriterRequest {
+                    path: "/jobs/out".into(),
+                    node: "a".into(),
+                    opened: false,
+                    size: Some(700),
+                })
+                .unwrap();
+            assert!(closed.writers.is_empty());
+            assert_eq!(closed.held.get("a"), Some(&700));
+            let out = NamespacePath::parse("/jobs/out").unwrap();
+            catalog.report("b", &[(out.clone(), 300)]).unwrap();
+            assert!(catalog
+                .remove(&NamespacePath::parse("/jobs").unwrap())
+                .is_err());
+        }
+        let catalog = Catalog::open(dir.path(), Duration::from_secs(3)).unwrap();
+        let names: Vec<String> = catalog
+            .list(&NamespacePath::parse("/jobs").unwrap())
+            .unwrap()
+            .into_iter()
+            .map(|e| e.path)
+            .collect();
+        assert_eq!(names, ["/jobs/out"]);
+        let (nodes, missing) = catalog
+            .locality(&[
+                NamespacePath::parse("/jobs/out").unwrap(),
+                NamespacePath::parse("/gone").unwrap(),
+            ])
+            .unwrap();
+        let ranked: Vec<(&str, u64, bool)> = nodes
+            .iter()
+            .map(|n| (n.node.as_str(), n.bytes, n.alive))
+            .collect();
+        // After a restart no lease is current until the next heartbeat.
+        assert_eq!(ranked, [("a", 700, false), ("b", 300, false)]);
+        assert_eq!(missing, ["/gone"]);
+    }
 }

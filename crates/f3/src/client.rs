@@ -85,7 +85,11 @@ impl ServiceClient {
         nodes.into_iter().find(|n| n.name == name).ok_or_else(|| {
             F3Error::not_found(format!(
                 "unknown node {name:?}: no `strata node` registered under that name (known: {})",
-                if known.is_empty() { "none".into() } else { known.join(", ") }
+                if known.is_empty() {
+                    "none".into()
+                } else {
+                    known.join(", ")
+                }
             ))
         })
     }
@@ -262,9 +266,13 @@ fn parse<T: DeserializeOwned>(
         .into_reader()
         .take(MAX_ANSWER_BYTES)
         .read_to_string(&mut text)
-        .map_err(|e| F3Error::unavailable(format!("F3 {what} at {address}: reading its answer: {e}")))?;
+        .map_err(|e| {
+            F3Error::unavailable(format!("F3 {what} at {address}: reading its answer: {e}"))
+        })?;
     serde_json::from_str(&text).map_err(|e| {
-        F3Error::unavailable(format!("F3 {what} at {address}: its answer is not what was expected: {e}"))
+        F3Error::unavailable(format!(
+            "F3 {what} at {address}: its answer is not what was expected: {e}"
+        ))
     })
 }
 
@@ -274,7 +282,10 @@ fn call_error(address: &str, what: &str, error: ureq::Error) -> F3Error {
     match error {
         ureq::Error::Status(status, response) => {
             let mut text = String::new();
-            let _ = response.into_reader().take(64 * 1024).read_to_string(&mut text);
+            let _ = response
+                .into_reader()
+                .take(64 * 1024)
+                .read_to_string(&mut text);
             let message = serde_json::from_str::<ErrorAnswer>(&text)
                 .map(|a| a.error)
                 .unwrap_or_else(|_| format!("HTTP {status}: {}", text.trim()));

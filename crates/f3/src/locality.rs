@@ -226,11 +226,7 @@ pub fn filter(args: &ExtenderArgs, alive: &HashMap<String, bool>) -> Result<Exte
 /// best-placed candidate holds, scaled to 0..=[`MAX_EXTENDER_PRIORITY`].
 pub fn prioritize(args: &ExtenderArgs, held: &[NodeBytes]) -> Result<Vec<HostPriority>> {
     let candidates = args.candidates()?;
-    let bytes = |name: &str| {
-        held.iter()
-            .find(|n| n.node == name)
-            .map_or(0, |n| n.bytes)
-    };
+    let bytes = |name: &str| held.iter().find(|n| n.node == name).map_or(0, |n| n.bytes);
     let most = candidates.iter().map(|c| bytes(c)).max().unwrap_or(0);
     Ok(candidates
         .iter()
@@ -265,13 +261,20 @@ mod tests {
 
     #[test]
     fn prioritize_scales_to_the_best_holder() {
-        let args: ExtenderArgs = serde_json::from_str(
-            r#"{"Pod":{"metadata":{"name":"p"}},"NodeNames":["a","b","c"]}"#,
-        )
-        .unwrap();
+        let args: ExtenderArgs =
+            serde_json::from_str(r#"{"Pod":{"metadata":{"name":"p"}},"NodeNames":["a","b","c"]}"#)
+                .unwrap();
         let held = vec![
-            NodeBytes { node: "a".into(), bytes: 400, alive: true },
-            NodeBytes { node: "b".into(), bytes: 100, alive: true },
+            NodeBytes {
+                node: "a".into(),
+                bytes: 400,
+                alive: true,
+            },
+            NodeBytes {
+                node: "b".into(),
+                bytes: 100,
+                alive: true,
+            },
         ];
         let scores = prioritize(&args, &held).unwrap();
         let got: Vec<i64> = scores.iter().map(|h| h.score).collect();

@@ -119,7 +119,9 @@ fn check_name(name: &str) -> std::result::Result<(), String> {
         ));
     }
     if name.len() > MAX_NAME_BYTES {
-        return Err(format!("has a component longer than {MAX_NAME_BYTES} bytes"));
+        return Err(format!(
+            "has a component longer than {MAX_NAME_BYTES} bytes"
+        ));
     }
     if name.contains('/') || name.contains('\0') {
         return Err("has a component with '/' or NUL".into());

@@ -50,7 +50,14 @@ impl F3 {
         let meta_dir = p(&dir.path().join("meta"));
         let lease = LEASE_MS.to_string();
         let service = Proc::start(&[
-            "f3", "serve", "--dir", &meta_dir, "--listen", "127.0.0.1:0", "--lease-ms", &lease,
+            "f3",
+            "serve",
+            "--dir",
+            &meta_dir,
+            "--listen",
+            "127.0.0.1:0",
+            "--lease-ms",
+            &lease,
         ]);
         let meta = service.word_after("serving on ");
         let mut f3 = F3 {
@@ -78,8 +85,19 @@ impl F3 {
         let on = self.store.on.to_string();
         let credential = p(&self.store.dir.join("admin.credential"));
         let process = Launch::strata(&[
-            "node", "--dir", &node_dir, "--mount", &p(&point), "--meta", &self.meta, "--name",
-            name, "--store", &on, "--credential", &credential,
+            "node",
+            "--dir",
+            &node_dir,
+            "--mount",
+            &p(&point),
+            "--meta",
+            &self.meta,
+            "--name",
+            name,
+            "--store",
+            &on,
+            "--credential",
+            &credential,
         ])
         .start();
         let transfer = process.word_after("transfer on ");
@@ -156,7 +174,10 @@ fn http_post(url: &str, body: &str) -> (u16, serde_json::Value) {
     };
     let status = response.status();
     let text = response.into_string().unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
 }
 
 fn http_get(url: &str, range: Option<&str>) -> (u16, String, Vec<u8>) {
@@ -172,14 +193,22 @@ fn http_get(url: &str, range: Option<&str>) -> (u16, String, Vec<u8>) {
     let status = response.status();
     let size = response.header("x-f3-size").unwrap_or_default().to_string();
     let mut bytes = Vec::new();
-    response.into_reader().take(1 << 24).read_to_end(&mut bytes).unwrap();
+    response
+        .into_reader()
+        .take(1 << 24)
+        .read_to_end(&mut bytes)
+        .unwrap();
     (status, size, bytes)
 }
+
+/// What a reader thread sends: the bytes, when the first came and when
+/// the end came, or the error.
+type ReadOutcome = Result<(Vec<u8>, Instant, Instant), std::io::Error>;
 
 /// Reads `path` to its end on a thread, each chunk timed; the result
 /// comes on the channel: the bytes, when the first came and when the end
 /// came, or the error.
-fn spawn_reader(path: PathBuf) -> mpsc::Receiver<Result<(Vec<u8>, Instant, Instant), std::io::Error>> {
+fn spawn_reader(path: PathBuf) -> mpsc::Receiver<ReadOutcome> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let result = (|| {
@@ -209,7 +238,12 @@ fn xattr(path: &Path, name: &str) -> Option<String> {
     let mut buffer = vec![0u8; 256];
     // SAFETY: the buffers outlive the call, which writes at most 256 bytes.
     let n = unsafe {
-        libc::getxattr(c_path.as_ptr(), c_name.as_ptr(), buffer.as_mut_ptr().cast(), buffer.len())
+        libc::getxattr(
+            c_path.as_ptr(),
+            c_name.as_ptr(),
+            buffer.as_mut_ptr().cast(),
+            buffer.len(),
+        )
     };
     (n >= 0).then(|| String::from_utf8_lossy(&buffer[..n as usize]).into_owned())
 }
@@ -219,7 +253,13 @@ fn set_xattr(path: &Path, name: &str, value: &str) -> std::io::Result<()> {
     let c_name = std::ffi::CString::new(name).unwrap();
     // SAFETY: the buffers outlive the call.
     let rc = unsafe {
-        libc::setxattr(c_path.as_ptr(), c_name.as_ptr(), value.as_ptr().cast(), value.len(), 0)
+        libc::setxattr(
+            c_path.as_ptr(),
+            c_name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
     };
     if rc == 0 {
         Ok(())
@@ -256,30 +296,64 @@ fn ephemeral_and_durable_files_agree_from_both_mounts() {
     for mount in [a, b] {
         assert_eq!(std::fs::read(mount.join("big.eph")).unwrap(), eph);
         assert_eq!(std::fs::read(mount.join("report.bin")).unwrap(), durable);
-        assert_eq!(std::fs::read(mount.join("scratch/sub/part")).unwrap(), b"inherited marking");
-        assert_eq!(std::fs::metadata(mount.join("big.eph")).unwrap().len(), eph.len() as u64);
-        assert_eq!(std::fs::metadata(mount.join("report.bin")).unwrap().len(), durable.len() as u64);
+        assert_eq!(
+            std::fs::read(mount.join("scratch/sub/part")).unwrap(),
+            b"inherited marking"
+        );
+        assert_eq!(
+            std::fs::metadata(mount.join("big.eph")).unwrap().len(),
+            eph.len() as u64
+        );
+        assert_eq!(
+            std::fs::metadata(mount.join("report.bin")).unwrap().len(),
+            durable.len() as u64
+        );
         assert_eq!(names(mount), ["big.eph", "report.bin", "scratch"]);
-        assert_eq!(xattr(&mount.join("big.eph"), "user.strata.holder").as_deref(), Some("a"));
-        assert_eq!(xattr(&mount.join("scratch/sub/part"), "user.strata.holder").as_deref(), Some("b"));
-        assert_eq!(xattr(&mount.join("scratch/sub"), "user.strata.ephemeral").as_deref(), Some("1"));
-        assert_eq!(xattr(&mount.join("report.bin"), "user.strata.ephemeral").as_deref(), Some("0"));
+        assert_eq!(
+            xattr(&mount.join("big.eph"), "user.strata.holder").as_deref(),
+            Some("a")
+        );
+        assert_eq!(
+            xattr(&mount.join("scratch/sub/part"), "user.strata.holder").as_deref(),
+            Some("b")
+        );
+        assert_eq!(
+            xattr(&mount.join("scratch/sub"), "user.strata.ephemeral").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            xattr(&mount.join("report.bin"), "user.strata.ephemeral").as_deref(),
+            Some("0")
+        );
     }
     let listing = f3.f3_json(&["ls", "/"]);
     let tiers: Vec<(String, bool)> = listing
         .as_array()
         .unwrap()
         .iter()
-        .map(|e| (e["path"].as_str().unwrap().to_string(), e["ephemeral"].as_bool().unwrap()))
+        .map(|e| {
+            (
+                e["path"].as_str().unwrap().to_string(),
+                e["ephemeral"].as_bool().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(
         tiers,
-        [("/big.eph".into(), true), ("/report.bin".into(), false), ("/scratch".into(), true)]
+        [
+            ("/big.eph".into(), true),
+            ("/report.bin".into(), false),
+            ("/scratch".into(), true)
+        ]
     );
     // The durable file is an object; the ephemeral one is not.
     let stat = f3.store.json(&["obj", "stat", "f3/report.bin"]);
     assert_eq!(stat["size"].as_u64(), Some(durable.len() as u64), "{stat}");
-    assert!(!f3.store.run(&["obj", "stat", "f3/big.eph"]).status.success());
+    assert!(!f3
+        .store
+        .run(&["obj", "stat", "f3/big.eph"])
+        .status
+        .success());
     // A file's tier is not an xattr to set.
     let refused = set_xattr(&a.join("big.eph"), "user.strata.ephemeral", "0").unwrap_err();
     assert_eq!(refused.raw_os_error(), Some(libc::EPERM));
@@ -312,12 +386,27 @@ fn read_while_write_across_nodes_with_two_readers() {
             .expect("the reader ended within the limit")
             .expect("the reader read without error");
         assert_eq!(bytes.len(), data.len());
-        assert!(bytes == data, "the reader saw other bytes than were written");
-        assert!(first + Duration::from_millis(700) < closed, "the reader got nothing before the close");
+        assert!(
+            bytes == data,
+            "the reader saw other bytes than were written"
+        );
+        assert!(
+            first + Duration::from_millis(700) < closed,
+            "the reader got nothing before the close"
+        );
         assert!(end >= closed, "the reader ended before the writer closed");
-        assert!(end < closed + Duration::from_secs(3), "the end came {:?} after the close", end - closed);
+        assert!(
+            end < closed + Duration::from_secs(3),
+            "the end came {:?} after the close",
+            end - closed
+        );
     }
-    assert_eq!(std::fs::metadata(f3.mount(1).join("stream.eph")).unwrap().len(), data.len() as u64);
+    assert_eq!(
+        std::fs::metadata(f3.mount(1).join("stream.eph"))
+            .unwrap()
+            .len(),
+        data.len() as u64
+    );
 }
 
 /// The writer's agent killed: readers on the other node waiting at the
@@ -344,8 +433,14 @@ fn killed_writer_agent_gives_waiting_readers_eio_within_the_lease() {
         assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
     }
     let took = killed.elapsed();
-    assert!(took < Duration::from_millis(LEASE_MS) + Duration::from_secs(3), "EIO after {took:?}");
-    assert!(took >= Duration::from_millis(LEASE_MS) / 2, "EIO after {took:?}, before the lease");
+    assert!(
+        took < Duration::from_millis(LEASE_MS) + Duration::from_secs(3),
+        "EIO after {took:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(LEASE_MS) / 2,
+        "EIO after {took:?}, before the lease"
+    );
     drop(writer);
     f3.agents[1].1.as_mut().unwrap().assert_running();
 }
@@ -362,23 +457,37 @@ fn locality_query_and_scheduler_extender_verbs() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|n| (n["node"].as_str().unwrap().into(), n["bytes"].as_u64().unwrap()))
+        .map(|n| {
+            (
+                n["node"].as_str().unwrap().into(),
+                n["bytes"].as_u64().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(nodes, [("a".into(), 300_000), ("b".into(), 100_000)]);
     // Node b pulls a whole copy of input-a: it holds 400,000 bytes now.
-    assert_eq!(std::fs::read(f3.mount(1).join("input-a.eph")).unwrap().len(), 300_000);
+    assert_eq!(
+        std::fs::read(f3.mount(1).join("input-a.eph"))
+            .unwrap()
+            .len(),
+        300_000
+    );
     wait_until("node b's copy to be reported", || {
         f3.f3_json(&["where", "/input-a.eph", "/input-b.eph"])["nodes"][0]["node"] == "b"
     });
 
-    let pod = r#"{"metadata":{"name":"consumer","annotations":{"f3.strata.io/inputs":"/input-a.eph"}}}"#;
+    let pod =
+        r#"{"metadata":{"name":"consumer","annotations":{"f3.strata.io/inputs":"/input-a.eph"}}}"#;
     let (status, filtered) = f3.post(
         "/scheduler/filter",
         &format!(r#"{{"Pod":{pod},"NodeNames":["a","b","gpu-7"]}}"#),
     );
     assert_eq!(status, 200, "{filtered}");
     assert_eq!(filtered["NodeNames"], serde_json::json!(["a", "b"]));
-    assert!(filtered["FailedNodes"]["gpu-7"].as_str().unwrap().contains("no F3 agent"));
+    assert!(filtered["FailedNodes"]["gpu-7"]
+        .as_str()
+        .unwrap()
+        .contains("no F3 agent"));
     let (status, filtered) = f3.post(
         "/scheduler/filter",
         &format!(
@@ -386,7 +495,10 @@ fn locality_query_and_scheduler_extender_verbs() {
         ),
     );
     assert_eq!(status, 200, "{filtered}");
-    assert_eq!(filtered["Nodes"]["items"][0]["metadata"]["labels"]["zone"], "z1");
+    assert_eq!(
+        filtered["Nodes"]["items"][0]["metadata"]["labels"]["zone"],
+        "z1"
+    );
     assert_eq!(filtered["Nodes"]["items"].as_array().unwrap().len(), 1);
     let (status, scores) = f3.post(
         "/scheduler/prioritize",
@@ -402,7 +514,10 @@ fn locality_query_and_scheduler_extender_verbs() {
         r#"{"Pod":{"metadata":{"name":"p","annotations":{"f3.strata.io/inputs":"/input-b.eph"}}},"NodeNames":["a","b"]}"#,
     );
     assert_eq!(status, 200, "{scores}");
-    assert_eq!(scores, serde_json::json!([{"Host":"a","Score":0},{"Host":"b","Score":10}]));
+    assert_eq!(
+        scores,
+        serde_json::json!([{"Host":"a","Score":0},{"Host":"b","Score":10}])
+    );
 }
 
 /// `strata f3 persist` makes an ephemeral file durable (an object in the
@@ -415,7 +530,11 @@ fn persist_promotes_an_ephemeral_file_and_evict_drops_copies() {
     std::fs::write(f3.mount(0).join("result.eph"), &data).unwrap();
     let out = f3.f3(&["evict", "/result.eph"]);
     assert!(!out.status.success());
-    assert!(crate::common::output_text(&out).contains("only copy"), "{}", crate::common::output_text(&out));
+    assert!(
+        crate::common::output_text(&out).contains("only copy"),
+        "{}",
+        crate::common::output_text(&out)
+    );
 
     assert_eq!(std::fs::read(f3.mount(1).join("result.eph")).unwrap(), data);
     let entry = f3.f3_json(&["persist", "/result.eph"]);
@@ -424,10 +543,20 @@ fn persist_promotes_an_ephemeral_file_and_evict_drops_copies() {
     let stat = f3.store.json(&["obj", "stat", "f3/result.eph"]);
     assert_eq!(stat["size"].as_u64(), Some(data.len() as u64), "{stat}");
     for index in [0, 1] {
-        assert_eq!(std::fs::read(f3.mount(index).join("result.eph")).unwrap(), data);
+        assert_eq!(
+            std::fs::read(f3.mount(index).join("result.eph")).unwrap(),
+            data
+        );
     }
     let evicted = f3.f3_json(&["evict", "/result.eph"]);
-    assert!(evicted.as_array().unwrap().iter().all(|e| e["evicted"] == true), "{evicted}");
+    assert!(
+        evicted
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["evicted"] == true),
+        "{evicted}"
+    );
     // Read again from the store after the eviction.
     assert_eq!(std::fs::read(f3.mount(1).join("result.eph")).unwrap(), data);
     let out = f3.f3(&["persist", "/result.eph"]);
@@ -442,37 +571,75 @@ fn bad_input_gets_clear_errors_and_no_agent_crashes() {
     let mut f3 = F3::up();
     std::fs::write(f3.mount(0).join("x.eph"), b"x").unwrap();
 
-    let (status, answer) =
-        f3.post("/v1/report", r#"{"node":"ghost","files":[{"path":"/x.eph","bytes":1}]}"#);
+    let (status, answer) = f3.post(
+        "/v1/report",
+        r#"{"node":"ghost","files":[{"path":"/x.eph","bytes":1}]}"#,
+    );
     assert_eq!(status, 404, "{answer}");
-    assert!(answer["error"].as_str().unwrap().contains("unknown node \"ghost\""), "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("unknown node \"ghost\""),
+        "{answer}"
+    );
     for (body, says) in [
         ("{not json", "malformed request"),
         (r#"{"node":"a"}"#, "malformed request"),
         (r#"{"node":"a","files":[]}"#, "1 to 4096 files"),
-        (r#"{"node":"a","files":[{"path":"relative","bytes":1}]}"#, "not absolute"),
-        (r#"{"node":"a","files":[{"path":"/x.eph","bytes":-1}]}"#, "malformed request"),
-        (r#"{"node":"a b","files":[{"path":"/x.eph","bytes":1}]}"#, "node name"),
+        (
+            r#"{"node":"a","files":[{"path":"relative","bytes":1}]}"#,
+            "not absolute",
+        ),
+        (
+            r#"{"node":"a","files":[{"path":"/x.eph","bytes":-1}]}"#,
+            "malformed request",
+        ),
+        (
+            r#"{"node":"a b","files":[{"path":"/x.eph","bytes":1}]}"#,
+            "node name",
+        ),
     ] {
         let (status, answer) = f3.post("/v1/report", body);
         assert_eq!(status, 400, "{body}: {answer}");
-        assert!(answer["error"].as_str().unwrap().contains(says), "{body}: {answer}");
+        assert!(
+            answer["error"].as_str().unwrap().contains(says),
+            "{body}: {answer}"
+        );
     }
     let (status, answer) = f3.post("/scheduler/prioritize", r#"{"Pod":{}}"#);
     assert_eq!(status, 400, "{answer}");
 
     let transfer = f3.transfer(0).to_string();
-    let (status, _, body) = http_get(&format!("http://{transfer}/v1/data?path=/missing.eph"), None);
+    let (status, _, body) = http_get(
+        &format!("http://{transfer}/v1/data?path=/missing.eph"),
+        None,
+    );
     assert_eq!(status, 404);
     assert!(String::from_utf8_lossy(&body).contains("holds no ephemeral file /missing.eph"));
-    let (status, _, body) =
-        http_get(&format!("http://{transfer}/v1/data?path=/../../etc/passwd"), None);
+    let (status, _, body) = http_get(
+        &format!("http://{transfer}/v1/data?path=/../../etc/passwd"),
+        None,
+    );
     assert_eq!(status, 400);
-    assert!(String::from_utf8_lossy(&body).contains("'..' component"), "{}", String::from_utf8_lossy(&body));
-    let (status, _, body) = http_get(&format!("http://{transfer}/v1/data?path=/x.eph"), Some("bytes=9-2"));
+    assert!(
+        String::from_utf8_lossy(&body).contains("'..' component"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    let (status, _, body) = http_get(
+        &format!("http://{transfer}/v1/data?path=/x.eph"),
+        Some("bytes=9-2"),
+    );
     assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
-    let (status, size, body) = http_get(&format!("http://{transfer}/v1/data?path=/x.eph"), Some("bytes=0-"));
-    assert_eq!((status, size.as_str(), body.as_slice()), (206, "1", b"x".as_slice()));
+    let (status, size, body) = http_get(
+        &format!("http://{transfer}/v1/data?path=/x.eph"),
+        Some("bytes=0-"),
+    );
+    assert_eq!(
+        (status, size.as_str(), body.as_slice()),
+        (206, "1", b"x".as_slice())
+    );
 
     let out = f3.f3(&["where", "/../etc/passwd"]);
     assert!(!out.status.success());
@@ -481,7 +648,10 @@ fn bad_input_gets_clear_errors_and_no_agent_crashes() {
     assert!(crate::common::output_text(&out).contains("/nowhere: no such file or directory"));
 
     // Node b may read node a's ephemeral file, not write it.
-    let refused = std::fs::OpenOptions::new().append(true).open(f3.mount(1).join("x.eph")).unwrap_err();
+    let refused = std::fs::OpenOptions::new()
+        .append(true)
+        .open(f3.mount(1).join("x.eph"))
+        .unwrap_err();
     assert_eq!(refused.raw_os_error(), Some(libc::EPERM));
     f3.assert_all_running();
 }

@@ -75,7 +75,12 @@ impl RemoteCopy {
 
     /// Up to `length` bytes from `offset`, waiting at the end of what has
     /// arrived (up to `limit`, then [`CopyRead::Wait`]).
-    pub fn read_waiting(&self, offset: u64, length: u32, limit: Duration) -> std::io::Result<CopyRead> {
+    pub fn read_waiting(
+        &self,
+        offset: u64,
+        length: u32,
+        limit: Duration,
+    ) -> std::io::Result<CopyRead> {
         let deadline = Instant::now() + limit;
         let mut progress = self.progress.lock();
         while offset >= progress.fetched && !progress.done && progress.failure.is_none() {
@@ -88,7 +93,12 @@ impl RemoteCopy {
         self.read_with(&snapshot, offset, length)
     }
 
-    fn read_with(&self, progress: &Progress, offset: u64, length: u32) -> std::io::Result<CopyRead> {
+    fn read_with(
+        &self,
+        progress: &Progress,
+        offset: u64,
+        length: u32,
+    ) -> std::io::Result<CopyRead> {
         if offset < progress.fetched {
             let wanted = (progress.fetched - offset).min(u64::from(length)) as usize;
             let mut buffer = vec![0; wanted];
@@ -165,7 +175,12 @@ impl Copies {
                 "this node tracks {MAX_COPIES} copies already; drop some with `strata f3 evict`"
             )));
         }
-        let file_path = self.directory.join(content_name(path));
+        // A file per version: a reader of an older copy keeps its own
+        // bytes while a newer one arrives.
+        if let Some(old) = copies.remove(path) {
+            let _ = std::fs::remove_file(self.copy_path(&old.path, old.version));
+        }
+        let file_path = self.copy_path(path, version);
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -200,9 +215,18 @@ impl Copies {
 
     /// Drops the copy of `path`, if any; whether there was one.
     pub fn evict(&self, path: &str) -> bool {
-        let had = self.copies.lock().remove(path).is_some();
-        let _ = std::fs::remove_file(self.directory.join(content_name(path)));
-        had
+        match self.copies.lock().remove(path) {
+            Some(copy) => {
+                let _ = std::fs::remove_file(self.copy_path(path, copy.version));
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn copy_path(&self, path: &str, version: u64) -> PathBuf {
+        self.directory
+            .join(format!("{}.{version}", content_name(path)))
     }
 }
 
@@ -217,15 +241,16 @@ struct Fetcher {
 impl Fetcher {
     fn run(self) {
         let path = self.copy.path.clone();
-        let mut last_answer = Instant::now();
+        // When the holder first failed to answer, since its last answer.
+        let mut silent_since: Option<Instant> = None;
         loop {
             let offset = self.copy.progress.lock().fetched;
-            let answer = self
-                .agents
-                .fetch(&self.source.address, &path, offset, FETCH_BYTES, LONG_POLL);
+            let answer =
+                self.agents
+                    .fetch(&self.source.address, &path, offset, FETCH_BYTES, LONG_POLL);
             match answer {
                 Ok(piece) => {
-                    last_answer = Instant::now();
+                    silent_since = None;
                     if let Err(e) = self.copy.file.write_all_at(&piece.bytes, offset) {
                         self.fail(format!("{path}: writing the local copy: {e}"));
                         return;
@@ -255,7 +280,8 @@ impl Fetcher {
                     return;
                 }
                 Err(e) => {
-                    if last_answer.elapsed() >= self.source.lease {
+                    let since = *silent_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= self.source.lease {
                         self.fail(format!(
                             "{path}: node {} holding it has not answered for {:?} (its lease): \
                              {e}; the ephemeral data it held is lost unless it comes back",

@@ -65,9 +65,9 @@ impl DurableTier {
         let name = object_name(path);
         let partial = to.with_extension("partial");
         let record = self.runtime.block_on(async {
-            let mut file = tokio::fs::File::create(&partial).await.map_err(|e| {
-                F3Error::io(format!("creating {}", partial.display()), e)
-            })?;
+            let mut file = tokio::fs::File::create(&partial)
+                .await
+                .map_err(|e| F3Error::io(format!("creating {}", partial.display()), e))?;
             self.client
                 .get(&name, &mut file, &|_| {})
                 .await

@@ -52,7 +52,10 @@ const TTL: Duration = Duration::ZERO;
 const FUSE_THREADS: usize = 4;
 
 /// Mounts `shared`'s namespace at `mountpoint`.
-pub fn mount(shared: Arc<Shared>, mountpoint: &std::path::Path) -> Result<fuser::BackgroundSession> {
+pub fn mount(
+    shared: Arc<Shared>,
+    mountpoint: &std::path::Path,
+) -> Result<fuser::BackgroundSession> {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName(format!("f3:{}", shared.name)),
@@ -113,7 +116,10 @@ impl Inodes {
 /// An open file.
 enum Handle {
     /// An ephemeral file held here.
-    Local { file: Arc<LocalFile>, writable: bool },
+    Local {
+        file: Arc<LocalFile>,
+        writable: bool,
+    },
     /// An ephemeral file held elsewhere, arriving.
     Remote { copy: Arc<RemoteCopy> },
     /// A durable file: its local copy (read) or staging file (write).
@@ -170,7 +176,11 @@ impl F3Filesystem {
             mtime: time,
             ctime: time,
             crtime: time,
-            kind: if entry.directory { FileType::Directory } else { FileType::RegularFile },
+            kind: if entry.directory {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            },
             perm: if entry.directory { 0o777 } else { 0o666 },
             nlink: if entry.directory { 2 } else { 1 },
             uid: 0,
@@ -215,7 +225,8 @@ impl F3Filesystem {
                     })?;
                     file.open_writer();
                     if truncate {
-                        file.set_size(0).map_err(|e| F3Error::io(format!("truncating {path}"), e))?;
+                        file.set_size(0)
+                            .map_err(|e| F3Error::io(format!("truncating {path}"), e))?;
                     }
                 }
                 return Ok(Handle::Local { file, writable });
@@ -241,11 +252,14 @@ impl F3Filesystem {
         }
         let durable = shared.durable()?;
         if writable {
-            let staging = shared
-                .staging_dir
-                .join(format!("{}.{}", super::local::content_name(path), self.next_handle.load(Ordering::Relaxed)));
+            let staging = shared.staging_dir.join(format!(
+                "{}.{}",
+                super::local::content_name(path),
+                self.next_handle.load(Ordering::Relaxed)
+            ));
             if truncate || entry.size == 0 {
-                File::create(&staging).map_err(|e| F3Error::io(format!("creating {}", staging.display()), e))?;
+                File::create(&staging)
+                    .map_err(|e| F3Error::io(format!("creating {}", staging.display()), e))?;
             } else {
                 durable.download(path, &staging)?;
             }
@@ -271,17 +285,22 @@ impl F3Filesystem {
         let current = shared.cached.lock().get(path) == Some(&entry.version);
         if !current {
             if entry.size == 0 {
-                File::create(&cache).map_err(|e| F3Error::io(format!("creating {}", cache.display()), e))?;
+                File::create(&cache)
+                    .map_err(|e| F3Error::io(format!("creating {}", cache.display()), e))?;
             } else {
                 durable.download(path, &cache)?;
             }
             shared.cached.lock().insert(path.into(), entry.version);
             let _ = shared.service.report(
                 &shared.name,
-                vec![HeldFile { path: path.into(), bytes: entry.size }],
+                vec![HeldFile {
+                    path: path.into(),
+                    bytes: entry.size,
+                }],
             );
         }
-        let file = File::open(&cache).map_err(|e| F3Error::io(format!("opening {}", cache.display()), e))?;
+        let file = File::open(&cache)
+            .map_err(|e| F3Error::io(format!("opening {}", cache.display()), e))?;
         Ok(Handle::Durable {
             path: path.into(),
             file,
@@ -300,9 +319,15 @@ impl F3Filesystem {
         })?;
         // The uploaded content is this node's local copy now.
         let cache = self.shared.cache_path(path);
-        if std::fs::copy(staging, &cache).is_ok() {
+        // Through a new file renamed over the old one: readers of the
+        // previous content keep theirs.
+        let fresh = cache.with_extension("fresh");
+        if std::fs::copy(staging, &fresh).is_ok() && std::fs::rename(&fresh, &cache).is_ok() {
             self.shared.cached.lock().insert(path.into(), entry.version);
-            let held = HeldFile { path: path.into(), bytes: size };
+            let held = HeldFile {
+                path: path.into(),
+                bytes: size,
+            };
             if let Err(e) = self.shared.service.report(&self.shared.name, vec![held]) {
                 tracing::warn!("{path}: reporting the local copy to the F3 service: {e}");
             }
@@ -326,13 +351,14 @@ impl F3Filesystem {
                         Handle::Local { file, .. } => file
                             .read_waiting(offset, size, WAIT_SLICE)
                             .map(|r| r.map(Ok)),
-                        Handle::Remote { copy } => copy
-                            .read_waiting(offset, size, WAIT_SLICE)
-                            .map(|r| match r {
-                                CopyRead::Bytes(b) => Some(Ok(b)),
-                                CopyRead::Wait => None,
-                                CopyRead::Failed(_) => Some(Err(Errno::EIO)),
-                            }),
+                        Handle::Remote { copy } => {
+                            copy.read_waiting(offset, size, WAIT_SLICE)
+                                .map(|r| match r {
+                                    CopyRead::Bytes(b) => Some(Ok(b)),
+                                    CopyRead::Wait => None,
+                                    CopyRead::Failed(_) => Some(Err(Errno::EIO)),
+                                })
+                        }
                         Handle::Durable { .. } => Ok(Some(Err(Errno::EIO))),
                     };
                     match step {
@@ -407,25 +433,43 @@ impl Filesystem for F3Filesystem {
             Err(e) => return reply.error(e),
         };
         let result = (|| -> std::result::Result<Entry, Errno> {
-            let entry = self.shared.service.stat(path.as_str()).map_err(|e| errno(&e))?;
+            let entry = self
+                .shared
+                .service
+                .stat(path.as_str())
+                .map_err(|e| errno(&e))?;
             let Some(size) = size else { return Ok(entry) };
             if entry.directory {
                 return Err(Errno::EISDIR);
             }
             if let Some(fh) = fh {
-                if let Handle::Durable { file, staging: Some(_), dirty, .. } = &*self.handle(fh)? {
+                if let Handle::Durable {
+                    file,
+                    staging: Some(_),
+                    dirty,
+                    ..
+                } = &*self.handle(fh)?
+                {
                     file.set_len(size).map_err(|e| io_errno(&e))?;
                     dirty.store(true, Ordering::Relaxed);
                     return Ok(Entry { size, ..entry });
                 }
             }
             if entry.ephemeral && entry.holder.as_deref() == Some(self.shared.name.as_str()) {
-                let local = self.shared.local.open(path.as_str(), false).map_err(|e| errno(&e))?;
+                let local = self
+                    .shared
+                    .local
+                    .open(path.as_str(), false)
+                    .map_err(|e| errno(&e))?;
                 local.set_size(size).map_err(|e| io_errno(&e))?;
                 return self
                     .shared
                     .service
-                    .update(&UpdateRequest { path: path.to_string(), size: Some(size), ..Default::default() })
+                    .update(&UpdateRequest {
+                        path: path.to_string(),
+                        size: Some(size),
+                        ..Default::default()
+                    })
                     .map_err(|e| errno(&e));
             }
             // Truncating a durable file or another node's ephemeral file
@@ -438,20 +482,32 @@ impl Filesystem for F3Filesystem {
         }
     }
 
-    fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, _mode: u32, _umask: u32, reply: ReplyEntry) {
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
         let path = match self.child(parent, name) {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
-        let result = self.shared.service.stat(path.parent().as_str()).and_then(|parent| {
-            self.shared.service.create(&CreateRequest {
-                path: path.to_string(),
-                directory: true,
-                ephemeral: parent.ephemeral,
-                node: self.shared.name.clone(),
-                replace: false,
-            })
-        });
+        let result = self
+            .shared
+            .service
+            .stat(path.parent().as_str())
+            .and_then(|parent| {
+                self.shared.service.create(&CreateRequest {
+                    path: path.to_string(),
+                    directory: true,
+                    ephemeral: parent.ephemeral,
+                    node: self.shared.name.clone(),
+                    replace: false,
+                })
+            });
         match result {
             Ok(entry) => reply.entry(&TTL, &self.attr(&entry), Generation(0)),
             Err(e) => reply.error(errno(&e)),
@@ -466,7 +522,10 @@ impl Filesystem for F3Filesystem {
         let result = (|| -> Result<()> {
             let entry = self.shared.service.stat(path.as_str())?;
             if entry.directory {
-                return Err(F3Error::new(ErrorKind::Invalid, format!("{path} is a directory")));
+                return Err(F3Error::new(
+                    ErrorKind::Invalid,
+                    format!("{path} is a directory"),
+                ));
             }
             self.shared.service.remove(path.as_str())?;
             if entry.ephemeral && entry.holder.as_deref() == Some(self.shared.name.as_str()) {
@@ -493,7 +552,10 @@ impl Filesystem for F3Filesystem {
         };
         let result = self.shared.service.stat(path.as_str()).and_then(|entry| {
             if !entry.directory {
-                return Err(F3Error::new(ErrorKind::Invalid, format!("{path} is a file")));
+                return Err(F3Error::new(
+                    ErrorKind::Invalid,
+                    format!("{path} is a file"),
+                ));
             }
             self.shared.service.remove(path.as_str())
         });
@@ -520,10 +582,21 @@ impl Filesystem for F3Filesystem {
             Err(e) => return reply.error(e),
         };
         let result = (|| -> std::result::Result<(Entry, Handle), Errno> {
-            let parent = self.shared.service.stat(path.parent().as_str()).map_err(|e| errno(&e))?;
+            let parent = self
+                .shared
+                .service
+                .stat(path.parent().as_str())
+                .map_err(|e| errno(&e))?;
             let ephemeral = self.new_file_is_ephemeral(&path, &parent);
             if !ephemeral && self.shared.durable.is_none() {
-                tracing::warn!("{path}: {}", self.shared.durable().err().map(|e| e.message).unwrap_or_default());
+                tracing::warn!(
+                    "{path}: {}",
+                    self.shared
+                        .durable()
+                        .err()
+                        .map(|e| e.message)
+                        .unwrap_or_default()
+                );
                 return Err(Errno::EROFS);
             }
             let entry = self
@@ -538,10 +611,17 @@ impl Filesystem for F3Filesystem {
                 })
                 .map_err(|e| errno(&e))?;
             let handle = if ephemeral {
-                let file = self.shared.local.open(path.as_str(), true).map_err(|e| errno(&e))?;
+                let file = self
+                    .shared
+                    .local
+                    .open(path.as_str(), true)
+                    .map_err(|e| errno(&e))?;
                 file.set_size(0).map_err(|e| io_errno(&e))?;
                 file.open_writer();
-                Handle::Local { file, writable: true }
+                Handle::Local {
+                    file,
+                    writable: true,
+                }
             } else {
                 let staging = self.shared.staging_dir.join(format!(
                     "{}.{}",
@@ -584,7 +664,10 @@ impl Filesystem for F3Filesystem {
         let truncate = flags.0 & libc::O_TRUNC != 0;
         let result = self.shared.service.stat(path.as_str()).and_then(|entry| {
             if entry.directory {
-                return Err(F3Error::new(ErrorKind::Invalid, format!("{path} is a directory")));
+                return Err(F3Error::new(
+                    ErrorKind::Invalid,
+                    format!("{path} is a directory"),
+                ));
             }
             self.open_entry(&entry, writable, truncate)
         });
@@ -599,7 +682,11 @@ impl Filesystem for F3Filesystem {
             }
             Err(e) if e.kind == ErrorKind::Invalid => {
                 tracing::warn!("open {path}: {e}");
-                reply.error(if e.message.contains("durable tier") { Errno::EROFS } else { Errno::EISDIR })
+                reply.error(if e.message.contains("durable tier") {
+                    Errno::EROFS
+                } else {
+                    Errno::EISDIR
+                })
             }
             Err(e) => {
                 tracing::warn!("open {path}: {e}");
@@ -663,8 +750,16 @@ impl Filesystem for F3Filesystem {
             Err(e) => return reply.error(e),
         };
         let result = match &*handle {
-            Handle::Local { file, writable: true } => file.write_at(offset, data),
-            Handle::Durable { file, staging: Some(_), dirty, .. } => {
+            Handle::Local {
+                file,
+                writable: true,
+            } => file.write_at(offset, data),
+            Handle::Durable {
+                file,
+                staging: Some(_),
+                dirty,
+                ..
+            } => {
                 dirty.store(true, Ordering::Relaxed);
                 file.write_all_at(data, offset)
             }
@@ -676,14 +771,27 @@ impl Filesystem for F3Filesystem {
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: fuser::LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: fuser::LockOwner,
+        reply: ReplyEmpty,
+    ) {
         let handle = match self.handle(fh) {
             Ok(h) => h,
             Err(e) => return reply.error(e),
         };
         // A durable file's content goes to the store at close, so that
         // close reports a failed upload.
-        if let Handle::Durable { path, staging: Some(staging), dirty, .. } = &*handle {
+        if let Handle::Durable {
+            path,
+            staging: Some(staging),
+            dirty,
+            ..
+        } = &*handle
+        {
             if dirty.swap(false, Ordering::Relaxed) {
                 if let Err(e) = self.upload(path, staging) {
                     tracing::error!("{path}: {e}");
@@ -709,11 +817,19 @@ impl Filesystem for F3Filesystem {
             return reply.error(Errno::EBADF);
         };
         let closed = match &*handle {
-            Handle::Local { file, writable: true } => {
+            Handle::Local {
+                file,
+                writable: true,
+            } => {
                 let size = file.close_writer();
                 Some((file.path.clone(), size))
             }
-            Handle::Durable { path, file, staging: Some(staging), dirty } => {
+            Handle::Durable {
+                path,
+                file,
+                staging: Some(staging),
+                dirty,
+            } => {
                 if dirty.load(Ordering::Relaxed) {
                     if let Err(e) = self.upload(path, staging) {
                         tracing::error!("{path}: {e}");
@@ -739,7 +855,14 @@ impl Filesystem for F3Filesystem {
         reply.ok();
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         let path = match self.path_of(ino) {
             Ok(p) => p,
             Err(e) => return reply.error(e),
@@ -755,8 +878,17 @@ impl Filesystem for F3Filesystem {
         ];
         for entry in entries {
             let number = self.inodes.lock().number(&entry.path);
-            let kind = if entry.directory { FileType::Directory } else { FileType::RegularFile };
-            let name = entry.path.rsplit('/').next().unwrap_or_default().to_string();
+            let kind = if entry.directory {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            };
+            let name = entry
+                .path
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .to_string();
             all.push((number, kind, name));
         }
         for (index, (number, kind, name)) in all.into_iter().enumerate().skip(offset as usize) {
@@ -791,7 +923,10 @@ impl Filesystem for F3Filesystem {
         };
         let result = self.shared.service.stat(path.as_str()).and_then(|entry| {
             if !entry.directory {
-                return Err(F3Error::new(ErrorKind::Conflict, "a file's tier changes with `strata f3 persist`"));
+                return Err(F3Error::new(
+                    ErrorKind::Conflict,
+                    "a file's tier changes with `strata f3 persist`",
+                ));
             }
             self.shared.service.update(&UpdateRequest {
                 path: path.to_string(),

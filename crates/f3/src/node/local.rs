@@ -82,7 +82,9 @@ impl LocalFile {
         let mut buffer = vec![0; wanted];
         let mut done = 0;
         while done < wanted {
-            let n = self.file.read_at(&mut buffer[done..], offset + done as u64)?;
+            let n = self
+                .file
+                .read_at(&mut buffer[done..], offset + done as u64)?;
             if n == 0 {
                 break;
             }

@@ -143,12 +143,17 @@ async fn serve_data(
 /// A 206 answer carrying `bytes` from `offset`.
 fn piece(offset: u64, bytes: Vec<u8>, size: u64, writing: bool) -> Response {
     let mut headers = HeaderMap::new();
-    let number = |n: u64| HeaderValue::from_str(&n.to_string()).unwrap_or(HeaderValue::from_static("0"));
+    let number =
+        |n: u64| HeaderValue::from_str(&n.to_string()).unwrap_or(HeaderValue::from_static("0"));
     headers.insert(SIZE_HEADER, number(size));
     headers.insert(WRITING_HEADER, number(u64::from(writing)));
     if !bytes.is_empty() {
         let end = offset + bytes.len() as u64 - 1;
-        let total = if writing { "*".to_string() } else { size.to_string() };
+        let total = if writing {
+            "*".to_string()
+        } else {
+            size.to_string()
+        };
         if let Ok(value) = HeaderValue::from_str(&format!("bytes {offset}-{end}/{total}")) {
             headers.insert("content-range", value);
         }
@@ -174,7 +179,9 @@ pub fn persist_file(shared: &Shared, path: &str) -> Result<Entry> {
     let path = NamespacePath::parse(path)?;
     let entry = shared.service.stat(path.as_str())?;
     if entry.directory {
-        return Err(F3Error::invalid(format!("{path} is a directory; persist files")));
+        return Err(F3Error::invalid(format!(
+            "{path} is a directory; persist files"
+        )));
     }
     if !entry.ephemeral {
         return Err(F3Error::conflict(format!("{path} is durable already")));
@@ -201,7 +208,9 @@ pub fn persist_file(shared: &Shared, path: &str) -> Result<Entry> {
         clear_holder: true,
         ..UpdateRequest::default()
     })?;
-    shared.local.take(path.as_str(), &shared.cache_path(path.as_str()))?;
+    shared
+        .local
+        .take(path.as_str(), &shared.cache_path(path.as_str()))?;
     shared
         .cached
         .lock()
