@@ -45,6 +45,11 @@ struct F3 {
 
 impl F3 {
     fn up() -> F3 {
+        F3::up_with(&[])
+    }
+
+    /// [`F3::up`], agent `b` started with `b_args` too.
+    fn up_with(b_args: &[&str]) -> F3 {
         let dir = crate::common::tmp();
         let store = Store::up(&dir.path().join("store"), &[]);
         let meta_dir = p(&dir.path().join("meta"));
@@ -69,13 +74,12 @@ impl F3 {
             _mounts: Vec::new(),
             dir,
         };
-        for name in ["a", "b"] {
-            f3.start_agent(name);
-        }
+        f3.start_agent("a", &[]);
+        f3.start_agent("b", b_args);
         f3
     }
 
-    fn start_agent(&mut self, name: &str) {
+    fn start_agent(&mut self, name: &str, extra: &[&str]) {
         let point = self.dir.path().join(format!("mount-{name}"));
         std::fs::create_dir_all(&point).unwrap();
         // Registered before the mount exists, so teardown unmounts it
@@ -84,12 +88,13 @@ impl F3 {
         let node_dir = p(&self.dir.path().join(format!("node-{name}")));
         let on = self.store.on.to_string();
         let credential = p(&self.store.dir.join("admin.credential"));
-        let process = Launch::strata(&[
+        let point_text = p(&point);
+        let mut args = vec![
             "node",
             "--dir",
             &node_dir,
             "--mount",
-            &p(&point),
+            &point_text,
             "--meta",
             &self.meta,
             "--name",
@@ -98,8 +103,9 @@ impl F3 {
             &on,
             "--credential",
             &credential,
-        ])
-        .start();
+        ];
+        args.extend_from_slice(extra);
+        let process = Launch::strata(&args).start();
         let transfer = process.word_after("transfer on ");
         self.points.push((point, transfer));
         self.agents.push((name.to_string(), Some(process)));
@@ -654,4 +660,60 @@ fn bad_input_gets_clear_errors_and_no_agent_crashes() {
         .unwrap_err();
     assert_eq!(refused.raw_os_error(), Some(libc::EPERM));
     f3.assert_all_running();
+}
+
+/// `--all-ephemeral` makes every new file on that node ephemeral; a file
+/// removed on one node is gone from both mounts, and its holder drops its
+/// content.
+#[test]
+fn all_ephemeral_mounts_and_removal_from_another_node() {
+    let f3 = F3::up_with(&["--all-ephemeral"]);
+    std::fs::write(f3.mount(1).join("notes.txt"), b"kept on b").unwrap();
+    std::fs::write(f3.mount(0).join("notes-a.txt"), b"in the store").unwrap();
+    assert_eq!(
+        xattr(&f3.mount(0).join("notes.txt"), "user.strata.holder").as_deref(),
+        Some("b")
+    );
+    assert_eq!(
+        xattr(&f3.mount(1).join("notes-a.txt"), "user.strata.ephemeral").as_deref(),
+        Some("0")
+    );
+
+    let contents = |node: &str| {
+        std::fs::read_dir(f3.dir.path().join(format!("node-{node}/files")))
+            .unwrap()
+            .count()
+    };
+    assert_eq!(contents("b"), 1);
+    assert_eq!(
+        std::fs::read(f3.mount(0).join("notes.txt")).unwrap(),
+        b"kept on b"
+    );
+    std::fs::remove_file(f3.mount(0).join("notes.txt")).unwrap();
+    for index in [0, 1] {
+        assert_eq!(names(f3.mount(index)), ["notes-a.txt"]);
+    }
+    assert_eq!(
+        contents("b"),
+        0,
+        "node b kept the content of a removed file"
+    );
+    std::fs::remove_file(f3.mount(1).join("notes-a.txt")).unwrap();
+    assert!(!f3
+        .store
+        .run(&["obj", "stat", "f3/notes-a.txt"])
+        .status
+        .success());
+    let (status, answer) = http_post(
+        &format!("http://{}/v1/forget", f3.transfer(1)),
+        r#"{"path":"/notes-a.txt"}"#,
+    );
+    assert_eq!(status, 200, "{answer}");
+    std::fs::write(f3.mount(1).join("again.txt"), b"x").unwrap();
+    let (status, answer) = http_post(
+        &format!("http://{}/v1/forget", f3.transfer(1)),
+        r#"{"path":"/again.txt"}"#,
+    );
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(std::fs::read(f3.mount(0).join("again.txt")).unwrap(), b"x");
 }

@@ -16,9 +16,8 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -30,8 +29,8 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
-use super::copies::{CopyRead, RemoteCopy, Source};
-use super::local::LocalFile;
+use super::copies::CopyRead;
+use super::handles::Handle;
 use super::Shared;
 use crate::error::ErrorKind;
 use crate::path::NamespacePath;
@@ -113,24 +112,6 @@ impl Inodes {
     }
 }
 
-/// An open file.
-enum Handle {
-    /// An ephemeral file held here.
-    Local {
-        file: Arc<LocalFile>,
-        writable: bool,
-    },
-    /// An ephemeral file held elsewhere, arriving.
-    Remote { copy: Arc<RemoteCopy> },
-    /// A durable file: its local copy (read) or staging file (write).
-    Durable {
-        path: String,
-        file: File,
-        staging: Option<PathBuf>,
-        dirty: std::sync::atomic::AtomicBool,
-    },
-}
-
 struct F3Filesystem {
     shared: Arc<Shared>,
     inodes: Mutex<Inodes>,
@@ -205,134 +186,6 @@ impl F3Filesystem {
     /// directory's marking, or the mount's option.
     fn new_file_is_ephemeral(&self, path: &NamespacePath, parent: &Entry) -> bool {
         self.shared.all_ephemeral || parent.ephemeral || path.name().ends_with(EPHEMERAL_SUFFIX)
-    }
-
-    /// Opens `entry` (a file) as this node may: the handle and whether
-    /// it is writable.
-    fn open_entry(&self, entry: &Entry, writable: bool, truncate: bool) -> Result<Handle> {
-        let shared = &self.shared;
-        let path = entry.path.as_str();
-        if entry.ephemeral {
-            let holder = entry.holder.clone().unwrap_or_default();
-            if holder == shared.name {
-                let file = shared.local.open(path, false)?;
-                if writable {
-                    shared.service.writer(&WriterRequest {
-                        path: path.into(),
-                        node: shared.name.clone(),
-                        opened: true,
-                        size: None,
-                    })?;
-                    file.open_writer();
-                    if truncate {
-                        file.set_size(0)
-                            .map_err(|e| F3Error::io(format!("truncating {path}"), e))?;
-                    }
-                }
-                return Ok(Handle::Local { file, writable });
-            }
-            if writable {
-                return Err(F3Error::new(
-                    ErrorKind::Conflict,
-                    format!("{path} is ephemeral and held by node {holder}: write it there"),
-                ));
-            }
-            let node = shared.service.node(&holder)?;
-            let copy = shared.copies.open(
-                path,
-                entry.version,
-                Source {
-                    holder,
-                    address: node.address,
-                    node: shared.name.clone(),
-                    lease: shared.lease,
-                },
-            )?;
-            return Ok(Handle::Remote { copy });
-        }
-        let durable = shared.durable()?;
-        if writable {
-            let staging = shared.staging_dir.join(format!(
-                "{}.{}",
-                super::local::content_name(path),
-                self.next_handle.load(Ordering::Relaxed)
-            ));
-            if truncate || entry.size == 0 {
-                File::create(&staging)
-                    .map_err(|e| F3Error::io(format!("creating {}", staging.display()), e))?;
-            } else {
-                durable.download(path, &staging)?;
-            }
-            shared.service.writer(&WriterRequest {
-                path: path.into(),
-                node: shared.name.clone(),
-                opened: true,
-                size: None,
-            })?;
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&staging)
-                .map_err(|e| F3Error::io(format!("opening {}", staging.display()), e))?;
-            return Ok(Handle::Durable {
-                path: path.into(),
-                file,
-                staging: Some(staging),
-                dirty: std::sync::atomic::AtomicBool::new(truncate),
-            });
-        }
-        let cache = shared.cache_path(path);
-        let current = shared.cached.lock().get(path) == Some(&entry.version);
-        if !current {
-            if entry.size == 0 {
-                File::create(&cache)
-                    .map_err(|e| F3Error::io(format!("creating {}", cache.display()), e))?;
-            } else {
-                durable.download(path, &cache)?;
-            }
-            shared.cached.lock().insert(path.into(), entry.version);
-            let _ = shared.service.report(
-                &shared.name,
-                vec![HeldFile {
-                    path: path.into(),
-                    bytes: entry.size,
-                }],
-            );
-        }
-        let file = File::open(&cache)
-            .map_err(|e| F3Error::io(format!("opening {}", cache.display()), e))?;
-        Ok(Handle::Durable {
-            path: path.into(),
-            file,
-            staging: None,
-            dirty: std::sync::atomic::AtomicBool::new(false),
-        })
-    }
-
-    /// Writes a durable file's staging content back to the store.
-    fn upload(&self, path: &str, staging: &std::path::Path) -> Result<u64> {
-        let size = self.shared.durable()?.upload(path, staging)?;
-        let entry = self.shared.service.update(&UpdateRequest {
-            path: path.into(),
-            size: Some(size),
-            ..UpdateRequest::default()
-        })?;
-        // The uploaded content is this node's local copy now.
-        let cache = self.shared.cache_path(path);
-        // Through a new file renamed over the old one: readers of the
-        // previous content keep theirs.
-        let fresh = cache.with_extension("fresh");
-        if std::fs::copy(staging, &fresh).is_ok() && std::fs::rename(&fresh, &cache).is_ok() {
-            self.shared.cached.lock().insert(path.into(), entry.version);
-            let held = HeldFile {
-                path: path.into(),
-                bytes: size,
-            };
-            if let Err(e) = self.shared.service.report(&self.shared.name, vec![held]) {
-                tracing::warn!("{path}: reporting the local copy to the F3 service: {e}");
-            }
-        }
-        Ok(size)
     }
 
     /// Replies to a read that has to wait, from a thread of its own.
@@ -527,15 +380,33 @@ impl Filesystem for F3Filesystem {
                     format!("{path} is a directory"),
                 ));
             }
-            self.shared.service.remove(path.as_str())?;
-            if entry.ephemeral && entry.holder.as_deref() == Some(self.shared.name.as_str()) {
-                self.shared.local.remove(path.as_str())?;
-            } else if !entry.ephemeral {
+            let removed = self.shared.service.remove(path.as_str())?;
+            if !removed.ephemeral {
                 self.shared.durable()?.delete(path.as_str())?;
             }
-            self.shared.copies.evict(path.as_str());
-            self.shared.cached.lock().remove(path.as_str());
-            let _ = std::fs::remove_file(self.shared.cache_path(path.as_str()));
+            super::transfer::forget_file(&self.shared, path.as_str())?;
+            // The holder and the nodes with copies drop theirs too.
+            let others = removed
+                .held
+                .keys()
+                .chain(removed.holder.iter())
+                .filter(|node| **node != self.shared.name)
+                .cloned()
+                .collect::<std::collections::BTreeSet<String>>();
+            for node in others {
+                let asked = self.shared.service.node(&node).and_then(|info| {
+                    self.shared.agents.post::<serde_json::Value>(
+                        &info.address,
+                        "/v1/forget",
+                        &PathRequest {
+                            path: path.to_string(),
+                        },
+                    )
+                });
+                if let Err(e) = asked {
+                    tracing::warn!("{path}: asking node {node} to drop its content: {e}");
+                }
+            }
             Ok(())
         })();
         match result {
@@ -669,7 +540,13 @@ impl Filesystem for F3Filesystem {
                     format!("{path} is a directory"),
                 ));
             }
-            self.open_entry(&entry, writable, truncate)
+            super::handles::open_entry(
+                &self.shared,
+                &entry,
+                writable,
+                truncate,
+                self.next_handle.load(Ordering::Relaxed),
+            )
         });
         match result {
             Ok(handle) => {
@@ -793,7 +670,7 @@ impl Filesystem for F3Filesystem {
         } = &*handle
         {
             if dirty.swap(false, Ordering::Relaxed) {
-                if let Err(e) = self.upload(path, staging) {
+                if let Err(e) = super::handles::upload(&self.shared, path, staging) {
                     tracing::error!("{path}: {e}");
                     dirty.store(true, Ordering::Relaxed);
                     return reply.error(Errno::EIO);
@@ -831,7 +708,7 @@ impl Filesystem for F3Filesystem {
                 dirty,
             } => {
                 if dirty.load(Ordering::Relaxed) {
-                    if let Err(e) = self.upload(path, staging) {
+                    if let Err(e) = super::handles::upload(&self.shared, path, staging) {
                         tracing::error!("{path}: {e}");
                     }
                 }

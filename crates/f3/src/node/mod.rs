@@ -7,6 +7,7 @@
 pub mod copies;
 pub mod durable;
 pub mod fs;
+pub mod handles;
 pub mod local;
 pub mod transfer;
 

@@ -9,7 +9,10 @@
 //!   the durable tier (its object uploaded, its record changed, its local
 //!   content kept as the durable file's local copy);
 //! - `POST /v1/evict {"path"}`: drops this node's copy of a file held
-//!   elsewhere (or of a durable file).
+//!   elsewhere (or of a durable file);
+//! - `POST /v1/forget {"path"}`: drops whatever this node keeps of a file
+//!   the namespace no longer has (a node that removed a file asks the
+//!   others; a file still in the namespace is refused).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,6 +46,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/data", get(data))
         .route("/v1/persist", post(persist))
         .route("/v1/evict", post(evict))
+        .route("/v1/forget", post(forget))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(shared)
 }
@@ -255,4 +259,35 @@ pub fn evict_file(shared: &Shared, path: &str) -> Result<serde_json::Value> {
         "path": path.as_str(),
         "evicted": had_copy || had_cache,
     }))
+}
+
+async fn forget(State(shared): State<Arc<Shared>>, request: Body<PathRequest>) -> Response {
+    let request = match body(request) {
+        Ok(r) => r,
+        Err(e) => return error_response(&e),
+    };
+    let result = tokio::task::spawn_blocking(move || forget_file(&shared, &request.path))
+        .await
+        .unwrap_or_else(|e| Err(F3Error::unavailable(format!("forget: {e}"))));
+    answer(result)
+}
+
+/// Drops this node's content, copy and local copy of `path`, once the
+/// namespace has no such file (checked with the service first).
+pub fn forget_file(shared: &Shared, path: &str) -> Result<serde_json::Value> {
+    let path = NamespacePath::parse(path)?;
+    match shared.service.stat(path.as_str()) {
+        Ok(_) => {
+            return Err(F3Error::conflict(format!(
+                "{path} is still in the namespace: remove it first"
+            )))
+        }
+        Err(e) if e.kind == ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    shared.local.remove(path.as_str())?;
+    shared.copies.evict(path.as_str());
+    shared.cached.lock().remove(path.as_str());
+    let _ = std::fs::remove_file(shared.cache_path(path.as_str()));
+    Ok(serde_json::json!({ "node": shared.name, "path": path.as_str(), "forgotten": true }))
 }
