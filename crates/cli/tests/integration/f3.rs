@@ -367,16 +367,19 @@ fn ephemeral_and_durable_files_agree_from_both_mounts() {
 
 /// A reader on node b of a file node a is writing gets every byte in
 /// order while the writer writes, waits at the end of the file while it
-/// is open, and ends when it closes; two readers alike.
+/// is open, and ends when it closes; two readers alike, and a reader on
+/// the writer's own node.
 #[test]
 fn read_while_write_across_nodes_with_two_readers() {
     let f3 = F3::up();
     let data = pattern(24 * 64 * 1024, 3);
     let mut writer = std::fs::File::create(f3.mount(0).join("stream.eph")).unwrap();
     writer.write_all(&data[..64 * 1024]).unwrap();
+    // Two readers on node b, and one on the writer's own node.
     let readers = [
         spawn_reader(f3.mount(1).join("stream.eph")),
         spawn_reader(f3.mount(1).join("stream.eph")),
+        spawn_reader(f3.mount(0).join("stream.eph")),
     ];
     for chunk in data[64 * 1024..].chunks(64 * 1024) {
         std::thread::sleep(Duration::from_millis(40));
