@@ -17,6 +17,9 @@ need=()
 # bench`'s tests (crates/cli/tests/integration/bench.rs) run fio's nbd and
 # null engines, and qemu-storage-daemon for the QEMU provider; its HTML
 # report is rendered and screenshot in headless Chromium.
+# F3's tests (crates/cli/tests/integration/f3.rs) mount through /dev/fuse as
+# root with the mount system call (fuser's own, no fusermount3 or libfuse
+# needed) and unmount with umount -l.
 for tool in qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils qemu-storage-daemon:qemu-utils \
   nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:python3-libnbd fio:fio nbdkit:nbdkit \
   fincore:util-linux-extra openssl:openssl strace:strace aws:awscli \

@@ -2,6 +2,7 @@
 
 mod bench;
 mod daemon;
+mod f3;
 mod humanize;
 mod img;
 mod mirror;
@@ -80,6 +81,15 @@ enum Command {
         #[command(subcommand)]
         command: bench::BenchCommand,
     },
+    /// The F3 serverless file tier: its metadata and locality service
+    /// (`serve`), and its files (`ls`, `where`, `persist`, `evict`).
+    F3 {
+        #[command(subcommand)]
+        command: f3::F3Command,
+    },
+    /// Run an F3 node agent: mount the shared namespace of durable and
+    /// ephemeral files, and serve this node's ephemeral files to others.
+    Node(f3::NodeArgs),
     /// Print the completion script of a shell (bash, zsh, fish, ...).
     Completions {
         /// The shell.
@@ -118,6 +128,8 @@ fn main() {
         Command::S3(args) => store::run_s3(args),
         Command::Up(args) => up::run(args),
         Command::Bench { command } => bench::run(command),
+        Command::F3 { command } => f3::run(command),
+        Command::Node(args) => f3::run_node(args),
         Command::Completions { shell } => ops::completions(shell, Cli::command()),
         Command::Man { dir } => ops::man_pages(&dir, Cli::command()),
     };

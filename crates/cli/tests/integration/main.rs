@@ -11,6 +11,7 @@ mod bench;
 mod common;
 mod damaged;
 mod docs_examples;
+mod f3;
 mod hostile;
 mod img_ops;
 mod interop;
