@@ -726,17 +726,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             Body::MgGather { groups, slot, from } => {
                 self.serve_gather(groups, *slot, from).map(Some)
             }
-            Body::GetRepairCounts => {
-                let r = self.repair_stats();
-                Ok(Some(Body::RepairCounts {
-                    copies_started: r.copies_started,
-                    rebuilds_started: r.rebuilds_started,
-                    committed: r.committed,
-                    failed: r.failed,
-                    in_flight: r.in_flight,
-                    damaged_waiting: r.damaged_waiting,
-                }))
-            }
+            Body::GetRepairCounts => Ok(Some(self.repair_stats().body())),
             Body::Referenced { addrs } => {
                 let query: std::collections::HashSet<Addr> = addrs.iter().copied().collect();
                 let mut found: std::collections::HashSet<Addr> =

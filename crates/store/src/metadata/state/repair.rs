@@ -24,6 +24,20 @@ pub struct RepairStats {
     pub damaged_waiting: u64,
 }
 
+impl RepairStats {
+    /// The counters as the answer to [`Body::GetRepairCounts`].
+    pub fn body(&self) -> Body {
+        Body::RepairCounts {
+            copies_started: self.copies_started,
+            rebuilds_started: self.rebuilds_started,
+            committed: self.committed,
+            failed: self.failed,
+            in_flight: self.in_flight,
+            damaged_waiting: self.damaged_waiting,
+        }
+    }
+}
+
 impl<P: Clone + Eq + Hash> MnCore<P> {
     /// One step of repair: expires stuck copies and, while some storage
     /// node is dead or being drained, looks at the next batch of records
