@@ -6,7 +6,7 @@ use crate::transport::{ok_body, request_id, udp_call};
 use std::net::SocketAddr;
 use std::time::Duration;
 use strata_store_protocol::auth::ClusterKey;
-use strata_store_protocol::wire::{Body, Msg};
+use strata_store_protocol::wire::{Body, Msg, RepairCounts};
 use strata_store_protocol::Error;
 
 /// How long the orchestrator has to answer one attempt.
@@ -117,44 +117,12 @@ pub async fn schedule(
         })?
 }
 
-/// A metadata node's repair since it started, as it answers
-/// [`Body::GetRepairCounts`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RepairCounts {
-    /// Replica copies started.
-    pub copies_started: u64,
-    /// Erasure-coded fragment rebuilds started.
-    pub rebuilds_started: u64,
-    /// Copies and rebuilds committed into their record.
-    pub committed: u64,
-    /// Copies and rebuilds that failed or were overtaken.
-    pub failed: u64,
-    /// Copies and rebuilds under way.
-    pub in_flight: u64,
-    /// Replica addresses reported damaged and not repaired yet.
-    pub damaged_waiting: u64,
-}
-
 /// Asks the metadata node at `endpoint` for its repair counters, sealed
 /// with the cluster `key`.
 pub async fn repair_counts(endpoint: SocketAddr, key: &ClusterKey) -> Result<RepairCounts, Error> {
     let msg = Msg::new(request_id(), 0, Body::GetRepairCounts);
     match ok_body(udp_call(endpoint, &msg, TIMEOUT, ATTEMPTS, Some(key)).await?)? {
-        Body::RepairCounts {
-            copies_started,
-            rebuilds_started,
-            committed,
-            failed,
-            in_flight,
-            damaged_waiting,
-        } => Ok(RepairCounts {
-            copies_started,
-            rebuilds_started,
-            committed,
-            failed,
-            in_flight,
-            damaged_waiting,
-        }),
+        Body::RepairCounts(counts) => Ok(counts),
         other => Err(Error::Peer(format!(
             "the metadata node at {endpoint} answered {other:?} to a request for its repair \
              counts; expected RepairCounts (is it an older version?)"

@@ -2,8 +2,8 @@
 //! printed for people or as JSON.
 
 use super::*;
-use strata_store_client::admin::RepairCounts;
 use strata_store_protocol::auth::ClusterKey;
+use strata_store_protocol::wire::RepairCounts;
 
 pub(super) fn status(args: &StatusArgs) -> Result<i32> {
     let c = &args.cluster;

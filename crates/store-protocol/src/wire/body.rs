@@ -412,20 +412,7 @@ pub enum Body {
     /// [`Body::RepairCounts`] (`strata store status`).
     GetRepairCounts,
     /// Metadata node → operator: its repair counters since it started.
-    RepairCounts {
-        /// Replica copies started.
-        copies_started: u64,
-        /// Erasure-coded fragment rebuilds started.
-        rebuilds_started: u64,
-        /// Copies and rebuilds committed into their record.
-        committed: u64,
-        /// Copies and rebuilds that failed or were overtaken.
-        failed: u64,
-        /// Copies and rebuilds under way.
-        in_flight: u64,
-        /// Replica addresses reported damaged and not repaired yet.
-        damaged_waiting: u64,
-    },
+    RepairCounts(RepairCounts),
     /// Storage node → metadata node: which of these replica addresses do
     /// your records name? (Garbage collection of unreferenced replicas.)
     Referenced {
@@ -598,6 +585,27 @@ pub const MAX_SYNC_SUMS: usize = 4096;
 // A full digest (group u32, index u8, sum u64: 13 bytes a sum) with its
 // header and seal fits one datagram.
 const _: () = assert!(HEADER_LEN + MAX_SYNC_SUMS * 13 + SEAL_LEN <= crate::codec::MAX_DATAGRAM);
+
+/// A metadata node's repair since it started: copies of replicas and
+/// rebuilds of erasure-coded fragments started, committed and failed,
+/// and what is under way now (its `/metrics`, and `strata store status`
+/// through [`Body::RepairCounts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RepairCounts {
+    /// Replica copies started.
+    pub copies_started: u64,
+    /// Fragment rebuilds started.
+    pub rebuilds_started: u64,
+    /// Copies and rebuilds committed into their record.
+    pub committed: u64,
+    /// Copies and rebuilds that failed or were overtaken (their new
+    /// replicas freed).
+    pub failed: u64,
+    /// Copies and rebuilds under way now.
+    pub in_flight: u64,
+    /// Replica addresses reported damaged and not repaired yet.
+    pub damaged_waiting: u64,
+}
 
 /// Most addresses one `Referenced` message carries.
 pub const MAX_REFERENCED: usize = 2048;

@@ -2,7 +2,7 @@
 //! does not decode.
 
 use super::body::{
-    Body, ListEntry, Msg, Role, SyncEntry, SyncSum, MAX_DAMAGED, MAX_DATA_REPLICAS,
+    Body, ListEntry, Msg, RepairCounts, Role, SyncEntry, SyncSum, MAX_DAMAGED, MAX_DATA_REPLICAS,
     MAX_GATHER_GROUPS, MAX_OBJECT, MAX_SYNC_ENTRIES, MAX_SYNC_SUMS,
 };
 use super::frame::{peek, tenant_parts, HEADER_LEN, SEAL_LEN};
@@ -162,14 +162,14 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
             addrs: get_bounded_addrs(r, MAX_DAMAGED, "damaged replicas in one report")?,
         },
         Kind::GetRepairCounts => Body::GetRepairCounts,
-        Kind::RepairCounts => Body::RepairCounts {
+        Kind::RepairCounts => Body::RepairCounts(RepairCounts {
             copies_started: r.u64()?,
             rebuilds_started: r.u64()?,
             committed: r.u64()?,
             failed: r.u64()?,
             in_flight: r.u64()?,
             damaged_waiting: r.u64()?,
-        },
+        }),
         Kind::BadReplica => Body::BadReplica {
             name: r.name()?,
             replica: r.addr()?,

@@ -243,23 +243,16 @@ impl Msg {
                 }
             }
             Body::GetRepairCounts => {}
-            Body::RepairCounts {
-                copies_started,
-                rebuilds_started,
-                committed,
-                failed,
-                in_flight,
-                damaged_waiting,
-            } => {
+            Body::RepairCounts(counts) => {
                 for count in [
-                    copies_started,
-                    rebuilds_started,
-                    committed,
-                    failed,
-                    in_flight,
-                    damaged_waiting,
+                    counts.copies_started,
+                    counts.rebuilds_started,
+                    counts.committed,
+                    counts.failed,
+                    counts.in_flight,
+                    counts.damaged_waiting,
                 ] {
-                    w.u64(*count);
+                    w.u64(count);
                 }
             }
             Body::BadReplica { name, replica } => {

@@ -270,7 +270,7 @@ impl Body {
             Body::BadReplica { .. } => Kind::BadReplica,
             Body::PostEmpty { .. } => Kind::PostEmpty,
             Body::GetRepairCounts => Kind::GetRepairCounts,
-            Body::RepairCounts { .. } => Kind::RepairCounts,
+            Body::RepairCounts(_) => Kind::RepairCounts,
         }
     }
 }

@@ -26,9 +26,9 @@ mod kinds;
 mod records;
 
 pub use self::body::{
-    Body, Fragments, GatherCursor, ListEntry, Msg, Record, RenameLink, Role, Row, SyncEntry,
-    SyncSum, MAX_ATTRIBUTES, MAX_DAMAGED, MAX_DATA_REPLICAS, MAX_GATHER_GROUPS, MAX_OBJECT,
-    MAX_PULL_ROWS, MAX_REFERENCED, MAX_SYNC_ENTRIES, MAX_SYNC_SUMS, MAX_TICKET,
+    Body, Fragments, GatherCursor, ListEntry, Msg, Record, RenameLink, RepairCounts, Role, Row,
+    SyncEntry, SyncSum, MAX_ATTRIBUTES, MAX_DAMAGED, MAX_DATA_REPLICAS, MAX_GATHER_GROUPS,
+    MAX_OBJECT, MAX_PULL_ROWS, MAX_REFERENCED, MAX_SYNC_ENTRIES, MAX_SYNC_SUMS, MAX_TICKET,
 };
 pub use self::decode::malformed;
 pub use self::frame::{
@@ -371,14 +371,14 @@ mod tests {
                 replica: 1 << 90 | 5,
             },
             Body::GetRepairCounts,
-            Body::RepairCounts {
+            Body::RepairCounts(RepairCounts {
                 copies_started: 1,
                 rebuilds_started: 2,
                 committed: 3,
                 failed: 4,
                 in_flight: 5,
                 damaged_waiting: u64::MAX,
-            },
+            }),
         ]
     }
 

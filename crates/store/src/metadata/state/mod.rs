@@ -726,7 +726,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             Body::MgGather { groups, slot, from } => {
                 self.serve_gather(groups, *slot, from).map(Some)
             }
-            Body::GetRepairCounts => Ok(Some(self.repair_stats().body())),
+            Body::GetRepairCounts => Ok(Some(Body::RepairCounts(self.repair_stats()))),
             Body::Referenced { addrs } => {
                 let query: std::collections::HashSet<Addr> = addrs.iter().copied().collect();
                 let mut found: std::collections::HashSet<Addr> =

@@ -4,39 +4,9 @@
 
 use super::*;
 
-/// A metadata node's repair since it started: copies of replicas and
-/// rebuilds of erasure-coded fragments started, committed and failed,
-/// and what is under way now (for `/metrics`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RepairStats {
-    /// Replica copies started.
-    pub copies_started: u64,
-    /// Fragment rebuilds started.
-    pub rebuilds_started: u64,
-    /// Copies and rebuilds committed into their record.
-    pub committed: u64,
-    /// Copies and rebuilds that failed or were overtaken (their new
-    /// replicas freed).
-    pub failed: u64,
-    /// Copies and rebuilds under way now.
-    pub in_flight: u64,
-    /// Replica addresses reported damaged and not repaired yet.
-    pub damaged_waiting: u64,
-}
-
-impl RepairStats {
-    /// The counters as the answer to [`Body::GetRepairCounts`].
-    pub fn body(&self) -> Body {
-        Body::RepairCounts {
-            copies_started: self.copies_started,
-            rebuilds_started: self.rebuilds_started,
-            committed: self.committed,
-            failed: self.failed,
-            in_flight: self.in_flight,
-            damaged_waiting: self.damaged_waiting,
-        }
-    }
-}
+/// A metadata node's repair since it started (for `/metrics` and
+/// `strata store status`).
+pub type RepairStats = strata_store_protocol::wire::RepairCounts;
 
 impl<P: Clone + Eq + Hash> MnCore<P> {
     /// One step of repair: expires stuck copies and, while some storage
