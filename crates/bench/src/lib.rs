@@ -6,7 +6,8 @@
 //! drives a provider ([`provider`]: Strata's volume daemon, or a null
 //! provider as the ceiling), records one JSON line per operation and the
 //! workloads' I/O per second ([`record`]), cleans up everything it made,
-//! and a report ([`report`]) summarizes or compares runs. Never prints:
+//! and a report ([`report`]) summarizes or compares runs. [`s3_load`] is
+//! apart: a load generator for S3 gateways and plain HTTP servers. Never prints:
 //! progress goes to the caller as events.
 
 pub mod cleanup;
@@ -17,6 +18,7 @@ pub mod rate;
 pub mod record;
 pub mod report;
 pub mod run;
+pub mod s3_load;
 pub mod spec;
 pub mod units;
 pub mod workload;
