@@ -44,6 +44,7 @@ everything is stopped and removed at the end, on failure or Ctrl-C too.
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -261,8 +262,14 @@ def load(strata, server, op, size, clients, seconds, prefix, objects, prepare=Fa
         args += ["--prepare"]
     hz = os.sysconf("SC_CLK_TCK")
     before = ticks(server.pids)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(args, capture_output=True, text=True)
     cpu_seconds = (ticks(server.pids) - before) / hz
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # The load generator's own CPU: on 2 shared cores it competes with
+    # the servers, and says which side was CPU-bound.
+    client_cpu_seconds = (after.ru_utime + after.ru_stime
+                          - children.ru_utime - children.ru_stime)
     if out.returncode not in (0, 3) or not out.stdout:
         raise RuntimeError(f"strata bench s3 against {server.name} failed "
                            f"(exit {out.returncode}): {out.stderr[-2000:]}")
@@ -270,6 +277,7 @@ def load(strata, server, op, size, clients, seconds, prefix, objects, prepare=Fa
     # Prepared PUTs are not timed but their CPU is in `before`..now: only
     # the timed part's share is wanted, so a prepare run is done apart.
     report["cpu_seconds"] = cpu_seconds
+    report["client_cpu_seconds"] = client_cpu_seconds
     report["server"] = server.name
     return report
 
@@ -279,9 +287,11 @@ def median_of(reports):
     first = reports[0]
     out = dict(first)
     for field in ("requests_per_second", "megabytes_per_second", "latency_p50_microseconds",
-                  "latency_p99_microseconds", "cpu_seconds", "seconds", "mb_per_cpu_second"):
-        out[field] = statistics.median(r[field] for r in reports)
+                  "latency_p99_microseconds", "cpu_seconds", "seconds", "mb_per_cpu_second",
+                  "requests_per_cpu_second", "client_cpu_seconds"):
+        out[field] = statistics.median(r.get(field, 0.0) for r in reports)
     out["errors"] = sum(r["errors"] for r in reports)
+    out["error_samples"] = sorted({e for r in reports for e in r["error_samples"]})[:8]
     out["runs"] = len(reports)
     return out
 
@@ -314,9 +324,10 @@ def run_matrix(strata, servers, sizes, clients_list, seconds, repeat, nginx, str
                         key_prefix = prefix if op == "get" else f"p{size}-"
                         report = load(strata, server, op, size, clients, seconds, key_prefix,
                                       objects)
-                        report["mb_per_cpu_second"] = (
-                            report["bytes"] / 1e6 / report["cpu_seconds"]
-                            if report["cpu_seconds"] > 0 else 0.0)
+                        cpu = report["cpu_seconds"]
+                        report["mb_per_cpu_second"] = report["bytes"] / 1e6 / cpu if cpu else 0.0
+                        report["requests_per_cpu_second"] = (report["requests"] / cpu
+                                                             if cpu else 0.0)
                         runs[server.name].append(report)
                 for name, reports in runs.items():
                     row = median_of(reports)
@@ -325,7 +336,8 @@ def run_matrix(strata, servers, sizes, clients_list, seconds, repeat, nginx, str
                     print(f"# {op} {size_name(size)} x{clients} {name}: "
                           f"{row['requests_per_second']:.0f} req/s, "
                           f"{row['megabytes_per_second']:.1f} MB/s, "
-                          f"{row['mb_per_cpu_second']:.1f} MB/CPU-s, {row['errors']} errors",
+                          f"{row['mb_per_cpu_second']:.1f} MB/CPU-s, {row['errors']} errors"
+                          + (f" ({'; '.join(row['error_samples'])})" if row["errors"] else ""),
                           file=sys.stderr, flush=True)
     return results
 
@@ -336,8 +348,14 @@ def table(results):
     by = {(r["op"], r["size"], r["clients"], r["server"]): r for r in results}
     keys = sorted({(r["op"], r["size"], r["clients"]) for r in results},
                   key=lambda k: (k[0], k[1], k[2]))
+    for r in results:
+        # Runs recorded before the field existed: from the medians.
+        if "requests_per_cpu_second" not in r:
+            r["requests_per_cpu_second"] = (r["requests_per_second"] * r["seconds"]
+                                            / r["cpu_seconds"] if r["cpu_seconds"] else 0.0)
     lines = ["| op | size | clients | server | req/s | MB/s | p50 ms | p99 ms | server CPU-s "
-             "| MB/CPU-s | errors |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| req/CPU-s | MB/CPU-s | errors |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for op, size, clients in keys:
         for server in ("strata", "nginx", "rgw"):
             r = by.get((op, size, clients, server))
@@ -347,10 +365,11 @@ def table(results):
                          f"{r['requests_per_second']:.0f} | {r['megabytes_per_second']:.1f} | "
                          f"{r['latency_p50_microseconds'] / 1000:.2f} | "
                          f"{r['latency_p99_microseconds'] / 1000:.2f} | "
-                         f"{r['cpu_seconds']:.2f} | {r['mb_per_cpu_second']:.1f} | "
+                         f"{r['cpu_seconds']:.2f} | {r['requests_per_cpu_second']:.0f} | "
+                         f"{r['mb_per_cpu_second']:.1f} | "
                          f"{r['errors']} |")
-    lines += ["", "| op | size | clients | Strata/nginx req/s | Strata/nginx MB/CPU-s | "
-              "Strata/RGW req/s | Strata/RGW MB/CPU-s |", "|---|---|---|---:|---:|---:|---:|"]
+    lines += ["", "| op | size | clients | Strata/nginx req/s | Strata/nginx per CPU-s | "
+              "Strata/RGW req/s | Strata/RGW per CPU-s |", "|---|---|---|---:|---:|---:|---:|"]
 
     def ratio(a, b, field):
         if not a or not b or not b[field]:
@@ -361,9 +380,12 @@ def table(results):
         s = by.get((op, size, clients, "strata"))
         n = by.get((op, size, clients, "nginx"))
         g = by.get((op, size, clients, "rgw"))
+        # Requests per CPU-second and bytes per CPU-second give the same
+        # ratio when both sides move the same objects.
+        per_cpu = "requests_per_cpu_second"
         lines.append(f"| {op.upper()} | {size_name(size)} | {clients} | "
-                     f"{ratio(s, n, 'requests_per_second')} | {ratio(s, n, 'mb_per_cpu_second')} | "
-                     f"{ratio(s, g, 'requests_per_second')} | {ratio(s, g, 'mb_per_cpu_second')} |")
+                     f"{ratio(s, n, 'requests_per_second')} | {ratio(s, n, per_cpu)} | "
+                     f"{ratio(s, g, 'requests_per_second')} | {ratio(s, g, per_cpu)} |")
     return "\n".join(lines)
 
 
@@ -387,7 +409,13 @@ def main():
     ap.add_argument("--behaviour-only", action="store_true",
                     help="only the behaviour comparison (Strata and RGW)")
     ap.add_argument("--json", help="also write every figure to this file")
+    ap.add_argument("--table-from", metavar="FILE",
+                    help="print the tables of an earlier run's --json file, and run nothing")
     a = ap.parse_args()
+    if a.table_from:
+        with open(a.table_from) as f:
+            print(table(json.load(f)))
+        return
     if not os.access(a.strata, os.X_OK):
         sys.exit(f"s3_bench: no strata binary at {a.strata}: build one with "
                  "`cargo build --release -p strata` or give --strata PATH")

@@ -275,6 +275,60 @@ fn a_wrong_secret_or_a_missing_key_counts_as_errors_not_successes() {
     );
 }
 
+#[test]
+fn gets_after_the_node_closed_the_gateways_idle_connections_do_not_fail() {
+    let dir = tmp();
+    // The storage node closes data connections idle for a second.
+    let store = Store::up(&dir.path().join("store"), &["--data-timeout-ms", "1000"]);
+    let (access, secret) = keys(&store, "acme");
+    let s3 = endpoint(&store);
+    aws(
+        &s3,
+        &access,
+        &secret,
+        dir.path(),
+        &["s3", "mb", "s3://acme"],
+    );
+    let run = |clients: &str, prepare: bool| {
+        let mut args = vec![
+            "--endpoint",
+            &s3,
+            "--access-key",
+            &access,
+            "--secret-key",
+            &secret,
+            "--bucket",
+            "acme",
+            "--op",
+            "get",
+            "--size",
+            "4KiB",
+            "--objects",
+            "8",
+            "--clients",
+            clients,
+            "--duration",
+            "1s",
+        ];
+        if prepare {
+            args.push("--prepare");
+        }
+        bench(&args)
+    };
+    // Eight clients leave about eight idle connections to the node in the
+    // gateway's pool; the node then closes them all.
+    let (code, report, out) = run("8", true);
+    assert_eq!(code, Some(0), "{}", output_text(&out));
+    assert!(number(&report, "requests") > 0, "{report}");
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    // Every Get that finds a closed connection connects afresh: none fails
+    // (each stale connection used to cost a failed Get, an S3 500).
+    let (code, report, out) = run("1", false);
+    assert_eq!(code, Some(0), "{}", output_text(&out));
+    assert_eq!(number(&report, "errors"), 0, "{report}");
+    assert!(number(&report, "requests") > 0, "{report}");
+}
+
 /// Python's file server on a free loopback port, killed when dropped.
 struct FileServer(std::process::Child, u16);
 
