@@ -296,7 +296,8 @@ def median_of(reports):
     return out
 
 
-def run_matrix(strata, servers, sizes, clients_list, seconds, repeat, nginx, strata_client):
+def run_matrix(strata, servers, sizes, clients_list, seconds, repeat, nginx, strata_client,
+               json_path=None):
     """Every (op, size, clients) against the servers in turn; medians."""
     results = []
     for size in sizes:
@@ -333,6 +334,10 @@ def run_matrix(strata, servers, sizes, clients_list, seconds, repeat, nginx, str
                     row = median_of(reports)
                     row.update(op=op, size=size, clients=clients, server=name)
                     results.append(row)
+                    if json_path:
+                        # After every row, so a run cut short keeps its figures.
+                        with open(json_path, "w") as f:
+                            json.dump(results, f, indent=1)
                     print(f"# {op} {size_name(size)} x{clients} {name}: "
                           f"{row['requests_per_second']:.0f} req/s, "
                           f"{row['megabytes_per_second']:.1f} MB/s, "
@@ -451,11 +456,8 @@ def main():
                   flush=True)
         if not a.behaviour_only:
             results = run_matrix(a.strata, servers, sizes, clients, seconds, a.repeat, nginx,
-                                 strata_client)
-            print(table(results))
-            if a.json:
-                with open(a.json, "w") as f:
-                    json.dump(results, f, indent=1)
+                                 strata_client, a.json)
+            print(table(results), flush=True)
         if not a.no_rgw:
             import s3_behaviour
             # The admin tenant, whose scope admits any bucket, so a
@@ -479,6 +481,15 @@ def main():
             ceph.stop()
         nginx.stop()
         strata.stop()
+        # The gateway's last warnings say what any error was; the log
+        # goes with the directory.
+        try:
+            with open(strata.log, errors="replace") as f:
+                warnings = [line for line in f if " WARN " in line][-10:]
+            for line in warnings:
+                print(f"# strata: {line.rstrip()[:300]}", file=sys.stderr)
+        except OSError:
+            pass
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -115,6 +115,14 @@ pub fn run(args: S3LoadArgs) -> Result<i32> {
         prepare: args.prepare,
         threads,
     };
+    // A server that closes a connection while a request is being written
+    // must cost that request, counted as an error, not the whole run:
+    // hyper's vectored writes would otherwise raise SIGPIPE, which
+    // `strata` leaves at its default (exit) for its text output.
+    // SAFETY: setting a signal's disposition to ignore runs no handler.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
     let report = s3_load::run(&options)?;
     render(&report, args.output);
     Ok(if report.errors == 0 { 0 } else { 3 })

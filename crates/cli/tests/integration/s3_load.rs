@@ -329,7 +329,8 @@ fn gets_after_the_node_closed_the_gateways_idle_connections_do_not_fail() {
     assert!(number(&report, "requests") > 0, "{report}");
 }
 
-/// Python's file server on a free loopback port, killed when dropped.
+/// A Python server on a loopback port (its process and port), killed
+/// when dropped.
 struct FileServer(std::process::Child, u16);
 
 impl Drop for FileServer {
@@ -414,6 +415,60 @@ fn unsigned_gets_read_files_from_a_plain_http_server_and_check_their_size() {
             .contains("1000 bytes instead of 65536"),
         "{report}"
     );
+}
+
+/// A server that takes each connection, reads a little of the request
+/// and closes it: PUTs fail while their bodies are being written.
+const CLOSING_SERVER: &str = r#"
+import socket, sys
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen(64)
+print(server.getsockname()[1], flush=True)
+while True:
+    connection, _ = server.accept()
+    connection.recv(1024)
+    connection.close()
+"#;
+
+#[test]
+fn a_server_closing_connections_mid_put_costs_errors_not_the_run() {
+    use std::io::BufRead;
+    let mut child = Command::new("python3")
+        .args(["-c", CLOSING_SERVER])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run python3");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let server = FileServer(child, line.trim().parse().expect("the server's port"));
+    let endpoint = format!("http://127.0.0.1:{}", server.1);
+    let (code, report, out) = bench(&[
+        "--endpoint",
+        &endpoint,
+        "--access-key",
+        "key",
+        "--secret-key",
+        "secret",
+        "--bucket",
+        "acme",
+        "--op",
+        "put",
+        "--size",
+        "4MiB",
+        "--clients",
+        "2",
+        "--duration",
+        "1s",
+    ]);
+    // Killed by SIGPIPE, the run would have no exit code and no report.
+    assert_eq!(code, Some(3), "{}", output_text(&out));
+    assert_eq!(number(&report, "requests"), 0, "{report}");
+    let errors = number(&report, "errors");
+    assert!(errors > 0, "{report}");
+    assert_eq!(report["statuses"]["0"].as_u64(), Some(errors), "{report}");
 }
 
 #[test]
