@@ -323,8 +323,11 @@ def run_matrix(strata, servers, sizes, clients_list, seconds, repeat, nginx, str
                         # PUTs write keys of their own, so GETs always read
                         # complete objects.
                         key_prefix = prefix if op == "get" else f"p{size}-"
+                        # A key per client for PUTs: Strata refuses a Put
+                        # while another of the same key is in progress
+                        # (409 OperationAborted), RGW lets the last win.
                         report = load(strata, server, op, size, clients, seconds, key_prefix,
-                                      objects)
+                                      objects if op == "get" else clients)
                         cpu = report["cpu_seconds"]
                         report["mb_per_cpu_second"] = report["bytes"] / 1e6 / cpu if cpu else 0.0
                         report["requests_per_cpu_second"] = (report["requests"] / cpu

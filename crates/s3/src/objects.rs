@@ -449,7 +449,9 @@ fn put_error(
             format!("{why}; nothing was stored"),
         );
     }
-    if received.bytes < size && size > 0 {
+    // Short only if its end was read: a store that refused the Put before
+    // reading all of it has its own error to tell.
+    if received.ended && received.bytes < size && size > 0 {
         return s3(
             S3ErrorCode::IncompleteBody,
             format!(

@@ -280,11 +280,22 @@ async fn exchange(
     }
 }
 
-/// The `<Code>` of an S3 error body, or a note that there was none.
+/// The `<Code>` and `<Message>` of an S3 error body (the message cut
+/// at 160 characters), or a note that there was no code.
 fn error_code(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(body);
-    match (text.find("<Code>"), text.find("</Code>")) {
-        (Some(start), Some(end)) if start + 6 <= end => text[start + 6..end].to_string(),
+    let element = |name: &str| {
+        let open = format!("<{name}>");
+        let close = format!("</{name}>");
+        let start = text.find(&open)? + open.len();
+        let end = start + text[start..].find(&close)?;
+        Some(text[start..end].to_string())
+    };
+    match (element("Code"), element("Message")) {
+        (Some(code), Some(message)) => {
+            format!("{code}: {}", message.chars().take(160).collect::<String>())
+        }
+        (Some(code), None) => code,
         _ => "(no S3 error code)".to_string(),
     }
 }

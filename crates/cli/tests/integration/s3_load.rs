@@ -417,6 +417,50 @@ fn unsigned_gets_read_files_from_a_plain_http_server_and_check_their_size() {
     );
 }
 
+#[test]
+fn concurrent_puts_of_one_key_are_refused_with_the_stores_reason_not_as_short_bodies() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &[]);
+    let (access, secret) = keys(&store, "acme");
+    let s3 = endpoint(&store);
+    aws(
+        &s3,
+        &access,
+        &secret,
+        dir.path(),
+        &["s3", "mb", "s3://acme"],
+    );
+    // Four clients writing the one key at once: the store refuses a Post
+    // while another of the same name is in progress.
+    let (code, report, out) = bench(&[
+        "--endpoint",
+        &s3,
+        "--access-key",
+        &access,
+        "--secret-key",
+        &secret,
+        "--bucket",
+        "acme",
+        "--op",
+        "put",
+        "--size",
+        "8MiB",
+        "--objects",
+        "1",
+        "--clients",
+        "4",
+        "--duration",
+        "2s",
+    ]);
+    assert_eq!(code, Some(3), "{}", output_text(&out));
+    assert!(number(&report, "requests") > 0, "{report}");
+    let samples = report["error_samples"].to_string();
+    // The refusal used to be answered as IncompleteBody ("the body held 0
+    // bytes"), since the store stopped reading the body.
+    assert!(!samples.contains("IncompleteBody"), "{report}");
+    assert!(samples.contains("409 OperationAborted"), "{report}");
+}
+
 /// A server that takes each connection, reads a little of the request
 /// and closes it: PUTs fail while their bodies are being written.
 const CLOSING_SERVER: &str = r#"
