@@ -318,7 +318,8 @@ mod tests {
     #[test]
     fn good_options_pass_and_each_bad_one_is_named() {
         options().check().unwrap();
-        let cases: Vec<(Box<dyn Fn(&mut LoadOptions)>, &str)> = vec![
+        type Change = Box<dyn Fn(&mut LoadOptions)>;
+        let cases: Vec<(Change, &str)> = vec![
             (Box::new(|o| o.clients = 0), "--clients"),
             (Box::new(|o| o.objects = 0), "--objects"),
             (Box::new(|o| o.size_bytes = MAX_OBJECT_BYTES + 1), "--size"),
