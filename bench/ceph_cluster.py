@@ -64,24 +64,30 @@ import uuid
 
 PACKAGES = ["ceph-mon", "ceph-mgr", "ceph-osd", "ceph-common", "python3-rados"]
 BINARIES = ["ceph-mon", "ceph-mgr", "ceph-osd", "ceph", "ceph-authtool", "monmaptool", "rados"]
+# With rgw=True (a benchmark dependency, not a test one).
+RGW_PACKAGES = ["radosgw"]
+RGW_BINARIES = ["radosgw", "radosgw-admin"]
 # Each daemon's captured stderr stops growing here (the rest is counted).
 LOG_LIMIT_BYTES = 4 * 1024 * 1024
 STOP_TIMEOUT_S = 20
 PG_COUNT = 32
 
 
-def ensure_packages():
-    """Install Debian's ceph 16 packages when a binary is missing; abort if
-    the install would remove a qemu package (the project's anchors)."""
-    missing = [b for b in BINARIES if not shutil.which(b)] + [
-        package for package in PACKAGES if "install ok installed" not in subprocess.run(
+def ensure_packages(rgw=False):
+    """Install Debian's ceph 16 packages when a binary is missing (radosgw
+    too with `rgw`); abort if the install would remove a qemu package (the
+    project's anchors)."""
+    packages = PACKAGES + (RGW_PACKAGES if rgw else [])
+    binaries = BINARIES + (RGW_BINARIES if rgw else [])
+    missing = [b for b in binaries if not shutil.which(b)] + [
+        package for package in packages if "install ok installed" not in subprocess.run(
             ["dpkg-query", "-W", "-f", "${Status}", package], capture_output=True,
             text=True).stdout]
     if not missing:
         return
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    cmd = ["apt-get", "install", "-y", "--no-install-recommends"] + PACKAGES
+    cmd = ["apt-get", "install", "-y", "--no-install-recommends"] + packages
     plan = subprocess.run(cmd[:2] + ["-s"] + cmd[2:], capture_output=True, text=True, env=env)
     removed = [line for line in plan.stdout.splitlines()
                if line.startswith("Remv") and "qemu" in line.lower()]
@@ -89,7 +95,7 @@ def ensure_packages():
         sys.exit("ceph_cluster: not installing Ceph (missing: " + ", ".join(missing) + "): "
                  + ("`apt-get install -s` would remove qemu packages:\n  " + "\n  ".join(removed)
                     if removed else f"`apt-get install -s` failed:\n{plan.stderr[-2000:]}")
-                 + "\nInstall ceph-mon ceph-mgr ceph-osd ceph-common python3-rados by hand "
+                 + "\nInstall " + " ".join(packages) + " by hand "
                  "without removing qemu, then run again.")
     subprocess.run(cmd + ["-qq"], check=True, env=env)
 
@@ -132,12 +138,16 @@ class CephCluster:
     daemon and removes the directory. Also a context manager."""
 
     def __init__(self, osds=1, store="bluestore", directory=None, osd_size_gib=20,
-                 memstore_gib=4, media="detected", timeout_s=120, daemon_prefix=()):
+                 memstore_gib=4, media="detected", timeout_s=120, daemon_prefix=(), rgw=False):
         if store not in ("bluestore", "memstore"):
             raise ValueError(f"store must be bluestore or memstore, not {store!r}")
         self.osds, self.store, self.media = osds, store, media
         self.osd_size_gib, self.memstore_gib = osd_size_gib, memstore_gib
         self.timeout_s = timeout_s
+        # A RADOS Gateway `rgw.x` (beast frontend on a free loopback port)
+        # over the cluster's pools; its endpoint once started.
+        self.rgw = rgw
+        self.rgw_endpoint = None
         # Put before every daemon's command: `taskset -c 0` pins the
         # daemons to the servers' CPU, as the store bench's --pin does.
         self.daemon_prefix = list(daemon_prefix)
@@ -157,13 +167,13 @@ class CephCluster:
         self.stop()
 
     def start(self):
-        ensure_packages()
+        ensure_packages(self.rgw)
         try:
             os.makedirs(self.directory, exist_ok=True)
             if os.listdir(self.directory):
                 raise CephError(f"{self.directory} is not empty: give an empty or new directory")
             self.owns_files = True
-            for sub in ("log", "run", "crash", "mon", "mgr", "osd"):
+            for sub in ("log", "run", "crash", "mon", "mgr", "osd", "rgw"):
                 os.makedirs(os.path.join(self.directory, sub))
             self.write_conf()
             self.start_monitor()
@@ -172,6 +182,8 @@ class CephCluster:
                 self.start_osd(osd_id)
             self.create_pools()
             self.wait_healthy()
+            if self.rgw:
+                self.start_rgw()
         except BaseException:
             self.stop()
             raise
@@ -179,7 +191,8 @@ class CephCluster:
     def stop(self):
         """Stops the OSDs, then the manager, then the monitor, and removes
         the directory (only if it was empty or new at start())."""
-        order = sorted(self.daemons, key=lambda n: {"osd": 0, "mgr": 1, "mon": 2}[n[:3]])
+        order = sorted(self.daemons,
+                       key=lambda n: {"rgw": 0, "osd": 1, "mgr": 2, "mon": 3}[n[:3]])
         for name in order:
             process = self.daemons[name]
             if process.poll() is None:
@@ -228,6 +241,19 @@ class CephCluster:
         self.wait_healthy()
         return name
 
+    def rgw_pid(self):
+        """The RADOS Gateway's process id (rgw=True)."""
+        return self.daemons["rgw.x"].pid
+
+    def rgw_user(self, uid):
+        """Makes RGW user `uid` (`radosgw-admin user create`); returns its
+        (access key, secret key)."""
+        out = self.run(["radosgw-admin", "-c", self.conf, "user", "create", f"--uid={uid}",
+                        f"--display-name={uid}"], f"radosgw-admin user create {uid}",
+                       log_name="rgw.x")
+        keys = json.loads(out)["keys"][0]
+        return keys["access_key"], keys["secret_key"]
+
     def osd_pids(self):
         return [p.pid for n, p in self.daemons.items() if n.startswith("osd.")]
 
@@ -242,6 +268,23 @@ class CephCluster:
         d = self.directory
         self.fsid = str(uuid.uuid4())
         self.mon_addr = f"[v2:127.0.0.1:{free_port()},v1:127.0.0.1:{free_port()}]"
+        rgw = ""
+        if self.rgw:
+            self.rgw_port = free_port()
+            self.rgw_endpoint = f"http://127.0.0.1:{self.rgw_port}"
+            # RGW makes its own six pools at first start, with the default
+            # PG count: 8 each keeps the one OSD under mon_max_pg_per_osd.
+            # tcp_nodelay: without it beast's answers wait on delayed ACKs
+            # (about 40 ms a small GET).
+            rgw = f"""osd_pool_default_pg_num = 8
+osd_pool_default_pgp_num = 8
+[client.rgw.x]
+rgw_frontends = beast endpoint=127.0.0.1:{self.rgw_port} tcp_nodelay=1
+rgw_data = {d}/rgw
+keyring = {d}/rgw/keyring
+debug_rgw = 0/0
+debug_ms = 0/0
+"""
         media = ""
         if self.media == "ssd":
             # The VM's disk says rotational; these force BlueStore's and the
@@ -293,7 +336,7 @@ keyring = {d}/osd/$id/keyring
 bluestore_block_path = {d}/osd/block-$id
 [client]
 keyring = {d}/admin.keyring
-""")
+{rgw}""")
 
     def run(self, args, what, log_name=None):
         out = subprocess.run(args, capture_output=True, text=True, timeout=self.timeout_s)
@@ -355,6 +398,25 @@ keyring = {d}/admin.keyring
         self.run(["ceph-osd", "-c", self.conf, "-i", str(osd_id), "--mkfs",
                   "--osd-uuid", osd_uuid], f"ceph-osd --mkfs ({name})")
         self.spawn(name, ["ceph-osd", "-i", str(osd_id)])
+
+    def start_rgw(self):
+        """Starts `radosgw` as client.rgw.x and waits until its beast
+        frontend answers (it makes its pools on the way)."""
+        self.ceph("auth", "get-or-create", "client.rgw.x", "mon", "allow rw", "osd", "allow rwx",
+                  "mgr", "allow rw", "-o", os.path.join(self.directory, "rgw", "keyring"))
+        process = self.spawn("rgw.x", ["radosgw", "-n", "client.rgw.x"])
+        deadline = time.time() + self.timeout_s
+        while time.time() < deadline:
+            if process.poll() is not None:
+                raise CephError(f"radosgw exited with {process.returncode} while starting: "
+                                f"read {self.log('rgw.x')}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.rgw_port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        raise CephError(f"radosgw did not listen on {self.rgw_endpoint} within "
+                        f"{self.timeout_s} s: read {self.log('rgw.x')}")
 
     def create_pools(self):
         pools = [(1, 1)] + ([(3, 2)] if self.osds >= 3 else [])
@@ -420,6 +482,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="bring a cluster up and keep it until SIGTERM/Ctrl-C")
+    up.add_argument("--rgw", action="store_true",
+                    help="also start a RADOS Gateway (beast on loopback) with a user `bench`")
     up.add_argument("--osds", type=int, default=1)
     up.add_argument("--store", choices=["bluestore", "memstore"], default="bluestore")
     up.add_argument("--dir", default=None, help="an empty or new directory (default: a temporary one)")
@@ -431,7 +495,7 @@ def main():
     signal.signal(signal.SIGTERM, interrupt)
     cluster = CephCluster(osds=a.osds, store=a.store, directory=a.dir,
                           osd_size_gib=a.osd_size_gib, memstore_gib=a.memstore_gib,
-                          media=a.media, timeout_s=a.timeout)
+                          media=a.media, timeout_s=a.timeout, rgw=a.rgw)
     started = time.time()
     try:
         cluster.start()
@@ -442,6 +506,10 @@ def main():
     try:
         print(cluster.conf, flush=True)
         pools = [cluster.pool(1)] + ([cluster.pool(3)] if a.osds >= 3 else [])
+        if a.rgw:
+            access, secret = cluster.rgw_user("bench")
+            print(f"# RGW on {cluster.rgw_endpoint}, user bench: access key {access}, "
+                  f"secret key {secret}", file=sys.stderr, flush=True)
         print(f"# {a.osds} {a.store} OSD(s) up in {time.time() - started:.1f} s; pools: "
               f"{', '.join(pools)}; Ctrl-C or SIGTERM stops it", file=sys.stderr, flush=True)
         while True:

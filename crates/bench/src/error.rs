@@ -30,6 +30,13 @@ pub enum Error {
     /// The HTML report could not be drawn.
     #[error("{0}")]
     Report(String),
+    /// An option of `strata bench s3` was refused: the message names it
+    /// and what to give instead.
+    #[error("{0}")]
+    Argument(String),
+    /// An S3 load run could not start or was cut short.
+    #[error("{0}")]
+    Load(String),
     /// A run directory's contents are not what `strata bench` writes.
     #[error("{}: {message}", path.display())]
     RunDirectory {

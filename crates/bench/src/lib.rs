@@ -7,7 +7,8 @@
 //! provider as the ceiling), records one JSON line per operation and the
 //! workloads' I/O per second ([`record`]), cleans up everything it made,
 //! and a report ([`report`]) summarizes or compares runs, or draws them
-//! on an HTML page ([`html`]). Never prints:
+//! on an HTML page ([`html`]). [`s3_load`] is apart: a load generator for
+//! S3 gateways and plain HTTP servers. Never prints:
 //! progress goes to the caller as events.
 
 pub mod cleanup;
@@ -19,6 +20,7 @@ pub mod rate;
 pub mod record;
 pub mod report;
 pub mod run;
+pub mod s3_load;
 pub mod spec;
 pub mod units;
 pub mod workload;

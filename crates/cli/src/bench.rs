@@ -59,6 +59,10 @@ pub enum BenchCommand {
         #[command(flatten)]
         daemon: DaemonArgs,
     },
+    /// Load an S3 gateway (or a plain HTTP server) with GETs or PUTs from
+    /// many clients signed with AWS Signature V4; report requests/s, MB/s,
+    /// latency percentiles and errors.
+    S3(crate::s3_load::S3LoadArgs),
 }
 
 /// Where a run's Strata daemon is.
@@ -146,6 +150,7 @@ pub fn run(command: BenchCommand) -> Result<i32> {
             Ok(0)
         }
         BenchCommand::Clean { dir, daemon } => clean(&dir, &daemon),
+        BenchCommand::S3(args) => crate::s3_load::run(args),
     }
 }
 

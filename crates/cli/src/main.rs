@@ -7,6 +7,7 @@ mod humanize;
 mod img;
 mod mirror;
 mod ops;
+mod s3_load;
 mod serve;
 mod stdio;
 mod store;

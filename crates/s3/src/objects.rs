@@ -77,6 +77,17 @@ pub(crate) fn etag(meta: &ObjectMeta) -> ETag {
     ETag::Strong(meta.etag.clone())
 }
 
+/// The Content-Type of `meta`: the one stored, else S3's default for an
+/// object put without one (what S3 and RGW answer too).
+pub(crate) fn content_type(meta: &ObjectMeta) -> String {
+    meta.content_type
+        .clone()
+        .unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_string())
+}
+
+/// What S3 answers as the Content-Type of an object stored without one.
+pub(crate) const DEFAULT_CONTENT_TYPE: &str = "binary/octet-stream";
+
 /// The Last-Modified of `meta`.
 pub(crate) fn last_modified(meta: &ObjectMeta) -> Timestamp {
     Timestamp::from(from_ms(meta.modified_ms))
@@ -200,6 +211,14 @@ impl Gateway {
                 })?,
                 None => 0..meta.size,
             };
+            if range.is_some() && span.is_empty() {
+                // A suffix range of an empty object: no byte to send, and
+                // `bytes 0-0/0` would claim one (RFC 9110, 14.1.2).
+                return Err(s3(
+                    S3ErrorCode::InvalidRange,
+                    format!("'{bucket}/{key}' is empty: no range of it can be served"),
+                ));
+            }
             let content_range = range.map(|_| {
                 format!(
                     "bytes {}-{}/{}",
@@ -430,7 +449,9 @@ fn put_error(
             format!("{why}; nothing was stored"),
         );
     }
-    if received.bytes < size && size > 0 {
+    // Short only if its end was read: a store that refused the Put before
+    // reading all of it has its own error to tell.
+    if received.ended && received.bytes < size && size > 0 {
         return s3(
             S3ErrorCode::IncompleteBody,
             format!(

@@ -8,7 +8,7 @@ use crate::errors::s3;
 use crate::listing::{ListRequest, Page, Position, MAX_KEYS};
 use crate::multipart::{CopySourceRef, PartTarget, MAX_LISTED};
 use crate::names::ObjectMeta;
-use crate::objects::{etag, last_modified, Conditions, PutRequest};
+use crate::objects::{content_type, etag, last_modified, Conditions, PutRequest};
 use crate::Gateway;
 use s3s::dto::*;
 use s3s::{S3ErrorCode, S3Request, S3Response, S3Result, S3};
@@ -292,7 +292,7 @@ impl S3 for Gateway {
             accept_ranges: Some("bytes".into()),
             e_tag: Some(etag(meta)),
             last_modified: Some(last_modified(meta)),
-            content_type: meta.content_type.clone(),
+            content_type: Some(content_type(meta)),
             metadata: (!meta.metadata.is_empty())
                 .then(|| meta.metadata.clone().into_iter().collect()),
             body: Some(read.body),
@@ -320,7 +320,7 @@ impl S3 for Gateway {
             accept_ranges: Some("bytes".into()),
             e_tag: Some(etag(&meta)),
             last_modified: Some(last_modified(&meta)),
-            content_type: meta.content_type.clone(),
+            content_type: Some(content_type(&meta)),
             metadata: (!meta.metadata.is_empty()).then(|| meta.metadata.into_iter().collect()),
             ..Default::default()
         }))
@@ -394,8 +394,10 @@ impl S3 for Gateway {
         let encode = |text: Option<String>| text.map(|t| encoded(&t, url));
         Ok(S3Response::new(ListObjectsV2Output {
             name: Some(input.bucket),
-            prefix: encode(input.prefix),
-            delimiter: encode(input.delimiter),
+            // As S3 and RGW answer: the prefix always (empty when none
+            // was given), the delimiter only when there is one.
+            prefix: encode(Some(input.prefix.unwrap_or_default())),
+            delimiter: encode(input.delimiter.filter(|d| !d.is_empty())),
             max_keys: Some(max_keys(input.max_keys) as i32),
             key_count: Some((objects.len() + prefixes.len()) as i32),
             continuation_token: input.continuation_token,
@@ -432,8 +434,10 @@ impl S3 for Gateway {
         let encode = |text: Option<String>| text.map(|t| encoded(&t, url));
         Ok(S3Response::new(ListObjectsOutput {
             name: Some(input.bucket),
-            prefix: encode(input.prefix),
-            delimiter: encode(input.delimiter),
+            // As S3 and RGW answer: the prefix always (empty when none
+            // was given), the delimiter only when there is one.
+            prefix: encode(Some(input.prefix.unwrap_or_default())),
+            delimiter: encode(input.delimiter.filter(|d| !d.is_empty())),
             marker: encode(input.marker),
             max_keys: Some(max_keys(input.max_keys) as i32),
             is_truncated: Some(page.truncated),

@@ -26,6 +26,9 @@ pub(crate) struct Received {
     pub bytes: u64,
     /// Why the body could not be read, if it could not.
     pub failed: Option<String>,
+    /// Whether the body's end was read: a store that stopped reading
+    /// early (it refused the Put) leaves it false.
+    pub ended: bool,
     /// The `x-amz-checksum-*` algorithms the request named, fed as the
     /// MD5 is (none named: nothing computed).
     pub checksums: s3s::checksum::ChecksumHasher,
@@ -57,6 +60,7 @@ impl AsyncRead for BodyReader {
     ) -> Poll<io::Result<()>> {
         while self.chunk.is_empty() {
             let Some(body) = self.body.as_mut() else {
+                lock(&self.received).ended = true;
                 return Poll::Ready(Ok(()));
             };
             match ready!(Pin::new(body).poll_next(cx)) {
@@ -66,7 +70,10 @@ impl AsyncRead for BodyReader {
                     lock(&self.received).failed = Some(why.clone());
                     return Poll::Ready(Err(io::Error::other(why)));
                 }
-                None => self.body = None,
+                None => {
+                    self.body = None;
+                    lock(&self.received).ended = true;
+                }
             }
         }
         let n = self.chunk.len().min(buf.remaining());

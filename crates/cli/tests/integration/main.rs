@@ -22,6 +22,7 @@ mod nbd_tls;
 mod output;
 mod qemu_parity;
 mod s3;
+mod s3_load;
 mod store;
 mod store_routed;
 mod up;

@@ -103,7 +103,14 @@ check(abs((now - modified).total_seconds()) < 120, f"LastModified {modified} is 
 
 # An empty object, and an overwrite: the new body, type and metadata only.
 s3.put_object(Bucket=BUCKET, Key="empty", Body=b"")
-check(s3.get_object(Bucket=BUCKET, Key="empty")["Body"].read() == b"", "empty object")
+empty = s3.get_object(Bucket=BUCKET, Key="empty")
+check(empty["Body"].read() == b"", "empty object")
+# Put without a type: S3's default, as S3 and RGW answer.
+check(empty["ContentType"] == "binary/octet-stream", f"default type {empty['ContentType']}")
+check(s3.head_object(Bucket=BUCKET, Key="empty")["ContentType"] == "binary/octet-stream",
+      "default type on Head")
+# No byte of an empty object can be served: a suffix range is refused.
+fails("InvalidRange", s3.get_object, Bucket=BUCKET, Key="empty", Range="bytes=-10", status=416)
 s3.put_object(Bucket=BUCKET, Key="over", Body=b"first", Metadata={"v": "1"})
 s3.put_object(Bucket=BUCKET, Key="over", Body=b"second version", Metadata={"v": "2"})
 over = s3.get_object(Bucket=BUCKET, Key="over")
@@ -158,6 +165,12 @@ for key in keys:
     s3.put_object(Bucket=BUCKET, Key=key, Body=key.encode())
 everything = sorted(keys + ["dir/data.bin", "empty", "over"])
 listed = s3.list_objects_v2(Bucket=BUCKET)
+# The prefix is echoed even when none was asked (empty), an empty
+# delimiter not at all: as S3 and RGW answer.
+check(listed.get("Prefix") == "", f"echoed prefix {listed.get('Prefix')!r}")
+no_delimiter = s3.list_objects(Bucket=BUCKET, Delimiter="")
+check("Delimiter" not in no_delimiter and no_delimiter.get("Prefix") == "",
+      f"empty delimiter echoed: {no_delimiter.get('Delimiter')!r}")
 check([o["Key"] for o in listed["Contents"]] == everything, f"list all: {listed['Contents']}")
 check(listed["KeyCount"] == len(everything) and not listed["IsTruncated"], "key count")
 entry = next(o for o in listed["Contents"] if o["Key"] == "dir/data.bin")

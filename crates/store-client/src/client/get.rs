@@ -211,6 +211,9 @@ impl Client {
                         if !stale {
                             break;
                         }
+                        // The retry connects afresh, not to the next idle
+                        // connection, which the node closed just as well.
+                        self.connections.forget_idle(&replica);
                     }
                 }
             }

@@ -93,6 +93,15 @@ impl Connections {
         stream
     }
 
+    /// Drops every idle connection to `replica`'s endpoint: one found
+    /// closed by the node means the others, idle as long or longer, were
+    /// most likely closed too (the node closes connections idle past its
+    /// data timeout), and trying them one by one would fail as many reads.
+    pub(super) fn forget_idle(&self, replica: &Replica) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.remove(&replica.endpoint);
+    }
+
     /// Keeps a connection to `replica` that is at a request boundary,
     /// within the bounds per node and in all.
     pub(super) fn keep(&self, replica: &Replica, stream: TcpStream) {
