@@ -275,10 +275,13 @@ pub struct StatusArgs {
     pub(super) probes: u16,
     #[command(flatten)]
     pub(super) tenant: TenantArg,
-    /// With the cluster key (--key FILE or STRATA_CLUSTER_KEY), the table
-    /// also shows each metadata node's repair since it started: replica
+    /// Also show each metadata node's repair since it started: replica
     /// copies and fragment rebuilds started, committed, failed, under way,
-    /// and damaged replicas waiting.
+    /// and damaged replicas waiting. Needs the cluster key (--key FILE or
+    /// STRATA_CLUSTER_KEY).
+    #[arg(long)]
+    pub(super) repair: bool,
+    /// The cluster key, for --repair.
     #[command(flatten)]
     pub(super) key: KeyArg,
 }

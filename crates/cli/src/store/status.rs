@@ -14,10 +14,11 @@ pub(super) fn status(args: &StatusArgs) -> Result<i32> {
     let table = rt
         .block_on(strata_store_client::transport::fetch_table(c.cluster, None))
         .with_context(|| format!("no orchestrator answered at {}", c.cluster))?;
-    // Repair counts need the cluster key; without one the table alone.
-    let repair = match &args.key.path {
-        Some(_) => Some(rt.block_on(repair_counts(&table, &args.key.load(&[])?))),
-        None => None,
+    // Asked only on request: each metadata node is a round trip, and one
+    // that is down costs a timeout.
+    let repair = match args.repair {
+        true => Some(rt.block_on(repair_counts(&table, &args.key.load(&[])?))),
+        false => None,
     };
     match c.output {
         Output::Json => {
@@ -29,9 +30,8 @@ pub(super) fn status(args: &StatusArgs) -> Result<i32> {
         }
         Output::Human => {
             print_table(&table);
-            match &repair {
-                Some(repair) => print_repair(repair),
-                None => println!("(repair counts: give --key FILE, the cluster key)"),
+            if let Some(repair) = &repair {
+                print_repair(repair);
             }
         }
     }
@@ -41,17 +41,29 @@ pub(super) fn status(args: &StatusArgs) -> Result<i32> {
 /// One metadata node's repair counts, or why they could not be read.
 type NodeRepair = (u16, SocketAddr, std::result::Result<RepairCounts, String>);
 
-/// Asks each metadata node of `table` for its repair counts, one after
-/// the other (a node that does not answer is reported, not fatal).
+/// Asks every metadata node of `table` that is up for its repair
+/// counts, all at once; one that is not up is reported, not asked (it
+/// would cost a timeout).
 async fn repair_counts(table: &Table, key: &ClusterKey) -> Vec<NodeRepair> {
-    let mut nodes = Vec::with_capacity(table.mns.len());
-    for m in &table.mns {
-        let counts = strata_store_client::admin::repair_counts(m.endpoint, key)
-            .await
-            .map_err(|e| e.to_string());
-        nodes.push((m.slot, m.endpoint, counts));
+    let mut asks = tokio::task::JoinSet::new();
+    for (position, m) in table.mns.iter().enumerate() {
+        let (slot, endpoint, state) = (m.slot, m.endpoint, m.state);
+        let key = key.clone();
+        asks.spawn(async move {
+            let counts = match state {
+                strata_store_protocol::table::State::Up => {
+                    strata_store_client::admin::repair_counts(endpoint, &key)
+                        .await
+                        .map_err(|e| e.to_string())
+                }
+                other => Err(format!("{}: not asked", other.name())),
+            };
+            (position, (slot, endpoint, counts))
+        });
     }
-    nodes
+    let mut nodes: Vec<(usize, NodeRepair)> = asks.join_all().await;
+    nodes.sort_by_key(|(position, _)| *position);
+    nodes.into_iter().map(|(_, node)| node).collect()
 }
 
 fn repair_json(nodes: &[NodeRepair]) -> serde_json::Value {
@@ -99,7 +111,7 @@ fn print_repair(nodes: &[NodeRepair]) {
                 r.in_flight,
                 r.damaged_waiting
             ),
-            Err(e) => println!("repair on mn slot {slot} ({endpoint}): no answer: {e}"),
+            Err(e) => println!("repair on mn slot {slot} ({endpoint}): no counts ({e})"),
         }
     }
 }

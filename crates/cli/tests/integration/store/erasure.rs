@@ -272,9 +272,9 @@ fn erasure_coded_objects_survive_damage_and_m_dead_nodes_and_are_rebuilt() {
         rebuilt >= 8.0 && committed >= 8.0,
         "repair counts on /metrics:\n{text}"
     );
-    // And in `strata store status` given the cluster key (the helper
-    // sets STRATA_CLUSTER_KEY), the same.
-    let status = store.ok(&["store", "status", "--output", "json"]);
+    // And in `strata store status --repair` (the helper sets
+    // STRATA_CLUSTER_KEY), the same.
+    let status = store.ok(&["store", "status", "--repair", "--output", "json"]);
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
     let total = &status["repair"]["total"];
     assert!(
@@ -282,20 +282,28 @@ fn erasure_coded_objects_survive_damage_and_m_dead_nodes_and_are_rebuilt() {
             && total["committed"].as_f64() >= Some(committed),
         "repair in `strata store status`: {status:#}"
     );
-    let human = store.ok(&["store", "status"]);
+    let human = store.ok(&["store", "status", "--repair"]);
     assert!(
         human.contains("repair on mn slot") && human.contains("fragment rebuilds started"),
         "{human}"
     );
+    let plain = store.ok(&["store", "status"]);
+    assert!(!plain.contains("repair on mn"), "{plain}");
     let without = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["store", "status", "--cluster", &store.on.to_string()])
+        .args([
+            "store",
+            "status",
+            "--repair",
+            "--cluster",
+            &store.on.to_string(),
+        ])
         .env_remove("STRATA_CLUSTER_KEY")
         .output()
         .unwrap();
-    let without = String::from_utf8_lossy(&without.stdout);
+    let err = String::from_utf8_lossy(&without.stderr);
     assert!(
-        without.contains("give --key FILE") && !without.contains("repair on mn"),
-        "{without}"
+        !without.status.success() && err.contains("needs the cluster key"),
+        "{err}"
     );
 }
 
