@@ -58,6 +58,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 ROOT = os.path.dirname(HERE)
 from ceph_cluster import CephCluster, CephError  # noqa: E402
+from store_bench import ticks  # noqa: E402
 
 SERVER_CPU = []
 CLIENT_CPU = []
@@ -80,18 +81,6 @@ def size_name(size):
         if size >= 1 << shift and size % (1 << shift) == 0:
             return f"{size >> shift} {unit}"
     return f"{size} B"
-
-
-def ticks(pids):
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except OSError:
-            pass
-    return total
 
 
 def free_port():

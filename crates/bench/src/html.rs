@@ -10,6 +10,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::record::Record;
 use crate::report::{latencies, summary_of, RunData, Summary};
 
 /// The size of each plot, in pixels.
@@ -148,22 +149,13 @@ fn io_over_time(
     }
     // Control operations: a thin vertical mark at each start, a color
     // per action, so that a dip lines up with what caused it.
-    let mut actions: Vec<&str> = data
-        .records
-        .iter()
-        .filter(|r| r.action != "workload" && r.operation != "setup" && r.operation != "cleanup")
-        .map(|r| r.action.as_str())
-        .collect();
+    let control = || data.records.iter().filter(|r| is_control(r));
+    let mut actions: Vec<&str> = control().map(|r| r.action.as_str()).collect();
     actions.sort_unstable();
     actions.dedup();
     for (index, action) in actions.iter().enumerate() {
         let stroke = color(series.len() + index).mix(0.6).stroke_width(1);
-        let starts = data
-            .records
-            .iter()
-            .filter(|r| r.action == *action && r.action != "workload")
-            .filter(|r| r.operation != "setup" && r.operation != "cleanup")
-            .map(|r| r.start);
+        let starts = control().filter(|r| r.action == *action).map(|r| r.start);
         chart
             .draw_series(starts.map(|at| PathElement::new(vec![(at, 0.0), (at, y_max)], stroke)))
             .map_err(|e| e.to_string())?
@@ -179,6 +171,12 @@ fn io_over_time(
             .map_err(|e| e.to_string())?;
     }
     Ok(())
+}
+
+/// Whether `record` is a control operation of the spec (not a workload
+/// instance, nor the run's own setup and cleanup).
+fn is_control(record: &Record) -> bool {
+    record.action != "workload" && record.operation != "setup" && record.operation != "cleanup"
 }
 
 fn latency_cdf(
@@ -329,7 +327,7 @@ fn escape(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{IoSample, Record, RunInfo, Status};
+    use crate::record::{IoSample, RunInfo, Status};
 
     fn record(operation: &str, action: &str, start: f64, end: f64) -> Record {
         Record {
