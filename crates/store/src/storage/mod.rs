@@ -19,6 +19,7 @@ pub mod put;
 mod reader;
 pub mod replicas;
 pub mod schedule;
+pub mod schedule_file;
 pub mod scheduled;
 pub mod scrub;
 pub mod sendfile;

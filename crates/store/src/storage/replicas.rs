@@ -390,7 +390,14 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
             }
             Request::Schedule { settings, .. } => {
                 let answer = match store.schedule.as_ref() {
-                    Some(sender) => sender.apply_settings(&settings),
+                    Some(sender) => sender.apply_settings(&settings, |config| {
+                        crate::storage::schedule_file::save(&store.dir, config).map_err(|e| {
+                            format!(
+                                "keeping the RS3 settings in {}: {e}; nothing changed",
+                                store.dir.display()
+                            )
+                        })
+                    }),
                     None => Err("this storage node runs no RS3 sender".to_string()),
                 };
                 match answer {

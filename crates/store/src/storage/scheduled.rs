@@ -177,10 +177,17 @@ impl ScheduledSender {
 
     /// Applies an operator's settings text
     /// ([`ScheduleConfig::with_settings`]; empty changes nothing) and
-    /// answers the settings in force and the counters, as text.
-    pub fn apply_settings(&self, text: &str) -> Result<String, String> {
+    /// answers the settings in force and the counters, as text. New
+    /// settings are handed to `keep` first (to make them outlive a
+    /// restart), and are not applied if it fails.
+    pub fn apply_settings(
+        &self,
+        text: &str,
+        keep: impl FnOnce(&ScheduleConfig) -> Result<(), String>,
+    ) -> Result<String, String> {
         let config = self.config().with_settings(text)?;
         if !text.trim().is_empty() {
+            keep(&config)?;
             self.configure(config.clone()).map_err(|e| e.to_string())?;
         }
         let mut answer = config.to_settings();

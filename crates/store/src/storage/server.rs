@@ -83,10 +83,12 @@ pub async fn start_sn(
     key: &ClusterKey,
     schedule: ScheduleConfig,
 ) -> Result<SnHandle, Error> {
-    let sender = ScheduledSender::start(schedule)
-        .map_err(|e| Error::config(format!("storage node in {}: {e}", dir.display())))?;
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    // Settings an operator changed at run time outlive a restart.
+    let schedule = crate::storage::schedule_file::load(dir, &schedule).map_err(Error::config)?;
+    let sender = ScheduledSender::start(schedule)
+        .map_err(|e| Error::config(format!("storage node in {}: {e}", dir.display())))?;
     let uuid = node_uuid(dir)?;
     let at = bind_address(on, bind, key).await?;
     let listener = TcpListener::bind(at)

@@ -246,7 +246,8 @@ fn sample(text: &str, metric: &str, labels: &str) -> Option<f64> {
 /// `strata store schedule` turns RS3 on at run time, sets weights and
 /// classes, and refuses bad settings with the reason; `/metrics` shows
 /// the scrub's progress and RS3's bytes per class; a Schedule request
-/// without the cluster key's seal changes nothing.
+/// without the cluster key's seal changes nothing; the settings outlive
+/// a restart.
 #[test]
 fn rs3_is_set_at_run_time_and_shown_on_metrics() {
     let dir = tmp();
@@ -338,4 +339,22 @@ fn rs3_is_set_at_run_time_and_shown_on_metrics() {
     assert!(String::from_utf8_lossy(&reply).contains("not sealed"));
     let after = store.json(&["store", "schedule"]);
     assert_eq!(after["nodes"][0]["rs3"]["enabled"], true, "{after}");
+
+    // The settings outlive a restart on the start flags (RS3 off), and
+    // the object still reads back through RS3.
+    let mut store = store;
+    store.stop();
+    let store = Store::up(&d, &[]);
+    store.wait_for_nodes("storage", 1);
+    let kept = store.json(&["store", "schedule"]);
+    let rs3 = &kept["nodes"][0]["rs3"];
+    assert_eq!(rs3["enabled"], true, "{kept}");
+    assert_eq!(rs3["batch"], 131072, "{kept}");
+    assert_eq!(rs3["weights"]["acme"], 3, "{kept}");
+    assert_eq!(rs3["tenant_classes"]["bee"], "acme", "{kept}");
+    store.ok(&["obj", "get", "--credential", &acme, "acme/a", &p(&back)]);
+    assert!(std::fs::read(&back).unwrap() == pattern(300_000, 2));
+    let shown = store.json(&["store", "schedule"]);
+    let acme_bytes = &shown["nodes"][0]["rs3"]["class_stats"]["acme"]["bytes"];
+    assert_eq!(acme_bytes, 300_000, "{shown}");
 }
