@@ -42,6 +42,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use strata_store_client::client::local::LocalReplicas;
 use strata_store_client::client::Client;
 use strata_store_protocol::key::ClusterKey;
 use strata_store_protocol::tenant::{TenantCredential, ADMIN};
@@ -78,6 +79,9 @@ pub struct Gateway {
     clients: Clients,
     /// Pending multipart uploads older than this are aborted.
     upload_expiry: Duration,
+    /// Replicas on this process's own disk, read directly by every
+    /// tenant's client ([`Gateway::with_local_replicas`]).
+    local: Option<Arc<dyn LocalReplicas>>,
 }
 
 impl Gateway {
@@ -90,7 +94,16 @@ impl Gateway {
             key,
             clients: Clients::default(),
             upload_expiry: DEFAULT_UPLOAD_EXPIRY,
+            local: None,
         }
+    }
+
+    /// The gateway, reading the replicas `local` holds from this
+    /// process's disk rather than over TCP: for a gateway started in the
+    /// same process as storage nodes (`strata store up`).
+    pub fn with_local_replicas(mut self, local: Arc<dyn LocalReplicas>) -> Gateway {
+        self.local = Some(local);
+        self
     }
 
     /// The gateway, aborting multipart uploads still pending `expiry`
@@ -141,6 +154,9 @@ impl Gateway {
         let client = Client::connect(self.cluster, credential)
             .await
             .map_err(|e| errors::from_store("connecting to the cluster", &e))?;
+        if let Some(local) = &self.local {
+            client.set_local_replicas(local.clone());
+        }
         let client = Arc::new(client);
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         if clients.len() >= MAX_CLIENTS {

@@ -40,12 +40,17 @@ pub(super) async fn start_gateway(
     key: ClusterKey,
     listen: SocketAddr,
     expiry: &UploadExpiryArg,
+    local: Option<std::sync::Arc<dyn strata_store_client::client::local::LocalReplicas>>,
 ) -> Result<(SocketAddr, AbortOnDrop)> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("could not listen for S3 on {listen}; is the port taken?"))?;
     let bound = listener.local_addr()?;
-    let gateway = strata_s3::Gateway::new(cluster, key).with_upload_expiry(expiry.multipart_expiry);
+    let mut gateway =
+        strata_s3::Gateway::new(cluster, key).with_upload_expiry(expiry.multipart_expiry);
+    if let Some(local) = local {
+        gateway = gateway.with_local_replicas(local);
+    }
     let task = tokio::spawn(async move {
         if let Err(e) = strata_s3::serve(listener, gateway).await {
             tracing::error!("the S3 gateway stopped: {e}");
@@ -64,7 +69,7 @@ pub fn run_s3(args: S3Args) -> Result<i32> {
             .await
             .with_context(|| format!("no cluster answered at {}", args.cluster))?;
         let (bound, _task) =
-            start_gateway(args.cluster, key.clone(), args.listen, &args.expiry).await?;
+            start_gateway(args.cluster, key.clone(), args.listen, &args.expiry, None).await?;
         reload_on_hangup(key, None)?;
         let mut out = std::io::stdout().lock();
         writeln!(

@@ -64,8 +64,20 @@ pub(super) fn up(args: UpArgs) -> Result<i32> {
             .map(|mn| (mn.slot, mn.repair_stats()))
             .collect();
         let metrics = serve_metrics(args.schedule.metrics, nodes, mns).await?;
-        let (s3, _s3_task) =
-            start_gateway(cluster.on, cluster.key.clone(), args.s3, &args.s3_expiry).await?;
+        // The gateway reads this process's replicas from their files.
+        let local = (!args.s3_remote_reads).then(|| {
+            let stores = cluster.sns.iter().map(|sn| sn.store.clone()).collect();
+            std::sync::Arc::new(strata_store::storage::local::LocalNodes::new(stores))
+                as std::sync::Arc<dyn strata_store_client::client::local::LocalReplicas>
+        });
+        let (s3, _s3_task) = start_gateway(
+            cluster.on,
+            cluster.key.clone(),
+            args.s3,
+            &args.s3_expiry,
+            local,
+        )
+        .await?;
         let mut out = std::io::stdout().lock();
         // Field 5 is the orchestrator's endpoint (scripts read it there);
         // what was added later goes after the node counts.

@@ -295,7 +295,8 @@ fn every_runnable_shell_block_of_the_docs_succeeds() {
 /// is stopped when the block ends.
 #[test]
 fn the_runner_reports_failures_and_stops_leftover_servers() {
-    let _host_ports = crate::common::host_ports();
+    // No host-wide port is used here (its blocks start only `sleep`), so
+    // it does not wait its turn behind the documents' examples.
     let directory = tempfile::tempdir().expect("a temporary directory");
     let block = |text: &str| Block {
         document: "self-test".to_string(),

@@ -23,6 +23,7 @@ mod output;
 mod qemu_parity;
 mod s3;
 mod s3_load;
+mod s3_local;
 mod store;
 mod store_routed;
 mod up;

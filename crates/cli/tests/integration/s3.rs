@@ -11,13 +11,13 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 /// A tenant's S3 key pair, as `strata store tenant add` prints it.
-struct Keys {
+pub(crate) struct Keys {
     access: String,
     secret: String,
 }
 
 /// Issues tenant `tenant` of `store` and returns its S3 keys.
-fn tenant(store: &Store, tenant: &str) -> Keys {
+pub(crate) fn tenant(store: &Store, tenant: &str) -> Keys {
     let dir = p(&store.dir);
     let issued = store.json(&["store", "tenant", "add", "--dir", &dir, "--tenant", tenant]);
     let field = |name: &str| {
@@ -33,7 +33,7 @@ fn tenant(store: &Store, tenant: &str) -> Keys {
 }
 
 /// The gateway's endpoint on `store up`'s readiness line.
-fn endpoint(store: &Store) -> String {
+pub(crate) fn endpoint(store: &Store) -> String {
     let line = store.line();
     let at = line
         .find("s3 on ")
@@ -65,7 +65,7 @@ fn aws(endpoint: &str, keys: &Keys, home: &Path, args: &[&str]) -> Output {
 }
 
 /// [`aws`], which must succeed; its standard output.
-fn aws_ok(endpoint: &str, keys: &Keys, home: &Path, args: &[&str]) -> String {
+pub(crate) fn aws_ok(endpoint: &str, keys: &Keys, home: &Path, args: &[&str]) -> String {
     let out = aws(endpoint, keys, home, args);
     assert!(
         out.status.success(),
@@ -620,7 +620,9 @@ fn aws_cli_uploads_copies_and_deletes_in_parts() {
 #[test]
 fn abandoned_uploads_are_cleaned_after_the_expiry() {
     let dir = tmp();
-    let store = Store::up(&dir.path().join("store"), &["--multipart-expiry", "4s"]);
+    // Long enough for the two aws-cli calls below on a loaded machine
+    // (each starts Python): the upload must not expire before its part.
+    let store = Store::up(&dir.path().join("store"), &["--multipart-expiry", "8s"]);
     let keys = tenant(&store, "acme");
     let s3 = endpoint(&store);
     let home = dir.path();

@@ -44,6 +44,7 @@ mod calls;
 pub mod choice;
 mod get;
 mod list;
+pub mod local;
 mod names;
 mod nami;
 mod put;
@@ -100,6 +101,9 @@ pub struct Client {
     whole_object_max: std::sync::atomic::AtomicU64,
     /// Idle connections of erasure-coded Gets' fragment reads.
     fragment_pool: Arc<crate::erasure::StreamPool>,
+    /// The replicas this process's own storage nodes hold, read from
+    /// disk rather than over TCP ([`Client::set_local_replicas`]).
+    local: std::sync::OnceLock<Arc<dyn self::local::LocalReplicas>>,
 }
 
 /// By default a Get asks the node of fragment 0 for erasure-coded
@@ -149,7 +153,16 @@ impl Client {
             hedge_micros: std::sync::atomic::AtomicU64::new(DEFAULT_HEDGE.as_micros() as u64),
             whole_object_max: std::sync::atomic::AtomicU64::new(DEFAULT_WHOLE_OBJECT_READS),
             fragment_pool: Arc::default(),
+            local: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Reads the replicas that `local` holds from this process's disk
+    /// rather than over the network ([`self::local`]): for a client that
+    /// runs beside storage nodes in one process. Set once; later calls
+    /// change nothing.
+    pub fn set_local_replicas(&self, local: Arc<dyn self::local::LocalReplicas>) {
+        let _ = self.local.set(local);
     }
 
     /// Sets the largest erasure-coded object a Get asks the node of its

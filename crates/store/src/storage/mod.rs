@@ -13,6 +13,7 @@ pub mod core;
 pub mod file;
 pub mod group_sync;
 pub mod limits;
+pub mod local;
 mod nowait;
 pub mod object_cache;
 pub mod put;

@@ -208,7 +208,7 @@ impl SnStore {
             .count()
     }
 
-    fn path(&self, addr: Addr) -> PathBuf {
+    pub(crate) fn path(&self, addr: Addr) -> PathBuf {
         self.replicas.path.join(file_name(addr))
     }
 

@@ -194,8 +194,12 @@ impl Store {
     }
 }
 
+/// Waits until `f` holds, for at most 30 s: the limit only decides how
+/// long a failing test takes, and a loaded machine (the suite runs its
+/// tests in parallel, with aws-cli's and Python's start-ups) has taken
+/// over 10 s for steps that take one when it is quiet.
 pub fn wait_until(what: &str, f: impl FnMut() -> bool) {
-    wait_until_long(what, Duration::from_secs(10), f)
+    wait_until_long(what, Duration::from_secs(30), f)
 }
 
 pub fn wait_until_long(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {

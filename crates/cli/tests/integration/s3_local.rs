@@ -1,0 +1,104 @@
+//! The gateway of `strata store up` reads the replicas of its own
+//! storage nodes from their files, not over loopback TCP
+//! (`strata_store_client::client::local`), and `--s3-remote-reads`
+//! turns that off.
+
+use crate::common::store::{wait_until, Store};
+use crate::common::{p, pattern, tmp};
+use crate::s3::{aws_ok, endpoint, tenant};
+
+/// Bytes RS3 sent for tenant `acme`'s Gets, summed over the nodes: what
+/// storage nodes sent over TCP (a local read sends nothing).
+fn acme_bytes_sent(store: &Store) -> u64 {
+    let shown = store.json(&["store", "schedule"]);
+    let nodes = shown["nodes"].as_array().expect("nodes").clone();
+    nodes
+        .iter()
+        .map(|node| {
+            node["rs3"]["class_stats"]["acme"]["bytes"]
+                .as_u64()
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// With RS3 on, every byte a node sends for a Get is counted in the
+/// tenant's class. Through the gateway, an object reads back exact either
+/// way, and the nodes sent none of it unless `--s3-remote-reads` is given.
+#[test]
+fn the_gateway_reads_its_own_nodes_replicas_from_their_files() {
+    let data = pattern(300_000, 21);
+    for (extra, sent) in [(None, 0), (Some("--s3-remote-reads"), 300_000)] {
+        let dir = tmp();
+        let home = dir.path();
+        let mut args = vec!["--rs3"];
+        args.extend(extra);
+        let store = Store::up(&home.join("store"), &args);
+        let keys = tenant(&store, "acme");
+        let s3 = endpoint(&store);
+        let file = home.join("data.bin");
+        std::fs::write(&file, &data).unwrap();
+        aws_ok(&s3, &keys, home, &["s3", "mb", "s3://acme"]);
+        aws_ok(&s3, &keys, home, &["s3", "cp", &p(&file), "s3://acme/d"]);
+        let back = home.join("back.bin");
+        aws_ok(&s3, &keys, home, &["s3", "cp", "s3://acme/d", &p(&back)]);
+        assert!(std::fs::read(&back).unwrap() == data, "{extra:?}: content");
+        assert_eq!(
+            acme_bytes_sent(&store),
+            sent,
+            "{extra:?}: bytes sent by nodes"
+        );
+    }
+}
+
+/// A replica damaged on the local disk fails its checksum: the object is
+/// read from the other replica (over TCP), exact, and the damaged one is
+/// reported and repaired.
+#[test]
+fn a_damaged_local_replica_is_read_around_and_repaired() {
+    let dir = tmp();
+    let home = dir.path();
+    let store = Store::up(
+        &home.join("store"),
+        &["--sn", "2", "--replication", "1,1,2,2"],
+    );
+    let keys = tenant(&store, "acme");
+    let s3 = endpoint(&store);
+    let data = pattern(200_000, 22);
+    let file = home.join("data.bin");
+    std::fs::write(&file, &data).unwrap();
+    aws_ok(&s3, &keys, home, &["s3", "mb", "s3://acme"]);
+    aws_ok(&s3, &keys, home, &["s3", "cp", &p(&file), "s3://acme/d"]);
+    // The first replica of the record is the one the gateway reads first.
+    let record = store.json(&["obj", "stat", "acme/d"]);
+    let first: std::net::Ipv6Addr = record["replicas"][0].as_str().unwrap().parse().unwrap();
+    let name = format!("{:032x}", u128::from(first));
+    let replica = store
+        .replica_files()
+        .into_iter()
+        .find(|f| f.file_name().is_some_and(|n| n.to_string_lossy() == name))
+        .unwrap_or_else(|| panic!("no replica file {name}"));
+    let mut bytes = std::fs::read(&replica).unwrap();
+    let at = bytes.len() - 7;
+    bytes[at] ^= 0x40;
+    std::fs::write(&replica, &bytes).unwrap();
+
+    let back = home.join("back.bin");
+    aws_ok(&s3, &keys, home, &["s3", "cp", "s3://acme/d", &p(&back)]);
+    assert!(std::fs::read(&back).unwrap() == data, "content");
+    // Reported, then repaired: the record names a good replica in place
+    // of the damaged one.
+    wait_until("the damaged replica replaced", || {
+        let now = store.json(&["obj", "stat", "acme/d"]);
+        now["replicas"].as_array().is_some_and(|r| {
+            r.len() == 2
+                && r.iter()
+                    .all(|a| a.as_str() != record["replicas"][0].as_str())
+        })
+    });
+    aws_ok(&s3, &keys, home, &["s3", "cp", "s3://acme/d", &p(&back)]);
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "content after repair"
+    );
+}
