@@ -29,6 +29,7 @@ pub mod metrics;
 mod multipart;
 pub mod names;
 mod objects;
+mod part_number;
 mod parts;
 pub mod presigned;
 mod service;

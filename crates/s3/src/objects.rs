@@ -5,6 +5,7 @@
 use crate::buckets::{check_scope, from_ms, now_ms};
 use crate::errors::{from_store, is_missing, s3};
 use crate::names::ObjectMeta;
+use crate::part_number::{part_span, PartSpan};
 use crate::parts::{drop_parts, previous_upload, start_object_read};
 pub(crate) use crate::parts::{meta_of, name_of};
 use crate::streams::{lock, response_body, BodyReader, Piece, Received};
@@ -68,8 +69,10 @@ pub(crate) struct Read {
     pub body: StreamingBlob,
     /// How many bytes `body` holds.
     pub length: u64,
-    /// `bytes FIRST-LAST/SIZE` for a Range.
+    /// `bytes FIRST-LAST/SIZE` for a Range or a part.
     pub content_range: Option<String>,
+    /// The object's part count, when a part was asked.
+    pub parts_count: Option<u32>,
 }
 
 /// The S3 ETag of `meta`.
@@ -177,10 +180,18 @@ impl Gateway {
         bucket: &str,
         key: &str,
         conditions: &Conditions,
-    ) -> S3Result<ObjectMeta> {
-        let meta = meta_of(&self.find(client, bucket, key).await?);
+        part_number: Option<i32>,
+    ) -> S3Result<(ObjectMeta, Option<PartSpan>)> {
+        let opened = self.find(client, bucket, key).await?;
+        let meta = meta_of(&opened);
         check_conditions(&meta, conditions)?;
-        Ok(meta)
+        let part = match part_number {
+            Some(number) => {
+                Some(part_span(client, &opened, &meta, (bucket, key), number, false).await?)
+            }
+            None => None,
+        };
+        Ok((meta, part))
     }
 
     /// GetObject: the key's bytes (or the range asked), after its
@@ -194,39 +205,25 @@ impl Gateway {
         key: &str,
         conditions: &Conditions,
         range: Option<&Range>,
+        part_number: Option<i32>,
     ) -> S3Result<Read> {
         for _ in 0..LOOKUP_ATTEMPTS {
             let opened = self.find(client, bucket, key).await?;
             let meta = meta_of(&opened);
             check_conditions(&meta, conditions)?;
-            let span = match range {
-                Some(range) => range.check(meta.size).map_err(|_| {
-                    s3(
-                        S3ErrorCode::InvalidRange,
-                        format!(
-                            "the range asked is outside '{bucket}/{key}', which holds {} bytes",
-                            meta.size
-                        ),
-                    )
-                })?,
-                None => 0..meta.size,
+            let (span, content_range, parts_count) = match part_number {
+                Some(number) => {
+                    let at = (bucket, key);
+                    let part =
+                        part_span(client, &opened, &meta, at, number, range.is_some()).await?;
+                    let content_range = part.content_range(meta.size);
+                    (part.span, content_range, Some(part.parts))
+                }
+                None => {
+                    let (span, content_range) = range_span(range, &meta, bucket, key)?;
+                    (span, content_range, None)
+                }
             };
-            if range.is_some() && span.is_empty() {
-                // A suffix range of an empty object: no byte to send, and
-                // `bytes 0-0/0` would claim one (RFC 9110, 14.1.2).
-                return Err(s3(
-                    S3ErrorCode::InvalidRange,
-                    format!("'{bucket}/{key}' is empty: no range of it can be served"),
-                ));
-            }
-            let content_range = range.map(|_| {
-                format!(
-                    "bytes {}-{}/{}",
-                    span.start,
-                    span.end.saturating_sub(1),
-                    meta.size
-                )
-            });
             let length = span.end - span.start;
             let version = opened.record.version;
             let (first, receiver) =
@@ -246,6 +243,7 @@ impl Gateway {
                 body,
                 length,
                 content_range,
+                parts_count,
             });
         }
         Err(s3(
@@ -522,4 +520,43 @@ pub(crate) fn check_conditions(meta: &ObjectMeta, conditions: &Conditions) -> S3
 
 fn precondition(why: &str) -> s3s::S3Error {
     s3(S3ErrorCode::PreconditionFailed, why.to_string())
+}
+
+/// The bytes a GetObject's Range (or its absence) asks of an object of
+/// `meta`, with the Content-Range to answer for a Range.
+fn range_span(
+    range: Option<&Range>,
+    meta: &ObjectMeta,
+    bucket: &str,
+    key: &str,
+) -> S3Result<(std::ops::Range<u64>, Option<String>)> {
+    let span = match range {
+        Some(range) => range.check(meta.size).map_err(|_| {
+            s3(
+                S3ErrorCode::InvalidRange,
+                format!(
+                    "the range asked is outside '{bucket}/{key}', which holds {} bytes",
+                    meta.size
+                ),
+            )
+        })?,
+        None => 0..meta.size,
+    };
+    if range.is_some() && span.is_empty() {
+        // A suffix range of an empty object: no byte to send, and
+        // `bytes 0-0/0` would claim one (RFC 9110, 14.1.2).
+        return Err(s3(
+            S3ErrorCode::InvalidRange,
+            format!("'{bucket}/{key}' is empty: no range of it can be served"),
+        ));
+    }
+    let content_range = range.map(|_| {
+        format!(
+            "bytes {}-{}/{}",
+            span.start,
+            span.end.saturating_sub(1),
+            meta.size
+        )
+    });
+    Ok((span, content_range))
 }

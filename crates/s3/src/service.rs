@@ -283,12 +283,14 @@ impl S3 for Gateway {
                 &input.key,
                 &conditions,
                 input.range.as_ref(),
+                input.part_number,
             )
             .await?;
         let meta = &read.meta;
         Ok(S3Response::new(GetObjectOutput {
             content_length: Some(read.length as i64),
             content_range: read.content_range.clone(),
+            parts_count: read.parts_count.map(|n| n as i32),
             accept_ranges: Some("bytes".into()),
             e_tag: Some(etag(meta)),
             last_modified: Some(last_modified(meta)),
@@ -312,11 +314,22 @@ impl S3 for Gateway {
             if_modified_since: input.if_modified_since,
             if_unmodified_since: input.if_unmodified_since,
         };
-        let meta = self
-            .head_object(&client, &input.bucket, &input.key, &conditions)
+        let (meta, part) = self
+            .head_object(
+                &client,
+                &input.bucket,
+                &input.key,
+                &conditions,
+                input.part_number,
+            )
             .await?;
+        let length = part
+            .as_ref()
+            .map_or(meta.size, |p| p.span.end - p.span.start);
         Ok(S3Response::new(HeadObjectOutput {
-            content_length: Some(meta.size as i64),
+            content_length: Some(length as i64),
+            content_range: part.as_ref().and_then(|p| p.content_range(meta.size)),
+            parts_count: part.as_ref().map(|p| p.parts as i32),
             accept_ranges: Some("bytes".into()),
             e_tag: Some(etag(&meta)),
             last_modified: Some(last_modified(&meta)),

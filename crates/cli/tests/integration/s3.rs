@@ -47,7 +47,7 @@ pub(crate) fn endpoint(store: &Store) -> String {
 
 /// `aws --endpoint-url ENDPOINT ARGS` as the tenant of `keys`, with no
 /// configuration file of the host's.
-fn aws(endpoint: &str, keys: &Keys, home: &Path, args: &[&str]) -> Output {
+pub(crate) fn aws(endpoint: &str, keys: &Keys, home: &Path, args: &[&str]) -> Output {
     Command::new("aws")
         .arg("--endpoint-url")
         .arg(endpoint)

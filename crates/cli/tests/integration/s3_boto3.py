@@ -116,6 +116,11 @@ s3.put_object(Bucket=BUCKET, Key="over", Body=b"second version", Metadata={"v": 
 over = s3.get_object(Bucket=BUCKET, Key="over")
 check(over["Body"].read() == b"second version", "overwrite kept the old body")
 check(over["Metadata"] == {"v": "2"}, f"overwrite metadata {over['Metadata']}")
+# An object put in one piece has one part.
+one = s3.get_object(Bucket=BUCKET, Key="over", PartNumber=1)
+check(one["Body"].read() == b"second version" and one["PartsCount"] == 1, f"part 1 {one}")
+fails("InvalidPartNumber", s3.get_object, Bucket=BUCKET, Key="over", PartNumber=2, status=416)
+fails("InvalidArgument", s3.get_object, Bucket=BUCKET, Key="over", PartNumber=10001, status=400)
 listed = s3.list_objects_v2(Bucket=BUCKET, Prefix="over")["Contents"]
 check([o["Key"] for o in listed] == ["over"], f"an overwritten key is listed once: {listed}")
 check(listed[0]["Size"] == len(b"second version"), "listed size of the new body")
@@ -472,6 +477,20 @@ check(got["ContentLength"] == len(whole), "multipart length")
 across = s3.get_object(Bucket=BUCKET, Key="mp/object", Range=f"bytes={5 * MIB - 3}-{5 * MIB + 2}")
 check(across["Body"].read() == whole[5 * MIB - 3:5 * MIB + 3], "a range across the parts")
 check(across["ContentRange"] == f"bytes {5 * MIB - 3}-{5 * MIB + 2}/{len(whole)}", "its range")
+# partNumber: one part's bytes, its Content-Range, and the part count.
+part2 = s3.get_object(Bucket=BUCKET, Key="mp/object", PartNumber=2)
+check(part2["Body"].read() == second and part2["PartsCount"] == 2, f"part 2 {part2}")
+check(part2["ResponseMetadata"]["HTTPStatusCode"] == 206, "a part is partial content")
+check(part2["ContentRange"] == f"bytes {len(first)}-{len(whole) - 1}/{len(whole)}",
+      f"part 2's range {part2['ContentRange']}")
+check(part2["ETag"] == mp_etag, "a part answers the object's ETag")
+head1 = s3.head_object(Bucket=BUCKET, Key="mp/object", PartNumber=1)
+check(head1["ContentLength"] == len(first) and head1["PartsCount"] == 2, f"head part 1 {head1}")
+fails("InvalidPartNumber", s3.get_object, Bucket=BUCKET, Key="mp/object", PartNumber=3,
+      status=416)
+fails("416", s3.head_object, Bucket=BUCKET, Key="mp/object", PartNumber=3, status=416)
+fails("InvalidRequest", s3.get_object, Bucket=BUCKET, Key="mp/object", PartNumber=1,
+      Range="bytes=0-1", status=400)
 tail = s3.get_object(Bucket=BUCKET, Key="mp/object", Range="bytes=-5")
 check(tail["Body"].read() == second[-5:], "a suffix range in the last part")
 check(s3.get_object(Bucket=BUCKET, Key="mp/object", IfMatch=mp_etag)["Body"].read() == whole,

@@ -159,12 +159,17 @@ impl Client {
         // reported once another one has served the object.
         let mut damaged = Vec::new();
         // A replica on this process's own disk first: no network at all.
+        let mut local_damaged = None;
         if let Some((addr, result)) = self.read_local(record, out, progress).await {
             match result {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     if matches!(e, Error::Corrupt(_)) {
-                        damaged.push(addr);
+                        // Its own bytes failed the record's checksum here,
+                        // not a peer's word: reported at once, even if the
+                        // output cannot be rewound for another replica.
+                        self.report_bad_replica(name, addr);
+                        local_damaged = Some(addr);
                     }
                     last = Some(e);
                 }
@@ -173,7 +178,7 @@ impl Client {
         let order = self.replica_order(&replicas);
         for (position, &index) in order.iter().enumerate() {
             let replica = replicas[index];
-            if damaged.contains(&replica.addr) {
+            if local_damaged == Some(replica.addr) {
                 continue;
             }
             // Give a silent node up only while another replica is left.

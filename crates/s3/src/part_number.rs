@@ -1,0 +1,109 @@
+//! `partNumber` on GetObject and HeadObject: the bytes of one part of a
+//! completed multipart upload, as S3 serves them (a 206 with the part's
+//! Content-Range, and the object's part count in `x-amz-mp-parts-count`).
+//! An object stored in one piece has one part, number 1.
+
+use crate::errors::{from_store, s3};
+use crate::multipart::check_part_number;
+use crate::names::ObjectMeta;
+use crate::parts::read_manifest;
+use s3s::{S3Error, S3ErrorCode, S3Result};
+use std::ops::Range;
+use strata_store_client::client::{Client, Opened};
+
+/// One part of an object: where its bytes lie, and how many parts the
+/// object has.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct PartSpan {
+    /// The part's bytes, as offsets in the object.
+    pub span: Range<u64>,
+    /// The object's part count.
+    pub parts: u32,
+}
+
+impl PartSpan {
+    /// The Content-Range of the part in an object of `size` bytes; `None`
+    /// for an empty part, which has no byte to name.
+    pub fn content_range(&self, size: u64) -> Option<String> {
+        (!self.span.is_empty())
+            .then(|| format!("bytes {}-{}/{size}", self.span.start, self.span.end - 1))
+    }
+}
+
+/// The part `number` of `bucket/key`, opened as `opened` with `meta`; a
+/// Range given with it is refused, as S3 refuses it.
+pub(crate) async fn part_span(
+    client: &Client,
+    opened: &Opened,
+    meta: &ObjectMeta,
+    (bucket, key): (&str, &str),
+    number: i32,
+    with_range: bool,
+) -> S3Result<PartSpan> {
+    if with_range {
+        return Err(s3(
+            S3ErrorCode::InvalidRequest,
+            "a Range and a partNumber cannot be asked together: ask for one of them",
+        ));
+    }
+    let number = check_part_number(number)?;
+    let sizes: Vec<(u32, u64)> = match &meta.multipart {
+        None => vec![(1, meta.size)],
+        Some(_) => read_manifest(client, opened)
+            .await
+            .map_err(|e| from_store(&format!("reading the parts of '{bucket}/{key}'"), &e))?
+            .parts
+            .iter()
+            .map(|part| (part.number, part.size))
+            .collect(),
+    };
+    span_of(&sizes, number).ok_or_else(|| not_a_part(bucket, key, number, sizes.len()))
+}
+
+/// Where part `number` lies among parts of `(number, size)`, in order.
+fn span_of(sizes: &[(u32, u64)], number: u32) -> Option<PartSpan> {
+    let mut start = 0u64;
+    for &(this, size) in sizes {
+        let end = start.checked_add(size)?;
+        if this == number {
+            return Some(PartSpan {
+                span: start..end,
+                parts: u32::try_from(sizes.len()).ok()?,
+            });
+        }
+        start = end;
+    }
+    None
+}
+
+/// S3's answer to a part number the object does not have: 416
+/// InvalidPartNumber.
+fn not_a_part(bucket: &str, key: &str, number: u32, parts: usize) -> S3Error {
+    let mut error = s3(
+        S3ErrorCode::Custom("InvalidPartNumber".into()),
+        format!("'{bucket}/{key}' has no part {number}: it has {parts} part(s)"),
+    );
+    error.set_status_code(hyper::StatusCode::RANGE_NOT_SATISFIABLE);
+    error
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_lie_end_to_end_in_their_manifest_order() {
+        let sizes = [(1, 5 << 20), (3, 5 << 20), (7, 10)];
+        let third = span_of(&sizes, 7).unwrap();
+        assert_eq!(third.span, (10 << 20)..(10 << 20) + 10);
+        assert_eq!(third.parts, 3);
+        assert_eq!(
+            third.content_range(third.span.end).unwrap(),
+            format!("bytes {}-{}/{}", 10 << 20, (10 << 20) + 9, (10 << 20) + 10)
+        );
+        assert_eq!(span_of(&sizes, 3).unwrap().span, (5 << 20)..(10 << 20));
+        assert!(span_of(&sizes, 2).is_none(), "a number not uploaded");
+        let empty = span_of(&[(1, 0)], 1).unwrap();
+        assert_eq!(empty.content_range(0), None);
+    }
+}
