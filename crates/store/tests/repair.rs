@@ -951,6 +951,7 @@ mod unauthenticated {
             rename: None,
             attributes: Vec::new(),
             fragments: None,
+            inline: None,
         };
         let msg = Msg::new(5, meta[0], Body::Replicate { record: rec });
         let [plain, wrong, good] = forms(&msg);
@@ -1043,6 +1044,7 @@ mod unauthenticated {
             rename: None,
             attributes: Vec::new(),
             fragments: None,
+            inline: None,
         });
         let page = pull.reply(Body::MgRows {
             rows: vec![row],
