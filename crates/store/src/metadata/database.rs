@@ -1223,10 +1223,10 @@ mod tests {
         let db = MetaDb::open(&path).unwrap();
         // A row as a build before attributes wrote it: the record's
         // encoding without the attributes' length (and the fragments'
-        // byte, newer still) at its end.
+        // and inline flag bytes, newer still) at its end.
         let old = rec("acme/old", 4);
         let mut legacy = encode_record(&old);
-        legacy.truncate(legacy.len() - 3);
+        legacy.truncate(legacy.len() - 4);
         let tx = db.db.begin_write().unwrap();
         tx.open_table(RECORDS)
             .unwrap()
