@@ -95,8 +95,9 @@ fn inline_objects_survive_kill_9_of_the_store_and_larger_ones_take_the_data_path
     assert_eq!(stat["replicas"].as_array().unwrap().len(), 2, "{stat}");
     let src = dir.path().join("put-in");
     std::fs::write(&src, pattern(333, 5)).unwrap();
-    let put = store.json(&["obj", "put", &p(&src), "small/cli"]);
-    assert_eq!((&put["inline"], &put["copies"]), (&true.into(), &0.into()));
+    let posted = store.json(&["obj", "put", &p(&src), "small/cli"]);
+    assert_eq!(posted["inline"], true, "{posted}");
+    assert_eq!(posted["copies"], 0, "{posted}");
     let human = store.ok(&["obj", "put", &p(&src), "small/cli"]);
     assert!(human.contains("inline in its record"), "{human}");
     let dst = dir.path().join("get-out");
@@ -113,6 +114,13 @@ fn inline_objects_survive_kill_9_of_the_store_and_larger_ones_take_the_data_path
     for (name, data) in &objects {
         check_read(&rt, &client, name, data);
     }
+    // Every storage node back before the large Posts below place on them.
+    wait_until("every storage node up again", || {
+        let status = store.status();
+        let nodes = status["storage_nodes"].as_array().unwrap();
+        nodes.len() == 5 && nodes.iter().all(|n| n["state"] == "up")
+    });
+    std::thread::sleep(Duration::from_millis(1200)); // metadata nodes see it
     check_read(&rt, &client, "small/over", &over);
     check_read(&rt, &client, "small/coded", &small_coded);
 

@@ -34,7 +34,7 @@ fn objects_from_0_bytes_to_64_mib_round_trip_with_checksums() {
     }
     // Three copies of each object above the inline limit, on three
     // different storage nodes.
-    assert_eq!(store.replica_files().len(), 4 * 3);
+    assert_eq!(store.replica_files().len(), 3 * 3);
 
     // A replica damaged on disk is detected on read; the client falls over
     // to another replica and still returns the right bytes.
