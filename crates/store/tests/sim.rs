@@ -155,7 +155,9 @@ enum Obj {
 /// their length varying with it.
 fn inline_data_of(token: u32) -> Vec<u8> {
     let length = token as usize * 977 % MAX_INLINE + 1;
-    (0..length).map(|i| (i as u32 * 31 ^ token) as u8).collect()
+    (0..length)
+        .map(|i| ((i as u32 * 31) ^ token) as u8)
+        .collect()
 }
 
 /// The attributes of the inline Post `token`, which name it (its record's
