@@ -675,6 +675,7 @@ mod tests {
             rename: None,
             attributes: Vec::new(),
             fragments: None,
+            inline: None,
         };
         Msg::new(42, 1, Body::Replicate { record })
     }
@@ -1051,6 +1052,7 @@ mod tests {
             rename: Some(wire::RenameLink::From("acme/old".into())),
             attributes: Vec::new(),
             fragments: None,
+            inline: None,
         }
     }
 

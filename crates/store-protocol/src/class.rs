@@ -22,6 +22,17 @@ pub const SHARD_ALIGN: usize = 64;
 /// and `m` parity fragments would be replication done slowly.
 pub const MIN_DATA_FRAGMENTS: u8 = 2;
 
+/// Largest object kept inside its metadata record instead of on storage
+/// nodes ([`Record::inline`](crate::wire::Record::inline)). A small
+/// object on the data path costs every storage node a replica file and
+/// its fdatasync on a Post, and every Get a second exchange (a TCP
+/// request after the metadata one); inline, a Post is one request and a
+/// Get one datagram. 4 KiB holds the common page-sized small object,
+/// while a record at every other bound (name, rename link, attributes,
+/// addresses) with these bytes and a ticket still fits one datagram,
+/// alone and as a row of a handover page.
+pub const MAX_INLINE: usize = 4096;
+
 /// How an object's data is kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StorageClass {
@@ -117,6 +128,23 @@ impl StorageClass {
         }
     }
 
+    /// Whether an object of `size` bytes in this class may be kept inside
+    /// its record on `metadata_copies` metadata copies, without its
+    /// redundancy dropping: the object must be at most [`MAX_INLINE`]
+    /// bytes, and the metadata copies at least as many as the storage
+    /// node failures the class survives, plus one. `replicated(n)`
+    /// survives n - 1 failures, so it needs n metadata copies; `ec(k,m)`
+    /// survives m, so it needs m + 1. An empty object has no data to
+    /// lose and is always kept in its record. Otherwise the object takes
+    /// the data path as any larger one does.
+    pub fn may_inline(&self, size: u64, metadata_copies: u8) -> bool {
+        let needed = match *self {
+            StorageClass::Replicated { copies } => copies,
+            StorageClass::ErasureCoded { parity, .. } => parity.saturating_add(1),
+        };
+        size == 0 || (size <= MAX_INLINE as u64 && metadata_copies >= needed)
+    }
+
     /// The data fragments (k) of an erasure-coded class; 0 for replicas.
     pub fn data_fragments(&self) -> u8 {
         match *self {
@@ -199,6 +227,24 @@ impl StripeLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn objects_are_inlined_only_where_the_metadata_copies_keep_their_redundancy() {
+        let replicated = |copies| StorageClass::Replicated { copies };
+        let coded = |data, parity| StorageClass::ErasureCoded { data, parity };
+        let small = MAX_INLINE as u64;
+        // replicated(n) needs n metadata copies; ec(k,m) needs m + 1.
+        assert!(replicated(3).may_inline(small, 3));
+        assert!(!replicated(3).may_inline(small, 2));
+        assert!(replicated(1).may_inline(1, 1));
+        assert!(coded(4, 2).may_inline(small, 3));
+        assert!(!coded(4, 2).may_inline(small, 2));
+        // One byte too many takes the data path whatever the copies.
+        assert!(!replicated(1).may_inline(small + 1, 16));
+        // An empty object has nothing to lose.
+        assert!(replicated(3).may_inline(0, 1));
+        assert!(coded(8, 3).may_inline(0, 1));
+    }
 
     #[test]
     fn classes_parse_and_print_back() {

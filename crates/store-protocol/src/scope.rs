@@ -20,7 +20,7 @@ pub fn check_scope(id: &str, body: &Body) -> Result<(), String> {
     };
     let names: Vec<&str> = match body {
         Body::PostBegin { name, .. }
-        | Body::PostEmpty { name, .. }
+        | Body::PostInline { name, .. }
         | Body::PostCommit { name, .. }
         | Body::PostAbort { name, .. }
         | Body::Get { name }
@@ -89,6 +89,7 @@ mod tests {
             rename,
             attributes: vec![],
             fragments: None,
+            inline: None,
         };
         let link = |from: &str| Body::Link {
             record: rec("acme/new", Some(RenameLink::From(from.into()))),
@@ -129,8 +130,11 @@ mod tests {
                 attributes: Vec::new(),
                 fragment_crcs: Vec::new(),
             },
-            Body::PostEmpty {
+            Body::PostInline {
                 name: "b/x".into(),
+                class: None,
+                crc: crc32c::crc32c(b"x"),
+                data: b"x".to_vec(),
                 attributes: Vec::new(),
             },
             Body::PostAbort {

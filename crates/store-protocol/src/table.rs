@@ -67,6 +67,15 @@ impl Params {
         StorageClass::from_counts(self.n_d, self.data_fragments)
     }
 
+    /// Whether an object of `size` bytes kept as these parameters say is
+    /// stored inside its record on the N_m metadata copies
+    /// ([`StorageClass::may_inline`]: at most
+    /// [`crate::class::MAX_INLINE`] bytes, and enough copies to keep the
+    /// class's redundancy).
+    pub fn inlines(&self, size: u64) -> bool {
+        self.class().may_inline(size, self.n_m)
+    }
+
     /// These parameters with the data kept in `class` instead: N_d its
     /// nodes, and W_d all of them for erasure coding (a fragment fewer
     /// is a failure fewer to survive) or the same quorum, at most N_d,

@@ -5,7 +5,9 @@
 //! drain it began under, and refreshes a stale metadata copy naming the
 //! drained node from its coordinator; so does the repair scan for a copy
 //! naming a dead node. (The socket runtime and the copy
-//! itself are exercised by `crates/cli/tests/store.rs`.)
+//! itself are exercised by `crates/cli/tests/store.rs`.) Also: a small
+//! object is inlined in its record only where the metadata copies keep
+//! its class's redundancy, for a Post and a Link alike.
 
 use strata_store::metadata::database::MetaDb;
 use strata_store::metadata::state::{MnCore, Out};
@@ -951,6 +953,7 @@ mod unauthenticated {
             rename: None,
             attributes: Vec::new(),
             fragments: None,
+            inline: None,
         };
         let msg = Msg::new(5, meta[0], Body::Replicate { record: rec });
         let [plain, wrong, good] = forms(&msg);
@@ -1043,6 +1046,7 @@ mod unauthenticated {
             rename: None,
             attributes: Vec::new(),
             fragments: None,
+            inline: None,
         });
         let page = pull.reply(Body::MgRows {
             rows: vec![row],
@@ -1377,4 +1381,113 @@ fn tenants_reports_are_taken_at_a_bounded_rate() {
     let bad = record(&core, &t, "n/19").replicas[0];
     let (version, outs) = report_bad(&mut core, &t, "n/19", bad, 6_000);
     assert!(version > 0 && copies(&outs).len() == 1, "{outs:?}");
+}
+
+/// The answer of `core` to `body`, sent by the client to `name`'s
+/// coordinator address.
+fn ask(core: &mut MnCore<u32>, t: &Table, name: &str, req: u64, body: Body) -> Body {
+    let coord = t.meta_addrs(name)[0];
+    match &core.handle(req, CLIENT, Msg::new(req, coord, body))[..] {
+        [Out::Reply(_, m)] => m.body.clone(),
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+#[test]
+fn an_object_is_inlined_only_where_the_metadata_copies_keep_its_redundancy() {
+    use strata_store_protocol::wire::{Code, Record};
+    let dir = tempfile::tempdir().unwrap();
+    // One metadata copy: enough for bucket "one" (one replica), too few
+    // for the cluster's three replicas.
+    let mut t = table();
+    t.buckets = vec![(
+        "one".into(),
+        Params {
+            n_d: 1,
+            w_d: 1,
+            ..t.params
+        },
+    )];
+    let db = MetaDb::open(&dir.path().join("m.redb")).unwrap();
+    let mut core = MnCore::new(db, t.clone(), 0, 42);
+    let data = b"small enough to be kept in its record".to_vec();
+    let post = |name: &str, data: &[u8]| Body::PostInline {
+        name: name.into(),
+        class: None,
+        crc: crc32c::crc32c(data),
+        data: data.to_vec(),
+        attributes: Vec::new(),
+    };
+    assert!(matches!(
+        ask(&mut core, &t, "one/a", 1, post("one/a", &data)),
+        Body::Done { .. }
+    ));
+    let record = match ask(
+        &mut core,
+        &t,
+        "one/a",
+        2,
+        Body::Get {
+            name: "one/a".into(),
+        },
+    ) {
+        Body::Found { record, ticket } => {
+            assert!(ticket.is_empty(), "an inline object needs no ticket");
+            record
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(record.inline.as_deref(), Some(&data[..]));
+    assert!(record.replicas.is_empty());
+    // replicated(3) on one metadata copy: refused, and nothing stored.
+    match ask(&mut core, &t, "three/a", 3, post("three/a", &data)) {
+        Body::Error {
+            code: Code::BadRequest,
+            message,
+        } => assert!(
+            message.contains("too few") && message.contains("PostBegin"),
+            "{message}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        ask(
+            &mut core,
+            &t,
+            "three/a",
+            4,
+            Body::Get {
+                name: "three/a".into()
+            }
+        ),
+        Body::Error {
+            code: Code::NotFound,
+            ..
+        }
+    ));
+    // An empty object has nothing to lose: kept in its record anywhere.
+    assert!(matches!(
+        ask(&mut core, &t, "three/e", 5, post("three/e", &[])),
+        Body::Done { .. }
+    ));
+    // A Link (a rename's second step) of the inline record follows the
+    // same rule under its new name.
+    let link = |name: &str| Body::Link {
+        record: Record {
+            name: name.into(),
+            ..record.clone()
+        },
+        proof: Vec::new(),
+    };
+    match ask(&mut core, &t, "three/b", 6, link("three/b")) {
+        Body::Error {
+            code: Code::BadRequest,
+            message,
+        } => assert!(message.contains("too few"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        ask(&mut core, &t, "one/b", 7, link("one/b")),
+        Body::Done { .. }
+    ));
 }

@@ -51,7 +51,7 @@ use strata_store_client::client::{Call, Step};
 use strata_store_protocol::addr::{Layout, DEFAULT_CLUSTER_PREFIX};
 use strata_store_protocol::class::StorageClass;
 use strata_store_protocol::table::{Device, MnEntry, Params, SnEntry, State, Table};
-use strata_store_protocol::wire::{Body, Code, Fragments, Msg, Record};
+use strata_store_protocol::wire::{Body, Code, Fragments, Msg, Record, MAX_INLINE};
 
 const MNS: u16 = 3;
 const CLIENTS: u32 = 4;
@@ -143,8 +143,37 @@ fn table(params: Params) -> Table {
 enum Obj {
     Absent,
     Posted(u32),
-    /// Posted empty (`PostEmpty`): a record of size 0 and no replica.
+    /// Posted empty (`PostInline` without bytes): a record of size 0 and
+    /// no replica.
     Empty,
+    /// Posted inline (`PostInline`) with the bytes [`inline_data_of`]
+    /// this token: a record holding them, with no replica.
+    Inline(u32),
+}
+
+/// The bytes of the inline Post `token`: 1 to [`MAX_INLINE`] of them,
+/// their length varying with it.
+fn inline_data_of(token: u32) -> Vec<u8> {
+    let length = token as usize * 977 % MAX_INLINE + 1;
+    (0..length)
+        .map(|i| ((i as u32 * 31) ^ token) as u8)
+        .collect()
+}
+
+/// The attributes of the inline Post `token`, which name it (its record's
+/// CRC-32C is its bytes').
+fn inline_attributes_of(token: u32) -> Vec<u8> {
+    format!("inline {token}").into_bytes()
+}
+
+/// Every fourth inline Post asks for `replicated(4)`, which three metadata
+/// copies cannot hold without losing redundancy: the coordinator refuses
+/// it, and nothing changes. The others take the bucket's class (N_d of 2
+/// or 3 replicas, which three copies can hold) and are kept inline.
+fn inline_class_of(token: u32) -> Option<StorageClass> {
+    token
+        .is_multiple_of(4)
+        .then_some(StorageClass::Replicated { copies: 4 })
 }
 
 fn size_of(token: u32) -> u64 {
@@ -178,7 +207,7 @@ enum Op {
     Idle,
     PostBegin { name: String, token: u32 },
     PostCommit { name: String, token: u32 },
-    PostEmpty { name: String },
+    PostInline { name: String, token: Option<u32> },
     Delete { name: String },
     Get { name: String },
 }
@@ -237,6 +266,9 @@ struct Sim {
     strict_reads: bool,
     acked_ops: u64,
     checked_gets: u64,
+    /// Inline Posts acknowledged, and refused for their class.
+    inline_acked: u64,
+    inline_refused: u64,
     crashes: u64,
     /// When (ms) the target storage node is declared dead, if ever.
     kill_sn_at: Option<u64>,
@@ -396,6 +428,8 @@ impl Sim {
             refreshes: 0,
             acked_ops: 0,
             checked_gets: 0,
+            inline_acked: 0,
+            inline_refused: 0,
             crashes: 0,
             kill_sn_at: None,
             drain_sn_at: None,
@@ -742,12 +776,21 @@ impl Sim {
         let name = format!("c{c}/n{}", self.rng.below(NAMES_PER_CLIENT as u64));
         let addrs = self.table.meta_addrs(&name);
         let roll = self.rng.below(100);
-        if roll < 10 {
-            let body = Body::PostEmpty {
+        if roll < 15 {
+            // A third of them empty, the others with bytes.
+            let token = (roll >= 5).then(|| {
+                self.next_token += 1;
+                self.next_token - 1
+            });
+            let data = token.map(inline_data_of).unwrap_or_default();
+            let body = Body::PostInline {
                 name: name.clone(),
-                attributes: EMPTY_ATTRIBUTES.to_vec(),
+                class: token.and_then(inline_class_of),
+                crc: crc32c::crc32c(&data),
+                data,
+                attributes: token.map_or(EMPTY_ATTRIBUTES.to_vec(), inline_attributes_of),
             };
-            self.clients[c as usize].op = Op::PostEmpty { name };
+            self.clients[c as usize].op = Op::PostInline { name, token };
             self.start_call(c, vec![addrs[0]], body, 20, false);
         } else if roll < 50 {
             let token = self.next_token;
@@ -776,6 +819,7 @@ impl Sim {
     }
 
     fn settle(&mut self, name: &str, state: Obj) {
+        self.inline_acked += u64::from(matches!(state, Obj::Inline(_)));
         self.possible.insert(name.to_string(), [state].into());
         self.last_acked.insert(name.to_string(), state);
         self.acked_ops += 1;
@@ -835,12 +879,24 @@ impl Sim {
                 Ok(other) => panic!("PostCommit answered {other:?}"),
                 Err(_) => self.maybe(&name, Obj::Posted(token)),
             },
-            Op::PostEmpty { name } => match result {
-                Ok(Body::Done { .. }) => self.settle(&name, Obj::Empty),
-                Ok(other) => panic!("PostEmpty answered {other:?}"),
-                Err(e) if e.code() == Some(Code::Conflict) => {}
-                Err(_) => self.maybe(&name, Obj::Empty),
-            },
+            Op::PostInline { name, token } => {
+                let state = token.map_or(Obj::Empty, Obj::Inline);
+                let refused = token.and_then(inline_class_of).is_some();
+                match result {
+                    Ok(Body::Done { .. }) if !refused => self.settle(&name, state),
+                    Ok(other) => panic!("{name}: PostInline {token:?} answered {other:?}"),
+                    Err(e) if e.code() == Some(Code::Conflict) => {}
+                    // Refused at once, so nothing changed.
+                    Err(e) if refused && e.code() == Some(Code::BadRequest) => {
+                        self.inline_refused += 1
+                    }
+                    Err(e) if e.code() == Some(Code::BadRequest) => {
+                        panic!("{name}: PostInline {token:?} refused: {e}")
+                    }
+                    Err(_) if refused => {}
+                    Err(_) => self.maybe(&name, state),
+                }
+            }
             Op::Delete { name } => match result {
                 Ok(Body::Done { .. }) => self.settle(&name, Obj::Absent),
                 // Absent at the coordinator (perhaps through this very
@@ -857,6 +913,24 @@ impl Sim {
     }
 
     fn check_record(&self, name: &str, record: &Record) -> Obj {
+        if let Some(data) = &record.inline {
+            let token = std::str::from_utf8(&record.attributes)
+                .ok()
+                .and_then(|a| a.strip_prefix("inline "))
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| panic!("{name}: inline record of no inline Post: {record:?}"));
+            assert_eq!(
+                data,
+                &inline_data_of(token),
+                "{name}: inline bytes of {token}"
+            );
+            assert_eq!(record.size, data.len() as u64, "{name}: {record:?}");
+            assert_eq!(record.crc, crc32c::crc32c(data), "{name}: {record:?}");
+            assert!(record.replicas.is_empty(), "{name}: {record:?}");
+            assert_eq!(record.fragments, None, "{name}: {record:?}");
+            assert_eq!(record.meta, self.table.meta_addrs(name));
+            return Obj::Inline(token);
+        }
         if record.size == 0 {
             assert_eq!(record.crc, crc32c::crc32c(&[]), "{name}: {record:?}");
             assert_eq!(record.attributes, EMPTY_ATTRIBUTES, "{name}: {record:?}");
@@ -1343,7 +1417,8 @@ impl Sim {
             .map(|s| s.index)
             .collect();
         for (name, state) in self.last_acked.clone() {
-            if !matches!(state, Obj::Posted(_)) || self.possible[&name].len() != 1 {
+            if !matches!(state, Obj::Posted(_) | Obj::Inline(_)) || self.possible[&name].len() != 1
+            {
                 continue;
             }
             let coord = self.table.meta_addrs(&name)[0];
@@ -1361,8 +1436,13 @@ impl Sim {
                 .filter(|&&r| dead.contains(&self.table.layout.sn_of(r).unwrap()))
                 .count();
             assert_eq!(on_dead, 0, "{name}: still on the dead node: {record:?}");
-            // An erasure-coded object keeps its k + m fragments.
-            let want = if record.fragments.is_some() { 3 } else { n_d };
+            // An inline object never gets a replica (repair skips it); an
+            // erasure-coded one keeps its k + m fragments.
+            let want = match (state, &record.fragments) {
+                (Obj::Inline(_), _) => 0,
+                (_, Some(_)) => 3,
+                (_, None) => n_d,
+            };
             assert_eq!(record.replicas.len(), want, "{name}: {record:?}");
         }
     }
@@ -1461,6 +1541,14 @@ fn simulate(seed: u64, params: Params) -> (u64, u64, u64) {
             "a name stayed locked"
         );
     }
+    // Both sides of the inline rule ran: objects kept inline, and Posts
+    // refused for a class the metadata copies cannot hold.
+    assert!(
+        sim.inline_acked > 0 && sim.inline_refused > 0,
+        "seed {seed}: {} inline Posts acknowledged, {} refused",
+        sim.inline_acked,
+        sim.inline_refused
+    );
     (sim.acked_ops, sim.checked_gets, sim.crashes)
 }
 
@@ -1963,6 +2051,7 @@ fn a_group_taken_over_is_copied_into_an_empty_group_unless_it_comes_home() {
             rename: None,
             attributes: Vec::new(),
             fragments: None,
+            inline: None,
         };
         db.apply_record(group, &stale).unwrap();
         t.moves.push(Move {

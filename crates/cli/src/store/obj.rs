@@ -26,16 +26,21 @@ pub(super) fn record_json(r: &strata_store_protocol::wire::Record) -> serde_json
             Some(RenameLink::To(n)) => json!({"to": n}),
             Some(RenameLink::From(n)) => json!({"from": n}),
         },
-        "class": record_class(r).to_string(),
+        "class": record_class(r),
+        "inline": r.inline.is_some(),
         "fragment_crc32c": r.fragments.as_ref().map(|f| {
             f.crcs.iter().map(|c| format!("{c:08x}")).collect::<Vec<_>>()
         }),
     })
 }
 
-/// The storage class a record's data is kept in.
-fn record_class(r: &strata_store_protocol::wire::Record) -> StorageClass {
-    match &r.fragments {
+/// How a record's data is kept: its storage class, or `inline` for an
+/// object whose bytes are inside the record (on its metadata copies).
+fn record_class(r: &strata_store_protocol::wire::Record) -> String {
+    if r.inline.is_some() {
+        return "inline (in its record, on every metadata copy)".to_string();
+    }
+    let class = match &r.fragments {
         Some(f) => StorageClass::ErasureCoded {
             data: f.data,
             parity: f.parity(),
@@ -43,7 +48,8 @@ fn record_class(r: &strata_store_protocol::wire::Record) -> StorageClass {
         None => StorageClass::Replicated {
             copies: r.replicas.len() as u8,
         },
-    }
+    };
+    class.to_string()
 }
 
 pub(super) async fn obj(cmd: ObjCommand) -> Result<i32> {
@@ -85,10 +91,11 @@ pub(super) async fn obj(cmd: ObjCommand) -> Result<i32> {
             if cluster.output == Output::Json {
                 println!(
                     "{}",
-                    json!({"name": name, "size": size, "version": r.version, "crc32c": format!("{:08x}", r.crc), "copies": r.copies, "data_fragments": r.data_fragments})
+                    json!({"name": name, "size": size, "version": r.version, "crc32c": format!("{:08x}", r.crc), "copies": r.copies, "data_fragments": r.data_fragments, "inline": r.inline})
                 );
             } else {
                 let kept = match r.data_fragments {
+                    _ if r.inline => "inline in its record".to_string(),
                     0 if r.copies == 1 => "1 copy".to_string(),
                     0 => format!("{} copies", r.copies),
                     k => format!(

@@ -425,14 +425,16 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
         "the client still reaches a storage node by its link address"
     );
 
-    let sizes: [(usize, &str); 7] = [
+    let sizes: [(usize, &str); 8] = [
         (0, "empty"),
         (1, "one"),
-        (2_600, "small"),
+        // Just over the inline limit: the smallest object with replicas.
+        (5_000, "small"),
         (306 * 1024, "medium"),
         (2_300_000, "large"),
         (4 * 1024 * 1024 + 17, "odd"),
         (64 << 20, "huge"),
+        (2_600, "inline"),
     ];
     // Metadata nodes learn of the storage nodes at their next table
     // refresh (every 500 ms): wait until a Post is placed.
@@ -477,8 +479,9 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
             "{stat}"
         );
         let replicas = stat["replicas"].as_array().expect("replicas");
-        // An empty object is its record alone, with no replica.
-        let want = if *len == 0 { 0 } else { 3 };
+        // An empty or small object is its record alone, with no replica.
+        let inline = *len <= strata_store_protocol::wire::MAX_INLINE;
+        let want = if inline { 0 } else { 3 };
         assert_eq!(replicas.len(), want, "{stat}");
         for r in replicas {
             let r = s(r);
@@ -538,7 +541,7 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
     let reply = raw_udp(&net, &meta.to_string(), MN_PORT, &ask).expect("datagram by route");
     let reply = Msg::decode(&reply).expect("a metadata reply");
     let ticket = match reply.body {
-        Body::Found { record, ticket } if record.size == 2_600 => ticket,
+        Body::Found { record, ticket } if record.size == 5_000 => ticket,
         other => panic!("{other:?}"),
     };
 
@@ -567,8 +570,8 @@ fn routed_cluster_in_network_namespaces_serves_every_operation() {
     assert!(text.contains("unauthenticated Get"), "{text:?}");
     // The same request to the right address is served.
     let reply = raw_tcp(&net, &replica.to_string(), SN_PORT, &get).expect("connect by route");
-    assert!(reply.len() > 2_600, "{} bytes", reply.len());
-    let expected = pattern(2_600, 3);
+    assert!(reply.len() > 5_000, "{} bytes", reply.len());
+    let expected = pattern(5_000, 3);
     assert!(
         reply.windows(64).any(|w| w == &expected[..64]),
         "the replica's data is not in the reply"

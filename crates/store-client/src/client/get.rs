@@ -1,6 +1,7 @@
 //! Reading: a name's record from its metadata addresses ([`Client::stat`]),
 //! then the object's data from its replicas ([`Client::get`]), in one
-//! direction (see the module above for the steps).
+//! direction (see the module above for the steps). An empty or inline
+//! object's record holds all of it: its Get ends with the record.
 
 use super::calls::{unexpected, Call};
 use super::replica::Replica;
@@ -132,6 +133,9 @@ impl Client {
     ) -> Result<(), Error> {
         let Opened { record, ticket } = opened;
         let name = record.name.as_str();
+        if let Some(data) = &record.inline {
+            return write_inline(record, data, out, progress).await;
+        }
         if record.size == 0 && record.crc == crc32c::crc32c(&[]) {
             // The metadata says everything an empty object holds, so there is
             // no data to fetch: a Get is one metadata round trip, as in the
@@ -494,6 +498,29 @@ async fn read_replica<W: AsyncWrite + Unpin>(
         .await
         .map_err(|e| after(Error::io("writing the output", e)))?;
     Ok((in_step.then_some(s), latency))
+}
+
+/// Writes the bytes of an object kept inline in its `record` to `out`,
+/// checked against the record's CRC-32C once more (decoding checked them
+/// too: a read never hands on bytes it has not checked itself).
+async fn write_inline<W: AsyncWrite + AsyncSeek + Unpin>(
+    record: &Record,
+    data: &[u8],
+    out: &mut W,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<(), Error> {
+    if data.len() as u64 != record.size || crc32c::crc32c(data) != record.crc {
+        return Err(Error::Corrupt(format!(
+            "{:?}: its inline bytes fail the record's size or checksum",
+            record.name
+        )));
+    }
+    let io = |e| Error::io("writing the output", e);
+    out.seek(std::io::SeekFrom::Start(0)).await.map_err(io)?;
+    out.write_all(data).await.map_err(io)?;
+    out.flush().await.map_err(io)?;
+    progress(record.size);
+    Ok(())
 }
 
 /// Writes the stripes `reader` decodes to `out` (the last one cut at the

@@ -12,7 +12,7 @@ use strata_store_protocol::addr::Addr;
 use strata_store_protocol::class::{StorageClass, StripeLayout};
 use strata_store_protocol::data::{Credential, Request};
 use strata_store_protocol::table::Table;
-use strata_store_protocol::wire::{Body, Code, WireError, MAX_ATTRIBUTES};
+use strata_store_protocol::wire::{Body, Code, WireError, MAX_ATTRIBUTES, MAX_INLINE};
 use strata_store_protocol::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -29,10 +29,13 @@ pub struct PutResult {
     pub copies: u8,
     /// Data fragments (k) of an erasure-coded object; 0 for replicas.
     pub data_fragments: u8,
-    /// Replica addresses: none for an empty object, whose record (size 0,
-    /// the empty checksum), durable on the metadata copies, holds all of
-    /// it.
+    /// Replica addresses: none for an empty or inline object, whose
+    /// record, durable on the metadata copies, holds all of it.
     pub replicas: Vec<Addr>,
+    /// Whether the object's bytes are kept inside its record (at most
+    /// [`MAX_INLINE`] bytes, where its class allows:
+    /// [`StorageClass::may_inline`]).
+    pub inline: bool,
 }
 
 impl Client {
@@ -70,7 +73,10 @@ impl Client {
     /// Posts an object as [`Client::put_with_attributes`] does, kept in
     /// `class` (`None`: its bucket's class, or the cluster's). An
     /// erasure-coded object is encoded here, a stripe at a time, and
-    /// each fragment streamed to its own storage node.
+    /// each fragment streamed to its own storage node. An object of at
+    /// most [`MAX_INLINE`] bytes whose class the name's metadata copies
+    /// can hold without losing redundancy ([`StorageClass::may_inline`])
+    /// is sent in one request and kept inside its record instead.
     pub async fn put_in_class<R: AsyncRead + Unpin>(
         &self,
         name: &str,
@@ -81,9 +87,15 @@ impl Client {
         finish: impl FnOnce() -> Result<Vec<u8>, Error>,
     ) -> Result<PutResult, Error> {
         let coord = self.coordinator(name)?;
-        if size == 0 {
+        let params = match class {
+            Some(class) => self.table().params_for(name).with_class(class),
+            None => self.table().params_for(name),
+        };
+        if params.inlines(size) {
+            let data = read_inline(name, size, data).await?;
+            progress(size);
             let attributes = checked_attributes(name, finish()?)?;
-            return self.put_empty(coord, name, attributes).await;
+            return self.put_inline(coord, name, class, data, attributes).await;
         }
         let begin = Call::new(
             request_id(),
@@ -170,25 +182,34 @@ impl Client {
                 copies,
                 data_fragments,
                 replicas,
+                inline: false,
             }),
             other => Err(unexpected("PostCommit", &other)),
         }
     }
 
-    /// Posts an empty object with one request to its coordinator `coord`:
-    /// its record is all of it (see [`PutResult::replicas`]), durable on
-    /// the metadata copies once the answer comes.
-    async fn put_empty(
+    /// Posts a small object (`data`, perhaps empty) with one request to
+    /// its coordinator `coord`: its record holds it all (see
+    /// [`PutResult::inline`]), durable on the metadata copies once the
+    /// answer comes.
+    async fn put_inline(
         &self,
         coord: Addr,
         name: &str,
+        class: Option<StorageClass>,
+        data: Vec<u8>,
         attributes: Vec<u8>,
     ) -> Result<PutResult, Error> {
+        let crc = crc32c::crc32c(&data);
+        let inline = !data.is_empty();
         let post = Call::new(
             request_id(),
             vec![coord],
-            Body::PostEmpty {
+            Body::PostInline {
                 name: name.to_string(),
+                class,
+                crc,
+                data,
                 attributes,
             },
             COMMIT_ATTEMPTS,
@@ -197,12 +218,13 @@ impl Client {
         match self.run(post).await? {
             Body::Done { version } => Ok(PutResult {
                 version,
-                crc: crc32c::crc32c(&[]),
+                crc,
                 copies: 0,
                 data_fragments: 0,
                 replicas: Vec::new(),
+                inline,
             }),
-            other => Err(unexpected("PostEmpty", &other)),
+            other => Err(unexpected("PostInline", &other)),
         }
     }
 
@@ -351,6 +373,28 @@ async fn finish_fragment_put(stream: &mut TcpStream, crc: u32) -> Result<(), Err
     read_status(stream, "storing a fragment").await?;
     stream.read_u8().await.map_err(io)?;
     Ok(())
+}
+
+/// Reads the `size` bytes (at most [`MAX_INLINE`]) of an object kept
+/// inline from `data`.
+async fn read_inline<R: AsyncRead + Unpin>(
+    name: &str,
+    size: u64,
+    data: &mut R,
+) -> Result<Vec<u8>, Error> {
+    let len = usize::try_from(size)
+        .ok()
+        .filter(|&len| len <= MAX_INLINE)
+        .ok_or_else(|| {
+            Error::Peer(format!(
+                "'{name}' of {size} bytes is over the {MAX_INLINE} bytes a record holds"
+            ))
+        })?;
+    let mut bytes = vec![0; len];
+    data.read_exact(&mut bytes)
+        .await
+        .map_err(|e| Error::io(format!("reading the {size} bytes of '{name}'"), e))?;
+    Ok(bytes)
 }
 
 /// `attributes`, if they fit a record ([`MAX_ATTRIBUTES`]).

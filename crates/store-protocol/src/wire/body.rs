@@ -8,7 +8,7 @@ use crate::error::Code;
 use crate::key::Fingerprints;
 use std::net::SocketAddr;
 
-pub use crate::class::MAX_DATA_REPLICAS;
+pub use crate::class::{MAX_DATA_REPLICAS, MAX_INLINE};
 
 /// Largest object the store accepts (1 TiB).
 pub const MAX_OBJECT: u64 = 1 << 40;
@@ -47,6 +47,21 @@ pub struct Record {
     /// For an erasure-coded object, its fragments' coding and checksums:
     /// `replicas[i]` then holds fragment `i`. `None` for replicas.
     pub fragments: Option<Fragments>,
+    /// The object's bytes, for an object kept inside its record (at most
+    /// [`MAX_INLINE`], no replicas, and `crc` their CRC-32C: checked
+    /// whenever the record is decoded). `None` for an object on storage
+    /// nodes, and for an empty one, whose record alone says all of it.
+    pub inline: Option<Vec<u8>>,
+}
+
+impl Record {
+    /// Whether the record holds all of its object: an empty object, or
+    /// one kept inline. Such a record names no replica, so repair,
+    /// drains and scrubs have nothing to do for it, and a Get reads no
+    /// storage node.
+    pub fn holds_its_data(&self) -> bool {
+        self.replicas.is_empty() && (self.size == 0 || self.inline.is_some())
+    }
 }
 
 /// An erasure-coded object's fragments, beside [`Record::replicas`]
@@ -81,7 +96,33 @@ pub enum RenameLink {
     From(String),
 }
 
-/// One listed object.
+// The largest record (a name and a rename link of the longest, the
+// largest attributes and inline bytes, every address) in a `Found` with
+// the longest ticket, sealed, fits one datagram; so does a handover page,
+// which holds at least one row.
+const _: () = assert!(
+    HEADER_LEN
+        + 2 * (2 + crate::codec::MAX_NAME)
+        + 8
+        + 4
+        + 8
+        + 1
+        + 2 * (2 + 16 * MAX_DATA_REPLICAS)
+        + 2
+        + MAX_ATTRIBUTES
+        + 2
+        + MAX_DATA_REPLICAS * 4
+        + 1
+        + 2
+        + MAX_INLINE
+        + 2
+        + MAX_TICKET
+        + SEAL_LEN
+        <= crate::codec::MAX_DATAGRAM
+);
+
+/// One listed object (an inline object's bytes are not listed: a
+/// listing's page holds names, not data).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListEntry {
     /// The object name.
@@ -184,13 +225,23 @@ pub enum Body {
         /// index (empty for replicas).
         fragment_crcs: Vec<u32>,
     },
-    /// Client → coordinator: Post an empty object in one request. Its
-    /// record (size 0, the empty data's checksum) is all of it, so there
-    /// is no data phase to plan: the coordinator begins and commits at
-    /// once, and answers as it answers a [`Body::PostCommit`].
-    PostEmpty {
+    /// Client → coordinator: Post a small object in one request, its
+    /// bytes kept inside its record ([`Record::inline`]): an empty one
+    /// always, one of at most [`MAX_INLINE`] bytes if its class allows
+    /// ([`crate::class::StorageClass::may_inline`]; refused otherwise).
+    /// There is no data phase to plan: the coordinator begins and
+    /// commits at once, and answers as it answers a [`Body::PostCommit`]
+    /// (once the record is durable on W_m metadata copies).
+    PostInline {
         /// Object name.
         name: String,
+        /// The storage class of this object, if not its bucket's (it
+        /// decides whether the object may be inlined).
+        class: Option<StorageClass>,
+        /// CRC-32C of `data`, checked on decoding.
+        crc: u32,
+        /// The object's bytes (at most [`MAX_INLINE`]).
+        data: Vec<u8>,
         /// The record's attributes (at most [`MAX_ATTRIBUTES`]).
         attributes: Vec<u8>,
     },
@@ -225,11 +276,11 @@ pub enum Body {
     },
     /// Reply to Get.
     Found {
-        /// The record.
+        /// The record: an inline object's bytes with it.
         record: Record,
         /// The Get ticket for its replicas ([`crate::auth::Ticket`]),
-        /// filled in by the node's runtime; empty for an empty object
-        /// (no storage node is asked) or when none was issued.
+        /// filled in by the node's runtime; empty for an empty or inline
+        /// object (no storage node is asked) or when none was issued.
         ticket: Vec<u8>,
     },
     /// Client → any metadata address: read metadata, as `Get` does, with a

@@ -3,13 +3,13 @@
 
 use super::body::{
     Body, ListEntry, Msg, RepairCounts, Role, SyncEntry, SyncSum, MAX_DAMAGED, MAX_DATA_REPLICAS,
-    MAX_GATHER_GROUPS, MAX_OBJECT, MAX_SYNC_ENTRIES, MAX_SYNC_SUMS,
+    MAX_GATHER_GROUPS, MAX_INLINE, MAX_OBJECT, MAX_SYNC_ENTRIES, MAX_SYNC_SUMS,
 };
 use super::frame::{peek, tenant_parts, HEADER_LEN, SEAL_LEN};
 use super::kinds::Kind;
 use super::records::{
-    flag, get_addr_list, get_attributes, get_bounded_addrs, get_cursor, get_record, get_rows,
-    get_ticket, sync_count,
+    check_inline_crc, flag, get_addr_list, get_attributes, get_bounded_addrs, get_cursor,
+    get_record, get_rows, get_ticket, sync_count,
 };
 use crate::class::StorageClass;
 use crate::codec::{Reader, WireError, MAX_DATAGRAM, MAX_NAME};
@@ -75,10 +75,7 @@ fn decode_body(kind: u8, r: &mut Reader) -> Result<Body, WireError> {
                 data_fragments: r.u8()?,
             }
         }
-        Kind::PostEmpty => Body::PostEmpty {
-            name: r.name()?,
-            attributes: get_attributes(r)?,
-        },
+        Kind::PostInline => get_post_inline(r)?,
         Kind::PostCommit => Body::PostCommit {
             name: r.name()?,
             version: r.u64()?,
@@ -329,6 +326,30 @@ pub fn malformed(bytes: &[u8], e: &WireError) -> Msg {
             message: format!("malformed message: {e}"),
         },
     )
+}
+
+/// A `PostInline`: its bytes at most [`MAX_INLINE`] (refused before
+/// anything is allocated) and matching the CRC-32C sent with them.
+fn get_post_inline(r: &mut Reader) -> Result<Body, WireError> {
+    let name = r.name()?;
+    let class = get_class(r)?;
+    let crc = r.u32()?;
+    let data = r.bytes16()?;
+    if data.len() > MAX_INLINE {
+        return Err(WireError::Invalid(format!(
+            "a Post of {} bytes inline for {name:?}; the limit is {MAX_INLINE}: \
+             post a larger object with PostBegin",
+            data.len()
+        )));
+    }
+    check_inline_crc(&name, data, crc)?;
+    Ok(Body::PostInline {
+        data: data.to_vec(),
+        attributes: get_attributes(r)?,
+        name,
+        class,
+        crc,
+    })
 }
 
 /// What `put_class` wrote, checked against the class bounds.

@@ -126,8 +126,17 @@ impl Msg {
                 w.bytes16(ticket);
                 w.u8(*data_fragments);
             }
-            Body::PostEmpty { name, attributes } => {
+            Body::PostInline {
+                name,
+                class,
+                crc,
+                data,
+                attributes,
+            } => {
                 w.str(name);
+                put_class(w, *class);
+                w.u32(*crc);
+                w.bytes16(data);
                 w.bytes16(attributes);
             }
             Body::PostCommit {

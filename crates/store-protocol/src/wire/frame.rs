@@ -7,15 +7,17 @@ use crate::codec::{Reader, WireError, MAX_DATAGRAM};
 
 /// The first bytes of every metadata datagram.
 pub(super) const MAGIC: [u8; 2] = *b"S6";
-/// Version 8: erasure coding. Records carry their fragments' coding and
+/// Version 9: small objects inline. A record may hold its object's bytes
+/// ([`Record::inline`](super::Record::inline)), and `PostEmpty` (kind 42)
+/// became `PostInline`, which carries the bytes, their CRC-32C and an
+/// optional storage class.
+/// (Version 8: erasure coding. Records carry their fragments' coding and
 /// checksums ([`Record::fragments`](super::Record::fragments)), a
 /// `PostBegin` may name a storage class, a `PostPlan` says how many of
 /// its replicas are data fragments and a `PostCommit` carries the
-/// fragments' checksums.
-/// (Version 7: records, `PostCommit`, `PostEmpty` and list entries carry
+/// fragments' checksums. Version 7: records, `PostCommit`, `PostEmpty` and list entries carry
 /// a record's attributes ([`Record::attributes`](super::Record::attributes)),
-/// and list entries the object's CRC-32C.
-/// (Version 6: a request may end in zero padding
+/// and list entries the object's CRC-32C. Version 6: a request may end in zero padding
 /// ([`Msg::encode_padded`](super::Msg::encode_padded)), an
 /// unauthenticated request gets no answer longer than itself (a
 /// [`Body::PadTo`](super::Body::PadTo) instead), and a storage node
@@ -26,7 +28,7 @@ pub(super) const MAGIC: [u8; 2] = *b"S6";
 /// tenant's `Link`, `GetLinkProof` and `LinkProof`; version 3 tenants' seals
 /// ([`Msg::seal_tenant`](super::Msg::seal_tenant)), version 2 the data-path tickets of `PostPlan`
 /// and `Found`.) Other versions are refused as "bad magic or version".
-pub(super) const VERSION: u8 = 8;
+pub(super) const VERSION: u8 = 9;
 
 /// Bytes of a message's header: magic, version, kind, request id, target.
 pub const HEADER_LEN: usize = 28;

@@ -111,8 +111,8 @@ pub enum Kind {
     DamagedReplicas = 40,
     /// [`Body::BadReplica`].
     BadReplica = 41,
-    /// [`Body::PostEmpty`].
-    PostEmpty = 42,
+    /// [`Body::PostInline`].
+    PostInline = 42,
     /// [`Body::GetRepairCounts`].
     GetRepairCounts = 43,
     /// [`Body::RepairCounts`].
@@ -163,7 +163,7 @@ const KINDS: [(Kind, Class); 44] = [
     (Kind::PadTo, Class::Answer),
     (Kind::DamagedReplicas, Class::Internal),
     (Kind::BadReplica, Class::TenantRequest),
-    (Kind::PostEmpty, Class::TenantRequest),
+    (Kind::PostInline, Class::TenantRequest),
     (Kind::GetRepairCounts, Class::Internal),
     (Kind::RepairCounts, Class::Answer),
 ];
@@ -268,7 +268,7 @@ impl Body {
             Body::PadTo { .. } => Kind::PadTo,
             Body::DamagedReplicas { .. } => Kind::DamagedReplicas,
             Body::BadReplica { .. } => Kind::BadReplica,
-            Body::PostEmpty { .. } => Kind::PostEmpty,
+            Body::PostInline { .. } => Kind::PostInline,
             Body::GetRepairCounts => Kind::GetRepairCounts,
             Body::RepairCounts(_) => Kind::RepairCounts,
         }

@@ -28,7 +28,8 @@ mod records;
 pub use self::body::{
     Body, Fragments, GatherCursor, ListEntry, Msg, Record, RenameLink, RepairCounts, Role, Row,
     SyncEntry, SyncSum, MAX_ATTRIBUTES, MAX_DAMAGED, MAX_DATA_REPLICAS, MAX_GATHER_GROUPS,
-    MAX_OBJECT, MAX_PULL_ROWS, MAX_REFERENCED, MAX_SYNC_ENTRIES, MAX_SYNC_SUMS, MAX_TICKET,
+    MAX_INLINE, MAX_OBJECT, MAX_PULL_ROWS, MAX_REFERENCED, MAX_SYNC_ENTRIES, MAX_SYNC_SUMS,
+    MAX_TICKET,
 };
 pub use self::decode::malformed;
 pub use self::frame::{
@@ -65,6 +66,28 @@ mod tests {
             rename: None,
             attributes: b"{\"etag\":\"x\"}".to_vec(),
             fragments: None,
+            inline: None,
+        }
+    }
+
+    /// A record holding its object's bytes.
+    fn inline_record(name: &str, data: &[u8]) -> Record {
+        Record {
+            size: data.len() as u64,
+            crc: crc32c::crc32c(data),
+            replicas: Vec::new(),
+            inline: Some(data.to_vec()),
+            ..record(name)
+        }
+    }
+
+    fn post_inline(data: &[u8]) -> Body {
+        Body::PostInline {
+            name: "x".into(),
+            class: None,
+            crc: crc32c::crc32c(data),
+            data: data.to_vec(),
+            attributes: vec![1, 2, 3],
         }
     }
 
@@ -124,9 +147,25 @@ mod tests {
                 attributes: vec![9; MAX_ATTRIBUTES],
                 fragment_crcs: Vec::new(),
             },
-            Body::PostEmpty {
-                name: "x".into(),
-                attributes: vec![1, 2, 3],
+            post_inline(&[]),
+            post_inline(&[0x5a; MAX_INLINE]),
+            Body::PostInline {
+                name: "a/e".into(),
+                class: Some(crate::class::StorageClass::ErasureCoded { data: 4, parity: 2 }),
+                crc: crc32c::crc32c(b"small"),
+                data: b"small".to_vec(),
+                attributes: Vec::new(),
+            },
+            Body::Found {
+                record: inline_record("i", &[7; MAX_INLINE]),
+                ticket: vec![],
+            },
+            Body::Replicate {
+                record: inline_record("i", b"inline"),
+            },
+            Body::MgRows {
+                rows: vec![Row::Record(inline_record("i", b"row"))],
+                more: false,
             },
             Body::PostAbort {
                 name: "x".into(),
@@ -509,6 +548,45 @@ mod tests {
         .encode()
         .unwrap();
         assert!(Msg::decode(&bytes).is_err());
+    }
+
+    #[test]
+    fn a_post_inline_over_the_limit_or_with_a_wrong_checksum_is_refused() {
+        // One byte over the limit is refused, with what to do instead.
+        let bytes = Msg::new(1, 0, post_inline(&[0; MAX_INLINE + 1]))
+            .encode()
+            .unwrap();
+        let error = Msg::decode(&bytes).unwrap_err().to_string();
+        assert!(
+            error.contains("4097 bytes inline") && error.contains("PostBegin"),
+            "{error}"
+        );
+        // Bytes that do not match the CRC-32C sent with them.
+        let mut body = post_inline(b"twelve bytes");
+        if let Body::PostInline { crc, .. } = &mut body {
+            *crc ^= 1;
+        }
+        let bytes = Msg::new(1, 0, body).encode().unwrap();
+        let error = Msg::decode(&bytes).unwrap_err().to_string();
+        assert!(
+            error.contains("CRC-32C") && error.contains("damaged"),
+            "{error}"
+        );
+        // A declared length past the datagram's end is a truncation.
+        let mut bytes = Msg::new(1, 0, post_inline(b"abc")).encode().unwrap();
+        let length_at = bytes.len() - 2 - 3 - 3 - 2;
+        bytes[length_at..length_at + 2].copy_from_slice(&100u16.to_be_bytes());
+        assert!(Msg::decode(&bytes).is_err());
+        // A record in a Found whose inline bytes were damaged on the way.
+        let found = Body::Found {
+            record: inline_record("f", b"inline data"),
+            ticket: vec![],
+        };
+        let mut bytes = Msg::new(1, 0, found).encode().unwrap();
+        let at = bytes.len() - 3;
+        bytes[at] ^= 0x40;
+        let error = Msg::decode(&bytes).unwrap_err().to_string();
+        assert!(error.contains("damaged"), "{error}");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use super::body::{
     Fragments, GatherCursor, Record, RenameLink, Row, MAX_ATTRIBUTES, MAX_DATA_REPLICAS,
-    MAX_OBJECT, MAX_PULL_ROWS, MAX_REFERENCED, MAX_TICKET,
+    MAX_INLINE, MAX_OBJECT, MAX_PULL_ROWS, MAX_REFERENCED, MAX_TICKET,
 };
 use crate::addr::{Addr, MAX_META_REPLICAS};
 use crate::codec::{Reader, WireError, Writer, MAX_NAME};
@@ -31,6 +31,59 @@ pub(super) fn put_record(w: &mut Writer, r: &Record) {
     }
     w.bytes16(&r.attributes);
     put_fragments(w, r.fragments.as_ref());
+    match &r.inline {
+        None => w.u8(0),
+        Some(data) => {
+            w.u8(1);
+            w.bytes16(data);
+        }
+    }
+}
+
+/// Reads what [`put_record`] wrote after the fragments: an inline
+/// object's bytes, checked against `record` before they are kept. At
+/// most [`MAX_INLINE`] bytes (refused before anything is allocated),
+/// exactly the record's size, matching its CRC-32C, and only in a record
+/// with no replica or fragment (its bytes are nowhere else).
+pub(super) fn get_inline(r: &mut Reader, record: &Record) -> Result<Option<Vec<u8>>, WireError> {
+    if !flag(r, "inline data flag")? {
+        return Ok(None);
+    }
+    let name = &record.name;
+    let data = r.bytes16()?;
+    if data.len() > MAX_INLINE {
+        return Err(WireError::Invalid(format!(
+            "the record of {name:?} holds {} inline bytes; the limit is {MAX_INLINE}",
+            data.len()
+        )));
+    }
+    if data.len() as u64 != record.size {
+        return Err(WireError::Invalid(format!(
+            "the record of {name:?} holds {} inline bytes for an object of {} bytes",
+            data.len(),
+            record.size
+        )));
+    }
+    if !record.replicas.is_empty() || record.fragments.is_some() {
+        return Err(WireError::Invalid(format!(
+            "the record of {name:?} holds inline bytes and also names {} replicas",
+            record.replicas.len()
+        )));
+    }
+    check_inline_crc(name, data, record.crc)?;
+    Ok(Some(data.to_vec()))
+}
+
+/// Checks inline bytes of object `name` against their CRC-32C `crc`.
+pub(super) fn check_inline_crc(name: &str, data: &[u8], crc: u32) -> Result<(), WireError> {
+    let actual = crc32c::crc32c(data);
+    if actual != crc {
+        return Err(WireError::Invalid(format!(
+            "the inline bytes of {name:?} have CRC-32C {actual:08x}, not the {crc:08x} \
+             given with them: they were damaged"
+        )));
+    }
+    Ok(())
 }
 
 /// An erasure-coded record's fragments: the data count (0 for a
@@ -72,6 +125,7 @@ pub(super) fn get_record(r: &mut Reader) -> Result<Record, WireError> {
     let mut record = get_record_fields(r)?;
     record.attributes = get_attributes(r)?;
     record.fragments = get_fragments(r, record.replicas.len())?;
+    record.inline = get_inline(r, &record)?;
     Ok(record)
 }
 
@@ -113,6 +167,7 @@ fn get_record_fields(r: &mut Reader) -> Result<Record, WireError> {
         },
         attributes: Vec::new(),
         fragments: None,
+        inline: None,
     })
 }
 
@@ -159,9 +214,10 @@ pub fn encode_record(rec: &Record) -> Vec<u8> {
 }
 
 /// Decodes a record encoded by [`encode_record`], or by a build before
-/// records had attributes or fragments: those end before the
-/// attributes' length or the fragments', and decode with none (a
-/// metadata database keeps its old rows).
+/// records had attributes, fragments or inline bytes: those end before
+/// the attributes' length, the fragments' or the inline flag, and decode
+/// with none (a metadata database keeps its old rows). Inline bytes are
+/// checked as on the wire ([`get_inline`]).
 pub fn decode_record(buf: &[u8]) -> Result<Record, WireError> {
     let mut r = Reader::new(buf);
     let mut rec = get_record_fields(&mut r)?;
@@ -170,6 +226,9 @@ pub fn decode_record(buf: &[u8]) -> Result<Record, WireError> {
     }
     if r.remaining() > 0 {
         rec.fragments = get_fragments(&mut r, rec.replicas.len())?;
+    }
+    if r.remaining() > 0 {
+        rec.inline = get_inline(&mut r, &rec)?;
     }
     r.finish()?;
     Ok(rec)
@@ -267,7 +326,68 @@ mod tests {
             rename: Some(RenameLink::From("acme/old.jpg".into())),
             attributes,
             fragments: None,
+            inline: None,
         }
+    }
+
+    /// A record holding `data` inline.
+    fn inline_record(data: &[u8]) -> Record {
+        Record {
+            size: data.len() as u64,
+            crc: crc32c::crc32c(data),
+            replicas: Vec::new(),
+            inline: Some(data.to_vec()),
+            ..record(b"{}".to_vec())
+        }
+    }
+
+    #[test]
+    fn inline_bytes_round_trip_and_a_row_without_them_decodes_with_none() {
+        let full = inline_record(&[0xab; MAX_INLINE]);
+        assert_eq!(decode_record(&encode_record(&full)).unwrap(), full);
+        let tiny = inline_record(b"x");
+        assert_eq!(decode_record(&encode_record(&tiny)).unwrap(), tiny);
+        // A row of the build before inline bytes ends after its fragments.
+        let mut older = encode_record(&record(Vec::new()));
+        assert_eq!(older.pop(), Some(0));
+        assert_eq!(decode_record(&older).unwrap(), record(Vec::new()));
+    }
+
+    #[test]
+    fn inline_bytes_over_the_limit_damaged_or_beside_replicas_are_refused() {
+        let refused = |record: &Record| decode_record(&encode_record(record)).unwrap_err();
+        // One byte over the limit, refused before the bytes are read.
+        let error = refused(&inline_record(&[1; MAX_INLINE + 1])).to_string();
+        assert!(
+            error.contains("4097 inline bytes; the limit is 4096"),
+            "{error}"
+        );
+        // A flipped bit in the bytes: the CRC-32C no longer matches.
+        let mut bytes = encode_record(&inline_record(b"hello, inline"));
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        let error = decode_record(&bytes).unwrap_err().to_string();
+        assert!(
+            error.contains("CRC-32C") && error.contains("damaged"),
+            "{error}"
+        );
+        // A size that is not the bytes', and bytes beside replicas.
+        let mut wrong_size = inline_record(b"abc");
+        wrong_size.size = 4;
+        assert!(refused(&wrong_size)
+            .to_string()
+            .contains("object of 4 bytes"));
+        let mut beside = inline_record(b"abc");
+        beside.replicas = vec![9];
+        assert!(refused(&beside)
+            .to_string()
+            .contains("also names 1 replicas"));
+        // An inline flag other than 0 or 1.
+        let mut bytes = encode_record(&record(Vec::new()));
+        let last = bytes.len() - 1;
+        bytes[last] = 2;
+        let error = decode_record(&bytes).unwrap_err().to_string();
+        assert!(error.contains("inline data flag"), "{error}");
     }
 
     #[test]
@@ -291,9 +411,9 @@ mod tests {
         let full = record(vec![7; MAX_ATTRIBUTES]);
         assert_eq!(decode_record(&encode_record(&full)).unwrap(), full);
         let mut bytes = encode_record(&record(Vec::new()));
-        // Replace the empty attributes (and no fragments) with one byte
-        // too many.
-        bytes.truncate(bytes.len() - 3);
+        // Replace the empty attributes (and no fragments nor inline
+        // bytes) with one byte too many.
+        bytes.truncate(bytes.len() - 4);
         let mut w = Writer::default();
         w.bytes16(&vec![0; MAX_ATTRIBUTES + 1]);
         bytes.extend_from_slice(&w.buf);

@@ -7,6 +7,7 @@
 //! - `tombstones`: the version up to which the name was deleted, so a late
 //!   or duplicated replication message can never resurrect a deleted object.
 
+use super::hot_rows::HotRows;
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 use std::collections::HashMap;
 use std::path::Path;
@@ -91,7 +92,7 @@ pub struct MetaDb {
     /// metadata node's user time per zero-byte Get. Every write goes
     /// through this type and drops what it changes, under this lock, so
     /// the cache never outlives a change (see [`MetaDb::forget`]).
-    hot: std::sync::Mutex<HashMap<Vec<u8>, Option<Record>>>,
+    hot: std::sync::Mutex<HotRows>,
     /// Group commit ([`MetaDb::set_grouped`]): writes commit without a
     /// disk flush, and [`MetaDb::flush`] makes them durable together.
     grouped: AtomicBool,
@@ -100,10 +101,6 @@ pub struct MetaDb {
     /// Write transactions begun so far ([`MetaDb::writes`]).
     writes: std::sync::atomic::AtomicU64,
 }
-
-/// Records the read cache holds at most; when full it starts over, which
-/// keeps it simple and its memory bounded (a few MiB).
-const HOT_RECORDS: usize = 16_384;
 
 /// Memory the database may keep as its page cache. The metadata itself
 /// lives on disk; this bounds a metadata node's memory whatever the number
@@ -218,7 +215,7 @@ impl MetaDb {
             db,
             place,
             sync: std::sync::Mutex::new(None),
-            hot: std::sync::Mutex::new(HashMap::new()),
+            hot: std::sync::Mutex::new(HotRows::default()),
             grouped: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
             writes: std::sync::atomic::AtomicU64::new(0),
@@ -282,7 +279,7 @@ impl MetaDb {
         Ok(tx)
     }
 
-    fn hot(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, Option<Record>>> {
+    fn hot(&self) -> std::sync::MutexGuard<'_, HotRows> {
         self.hot.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -296,9 +293,6 @@ impl MetaDb {
             return Ok(r.clone());
         }
         let found = self.read_record(mg, name, &k)?;
-        if hot.len() >= HOT_RECORDS {
-            hot.clear();
-        }
         hot.insert(k, found.clone());
         Ok(found)
     }
@@ -938,6 +932,7 @@ impl MetaDb {
 
 #[cfg(test)]
 mod tests {
+    use super::super::hot_rows::HOT_RECORDS;
     use super::*;
 
     fn rec(name: &str, version: u64) -> Record {
@@ -951,6 +946,7 @@ mod tests {
             rename: None,
             attributes: Vec::new(),
             fragments: None,
+            inline: None,
         }
     }
 
@@ -1141,6 +1137,42 @@ mod tests {
     }
 
     #[test]
+    fn inline_records_round_trip_and_a_damaged_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = MetaDb::open(&dir.path().join("m.redb")).unwrap();
+        let data = vec![0x42; strata_store_protocol::wire::MAX_INLINE];
+        let inline = |name: &str| Record {
+            size: data.len() as u64,
+            crc: crc32c::crc32c(&data),
+            replicas: Vec::new(),
+            inline: Some(data.clone()),
+            ..rec(name, 1)
+        };
+        for i in 0..3 {
+            assert!(db.apply_record(3, &inline(&format!("i{i}"))).unwrap());
+        }
+        for i in 0..3 {
+            let read = db.get(3, &format!("i{i}")).unwrap().unwrap();
+            assert_eq!(read.inline.as_deref(), Some(&data[..]), "i{i}");
+        }
+        let (rows, _) = db.group_rows(3, false, "", 10, 1 << 20).unwrap();
+        assert_eq!(rows.len(), 3);
+        assert!(matches!(&rows[0], Row::Record(r) if r.inline.as_deref() == Some(&data[..])));
+        // A row whose inline bytes were damaged on disk is refused.
+        let bytes = encode_record(&inline("i0"));
+        let mut damaged = bytes.clone();
+        let at = damaged.len() - 1;
+        damaged[at] ^= 1;
+        let error = db.decode_row(&key(3, "i0"), &damaged).unwrap_err();
+        assert!(
+            error.report().to_string().contains("CRC-32C"),
+            "{}",
+            error.report()
+        );
+        assert_eq!(db.decode_row(&key(3, "i0"), &bytes).unwrap(), inline("i0"));
+    }
+
+    #[test]
     fn versions_and_tombstones_order_updates() {
         let dir = tempfile::tempdir().unwrap();
         let db = MetaDb::open(&dir.path().join("m.redb")).unwrap();
@@ -1191,10 +1223,10 @@ mod tests {
         let db = MetaDb::open(&path).unwrap();
         // A row as a build before attributes wrote it: the record's
         // encoding without the attributes' length (and the fragments'
-        // byte, newer still) at its end.
+        // and inline flag bytes, newer still) at its end.
         let old = rec("acme/old", 4);
         let mut legacy = encode_record(&old);
-        legacy.truncate(legacy.len() - 3);
+        legacy.truncate(legacy.len() - 4);
         let tx = db.db.begin_write().unwrap();
         tx.open_table(RECORDS)
             .unwrap()

@@ -382,6 +382,7 @@ mod tests {
             rename: None,
             attributes: Vec::new(),
             fragments: None,
+            inline: None,
         };
         let disk = Disk::new();
         let db = MetaDb::open_with_backend(disk.backend(), |_| {}).unwrap();
@@ -467,6 +468,7 @@ mod tests {
                     // Some rows with attributes, so torn writes cover them.
                     attributes: vec![7; (k % 3 * 100) as usize],
                     fragments: None,
+                    inline: None,
                 };
                 match db.apply_record(0, &record) {
                     Ok(_) if grouped => group.push((name, version)),

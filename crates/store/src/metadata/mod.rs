@@ -5,6 +5,7 @@
 
 pub mod database;
 pub mod faulty_storage;
+mod hot_rows;
 pub mod server;
 pub mod state;
 mod work;

@@ -416,7 +416,8 @@ fn unsealed_forged_stale_or_out_of_scope_metadata_requests_are_refused_and_chang
     let dir = tmp();
     let store = Store::up(&dir.path().join("cluster"), REPLICATED);
     let src = dir.path().join("o");
-    std::fs::write(&src, pattern(3000, 5)).unwrap();
+    // Over the inline limit: the object has replicas and a Get a ticket.
+    std::fs::write(&src, pattern(5000, 5)).unwrap();
     store.ok(&["obj", "put", &p(&src), "other/x"]);
     store.ok(&["obj", "put", &p(&src), "acme/mine"]);
     let before = store.json(&["obj", "stat", "other/x"]);
@@ -551,7 +552,7 @@ fn unsealed_forged_stale_or_out_of_scope_metadata_requests_are_refused_and_chang
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(store.json(&["obj", "stat", "other/x"]), before);
     let (_, got) = rt.block_on(client.get_bytes("other/x")).unwrap();
-    assert!(got == pattern(3000, 5));
+    assert!(got == pattern(5000, 5));
     let err = store.fails(&["obj", "stat", "acme/stolen"]);
     assert!(err.contains("no object named"), "{err}");
 }

@@ -8,7 +8,8 @@ fn a_storage_node_added_to_a_running_cluster_takes_new_objects() {
     let dir = tmp();
     let store = Store::up(&dir.path().join("cluster"), &["--replication", "1,1,1,1"]);
     let src = dir.path().join("o");
-    std::fs::write(&src, pattern(1000, 2)).unwrap();
+    // Over the inline limit, so that it has replicas.
+    std::fs::write(&src, pattern(5000, 2)).unwrap();
     store.ok(&["obj", "put", &p(&src), "before"]);
     // The new node declares HDD; objects of 1 MiB and more prefer HDD, so
     // placement must pick it once the table advertises it.
@@ -358,8 +359,9 @@ fn a_removed_storage_node_is_drained_then_retired_without_a_failed_read() {
     });
     objects.extend(fresh);
     for (name, data) in &objects {
-        // An empty object has no replica; the others N_d.
-        let want = if data.is_empty() { 0 } else { 3 };
+        // An empty or inline object has no replica; the others N_d.
+        let inline = data.len() <= strata_store_protocol::wire::MAX_INLINE;
+        let want = if inline { 0 } else { 3 };
         // Fresh objects may still be waiting for their third replica.
         let record = {
             let start = Instant::now();

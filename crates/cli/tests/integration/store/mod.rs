@@ -9,6 +9,7 @@ mod erasure;
 mod failures;
 mod group_commit;
 mod hostile;
+mod inline;
 mod membership;
 mod nami;
 mod objects;

@@ -32,7 +32,8 @@ fn a_tenant_cannot_link_another_tenants_replicas_under_its_own_names() {
     let secret_src = dir.path().join("secret");
     std::fs::write(&secret_src, pattern(5000, 7)).unwrap();
     let own_src = dir.path().join("own");
-    std::fs::write(&own_src, pattern(4000, 8)).unwrap();
+    // Over the inline limit: bee's object has replicas of its own.
+    std::fs::write(&own_src, pattern(5000, 8)).unwrap();
     let put = |cred: &str, src: &Path, name: &str| {
         store.ok(&["obj", "put", "--credential", cred, &p(src), name]);
     };
@@ -174,7 +175,7 @@ fn a_tenant_cannot_link_another_tenants_replicas_under_its_own_names() {
         "bee/moved",
         &p(&back),
     ]);
-    assert!(std::fs::read(&back).unwrap() == pattern(4000, 8));
+    assert!(std::fs::read(&back).unwrap() == pattern(5000, 8));
     assert_eq!(record_of("bee/moved").replicas, own.replicas);
     let err = store.fails(&["obj", "stat", "--credential", &bee_file, "bee/own"]);
     assert!(err.contains("\"bee/own\" was deleted"), "{err}");

@@ -13,7 +13,7 @@
 //!
 //! [`MnCore::handle`] and [`MnCore::tick`] (here) decide what runs; one
 //! module per concern holds the rest of the `impl`: `writes` (Post,
-//! Update, Link, Get, Delete), `replication`, `repair` (and drain
+//! Update, Link, Get, Delete), `listing`, `replication`, `repair` (and drain
 //! reports), `damaged` (replicas reported damaged by a scrub or a
 //! client), `sync` (anti-entropy), `handover` and `restore` of metadata
 //! groups.
@@ -21,6 +21,7 @@
 mod damaged;
 mod handover;
 mod invariants;
+mod listing;
 mod repair;
 mod replication;
 mod restore;
@@ -645,10 +646,22 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 self.post_begin(now, from, msg.req, name, *size, *class)
                     .map(Some)
             }
-            Body::PostEmpty { name, attributes } => {
+            Body::PostInline {
+                name,
+                class,
+                crc,
+                data,
+                attributes,
+            } => {
                 let mg = self.coordinator_check(msg.target, name)?;
                 self.not_frozen(mg)?;
-                self.post_empty(now, from, msg.req, name, attributes, out)
+                let post = writes::Inline {
+                    class: *class,
+                    crc: *crc,
+                    data,
+                    attributes,
+                };
+                self.post_inline(now, from, msg.req, name, post, out)
             }
             Body::PostCommit {
                 name,
@@ -663,6 +676,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                     crc: *crc,
                     attributes,
                     fragment_crcs,
+                    inline: None,
                 };
                 self.post_commit(now, from, msg.req, name, commit, out)
             }
@@ -752,11 +766,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 prefix,
                 after,
                 limit,
-            } => {
-                let limit = (*limit).clamp(1, 1000) as usize;
-                let (entries, more) = self.db.list(&self.owned_groups(), prefix, after, limit)?;
-                Ok(Some(fit_page(entries, more)))
-            }
+            } => self.list(prefix, after, *limit).map(Some),
             Body::Replicate { record } => {
                 let mg = self.replica_check(msg.target, &record.name)?;
                 self.not_sealed(mg)?;
@@ -924,29 +934,11 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
     }
 }
 
-/// Trims a list page so it fits in one datagram.
-fn fit_page(mut entries: Vec<strata_store_protocol::wire::ListEntry>, mut more: bool) -> Body {
-    let mut bytes = 64;
-    let mut keep = 0;
-    for e in &entries {
-        bytes += e.name.len() + 24 + e.attributes.len();
-        if bytes > strata_store_protocol::wire::MAX_DATAGRAM - 1024 {
-            break;
-        }
-        keep += 1;
-    }
-    if keep < entries.len() {
-        entries.truncate(keep);
-        more = true;
-    }
-    Body::ListPage { entries, more }
-}
-
 fn is_mutation(body: &Body) -> bool {
     matches!(
         body,
         Body::PostBegin { .. }
-            | Body::PostEmpty { .. }
+            | Body::PostInline { .. }
             | Body::PostCommit { .. }
             | Body::Link { .. }
             | Body::Update { .. }

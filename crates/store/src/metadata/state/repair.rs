@@ -343,8 +343,9 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             true => self.damaged_of(&record),
             false => Vec::new(),
         };
-        // An empty object posted without replicas has no data to copy.
-        let dataless = record.size == 0 && record.replicas.is_empty();
+        // An empty or inline object has no replica to copy: its record,
+        // on every metadata copy, holds all of it.
+        let dataless = record.holds_its_data();
         if !coordinator_row
             || dataless
             || self.is_frozen(mg)

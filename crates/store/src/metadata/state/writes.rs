@@ -3,6 +3,7 @@
 //! two writes of one name apart.
 
 use super::*;
+use strata_store_protocol::wire::MAX_INLINE;
 
 /// What a Post's commit names: the version planned, the data's CRC-32C
 /// and the record's attributes.
@@ -16,6 +17,22 @@ pub(super) struct Commit<'a> {
     /// Each fragment's CRC-32C for an erasure-coded Post (empty for
     /// replicas).
     pub fragment_crcs: &'a [u32],
+    /// The object's bytes, for a Post that keeps them in the record
+    /// ([`Body::PostInline`]); `None` on the data path.
+    pub inline: Option<&'a [u8]>,
+}
+
+/// A Post of a small object in one request ([`Body::PostInline`]), as
+/// decoding checked it: at most [`MAX_INLINE`] bytes matching `crc`.
+pub(super) struct Inline<'a> {
+    /// The storage class asked for, if not the bucket's.
+    pub class: Option<StorageClass>,
+    /// CRC-32C of `data`.
+    pub crc: u32,
+    /// The object's bytes.
+    pub data: &'a [u8],
+    /// The record's attributes.
+    pub attributes: &'a [u8],
 }
 
 impl<P: Clone + Eq + Hash> MnCore<P> {
@@ -73,7 +90,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             Some(class) => self.table.params_for(name).with_class(class),
             None => self.table.params_for(name),
         };
-        let (version, replicas) = self.begin(now, from, req, name, size, params)?;
+        let (version, replicas) = self.begin(now, from, req, name, size, params, false)?;
         Ok(Body::PostPlan {
             version,
             size,
@@ -83,37 +100,58 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         })
     }
 
-    /// Posts an empty object in one request: begun and committed at once,
-    /// as a [`Body::PostBegin`] of size 0 and then its
+    /// Posts a small object in one request, its bytes kept in its record:
+    /// begun and committed at once, as a [`Body::PostBegin`] and then its
     /// [`Body::PostCommit`] would be, since there is no data to wait for.
+    /// Refused unless the object's class allows it on the name's metadata
+    /// copies ([`Params::inlines`]): the client takes the data path then.
     /// A resend of the request in progress is answered when it finishes.
-    pub(super) fn post_empty(
+    pub(super) fn post_inline(
         &mut self,
         now: u64,
         from: &P,
         req: u64,
         name: &str,
-        attributes: &[u8],
+        post: Inline<'_>,
         out: &mut Vec<Out<P>>,
     ) -> Result<Option<Body>, Error> {
         if self.in_progress(name, from, req) {
             return Ok(None);
         }
-        let params = self.table.params_for(name);
-        let (version, _) = self.begin(now, from, req, name, 0, params)?;
+        let params = match post.class {
+            Some(class) => self.table.params_for(name).with_class(class),
+            None => self.table.params_for(name),
+        };
+        let size = post.data.len() as u64;
+        if !params.inlines(size) {
+            return Err(remote(
+                Code::BadRequest,
+                format!(
+                    "{name:?} is kept as {} with {} metadata copies, too few to hold its \
+                     {size} bytes inline without losing redundancy (replicated(n) needs n \
+                     copies, ec(k,m) needs m+1, and at most {MAX_INLINE} bytes): post it \
+                     with PostBegin",
+                    params.class(),
+                    params.n_m
+                ),
+            ));
+        }
+        let (version, _) = self.begin(now, from, req, name, size, params, true)?;
         let commit = Commit {
             version,
-            crc: crc32c::crc32c(&[]),
-            attributes,
+            crc: post.crc,
+            attributes: post.attributes,
             fragment_crcs: &[],
+            inline: Some(post.data),
         };
         self.post_commit(now, from, req, name, commit, out)
     }
 
     /// Locks `name` for a Post of `size` bytes kept as `params` say, and
-    /// chooses its version and replicas (none for an empty object), or
-    /// for an erasure-coded one its fragments' nodes: one each, all
-    /// distinct, or the Post is refused.
+    /// chooses its version and replicas (none for an empty object, nor
+    /// one kept `inline` in its record), or for an erasure-coded one its
+    /// fragments' nodes: one each, all distinct, or the Post is refused.
+    #[allow(clippy::too_many_arguments)]
     fn begin(
         &mut self,
         now: u64,
@@ -122,6 +160,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         name: &str,
         size: u64,
         params: Params,
+        inline: bool,
     ) -> Result<(u64, Vec<Addr>), Error> {
         if size > strata_store_protocol::wire::MAX_OBJECT {
             return Err(remote(
@@ -140,14 +179,14 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         }
         let mg0 = self.owned(self.table.meta_addrs(name)[0])?;
         let version = self.db.latest_version(mg0, name)? + 1;
-        // An empty object has no data: its record (size 0, the empty
-        // checksum) is all of it, durable on the metadata copies, and a
-        // Get never reads a replica for it. So it gets none, and its Post
-        // costs no storage node a file and its syncs.
-        // An empty object has no fragments either.
-        let data_fragments = if size == 0 { 0 } else { params.data_fragments };
-        let replicas = match (size, data_fragments) {
-            (0, _) => Vec::new(),
+        // An empty or inline object has no data elsewhere: its record
+        // (with the bytes, if any) is all of it, durable on the metadata
+        // copies, and a Get never reads a replica for it. So it gets none,
+        // and its Post costs no storage node a file and its syncs.
+        let dataless = size == 0 || inline;
+        let data_fragments = if dataless { 0 } else { params.data_fragments };
+        let replicas = match (dataless, data_fragments) {
+            (true, _) => Vec::new(),
             (_, 0) => self.place_n(
                 name,
                 version,
@@ -255,6 +294,7 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             crc,
             attributes,
             fragment_crcs,
+            inline,
         } = commit;
         let Some(p) = self.pending.get(name) else {
             let mg0 = self.owned(self.table.meta_addrs(name)[0])?;
@@ -297,13 +337,18 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
                 ),
             ));
         }
-        if replicas.is_empty() && crc != crc32c::crc32c(&[]) {
+        // A Post without replicas keeps its bytes (none for an empty
+        // object) in the record: they must be the planned size and match.
+        let held = inline.unwrap_or(&[]);
+        if replicas.is_empty() && (held.len() as u64 != *size || crc != crc32c::crc32c(held)) {
             return Err(remote(
                 Code::BadRequest,
                 format!(
-                    "the commit of the empty object {name:?} gives checksum {crc:08x}, \
-                     not the empty data's {:08x}; post it again",
-                    crc32c::crc32c(&[])
+                    "the commit of {name:?}, planned without replicas for {size} bytes \
+                     kept in its record, gives {} bytes with checksum {crc:08x}, not \
+                     theirs ({:08x}); post it again",
+                    held.len(),
+                    crc32c::crc32c(held)
                 ),
             ));
         }
@@ -317,6 +362,8 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             rename: None,
             attributes: attributes.to_vec(),
             fragments,
+            // An empty object's record says all of it without bytes.
+            inline: inline.filter(|data| !data.is_empty()).map(<[u8]>::to_vec),
         };
         // A Post over an existing object frees the old replicas once the new
         // record is acknowledged, unless an interrupted rename may share
@@ -418,6 +465,20 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
             return Err(remote(
                 Code::BadRequest,
                 "a replica address is outside the storage space",
+            ));
+        }
+        // Bound inline, the bytes must stay as redundant as the name's
+        // class wants (decoding checked them against the record).
+        let params = self.table.params_for(name);
+        if record.inline.is_some() && !params.inlines(record.size) {
+            return Err(remote(
+                Code::BadRequest,
+                format!(
+                    "{name:?} is kept as {} with {} metadata copies, too few to hold \
+                     its bytes inline: post it instead of linking it",
+                    params.class(),
+                    params.n_m
+                ),
             ));
         }
         let mut rec = record.clone();
