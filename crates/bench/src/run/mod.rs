@@ -3,9 +3,12 @@
 //! operation, then delete everything the run made, also when it is
 //! stopped early.
 
+mod database;
 mod instance;
 mod operations;
+mod restore;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Barrier;
@@ -16,13 +19,14 @@ use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::attach::{self, Attachment};
 use crate::cleanup::cleanup_prefix;
 use crate::error::{Error, Result};
 use crate::inventory::Inventory;
 use crate::provider::{Detail, NullProvider, Provider, QemuProvider, Stages, StrataProvider};
 use crate::rate::{closed_loop, Arrivals};
 use crate::record::{LineWriter, Record, RunInfo, Status, IO_SERIES, RECORDS};
-use crate::spec::{Action, ControlOperation, RateLaw, Spec};
+use crate::spec::{Action, Attach, ControlOperation, RateLaw, Spec, VolumeGroup};
 
 /// How long workloads may go on after the run's duration (fio's verify
 /// pass, a command finishing) before they are stopped.
@@ -219,6 +223,8 @@ pub fn run(
         events,
         written: AtomicU64::new(0),
         failures: AtomicU64::new(0),
+        attachments: Mutex::new(HashMap::new()),
+        numbers: AtomicU64::new(0),
     };
     events(Event::Phase("setup".into()));
     run.setup();
@@ -265,6 +271,10 @@ struct Run<'a> {
     events: &'a (dyn Fn(Event) + Sync),
     written: AtomicU64,
     failures: AtomicU64,
+    /// The file systems of `attach: fs` volumes, by volume name.
+    attachments: Mutex<HashMap<String, Attachment>>,
+    /// Numbers for attachment directories and restore clones.
+    numbers: AtomicU64,
 }
 
 /// An operation's outcome before it becomes a record.
@@ -365,10 +375,15 @@ impl Run<'_> {
                 let name = self.volume_name(&group.name, index);
                 let start = Instant::now();
                 let mut stages = Stages::default();
-                let result =
-                    self.provider
-                        .create_volume(&name, group.size, group.cluster_size, &mut stages);
-                if result.is_ok() {
+                let result = self
+                    .provider
+                    .create_volume(&name, group.size, group.cluster_size, &mut stages)
+                    .and_then(|detail| {
+                        self.make_ready(&name, group, true, &mut stages)?;
+                        Ok(detail)
+                    });
+                let made = result.is_ok();
+                if made {
                     self.inventory.lock().add_volume(
                         name.clone(),
                         &group.name,
@@ -382,13 +397,52 @@ impl Run<'_> {
                     "create",
                     start,
                     Done {
-                        target: name,
+                        target: name.clone(),
                         stages,
                         result,
                         skipped: false,
                     },
                 );
+                if made {
+                    self.fill_for_restores(group, index, &name);
+                }
             }
+        }
+    }
+
+    /// Attaches a volume of an `attach: fs` group: its file through
+    /// nbdfuse, a loop device, ext4 (if `format`: a new volume; a clone
+    /// has its snapshot's) and a mount (stages attached, formatted,
+    /// mounted). Nothing for other groups.
+    fn make_ready(
+        &self,
+        name: &str,
+        group: &VolumeGroup,
+        format: bool,
+        stages: &mut Stages,
+    ) -> std::result::Result<(), String> {
+        if group.attach != Attach::Fs {
+            return Ok(());
+        }
+        let uri = self.provider.uri(name).ok_or_else(|| {
+            format!(
+                "the {} provider has no NBD export to put a file system on",
+                self.provider.name()
+            )
+        })?;
+        let number = self.numbers.fetch_add(1, Ordering::SeqCst);
+        let mut attachment = Attachment::serve(&self.run_id, number, name, &uri)?;
+        attachment.mount(format, stages)?;
+        self.attachments.lock().insert(name.to_string(), attachment);
+        Ok(())
+    }
+
+    /// Unmounts and detaches a volume's file system, if it has one.
+    fn detach(&self, name: &str) -> std::result::Result<(), String> {
+        let attachment = self.attachments.lock().remove(name);
+        match attachment {
+            Some(mut attachment) => attachment.detach(),
+            None => Ok(()),
         }
     }
 
@@ -515,20 +569,54 @@ impl Run<'_> {
     /// made, found through the provider so that nothing is missed), a few
     /// passes in case one delete waits on another; what is left.
     fn cleanup(&self) -> Vec<String> {
+        let mut left = self.detach_all();
         let prefix = format!("{}-", self.run_id);
-        cleanup_prefix(self.provider, &prefix, &mut |name, start, result| {
+        left.extend(cleanup_prefix(
+            self.provider,
+            &prefix,
+            &mut |name, start, result| {
+                self.record(
+                    "cleanup",
+                    "delete",
+                    start,
+                    Done {
+                        target: name.to_string(),
+                        stages: Stages::default(),
+                        result,
+                        skipped: false,
+                    },
+                );
+            },
+        ));
+        left
+    }
+
+    /// Detaches every file system (before their volumes are deleted),
+    /// recording each; then undoes whatever else of the run's is still
+    /// attached. What could not be detached.
+    fn detach_all(&self) -> Vec<String> {
+        let names: Vec<String> = self.attachments.lock().keys().cloned().collect();
+        let mut left = Vec::new();
+        for name in names {
+            let start = Instant::now();
+            let result = self.detach(&name).map(|()| None);
+            if let Err(e) = &result {
+                left.push(format!("the file system of {name}: {e}"));
+            }
             self.record(
                 "cleanup",
-                "delete",
+                "detach",
                 start,
                 Done {
-                    target: name.to_string(),
+                    target: name,
                     stages: Stages::default(),
                     result,
                     skipped: false,
                 },
             );
-        })
+        }
+        left.extend(attach::clean_run(&self.run_id));
+        left
     }
 }
 
@@ -541,5 +629,7 @@ pub fn action_name(action: Action) -> &'static str {
         Action::DeleteSnapshot => "delete_snapshot",
         Action::Clone => "clone",
         Action::Resize => "resize",
+        Action::Compact => "compact",
+        Action::RestoreAndVerify => "restore_and_verify",
     }
 }
