@@ -6,9 +6,12 @@ use std::io::Read;
 use std::path::Path;
 use std::time::Instant;
 
-use super::Run;
+use std::sync::atomic::Ordering;
+
+use super::{Done, Run};
 use crate::pgbench::{self, Server};
 use crate::provider::{Detail, Stages};
+use crate::spec::WorkloadKind;
 use crate::workload::{self, Variables};
 
 /// Most bytes of a pgbench or PostgreSQL log read or kept (a line a
@@ -25,6 +28,43 @@ fn read_bounded(path: &Path) -> String {
 }
 
 impl Run<'_> {
+    /// Makes and loads the PostgreSQL server of every pgbench workload
+    /// instance, at setup (so that the timed runs start together, when
+    /// the control operations do), and records each.
+    pub(super) fn prepare_servers(&self) {
+        for workload in &self.spec.workloads {
+            let WorkloadKind::Pgbench(options) = workload.kind else {
+                continue;
+            };
+            for instance in 0..workload.count {
+                if self.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                let start = Instant::now();
+                let volume = self.inventory.lock().volume_at(&workload.volumes, instance);
+                let Some(volume) = volume else {
+                    continue; // its setup record says why
+                };
+                let server = self.prepare_pgbench(&volume.name, options.scale);
+                let result = server.as_ref().map(|_| None).map_err(String::clone);
+                self.servers
+                    .lock()
+                    .insert((workload.name.clone(), instance), server);
+                self.record(
+                    "setup",
+                    "pgbench_init",
+                    start,
+                    Done {
+                        target: volume.name,
+                        stages: Stages::default(),
+                        result,
+                        skipped: false,
+                    },
+                );
+            }
+        }
+    }
+
     /// Makes a PostgreSQL cluster on the volume's file system, starts it
     /// and loads pgbench's tables at `scale`.
     pub(super) fn prepare_pgbench(&self, volume: &str, scale: u32) -> Result<Server, String> {

@@ -24,24 +24,16 @@ impl Run<'_> {
         deadline: Instant,
     ) {
         let volume = self.inventory.lock().volume_at(&workload.volumes, instance);
-        let mut start = Instant::now();
-        let mut stages = Stages::default();
-        // pgbench's server and tables are made before the barrier, so that
-        // the timed runs start together.
-        let server = match (&volume, &workload.kind) {
-            (Some(volume), WorkloadKind::Pgbench(options)) => {
-                let server = self.prepare_pgbench(&volume.name, options.scale);
-                stages.mark("initialized");
-                Some(server)
-            }
-            _ => None,
-        };
+        // pgbench's server, made and loaded at setup.
+        let server = self
+            .servers
+            .lock()
+            .remove(&(workload.name.clone(), instance));
         if let Some(barrier) = barrier {
             barrier.wait();
         }
-        if server.is_none() {
-            start = Instant::now();
-        }
+        let start = Instant::now();
+        let mut stages = Stages::default();
         let Some(volume) = volume else {
             let error = format!(
                 "volume {instance} of group `{}` was not made (see its setup record)",
@@ -63,8 +55,9 @@ impl Run<'_> {
             size: volume.size,
             mount: self.mount_point(&volume.name).unwrap_or_default(),
         };
-        let result = match (server, &workload.kind) {
-            (Some(server), WorkloadKind::Pgbench(options)) => {
+        let result = match &workload.kind {
+            WorkloadKind::Pgbench(options) => {
+                let server = server.unwrap_or_else(|| Err("PostgreSQL was not set up".into()));
                 self.run_pgbench(server, options.clients, &variables, deadline, &mut stages)
             }
             _ => self.run_process(workload, &variables, start, deadline, &mut stages),

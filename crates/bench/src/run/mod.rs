@@ -225,9 +225,11 @@ pub fn run(
         failures: AtomicU64::new(0),
         attachments: Mutex::new(HashMap::new()),
         numbers: AtomicU64::new(0),
+        servers: Mutex::new(HashMap::new()),
     };
     events(Event::Phase("setup".into()));
     run.setup();
+    run.prepare_servers();
     info.measure_start = run.seconds(Instant::now());
     if !stop.load(Ordering::SeqCst) {
         events(Event::Phase("running".into()));
@@ -275,6 +277,8 @@ struct Run<'a> {
     attachments: Mutex<HashMap<String, Attachment>>,
     /// Numbers for attachment directories and restore clones.
     numbers: AtomicU64,
+    /// pgbench instances' servers, made at setup, by (workload, instance).
+    servers: Mutex<HashMap<(String, u32), std::result::Result<crate::pgbench::Server, String>>>,
 }
 
 /// An operation's outcome before it becomes a record.
@@ -595,6 +599,9 @@ impl Run<'_> {
     /// recording each; then undoes whatever else of the run's is still
     /// attached. What could not be detached.
     fn detach_all(&self) -> Vec<String> {
+        // Servers a stopped run never handed to its workloads hold their
+        // file systems: dropping one stops it.
+        self.servers.lock().clear();
         let names: Vec<String> = self.attachments.lock().keys().cloned().collect();
         let mut left = Vec::new();
         for name in names {
