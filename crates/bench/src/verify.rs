@@ -75,24 +75,44 @@ pub fn fio_verify(
 /// snapshot is a crash image: its journal holds the last commits), then
 /// checks it read-only with `fsck.ext4 -fn`.
 pub fn fsck(file: &Path) -> Result<(), String> {
-    bounded::succeed(
+    let replay = bounded::run(
         Command::new("e2fsck")
             .args(["-p", "-E", "journal_only"])
             .arg(file),
         CHECK_WITHIN,
         "e2fsck's journal replay",
     )?;
-    let finished = bounded::run(
+    if !replay.success {
+        return Err(format!(
+            "e2fsck could not replay the journal ({}): {}",
+            replay.status,
+            problems(&replay)
+        ));
+    }
+    let check = bounded::run(
         Command::new("fsck.ext4").arg("-fn").arg(file),
         CHECK_WITHIN,
         "fsck.ext4 -fn",
     )?;
-    if finished.success {
+    if check.success {
         return Ok(());
     }
     Err(format!(
         "fsck.ext4 -fn found errors ({}): {}",
-        finished.status,
-        finished.last_lines(3)
+        check.status,
+        problems(&check)
     ))
+}
+
+/// The first lines of e2fsck's output that name a problem (not its
+/// banner or its pass headings).
+fn problems(finished: &bounded::Finished) -> String {
+    let text = format!("{}\n{}", finished.stderr, finished.stdout);
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("Pass ") && !l.starts_with("e2fsck 1."))
+        .take(3)
+        .collect();
+    lines.join(" / ")
 }

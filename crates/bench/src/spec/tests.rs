@@ -141,3 +141,55 @@ mod example_specs {
         assert!(seen >= 3, "only {seen} example specs");
     }
 }
+
+/// A file-system group with pgbench and a restore reads with its
+/// defaults; the restore's check follows the group's attach mode; names
+/// the run keeps for itself cannot be made by a template.
+#[test]
+fn file_system_groups_pgbench_and_restores_read() {
+    let text = "\
+duration: 5s
+volumes:
+  - {name: db, size: 256M, attach: fs}
+  - {name: raw, size: 64M}
+workloads:
+  - {name: bank, volumes: db, pgbench: {clients: 2}}
+  - {name: writer, volumes: raw, fio: {rw: randwrite, bs: 4k, verify: crc32c}}
+control_operations:
+  - {name: check-db, action: restore_and_verify, workload: bank, rate: slow}
+  - {name: check-raw, action: restore_and_verify, workload: writer, rate: slow}
+  - {name: squash, action: compact, volumes: raw, rate: slow}
+rates:
+  - {name: slow, every: 2s}
+";
+    let spec = parse(text).expect("a good spec");
+    assert_eq!(spec.volumes[0].attach, Attach::Fs);
+    assert_eq!(spec.volumes[1].attach, Attach::Nbd);
+    match spec.workloads[0].kind {
+        WorkloadKind::Pgbench(options) => assert_eq!((options.scale, options.clients), (1, 2)),
+        ref other => panic!("not pgbench: {other:?}"),
+    }
+    assert_eq!(
+        restore_check(&spec.volumes[0], Some(&spec.workloads[0])),
+        Some(RestoreCheck::Fsck { pgbench: true })
+    );
+    match restore_check(&spec.volumes[1], Some(&spec.workloads[1])) {
+        Some(RestoreCheck::FioVerify(options)) => {
+            assert_eq!(options.keys().collect::<Vec<_>>(), ["bs", "verify"])
+        }
+        other => panic!("not fio's verify: {other:?}"),
+    }
+    let mixed = text.replacen("bs: 4k,", "bssplit: 4k/50:64k/50,", 1);
+    let error = parse(&mixed).expect_err("mixed block sizes cannot be verified");
+    assert_eq!(error.line, 10, "{error}");
+    let dashed = text.replacen(
+        "{name: raw, size: 64M}",
+        "{name: raw, size: 64M, template: \"-{index}\"}",
+        1,
+    );
+    let error = parse(&dashed).expect_err("a template starting with a dash");
+    assert!(
+        error.message.contains("starting with a letter or digit"),
+        "{error}"
+    );
+}
