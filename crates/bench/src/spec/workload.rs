@@ -11,6 +11,8 @@ use super::{
     VolumeGroup, Workload, WorkloadKind, MAX_COUNT,
 };
 
+/// Checks every workload: its name, count, group, and a kind that fits
+/// how the group is attached.
 pub(super) fn check_workloads(
     raw: &[RawWorkload],
     groups: &[VolumeGroup],
