@@ -439,3 +439,68 @@ fn cleanup_after_sigint_leaves_no_mount_loop_device_or_nbdfuse() {
     assert_eq!(actions, ["detach", "delete"], "{cleanup:?}");
     assert!(cleanup.iter().all(|r| r["status"] == "ok"), "{cleanup:?}");
 }
+
+/// A run killed outright (SIGKILL: no cleanup of its own) while pgbench
+/// writes on a mounted volume of the QEMU provider: `strata bench clean`
+/// stops PostgreSQL, unmounts, detaches the loop device and ends nbdfuse.
+#[test]
+fn clean_after_a_kill_leaves_no_mount_loop_device_or_nbdfuse() {
+    let dir = tmp();
+    let spec = at(&dir, "spec.yaml");
+    let text = "duration: 60s\nvolumes:\n  - {name: db, count: 1, size: 256M, attach: fs}\n\
+                workloads:\n  - {name: bank, volumes: db, pgbench: {scale: 1, clients: 1}}\n";
+    std::fs::write(&spec, text).unwrap();
+    let out = at(&dir, "run");
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "bench",
+            "run",
+            &p(&spec),
+            "--out",
+            &p(&out),
+            "--provider",
+            "qemu",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn strata bench run");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(out.join("records.jsonl"))
+        .unwrap_or_default()
+        .contains("pgbench_init")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "PostgreSQL not set up within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    bench.kill().unwrap();
+    bench.wait().unwrap();
+    let run_id = run_id(&out);
+    let before = attached_leftovers(&run_id);
+    assert!(
+        before.len() >= 3,
+        "the kill left its file system: {before:?}"
+    );
+    let result = strata(&["bench", "clean", &p(&out)]);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(0), "{stderr}");
+    let left = attached_leftovers(&run_id);
+    // qemu-storage-daemon, which the killed run started in a process group
+    // of its own, still serves; it is this test's to stop.
+    let qemu = out.join("qemu").display().to_string();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(&qemu) {
+            if let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() {
+                // SAFETY: signalling the daemon the run this test started made.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+    assert!(left.is_empty(), "{left:?}");
+}
