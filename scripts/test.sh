@@ -16,17 +16,25 @@ need=()
 # s3fs (which mounts through /dev/fuse and unmounts with umount). `strata
 # bench`'s tests (crates/cli/tests/integration/bench.rs) run fio's nbd and
 # null engines, and qemu-storage-daemon for the QEMU provider; its HTML
-# report is rendered and screenshot in headless Chromium.
+# report is rendered and screenshot in headless Chromium. Its file-system
+# volumes (crates/cli/tests/integration/bench_fs.rs) are served as files by
+# nbdfuse, put on loop devices with losetup (package mount), formatted and
+# checked with e2fsprogs, and carry PostgreSQL (initdb, pg_ctl, psql and
+# pgbench from the postgresql package, run as nobody through runuser).
 # F3's tests (crates/cli/tests/integration/f3.rs) mount through /dev/fuse as
 # root with the mount system call (fuser's own, no fusermount3 or libfuse
 # needed) and unmount with umount -l.
 for tool in qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils qemu-storage-daemon:qemu-utils \
   nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdsh:python3-libnbd fio:fio nbdkit:nbdkit \
   fincore:util-linux-extra openssl:openssl strace:strace aws:awscli \
-  rclone:rclone s3fs:s3fs chromium:chromium; do
+  rclone:rclone s3fs:s3fs chromium:chromium nbdfuse:nbdfuse losetup:mount \
+  mkfs.ext4:e2fsprogs e2fsck:e2fsprogs runuser:util-linux; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 python3 -c "import boto3" 2>/dev/null || need+=(python3-boto3)
+# Debian keeps PostgreSQL's server programs out of PATH, one directory per
+# major version (crates/bench/src/pgbench.rs finds the newest).
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 # NBD TLS with pre-shared keys links OpenSSL (crates/nbd/src/tls.rs).
 pkg-config --exists openssl 2>/dev/null || need+=(pkg-config libssl-dev)
 if [ "${#need[@]}" -gt 0 ]; then

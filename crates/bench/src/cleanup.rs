@@ -47,7 +47,9 @@ pub struct Cleaned {
 
 /// Deletes what the run in `dir` left (after a crash or a kill): on the
 /// daemon it used (`api` overrides the recorded address), or on its own
-/// daemon, started again on the run's pool with the `strata` binary.
+/// daemon, started again on the run's pool with the `strata` binary;
+/// before that, its file systems (`attach: fs`) are unmounted and
+/// detached, and PostgreSQL servers on them stopped.
 pub fn clean(
     dir: &Path,
     strata: &Path,
@@ -55,6 +57,11 @@ pub fn clean(
     token: Option<String>,
 ) -> Result<Cleaned> {
     let info = RunInfo::load(dir)?;
+    // File systems first: their volumes cannot go while mounted.
+    let mut cleaned = Cleaned {
+        leftovers: crate::attach::clean_run(&info.run_id),
+        ..Cleaned::default()
+    };
     let provider: Box<dyn Provider> = match (
         info.provider.as_str(),
         info.own_daemon,
@@ -63,7 +70,7 @@ pub fn clean(
         // The null provider keeps nothing; the QEMU provider's volumes live
         // only while its daemon runs, and their files are in the run's
         // directory.
-        ("null" | "qemu", _, _) => return Ok(Cleaned::default()),
+        ("null" | "qemu", _, _) => return Ok(cleaned),
         ("strata", true, _) => Box::new(
             StrataProvider::start(strata, &dir.join("pool"), &dir.join("clean-daemon.log"))
                 .map_err(Error::Provider)?,
@@ -76,8 +83,7 @@ pub fn clean(
             })
         }
     };
-    let mut cleaned = Cleaned::default();
-    cleaned.leftovers = cleanup_prefix(
+    let volumes_left = cleanup_prefix(
         provider.as_ref(),
         &format!("{}-", info.run_id),
         &mut |name, _, result| match result {
@@ -85,6 +91,7 @@ pub fn clean(
             Err(e) => cleaned.failed.push(format!("{name}: {e}")),
         },
     );
+    cleaned.leftovers.extend(volumes_left);
     provider.shutdown().map_err(Error::Provider)?;
     Ok(cleaned)
 }

@@ -102,7 +102,7 @@ fn io_over_time(
             .entry(&sample.workload)
             .or_default()
             .entry(sample.second)
-            .or_default() += sample.read_iops + sample.write_iops;
+            .or_default() += sample.operations();
     }
     let last_second = data.samples.iter().map(|s| s.second + 1).max().unwrap_or(0) as f64;
     let last_record = data.records.iter().map(|r| r.end).fold(0.0, f64::max);
@@ -370,6 +370,7 @@ mod tests {
                     write_iops: if second == 6 { 0.0 } else { 50.0 },
                     read_kib: 400.0,
                     write_kib: 200.0,
+                    transactions: 0.0,
                 })
                 .collect(),
         }

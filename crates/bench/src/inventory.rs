@@ -146,6 +146,11 @@ impl Inventory {
             .cloned()
     }
 
+    /// The volume named `name`.
+    pub fn volume_named(&self, name: &str) -> Option<Volume> {
+        self.volumes.iter().find(|v| v.name == name).cloned()
+    }
+
     /// A volume in `scope`, picked by `select`.
     pub fn pick_volume(&self, scope: &Scope, select: Selector, rng: &mut StdRng) -> Option<Volume> {
         let candidates: Vec<(usize, u64)> = self

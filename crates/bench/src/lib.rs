@@ -1,8 +1,10 @@
 //! `strata-bench`: declarative benchmarks that mix I/O workloads with
 //! control operations on volumes (after CNSBench). A YAML spec
-//! ([`spec`]) names volume groups, workloads (fio over NBD or any
+//! ([`spec`]) names volume groups (reached over NBD, or through a file
+//! system: [`attach`]), workloads (fio, pgbench ([`pgbench`]) or any
 //! command), control operations (create, delete, snapshot, clone,
-//! resize) and the rates that drive them ([`rate`]); a run
+//! resize, compact, restore-and-verify ([`verify`])) and the rates that
+//! drive them ([`rate`]); a run
 //! drives a provider ([`provider`]: Strata's volume daemon, or a null
 //! provider as the ceiling), records one JSON line per operation and the
 //! workloads' I/O per second ([`record`]), cleans up everything it made,
@@ -11,10 +13,13 @@
 //! S3 gateways and plain HTTP servers. Never prints:
 //! progress goes to the caller as events.
 
+pub mod attach;
+pub mod bounded;
 pub mod cleanup;
 pub mod error;
 pub mod html;
 pub mod inventory;
+pub mod pgbench;
 pub mod provider;
 pub mod rate;
 pub mod record;
@@ -23,4 +28,5 @@ pub mod run;
 pub mod s3_load;
 pub mod spec;
 pub mod units;
+pub mod verify;
 pub mod workload;

@@ -85,6 +85,21 @@ pub struct IoSample {
     pub read_kib: f64,
     /// KiB written in that second.
     pub write_kib: f64,
+    /// Transactions completed in that second (pgbench), which count as
+    /// the workload's operations.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub transactions: f64,
+}
+
+fn is_zero(value: &f64) -> bool {
+    *value == 0.0
+}
+
+impl IoSample {
+    /// Operations completed in the second: reads, writes and transactions.
+    pub fn operations(&self) -> f64 {
+        self.read_iops + self.write_iops + self.transactions
+    }
 }
 
 /// The run's identity, written before anything starts so that

@@ -226,7 +226,7 @@ fn workloads(samples: &[IoSample]) -> Vec<WorkloadSummary> {
             for sample in &list {
                 instances.insert(sample.instance);
                 let entry = per_second.entry(sample.second).or_default();
-                entry.0 += sample.read_iops + sample.write_iops;
+                entry.0 += sample.operations();
                 entry.1 += sample.read_kib + sample.write_kib;
             }
             let seconds = per_second.len().max(1) as f64;
@@ -241,10 +241,7 @@ fn workloads(samples: &[IoSample]) -> Vec<WorkloadSummary> {
                     .reduce(f64::min)
                     .unwrap_or(0.0),
                 mean_kib_per_s: per_second.values().map(|v| v.1).sum::<f64>() / seconds,
-                zero_seconds: list
-                    .iter()
-                    .filter(|s| s.read_iops + s.write_iops == 0.0)
-                    .count() as u64,
+                zero_seconds: list.iter().filter(|s| s.operations() == 0.0).count() as u64,
             }
         })
         .collect()

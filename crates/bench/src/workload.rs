@@ -24,6 +24,9 @@ pub struct Variables {
     pub size: u64,
     /// `{uri}`: where the volume is reached (empty if nowhere).
     pub uri: String,
+    /// `{mount}`: where its file system is mounted (`attach: fs`; empty
+    /// otherwise).
+    pub mount: String,
 }
 
 impl Variables {
@@ -35,6 +38,7 @@ impl Variables {
             .replace("{volume}", &self.volume)
             .replace("{size}", &self.size.to_string())
             .replace("{uri}", &self.uri)
+            .replace("{mount}", &self.mount)
     }
 }
 
@@ -62,9 +66,11 @@ pub struct Launch {
 }
 
 /// The command for an instance: fio with `target` (the provider's engine
-/// options), the spec's options, a runtime of `duration` unless the spec
-/// gives one, and one-second IOPS and bandwidth logs; or the spec's
-/// command with its variables and `STRATA_BENCH_*` in its environment.
+/// options, or the mount point as its directory), the spec's options, a
+/// runtime of `duration` unless the spec gives one, and one-second IOPS
+/// and bandwidth logs; or the spec's command with its variables and
+/// `STRATA_BENCH_*` in its environment. None for pgbench, whose command
+/// comes from its server.
 pub fn launch(
     kind: &WorkloadKind,
     variables: &Variables,
@@ -72,11 +78,18 @@ pub fn launch(
     stores_data: bool,
     duration: Duration,
     prefix: &Path,
-) -> Launch {
+) -> Option<Launch> {
     match kind {
-        WorkloadKind::Fio(options) => {
-            fio(options, variables, target, stores_data, duration, prefix)
-        }
+        WorkloadKind::Fio(options) => Some(fio(
+            options,
+            variables,
+            target,
+            stores_data,
+            duration,
+            prefix,
+        )),
+        // Its command is its server's (see `pgbench::Server::run_command`).
+        WorkloadKind::Pgbench(_) => None,
         WorkloadKind::Command(words) => {
             let mut command = Command::new(variables.fill(&words[0]));
             command
@@ -84,12 +97,13 @@ pub fn launch(
                 .env("STRATA_BENCH_RUN", &variables.run)
                 .env("STRATA_BENCH_VOLUME", &variables.volume)
                 .env("STRATA_BENCH_URI", &variables.uri)
+                .env("STRATA_BENCH_MOUNT", &variables.mount)
                 .env("STRATA_BENCH_INSTANCE", variables.instance.to_string());
-            Launch {
+            Some(Launch {
                 command,
                 fio_output: None,
                 timed_by_run: false,
-            }
+            })
         }
     }
 }
@@ -187,6 +201,7 @@ pub fn samples(prefix: &Path, variables: &Variables, first: u64, windows: u64) -
                 write_iops,
                 read_kib,
                 write_kib,
+                transactions: 0.0,
             }
         })
         .collect()
@@ -258,6 +273,7 @@ mod tests {
             volume: "v".into(),
             size: 1,
             uri: String::new(),
+            mount: String::new(),
         };
         let samples = samples(&prefix, &variables, 10, 5);
         let writes: Vec<f64> = samples.iter().map(|s| s.write_iops).collect();

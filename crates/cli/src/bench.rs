@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use strata_bench::record::Status;
 use strata_bench::report::{self, Summary};
 use strata_bench::run::{self, Event, ProviderChoice, RunOptions};
-use strata_bench::spec::{self, RateLaw, Spec, WorkloadKind};
+use strata_bench::spec::{self, Attach, RateLaw, Spec, WorkloadKind};
 
 use crate::units::human;
 use crate::volume::Output;
@@ -257,11 +257,16 @@ fn plan(spec: &Spec) -> Vec<String> {
     )];
     for group in &spec.volumes {
         lines.push(format!(
-            "  volumes {}: {} at the start, {} each, named RUN-{}",
+            "  volumes {}: {} at the start, {} each, named RUN-{}{}",
             group.name,
             group.count,
             human(group.size),
-            group.template
+            group.template,
+            if group.attach == Attach::Fs {
+                ", with ext4 mounted (nbdfuse, loop device)"
+            } else {
+                ""
+            }
         ));
     }
     for workload in &spec.workloads {
@@ -275,6 +280,10 @@ fn plan(spec: &Spec) -> Vec<String> {
                     .join(" ")
             ),
             WorkloadKind::Command(words) => words.join(" "),
+            WorkloadKind::Pgbench(options) => format!(
+                "PostgreSQL loaded by pgbench -i -s {}, then pgbench -c {}",
+                options.scale, options.clients
+            ),
         };
         lines.push(format!(
             "  workload {}: {} instance(s) on volumes {}{}: {what}",

@@ -6,7 +6,14 @@ pub mod null;
 pub mod qemu;
 pub mod strata;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// Longest a compaction is waited for (Strata's default pace copies 32
+/// MiB/s: some 19 GiB in this time), so that a stuck job cannot hold a
+/// run's end forever.
+pub const COMPACT_WITHIN: Duration = Duration::from_secs(600);
+/// How often a running compaction is asked how it stands.
+pub const COMPACT_POLL: Duration = Duration::from_millis(50);
 
 pub use null::NullProvider;
 pub use qemu::QemuProvider;
@@ -66,6 +73,10 @@ pub trait Provider: Send + Sync {
 
     /// Grows a volume to `size` bytes.
     fn resize(&self, volume: &str, size: u64) -> Result<Detail, String>;
+
+    /// Compacts a volume's chain of layers while it serves I/O, and waits
+    /// until that is done (stage: accepted, when the provider took the job).
+    fn compact(&self, volume: &str, stages: &mut Stages) -> Result<Detail, String>;
 
     /// fio's options that send a job's I/O to `volume` of `size` bytes.
     fn fio_target(&self, volume: &str, size: u64) -> Vec<String>;

@@ -3,7 +3,10 @@
 //! opened with `blockdev-add` and exported with `block-export-add`; a
 //! snapshot is external (a new overlay file, `blockdev-snapshot` puts it on
 //! top, the old top becomes the snapshot); a clone is a new overlay on a
-//! snapshot's file. Deleting an external snapshot takes a block-commit,
+//! snapshot's file; a compaction streams the volume's backing chain into
+//! its top (`block-stream`), so that the top stands alone and the layers
+//! below it are closed (their files stay: snapshots and clones read
+//! them). Deleting an external snapshot takes a block-commit,
 //! and growing a volume conflicts with its NBD export in QEMU 10; both are
 //! refused with a message saying so.
 
@@ -245,6 +248,56 @@ impl QemuProvider {
     }
 }
 
+impl QemuProvider {
+    /// Waits until block job `job` has concluded, dismisses it; the bytes
+    /// it moved, or its error.
+    fn wait_for_job(&self, job: &str) -> Result<u64, String> {
+        let deadline = Instant::now() + super::COMPACT_WITHIN;
+        loop {
+            let jobs = self.execute("query-jobs", json!({}))?;
+            let state = jobs
+                .as_array()
+                .and_then(|jobs| jobs.iter().find(|j| j["id"] == job))
+                .cloned()
+                .ok_or_else(|| format!("block job {job} vanished before it concluded"))?;
+            if state["status"] == "concluded" {
+                self.execute("job-dismiss", json!({"id": job}))?;
+                return match state["error"].as_str() {
+                    Some(error) => Err(format!("block job {job} failed: {error}")),
+                    None => Ok(state["current-progress"].as_u64().unwrap_or(0)),
+                };
+            }
+            if Instant::now() > deadline {
+                let _ = self.execute("job-cancel", json!({"id": job}));
+                return Err(format!(
+                    "block job {job} was not done within {:?}: cancelled",
+                    super::COMPACT_WITHIN
+                ));
+            }
+            std::thread::sleep(super::COMPACT_POLL);
+        }
+    }
+
+    /// After `top` was streamed, the volume's nodes below it have no
+    /// parent: they are closed (their files stay, for snapshots and
+    /// clones). How many.
+    fn drop_nodes_below(&self, volume: &str, top: &str) -> Result<usize, String> {
+        let below: Vec<String> = {
+            let mut volumes = self.volumes.lock();
+            let Some(v) = volumes.get_mut(volume) else {
+                return Ok(0); // deleted meanwhile, with its nodes
+            };
+            let at = v.nodes.iter().position(|n| n == top).unwrap_or(0);
+            v.files.drain(..at);
+            v.nodes.drain(..at).collect()
+        };
+        for node in below.iter().rev() {
+            self.execute("blockdev-del", json!({"node-name": node}))?;
+        }
+        Ok(below.len())
+    }
+}
+
 impl Provider for QemuProvider {
     fn name(&self) -> &'static str {
         "qemu"
@@ -355,6 +408,29 @@ impl Provider for QemuProvider {
 
     fn resize(&self, _volume: &str, _size: u64) -> Result<Detail, String> {
         Err("qemu-storage-daemon's NBD export does not share the resize permission: a volume cannot grow while exported".into())
+    }
+
+    fn compact(&self, volume: &str, stages: &mut Stages) -> Result<Detail, String> {
+        let top = self
+            .volumes
+            .lock()
+            .get(volume)
+            .and_then(|v| v.nodes.last().cloned())
+            .ok_or_else(|| format!("no volume {volume}"))?;
+        let job = format!(
+            "compact-{top}-{}",
+            self.counter.fetch_add(1, Ordering::SeqCst)
+        );
+        self.execute(
+            "block-stream",
+            json!({"job-id": job, "device": top, "auto-dismiss": false}),
+        )?;
+        stages.mark("accepted");
+        let bytes = self.wait_for_job(&job)?;
+        let removed = self.drop_nodes_below(volume, &top)?;
+        Ok(Some(
+            json!({"layers_removed": removed, "bytes_copied": bytes}),
+        ))
     }
 
     fn fio_target(&self, volume: &str, _size: u64) -> Vec<String> {

@@ -270,6 +270,54 @@ impl Provider for StrataProvider {
         Ok(Some(json!({"pause_ms": reply["pause_ms"]})))
     }
 
+    fn compact(&self, volume: &str, stages: &mut Stages) -> Result<Detail, String> {
+        let path = format!("/v1/volumes/{}/compact", segment(volume)?);
+        let refusal = match self.call("POST", &path, Some(json!({}))) {
+            Ok(_) => None,
+            // Perhaps the daemon's own automatic compaction of this volume
+            // is running: then this waits for that one, which does the
+            // same work.
+            Err(e) if e.contains("HTTP 409") => Some(e),
+            Err(e) => return Err(e),
+        };
+        let joined = refusal.is_some();
+        if joined && self.call("GET", &path, None)?["state"] != "running" {
+            return Err(refusal.unwrap_or_default());
+        }
+        stages.mark("accepted");
+        let deadline = Instant::now() + super::COMPACT_WITHIN;
+        loop {
+            let status = self.call("GET", &path, None)?;
+            match status["state"].as_str() {
+                Some("running") if Instant::now() < deadline => {
+                    std::thread::sleep(super::COMPACT_POLL)
+                }
+                Some("running") => {
+                    return Err(format!(
+                        "the compaction of {volume} was still running after {:?}: left running",
+                        super::COMPACT_WITHIN
+                    ))
+                }
+                Some("done") => {
+                    return Ok(Some(json!({
+                        "joined_running": joined,
+                        "layers_before": status["layers_before"],
+                        "layers_removed": status["layers_removed"],
+                        "bytes_copied": status["bytes_copied"],
+                        "max_pause_ms": status["max_pause_ms"],
+                    })))
+                }
+                state => {
+                    return Err(format!(
+                        "compaction of {volume} ended {}: {}",
+                        state.unwrap_or("in an unknown state"),
+                        status["error"].as_str().unwrap_or("no error given")
+                    ))
+                }
+            }
+        }
+    }
+
     fn fio_target(&self, volume: &str, _size: u64) -> Vec<String> {
         let uri = self.uri(volume).unwrap_or_default();
         vec!["--ioengine=nbd".into(), format!("--uri={uri}")]

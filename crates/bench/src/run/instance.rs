@@ -9,8 +9,8 @@ use std::sync::Barrier;
 use std::time::Instant;
 
 use super::{Done, Event, Run, KILL_AFTER, POLL, WORKLOAD_GRACE};
-use crate::provider::Stages;
-use crate::spec::Workload;
+use crate::provider::{Detail, Stages};
+use crate::spec::{Workload, WorkloadKind};
 use crate::workload::{self, Variables};
 
 impl Run<'_> {
@@ -24,10 +24,16 @@ impl Run<'_> {
         deadline: Instant,
     ) {
         let volume = self.inventory.lock().volume_at(&workload.volumes, instance);
+        // pgbench's server, made and loaded at setup.
+        let server = self
+            .servers
+            .lock()
+            .remove(&(workload.name.clone(), instance));
         if let Some(barrier) = barrier {
             barrier.wait();
         }
         let start = Instant::now();
+        let mut stages = Stages::default();
         let Some(volume) = volume else {
             let error = format!(
                 "volume {instance} of group `{}` was not made (see its setup record)",
@@ -47,39 +53,15 @@ impl Run<'_> {
             uri: self.provider.uri(&volume.name).unwrap_or_default(),
             volume: volume.name.clone(),
             size: volume.size,
+            mount: self.mount_point(&volume.name).unwrap_or_default(),
         };
-        let prefix = workload::file_prefix(&self.dir, &variables);
-        let target = self.provider.fio_target(&volume.name, volume.size);
-        let mut launch = workload::launch(
-            &workload.kind,
-            &variables,
-            target,
-            self.provider.stores_data(),
-            self.spec.duration,
-            &prefix,
-        );
-        let mut stages = Stages::default();
-        let result = self.spawn_and_wait(&mut launch, &prefix, deadline, &mut stages);
-        let result = result.and_then(|()| match &launch.fio_output {
-            Some(output) => workload::fio_error(output).map_or(Ok(None), Err),
-            None => Ok(None),
-        });
-        if launch.fio_output.is_some() {
-            let first = self.seconds(start) as u64;
-            // fio logs a window as it closes, and its run ends as the last
-            // one would: that one is never logged, so it is not expected.
-            let windows = if self.stop.load(Ordering::SeqCst) || !launch.timed_by_run {
-                0
-            } else {
-                self.spec.duration.as_secs().saturating_sub(1)
-            };
-            for sample in workload::samples(&prefix, &variables, first, windows) {
-                if let Err(e) = self.io.append(&sample) {
-                    (self.events)(Event::Warning(e.to_string()));
-                    break;
-                }
+        let result = match &workload.kind {
+            WorkloadKind::Pgbench(options) => {
+                let server = server.unwrap_or_else(|| Err("PostgreSQL was not set up".into()));
+                self.run_pgbench(server, options.clients, &variables, deadline, &mut stages)
             }
-        }
+            _ => self.run_process(workload, &variables, start, deadline, &mut stages),
+        };
         self.record(
             &workload.name,
             "workload",
@@ -93,11 +75,85 @@ impl Run<'_> {
         );
     }
 
+    /// Where the volume's file system is mounted, if it has one.
+    fn mount_point(&self, volume: &str) -> Option<String> {
+        self.attachments
+            .lock()
+            .get(volume)
+            .map(|a| a.mount_point().display().to_string())
+    }
+
+    /// Runs fio or a command to its end; fio's one-second logs go to the
+    /// run's I/O series.
+    fn run_process(
+        &self,
+        workload: &Workload,
+        variables: &Variables,
+        start: Instant,
+        deadline: Instant,
+        stages: &mut Stages,
+    ) -> std::result::Result<Detail, String> {
+        let prefix = workload::file_prefix(&self.dir, variables);
+        let target = if variables.mount.is_empty() {
+            self.provider.fio_target(&variables.volume, variables.size)
+        } else {
+            vec![format!("--directory={}", variables.mount)]
+        };
+        let Some(mut launch) = workload::launch(
+            &workload.kind,
+            variables,
+            target,
+            self.provider.stores_data(),
+            self.spec.duration,
+            &prefix,
+        ) else {
+            return Err("this workload has no process of its own".into());
+        };
+        let result = self.spawn_and_wait(&mut launch.command, &prefix, deadline, stages);
+        let result = result.and_then(|()| match &launch.fio_output {
+            Some(output) => workload::fio_error(output).map_or(Ok(None), Err),
+            None => Ok(None),
+        });
+        if launch.fio_output.is_some() {
+            let first = self.seconds(start) as u64;
+            // fio logs a window as it closes, and its run ends as the last
+            // one would: that one is never logged, so it is not expected.
+            let windows = if launch.timed_by_run {
+                self.expected_windows()
+            } else {
+                0
+            };
+            let samples = workload::samples(&prefix, variables, first, windows);
+            self.append_samples(&samples);
+        }
+        result
+    }
+
+    /// Seconds a workload timed by the run is expected to log: all but
+    /// the last of the duration, none if the run was stopped early.
+    pub(super) fn expected_windows(&self) -> u64 {
+        if self.stop.load(Ordering::SeqCst) {
+            0
+        } else {
+            self.spec.duration.as_secs().saturating_sub(1)
+        }
+    }
+
+    /// Appends samples to the run's I/O series.
+    pub(super) fn append_samples(&self, samples: &[crate::record::IoSample]) {
+        for sample in samples {
+            if let Err(e) = self.io.append(sample) {
+                (self.events)(Event::Warning(e.to_string()));
+                break;
+            }
+        }
+    }
+
     /// Spawns an instance in its own process group (so that Ctrl-C reaches
     /// the run, which stops it), with its output in the run directory.
-    fn spawn_and_wait(
+    pub(super) fn spawn_and_wait(
         &self,
-        launch: &mut workload::Launch,
+        command: &mut std::process::Command,
         prefix: &Path,
         deadline: Instant,
         stages: &mut Stages,
@@ -106,14 +162,13 @@ impl Run<'_> {
         let log = std::fs::File::create(&log_path)
             .map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
         let log_copy = log.try_clone().map_err(|e| e.to_string())?;
-        let child = launch
-            .command
+        let child = command
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_copy)
             .process_group(0)
             .spawn()
-            .map_err(|e| format!("cannot start {:?}: {e}", launch.command.get_program()))?;
+            .map_err(|e| format!("cannot start {:?}: {e}", command.get_program()))?;
         stages.mark("running");
         let status = self.wait_child(child, deadline + WORKLOAD_GRACE)?;
         if status.success() {

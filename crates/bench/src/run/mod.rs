@@ -3,9 +3,12 @@
 //! operation, then delete everything the run made, also when it is
 //! stopped early.
 
+mod database;
 mod instance;
 mod operations;
+mod restore;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Barrier;
@@ -16,13 +19,14 @@ use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::attach::{self, Attachment};
 use crate::cleanup::cleanup_prefix;
 use crate::error::{Error, Result};
 use crate::inventory::Inventory;
 use crate::provider::{Detail, NullProvider, Provider, QemuProvider, Stages, StrataProvider};
 use crate::rate::{closed_loop, Arrivals};
 use crate::record::{LineWriter, Record, RunInfo, Status, IO_SERIES, RECORDS};
-use crate::spec::{Action, ControlOperation, RateLaw, Spec};
+use crate::spec::{Action, Attach, ControlOperation, RateLaw, Spec, VolumeGroup};
 
 /// How long workloads may go on after the run's duration (fio's verify
 /// pass, a command finishing) before they are stopped.
@@ -219,9 +223,13 @@ pub fn run(
         events,
         written: AtomicU64::new(0),
         failures: AtomicU64::new(0),
+        attachments: Mutex::new(HashMap::new()),
+        numbers: AtomicU64::new(0),
+        servers: Mutex::new(HashMap::new()),
     };
     events(Event::Phase("setup".into()));
     run.setup();
+    run.prepare_servers();
     info.measure_start = run.seconds(Instant::now());
     if !stop.load(Ordering::SeqCst) {
         events(Event::Phase("running".into()));
@@ -265,6 +273,12 @@ struct Run<'a> {
     events: &'a (dyn Fn(Event) + Sync),
     written: AtomicU64,
     failures: AtomicU64,
+    /// The file systems of `attach: fs` volumes, by volume name.
+    attachments: Mutex<HashMap<String, Attachment>>,
+    /// Numbers for attachment directories and restore clones.
+    numbers: AtomicU64,
+    /// pgbench instances' servers, made at setup, by (workload, instance).
+    servers: Mutex<HashMap<(String, u32), std::result::Result<crate::pgbench::Server, String>>>,
 }
 
 /// An operation's outcome before it becomes a record.
@@ -365,10 +379,15 @@ impl Run<'_> {
                 let name = self.volume_name(&group.name, index);
                 let start = Instant::now();
                 let mut stages = Stages::default();
-                let result =
-                    self.provider
-                        .create_volume(&name, group.size, group.cluster_size, &mut stages);
-                if result.is_ok() {
+                let result = self
+                    .provider
+                    .create_volume(&name, group.size, group.cluster_size, &mut stages)
+                    .and_then(|detail| {
+                        self.make_ready(&name, group, true, &mut stages)?;
+                        Ok(detail)
+                    });
+                let made = result.is_ok();
+                if made {
                     self.inventory.lock().add_volume(
                         name.clone(),
                         &group.name,
@@ -382,13 +401,52 @@ impl Run<'_> {
                     "create",
                     start,
                     Done {
-                        target: name,
+                        target: name.clone(),
                         stages,
                         result,
                         skipped: false,
                     },
                 );
+                if made {
+                    self.fill_for_restores(group, index, &name);
+                }
             }
+        }
+    }
+
+    /// Attaches a volume of an `attach: fs` group: its file through
+    /// nbdfuse, a loop device, ext4 (if `format`: a new volume; a clone
+    /// has its snapshot's) and a mount (stages attached, formatted,
+    /// mounted). Nothing for other groups.
+    fn make_ready(
+        &self,
+        name: &str,
+        group: &VolumeGroup,
+        format: bool,
+        stages: &mut Stages,
+    ) -> std::result::Result<(), String> {
+        if group.attach != Attach::Fs {
+            return Ok(());
+        }
+        let uri = self.provider.uri(name).ok_or_else(|| {
+            format!(
+                "the {} provider has no NBD export to put a file system on",
+                self.provider.name()
+            )
+        })?;
+        let number = self.numbers.fetch_add(1, Ordering::SeqCst);
+        let mut attachment = Attachment::serve(&self.run_id, number, name, &uri)?;
+        attachment.mount(format, stages)?;
+        self.attachments.lock().insert(name.to_string(), attachment);
+        Ok(())
+    }
+
+    /// Unmounts and detaches a volume's file system, if it has one.
+    fn detach(&self, name: &str) -> std::result::Result<(), String> {
+        let attachment = self.attachments.lock().remove(name);
+        match attachment {
+            Some(mut attachment) => attachment.detach(),
+            None => Ok(()),
         }
     }
 
@@ -515,20 +573,57 @@ impl Run<'_> {
     /// made, found through the provider so that nothing is missed), a few
     /// passes in case one delete waits on another; what is left.
     fn cleanup(&self) -> Vec<String> {
+        let mut left = self.detach_all();
         let prefix = format!("{}-", self.run_id);
-        cleanup_prefix(self.provider, &prefix, &mut |name, start, result| {
+        left.extend(cleanup_prefix(
+            self.provider,
+            &prefix,
+            &mut |name, start, result| {
+                self.record(
+                    "cleanup",
+                    "delete",
+                    start,
+                    Done {
+                        target: name.to_string(),
+                        stages: Stages::default(),
+                        result,
+                        skipped: false,
+                    },
+                );
+            },
+        ));
+        left
+    }
+
+    /// Detaches every file system (before their volumes are deleted),
+    /// recording each; then undoes whatever else of the run's is still
+    /// attached. What could not be detached.
+    fn detach_all(&self) -> Vec<String> {
+        // Servers a stopped run never handed to its workloads hold their
+        // file systems: dropping one stops it.
+        self.servers.lock().clear();
+        let names: Vec<String> = self.attachments.lock().keys().cloned().collect();
+        let mut left = Vec::new();
+        for name in names {
+            let start = Instant::now();
+            let result = self.detach(&name).map(|()| None);
+            if let Err(e) = &result {
+                left.push(format!("the file system of {name}: {e}"));
+            }
             self.record(
                 "cleanup",
-                "delete",
+                "detach",
                 start,
                 Done {
-                    target: name.to_string(),
+                    target: name,
                     stages: Stages::default(),
                     result,
                     skipped: false,
                 },
             );
-        })
+        }
+        left.extend(attach::clean_run(&self.run_id));
+        left
     }
 }
 
@@ -541,5 +636,7 @@ pub fn action_name(action: Action) -> &'static str {
         Action::DeleteSnapshot => "delete_snapshot",
         Action::Clone => "clone",
         Action::Resize => "resize",
+        Action::Compact => "compact",
+        Action::RestoreAndVerify => "restore_and_verify",
     }
 }

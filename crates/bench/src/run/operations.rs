@@ -20,13 +20,15 @@ impl Run<'_> {
             Action::DeleteSnapshot => self.delete_snapshot(operation),
             Action::Clone => self.clone_snapshot(operation),
             Action::Resize => self.resize(operation),
+            Action::Compact => self.compact(operation),
+            Action::RestoreAndVerify => self.restore_and_verify(operation),
         };
         let acted = !done.skipped;
         self.record(&operation.name, action_name(operation.action), start, done);
         acted
     }
 
-    fn scope<'o>(&self, operation: &'o ControlOperation) -> inventory::Scope<'o> {
+    pub(super) fn scope<'o>(&self, operation: &'o ControlOperation) -> inventory::Scope<'o> {
         inventory::Scope {
             group: &operation.group,
             held_only: operation.workload.is_some(),
@@ -34,7 +36,7 @@ impl Run<'_> {
         }
     }
 
-    fn skipped(target: String, error: String) -> Done {
+    pub(super) fn skipped(target: String, error: String) -> Done {
         Done {
             skipped: true,
             ..Run::failed(target, error)
@@ -75,9 +77,13 @@ impl Run<'_> {
         let index = self.inventory.lock().reserve_index(&group.name);
         let name = self.volume_name(&group.name, index);
         let mut stages = Stages::default();
-        let result =
-            self.provider
-                .create_volume(&name, group.size, group.cluster_size, &mut stages);
+        let result = self
+            .provider
+            .create_volume(&name, group.size, group.cluster_size, &mut stages)
+            .and_then(|detail| {
+                self.make_ready(&name, group, true, &mut stages)?;
+                Ok(detail)
+            });
         if result.is_ok() {
             self.inventory
                 .lock()
@@ -100,7 +106,9 @@ impl Run<'_> {
         let Some(volume) = taken else {
             return Run::nothing_to(operation, "volume");
         };
-        let result = self.provider.delete_volume(&volume.name);
+        let result = self
+            .detach(&volume.name)
+            .and_then(|()| self.provider.delete_volume(&volume.name));
         Done {
             target: volume.name,
             stages: Stages::default(),
@@ -194,9 +202,16 @@ impl Run<'_> {
             );
         }
         let mut stages = Stages::default();
-        let result =
-            self.provider
-                .clone_snapshot(&snapshot.volume, &snapshot.name, &new, &mut stages);
+        let group = self.spec.volumes.iter().find(|g| g.name == into);
+        let result = self
+            .provider
+            .clone_snapshot(&snapshot.volume, &snapshot.name, &new, &mut stages)
+            .and_then(|detail| {
+                if let Some(group) = group {
+                    self.make_ready(&new, group, false, &mut stages)?;
+                }
+                Ok(detail)
+            });
         let mut inventory = self.inventory.lock();
         match &result {
             Ok(_) => inventory.add_volume(new, into, index, snapshot.size, false),
@@ -231,6 +246,25 @@ impl Run<'_> {
         Done {
             target: volume.name,
             stages: Stages::default(),
+            result,
+            skipped: false,
+        }
+    }
+
+    fn compact(&self, operation: &ControlOperation) -> Done {
+        let picked = self.inventory.lock().pick_volume(
+            &self.scope(operation),
+            operation.select,
+            &mut self.rng.lock(),
+        );
+        let Some(volume) = picked else {
+            return Run::nothing_to(operation, "volume");
+        };
+        let mut stages = Stages::default();
+        let result = self.provider.compact(&volume.name, &mut stages);
+        Done {
+            target: volume.name,
+            stages,
             result,
             skipped: false,
         }

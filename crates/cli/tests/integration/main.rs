@@ -8,6 +8,7 @@
 
 mod architecture;
 mod bench;
+mod bench_fs;
 mod common;
 mod damaged;
 mod docs_examples;

@@ -60,6 +60,32 @@ pub struct VolumeGroup {
     pub template: String,
     /// Cluster size of the volumes' layers (the provider's default if none).
     pub cluster_size: Option<u64>,
+    /// How workloads reach the volumes: the NBD export, or a file system.
+    pub attach: Attach,
+}
+
+/// How a group's volumes are attached for their workloads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Attach {
+    /// Workloads reach the NBD export itself (fio's nbd engine).
+    #[default]
+    Nbd,
+    /// The export is a file through nbdfuse, on a loop device, formatted
+    /// with ext4 once and mounted; workloads get the mount point.
+    Fs,
+}
+
+/// A pgbench workload's options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PgbenchOptions {
+    /// `pgbench -i -s SCALE`: 100,000 accounts per unit (about 15 MiB).
+    #[serde(default = "one")]
+    pub scale: u32,
+    /// `pgbench -c CLIENTS`: concurrent sessions.
+    #[serde(default = "one")]
+    pub clients: u32,
 }
 
 /// What a workload instance runs.
@@ -70,6 +96,8 @@ pub enum WorkloadKind {
     Fio(BTreeMap<String, String>),
     /// Any command, its words with variables replaced.
     Command(Vec<String>),
+    /// PostgreSQL on the volume's file system, loaded by pgbench.
+    Pgbench(PgbenchOptions),
 }
 
 /// Instances of one I/O job, each on a volume of a group.
@@ -103,6 +131,11 @@ pub enum Action {
     Clone,
     /// Grow a volume of the group.
     Resize,
+    /// Compact a volume's chain of layers, waiting until it is done.
+    Compact,
+    /// Clone a snapshot, check its data, delete the clone: ok if the
+    /// check passed.
+    RestoreAndVerify,
 }
 
 /// Which volume or snapshot an operation acts on.
@@ -198,6 +231,8 @@ struct RawVolumeGroup {
     size: Size,
     template: Option<Spanned<String>>,
     cluster_size: Option<Size>,
+    #[serde(default)]
+    attach: Attach,
 }
 
 #[derive(Deserialize)]
@@ -211,6 +246,7 @@ struct RawWorkload {
     barrier: bool,
     fio: Option<BTreeMap<String, FioValue>>,
     command: Option<Vec<String>>,
+    pgbench: Option<PgbenchOptions>,
 }
 
 /// A fio option's value: YAML may give a number or a boolean for it.
@@ -336,8 +372,7 @@ fn one_of(names: &[String]) -> String {
 
 fn check(raw: RawSpec) -> Result<Spec, SpecError> {
     let groups = check_groups(&raw.volumes)?;
-    let group_names: Vec<String> = groups.iter().map(|g| g.name.clone()).collect();
-    let workloads = check_workloads(&raw.workloads, &groups)?;
+    let workloads = workload::check_workloads(&raw.workloads, &groups)?;
     let rates = check_rates(&raw.rates)?;
     let mut seen = HashSet::new();
     let mut operations = Vec::new();
@@ -351,7 +386,7 @@ fn check(raw: RawSpec) -> Result<Spec, SpecError> {
                 ),
             );
         }
-        operations.push(check_operation(op, &group_names, &workloads, &rates)?);
+        operations.push(check_operation(op, &groups, &workloads, &rates)?);
     }
     Ok(Spec {
         duration: raw.duration.0,
@@ -416,6 +451,7 @@ fn check_groups(raw: &[RawVolumeGroup]) -> Result<Vec<VolumeGroup>, SpecError> {
             size: group.size.0,
             template,
             cluster_size: group.cluster_size.map(|s| s.0),
+            attach: group.attach,
         });
     }
     Ok(groups)
@@ -436,112 +472,19 @@ fn check_template(at: &Spanned<String>, group: &str) -> Result<(), SpecError> {
         .value
         .replace("{group}", group)
         .replace("{index}", "9999");
-    let fits = sample
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    // Starting with a letter or digit: names the run gives its own
+    // volumes (restore-and-verify clones, `RUNID--rvN`) cannot collide.
+    let fits = sample.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && sample
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
     if !at.value.contains("{index}") || !fits || sample.len() > MAX_TEMPLATE_NAME {
         return refused(at, format!(
-            "volume names `{}`: write a template of letters, digits, '-', '_' or '.', with {{index}} (and optionally {{group}}), that makes names of at most {MAX_TEMPLATE_NAME} characters, such as \"{{group}}-{{index}}\"",
+            "volume names `{}`: write a template of letters, digits, '-', '_' or '.', starting with a letter or digit, with {{index}} (and optionally {{group}}), that makes names of at most {MAX_TEMPLATE_NAME} characters, such as \"{{group}}-{{index}}\"",
             at.value
         ));
     }
     Ok(())
-}
-
-fn check_workloads(
-    raw: &[RawWorkload],
-    groups: &[VolumeGroup],
-) -> Result<Vec<Workload>, SpecError> {
-    let group_names: Vec<String> = groups.iter().map(|g| g.name.clone()).collect();
-    let mut workloads: Vec<Workload> = Vec::new();
-    for workload in raw {
-        let name = &workload.name;
-        check_name(name, "workload")?;
-        check_count(name, "workload", workload.count, 1)?;
-        if workloads.iter().any(|w| w.name == name.value) {
-            return refused(
-                name,
-                format!(
-                    "a second workload named `{}`: give each its own name",
-                    name.value
-                ),
-            );
-        }
-        let Some(volumes) = &workload.volumes else {
-            return refused(
-                name,
-                format!(
-                    "workload `{}` uses no volume: add `volumes: GROUP` naming one of {}",
-                    name.value,
-                    one_of(&group_names)
-                ),
-            );
-        };
-        let Some(group) = groups.iter().find(|g| g.name == volumes.value) else {
-            return refused(
-                volumes,
-                format!(
-                    "workload `{}`: `volumes: {}` names no volume group: write one of {}",
-                    name.value,
-                    volumes.value,
-                    one_of(&group_names)
-                ),
-            );
-        };
-        if workload.count > group.count {
-            return refused(name, format!(
-                "workload `{}` has {} instances but volume group `{}` starts with {} volumes: raise that group's count to {} or lower this one",
-                name.value, workload.count, group.name, group.count, workload.count
-            ));
-        }
-        let kind = match (&workload.fio, &workload.command) {
-            (Some(options), None) => WorkloadKind::Fio(check_fio(name, options)?),
-            (None, Some(words)) if !words.is_empty() => WorkloadKind::Command(words.clone()),
-            _ => {
-                return refused(name, format!(
-                    "workload `{}`: give exactly one of `fio:` (job options) or `command:` (a list of words)",
-                    name.value
-                ))
-            }
-        };
-        workloads.push(Workload {
-            name: name.value.clone(),
-            count: workload.count,
-            volumes: group.name.clone(),
-            barrier: workload.barrier,
-            kind,
-        });
-    }
-    Ok(workloads)
-}
-
-/// fio options the runner sets itself: the spec may not change where the
-/// I/O goes or where its results are kept.
-const FIO_RESERVED: &[&str] = &[
-    "ioengine",
-    "uri",
-    "filename",
-    "name",
-    "output",
-    "output-format",
-    "write_iops_log",
-    "write_bw_log",
-    "write_lat_log",
-    "log_avg_msec",
-    "status-interval",
-];
-
-fn check_fio(
-    name: &Spanned<String>,
-    options: &BTreeMap<String, FioValue>,
-) -> Result<BTreeMap<String, String>, SpecError> {
-    if let Some(key) = options.keys().find(|k| FIO_RESERVED.contains(&k.as_str())) {
-        return refused(name, format!(
-            "workload `{}`: fio option `{key}` is set by `strata bench` (the volume's NBD export and the run's logs): remove it",
-            name.value
-        ));
-    }
-    Ok(options.iter().map(|(k, v)| (k.clone(), v.text())).collect())
 }
 
 fn check_rates(raw: &[RawRate]) -> Result<Vec<(String, RateLaw)>, SpecError> {
@@ -641,12 +584,14 @@ fn rate_law(rate: &RawRate) -> Result<RateLaw, SpecError> {
 
 fn check_operation(
     op: &RawOperation,
-    groups: &[String],
+    volume_groups: &[VolumeGroup],
     workloads: &[Workload],
     rates: &[(String, RateLaw)],
 ) -> Result<ControlOperation, SpecError> {
     let name = &op.name;
     check_name(name, "control operation")?;
+    let group_names: Vec<String> = volume_groups.iter().map(|g| g.name.clone()).collect();
+    let groups = group_names.as_slice();
     let rate_names: Vec<String> = rates.iter().map(|(n, _)| n.clone()).collect();
     let Some((_, law)) = rates.iter().find(|(n, _)| *n == op.rate.value) else {
         return refused(&op.rate, format!(
@@ -689,6 +634,9 @@ fn check_operation(
                 name.value
             ),
         );
+    }
+    if op.action == Action::RestoreAndVerify {
+        check_restore(op, &group, workload.as_deref(), volume_groups, workloads)?;
     }
     let max_in_flight = op.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT);
     if !(1..=MAX_COUNT).contains(&max_in_flight) {
@@ -749,147 +697,10 @@ fn operation_target(
     }
 }
 
+mod workload;
+
+use workload::check_restore;
+pub use workload::{restore_check, RestoreCheck};
+
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const GOOD: &str = "\
-duration: 2s
-volumes:
-  - name: data
-    count: 2
-    size: 64M
-  - name: scratch
-    count: 0
-    size: 16M
-workloads:
-  - name: writer
-    count: 2
-    volumes: data
-    fio:
-      rw: randwrite
-      bs: 4k
-      iodepth: 4
-control_operations:
-  - name: snaps
-    action: snapshot
-    workload: writer
-    select: random
-    rate: each-second
-  - name: creates
-    action: create
-    volumes: scratch
-    rate: two
-rates:
-  - name: each-second
-    every: 1s
-  - name: two
-    in_flight: 2
-";
-
-    #[test]
-    fn a_good_spec_reads() {
-        let spec = parse(GOOD).expect("good spec");
-        assert_eq!(spec.duration, Duration::from_secs(2));
-        assert_eq!(spec.volumes[0].template, "{group}-{index}");
-        assert_eq!(spec.control_operations[0].group, "data");
-        assert_eq!(spec.control_operations[1].rate, RateLaw::ClosedLoop(2));
-        match &spec.workloads[0].kind {
-            WorkloadKind::Fio(options) => assert_eq!(options["iodepth"], "4"),
-            other => panic!("not fio: {other:?}"),
-        }
-    }
-
-    #[test]
-    fn ramps_steps_and_traces_read_and_bad_traces_are_refused() {
-        let rates = "  - {name: up, ramp: {from: 1s, to: 100ms, over: 30s}}\n  - {name: stairs, steps: [{every: 1s, for: 10s}, {every: 200ms}]}\n  - {name: replay, trace: [0.5, 1.25, 3]}\n";
-        let text = GOOD.replacen(
-            "    in_flight: 2\n",
-            &format!("    in_flight: 2\n{rates}"),
-            1,
-        );
-        parse(&text).expect("ramp, steps and trace");
-        let bad = text.replacen("[0.5, 1.25, 3]", "[2, 1]", 1);
-        let error = parse(&bad).expect_err("a trace out of order");
-        assert_eq!(error.line, 34, "{error}");
-        assert!(error.message.contains("in order"), "{error}");
-        let open_middle = text.replacen(
-            "[{every: 1s, for: 10s}, {every: 200ms}]",
-            "[{every: 1s}, {every: 200ms}]",
-            1,
-        );
-        assert!(parse(&open_middle)
-            .expect_err("open step first")
-            .message
-            .contains("only the last"));
-    }
-
-    /// Each bad spec is refused with the line to fix and a hint.
-    #[test]
-    fn bad_specs_name_their_line() {
-        let cases: &[(&str, &str, u64, &str)] = &[
-            (
-                "      iodepth: 4\n",
-                "      iodepth: 4\n    colour: red\n",
-                17,
-                "unknown field `colour`",
-            ),
-            (
-                "    rate: two\n",
-                "    rate: twice\n",
-                26,
-                "write one of each-second, two",
-            ),
-            (
-                "    every: 1s\n",
-                "    every: -1s\n",
-                29,
-                "negative interval",
-            ),
-            (
-                "    volumes: data\n    fio:",
-                "    fio:",
-                10,
-                "uses no volume: add `volumes: GROUP`",
-            ),
-            (
-                "    action: create\n",
-                "    action: explode\n",
-                24,
-                "unknown variant",
-            ),
-        ];
-        for (from, to, line, hint) in cases {
-            let text = GOOD.replacen(from, to, 1);
-            let error = parse(&text).expect_err(to);
-            assert_eq!(error.line, *line, "{to}: {error}");
-            assert!(error.message.contains(hint), "{to}: {error}");
-        }
-    }
-}
-
-/// The example specs under bench/specs/ stay valid and short.
-#[cfg(test)]
-mod example_specs {
-    #[test]
-    fn every_example_spec_is_valid_and_under_sixty_lines() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/specs");
-        let mut seen = 0;
-        for entry in std::fs::read_dir(&dir).expect("bench/specs/") {
-            let path = entry.expect("entry").path();
-            if path.extension().is_some_and(|e| e == "yaml") {
-                let text = std::fs::read_to_string(&path).expect("spec");
-                assert!(
-                    text.lines().count() < 60,
-                    "{}: 60 lines or more",
-                    path.display()
-                );
-                if let Err(e) = super::parse(&text) {
-                    panic!("{}:{e}", path.display());
-                }
-                seen += 1;
-            }
-        }
-        assert!(seen >= 3, "only {seen} example specs");
-    }
-}
+mod tests;
