@@ -19,6 +19,7 @@ use crate::names::{
 use crate::objects::{
     check_fits, content_md5, meta_of, name_of, store_body, Claims, Conditions, LOOKUP_ATTEMPTS,
 };
+use crate::part_number::{check_part_number, MAX_PART_NUMBER};
 use crate::parts::{
     delete_quietly, discard_upload, drop_parts, parts_use, previous_upload, start_object_read,
     Manifest, PartRef, Use, STORE_PAGE,
@@ -38,8 +39,6 @@ use strata_store_client::client::Client;
 pub const MIN_PART: u64 = 5 << 20;
 /// The largest part, as in S3.
 pub const MAX_PART: u64 = 5 << 30;
-/// The highest part number, as in S3.
-pub const MAX_PART_NUMBER: u32 = 10_000;
 /// The largest multipart object, as in S3: 5 TiB.
 pub const MAX_MULTIPART_OBJECT: u64 = 5 << 40;
 /// Most parts or uploads one listing page returns, as in S3.
@@ -134,17 +133,6 @@ fn unhex_md5(text: &str) -> Option<[u8; 16]> {
         *byte = u8::from_str_radix(text.get(2 * at..2 * at + 2)?, 16).ok()?;
     }
     Some(bytes)
-}
-
-/// The part number `number` if S3 allows it (1 to 10,000).
-pub(crate) fn check_part_number(number: i32) -> S3Result<u32> {
-    match u32::try_from(number) {
-        Ok(n) if (1..=MAX_PART_NUMBER).contains(&n) => Ok(n),
-        _ => Err(s3(
-            S3ErrorCode::InvalidArgument,
-            format!("part number {number} is not between 1 and {MAX_PART_NUMBER}"),
-        )),
-    }
 }
 
 fn no_such_upload(bucket: &str, key: &str, upload: &str) -> s3s::S3Error {

@@ -4,12 +4,14 @@
 //! An object stored in one piece has one part, number 1.
 
 use crate::errors::{from_store, s3};
-use crate::multipart::check_part_number;
 use crate::names::ObjectMeta;
 use crate::parts::read_manifest;
 use s3s::{S3Error, S3ErrorCode, S3Result};
 use std::ops::Range;
 use strata_store_client::client::{Client, Opened};
+
+/// The highest part number, as in S3.
+pub const MAX_PART_NUMBER: u32 = 10_000;
 
 /// One part of an object: where its bytes lie, and how many parts the
 /// object has.
@@ -27,6 +29,18 @@ impl PartSpan {
     pub fn content_range(&self, size: u64) -> Option<String> {
         (!self.span.is_empty())
             .then(|| format!("bytes {}-{}/{size}", self.span.start, self.span.end - 1))
+    }
+}
+
+/// The part number `number` if S3 allows it (1 to 10,000): uploads and
+/// reads share the rule.
+pub(crate) fn check_part_number(number: i32) -> S3Result<u32> {
+    match u32::try_from(number) {
+        Ok(n) if (1..=MAX_PART_NUMBER).contains(&n) => Ok(n),
+        _ => Err(s3(
+            S3ErrorCode::InvalidArgument,
+            format!("part number {number} is not between 1 and {MAX_PART_NUMBER}"),
+        )),
     }
 }
 

@@ -17,6 +17,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -95,6 +96,10 @@ struct Volume {
     nodes: Vec<String>,
     files: Vec<PathBuf>,
     export: String,
+    /// Held while a snapshot or a compaction changes the layers: two at
+    /// once would both build on the same top, and QEMU refuses the
+    /// second ("node is used as backing hd") once the first has run.
+    changing: Arc<Mutex<()>>,
 }
 
 /// qemu-storage-daemon, started in a directory of its own.
@@ -173,6 +178,15 @@ impl QemuProvider {
         })
     }
 
+    /// The lock that orders the layer changes of `volume`.
+    fn changing(&self, volume: &str) -> Result<Arc<Mutex<()>>, String> {
+        self.volumes
+            .lock()
+            .get(volume)
+            .map(|v| v.changing.clone())
+            .ok_or_else(|| format!("no volume {volume}"))
+    }
+
     fn execute(&self, command: &str, arguments: Value) -> Result<Value, String> {
         self.qmp.lock().execute(command, arguments)
     }
@@ -240,6 +254,7 @@ impl QemuProvider {
                 nodes: vec![node],
                 files: vec![file],
                 export,
+                changing: Arc::default(),
             },
         );
         nbd_probe::attach(&format!("nbd://{}/{name}", self.nbd))?;
@@ -337,6 +352,8 @@ impl Provider for QemuProvider {
     }
 
     fn snapshot(&self, volume: &str, snapshot: &str) -> Result<Detail, String> {
+        let changing = self.changing(volume)?;
+        let _changing = changing.lock();
         let (top_node, top_file) = {
             let volumes = self.volumes.lock();
             let v = volumes
@@ -411,6 +428,8 @@ impl Provider for QemuProvider {
     }
 
     fn compact(&self, volume: &str, stages: &mut Stages) -> Result<Detail, String> {
+        let changing = self.changing(volume)?;
+        let _changing = changing.lock();
         let top = self
             .volumes
             .lock()
