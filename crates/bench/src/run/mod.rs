@@ -375,17 +375,8 @@ impl Run<'_> {
                 if self.stop.load(Ordering::SeqCst) {
                     return;
                 }
-                let index = self.inventory.lock().reserve_index(&group.name);
-                let name = self.volume_name(&group.name, index);
                 let start = Instant::now();
-                let mut stages = Stages::default();
-                let result = self
-                    .provider
-                    .create_volume(&name, group.size, group.cluster_size, &mut stages)
-                    .and_then(|detail| {
-                        self.make_ready(&name, group, true, &mut stages)?;
-                        Ok(detail)
-                    });
+                let (index, name, stages, result) = self.create_ready(group);
                 let made = result.is_ok();
                 if made {
                     self.inventory.lock().add_volume(
@@ -412,6 +403,26 @@ impl Run<'_> {
                 }
             }
         }
+    }
+
+    /// A new volume of `group`, made ready as `make_ready` does:
+    /// its index in the group, its name, its stages and the provider's
+    /// answer. The caller adds it to the inventory if it was made.
+    fn create_ready(
+        &self,
+        group: &VolumeGroup,
+    ) -> (u32, String, Stages, std::result::Result<Detail, String>) {
+        let index = self.inventory.lock().reserve_index(&group.name);
+        let name = self.volume_name(&group.name, index);
+        let mut stages = Stages::default();
+        let result = self
+            .provider
+            .create_volume(&name, group.size, group.cluster_size, &mut stages)
+            .and_then(|detail| {
+                self.make_ready(&name, group, true, &mut stages)?;
+                Ok(detail)
+            });
+        (index, name, stages, result)
     }
 
     /// Attaches a volume of an `attach: fs` group: its file through

@@ -74,16 +74,7 @@ impl Run<'_> {
                 ),
             );
         };
-        let index = self.inventory.lock().reserve_index(&group.name);
-        let name = self.volume_name(&group.name, index);
-        let mut stages = Stages::default();
-        let result = self
-            .provider
-            .create_volume(&name, group.size, group.cluster_size, &mut stages)
-            .and_then(|detail| {
-                self.make_ready(&name, group, true, &mut stages)?;
-                Ok(detail)
-            });
+        let (index, name, stages, result) = self.create_ready(group);
         if result.is_ok() {
             self.inventory
                 .lock()

@@ -379,19 +379,26 @@ fn bad_specs_are_refused_with_their_line_before_anything_starts() {
     for (from, to, line, hint) in cases {
         let text = SMALL_SPEC.replacen(from, to, 1);
         assert_ne!(text, SMALL_SPEC, "{to}");
-        let spec = at(&dir, "bad.yaml");
-        std::fs::write(&spec, text).unwrap();
-        let out = at(&dir, "run");
-        let result = strata(&["bench", "run", &p(&spec), "--out", &p(&out)]);
-        let stderr = String::from_utf8_lossy(&result.stderr);
-        assert_eq!(result.status.code(), Some(1), "{to}: {stderr}");
-        assert!(
-            stderr.contains(&format!("bad.yaml:{line}: ")),
-            "{to}: {stderr}"
-        );
-        assert!(stderr.contains(hint), "{to}: {stderr}");
-        assert!(!out.exists(), "{to}: a run directory was made");
+        assert_refused_at_line(&dir, &text, line, hint);
     }
+}
+
+/// `strata bench run` refuses the spec `text` (written to DIR/bad.yaml)
+/// with exit 1, an error at `bad.yaml:LINE` that says `hint`, and no run
+/// directory made.
+pub(crate) fn assert_refused_at_line(dir: &tempfile::TempDir, text: &str, line: usize, hint: &str) {
+    let spec = at(dir, "bad.yaml");
+    std::fs::write(&spec, text).unwrap();
+    let out = at(dir, "run");
+    let result = strata(&["bench", "run", &p(&spec), "--out", &p(&out)]);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(1), "{hint}: {stderr}");
+    assert!(
+        stderr.contains(&format!("bad.yaml:{line}: ")),
+        "{hint}: {stderr}"
+    );
+    assert!(stderr.contains(hint), "{hint}: {stderr}");
+    assert!(!out.exists(), "{hint}: a run directory was made");
 }
 
 /// Ctrl-C in the middle of a run: the workloads are stopped, and every

@@ -363,18 +363,7 @@ fn bad_file_system_and_restore_specs_are_refused_with_their_line() {
     let dir = tmp();
     for (text, line_with, hint) in cases {
         let line = text.lines().position(|l| l.contains(line_with)).unwrap() + 1;
-        let spec = at(&dir, "bad.yaml");
-        std::fs::write(&spec, &text).unwrap();
-        let out = at(&dir, "run");
-        let result = strata(&["bench", "run", &p(&spec), "--out", &p(&out)]);
-        let stderr = String::from_utf8_lossy(&result.stderr);
-        assert_eq!(result.status.code(), Some(1), "{hint}: {stderr}");
-        assert!(
-            stderr.contains(&format!("bad.yaml:{line}: ")),
-            "{hint}: {stderr}"
-        );
-        assert!(stderr.contains(hint), "{stderr}");
-        assert!(!out.exists(), "{hint}: a run directory was made");
+        crate::bench::assert_refused_at_line(&dir, &text, line, hint);
     }
 }
 
