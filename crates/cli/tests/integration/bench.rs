@@ -463,22 +463,7 @@ fn cleanup_after_sigint_leaves_no_volume_or_snapshot() {
     let before: Value =
         serde_json::from_str(&strata_ok(&[&["volume", "list"], &client[..]].concat())).unwrap();
     assert!(before.as_array().unwrap().len() >= 3, "{before}");
-    // SAFETY: signalling the child this test started.
-    unsafe { libc::kill(bench.id() as i32, libc::SIGINT) };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = bench.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = bench.kill();
-            panic!("strata bench run did not stop within 60 s of SIGINT");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(bench.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-    assert_eq!(status.code(), Some(130), "{stderr}");
+    let stderr = crate::bench::interrupt(&mut bench);
     let after: Value =
         serde_json::from_str(&strata_ok(&[&["volume", "list"], &client[..]].concat())).unwrap();
     assert_eq!(
@@ -497,4 +482,27 @@ fn cleanup_after_sigint_leaves_no_volume_or_snapshot() {
     let info: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
     assert_eq!(info["interrupted"], true);
+}
+
+/// Sends SIGINT to a running `strata bench run`, waits at most 60 s for
+/// it to stop, and checks it exited 130 (its standard error shown if not);
+/// its standard error.
+pub(crate) fn interrupt(bench: &mut std::process::Child) -> String {
+    // SAFETY: signalling the child this test started.
+    unsafe { libc::kill(bench.id() as i32, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = bench.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = bench.kill();
+            panic!("strata bench run did not stop within 60 s of SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(bench.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    stderr
 }

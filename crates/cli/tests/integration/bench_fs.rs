@@ -404,22 +404,7 @@ fn cleanup_after_sigint_leaves_no_mount_loop_device_or_nbdfuse() {
         "a mount, a loop device and nbdfuse while it runs: {:?}",
         attached_leftovers(&run_id)
     );
-    // SAFETY: signalling the child this test started.
-    unsafe { libc::kill(bench.id() as i32, libc::SIGINT) };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = bench.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = bench.kill();
-            panic!("strata bench run did not stop within 60 s of SIGINT");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(bench.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-    assert_eq!(status.code(), Some(130), "{stderr}");
+    crate::bench::interrupt(&mut bench);
     let left = attached_leftovers(&run_id);
     assert!(left.is_empty(), "{left:?}");
     let records = records(&out);

@@ -6,6 +6,7 @@
 
 use crate::common::store::Store;
 use crate::common::{output_text, p, tmp};
+use crate::s3::endpoint;
 use std::path::Path;
 use std::process::{Command, Output};
 use strata_bench::s3_load::object_byte;
@@ -28,19 +29,6 @@ fn keys(store: &Store, tenant: &str) -> (String, String) {
             .to_string()
     };
     (field("s3_access_key"), field("s3_secret_key"))
-}
-
-/// The gateway's endpoint, the readiness line's last word.
-fn endpoint(store: &Store) -> String {
-    let line = store.line();
-    let at = line
-        .find("s3 on ")
-        .unwrap_or_else(|| panic!("no S3 endpoint on the readiness line {line:?}"));
-    line[at + "s3 on ".len()..]
-        .split([' ', ','])
-        .next()
-        .unwrap_or_default()
-        .to_string()
 }
 
 /// `aws ARGS` against `s3` as the tenant of `access`/`secret`, which must
