@@ -80,8 +80,35 @@ fn state(record: Option<u64>, tomb: u64) -> Option<(u64, bool)> {
     }
 }
 
+/// Runs `$body` with `$tx` bound to the transaction a read goes through:
+/// group commit's open write transaction when there is one (its writes are
+/// not durable yet, but they are the database's state, and a read must see
+/// them), else a new read transaction. The body is compiled once for each:
+/// their tables are distinct types with the same methods.
+macro_rules! reading {
+    ($db:expr, $what:expr, |$tx:ident| $body:block) => {{
+        let open = $db.open_write();
+        match open.as_ref() {
+            Some($tx) => $body,
+            None => {
+                let read = $db.db.begin_read().database($what)?;
+                let $tx = &read;
+                $body
+            }
+        }
+    }};
+}
+
 /// The metadata database of one metadata node.
 pub struct MetaDb {
+    /// Group commit's open write transaction ([`MetaDb::set_grouped`]):
+    /// every write since the last flush, not yet durable. Declared before
+    /// `db` so that it is dropped (rolled back) first.
+    open: std::sync::Mutex<Option<redb::WriteTransaction>>,
+    /// Why a group commit failed (its writes are lost): every later
+    /// write and flush is refused with it, as nothing after it could be
+    /// trusted durable.
+    failed: std::sync::Mutex<Option<String>>,
     db: Database,
     /// Which database this is, for errors: `metadata database PATH`.
     place: String,
@@ -93,12 +120,12 @@ pub struct MetaDb {
     /// through this type and drops what it changes, under this lock, so
     /// the cache never outlives a change (see [`MetaDb::forget`]).
     hot: std::sync::Mutex<HotRows>,
-    /// Group commit ([`MetaDb::set_grouped`]): writes commit without a
-    /// disk flush, and [`MetaDb::flush`] makes them durable together.
+    /// Group commit ([`MetaDb::set_grouped`]): writes go into one open
+    /// transaction, and [`MetaDb::flush`] commits it durably.
     grouped: AtomicBool,
-    /// Writes committed since the last durable commit (grouped mode).
+    /// Writes made since the last durable commit (grouped mode).
     dirty: AtomicBool,
-    /// Write transactions begun so far ([`MetaDb::writes`]).
+    /// Writes made so far ([`MetaDb::writes`]).
     writes: std::sync::atomic::AtomicU64,
 }
 
@@ -212,6 +239,8 @@ impl MetaDb {
         tx.open_table(SEALED).database(what)?;
         tx.commit().database(what)?;
         Ok(MetaDb {
+            open: std::sync::Mutex::new(None),
+            failed: std::sync::Mutex::new(None),
             db,
             place,
             sync: std::sync::Mutex::new(None),
@@ -222,14 +251,19 @@ impl MetaDb {
         })
     }
 
-    /// Turns group commit on or off. On, every write is its own redb
-    /// transaction, committed without a disk flush (`Durability::None`):
-    /// visible at once to every read, as before, but durable only once
-    /// [`MetaDb::flush`] has run its one `Durability::Immediate` commit,
-    /// which persists every write before it. The caller must not let
-    /// anything that depends on a write leave the node before that flush.
-    /// Off (the default), every write is durable when it returns; turning
-    /// it off flushes what is pending first.
+    /// Turns group commit on or off. On, writes go into one redb write
+    /// transaction left open: visible at once to every read of this
+    /// database (reads go through it), but durable only once
+    /// [`MetaDb::flush`] has committed it, with one disk flush for all of
+    /// them. The caller must not let anything that depends on a write
+    /// leave the node before that flush. Off (the default), every write is
+    /// its own durable transaction; turning it off flushes what is pending
+    /// first.
+    ///
+    /// One transaction per group rather than one per write: a commit, even
+    /// without a disk flush, writes out every page the write dirtied, and
+    /// a round of small writes shares most of its pages (the tables' upper
+    /// levels, the allocator's state).
     pub fn set_grouped(&self, on: bool) -> Result<(), Error> {
         if !on {
             self.flush()?;
@@ -238,20 +272,24 @@ impl MetaDb {
         Ok(())
     }
 
-    /// Makes every write committed since the last durable commit durable,
-    /// with one `Durability::Immediate` commit (one disk flush for all of
+    /// Makes every write since the last durable commit durable, with one
+    /// durable commit of the open transaction (one disk flush for all of
     /// them); nothing to do when there is none. An error means the writes
-    /// may be lost: nothing that depends on them may be answered.
+    /// are lost: nothing that depends on them may be answered, and every
+    /// later write and flush is refused with the same reason.
     pub fn flush(&self) -> Result<(), Error> {
-        if !self.dirty.load(Ordering::Acquire) {
-            return Ok(());
-        }
         let what = || self.at(format_args!("making the grouped writes durable"));
-        let mut tx = self.db.begin_write().database(what)?;
-        tx.set_durability(redb::Durability::Immediate);
-        tx.commit().database(what)?;
+        self.refuse_after_failure(what)?;
+        let tx = self.open_write().take();
+        let committed = match tx {
+            Some(tx) => tx.commit().database(what),
+            None => Ok(()),
+        };
+        if let Err(e) = &committed {
+            self.fail(e.report().to_string());
+        }
         self.dirty.store(false, Ordering::Release);
-        Ok(())
+        committed
     }
 
     /// Whether writes wait for a [`MetaDb::flush`] (grouped mode) and
@@ -260,23 +298,73 @@ impl MetaDb {
         self.dirty.load(Ordering::Acquire)
     }
 
-    /// Write transactions begun so far: unchanged across a request means
-    /// it wrote nothing.
+    /// Writes made so far: unchanged across a request means it wrote
+    /// nothing.
     pub fn writes(&self) -> u64 {
         self.writes.load(Ordering::Acquire)
     }
 
-    /// A write transaction: durable at commit, or in grouped mode
-    /// committed without a flush and counted for the next
-    /// [`MetaDb::flush`].
-    fn begin_write(&self, what: impl Fn() -> String) -> Result<redb::WriteTransaction, Error> {
-        let mut tx = self.db.begin_write().database(what)?;
-        self.writes.fetch_add(1, Ordering::AcqRel);
-        if self.grouped.load(Ordering::Acquire) {
-            tx.set_durability(redb::Durability::None);
-            self.dirty.store(true, Ordering::Release);
+    /// The open transaction of group commit (`None` between groups, and
+    /// always when group commit is off).
+    fn open_write(&self) -> std::sync::MutexGuard<'_, Option<redb::WriteTransaction>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn failure(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.failed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Remembers that a group commit failed (`why`), so that nothing
+    /// after it is taken as durable.
+    fn fail(&self, why: String) {
+        self.failure().get_or_insert(why);
+    }
+
+    /// The error of `what` when an earlier group commit failed.
+    fn refuse_after_failure(&self, what: impl Fn() -> String) -> Result<(), Error> {
+        match self.failure().as_ref() {
+            Some(why) => Err(Error::database(
+                what(),
+                std::io::Error::other(format!(
+                    "an earlier group commit failed ({why}); restart the node"
+                )),
+            )),
+            None => Ok(()),
         }
-        Ok(tx)
+    }
+
+    /// Runs the write `f` in a write transaction: with group commit on,
+    /// the open one (begun when there is none), left open for the next
+    /// [`MetaDb::flush`]; off, one of its own, committed durably. A write
+    /// that fails in the open transaction may have left part of itself
+    /// there, so the whole group is rolled back and the database fails as
+    /// a failed flush does.
+    fn write<T>(
+        &self,
+        what: impl Fn() -> String,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        self.writes.fetch_add(1, Ordering::AcqRel);
+        if !self.grouped.load(Ordering::Acquire) {
+            let tx = self.db.begin_write().database(&what)?;
+            let out = f(&tx)?;
+            tx.commit().database(&what)?;
+            return Ok(out);
+        }
+        self.refuse_after_failure(&what)?;
+        let mut open = self.open_write();
+        let tx = match open.take() {
+            Some(tx) => tx,
+            None => self.db.begin_write().database(&what)?,
+        };
+        let tx = open.insert(tx);
+        self.dirty.store(true, Ordering::Release);
+        let out = f(tx);
+        if let Err(e) = &out {
+            open.take();
+            self.fail(e.report().to_string());
+        }
+        out
     }
 
     fn hot(&self) -> std::sync::MutexGuard<'_, HotRows> {
@@ -299,13 +387,14 @@ impl MetaDb {
 
     fn read_record(&self, mg: u32, name: &str, k: &[u8]) -> Result<Option<Record>, Error> {
         let what = || self.at(format_args!("reading the record of {name:?} in group {mg}"));
-        let tx = self.db.begin_read().database(what)?;
-        let t = tx.open_table(RECORDS).database(what)?;
-        let Some(v) = t.get(k).database(what)? else {
-            return Ok(None);
-        };
-        // A row that does not decode is reported, not trusted.
-        self.decode_row(k, v.value()).map(Some)
+        reading!(self, what, |tx| {
+            let t = tx.open_table(RECORDS).database(what)?;
+            let Some(v) = t.get(k).database(what)? else {
+                return Ok(None);
+            };
+            // A row that does not decode is reported, not trusted.
+            self.decode_row(k, v.value()).map(Some)
+        })
     }
 
     /// Runs a write of the records under `k` (`None`: possibly any) with
@@ -335,12 +424,15 @@ impl MetaDb {
                 "reading the tombstone of {name:?} in group {mg}"
             ))
         };
-        let tx = self.db.begin_read().database(what)?;
-        let t = tx.open_table(TOMBS).database(what)?;
-        Ok(t.get(key(mg, name).as_slice())
-            .database(what)?
-            .map(|v| v.value())
-            .unwrap_or(0))
+        reading!(self, what, |tx| {
+            let t = tx.open_table(TOMBS).database(what)?;
+            let version = t
+                .get(key(mg, name).as_slice())
+                .database(what)?
+                .map(|v| v.value())
+                .unwrap_or(0);
+            Ok(version)
+        })
     }
 
     /// The highest version `name` has had in group `mg` (record or tombstone).
@@ -386,8 +478,7 @@ impl MetaDb {
                 rec.name, rec.version
             ))
         };
-        let tx = self.begin_write(what)?;
-        let applied = {
+        self.write(what, |tx| {
             let mut records = tx.open_table(RECORDS).database(what)?;
             let tombs = tx.open_table(TOMBS).database(what)?;
             let tomb = tombs.get(k).database(what)?.map(|v| v.value()).unwrap_or(0);
@@ -400,13 +491,11 @@ impl MetaDb {
                 records
                     .insert(k, self.encode_row(k, rec)?.as_slice())
                     .database(what)?;
-                (true, Some(state(stored, tomb)))
+                Ok((true, Some(state(stored, tomb))))
             } else {
-                (current == rec.version, None)
+                Ok((current == rec.version, None))
             }
-        };
-        tx.commit().database(what)?;
-        Ok(applied)
+        })
     }
 
     /// Deletes `name` in group `mg` up to `version`: raises the tombstone and
@@ -434,8 +523,7 @@ impl MetaDb {
                 String::from_utf8_lossy(k.get(4..).unwrap_or_default())
             ))
         };
-        let tx = self.begin_write(what)?;
-        let removed = {
+        self.write(what, |tx| {
             let mut records = tx.open_table(RECORDS).database(what)?;
             let mut tombs = tx.open_table(TOMBS).database(what)?;
             let tomb = tombs.get(k).database(what)?.map(|v| v.value()).unwrap_or(0);
@@ -451,16 +539,14 @@ impl MetaDb {
             match current {
                 Some(r) if r.version <= version => {
                     records.remove(k).database(what)?;
-                    (Some(r), old, state(None, tomb))
+                    Ok((Some(r), old, state(None, tomb)))
                 }
                 r => {
                     let new = state(r.map(|r| r.version), tomb);
-                    (None, old, new)
+                    Ok((None, old, new))
                 }
             }
-        };
-        tx.commit().database(what)?;
-        Ok(removed)
+        })
     }
 
     /// Up to `limit` entries of groups `mgs` whose names start with `prefix`
@@ -477,57 +563,58 @@ impl MetaDb {
                 "listing the names under {prefix:?} after {after:?}"
             ))
         };
-        let tx = self.db.begin_read().database(what)?;
-        let t = tx.open_table(RECORDS).database(what)?;
-        let mut out: Vec<ListEntry> = Vec::new();
-        let mut more = false;
-        for &mg in mgs {
-            let start = if after >= prefix {
-                let mut k = key(mg, after);
-                k.push(0);
-                k
-            } else {
-                key(mg, prefix)
-            };
-            let end = (mg as u64 + 1).to_be_bytes();
-            let end_key: Vec<u8> = if mg == u32::MAX {
-                vec![0xff; 5]
-            } else {
-                end[4..].to_vec()
-            };
-            let mut taken = 0;
-            for row in t
-                .range(start.as_slice()..end_key.as_slice())
-                .database(what)?
-            {
-                let (k, v) = row.database(what)?;
-                let name_bytes = &k.value()[4..];
-                if !name_bytes.starts_with(prefix.as_bytes()) {
-                    break;
-                }
-                if taken == limit {
-                    more = true;
-                    break;
-                }
-                if let Ok(r) = decode_record(v.value()) {
-                    out.push(ListEntry {
-                        name: r.name,
-                        size: r.size,
-                        version: r.version,
-                        crc: r.crc,
-                        attributes: r.attributes,
-                    });
-                    taken += 1;
+        reading!(self, what, |tx| {
+            let t = tx.open_table(RECORDS).database(what)?;
+            let mut out: Vec<ListEntry> = Vec::new();
+            let mut more = false;
+            for &mg in mgs {
+                let start = if after >= prefix {
+                    let mut k = key(mg, after);
+                    k.push(0);
+                    k
+                } else {
+                    key(mg, prefix)
+                };
+                let end = (mg as u64 + 1).to_be_bytes();
+                let end_key: Vec<u8> = if mg == u32::MAX {
+                    vec![0xff; 5]
+                } else {
+                    end[4..].to_vec()
+                };
+                let mut taken = 0;
+                for row in t
+                    .range(start.as_slice()..end_key.as_slice())
+                    .database(what)?
+                {
+                    let (k, v) = row.database(what)?;
+                    let name_bytes = &k.value()[4..];
+                    if !name_bytes.starts_with(prefix.as_bytes()) {
+                        break;
+                    }
+                    if taken == limit {
+                        more = true;
+                        break;
+                    }
+                    if let Ok(r) = decode_record(v.value()) {
+                        out.push(ListEntry {
+                            name: r.name,
+                            size: r.size,
+                            version: r.version,
+                            crc: r.crc,
+                            attributes: r.attributes,
+                        });
+                        taken += 1;
+                    }
                 }
             }
-        }
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        out.dedup_by(|a, b| a.name == b.name);
-        if out.len() > limit {
-            out.truncate(limit);
-            more = true;
-        }
-        Ok((out, more))
+            out.sort_by(|a, b| a.name.cmp(&b.name));
+            out.dedup_by(|a, b| a.name == b.name);
+            if out.len() > limit {
+                out.truncate(limit);
+                more = true;
+            }
+            Ok((out, more))
+        })
     }
 
     /// Up to `limit` records of group `mg` whose names sort after `after`
@@ -544,33 +631,34 @@ impl MetaDb {
                 "reading the records of group {mg} after {after:?}"
             ))
         };
-        let tx = self.db.begin_read().database(what)?;
-        let t = tx.open_table(RECORDS).database(what)?;
-        let start = match after {
-            Some(name) => {
-                let mut k = key(mg, name);
-                k.push(0);
-                k
+        reading!(self, what, |tx| {
+            let t = tx.open_table(RECORDS).database(what)?;
+            let start = match after {
+                Some(name) => {
+                    let mut k = key(mg, name);
+                    k.push(0);
+                    k
+                }
+                None => key(mg, ""),
+            };
+            let end: Vec<u8> = match mg.checked_add(1) {
+                Some(next) => next.to_be_bytes().to_vec(),
+                None => vec![0xff; 5],
+            };
+            let mut out = Vec::new();
+            for row in t.range(start.as_slice()..end.as_slice()).database(what)? {
+                if out.len() >= limit {
+                    break;
+                }
+                let (k, v) = row.database(what)?;
+                // A row that does not decode was refused when written; skip it
+                // rather than stop repair for every other object.
+                if let Ok(r) = self.decode_row(k.value(), v.value()) {
+                    out.push(r);
+                }
             }
-            None => key(mg, ""),
-        };
-        let end: Vec<u8> = match mg.checked_add(1) {
-            Some(next) => next.to_be_bytes().to_vec(),
-            None => vec![0xff; 5],
-        };
-        let mut out = Vec::new();
-        for row in t.range(start.as_slice()..end.as_slice()).database(what)? {
-            if out.len() >= limit {
-                break;
-            }
-            let (k, v) = row.database(what)?;
-            // A row that does not decode was refused when written; skip it
-            // rather than stop repair for every other object.
-            if let Ok(r) = self.decode_row(k.value(), v.value()) {
-                out.push(r);
-            }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     /// One page of group `mg`'s records (or tombstones, with `tombs`) whose
@@ -591,48 +679,49 @@ impl MetaDb {
                 if tombs { "tombstones" } else { "records" }
             ))
         };
-        let tx = self.db.begin_read().database(what)?;
-        let mut start = key(mg, after);
-        if !after.is_empty() {
-            start.push(0);
-        }
-        let end = group_end(mg);
-        let mut rows = Vec::new();
-        let mut bytes = 0;
-        // A page holds at least one row, so a copy always progresses.
-        let mut full = |rows: &Vec<Row>, size: usize| {
-            bytes += size;
-            !rows.is_empty() && (rows.len() >= max_rows || bytes > max_bytes)
-        };
-        if tombs {
-            let t = tx.open_table(TOMBS).database(what)?;
-            for row in t.range(start.as_slice()..end.as_slice()).database(what)? {
-                let (k, v) = row.database(what)?;
-                let Ok(name) = std::str::from_utf8(&k.value()[4..]) else {
-                    continue;
-                };
-                if full(&rows, name.len() + 11) {
-                    return Ok((rows, true));
-                }
-                rows.push(Row::Tomb {
-                    name: name.to_string(),
-                    version: v.value(),
-                });
+        reading!(self, what, |tx| {
+            let mut start = key(mg, after);
+            if !after.is_empty() {
+                start.push(0);
             }
-        } else {
-            let t = tx.open_table(RECORDS).database(what)?;
-            for row in t.range(start.as_slice()..end.as_slice()).database(what)? {
-                let (k, v) = row.database(what)?;
-                if full(&rows, v.value().len() + 1) {
-                    return Ok((rows, true));
+            let end = group_end(mg);
+            let mut rows = Vec::new();
+            let mut bytes = 0;
+            // A page holds at least one row, so a copy always progresses.
+            let mut full = |rows: &Vec<Row>, size: usize| {
+                bytes += size;
+                !rows.is_empty() && (rows.len() >= max_rows || bytes > max_bytes)
+            };
+            if tombs {
+                let t = tx.open_table(TOMBS).database(what)?;
+                for row in t.range(start.as_slice()..end.as_slice()).database(what)? {
+                    let (k, v) = row.database(what)?;
+                    let Ok(name) = std::str::from_utf8(&k.value()[4..]) else {
+                        continue;
+                    };
+                    if full(&rows, name.len() + 11) {
+                        return Ok((rows, true));
+                    }
+                    rows.push(Row::Tomb {
+                        name: name.to_string(),
+                        version: v.value(),
+                    });
                 }
-                // Rows that do not decode were refused when written.
-                if let Ok(r) = self.decode_row(k.value(), v.value()) {
-                    rows.push(Row::Record(r));
+            } else {
+                let t = tx.open_table(RECORDS).database(what)?;
+                for row in t.range(start.as_slice()..end.as_slice()).database(what)? {
+                    let (k, v) = row.database(what)?;
+                    if full(&rows, v.value().len() + 1) {
+                        return Ok((rows, true));
+                    }
+                    // Rows that do not decode were refused when written.
+                    if let Ok(r) = self.decode_row(k.value(), v.value()) {
+                        rows.push(Row::Record(r));
+                    }
                 }
             }
-        }
-        Ok((rows, false))
+            Ok((rows, false))
+        })
     }
 
     /// One page of a scan of the whole database (every group, records
@@ -654,44 +743,78 @@ impl MetaDb {
                 from.group, from.after
             ))
         };
-        let tx = self.db.begin_read().database(what)?;
-        let mut start = key(from.group, &from.after);
-        if !from.after.is_empty() {
-            start.push(0);
-        }
-        let mut rows = Vec::new();
-        let mut bytes = 0;
-        let mut scanned = 0;
-        // Where a page cut short resumes: after the last key looked at.
-        let cursor = |tombs: bool, k: &[u8]| {
-            let group = k
-                .get(..4)
-                .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                .map_or(0, u32::from_be_bytes);
-            let after = k
-                .get(4..)
-                .and_then(|n| std::str::from_utf8(n).ok())
-                .unwrap_or("")
-                .to_string();
-            GatherCursor {
-                tombs,
-                group,
-                after,
+        reading!(self, what, |tx| {
+            let mut start = key(from.group, &from.after);
+            if !from.after.is_empty() {
+                start.push(0);
             }
-        };
-        if !from.tombs {
-            let t = tx.open_table(RECORDS).database(what)?;
+            let mut rows = Vec::new();
+            let mut bytes = 0;
+            let mut scanned = 0;
+            // Where a page cut short resumes: after the last key looked at.
+            let cursor = |tombs: bool, k: &[u8]| {
+                let group = k
+                    .get(..4)
+                    .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                    .map_or(0, u32::from_be_bytes);
+                let after = k
+                    .get(4..)
+                    .and_then(|n| std::str::from_utf8(n).ok())
+                    .unwrap_or("")
+                    .to_string();
+                GatherCursor {
+                    tombs,
+                    group,
+                    after,
+                }
+            };
+            if !from.tombs {
+                let t = tx.open_table(RECORDS).database(what)?;
+                let mut last: Option<Vec<u8>> = None;
+                for row in t.range(start.as_slice()..).database(what)? {
+                    let (k, v) = row.database(what)?;
+                    // The page ends before a row that would take it past
+                    // `max_bytes` (a record with a long name, rename link and
+                    // attributes is over 10 KiB), but holds at least one.
+                    let over = !rows.is_empty() && bytes + v.value().len() + 1 > max_bytes;
+                    if scanned >= max_scan || rows.len() >= max_rows || over {
+                        if let Some(l) = &last {
+                            return Ok((rows, Some(cursor(false, l))));
+                        }
+                    }
+                    scanned += 1;
+                    last = Some(k.value().to_vec());
+                    let Some(name) = k.value().get(4..).and_then(|n| std::str::from_utf8(n).ok())
+                    else {
+                        continue;
+                    };
+                    if !wanted(name) {
+                        continue;
+                    }
+                    // Rows that do not decode were refused when written.
+                    if let Ok(r) = self.decode_row(k.value(), v.value()) {
+                        bytes += v.value().len() + 1;
+                        rows.push(Row::Record(r));
+                    }
+                }
+                // Records are done: tombstones next, from the start.
+                start = Vec::new();
+            }
+            let t = tx.open_table(TOMBS).database(what)?;
             let mut last: Option<Vec<u8>> = None;
             for row in t.range(start.as_slice()..).database(what)? {
                 let (k, v) = row.database(what)?;
-                // The page ends before a row that would take it past
-                // `max_bytes` (a record with a long name, rename link and
-                // attributes is over 10 KiB), but holds at least one.
-                let over = !rows.is_empty() && bytes + v.value().len() + 1 > max_bytes;
-                if scanned >= max_scan || rows.len() >= max_rows || over {
-                    if let Some(l) = &last {
-                        return Ok((rows, Some(cursor(false, l))));
+                if scanned >= max_scan || rows.len() >= max_rows || bytes > max_bytes {
+                    let l = last.clone().unwrap_or_default();
+                    // A page cut before any tombstone resumes at their start.
+                    let mut c = cursor(true, &l);
+                    if l.is_empty() {
+                        c = GatherCursor {
+                            tombs: true,
+                            ..GatherCursor::default()
+                        };
                     }
+                    return Ok((rows, Some(c)));
                 }
                 scanned += 1;
                 last = Some(k.value().to_vec());
@@ -699,48 +822,16 @@ impl MetaDb {
                 else {
                     continue;
                 };
-                if !wanted(name) {
-                    continue;
-                }
-                // Rows that do not decode were refused when written.
-                if let Ok(r) = self.decode_row(k.value(), v.value()) {
-                    bytes += v.value().len() + 1;
-                    rows.push(Row::Record(r));
+                if wanted(name) {
+                    bytes += name.len() + 11;
+                    rows.push(Row::Tomb {
+                        name: name.to_string(),
+                        version: v.value(),
+                    });
                 }
             }
-            // Records are done: tombstones next, from the start.
-            start = Vec::new();
-        }
-        let t = tx.open_table(TOMBS).database(what)?;
-        let mut last: Option<Vec<u8>> = None;
-        for row in t.range(start.as_slice()..).database(what)? {
-            let (k, v) = row.database(what)?;
-            if scanned >= max_scan || rows.len() >= max_rows || bytes > max_bytes {
-                let l = last.clone().unwrap_or_default();
-                // A page cut before any tombstone resumes at their start.
-                let mut c = cursor(true, &l);
-                if l.is_empty() {
-                    c = GatherCursor {
-                        tombs: true,
-                        ..GatherCursor::default()
-                    };
-                }
-                return Ok((rows, Some(c)));
-            }
-            scanned += 1;
-            last = Some(k.value().to_vec());
-            let Some(name) = k.value().get(4..).and_then(|n| std::str::from_utf8(n).ok()) else {
-                continue;
-            };
-            if wanted(name) {
-                bytes += name.len() + 11;
-                rows.push(Row::Tomb {
-                    name: name.to_string(),
-                    version: v.value(),
-                });
-            }
-        }
-        Ok((rows, None))
+            Ok((rows, None))
+        })
     }
 
     /// Applies a row copied from a group's previous owner, with the usual
@@ -778,34 +869,35 @@ impl MetaDb {
             classify,
             sums: HashMap::new(),
         };
-        let tx = self.db.begin_read().database(what)?;
-        let records = tx.open_table(RECORDS).database(what)?;
-        let tombs = tx.open_table(TOMBS).database(what)?;
-        let split = |k: &[u8]| -> Option<(u32, String)> {
-            let g = u32::from_be_bytes(k.get(..4)?.try_into().ok()?);
-            let name = std::str::from_utf8(k.get(4..)?).ok()?;
-            Some((g, name.to_string()))
-        };
-        for row in records.iter().database(what)? {
-            let (k, v) = row.database(what)?;
-            let (Some((g, name)), Ok(r)) = (split(k.value()), decode_record(v.value())) else {
-                continue;
+        reading!(self, what, |tx| {
+            let records = tx.open_table(RECORDS).database(what)?;
+            let tombs = tx.open_table(TOMBS).database(what)?;
+            let split = |k: &[u8]| -> Option<(u32, String)> {
+                let g = u32::from_be_bytes(k.get(..4)?.try_into().ok()?);
+                let name = std::str::from_utf8(k.get(4..)?).ok()?;
+                Some((g, name.to_string()))
             };
-            ix.change(g, &name, None, Some((r.version, false)));
-        }
-        for row in tombs.iter().database(what)? {
-            let (k, v) = row.database(what)?;
-            let Some((g, name)) = split(k.value()) else {
-                continue;
-            };
-            // A record there is newer than the tombstone: counted above.
-            if records.get(k.value()).database(what)?.is_some() {
-                continue;
+            for row in records.iter().database(what)? {
+                let (k, v) = row.database(what)?;
+                let (Some((g, name)), Ok(r)) = (split(k.value()), decode_record(v.value())) else {
+                    continue;
+                };
+                ix.change(g, &name, None, Some((r.version, false)));
             }
-            ix.change(g, &name, None, state(None, v.value()));
-        }
-        *self.sync_index() = Some(ix);
-        Ok(())
+            for row in tombs.iter().database(what)? {
+                let (k, v) = row.database(what)?;
+                let Some((g, name)) = split(k.value()) else {
+                    continue;
+                };
+                // A record there is newer than the tombstone: counted above.
+                if records.get(k.value()).database(what)?.is_some() {
+                    continue;
+                }
+                ix.change(g, &name, None, state(None, v.value()));
+            }
+            *self.sync_index() = Some(ix);
+            Ok(())
+        })
     }
 
     /// Runs `f` over the anti-entropy digests (`None` before
@@ -824,9 +916,8 @@ impl MetaDb {
     fn drop_rows(&self, mg: u32) -> Result<u64, Error> {
         let what = || self.at(format_args!("dropping the rows of group {mg}"));
         let (start, end) = (key(mg, ""), group_end(mg));
-        let tx = self.begin_write(what)?;
-        let mut n = 0;
-        {
+        self.write(what, |tx| {
+            let mut n = 0;
             let mut records = tx.open_table(RECORDS).database(what)?;
             n += records
                 .extract_from_if(start.as_slice()..end.as_slice(), |_, _| true)
@@ -837,96 +928,100 @@ impl MetaDb {
                 .extract_from_if(start.as_slice()..end.as_slice(), |_, _| true)
                 .database(what)?
                 .count() as u64;
-        }
-        tx.commit().database(what)?;
-        Ok(n)
+            Ok(n)
+        })
     }
 
     /// Groups sealed for a handover, with their freeze epochs.
     pub fn sealed(&self) -> Result<Vec<(u32, u64)>, Error> {
         let what = || self.at(format_args!("reading the sealed groups"));
-        let tx = self.db.begin_read().database(what)?;
-        let t = tx.open_table(SEALED).database(what)?;
-        let mut out = Vec::new();
-        for row in t.iter().database(what)? {
-            let (k, v) = row.database(what)?;
-            out.push((k.value(), v.value()));
-        }
-        Ok(out)
+        reading!(self, what, |tx| {
+            let t = tx.open_table(SEALED).database(what)?;
+            let mut out = Vec::new();
+            for row in t.iter().database(what)? {
+                let (k, v) = row.database(what)?;
+                out.push((k.value(), v.value()));
+            }
+            Ok(out)
+        })
     }
 
     /// Records that group `mg` is sealed for the freeze of `epoch`
     /// (`None`: no longer sealed).
     pub fn set_sealed(&self, mg: u32, epoch: Option<u64>) -> Result<(), Error> {
         let what = || self.at(format_args!("marking group {mg} sealed at epoch {epoch:?}"));
-        let tx = self.begin_write(what)?;
-        {
+        self.write(what, |tx| {
             let mut t = tx.open_table(SEALED).database(what)?;
             match epoch {
                 Some(e) => t.insert(mg, e).database(what)?,
                 None => t.remove(mg).database(what)?,
             };
-        }
-        tx.commit().database(what)
+            Ok(())
+        })
     }
 
     /// Whether group `mg` has any record or tombstone.
     pub fn group_has_rows(&self, mg: u32) -> Result<bool, Error> {
         let what = || self.at(format_args!("looking for rows of group {mg}"));
-        let tx = self.db.begin_read().database(what)?;
-        let (start, end) = (key(mg, ""), group_end(mg));
-        let records = tx.open_table(RECORDS).database(what)?;
-        if records
-            .range(start.as_slice()..end.as_slice())
-            .database(what)?
-            .next()
-            .is_some()
-        {
-            return Ok(true);
-        }
-        let tombs = tx.open_table(TOMBS).database(what)?;
-        let mut rows = tombs
-            .range(start.as_slice()..end.as_slice())
-            .database(what)?;
-        Ok(rows.next().is_some())
+        reading!(self, what, |tx| {
+            let (start, end) = (key(mg, ""), group_end(mg));
+            let records = tx.open_table(RECORDS).database(what)?;
+            if records
+                .range(start.as_slice()..end.as_slice())
+                .database(what)?
+                .next()
+                .is_some()
+            {
+                return Ok(true);
+            }
+            let tombs = tx.open_table(TOMBS).database(what)?;
+            let mut rows = tombs
+                .range(start.as_slice()..end.as_slice())
+                .database(what)?;
+            let any = rows.next().is_some();
+            Ok(any)
+        })
     }
 
     /// Number of records of group `mg`.
     pub fn group_count(&self, mg: u32) -> Result<u64, Error> {
         let what = || self.at(format_args!("counting the records of group {mg}"));
-        let tx = self.db.begin_read().database(what)?;
-        let t = tx.open_table(RECORDS).database(what)?;
-        let (start, end) = (key(mg, ""), group_end(mg));
-        let mut n = 0;
-        for row in t.range(start.as_slice()..end.as_slice()).database(what)? {
-            row.database(what)?;
-            n += 1;
-        }
-        Ok(n)
+        reading!(self, what, |tx| {
+            let t = tx.open_table(RECORDS).database(what)?;
+            let (start, end) = (key(mg, ""), group_end(mg));
+            let mut n = 0;
+            for row in t.range(start.as_slice()..end.as_slice()).database(what)? {
+                row.database(what)?;
+                n += 1;
+            }
+            Ok(n)
+        })
     }
 
     /// Which of `addrs` the stored records name as replicas (one pass over
     /// every record: storage nodes ask rarely, to find leaked replicas).
     pub fn referenced(&self, addrs: &std::collections::HashSet<Addr>) -> Result<Vec<Addr>, Error> {
         let what = || self.at(format_args!("looking for the replicas records name"));
-        let tx = self.db.begin_read().database(what)?;
-        let t = tx.open_table(RECORDS).database(what)?;
-        let mut found = std::collections::HashSet::new();
-        for row in t.iter().database(what)? {
-            let (_, v) = row.database(what)?;
-            if let Ok(r) = decode_record(v.value()) {
-                found.extend(r.replicas.into_iter().filter(|a| addrs.contains(a)));
+        reading!(self, what, |tx| {
+            let t = tx.open_table(RECORDS).database(what)?;
+            let mut found = std::collections::HashSet::new();
+            for row in t.iter().database(what)? {
+                let (_, v) = row.database(what)?;
+                if let Ok(r) = decode_record(v.value()) {
+                    found.extend(r.replicas.into_iter().filter(|a| addrs.contains(a)));
+                }
             }
-        }
-        Ok(found.into_iter().collect())
+            Ok(found.into_iter().collect())
+        })
     }
 
     /// Number of records (all groups).
     pub fn count(&self) -> Result<u64, Error> {
         let what = || self.at(format_args!("counting the records"));
-        let tx = self.db.begin_read().database(what)?;
-        let t = tx.open_table(RECORDS).database(what)?;
-        t.len().database(what)
+        reading!(self, what, |tx| {
+            let t = tx.open_table(RECORDS).database(what)?;
+            t.len().database(what)
+        })
     }
 }
 
