@@ -52,6 +52,14 @@ fn objects_from_0_bytes_to_64_mib_round_trip_with_checksums() {
     let dst = dir.path().join("out-damaged");
     store.ok(&["obj", "get", "sizes/306000", &p(&dst)]);
     assert!(std::fs::read(&dst).unwrap() == pattern(306_000, 3));
+    // The client reported the damaged replica: its repair (a copy from a
+    // good one) must be over before the replicas are removed below, or
+    // it could bring one back after them.
+    wait_until("the damaged replica replaced by repair", || {
+        let stat = store.json(&["obj", "stat", "sizes/306000"]);
+        let replicas = stat["replicas"].as_array().cloned().unwrap_or_default();
+        replicas.len() == 3 && replicas.iter().all(|r| r.as_str() != Some(first.as_str()))
+    });
 
     // A zero-byte object is read from its metadata alone (it has no
     // replica file). An object with data whose every replica file is gone
