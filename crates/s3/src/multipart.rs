@@ -259,12 +259,37 @@ impl Gateway {
             md5: expected,
             checksums,
         };
-        let target = Target {
+        let stored_as = Target {
             name: &name,
             size,
             class: self.bucket_class(client, bucket).await?,
         };
-        store_body(client, &target, &what, body, claims, meta).await
+        let meta = store_body(client, &stored_as, &what, body, claims, meta).await?;
+        self.still_pending(client, bucket, key, &target.upload)
+            .await?;
+        Ok(meta)
+    }
+
+    /// After a part was stored: NoSuchUpload if its upload was completed
+    /// or aborted meanwhile (an UploadPart that raced the Complete), as
+    /// no object will hold that part. The part is left to the cleaner,
+    /// which deletes only the parts an object's manifest does not list:
+    /// deleting it here could take one a racing Complete listed.
+    async fn still_pending(
+        &self,
+        client: &Client,
+        bucket: &str,
+        key: &str,
+        upload: &str,
+    ) -> S3Result<()> {
+        match client.stat(&upload_name(bucket, key, upload)).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_missing(&e) => Err(no_such_upload(bucket, key, upload)),
+            Err(e) => Err(from_store(
+                &format!("looking up upload '{upload}' of '{bucket}/{key}'"),
+                &e,
+            )),
+        }
     }
 
     /// UploadPartCopy: the bytes of `range` (`bytes=FIRST-LAST`; the
@@ -318,12 +343,23 @@ impl Gateway {
                 }
             };
             let claims = Claims::default();
-            let target = Target {
+            let stored_as = Target {
                 name: &name,
                 size,
                 class,
             };
-            return store_body(client, &target, &what, Some(body), claims, part_meta(size)).await;
+            let meta = store_body(
+                client,
+                &stored_as,
+                &what,
+                Some(body),
+                claims,
+                part_meta(size),
+            )
+            .await?;
+            self.still_pending(client, bucket, key, &target.upload)
+                .await?;
+            return Ok(meta);
         }
         Err(s3(
             S3ErrorCode::ServiceUnavailable,

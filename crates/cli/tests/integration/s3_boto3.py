@@ -560,6 +560,37 @@ mp_etag = f'"{hashlib.md5(digests).hexdigest()}-2"'
 check(done["ETag"] == mp_etag, f"complete ETag {done['ETag']}, S3's is {mp_etag}")
 fails("NoSuchUpload", s3.upload_part, Bucket=BUCKET, Key="mp/object", UploadId=upload,
       PartNumber=3, Body=b"late")
+# UploadParts racing a CompleteMultipartUpload: the object is exactly the
+# parts listed; each racing part is taken (200, before the Complete forgot
+# the upload: left out of the object, its name deleted with it) or refused
+# (NoSuchUpload: the upload was gone when it was stored), never added.
+raced = s3.create_multipart_upload(Bucket=BUCKET, Key="mp/raced")["UploadId"]
+listed = [s3.upload_part(Bucket=BUCKET, Key="mp/raced", UploadId=raced, PartNumber=n,
+                         Body=b)["ETag"] for n, b in [(1, first), (2, second)]]
+
+
+def late_part(number):
+    try:
+        s3.upload_part(Bucket=BUCKET, Key="mp/raced", UploadId=raced, PartNumber=number,
+                       Body=b"late" * 2000)
+        return "200"
+    except ClientError as e:
+        return e.response["Error"]["Code"]
+
+
+with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    racing = [pool.submit(late_part, number) for number in range(3, 7)]
+    s3.complete_multipart_upload(Bucket=BUCKET, Key="mp/raced", UploadId=raced,
+                                 MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e}
+                                                            for n, e in enumerate(listed, 1)]})
+    answers = [future.result() for future in racing]
+check(set(answers) <= {"200", "NoSuchUpload"}, f"parts racing the Complete: {answers}")
+got = s3.get_object(Bucket=BUCKET, Key="mp/raced")
+check(got["Body"].read() == first + second and got["ETag"] == mp_etag,
+      f"the raced object is its listed parts ({answers})")
+fails("NoSuchUpload", s3.upload_part, Bucket=BUCKET, Key="mp/raced", UploadId=raced,
+      PartNumber=7, Body=b"after", status=404)
+s3.delete_object(Bucket=BUCKET, Key="mp/raced")
 whole = first + second
 got = s3.get_object(Bucket=BUCKET, Key="mp/object")
 check(got["Body"].read() == whole and got["ETag"] == mp_etag, "the multipart object's bytes")
