@@ -312,9 +312,10 @@ def run_matrix(strata, servers, sizes, clients_list, seconds, repeat, nginx, str
                         # PUTs write keys of their own, so GETs always read
                         # complete objects.
                         key_prefix = prefix if op == "get" else f"p{size}-"
-                        # A key per client for PUTs: Strata refuses a Put
-                        # while another of the same key is in progress
-                        # (409 OperationAborted), RGW lets the last win.
+                        # A key per client for PUTs: Strata's store takes
+                        # one Post of a key at a time (the gateway makes
+                        # concurrent Puts of one key wait their turn), so
+                        # shared keys would measure the waiting.
                         report = load(strata, server, op, size, clients, seconds, key_prefix,
                                       objects if op == "get" else clients)
                         cpu = report["cpu_seconds"]

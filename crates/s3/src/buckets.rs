@@ -2,12 +2,14 @@
 //! marker `B/` is ([`crate::names`]). A tenant's scope (`ID/`) admits
 //! one bucket, `ID`; the admin tenant `*` may make any.
 
+use crate::bucket_class::{from_marker, marker_attributes};
 use crate::errors::{from_store, is_missing, s3};
 use crate::names::{bucket_prefix, reserved_prefix};
 use crate::Gateway;
 use s3s::{S3ErrorCode, S3Result};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use strata_store_client::client::Client;
+use strata_store_protocol::class::StorageClass;
 use strata_store_protocol::tenant::{in_scope, ADMIN};
 use strata_store_protocol::wire::ListEntry;
 
@@ -50,16 +52,32 @@ pub(crate) fn check_scope(client: &Client, bucket: &str) -> S3Result<()> {
 impl Gateway {
     /// Fails with NoSuchBucket unless the bucket's marker is there.
     pub(crate) async fn bucket_exists(&self, client: &Client, bucket: &str) -> S3Result<()> {
+        self.bucket_class(client, bucket).await.map(|_| ())
+    }
+
+    /// The storage class the bucket was made with, if any
+    /// ([`crate::bucket_class`]); NoSuchBucket unless its marker is there.
+    pub(crate) async fn bucket_class(
+        &self,
+        client: &Client,
+        bucket: &str,
+    ) -> S3Result<Option<StorageClass>> {
         check_scope(client, bucket)?;
         match client.stat(&bucket_prefix(bucket)).await {
-            Ok(_) => Ok(()),
+            Ok(record) => Ok(from_marker(&record.attributes)),
             Err(e) if is_missing(&e) => Err(no_such_bucket(bucket)),
             Err(e) => Err(from_store(&format!("looking up bucket '{bucket}'"), &e)),
         }
     }
 
-    /// CreateBucket: stores the marker with the creation time.
-    pub(crate) async fn create_bucket(&self, client: &Client, bucket: &str) -> S3Result<()> {
+    /// CreateBucket: stores the marker with the creation time, and the
+    /// bucket's storage class, if given, in its attributes.
+    pub(crate) async fn create_bucket(
+        &self,
+        client: &Client,
+        bucket: &str,
+        class: Option<StorageClass>,
+    ) -> S3Result<()> {
         check_scope(client, bucket)?;
         let marker = bucket_prefix(bucket);
         match client.stat(&marker).await {
@@ -74,8 +92,11 @@ impl Gateway {
         }
         let created = now_ms().to_string();
         let mut body = created.as_bytes();
+        let attributes = marker_attributes(class);
         client
-            .put(&marker, body.len() as u64, &mut body, &|_| {})
+            .put_with_attributes(&marker, body.len() as u64, &mut body, &|_| {}, || {
+                Ok(attributes)
+            })
             .await
             .map_err(|e| from_store(&format!("creating bucket '{bucket}'"), &e))?;
         Ok(())

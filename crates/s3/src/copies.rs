@@ -10,6 +10,7 @@ use crate::errors::{from_store, s3};
 use crate::names::ObjectMeta;
 use crate::objects::{check_conditions, check_fits, meta_of, name_of, Conditions, LOOKUP_ATTEMPTS};
 use crate::parts::{drop_parts, previous_upload, start_object_read};
+use crate::posts::{post, Target};
 use crate::streams::{lock, response_body, BodyReader, Piece, Received};
 use crate::Gateway;
 use md5::Digest;
@@ -67,7 +68,7 @@ impl Gateway {
                 ),
             ));
         }
-        self.bucket_exists(client, bucket).await?;
+        let class = self.bucket_class(client, bucket).await?;
         let name = name_of(bucket, key)?;
         for _ in 0..LOOKUP_ATTEMPTS {
             let opened = self
@@ -93,7 +94,12 @@ impl Gateway {
                 ));
             };
             let previous = previous_upload(client, &name).await;
-            let stored = store_copy(client, &name, meta, body).await?;
+            let target = Target {
+                name: &name,
+                size: meta.size,
+                class,
+            };
+            let stored = store_copy(client, &target, meta, body).await?;
             if let Some(previous) = previous {
                 drop_parts(client, bucket, key, &previous).await;
             }
@@ -172,15 +178,17 @@ async fn read_source(
     }
 }
 
-/// Posts `body` as the store object `name` with `meta`. The bytes are
+/// Posts `body` as the store object `target` names, in its class, with
+/// `meta`. The bytes are
 /// hashed on the way: a source whose ETag is an MD5 must match it, so a
 /// copy never gives other bytes the source's ETag.
 async fn store_copy(
     client: &Client,
-    name: &str,
+    target: &Target<'_>,
     meta: ObjectMeta,
     body: StreamingBlob,
 ) -> S3Result<ObjectMeta> {
+    let name = target.name;
     let size = meta.size;
     let received = Arc::new(Mutex::new(Received::default()));
     let mut reader = BodyReader::new(Some(body), received.clone());
@@ -197,10 +205,7 @@ async fn store_copy(
         meta.attributes()
             .map_err(|why| Error::Peer(why.to_string()))
     };
-    match client
-        .put_with_attributes(name, size, &mut reader, &|_| {}, finish)
-        .await
-    {
+    match post(client, target, &mut reader, finish).await {
         Ok(_) => Ok(meta),
         Err(e) => Err(copy_error(name, size, &received, &e)),
     }

@@ -21,6 +21,7 @@
 //! buckets a key may use. The library never prints and never exits.
 
 pub mod access;
+pub mod bucket_class;
 mod buckets;
 mod copies;
 mod errors;
@@ -31,9 +32,11 @@ pub mod names;
 mod objects;
 mod part_number;
 mod parts;
+mod posts;
 pub mod presigned;
 mod service;
 mod streams;
+mod uploads;
 
 use metrics::Metrics;
 use s3s::auth::{S3Auth, SecretKey};

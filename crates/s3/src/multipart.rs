@@ -13,8 +13,8 @@ use crate::buckets::now_ms;
 use crate::copies::check_copy_conditions;
 use crate::errors::{from_store, is_missing, s3};
 use crate::names::{
-    all_parts_prefix, hex, parse_part_name, parse_upload_name, part_name, parts_prefix,
-    reserved_prefix, upload_name, uploads_prefix, Multipart, ObjectMeta,
+    all_parts_prefix, hex, parse_part_name, part_name, parts_prefix, reserved_prefix, upload_name,
+    Multipart, ObjectMeta,
 };
 use crate::objects::{
     check_fits, content_md5, meta_of, name_of, store_body, Claims, Conditions, LOOKUP_ATTEMPTS,
@@ -24,7 +24,9 @@ use crate::parts::{
     delete_quietly, discard_upload, drop_parts, parts_use, previous_upload, start_object_read,
     Manifest, PartRef, Use, STORE_PAGE,
 };
+use crate::posts::{post, Target};
 use crate::streams::{response_body, Piece};
+use crate::uploads::UploadsQuery;
 use crate::Gateway;
 use md5::{Digest, Md5};
 use s3s::dto::{Checksum, StreamingBlob};
@@ -102,14 +104,6 @@ fn copy_range(range: Option<&str>, size: u64) -> S3Result<Range<u64>> {
             format!("the copy source range {range:?} is not bytes=FIRST-LAST"),
         )),
     }
-}
-
-/// One page of ListMultipartUploads.
-pub(crate) struct UploadsPage {
-    /// Pending uploads: key, upload id, start time (ms since the epoch).
-    pub uploads: Vec<(String, String, u64)>,
-    /// Whether more follow.
-    pub truncated: bool,
 }
 
 /// The S3 ETag of a multipart object of parts with MD5s `md5s` (hex):
@@ -265,7 +259,37 @@ impl Gateway {
             md5: expected,
             checksums,
         };
-        store_body(client, &name, &what, body, claims, meta).await
+        let stored_as = Target {
+            name: &name,
+            size,
+            class: self.bucket_class(client, bucket).await?,
+        };
+        let meta = store_body(client, &stored_as, &what, body, claims, meta).await?;
+        self.still_pending(client, bucket, key, &target.upload)
+            .await?;
+        Ok(meta)
+    }
+
+    /// After a part was stored: NoSuchUpload if its upload was completed
+    /// or aborted meanwhile (an UploadPart that raced the Complete), as
+    /// no object will hold that part. The part is left to the cleaner,
+    /// which deletes only the parts an object's manifest does not list:
+    /// deleting it here could take one a racing Complete listed.
+    async fn still_pending(
+        &self,
+        client: &Client,
+        bucket: &str,
+        key: &str,
+        upload: &str,
+    ) -> S3Result<()> {
+        match client.stat(&upload_name(bucket, key, upload)).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_missing(&e) => Err(no_such_upload(bucket, key, upload)),
+            Err(e) => Err(from_store(
+                &format!("looking up upload '{upload}' of '{bucket}/{key}'"),
+                &e,
+            )),
+        }
     }
 
     /// UploadPartCopy: the bytes of `range` (`bytes=FIRST-LAST`; the
@@ -282,6 +306,7 @@ impl Gateway {
         self.pending(client, bucket, key, &target.upload).await?;
         let name = part_name(bucket, key, &target.upload, number);
         let what = format!("part {number} of '{bucket}/{key}'");
+        let class = self.bucket_class(client, bucket).await?;
         for _ in 0..LOOKUP_ATTEMPTS {
             let opened = self.find(client, source.bucket, source.key).await?;
             let meta = meta_of(&opened);
@@ -318,7 +343,23 @@ impl Gateway {
                 }
             };
             let claims = Claims::default();
-            return store_body(client, &name, &what, Some(body), claims, part_meta(size)).await;
+            let stored_as = Target {
+                name: &name,
+                size,
+                class,
+            };
+            let meta = store_body(
+                client,
+                &stored_as,
+                &what,
+                Some(body),
+                claims,
+                part_meta(size),
+            )
+            .await?;
+            self.still_pending(client, bucket, key, &target.upload)
+                .await?;
+            return Ok(meta);
         }
         Err(s3(
             S3ErrorCode::ServiceUnavailable,
@@ -348,10 +389,13 @@ impl Gateway {
         let (meta, body, attributes) = manifest(state, upload, chosen)?;
         let name = name_of(bucket, key)?;
         let previous = previous_upload(client, &name).await;
-        client
-            .put_with_attributes(&name, body.len() as u64, &mut &body[..], &|_| {}, || {
-                Ok(attributes)
-            })
+        let target = Target {
+            name: &name,
+            size: body.len() as u64,
+            class: self.bucket_class(client, bucket).await?,
+        };
+        let mut data = std::io::Cursor::new(&body[..]);
+        post(client, &target, &mut data, || Ok(attributes.clone()))
             .await
             .map_err(|e| from_store(&format!("completing '{bucket}/{key}'"), &e))?;
         // The manifest is in place: from here on, a failure leaves names
@@ -436,52 +480,6 @@ impl Gateway {
         Ok(parts)
     }
 
-    /// ListMultipartUploads: up to `max` pending uploads of keys starting
-    /// with `prefix`, in key then upload-id order, after the markers.
-    pub(crate) async fn list_uploads(
-        &self,
-        client: &Client,
-        bucket: &str,
-        prefix: &str,
-        key_marker: Option<&str>,
-        upload_marker: Option<&str>,
-        max: usize,
-    ) -> S3Result<UploadsPage> {
-        self.bucket_exists(client, bucket).await?;
-        let store_prefix = uploads_prefix(bucket, prefix);
-        let mut cursor = match (key_marker, upload_marker) {
-            (Some(key), Some(upload)) => upload_name(bucket, key, upload),
-            // After every upload of the key: its names end '/' and an id.
-            (Some(key), None) => format!("{}/\u{10FFFF}", uploads_prefix(bucket, key)),
-            (None, _) => String::new(),
-        };
-        let mut page = UploadsPage {
-            uploads: Vec::new(),
-            truncated: false,
-        };
-        loop {
-            let (entries, next) = client
-                .list(&store_prefix, &cursor, STORE_PAGE)
-                .await
-                .map_err(|e| from_store(&format!("listing the uploads of '{bucket}'"), &e))?;
-            for entry in entries {
-                let Some((key, upload)) = parse_upload_name(bucket, &entry.name) else {
-                    continue;
-                };
-                if page.uploads.len() >= max {
-                    page.truncated = true;
-                    return Ok(page);
-                }
-                let meta = ObjectMeta::from_record(0, entry.crc, &entry.attributes);
-                page.uploads.push((key, upload, meta.modified_ms));
-            }
-            match next {
-                Some(next) => cursor = cursor.max(next),
-                None => return Ok(page),
-            }
-        }
-    }
-
     /// Aborts the uploads of every bucket that started more than `expiry`
     /// ago, and deletes the parts no upload or object uses (those a
     /// gateway that died midway left); runs as the admin tenant.
@@ -509,19 +507,23 @@ impl Gateway {
                 Some((key, upload)) => (Some(key.as_str()), Some(upload.as_str())),
                 None => (None, None),
             };
-            let page = self
-                .list_uploads(admin, bucket, "", key_marker, upload_marker, MAX_LISTED)
-                .await?;
-            after = page
-                .uploads
-                .last()
-                .map(|(key, upload, _)| (key.clone(), upload.clone()));
-            for (key, upload, started) in page.uploads {
+            let query = UploadsQuery {
+                prefix: "",
+                delimiter: None,
+                key_marker,
+                upload_marker,
+                max: MAX_LISTED,
+            };
+            let page = self.list_uploads(admin, bucket, &query).await?;
+            let mut last = None;
+            for (key, upload, started) in page.uploads() {
                 if started < oldest {
-                    discard_upload(admin, bucket, &key, &upload).await;
+                    discard_upload(admin, bucket, key, upload).await;
                     cleaned += 1;
                 }
+                last = Some((key.to_string(), upload.to_string()));
             }
+            after = last;
             if !page.truncated {
                 break;
             }

@@ -8,6 +8,7 @@ use crate::names::ObjectMeta;
 use crate::part_number::{part_span, PartSpan};
 use crate::parts::{drop_parts, previous_upload, start_object_read};
 pub(crate) use crate::parts::{meta_of, name_of};
+use crate::posts::{post, Target};
 use crate::streams::{lock, response_body, BodyReader, Piece, Received};
 use crate::Gateway;
 use base64::engine::general_purpose::STANDARD;
@@ -127,7 +128,7 @@ impl Gateway {
             checksums,
         } = request;
         let (bucket, key) = (bucket.as_str(), key.as_str());
-        self.bucket_exists(client, bucket).await?;
+        let class = self.bucket_class(client, bucket).await?;
         let name = name_of(bucket, key)?;
         let expected = content_md5(md5_header.as_deref())?;
         let size = body_size(&body, content_length, MAX_OBJECT)?;
@@ -148,7 +149,12 @@ impl Gateway {
             md5: expected,
             checksums,
         };
-        let meta = store_body(client, &name, &what, body, claims, meta).await?;
+        let target = Target {
+            name: &name,
+            size,
+            class,
+        };
+        let meta = store_body(client, &target, &what, body, claims, meta).await?;
         if let Some(previous) = previous {
             drop_parts(client, bucket, key, &previous).await;
         }
@@ -290,15 +296,15 @@ impl Gateway {
     }
 }
 
-/// Streams `body` (`meta.size` bytes) into the store object `name` (the
-/// object `what` names, for messages) while its MD5 is computed; once
+/// Streams `body` (`meta.size` bytes) into the store object `target`
+/// names, in its class (the object `what` names, for messages) while its MD5 is computed; once
 /// the data is stored, checks it against `expected` (Content-MD5) and
 /// commits the record with `meta`, its ETag the MD5, as its attributes.
 /// A mismatch or a short body aborts the Post: nothing is stored, and
 /// the name keeps what it held. Returns the metadata stored.
 pub(crate) async fn store_body(
     client: &Client,
-    name: &str,
+    target: &Target<'_>,
     what: &str,
     body: Option<StreamingBlob>,
     claims: Claims,
@@ -311,13 +317,18 @@ pub(crate) async fn store_body(
     }));
     let mut reader = BodyReader::new(body, received.clone());
     let mut refused = None;
+    // Computed once: a Post tried again after the store refused it reads
+    // no byte twice into the digests.
+    let mut digests: Option<([u8; 16], Checksum)> = None;
     let finish = || {
-        let (digest, computed) = {
-            let mut received = lock(&received);
-            let digest: [u8; 16] = received.md5.clone().finalize().into();
-            let computed = std::mem::take(&mut received.checksums).finalize();
-            (digest, computed)
-        };
+        let (digest, computed) = digests
+            .get_or_insert_with(|| {
+                let mut received = lock(&received);
+                let digest: [u8; 16] = received.md5.clone().finalize().into();
+                let computed = std::mem::take(&mut received.checksums).finalize();
+                (digest, computed)
+            })
+            .clone();
         if claims.md5.is_some_and(|md5| md5 != digest) {
             refused = Some(S3ErrorCode::BadDigest);
             return Err(Error::Peer(format!(
@@ -336,9 +347,7 @@ pub(crate) async fn store_body(
         meta.attributes()
             .map_err(|why| Error::Peer(why.to_string()))
     };
-    let stored = client
-        .put_with_attributes(name, size, &mut reader, &|_| {}, finish)
-        .await;
+    let stored = post(client, target, &mut reader, finish).await;
     match stored {
         Ok(_) => Ok(meta),
         Err(e) => Err(put_error(what, size, &received, refused, &e)),

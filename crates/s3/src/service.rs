@@ -2,6 +2,7 @@
 //! gateway's own methods and its answer into s3s's output types. Every
 //! other operation answers NotImplemented (s3s's default).
 
+use crate::bucket_class::{self, CLASS_HEADER};
 use crate::buckets::from_ms;
 use crate::copies::{CopyRequest, Replacement};
 use crate::errors::s3;
@@ -9,6 +10,7 @@ use crate::listing::{ListRequest, Page, Position, MAX_KEYS};
 use crate::multipart::{CopySourceRef, PartTarget, MAX_LISTED};
 use crate::names::ObjectMeta;
 use crate::objects::{content_type, etag, last_modified, Conditions, PutRequest};
+use crate::uploads::UploadsQuery;
 use crate::Gateway;
 use s3s::dto::*;
 use s3s::{S3ErrorCode, S3Request, S3Response, S3Result, S3};
@@ -140,7 +142,10 @@ impl S3 for Gateway {
         req: S3Request<CreateBucketInput>,
     ) -> S3Result<S3Response<CreateBucketOutput>> {
         let client = self.tenant(&req).await?;
-        self.create_bucket(&client, &req.input.bucket).await?;
+        let header = req.headers.get(CLASS_HEADER).map(|value| value.as_bytes());
+        let class = bucket_class::requested(header, &client.table())?;
+        self.create_bucket(&client, &req.input.bucket, class)
+            .await?;
         Ok(S3Response::new(CreateBucketOutput {
             location: Some(format!("/{}", req.input.bucket)),
         }))
@@ -151,8 +156,12 @@ impl S3 for Gateway {
         req: S3Request<HeadBucketInput>,
     ) -> S3Result<S3Response<HeadBucketOutput>> {
         let client = self.tenant(&req).await?;
-        self.bucket_exists(&client, &req.input.bucket).await?;
-        Ok(S3Response::new(HeadBucketOutput::default()))
+        let class = self.bucket_class(&client, &req.input.bucket).await?;
+        let mut response = S3Response::new(HeadBucketOutput::default());
+        if let Some(value) = class.and_then(|class| class.to_string().parse().ok()) {
+            response.headers.insert(CLASS_HEADER, value);
+        }
+        Ok(response)
     }
 
     async fn delete_bucket(
@@ -669,45 +678,44 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
         let client = self.tenant(&req).await?;
         let input = req.input;
-        if input.delimiter.is_some() {
-            return Err(s3(
-                S3ErrorCode::NotImplemented,
-                "ListMultipartUploads takes no delimiter here: list with a prefix instead",
-            ));
-        }
         let max = listed_max(input.max_uploads);
-        let page = self
-            .list_uploads(
-                &client,
-                &input.bucket,
-                input.prefix.as_deref().unwrap_or_default(),
-                input.key_marker.as_deref(),
-                input.upload_id_marker.as_deref(),
-                max,
-            )
-            .await?;
-        let last = page.uploads.last().filter(|_| page.truncated).cloned();
+        let query = UploadsQuery {
+            prefix: input.prefix.as_deref().unwrap_or_default(),
+            delimiter: input.delimiter.as_deref(),
+            key_marker: input.key_marker.as_deref(),
+            upload_marker: input.upload_id_marker.as_deref(),
+            max,
+        };
+        let page = self.list_uploads(&client, &input.bucket, &query).await?;
+        let (next_key, next_upload) = page.next_markers().unzip();
         let uploads = page
-            .uploads
-            .into_iter()
+            .uploads()
             .map(|(key, upload, started)| MultipartUpload {
-                key: Some(key),
-                upload_id: Some(upload),
+                key: Some(key.to_string()),
+                upload_id: Some(upload.to_string()),
                 initiated: Some(Timestamp::from(from_ms(started))),
                 storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
                 ..Default::default()
             })
             .collect();
+        let prefixes = page
+            .prefixes()
+            .map(|prefix| CommonPrefix {
+                prefix: Some(prefix.to_string()),
+            })
+            .collect();
         Ok(S3Response::new(ListMultipartUploadsOutput {
             bucket: Some(input.bucket),
             prefix: input.prefix,
+            delimiter: input.delimiter,
             key_marker: input.key_marker,
             upload_id_marker: input.upload_id_marker,
             max_uploads: Some(max as i32),
             is_truncated: Some(page.truncated),
-            next_key_marker: last.as_ref().map(|(key, _, _)| key.clone()),
-            next_upload_id_marker: last.map(|(_, upload, _)| upload),
+            next_key_marker: next_key,
+            next_upload_id_marker: next_upload.flatten(),
             uploads: Some(uploads),
+            common_prefixes: Some(prefixes),
             ..Default::default()
         }))
     }

@@ -34,11 +34,22 @@ pub(crate) struct Received {
     pub checksums: s3s::checksum::ChecksumHasher,
 }
 
+/// Most bytes a [`BodyReader`] keeps a copy of to serve again after a
+/// refused Post: an inline object's (the store reads it whole before it
+/// asks for the name); a larger Post is refused before it reads a byte.
+const KEPT_FOR_RETRY: usize = strata_store_protocol::class::MAX_INLINE;
+
 /// A PutObject's body as an [`AsyncRead`], hashed as it is read.
 pub(crate) struct BodyReader {
     body: Option<StreamingBlob>,
     chunk: Bytes,
     received: Arc<Mutex<Received>>,
+    /// A copy of every byte read so far, while they are at most
+    /// [`KEPT_FOR_RETRY`]: what [`Rewind::rewind`] serves again.
+    kept: Option<Vec<u8>>,
+    /// Bytes at the front of `chunk` served before a rewind: served
+    /// again, but neither hashed nor counted again.
+    replayed: usize,
 }
 
 impl BodyReader {
@@ -48,7 +59,40 @@ impl BodyReader {
             body,
             chunk: Bytes::new(),
             received,
+            kept: Some(Vec::new()),
+            replayed: 0,
         }
+    }
+}
+
+/// A Post's data that can be read again from its start, for a Post the
+/// store refused because another Post of the name was in progress.
+pub(crate) trait Rewind: AsyncRead + Unpin {
+    /// Goes back to the first byte; false if that is no longer possible
+    /// (more was read than is kept).
+    fn rewind(&mut self) -> bool;
+}
+
+impl Rewind for BodyReader {
+    fn rewind(&mut self) -> bool {
+        let Some(kept) = &self.kept else {
+            return false;
+        };
+        // Served so far: `kept`; still to serve: the chunk past the
+        // bytes a previous rewind had not served again yet.
+        let mut joined = bytes::BytesMut::with_capacity(kept.len() + self.chunk.len());
+        joined.extend_from_slice(kept);
+        joined.extend_from_slice(&self.chunk[self.replayed..]);
+        self.replayed = kept.len();
+        self.chunk = joined.freeze();
+        true
+    }
+}
+
+impl Rewind for std::io::Cursor<&[u8]> {
+    fn rewind(&mut self) -> bool {
+        self.set_position(0);
+        true
     }
 }
 
@@ -78,10 +122,23 @@ impl AsyncRead for BodyReader {
         }
         let n = self.chunk.len().min(buf.remaining());
         let part = self.chunk.split_to(n);
+        let again = self.replayed.min(n);
+        self.replayed -= again;
+        let fresh = &part[again..];
+        if let Some(kept) = &mut self.kept {
+            kept.extend_from_slice(fresh);
+        }
+        if self
+            .kept
+            .as_ref()
+            .is_some_and(|kept| kept.len() > KEPT_FOR_RETRY)
+        {
+            self.kept = None;
+        }
         let mut received = lock(&self.received);
-        received.md5.update(&part);
-        received.checksums.update(&part);
-        received.bytes += n as u64;
+        received.md5.update(fresh);
+        received.checksums.update(fresh);
+        received.bytes += fresh.len() as u64;
         buf.put_slice(&part);
         Poll::Ready(Ok(()))
     }

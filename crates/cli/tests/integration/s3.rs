@@ -375,10 +375,13 @@ fn a_damaged_replica_cuts_a_get_short_instead_of_serving_bad_bytes() {
     assert!(!listed.contains("copy.bin"), "a failed copy left {listed}");
 }
 
+/// The boto3 suite, on a store of three storage nodes so that a bucket
+/// may be made in `ec(2,1)`; then the objects and part it stored there
+/// must be kept in that class.
 #[test]
 fn boto3_runs_every_supported_operation_and_error() {
     let dir = tmp();
-    let store = Store::up(&dir.path().join("store"), &[]);
+    let store = Store::up(&dir.path().join("store"), &["--sn", "3"]);
     let acme = tenant(&store, "acme");
     let globex = tenant(&store, "globex");
     let admin = tenant(&store, "*");
@@ -393,6 +396,27 @@ fn boto3_runs_every_supported_operation_and_error() {
     let text = output_text(&out);
     assert!(out.status.success(), "s3_boto3.py failed:\n{text}");
     assert!(text.contains("checks passed"), "{text}");
+    let mut names = vec!["classy/plain".to_string(), "classy/copied".to_string()];
+    names.extend(
+        store
+            .ok(&["obj", "ls", "classy/.strata-multipart/p/"])
+            .lines()
+            .filter_map(|line| line.split_whitespace().find(|word| word.contains("/p/")))
+            .map(str::to_string),
+    );
+    assert_eq!(names.len(), 3, "one part of classy/parted: {names:?}");
+    for name in names {
+        let stat = store.json(&["obj", "stat", &name]);
+        assert_eq!(
+            stat["class"], "ec(2,1)",
+            "{name} is not in its bucket's class: {stat}"
+        );
+    }
+    let plain = store.json(&["obj", "stat", "classless/plain"]);
+    assert_eq!(
+        plain["class"], "replicated(1)",
+        "a bucket without a class: {plain}"
+    );
 }
 
 #[test]

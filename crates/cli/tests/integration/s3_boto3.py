@@ -13,6 +13,7 @@ and exits non-zero with a traceback. At the end it prints
 """
 
 import base64
+import concurrent.futures
 import datetime
 import hashlib
 import subprocess
@@ -74,6 +75,66 @@ s3.head_bucket(Bucket=BUCKET)
 fails("BucketAlreadyOwnedByYou", s3.create_bucket, Bucket=BUCKET, status=409)
 names = [b["Name"] for b in s3.list_buckets()["Buckets"]]
 check(names == [BUCKET], f"list_buckets: {names}")
+
+# A bucket's storage class, chosen at CreateBucket with x-strata-storage-class
+# (the store here has 3 storage nodes) and shown by HeadBucket; its objects
+# and parts are kept in it (s3.rs checks them with `strata obj stat`).
+CLASS_HEADER = "x-strata-storage-class"
+admin = client(ADMIN_ACCESS, ADMIN_SECRET)
+
+
+def with_class(value):
+    """The admin's client, sending a class header with its CreateBucket."""
+    def add(request, **_):
+        request.headers[CLASS_HEADER] = value
+    made = client(ADMIN_ACCESS, ADMIN_SECRET)
+    made.meta.events.register("before-sign.s3.CreateBucket", add)
+    return made
+
+
+for bad, why in [("ec(4)", "not understood"), ("fast", "not understood"),
+                 ("ec(1,1)", "out of bounds"), ("replicated(0)", "out of bounds"),
+                 ("replicated(4)", "the cluster has 3"), ("ec(3,1)", "the cluster has 3")]:
+    e = fails("InvalidArgument", with_class(bad).create_bucket, Bucket="classy", status=400)
+    message = e.response["Error"]["Message"]
+    check(why in message and CLASS_HEADER in message, f"class {bad}: {message}")
+    fails("NoSuchBucket", admin.head_bucket, Bucket="classy", status=404)
+with_class("ec(2,1)").create_bucket(Bucket="classy")
+shown = admin.head_bucket(Bucket="classy")["ResponseMetadata"]["HTTPHeaders"]
+check(shown.get(CLASS_HEADER) == "ec(2,1)", f"head_bucket shows the class: {shown}")
+shown = s3.head_bucket(Bucket=BUCKET)["ResponseMetadata"]["HTTPHeaders"]
+check(CLASS_HEADER not in shown, f"a bucket made without a class shows none: {shown}")
+coded = bytes(range(256)) * 400
+admin.put_object(Bucket="classy", Key="plain", Body=coded)
+check(admin.get_object(Bucket="classy", Key="plain")["Body"].read() == coded, "an ec object")
+coded_upload = admin.create_multipart_upload(Bucket="classy", Key="parted")["UploadId"]
+coded_part = admin.upload_part(Bucket="classy", Key="parted", UploadId=coded_upload,
+                               PartNumber=1, Body=coded)
+admin.complete_multipart_upload(Bucket="classy", Key="parted", UploadId=coded_upload,
+                                MultipartUpload={"Parts": [
+                                    {"PartNumber": 1, "ETag": coded_part["ETag"]}]})
+check(admin.get_object(Bucket="classy", Key="parted")["Body"].read() == coded, "ec parts")
+admin.copy_object(Bucket="classy", Key="copied", CopySource={"Bucket": "classy", "Key": "plain"})
+admin.create_bucket(Bucket="classless")
+admin.put_object(Bucket="classless", Key="plain", Body=coded)
+
+# Concurrent PutObjects of one key all succeed, as in S3 (the last one
+# wins): the gateway posts again while the store holds the name for
+# another. The key ends holding one body whole, with that body's ETag.
+# Inline (small) bodies and streamed (1 MiB) ones take different paths.
+for size in [100, 1 << 20]:
+    bodies = [bytes([65 + i]) * (size + i) for i in range(8)]
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        puts = list(pool.map(lambda b: s3.put_object(Bucket=BUCKET, Key="raced", Body=b), bodies))
+    statuses = [put["ResponseMetadata"]["HTTPStatusCode"] for put in puts]
+    check(statuses == [200] * len(bodies), f"concurrent puts of {size} bytes: {statuses}")
+    for put, sent in zip(puts, bodies):
+        check(put["ETag"] == f'"{hashlib.md5(sent).hexdigest()}"', "each put's own ETag")
+    final = s3.get_object(Bucket=BUCKET, Key="raced")
+    held = final["Body"].read()
+    check(held in bodies, f"the key holds one body whole ({len(held)} bytes)")
+    check(final["ETag"] == f'"{hashlib.md5(held).hexdigest()}"', "and that body's ETag")
+s3.delete_object(Bucket=BUCKET, Key="raced")
 
 # Put and Get: content, ETag (MD5), metadata and content type kept.
 body = bytes(range(256)) * 64 + b"tail"
@@ -444,6 +505,37 @@ rest = s3.list_multipart_uploads(Bucket=BUCKET, KeyMarker=page["NextKeyMarker"],
 check([u["Key"] for u in rest["Uploads"]] == ["mp/small"], f"uploads after the marker {rest}")
 only = s3.list_multipart_uploads(Bucket=BUCKET, Prefix="mp/s")["Uploads"]
 check([u["UploadId"] for u in only] == [other], f"uploads by prefix {only}")
+# With a delimiter, keys holding it after the prefix roll up into common
+# prefixes, counted with the uploads; a common prefix as key-marker
+# resumes past every key under it (S3's behaviour).
+nested = [s3.create_multipart_upload(Bucket=BUCKET, Key=k)["UploadId"]
+          for k in ["mp/dir/a", "mp/dir/b", "mp/eir/c/d", "top"]]
+rolled = s3.list_multipart_uploads(Bucket=BUCKET, Delimiter="/")
+check([p["Prefix"] for p in rolled["CommonPrefixes"]] == ["mp/"] and
+      [u["Key"] for u in rolled["Uploads"]] == ["top"] and rolled["Delimiter"] == "/",
+      f"uploads by delimiter {rolled}")
+rolled = s3.list_multipart_uploads(Bucket=BUCKET, Delimiter="/", Prefix="mp/")
+check([p["Prefix"] for p in rolled["CommonPrefixes"]] == ["mp/dir/", "mp/eir/"] and
+      [u["Key"] for u in rolled["Uploads"]] == ["mp/object", "mp/small"],
+      f"uploads by prefix and delimiter {rolled}")
+seen, markers, pages = [], {}, 0
+while True:
+    page = s3.list_multipart_uploads(Bucket=BUCKET, Delimiter="/", Prefix="mp/", MaxUploads=1,
+                                     **markers)
+    pages += 1
+    items = ([p["Prefix"] for p in page.get("CommonPrefixes", [])] +
+             [u["Key"] for u in page.get("Uploads", [])])
+    check(len(items) == 1, f"one entry a page {page}")
+    seen += items
+    if not page["IsTruncated"]:
+        break
+    markers = {"KeyMarker": page["NextKeyMarker"]}
+    if page.get("NextUploadIdMarker"):
+        markers["UploadIdMarker"] = page["NextUploadIdMarker"]
+check(seen == ["mp/dir/", "mp/eir/", "mp/object", "mp/small"] and pages == 4,
+      f"pages by delimiter {seen}")
+for k, u in zip(["mp/dir/a", "mp/dir/b", "mp/eir/c/d", "top"], nested):
+    s3.abort_multipart_upload(Bucket=BUCKET, Key=k, UploadId=u)
 check(not any("strata-multipart" in o["Key"] for o in
               s3.list_objects_v2(Bucket=BUCKET)["Contents"]), "listings hide the parts")
 fails("NoSuchKey", s3.head_object, Bucket=BUCKET, Key="mp/object", status=404)
@@ -468,6 +560,37 @@ mp_etag = f'"{hashlib.md5(digests).hexdigest()}-2"'
 check(done["ETag"] == mp_etag, f"complete ETag {done['ETag']}, S3's is {mp_etag}")
 fails("NoSuchUpload", s3.upload_part, Bucket=BUCKET, Key="mp/object", UploadId=upload,
       PartNumber=3, Body=b"late")
+# UploadParts racing a CompleteMultipartUpload: the object is exactly the
+# parts listed; each racing part is taken (200, before the Complete forgot
+# the upload: left out of the object, its name deleted with it) or refused
+# (NoSuchUpload: the upload was gone when it was stored), never added.
+raced = s3.create_multipart_upload(Bucket=BUCKET, Key="mp/raced")["UploadId"]
+listed = [s3.upload_part(Bucket=BUCKET, Key="mp/raced", UploadId=raced, PartNumber=n,
+                         Body=b)["ETag"] for n, b in [(1, first), (2, second)]]
+
+
+def late_part(number):
+    try:
+        s3.upload_part(Bucket=BUCKET, Key="mp/raced", UploadId=raced, PartNumber=number,
+                       Body=b"late" * 2000)
+        return "200"
+    except ClientError as e:
+        return e.response["Error"]["Code"]
+
+
+with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    racing = [pool.submit(late_part, number) for number in range(3, 7)]
+    s3.complete_multipart_upload(Bucket=BUCKET, Key="mp/raced", UploadId=raced,
+                                 MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e}
+                                                            for n, e in enumerate(listed, 1)]})
+    answers = [future.result() for future in racing]
+check(set(answers) <= {"200", "NoSuchUpload"}, f"parts racing the Complete: {answers}")
+got = s3.get_object(Bucket=BUCKET, Key="mp/raced")
+check(got["Body"].read() == first + second and got["ETag"] == mp_etag,
+      f"the raced object is its listed parts ({answers})")
+fails("NoSuchUpload", s3.upload_part, Bucket=BUCKET, Key="mp/raced", UploadId=raced,
+      PartNumber=7, Body=b"after", status=404)
+s3.delete_object(Bucket=BUCKET, Key="mp/raced")
 whole = first + second
 got = s3.get_object(Bucket=BUCKET, Key="mp/object")
 check(got["Body"].read() == whole and got["ETag"] == mp_etag, "the multipart object's bytes")
