@@ -12,7 +12,7 @@ need=()
 # page cache holds of a layer file with util-linux's fincore. The NBD TLS
 # tests (crates/cli/tests/integration/nbd_tls.rs) make their certificates with openssl;
 # img convert's cache-mode test counts syncs with strace. The S3 gateway's
-# tests (crates/cli/tests/integration/s3.rs) use aws-cli, boto3, rclone and
+# tests (crates/cli/tests/integration/s3.rs, s3_clients.rs) use aws-cli, boto3, rclone and
 # s3fs (which mounts through /dev/fuse and unmounts with umount). `strata
 # bench`'s tests (crates/cli/tests/integration/bench.rs) run fio's nbd and
 # null engines, and qemu-storage-daemon for the QEMU provider; its HTML
