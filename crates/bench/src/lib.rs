@@ -19,6 +19,7 @@ pub mod cleanup;
 pub mod error;
 pub mod html;
 pub mod inventory;
+pub mod metrics;
 pub mod pgbench;
 pub mod provider;
 pub mod rate;

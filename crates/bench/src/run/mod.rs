@@ -7,6 +7,7 @@ mod database;
 mod instance;
 mod operations;
 mod restore;
+mod scrape;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -155,6 +156,16 @@ pub fn run(
     stop: &AtomicBool,
     events: &(dyn Fn(Event) + Sync),
 ) -> Result<Outcome> {
+    if let Some(op) = spec
+        .control_operations
+        .iter()
+        .find(|op| matches!(op.rate, RateLaw::TraceFile { .. }))
+    {
+        return Err(Error::Argument(format!(
+            "rate `{}`: its trace file was not read: call `Spec::read_trace_files` before the run",
+            op.rate_name
+        )));
+    }
     let dir = options.out.clone();
     make_run_directory(&dir)?;
     // Absolute: workloads run in directories of their own.
@@ -487,6 +498,7 @@ impl Run<'_> {
                     scope.spawn(move || self.run_instance(workload, instance, barrier, deadline));
                 }
             }
+            scope.spawn(|| self.scrape_metrics());
             for (index, operation) in self.spec.control_operations.iter().enumerate() {
                 let in_flight = &in_flight[index];
                 scope.spawn(move || self.drive(operation, index as u64, in_flight, scope));
