@@ -14,13 +14,9 @@ impl Run<'_> {
     /// file. Failed scrapes are counted and told once, and never stop the
     /// run; past [`MAX_METRIC_LINES`] scraping stops.
     pub(super) fn scrape_metrics(&self) {
-        if self.provider.metrics().is_none() {
-            return;
-        }
-        let writer = match LineWriter::create(self.dir.join(METRICS_SERIES)) {
-            Ok(writer) => writer,
-            Err(e) => return (self.events)(Event::Warning(format!("no metrics kept: {e}"))),
-        };
+        // Made at the first scrape that answers: a provider without
+        // metrics leaves no empty file.
+        let mut writer: Option<LineWriter> = None;
         let mut written: u64 = 0;
         let mut failures: u64 = 0;
         let mut next = Instant::now();
@@ -29,7 +25,9 @@ impl Run<'_> {
                 std::thread::sleep(POLL.min(next - Instant::now()));
                 continue;
             }
-            next += self.spec.metrics_every;
+            // A scrape slower than the interval is followed by the next at
+            // once, not by a burst of the ones it overran.
+            next = (next + self.spec.metrics_every).max(Instant::now());
             let time = self.seconds(Instant::now());
             let text = match self.provider.metrics() {
                 Some(Ok(text)) => text,
@@ -44,6 +42,15 @@ impl Run<'_> {
                 }
                 None => return,
             };
+            if writer.is_none() {
+                match LineWriter::create(self.dir.join(METRICS_SERIES)) {
+                    Ok(created) => writer = Some(created),
+                    Err(e) => {
+                        return (self.events)(Event::Warning(format!("no metrics kept: {e}")))
+                    }
+                }
+            }
+            let Some(writer) = &writer else { return };
             for sample in parse_exposition(&text, time) {
                 if written == MAX_METRIC_LINES {
                     (self.events)(Event::Warning(format!(
