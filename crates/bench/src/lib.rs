@@ -27,6 +27,7 @@ pub mod record;
 pub mod report;
 pub mod run;
 pub mod s3_load;
+pub mod sink;
 pub mod spec;
 pub mod units;
 pub mod verify;

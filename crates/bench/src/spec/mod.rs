@@ -47,6 +47,8 @@ pub struct Spec {
     pub thresholds: Vec<Threshold>,
     /// How often the provider's metrics are scraped during the run.
     pub metrics_every: Duration,
+    /// Where each record and the summary are POSTed as JSON, if anywhere.
+    pub http_sink: Option<String>,
 }
 
 /// How often the provider's metrics are scraped unless the spec says.
@@ -362,6 +364,7 @@ struct RawStep {
 struct RawOutputs {
     dir: Option<String>,
     metrics_every: Option<Interval>,
+    http: Option<Spanned<String>>,
 }
 
 fn one() -> u32 {
@@ -433,6 +436,13 @@ fn check(raw: RawSpec) -> Result<Spec, SpecError> {
         operations.push(check_operation(op, &groups, &workloads, &rates)?);
     }
     let thresholds = check_thresholds(&raw.thresholds, &operations, &workloads)?;
+    let http_sink = match raw.outputs.as_ref().and_then(|o| o.http.as_ref()) {
+        Some(url) => {
+            crate::sink::check_url(&url.value).or_else(|message| refused(url, message))?;
+            Some(url.value.clone())
+        }
+        None => None,
+    };
     Ok(Spec {
         duration: raw.duration.0,
         volumes: groups,
@@ -445,6 +455,7 @@ fn check(raw: RawSpec) -> Result<Spec, SpecError> {
             .map_or(DEFAULT_METRICS_EVERY, |every| every.0),
         output_dir: raw.outputs.and_then(|o| o.dir),
         thresholds,
+        http_sink,
     })
 }
 

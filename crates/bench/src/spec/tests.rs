@@ -276,3 +276,18 @@ fn thresholds_read_and_bad_ones_name_their_line() {
         assert!(error.message.contains(hint), "{to}: {error}");
     }
 }
+
+/// An HTTP sink's URL reads; one that is not http:// is refused with
+/// its line.
+#[test]
+fn an_http_sink_reads_and_a_bad_url_is_refused() {
+    let spec = parse(&format!(
+        "{GOOD}outputs: {{http: \"http://127.0.0.1:9/r\"}}\n"
+    ))
+    .expect("a sink");
+    assert_eq!(spec.http_sink.as_deref(), Some("http://127.0.0.1:9/r"));
+    let error =
+        parse(&format!("{GOOD}outputs:\n  http: https://example.com/\n")).expect_err("https");
+    assert_eq!(error.line, 33, "{error}");
+    assert!(error.message.contains("write an http:// URL"), "{error}");
+}

@@ -12,6 +12,24 @@ use serde_json::Value;
 
 use crate::common::{at, p, strata, strata_ok, tmp, Launch};
 
+/// An HTTP receiver: each POST's body appended as a line to the file
+/// named by its argument; it prints its port.
+const RECEIVER: &str = "
+import http.server, sys
+class Receiver(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get('Content-Length', 0)))
+        with open(sys.argv[1], 'ab') as f:
+            f.write(body + b'\\n')
+        self.send_response(204)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(('127.0.0.1', 0), Receiver)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+";
+
 /// Three seconds of two fio writers with verify, snapshots of their
 /// volumes, clones of those, volumes created and deleted, and grows.
 const SMALL_SPEC: &str = "\
@@ -107,9 +125,16 @@ fn assert_summary_counts_records(dir: &Path, records: &[Value]) -> Value {
 }
 
 fn run_small_spec(extra: &[&str]) -> (tempfile::TempDir, std::path::PathBuf, Vec<Value>) {
-    let dir = tmp();
+    run_spec_text(tmp(), SMALL_SPEC, extra)
+}
+
+fn run_spec_text(
+    dir: tempfile::TempDir,
+    text: &str,
+    extra: &[&str],
+) -> (tempfile::TempDir, std::path::PathBuf, Vec<Value>) {
     let spec = at(&dir, "spec.yaml");
-    std::fs::write(&spec, SMALL_SPEC).unwrap();
+    std::fs::write(&spec, text).unwrap();
     let out = at(&dir, "run");
     let mut args = vec!["bench", "run", &p(&spec), "--out", &p(&out), "--seed", "3"]
         .into_iter()
@@ -312,7 +337,42 @@ fn html_report_renders_in_chromium(out: &Path) {
 
 #[test]
 fn the_null_provider_runs_the_same_spec_and_runs_compare() {
-    let (_dir, out, records) = run_small_spec(&["--provider", "null"]);
+    // Every record and the summary are POSTed to a receiver that keeps
+    // each body as a line.
+    let dir = tmp();
+    let received = at(&dir, "received.jsonl");
+    let mut receiver = Command::new("python3")
+        .args(["-c", RECEIVER, &p(&received)])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut port = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(receiver.stdout.take().unwrap()),
+        &mut port,
+    )
+    .unwrap();
+    let text = format!(
+        "{SMALL_SPEC}outputs: {{http: \"http://127.0.0.1:{}/records\"}}\n",
+        port.trim()
+    );
+    let (_dir, out, records) = run_spec_text(dir, &text, &["--provider", "null"]);
+    let _ = receiver.kill();
+    let _ = receiver.wait();
+    let posted: Vec<Value> = std::fs::read_to_string(&received)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let (summaries, mut bodies): (Vec<Value>, Vec<Value>) =
+        posted.into_iter().partition(|v| v.get("summary").is_some());
+    assert_eq!(summaries.len(), 1, "one summary posted");
+    assert_eq!(summaries[0]["summary"]["records"], records.len() as u64);
+    let mut written = records.clone();
+    let key = |v: &Value| v.to_string();
+    bodies.sort_by_key(key);
+    written.sort_by_key(key);
+    assert_eq!(bodies, written, "the posted records are records.jsonl's");
     let counts = tally(&records);
     assert_eq!(count(&counts, "writer", "ok"), 2, "{counts:?}");
     assert_eq!(count(&counts, "checker", "ok"), 1, "{counts:?}");
