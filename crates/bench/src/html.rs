@@ -47,8 +47,11 @@ pub fn render(data: &RunData) -> Result<String> {
          operations per second (all its instances), with each control operation \
          marked at its start</figcaption>\n{io}</figure>\n\
          <figure id=\"latency-cdf\"><figcaption>Latency CDF of each operation \
-         (those that succeeded)</figcaption>\n{cdf}</figure>\n</body></html>\n"
+         (those that succeeded)</figcaption>\n{cdf}</figure>\n"
     );
+    // After the plots: a daemon has hundreds of series.
+    metrics_table(&mut page, &summary);
+    page.push_str("</body></html>\n");
     Ok(page)
 }
 
@@ -307,6 +310,37 @@ fn workloads_table(page: &mut String, summary: &Summary) {
     page.push_str("</table>\n");
 }
 
+/// Most metric series the page lists.
+const LISTED_SERIES: usize = 100;
+
+/// The provider's metrics that moved during the run.
+fn metrics_table(page: &mut String, summary: &Summary) {
+    let moved: Vec<_> = summary.metrics.iter().filter(|m| m.min != m.max).collect();
+    if moved.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        page,
+        "<table id=\"metrics\"><caption>the provider's metrics that moved ({} of {} series)</caption>\
+         <tr><th>series</th><th>samples</th><th>first</th><th>last</th><th>min</th><th>max</th></tr>",
+        moved.len(),
+        summary.metrics.len()
+    );
+    for m in moved.iter().take(LISTED_SERIES) {
+        let _ = writeln!(
+            page,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&m.series),
+            m.samples,
+            m.first,
+            m.last,
+            m.min,
+            m.max
+        );
+    }
+    page.push_str("</table>\n");
+}
+
 /// `text` with HTML's special characters escaped (names come from the
 /// spec, which a user wrote).
 fn escape(text: &str) -> String {
@@ -361,6 +395,7 @@ mod tests {
                 record("snap", "snapshot", 6.0, 6.3),
                 record("db", "workload", 0.0, 10.0),
             ],
+            metrics: Vec::new(),
             samples: (0..10)
                 .map(|second| IoSample {
                     workload: "db".into(),

@@ -44,7 +44,17 @@ impl Arrivals {
                 let uniform: f64 = self.rng.random();
                 mean.mul_f64(-(1.0 - uniform).ln())
             }
-            RateLaw::ClosedLoop(_) => return None,
+            // A trace file not read yet has no times: the run refuses it
+            // before it starts (see `Spec::read_trace_files`).
+            RateLaw::ClosedLoop(_) | RateLaw::TraceFile { .. } => return None,
+            RateLaw::IncreaseDecrease {
+                low,
+                high,
+                step,
+                every,
+            } => {
+                Duration::from_secs_f64(1.0 / bounded_level(*low, *high, *step, *every, self.clock))
+            }
             RateLaw::Ramp { from, to, over } => {
                 let done = (self.clock.as_secs_f64() / over.as_secs_f64()).min(1.0);
                 Duration::from_secs_f64(
@@ -60,6 +70,25 @@ impl Arrivals {
         };
         self.clock += gap;
         Some(gap)
+    }
+}
+
+/// The rate (arrivals per second) of an increase-decrease law at `clock`:
+/// the `k`-th interval of length `every` has `low + k·step`, capped at
+/// `high`, until `high` is reached, then goes down by `step` to `low`,
+/// and so on (a triangle wave with a period of `2n` intervals, `n` the
+/// steps from `low` to `high`).
+pub fn bounded_level(low: f64, high: f64, step: f64, every: Duration, clock: Duration) -> f64 {
+    let steps = ((high - low) / step).ceil().max(0.0) as u64;
+    if steps == 0 || every.is_zero() {
+        return low;
+    }
+    let interval = clock.as_nanos() / every.as_nanos();
+    let phase = (interval % u128::from(2 * steps)) as u64;
+    if phase <= steps {
+        (low + phase as f64 * step).min(high)
+    } else {
+        (high - (phase - steps) as f64 * step).max(low)
     }
 }
 
@@ -211,6 +240,68 @@ mod tests {
                 ms(100),
                 ms(100)
             ]
+        );
+    }
+
+    /// An increase-decrease law: the arrivals in each second follow the
+    /// triangle 2, 4, 6, 8, 10, 8, 6, 4, 2, ... (within one arrival, as a
+    /// gap that starts in one second may end in the next), and no gap is
+    /// shorter than 1/high or longer than 1/low.
+    #[test]
+    fn increase_decrease_moves_between_its_bounds() {
+        let law = RateLaw::IncreaseDecrease {
+            low: 2.0,
+            high: 10.0,
+            step: 2.0,
+            every: Duration::from_secs(1),
+        };
+        let mut arrivals = Arrivals::new(law, 1);
+        let mut clock = 0.0;
+        let mut counts = vec![0i64; 24];
+        while clock < 24.0 {
+            let gap = arrivals.next_gap().expect("open rate").as_secs_f64();
+            assert!((0.1 - 1e-9..=0.5 + 1e-9).contains(&gap), "gap {gap}");
+            clock += gap;
+            if let Some(count) = counts.get_mut(clock as usize) {
+                *count += 1;
+            }
+        }
+        let triangle = [2, 4, 6, 8, 10, 8, 6, 4];
+        for (second, count) in counts.iter().enumerate() {
+            let expected = triangle[second % 8];
+            assert!(
+                (count - expected).abs() <= 1,
+                "second {second}: {count} arrivals, not {expected}: {counts:?}"
+            );
+        }
+        let total: i64 = counts.iter().sum();
+        assert!(
+            (total - 3 * 48).abs() <= 3,
+            "{total} arrivals in three periods"
+        );
+        // A step that does not divide the span stops at the bounds.
+        let level = |s: u64| {
+            bounded_level(
+                1.0,
+                4.0,
+                2.0,
+                Duration::from_secs(1),
+                Duration::from_secs(s),
+            )
+        };
+        assert_eq!(
+            (0..6).map(level).collect::<Vec<_>>(),
+            [1.0, 3.0, 4.0, 2.0, 1.0, 3.0]
+        );
+        assert_eq!(
+            bounded_level(
+                5.0,
+                5.0,
+                1.0,
+                Duration::from_secs(1),
+                Duration::from_secs(9)
+            ),
+            5.0
         );
     }
 

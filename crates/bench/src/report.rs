@@ -8,7 +8,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
+use crate::metrics::{MetricSample, MetricSummary, METRICS_SERIES};
 use crate::record::{read_lines, IoSample, Record, RunInfo, Status, IO_SERIES, RECORDS};
+use crate::spec::{matches, Threshold, OPERATION_METRICS, WORKLOAD_METRICS};
 
 /// One operation's figures: latencies (end − start) of those that
 /// succeeded, in milliseconds.
@@ -82,6 +84,9 @@ pub struct Summary {
     pub operations: Vec<OperationSummary>,
     /// Per workload.
     pub workloads: Vec<WorkloadSummary>,
+    /// Per series of the provider's metrics scraped during the run.
+    #[serde(default)]
+    pub metrics: Vec<MetricSummary>,
 }
 
 /// The `p` quantile (0 to 1) of sorted values, by nearest rank.
@@ -107,6 +112,8 @@ pub struct RunData {
     pub records: Vec<Record>,
     /// `io.jsonl` (empty when the run had no workload).
     pub samples: Vec<IoSample>,
+    /// `metrics.jsonl` (empty when the provider has no metrics).
+    pub metrics: Vec<MetricSample>,
 }
 
 /// Reads a run directory.
@@ -119,10 +126,17 @@ pub fn load(dir: &Path) -> Result<RunData> {
     } else {
         Vec::new()
     };
+    let metrics_path = dir.join(METRICS_SERIES);
+    let metrics: Vec<MetricSample> = if metrics_path.exists() {
+        read_lines(&metrics_path)?
+    } else {
+        Vec::new()
+    };
     Ok(RunData {
         info,
         records,
         samples,
+        metrics,
     })
 }
 
@@ -143,6 +157,7 @@ pub fn summary_of(data: &RunData) -> Summary {
         records: data.records.len() as u64,
         operations: operations(&data.records, info.duration),
         workloads: workloads(&data.samples),
+        metrics: crate::metrics::summarize(&data.metrics),
     }
 }
 
@@ -260,6 +275,30 @@ pub struct Comparison {
     pub ratio: Option<f64>,
 }
 
+/// An operation's value of one of [`OPERATION_METRICS`].
+fn operation_metric(op: &OperationSummary, metric: &str) -> Option<f64> {
+    Some(match metric {
+        "ok" => op.ok as f64,
+        "errors" => op.errors as f64,
+        "p50_ms" => op.p50_ms,
+        "p99_ms" => op.p99_ms,
+        "max_ms" => op.max_ms,
+        "per_minute" => op.per_minute,
+        _ => return None,
+    })
+}
+
+/// A workload's value of one of [`WORKLOAD_METRICS`].
+fn workload_metric(workload: &WorkloadSummary, metric: &str) -> Option<f64> {
+    Some(match metric {
+        "mean_iops" => workload.mean_iops,
+        "min_iops" => workload.min_iops,
+        "mean_kib_per_s" => workload.mean_kib_per_s,
+        "zero_seconds" => workload.zero_seconds as f64,
+        _ => return None,
+    })
+}
+
 /// Every metric the two runs share, with its ratio (second over first).
 pub fn compare(a: &Summary, b: &Summary) -> Vec<Comparison> {
     let mut rows = Vec::new();
@@ -279,49 +318,123 @@ pub fn compare(a: &Summary, b: &Summary) -> Vec<Comparison> {
         else {
             continue;
         };
-        let name = format!("{}.{}", op.operation, op.action);
-        push(format!("{name}.ok"), op.ok as f64, other.ok as f64);
-        push(
-            format!("{name}.errors"),
-            op.errors as f64,
-            other.errors as f64,
-        );
-        push(format!("{name}.p50_ms"), op.p50_ms, other.p50_ms);
-        push(format!("{name}.p99_ms"), op.p99_ms, other.p99_ms);
-        push(format!("{name}.max_ms"), op.max_ms, other.max_ms);
-        push(
-            format!("{name}.per_minute"),
-            op.per_minute,
-            other.per_minute,
-        );
+        for metric in OPERATION_METRICS {
+            if let Some((x, y)) = operation_metric(op, metric).zip(operation_metric(other, metric))
+            {
+                push(format!("{}.{}.{metric}", op.operation, op.action), x, y);
+            }
+        }
     }
     for workload in &a.workloads {
         let Some(other) = b.workloads.iter().find(|w| w.workload == workload.workload) else {
             continue;
         };
-        let name = &workload.workload;
-        push(
-            format!("{name}.mean_iops"),
-            workload.mean_iops,
-            other.mean_iops,
-        );
-        push(
-            format!("{name}.min_iops"),
-            workload.min_iops,
-            other.min_iops,
-        );
-        push(
-            format!("{name}.mean_kib_per_s"),
-            workload.mean_kib_per_s,
-            other.mean_kib_per_s,
-        );
-        push(
-            format!("{name}.zero_seconds"),
-            workload.zero_seconds as f64,
-            other.zero_seconds as f64,
-        );
+        for metric in WORKLOAD_METRICS {
+            if let Some((x, y)) =
+                workload_metric(workload, metric).zip(workload_metric(other, metric))
+            {
+                push(format!("{}.{metric}", workload.workload), x, y);
+            }
+        }
     }
     rows
+}
+
+/// One threshold applied to one metric (or to none, when nothing matched).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Verdict {
+    /// The threshold's metric pattern.
+    pub threshold: String,
+    /// Its bounds as written, such as `max_ratio 1.05`.
+    pub bounds: String,
+    /// The metric it was applied to (none when no metric matched).
+    pub metric: Option<String>,
+    /// The first run's value.
+    pub a: Option<f64>,
+    /// The second run's value.
+    pub b: Option<f64>,
+    /// Whether every bound held.
+    pub pass: bool,
+    /// Why it failed (empty when it passed).
+    pub reason: String,
+}
+
+/// B / A for ratio bounds: 1 when both are 0 (nothing changed), infinite
+/// when only A is 0 (anything over nothing is unbounded growth).
+fn bound_ratio(a: f64, b: f64) -> f64 {
+    match (a == 0.0, b == 0.0) {
+        (true, true) => 1.0,
+        (true, false) => f64::INFINITY,
+        _ => b / a,
+    }
+}
+
+/// What is wrong with a metric under a threshold (empty when it holds).
+fn violations(threshold: &Threshold, a: f64, b: f64) -> Vec<String> {
+    let ratio = bound_ratio(a, b);
+    let mut wrong = Vec::new();
+    if threshold.min_ratio.is_some_and(|low| ratio < low) {
+        wrong.push(format!(
+            "B / A = {ratio:.3} is below min_ratio {}",
+            threshold.min_ratio.unwrap_or(0.0)
+        ));
+    }
+    if threshold.max_ratio.is_some_and(|high| ratio > high) {
+        wrong.push(format!(
+            "B / A = {ratio:.3} is above max_ratio {}",
+            threshold.max_ratio.unwrap_or(0.0)
+        ));
+    }
+    if threshold.min.is_some_and(|low| b < low) {
+        wrong.push(format!(
+            "B = {b} is below min {}",
+            threshold.min.unwrap_or(0.0)
+        ));
+    }
+    if threshold.max.is_some_and(|high| b > high) {
+        wrong.push(format!(
+            "B = {b} is above max {}",
+            threshold.max.unwrap_or(0.0)
+        ));
+    }
+    wrong
+}
+
+/// Applies each threshold to every compared metric its pattern matches;
+/// a threshold that matches none fails (a rule that checks nothing must
+/// not pass silently).
+pub fn judge(rows: &[Comparison], thresholds: &[Threshold]) -> Vec<Verdict> {
+    let mut verdicts = Vec::new();
+    for threshold in thresholds {
+        let matched: Vec<&Comparison> = rows
+            .iter()
+            .filter(|row| matches(&threshold.pattern, &row.metric))
+            .collect();
+        if matched.is_empty() {
+            verdicts.push(Verdict {
+                threshold: threshold.pattern.clone(),
+                bounds: threshold.bounds(),
+                metric: None,
+                a: None,
+                b: None,
+                pass: false,
+                reason: "no metric of both runs matches it".into(),
+            });
+        }
+        for row in matched {
+            let wrong = violations(threshold, row.a, row.b);
+            verdicts.push(Verdict {
+                threshold: threshold.pattern.clone(),
+                bounds: threshold.bounds(),
+                metric: Some(row.metric.clone()),
+                a: Some(row.a),
+                b: Some(row.b),
+                pass: wrong.is_empty(),
+                reason: wrong.join("; "),
+            });
+        }
+    }
+    verdicts
 }
 
 #[cfg(test)]
@@ -336,5 +449,111 @@ mod tests {
         assert_eq!(quantile(&values, 0.999), 999.0);
         assert_eq!(quantile(&[7.0], 0.999), 7.0);
         assert_eq!(quantile(&[], 0.5), 0.0);
+    }
+
+    fn row(metric: &str, a: f64, b: f64) -> Comparison {
+        Comparison {
+            metric: metric.into(),
+            a,
+            b,
+            ratio: (a != 0.0).then(|| b / a),
+        }
+    }
+
+    fn threshold(pattern: &str) -> Threshold {
+        Threshold {
+            pattern: pattern.into(),
+            min_ratio: None,
+            max_ratio: None,
+            min: None,
+            max: None,
+        }
+    }
+
+    /// Ratio and absolute bounds pass and fail on the right side of their
+    /// value; a pattern covers every metric it matches; a threshold that
+    /// matches nothing fails.
+    #[test]
+    fn thresholds_judge_ratios_and_bounds() {
+        let rows = [
+            row("snaps.snapshot.p99_ms", 10.0, 10.5),
+            row("snaps.snapshot.errors", 0.0, 0.0),
+            row("clones.clone.errors", 0.0, 2.0),
+            row("writer.mean_iops", 1000.0, 970.0),
+            row("writer.zero_seconds", 0.0, 0.0),
+        ];
+        let cases = [
+            (
+                Threshold {
+                    max_ratio: Some(1.05),
+                    ..threshold("snaps.snapshot.p99_ms")
+                },
+                vec![true],
+            ),
+            (
+                Threshold {
+                    max_ratio: Some(1.04),
+                    ..threshold("snaps.snapshot.p99_ms")
+                },
+                vec![false],
+            ),
+            (
+                Threshold {
+                    min_ratio: Some(0.97),
+                    ..threshold("writer.mean_iops")
+                },
+                vec![true],
+            ),
+            (
+                Threshold {
+                    min_ratio: Some(0.98),
+                    ..threshold("writer.mean_iops")
+                },
+                vec![false],
+            ),
+            (
+                Threshold {
+                    max: Some(0.0),
+                    ..threshold("writer.zero_seconds")
+                },
+                vec![true],
+            ),
+            (
+                Threshold {
+                    max: Some(0.0),
+                    ..threshold("*.errors")
+                },
+                vec![true, false],
+            ),
+            (
+                Threshold {
+                    max_ratio: Some(1.0),
+                    ..threshold("*.errors")
+                },
+                vec![true, false],
+            ),
+            (
+                Threshold {
+                    min: Some(980.0),
+                    ..threshold("writer.mean_iops")
+                },
+                vec![false],
+            ),
+            (
+                Threshold {
+                    min: Some(1.0),
+                    ..threshold("nothing.*")
+                },
+                vec![false],
+            ),
+        ];
+        for (threshold, expected) in cases {
+            let verdicts = judge(&rows, std::slice::from_ref(&threshold));
+            let passes: Vec<bool> = verdicts.iter().map(|v| v.pass).collect();
+            assert_eq!(passes, expected, "{threshold:?}: {verdicts:?}");
+            for verdict in verdicts.iter().filter(|v| !v.pass) {
+                assert!(!verdict.reason.is_empty(), "{verdict:?}");
+            }
+        }
     }
 }

@@ -38,7 +38,8 @@ pub enum BenchCommand {
         #[arg(long)]
         html: bool,
     },
-    /// Compare two run directories metric by metric (ratios B / A).
+    /// Compare two run directories metric by metric (ratios B / A), and
+    /// apply the spec's thresholds: exits 1 when one fails.
     Compare {
         /// The first run directory.
         #[arg(value_parser = crate::stdio::directory())]
@@ -49,6 +50,10 @@ pub enum BenchCommand {
         /// Output format.
         #[arg(long, value_enum, default_value = "human")]
         output: Output,
+        /// The spec whose `thresholds:` apply (default: B/spec.yaml, the
+        /// spec B ran).
+        #[arg(long, value_parser = crate::stdio::file("the spec is read once"))]
+        spec: Option<PathBuf>,
     },
     /// Delete what a run left (after it was killed): every volume whose
     /// name carries its run id, with their snapshots.
@@ -144,10 +149,12 @@ pub fn run(command: BenchCommand) -> Result<i32> {
             }
             Ok(0)
         }
-        BenchCommand::Compare { a, b, output } => {
+        BenchCommand::Compare { a, b, output, spec } => {
             let rows = report::compare(&report::summarize(&a)?, &report::summarize(&b)?);
-            render_comparison(&rows, output);
-            Ok(0)
+            let thresholds = thresholds(&spec.unwrap_or_else(|| b.join("spec.yaml")))?;
+            let verdicts = report::judge(&rows, &thresholds);
+            render_comparison(&rows, &verdicts, output);
+            Ok(i32::from(verdicts.iter().any(|v| !v.pass)))
         }
         BenchCommand::Clean { dir, daemon } => clean(&dir, &daemon),
         BenchCommand::S3(args) => crate::s3_load::run(args),
@@ -174,10 +181,13 @@ fn install_signal_handlers() {
 fn run_spec(args: RunArgs) -> Result<i32> {
     let text = std::fs::read_to_string(&args.spec)
         .with_context(|| format!("cannot read the spec {}", args.spec.display()))?;
-    let spec = spec::parse(&text).map_err(|problem| strata_bench::error::Error::Spec {
+    let spec_error = |problem| strata_bench::error::Error::Spec {
         path: args.spec.clone(),
         problem,
-    })?;
+    };
+    let mut spec = spec::parse(&text).map_err(spec_error)?;
+    let base = args.spec.parent().unwrap_or(Path::new("."));
+    spec.read_trace_files(base).map_err(spec_error)?;
     if args.dry_run {
         for line in plan(&spec) {
             println!("{line}");
@@ -307,6 +317,13 @@ fn plan(spec: &Spec) -> Vec<String> {
             }
             RateLaw::Steps(steps) => format!("{} steps, first every {:?}", steps.len(), steps[0].0),
             RateLaw::Trace(times) => format!("a trace of {} arrivals", times.len()),
+            RateLaw::TraceFile { path, .. } => format!("the trace in {path}"),
+            RateLaw::IncreaseDecrease {
+                low,
+                high,
+                step,
+                every,
+            } => format!("{low} to {high} arrivals a second and back, by {step} every {every:?}"),
         };
         let on = op.workload.as_ref().map_or_else(
             || format!("volumes {}", op.group),
@@ -449,6 +466,7 @@ fn render_summary(summary: &Summary, output: Output) {
             op.per_minute
         );
     }
+    render_metrics(summary);
     if summary.workloads.is_empty() {
         return;
     }
@@ -469,9 +487,58 @@ fn render_summary(summary: &Summary, output: Output) {
     }
 }
 
-fn render_comparison(rows: &[report::Comparison], output: Output) {
+/// The thresholds of the spec at `path`: none when a hand-made run
+/// directory has no spec.
+fn thresholds(path: &Path) -> Result<Vec<spec::Threshold>> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the spec {}", path.display()))?;
+    let spec = spec::parse(&text).map_err(|problem| strata_bench::error::Error::Spec {
+        path: path.to_path_buf(),
+        problem,
+    })?;
+    Ok(spec.thresholds)
+}
+
+/// Most metric series the human report lists (JSON has them all).
+const LISTED_SERIES: usize = 40;
+
+/// The provider's metrics that moved during the run: their first, last,
+/// lowest and highest values.
+fn render_metrics(summary: &Summary) {
+    if summary.metrics.is_empty() {
+        return;
+    }
+    let moved: Vec<_> = summary.metrics.iter().filter(|m| m.min != m.max).collect();
+    println!(
+        "provider metrics: {} series scraped, {} moved{}",
+        summary.metrics.len(),
+        moved.len(),
+        if moved.is_empty() { "" } else { ":" }
+    );
+    for metric in moved.iter().take(LISTED_SERIES) {
+        println!(
+            "  {:<72} {:>6} samples, {} -> {} (min {}, max {})",
+            metric.series, metric.samples, metric.first, metric.last, metric.min, metric.max
+        );
+    }
+    if moved.len() > LISTED_SERIES {
+        println!(
+            "  ... and {} more (--output json lists every series)",
+            moved.len() - LISTED_SERIES
+        );
+    }
+}
+
+fn render_comparison(rows: &[report::Comparison], verdicts: &[report::Verdict], output: Output) {
     if output == Output::Json {
-        println!("{}", serde_json::to_string_pretty(rows).unwrap_or_default());
+        let both = serde_json::json!({"metrics": rows, "thresholds": verdicts});
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&both).unwrap_or_default()
+        );
         return;
     }
     println!("{:<44} {:>12} {:>12} {:>8}", "metric", "A", "B", "B / A");
@@ -484,4 +551,24 @@ fn render_comparison(rows: &[report::Comparison], output: Output) {
             row.metric, row.a, row.b, ratio
         );
     }
+    if verdicts.is_empty() {
+        return;
+    }
+    println!("{:<44} {:<6} {:<24} why", "threshold", "result", "bounds");
+    for verdict in verdicts {
+        println!(
+            "{:<44} {:<6} {:<24} {}",
+            verdict.metric.as_deref().unwrap_or(&verdict.threshold),
+            if verdict.pass { "pass" } else { "FAIL" },
+            verdict.bounds,
+            verdict.reason
+        );
+    }
+    let failed = verdicts.iter().filter(|v| !v.pass).count();
+    println!(
+        "{} of {} threshold checks passed{}",
+        verdicts.len() - failed,
+        verdicts.len(),
+        if failed > 0 { "; FAILED" } else { "" }
+    );
 }

@@ -90,6 +90,12 @@ pub trait Provider: Send + Sync {
     /// The volumes whose names start with `prefix` (what a run left).
     fn volumes_named(&self, prefix: &str) -> Result<Vec<String>, String>;
 
+    /// The provider's own metrics in Prometheus' text format (at most
+    /// [`crate::metrics::MAX_SCRAPE_BYTES`]), or `None` when it has none.
+    fn metrics(&self) -> Option<Result<String, String>> {
+        None
+    }
+
     /// Stops what the provider started for the run (a daemon); nothing
     /// for a provider the run only reached.
     fn shutdown(&self) -> Result<(), String> {

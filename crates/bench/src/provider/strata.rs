@@ -3,7 +3,7 @@
 //! When a run names no daemon, one is started on embedded defaults with
 //! its pool in the run directory, and stopped at the end.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -343,6 +343,22 @@ impl Provider for StrataProvider {
             .filter(|name| name.starts_with(prefix))
             .map(str::to_string)
             .collect())
+    }
+
+    fn metrics(&self) -> Option<Result<String, String>> {
+        let reply = match self.agent.get(&format!("{}/metrics", self.base)).call() {
+            Ok(reply) => reply,
+            Err(e) => return Some(Err(format!("GET {}/metrics: {e}", self.base))),
+        };
+        let mut text = String::new();
+        let read = reply
+            .into_reader()
+            .take(crate::metrics::MAX_SCRAPE_BYTES)
+            .read_to_string(&mut text);
+        Some(
+            read.map(|_| text)
+                .map_err(|e| format!("GET {}/metrics: unreadable reply: {e}", self.base)),
+        )
     }
 
     fn shutdown(&self) -> Result<(), String> {

@@ -7,6 +7,7 @@ mod database;
 mod instance;
 mod operations;
 mod restore;
+mod scrape;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -26,6 +27,7 @@ use crate::inventory::Inventory;
 use crate::provider::{Detail, NullProvider, Provider, QemuProvider, Stages, StrataProvider};
 use crate::rate::{closed_loop, Arrivals};
 use crate::record::{LineWriter, Record, RunInfo, Status, IO_SERIES, RECORDS};
+use crate::sink::HttpSink;
 use crate::spec::{Action, Attach, ControlOperation, RateLaw, Spec, VolumeGroup};
 
 /// How long workloads may go on after the run's duration (fio's verify
@@ -155,6 +157,16 @@ pub fn run(
     stop: &AtomicBool,
     events: &(dyn Fn(Event) + Sync),
 ) -> Result<Outcome> {
+    if let Some(op) = spec
+        .control_operations
+        .iter()
+        .find(|op| matches!(op.rate, RateLaw::TraceFile { .. }))
+    {
+        return Err(Error::Argument(format!(
+            "rate `{}`: its trace file was not read: call `Spec::read_trace_files` before the run",
+            op.rate_name
+        )));
+    }
     let dir = options.out.clone();
     make_run_directory(&dir)?;
     // Absolute: workloads run in directories of their own.
@@ -207,7 +219,8 @@ pub fn run(
         run_id: run_id.clone(),
         provider: provider.name(),
     });
-    let run = Run {
+    let mut run = Run {
+        sink: spec.http_sink.as_deref().map(HttpSink::start),
         spec,
         dir: dir.clone(),
         run_id: run_id.clone(),
@@ -239,6 +252,9 @@ pub fn run(
     events(Event::Phase("cleanup".into()));
     let leftovers = run.cleanup();
     info.save(&dir)?;
+    if let Some(sink) = run.sink.take() {
+        post_summary(sink, &dir, events);
+    }
     let outcome = Outcome {
         run_id,
         dir,
@@ -254,8 +270,30 @@ pub fn run(
     Ok(outcome)
 }
 
+/// POSTs the run's summary to the sink, waits for what is queued, and
+/// tells how many bodies could not be posted (the run goes on either way).
+fn post_summary(sink: HttpSink, dir: &Path, events: &(dyn Fn(Event) + Sync)) {
+    match crate::report::summarize(dir) {
+        Ok(summary) => match serde_json::to_string(&serde_json::json!({ "summary": summary })) {
+            Ok(body) => sink.offer(body),
+            Err(e) => events(Event::Warning(format!("the summary was not posted: {e}"))),
+        },
+        Err(e) => events(Event::Warning(format!("the summary was not posted: {e}"))),
+    }
+    let posted = sink.finish();
+    if posted.failed > 0 {
+        events(Event::Warning(format!(
+            "outputs.http: {} of {} bodies could not be posted (the run's files have them all)",
+            posted.failed,
+            posted.failed + posted.sent
+        )));
+    }
+}
+
 /// The state of a run in progress.
 struct Run<'a> {
+    /// Where records are POSTed, if the spec says.
+    sink: Option<HttpSink>,
     spec: &'a Spec,
     dir: PathBuf,
     run_id: String,
@@ -333,6 +371,11 @@ impl Run<'_> {
         let (operation, status) = (record.operation.clone(), record.status);
         if let Err(e) = self.records.append(&record) {
             (self.events)(Event::Warning(e.to_string()));
+        }
+        if let Some(sink) = &self.sink {
+            if let Ok(body) = serde_json::to_string(&record) {
+                sink.offer(body);
+            }
         }
         let written = self.written.fetch_add(1, Ordering::SeqCst) + 1;
         (self.events)(Event::Operation { operation, status });
@@ -487,6 +530,7 @@ impl Run<'_> {
                     scope.spawn(move || self.run_instance(workload, instance, barrier, deadline));
                 }
             }
+            scope.spawn(|| self.scrape_metrics());
             for (index, operation) in self.spec.control_operations.iter().enumerate() {
                 let in_flight = &in_flight[index];
                 scope.spawn(move || self.drive(operation, index as u64, in_flight, scope));

@@ -43,7 +43,16 @@ pub struct Spec {
     pub control_operations: Vec<ControlOperation>,
     /// Where results go unless `--out` says otherwise.
     pub output_dir: Option<String>,
+    /// Pass/fail rules `strata bench compare` applies to two runs.
+    pub thresholds: Vec<Threshold>,
+    /// How often the provider's metrics are scraped during the run.
+    pub metrics_every: Duration,
+    /// Where each record and the summary are POSTed as JSON, if anywhere.
+    pub http_sink: Option<String>,
 }
+
+/// How often the provider's metrics are scraped unless the spec says.
+pub const DEFAULT_METRICS_EVERY: Duration = Duration::from_secs(1);
 
 /// Volumes of one kind: `count` made at the start, more by `create` and
 /// `clone` operations that name the group.
@@ -172,7 +181,30 @@ pub enum RateLaw {
     Steps(Vec<(Duration, Option<Duration>)>),
     /// Arrivals at exactly these times since the run's start, then none.
     Trace(Vec<Duration>),
+    /// A trace still in its file (relative to the spec's directory), as
+    /// parsed; [`Spec::read_trace_files`] makes it a `Trace`.
+    TraceFile {
+        /// The file as the spec names it.
+        path: String,
+        /// The spec's line that names it.
+        line: u64,
+    },
+    /// Arrivals per second go from `low` up to `high` by `step` each
+    /// `every`, then back down to `low` by `step`, and so on.
+    IncreaseDecrease {
+        /// The lowest rate, in arrivals per second.
+        low: f64,
+        /// The highest rate, in arrivals per second.
+        high: f64,
+        /// How much the rate changes each `every`.
+        step: f64,
+        /// How long each rate holds.
+        every: Duration,
+    },
 }
+
+/// Highest rate of an `increase_decrease` law, in arrivals per second.
+pub const MAX_ARRIVALS_PER_SECOND: f64 = 10_000.0;
 
 /// Most arrival times a trace may list.
 pub const MAX_TRACE: usize = 1_000_000;
@@ -220,6 +252,8 @@ struct RawSpec {
     rates: Vec<RawRate>,
     #[serde(default)]
     outputs: Option<RawOutputs>,
+    #[serde(default)]
+    thresholds: Vec<RawThreshold>,
 }
 
 #[derive(Deserialize)]
@@ -296,6 +330,17 @@ struct RawRate {
     ramp: Option<RawRamp>,
     steps: Option<Vec<RawStep>>,
     trace: Option<Vec<f64>>,
+    trace_file: Option<Spanned<String>>,
+    increase_decrease: Option<RawIncreaseDecrease>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawIncreaseDecrease {
+    low: f64,
+    high: f64,
+    step: f64,
+    every: Interval,
 }
 
 #[derive(Deserialize)]
@@ -318,6 +363,8 @@ struct RawStep {
 #[serde(deny_unknown_fields)]
 struct RawOutputs {
     dir: Option<String>,
+    metrics_every: Option<Interval>,
+    http: Option<Spanned<String>>,
 }
 
 fn one() -> u32 {
@@ -388,12 +435,27 @@ fn check(raw: RawSpec) -> Result<Spec, SpecError> {
         }
         operations.push(check_operation(op, &groups, &workloads, &rates)?);
     }
+    let thresholds = check_thresholds(&raw.thresholds, &operations, &workloads)?;
+    let http_sink = match raw.outputs.as_ref().and_then(|o| o.http.as_ref()) {
+        Some(url) => {
+            crate::sink::check_url(&url.value).or_else(|message| refused(url, message))?;
+            Some(url.value.clone())
+        }
+        None => None,
+    };
     Ok(Spec {
         duration: raw.duration.0,
         volumes: groups,
         workloads,
         control_operations: operations,
+        metrics_every: raw
+            .outputs
+            .as_ref()
+            .and_then(|o| o.metrics_every)
+            .map_or(DEFAULT_METRICS_EVERY, |every| every.0),
         output_dir: raw.outputs.and_then(|o| o.dir),
+        thresholds,
+        http_sink,
     })
 }
 
@@ -516,14 +578,35 @@ fn rate_law(rate: &RawRate) -> Result<RateLaw, SpecError> {
         rate.ramp.is_some(),
         rate.steps.is_some(),
         rate.trace.is_some(),
+        rate.trace_file.is_some(),
+        rate.increase_decrease.is_some(),
     ];
     if stated.iter().filter(|s| **s).count() != 1 {
         return refused(name, format!(
             "rate `{}`: give exactly one of `every: 1s`, `poisson_mean: 500ms`, `in_flight: 4`, \
              `ramp: {{from: 1s, to: 100ms, over: 30s}}`, `steps: [{{every: 1s, for: 10s}}, {{every: 200ms}}]` \
-             or `trace: [0.5, 1.25, 3]`",
+             `trace: [0.5, 1.25, 3]`, `trace_file: arrivals.csv` \
+             or `increase_decrease: {{low: 1, high: 10, step: 1, every: 2s}}`",
             name.value
         ));
+    }
+    if let Some(path) = &rate.trace_file {
+        if path.value.trim().is_empty() {
+            return refused(
+                path,
+                format!(
+                    "rate `{}`: trace_file: name a CSV file (relative to the spec's directory)",
+                    name.value
+                ),
+            );
+        }
+        return Ok(RateLaw::TraceFile {
+            path: path.value.clone(),
+            line: path.referenced.line(),
+        });
+    }
+    if let Some(law) = &rate.increase_decrease {
+        return increase_decrease(name, law);
     }
     if let Some(every) = rate.every {
         return Ok(RateLaw::Every(every.0));
@@ -580,6 +663,28 @@ fn rate_law(rate: &RawRate) -> Result<RateLaw, SpecError> {
             ),
         ),
     }
+}
+
+/// An `increase_decrease` law with rates from just above 0 to
+/// [`MAX_ARRIVALS_PER_SECOND`], `low` at most `high`, and a step that
+/// moves.
+fn increase_decrease(
+    name: &Spanned<String>,
+    law: &RawIncreaseDecrease,
+) -> Result<RateLaw, SpecError> {
+    let rate_ok = |r: f64| r.is_finite() && r > 0.0 && r <= MAX_ARRIVALS_PER_SECOND;
+    if !rate_ok(law.low) || !rate_ok(law.high) || law.low > law.high || !rate_ok(law.step) {
+        return refused(name, format!(
+            "rate `{}`: increase_decrease: write `low`, `high` and `step` in arrivals per second, each above 0 and at most {MAX_ARRIVALS_PER_SECOND}, with low at most high (such as {{low: 1, high: 10, step: 1, every: 2s}})",
+            name.value
+        ));
+    }
+    Ok(RateLaw::IncreaseDecrease {
+        low: law.low,
+        high: law.high,
+        step: law.step,
+        every: law.every.0,
+    })
 }
 
 fn check_operation(
@@ -697,7 +802,13 @@ fn operation_target(
     }
 }
 
+mod threshold;
+mod trace_file;
 mod workload;
+
+use threshold::{check_thresholds, RawThreshold};
+pub use threshold::{matches, Threshold, OPERATION_METRICS, WORKLOAD_METRICS};
+pub use trace_file::{parse_trace, read_trace, MAX_TRACE_FILE_BYTES};
 
 use workload::check_restore;
 pub use workload::{restore_check, RestoreCheck};

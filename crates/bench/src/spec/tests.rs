@@ -72,6 +72,42 @@ fn ramps_steps_and_traces_read_and_bad_traces_are_refused() {
         .expect_err("open step first")
         .message
         .contains("only the last"));
+    let waves = "  - {name: waves, increase_decrease: {low: 1, high: 10, step: 1, every: 2s}}\n  - {name: recorded, trace_file: arrivals.csv}\n";
+    let text = text.replacen(
+        "    in_flight: 2\n",
+        &format!("    in_flight: 2\n{waves}"),
+        1,
+    );
+    let text = text.replacen("rate: two", "rate: recorded", 1);
+    let mut spec = parse(&text).expect("increase_decrease and trace_file");
+    assert_eq!(
+        spec.control_operations[1].rate,
+        RateLaw::TraceFile {
+            path: "arrivals.csv".into(),
+            line: 33
+        }
+    );
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let missing = spec
+        .clone()
+        .read_trace_files(dir.path())
+        .expect_err("no file yet");
+    assert_eq!(missing.line, 33, "{missing}");
+    assert!(
+        missing.message.contains("trace_file") && missing.message.contains("cannot open"),
+        "{missing}"
+    );
+    std::fs::write(dir.path().join("arrivals.csv"), "seconds\n0.5\n2\n").expect("write the trace");
+    spec.read_trace_files(dir.path()).expect("the trace reads");
+    let ms = Duration::from_millis;
+    assert_eq!(
+        spec.control_operations[1].rate,
+        RateLaw::Trace(vec![ms(500), ms(2000)])
+    );
+    let upside_down = text.replacen("low: 1, high: 10", "low: 10, high: 1", 1);
+    let error = parse(&upside_down).expect_err("low above high");
+    assert_eq!(error.line, 32, "{error}");
+    assert!(error.message.contains("low at most high"), "{error}");
 }
 
 /// Each bad spec is refused with the line to fix and a hint.
@@ -192,4 +228,66 @@ rates:
         error.message.contains("starting with a letter or digit"),
         "{error}"
     );
+}
+
+/// Thresholds read with their bounds; one naming an unknown metric, an
+/// operation or workload the spec lacks, or no bound, is refused with
+/// its line.
+#[test]
+fn thresholds_read_and_bad_ones_name_their_line() {
+    let thresholds = "thresholds:\n  - {metric: snaps.snapshot.p99_ms, max_ratio: 1.05}\n  - {metric: writer.mean_iops, min_ratio: 0.98}\n  - {metric: \"*.errors\", max: 0}\n  - {metric: setup.create.max_ms, max: 5000}\n";
+    let text = format!("{GOOD}{thresholds}");
+    let spec = parse(&text).expect("good thresholds");
+    assert_eq!(spec.thresholds.len(), 4);
+    assert_eq!(spec.thresholds[0].max_ratio, Some(1.05));
+    assert_eq!(spec.thresholds[2].pattern, "*.errors");
+    let cases: &[(&str, &str, u64, &str)] = &[
+        (
+            "snaps.snapshot.p99_ms,",
+            "snaps.snapshot.p98_ms,",
+            33,
+            "no metric `p98_ms`",
+        ),
+        (
+            "snaps.snapshot.p99_ms,",
+            "snips.snapshot.p99_ms,",
+            33,
+            "matches none of this spec's metrics",
+        ),
+        (
+            "writer.mean_iops,",
+            "writer.p99_ms,",
+            34,
+            "matches none of this spec's metrics",
+        ),
+        (
+            "min_ratio: 0.98",
+            "min_ratio: 2, max_ratio: 1",
+            34,
+            "lower bound is above",
+        ),
+        (", max_ratio: 1.05", "", 33, "give a bound"),
+        ("max_ratio: 1.05", "most: 1.05", 33, "unknown field `most`"),
+    ];
+    for (from, to, line, hint) in cases {
+        let bad = text.replacen(from, to, 1);
+        let error = parse(&bad).expect_err(to);
+        assert_eq!(error.line, *line, "{to}: {error}");
+        assert!(error.message.contains(hint), "{to}: {error}");
+    }
+}
+
+/// An HTTP sink's URL reads; one that is not http:// is refused with
+/// its line.
+#[test]
+fn an_http_sink_reads_and_a_bad_url_is_refused() {
+    let spec = parse(&format!(
+        "{GOOD}outputs: {{http: \"http://127.0.0.1:9/r\"}}\n"
+    ))
+    .expect("a sink");
+    assert_eq!(spec.http_sink.as_deref(), Some("http://127.0.0.1:9/r"));
+    let error =
+        parse(&format!("{GOOD}outputs:\n  http: https://example.com/\n")).expect_err("https");
+    assert_eq!(error.line, 33, "{error}");
+    assert!(error.message.contains("write an http:// URL"), "{error}");
 }

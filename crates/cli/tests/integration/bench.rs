@@ -12,6 +12,24 @@ use serde_json::Value;
 
 use crate::common::{at, p, strata, strata_ok, tmp, Launch};
 
+/// An HTTP receiver: each POST's body appended as a line to the file
+/// named by its argument; it prints its port.
+const RECEIVER: &str = "
+import http.server, sys
+class Receiver(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get('Content-Length', 0)))
+        with open(sys.argv[1], 'ab') as f:
+            f.write(body + b'\\n')
+        self.send_response(204)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(('127.0.0.1', 0), Receiver)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+";
+
 /// Three seconds of two fio writers with verify, snapshots of their
 /// volumes, clones of those, volumes created and deleted, and grows.
 const SMALL_SPEC: &str = "\
@@ -107,9 +125,16 @@ fn assert_summary_counts_records(dir: &Path, records: &[Value]) -> Value {
 }
 
 fn run_small_spec(extra: &[&str]) -> (tempfile::TempDir, std::path::PathBuf, Vec<Value>) {
-    let dir = tmp();
+    run_spec_text(tmp(), SMALL_SPEC, extra)
+}
+
+fn run_spec_text(
+    dir: tempfile::TempDir,
+    text: &str,
+    extra: &[&str],
+) -> (tempfile::TempDir, std::path::PathBuf, Vec<Value>) {
     let spec = at(&dir, "spec.yaml");
-    std::fs::write(&spec, SMALL_SPEC).unwrap();
+    std::fs::write(&spec, text).unwrap();
     let out = at(&dir, "run");
     let mut args = vec!["bench", "run", &p(&spec), "--out", &p(&out), "--seed", "3"]
         .into_iter()
@@ -173,6 +198,7 @@ fn a_small_spec_runs_against_the_daemon_and_its_summary_counts_the_records() {
     let writer = &summary["workloads"][0];
     assert_eq!(writer["instances"], 2);
     assert!(writer["mean_iops"].as_f64().unwrap() > 0.0, "{writer}");
+    assert_daemon_metrics_were_scraped(&out, &summary);
     // Every volume the run made (clones, scratch, the writers') was
     // deleted: the cleanup restarts the run's daemon and finds none.
     let cleaned = strata_ok(&["bench", "clean", &p(&out)]);
@@ -182,7 +208,48 @@ fn a_small_spec_runs_against_the_daemon_and_its_summary_counts_the_records() {
         text.contains("p99.9 ms") && text.contains("snapshots"),
         "{text}"
     );
+    assert!(text.contains("provider metrics: "), "{text}");
     html_report_renders_in_chromium(&out);
+    let page = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(
+        page.contains("<table id=\"metrics\">") && page.contains("strata_volume_ops_total"),
+        "the page lists no metric that moved"
+    );
+}
+
+/// The daemon's /metrics was scraped during the run: scrapes a second
+/// apart in time order, the writers' operation counters grew between the
+/// first and the last, and the summary lists the series.
+fn assert_daemon_metrics_were_scraped(out: &Path, summary: &Value) {
+    let lines: Vec<Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .expect("metrics.jsonl")
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a metric line is JSON"))
+        .collect();
+    let times: Vec<f64> = lines.iter().map(|l| l["time"].as_f64().unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    let mut scrapes = times.clone();
+    scrapes.dedup();
+    assert!(
+        scrapes.len() >= 3,
+        "only {} scrapes in 3 s: {scrapes:?}",
+        scrapes.len()
+    );
+    let writes: Vec<f64> = lines
+        .iter()
+        .filter(|l| l["metric"] == "strata_volume_ops_total" && l["labels"]["op"] == "write")
+        .filter(|l| l["labels"]["volume"].as_str().unwrap().ends_with("-data-0"))
+        .map(|l| l["value"].as_f64().unwrap())
+        .collect();
+    assert!(
+        writes.len() >= 3 && writes.last() > writes.first(),
+        "{writes:?}"
+    );
+    let series = summary["metrics"].as_array().unwrap();
+    assert!(
+        series.iter().any(|m| m["series"] == "strata_volumes"),
+        "{series:?}"
+    );
 }
 
 /// Headless Chromium as the test command installs it, with the flags
@@ -270,7 +337,42 @@ fn html_report_renders_in_chromium(out: &Path) {
 
 #[test]
 fn the_null_provider_runs_the_same_spec_and_runs_compare() {
-    let (_dir, out, records) = run_small_spec(&["--provider", "null"]);
+    // Every record and the summary are POSTed to a receiver that keeps
+    // each body as a line.
+    let dir = tmp();
+    let received = at(&dir, "received.jsonl");
+    let mut receiver = Command::new("python3")
+        .args(["-c", RECEIVER, &p(&received)])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut port = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(receiver.stdout.take().unwrap()),
+        &mut port,
+    )
+    .unwrap();
+    let text = format!(
+        "{SMALL_SPEC}outputs: {{http: \"http://127.0.0.1:{}/records\"}}\n",
+        port.trim()
+    );
+    let (_dir, out, records) = run_spec_text(dir, &text, &["--provider", "null"]);
+    let _ = receiver.kill();
+    let _ = receiver.wait();
+    let posted: Vec<Value> = std::fs::read_to_string(&received)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let (summaries, mut bodies): (Vec<Value>, Vec<Value>) =
+        posted.into_iter().partition(|v| v.get("summary").is_some());
+    assert_eq!(summaries.len(), 1, "one summary posted");
+    assert_eq!(summaries[0]["summary"]["records"], records.len() as u64);
+    let mut written = records.clone();
+    let key = |v: &Value| v.to_string();
+    bodies.sort_by_key(key);
+    written.sort_by_key(key);
+    assert_eq!(bodies, written, "the posted records are records.jsonl's");
     let counts = tally(&records);
     assert_eq!(count(&counts, "writer", "ok"), 2, "{counts:?}");
     assert_eq!(count(&counts, "checker", "ok"), 1, "{counts:?}");
@@ -281,6 +383,10 @@ fn the_null_provider_runs_the_same_spec_and_runs_compare() {
         "the null provider keeps nothing to delete"
     );
     assert_summary_counts_records(&out, &records);
+    assert!(
+        !out.join("metrics.jsonl").exists(),
+        "the null provider has no metrics"
+    );
     let rows: Value = serde_json::from_str(&strata_ok(&[
         "bench",
         "compare",
@@ -290,13 +396,125 @@ fn the_null_provider_runs_the_same_spec_and_runs_compare() {
         "json",
     ]))
     .unwrap();
-    let per_minute = rows
+    let per_minute = rows["metrics"]
         .as_array()
         .unwrap()
         .iter()
         .find(|r| r["metric"] == "snapshots.snapshot.per_minute")
         .expect("the snapshots' rate is compared");
     assert_eq!(per_minute["ratio"].as_f64(), Some(1.0));
+    assert_eq!(
+        rows["thresholds"],
+        serde_json::json!([]),
+        "the spec has none"
+    );
+}
+
+/// A hand-made run directory: its identity, records of one snapshot
+/// operation with these latencies (seconds), and `iops` per second of
+/// one writer.
+fn write_run(dir: &Path, latencies: &[f64], iops: &[f64], spec: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    let info = serde_json::json!({"run_id": "cns00000001", "seed": 1, "provider": "null",
+        "started_unix": 0.0, "duration": 4.0});
+    std::fs::write(dir.join("run.json"), info.to_string()).unwrap();
+    let records: Vec<String> = latencies
+        .iter()
+        .enumerate()
+        .map(|(i, latency)| {
+            serde_json::json!({"operation": "snaps", "action": "snapshot", "target": "v",
+                "start": i as f64, "stages": {}, "end": i as f64 + latency, "status": "ok"})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(dir.join("records.jsonl"), records.join("\n") + "\n").unwrap();
+    let samples: Vec<String> = iops
+        .iter()
+        .enumerate()
+        .map(|(second, n)| {
+            serde_json::json!({"workload": "writer", "instance": 0, "second": second,
+                "read_iops": 0.0, "write_iops": n, "read_kib": 0.0, "write_kib": n * 4.0})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(dir.join("io.jsonl"), samples.join("\n") + "\n").unwrap();
+    std::fs::write(dir.join("spec.yaml"), spec).unwrap();
+}
+
+/// `compare` applies B's spec's thresholds: B's snapshots are 50% slower
+/// and its writer lost a second, so the ratio bound on p99 and the bound
+/// on zero seconds fail and it exits 1, while the IOPS bound passes;
+/// `--spec` applies another spec's thresholds; a threshold naming an
+/// unknown metric is refused with its line.
+#[test]
+fn compare_applies_the_spec_thresholds() {
+    let dir = tmp();
+    let spec = |thresholds: &str| {
+        format!(
+            "duration: 4s\nvolumes: [{{name: data, size: 16M}}]\nworkloads:\n  - {{name: writer, volumes: data, fio: {{rw: randwrite}}}}\n\
+             control_operations:\n  - {{name: snaps, action: snapshot, volumes: data, rate: second}}\n\
+             rates: [{{name: second, every: 1s}}]\nthresholds:\n{thresholds}"
+        )
+    };
+    let strict = spec("  - {metric: snaps.snapshot.p99_ms, max_ratio: 1.05}\n  - {metric: writer.mean_iops, min_ratio: 0.7}\n  - {metric: writer.zero_seconds, max: 0}\n");
+    let (a, b) = (at(&dir, "a"), at(&dir, "b"));
+    write_run(
+        &a,
+        &[0.010, 0.010, 0.010],
+        &[100.0, 100.0, 100.0, 100.0],
+        &strict,
+    );
+    write_run(
+        &b,
+        &[0.015, 0.015, 0.015],
+        &[100.0, 100.0, 100.0, 0.0],
+        &strict,
+    );
+    let out = strata(&["bench", "compare", &p(&a), &p(&b), "--output", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let verdicts: Vec<(String, bool)> = json["thresholds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["metric"].as_str().unwrap().to_string(),
+                v["pass"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("snaps.snapshot.p99_ms", false),
+        ("writer.mean_iops", true),
+        ("writer.zero_seconds", false),
+    ];
+    assert_eq!(verdicts, expected.map(|(m, pass)| (m.to_string(), pass)));
+    let human =
+        String::from_utf8_lossy(&strata(&["bench", "compare", &p(&a), &p(&b)]).stdout).to_string();
+    assert!(
+        human.contains("FAIL") && human.contains("above max_ratio 1.05"),
+        "{human}"
+    );
+    let lenient = at(&dir, "lenient.yaml");
+    std::fs::write(
+        &lenient,
+        spec("  - {metric: \"snaps.*\", max_ratio: 1.6}\n"),
+    )
+    .unwrap();
+    strata_ok(&["bench", "compare", &p(&a), &p(&b), "--spec", &p(&lenient)]);
+    std::fs::write(
+        &lenient,
+        spec("  - {metric: snaps.snapshot.p95_ms, max_ratio: 1.6}\n"),
+    )
+    .unwrap();
+    let out = strata(&["bench", "compare", &p(&a), &p(&b), "--spec", &p(&lenient)]);
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{error}");
+    assert!(
+        error.contains("lenient.yaml:9:") && error.contains("no metric `p95_ms`"),
+        "{error}"
+    );
 }
 
 /// QEMU as the anchor on the same spec: fio verifies its data under
@@ -381,6 +599,27 @@ fn bad_specs_are_refused_with_their_line_before_anything_starts() {
         assert_ne!(text, SMALL_SPEC, "{to}");
         assert_refused_at_line(&dir, &text, line, hint);
     }
+    // A trace file is read relative to the spec, and refused with the
+    // spec's line and the file's; a good one (and a bounded
+    // increase-decrease rate) shows in the dry run's plan.
+    let from_file = SMALL_SPEC.replacen("poisson_mean: 300ms}", "trace_file: arrivals.csv}", 1);
+    assert_refused_at_line(&dir, &from_file, 23, "cannot open it");
+    std::fs::write(at(&dir, "arrivals.csv"), "seconds\n0.5\n0.25\n").unwrap();
+    assert_refused_at_line(&dir, &from_file, 23, "line 3: 0.25 comes before");
+    std::fs::write(at(&dir, "arrivals.csv"), "seconds\n0.25\n0.5\n2\n").unwrap();
+    let waves = from_file.replacen(
+        "every: 1s}",
+        "increase_decrease: {low: 1, high: 4, step: 1, every: 1s}}",
+        1,
+    );
+    let spec = at(&dir, "bad.yaml");
+    std::fs::write(&spec, waves).unwrap();
+    let plan = strata_ok(&["bench", "run", &p(&spec), "--dry-run"]);
+    assert!(plan.contains("a trace of 3 arrivals"), "{plan}");
+    assert!(
+        plan.contains("1 to 4 arrivals a second and back, by 1 every 1s"),
+        "{plan}"
+    );
 }
 
 /// `strata bench run` refuses the spec `text` (written to DIR/bad.yaml)
