@@ -10,7 +10,8 @@
 //! workloads' I/O per second ([`record`]), cleans up everything it made,
 //! and a report ([`report`]) summarizes or compares runs (from the run's
 //! results database, [`results`]), or draws them on an HTML page
-//! ([`html`]). [`s3_load`] is apart: a load generator for
+//! ([`html`]), several runs' rates against their parallelism too
+//! ([`parallelism`]). [`s3_load`] is apart: a load generator for
 //! S3 gateways and plain HTTP servers. Never prints:
 //! progress goes to the caller as events.
 
@@ -21,6 +22,7 @@ pub mod error;
 pub mod html;
 pub mod inventory;
 pub mod metrics;
+pub mod parallelism;
 pub mod pgbench;
 pub mod provider;
 pub mod rate;
