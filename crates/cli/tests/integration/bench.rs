@@ -749,6 +749,11 @@ fn cleanup_after_sigint_leaves_no_volume_or_snapshot() {
     let info: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
     assert_eq!(info["interrupted"], true);
+    // results.redb was written after the cleanup: the report read from it
+    // counts the cleanup's records too, and says the run was interrupted.
+    assert!(out.join("results.redb").exists());
+    let summary = assert_summary_counts_records(&out, &records);
+    assert_eq!(summary["interrupted"], true);
 }
 
 /// Sends SIGINT to a running `strata bench run`, waits at most 60 s for
