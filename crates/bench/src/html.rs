@@ -55,7 +55,8 @@ pub fn render(data: &RunData) -> Result<String> {
     Ok(page)
 }
 
-const STYLE: &str = "body{font-family:sans-serif;margin:2em;color:#222}\
+/// The pages' style sheet.
+pub(crate) const STYLE: &str = "body{font-family:sans-serif;margin:2em;color:#222}\
     table{border-collapse:collapse;margin:1em 0}\
     td,th{border:1px solid #bbb;padding:.25em .6em;text-align:right}\
     th{background:#eee}td:first-child,th:first-child{text-align:left}\
@@ -66,7 +67,7 @@ fn plot_error(what: &'static str) -> impl Fn(String) -> Error {
 }
 
 /// Draws with `draw` on an SVG area of [`PLOT_SIZE`]; returns the SVG.
-fn plot<F>(draw: F) -> std::result::Result<String, String>
+pub(crate) fn plot<F>(draw: F) -> std::result::Result<String, String>
 where
     F: FnOnce(&DrawingArea<SVGBackend<'_>, Shift>) -> std::result::Result<(), String>,
 {
@@ -81,7 +82,7 @@ where
 }
 
 /// A color per series, the same for a name wherever it is drawn.
-fn color(index: usize) -> RGBColor {
+pub(crate) fn color(index: usize) -> RGBColor {
     const COLORS: [RGBColor; 8] = [
         RGBColor(31, 119, 180),
         RGBColor(214, 39, 40),
@@ -343,7 +344,7 @@ fn metrics_table(page: &mut String, summary: &Summary) {
 
 /// `text` with HTML's special characters escaped (names come from the
 /// spec, which a user wrote).
-fn escape(text: &str) -> String {
+pub(crate) fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {

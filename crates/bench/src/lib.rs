@@ -8,8 +8,10 @@
 //! drives a provider ([`provider`]: Strata's volume daemon, or a null
 //! provider as the ceiling), records one JSON line per operation and the
 //! workloads' I/O per second ([`record`]), cleans up everything it made,
-//! and a report ([`report`]) summarizes or compares runs, or draws them
-//! on an HTML page ([`html`]). [`s3_load`] is apart: a load generator for
+//! and a report ([`report`]) summarizes or compares runs (from the run's
+//! results database, [`results`]), or draws them on an HTML page
+//! ([`html`]), several runs' rates against their parallelism too
+//! ([`parallelism`]). [`s3_load`] is apart: a load generator for
 //! S3 gateways and plain HTTP servers. Never prints:
 //! progress goes to the caller as events.
 
@@ -20,11 +22,13 @@ pub mod error;
 pub mod html;
 pub mod inventory;
 pub mod metrics;
+pub mod parallelism;
 pub mod pgbench;
 pub mod provider;
 pub mod rate;
 pub mod record;
 pub mod report;
+pub mod results;
 pub mod run;
 pub mod s3_load;
 pub mod sink;

@@ -104,7 +104,7 @@ impl IoSample {
 
 /// The run's identity, written before anything starts so that
 /// `strata bench clean` finds what a killed run left.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct RunInfo {
     /// The run id every name the run gives starts with.
     pub run_id: String,

@@ -8,8 +8,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::metrics::{MetricSample, MetricSummary, METRICS_SERIES};
-use crate::record::{read_lines, IoSample, Record, RunInfo, Status, IO_SERIES, RECORDS};
+use crate::metrics::MetricSummary;
+use crate::record::{IoSample, Record, Status};
+pub use crate::results::{load_json, RunData};
 use crate::spec::{matches, Threshold, OPERATION_METRICS, WORKLOAD_METRICS};
 
 /// One operation's figures: latencies (end − start) of those that
@@ -103,41 +104,15 @@ fn sorted(mut values: Vec<f64>) -> Vec<f64> {
     values
 }
 
-/// What a run directory holds: its identity, its records and its I/O
-/// series.
-pub struct RunData {
-    /// `run.json`.
-    pub info: RunInfo,
-    /// `records.jsonl`.
-    pub records: Vec<Record>,
-    /// `io.jsonl` (empty when the run had no workload).
-    pub samples: Vec<IoSample>,
-    /// `metrics.jsonl` (empty when the provider has no metrics).
-    pub metrics: Vec<MetricSample>,
-}
-
-/// Reads a run directory.
+/// Reads a run directory: from its results database (`results.redb`)
+/// when it has one, else from its JSON files (run directories of older
+/// versions, or of a run killed before the end).
 pub fn load(dir: &Path) -> Result<RunData> {
-    let info = RunInfo::load(dir)?;
-    let records: Vec<Record> = read_lines(&dir.join(RECORDS))?;
-    let io_path = dir.join(IO_SERIES);
-    let samples: Vec<IoSample> = if io_path.exists() {
-        read_lines(&io_path)?
+    if dir.join(crate::results::RESULTS).exists() {
+        crate::results::read(dir)
     } else {
-        Vec::new()
-    };
-    let metrics_path = dir.join(METRICS_SERIES);
-    let metrics: Vec<MetricSample> = if metrics_path.exists() {
-        read_lines(&metrics_path)?
-    } else {
-        Vec::new()
-    };
-    Ok(RunData {
-        info,
-        records,
-        samples,
-        metrics,
-    })
+        load_json(dir)
+    }
 }
 
 /// Reads a run directory and summarizes it.

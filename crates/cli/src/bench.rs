@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use strata_bench::parallelism;
 use strata_bench::record::Status;
 use strata_bench::report::{self, Summary};
 use strata_bench::run::{self, Event, ProviderChoice, RunOptions};
@@ -24,19 +25,32 @@ pub enum BenchCommand {
     /// everything the run made (also on Ctrl-C).
     Run(RunArgs),
     /// Summarize a run directory: latency percentiles per operation,
-    /// operations per minute, I/O per workload and its zero-operation seconds.
+    /// operations per minute, I/O per workload and its zero-operation
+    /// seconds. Given several run directories (one spec run with
+    /// different `in_flight: N` rates), their rates against parallelism.
     Report {
-        /// The run directory.
-        #[arg(value_parser = crate::stdio::directory())]
-        dir: PathBuf,
+        /// The run directory, or several.
+        #[arg(value_parser = crate::stdio::directory(), required = true, num_args = 1..)]
+        dirs: Vec<PathBuf>,
         /// Output format.
         #[arg(long, value_enum, default_value = "human")]
         output: Output,
         /// Also write DIR/report.html: the summary, the workloads' I/O
         /// over time with the control operations marked, and each
-        /// operation's latency CDF, as inline SVG (no JavaScript).
+        /// operation's latency CDF, as inline SVG (no JavaScript). With
+        /// several directories: a page of each closed-loop operation's
+        /// successes per minute against parallelism (see --html-file).
         #[arg(long)]
         html: bool,
+        /// Where the page of several runs goes (default:
+        /// rate-parallelism.html in the current directory).
+        #[arg(long, value_name = "FILE")]
+        html_file: Option<PathBuf>,
+        /// Read the run's JSON files (records.jsonl, io.jsonl,
+        /// metrics.jsonl), not its results database (results.redb): for
+        /// a database that is damaged.
+        #[arg(long)]
+        from_json: bool,
     },
     /// Compare two run directories metric by metric (ratios B / A), and
     /// apply the spec's thresholds: exits 1 when one fails.
@@ -54,6 +68,9 @@ pub enum BenchCommand {
         /// spec B ran).
         #[arg(long, value_parser = crate::stdio::file("the spec is read once"))]
         spec: Option<PathBuf>,
+        /// Read the runs' JSON files, not their results databases.
+        #[arg(long)]
+        from_json: bool,
     },
     /// Delete what a run left (after it was killed): every volume whose
     /// name carries its run id, with their snapshots.
@@ -138,19 +155,29 @@ pub struct RunArgs {
 pub fn run(command: BenchCommand) -> Result<i32> {
     match command {
         BenchCommand::Run(args) => run_spec(args),
-        BenchCommand::Report { dir, output, html } => {
-            let data = report::load(&dir)?;
-            render_summary(&report::summary_of(&data), output);
-            if html {
-                let path = dir.join("report.html");
-                std::fs::write(&path, strata_bench::html::render(&data)?)
-                    .with_context(|| format!("cannot write the report {}", path.display()))?;
-                eprintln!("strata bench: report written to {}", path.display());
+        BenchCommand::Report {
+            dirs,
+            output,
+            html,
+            html_file,
+            from_json,
+        } => {
+            if let [dir] = dirs.as_slice() {
+                report_run(dir, output, html, from_json)
+            } else {
+                report_parallelism(&dirs, output, html.then_some(html_file), from_json)
             }
-            Ok(0)
         }
-        BenchCommand::Compare { a, b, output, spec } => {
-            let rows = report::compare(&report::summarize(&a)?, &report::summarize(&b)?);
+        BenchCommand::Compare {
+            a,
+            b,
+            output,
+            spec,
+            from_json,
+        } => {
+            let summarize =
+                |dir: &Path| -> Result<Summary> { Ok(report::summary_of(&load(dir, from_json)?)) };
+            let rows = report::compare(&summarize(&a)?, &summarize(&b)?);
             let thresholds = thresholds(&spec.unwrap_or_else(|| b.join("spec.yaml")))?;
             let verdicts = report::judge(&rows, &thresholds);
             render_comparison(&rows, &verdicts, output);
@@ -159,6 +186,81 @@ pub fn run(command: BenchCommand) -> Result<i32> {
         BenchCommand::Clean { dir, daemon } => clean(&dir, &daemon),
         BenchCommand::S3(args) => crate::s3_load::run(args),
     }
+}
+
+/// A run directory's data: from its results database unless `from_json`
+/// (or it has none).
+fn load(dir: &Path, from_json: bool) -> Result<report::RunData> {
+    Ok(if from_json {
+        report::load_json(dir)?
+    } else {
+        report::load(dir)?
+    })
+}
+
+/// `strata bench report DIR`: the summary, and the page with `html`.
+fn report_run(dir: &Path, output: Output, html: bool, from_json: bool) -> Result<i32> {
+    let data = load(dir, from_json)?;
+    render_summary(&report::summary_of(&data), output);
+    if html {
+        let path = dir.join("report.html");
+        std::fs::write(&path, strata_bench::html::render(&data)?)
+            .with_context(|| format!("cannot write the report {}", path.display()))?;
+        eprintln!("strata bench: report written to {}", path.display());
+    }
+    Ok(0)
+}
+
+/// `strata bench report DIR1 DIR2 ...`: each closed-loop operation's
+/// successes per minute at each run's parallelism; the page when `html`
+/// is given (at its file, or the default).
+fn report_parallelism(
+    dirs: &[PathBuf],
+    output: Output,
+    html: Option<Option<PathBuf>>,
+    from_json: bool,
+) -> Result<i32> {
+    let runs = dirs
+        .iter()
+        .map(|dir| parallelism::load_run(dir, from_json))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let curves = parallelism::curves(&runs);
+    if output == Output::Json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&curves).unwrap_or_default()
+        );
+    } else {
+        println!(
+            "{:<16} {:<16} {:<8} {:>9} {:>10} {:>5}",
+            "operation", "action", "provider", "in flight", "per min", "runs"
+        );
+        for curve in &curves {
+            for line in &curve.lines {
+                for point in &line.points {
+                    println!(
+                        "{:<16} {:<16} {:<8} {:>9} {:>10.1} {:>5}",
+                        curve.operation,
+                        curve.action,
+                        line.provider,
+                        point.parallelism,
+                        point.per_minute,
+                        point.runs
+                    );
+                }
+            }
+        }
+    }
+    if let Some(file) = html {
+        let path = file.unwrap_or_else(|| PathBuf::from("rate-parallelism.html"));
+        std::fs::write(&path, parallelism::render(&runs)?)
+            .with_context(|| format!("cannot write the page {}", path.display()))?;
+        eprintln!(
+            "strata bench: rate against parallelism written to {}",
+            path.display()
+        );
+    }
+    Ok(0)
 }
 
 /// Set by SIGINT or SIGTERM: the run stops, cleans up and exits.

@@ -252,6 +252,12 @@ pub fn run(
     events(Event::Phase("cleanup".into()));
     let leftovers = run.cleanup();
     info.save(&dir)?;
+    // The JSON files are complete: copy them into the results database.
+    // A failure is told, not fatal: the JSON files hold the same results.
+    events(Event::Phase("writing results.redb".into()));
+    if let Err(e) = crate::results::write(&dir) {
+        events(Event::Warning(e.to_string()));
+    }
     if let Some(sink) = run.sink.take() {
         post_summary(sink, &dir, events);
     }

@@ -383,6 +383,7 @@ fn the_null_provider_runs_the_same_spec_and_runs_compare() {
         "the null provider keeps nothing to delete"
     );
     assert_summary_counts_records(&out, &records);
+    assert_results_database_matches_the_json(&out);
     assert!(
         !out.join("metrics.jsonl").exists(),
         "the null provider has no metrics"
@@ -408,6 +409,33 @@ fn the_null_provider_runs_the_same_spec_and_runs_compare() {
         serde_json::json!([]),
         "the spec has none"
     );
+}
+
+/// The run wrote `results.redb`, `report` reads it, and its summary is
+/// the one from the JSON files; a damaged database is refused naming the
+/// file and `--from-json`, which still reads the JSON files.
+fn assert_results_database_matches_the_json(out: &Path) {
+    let database = out.join("results.redb");
+    let kept = std::fs::read(&database).expect("the run wrote results.redb");
+    let report = |extra: &[&str]| {
+        let mut args = vec!["bench", "report", "--output", "json"];
+        args.extend(extra);
+        strata(&[args.as_slice(), &[&p(out)]].concat())
+    };
+    let from_database = report(&[]);
+    let from_json = report(&["--from-json"]);
+    assert!(from_database.status.success(), "{from_database:?}");
+    assert_eq!(from_database.stdout, from_json.stdout);
+    std::fs::write(&database, b"not a database").unwrap();
+    let refused = report(&[]);
+    let error = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{error}");
+    assert!(
+        error.contains("results.redb") && error.contains("--from-json"),
+        "{error}"
+    );
+    assert_eq!(report(&["--from-json"]).stdout, from_json.stdout);
+    std::fs::write(&database, kept).unwrap();
 }
 
 /// A hand-made run directory: its identity, records of one snapshot
@@ -721,6 +749,11 @@ fn cleanup_after_sigint_leaves_no_volume_or_snapshot() {
     let info: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
     assert_eq!(info["interrupted"], true);
+    // results.redb was written after the cleanup: the report read from it
+    // counts the cleanup's records too, and says the run was interrupted.
+    assert!(out.join("results.redb").exists());
+    let summary = assert_summary_counts_records(&out, &records);
+    assert_eq!(summary["interrupted"], true);
 }
 
 /// Sends SIGINT to a running `strata bench run`, waits at most 60 s for
@@ -744,4 +777,58 @@ pub(crate) fn interrupt(bench: &mut std::process::Child) -> String {
     std::io::Read::read_to_string(bench.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert_eq!(status.code(), Some(130), "{stderr}");
     stderr
+}
+
+/// `report` of several runs of one spec at different `in_flight: N`:
+/// each closed-loop operation's successes per minute at each N, and with
+/// `--html` a page with its plot; a run without a closed loop is refused.
+#[test]
+fn report_of_several_runs_gives_rate_against_parallelism() {
+    let dir = tmp();
+    let spec = |rate: &str| {
+        format!(
+            "duration: 4s\nvolumes: [{{name: data, size: 16M}}]\n\
+             control_operations:\n  - {{name: snaps, action: snapshot, volumes: data, rate: r}}\n\
+             rates: [{{name: r, {rate}}}]\n"
+        )
+    };
+    let (one, four, open) = (at(&dir, "n1"), at(&dir, "n4"), at(&dir, "open"));
+    write_run(&one, &[0.01, 0.01], &[], &spec("in_flight: 1"));
+    write_run(&four, &[0.01; 4], &[], &spec("in_flight: 4"));
+    write_run(&open, &[0.01], &[], &spec("every: 1s"));
+    let page = at(&dir, "rate.html");
+    let text = strata_ok(&[
+        "bench",
+        "report",
+        &p(&four),
+        &p(&one),
+        "--html",
+        "--html-file",
+        &p(&page),
+    ]);
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ["snaps", "snapshot", "null", "1", "30.0", "1"],
+            ["snaps", "snapshot", "null", "4", "60.0", "1"]
+        ],
+        "{text}"
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains("id=\"rate-parallelism-0\"") && html.contains("<polyline"),
+        "no drawn plot"
+    );
+    let out = strata(&["bench", "report", &p(&one), &p(&open)]);
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{error}");
+    assert!(
+        error.contains("open/spec.yaml") && error.contains("in_flight: N"),
+        "{error}"
+    );
 }
