@@ -347,32 +347,23 @@ fn bound_ratio(a: f64, b: f64) -> f64 {
 /// What is wrong with a metric under a threshold (empty when it holds).
 fn violations(threshold: &Threshold, a: f64, b: f64) -> Vec<String> {
     let ratio = bound_ratio(a, b);
-    let mut wrong = Vec::new();
-    if threshold.min_ratio.is_some_and(|low| ratio < low) {
-        wrong.push(format!(
-            "B / A = {ratio:.3} is below min_ratio {}",
-            threshold.min_ratio.unwrap_or(0.0)
-        ));
-    }
-    if threshold.max_ratio.is_some_and(|high| ratio > high) {
-        wrong.push(format!(
-            "B / A = {ratio:.3} is above max_ratio {}",
-            threshold.max_ratio.unwrap_or(0.0)
-        ));
-    }
-    if threshold.min.is_some_and(|low| b < low) {
-        wrong.push(format!(
-            "B = {b} is below min {}",
-            threshold.min.unwrap_or(0.0)
-        ));
-    }
-    if threshold.max.is_some_and(|high| b > high) {
-        wrong.push(format!(
-            "B = {b} is above max {}",
-            threshold.max.unwrap_or(0.0)
-        ));
-    }
-    wrong
+    let shown_ratio = format!("B / A = {ratio:.3}");
+    let shown_b = format!("B = {b}");
+    let rules = [
+        (ratio, &shown_ratio, threshold.min_ratio, "below min_ratio"),
+        (ratio, &shown_ratio, threshold.max_ratio, "above max_ratio"),
+        (b, &shown_b, threshold.min, "below min"),
+        (b, &shown_b, threshold.max, "above max"),
+    ];
+    rules
+        .into_iter()
+        .filter_map(|(value, shown, bound, broken)| {
+            let bound = bound?;
+            let below = broken.starts_with("below");
+            let outside = if below { value < bound } else { value > bound };
+            outside.then(|| format!("{shown} is {broken} {bound}"))
+        })
+        .collect()
 }
 
 /// Applies each threshold to every compared metric its pattern matches;
