@@ -66,7 +66,8 @@ set +e
 # hold a pipe open and keep this script waiting forever.
 # Three test threads on two cores: the tests mostly wait on the processes
 # they start (the integration binary used 55% of one core over its run).
-cargo test --workspace --profile checked -- --test-threads 3 >"$log" 2>&1 &
+# --no-fail-fast: a failing binary does not hide the results of the others.
+cargo test --workspace --profile checked --no-fail-fast -- --test-threads 3 >"$log" 2>&1 &
 tests=$!
 tail -n +1 -f --pid="$tests" "$log"
 wait "$tests"
