@@ -12,8 +12,11 @@ mapped mode on loopback) in a fresh directory, and for every object size
 and client count runs `strata store bench` (the load generator): Posts,
 then Gets of the same objects (each read several times over when that is
 needed for a run of about 6,000 reads; nginx gets the same reads). CPU% is the store process's utime+stime
-over the run (100% = one core); CPU efficiency = ops/s x replication /
-CPU%. nginx (installed from Debian with apt-get when missing) serves the
+over the run (100% = one core), and the load generator's CPU is counted
+apart (client_cpu_pct: on loopback the kernel charges TCP's work to
+whichever side's call runs it, so the last table gives Gets' bytes per
+CPU-second for the server alone and with its generator); CPU efficiency
+= ops/s x replication / CPU%. nginx (installed from Debian with apt-get when missing) serves the
 same objects as files from a temporary root (2 workers, sendfile,
 keep-alive) and the same load generator GETs them over HTTP/1.1
 keep-alive; wrk (a standard HTTP load generator in C, installed from
@@ -53,6 +56,7 @@ Every figure is the median of --repeat runs.
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -80,6 +84,13 @@ def ticks(pids):
         except OSError:
             pass
     return total
+
+
+def children_cpu_seconds():
+    """CPU seconds (user + system) of this script's finished children: the
+    load generator's, once `subprocess.run` has waited for it."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def rss_kib(pid):
@@ -115,13 +126,16 @@ def bench(strata, cluster, workload, threads, ops, size, pids, http=None, passes
     if http:
         args += ["--http", http]
     hz = os.sysconf("SC_CLK_TCK")
-    t0 = ticks(pids)
+    t0, c0 = ticks(pids), children_cpu_seconds()
     out = subprocess.run(CLIENT_CPU + args, capture_output=True, text=True)
     cpu_ticks = ticks(pids) - t0
     if out.returncode != 0 and not out.stdout:
         sys.exit(f"bench failed: {out.stderr}")
     r = json.loads(out.stdout)
     r["cpu_pct"] = 100.0 * cpu_ticks / hz / r["seconds"]
+    # The generator's whole process lifetime (start-up included), against
+    # the run's seconds: a slight overstatement, the same for every server.
+    r["client_cpu_pct"] = 100.0 * (children_cpu_seconds() - c0) / r["seconds"]
     return r
 
 
@@ -185,10 +199,11 @@ def wrk_bench(port, threads, ops, size, pids, workdir, seconds=2):
                 "n = 0\n"
                 "request = function() n = n % #reqs + 1; return reqs[n] end\n")
     hz = os.sysconf("SC_CLK_TCK")
-    t0 = ticks(pids)
+    t0, c0 = ticks(pids), children_cpu_seconds()
     out = subprocess.run(CLIENT_CPU + ["wrk", "-t1", f"-c{threads}", f"-d{seconds}s", "--latency", "-s", lua,
                           f"http://127.0.0.1:{port}/"], capture_output=True, text=True, check=True).stdout
     cpu_ticks = ticks(pids) - t0
+    client_cpu = children_cpu_seconds() - c0
     units = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
     def ms(text):
@@ -210,7 +225,7 @@ def wrk_bench(port, threads, ops, size, pids, workdir, seconds=2):
             errors += sum(int(x.strip(",")) for x in parts[3::2])
     return {"ops_per_s": rate, "mb_per_s": rate * size / 1e6, "p50_ms": lat.get("50%", 0.0),
             "p99_ms": lat.get("99%", 0.0), "cpu_pct": 100.0 * cpu_ticks / hz / seconds,
-            "errors": errors}
+            "client_cpu_pct": 100.0 * client_cpu / seconds, "errors": errors}
 
 
 def write_files(root, size, threads, ops):
@@ -466,7 +481,8 @@ def main():
                                 if not rs:
                                     continue
                                 med = {k: statistics.median(r[k] for r in rs)
-                                       for k in ("ops_per_s", "mb_per_s", "p50_ms", "p99_ms", "cpu_pct")}
+                                       for k in ("ops_per_s", "mb_per_s", "p50_ms", "p99_ms", "cpu_pct",
+                                                 "client_cpu_pct")}
                                 med.update(kind=kind, rep=1 if kind.startswith("nginx") else rep, size=s,
                                            threads=t,
                                            errors=sum(r["errors"] for r in rs))
@@ -551,8 +567,43 @@ def main():
             cells.append(f"{batched / wrk:.2f}x" if batched and wrk else "-")
             cells.append(f"{batched / max(ng, wrk):.2f}x" if batched and max(ng, wrk) else "-")
             print(f"| {s} | {t} | " + " | ".join(cells) + " |")
+    print_bytes_per_cpu(rows, sizes, threads)
     if ceph_memory:
         print_ceph_tables(rows, ratios, ceph_memory)
+
+
+def print_bytes_per_cpu(rows, sizes, threads):
+    """Gets against nginx in MB per CPU-second, counting the server alone
+    and the server with its load generator. On loopback the kernel runs
+    the TCP stack (and, without IRQ time accounting, charges its softirq
+    work) in whichever process's call drives it, the sender's or the
+    receiver's, so the server's share alone depends on the generator; the
+    pair's sum does not."""
+    by = {(r["kind"], r["rep"], r["size"], r["threads"]): r for r in rows}
+    lines = []
+    for s in sizes:
+        for t in threads:
+            get, ng = by.get(("get", 1, s, t)), by.get(("nginx", 1, s, t))
+            if not (get and ng and s > 0):
+                continue
+
+            def per(row, with_client):
+                cpu = row["cpu_pct"] + (row["client_cpu_pct"] if with_client else 0.0)
+                return row["mb_per_s"] / max(cpu / 100.0, 1e-9)
+
+            lines.append(f"| {s} | {t} | {per(get, False):.0f} | {per(ng, False):.0f} | "
+                         f"{per(get, False) / per(ng, False):.2f}x | {per(get, True):.0f} | "
+                         f"{per(ng, True):.0f} | {per(get, True) / per(ng, True):.2f}x |")
+    if not lines:
+        return
+    print()
+    print("Gets against nginx, MB per CPU-second (repl 1, the same generator):")
+    print()
+    print("| size | clients | Strata, server | nginx, server | ratio | Strata, server + generator "
+          "| nginx, server + generator | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    for line in lines:
+        print(line)
 
 
 if __name__ == "__main__":
