@@ -549,3 +549,20 @@ fn strongly_connected(edges: &BTreeSet<(String, String)>) -> Vec<Vec<String>> {
     }
     components.into_iter().collect()
 }
+
+/// The suite runs with the invariants on: `scripts/cargo-checked` builds
+/// the workspace's crates with debug assertions and overflow checks, and
+/// a plain `cargo test --release` (which has neither) would let every
+/// `debug_assert!` go unchecked without a sign.
+#[test]
+fn the_suite_is_built_with_debug_assertions_and_overflow_checks() {
+    assert!(
+        cfg!(debug_assertions),
+        "built without debug assertions: run the tests through scripts/cargo-checked"
+    );
+    let one = std::hint::black_box(u8::MAX);
+    assert!(
+        std::panic::catch_unwind(|| one + std::hint::black_box(1)).is_err(),
+        "built without overflow checks: run the tests through scripts/cargo-checked"
+    );
+}

@@ -210,7 +210,7 @@ fn failed_round<P: Copy + Eq + std::hash::Hash>(
     errors
 }
 
-/// In builds with debug assertions (the tests' `checked` profile), stops
+/// In builds with debug assertions (the tests' build, `scripts/cargo-checked`), stops
 /// the node at the first broken invariant of its core, naming it.
 fn debug_check<P: Clone + Eq + std::hash::Hash>(core: &MnCore<P>, after: &str) {
     if cfg!(debug_assertions) {

@@ -65,7 +65,7 @@ pub fn on_receive(
     within(answer, bytes.len())?.encode().ok()
 }
 
-/// In builds with debug assertions (the tests' `checked` profile), stops
+/// In builds with debug assertions (the tests' build, `scripts/cargo-checked`), stops
 /// the orchestrator at the first broken invariant of its core, naming it.
 fn debug_check(core: &OnCore, after: &str) {
     if cfg!(debug_assertions) {
