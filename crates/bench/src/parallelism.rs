@@ -84,10 +84,15 @@ pub fn load_run(dir: &Path, from_json: bool) -> Result<ParallelRun> {
     let path = dir.join("spec.yaml");
     let text =
         std::fs::read_to_string(&path).map_err(|e| Error::io("cannot read the spec", &path, e))?;
-    let spec = spec::parse(&text).map_err(|problem| Error::Spec {
+    let mut spec = spec::parse(&text).map_err(|problem| Error::Spec {
         path: path.clone(),
         problem,
     })?;
+    spec.apply_recorded_overrides(dir)
+        .map_err(|problem| Error::Spec {
+            path: path.clone(),
+            problem,
+        })?;
     let parallelism = closed_loops(&spec);
     if parallelism.is_empty() {
         return Err(Error::RunDirectory {

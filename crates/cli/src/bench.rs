@@ -144,6 +144,11 @@ pub struct RunArgs {
     /// Seed of every random draw (arrivals, selections); default: from the clock.
     #[arg(long)]
     seed: Option<u64>,
+    /// Runs every closed-loop control operation (`in_flight: M`) with N
+    /// in flight instead: one spec, a run per N (recorded in the run
+    /// directory's overrides.json, which `report` reads).
+    #[arg(long, value_name = "N")]
+    parallelism: Option<u32>,
     /// The provider.
     #[arg(long, value_enum, default_value = "strata")]
     provider: ProviderName,
@@ -290,6 +295,11 @@ fn run_spec(args: RunArgs) -> Result<i32> {
     let mut spec = spec::parse(&text).map_err(spec_error)?;
     let base = args.spec.parent().unwrap_or(Path::new("."));
     spec.read_trace_files(base).map_err(spec_error)?;
+    let mut overrides = strata_bench::spec::parallelism_override::Overrides::default();
+    if let Some(n) = args.parallelism {
+        spec.set_parallelism(n).map_err(spec_error)?;
+        overrides.parallelism = Some(n);
+    }
     if args.dry_run {
         for line in plan(&spec) {
             println!("{line}");
@@ -323,6 +333,7 @@ fn run_spec(args: RunArgs) -> Result<i32> {
         seed,
         provider,
         spec_text: text,
+        overrides,
     };
     let outcome = run::run(&spec, options, &STOP, &|event| progress.show(event));
     progress.finish();

@@ -78,6 +78,9 @@ pub struct RunOptions {
     pub provider: ProviderChoice,
     /// The spec's text, kept in the run directory as `spec.yaml`.
     pub spec_text: String,
+    /// What the run changed of the spec (already applied to it), kept
+    /// beside it as `overrides.json` when anything.
+    pub overrides: crate::spec::parallelism_override::Overrides,
 }
 
 /// What a run tells its caller as it goes (the library never prints).
@@ -176,6 +179,13 @@ pub fn run(
     let spec_copy = dir.join("spec.yaml");
     std::fs::write(&spec_copy, &options.spec_text)
         .map_err(|e| Error::io("cannot write", &spec_copy, e))?;
+    if !options.overrides.is_empty() {
+        use crate::spec::parallelism_override::OVERRIDES_FILE;
+        let path = dir.join(OVERRIDES_FILE);
+        let text = serde_json::to_string(&options.overrides)
+            .map_err(|e| Error::io("cannot write", &path, std::io::Error::other(e)))?;
+        std::fs::write(&path, text).map_err(|e| Error::io("cannot write", &path, e))?;
+    }
     let run_id = new_run_id();
     let started_unix = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)

@@ -802,6 +802,7 @@ fn operation_target(
     }
 }
 
+pub mod parallelism_override;
 mod threshold;
 mod trace_file;
 mod workload;

@@ -832,3 +832,76 @@ fn report_of_several_runs_gives_rate_against_parallelism() {
         "{error}"
     );
 }
+
+/// `--parallelism N` runs one spec at several parallelisms: each run
+/// records its N, and the report of the runs plots them apart; a spec
+/// with no closed loop for it to set is refused before anything runs.
+#[test]
+fn one_spec_runs_at_several_parallelisms_with_the_override() {
+    let dir = tmp();
+    let spec = at(&dir, "spec.yaml");
+    let text = |rate: &str| {
+        format!(
+            "duration: 2s\nvolumes: [{{name: data, size: 16M}}]\n\
+             control_operations:\n  - {{name: snaps, action: snapshot, volumes: data, rate: r}}\n\
+             rates: [{{name: r, {rate}}}]\n"
+        )
+    };
+    std::fs::write(&spec, text("in_flight: 1")).unwrap();
+    let mut runs = Vec::new();
+    for n in ["2", "8"] {
+        let out = at(&dir, &format!("n{n}"));
+        strata_ok(&[
+            "bench",
+            "run",
+            &p(&spec),
+            "--out",
+            &p(&out),
+            "--provider",
+            "null",
+            "--parallelism",
+            n,
+        ]);
+        let overrides = std::fs::read_to_string(out.join("overrides.json")).unwrap();
+        assert_eq!(overrides, format!("{{\"parallelism\":{n}}}"));
+        runs.push(out);
+    }
+    let json = strata_ok(&[
+        "bench",
+        "report",
+        &p(&runs[0]),
+        &p(&runs[1]),
+        "--output",
+        "json",
+    ]);
+    let report: Value = serde_json::from_str(&json).unwrap();
+    let points: Vec<u64> = report[0]["lines"][0]["points"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no points in {report}"))
+        .iter()
+        .map(|point| point["parallelism"].as_u64().unwrap())
+        .collect();
+    assert_eq!(points, [2, 8], "{report}");
+    std::fs::write(&spec, text("every: 1s")).unwrap();
+    let out = strata(&[
+        "bench",
+        "run",
+        &p(&spec),
+        "--out",
+        &p(&at(&dir, "open")),
+        "--provider",
+        "null",
+        "--parallelism",
+        "4",
+    ]);
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{error}");
+    assert!(
+        error.contains("--parallelism") && error.contains("in_flight"),
+        "{error}"
+    );
+    assert!(
+        !at(&dir, "open").exists(),
+        "a refused run made its directory"
+    );
+}
