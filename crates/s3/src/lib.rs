@@ -10,7 +10,8 @@
 //!   never held whole.
 //! - `errors`: the store's errors as S3 errors.
 //! - [`presigned`]: the bound on a presigned URL's life.
-//! - `buckets`, `objects`, `copies`, `listing`, `multipart`: the
+//! - [`checksums`]: S3's flexible checksums, checked and kept.
+//! - `buckets`, `objects`, `copies`, `listing`, `multipart`, `complete`: the
 //!   operations, as methods of [`Gateway`]; `service` hands s3s's calls
 //!   to them.
 //! - [`metrics`]: the gateway's `/metrics`.
@@ -23,6 +24,8 @@
 pub mod access;
 pub mod bucket_class;
 mod buckets;
+pub mod checksums;
+mod complete;
 mod copies;
 mod errors;
 mod listing;
