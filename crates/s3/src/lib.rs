@@ -11,7 +11,8 @@
 //! - `errors`: the store's errors as S3 errors.
 //! - [`presigned`]: the bound on a presigned URL's life.
 //! - [`checksums`]: S3's flexible checksums, checked and kept.
-//! - `buckets`, `objects`, `copies`, `listing`, `multipart`, `complete`: the
+//! - `buckets`, `objects`, `attributes`, `copies`, `listing`, `multipart`,
+//!   `complete`: the
 //!   operations, as methods of [`Gateway`]; `service` hands s3s's calls
 //!   to them.
 //! - [`metrics`]: the gateway's `/metrics`.
@@ -22,6 +23,7 @@
 //! buckets a key may use. The library never prints and never exits.
 
 pub mod access;
+mod attributes;
 pub mod bucket_class;
 mod buckets;
 pub mod checksums;

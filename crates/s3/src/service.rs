@@ -2,6 +2,7 @@
 //! gateway's own methods and its answer into s3s's output types. Every
 //! other operation answers NotImplemented (s3s's default).
 
+use crate::attributes::AttributesQuery;
 use crate::bucket_class::{self, CLASS_HEADER};
 use crate::buckets::from_ms;
 use crate::checksums::{self, ChecksumRequest};
@@ -416,6 +417,29 @@ impl S3 for Gateway {
             metadata: (!meta.metadata.is_empty()).then(|| meta.metadata.into_iter().collect()),
             ..Default::default()
         }))
+    }
+
+    async fn get_object_attributes(
+        &self,
+        req: S3Request<GetObjectAttributesInput>,
+    ) -> S3Result<S3Response<GetObjectAttributesOutput>> {
+        let client = self.tenant(&req).await?;
+        let input = &req.input;
+        if input.version_id.is_some() {
+            return Err(s3(
+                S3ErrorCode::NotImplemented,
+                "objects have no versions here: ask without versionId",
+            ));
+        }
+        let query = AttributesQuery {
+            bucket: &input.bucket,
+            key: &input.key,
+            wanted: &input.object_attributes,
+            part_marker: u32::try_from(input.part_number_marker.unwrap_or(0)).unwrap_or(0),
+            max_parts: listed_max(input.max_parts),
+        };
+        let output = self.object_attributes(&client, &query).await?;
+        Ok(S3Response::new(output))
     }
 
     async fn delete_object(

@@ -415,6 +415,11 @@ fails("BadDigest", s3.put_object, Bucket=BUCKET, Key="crc", Body=b"other", Check
 head = s3.head_object(Bucket=BUCKET, Key="crc", ChecksumMode="ENABLED")
 check(head["ContentLength"] == len(summed) and head.get("ChecksumCRC32") == crc32,
       "a refused Put keeps the key's body and checksum")
+attrs = s3.get_object_attributes(Bucket=BUCKET, Key="crc", ObjectAttributes=["Checksum"])
+check(attrs["Checksum"].get("ChecksumCRC32") == crc32 and
+      attrs["Checksum"].get("ChecksumType") == "FULL_OBJECT", f"object attributes {attrs}")
+fails("NoSuchKey", s3.get_object_attributes, Bucket=BUCKET, Key="nothing-here",
+      ObjectAttributes=["ETag"], status=404)
 # A checksum sent as a trailer of an aws-chunked body, as botocore does
 # over HTTPS (made to here by telling it the endpoint is HTTPS).
 import botocore.httpchecksum as httpchecksum
@@ -745,6 +750,27 @@ check(head.get("ChecksumSHA256") == composite and head.get("ChecksumType") == "C
 got = s3.get_object(Bucket=BUCKET, Key="mp/summed", ChecksumMode="ENABLED")
 check(got["Body"].read() == part_a + part_b and got.get("ChecksumSHA256") == composite,
       "the composite object reads back")
+# GetObjectAttributes: the composite, the size and the parts with their
+# checksums, a page at a time.
+attrs = s3.get_object_attributes(Bucket=BUCKET, Key="mp/summed",
+                                 ObjectAttributes=["ETag", "Checksum", "ObjectParts",
+                                                   "ObjectSize"])
+check(attrs["Checksum"].get("ChecksumSHA256") == composite and
+      attrs["Checksum"].get("ChecksumType") == "COMPOSITE" and
+      attrs["ObjectSize"] == len(part_a + part_b), f"object attributes {attrs}")
+check(attrs["ETag"].strip('"') == done["ETag"].strip('"'), f"attributes' ETag {attrs}")
+listed_attrs = attrs["ObjectParts"]
+check(listed_attrs["TotalPartsCount"] == 2 and
+      [(q["PartNumber"], q["Size"], q.get("ChecksumSHA256")) for q in listed_attrs["Parts"]] ==
+      [(1, len(part_a), r1["ChecksumSHA256"]), (2, len(part_b), part_b_sha)],
+      f"the parts' attributes {listed_attrs}")
+page = s3.get_object_attributes(Bucket=BUCKET, Key="mp/summed", ObjectAttributes=["ObjectParts"],
+                                MaxParts=1)["ObjectParts"]
+check(page["IsTruncated"] and page["NextPartNumberMarker"] == 1 and len(page["Parts"]) == 1,
+      f"a page of parts {page}")
+check("Checksum" not in s3.get_object_attributes(Bucket=BUCKET, Key="mp/summed",
+                                                 ObjectAttributes=["ObjectSize"]),
+      "only the attributes asked")
 fails("InvalidRequest", s3.create_multipart_upload, Bucket=BUCKET, Key="mp/full",
       ChecksumAlgorithm="CRC32", ChecksumType="FULL_OBJECT", status=400)
 s3.delete_object(Bucket=BUCKET, Key="mp/summed")
