@@ -679,7 +679,6 @@ impl S3 for Gateway {
                 checksum_sha1: checksum.checksum_sha1,
                 checksum_sha256: checksum.checksum_sha256,
                 checksum_crc64nvme: checksum.checksum_crc64nvme,
-                ..Default::default()
             }),
             ..Default::default()
         }))
@@ -776,7 +775,6 @@ impl S3 for Gateway {
                     checksum_sha1: checksum.checksum_sha1,
                     checksum_sha256: checksum.checksum_sha256,
                     checksum_crc64nvme: checksum.checksum_crc64nvme,
-                    ..Default::default()
                 }
             })
             .collect();
