@@ -771,6 +771,21 @@ check(page["IsTruncated"] and page["NextPartNumberMarker"] == 1 and len(page["Pa
 check("Checksum" not in s3.get_object_attributes(Bucket=BUCKET, Key="mp/summed",
                                                  ObjectAttributes=["ObjectSize"]),
       "only the attributes asked")
+# Every UploadPart stores an attempt of its own, kept until the Complete or
+# Abort: 16 of one part number at most; ListParts shows the latest.
+capped = s3.create_multipart_upload(Bucket=BUCKET, Key="mp/capped")["UploadId"]
+for attempt in range(16):
+    s3.upload_part(Bucket=BUCKET, Key="mp/capped", UploadId=capped, PartNumber=1,
+                   Body=b"attempt %d" % attempt)
+e = fails("InvalidRequest", s3.upload_part, Bucket=BUCKET, Key="mp/capped", UploadId=capped,
+          PartNumber=1, Body=b"one too many", status=400)
+check("16 times" in e.response["Error"]["Message"], f"the cap is named: {e}")
+s3.upload_part(Bucket=BUCKET, Key="mp/capped", UploadId=capped, PartNumber=10, Body=b"ten")
+latest = s3.list_parts(Bucket=BUCKET, Key="mp/capped", UploadId=capped)["Parts"]
+check([(q["PartNumber"], q["ETag"].strip('"')) for q in latest] ==
+      [(1, hashlib.md5(b"attempt 15").hexdigest()), (10, hashlib.md5(b"ten").hexdigest())],
+      f"list_parts shows the latest attempt of each number {latest}")
+s3.abort_multipart_upload(Bucket=BUCKET, Key="mp/capped", UploadId=capped)
 fails("InvalidRequest", s3.create_multipart_upload, Bucket=BUCKET, Key="mp/full",
       ChecksumAlgorithm="CRC32", ChecksumType="FULL_OBJECT", status=400)
 s3.delete_object(Bucket=BUCKET, Key="mp/summed")

@@ -36,6 +36,8 @@ fn reuploads_racing_a_complete_never_change_the_object_or_leak_parts() {
     let text = output_text(&out);
     assert!(out.status.success(), "s3_race.py failed:\n{text}");
     assert!(text.contains("rounds passed"), "{text}");
+    // Which way the racing UploadParts went (stored, or refused).
+    eprintln!("{}", text.lines().last().unwrap_or_default());
     let names = multipart_names(&store, "acme");
     assert_eq!(
         names.len(),

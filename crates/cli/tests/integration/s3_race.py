@@ -67,6 +67,9 @@ with concurrent.futures.ThreadPoolExecutor(4) as pool:
         racing = [pool.submit(reupload, key, upload, number,
                               b"other bytes %d %d" % (number, i) * 5000)
                   for i, number in enumerate([1, 2, 1, 2])]
+        # So that some re-uploads land before the Complete lists the parts,
+        # some while it works, and some after.
+        time.sleep(random.random() * 0.03)
         done = s3.complete_multipart_upload(
             Bucket=BUCKET, Key=key, UploadId=upload,
             MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e}
