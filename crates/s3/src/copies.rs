@@ -151,6 +151,9 @@ fn destination_meta(source: &ObjectMeta, request: &CopyRequest) -> S3Result<Obje
         content_type,
         metadata,
         multipart: None,
+        // The bytes are the source's: so is a whole-object checksum (a
+        // multipart source's composite describes parts the copy lacks).
+        checksum: source.checksum.clone().filter(|kept| !kept.is_composite()),
     };
     check_fits(&meta, &request.bucket, &request.key)?;
     Ok(meta)

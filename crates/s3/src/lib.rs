@@ -10,7 +10,9 @@
 //!   never held whole.
 //! - `errors`: the store's errors as S3 errors.
 //! - [`presigned`]: the bound on a presigned URL's life.
-//! - `buckets`, `objects`, `copies`, `listing`, `multipart`: the
+//! - [`checksums`]: S3's flexible checksums, checked and kept.
+//! - `buckets`, `objects`, `attributes`, `copies`, `listing`, `multipart`,
+//!   `complete`: the
 //!   operations, as methods of [`Gateway`]; `service` hands s3s's calls
 //!   to them.
 //! - [`metrics`]: the gateway's `/metrics`.
@@ -21,8 +23,11 @@
 //! buckets a key may use. The library never prints and never exits.
 
 pub mod access;
+mod attributes;
 pub mod bucket_class;
 mod buckets;
+pub mod checksums;
+mod complete;
 mod copies;
 mod errors;
 mod listing;

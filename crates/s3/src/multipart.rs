@@ -1,37 +1,38 @@
 //! Multipart uploads. An upload is a small store object holding its
-//! key's future metadata ([`crate::names::upload_name`]); each part is a
-//! store object of its own ([`crate::names::part_name`]) with its MD5 in
-//! its attributes. CompleteMultipartUpload moves no data: it writes at
-//! `B/K` a *manifest*, whose attributes mark it ([`Multipart`]) and
-//! whose body lists the parts with their sizes, store versions and
-//! MD5s; a Get of it streams the parts in order. Overwriting or deleting
-//! the key deletes the parts once the manifest is gone; anything a
-//! gateway that died in between left behind is found by
-//! [`Gateway::clean_uploads`].
+//! key's future metadata ([`crate::names::upload_name`]); each
+//! UploadPart stores a store object of its own, under a name unique to
+//! that attempt ([`crate::names::part_name`]), with its MD5 and checksum
+//! in its attributes. CompleteMultipartUpload ([`crate::complete`])
+//! moves no data: it writes at `B/K` a *manifest*, whose attributes mark
+//! it ([`Multipart`]) and whose body names the attempts it took with
+//! their sizes, store versions and MD5s; a Get of it streams the parts
+//! in order. Overwriting or deleting the key deletes the parts once the
+//! manifest is gone; anything a gateway that died in between left
+//! behind is found by [`Gateway::clean_uploads`].
 
 use crate::buckets::now_ms;
+use crate::checksums::{Algorithm, ChecksumRequest, KeptChecksum};
 use crate::copies::check_copy_conditions;
 use crate::errors::{from_store, is_missing, s3};
 use crate::names::{
     all_parts_prefix, hex, parse_part_name, part_name, parts_prefix, reserved_prefix, upload_name,
-    Multipart, ObjectMeta,
+    Multipart, ObjectMeta, PartName,
 };
 use crate::objects::{
     check_fits, content_md5, meta_of, name_of, store_body, Claims, Conditions, LOOKUP_ATTEMPTS,
 };
 use crate::part_number::{check_part_number, MAX_PART_NUMBER};
 use crate::parts::{
-    delete_quietly, discard_upload, drop_parts, parts_use, previous_upload, start_object_read,
-    Manifest, PartRef, Use, STORE_PAGE,
+    delete_quietly, discard_upload, drop_parts, manifest_parts, parts_use, start_object_read, Use,
+    STORE_PAGE,
 };
-use crate::posts::{post, Target};
+use crate::posts::Target;
 use crate::streams::{response_body, Piece};
 use crate::uploads::UploadsQuery;
 use crate::Gateway;
-use md5::{Digest, Md5};
-use s3s::dto::{Checksum, StreamingBlob};
+use s3s::dto::StreamingBlob;
 use s3s::{S3ErrorCode, S3Result};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,10 +46,19 @@ pub const MAX_PART: u64 = 5 << 30;
 pub const MAX_MULTIPART_OBJECT: u64 = 5 << 40;
 /// Most parts or uploads one listing page returns, as in S3.
 pub const MAX_LISTED: usize = 1000;
-/// A part as the store lists it.
+/// Most attempts of one part number an upload keeps: every UploadPart
+/// stores under a name of its own, and the attempts a Complete does not
+/// name are deleted only then (or at the Abort, or the expiry), so a
+/// client re-uploading one part without end is refused past this.
+pub const MAX_ATTEMPTS: usize = 16;
+
+/// One attempt at a part, as the store lists it.
 pub(crate) struct StoredPart {
     /// Its part number.
     pub number: u32,
+    /// The id of the UploadPart that stored it (`None`: an older
+    /// gateway's part).
+    pub attempt: Option<String>,
     /// Its size in bytes.
     pub size: u64,
     /// Its store version.
@@ -106,29 +116,6 @@ fn copy_range(range: Option<&str>, size: u64) -> S3Result<Range<u64>> {
     }
 }
 
-/// The S3 ETag of a multipart object of parts with MD5s `md5s` (hex):
-/// the MD5 of their binary MD5s, then `-` and how many there are.
-pub(crate) fn multipart_etag(md5s: &[&str]) -> String {
-    let mut hasher = Md5::new();
-    for md5 in md5s {
-        hasher.update(unhex_md5(md5).unwrap_or_default());
-    }
-    let digest: [u8; 16] = hasher.finalize().into();
-    format!("{}-{}", hex(&digest), md5s.len())
-}
-
-/// The 16 bytes of an MD5 in hex.
-fn unhex_md5(text: &str) -> Option<[u8; 16]> {
-    let mut bytes = [0u8; 16];
-    if text.len() != 32 {
-        return None;
-    }
-    for (at, byte) in bytes.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(text.get(2 * at..2 * at + 2)?, 16).ok()?;
-    }
-    Some(bytes)
-}
-
 fn no_such_upload(bucket: &str, key: &str, upload: &str) -> s3s::S3Error {
     s3(
         S3ErrorCode::NoSuchUpload,
@@ -160,15 +147,15 @@ fn is_upload_id(upload: &str) -> bool {
 
 impl Gateway {
     /// CreateMultipartUpload: stores the upload's state (the future
-    /// object's content type and metadata, and the start time); returns
-    /// the upload id.
+    /// object's content type and metadata, its checksum algorithm, and
+    /// the start time); returns the upload id.
     pub(crate) async fn create_upload(
         &self,
         client: &Client,
-        bucket: &str,
-        key: &str,
+        (bucket, key): (&str, &str),
         content_type: Option<String>,
         metadata: BTreeMap<String, String>,
+        algorithm: Option<Algorithm>,
     ) -> S3Result<String> {
         self.bucket_exists(client, bucket).await?;
         name_of(bucket, key)?;
@@ -180,6 +167,12 @@ impl Gateway {
             content_type,
             metadata,
             multipart: None,
+            // The algorithm, with no value yet: every part is kept with
+            // it, and the Complete answers their composite.
+            checksum: algorithm.map(|algorithm| KeptChecksum {
+                algorithm,
+                value: String::new(),
+            }),
         };
         // The manifest will carry this metadata and more: refuse now what
         // would not fit then.
@@ -190,6 +183,8 @@ impl Gateway {
                 parts: MAX_PART_NUMBER,
                 size: MAX_MULTIPART_OBJECT,
             }),
+            checksum: algorithm
+                .map(|algorithm| KeptChecksum::placeholder(algorithm, MAX_PART_NUMBER)),
             ..state.clone()
         };
         check_fits(&largest, bucket, key)?;
@@ -236,65 +231,118 @@ impl Gateway {
         }
     }
 
-    /// UploadPart: the body stored as the part (replacing a part of that
-    /// number), with its MD5 checked against Content-MD5 if given.
+    /// UploadPart: the body stored as a new attempt at the part, under a
+    /// name of its own ([`part_name`]), with its MD5 checked against
+    /// Content-MD5 and its checksums against those claimed; the upload's
+    /// checksum algorithm, if it has one, is computed and kept with it.
     pub(crate) async fn upload_part(
         &self,
         client: &Client,
         target: &PartTarget,
         body: Option<StreamingBlob>,
-        content_length: Option<i64>,
-        md5_header: Option<&str>,
-        checksums: Checksum,
+        (content_length, md5_header): (Option<i64>, Option<&str>),
+        checksums: ChecksumRequest,
     ) -> S3Result<ObjectMeta> {
         let (bucket, key) = (target.bucket.as_str(), target.key.as_str());
         let number = check_part_number(target.number)?;
-        self.pending(client, bucket, key, &target.upload).await?;
+        let state = self.pending(client, bucket, key, &target.upload).await?;
         let expected = content_md5(md5_header)?;
         let size = crate::objects::body_size(&body, content_length, MAX_PART)?;
-        let name = part_name(bucket, key, &target.upload, number);
-        let meta = part_meta(size);
+        let name = self.new_attempt(client, target, number).await?;
         let what = format!("part {number} of '{bucket}/{key}'");
         let claims = Claims {
             md5: expected,
-            checksums,
+            checksums: checksums.claims(state.checksum.map(|kept| kept.algorithm)),
         };
         let stored_as = Target {
             name: &name,
             size,
             class: self.bucket_class(client, bucket).await?,
         };
-        let meta = store_body(client, &stored_as, &what, body, claims, meta).await?;
-        self.still_pending(client, bucket, key, &target.upload)
+        let meta = store_body(client, &stored_as, &what, body, claims, part_meta(size)).await?;
+        self.settle_part(client, (bucket, key), &target.upload, &name)
             .await?;
         Ok(meta)
     }
 
-    /// After a part was stored: NoSuchUpload if its upload was completed
-    /// or aborted meanwhile (an UploadPart that raced the Complete), as
-    /// no object will hold that part. The part is left to the cleaner,
-    /// which deletes only the parts an object's manifest does not list:
-    /// deleting it here could take one a racing Complete listed.
-    async fn still_pending(
+    /// The store name of a new attempt at part `number` of `target`'s
+    /// upload: its id is the clock in microseconds then 32 random bits,
+    /// so attempts sort in the order they started and never share a
+    /// name. Refused once the number has [`MAX_ATTEMPTS`] attempts.
+    async fn new_attempt(
         &self,
         client: &Client,
-        bucket: &str,
-        key: &str,
+        target: &PartTarget,
+        number: u32,
+    ) -> S3Result<String> {
+        let (bucket, key, upload) = (&target.bucket, &target.key, &target.upload);
+        let prefix = part_name(bucket, key, upload, number, None);
+        let limit = MAX_ATTEMPTS as u32 + 1;
+        let (entries, _) = client
+            .list(&prefix, "", limit)
+            .await
+            .map_err(|e| from_store(&format!("listing the parts of upload '{upload}'"), &e))?;
+        if entries.len() >= MAX_ATTEMPTS {
+            return Err(s3(
+                S3ErrorCode::InvalidRequest,
+                format!(
+                    "part {number} of upload '{upload}' was uploaded {MAX_ATTEMPTS} times: \
+                     complete or abort the upload, or start another"
+                ),
+            ));
+        }
+        let mut random = [0u8; 4];
+        getrandom::fill(&mut random).map_err(|e| {
+            s3(
+                S3ErrorCode::InternalError,
+                format!("no random part id: the system's random source failed: {e}"),
+            )
+        })?;
+        let micros = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_micros() as u64);
+        let attempt = format!("{micros:016x}{}", hex(&random));
+        Ok(part_name(bucket, key, upload, number, Some(&attempt)))
+    }
+
+    /// After the part `name` was stored: if its upload is still pending,
+    /// it is one of the upload's parts (a Complete that forgets the
+    /// upload later lists it, and deletes it unless it names it). If the
+    /// upload is gone (completed or aborted meanwhile), the part is
+    /// deleted here, unless the Complete's manifest names it (it was
+    /// stored before the Complete listed the parts), and the answer is
+    /// NoSuchUpload. A store that cannot tell leaves it to the cleaner.
+    async fn settle_part(
+        &self,
+        client: &Client,
+        (bucket, key): (&str, &str),
         upload: &str,
+        name: &str,
     ) -> S3Result<()> {
         match client.stat(&upload_name(bucket, key, upload)).await {
-            Ok(_) => Ok(()),
-            Err(e) if is_missing(&e) => Err(no_such_upload(bucket, key, upload)),
-            Err(e) => Err(from_store(
-                &format!("looking up upload '{upload}' of '{bucket}/{key}'"),
-                &e,
-            )),
+            Ok(_) => return Ok(()),
+            Err(e) if is_missing(&e) => {}
+            Err(e) => {
+                return Err(from_store(
+                    &format!("looking up upload '{upload}' of '{bucket}/{key}'"),
+                    &e,
+                ))
+            }
+        }
+        match manifest_parts(client, bucket, key, upload).await {
+            Ok(Some(used)) if used.contains(name) => Ok(()),
+            Ok(_) => {
+                delete_quietly(client, name).await;
+                Err(no_such_upload(bucket, key, upload))
+            }
+            Err(_) => Err(no_such_upload(bucket, key, upload)),
         }
     }
 
     /// UploadPartCopy: the bytes of `range` (`bytes=FIRST-LAST`; the
-    /// whole source without) of a source object stored as the part,
-    /// streamed as a copy is.
+    /// whole source without) of a source object stored as a new attempt
+    /// at the part, streamed as a copy is (with the upload's checksum
+    /// algorithm computed and kept, as for an UploadPart).
     pub(crate) async fn upload_part_copy(
         &self,
         client: &Arc<Client>,
@@ -303,8 +351,8 @@ impl Gateway {
     ) -> S3Result<ObjectMeta> {
         let (bucket, key) = (target.bucket.as_str(), target.key.as_str());
         let number = check_part_number(target.number)?;
-        self.pending(client, bucket, key, &target.upload).await?;
-        let name = part_name(bucket, key, &target.upload, number);
+        let state = self.pending(client, bucket, key, &target.upload).await?;
+        let algorithm = state.checksum.map(|kept| kept.algorithm);
         let what = format!("part {number} of '{bucket}/{key}'");
         let class = self.bucket_class(client, bucket).await?;
         for _ in 0..LOOKUP_ATTEMPTS {
@@ -320,44 +368,32 @@ impl Gateway {
                 ));
             }
             let version = opened.record.version;
-            let (first, receiver) = start_object_read(
-                client.clone(),
-                source.bucket,
-                source.key,
-                opened,
-                &meta,
-                span,
-            )
-            .await;
+            let at = (source.bucket, source.key);
+            let (first, receiver) =
+                start_object_read(client.clone(), at.0, at.1, opened, &meta, span).await;
             let body = match first {
                 None => StreamingBlob::from(s3s::Body::from(bytes::Bytes::new())),
                 Some(Piece::Data(first)) => response_body(first, receiver),
                 Some(Piece::Failed(e)) => {
-                    if self
-                        .replaced(client, source.bucket, source.key, version)
-                        .await
-                    {
+                    if self.replaced(client, at.0, at.1, version).await {
                         continue;
                     }
                     return Err(from_store(&format!("reading the source of {what}"), &e));
                 }
             };
-            let claims = Claims::default();
+            let claims = Claims {
+                md5: None,
+                checksums: ChecksumRequest::default().claims(algorithm),
+            };
+            let name = self.new_attempt(client, target, number).await?;
             let stored_as = Target {
                 name: &name,
                 size,
                 class,
             };
-            let meta = store_body(
-                client,
-                &stored_as,
-                &what,
-                Some(body),
-                claims,
-                part_meta(size),
-            )
-            .await?;
-            self.still_pending(client, bucket, key, &target.upload)
+            let body = Some(body);
+            let meta = store_body(client, &stored_as, &what, body, claims, part_meta(size)).await?;
+            self.settle_part(client, (bucket, key), &target.upload, &name)
                 .await?;
             return Ok(meta);
         }
@@ -368,46 +404,6 @@ impl Gateway {
                 source.bucket, source.key
             ),
         ))
-    }
-
-    /// CompleteMultipartUpload: checks the parts listed (each uploaded,
-    /// with that ETag, in ascending order, all but the last at least 5
-    /// MiB), writes the manifest at the key, then forgets the upload and
-    /// deletes the parts it left out and those of the object it replaced.
-    pub(crate) async fn complete_upload(
-        &self,
-        client: &Client,
-        bucket: &str,
-        key: &str,
-        upload: &str,
-        listed: &[(i32, Option<String>)],
-    ) -> S3Result<ObjectMeta> {
-        let state = self.pending(client, bucket, key, upload).await?;
-        let stored = self.stored_parts(client, bucket, key, upload).await?;
-        let chosen = choose_parts(bucket, key, listed, &stored)?;
-        let used: HashSet<u32> = chosen.iter().map(|part| part.number).collect();
-        let (meta, body, attributes) = manifest(state, upload, chosen)?;
-        let name = name_of(bucket, key)?;
-        let previous = previous_upload(client, &name).await;
-        let target = Target {
-            name: &name,
-            size: body.len() as u64,
-            class: self.bucket_class(client, bucket).await?,
-        };
-        let mut data = std::io::Cursor::new(&body[..]);
-        post(client, &target, &mut data, || Ok(attributes.clone()))
-            .await
-            .map_err(|e| from_store(&format!("completing '{bucket}/{key}'"), &e))?;
-        // The manifest is in place: from here on, a failure leaves names
-        // for the cleaner, never a broken object.
-        delete_quietly(client, &upload_name(bucket, key, upload)).await;
-        for part in stored.iter().filter(|part| !used.contains(&part.number)) {
-            delete_quietly(client, &part_name(bucket, key, upload, part.number)).await;
-        }
-        if let Some(previous) = previous.filter(|previous| previous != upload) {
-            drop_parts(client, bucket, key, &previous).await;
-        }
-        Ok(meta)
     }
 
     /// AbortMultipartUpload: forgets the upload, then deletes its parts
@@ -424,60 +420,80 @@ impl Gateway {
         Ok(())
     }
 
-    /// The parts of an upload, in part-number order.
-    async fn stored_parts(
+    /// Every attempt at the parts of an upload numbered after `after`, in
+    /// name order (by number, then attempt), for at most `max` part
+    /// numbers: the attempts of the last number listed are all there.
+    pub(crate) async fn stored_attempts(
         &self,
         client: &Client,
-        bucket: &str,
-        key: &str,
-        upload: &str,
-    ) -> S3Result<Vec<StoredPart>> {
-        self.list_parts(client, bucket, key, upload, 0, MAX_PART_NUMBER as usize)
-            .await
-    }
-
-    /// ListParts: up to `max` parts after part number `after`.
-    pub(crate) async fn list_parts(
-        &self,
-        client: &Client,
-        bucket: &str,
-        key: &str,
+        (bucket, key): (&str, &str),
         upload: &str,
         after: u32,
         max: usize,
     ) -> S3Result<Vec<StoredPart>> {
         self.pending(client, bucket, key, upload).await?;
         let prefix = parts_prefix(bucket, key, upload);
-        let mut cursor = if after > 0 {
-            part_name(bucket, key, upload, after)
-        } else {
-            String::new()
-        };
-        let mut parts = Vec::new();
-        while parts.len() < max {
+        let mut cursor = String::new();
+        if after > 0 {
+            // Past every attempt at `after`: they follow its bare name.
+            cursor = format!("{}.", part_name(bucket, key, upload, after, None));
+        }
+        let mut parts: Vec<StoredPart> = Vec::new();
+        let mut numbers = 0;
+        loop {
             let (entries, next) = client
                 .list(&prefix, &cursor, STORE_PAGE)
                 .await
                 .map_err(|e| from_store(&format!("listing the parts of upload '{upload}'"), &e))?;
             for entry in entries {
-                let Some((_, _, number)) = parse_part_name(bucket, &entry.name) else {
+                let Some(part) = parse_part_name(bucket, &entry.name) else {
                     continue;
                 };
-                if number > after && parts.len() < max {
-                    parts.push(StoredPart {
-                        number,
-                        size: entry.size,
-                        version: entry.version,
-                        meta: ObjectMeta::from_record(entry.size, entry.crc, &entry.attributes),
-                    });
+                if part.number <= after {
+                    continue;
                 }
+                if parts.last().is_none_or(|last| last.number != part.number) {
+                    numbers += 1;
+                    if numbers > max {
+                        return Ok(parts);
+                    }
+                }
+                parts.push(StoredPart {
+                    number: part.number,
+                    attempt: part.attempt,
+                    size: entry.size,
+                    version: entry.version,
+                    meta: ObjectMeta::from_record(entry.size, entry.crc, &entry.attributes),
+                });
             }
             match next {
                 Some(next) => cursor = cursor.max(next),
-                None => break,
+                None => return Ok(parts),
             }
         }
-        Ok(parts)
+    }
+
+    /// ListParts: the latest attempt at each of up to `max` part numbers
+    /// after `after`.
+    pub(crate) async fn list_parts(
+        &self,
+        client: &Client,
+        (bucket, key): (&str, &str),
+        upload: &str,
+        after: u32,
+        max: usize,
+    ) -> S3Result<Vec<StoredPart>> {
+        let attempts = self
+            .stored_attempts(client, (bucket, key), upload, after, max)
+            .await?;
+        let mut latest: Vec<StoredPart> = Vec::with_capacity(attempts.len());
+        for attempt in attempts {
+            match latest.last_mut() {
+                Some(last) if last.number == attempt.number => *last = attempt,
+                _ => latest.push(attempt),
+            }
+        }
+        Ok(latest)
     }
 
     /// Aborts the uploads of every bucket that started more than `expiry`
@@ -539,7 +555,7 @@ impl Gateway {
             let Some(entry) = entries.into_iter().next() else {
                 return Ok(cleaned);
             };
-            let Some((key, upload, _)) = parse_part_name(bucket, &entry.name) else {
+            let Some(PartName { key, upload, .. }) = parse_part_name(bucket, &entry.name) else {
                 // Not a name this gateway writes: step over it.
                 cursor = entry.name;
                 continue;
@@ -587,117 +603,9 @@ impl Gateway {
     }
 }
 
-/// The parts a Complete names, checked against those stored: the
-/// manifest's entries, in order.
-fn choose_parts(
-    bucket: &str,
-    key: &str,
-    listed: &[(i32, Option<String>)],
-    stored: &[StoredPart],
-) -> S3Result<Vec<PartRef>> {
-    if listed.is_empty() {
-        return Err(s3(
-            S3ErrorCode::MalformedXML,
-            "CompleteMultipartUpload lists no part: name at least one",
-        ));
-    }
-    let mut previous = 0;
-    for (number, _) in listed {
-        let number = check_part_number(*number)?;
-        if number <= previous {
-            return Err(s3(
-                S3ErrorCode::InvalidPartOrder,
-                format!(
-                    "part {number} follows part {previous}: list parts in ascending order, \
-                     each once"
-                ),
-            ));
-        }
-        previous = number;
-    }
-    let mut chosen: Vec<PartRef> = Vec::with_capacity(listed.len());
-    for (number, etag) in listed {
-        let number = check_part_number(*number)?;
-        // Both lists are in part-number order: a binary search each.
-        let found = stored
-            .binary_search_by_key(&number, |part| part.number)
-            .ok()
-            .map(|at| &stored[at]);
-        let Some(part) = found.filter(|part| {
-            etag.as_deref()
-                .is_none_or(|etag| etag.trim_matches('"') == part.meta.etag)
-        }) else {
-            return Err(s3(
-                S3ErrorCode::InvalidPart,
-                format!(
-                    "part {number} of '{bucket}/{key}' was not uploaded, or not with the ETag \
-                     given: upload it, or list the ETag UploadPart answered"
-                ),
-            ));
-        };
-        chosen.push(PartRef {
-            number,
-            size: part.size,
-            version: part.version,
-            etag: part.meta.etag.clone(),
-        });
-    }
-    let last = chosen.len() - 1;
-    if let Some(part) = chosen[..last].iter().find(|part| part.size < MIN_PART) {
-        return Err(s3(
-            S3ErrorCode::EntityTooSmall,
-            format!(
-                "part {} holds {} bytes: every part but the last must hold at least \
-                 {MIN_PART} (5 MiB)",
-                part.number, part.size
-            ),
-        ));
-    }
-    Ok(chosen)
-}
-
-/// The manifest of `upload` of the parts `chosen`, for an object with
-/// the pending upload's metadata `state`: its metadata, body and record
-/// attributes.
-fn manifest(
-    state: ObjectMeta,
-    upload: &str,
-    chosen: Vec<PartRef>,
-) -> S3Result<(ObjectMeta, Vec<u8>, Vec<u8>)> {
-    let size: u64 = chosen.iter().map(|part| part.size).sum();
-    if size > MAX_MULTIPART_OBJECT {
-        return Err(s3(
-            S3ErrorCode::EntityTooLarge,
-            format!("the parts hold {size} bytes; an object holds at most {MAX_MULTIPART_OBJECT}"),
-        ));
-    }
-    let md5s: Vec<&str> = chosen.iter().map(|part| part.etag.as_str()).collect();
-    let meta = ObjectMeta {
-        etag: multipart_etag(&md5s),
-        size,
-        modified_ms: now_ms(),
-        multipart: Some(Multipart {
-            upload: upload.to_string(),
-            parts: chosen.len() as u32,
-            size,
-        }),
-        ..state
-    };
-    let body = serde_json::to_vec(&Manifest { parts: chosen }).map_err(|e| {
-        s3(
-            S3ErrorCode::InternalError,
-            format!("encoding a manifest: {e}"),
-        )
-    })?;
-    let attributes = meta
-        .attributes()
-        .map_err(|why| s3(S3ErrorCode::MetadataTooLarge, why.to_string()))?;
-    Ok((meta, body, attributes))
-}
-
-/// The metadata a part's record carries (its MD5 is filled in as it is
-/// stored).
-fn part_meta(size: u64) -> ObjectMeta {
+/// The metadata a part's record carries (its MD5 and checksum are
+/// filled in as it is stored).
+pub(crate) fn part_meta(size: u64) -> ObjectMeta {
     ObjectMeta {
         etag: "0".repeat(32),
         size,
@@ -705,36 +613,13 @@ fn part_meta(size: u64) -> ObjectMeta {
         content_type: None,
         metadata: BTreeMap::new(),
         multipart: None,
+        checksum: None,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn stored(number: u32, size: u64, etag: &str) -> StoredPart {
-        StoredPart {
-            number,
-            size,
-            version: 7,
-            meta: ObjectMeta {
-                etag: etag.into(),
-                ..part_meta(size)
-            },
-        }
-    }
-
-    #[test]
-    fn the_multipart_etag_is_s3s() {
-        // Two parts whose MD5s are those of "a" and "b": S3 gives the MD5
-        // of the 32 bytes of both digests, then "-2".
-        let a = "0cc175b9c0f1b6a831c399e269772661";
-        let b = "92eb5ffee6ae2fec3ad71c777531578f";
-        let mut both = unhex_md5(a).unwrap().to_vec();
-        both.extend(unhex_md5(b).unwrap());
-        let expected = format!("{}-2", hex(&Md5::digest(&both)));
-        assert_eq!(multipart_etag(&[a, b]), expected);
-    }
 
     #[test]
     fn a_copy_range_is_inside_the_source() {
@@ -752,47 +637,5 @@ mod tests {
         assert_eq!(code("bytes=6-5"), "InvalidRange");
         assert_eq!(code("bytes=-5"), "InvalidArgument");
         assert_eq!(code("5-6"), "InvalidArgument");
-    }
-
-    #[test]
-    fn a_complete_checks_order_presence_etags_and_sizes() {
-        let md5 = "0cc175b9c0f1b6a831c399e269772661";
-        let parts = [
-            stored(1, MIN_PART, md5),
-            stored(2, 10, md5),
-            stored(3, 1, md5),
-        ];
-        let ok = choose_parts(
-            "b",
-            "k",
-            &[(1, Some(format!("\"{md5}\""))), (3, None)],
-            &parts,
-        );
-        assert_eq!(ok.unwrap().len(), 2);
-        let code = |listed: &[(i32, Option<String>)]| {
-            choose_parts("b", "k", listed, &parts)
-                .err()
-                .map(|e| e.code().as_str().to_string())
-        };
-        assert_eq!(code(&[]).as_deref(), Some("MalformedXML"));
-        assert_eq!(
-            code(&[(2, None), (1, None)]).as_deref(),
-            Some("InvalidPartOrder")
-        );
-        assert_eq!(
-            code(&[(1, None), (1, None)]).as_deref(),
-            Some("InvalidPartOrder")
-        );
-        assert_eq!(code(&[(4, None)]).as_deref(), Some("InvalidPart"));
-        assert_eq!(
-            code(&[(1, Some("0".repeat(32)))]).as_deref(),
-            Some("InvalidPart")
-        );
-        assert_eq!(
-            code(&[(2, None), (3, None)]).as_deref(),
-            Some("EntityTooSmall")
-        );
-        assert_eq!(code(&[(0, None)]).as_deref(), Some("InvalidArgument"));
-        assert_eq!(code(&[(10_001, None)]).as_deref(), Some("InvalidArgument"));
     }
 }

@@ -14,8 +14,10 @@
 //!   reserved prefix [`RESERVED`] (`B/.strata-multipart/`), which no key
 //!   may start with and listings never show: the upload `U` of key `K`
 //!   is the empty object [`upload_name`] (its attributes hold the
-//!   content type, user metadata and start time), and its part `N` the
-//!   object [`part_name`] (its attributes hold the part's MD5). The key
+//!   content type, user metadata, checksum algorithm and start time),
+//!   and each UploadPart of its part `N` stores the object
+//!   [`part_name`], unique to that attempt (its attributes hold the
+//!   part's MD5 and checksum). The key
 //!   is written in hex there, so names sort as keys do and no byte of a
 //!   key can be mistaken for a separator. A completed upload is a
 //!   *manifest* at `B/K`: its attributes say so ([`Multipart`]) and its
@@ -27,6 +29,7 @@
 //! has no attributes, and [`ObjectMeta::from_record`] gives it the
 //! CRC-32C as its ETag and the epoch as its time.
 
+use crate::checksums::KeptChecksum;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use strata_store_protocol::wire::{check_name, MAX_ATTRIBUTES};
@@ -72,6 +75,9 @@ pub struct ObjectMeta {
     pub metadata: BTreeMap<String, String>,
     /// For a completed multipart upload, its manifest's mark.
     pub multipart: Option<Multipart>,
+    /// The checksum kept with it ([`crate::checksums`]), if one was
+    /// given or asked for when it was stored.
+    pub checksum: Option<KeptChecksum>,
 }
 
 /// What the attributes hold, after their version byte: the metadata but
@@ -88,6 +94,8 @@ struct Stored {
     metadata: BTreeMap<String, String>,
     #[serde(rename = "x", default, skip_serializing_if = "Option::is_none")]
     multipart: Option<Multipart>,
+    #[serde(rename = "k", default, skip_serializing_if = "Option::is_none")]
+    checksum: Option<KeptChecksum>,
 }
 
 /// Why a key or its metadata cannot be stored.
@@ -174,10 +182,41 @@ pub fn parts_prefix(bucket: &str, key: &str, upload: &str) -> String {
     )
 }
 
-/// The store name of part `number` of upload `upload` of `key`: five
-/// digits, so names sort as part numbers do.
-pub fn part_name(bucket: &str, key: &str, upload: &str, number: u32) -> String {
-    format!("{}{number:05}", parts_prefix(bucket, key, upload))
+/// The store name of one attempt at part `number` of upload `upload`
+/// of `key`: five digits, so names sort as part numbers do, then `-`
+/// and the attempt's id, so that every UploadPart stores under a name of
+/// its own and a Complete's manifest names exactly the bytes it checked.
+/// Attempt ids sort in the order their UploadParts started (a clock,
+/// then random bits). A name without an attempt (`None`) is one an older
+/// gateway stored.
+pub fn part_name(
+    bucket: &str,
+    key: &str,
+    upload: &str,
+    number: u32,
+    attempt: Option<&str>,
+) -> String {
+    let prefix = parts_prefix(bucket, key, upload);
+    match attempt {
+        Some(attempt) => format!("{prefix}{number:05}-{attempt}"),
+        None => format!("{prefix}{number:05}"),
+    }
+}
+
+/// The longest attempt id a part name may hold.
+pub const MAX_ATTEMPT: usize = 32;
+
+/// What a part's store name holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartName {
+    /// The key being uploaded.
+    pub key: String,
+    /// The upload id.
+    pub upload: String,
+    /// The part number.
+    pub number: u32,
+    /// The attempt id (`None` for a name an older gateway stored).
+    pub attempt: Option<String>,
 }
 
 /// The key and upload id a pending upload's store name holds.
@@ -187,15 +226,33 @@ pub fn parse_upload_name(bucket: &str, name: &str) -> Option<(String, String)> {
     Some((unhex(key)?, upload.to_string()))
 }
 
-/// The key, upload id and part number a part's store name holds.
-pub fn parse_part_name(bucket: &str, name: &str) -> Option<(String, String, u32)> {
+/// The key, upload id, part number and attempt a part's store name
+/// holds; `None` for a name this gateway does not write.
+pub fn parse_part_name(bucket: &str, name: &str) -> Option<PartName> {
     let rest = name.strip_prefix(&all_parts_prefix(bucket))?;
     let mut fields = rest.split('/');
-    let (key, upload, number) = (fields.next()?, fields.next()?, fields.next()?);
+    let (key, upload, part) = (fields.next()?, fields.next()?, fields.next()?);
     if fields.next().is_some() {
         return None;
     }
-    Some((unhex(key)?, upload.to_string(), number.parse().ok()?))
+    let (number, attempt) = match part.split_once('-') {
+        Some((number, attempt)) => (number, Some(attempt)),
+        None => (part, None),
+    };
+    let good_attempt = |attempt: &str| {
+        !attempt.is_empty()
+            && attempt.len() <= MAX_ATTEMPT
+            && attempt.bytes().all(|b| b.is_ascii_hexdigit())
+    };
+    if number.len() != 5 || attempt.is_some_and(|attempt| !good_attempt(attempt)) {
+        return None;
+    }
+    Some(PartName {
+        key: unhex(key)?,
+        upload: upload.to_string(),
+        number: number.parse().ok()?,
+        attempt: attempt.map(str::to_string),
+    })
 }
 
 /// Lowercase hex of `bytes`.
@@ -226,6 +283,7 @@ impl ObjectMeta {
             content_type: self.content_type.clone(),
             metadata: self.metadata.clone(),
             multipart: self.multipart.clone(),
+            checksum: self.checksum.clone(),
         };
         let mut bytes = vec![ATTRIBUTES_VERSION];
         // Strings and integers only: serializing cannot fail.
@@ -256,6 +314,7 @@ impl ObjectMeta {
                 content_type: stored.content_type,
                 metadata: stored.metadata,
                 multipart: stored.multipart,
+                checksum: stored.checksum,
             },
             None => ObjectMeta {
                 etag: format!("{crc:08x}"),
@@ -264,6 +323,7 @@ impl ObjectMeta {
                 content_type: None,
                 metadata: BTreeMap::new(),
                 multipart: None,
+                checksum: None,
             },
         }
     }
@@ -272,6 +332,7 @@ impl ObjectMeta {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checksums::Algorithm;
 
     fn meta() -> ObjectMeta {
         ObjectMeta {
@@ -281,6 +342,10 @@ mod tests {
             content_type: Some("text/plain".into()),
             metadata: BTreeMap::from([("colour".into(), "blue".into())]),
             multipart: None,
+            checksum: Some(KeptChecksum {
+                algorithm: Algorithm::Crc32c,
+                value: "yZRlqg==".into(),
+            }),
         }
     }
 
@@ -307,12 +372,29 @@ mod tests {
             parse_upload_name("acme", &upload),
             Some((key.to_string(), "00ff".to_string()))
         );
-        let part = part_name("acme", key, "00ff", 42);
-        assert!(part.ends_with("/00ff/00042"), "{part}");
-        assert_eq!(
-            parse_part_name("acme", &part),
-            Some((key.to_string(), "00ff".to_string(), 42))
-        );
+        let part = part_name("acme", key, "00ff", 42, Some("0abc"));
+        assert!(part.ends_with("/00ff/00042-0abc"), "{part}");
+        let parsed = PartName {
+            key: key.to_string(),
+            upload: "00ff".to_string(),
+            number: 42,
+            attempt: Some("0abc".to_string()),
+        };
+        assert_eq!(parse_part_name("acme", &part), Some(parsed.clone()));
+        // An older gateway's name, without an attempt, sorts before every
+        // attempt of its number and after the numbers before it.
+        let old = part_name("acme", key, "00ff", 42, None);
+        assert!(old.ends_with("/00ff/00042") && old < part);
+        assert!(part_name("acme", key, "00ff", 41, Some("ffff")) < old);
+        let old_parsed = PartName {
+            attempt: None,
+            ..parsed
+        };
+        assert_eq!(parse_part_name("acme", &old), Some(old_parsed));
+        for bad in ["00042-", "00042-xyz", "42-0abc", "00042-0abc-1"] {
+            let name = format!("{}{bad}", parts_prefix("acme", key, "00ff"));
+            assert_eq!(parse_part_name("acme", &name), None, "{bad}");
+        }
         // Keys sort as their hex does: a key before its extensions.
         assert!(upload_name("acme", "a", "f") < upload_name("acme", "a/", "0"));
         assert!(upload_name("acme", "a", "f") < upload_name("acme", "b", "0"));

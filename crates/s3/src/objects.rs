@@ -3,6 +3,7 @@
 //! record carries the S3 metadata.
 
 use crate::buckets::{check_scope, from_ms, now_ms};
+use crate::checksums::{ChecksumClaims, KeptChecksum};
 use crate::errors::{from_store, is_missing, s3};
 use crate::names::ObjectMeta;
 use crate::part_number::{part_span, PartSpan};
@@ -15,7 +16,7 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use bytes::Bytes;
 use md5::Digest;
-use s3s::dto::{Checksum, ETag, ETagCondition, Range, StreamingBlob, Timestamp};
+use s3s::dto::{ETag, ETagCondition, Range, StreamingBlob, Timestamp};
 use s3s::stream::ByteStream;
 use s3s::{S3ErrorCode, S3Result};
 use std::collections::BTreeMap;
@@ -44,8 +45,9 @@ pub(crate) struct PutRequest {
     pub content_type: Option<String>,
     /// The `x-amz-meta-*` headers.
     pub metadata: BTreeMap<String, String>,
-    /// The `x-amz-checksum-*` headers (base64), checked against the body.
-    pub checksums: Checksum,
+    /// The `x-amz-checksum-*` headers and trailers, checked against the
+    /// body, and the algorithm of the checksum to keep with it.
+    pub checksums: ChecksumClaims,
 }
 
 /// The conditional headers of a Get or Head.
@@ -133,14 +135,18 @@ impl Gateway {
         let expected = content_md5(md5_header.as_deref())?;
         let size = body_size(&body, content_length, MAX_OBJECT)?;
         let meta = ObjectMeta {
-            // An MD5's length: the attributes are checked before the body
-            // is read, and the digest fills this in once it is.
+            // An MD5's length (and a checksum's): the attributes are
+            // checked before the body is read, and the digests fill these
+            // in once it is.
             etag: "0".repeat(32),
             size,
             modified_ms: now_ms(),
             content_type,
             metadata,
             multipart: None,
+            checksum: checksums
+                .keep
+                .map(|algorithm| KeptChecksum::placeholder(algorithm, 0)),
         };
         check_fits(&meta, bucket, key)?;
         let previous = previous_upload(client, &name).await;
@@ -312,14 +318,17 @@ pub(crate) async fn store_body(
 ) -> S3Result<ObjectMeta> {
     let size = meta.size;
     let received = Arc::new(Mutex::new(Received {
-        checksums: hasher_for(&claims.checksums),
+        checksums: claims.checksums.hasher(),
         ..Received::default()
     }));
     let mut reader = BodyReader::new(body, received.clone());
+    if claims.checksums.trailers.is_some() {
+        reader = reader.draining_at(size);
+    }
     let mut refused = None;
     // Computed once: a Post tried again after the store refused it reads
     // no byte twice into the digests.
-    let mut digests: Option<([u8; 16], Checksum)> = None;
+    let mut digests: Option<([u8; 16], s3s::dto::Checksum)> = None;
     let finish = || {
         let (digest, computed) = digests
             .get_or_insert_with(|| {
@@ -336,7 +345,7 @@ pub(crate) async fn store_body(
                  received; nothing was stored"
             )));
         }
-        if let Some(algorithm) = mismatched(&claims.checksums, &computed) {
+        if let Some(algorithm) = claims.checksums.mismatched(&computed) {
             refused = Some(S3ErrorCode::BadDigest);
             return Err(Error::Peer(format!(
                 "the {algorithm} you specified for {what} did not match the calculated \
@@ -344,6 +353,7 @@ pub(crate) async fn store_body(
             )));
         }
         meta.etag = digest.iter().map(|b| format!("{b:02x}")).collect();
+        meta.checksum = claims.checksums.kept(&computed);
         meta.attributes()
             .map_err(|why| Error::Peer(why.to_string()))
     };
@@ -355,55 +365,14 @@ pub(crate) async fn store_body(
 }
 
 /// What a Put's request says its body is: its Content-MD5 and its
-/// `x-amz-checksum-*` headers, each checked once the body is read.
+/// `x-amz-checksum-*` headers or trailers, each checked once the body
+/// is read, and the checksum to keep with it.
 #[derive(Default)]
 pub(crate) struct Claims {
     /// The Content-MD5, decoded.
     pub md5: Option<[u8; 16]>,
-    /// The `x-amz-checksum-*` values (base64).
-    pub checksums: Checksum,
-}
-
-/// A hasher computing the algorithms `claimed` names.
-fn hasher_for(claimed: &Checksum) -> s3s::checksum::ChecksumHasher {
-    s3s::checksum::ChecksumHasher {
-        crc32: claimed.checksum_crc32.as_ref().map(|_| Default::default()),
-        crc32c: claimed.checksum_crc32c.as_ref().map(|_| Default::default()),
-        sha1: claimed.checksum_sha1.as_ref().map(|_| Default::default()),
-        sha256: claimed.checksum_sha256.as_ref().map(|_| Default::default()),
-        crc64nvme: claimed
-            .checksum_crc64nvme
-            .as_ref()
-            .map(|_| Default::default()),
-    }
-}
-
-/// The first algorithm whose `claimed` value differs from the
-/// `computed` one, as S3 names it.
-fn mismatched(claimed: &Checksum, computed: &Checksum) -> Option<&'static str> {
-    let pairs = [
-        ("CRC32", &claimed.checksum_crc32, &computed.checksum_crc32),
-        (
-            "CRC32C",
-            &claimed.checksum_crc32c,
-            &computed.checksum_crc32c,
-        ),
-        ("SHA1", &claimed.checksum_sha1, &computed.checksum_sha1),
-        (
-            "SHA256",
-            &claimed.checksum_sha256,
-            &computed.checksum_sha256,
-        ),
-        (
-            "CRC64NVME",
-            &claimed.checksum_crc64nvme,
-            &computed.checksum_crc64nvme,
-        ),
-    ];
-    pairs
-        .into_iter()
-        .find(|(_, claimed, computed)| claimed.is_some() && claimed != computed)
-        .map(|(name, _, _)| name)
+    /// The checksums claimed, and the one to keep.
+    pub checksums: ChecksumClaims,
 }
 
 /// The size a Put's body will have: its Content-Length (0 without a

@@ -43,6 +43,20 @@ pub(crate) struct PartRef {
     /// Its MD5, as hex.
     #[serde(rename = "e")]
     pub(crate) etag: String,
+    /// The id of the UploadPart that stored it (`None` in the manifests
+    /// of older gateways, whose parts had no attempt ids).
+    #[serde(rename = "a", default, skip_serializing_if = "Option::is_none")]
+    pub(crate) attempt: Option<String>,
+    /// Its checksum of the upload's algorithm (base64), if it had one.
+    #[serde(rename = "c", default, skip_serializing_if = "Option::is_none")]
+    pub(crate) checksum: Option<String>,
+}
+
+impl PartRef {
+    /// Its store name, in upload `upload` of `bucket/key`.
+    pub(crate) fn store_name(&self, bucket: &str, key: &str, upload: &str) -> String {
+        part_name(bucket, key, upload, self.number, self.attempt.as_deref())
+    }
 }
 
 /// The metadata an opened store object carries.
@@ -129,7 +143,8 @@ pub(crate) async fn parts_use(client: &Client, bucket: &str, key: &str, upload: 
     }
 }
 
-/// The part numbers the key's manifest lists if it is `upload`'s;
+/// The store names of the parts the key's manifest lists if it is
+/// `upload`'s;
 /// `Ok(None)` if the key holds no manifest of it, `Err` if the store
 /// could not tell.
 pub(crate) async fn manifest_parts(
@@ -137,7 +152,7 @@ pub(crate) async fn manifest_parts(
     bucket: &str,
     key: &str,
     upload: &str,
-) -> Result<Option<HashSet<u32>>, Error> {
+) -> Result<Option<HashSet<String>>, Error> {
     let Ok(name) = name_of(bucket, key) else {
         return Ok(None);
     };
@@ -155,7 +170,11 @@ pub(crate) async fn manifest_parts(
     }
     let manifest = read_manifest(client, &opened).await?;
     Ok(Some(
-        manifest.parts.iter().map(|part| part.number).collect(),
+        manifest
+            .parts
+            .iter()
+            .map(|part| part.store_name(bucket, key, upload))
+            .collect(),
     ))
 }
 
@@ -175,20 +194,35 @@ pub(crate) async fn discard_upload(client: &Client, bucket: &str, key: &str, upl
         }
     };
     delete_quietly(client, &upload_name(bucket, key, upload)).await;
-    let Some(used) = used else {
-        drop_parts(client, bucket, key, upload).await;
-        return;
-    };
+    match used {
+        Some(used) => drop_parts_but(client, bucket, key, upload, &used).await,
+        None => drop_parts(client, bucket, key, upload).await,
+    }
+}
+
+/// Deletes every part of an upload but those named in `kept` (the
+/// parts its object's manifest lists). Failures are logged: the cleaner
+/// retries.
+pub(crate) async fn drop_parts_but(
+    client: &Client,
+    bucket: &str,
+    key: &str,
+    upload: &str,
+    kept: &HashSet<String>,
+) {
     let prefix = parts_prefix(bucket, key, upload);
     let mut cursor = String::new();
     loop {
-        let Ok((entries, next)) = client.list(&prefix, &cursor, STORE_PAGE).await else {
-            return;
+        let (entries, next) = match client.list(&prefix, &cursor, STORE_PAGE).await {
+            Ok(listed) => listed,
+            Err(e) => {
+                tracing::warn!("listing the parts of upload {upload}: {}", e.report());
+                return;
+            }
         };
         for entry in entries {
-            let unused = parse_part_name(bucket, &entry.name)
-                .is_some_and(|(_, _, number)| !used.contains(&number));
-            if unused {
+            let ours = parse_part_name(bucket, &entry.name).is_some();
+            if ours && !kept.contains(&entry.name) {
                 delete_quietly(client, &entry.name).await;
             }
         }
@@ -260,7 +294,7 @@ pub(crate) async fn start_object_read(
     let parts = manifest
         .parts
         .into_iter()
-        .map(|part| (part_name(bucket, key, &multipart.upload, part.number), part))
+        .map(|part| (part.store_name(bucket, key, &multipart.upload), part))
         .collect();
     start_parts_read(client, parts, span).await
 }

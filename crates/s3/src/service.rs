@@ -2,8 +2,11 @@
 //! gateway's own methods and its answer into s3s's output types. Every
 //! other operation answers NotImplemented (s3s's default).
 
+use crate::attributes::AttributesQuery;
 use crate::bucket_class::{self, CLASS_HEADER};
 use crate::buckets::from_ms;
+use crate::checksums::{self, ChecksumRequest};
+use crate::complete::ListedPart;
 use crate::copies::{CopyRequest, Replacement};
 use crate::errors::s3;
 use crate::listing::{ListRequest, Page, Position, MAX_KEYS};
@@ -135,6 +138,51 @@ fn claimed_checksums([crc32, crc32c, sha1, sha256, crc64nvme]: [Option<String>; 
     }
 }
 
+/// The checksum fields of a PutObject or UploadPart: its `headers`, the
+/// algorithm its `x-amz-sdk-checksum-algorithm` names, and the
+/// `x-amz-trailer` header with s3s's handle on the trailers of an
+/// aws-chunked body.
+fn checksum_request<T>(
+    req: &S3Request<T>,
+    headers: Checksum,
+    named: Option<&ChecksumAlgorithm>,
+) -> S3Result<ChecksumRequest> {
+    let named = checksums::requested(named).map_err(|why| s3(S3ErrorCode::InvalidRequest, why))?;
+    let trailer = req
+        .headers
+        .get("x-amz-trailer")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_string);
+    Ok(ChecksumRequest {
+        headers,
+        named,
+        trailer,
+        trailing: req.trailing_headers.clone(),
+    })
+}
+
+/// What a Put or UploadPart answers: the checksums claimed (checked)
+/// and the one kept.
+fn answered(claimed: Checksum, meta: &ObjectMeta) -> Checksum {
+    let mut answer = claimed;
+    if let Some(kept) = &meta.checksum {
+        kept.algorithm.set(&mut answer, kept.value.clone());
+    }
+    answer
+}
+
+/// The checksum a whole-object Get or Head answers with
+/// `x-amz-checksum-mode: ENABLED`: the one kept, if any.
+fn shown(mode: &Option<ChecksumMode>, meta: &ObjectMeta, whole: bool) -> Checksum {
+    let enabled = mode
+        .as_ref()
+        .is_some_and(|mode| mode.as_str().eq_ignore_ascii_case(ChecksumMode::ENABLED));
+    match &meta.checksum {
+        Some(kept) if enabled && whole => kept.to_dto(),
+        _ => Checksum::default(),
+    }
+}
+
 #[async_trait::async_trait]
 impl S3 for Gateway {
     async fn create_bucket(
@@ -203,6 +251,16 @@ impl S3 for Gateway {
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let client = self.tenant(&req).await?;
+        let input = &req.input;
+        let headers = claimed_checksums([
+            input.checksum_crc32.clone(),
+            input.checksum_crc32c.clone(),
+            input.checksum_sha1.clone(),
+            input.checksum_sha256.clone(),
+            input.checksum_crc64nvme.clone(),
+        ]);
+        let echo = headers.clone();
+        let checksums = checksum_request(&req, headers, input.checksum_algorithm.as_ref())?;
         let input = req.input;
         let request = PutRequest {
             bucket: input.bucket,
@@ -212,18 +270,12 @@ impl S3 for Gateway {
             content_md5: input.content_md5,
             content_type: input.content_type,
             metadata: input.metadata.unwrap_or_default().into_iter().collect(),
-            checksums: claimed_checksums([
-                input.checksum_crc32,
-                input.checksum_crc32c,
-                input.checksum_sha1,
-                input.checksum_sha256,
-                input.checksum_crc64nvme,
-            ]),
+            checksums: checksums.claims(None),
         };
-        let echo = request.checksums.clone();
         let meta = self.put_object(&client, request).await?;
         // The checksums given, checked against the body, are echoed as
-        // S3 does.
+        // S3 does, with the one kept.
+        let echo = answered(echo, &meta);
         Ok(S3Response::new(PutObjectOutput {
             e_tag: Some(etag(&meta)),
             checksum_crc32: echo.checksum_crc32,
@@ -231,6 +283,10 @@ impl S3 for Gateway {
             checksum_sha1: echo.checksum_sha1,
             checksum_sha256: echo.checksum_sha256,
             checksum_crc64nvme: echo.checksum_crc64nvme,
+            checksum_type: meta
+                .checksum
+                .as_ref()
+                .and_then(|kept| kept.to_dto().checksum_type),
             ..Default::default()
         }))
     }
@@ -296,7 +352,15 @@ impl S3 for Gateway {
             )
             .await?;
         let meta = &read.meta;
+        let whole = input.range.is_none() && input.part_number.is_none();
+        let checksum = shown(&input.checksum_mode, meta, whole);
         Ok(S3Response::new(GetObjectOutput {
+            checksum_crc32: checksum.checksum_crc32,
+            checksum_crc32c: checksum.checksum_crc32c,
+            checksum_sha1: checksum.checksum_sha1,
+            checksum_sha256: checksum.checksum_sha256,
+            checksum_crc64nvme: checksum.checksum_crc64nvme,
+            checksum_type: checksum.checksum_type,
             content_length: Some(read.length as i64),
             content_range: read.content_range.clone(),
             parts_count: read.parts_count.map(|n| n as i32),
@@ -335,7 +399,14 @@ impl S3 for Gateway {
         let length = part
             .as_ref()
             .map_or(meta.size, |p| p.span.end - p.span.start);
+        let checksum = shown(&input.checksum_mode, &meta, part.is_none());
         Ok(S3Response::new(HeadObjectOutput {
+            checksum_crc32: checksum.checksum_crc32,
+            checksum_crc32c: checksum.checksum_crc32c,
+            checksum_sha1: checksum.checksum_sha1,
+            checksum_sha256: checksum.checksum_sha256,
+            checksum_crc64nvme: checksum.checksum_crc64nvme,
+            checksum_type: checksum.checksum_type,
             content_length: Some(length as i64),
             content_range: part.as_ref().and_then(|p| p.content_range(meta.size)),
             parts_count: part.as_ref().map(|p| p.parts as i32),
@@ -346,6 +417,29 @@ impl S3 for Gateway {
             metadata: (!meta.metadata.is_empty()).then(|| meta.metadata.into_iter().collect()),
             ..Default::default()
         }))
+    }
+
+    async fn get_object_attributes(
+        &self,
+        req: S3Request<GetObjectAttributesInput>,
+    ) -> S3Result<S3Response<GetObjectAttributesOutput>> {
+        let client = self.tenant(&req).await?;
+        let input = &req.input;
+        if input.version_id.is_some() {
+            return Err(s3(
+                S3ErrorCode::NotImplemented,
+                "objects have no versions here: ask without versionId",
+            ));
+        }
+        let query = AttributesQuery {
+            bucket: &input.bucket,
+            key: &input.key,
+            wanted: &input.object_attributes,
+            part_marker: u32::try_from(input.part_number_marker.unwrap_or(0)).unwrap_or(0),
+            max_parts: listed_max(input.max_parts),
+        };
+        let output = self.object_attributes(&client, &query).await?;
+        Ok(S3Response::new(output))
     }
 
     async fn delete_object(
@@ -482,19 +576,31 @@ impl S3 for Gateway {
         let client = self.tenant(&req).await?;
         let input = req.input;
         let metadata = input.metadata.unwrap_or_default().into_iter().collect();
+        let algorithm = checksums::requested(input.checksum_algorithm.as_ref())
+            .map_err(|why| s3(S3ErrorCode::InvalidRequest, why))?;
+        if let Some(kind) = input.checksum_type.as_ref() {
+            if kind.as_str() != ChecksumType::COMPOSITE {
+                return Err(s3(
+                    S3ErrorCode::InvalidRequest,
+                    format!(
+                        "checksum type {:?} is not supported: a multipart object's checksum \
+                         is COMPOSITE here",
+                        kind.as_str()
+                    ),
+                ));
+            }
+        }
+        let at = (input.bucket.as_str(), input.key.as_str());
         let upload = self
-            .create_upload(
-                &client,
-                &input.bucket,
-                &input.key,
-                input.content_type,
-                metadata,
-            )
+            .create_upload(&client, at, input.content_type, metadata, algorithm)
             .await?;
         Ok(S3Response::new(CreateMultipartUploadOutput {
             bucket: Some(input.bucket),
             key: Some(input.key),
             upload_id: Some(upload),
+            checksum_algorithm: algorithm
+                .map(|algorithm| ChecksumAlgorithm::from(algorithm.name().to_string())),
+            checksum_type: algorithm.map(|_| ChecksumType::from_static(ChecksumType::COMPOSITE)),
             ..Default::default()
         }))
     }
@@ -504,6 +610,16 @@ impl S3 for Gateway {
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
         let client = self.tenant(&req).await?;
+        let input = &req.input;
+        let headers = claimed_checksums([
+            input.checksum_crc32.clone(),
+            input.checksum_crc32c.clone(),
+            input.checksum_sha1.clone(),
+            input.checksum_sha256.clone(),
+            input.checksum_crc64nvme.clone(),
+        ]);
+        let echo = headers.clone();
+        let checksums = checksum_request(&req, headers, input.checksum_algorithm.as_ref())?;
         let input = req.input;
         let target = PartTarget {
             bucket: input.bucket,
@@ -511,24 +627,11 @@ impl S3 for Gateway {
             upload: input.upload_id,
             number: input.part_number,
         };
-        let checksums = claimed_checksums([
-            input.checksum_crc32,
-            input.checksum_crc32c,
-            input.checksum_sha1,
-            input.checksum_sha256,
-            input.checksum_crc64nvme,
-        ]);
-        let echo = checksums.clone();
+        let declared = (input.content_length, input.content_md5.as_deref());
         let meta = self
-            .upload_part(
-                &client,
-                &target,
-                input.body,
-                input.content_length,
-                input.content_md5.as_deref(),
-                checksums,
-            )
+            .upload_part(&client, &target, input.body, declared, checksums)
             .await?;
+        let echo = answered(echo, &meta);
         Ok(S3Response::new(UploadPartOutput {
             e_tag: Some(etag(&meta)),
             checksum_crc32: echo.checksum_crc32,
@@ -566,11 +669,16 @@ impl S3 for Gateway {
             number: input.part_number,
         };
         let meta = self.upload_part_copy(&client, &target, &source).await?;
+        let checksum = answered(Checksum::default(), &meta);
         Ok(S3Response::new(UploadPartCopyOutput {
             copy_part_result: Some(CopyPartResult {
                 e_tag: Some(etag(&meta)),
                 last_modified: Some(last_modified(&meta)),
-                ..Default::default()
+                checksum_crc32: checksum.checksum_crc32,
+                checksum_crc32c: checksum.checksum_crc32c,
+                checksum_sha1: checksum.checksum_sha1,
+                checksum_sha256: checksum.checksum_sha256,
+                checksum_crc64nvme: checksum.checksum_crc64nvme,
             }),
             ..Default::default()
         }))
@@ -582,32 +690,43 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         let client = self.tenant(&req).await?;
         let input = req.input;
-        let listed: Vec<(i32, Option<String>)> = input
+        let listed: Vec<ListedPart> = input
             .multipart_upload
             .and_then(|upload| upload.parts)
             .unwrap_or_default()
             .into_iter()
-            .map(|part| {
-                (
-                    part.part_number.unwrap_or(0),
-                    part.e_tag.map(|tag| tag.value().to_string()),
-                )
+            .map(|part| ListedPart {
+                number: part.part_number.unwrap_or(0),
+                etag: part.e_tag.map(|tag| tag.value().to_string()),
+                checksums: claimed_checksums([
+                    part.checksum_crc32,
+                    part.checksum_crc32c,
+                    part.checksum_sha1,
+                    part.checksum_sha256,
+                    part.checksum_crc64nvme,
+                ]),
             })
             .collect();
+        let at = (input.bucket.as_str(), input.key.as_str());
         let meta = self
-            .complete_upload(
-                &client,
-                &input.bucket,
-                &input.key,
-                &input.upload_id,
-                &listed,
-            )
+            .complete_upload(&client, at, &input.upload_id, &listed)
             .await?;
+        let checksum = meta
+            .checksum
+            .as_ref()
+            .map(|kept| kept.to_dto())
+            .unwrap_or_default();
         Ok(S3Response::new(CompleteMultipartUploadOutput {
             location: Some(format!("/{}/{}", input.bucket, input.key)),
             bucket: Some(input.bucket),
             key: Some(input.key),
             e_tag: Some(etag(&meta)),
+            checksum_crc32: checksum.checksum_crc32,
+            checksum_crc32c: checksum.checksum_crc32c,
+            checksum_sha1: checksum.checksum_sha1,
+            checksum_sha256: checksum.checksum_sha256,
+            checksum_crc64nvme: checksum.checksum_crc64nvme,
+            checksum_type: checksum.checksum_type,
             ..Default::default()
         }))
     }
@@ -632,15 +751,9 @@ impl S3 for Gateway {
         let max = listed_max(input.max_parts);
         let after = u32::try_from(input.part_number_marker.unwrap_or(0).max(0)).unwrap_or(0);
         // One more than asked tells whether the listing is truncated.
+        let at = (input.bucket.as_str(), input.key.as_str());
         let mut parts = self
-            .list_parts(
-                &client,
-                &input.bucket,
-                &input.key,
-                &input.upload_id,
-                after,
-                max + 1,
-            )
+            .list_parts(&client, at, &input.upload_id, after, max + 1)
             .await?;
         let truncated = parts.len() > max;
         parts.truncate(max);
@@ -650,12 +763,19 @@ impl S3 for Gateway {
             .map(|part| part.number as i32);
         let parts = parts
             .into_iter()
-            .map(|part| Part {
-                part_number: Some(part.number as i32),
-                size: Some(part.size as i64),
-                e_tag: Some(etag(&part.meta)),
-                last_modified: Some(last_modified(&part.meta)),
-                ..Default::default()
+            .map(|part| {
+                let checksum = answered(Checksum::default(), &part.meta);
+                Part {
+                    part_number: Some(part.number as i32),
+                    size: Some(part.size as i64),
+                    e_tag: Some(etag(&part.meta)),
+                    last_modified: Some(last_modified(&part.meta)),
+                    checksum_crc32: checksum.checksum_crc32,
+                    checksum_crc32c: checksum.checksum_crc32c,
+                    checksum_sha1: checksum.checksum_sha1,
+                    checksum_sha256: checksum.checksum_sha256,
+                    checksum_crc64nvme: checksum.checksum_crc64nvme,
+                }
             })
             .collect();
         Ok(S3Response::new(ListPartsOutput {

@@ -50,6 +50,13 @@ pub(crate) struct BodyReader {
     /// Bytes at the front of `chunk` served before a rewind: served
     /// again, but neither hashed nor counted again.
     replayed: usize,
+    /// Bytes taken from `body` so far.
+    pulled: u64,
+    /// The body's size, when its stream must be read to its end as soon
+    /// as that many bytes came: an aws-chunked body's trailers (its
+    /// checksums) follow its data, and the store reads no further than
+    /// the size.
+    drain_at: Option<u64>,
 }
 
 impl BodyReader {
@@ -61,7 +68,50 @@ impl BodyReader {
             received,
             kept: Some(Vec::new()),
             replayed: 0,
+            pulled: 0,
+            drain_at: None,
         }
+    }
+
+    /// The same reader, which reads its stream to the end once `size`
+    /// bytes came, before it serves the last of them.
+    pub fn draining_at(mut self, size: u64) -> BodyReader {
+        self.drain_at = Some(size);
+        self
+    }
+
+    /// Once every byte of the body came (`drain_at`), reads the rest of
+    /// the stream (the trailers of an aws-chunked body, which s3s takes
+    /// aside): no more data may come.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.drain_at.is_some_and(|size| self.pulled >= size) {
+            let Some(body) = self.body.as_mut() else {
+                break;
+            };
+            match ready!(Pin::new(body).poll_next(cx)) {
+                Some(Ok(extra)) if extra.is_empty() => {}
+                Some(Ok(extra)) => {
+                    let why = format!(
+                        "the request body holds more than the {} bytes its length declares \
+                         ({} more)",
+                        self.pulled,
+                        extra.len()
+                    );
+                    lock(&self.received).failed = Some(why.clone());
+                    return Poll::Ready(Err(io::Error::other(why)));
+                }
+                Some(Err(e)) => {
+                    let why = format!("the request body could not be read: {e}");
+                    lock(&self.received).failed = Some(why.clone());
+                    return Poll::Ready(Err(io::Error::other(why)));
+                }
+                None => {
+                    self.body = None;
+                    lock(&self.received).ended = true;
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -108,7 +158,10 @@ impl AsyncRead for BodyReader {
                 return Poll::Ready(Ok(()));
             };
             match ready!(Pin::new(body).poll_next(cx)) {
-                Some(Ok(chunk)) => self.chunk = chunk,
+                Some(Ok(chunk)) => {
+                    self.pulled += chunk.len() as u64;
+                    self.chunk = chunk;
+                }
                 Some(Err(e)) => {
                     let why = format!("the request body could not be read: {e}");
                     lock(&self.received).failed = Some(why.clone());
@@ -120,6 +173,7 @@ impl AsyncRead for BodyReader {
                 }
             }
         }
+        ready!(self.poll_drain(cx))?;
         let n = self.chunk.len().min(buf.remaining());
         let part = self.chunk.split_to(n);
         let again = self.replayed.min(n);

@@ -23,6 +23,7 @@ mod nbd_tls;
 mod output;
 mod qemu_parity;
 mod s3;
+mod s3_checksums;
 mod s3_clients;
 mod s3_load;
 mod s3_local;

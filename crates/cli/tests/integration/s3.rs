@@ -707,7 +707,8 @@ fn abandoned_uploads_are_cleaned_after_the_expiry() {
     let parts = multipart_names(&store, "acme");
     assert_eq!(parts.len(), 2, "{parts:?}");
     let first = parts[0].split_whitespace().last().unwrap().to_string();
-    let upload_dir = first.trim_end_matches("00001");
+    // The part's name is `.../p/HEX(KEY)/UPLOAD/00001-ATTEMPT`.
+    let upload_dir = &first[..first.rfind('/').unwrap() + 1];
     let state = upload_dir
         .replacen("/.strata-multipart/p/", "/.strata-multipart/u/", 1)
         .trim_end_matches('/')

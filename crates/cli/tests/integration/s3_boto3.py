@@ -385,7 +385,62 @@ e = fails("BadDigest", s3.put_object, Bucket=BUCKET, Key="badsum", Body=summed,
           ChecksumSHA256=wrong_sha256, status=400)
 check("SHA256" in e.response["Error"]["Message"], "the refused checksum is named")
 fails("NoSuchKey", s3.get_object, Bucket=BUCKET, Key="badsum", status=404)
-for key in ("summed", "summed2"):
+# The checksum is kept with the object: HeadObject and GetObject answer
+# it with ChecksumMode=ENABLED, and only then (and not for a range);
+# botocore checks the body it gets against it.
+import zlib
+
+
+def b64(digest):
+    return base64.b64encode(digest).decode()
+
+
+for key, field, value in [("summed", "ChecksumSHA256", sha256),
+                          ("summed2", "ChecksumSHA1", sha1)]:
+    head = s3.head_object(Bucket=BUCKET, Key=key, ChecksumMode="ENABLED")
+    check(head.get(field) == value and head.get("ChecksumType") == "FULL_OBJECT",
+          f"head_object answers the {field} kept: {head}")
+crc32 = b64(zlib.crc32(summed).to_bytes(4, "big"))
+s3.put_object(Bucket=BUCKET, Key="crc", Body=summed, ChecksumCRC32=crc32)
+got = s3.get_object(Bucket=BUCKET, Key="crc", ChecksumMode="ENABLED")
+check(got.get("ChecksumCRC32") == crc32 and got["Body"].read() == summed,
+      f"get_object answers the CRC32 kept: {got.get('ChecksumCRC32')} != {crc32}")
+plain = s3.head_object(Bucket=BUCKET, Key="crc")
+check("ChecksumCRC32" not in plain, f"no checksum without ChecksumMode: {plain}")
+ranged = s3.get_object(Bucket=BUCKET, Key="crc", ChecksumMode="ENABLED", Range="bytes=0-9")
+check("ChecksumCRC32" not in ranged and ranged["Body"].read() == summed[:10],
+      "a range answers no whole-object checksum")
+fails("BadDigest", s3.put_object, Bucket=BUCKET, Key="crc", Body=b"other", ChecksumCRC32=crc32,
+      status=400)
+head = s3.head_object(Bucket=BUCKET, Key="crc", ChecksumMode="ENABLED")
+check(head["ContentLength"] == len(summed) and head.get("ChecksumCRC32") == crc32,
+      "a refused Put keeps the key's body and checksum")
+attrs = s3.get_object_attributes(Bucket=BUCKET, Key="crc", ObjectAttributes=["Checksum"])
+check(attrs["Checksum"].get("ChecksumCRC32") == crc32 and
+      attrs["Checksum"].get("ChecksumType") == "FULL_OBJECT", f"object attributes {attrs}")
+fails("NoSuchKey", s3.get_object_attributes, Bucket=BUCKET, Key="nothing-here",
+      ObjectAttributes=["ETag"], status=404)
+# A checksum sent as a trailer of an aws-chunked body, as botocore does
+# over HTTPS (made to here by telling it the endpoint is HTTPS).
+import botocore.httpchecksum as httpchecksum
+real_urlparse = httpchecksum.urlparse
+httpchecksum.urlparse = lambda url: real_urlparse(url)._replace(scheme="https")
+try:
+    trailed = client()
+    trailed.put_object(Bucket=BUCKET, Key="trailed", Body=summed, ChecksumAlgorithm="SHA256")
+    head = s3.head_object(Bucket=BUCKET, Key="trailed", ChecksumMode="ENABLED")
+    check(head.get("ChecksumSHA256") == sha256, f"a trailing SHA256 is kept: {head}")
+    real_b64digest = httpchecksum.Sha256Checksum.b64digest
+    httpchecksum.Sha256Checksum.b64digest = lambda self: wrong_sha256
+    try:
+        fails("BadDigest", trailed.put_object, Bucket=BUCKET, Key="trailed2", Body=summed,
+              ChecksumAlgorithm="SHA256", status=400)
+    finally:
+        httpchecksum.Sha256Checksum.b64digest = real_b64digest
+finally:
+    httpchecksum.urlparse = real_urlparse
+fails("NoSuchKey", s3.head_object, Bucket=BUCKET, Key="trailed2", status=404)
+for key in ("summed", "summed2", "crc", "trailed"):
     s3.delete_object(Bucket=BUCKET, Key=key)
 fails("MetadataTooLarge", s3.put_object, Bucket=BUCKET, Key="m", Body=b"x",
       Metadata={"big": "v" * 4000})
@@ -658,6 +713,82 @@ gone = s3.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in
                                                             ["mp/object", "mp/copied",
                                                              "mp/plain-copy"]]})
 check(len(gone["Deleted"]) == 3, f"{gone}")
+# A multipart upload started with a checksum algorithm: every part is
+# kept with it (computed by the gateway when the client sends another),
+# ListParts shows them, a Complete listing another value is InvalidPart,
+# and the object's checksum is S3's composite: the SHA-256 of the parts'
+# SHA-256 digests, then "-2".
+created = s3.create_multipart_upload(Bucket=BUCKET, Key="mp/summed", ChecksumAlgorithm="SHA256")
+check(created.get("ChecksumAlgorithm") == "SHA256", f"the upload's algorithm {created}")
+summed_upload = created["UploadId"]
+part_a, part_b = b"a" * (5 * MIB), b"the summed tail"
+r1 = s3.upload_part(Bucket=BUCKET, Key="mp/summed", UploadId=summed_upload, PartNumber=1,
+                    Body=part_a, ChecksumAlgorithm="SHA256")
+check(r1.get("ChecksumSHA256") == b64(hashlib.sha256(part_a).digest()), f"part 1 {r1}")
+fails("BadDigest", s3.upload_part, Bucket=BUCKET, Key="mp/summed", UploadId=summed_upload,
+      PartNumber=2, Body=part_b, ChecksumSHA256=wrong_sha256, status=400)
+r2 = s3.upload_part(Bucket=BUCKET, Key="mp/summed", UploadId=summed_upload, PartNumber=2,
+                    Body=part_b, ChecksumAlgorithm="CRC32")
+part_b_sha = b64(hashlib.sha256(part_b).digest())
+check(r2.get("ChecksumSHA256") == part_b_sha, f"the upload's algorithm is kept: {r2}")
+listed_parts = s3.list_parts(Bucket=BUCKET, Key="mp/summed", UploadId=summed_upload)["Parts"]
+check([q.get("ChecksumSHA256") for q in listed_parts] == [r1["ChecksumSHA256"], part_b_sha],
+      f"list_parts shows the checksums {listed_parts}")
+summed_parts = [{"PartNumber": 1, "ETag": r1["ETag"], "ChecksumSHA256": r1["ChecksumSHA256"]},
+                {"PartNumber": 2, "ETag": r2["ETag"], "ChecksumSHA256": part_b_sha}]
+fails("InvalidPart", s3.complete_multipart_upload, Bucket=BUCKET, Key="mp/summed",
+      UploadId=summed_upload, status=400, MultipartUpload={"Parts": [
+          summed_parts[0], dict(summed_parts[1], ChecksumSHA256=wrong_sha256)]})
+done = s3.complete_multipart_upload(Bucket=BUCKET, Key="mp/summed", UploadId=summed_upload,
+                                    MultipartUpload={"Parts": summed_parts})
+digests = hashlib.sha256(part_a).digest() + hashlib.sha256(part_b).digest()
+composite = f"{b64(hashlib.sha256(digests).digest())}-2"
+check(done.get("ChecksumSHA256") == composite, f"complete answers the composite {done}")
+head = s3.head_object(Bucket=BUCKET, Key="mp/summed", ChecksumMode="ENABLED")
+check(head.get("ChecksumSHA256") == composite and head.get("ChecksumType") == "COMPOSITE",
+      f"head_object answers the composite {head}")
+got = s3.get_object(Bucket=BUCKET, Key="mp/summed", ChecksumMode="ENABLED")
+check(got["Body"].read() == part_a + part_b and got.get("ChecksumSHA256") == composite,
+      "the composite object reads back")
+# GetObjectAttributes: the composite, the size and the parts with their
+# checksums, a page at a time.
+attrs = s3.get_object_attributes(Bucket=BUCKET, Key="mp/summed",
+                                 ObjectAttributes=["ETag", "Checksum", "ObjectParts",
+                                                   "ObjectSize"])
+check(attrs["Checksum"].get("ChecksumSHA256") == composite and
+      attrs["Checksum"].get("ChecksumType") == "COMPOSITE" and
+      attrs["ObjectSize"] == len(part_a + part_b), f"object attributes {attrs}")
+check(attrs["ETag"].strip('"') == done["ETag"].strip('"'), f"attributes' ETag {attrs}")
+listed_attrs = attrs["ObjectParts"]
+check(listed_attrs["TotalPartsCount"] == 2 and
+      [(q["PartNumber"], q["Size"], q.get("ChecksumSHA256")) for q in listed_attrs["Parts"]] ==
+      [(1, len(part_a), r1["ChecksumSHA256"]), (2, len(part_b), part_b_sha)],
+      f"the parts' attributes {listed_attrs}")
+page = s3.get_object_attributes(Bucket=BUCKET, Key="mp/summed", ObjectAttributes=["ObjectParts"],
+                                MaxParts=1)["ObjectParts"]
+check(page["IsTruncated"] and page["NextPartNumberMarker"] == 1 and len(page["Parts"]) == 1,
+      f"a page of parts {page}")
+check("Checksum" not in s3.get_object_attributes(Bucket=BUCKET, Key="mp/summed",
+                                                 ObjectAttributes=["ObjectSize"]),
+      "only the attributes asked")
+# Every UploadPart stores an attempt of its own, kept until the Complete or
+# Abort: 16 of one part number at most; ListParts shows the latest.
+capped = s3.create_multipart_upload(Bucket=BUCKET, Key="mp/capped")["UploadId"]
+for attempt in range(16):
+    s3.upload_part(Bucket=BUCKET, Key="mp/capped", UploadId=capped, PartNumber=1,
+                   Body=b"attempt %d" % attempt)
+e = fails("InvalidRequest", s3.upload_part, Bucket=BUCKET, Key="mp/capped", UploadId=capped,
+          PartNumber=1, Body=b"one too many", status=400)
+check("16 times" in e.response["Error"]["Message"], f"the cap is named: {e}")
+s3.upload_part(Bucket=BUCKET, Key="mp/capped", UploadId=capped, PartNumber=10, Body=b"ten")
+latest = s3.list_parts(Bucket=BUCKET, Key="mp/capped", UploadId=capped)["Parts"]
+check([(q["PartNumber"], q["ETag"].strip('"')) for q in latest] ==
+      [(1, hashlib.md5(b"attempt 15").hexdigest()), (10, hashlib.md5(b"ten").hexdigest())],
+      f"list_parts shows the latest attempt of each number {latest}")
+s3.abort_multipart_upload(Bucket=BUCKET, Key="mp/capped", UploadId=capped)
+fails("InvalidRequest", s3.create_multipart_upload, Bucket=BUCKET, Key="mp/full",
+      ChecksumAlgorithm="CRC32", ChecksumType="FULL_OBJECT", status=400)
+s3.delete_object(Bucket=BUCKET, Key="mp/summed")
 # Left pending on purpose: DeleteBucket takes it away with the bucket.
 s3.create_multipart_upload(Bucket=BUCKET, Key="mp/pending")
 
