@@ -69,6 +69,18 @@ pub async fn read_request<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Inco
         }
         2 => Request::Get { addr },
         3 => Request::Free { addr },
+        6 => {
+            let io = |e| Error::io("reading a GetRange request", e);
+            let offset = r.read_u64().await.map_err(io)?;
+            let length = r.read_u64().await.map_err(io)?;
+            strata_store_protocol::range::check_request(offset, length)
+                .map_err(|why| Error::malformed("a GetRange request", WireError::Invalid(why)))?;
+            Request::GetRange {
+                addr,
+                offset,
+                length,
+            }
+        }
         5 => Request::GetObject {
             addr,
             object: read_coded_object(r, addr).await?,

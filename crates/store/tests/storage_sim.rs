@@ -669,10 +669,11 @@ impl Sim {
             }
             PutAction::Forward => self.forward(to, conn, Wire::Data(chunk.to_vec())),
             PutAction::ForwardChecksum { crc } => self.forward(to, conn, Wire::Checksum(crc)),
-            PutAction::WriteChecksum { crc } => {
-                self.node(to)
-                    .disk
-                    .write(&tmp, CHECKSUM_OFFSET as usize, &crc.to_be_bytes(), now);
+            PutAction::WriteChecksum { crc, table } => {
+                let disk = &mut self.node(to).disk;
+                let end = disk.len(&tmp);
+                disk.write(&tmp, end, &table, now);
+                disk.write(&tmp, CHECKSUM_OFFSET as usize, &crc.to_be_bytes(), now);
             }
             PutAction::Sync => self.later(
                 1,
@@ -1179,7 +1180,8 @@ impl Sim {
 /// length and checksum agree (the shell's decisions), else `None`.
 fn read_file(file: &[u8]) -> Option<Vec<u8>> {
     let header = check_header(file, file.len() as u64)?;
-    let data = file.get(strata_store::storage::file::FILE_HEADER..)?;
+    let start = strata_store::storage::file::FILE_HEADER;
+    let data = file.get(start..start + usize::try_from(header.size).ok()?)?;
     verified(&header, crc32c::crc32c(data), data.len() as u64).then(|| data.to_vec())
 }
 

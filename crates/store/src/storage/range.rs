@@ -1,0 +1,183 @@
+//! Serving a ranged read ([`Request::GetRange`]): the chunks of a
+//! replica file covering the range asked, sent with `sendfile` after the
+//! CRC-32C of each from the file's chunk table
+//! ([`crate::storage::file`]), so a node reads only what the range
+//! needs; the client checks each chunk and keeps the bytes asked. A
+//! replica of layout 1 has no table: the reply says so, and the client
+//! reads it whole.
+//!
+//! [`Request::GetRange`]: strata_store_protocol::data::Request::GetRange
+
+use crate::storage::file::{file_name, Header, CHUNK_SIZE, FILE_HEADER, VERSION_CHUNKED};
+use crate::storage::reader::{open_checked, reply_err, send_body, Opening, ReplicaDir, Route};
+use crate::storage::scheduled::{Body, ScheduledSender};
+use crate::storage::sendfile::set_cork;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use strata_store_client::range_body::{REPLY_CHUNKED, REPLY_WHOLE};
+use strata_store_protocol::addr::{fmt_addr, Addr};
+use strata_store_protocol::data::Authority;
+use strata_store_protocol::range::{check_range, ChunkSpan};
+use strata_store_protocol::Error;
+use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::net::tcp::OwnedWriteHalf;
+
+/// What a node's reads sent, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct ReadStats {
+    /// Replica data bytes sent by Gets and ranged reads.
+    pub bytes_sent: AtomicU64,
+    /// Ranged reads served from a chunk table.
+    pub ranges: AtomicU64,
+}
+
+/// How a read's body goes out: through the node's RS3 sender
+/// (`schedule`), as the tenant's (a node's own reads as tenant ""), when
+/// the node runs one and it is on.
+pub(super) fn read_route<'a>(
+    schedule: Option<&'a ScheduledSender>,
+    authority: &'a Authority,
+) -> Route<'a> {
+    let tenant = match authority {
+        Authority::Tenant { tenant, .. } => tenant.as_str(),
+        Authority::Node => "",
+    };
+    match schedule {
+        Some(sender) if sender.enabled() => Route::Scheduled(sender, tenant),
+        _ => Route::Direct,
+    }
+}
+
+/// What opening a replica for a range found.
+enum RangeOpened {
+    Missing,
+    Damaged,
+    /// The range does not fit the replica: the reason.
+    Refused(String),
+    /// A layout 1 replica: no chunk table.
+    Whole,
+    /// The chunks to send and their CRCs (big-endian, 4 bytes each).
+    Chunked {
+        header: Header,
+        file: std::fs::File,
+        span: ChunkSpan,
+        crcs: Vec<u8>,
+    },
+}
+
+/// Opens the replica at `path` for `length` bytes from `offset` and
+/// reads the CRCs of the chunks covering them (blocking).
+fn open_range(path: &Path, addr: Addr, offset: u64, length: u64) -> RangeOpened {
+    let (file, header) = match open_checked(path) {
+        Opening::NotOpened(_) => return RangeOpened::Missing,
+        Opening::Damaged { .. } => return RangeOpened::Damaged,
+        Opening::Whole { file, header } => (file, header),
+    };
+    if let Err(why) = check_range(offset, length, header.size) {
+        return RangeOpened::Refused(format!("replica {}: {why}", fmt_addr(addr)));
+    }
+    let Some(table) = header.table_offset() else {
+        return RangeOpened::Whole;
+    };
+    let span = ChunkSpan::covering(offset, length, header.size, CHUNK_SIZE);
+    // Bounded: a range is at most MAX_RANGE bytes, so 4 bytes for each
+    // of at most MAX_RANGE / CHUNK_SIZE + 1 chunks.
+    let mut crcs = vec![0u8; span.count as usize * 4];
+    if file
+        .read_exact_at(&mut crcs, table + span.first * 4)
+        .is_err()
+    {
+        return RangeOpened::Damaged;
+    }
+    RangeOpened::Chunked {
+        header,
+        file,
+        span,
+        crcs,
+    }
+}
+
+/// Serves `length` bytes from `offset` of the replica `addr` stored in
+/// `dir` (see the module documentation for the reply). A range outside
+/// the replica is refused with the reason; the connection goes on.
+pub(super) async fn get_range(
+    mut w: BufWriter<OwnedWriteHalf>,
+    dir: &ReplicaDir,
+    (addr, offset, length): (Addr, u64, u64),
+    stall: Duration,
+    route: Route<'_>,
+    stats: &ReadStats,
+) -> Result<BufWriter<OwnedWriteHalf>, Error> {
+    let path = dir.path.join(file_name(addr));
+    let opened = tokio::task::spawn_blocking(move || open_range(&path, addr, offset, length))
+        .await
+        .map_err(|e| Error::Task {
+            context: format!("reading a range of the replica {}", fmt_addr(addr)),
+            source: Some(Box::new(e)),
+        })?;
+    let io = |e| Error::io("sending a range of a replica", e);
+    let (header, file, span, crcs) = match opened {
+        RangeOpened::Missing => {
+            reply_err(&mut w, &format!("no replica at {}", fmt_addr(addr))).await?;
+            return Ok(w);
+        }
+        RangeOpened::Damaged => {
+            let why = format!(
+                "replica {} is damaged (bad header, length or chunk table); it must be \
+                 repaired from another copy",
+                fmt_addr(addr)
+            );
+            reply_err(&mut w, &why).await?;
+            return Ok(w);
+        }
+        RangeOpened::Refused(why) => {
+            reply_err(&mut w, &why).await?;
+            return Ok(w);
+        }
+        RangeOpened::Whole => {
+            w.write_all(&[0, REPLY_WHOLE]).await.map_err(io)?;
+            w.flush().await.map_err(io)?;
+            return Ok(w);
+        }
+        RangeOpened::Chunked {
+            header,
+            file,
+            span,
+            crcs,
+        } => (header, file, span, crcs),
+    };
+    debug_assert_eq!(header.version, VERSION_CHUNKED);
+    w.write_all(&[0, REPLY_CHUNKED]).await.map_err(io)?;
+    w.write_all(&header.size.to_be_bytes()).await.map_err(io)?;
+    w.write_all(&(CHUNK_SIZE as u32).to_be_bytes())
+        .await
+        .map_err(io)?;
+    w.write_all(&span.start.to_be_bytes()).await.map_err(io)?;
+    w.write_all(&span.len.to_be_bytes()).await.map_err(io)?;
+    w.write_all(&crcs).await.map_err(io)?;
+    let body = Body::File {
+        file,
+        offset: FILE_HEADER as u64 + span.start,
+        length: span.len,
+    };
+    let (mut w, sent, corked) = send_body(w, body, span.len, route, stall, addr).await?;
+    stats.bytes_sent.fetch_add(sent, Ordering::Relaxed);
+    stats.ranges.fetch_add(1, Ordering::Relaxed);
+    // The chunks' CRCs are checked by the client; this flag says only
+    // whether every byte was there.
+    let whole = sent == span.len;
+    w.write_all(&[u8::from(!whole)]).await.map_err(io)?;
+    w.flush().await.map_err(io)?;
+    if corked {
+        set_cork(w.get_ref().as_ref(), false);
+    }
+    if !whole {
+        tracing::warn!(
+            "replica {} was cut short while a range of it was sent",
+            fmt_addr(addr)
+        );
+    }
+    Ok(w)
+}
