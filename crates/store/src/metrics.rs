@@ -52,8 +52,8 @@ impl NodeMetrics {
             schedule: store.schedule().map(|sender| sender.stats()),
             object_cache: store.object_cache().stats(),
             reads: ReadCounts {
-                bytes_sent: store.reads().bytes_sent.load(Ordering::Relaxed),
-                ranges: store.reads().ranges.load(Ordering::Relaxed),
+                bytes_sent: store.reads.bytes_sent.load(Ordering::Relaxed),
+                ranges: store.reads.ranges.load(Ordering::Relaxed),
             },
         }
     }

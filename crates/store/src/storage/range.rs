@@ -9,12 +9,14 @@
 //! [`Request::GetRange`]: strata_store_protocol::data::Request::GetRange
 
 use crate::storage::file::{file_name, Header, CHUNK_SIZE, FILE_HEADER, VERSION_CHUNKED};
-use crate::storage::reader::{open_checked, reply_err, send_body, Opening, ReplicaDir, Route};
+use crate::storage::reader::{
+    open_checked, reply_err, send_body, Opening, ReadStats, ReplicaDir, Route,
+};
 use crate::storage::scheduled::{Body, ScheduledSender};
 use crate::storage::sendfile::set_cork;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use strata_store_client::range_body::{REPLY_CHUNKED, REPLY_WHOLE};
 use strata_store_protocol::addr::{fmt_addr, Addr};
@@ -23,15 +25,6 @@ use strata_store_protocol::range::{check_range, ChunkSpan};
 use strata_store_protocol::Error;
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::tcp::OwnedWriteHalf;
-
-/// What a node's reads sent, for `/metrics`.
-#[derive(Debug, Default)]
-pub struct ReadStats {
-    /// Replica data bytes sent by Gets and ranged reads.
-    pub bytes_sent: AtomicU64,
-    /// Ranged reads served from a chunk table.
-    pub ranges: AtomicU64,
-}
 
 /// How a read's body goes out: through the node's RS3 sender
 /// (`schedule`), as the tenant's (a node's own reads as tenant ""), when

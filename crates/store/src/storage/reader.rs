@@ -7,11 +7,10 @@
 
 use crate::storage::file::{check_header, file_name, verified, Header, FILE_HEADER};
 use crate::storage::nowait::{open_cached, read_cached};
-use crate::storage::range::ReadStats;
 use crate::storage::scheduled::{Body, ScheduledSender, Sent};
 use crate::storage::sendfile::{send_file, set_cork, SendError};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use strata_store_client::stream::write_error;
 use strata_store_protocol::addr::{fmt_addr, Addr};
@@ -26,6 +25,15 @@ pub(super) const CHUNK: usize = 256 * 1024;
 /// checked on the node: one hand-off to the blocking pool and one write.
 /// Bigger ones go out with `sendfile`, never copied through user space.
 const SMALL_REPLICA: u64 = 64 * 1024;
+
+/// What a node's reads sent, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct ReadStats {
+    /// Replica data bytes sent by Gets and ranged reads.
+    pub bytes_sent: AtomicU64,
+    /// Ranged reads served from a chunk table.
+    pub ranges: AtomicU64,
+}
 
 /// What opening a replica file found.
 enum Opened {

@@ -16,8 +16,8 @@ use crate::storage::group_sync::GroupSync;
 pub use crate::storage::limits::{DataLimits, DATA_MAX_CONNECTIONS, DATA_READ_TIMEOUT};
 use crate::storage::object_cache::{ObjectCache, DEFAULT_OBJECT_CACHE};
 use crate::storage::put::{PutAction, PutEvent, PutMachine, PutPhase, PutReply};
-use crate::storage::range::{get_range, read_route, ReadStats};
-use crate::storage::reader::{get, reply_err, ReplicaDir, CHUNK};
+use crate::storage::range::{get_range, read_route};
+use crate::storage::reader::{get, reply_err, ReadStats, ReplicaDir, CHUNK};
 use crate::storage::scheduled::ScheduledSender;
 use crate::storage::scrub::{ScrubProgress, ScrubStats};
 use std::collections::VecDeque;
@@ -59,8 +59,8 @@ pub struct SnStore {
     /// Whole erasure-coded objects whose fragment 0 this node holds
     /// ([`crate::storage::object_cache`]).
     object_cache: ObjectCache,
-    /// What the node's reads sent.
-    reads: ReadStats,
+    /// What the node's reads sent (shown on `/metrics`).
+    pub(crate) reads: ReadStats,
 }
 
 impl SnStore {
@@ -120,11 +120,6 @@ impl SnStore {
     /// The whole-object cache.
     pub fn object_cache(&self) -> &ObjectCache {
         &self.object_cache
-    }
-
-    /// What the node's reads sent.
-    pub fn reads(&self) -> &ReadStats {
-        &self.reads
     }
 
     /// The store, with the data port's `limits`.
@@ -772,8 +767,7 @@ impl PutRun<'_> {
             },
             PutAction::Forward => self.forward(chunk, false).await,
             PutAction::ForwardChecksum { crc } => self.forward(&crc.to_be_bytes(), true).await,
-            PutAction::WriteChecksum { crc, table } => match self.write_checksum(crc, &table).await
-            {
+            PutAction::WriteChecksum { crc, table } => match self.write_end(crc, &table).await {
                 Err(e) => failed("writing the replica", e),
                 Ok(()) => Outcome::Done,
             },
@@ -838,7 +832,7 @@ impl PutRun<'_> {
     }
 
     /// Appends the chunk table after the data, then writes the checksum.
-    async fn write_checksum(&mut self, crc: u32, table: &[u8]) -> std::io::Result<()> {
+    async fn write_end(&mut self, crc: u32, table: &[u8]) -> std::io::Result<()> {
         use tokio::io::AsyncSeekExt;
         let Some(file) = self.file.as_mut() else {
             return Err(std::io::Error::other("the temporary file is not open"));
