@@ -387,6 +387,42 @@ mod tests {
     }
 
     #[test]
+    fn ranged_reads_round_trip_and_malformed_ones_are_refused() {
+        let rt = rt();
+        let range = |offset, length| Request::GetRange {
+            addr: 9,
+            offset,
+            length,
+        };
+        let good = range(5, 100);
+        assert_eq!(read(&rt, &good.encode(Credential::None)).unwrap().req, good);
+        let max = range(0, strata_store_protocol::range::MAX_RANGE);
+        assert_eq!(read(&rt, &max.encode(Credential::None)).unwrap().req, max);
+        for (bad, why) in [
+            (range(5, 0), "empty range"),
+            (range(u64::MAX, 1), "past 2^64"),
+            (range(0, u64::MAX), "split it"),
+        ] {
+            let error = read(&rt, &bad.encode(Credential::None)).unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::Malformed);
+            assert!(error.report().to_string().contains(why), "{error}");
+        }
+        // A Get ticket of the replica allows its ranges, and no other's.
+        let k = key(1);
+        let t = ticket(TicketOp::Get, NOW + 1000, 100, vec![9]);
+        let sent = read(&rt, &good.encode(Credential::Ticket(&t))).unwrap();
+        assert!(sent.authorize(Some(&k), NOW).is_ok());
+        let other = Request::GetRange {
+            addr: 8,
+            offset: 5,
+            length: 100,
+        };
+        let sent = read(&rt, &other.encode(Credential::Ticket(&t))).unwrap();
+        let refused = sent.authorize(Some(&k), NOW).unwrap_err();
+        assert!(refused.contains("does not cover replica"), "{refused}");
+    }
+
+    #[test]
     fn hostile_get_object_headers_are_refused() {
         let rt = rt();
         let object = |data: u8, fragments: Vec<(Addr, u32)>| Request::GetObject {

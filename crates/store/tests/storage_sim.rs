@@ -903,8 +903,9 @@ impl Sim {
                 let keep = (pick >> 8) as usize % inode.data.len().max(1);
                 inode.data.truncate(keep);
             } else {
-                // Bytes 4..8 (version, reserved) are not read: rot
-                // anywhere else.
+                // Bytes 4..8 (version, reserved) are left alone: rot
+                // anywhere else (the data, its checksum or its chunk
+                // table).
                 let at = (pick >> 8) as usize % (inode.data.len() - 4);
                 let at = if at < 4 { at } else { at + 4 };
                 inode.data[at] ^= 1 << ((pick >> 40) % 8);
@@ -1176,12 +1177,22 @@ impl Sim {
     }
 }
 
-/// What a Get serves as good from a replica file: its data if the header,
-/// length and checksum agree (the shell's decisions), else `None`.
+/// What a Get and a ranged read serve as good from a replica file: its
+/// data if the header, length and checksum agree and (layout 2) every
+/// chunk's CRC in the table is its chunk's (the shell's decisions), else
+/// `None`.
 fn read_file(file: &[u8]) -> Option<Vec<u8>> {
     let header = check_header(file, file.len() as u64)?;
     let start = strata_store::storage::file::FILE_HEADER;
-    let data = file.get(start..start + usize::try_from(header.size).ok()?)?;
+    let end = start + usize::try_from(header.size).ok()?;
+    let data = file.get(start..end)?;
+    if header.table_offset().is_some() {
+        let mut table = strata_store::storage::file::ChunkTable::default();
+        table.push(data);
+        if file.get(end..)? != table.finish() {
+            return None;
+        }
+    }
     verified(&header, crc32c::crc32c(data), data.len() as u64).then(|| data.to_vec())
 }
 

@@ -174,3 +174,160 @@ pub(super) async fn get_range(
     }
     Ok(w)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::file::{header, ChunkTable, CHECKSUM_OFFSET, VERSION_WHOLE};
+    use proptest::prelude::*;
+    use strata_store_client::range_body::{read_range_body, Asked, RangeAnswer};
+    use strata_store_protocol::range::MAX_RANGE;
+
+    /// A replica file of `data` in layout 2 (or 1 with `whole`); its path.
+    fn replica(dir: &Path, data: &[u8], whole: bool) -> std::path::PathBuf {
+        let mut bytes = header(data.len() as u64).to_vec();
+        let at = CHECKSUM_OFFSET as usize;
+        bytes[at..at + 4].copy_from_slice(&crc32c::crc32c(data).to_be_bytes());
+        bytes.extend_from_slice(data);
+        if whole {
+            bytes[4] = VERSION_WHOLE;
+        } else {
+            let mut table = ChunkTable::default();
+            table.push(data);
+            bytes.extend_from_slice(&table.finish());
+        }
+        let path = dir.join(format!("r{}-{whole}", data.len()));
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    /// The reply `get_range` writes for what `open_range` found, built
+    /// in memory: layout, size, chunk size, span, CRCs, chunks, trailer.
+    fn reply(opened: RangeOpened) -> Vec<u8> {
+        let RangeOpened::Chunked {
+            header,
+            file,
+            span,
+            crcs,
+        } = opened
+        else {
+            panic!("not a chunked replica");
+        };
+        let mut out = vec![REPLY_CHUNKED];
+        out.extend_from_slice(&header.size.to_be_bytes());
+        out.extend_from_slice(&(CHUNK_SIZE as u32).to_be_bytes());
+        out.extend_from_slice(&span.start.to_be_bytes());
+        out.extend_from_slice(&span.len.to_be_bytes());
+        out.extend_from_slice(&crcs);
+        let mut chunks = vec![0u8; span.len as usize];
+        file.read_exact_at(&mut chunks, FILE_HEADER as u64 + span.start)
+            .unwrap();
+        out.extend_from_slice(&chunks);
+        out.push(0);
+        out
+    }
+
+    /// Reads `reply` as a client asking `length` bytes from `offset` of
+    /// an object of `size` bytes: what it handed on, or the error.
+    fn client_reads(reply: &[u8], size: u64, offset: u64, length: u64) -> Result<Vec<u8>, Error> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let asked = Asked {
+            replica: 7,
+            size,
+            offset,
+            length,
+        };
+        let mut out = Vec::new();
+        let mut handed = 0;
+        let answer = rt.block_on(read_range_body(
+            &mut &reply[..],
+            asked,
+            &mut out,
+            &mut handed,
+            &|_| {},
+        ))?;
+        assert_eq!(answer, RangeAnswer::Served);
+        assert_eq!(handed, out.len() as u64);
+        Ok(out)
+    }
+
+    proptest! {
+        /// Random objects and ranges: the node's chunks and CRCs, read
+        /// by the client, give back exactly the slice asked.
+        #[test]
+        fn a_range_read_back_is_the_slice(
+            size in 1usize..400_000,
+            a in 0usize..400_000,
+            b in 0usize..400_000,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let data: Vec<u8> = (0..size).map(|i| (i * 131 % 253) as u8).collect();
+            let path = replica(dir.path(), &data, false);
+            let (x, y) = (a % size, b % size);
+            let (offset, end) = (x.min(y), x.max(y) + 1);
+            let length = (end - offset) as u64;
+            let opened = open_range(&path, 7, offset as u64, length);
+            let got = client_reads(&reply(opened), size as u64, offset as u64, length).unwrap();
+            prop_assert!(got == data[offset..end]);
+        }
+    }
+
+    #[test]
+    fn a_flipped_chunk_fails_and_only_the_chunks_before_it_are_handed_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 249) as u8).collect();
+        let path = replica(dir.path(), &data, false);
+        let mut bytes = reply(open_range(&path, 7, 1000, 250_000));
+        // The third chunk's first byte: after 29 bytes of head, 4 CRCs
+        // and two chunks.
+        bytes[29 + 16 + 2 * CHUNK_SIZE as usize] ^= 1;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (mut out, mut handed) = (Vec::new(), 0);
+        let asked = Asked {
+            replica: 7,
+            size: 300_000,
+            offset: 1000,
+            length: 250_000,
+        };
+        let mut reply = &bytes[..];
+        let read = read_range_body(&mut reply, asked, &mut out, &mut handed, &|_| {});
+        let error = rt.block_on(read).unwrap_err();
+        assert!(matches!(error, Error::Corrupt(_)), "{error}");
+        assert!(error.to_string().contains("failed its checksum"), "{error}");
+        assert_eq!(handed, 2 * CHUNK_SIZE - 1000);
+        assert!(out == data[1000..2 * CHUNK_SIZE as usize]);
+    }
+
+    #[test]
+    fn bad_ranges_old_layouts_and_torn_tables_are_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = vec![3u8; 100_000];
+        let path = replica(dir.path(), &data, false);
+        for (offset, length, why) in [
+            (99_999, 2, "beyond the object's 100000 bytes"),
+            (0, 0, "empty range"),
+            (u64::MAX, 1, "past 2^64"),
+            (0, MAX_RANGE + 1, "split it"),
+        ] {
+            match open_range(&path, 7, offset, length) {
+                RangeOpened::Refused(text) => assert!(text.contains(why), "{text}"),
+                _ => panic!("[{offset}, +{length}) was not refused"),
+            }
+        }
+        let old = replica(dir.path(), &data, true);
+        assert!(matches!(open_range(&old, 7, 0, 10), RangeOpened::Whole));
+        // A table cut short: the length no longer fits the header.
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+        assert!(matches!(open_range(&path, 7, 0, 10), RangeOpened::Damaged));
+        let missing = dir.path().join("none");
+        assert!(matches!(
+            open_range(&missing, 7, 0, 10),
+            RangeOpened::Missing
+        ));
+    }
+}
