@@ -2,8 +2,9 @@
 //! processes: a range of a 64 MiB object is served from the chunks
 //! covering it (the storage nodes' `/metrics` count the bytes they sent),
 //! a chunk damaged on disk inside the range is caught by its CRC-32C and
-//! another replica serves it, and an erasure-coded object's ranges read
-//! back exact with the node of one data fragment killed.
+//! another replica serves it, a replica of layout 1 (no chunk table) is
+//! read whole and cut, and an erasure-coded object's ranges read back
+//! exact with the node of one data fragment killed.
 
 use super::*;
 
@@ -113,6 +114,22 @@ fn a_range_reads_only_its_chunks_and_a_damaged_chunk_is_read_elsewhere() {
         !replicas_of(&store, "big").contains(&damaged)
     });
     range_is(&store, dir.path(), "big", first, last, &data);
+
+    // Replicas written before chunk tables (layout 1: header and data
+    // only) are read whole and cut: the same bytes, no ranged read.
+    let old = pattern(300_000, 43);
+    std::fs::write(&src, &old).unwrap();
+    store.ok(&["obj", "put", &p(&src), "old"]);
+    for addr in replicas_of(&store, "old") {
+        let path = file_under(&store.dir, &addr).expect("a replica file");
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[4] = 1;
+        bytes.truncate(20 + old.len());
+        std::fs::write(&path, &bytes).unwrap();
+    }
+    let ranges_before = ranges();
+    range_is(&store, dir.path(), "old", 70_000, 200_000, &old);
+    assert_eq!(ranges(), ranges_before, "a layout 1 replica had a chunk table");
 }
 
 #[test]
