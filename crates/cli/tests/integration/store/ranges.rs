@@ -129,7 +129,11 @@ fn a_range_reads_only_its_chunks_and_a_damaged_chunk_is_read_elsewhere() {
     }
     let ranges_before = ranges();
     range_is(&store, dir.path(), "old", 70_000, 200_000, &old);
-    assert_eq!(ranges(), ranges_before, "a layout 1 replica had a chunk table");
+    assert_eq!(
+        ranges(),
+        ranges_before,
+        "a layout 1 replica had a chunk table"
+    );
 }
 
 #[test]
