@@ -87,9 +87,7 @@ pub(crate) async fn start_read(
     let (sender, mut receiver) = mpsc::channel(PIECES_IN_FLIGHT);
     let failures = sender.clone();
     tokio::spawn(async move {
-        let mut sink = Sink::new(sender, span);
-        if let Err(e) = client.read(&opened, &mut sink, &|_| {}).await {
-            drop(sink);
+        if let Err(e) = read_span(&client, &opened, &sender, span).await {
             // Nobody listens any more if the S3 client went away.
             let _ = failures.send(Piece::Failed(e)).await;
         }
@@ -360,6 +358,27 @@ pub(crate) async fn read_part(
             part.number
         )));
     }
-    let mut sink = Sink::new(sender.clone(), span);
-    client.read(&opened, &mut sink, &|_| {}).await
+    read_span(client, &opened, sender, span).await
+}
+
+/// Sends the bytes of `span` of `opened` to `sender`: the whole object
+/// read as such (a whole read may come from a node's object cache or
+/// this process's disk), a part of it as a ranged read, which reads
+/// only the chunks covering it.
+async fn read_span(
+    client: &Client,
+    opened: &Opened,
+    sender: &mpsc::Sender<Piece>,
+    span: Range<u64>,
+) -> Result<(), Error> {
+    if span.is_empty() {
+        return Ok(());
+    }
+    if span == (0..opened.record.size) {
+        let mut sink = Sink::new(sender.clone(), span);
+        return client.read(opened, &mut sink, &|_| {}).await;
+    }
+    // The ranged read writes the span's bytes alone, each checked first.
+    let mut sink = Sink::new(sender.clone(), 0..span.end - span.start);
+    client.read_range(opened, span, &mut sink, &|_| {}).await
 }

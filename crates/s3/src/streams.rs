@@ -221,8 +221,9 @@ pub(crate) const PIECES_IN_FLIGHT: usize = 4;
 /// the store client flushes, which it does only once the replica's
 /// CRC-32C matched: a damaged replica's read fails before the response's
 /// last byte, so a client never takes a whole body that was not
-/// verified. Bytes outside the span are read and dropped (the store's
-/// data protocol reads whole objects).
+/// verified. Bytes outside the span are dropped: a whole read's span is
+/// the object, and a ranged read's output is the span alone (offsets
+/// from 0).
 pub(crate) struct Sink {
     sender: PollSender<Piece>,
     position: u64,

@@ -6,6 +6,7 @@
 //! - [`stream`]: the TCP data frames read and written on async streams.
 //! - [`erasure`]: erasure coding: stripes encoded and decoded, and an
 //!   object's fragments read from any k of them.
+//! - [`range_body`]: a ranged read's answer, checked chunk by chunk.
 //! - [`client`]: the metadata calls as state machines, and the async
 //!   client that runs them over UDP and streams data over TCP.
 //! - [`admin`]: the operator's requests to the orchestrator.
@@ -17,6 +18,7 @@
 pub mod admin;
 pub mod client;
 pub mod erasure;
+pub mod range_body;
 pub mod stream;
 pub mod transport;
 

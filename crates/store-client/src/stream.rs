@@ -69,6 +69,18 @@ pub async fn read_request<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Inco
         }
         2 => Request::Get { addr },
         3 => Request::Free { addr },
+        6 => {
+            let io = |e| Error::io("reading a GetRange request", e);
+            let offset = r.read_u64().await.map_err(io)?;
+            let length = r.read_u64().await.map_err(io)?;
+            strata_store_protocol::range::check_request(offset, length)
+                .map_err(|why| Error::malformed("a GetRange request", WireError::Invalid(why)))?;
+            Request::GetRange {
+                addr,
+                offset,
+                length,
+            }
+        }
         5 => Request::GetObject {
             addr,
             object: read_coded_object(r, addr).await?,
@@ -372,6 +384,42 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn ranged_reads_round_trip_and_malformed_ones_are_refused() {
+        let rt = rt();
+        let range = |offset, length| Request::GetRange {
+            addr: 9,
+            offset,
+            length,
+        };
+        let good = range(5, 100);
+        assert_eq!(read(&rt, &good.encode(Credential::None)).unwrap().req, good);
+        let max = range(0, strata_store_protocol::range::MAX_RANGE);
+        assert_eq!(read(&rt, &max.encode(Credential::None)).unwrap().req, max);
+        for (bad, why) in [
+            (range(5, 0), "empty range"),
+            (range(u64::MAX, 1), "past 2^64"),
+            (range(0, u64::MAX), "split it"),
+        ] {
+            let error = read(&rt, &bad.encode(Credential::None)).unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::Malformed);
+            assert!(error.report().to_string().contains(why), "{error}");
+        }
+        // A Get ticket of the replica allows its ranges, and no other's.
+        let k = key(1);
+        let t = ticket(TicketOp::Get, NOW + 1000, 100, vec![9]);
+        let sent = read(&rt, &good.encode(Credential::Ticket(&t))).unwrap();
+        assert!(sent.authorize(Some(&k), NOW).is_ok());
+        let other = Request::GetRange {
+            addr: 8,
+            offset: 5,
+            length: 100,
+        };
+        let sent = read(&rt, &other.encode(Credential::Ticket(&t))).unwrap();
+        let refused = sent.authorize(Some(&k), NOW).unwrap_err();
+        assert!(refused.contains("does not cover replica"), "{refused}");
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //! - Schedule (an operator's RS3 settings; the address is any in the
 //!   node's prefix): the settings text (u16 length, at most
 //!   [`MAX_SCHEDULE_TEXT`] bytes, UTF-8);
+//! - GetRange (bytes of a replica): the offset (u64) and length (u64),
+//!   checked by [`crate::range::check_request`];
 //!
 //! then its credentials: a mode byte and
 //! - 0: nothing (refused by every storage node);
@@ -24,7 +26,12 @@
 //!
 //! Reply: status (u8, 0 = ok), then for Put the number of durable copies
 //! (u8); for Get the size (u64), the data, and a trailer: status (u8, 0 =
-//! checksum verified) and the CRC-32C (u32); for Schedule the node's
+//! checksum verified) and the CRC-32C (u32); for GetRange the replica's
+//! layout (u8): 1 (no chunk table: nothing follows, read the replica
+//! whole) or 2, then the object's size (u64), the chunk size (u32), the
+//! covering chunks' start (u64) and length (u64), each chunk's CRC-32C
+//! (u32), the chunks' bytes, and a trailer status (u8, 0 = every byte
+//! was there); for Schedule the node's
 //! settings and counters as text (u32 length, at most
 //! [`MAX_SCHEDULE_REPLY`] bytes); errors carry a message.
 
@@ -75,6 +82,16 @@ pub enum Request {
         addr: Addr,
         /// What the object's record says of it.
         object: CodedObject,
+    },
+    /// Read bytes of a replica: the chunks covering `length` bytes from
+    /// `offset`, with their CRC-32Cs.
+    GetRange {
+        /// Replica address.
+        addr: Addr,
+        /// The first byte asked.
+        offset: u64,
+        /// Bytes asked (1 to [`crate::range::MAX_RANGE`]).
+        length: u64,
     },
     /// Free a replica.
     Free {
@@ -185,6 +202,7 @@ impl Request {
         match self {
             Request::Put { addr, .. }
             | Request::Get { addr }
+            | Request::GetRange { addr, .. }
             | Request::GetObject { addr, .. }
             | Request::Free { addr }
             | Request::Schedule { addr, .. } => *addr,
@@ -195,6 +213,7 @@ impl Request {
         match self {
             Request::Put { .. } => "Put",
             Request::Get { .. } => "Get",
+            Request::GetRange { .. } => "GetRange",
             Request::GetObject { .. } => "GetObject",
             Request::Free { .. } => "Free",
             Request::Schedule { .. } => "Schedule",
@@ -215,6 +234,16 @@ impl Request {
             Request::Get { addr } => {
                 w.u8(2);
                 w.addr(*addr);
+            }
+            Request::GetRange {
+                addr,
+                offset,
+                length,
+            } => {
+                w.u8(6);
+                w.addr(*addr);
+                w.u64(*offset);
+                w.u64(*length);
             }
             Request::Free { addr } => {
                 w.u8(3);
@@ -274,7 +303,7 @@ impl Request {
             return Err(WireError::BadMagic);
         }
         let kind = r.u8()?;
-        if !(1..=5).contains(&kind) {
+        if !(1..=6).contains(&kind) {
             return Err(WireError::UnknownKind(kind));
         }
         Ok((kind, r.addr()?))
@@ -348,7 +377,9 @@ impl Incoming {
                         };
                         ticket.allows(op, *addr, chain, *size)
                     }
-                    Request::Get { addr } => ticket.allows(TicketOp::Get, *addr, &[], 0),
+                    Request::Get { addr } | Request::GetRange { addr, .. } => {
+                        ticket.allows(TicketOp::Get, *addr, &[], 0)
+                    }
                     // Every fragment it names, of the ticket's object.
                     Request::GetObject { object, .. } => object
                         .fragments

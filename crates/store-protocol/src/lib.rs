@@ -17,6 +17,8 @@
 //! - [`ticket`]: tickets for the data path and link proofs for renames.
 //! - [`auth`]: the gate every datagram passes, the seals' checks (and,
 //!   for the paths callers know, the key and ticket items again).
+//! - [`range`]: the byte ranges a ranged read may ask, and the
+//!   checksummed chunks that cover one.
 //! - [`data`]: the TCP data frames' encoding and their credentials'
 //!   check.
 //!
@@ -29,6 +31,7 @@ pub mod codec;
 pub mod data;
 pub mod error;
 pub mod key;
+pub mod range;
 pub mod scope;
 pub mod table;
 pub mod tenant;

@@ -15,6 +15,7 @@ use crate::storage::scheduled::{ClassStats, ScheduleStats, LATENCY_BUCKETS_US};
 use crate::storage::scrub::ScrubStats;
 use std::fmt::Write;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use strata_store_protocol::Error;
 
@@ -28,6 +29,18 @@ pub struct NodeMetrics {
     pub schedule: Option<ScheduleStats>,
     /// Its whole-object cache's counters.
     pub object_cache: CacheStats,
+    /// What its reads sent: replica data bytes (Gets and ranged reads),
+    /// and ranged reads served from a chunk table.
+    pub reads: ReadCounts,
+}
+
+/// What a storage node's reads sent, at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadCounts {
+    /// Replica data bytes sent by Gets and ranged reads.
+    pub bytes_sent: u64,
+    /// Ranged reads served from a chunk table.
+    pub ranges: u64,
 }
 
 impl NodeMetrics {
@@ -38,6 +51,10 @@ impl NodeMetrics {
             scrub: store.scrub_stats(),
             schedule: store.schedule().map(|sender| sender.stats()),
             object_cache: store.object_cache().stats(),
+            reads: ReadCounts {
+                bytes_sent: store.reads.bytes_sent.load(Ordering::Relaxed),
+                ranges: store.reads.ranges.load(Ordering::Relaxed),
+            },
         }
     }
 
@@ -106,6 +123,7 @@ pub fn render(nodes: &[NodeMetrics], mns: &[MnMetrics]) -> String {
     render_scrub(&mut out, nodes);
     render_schedule(&mut out, nodes);
     render_object_cache(&mut out, nodes);
+    render_reads(&mut out, nodes);
     render_repair(&mut out, mns);
     out
 }
@@ -203,6 +221,28 @@ fn render_object_cache(out: &mut String, nodes: &[NodeMetrics]) {
         .map(|node| (format!("node=\"{:016x}\"", node.uuid), &node.object_cache))
         .collect();
     families(out, &cache, &rows);
+}
+
+fn render_reads(out: &mut String, nodes: &[NodeMetrics]) {
+    let reads: [Family<ReadCounts>; 2] = [
+        (
+            "strata_read_bytes_total",
+            "counter",
+            "Replica data bytes sent by Gets and ranged reads.",
+            |r| r.bytes_sent,
+        ),
+        (
+            "strata_range_reads_total",
+            "counter",
+            "Ranged reads served from a replica's chunk table.",
+            |r| r.ranges,
+        ),
+    ];
+    let rows: Vec<(String, &ReadCounts)> = nodes
+        .iter()
+        .map(|node| (format!("node=\"{:016x}\"", node.uuid), &node.reads))
+        .collect();
+    families(out, &reads, &rows);
 }
 
 fn render_scrub(out: &mut String, nodes: &[NodeMetrics]) {
@@ -444,6 +484,10 @@ mod tests {
                     budget: 1 << 20,
                     ..Default::default()
                 },
+                reads: ReadCounts {
+                    bytes_sent: 7,
+                    ranges: 2,
+                },
             }],
             &[MnMetrics {
                 slot: 2,
@@ -455,6 +499,8 @@ mod tests {
             }],
         );
         for line in [
+            "strata_read_bytes_total{node=\"00000000000000ab\"} 7",
+            "strata_range_reads_total{node=\"00000000000000ab\"} 2",
             "strata_scrub_passes_total{node=\"00000000000000ab\"} 3",
             "strata_scrub_damaged_total{node=\"00000000000000ab\"} 1",
             "strata_scrub_last_pass_seconds{node=\"00000000000000ab\"} 1700000000.250",

@@ -669,10 +669,11 @@ impl Sim {
             }
             PutAction::Forward => self.forward(to, conn, Wire::Data(chunk.to_vec())),
             PutAction::ForwardChecksum { crc } => self.forward(to, conn, Wire::Checksum(crc)),
-            PutAction::WriteChecksum { crc } => {
-                self.node(to)
-                    .disk
-                    .write(&tmp, CHECKSUM_OFFSET as usize, &crc.to_be_bytes(), now);
+            PutAction::WriteChecksum { crc, table } => {
+                let disk = &mut self.node(to).disk;
+                let end = disk.len(&tmp);
+                disk.write(&tmp, end, &table, now);
+                disk.write(&tmp, CHECKSUM_OFFSET as usize, &crc.to_be_bytes(), now);
             }
             PutAction::Sync => self.later(
                 1,
@@ -902,8 +903,9 @@ impl Sim {
                 let keep = (pick >> 8) as usize % inode.data.len().max(1);
                 inode.data.truncate(keep);
             } else {
-                // Bytes 4..8 (version, reserved) are not read: rot
-                // anywhere else.
+                // Bytes 4..8 (version, reserved) are left alone: rot
+                // anywhere else (the data, its checksum or its chunk
+                // table).
                 let at = (pick >> 8) as usize % (inode.data.len() - 4);
                 let at = if at < 4 { at } else { at + 4 };
                 inode.data[at] ^= 1 << ((pick >> 40) % 8);
@@ -1175,11 +1177,22 @@ impl Sim {
     }
 }
 
-/// What a Get serves as good from a replica file: its data if the header,
-/// length and checksum agree (the shell's decisions), else `None`.
+/// What a Get and a ranged read serve as good from a replica file: its
+/// data if the header, length and checksum agree and (layout 2) every
+/// chunk's CRC in the table is its chunk's (the shell's decisions), else
+/// `None`.
 fn read_file(file: &[u8]) -> Option<Vec<u8>> {
     let header = check_header(file, file.len() as u64)?;
-    let data = file.get(strata_store::storage::file::FILE_HEADER..)?;
+    let start = strata_store::storage::file::FILE_HEADER;
+    let end = start + usize::try_from(header.size).ok()?;
+    let data = file.get(start..end)?;
+    if header.table_offset().is_some() {
+        let mut table = strata_store::storage::file::ChunkTable::default();
+        table.push(data);
+        if file.get(end..)? != table.finish() {
+            return None;
+        }
+    }
     verified(&header, crc32c::crc32c(data), data.len() as u64).then(|| data.to_vec())
 }
 

@@ -706,6 +706,11 @@ pub enum ObjCommand {
         /// ranks), primary (the record's first) or uniform (at random).
         #[arg(long, default_value = "nami", value_parser = ["nami", "primary", "uniform"])]
         replica_choice: String,
+        /// Only the bytes FIRST to LAST, both included, counted from 0
+        /// (as qemu-img and curl write them): read from the chunks that
+        /// cover them, not the whole object.
+        #[arg(long, value_name = "FIRST-LAST", value_parser = parse_byte_range)]
+        range: Option<std::ops::RangeInclusive<u64>>,
         /// Object name.
         name: String,
         /// Destination file (`-`: standard output).
@@ -759,4 +764,37 @@ pub enum ObjCommand {
         #[arg(long)]
         all: bool,
     },
+}
+
+/// Parses `--range FIRST-LAST`: two byte offsets, both included, FIRST
+/// at most LAST.
+pub fn parse_byte_range(text: &str) -> Result<std::ops::RangeInclusive<u64>, String> {
+    let bad = || format!("'{text}' is not a byte range: write FIRST-LAST, e.g. 0-1023");
+    let (first, last) = text.split_once('-').ok_or_else(bad)?;
+    let first: u64 = first.trim().parse().map_err(|_| bad())?;
+    let last: u64 = last.trim().parse().map_err(|_| bad())?;
+    if first > last {
+        return Err(format!(
+            "the range {text} ends before it starts: FIRST must be at most LAST"
+        ));
+    }
+    Ok(first..=last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_ranges_are_first_dash_last_inclusive() {
+        assert_eq!(parse_byte_range("0-0"), Ok(0..=0));
+        assert_eq!(parse_byte_range("10-4095"), Ok(10..=4095));
+        for bad in ["", "5", "-5", "5-", "a-b", "1-2-3", "-1-4"] {
+            assert!(
+                parse_byte_range(bad).unwrap_err().contains("FIRST-LAST"),
+                "{bad}"
+            );
+        }
+        assert!(parse_byte_range("9-3").unwrap_err().contains("ends before"));
+    }
 }

@@ -117,6 +117,7 @@ pub(super) async fn obj(cmd: ObjCommand) -> Result<i32> {
             tenant,
             progress,
             replica_choice,
+            range,
             name,
             file,
         } => {
@@ -133,11 +134,13 @@ pub(super) async fn obj(cmd: ObjCommand) -> Result<i32> {
                     .with_context(|| format!("could not create '{}'", tmp.display()))?,
             };
             let bar = progress_bar(progress, 0);
-            let got = client
-                .get(&name, &mut f, &|done| bar.set_position(done))
-                .await;
+            let told = |done| bar.set_position(done);
+            let got = match &range {
+                None => client.get(&name, &mut f, &told).await.map(|r| (r.size, r)),
+                Some(range) => get_range(&client, &name, range, &mut f, &told).await,
+            };
             bar.finish_and_clear();
-            let record = match got {
+            let (length, record) = match got {
                 Ok(r) => r,
                 Err(e) => {
                     if let Some(tmp) = &tmp {
@@ -146,7 +149,7 @@ pub(super) async fn obj(cmd: ObjCommand) -> Result<i32> {
                     return Err(anyhow::Error::new(e).context(format!("could not get '{name}'")));
                 }
             };
-            f.set_len(record.size).await?;
+            f.set_len(length).await?;
             let (Some(tmp), StdOutput::File(file)) = (tmp, &file) else {
                 // The data goes to stdout, so the record goes nowhere: a
                 // pipe is for the object's bytes only.
@@ -335,4 +338,35 @@ pub(super) fn tmp_path(file: &std::path::Path) -> PathBuf {
         .unwrap_or_default();
     name.push(format!(".strata-part-{}", std::process::id()));
     file.with_file_name(name)
+}
+
+/// Reads the bytes `range` (both ends included) of `name` into `out`:
+/// their length and the object's record. A range beyond the object is
+/// an error that says its size.
+async fn get_range(
+    client: &Client,
+    name: &str,
+    range: &std::ops::RangeInclusive<u64>,
+    out: &mut tokio::fs::File,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<(u64, strata_store_client::protocol::wire::Record), strata_store_client::protocol::Error>
+{
+    let opened = client.open(name).await?;
+    let size = opened.record.size;
+    if *range.end() >= size {
+        let held = match size {
+            0 => "is empty: no range of it can be read".to_string(),
+            _ => format!("holds {size} bytes (0-{}); ask within them", size - 1),
+        };
+        return Err(strata_store_client::protocol::Error::config(format!(
+            "--range {}-{}: '{name}' {held}",
+            range.start(),
+            range.end()
+        )));
+    }
+    let span = *range.start()..range.end() + 1;
+    client
+        .read_range(&opened, span.clone(), out, progress)
+        .await?;
+    Ok((span.end - span.start, opened.record))
 }

@@ -296,11 +296,78 @@ fn an_object_stored_with_strata_obj_is_listed_and_read_through_s3() {
     assert!(std::fs::read(&copy).unwrap() == data);
 }
 
+/// aws-cli downloads an object over its 8 MiB multipart threshold in
+/// ranged GETs of 8 MiB, each of which the gateway reads as a ranged
+/// read: the storage nodes send about the object's bytes once (a whole
+/// read per range would send them once per range), and the bytes are
+/// exact. A GET of one part of a multipart upload (`--part-number`) is
+/// exact too.
+#[test]
+fn aws_cli_downloads_in_ranges_that_read_each_byte_about_once() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &["--metrics", "127.0.0.1:0"]);
+    let keys = tenant(&store, "acme");
+    let s3 = endpoint(&store);
+    let home = dir.path();
+    let run = |args: &[&str]| aws_ok(&s3, &keys, home, args);
+    run(&["s3", "mb", "s3://acme"]);
+    let size = 40 << 20;
+    let data = pattern(size, 29);
+    let file = home.join("big.bin");
+    std::fs::write(&file, &data).unwrap();
+    // One PutObject: a single store object, read in five ranges.
+    let body = p(&file);
+    let put = [
+        "s3api",
+        "put-object",
+        "--bucket",
+        "acme",
+        "--key",
+        "big.bin",
+    ];
+    run(&[&put[..], &["--body", &body]].concat());
+    let sent = || store.metric_sum("strata_read_bytes_total");
+    let ranges = || store.metric_sum("strata_range_reads_total");
+    let (sent_before, ranges_before) = (sent(), ranges());
+    let back = home.join("back.bin");
+    run(&["s3", "cp", "s3://acme/big.bin", &p(&back)]);
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "the download differs"
+    );
+    let read = sent() - sent_before;
+    assert!(
+        (size as f64..=1.1 * size as f64).contains(&read),
+        "a {size}-byte download in ranges made the nodes send {read} bytes"
+    );
+    assert!(ranges() - ranges_before >= 5.0, "no ranged reads counted");
+
+    // A multipart upload (8 MiB parts) read back one part at a time.
+    let multi = pattern(20 << 20, 30);
+    std::fs::write(&file, &multi).unwrap();
+    run(&["s3", "cp", &p(&file), "s3://acme/multi.bin"]);
+    let part = home.join("part.bin");
+    let get = [
+        "s3api",
+        "get-object",
+        "--bucket",
+        "acme",
+        "--key",
+        "multi.bin",
+    ];
+    run(&[&get[..], &["--part-number", "2", &p(&part)]].concat());
+    assert!(std::fs::read(&part).unwrap() == multi[8 << 20..16 << 20]);
+    let range = "bytes=8388000-8389999";
+    run(&[&get[..], &["--range", range, &p(&part)]].concat());
+    assert!(std::fs::read(&part).unwrap() == multi[8_388_000..8_390_000]);
+}
+
 /// A replica damaged on disk (one bit flipped near its end): GetObject
 /// holds back its last chunk until the replica's CRC-32C is checked, so
 /// the client sees a failed read, never the whole body with the bad byte;
-/// a Range before the damage fails too, since the whole object is read
-/// for its checksum, and so does a copy, which stores nothing.
+/// a Range over the damage fails too (its chunk fails its CRC-32C), while
+/// a Range before it is served exact, from good chunks alone; a copy
+/// fails, and stores nothing.
 #[test]
 fn a_damaged_replica_cuts_a_get_short_instead_of_serving_bad_bytes() {
     let dir = tmp();
@@ -327,11 +394,14 @@ fn a_damaged_replica_cuts_a_get_short_instead_of_serving_bad_bytes() {
         .max_by_key(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0))
         .unwrap();
     let mut bytes = std::fs::read(&replica).unwrap();
-    let at = bytes.len() - 10;
+    // In the data, before the chunk table that follows it.
+    let size = u64::from_be_bytes(bytes[8..16].try_into().unwrap()) as usize;
+    let at = 20 + size - 10;
     bytes[at] ^= 0x10;
     std::fs::write(&replica, &bytes).unwrap();
     let back = home.join("back.bin");
-    for range in [None, Some("bytes=0-99")] {
+    let tail = format!("bytes={}-{}", data.len() - 100, data.len() - 1);
+    for range in [None, Some(tail.as_str())] {
         let mut args = vec![
             "s3api",
             "get-object",
@@ -352,6 +422,25 @@ fn a_damaged_replica_cuts_a_get_short_instead_of_serving_bad_bytes() {
             output_text(&out)
         );
     }
+    // The good chunks before the damage are served by a ranged read.
+    let head = home.join("head.bin");
+    aws_ok(
+        &s3,
+        &keys,
+        home,
+        &[
+            "s3api",
+            "get-object",
+            "--bucket",
+            "acme",
+            "--key",
+            "data.bin",
+            "--range",
+            "bytes=0-99",
+            &p(&head),
+        ],
+    );
+    assert!(std::fs::read(&head).unwrap() == data[..100]);
     // A copy of it fails too, and stores nothing at the destination.
     let copy = aws(
         &s3,

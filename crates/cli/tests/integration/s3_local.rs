@@ -110,7 +110,9 @@ fn damage_first_replica(store: &Store, name: &str) -> String {
         })
         .unwrap_or_else(|| panic!("no replica file {file_name}"));
     let mut bytes = std::fs::read(&replica).unwrap();
-    let at = bytes.len() - 7;
+    // In the data, before the chunk table that follows it.
+    let size = u64::from_be_bytes(bytes[8..16].try_into().unwrap()) as usize;
+    let at = 20 + size - 7;
     bytes[at] ^= 0x40;
     std::fs::write(&replica, &bytes).unwrap();
     first

@@ -25,7 +25,8 @@ use tokio::net::TcpStream;
 pub struct Opened {
     /// The object's record (its attributes included).
     pub record: Record,
-    ticket: Vec<u8>,
+    /// The Get ticket of its replicas.
+    pub(super) ticket: Vec<u8>,
 }
 
 impl Client {

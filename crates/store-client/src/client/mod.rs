@@ -48,6 +48,8 @@ pub mod local;
 mod names;
 mod nami;
 mod put;
+mod range;
+mod range_ec;
 mod repair;
 mod replica;
 mod report;

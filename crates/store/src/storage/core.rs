@@ -13,7 +13,7 @@
 //! links.
 
 use crate::storage::collect::{RoundId, Rounds};
-use crate::storage::file::FILE_HEADER;
+use crate::storage::file::{table_len, FILE_HEADER};
 use crate::storage::put::{PutAction, PutMachine};
 use std::collections::{BTreeSet, HashSet};
 use strata_store_protocol::addr::{fmt_addr, Addr, Layout};
@@ -199,7 +199,10 @@ impl StorageCore {
     pub fn installed(&mut self, put: &mut PutMachine) -> Vec<PutAction> {
         let actions = put.installed();
         if !actions.is_empty() {
-            self.used = self.used.saturating_add(put.size() + FILE_HEADER as u64);
+            // The file's whole length: header, data and chunk table.
+            let table = table_len(put.size()).unwrap_or(0);
+            let file = (put.size() + FILE_HEADER as u64).saturating_add(table);
+            self.used = self.used.saturating_add(file);
             self.objects += 1;
         }
         actions

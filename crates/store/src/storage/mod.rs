@@ -2,7 +2,8 @@
 //! I/O ([`core`]: admission and counters; [`put`]: one Put's machine;
 //! [`collect`]: garbage collection; [`file`]: the replica file's layout
 //! and what a read may serve). The I/O shell executes them on real files
-//! and sockets ([`replicas`], with Gets served by [`reader`], and the
+//! and sockets ([`replicas`], with Gets served by [`reader`] and ranged
+//! reads by [`range`], and the
 //! directory syncs of concurrent Puts shared by [`group_sync`]), [`scrub`]
 //! re-reads the replicas in the background and reports damaged ones, and
 //! [`server`] runs the node on its TCP listener. See
@@ -17,6 +18,7 @@ pub mod local;
 mod nowait;
 pub mod object_cache;
 pub mod put;
+pub mod range;
 mod reader;
 pub mod replicas;
 pub mod schedule;

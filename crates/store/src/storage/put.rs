@@ -12,7 +12,7 @@
 //! Puts in flight) goes through [`crate::storage::core::StorageCore`],
 //! which alone may tell a machine that its file is installed.
 
-use crate::storage::file::{header, FILE_HEADER};
+use crate::storage::file::{header, ChunkTable, FILE_HEADER};
 use strata_store_protocol::addr::{fmt_addr, Addr};
 
 /// What a Put's sender is told at the end.
@@ -56,10 +56,13 @@ pub enum PutAction {
         /// The checksum the sender sent.
         crc: u32,
     },
-    /// Write the data's checksum into the temporary file's header.
+    /// Append the chunk table after the data, then write the data's
+    /// checksum into the temporary file's header.
     WriteChecksum {
         /// CRC-32C of the data.
         crc: u32,
+        /// The chunk table ([`crate::storage::file::ChunkTable`]).
+        table: Vec<u8>,
     },
     /// Sync the temporary file; report [`PutEvent::Synced`].
     Sync,
@@ -136,6 +139,8 @@ pub struct PutMachine {
     phase: PutPhase,
     left: u64,
     crc: u32,
+    /// The CRC of every chunk of the data so far.
+    chunks: ChunkTable,
     /// Whether the next replica is still taking data.
     forwarding: bool,
     /// The next replica's answer, if it came before this node was
@@ -171,6 +176,7 @@ impl PutMachine {
             phase: PutPhase::Receiving,
             left: size,
             crc: 0,
+            chunks: ChunkTable::default(),
             answer: None,
         };
         (machine, actions)
@@ -253,6 +259,7 @@ impl PutMachine {
             return self.broken();
         }
         self.crc = crc32c::crc32c_append(self.crc, chunk);
+        self.chunks.push(chunk);
         self.left -= n;
         let mut actions = vec![PutAction::Write];
         if self.forwarding {
@@ -289,7 +296,11 @@ impl PutMachine {
             return actions;
         }
         self.phase = PutPhase::Syncing;
-        actions.push(PutAction::WriteChecksum { crc: self.crc });
+        let table = std::mem::take(&mut self.chunks).finish();
+        actions.push(PutAction::WriteChecksum {
+            crc: self.crc,
+            table,
+        });
         actions.push(PutAction::Sync);
         actions
     }

@@ -10,6 +10,7 @@ use crate::storage::nowait::{open_cached, read_cached};
 use crate::storage::scheduled::{Body, ScheduledSender, Sent};
 use crate::storage::sendfile::{send_file, set_cork, SendError};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use strata_store_client::stream::write_error;
 use strata_store_protocol::addr::{fmt_addr, Addr};
@@ -24,6 +25,15 @@ pub(super) const CHUNK: usize = 256 * 1024;
 /// checked on the node: one hand-off to the blocking pool and one write.
 /// Bigger ones go out with `sendfile`, never copied through user space.
 const SMALL_REPLICA: u64 = 64 * 1024;
+
+/// What a node's reads sent, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct ReadStats {
+    /// Replica data bytes sent by Gets and ranged reads.
+    pub bytes_sent: AtomicU64,
+    /// Ranged reads served from a chunk table.
+    pub ranges: AtomicU64,
+}
 
 /// What opening a replica file found.
 enum Opened {
@@ -138,7 +148,13 @@ fn open_replica_cached(dir: &ReplicaDir, name: &Path) -> Option<Opened> {
     };
     Some(if header.size > SMALL_REPLICA {
         Opened::Large { header, file }
+    } else if (data.len() as u64) < header.size {
+        // The chunk table made the file look large, so its data was not
+        // read here: the blocking path reads it.
+        return None;
     } else {
+        // What follows the data is the chunk table.
+        data.truncate(header.size as usize);
         Opened::Small { header, data }
     })
 }
@@ -172,6 +188,7 @@ pub(super) async fn get(
     addr: Addr,
     stall: Duration,
     route: Route<'_>,
+    stats: &ReadStats,
 ) -> Result<BufWriter<OwnedWriteHalf>, Error> {
     let name = PathBuf::from(file_name(addr));
     let opened = match open_replica_cached(dir, &name) {
@@ -216,8 +233,43 @@ pub(super) async fn get(
     };
     w.write_all(&[0]).await.map_err(io)?;
     w.write_all(&header.size.to_be_bytes()).await.map_err(io)?;
-    // Only a file sent at once is corked (`send_direct`): the trailer then
-    // leaves with its last segment, and the rest pay no uncork.
+    let (mut w, sent, corked) = send_body(w, body, header.size, route, stall, addr).await?;
+    stats.bytes_sent.fetch_add(sent, Ordering::Relaxed);
+    // A larger replica's bytes are checked by the client against the
+    // stored CRC; a small one's were checked here.
+    let good = sent == header.size && checked.unwrap_or(true);
+    w.write_all(&[if good { 0 } else { 1 }]).await.map_err(io)?;
+    w.write_all(&header.stored_crc.to_be_bytes())
+        .await
+        .map_err(io)?;
+    w.flush().await.map_err(io)?;
+    if corked {
+        set_cork(w.get_ref().as_ref(), false);
+    }
+    if !good {
+        tracing::warn!(
+            "replica {} failed its checksum or was cut short",
+            fmt_addr(addr)
+        );
+    }
+    Ok(w)
+}
+
+/// Sends `body`, `length` bytes of replica `addr`, by `route` after
+/// what `w` holds, then zeros for what a file cut short under us did not
+/// give (the trailer must then say so): the writer, the bytes the body
+/// gave, and whether the socket is corked (uncork it after the trailer:
+/// only a file sent at once is, so that the trailer leaves with its last
+/// segment and the rest pay no uncork).
+pub(super) async fn send_body(
+    mut w: BufWriter<OwnedWriteHalf>,
+    body: Body,
+    length: u64,
+    route: Route<'_>,
+    stall: Duration,
+    addr: Addr,
+) -> Result<(BufWriter<OwnedWriteHalf>, u64, bool), Error> {
+    let io = |e| Error::io("sending a replica", e);
     let corked = matches!((&route, &body), (Route::Direct, Body::File { .. }));
     let (mut w, sent) = match route {
         Route::Direct => send_direct(w, body, stall).await?,
@@ -239,9 +291,8 @@ pub(super) async fn get(
         Sent::Done(sent) => sent,
         Sent::Stalled(sent) => {
             return Err(Error::Timeout(format!(
-                "the client took nothing for {} ms after {sent} of {} bytes of replica {}; connection closed",
+                "the client took nothing for {} ms after {sent} of {length} bytes of replica {}; connection closed",
                 stall.as_millis(),
-                header.size,
                 fmt_addr(addr)
             )))
         }
@@ -249,25 +300,8 @@ pub(super) async fn get(
         // The header is out: the stream cannot carry an error now.
         Sent::Refused(why) => return Err(Error::Peer(why)),
     };
-    pad(&mut w, header.size - sent.min(header.size)).await?;
-    // A larger replica's bytes are checked by the client against the
-    // stored CRC; a small one's were checked here.
-    let good = sent == header.size && checked.unwrap_or(true);
-    w.write_all(&[if good { 0 } else { 1 }]).await.map_err(io)?;
-    w.write_all(&header.stored_crc.to_be_bytes())
-        .await
-        .map_err(io)?;
-    w.flush().await.map_err(io)?;
-    if corked {
-        set_cork(w.get_ref().as_ref(), false);
-    }
-    if !good {
-        tracing::warn!(
-            "replica {} failed its checksum or was cut short",
-            fmt_addr(addr)
-        );
-    }
-    Ok(w)
+    pad(&mut w, length - sent.min(length)).await?;
+    Ok((w, sent, corked))
 }
 
 /// Sends a body at once: a small one through the buffer, a file with
@@ -302,7 +336,7 @@ async fn send_direct(
 
 /// Keeps the framing when a replica was cut short under us: zeros for
 /// the `missing` bytes, and the trailer says the replica is bad.
-async fn pad(w: &mut BufWriter<OwnedWriteHalf>, missing: u64) -> Result<(), Error> {
+pub(super) async fn pad(w: &mut BufWriter<OwnedWriteHalf>, missing: u64) -> Result<(), Error> {
     let zeros = vec![0u8; CHUNK.min(missing as usize)];
     let mut left = missing;
     while left > 0 {
@@ -339,6 +373,9 @@ mod tests {
         let crc = crc32c::crc32c(data).to_be_bytes();
         bytes[CHECKSUM_OFFSET as usize..FILE_HEADER].copy_from_slice(&crc);
         bytes.extend_from_slice(data);
+        let mut table = crate::storage::file::ChunkTable::default();
+        table.push(data);
+        bytes.extend_from_slice(&table.finish());
         let mut file = std::fs::File::create(path).unwrap();
         file.write_all(&bytes).unwrap();
         file.sync_all().unwrap();

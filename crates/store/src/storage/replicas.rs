@@ -16,7 +16,8 @@ use crate::storage::group_sync::GroupSync;
 pub use crate::storage::limits::{DataLimits, DATA_MAX_CONNECTIONS, DATA_READ_TIMEOUT};
 use crate::storage::object_cache::{ObjectCache, DEFAULT_OBJECT_CACHE};
 use crate::storage::put::{PutAction, PutEvent, PutMachine, PutPhase, PutReply};
-use crate::storage::reader::{get, reply_err, ReplicaDir, Route, CHUNK};
+use crate::storage::range::{get_range, read_route};
+use crate::storage::reader::{get, reply_err, ReadStats, ReplicaDir, CHUNK};
 use crate::storage::scheduled::ScheduledSender;
 use crate::storage::scrub::{ScrubProgress, ScrubStats};
 use std::collections::VecDeque;
@@ -58,6 +59,8 @@ pub struct SnStore {
     /// Whole erasure-coded objects whose fragment 0 this node holds
     /// ([`crate::storage::object_cache`]).
     object_cache: ObjectCache,
+    /// What the node's reads sent (shown on `/metrics`).
+    pub(crate) reads: ReadStats,
 }
 
 impl SnStore {
@@ -110,6 +113,7 @@ impl SnStore {
             replicas_sync: GroupSync::directory(objects_dir),
             replicas,
             object_cache: ObjectCache::new(DEFAULT_OBJECT_CACHE),
+            reads: ReadStats::default(),
         })
     }
 
@@ -376,16 +380,22 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
                 put(&mut r, w, store, table, addr, size, chain, coordinator).await?
             }
             Request::Get { addr } => {
-                let tenant = match &authority {
-                    Authority::Tenant { tenant, .. } => tenant.as_str(),
-                    Authority::Node => "",
-                };
-                let route = match store.schedule.as_ref() {
-                    Some(sender) if sender.enabled() => Route::Scheduled(sender, tenant),
-                    _ => Route::Direct,
-                };
+                let route = read_route(store.schedule.as_ref(), &authority);
                 if let Some(lent) = writer.take() {
-                    writer = Some(get(lent, &store.replicas, addr, limit, route).await?);
+                    let dir = &store.replicas;
+                    writer = Some(get(lent, dir, addr, limit, route, &store.reads).await?);
+                }
+            }
+            Request::GetRange {
+                addr,
+                offset,
+                length,
+            } => {
+                let route = read_route(store.schedule.as_ref(), &authority);
+                if let Some(lent) = writer.take() {
+                    let (dir, asked) = (&store.replicas, (addr, offset, length));
+                    let served = get_range(lent, dir, asked, limit, route, &store.reads);
+                    writer = Some(served.await?);
                 }
             }
             Request::Schedule { settings, .. } => {
@@ -757,7 +767,7 @@ impl PutRun<'_> {
             },
             PutAction::Forward => self.forward(chunk, false).await,
             PutAction::ForwardChecksum { crc } => self.forward(&crc.to_be_bytes(), true).await,
-            PutAction::WriteChecksum { crc } => match self.write_checksum(crc).await {
+            PutAction::WriteChecksum { crc, table } => match self.write_end(crc, &table).await {
                 Err(e) => failed("writing the replica", e),
                 Ok(()) => Outcome::Done,
             },
@@ -821,11 +831,13 @@ impl PutRun<'_> {
         }
     }
 
-    async fn write_checksum(&mut self, crc: u32) -> std::io::Result<()> {
+    /// Appends the chunk table after the data, then writes the checksum.
+    async fn write_end(&mut self, crc: u32, table: &[u8]) -> std::io::Result<()> {
         use tokio::io::AsyncSeekExt;
         let Some(file) = self.file.as_mut() else {
             return Err(std::io::Error::other("the temporary file is not open"));
         };
+        file.write_all(table).await?;
         file.flush().await?;
         file.seek(std::io::SeekFrom::Start(CHECKSUM_OFFSET)).await?;
         file.write_all(&crc.to_be_bytes()).await?;

@@ -1,5 +1,6 @@
 //! The storage node's background scrub: it walks the replica files and
-//! re-reads each whole, checking its header and CRC-32C with
+//! re-reads each whole, checking its header, CRC-32C and (layout 2) the
+//! CRC-32C of every chunk against the chunk table with
 //! [`crate::storage::file`]'s functions, at a bounded rate in bytes per
 //! second, with a pause between passes. Damaged replicas (bad header,
 //! wrong length, data failing its checksum, a read error) are reported in
@@ -16,7 +17,7 @@
 //! checked from memory rather than from the medium.
 
 use crate::runtime::SharedTable;
-use crate::storage::file::{parse_name, verified, FILE_HEADER};
+use crate::storage::file::{parse_name, verified, ChunkTable, FILE_HEADER};
 use crate::storage::reader::{open_checked, Opening};
 use std::future::Future;
 use std::path::Path;
@@ -237,6 +238,7 @@ pub async fn check_replica(path: &Path, pacer: &mut Pacer, buf: &mut Vec<u8>) ->
         file,
         buf: std::mem::take(buf),
         crc: 0,
+        chunks: ChunkTable::default(),
     };
     let mut sent = 0u64;
     while sent < header.size {
@@ -256,20 +258,41 @@ pub async fn check_replica(path: &Path, pacer: &mut Pacer, buf: &mut Vec<u8>) ->
         sent += n as u64;
         pacer.consumed(n as u64).await;
     }
+    let mut bytes = FILE_HEADER as u64 + sent;
+    let mut chunks_good = true;
+    if header.table_offset().is_some() && sent == header.size {
+        // The table as the data read now says it, against the stored one
+        // (bounded: 4 bytes per chunk of a replica under the object limit).
+        let expected = std::mem::take(&mut reading.chunks).finish();
+        let length = expected.len() as u64;
+        let step = tokio::task::spawn_blocking(move || {
+            let good = reading.table_matches(&expected);
+            (reading, good)
+        })
+        .await;
+        let Ok((back, good)) = step else {
+            return Checked::Gone;
+        };
+        reading = back;
+        chunks_good = good;
+        bytes += length;
+        pacer.consumed(length).await;
+    }
     *buf = reading.buf;
-    let bytes = FILE_HEADER as u64 + sent;
-    if verified(&header, reading.crc, sent) {
+    if chunks_good && verified(&header, reading.crc, sent) {
         Checked::Good { bytes }
     } else {
         Checked::Damaged { bytes }
     }
 }
 
-/// A replica file being re-read, with the checksum of what was read.
+/// A replica file being re-read, with the checksum of what was read
+/// and the chunk table it makes.
 struct Reading {
     file: std::fs::File,
     buf: Vec<u8>,
     crc: u32,
+    chunks: ChunkTable,
 }
 
 impl Reading {
@@ -281,7 +304,21 @@ impl Reading {
         let want = want.min(self.buf.len());
         let n = self.file.read(&mut self.buf[..want]).unwrap_or(0);
         self.crc = crc32c::crc32c_append(self.crc, &self.buf[..n]);
+        self.chunks.push(&self.buf[..n]);
         n
+    }
+
+    /// Whether the chunk table stored after the data (where the file is
+    /// positioned) is `expected` (blocking); a read error fails it.
+    fn table_matches(&mut self, expected: &[u8]) -> bool {
+        use std::io::Read;
+        for piece in expected.chunks(self.buf.len().max(1)) {
+            let stored = &mut self.buf[..piece.len()];
+            if self.file.read_exact(stored).is_err() || stored != piece {
+                return false;
+            }
+        }
+        true
     }
 }
 

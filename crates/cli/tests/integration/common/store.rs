@@ -186,6 +186,26 @@ impl Store {
         out
     }
 
+    /// The sum over every storage node of `metric`'s samples on the
+    /// process's `/metrics` (started with `--metrics 127.0.0.1:0`).
+    pub fn metric_sum(&self, metric: &str) -> f64 {
+        let line = self.line();
+        let at = line
+            .split("metrics on http://")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no metrics endpoint on {line:?}"));
+        let at = at.split([',', ' ']).next().unwrap_or_default();
+        let text = ureq::get(&format!("http://{}", at.trim()))
+            .call()
+            .expect("GET /metrics")
+            .into_string()
+            .expect("a text body");
+        text.lines()
+            .filter(|line| line.starts_with(&format!("{metric}{{")))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     pub fn tmp_files(&self) -> usize {
         (0..8)
             .filter_map(|k| std::fs::read_dir(self.dir.join(format!("sn-{k}/tmp"))).ok())

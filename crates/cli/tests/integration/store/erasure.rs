@@ -189,7 +189,9 @@ fn erasure_coded_objects_survive_damage_and_m_dead_nodes_and_are_rebuilt() {
     let damaged = fragments_of(&store, name)[0].clone();
     let path = file_of(dir.path(), &damaged).unwrap();
     let mut bytes = std::fs::read(&path).unwrap();
-    let at = bytes.len() - 1000;
+    // In the data, before the chunk table that follows it.
+    let size = u64::from_be_bytes(bytes[8..16].try_into().unwrap()) as usize;
+    let at = 20 + size - 1000;
     bytes[at] ^= 0x40;
     std::fs::write(&path, &bytes).unwrap();
     get_is(&store, dir.path(), name, data);

@@ -13,6 +13,7 @@ mod inline;
 mod membership;
 mod nami;
 mod objects;
+mod ranges;
 mod rs3;
 mod scrub;
 mod tenants;

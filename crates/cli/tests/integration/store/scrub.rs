@@ -46,7 +46,10 @@ fn verifies(path: &Path) -> bool {
     }
     let size = u64::from_be_bytes(bytes[8..16].try_into().unwrap());
     let crc = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
-    bytes.len() as u64 == HEADER as u64 + size && crc32c::crc32c(&bytes[HEADER..]) == crc
+    // Layout 2: the data, then a CRC-32C per 64 KiB chunk of it.
+    let table = size.div_ceil(64 << 10) * 4;
+    let data = &bytes[HEADER..bytes.len().min(HEADER + size as usize)];
+    bytes.len() as u64 == HEADER as u64 + size + table && crc32c::crc32c(data) == crc
 }
 
 /// Flips one bit of the data byte at `offset` in the replica file at

@@ -52,7 +52,8 @@ fn a_put_is_acknowledged_only_after_its_sync_and_install() {
     let actions = core.installed(&mut put);
     assert_eq!(actions, vec![PutAction::Reply(PutReply::Ack { copies: 1 })]);
     assert_eq!(core.objects(), 1);
-    assert_eq!(core.used(), 11 + FILE_HEADER as u64);
+    // Header, 11 bytes of data and the chunk table's one entry.
+    assert_eq!(core.used(), 11 + FILE_HEADER as u64 + 4);
 }
 
 #[test]

@@ -2,17 +2,48 @@
 //! what a pass counts and finds, and how it is paced.
 
 use super::*;
-use crate::storage::file::{file_name, header, CHECKSUM_OFFSET};
+use crate::storage::file::{file_name, header, table_len, CHECKSUM_OFFSET, VERSION_WHOLE};
 
-/// Writes a whole replica file of `data` at `addr` in `dir`; its path.
+/// Writes a whole replica file of `data` at `addr` in `dir`, with its
+/// chunk table; its path.
 fn replica(dir: &Path, addr: Addr, data: &[u8]) -> std::path::PathBuf {
     let mut bytes = header(data.len() as u64).to_vec();
     let at = CHECKSUM_OFFSET as usize;
     bytes[at..at + 4].copy_from_slice(&crc32c::crc32c(data).to_be_bytes());
     bytes.extend_from_slice(data);
+    let mut table = ChunkTable::default();
+    table.push(data);
+    bytes.extend_from_slice(&table.finish());
     let path = dir.join(file_name(addr));
     std::fs::write(&path, bytes).unwrap();
     path
+}
+
+/// Bytes of a replica file of `size` bytes of data.
+fn file(size: usize) -> u64 {
+    (FILE_HEADER + size) as u64 + table_len(size as u64).unwrap()
+}
+
+#[test]
+fn a_chunk_table_that_disagrees_with_good_data_is_damage_and_layout_1_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 13) as u8).collect();
+    // The data and its whole CRC are good; one table entry is not.
+    let rotten = replica(d, 1, &data);
+    let mut bytes = std::fs::read(&rotten).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&rotten, bytes).unwrap();
+    // A layout 1 file (no table) is good.
+    let old = replica(d, 2, &data);
+    let mut bytes = std::fs::read(&old).unwrap();
+    bytes[4] = VERSION_WHOLE;
+    bytes.truncate(FILE_HEADER + data.len());
+    std::fs::write(&old, bytes).unwrap();
+    replica(d, 3, &data);
+    let progress = ScrubProgress::default();
+    assert_eq!(pass(d, &progress, 0).concat(), [1]);
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -64,7 +95,6 @@ fn a_pass_counts_every_replica_and_finds_the_damaged_ones() {
     assert_eq!(found, [4, 5, 6]);
     assert_eq!(batches.len(), 1, "one batch for a few damaged replicas");
     let s = progress.stats();
-    let file = |size: usize| (FILE_HEADER + size) as u64;
     // Every replica read whole, except the torn one and the bad magic,
     // refused on their header (a length other than it says, a wrong
     // magic): their header only.
@@ -133,7 +163,7 @@ fn a_pass_takes_at_least_its_bytes_over_the_rate() {
     for a in 1..=3 {
         replica(dir.path(), a, &data);
     }
-    let total = 3 * (data.len() + FILE_HEADER) as u64;
+    let total = 3 * file(data.len());
     let rate = 200_000;
     let progress = ScrubProgress::default();
     let start = Instant::now();
