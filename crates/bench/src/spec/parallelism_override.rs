@@ -91,48 +91,16 @@ mod tests {
     use super::*;
     use crate::spec::parse;
 
-    const SPEC: &str = "\
-duration: 2s
-volumes:
-  - name: data
-    count: 2
-    size: 64M
-  - name: scratch
-    count: 0
-    size: 16M
-workloads:
-  - name: writer
-    count: 2
-    volumes: data
-    fio:
-      rw: randwrite
-      bs: 4k
-      iodepth: 4
-control_operations:
-  - name: creates
-    action: create
-    volumes: scratch
-    rate: two
-  - name: snaps
-    action: snapshot
-    workload: writer
-    select: random
-    rate: each-second
-rates:
-  - name: each-second
-    every: 1s
-  - name: two
-    in_flight: 2
-";
+    use crate::spec::tests::GOOD as SPEC;
 
     #[test]
     fn the_override_sets_every_closed_loop_and_nothing_else() {
         let mut spec = parse(SPEC).expect("the spec parses");
         spec.set_parallelism(16).unwrap();
         let ops = &spec.control_operations;
-        assert!(matches!(ops[0].rate, RateLaw::ClosedLoop(16)));
-        assert!(ops[0].max_in_flight >= 16);
-        assert!(!matches!(ops[1].rate, RateLaw::ClosedLoop(_)));
+        assert!(!matches!(ops[0].rate, RateLaw::ClosedLoop(_)));
+        assert!(matches!(ops[1].rate, RateLaw::ClosedLoop(16)));
+        assert!(ops[1].max_in_flight >= 16);
     }
 
     #[test]
@@ -152,13 +120,13 @@ rates:
         let mut spec = parse(SPEC).expect("the spec parses");
         spec.apply_recorded_overrides(dir.path()).unwrap();
         assert!(matches!(
-            spec.control_operations[0].rate,
+            spec.control_operations[1].rate,
             RateLaw::ClosedLoop(2)
         ));
         std::fs::write(dir.path().join(OVERRIDES_FILE), r#"{"parallelism": 8}"#).unwrap();
         spec.apply_recorded_overrides(dir.path()).unwrap();
         assert!(matches!(
-            spec.control_operations[0].rate,
+            spec.control_operations[1].rate,
             RateLaw::ClosedLoop(8)
         ));
         std::fs::write(dir.path().join(OVERRIDES_FILE), r#"{"parallel": 8}"#).unwrap();

@@ -3,7 +3,9 @@
 
 use super::*;
 
-const GOOD: &str = "\
+/// A good spec: two volume groups, a fio workload, a control operation
+/// at a fixed rate (`snaps`) and one in a closed loop (`creates`).
+pub(super) const GOOD: &str = "\
 duration: 2s
 volumes:
   - name: data

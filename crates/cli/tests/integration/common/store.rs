@@ -174,6 +174,17 @@ impl Store {
         self.process.take().expect("running").stop()
     }
 
+    /// The replica or fragment addresses of `name`'s record, in its
+    /// order (`strata obj stat`).
+    pub fn addresses_of(&self, name: &str) -> Vec<String> {
+        self.json(&["obj", "stat", name])["replicas"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no replica list in the record of {name}"))
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect()
+    }
+
     /// Every replica file held by the storage nodes.
     pub fn replica_files(&self) -> Vec<PathBuf> {
         let mut out = Vec::new();
@@ -266,4 +277,24 @@ impl Drop for Node {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// The file holding the replica or fragment at `addr` (as a record lists
+/// it), if a storage node under `root` (a cluster's directory, or an
+/// added node's) holds it.
+pub fn file_of_address(root: &Path, addr: &str) -> Option<PathBuf> {
+    let ip: std::net::Ipv6Addr = addr.parse().unwrap();
+    let name = format!("{:032x}", u128::from(ip));
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).ok()?.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.file_name().is_some_and(|n| n == name.as_str()) {
+                return Some(path);
+            }
+        }
+    }
+    None
 }

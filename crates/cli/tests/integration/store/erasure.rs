@@ -7,36 +7,6 @@
 use super::*;
 
 /// The storage-node addresses of `name`'s fragments, in fragment order.
-fn fragments_of(store: &Store, name: &str) -> Vec<String> {
-    let stat = store.json(&["obj", "stat", name]);
-    stat["replicas"]
-        .as_array()
-        .expect("a fragment list")
-        .iter()
-        .map(|a| a.as_str().unwrap().to_string())
-        .collect()
-}
-
-/// The file holding the replica or fragment at `addr`, if a storage
-/// node under `root` (the cluster's and the added nodes' directories)
-/// holds it.
-fn file_of(root: &Path, addr: &str) -> Option<PathBuf> {
-    let ip: std::net::Ipv6Addr = addr.parse().unwrap();
-    let name = format!("{:032x}", u128::from(ip));
-    let mut dirs = vec![root.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).ok()?.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.file_name().is_some_and(|n| n == name.as_str()) {
-                return Some(path);
-            }
-        }
-    }
-    None
-}
-
 /// The storage-node prefix (without `::/64`) of node `index` in the
 /// status.
 fn prefix_of(store: &Store, index: usize) -> String {
@@ -127,16 +97,17 @@ fn erasure_coded_objects_survive_damage_and_m_dead_nodes_and_are_rebuilt() {
         store.ok(&["obj", "put", &p(&src), &name]);
         let stat = store.json(&["obj", "stat", &name]);
         assert_eq!(stat["class"], "ec(4,2)", "{stat}");
-        assert_eq!(fragments_of(&store, &name).len(), 6, "{stat}");
+        assert_eq!(store.addresses_of(&name).len(), 6, "{stat}");
         assert_eq!(stat["fragment_crc32c"].as_array().unwrap().len(), 6);
         get_is(&store, dir.path(), &name, &data);
         objects.push((name, data));
     }
     // Raw bytes on disk for the largest: about (k+m)/k = 1.5 times.
-    let raw: u64 = fragments_of(&store, "ec/3")
+    let raw: u64 = store
+        .addresses_of("ec/3")
         .iter()
         .map(|a| {
-            std::fs::metadata(file_of(dir.path(), a).unwrap())
+            std::fs::metadata(file_of_address(dir.path(), a).unwrap())
                 .unwrap()
                 .len()
         })
@@ -158,7 +129,7 @@ fn erasure_coded_objects_survive_damage_and_m_dead_nodes_and_are_rebuilt() {
         .map(|i| format!("ec/probe{i}"))
         .find(|name| {
             store.ok(&["obj", "put", &p(&probe), name]);
-            let first = &fragments_of(&store, name)[0];
+            let first = &store.addresses_of(name)[0];
             local.iter().any(|l| first.starts_with(&format!("{l}:")))
         })
         .expect("an object with fragment 0 on a node of the store's process");
@@ -186,8 +157,8 @@ fn erasure_coded_objects_survive_damage_and_m_dead_nodes_and_are_rebuilt() {
     let name = &"ec/damaged".to_string();
     std::fs::write(&probe, data).unwrap();
     store.ok(&["obj", "put", &p(&probe), name]);
-    let damaged = fragments_of(&store, name)[0].clone();
-    let path = file_of(dir.path(), &damaged).unwrap();
+    let damaged = store.addresses_of(name)[0].clone();
+    let path = file_of_address(dir.path(), &damaged).unwrap();
     let mut bytes = std::fs::read(&path).unwrap();
     // In the data, before the chunk table that follows it.
     let size = u64::from_be_bytes(bytes[8..16].try_into().unwrap()) as usize;
@@ -196,7 +167,7 @@ fn erasure_coded_objects_survive_damage_and_m_dead_nodes_and_are_rebuilt() {
     std::fs::write(&path, &bytes).unwrap();
     get_is(&store, dir.path(), name, data);
     wait_until("the damaged fragment rebuilt", || {
-        let now = fragments_of(&store, name);
+        let now = store.addresses_of(name);
         now.len() == 6 && now[0] != damaged
     });
     get_is(&store, dir.path(), name, data);
@@ -210,17 +181,17 @@ fn erasure_coded_objects_survive_damage_and_m_dead_nodes_and_are_rebuilt() {
     let data = pattern(600_000, 78);
     std::fs::write(&probe, &data).unwrap();
     store.ok(&["obj", "put", &p(&probe), &misplaced]);
-    let at = fragments_of(&store, &misplaced);
+    let at = store.addresses_of(&misplaced);
     let (one, two) = (
-        file_of(dir.path(), &at[1]).unwrap(),
-        file_of(dir.path(), &at[2]).unwrap(),
+        file_of_address(dir.path(), &at[1]).unwrap(),
+        file_of_address(dir.path(), &at[2]).unwrap(),
     );
     let (bytes_one, bytes_two) = (std::fs::read(&one).unwrap(), std::fs::read(&two).unwrap());
     std::fs::write(&one, &bytes_two).unwrap();
     std::fs::write(&two, &bytes_one).unwrap();
     get_is(&store, dir.path(), &misplaced, &data);
     wait_until("the swapped fragments rebuilt", || {
-        let now = fragments_of(&store, &misplaced);
+        let now = store.addresses_of(&misplaced);
         now[1] != at[1] && now[2] != at[2]
     });
     get_is(&store, dir.path(), &misplaced, &data);
@@ -228,12 +199,12 @@ fn erasure_coded_objects_survive_damage_and_m_dead_nodes_and_are_rebuilt() {
     let data = pattern(900_000, 79);
     std::fs::write(&probe, &data).unwrap();
     store.ok(&["obj", "put", &p(&probe), &short]);
-    let at = fragments_of(&store, &short);
-    let other = file_of(dir.path(), &fragments_of(&store, &misplaced)[3]).unwrap();
-    std::fs::copy(&other, file_of(dir.path(), &at[3]).unwrap()).unwrap();
+    let at = store.addresses_of(&short);
+    let other = file_of_address(dir.path(), &store.addresses_of(&misplaced)[3]).unwrap();
+    std::fs::copy(&other, file_of_address(dir.path(), &at[3]).unwrap()).unwrap();
     get_is(&store, dir.path(), &short, &data);
     wait_until("the fragment of the wrong length rebuilt", || {
-        fragments_of(&store, &short)[3] != at[3]
+        store.addresses_of(&short)[3] != at[3]
     });
 
     // kill -9 of m = 2 storage nodes, each holding a fragment of every
@@ -258,7 +229,7 @@ fn erasure_coded_objects_survive_damage_and_m_dead_nodes_and_are_rebuilt() {
         Duration::from_secs(40),
         || {
             objects.iter().all(|(name, _)| {
-                let now = fragments_of(&store, name);
+                let now = store.addresses_of(name);
                 now.len() == 6 && !now.iter().any(on_dead)
             })
         },
@@ -468,7 +439,7 @@ fn gets_go_around_a_storage_node_that_stops_answering() {
         objects.push((name.to_string(), data));
     }
     // The node of ec/a's fragment 0, by its prefix, then its endpoint.
-    let first = fragments_of(&store, "ec/a")[0].clone();
+    let first = store.addresses_of("ec/a")[0].clone();
     let status = store.status();
     let endpoint = status["storage_nodes"]
         .as_array()

@@ -19,7 +19,9 @@ mod scrub;
 mod tenants;
 mod zero_copy;
 
-use crate::common::store::{admin, as_admin, wait_until, wait_until_long, Node, Store};
+use crate::common::store::{
+    admin, as_admin, file_of_address, wait_until, wait_until_long, Node, Store,
+};
 use crate::common::{p, pattern, strata, strata_ok, tmp};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};

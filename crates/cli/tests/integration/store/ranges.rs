@@ -8,34 +8,6 @@
 
 use super::*;
 
-/// The replica or fragment addresses of `name`'s record, in its order.
-fn replicas_of(store: &Store, name: &str) -> Vec<String> {
-    store.json(&["obj", "stat", name])["replicas"]
-        .as_array()
-        .expect("a replica list")
-        .iter()
-        .map(|a| a.as_str().unwrap().to_string())
-        .collect()
-}
-
-/// The file holding the replica at `addr` under `root`, if one does.
-fn file_under(root: &Path, addr: &str) -> Option<PathBuf> {
-    let ip: std::net::Ipv6Addr = addr.parse().unwrap();
-    let name = format!("{:032x}", u128::from(ip));
-    let mut dirs = vec![root.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).ok()?.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.file_name().is_some_and(|n| n == name.as_str()) {
-                return Some(path);
-            }
-        }
-    }
-    None
-}
-
 /// `obj get --range FIRST-LAST NAME` must give `want[FIRST..=LAST]`.
 fn range_is(store: &Store, dir: &Path, name: &str, first: usize, last: usize, want: &[u8]) {
     let out = dir.join("range.out");
@@ -91,9 +63,9 @@ fn a_range_reads_only_its_chunks_and_a_damaged_chunk_is_read_elsewhere() {
     // A byte flipped in the first replica, inside the range: its chunk
     // fails its CRC-32C, another replica serves the range exact, and the
     // damaged replica is reported and repaired away.
-    let replicas = replicas_of(&store, "big");
+    let replicas = store.addresses_of("big");
     let damaged = replicas[0].clone();
-    let path = file_under(&store.dir, &damaged).expect("the first replica's file");
+    let path = file_of_address(&store.dir, &damaged).expect("the first replica's file");
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[20 + first + 300_000] ^= 0x04;
     std::fs::write(&path, &bytes).unwrap();
@@ -111,7 +83,7 @@ fn a_range_reads_only_its_chunks_and_a_damaged_chunk_is_read_elsewhere() {
     store.ok(&[&args[..], &["big", &p(&out)]].concat());
     assert!(std::fs::read(&out).unwrap() == data[first..=last]);
     wait_until("the damaged replica repaired away", || {
-        !replicas_of(&store, "big").contains(&damaged)
+        !store.addresses_of("big").contains(&damaged)
     });
     range_is(&store, dir.path(), "big", first, last, &data);
 
@@ -120,8 +92,8 @@ fn a_range_reads_only_its_chunks_and_a_damaged_chunk_is_read_elsewhere() {
     let old = pattern(300_000, 43);
     std::fs::write(&src, &old).unwrap();
     store.ok(&["obj", "put", &p(&src), "old"]);
-    for addr in replicas_of(&store, "old") {
-        let path = file_under(&store.dir, &addr).expect("a replica file");
+    for addr in store.addresses_of("old") {
+        let path = file_of_address(&store.dir, &addr).expect("a replica file");
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[4] = 1;
         bytes.truncate(20 + old.len());
@@ -157,9 +129,9 @@ fn an_erasure_coded_object_s_ranges_survive_a_dead_data_fragment() {
         .map(|i| format!("ec/r{i}"))
         .find(|name| {
             store.ok(&["obj", "put", &p(&src), name]);
-            replicas_of(&store, name)[..4]
+            store.addresses_of(name)[..4]
                 .iter()
-                .any(|f| file_under(&dir.path().join("sn-a"), f).is_some())
+                .any(|f| file_of_address(&dir.path().join("sn-a"), f).is_some())
         })
         .expect("an object with a data fragment on sn-a");
     let spans = [
