@@ -397,19 +397,19 @@ fn compact(value: f64) -> String {
     let magnitude = value.abs();
     for (scale, suffix) in [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")] {
         if magnitude >= scale {
-            return format!("{}{suffix}", two_decimals(value / scale));
+            return format!("{}{suffix}", decimals(value / scale, 2));
         }
     }
     if magnitude >= 1.0 || magnitude == 0.0 {
-        two_decimals(value)
+        decimals(value, 2)
     } else {
-        format!("{value:.3}")
+        decimals(value, 3)
     }
 }
 
-/// `value` with at most two decimals, without trailing zeros.
-fn two_decimals(value: f64) -> String {
-    let text = format!("{value:.2}");
+/// `value` with at most `places` decimals, without trailing zeros.
+fn decimals(value: f64, places: usize) -> String {
+    let text = format!("{value:.places$}");
     text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
@@ -734,6 +734,7 @@ mod tests {
         assert_eq!(compact(1500.0), "1.5k");
         assert_eq!(compact(2_000_000.0), "2M");
         assert_eq!(compact(0.0042), "0.004");
+        assert_eq!(compact(0.5), "0.5");
         assert_eq!(value_range(&[(0.0, 5.0), (1.0, 5.0)]), (0.0, 5.5));
         let (low, high) = value_range(&[(0.0, 0.0)]);
         assert!(low == 0.0 && high > 0.0, "never an empty axis");
