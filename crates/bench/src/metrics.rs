@@ -229,7 +229,7 @@ pub struct PlotSelection {
 /// values (gauges); at most `limit` are drawn, those whose line moves
 /// most (ties in name order), and the rest are named in `left_out`.
 pub fn select_for_plot(samples: &[MetricSample], limit: usize) -> PlotSelection {
-    let mut by_series: BTreeMap<String, (&str, Vec<(f64, f64)>)> = BTreeMap::new();
+    let mut by_series: BTreeMap<String, (&str, Points)> = BTreeMap::new();
     for sample in samples {
         by_series
             .entry(series_name(sample))
@@ -269,6 +269,9 @@ pub fn select_for_plot(samples: &[MetricSample], limit: usize) -> PlotSelection 
         scraped,
     }
 }
+
+/// `(time, value)` points of one series.
+type Points = Vec<(f64, f64)>;
 
 /// The sum of a line's steps over its largest magnitude: 0 for a flat
 /// line, 1 for a single step from 0, more for a line that goes up and
