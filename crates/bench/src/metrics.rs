@@ -153,6 +153,138 @@ pub fn summarize(samples: &[MetricSample]) -> Vec<MetricSummary> {
     by_series.into_values().collect()
 }
 
+/// How a series is drawn: a counter only grows (but for a restart), so
+/// its per-second rate is what moves with the load; a gauge is drawn as
+/// it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricKind {
+    /// A cumulative count, drawn as a rate per second.
+    Counter,
+    /// A value that goes up and down, drawn as is.
+    Gauge,
+}
+
+impl MetricKind {
+    /// The kind of `metric`, by Prometheus' naming conventions: `_total`
+    /// for counters and a histogram's or summary's `_sum` and `_count`
+    /// (the scrape keeps no `# TYPE` line, and the daemon names every
+    /// counter so).
+    pub fn of(metric: &str) -> MetricKind {
+        let cumulative = ["_total", "_sum", "_count"];
+        if cumulative.iter().any(|suffix| metric.ends_with(suffix)) {
+            MetricKind::Counter
+        } else {
+            MetricKind::Gauge
+        }
+    }
+}
+
+/// Per-second rates of a counter's `(time, value)` points, in time order:
+/// one point per interval, at its middle. A drop is a restarted counter
+/// (Prometheus' convention), so the interval's increase is the new
+/// value; a missing scrape makes a longer interval, averaged over its
+/// length; points with no time between them are skipped.
+pub fn counter_rates(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    points
+        .windows(2)
+        .filter_map(|pair| {
+            let ((t0, v0), (t1, v1)) = (pair[0], pair[1]);
+            let elapsed = t1 - t0;
+            if elapsed <= 0.0 {
+                return None;
+            }
+            let increase = if v1 < v0 { v1 } else { v1 - v0 };
+            Some(((t0 + t1) / 2.0, increase / elapsed))
+        })
+        .collect()
+}
+
+/// One series as a plot draws it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlottedSeries {
+    /// The series: its name and labels as Prometheus writes them.
+    pub series: String,
+    /// Whether `points` are rates (a counter) or values (a gauge).
+    pub kind: MetricKind,
+    /// `(seconds since the run's start, value or rate)`, in time order.
+    pub points: Vec<(f64, f64)>,
+    /// How much the drawn line moves: the sum of its steps over its
+    /// largest magnitude (scale-free, so that bytes and counts compare).
+    pub movement: f64,
+}
+
+/// The series a plot draws, and those it leaves out.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PlotSelection {
+    /// The series drawn, the one that moved most first.
+    pub drawn: Vec<PlottedSeries>,
+    /// The other series that changed, by how much they moved, most first.
+    pub left_out: Vec<String>,
+    /// Series scraped in all.
+    pub scraped: usize,
+}
+
+/// Of the series in `samples`, those whose value changed during the run
+/// (as the report's table lists them), drawn as rates (counters) or
+/// values (gauges); at most `limit` are drawn, those whose line moves
+/// most (ties in name order), and the rest are named in `left_out`.
+pub fn select_for_plot(samples: &[MetricSample], limit: usize) -> PlotSelection {
+    let mut by_series: BTreeMap<String, (&str, Points)> = BTreeMap::new();
+    for sample in samples {
+        by_series
+            .entry(series_name(sample))
+            .or_insert_with(|| (sample.metric.as_str(), Vec::new()))
+            .1
+            .push((sample.time, sample.value));
+    }
+    let scraped = by_series.len();
+    let mut changed: Vec<PlottedSeries> = by_series
+        .into_iter()
+        .filter(|(_, (_, points))| points.iter().any(|p| p.1 != points[0].1))
+        .map(|(series, (metric, mut points))| {
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let kind = MetricKind::of(metric);
+            if kind == MetricKind::Counter {
+                points = counter_rates(&points);
+            }
+            let movement = movement(&points);
+            PlottedSeries {
+                series,
+                kind,
+                points,
+                movement,
+            }
+        })
+        .collect();
+    // Stable: equal movements stay in name order.
+    changed.sort_by(|a, b| b.movement.total_cmp(&a.movement));
+    let left_out = changed
+        .split_off(limit.min(changed.len()))
+        .into_iter()
+        .map(|s| s.series)
+        .collect();
+    PlotSelection {
+        drawn: changed,
+        left_out,
+        scraped,
+    }
+}
+
+/// `(time, value)` points of one series.
+type Points = Vec<(f64, f64)>;
+
+/// The sum of a line's steps over its largest magnitude: 0 for a flat
+/// line, 1 for a single step from 0, more for a line that goes up and
+/// down.
+fn movement(points: &[(f64, f64)]) -> f64 {
+    let largest = points.iter().map(|p| p.1.abs()).fold(0.0, f64::max);
+    if largest == 0.0 {
+        return 0.0;
+    }
+    let steps: f64 = points.windows(2).map(|w| (w[1].1 - w[0].1).abs()).sum();
+    steps / largest
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,5 +323,96 @@ mod tests {
             (volumes.samples, volumes.first, volumes.last, volumes.max),
             (2, 2.0, 5.0, 5.0)
         );
+    }
+    fn sample(time: f64, metric: &str, volume: &str, value: f64) -> MetricSample {
+        MetricSample {
+            time,
+            metric: metric.into(),
+            labels: [("volume".to_string(), volume.to_string())].into(),
+            value,
+        }
+    }
+
+    #[test]
+    fn counters_are_told_from_gauges_by_their_names() {
+        assert_eq!(
+            MetricKind::of("strata_volume_ops_total"),
+            MetricKind::Counter
+        );
+        assert_eq!(
+            MetricKind::of("strata_volume_snapshot_pause_seconds_sum"),
+            MetricKind::Counter
+        );
+        assert_eq!(
+            MetricKind::of("strata_volume_snapshot_pause_seconds_count"),
+            MetricKind::Counter
+        );
+        assert_eq!(MetricKind::of("strata_volumes"), MetricKind::Gauge);
+        assert_eq!(MetricKind::of("strata_totals"), MetricKind::Gauge);
+    }
+
+    #[test]
+    fn a_counter_becomes_rates_across_a_reset_and_a_missing_scrape() {
+        // 0 s: 0, 1 s: 100, 2 s: 300, restart, 3 s: 50, scrape at 4 s
+        // missing, 5 s: 250; two scrapes at the same time.
+        let points = [
+            (0.0, 0.0),
+            (1.0, 100.0),
+            (2.0, 300.0),
+            (3.0, 50.0),
+            (5.0, 250.0),
+            (5.0, 260.0),
+        ];
+        assert_eq!(
+            counter_rates(&points),
+            [(0.5, 100.0), (1.5, 200.0), (2.5, 50.0), (4.0, 100.0)]
+        );
+        assert!(counter_rates(&[(1.0, 5.0)]).is_empty());
+        assert!(counter_rates(&[]).is_empty());
+    }
+
+    #[test]
+    fn the_series_that_moved_most_are_drawn_and_the_rest_named() {
+        let mut samples = Vec::new();
+        for second in 0..6 {
+            let t = second as f64;
+            // Never changes: neither drawn nor left out.
+            samples.push(sample(t, "strata_volumes", "all", 2.0));
+            // A steady counter: changed, but its rate is flat.
+            samples.push(sample(t, "strata_volume_ops_total", "steady", 10.0 * t));
+            // A counter whose rate dips at 3 s: it moves most.
+            let dipped = [0.0, 100.0, 200.0, 210.0, 310.0, 410.0][second];
+            samples.push(sample(t, "strata_volume_ops_total", "dips", dipped));
+            // A gauge that steps once.
+            let chain = if second < 3 { 1.0 } else { 2.0 };
+            samples.push(sample(t, "strata_volume_chain_length", "a", chain));
+        }
+        // A series missing from some scrapes is still drawn from the rest.
+        samples.retain(|s| !(s.labels["volume"] == "a" && s.time == 4.0));
+        let selection = select_for_plot(&samples, 2);
+        assert_eq!(selection.scraped, 4);
+        let drawn: Vec<&str> = selection.drawn.iter().map(|s| s.series.as_str()).collect();
+        assert_eq!(
+            drawn,
+            [
+                "strata_volume_ops_total{volume=\"dips\"}",
+                "strata_volume_chain_length{volume=\"a\"}"
+            ]
+        );
+        assert_eq!(
+            selection.left_out,
+            ["strata_volume_ops_total{volume=\"steady\"}"]
+        );
+        let dips = &selection.drawn[0];
+        assert_eq!(dips.kind, MetricKind::Counter);
+        assert_eq!(dips.points[2], (2.5, 10.0), "the dip, as a rate");
+        let chain = &selection.drawn[1];
+        assert_eq!(chain.kind, MetricKind::Gauge);
+        assert_eq!(chain.points.len(), 5);
+        assert_eq!(chain.points[4], (5.0, 2.0), "values, not rates");
+        let all = select_for_plot(&samples, 10);
+        assert_eq!(all.drawn.len(), 3, "the flat series is not drawn");
+        assert_eq!(all.drawn[2].movement, 0.0);
+        assert!(select_for_plot(&[], 6).drawn.is_empty());
     }
 }

@@ -282,28 +282,60 @@ fn chromium(profile: &Path, args: &[&str]) -> std::process::Output {
     output
 }
 
-/// `strata bench report --html` writes a page that Chromium renders with
-/// both plots: its DOM holds two SVG figures drawn with lines, and its
-/// screenshot shows the I/O series' color over a plot's area.
-fn html_report_renders_in_chromium(out: &Path) {
+/// `strata bench report --html` of `out` as headless Chromium renders it:
+/// the page's DOM, and a Chromium profile for more of its views.
+fn rendered_report(out: &Path) -> (String, tempfile::TempDir) {
     strata_ok(&["bench", "report", &p(out), "--html"]);
-    let page = out.join("report.html");
-    let url = format!("file://{}", p(&page));
+    let url = format!("file://{}", p(&out.join("report.html")));
     let profile = tempfile::tempdir().unwrap();
     let dom = chromium(profile.path(), &["--dump-dom", &url]);
-    let dom = String::from_utf8_lossy(&dom.stdout);
-    for figure in ["io-over-time", "latency-cdf"] {
-        let at = dom
-            .find(&format!("<figure id=\"{figure}\""))
-            .unwrap_or_else(|| panic!("no {figure} figure in the rendered page"));
-        let end = at + dom[at..].find("</figure>").expect("a closed figure");
-        let figure_text = &dom[at..end];
+    (String::from_utf8_lossy(&dom.stdout).into_owned(), profile)
+}
+
+/// The text of the figure `id` in a rendered page.
+fn figure<'a>(dom: &'a str, id: &str) -> &'a str {
+    let at = dom
+        .find(&format!("<figure id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no {id} figure in the rendered page"));
+    let end = at + dom[at..].find("</figure>").expect("a closed figure");
+    &dom[at..end]
+}
+
+/// `strata bench report --html` writes a page that Chromium renders with
+/// its plots: its DOM holds the SVG figures drawn with lines (the
+/// daemon's metrics below the I/O, one chart per series that moved), and
+/// its screenshot shows the I/O series' color over a plot's area.
+fn html_report_renders_in_chromium(out: &Path) {
+    let (dom, profile) = rendered_report(out);
+    let url = format!("file://{}", p(&out.join("report.html")));
+    for id in ["io-over-time", "metrics-over-time", "latency-cdf"] {
+        let figure_text = figure(&dom, id);
         assert!(
             figure_text.contains("<svg") && figure_text.contains("<polyline"),
-            "{figure}: no drawn SVG plot"
+            "{id}: no drawn SVG plot"
         );
     }
     assert!(dom.contains("writer (I/O)") && dom.contains("snapshot (start)"));
+    // The daemon's volume series moved under the writers: charts of
+    // them, each with its drawn line, directly below the I/O plot.
+    let io = dom.find("<figure id=\"io-over-time\"").unwrap();
+    let metrics = dom.find("<figure id=\"metrics-over-time\"").unwrap();
+    let cdf = dom.find("<figure id=\"latency-cdf\"").unwrap();
+    assert!(
+        io < metrics && metrics < cdf,
+        "the metrics follow the I/O plot"
+    );
+    let charts = figure(&dom, "metrics-over-time");
+    assert!(
+        charts.contains("strata_volume_") && charts.contains("(per second)"),
+        "no chart of the daemon's volume counters as rates"
+    );
+    let drawn = charts.matches("(per second)").count() + charts.matches("(value)").count();
+    assert!(
+        (1..=6).contains(&drawn) && charts.matches("<polyline").count() >= drawn,
+        "{drawn} charts"
+    );
+    assert!(!dom.contains("metrics-over-time-absent"));
     let shot = out.join("report.png");
     chromium(
         profile.path(),
@@ -388,6 +420,15 @@ fn the_null_provider_runs_the_same_spec_and_runs_compare() {
         !out.join("metrics.jsonl").exists(),
         "the null provider has no metrics"
     );
+    // Its report says why it has no metrics plot, rather than drawing an
+    // empty one.
+    let (dom, _profile) = rendered_report(&out);
+    assert!(
+        dom.contains("No plot of the provider's metrics: the null provider exposes no metrics"),
+        "no sentence in place of the metrics plot"
+    );
+    assert!(!dom.contains("<figure id=\"metrics-over-time\""));
+    figure(&dom, "io-over-time");
     let rows: Value = serde_json::from_str(&strata_ok(&[
         "bench",
         "compare",
