@@ -226,8 +226,9 @@ pub struct PlotSelection {
 
 /// Of the series in `samples`, those whose value changed during the run
 /// (as the report's table lists them), drawn as rates (counters) or
-/// values (gauges); at most `limit` are drawn, those whose line moves
-/// most (ties in name order), and the rest are named in `left_out`.
+/// values (gauges); at most `limit` are drawn, counters whose rate
+/// moves first, then those whose line moves most (ties in name order),
+/// and the rest are named in `left_out`.
 pub fn select_for_plot(samples: &[MetricSample], limit: usize) -> PlotSelection {
     let mut by_series: BTreeMap<String, (&str, Points)> = BTreeMap::new();
     for sample in samples {
@@ -256,8 +257,16 @@ pub fn select_for_plot(samples: &[MetricSample], limit: usize) -> PlotSelection 
             }
         })
         .collect();
-    // Stable: equal movements stay in name order.
-    changed.sort_by(|a, b| b.movement.total_cmp(&a.movement));
+    // Counters whose rate moves first: the dips a snapshot's pause makes
+    // are in rates (operations, bytes), and a small gauge that steps once
+    // would otherwise outrank them. Then by movement; stable, so equal
+    // ones stay in name order.
+    let moving_rate = |s: &PlottedSeries| s.kind == MetricKind::Counter && s.movement > 0.0;
+    changed.sort_by(|a, b| {
+        moving_rate(b)
+            .cmp(&moving_rate(a))
+            .then(b.movement.total_cmp(&a.movement))
+    });
     let left_out = changed
         .split_off(limit.min(changed.len()))
         .into_iter()
@@ -414,5 +423,32 @@ mod tests {
         assert_eq!(all.drawn.len(), 3, "the flat series is not drawn");
         assert_eq!(all.drawn[2].movement, 0.0);
         assert!(select_for_plot(&[], 6).drawn.is_empty());
+    }
+
+    #[test]
+    fn a_rate_that_moves_outranks_a_gauge_that_moves_more() {
+        let mut samples = Vec::new();
+        for second in 0..6 {
+            let t = second as f64;
+            // A gauge flapping between 0 and 1: movement 5.
+            samples.push(sample(
+                t,
+                "strata_volume_cache_hit_ratio",
+                "a",
+                (second % 2) as f64,
+            ));
+            // A throughput counter whose rate dips once: movement 1.8.
+            let ops = [0.0, 100.0, 200.0, 210.0, 310.0, 410.0][second];
+            samples.push(sample(t, "strata_volume_ops_total", "a", ops));
+        }
+        let selection = select_for_plot(&samples, 1);
+        assert_eq!(
+            selection.drawn[0].series,
+            "strata_volume_ops_total{volume=\"a\"}"
+        );
+        assert_eq!(
+            selection.left_out,
+            ["strata_volume_cache_hit_ratio{volume=\"a\"}"]
+        );
     }
 }
