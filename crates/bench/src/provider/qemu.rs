@@ -434,10 +434,11 @@ impl QemuProvider {
         )
     }
 
-    /// Deletes a snapshot whose layers a clone reads: committing would
-    /// change what the clone sees, so the snapshot's layer is streamed up
-    /// into the one above (whose data it leaves as it was) and taken out
-    /// of the chain; its file stays when a clone reads it.
+    /// Deletes a snapshot whose layer (but not the one above) a clone
+    /// reads: committing would write into the clone's layer (QEMU refuses,
+    /// and the clone would change), so the other direction: the
+    /// snapshot's layer is streamed up into the one above (whose data
+    /// stays as it was) and taken out of the chain; its file stays.
     fn merge_by_stream(&self, volume: &str, layers: &SnapshotLayers) -> Result<Value, String> {
         let (node, file) = &layers.snapshot;
         let (above, _) = &layers.above;
@@ -588,11 +589,22 @@ impl Provider for QemuProvider {
             // stays for the clones that may read it, until the provider stops.
             None => json!({"merge": "none", "layers_removed": 0}),
             Some(layers) => {
-                let pinned = {
+                let (snapshot_read, above_read) = {
                     let read = self.read_by_clones.lock();
-                    read.contains(&layers.snapshot.1) || read.contains(&layers.above.1)
+                    (
+                        read.contains(&layers.snapshot.1),
+                        read.contains(&layers.above.1),
+                    )
                 };
-                if pinned {
+                if above_read {
+                    // QEMU writes no file another node has open.
+                    return Err(format!(
+                        "cannot delete snapshot {volume}@{snapshot}: a clone reads its layers {} and {}, and QEMU writes no layer another node has open; delete the clones first",
+                        layers.snapshot.1.display(),
+                        layers.above.1.display()
+                    ));
+                }
+                if snapshot_read {
                     self.merge_by_stream(volume, &layers)?
                 } else {
                     self.merge_by_commit(volume, &layers)?

@@ -554,7 +554,9 @@ fn the_qemu_provider_runs_the_same_spec() {
     let dir = tmp();
     let spec = at(&dir, "spec.yaml");
     // QEMU grows a volume by re-exporting it, which needs it to have no
-    // NBD client: the grows go to a volume no workload uses.
+    // NBD client: the grows go to a volume no workload uses. The snapshot
+    // delete comes before the first clone, which would pin the layers
+    // (see the next test for that refusal).
     let text = SMALL_SPEC
         .replacen(
             "  - {name: copies, count: 0, size: 64M}\n",
@@ -564,10 +566,15 @@ fn the_qemu_provider_runs_the_same_spec() {
         .replacen(
             "  - {name: grows, action: resize, workload: writer, size: +16M, rate: second}\n",
             "  - {name: grows, action: resize, volumes: spare, size: +16M, rate: second}\n  \
-             - {name: snapshot-deletes, action: delete_snapshot, workload: writer, select: oldest, rate: second}\n",
+             - {name: snapshot-deletes, action: delete_snapshot, workload: writer, select: oldest, rate: before-clones}\n",
+            1,
+        )
+        .replacen(
+            "  - {name: second, every: 1s}\n",
+            "  - {name: second, every: 1s}\n  - {name: before-clones, trace: [0.8]}\n",
             1,
         );
-    assert!(text.contains("volumes: spare, size: +16M") && text.contains("delete_snapshot"));
+    assert!(text.contains("volumes: spare, size: +16M") && text.contains("trace: [0.8]"));
     std::fs::write(&spec, text).unwrap();
     let out = at(&dir, "run");
     // A relative run directory: the overlays must still find their
@@ -601,7 +608,6 @@ fn the_qemu_provider_runs_the_same_spec() {
         .iter()
         .filter(|r| r["operation"] == "snapshot-deletes" && r["status"] == "ok")
     {
-        eprintln!("snapshot delete: {}", record["detail"]);
         let merge = &record["detail"]["merge"];
         assert!(
             merge == "block-commit" || merge == "block-stream",
@@ -628,6 +634,8 @@ duration: 3s
 volumes:
   - {{name: chain, count: 1, size: 16M}}
   - {{name: spare, count: 1, size: 16M}}
+  - {{name: pinned, count: 1, size: 16M}}
+  - {{name: copies, count: 0, size: 16M}}
 workloads:
   - name: inspector
     volumes: spare
@@ -636,15 +644,19 @@ control_operations:
   - {{name: snapshots, action: snapshot, volumes: chain, rate: early}}
   - {{name: snapshot-deletes, action: delete_snapshot, volumes: chain, select: oldest, rate: later}}
   - {{name: grows, action: resize, volumes: spare, size: +16M, rate: once}}
+  - {{name: pinned-snapshots, action: snapshot, volumes: pinned, rate: early}}
+  - {{name: clones, action: clone, volumes: pinned, into: copies, rate: clone-time}}
+  - {{name: pinned-deletes, action: delete_snapshot, volumes: pinned, select: oldest, rate: later}}
 rates:
   - {{name: early, trace: [0.1, 0.3, 0.5, 0.7]}}
   - {{name: later, trace: [1.0, 1.3]}}
   - {{name: once, trace: [0.5]}}
+  - {{name: clone-time, trace: [0.85]}}
 "
     );
     std::fs::write(at(&dir, "spec.yaml"), spec).unwrap();
     let out = at(&dir, "run");
-    let output = strata_ok(&[
+    let result = strata(&[
         "bench",
         "run",
         &p(&at(&dir, "spec.yaml")),
@@ -653,6 +665,12 @@ rates:
         "--provider",
         "qemu",
     ]);
+    let output = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(
+        result.status.code(),
+        Some(1),
+        "the refused deletes: {output}"
+    );
     let records = records(&out);
     let counts = tally(&records);
     assert_eq!(count(&counts, "snapshots", "ok"), 4, "{counts:?} {output}");
@@ -667,6 +685,19 @@ rates:
         assert_eq!(record["detail"]["merge"], "block-commit", "{record}");
         assert_eq!(record["detail"]["layers_removed"], 1, "{record}");
     }
+    // The clone reads all four snapshot layers of `pinned`: QEMU cannot
+    // merge them, and each delete is refused saying why.
+    assert_eq!(count(&counts, "clones", "ok"), 1, "{counts:?}");
+    let pinned_deletes: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["operation"] == "pinned-deletes")
+        .collect();
+    assert_eq!(pinned_deletes.len(), 2, "{counts:?}");
+    for record in pinned_deletes {
+        assert_eq!(record["status"], "error", "{record}");
+        let error = record["error"].as_str().unwrap();
+        assert!(error.contains("delete the clones first"), "{record}");
+    }
     let size = std::fs::read_to_string(at(&dir, "size")).unwrap();
     assert_eq!(size.trim(), (32u64 << 20).to_string(), "nbdinfo --size");
     let chains = std::fs::read_to_string(at(&dir, "chains")).unwrap();
@@ -674,11 +705,22 @@ rates:
         .into_iter::<Vec<Value>>()
         .collect::<Result<_, _>>()
         .expect("qemu-img info's JSON");
-    // The chain volume's three layers and the spare volume's one: the
-    // two layers the deletes committed down are gone, files too.
-    assert_eq!(chains.len(), 4, "{chains:?}");
-    let longest = chains.iter().map(Vec::len).max();
-    assert_eq!(longest, Some(3), "five layers less the two deleted");
+    // The chain volume's three layers (the two committed down are gone,
+    // files too), the spare volume's one, the pinned volume's five and
+    // its clone's; the pinned volume's chain is whole.
+    assert_eq!(chains.len(), 10, "{chains:?}");
+    let lengths: Vec<usize> = chains.iter().map(Vec::len).collect();
+    assert_eq!(
+        lengths.iter().filter(|&&l| l == 3).count(),
+        2,
+        "{lengths:?}"
+    );
+    assert_eq!(
+        lengths.iter().filter(|&&l| l == 5).count(),
+        2,
+        "{lengths:?}"
+    );
+    assert!(lengths.iter().all(|&l| l <= 5), "{lengths:?}");
     let grown: Vec<&Vec<Value>> = chains
         .iter()
         .filter(|c| c.len() == 1 && c[0]["virtual-size"] == 32u64 << 20)
