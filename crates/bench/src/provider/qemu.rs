@@ -6,11 +6,13 @@
 //! snapshot's file; a compaction streams the volume's backing chain into
 //! its top (`block-stream`), so that the top stands alone and the layers
 //! below it are closed (their files stay: snapshots and clones read
-//! them). Deleting an external snapshot takes a block-commit,
-//! and growing a volume conflicts with its NBD export in QEMU 10; both are
-//! refused with a message saying so.
+//! them). Deleting a snapshot merges its layer with the one above it
+//! (`block-commit`, or `block-stream` when a clone reads those layers), as
+//! libvirt deletes external snapshots; a grow re-exports the volume around
+//! `block_resize` (QEMU 10's NBD server fixes an export's size and forbids
+//! resizing its node), so it needs the volume to have no NBD client.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
@@ -32,6 +34,11 @@ const START_WITHIN: Duration = Duration::from_secs(20);
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 /// Most bytes of one QMP line read: replies here are small.
 const MAX_LINE: usize = 1 << 20;
+/// Most events skipped while waiting for one command's reply (block jobs
+/// send a few each; more means something floods the monitor).
+const MAX_EVENTS_PER_REPLY: usize = 10_000;
+/// How long a removed NBD export may take to let go of its node.
+const EXPORT_GONE_WITHIN: Duration = Duration::from_secs(10);
 
 /// A QMP connection: one command at a time, events skipped.
 struct Qmp {
@@ -64,6 +71,11 @@ impl Qmp {
         if read == 0 {
             return Err("qemu-storage-daemon closed its QMP socket".into());
         }
+        if !line.ends_with('\n') {
+            return Err(format!(
+                "QMP sent a line longer than {MAX_LINE} bytes: qemu-storage-daemon's replies here are small; see its log"
+            ));
+        }
         serde_json::from_str(&line).map_err(|e| format!("QMP sent something not JSON: {e}"))
     }
 
@@ -75,7 +87,7 @@ impl Qmp {
         self.writer
             .write_all(&message)
             .map_err(|e| format!("QMP write: {e}"))?;
-        loop {
+        for _ in 0..MAX_EVENTS_PER_REPLY {
             let reply = self.line()?;
             if reply.get("event").is_some() {
                 continue;
@@ -86,8 +98,13 @@ impl Qmp {
                     error["desc"].as_str().unwrap_or("error")
                 ));
             }
-            return Ok(reply["return"].clone());
+            return reply.get("return").cloned().ok_or_else(|| {
+                format!("{command}: QMP replied with neither `return` nor `error`")
+            });
         }
+        Err(format!(
+            "{command}: more than {MAX_EVENTS_PER_REPLY} QMP events and no reply"
+        ))
     }
 }
 
@@ -111,6 +128,9 @@ pub struct QemuProvider {
     volumes: Mutex<HashMap<String, Volume>>,
     /// (volume, snapshot) -> the snapshot's file.
     snapshots: Mutex<HashMap<(String, String), PathBuf>>,
+    /// Files some clone reads (its backing chain): a snapshot delete
+    /// neither writes into them nor removes them.
+    read_by_clones: Mutex<HashSet<PathBuf>>,
     counter: AtomicU64,
 }
 
@@ -174,6 +194,7 @@ impl QemuProvider {
             child: Mutex::new(Some(child)),
             volumes: Mutex::new(HashMap::new()),
             snapshots: Mutex::new(HashMap::new()),
+            read_by_clones: Mutex::new(HashSet::new()),
             counter: AtomicU64::new(0),
         })
     }
@@ -265,9 +286,12 @@ impl QemuProvider {
 
 impl QemuProvider {
     /// Waits until block job `job` has concluded, dismisses it; the bytes
-    /// it moved, or its error.
+    /// it moved, or its error. An active commit reaches `ready` first
+    /// (the layers hold the same data, writes go to both) and is told to
+    /// complete, which makes its base the volume's top.
     fn wait_for_job(&self, job: &str) -> Result<u64, String> {
         let deadline = Instant::now() + super::COMPACT_WITHIN;
+        let mut completing = false;
         loop {
             let jobs = self.execute("query-jobs", json!({}))?;
             let state = jobs
@@ -275,7 +299,14 @@ impl QemuProvider {
                 .and_then(|jobs| jobs.iter().find(|j| j["id"] == job))
                 .cloned()
                 .ok_or_else(|| format!("block job {job} vanished before it concluded"))?;
-            if state["status"] == "concluded" {
+            let Some(status) = state["status"].as_str() else {
+                return Err(format!("query-jobs: block job {job} has no `status`"));
+            };
+            if status == "ready" && !completing {
+                self.execute("job-complete", json!({"id": job}))?;
+                completing = true;
+            }
+            if status == "concluded" {
                 self.execute("job-dismiss", json!({"id": job}))?;
                 return match state["error"].as_str() {
                     Some(error) => Err(format!("block job {job} failed: {error}")),
@@ -291,6 +322,15 @@ impl QemuProvider {
             }
             std::thread::sleep(super::COMPACT_POLL);
         }
+    }
+
+    /// The size in bytes of node `node`, as QEMU reports it.
+    fn node_size(&self, node: &str) -> Result<u64, String> {
+        self.execute("query-named-block-nodes", json!({"flat": true}))?
+            .as_array()
+            .and_then(|nodes| nodes.iter().find(|n| n["node-name"] == node))
+            .and_then(|n| n["image"]["virtual-size"].as_u64())
+            .ok_or_else(|| format!("cannot read the size of node {node} over QMP"))
     }
 
     /// After `top` was streamed, the volume's nodes below it have no
@@ -310,6 +350,156 @@ impl QemuProvider {
             self.execute("blockdev-del", json!({"node-name": node}))?;
         }
         Ok(below.len())
+    }
+}
+
+/// A snapshot's layer in its volume's chain and the layer right above it
+/// (the volume's top, or the next snapshot's file): (node, file) each.
+struct SnapshotLayers {
+    snapshot: (String, PathBuf),
+    above: (String, PathBuf),
+    /// The node below the snapshot's layer, if any.
+    below: Option<String>,
+    /// Whether `above` is the volume's top, which the NBD export writes.
+    above_is_top: bool,
+}
+
+impl QemuProvider {
+    /// Where snapshot file `file` sits in `volume`'s chain; `None` when a
+    /// compaction took it out of the chain.
+    fn snapshot_layers(&self, volume: &str, file: &Path) -> Result<Option<SnapshotLayers>, String> {
+        let volumes = self.volumes.lock();
+        let v = volumes
+            .get(volume)
+            .ok_or_else(|| format!("no volume {volume}"))?;
+        let Some(at) = v.files.iter().position(|f| f == file) else {
+            return Ok(None);
+        };
+        // A snapshot always has a layer above it: the overlay it was taken with.
+        let (Some(node), Some(above_node), Some(above_file)) =
+            (v.nodes.get(at), v.nodes.get(at + 1), v.files.get(at + 1))
+        else {
+            return Err(format!(
+                "snapshot file {} is the top of volume {volume}: the provider's layers are inconsistent",
+                file.display()
+            ));
+        };
+        Ok(Some(SnapshotLayers {
+            snapshot: (node.clone(), file.to_path_buf()),
+            above: (above_node.clone(), above_file.clone()),
+            below: at.checked_sub(1).and_then(|b| v.nodes.get(b)).cloned(),
+            above_is_top: at + 2 == v.nodes.len(),
+        }))
+    }
+
+    /// Deletes a snapshot as libvirt does: the layer above it is committed
+    /// down into the snapshot's layer (which then holds the newer data)
+    /// and removed, node and file. Commit, not stream, because it copies
+    /// only what was written since the snapshot, and the layer removed is
+    /// the newer one. When the layer above is the top, this is an active
+    /// commit, and the export moves down to the snapshot's layer.
+    fn merge_by_commit(&self, volume: &str, layers: &SnapshotLayers) -> Result<Value, String> {
+        let (base, base_file) = &layers.snapshot;
+        let (top, top_file) = &layers.above;
+        let job = format!(
+            "commit-{top}-{}",
+            self.counter.fetch_add(1, Ordering::SeqCst)
+        );
+        let mut arguments =
+            json!({"job-id": job, "device": top, "base-node": base, "auto-dismiss": false});
+        if !layers.above_is_top {
+            // An intermediate commit names the chain's top as its device.
+            let device = self
+                .volumes
+                .lock()
+                .get(volume)
+                .and_then(|v| v.nodes.last().cloned());
+            arguments["device"] = json!(device.ok_or_else(|| format!("no volume {volume}"))?);
+            arguments["top-node"] = json!(top);
+        }
+        self.execute("block-commit", arguments)?;
+        let bytes = self.wait_for_job(&job)?;
+        self.forget_layer(volume, top)?;
+        self.execute("blockdev-del", json!({"node-name": top}))?;
+        std::fs::remove_file(top_file)
+            .map_err(|e| format!("cannot remove {}: {e}", top_file.display()))?;
+        // A later snapshot's state now lives in the snapshot's file.
+        for file in self.snapshots.lock().values_mut() {
+            if file == top_file {
+                *file = base_file.clone();
+            }
+        }
+        Ok(
+            json!({"merge": "block-commit", "active": layers.above_is_top, "layers_removed": 1, "bytes_copied": bytes}),
+        )
+    }
+
+    /// Deletes a snapshot whose layer (but not the one above) a clone
+    /// reads: committing would write into the clone's layer (QEMU refuses,
+    /// and the clone would change), so the other direction: the
+    /// snapshot's layer is streamed up into the one above (whose data
+    /// stays as it was) and taken out of the chain; its file stays.
+    fn merge_by_stream(&self, volume: &str, layers: &SnapshotLayers) -> Result<Value, String> {
+        let (node, file) = &layers.snapshot;
+        let (above, _) = &layers.above;
+        let job = format!(
+            "stream-{above}-{}",
+            self.counter.fetch_add(1, Ordering::SeqCst)
+        );
+        let mut arguments = json!({"job-id": job, "device": above, "auto-dismiss": false});
+        if let Some(below) = &layers.below {
+            arguments["base-node"] = json!(below);
+        }
+        self.execute("block-stream", arguments)?;
+        let bytes = self.wait_for_job(&job)?;
+        self.forget_layer(volume, node)?;
+        self.execute("blockdev-del", json!({"node-name": node}))?;
+        if !self.read_by_clones.lock().contains(file) {
+            std::fs::remove_file(file)
+                .map_err(|e| format!("cannot remove {}: {e}", file.display()))?;
+        }
+        Ok(
+            json!({"merge": "block-stream", "active": false, "layers_removed": 1, "bytes_copied": bytes}),
+        )
+    }
+
+    /// Takes node `node` out of `volume`'s layers.
+    fn forget_layer(&self, volume: &str, node: &str) -> Result<(), String> {
+        let mut volumes = self.volumes.lock();
+        let v = volumes
+            .get_mut(volume)
+            .ok_or_else(|| format!("volume {volume} was deleted during its snapshot's delete"))?;
+        if let Some(at) = v.nodes.iter().position(|n| n == node) {
+            v.nodes.remove(at);
+            v.files.remove(at);
+        }
+        Ok(())
+    }
+
+    /// Removes NBD export `export` of `volume` and waits until it has let
+    /// go of its node. QEMU refuses while a client is attached.
+    fn remove_export(&self, volume: &str, export: &str) -> Result<(), String> {
+        self.execute("block-export-del", json!({"id": export})).map_err(|e| {
+            format!(
+                "cannot grow volume {volume}: {e}. QEMU 10's NBD server fixes an export's size and forbids resizing its node, so a grow re-exports the volume, which needs it to have no NBD client: grow volumes no workload is using"
+            )
+        })?;
+        let deadline = Instant::now() + EXPORT_GONE_WITHIN;
+        loop {
+            let exports = self.execute("query-block-exports", json!({}))?;
+            let exports = exports
+                .as_array()
+                .ok_or("query-block-exports: QMP replied with something not a list")?;
+            if !exports.iter().any(|e| e["id"] == export) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "NBD export {export} of volume {volume} was still there {EXPORT_GONE_WITHIN:?} after it was removed"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -364,12 +554,7 @@ impl Provider for QemuProvider {
                 v.files.last().cloned().unwrap_or_default(),
             )
         };
-        let size = self
-            .execute("query-named-block-nodes", json!({"flat": true}))?
-            .as_array()
-            .and_then(|nodes| nodes.iter().find(|n| n["node-name"] == top_node.as_str()))
-            .and_then(|n| n["image"]["virtual-size"].as_u64())
-            .ok_or("cannot read the volume's size over QMP")?;
+        let size = self.node_size(&top_node)?;
         let (node, file) = self.new_layer(size, None, Some(&top_file))?;
         self.open(&node, &file, true)?;
         let started = Instant::now();
@@ -388,8 +573,46 @@ impl Provider for QemuProvider {
         Ok(Some(json!({"switch_ms": switch_ms})))
     }
 
-    fn delete_snapshot(&self, _volume: &str, _snapshot: &str) -> Result<Detail, String> {
-        Err("the QEMU provider does not delete external snapshots (that takes a block-commit, not done yet)".into())
+    fn delete_snapshot(&self, volume: &str, snapshot: &str) -> Result<Detail, String> {
+        let changing = self.changing(volume)?;
+        let _changing = changing.lock();
+        let key = (volume.to_string(), snapshot.to_string());
+        let file = self
+            .snapshots
+            .lock()
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| format!("no snapshot {volume}@{snapshot}"))?;
+        let layers = self.snapshot_layers(volume, &file)?;
+        let detail = match layers {
+            // A compaction streamed it into the top already: its file
+            // stays for the clones that may read it, until the provider stops.
+            None => json!({"merge": "none", "layers_removed": 0}),
+            Some(layers) => {
+                let (snapshot_read, above_read) = {
+                    let read = self.read_by_clones.lock();
+                    (
+                        read.contains(&layers.snapshot.1),
+                        read.contains(&layers.above.1),
+                    )
+                };
+                if above_read {
+                    // QEMU writes no file another node has open.
+                    return Err(format!(
+                        "cannot delete snapshot {volume}@{snapshot}: a clone reads its layers {} and {}, and QEMU writes no layer another node has open; delete the clones first",
+                        layers.snapshot.1.display(),
+                        layers.above.1.display()
+                    ));
+                }
+                if snapshot_read {
+                    self.merge_by_stream(volume, &layers)?
+                } else {
+                    self.merge_by_commit(volume, &layers)?
+                }
+            }
+        };
+        self.snapshots.lock().remove(&key);
+        Ok(Some(detail))
     }
 
     fn clone_snapshot(
@@ -399,6 +622,11 @@ impl Provider for QemuProvider {
         new: &str,
         stages: &mut Stages,
     ) -> Result<Detail, String> {
+        // A snapshot delete's job holds the volume's layers (QEMU will not
+        // share their reads with a new clone meanwhile), and may move the
+        // snapshot to another file.
+        let changing = self.changing(volume)?;
+        let _changing = changing.lock();
         let file = self
             .snapshots
             .lock()
@@ -406,12 +634,14 @@ impl Provider for QemuProvider {
             .cloned()
             .ok_or_else(|| format!("no snapshot {volume}@{snapshot}"))?;
         let info = Command::new("qemu-img")
-            .args(["info", "-U", "--output", "json"])
+            .args(["info", "-U", "--backing-chain", "--output", "json"])
             .arg(&file)
             .output()
             .map_err(|e| format!("cannot run qemu-img: {e}"))?;
-        let size = serde_json::from_slice::<Value>(&info.stdout)
-            .ok()
+        let chain = serde_json::from_slice::<Value>(&info.stdout).unwrap_or_default();
+        let chain = chain.as_array().map(Vec::as_slice).unwrap_or_default();
+        let size = chain
+            .first()
             .and_then(|v| v["virtual-size"].as_u64())
             .ok_or_else(|| {
                 format!(
@@ -420,11 +650,55 @@ impl Provider for QemuProvider {
                     String::from_utf8_lossy(&info.stderr).trim()
                 )
             })?;
+        let read: Vec<PathBuf> = chain
+            .iter()
+            .filter_map(|image| image["filename"].as_str().map(PathBuf::from))
+            .collect();
+        self.read_by_clones.lock().extend(read);
         self.serve(new, size, None, Some(&file), stages)
     }
 
-    fn resize(&self, _volume: &str, _size: u64) -> Result<Detail, String> {
-        Err("qemu-storage-daemon's NBD export does not share the resize permission: a volume cannot grow while exported".into())
+    fn resize(&self, volume: &str, size: u64) -> Result<Detail, String> {
+        let changing = self.changing(volume)?;
+        let _changing = changing.lock();
+        let (top, export) = self
+            .volumes
+            .lock()
+            .get(volume)
+            .and_then(|v| Some((v.nodes.last()?.clone(), v.export.clone())))
+            .ok_or_else(|| format!("no volume {volume}"))?;
+        let old_size = self.node_size(&top)?;
+        if size < old_size {
+            return Err(format!(
+                "volume {volume} is {old_size} bytes: the QEMU provider grows volumes, it does not shrink them to {size}"
+            ));
+        }
+        if size == old_size {
+            return Ok(Some(json!({"old_size": old_size, "new_size": size})));
+        }
+        let started = Instant::now();
+        self.remove_export(volume, &export)?;
+        let resized = self.execute("block_resize", json!({"node-name": top, "size": size}));
+        // Exported again even when the resize failed: the volume stays usable.
+        let new_export = format!("e{top}-{}", self.counter.fetch_add(1, Ordering::SeqCst));
+        self.execute(
+            "block-export-add",
+            json!({"type": "nbd", "id": new_export, "node-name": top, "name": volume, "writable": true}),
+        )?;
+        if let Some(v) = self.volumes.lock().get_mut(volume) {
+            v.export = new_export;
+        }
+        resized?;
+        let offline_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let seen = nbd_probe::attach(&format!("nbd://{}/{volume}", self.nbd))?;
+        if seen != size {
+            return Err(format!(
+                "volume {volume} was grown to {size} bytes but its NBD export shows {seen}"
+            ));
+        }
+        Ok(Some(
+            json!({"old_size": old_size, "new_size": size, "offline_ms": offline_ms}),
+        ))
     }
 
     fn compact(&self, volume: &str, stages: &mut Stages) -> Result<Detail, String> {
