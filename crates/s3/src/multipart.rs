@@ -129,11 +129,16 @@ fn no_such_upload(bucket: &str, key: &str, upload: &str) -> s3s::S3Error {
 
 /// A fresh upload id: 128 random bits in hex.
 fn new_upload_id() -> S3Result<String> {
-    let mut bytes = [0u8; 16];
+    random_hex::<16>("upload id")
+}
+
+/// `N` random bytes in hex, for a fresh `what`.
+fn random_hex<const N: usize>(what: &str) -> S3Result<String> {
+    let mut bytes = [0u8; N];
     getrandom::fill(&mut bytes).map_err(|e| {
         s3(
             S3ErrorCode::InternalError,
-            format!("no random upload id: the system's random source failed: {e}"),
+            format!("no random {what}: the system's random source failed: {e}"),
         )
     })?;
     Ok(hex(&bytes))
@@ -291,17 +296,11 @@ impl Gateway {
                 ),
             ));
         }
-        let mut random = [0u8; 4];
-        getrandom::fill(&mut random).map_err(|e| {
-            s3(
-                S3ErrorCode::InternalError,
-                format!("no random part id: the system's random source failed: {e}"),
-            )
-        })?;
+        let random = random_hex::<4>("part id")?;
         let micros = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |since| since.as_micros() as u64);
-        let attempt = format!("{micros:016x}{}", hex(&random));
+        let attempt = format!("{micros:016x}{random}");
         Ok(part_name(bucket, key, upload, number, Some(&attempt)))
     }
 

@@ -80,6 +80,13 @@ impl BodyReader {
         self
     }
 
+    /// Records why the body failed (for the request's answer) and gives
+    /// the read's error.
+    fn failed(&self, why: String) -> io::Error {
+        lock(&self.received).failed = Some(why.clone());
+        io::Error::other(why)
+    }
+
     /// Once every byte of the body came (`drain_at`), reads the rest of
     /// the stream (the trailers of an aws-chunked body, which s3s takes
     /// aside): no more data may come.
@@ -97,13 +104,12 @@ impl BodyReader {
                         self.pulled,
                         extra.len()
                     );
-                    lock(&self.received).failed = Some(why.clone());
-                    return Poll::Ready(Err(io::Error::other(why)));
+                    return Poll::Ready(Err(self.failed(why)));
                 }
                 Some(Err(e)) => {
-                    let why = format!("the request body could not be read: {e}");
-                    lock(&self.received).failed = Some(why.clone());
-                    return Poll::Ready(Err(io::Error::other(why)));
+                    return Poll::Ready(Err(
+                        self.failed(format!("the request body could not be read: {e}"))
+                    ));
                 }
                 None => {
                     self.body = None;
@@ -163,9 +169,9 @@ impl AsyncRead for BodyReader {
                     self.chunk = chunk;
                 }
                 Some(Err(e)) => {
-                    let why = format!("the request body could not be read: {e}");
-                    lock(&self.received).failed = Some(why.clone());
-                    return Poll::Ready(Err(io::Error::other(why)));
+                    return Poll::Ready(Err(
+                        self.failed(format!("the request body could not be read: {e}"))
+                    ));
                 }
                 None => {
                     self.body = None;

@@ -94,6 +94,21 @@ impl Client {
         }
     }
 
+    /// The replicas of `record` some node serves, in the record's order,
+    /// and the error of the last one none does (the others are tried).
+    pub(super) fn locate_replicas(&self, record: &Record) -> (Vec<Replica>, Option<Error>) {
+        let table = self.table();
+        let mut last = None;
+        let mut replicas = Vec::with_capacity(record.replicas.len());
+        for &addr in &record.replicas {
+            match Replica::locate(&table, addr) {
+                Ok(replica) => replicas.push(replica),
+                Err(e) => last = Some(e),
+            }
+        }
+        (replicas, last)
+    }
+
     /// Reads an object into `out` from the first replica that serves it
     /// whole and verified, trying them in the order the client's replica
     /// choice gives ([`Client::set_replica_choice`]); returns its metadata. A replica that served
@@ -150,16 +165,7 @@ impl Client {
                 .read_fragments(record, fragments, ticket, out, progress)
                 .await;
         }
-        let table = self.table();
-        let mut last = None;
-        let mut replicas = Vec::with_capacity(record.replicas.len());
-        for &addr in &record.replicas {
-            match Replica::locate(&table, addr) {
-                Ok(replica) => replicas.push(replica),
-                // No node serves it: the others.
-                Err(e) => last = Some(e),
-            }
-        }
+        let (replicas, mut last) = self.locate_replicas(record);
         // Replicas that served bad bytes or were refused as damaged:
         // reported once another one has served the object.
         let mut damaged = Vec::new();

@@ -102,15 +102,7 @@ impl Client {
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<(RangeAnswer, u64), Error> {
         let record = &opened.record;
-        let table = self.table();
-        let mut last = None;
-        let mut replicas = Vec::with_capacity(record.replicas.len());
-        for &addr in &record.replicas {
-            match Replica::locate(&table, addr) {
-                Ok(replica) => replicas.push(replica),
-                Err(e) => last = Some(e),
-            }
-        }
+        let (replicas, mut last) = self.locate_replicas(record);
         let order = self.replica_order(&replicas);
         let mut damaged: Vec<Addr> = Vec::new();
         let mut handed = 0u64;

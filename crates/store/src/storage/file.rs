@@ -103,7 +103,8 @@ pub fn check_header(start: &[u8], file_len: u64) -> Option<Header> {
 }
 
 /// The chunk table of data arriving in pieces of any size: a CRC-32C
-/// per [`CHUNK_SIZE`] bytes, the last chunk shorter.
+/// per [`CHUNK_SIZE`] bytes, the last chunk shorter, and the whole
+/// data's CRC-32C combined from them, so each byte is checksummed once.
 #[derive(Debug, Default)]
 pub struct ChunkTable {
     /// The finished chunks' CRCs, big-endian.
@@ -111,6 +112,8 @@ pub struct ChunkTable {
     /// The CRC of the chunk being filled, and its bytes so far.
     crc: u32,
     filled: u64,
+    /// The CRC of the finished chunks' data.
+    finished_crc: u32,
 }
 
 impl ChunkTable {
@@ -127,7 +130,13 @@ impl ChunkTable {
         }
     }
 
+    /// The CRC-32C of every byte pushed so far.
+    pub fn data_crc(&self) -> u32 {
+        crc32c::crc32c_combine(self.finished_crc, self.crc, self.filled as usize)
+    }
+
     fn close_chunk(&mut self) {
+        self.finished_crc = self.data_crc();
         self.table.extend_from_slice(&self.crc.to_be_bytes());
         self.crc = 0;
         self.filled = 0;
@@ -192,6 +201,18 @@ mod tests {
         file[16..20].copy_from_slice(&crc32c::crc32c(data).to_be_bytes());
         file.extend_from_slice(data);
         file
+    }
+
+    #[test]
+    fn the_data_crc_combined_from_the_chunks_is_the_whole_data_s() {
+        for size in [0, 1, 65_535, 65_536, 65_537, 200_000] {
+            let data: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
+            let mut table = ChunkTable::default();
+            for piece in data.chunks(10_000) {
+                table.push(piece);
+            }
+            assert_eq!(table.data_crc(), crc32c::crc32c(&data), "{size} bytes");
+        }
     }
 
     #[test]

@@ -138,8 +138,7 @@ pub struct PutMachine {
     coordinator: Option<Addr>,
     phase: PutPhase,
     left: u64,
-    crc: u32,
-    /// The CRC of every chunk of the data so far.
+    /// The CRC of every chunk of the data so far, and of all of it.
     chunks: ChunkTable,
     /// Whether the next replica is still taking data.
     forwarding: bool,
@@ -175,7 +174,6 @@ impl PutMachine {
             coordinator,
             phase: PutPhase::Receiving,
             left: size,
-            crc: 0,
             chunks: ChunkTable::default(),
             answer: None,
         };
@@ -258,7 +256,6 @@ impl PutMachine {
             // More than the header announced: the sender is out of step.
             return self.broken();
         }
-        self.crc = crc32c::crc32c_append(self.crc, chunk);
         self.chunks.push(chunk);
         self.left -= n;
         let mut actions = vec![PutAction::Write];
@@ -286,21 +283,18 @@ impl PutMachine {
             // The next replica checks the same checksum on its own copy.
             actions.push(PutAction::ForwardChecksum { crc: sent });
         }
-        if sent != self.crc {
+        let crc = self.chunks.data_crc();
+        if sent != crc {
             self.phase = PutPhase::Done;
             actions.push(PutAction::RemoveTemp);
             actions.push(PutAction::Reply(PutReply::Error(format!(
-                "checksum mismatch: the sender says {sent:08x}, the data has {:08x}",
-                self.crc
+                "checksum mismatch: the sender says {sent:08x}, the data has {crc:08x}"
             ))));
             return actions;
         }
         self.phase = PutPhase::Syncing;
         let table = std::mem::take(&mut self.chunks).finish();
-        actions.push(PutAction::WriteChecksum {
-            crc: self.crc,
-            table,
-        });
+        actions.push(PutAction::WriteChecksum { crc, table });
         actions.push(PutAction::Sync);
         actions
     }

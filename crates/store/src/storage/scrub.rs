@@ -237,7 +237,6 @@ pub async fn check_replica(path: &Path, pacer: &mut Pacer, buf: &mut Vec<u8>) ->
     let mut reading = Reading {
         file,
         buf: std::mem::take(buf),
-        crc: 0,
         chunks: ChunkTable::default(),
     };
     let mut sent = 0u64;
@@ -259,6 +258,7 @@ pub async fn check_replica(path: &Path, pacer: &mut Pacer, buf: &mut Vec<u8>) ->
         pacer.consumed(n as u64).await;
     }
     let mut bytes = FILE_HEADER as u64 + sent;
+    let crc = reading.chunks.data_crc();
     let mut chunks_good = true;
     if header.table_offset().is_some() && sent == header.size {
         // The table as the data read now says it, against the stored one
@@ -279,19 +279,18 @@ pub async fn check_replica(path: &Path, pacer: &mut Pacer, buf: &mut Vec<u8>) ->
         pacer.consumed(length).await;
     }
     *buf = reading.buf;
-    if chunks_good && verified(&header, reading.crc, sent) {
+    if chunks_good && verified(&header, crc, sent) {
         Checked::Good { bytes }
     } else {
         Checked::Damaged { bytes }
     }
 }
 
-/// A replica file being re-read, with the checksum of what was read
-/// and the chunk table it makes.
+/// A replica file being re-read, with the chunk table (and the
+/// checksum) of what was read.
 struct Reading {
     file: std::fs::File,
     buf: Vec<u8>,
-    crc: u32,
     chunks: ChunkTable,
 }
 
@@ -303,7 +302,6 @@ impl Reading {
         use std::io::Read;
         let want = want.min(self.buf.len());
         let n = self.file.read(&mut self.buf[..want]).unwrap_or(0);
-        self.crc = crc32c::crc32c_append(self.crc, &self.buf[..n]);
         self.chunks.push(&self.buf[..n]);
         n
     }
