@@ -676,6 +676,7 @@ mod tests {
                     metric: "strata_volume_ops_total".into(),
                     labels: [("volume".to_string(), format!("v{volume}"))].into(),
                     value: 100.0 * second as f64 - dip,
+                    kind: None,
                 });
             }
             run.metrics.push(MetricSample {
@@ -683,6 +684,7 @@ mod tests {
                 metric: "strata_volumes".into(),
                 labels: BTreeMap::new(),
                 value: 2.0,
+                kind: None,
             });
         }
         run

@@ -32,17 +32,72 @@ pub struct MetricSample {
     pub labels: BTreeMap<String, String>,
     /// Its value.
     pub value: f64,
+    /// Its kind, from the exposition's `# TYPE` line for its family
+    /// (absent in files of older runs, and for series with no such line:
+    /// then the kind follows from the name, [`MetricKind::of`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<MetricKind>,
+}
+
+impl MetricSample {
+    /// How the series is drawn: by its declared type, else by its name.
+    pub fn kind(&self) -> MetricKind {
+        self.kind.unwrap_or_else(|| MetricKind::of(&self.metric))
+    }
 }
 
 /// Reads Prometheus' text format: one sample per line
-/// `name{label="value",...} value [timestamp]`; comments, histogram
-/// buckets (`_bucket`: dozens per histogram, their `_sum` and `_count`
-/// are kept), non-finite values and lines that do not parse are left out.
+/// `name{label="value",...} value [timestamp]`, each given the kind its
+/// family's `# TYPE` line declares; other comments, histogram buckets
+/// (`_bucket`: dozens per histogram, their `_sum` and `_count` are
+/// kept), non-finite values and lines that do not parse are left out.
 pub fn parse_exposition(text: &str, time: f64) -> Vec<MetricSample> {
-    text.lines()
-        .filter_map(|line| parse_line(line.trim(), time))
-        .filter(|sample| !sample.metric.ends_with("_bucket"))
-        .collect()
+    let mut declared: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut samples = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if let Some((family, kind)) = type_line(line) {
+            declared.insert(family, kind);
+            continue;
+        }
+        let Some(mut sample) = parse_line(line, time) else {
+            continue;
+        };
+        if sample.metric.ends_with("_bucket") {
+            continue;
+        }
+        sample.kind = declared_kind(&declared, &sample.metric);
+        samples.push(sample);
+    }
+    samples
+}
+
+/// `# TYPE family kind`: the family and its kind's word.
+fn type_line(line: &str) -> Option<(&str, &str)> {
+    let mut words = line.strip_prefix('#')?.split_whitespace();
+    if words.next()? != "TYPE" {
+        return None;
+    }
+    Some((words.next()?, words.next()?))
+}
+
+/// The kind a sample of `metric` has by its family's declaration: a
+/// counter's samples count; a histogram's or summary's `_sum` and
+/// `_count` grow like counters, its quantiles are values; `gauge` and
+/// `untyped` are values. None when no family declares it.
+fn declared_kind(declared: &BTreeMap<&str, &str>, metric: &str) -> Option<MetricKind> {
+    if let Some(&kind) = declared.get(metric) {
+        return Some(match kind {
+            "counter" => MetricKind::Counter,
+            _ => MetricKind::Gauge,
+        });
+    }
+    let family = metric
+        .strip_suffix("_sum")
+        .or_else(|| metric.strip_suffix("_count"))?;
+    match *declared.get(family)? {
+        "histogram" | "summary" => Some(MetricKind::Counter),
+        _ => None,
+    }
 }
 
 fn parse_line(line: &str, time: f64) -> Option<MetricSample> {
@@ -69,6 +124,7 @@ fn parse_line(line: &str, time: f64) -> Option<MetricSample> {
         metric: metric.to_string(),
         labels,
         value,
+        kind: None,
     })
 }
 
@@ -156,7 +212,8 @@ pub fn summarize(samples: &[MetricSample]) -> Vec<MetricSummary> {
 /// How a series is drawn: a counter only grows (but for a restart), so
 /// its per-second rate is what moves with the load; a gauge is drawn as
 /// it is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum MetricKind {
     /// A cumulative count, drawn as a rate per second.
     Counter,
@@ -165,10 +222,9 @@ pub enum MetricKind {
 }
 
 impl MetricKind {
-    /// The kind of `metric`, by Prometheus' naming conventions: `_total`
-    /// for counters and a histogram's or summary's `_sum` and `_count`
-    /// (the scrape keeps no `# TYPE` line, and the daemon names every
-    /// counter so).
+    /// The kind of `metric` by Prometheus' naming conventions, for
+    /// series whose exposition declared no type: `_total` for counters
+    /// and a histogram's or summary's `_sum` and `_count`.
     pub fn of(metric: &str) -> MetricKind {
         let cumulative = ["_total", "_sum", "_count"];
         if cumulative.iter().any(|suffix| metric.ends_with(suffix)) {
@@ -230,11 +286,11 @@ pub struct PlotSelection {
 /// moves first, then those whose line moves most (ties in name order),
 /// and the rest are named in `left_out`.
 pub fn select_for_plot(samples: &[MetricSample], limit: usize) -> PlotSelection {
-    let mut by_series: BTreeMap<String, (&str, Points)> = BTreeMap::new();
+    let mut by_series: BTreeMap<String, (MetricKind, Points)> = BTreeMap::new();
     for sample in samples {
         by_series
             .entry(series_name(sample))
-            .or_insert_with(|| (sample.metric.as_str(), Vec::new()))
+            .or_insert_with(|| (sample.kind(), Vec::new()))
             .1
             .push((sample.time, sample.value));
     }
@@ -242,9 +298,8 @@ pub fn select_for_plot(samples: &[MetricSample], limit: usize) -> PlotSelection 
     let mut changed: Vec<PlottedSeries> = by_series
         .into_iter()
         .filter(|(_, (_, points))| points.iter().any(|p| p.1 != points[0].1))
-        .map(|(series, (metric, mut points))| {
+        .map(|(series, (kind, mut points))| {
             points.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let kind = MetricKind::of(metric);
             if kind == MetricKind::Counter {
                 points = counter_rates(&points);
             }
@@ -339,7 +394,69 @@ mod tests {
             metric: metric.into(),
             labels: [("volume".to_string(), volume.to_string())].into(),
             value,
+            kind: None,
         }
+    }
+
+    #[test]
+    fn declared_types_decide_the_kind_over_names() {
+        let text = [
+            "# TYPE strata_reads counter",
+            "strata_reads 5",
+            "# TYPE strata_queue_total gauge",
+            "strata_queue_total 3",
+            "# TYPE strata_pause_seconds histogram",
+            "strata_pause_seconds_bucket{le=\"1\"} 2",
+            "strata_pause_seconds_sum 0.5",
+            "strata_pause_seconds_count 2",
+            "# TYPE strata_latency summary",
+            "strata_latency{quantile=\"0.5\"} 0.1",
+            "strata_latency_count 9",
+            "strata_other_total 1",
+            "strata_level 4",
+        ]
+        .join("\n");
+        let text = text.as_str();
+        let kinds: Vec<(String, Option<MetricKind>, MetricKind)> = parse_exposition(text, 0.0)
+            .iter()
+            .map(|s| (s.metric.clone(), s.kind, s.kind()))
+            .collect();
+        use MetricKind::{Counter, Gauge};
+        let expected = [
+            ("strata_reads", Some(Counter), Counter),
+            ("strata_queue_total", Some(Gauge), Gauge),
+            ("strata_pause_seconds_sum", Some(Counter), Counter),
+            ("strata_pause_seconds_count", Some(Counter), Counter),
+            ("strata_latency", Some(Gauge), Gauge),
+            ("strata_latency_count", Some(Counter), Counter),
+            ("strata_other_total", None, Counter),
+            ("strata_level", None, Gauge),
+        ];
+        let expected: Vec<(String, Option<MetricKind>, MetricKind)> = expected
+            .iter()
+            .map(|(m, k, d)| (m.to_string(), *k, *d))
+            .collect();
+        assert_eq!(kinds, expected);
+        // The kind is kept in metrics.jsonl, and lines of older runs
+        // (without it) still read.
+        let line = serde_json::to_string(&parse_exposition(text, 0.0)[0]).unwrap();
+        assert!(line.contains("\"kind\":\"counter\""), "{line}");
+        let old: MetricSample =
+            serde_json::from_str(r#"{"time":1.0,"metric":"strata_reads","value":2.0}"#).unwrap();
+        assert_eq!((old.kind, old.kind()), (None, Gauge));
+        // A declared counter without `_total` is drawn as a rate.
+        let mut samples = parse_exposition("# TYPE strata_reads counter\nstrata_reads 0\n", 0.0);
+        samples.extend(parse_exposition(
+            "# TYPE strata_reads counter\nstrata_reads 10\n",
+            2.0,
+        ));
+        samples.extend(parse_exposition(
+            "# TYPE strata_reads counter\nstrata_reads 30\n",
+            4.0,
+        ));
+        let selection = select_for_plot(&samples, 6);
+        assert_eq!(selection.drawn[0].kind, Counter);
+        assert_eq!(selection.drawn[0].points, vec![(1.0, 5.0), (3.0, 10.0)]);
     }
 
     #[test]

@@ -275,6 +275,7 @@ mod tests {
                 metric: "strata_volume_ops_total".into(),
                 labels: BTreeMap::from([("op".to_string(), "write".to_string())]),
                 value: f64::from(scrape) * 100.0,
+                kind: None,
             })
             .collect();
         write_json(&dir.path().join(RECORDS), &records);
