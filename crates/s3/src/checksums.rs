@@ -131,6 +131,42 @@ pub fn requested(field: Option<&ChecksumAlgorithm>) -> Result<Option<Algorithm>,
     })
 }
 
+/// Whether a CreateMultipartUpload asks for a `FULL_OBJECT` checksum
+/// (`x-amz-checksum-type`); InvalidRequest for a type S3 lacks, for
+/// `FULL_OBJECT` without an algorithm or with a SHA (S3 keeps those only
+/// as composites), and for `COMPOSITE` with CRC-64/NVME (S3 keeps that
+/// only whole).
+pub fn full_object_requested(
+    algorithm: Option<Algorithm>,
+    kind: Option<&ChecksumType>,
+) -> Result<bool, String> {
+    let Some(kind) = kind else {
+        // S3's default: composite, but CRC-64/NVME is full-object only.
+        return Ok(algorithm == Some(Algorithm::Crc64nvme));
+    };
+    match (kind.as_str(), algorithm) {
+        (ChecksumType::FULL_OBJECT, Some(algorithm)) if full_object_crc(algorithm).is_some() => {
+            Ok(true)
+        }
+        (ChecksumType::FULL_OBJECT, Some(algorithm)) => Err(format!(
+            "checksum type FULL_OBJECT needs a CRC (CRC32, CRC32C or CRC64NVME), not {}: \
+             use COMPOSITE with it",
+            algorithm.name()
+        )),
+        (ChecksumType::COMPOSITE, Some(Algorithm::Crc64nvme)) => Err(
+            "checksum type COMPOSITE cannot be used with CRC64NVME: use FULL_OBJECT".to_string(),
+        ),
+        (ChecksumType::COMPOSITE, Some(_)) => Ok(false),
+        (ChecksumType::FULL_OBJECT | ChecksumType::COMPOSITE, None) => Err(format!(
+            "checksum type {} needs x-amz-checksum-algorithm too",
+            kind.as_str()
+        )),
+        (other, _) => Err(format!(
+            "checksum type {other:?} is not one of COMPOSITE, FULL_OBJECT"
+        )),
+    }
+}
+
 /// The checksum kept with an object or part: its algorithm and value
 /// (base64; for a multipart object, S3's composite, ending `-N`). A
 /// pending upload keeps its algorithm here with an empty value: every
@@ -143,6 +179,11 @@ pub struct KeptChecksum {
     /// The value, base64 (and `-N` for a composite of N parts).
     #[serde(rename = "v")]
     pub value: String,
+    /// A multipart upload started with checksum type `FULL_OBJECT`: its
+    /// Complete keeps the whole object's CRC (combined from its parts'),
+    /// not a composite.
+    #[serde(rename = "f", default, skip_serializing_if = "std::ops::Not::not")]
+    pub full_object: bool,
 }
 
 impl KeptChecksum {
@@ -171,7 +212,48 @@ impl KeptChecksum {
         if parts > 0 {
             value.push_str(&format!("-{parts}"));
         }
-        KeptChecksum { algorithm, value }
+        KeptChecksum {
+            algorithm,
+            value,
+            full_object: false,
+        }
+    }
+}
+
+/// The CRC of a whole object from its parts' CRCs in `algorithm` (base64,
+/// each with its part's length), as S3 keeps for a multipart upload of
+/// checksum type `FULL_OBJECT`: crc-fast's combination, so no byte is
+/// read again. `None` for an algorithm that is not a CRC, or a value
+/// that is not the base64 of one.
+pub fn combined_crc(algorithm: Algorithm, parts: &[(&str, u64)]) -> Option<String> {
+    let crc = full_object_crc(algorithm)?;
+    let width = algorithm.digest_len();
+    let mut whole: Option<u64> = None;
+    for &(value, length) in parts {
+        let digest = STANDARD.decode(value).ok()?;
+        if digest.len() != width {
+            return None;
+        }
+        let part = digest
+            .iter()
+            .fold(0u64, |acc, &byte| (acc << 8) | u64::from(byte));
+        whole = Some(match whole {
+            None => part,
+            Some(before) => crc_fast::checksum_combine(crc, before, part, length),
+        });
+    }
+    // No part: the CRC of nothing, which is 0 for these three.
+    let whole = whole.unwrap_or(0);
+    Some(STANDARD.encode(&whole.to_be_bytes()[8 - width..]))
+}
+
+/// The crc-fast algorithm of a CRC that S3 can keep `FULL_OBJECT`.
+pub fn full_object_crc(algorithm: Algorithm) -> Option<crc_fast::CrcAlgorithm> {
+    match algorithm {
+        Algorithm::Crc32 => Some(crc_fast::CrcAlgorithm::Crc32IsoHdlc),
+        Algorithm::Crc32c => Some(crc_fast::CrcAlgorithm::Crc32Iscsi),
+        Algorithm::Crc64nvme => Some(crc_fast::CrcAlgorithm::Crc64Nvme),
+        Algorithm::Sha1 | Algorithm::Sha256 => None,
     }
 }
 
@@ -304,6 +386,7 @@ impl ChecksumClaims {
         Some(KeptChecksum {
             algorithm,
             value: algorithm.of(computed)?.clone(),
+            full_object: false,
         })
     }
 }
@@ -324,6 +407,37 @@ mod tests {
         assert_eq!(check(Algorithm::Sha1).len(), 20);
         assert_eq!(check(Algorithm::Sha256).len(), 32);
         assert_eq!(check(Algorithm::Crc64nvme).len(), 8);
+    }
+
+    #[test]
+    fn a_full_object_crc_combines_the_parts_crcs() {
+        let whole: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 13) as u8).collect();
+        let (first, rest) = whole.split_at(123_457);
+        let (second, third) = rest.split_at(100_000);
+        for algorithm in [Algorithm::Crc32, Algorithm::Crc32c, Algorithm::Crc64nvme] {
+            let parts = [first, second, third].map(|part| algorithm.digest(part));
+            let listed: Vec<(&str, u64)> = parts
+                .iter()
+                .zip([first, second, third])
+                .map(|(value, part)| (value.as_str(), part.len() as u64))
+                .collect();
+            assert_eq!(
+                combined_crc(algorithm, &listed),
+                Some(algorithm.digest(&whole)),
+                "{algorithm:?}"
+            );
+            assert_eq!(
+                combined_crc(algorithm, &listed[..1]),
+                Some(algorithm.digest(first))
+            );
+            assert_eq!(combined_crc(algorithm, &[("!!", 1)]), None);
+        }
+        // SHA digests do not combine: no full-object value.
+        let sha = Algorithm::Sha256.digest(first);
+        assert_eq!(combined_crc(Algorithm::Sha256, &[(&sha, 1)]), None);
+        // A CRC32 value given where a CRC64 is expected: refused.
+        let short = Algorithm::Crc32.digest(first);
+        assert_eq!(combined_crc(Algorithm::Crc64nvme, &[(&short, 1)]), None);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! deleted here or by its own UploadPart ([`Gateway::upload_part`]).
 
 use crate::buckets::now_ms;
-use crate::checksums::{composite, Algorithm, KeptChecksum};
+use crate::checksums::{combined_crc, composite, Algorithm, KeptChecksum};
 use crate::errors::{from_store, s3};
 use crate::multipart::{StoredPart, MAX_MULTIPART_OBJECT, MIN_PART};
 use crate::names::{hex, upload_name, Multipart, ObjectMeta};
@@ -47,6 +47,7 @@ impl Gateway {
         (bucket, key): (&str, &str),
         upload: &str,
         listed: &[ListedPart],
+        claimed: &Checksum,
     ) -> S3Result<ObjectMeta> {
         let state = self.pending(client, bucket, key, upload).await?;
         let stored = self
@@ -58,6 +59,7 @@ impl Gateway {
             .map(|part| part.store_name(bucket, key, upload))
             .collect();
         let (meta, body, attributes) = manifest(state, upload, chosen)?;
+        check_claimed_whole(meta.checksum.as_ref(), claimed)?;
         let name = name_of(bucket, key)?;
         let previous = previous_upload(client, &name).await;
         let target = Target {
@@ -225,7 +227,66 @@ fn composite_checksum(algorithm: Algorithm, chosen: &[PartRef]) -> S3Result<Kept
             ),
         ));
     };
-    Ok(KeptChecksum { algorithm, value })
+    Ok(KeptChecksum {
+        algorithm,
+        value,
+        full_object: false,
+    })
+}
+
+/// The whole object's CRC of `chosen` in the upload's `algorithm`, for
+/// an upload of checksum type `FULL_OBJECT`: combined from the parts'.
+fn full_object_checksum(algorithm: Algorithm, chosen: &[PartRef]) -> S3Result<KeptChecksum> {
+    let listed: Option<Vec<(&str, u64)>> = chosen
+        .iter()
+        .map(|part| Some((part.checksum.as_deref()?, part.size)))
+        .collect();
+    let Some(value) = listed.and_then(|listed| combined_crc(algorithm, &listed)) else {
+        return Err(s3(
+            S3ErrorCode::InvalidPart,
+            format!(
+                "a part listed has no {} checksum, which this upload was started with: \
+                 upload it again",
+                algorithm.name()
+            ),
+        ));
+    };
+    Ok(KeptChecksum {
+        algorithm,
+        value,
+        full_object: true,
+    })
+}
+
+/// Refuses a Complete whose own full-object checksum (`claimed`, its
+/// `x-amz-checksum-*` header) differs from the one the parts make.
+pub(crate) fn check_claimed_whole(kept: Option<&KeptChecksum>, claimed: &Checksum) -> S3Result<()> {
+    for algorithm in Algorithm::ALL {
+        let Some(value) = algorithm.of(claimed) else {
+            continue;
+        };
+        let matches = kept.is_some_and(|kept| {
+            kept.algorithm == algorithm && kept.full_object && &kept.value == value
+        });
+        if !matches {
+            return Err(s3(
+                S3ErrorCode::BadDigest,
+                format!(
+                    "the Complete's {} checksum {value} is not the object's: {}",
+                    algorithm.name(),
+                    match kept {
+                        Some(kept) if kept.full_object && kept.algorithm == algorithm => {
+                            format!("its parts make {}", kept.value)
+                        }
+                        _ => "send a whole-object checksum only for an upload created with \
+                              that algorithm and checksum type FULL_OBJECT"
+                            .to_string(),
+                    }
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The manifest of `upload` of the parts `chosen`, for an object with
@@ -244,6 +305,7 @@ fn manifest(
         ));
     }
     let checksum = match &state.checksum {
+        Some(kept) if kept.full_object => Some(full_object_checksum(kept.algorithm, &chosen)?),
         Some(kept) => Some(composite_checksum(kept.algorithm, &chosen)?),
         None => None,
     };
@@ -288,6 +350,7 @@ mod tests {
                 checksum: Some(KeptChecksum {
                     algorithm: Algorithm::Crc32c,
                     value: Algorithm::Crc32c.digest(etag.as_bytes()),
+                    full_object: false,
                 }),
                 ..part_meta(size)
             },
@@ -391,6 +454,7 @@ mod tests {
             checksum: Some(KeptChecksum {
                 algorithm: Algorithm::Crc32c,
                 value: String::new(),
+                full_object: false,
             }),
             ..part_meta(0)
         };

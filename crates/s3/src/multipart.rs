@@ -161,6 +161,7 @@ impl Gateway {
         content_type: Option<String>,
         metadata: BTreeMap<String, String>,
         algorithm: Option<Algorithm>,
+        full_object: bool,
     ) -> S3Result<String> {
         self.bucket_exists(client, bucket).await?;
         name_of(bucket, key)?;
@@ -173,10 +174,12 @@ impl Gateway {
             metadata,
             multipart: None,
             // The algorithm, with no value yet: every part is kept with
-            // it, and the Complete answers their composite.
+            // it, and the Complete answers their composite, or the whole
+            // object's CRC combined from theirs.
             checksum: algorithm.map(|algorithm| KeptChecksum {
                 algorithm,
                 value: String::new(),
+                full_object,
             }),
         };
         // The manifest will carry this metadata and more: refuse now what

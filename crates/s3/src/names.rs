@@ -345,6 +345,7 @@ mod tests {
             checksum: Some(KeptChecksum {
                 algorithm: Algorithm::Crc32c,
                 value: "yZRlqg==".into(),
+                full_object: false,
             }),
         }
     }

@@ -578,21 +578,18 @@ impl S3 for Gateway {
         let metadata = input.metadata.unwrap_or_default().into_iter().collect();
         let algorithm = checksums::requested(input.checksum_algorithm.as_ref())
             .map_err(|why| s3(S3ErrorCode::InvalidRequest, why))?;
-        if let Some(kind) = input.checksum_type.as_ref() {
-            if kind.as_str() != ChecksumType::COMPOSITE {
-                return Err(s3(
-                    S3ErrorCode::InvalidRequest,
-                    format!(
-                        "checksum type {:?} is not supported: a multipart object's checksum \
-                         is COMPOSITE here",
-                        kind.as_str()
-                    ),
-                ));
-            }
-        }
+        let full_object = checksums::full_object_requested(algorithm, input.checksum_type.as_ref())
+            .map_err(|why| s3(S3ErrorCode::InvalidRequest, why))?;
         let at = (input.bucket.as_str(), input.key.as_str());
         let upload = self
-            .create_upload(&client, at, input.content_type, metadata, algorithm)
+            .create_upload(
+                &client,
+                at,
+                input.content_type,
+                metadata,
+                algorithm,
+                full_object,
+            )
             .await?;
         Ok(S3Response::new(CreateMultipartUploadOutput {
             bucket: Some(input.bucket),
@@ -600,7 +597,13 @@ impl S3 for Gateway {
             upload_id: Some(upload),
             checksum_algorithm: algorithm
                 .map(|algorithm| ChecksumAlgorithm::from(algorithm.name().to_string())),
-            checksum_type: algorithm.map(|_| ChecksumType::from_static(ChecksumType::COMPOSITE)),
+            checksum_type: algorithm.map(|_| {
+                ChecksumType::from_static(if full_object {
+                    ChecksumType::FULL_OBJECT
+                } else {
+                    ChecksumType::COMPOSITE
+                })
+            }),
             ..Default::default()
         }))
     }
@@ -707,9 +710,16 @@ impl S3 for Gateway {
                 ]),
             })
             .collect();
+        let claimed = claimed_checksums([
+            input.checksum_crc32,
+            input.checksum_crc32c,
+            input.checksum_sha1,
+            input.checksum_sha256,
+            input.checksum_crc64nvme,
+        ]);
         let at = (input.bucket.as_str(), input.key.as_str());
         let meta = self
-            .complete_upload(&client, at, &input.upload_id, &listed)
+            .complete_upload(&client, at, &input.upload_id, &listed, &claimed)
             .await?;
         let checksum = meta
             .checksum

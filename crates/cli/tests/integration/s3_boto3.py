@@ -786,8 +786,42 @@ check([(q["PartNumber"], q["ETag"].strip('"')) for q in latest] ==
       [(1, hashlib.md5(b"attempt 15").hexdigest()), (10, hashlib.md5(b"ten").hexdigest())],
       f"list_parts shows the latest attempt of each number {latest}")
 s3.abort_multipart_upload(Bucket=BUCKET, Key="mp/capped", UploadId=capped)
+# Checksum type FULL_OBJECT: the object keeps the CRC of its whole bytes,
+# combined from the parts' CRCs; a Complete may state that value, and a
+# wrong one is BadDigest with nothing made. SHAs cannot be FULL_OBJECT.
+whole_a, whole_b = bytes(range(256)) * (5 * MIB // 256), b"the whole tail" * 1000
+whole_crc = b64(zlib.crc32(whole_a + whole_b).to_bytes(4, "big"))
+full = s3.create_multipart_upload(Bucket=BUCKET, Key="mp/full", ChecksumAlgorithm="CRC32",
+                                  ChecksumType="FULL_OBJECT")
+check(full.get("ChecksumType") == "FULL_OBJECT", f"the upload's checksum type {full}")
+full_parts = []
+for number, body in [(1, whole_a), (2, whole_b)]:
+    r = s3.upload_part(Bucket=BUCKET, Key="mp/full", UploadId=full["UploadId"],
+                       PartNumber=number, Body=body, ChecksumAlgorithm="CRC32")
+    check(r.get("ChecksumCRC32") == b64(zlib.crc32(body).to_bytes(4, "big")), f"part {r}")
+    full_parts.append({"PartNumber": number, "ETag": r["ETag"],
+                       "ChecksumCRC32": r["ChecksumCRC32"]})
+wrong_crc = b64((zlib.crc32(whole_a + whole_b) ^ 1).to_bytes(4, "big"))
+e = fails("BadDigest", s3.complete_multipart_upload, Bucket=BUCKET, Key="mp/full",
+          UploadId=full["UploadId"], ChecksumCRC32=wrong_crc,
+          MultipartUpload={"Parts": full_parts}, status=400)
+check(whole_crc in e.response["Error"]["Message"], f"the parts' value is named: {e}")
+fails("NoSuchKey", s3.head_object, Bucket=BUCKET, Key="mp/full", status=404)
+done = s3.complete_multipart_upload(Bucket=BUCKET, Key="mp/full", UploadId=full["UploadId"],
+                                    ChecksumCRC32=whole_crc,
+                                    MultipartUpload={"Parts": full_parts})
+check(done.get("ChecksumCRC32") == whole_crc and done.get("ChecksumType") == "FULL_OBJECT",
+      f"complete answers the whole object's CRC {done}")
+head = s3.head_object(Bucket=BUCKET, Key="mp/full", ChecksumMode="ENABLED")
+check(head.get("ChecksumCRC32") == whole_crc and head.get("ChecksumType") == "FULL_OBJECT",
+      f"head_object answers it {head}")
+got = s3.get_object(Bucket=BUCKET, Key="mp/full", ChecksumMode="ENABLED")
+check(got["Body"].read() == whole_a + whole_b, "the full-object upload reads back")
+s3.delete_object(Bucket=BUCKET, Key="mp/full")
 fails("InvalidRequest", s3.create_multipart_upload, Bucket=BUCKET, Key="mp/full",
-      ChecksumAlgorithm="CRC32", ChecksumType="FULL_OBJECT", status=400)
+      ChecksumAlgorithm="SHA256", ChecksumType="FULL_OBJECT", status=400)
+fails("InvalidRequest", s3.create_multipart_upload, Bucket=BUCKET, Key="mp/full",
+      ChecksumType="FULL_OBJECT", status=400)
 s3.delete_object(Bucket=BUCKET, Key="mp/summed")
 # Left pending on purpose: DeleteBucket takes it away with the bucket.
 s3.create_multipart_upload(Bucket=BUCKET, Key="mp/pending")
