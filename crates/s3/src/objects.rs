@@ -76,6 +76,8 @@ pub(crate) struct Read {
     pub content_range: Option<String>,
     /// The object's part count, when a part was asked.
     pub parts_count: Option<u32>,
+    /// The part's own checksum, when a part was asked and has one.
+    pub part_checksum: Option<KeptChecksum>,
 }
 
 /// The S3 ETag of `meta`.
@@ -223,13 +225,13 @@ impl Gateway {
             let opened = self.find(client, bucket, key).await?;
             let meta = meta_of(&opened);
             check_conditions(&meta, conditions)?;
-            let (span, content_range, parts_count) = match part_number {
+            let (span, content_range, part) = match part_number {
                 Some(number) => {
                     let at = (bucket, key);
                     let part =
                         part_span(client, &opened, &meta, at, number, range.is_some()).await?;
                     let content_range = part.content_range(meta.size);
-                    (part.span, content_range, Some(part.parts))
+                    (part.span.clone(), content_range, Some(part))
                 }
                 None => {
                     let (span, content_range) = range_span(range, &meta, bucket, key)?;
@@ -255,7 +257,8 @@ impl Gateway {
                 body,
                 length,
                 content_range,
-                parts_count,
+                parts_count: part.as_ref().map(|part| part.parts),
+                part_checksum: part.and_then(|part| part.checksum),
             });
         }
         Err(s3(

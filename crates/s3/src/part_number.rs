@@ -3,6 +3,7 @@
 //! Content-Range, and the object's part count in `x-amz-mp-parts-count`).
 //! An object stored in one piece has one part, number 1.
 
+use crate::checksums::KeptChecksum;
 use crate::errors::{from_store, s3};
 use crate::names::ObjectMeta;
 use crate::parts::read_manifest;
@@ -21,6 +22,10 @@ pub(crate) struct PartSpan {
     pub span: Range<u64>,
     /// The object's part count.
     pub parts: u32,
+    /// The part's own checksum, in the object's algorithm (base64), if
+    /// it has one: answered for the part's bytes with
+    /// `x-amz-checksum-mode: ENABLED`.
+    pub checksum: Option<KeptChecksum>,
 }
 
 impl PartSpan {
@@ -61,17 +66,35 @@ pub(crate) async fn part_span(
         ));
     }
     let number = check_part_number(number)?;
-    let sizes: Vec<(u32, u64)> = match &meta.multipart {
-        None => vec![(1, meta.size)],
+    // (number, size, checksum) of each part, in the object's order: an
+    // object stored in one piece is its own part 1.
+    let parts: Vec<(u32, u64, Option<String>)> = match &meta.multipart {
+        None => vec![(
+            1,
+            meta.size,
+            meta.checksum.as_ref().map(|kept| kept.value.clone()),
+        )],
         Some(_) => read_manifest(client, opened)
             .await
             .map_err(|e| from_store(&format!("reading the parts of '{bucket}/{key}'"), &e))?
             .parts
-            .iter()
-            .map(|part| (part.number, part.size))
+            .into_iter()
+            .map(|part| (part.number, part.size, part.checksum))
             .collect(),
     };
-    span_of(&sizes, number).ok_or_else(|| not_a_part(bucket, key, number, sizes.len()))
+    let sizes: Vec<(u32, u64)> = parts.iter().map(|(n, size, _)| (*n, *size)).collect();
+    let mut span =
+        span_of(&sizes, number).ok_or_else(|| not_a_part(bucket, key, number, sizes.len()))?;
+    let own = parts.into_iter().find(|(n, _, _)| *n == number);
+    span.checksum = match (&meta.checksum, own) {
+        (Some(kept), Some((_, _, Some(value)))) => Some(KeptChecksum {
+            algorithm: kept.algorithm,
+            value,
+            full_object: false,
+        }),
+        _ => None,
+    };
+    Ok(span)
 }
 
 /// Where part `number` lies among parts of `(number, size)`, in order.
@@ -83,6 +106,7 @@ fn span_of(sizes: &[(u32, u64)], number: u32) -> Option<PartSpan> {
             return Some(PartSpan {
                 span: start..end,
                 parts: u32::try_from(sizes.len()).ok()?,
+                checksum: None,
             });
         }
         start = end;

@@ -5,7 +5,7 @@
 use crate::attributes::AttributesQuery;
 use crate::bucket_class::{self, CLASS_HEADER};
 use crate::buckets::from_ms;
-use crate::checksums::{self, ChecksumRequest};
+use crate::checksums::{self, ChecksumRequest, KeptChecksum};
 use crate::complete::ListedPart;
 use crate::copies::{CopyRequest, Replacement};
 use crate::errors::s3;
@@ -171,14 +171,27 @@ fn answered(claimed: Checksum, meta: &ObjectMeta) -> Checksum {
     answer
 }
 
-/// The checksum a whole-object Get or Head answers with
-/// `x-amz-checksum-mode: ENABLED`: the one kept, if any.
-fn shown(mode: &Option<ChecksumMode>, meta: &ObjectMeta, whole: bool) -> Checksum {
+/// The checksum a Get or Head answers with `x-amz-checksum-mode:
+/// ENABLED`: for the whole object, the one kept; for a `partNumber`, the
+/// part's own (`part`), which describes the bytes sent; none for a
+/// Range, whose bytes no kept checksum describes.
+fn shown(
+    mode: &Option<ChecksumMode>,
+    meta: &ObjectMeta,
+    ranged: bool,
+    part: Option<&KeptChecksum>,
+    part_asked: bool,
+) -> Checksum {
     let enabled = mode
         .as_ref()
         .is_some_and(|mode| mode.as_str().eq_ignore_ascii_case(ChecksumMode::ENABLED));
-    match &meta.checksum {
-        Some(kept) if enabled && whole => kept.to_dto(),
+    let kept = if part_asked {
+        part
+    } else {
+        meta.checksum.as_ref()
+    };
+    match kept {
+        Some(kept) if enabled && !ranged => kept.to_dto(),
         _ => Checksum::default(),
     }
 }
@@ -352,8 +365,13 @@ impl S3 for Gateway {
             )
             .await?;
         let meta = &read.meta;
-        let whole = input.range.is_none() && input.part_number.is_none();
-        let checksum = shown(&input.checksum_mode, meta, whole);
+        let checksum = shown(
+            &input.checksum_mode,
+            meta,
+            input.range.is_some(),
+            read.part_checksum.as_ref(),
+            input.part_number.is_some(),
+        );
         Ok(S3Response::new(GetObjectOutput {
             checksum_crc32: checksum.checksum_crc32,
             checksum_crc32c: checksum.checksum_crc32c,
@@ -399,7 +417,14 @@ impl S3 for Gateway {
         let length = part
             .as_ref()
             .map_or(meta.size, |p| p.span.end - p.span.start);
-        let checksum = shown(&input.checksum_mode, &meta, part.is_none());
+        let part_checksum = part.as_ref().and_then(|p| p.checksum.as_ref());
+        let checksum = shown(
+            &input.checksum_mode,
+            &meta,
+            false,
+            part_checksum,
+            part.is_some(),
+        );
         Ok(S3Response::new(HeadObjectOutput {
             checksum_crc32: checksum.checksum_crc32,
             checksum_crc32c: checksum.checksum_crc32c,

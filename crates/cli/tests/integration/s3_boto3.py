@@ -750,6 +750,17 @@ check(head.get("ChecksumSHA256") == composite and head.get("ChecksumType") == "C
 got = s3.get_object(Bucket=BUCKET, Key="mp/summed", ChecksumMode="ENABLED")
 check(got["Body"].read() == part_a + part_b and got.get("ChecksumSHA256") == composite,
       "the composite object reads back")
+# A partNumber read answers the part's own checksum (botocore checks the
+# bytes against it); a Range answers none.
+part_got = s3.get_object(Bucket=BUCKET, Key="mp/summed", PartNumber=2, ChecksumMode="ENABLED")
+check(part_got["Body"].read() == part_b and part_got.get("ChecksumSHA256") == part_b_sha,
+      f"a part read answers its part's checksum {part_got.get('ChecksumSHA256')}")
+part_head = s3.head_object(Bucket=BUCKET, Key="mp/summed", PartNumber=1, ChecksumMode="ENABLED")
+check(part_head.get("ChecksumSHA256") == r1["ChecksumSHA256"] and
+      part_head["ContentLength"] == len(part_a), f"a part head answers its checksum {part_head}")
+ranged = s3.get_object(Bucket=BUCKET, Key="mp/summed", Range="bytes=0-9", ChecksumMode="ENABLED")
+check(ranged["Body"].read() == part_a[:10] and "ChecksumSHA256" not in ranged,
+      f"a range answers no checksum {ranged}")
 # GetObjectAttributes: the composite, the size and the parts with their
 # checksums, a page at a time.
 attrs = s3.get_object_attributes(Bucket=BUCKET, Key="mp/summed",
