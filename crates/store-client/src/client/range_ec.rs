@@ -1,8 +1,9 @@
 //! Ranged reads of an erasure-coded object: only the stripes covering
 //! the range are read, and from each data fragment only the bytes of
 //! them the range needs, each checked against the fragment's chunk
-//! table. When a data fragment cannot be read, the covering stripes are
-//! read from any k fragments (parity too) and decoded.
+//! table. The fragments are asked at once (they lie on distinct nodes).
+//! When a data fragment cannot be read, the covering stripes are read
+//! from any k fragments (parity too) and decoded.
 
 use super::get::Opened;
 use super::replica::Replica;
@@ -79,19 +80,24 @@ impl Client {
         let mut damaged: Vec<Addr> = Vec::new();
         let mut failed: Vec<usize> = Vec::new();
         let mut data: Vec<Option<(u64, Vec<u8>)>> = vec![None; layout.data];
-        for (j, slot) in data.iter_mut().enumerate() {
-            let Some(span) = fragment_span(&layout, j, &piece) else {
-                continue;
-            };
-            match self.fetch(opened, &layout, j, span.clone()).await {
-                Fetched::Bytes(bytes) => *slot = Some((span.start, bytes)),
+        // Every data fragment's span at once: they lie on distinct nodes,
+        // so the range takes the slowest fragment's time, not their sum.
+        let spans: Vec<(usize, Range<u64>)> = (0..layout.data)
+            .filter_map(|j| Some((j, fragment_span(&layout, j, &piece)?)))
+            .collect();
+        let fetches = spans
+            .iter()
+            .map(|(j, span)| self.fetch(opened, &layout, *j, span.clone()));
+        let fetched = futures::future::join_all(fetches).await;
+        for ((j, span), fetched) in spans.into_iter().zip(fetched) {
+            match fetched {
+                Fetched::Bytes(bytes) => data[j] = Some((span.start, bytes)),
                 Fetched::NoTable => return Ok((RangeAnswer::NoTable, 0)),
                 Fetched::Failed(e) => {
                     if matches!(e, Error::Corrupt(_)) {
                         damaged.push(record.replicas[j]);
                     }
                     failed.push(j);
-                    break;
                 }
             }
         }
@@ -143,18 +149,28 @@ impl Client {
         let span = stripes.start * shard..stripes.end * shard;
         let mut got: Vec<(usize, Vec<u8>)> = Vec::new();
         let mut reasons = Vec::new();
-        for index in (0..layout.data + layout.parity).filter(|i| !failed.contains(i)) {
-            if got.len() == layout.data {
+        let mut candidates = (0..layout.data + layout.parity).filter(|i| !failed.contains(i));
+        // As many fragments at once as are still missing, until k came or
+        // none is left to try.
+        while got.len() < layout.data {
+            let round: Vec<usize> = candidates.by_ref().take(layout.data - got.len()).collect();
+            if round.is_empty() {
                 break;
             }
-            match self.fetch(opened, layout, index, span.clone()).await {
-                Fetched::Bytes(bytes) => got.push((index, bytes)),
-                Fetched::NoTable => return Ok(RangeAnswer::NoTable),
-                Fetched::Failed(e) => {
-                    if matches!(e, Error::Corrupt(_)) {
-                        damaged.push(record.replicas[index]);
+            let fetches = round
+                .iter()
+                .map(|&index| self.fetch(opened, layout, index, span.clone()));
+            let fetched = futures::future::join_all(fetches).await;
+            for (index, fetched) in round.into_iter().zip(fetched) {
+                match fetched {
+                    Fetched::Bytes(bytes) => got.push((index, bytes)),
+                    Fetched::NoTable => return Ok(RangeAnswer::NoTable),
+                    Fetched::Failed(e) => {
+                        if matches!(e, Error::Corrupt(_)) {
+                            damaged.push(record.replicas[index]);
+                        }
+                        reasons.push(format!("fragment {index}: {}", e.report()));
                     }
-                    reasons.push(format!("fragment {index}: {}", e.report()));
                 }
             }
         }
