@@ -112,6 +112,12 @@ pub struct NodeArgs {
     /// Make every new file ephemeral, whatever its name or directory.
     #[arg(long)]
     all_ephemeral: bool,
+    /// Most bytes the node's local tier may hold (ephemeral files, copies,
+    /// local copies of durable files), such as 10G: past it, copies are
+    /// evicted and idle ephemeral files spilled to the durable tier, least
+    /// recently used first; a write that still does not fit gets ENOSPC.
+    #[arg(long, value_parser = crate::units::parse_size)]
+    quota: Option<u64>,
 }
 
 /// Runs a `strata f3` subcommand.
@@ -182,6 +188,7 @@ pub fn run_node(args: NodeArgs) -> Result<i32> {
         mountpoint: args.mount.clone(),
         store,
         all_ephemeral: args.all_ephemeral,
+        quota: args.quota,
     })?;
     let mut out = std::io::stdout().lock();
     writeln!(

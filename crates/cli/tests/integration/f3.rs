@@ -720,3 +720,82 @@ fn all_ephemeral_mounts_and_removal_from_another_node() {
     assert_eq!(status, 409, "{answer}");
     assert_eq!(std::fs::read(f3.mount(0).join("again.txt")).unwrap(), b"x");
 }
+
+/// The agent's `/metrics`: the value of `strata_f3_NAME` (a counter's
+/// `_total`, or a gauge with its `kind` label).
+fn agent_metric(f3: &F3, index: usize, series: &str) -> u64 {
+    let (status, _, body) = http_get(&format!("http://{}/metrics", f3.transfer(index)), None);
+    assert_eq!(status, 200);
+    let text = String::from_utf8(body).unwrap();
+    text.lines()
+        .find(|line| line.starts_with(series))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+}
+
+/// Agent `b` under a quota of 4 MiB: copies and local copies go first
+/// (least recently used), then idle ephemeral files are spilled to the
+/// durable tier, and a write that cannot fit gets ENOSPC; nothing is
+/// lost, and `/metrics` counts each step.
+#[test]
+fn a_quota_evicts_copies_then_spills_idle_files_then_refuses() {
+    let f3 = F3::up_with(&["--quota", "4M"]);
+    let (a, b) = (f3.mount(0), f3.mount(1));
+    let mib = 1024 * 1024;
+    let from_a = pattern(mib, 1);
+    std::fs::write(a.join("from-a.eph"), &from_a).unwrap();
+    assert_eq!(std::fs::read(b.join("from-a.eph")).unwrap(), from_a);
+    let durable = pattern(mib / 2, 2);
+    std::fs::write(b.join("d.bin"), &durable).unwrap();
+    let first = pattern(2 * mib, 3);
+    std::fs::write(b.join("x1.eph"), &first).unwrap();
+    let series = "strata_f3_local_bytes{node=\"b\",kind=";
+    assert_eq!(
+        agent_metric(&f3, 1, &format!("{series}\"copies\"}}")),
+        mib as u64
+    );
+    assert_eq!(agent_metric(&f3, 1, "strata_f3_evictions_total"), 0);
+    assert_eq!(agent_metric(&f3, 1, "strata_f3_quota_bytes"), 4 * mib as u64);
+
+    // 3.5 MiB held; 2 MiB more: the copy and the local copy go.
+    let second = pattern(2 * mib, 4);
+    std::fs::write(b.join("x2.eph"), &second).unwrap();
+    assert_eq!(agent_metric(&f3, 1, "strata_f3_evictions_total"), 2);
+    assert_eq!(agent_metric(&f3, 1, &format!("{series}\"copies\"}}")), 0);
+    assert_eq!(agent_metric(&f3, 1, &format!("{series}\"cache\"}}")), 0);
+    assert_eq!(agent_metric(&f3, 1, "strata_f3_spills_total"), 0);
+    // Nothing lost: both come back, from a and from the store.
+    assert_eq!(std::fs::read(b.join("d.bin")).unwrap(), durable);
+    // (That local copy counts again; the next write evicts it first.)
+
+    // 2 MiB more again: x1, the least recently used idle file, is spilled.
+    let third = pattern(2 * mib, 5);
+    std::fs::write(b.join("x3.eph"), &third).unwrap();
+    assert_eq!(agent_metric(&f3, 1, "strata_f3_spills_total"), 1);
+    let listed = f3.f3_json(&["ls", "/"]);
+    let tier = |name: &str| {
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["path"] == format!("/{name}"))
+            .map(|e| e["ephemeral"].clone())
+            .unwrap_or_else(|| panic!("no {name} in {listed}"))
+    };
+    assert_eq!(tier("x1.eph"), false, "x1 spilled: {listed}");
+    assert_eq!(tier("x2.eph"), true, "x2 stays: {listed}");
+    assert_eq!(tier("x3.eph"), true, "x3 stays: {listed}");
+    let stat = f3.store.json(&["obj", "stat", "f3/x1.eph"]);
+    assert_eq!(stat["size"].as_u64(), Some(2 * mib as u64), "{stat}");
+    assert_eq!(std::fs::read(a.join("x1.eph")).unwrap(), first);
+    assert_eq!(std::fs::read(b.join("x2.eph")).unwrap(), second);
+
+    // A file larger than the quota: every idle file is spilled, then
+    // ENOSPC; what was written before stays readable.
+    let error = std::fs::write(b.join("huge.eph"), pattern(5 * mib, 6)).unwrap_err();
+    assert_eq!(error.raw_os_error(), Some(libc::ENOSPC), "{error}");
+    assert!(agent_metric(&f3, 1, "strata_f3_nospace_total") >= 1);
+    assert_eq!(std::fs::read(a.join("x2.eph")).unwrap(), second);
+    assert_eq!(std::fs::read(a.join("x3.eph")).unwrap(), third);
+    assert_eq!(std::fs::read(b.join("from-a.eph")).unwrap(), from_a);
+}

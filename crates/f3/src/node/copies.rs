@@ -9,7 +9,8 @@
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -146,11 +147,19 @@ pub struct Copies {
     copies: Mutex<HashMap<String, Arc<RemoteCopy>>>,
     agents: AgentClient,
     service: ServiceClient,
+    /// Where the bytes pulled are counted against the node's quota.
+    grown: Arc<AtomicU64>,
 }
 
 impl Copies {
-    /// Copies kept in `directory` (created if missing).
-    pub fn new(directory: PathBuf, agents: AgentClient, service: ServiceClient) -> Result<Copies> {
+    /// Copies kept in `directory` (created if missing), their bytes
+    /// counted in `grown` as they arrive.
+    pub fn new(
+        directory: PathBuf,
+        agents: AgentClient,
+        service: ServiceClient,
+        grown: Arc<AtomicU64>,
+    ) -> Result<Copies> {
         std::fs::create_dir_all(&directory)
             .map_err(|e| F3Error::io(format!("creating {}", directory.display()), e))?;
         Ok(Copies {
@@ -158,6 +167,7 @@ impl Copies {
             copies: Mutex::new(HashMap::new()),
             agents,
             service,
+            grown,
         })
     }
 
@@ -205,6 +215,7 @@ impl Copies {
             source,
             agents: self.agents.clone(),
             service: self.service.clone(),
+            grown: self.grown.clone(),
         };
         std::thread::Builder::new()
             .name("f3-fetch".into())
@@ -224,6 +235,38 @@ impl Copies {
         }
     }
 
+    /// The directory of the copies.
+    pub fn directory(&self) -> &Path {
+        &self.directory
+    }
+
+    /// The copies whole here that no handle reads, with their sizes:
+    /// those that may be evicted to make room (the holder has them).
+    pub fn idle(&self) -> Vec<(String, u64)> {
+        self.copies
+            .lock()
+            .iter()
+            .filter(|(_, copy)| Arc::strong_count(copy) == 1)
+            .filter_map(|(path, copy)| {
+                let progress = copy.progress.lock();
+                progress.done.then(|| (path.clone(), progress.fetched))
+            })
+            .collect()
+    }
+
+    /// Drops the copy of `path` if it is still idle; the bytes freed.
+    pub fn evict_idle(&self, path: &str) -> Option<u64> {
+        let mut copies = self.copies.lock();
+        let copy = copies.get(path)?;
+        let fetched = {
+            let progress = copy.progress.lock();
+            (Arc::strong_count(copy) == 1 && progress.done).then_some(progress.fetched)
+        }?;
+        let copy = copies.remove(path)?;
+        let _ = std::fs::remove_file(self.copy_path(path, copy.version));
+        Some(fetched)
+    }
+
     fn copy_path(&self, path: &str, version: u64) -> PathBuf {
         self.directory
             .join(format!("{}.{version}", content_name(path)))
@@ -236,6 +279,7 @@ struct Fetcher {
     source: Source,
     agents: AgentClient,
     service: ServiceClient,
+    grown: Arc<AtomicU64>,
 }
 
 impl Fetcher {
@@ -255,6 +299,8 @@ impl Fetcher {
                         self.fail(format!("{path}: writing the local copy: {e}"));
                         return;
                     }
+                    self.grown
+                        .fetch_add(piece.bytes.len() as u64, Ordering::Relaxed);
                     let fetched = offset + piece.bytes.len() as u64;
                     let done = piece.bytes.is_empty() && !piece.writing && fetched >= piece.size;
                     self.copy.advance(|p| {

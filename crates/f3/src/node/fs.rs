@@ -459,6 +459,7 @@ impl Filesystem for F3Filesystem {
                 .stat(path.parent().as_str())
                 .map_err(|e| errno(&e))?;
             let ephemeral = self.new_file_is_ephemeral(&path, &parent);
+            self.shared.budget.touch(path.as_str());
             if !ephemeral && self.shared.durable.is_none() {
                 tracing::warn!(
                     "{path}: {}",
@@ -626,22 +627,19 @@ impl Filesystem for F3Filesystem {
             Ok(h) => h,
             Err(e) => return reply.error(e),
         };
-        let result = match &*handle {
-            Handle::Local {
-                file,
-                writable: true,
-            } => file.write_at(offset, data),
-            Handle::Durable {
-                file,
-                staging: Some(_),
-                dirty,
-                ..
-            } => {
-                dirty.store(true, Ordering::Relaxed);
-                file.write_all_at(data, offset)
-            }
-            _ => return reply.error(Errno::EBADF),
-        };
+        if let Err(e) = super::budget::admit_write(&self.shared, &handle, offset, data.len()) {
+            return reply.error(e);
+        }
+        let mut result = write_handle(&handle, offset, data);
+        // A full disk: make room as a quota would, and try once more.
+        if matches!(&result, Err(e) if e.raw_os_error() == Some(libc::ENOSPC))
+            && self
+                .shared
+                .budget
+                .disk_full(&self.shared, data.len() as u64)
+        {
+            result = write_handle(&handle, offset, data);
+        }
         match result {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => reply.error(io_errno(&e)),
@@ -859,6 +857,26 @@ impl Filesystem for F3Filesystem {
 }
 
 /// An xattr answer: its size when asked (`size` 0), the bytes if they fit.
+/// Writes `data` at `offset` through a writable handle.
+fn write_handle(handle: &Handle, offset: u64, data: &[u8]) -> std::io::Result<()> {
+    match handle {
+        Handle::Local {
+            file,
+            writable: true,
+        } => file.write_at(offset, data),
+        Handle::Durable {
+            file,
+            staging: Some(_),
+            dirty,
+            ..
+        } => {
+            dirty.store(true, Ordering::Relaxed);
+            file.write_all_at(data, offset)
+        }
+        _ => Err(std::io::Error::from_raw_os_error(libc::EBADF)),
+    }
+}
+
 fn xattr_reply(value: &[u8], size: u32, reply: ReplyXattr) {
     if size == 0 {
         reply.size(value.len() as u32);

@@ -51,6 +51,7 @@ pub fn open_entry(
     tag: u64,
 ) -> Result<Handle> {
     let path = entry.path.as_str();
+    shared.budget.touch(path);
     if entry.ephemeral {
         let holder = entry.holder.clone().unwrap_or_default();
         if holder == shared.name {
@@ -127,6 +128,7 @@ pub fn open_entry(
                 .map_err(|e| F3Error::io(format!("creating {}", cache.display()), e))?;
         } else {
             durable.download(path, &cache)?;
+            shared.budget.grew(entry.size);
         }
         shared.cached.lock().insert(path.into(), entry.version);
         let _ = shared.service.report(
@@ -161,6 +163,7 @@ pub fn upload(shared: &Shared, path: &str, staging: &std::path::Path) -> Result<
     // previous content keep theirs.
     let fresh = cache.with_extension("fresh");
     if std::fs::copy(staging, &fresh).is_ok() && std::fs::rename(&fresh, &cache).is_ok() {
+        shared.budget.grew(size);
         shared.cached.lock().insert(path.into(), entry.version);
         let held = HeldFile {
             path: path.into(),

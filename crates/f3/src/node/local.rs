@@ -141,6 +141,26 @@ impl LocalFiles {
         })
     }
 
+    /// The directory of the contents.
+    pub fn directory(&self) -> &Path {
+        &self.directory
+    }
+
+    /// The files held here that no handle has open and no writer holds,
+    /// with their sizes: those that may be spilled to make room.
+    pub fn idle(&self) -> Vec<(String, u64)> {
+        self.open
+            .lock()
+            .iter()
+            // The map's own reference is the only one: no handle.
+            .filter(|(_, file)| Arc::strong_count(file) == 1)
+            .filter_map(|(path, file)| {
+                let (size, writing) = file.snapshot();
+                (!writing).then(|| (path.clone(), size))
+            })
+            .collect()
+    }
+
     /// Where `path`'s content lives.
     pub fn content_path(&self, path: &str) -> PathBuf {
         self.directory.join(content_name(path))

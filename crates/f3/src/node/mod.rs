@@ -4,6 +4,7 @@
 //! ([`copies`]), reaches the durable tier ([`durable`]), and mounts the
 //! namespace with FUSE ([`fs`]).
 
+pub mod budget;
 pub mod copies;
 pub mod durable;
 pub mod fs;
@@ -23,6 +24,7 @@ use strata_store_protocol::tenant::TenantCredential;
 use crate::client::{AgentClient, ServiceClient};
 use crate::protocol::check_node_name;
 use crate::{F3Error, Result};
+use budget::Budget;
 use copies::Copies;
 use durable::DurableTier;
 use local::LocalFiles;
@@ -45,6 +47,9 @@ pub struct NodeConfig {
     pub store: Option<(SocketAddr, TenantCredential)>,
     /// Every new file is ephemeral, whatever its name or directory.
     pub all_ephemeral: bool,
+    /// Most bytes the node's local tier may hold (its ephemeral files,
+    /// copies, local copies and staging files); none: the disk's size.
+    pub quota: Option<u64>,
 }
 
 /// What the file system, the transfer service and the heartbeat share.
@@ -74,6 +79,8 @@ pub struct Shared {
     pub all_ephemeral: bool,
     /// The service's lease: how long a silent holder is waited for.
     pub lease: Duration,
+    /// The local tier's quota and what it evicts and spills.
+    pub budget: Budget,
 }
 
 impl Shared {
@@ -142,6 +149,7 @@ impl Node {
             None => None,
         };
         let agents = AgentClient::new();
+        let budget = Budget::new(config.quota);
         let shared = Arc::new(Shared {
             name: config.name.clone(),
             address,
@@ -150,6 +158,7 @@ impl Node {
                 config.directory.join("copies"),
                 agents.clone(),
                 service.clone(),
+                budget.growth_counter(),
             )?,
             cache_dir: make_dir(config.directory.join("cache"))?,
             staging_dir: make_dir(config.directory.join("staging"))?,
@@ -159,7 +168,9 @@ impl Node {
             durable,
             all_ephemeral: config.all_ephemeral,
             lease: Duration::from_millis(lease.lease_ms.clamp(100, 600_000)),
+            budget,
         });
+        shared.budget.remeasure(&shared);
         let app = transfer::router(shared.clone());
         runtime.spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {

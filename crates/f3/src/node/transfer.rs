@@ -12,7 +12,9 @@
 //!   elsewhere (or of a durable file);
 //! - `POST /v1/forget {"path"}`: drops whatever this node keeps of a file
 //!   the namespace no longer has (a node that removed a file asks the
-//!   others; a file still in the namespace is refused).
+//!   others; a file still in the namespace is refused);
+//! - `GET /metrics`: the local tier's bytes by kind, its quota, and the
+//!   evictions, spills and ENOSPC refusals ([`super::budget`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,8 +49,16 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/persist", post(persist))
         .route("/v1/evict", post(evict))
         .route("/v1/forget", post(forget))
+        .route("/metrics", get(metrics))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(shared)
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let text = tokio::task::spawn_blocking(move || super::budget::exposition(&shared))
+        .await
+        .unwrap_or_default();
+    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 
 #[derive(Debug, Deserialize)]
