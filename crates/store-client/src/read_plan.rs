@@ -124,6 +124,8 @@ pub struct ReadPlan {
     arrived: Vec<usize>,
     stripe: u64,
     hedged: bool,
+    /// Fragments some stripe of this pass was decoded from.
+    used: Vec<usize>,
 }
 
 impl ReadPlan {
@@ -154,6 +156,7 @@ impl ReadPlan {
             arrived: Vec::new(),
             stripe: 0,
             hedged: false,
+            used: Vec::new(),
         }
     }
 
@@ -265,6 +268,7 @@ impl ReadPlan {
         self.arrived.clear();
         self.stripe = 0;
         self.hedged = false;
+        self.used.clear();
         let mut actions = vec![Action::Restart];
         if self.hedge {
             actions.push(Action::ArmHedge);
@@ -287,9 +291,18 @@ impl ReadPlan {
         if self.arrived.len() < self.data {
             return Vec::new();
         }
-        // A hedged read's slowest fragment is dropped.
-        let mut actions: Vec<Action> = self.reading.drain(..).map(Action::Cancel).collect();
+        // A hedged read's slowest fragment is dropped, but stays a spare
+        // (last): a fragment that fails later may still be replaced by
+        // it, rather than the read giving up with a reachable fragment.
+        let slowest: Vec<usize> = self.reading.drain(..).collect();
+        self.spares.extend(slowest.iter().copied());
+        let mut actions: Vec<Action> = slowest.into_iter().map(Action::Cancel).collect();
         let used = std::mem::take(&mut self.arrived);
+        for &index in &used {
+            if !self.used.contains(&index) {
+                self.used.push(index);
+            }
+        }
         actions.push(Action::Decode(used.clone()));
         self.stripe += 1;
         if self.stripe >= self.stripes {
@@ -349,12 +362,21 @@ impl ReadPlan {
         if fresh == 0 && object_ok {
             return self.finish(Action::Done);
         }
-        if fresh == 0 {
+        // The fragments this pass decoded from that failed, at the end
+        // or before it (one that failed part way was never checked
+        // whole, and may be the one whose bytes were wrong).
+        let suspects: Vec<usize> = self
+            .used
+            .iter()
+            .copied()
+            .filter(|i| self.failed.iter().any(|(f, _)| f == i))
+            .collect();
+        if suspects.is_empty() {
             // Every fragment passed its own check, yet the object fails
             // its: no fragment to leave out, so reading again cannot help.
             let why = format!(
                 "the object decoded from fragments {:?} fails its checksum",
-                self.reading
+                self.used
             );
             return self.finish(Action::GiveUp(why));
         }
@@ -442,6 +464,29 @@ mod tests {
         assert_eq!(actions[1], Action::Decode(vec![2, 1]));
         // Never decoded from fewer or more than k.
         assert!(plan.on(Event::ShardArrived(0)).is_empty());
+        // The dropped one replaces a fragment that fails later.
+        let actions = plan.on(Event::ShardFailed {
+            index: 2,
+            damaged: false,
+        });
+        assert_eq!(
+            actions,
+            vec![Action::Open {
+                index: 3,
+                stripe: 1
+            }]
+        );
+        let actions = plan.on(Event::ShardFailed {
+            index: 3,
+            damaged: false,
+        });
+        assert_eq!(
+            actions,
+            vec![Action::Open {
+                index: 0,
+                stripe: 1
+            }]
+        );
     }
 
     #[test]
@@ -464,6 +509,36 @@ mod tests {
         });
         assert!(matches!(&actions[..], [Action::GiveUp(why)] if why.contains("1 (damaged)")));
         assert_eq!(plan.failed(), &[(1, true), (2, true)]);
+    }
+
+    #[test]
+    fn a_fragment_that_failed_part_way_is_left_out_when_the_object_is_wrong() {
+        // Fragment 1's first shard was decoded, then it failed: it was
+        // never checked whole, so a wrong object is read again without it.
+        let mut plan = ReadPlan::new(2, 3, 2, vec![1, 0, 2], false, false);
+        plan.start();
+        plan.on(Event::ShardArrived(1));
+        plan.on(Event::ShardArrived(0));
+        let replaced = plan.on(Event::ShardFailed {
+            index: 1,
+            damaged: false,
+        });
+        assert_eq!(
+            replaced,
+            vec![Action::Open {
+                index: 2,
+                stripe: 1
+            }]
+        );
+        plan.on(Event::ShardArrived(0));
+        let actions = plan.on(Event::ShardArrived(2));
+        assert_eq!(actions.last(), Some(&Action::Verify));
+        let actions = plan.on(Event::Verified {
+            bad: vec![],
+            object_ok: false,
+        });
+        assert_eq!(actions[0], Action::Restart);
+        assert_eq!(opens(&actions), vec![0, 2]);
     }
 
     #[test]
