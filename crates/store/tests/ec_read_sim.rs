@@ -53,6 +53,9 @@ const STALL_MS: u64 = 200;
 const HEDGE_MS: u64 = 25;
 const MAX_DELAY_MS: u64 = 60;
 const LOSS_PERCENT: u64 = 1;
+/// Most time between an overwrite's or Delete's acknowledgement and the
+/// sending of the Free of one of its old fragments.
+const FREE_SPREAD_MS: u64 = 150;
 const CACHE_BUDGET: u64 = 24 << 20;
 /// Simulated time in which Gets and faults start; the rest drains.
 const RUN_MS: u64 = 8_000;
@@ -160,6 +163,11 @@ enum Ev {
         node: usize,
     },
     Rot,
+    /// The metadata sends the Free of an old fragment.
+    Free {
+        node: usize,
+        addr: Addr,
+    },
     Partition {
         client: usize,
         on: bool,
@@ -463,7 +471,11 @@ impl Sim {
                 .collect()
         };
         for (node, addr) in frees {
-            self.send(End::Meta, End::Node(node), Msg::Free { addr });
+            // Each Free leaves on its own time (a coordinator frees the
+            // old fragments after the acknowledgement), so a fragment-0
+            // node may have freed while the others still serve.
+            let later = self.rng.below(FREE_SPREAD_MS);
+            self.at(later, Ev::Free { node, addr });
         }
     }
 
@@ -1077,6 +1089,9 @@ impl Sim {
                 self.at(down, Ev::Restart { node });
             }
             Ev::Restart { node } => self.restart(node),
+            Ev::Free { node, addr } => {
+                self.send(End::Meta, End::Node(node), Msg::Free { addr });
+            }
             Ev::Rot => {
                 let names: Vec<usize> = (0..NAMES)
                     .filter(|&n| n != PARTITIONED_NAME && self.live[n].is_some())
