@@ -461,7 +461,7 @@ impl FragmentReader {
         loop {
             let joined = match self.hedge_at {
                 Some(at) => {
-                    match tokio::time::timeout_at(at.into(), self.tasks.join_next()).await {
+                    match tokio::time::timeout_at(at.into(), self.tasks.join_next_with_id()).await {
                         Ok(joined) => joined,
                         Err(_) => {
                             self.hedge_at = None;
@@ -469,13 +469,13 @@ impl FragmentReader {
                         }
                     }
                 }
-                None => self.tasks.join_next().await,
+                None => self.tasks.join_next_with_id().await,
             };
             let Some(joined) = joined else {
                 // The plan waits only for reads it started.
                 return Err(Error::Peer("the fragment reads ended early".to_string()));
             };
-            let (opened, bytes) = match joined {
+            let (task, (opened, bytes)) = match joined {
                 Ok(read) => read,
                 Err(join) if join.is_cancelled() => continue,
                 Err(join) => {
@@ -486,9 +486,14 @@ impl FragmentReader {
                 Ok(fragment) => fragment.index,
                 Err((index, _)) => *index,
             };
+            // A read cancelled (or of a pass restarted) after it ended is
+            // not the fragment's current read, even if it was opened
+            // again since.
+            if self.reads.get(&index).map(AbortHandle::id) != Some(task) {
+                continue;
+            }
             self.reads.remove(&index);
             if !self.plan.is_reading(index) {
-                // A read cancelled after it ended.
                 continue;
             }
             return Ok(match (opened, bytes) {
