@@ -1,10 +1,14 @@
 //! Erasure coding of objects ([`StorageClass::ErasureCoded`]): stripes
 //! encoded and decoded with the `reed-solomon-erasure` crate, and an
 //! object's fragments read as streams, a stripe at a time, from any k of
-//! them. Clients use it for Posts and Gets; metadata nodes for repair.
+//! them. Clients use it for Posts and Gets; metadata nodes for repair;
+//! storage nodes to gather the objects they serve whole. What a read
+//! asks for and when is decided by [`crate::read_plan`]; this module
+//! carries it out over TCP.
 //!
 //! [`StorageClass::ErasureCoded`]: strata_store_protocol::class::StorageClass
 
+use crate::read_plan::{Action, Event, ReadPlan};
 use crate::stream::read_status;
 use crate::transport::{guarded, Guarded, REPLY_STALL};
 use reed_solomon_erasure::galois_8::ReedSolomon;
@@ -18,7 +22,7 @@ use strata_store_protocol::wire::Fragments;
 use strata_store_protocol::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::task::JoinSet;
+use tokio::task::{AbortHandle, JoinSet};
 
 /// Encodes and decodes the stripes of one object.
 pub struct StripeCoder {
@@ -282,50 +286,116 @@ pub struct FragmentFailure {
     pub error: Error,
 }
 
-/// Reads an object's stripes from any `k` of its fragments: it starts
-/// with the first `k` of the order it is given, replaces a fragment that
-/// fails by the next one (which skips what was already read), and with
-/// a hedge delay, asks for one fragment more if the first stripe has not
-/// come by then, keeping the first `k` to answer.
+/// Reads an object's stripes from any `k` of its fragments, carrying out
+/// the decisions of a [`ReadPlan`]: it starts with the first `k` of the
+/// order it is given, replaces a fragment that fails by the next one
+/// (which skips what was already read), with a hedge delay asks for one
+/// fragment more if the first stripe has not come by then (keeping the
+/// first `k` to answer), and reads again without a fragment that failed
+/// its checksum. A read may first ask fragment 0's node for the whole
+/// object ([`FragmentReader::asks_whole`]), which its caller does.
 pub struct FragmentReader {
     coder: StripeCoder,
     crcs: Vec<u32>,
-    spares: VecDeque<FragmentSource>,
+    /// The sources by fragment index (`None`: served by no known node).
+    sources: Vec<Option<FragmentSource>>,
+    plan: ReadPlan,
+    /// The plan's actions not carried out yet.
+    pending: VecDeque<Action>,
+    /// Fragments open, between shards.
     open: Vec<OpenFragment>,
-    stripe: u64,
+    /// The current stripe's shards that arrived, by fragment index.
+    shards: Vec<(usize, Vec<u8>)>,
+    tasks: JoinSet<ShardRead>,
+    reads: HashMap<usize, AbortHandle>,
     hedge: Option<Duration>,
+    hedge_at: Option<Instant>,
+    pass_started: Instant,
     /// Fragments that failed so far.
     pub failures: Vec<FragmentFailure>,
     /// Per fragment read, the time its first shard took (a latency
     /// sample of its node).
     pub first_shard: Vec<(usize, Duration)>,
+    /// The fragments opened, in the order they were (a fragment opened
+    /// again in a later pass is listed again).
+    pub opened: Vec<usize>,
 }
 
 impl FragmentReader {
     /// A reader of the object `size` bytes, `fragments`, from `sources`
-    /// in the order to try them.
+    /// in the order to try them; with `whole`, the read asks fragment
+    /// 0's node for the whole object first.
     pub fn new(
         size: u64,
         fragments: &Fragments,
         sources: Vec<FragmentSource>,
         hedge: Option<Duration>,
+        whole: bool,
     ) -> Result<FragmentReader, Error> {
         let layout = StripeLayout::new(size, fragments.data, fragments.parity());
+        let total = layout.data + layout.parity;
+        let order: Vec<usize> = sources.iter().map(|s| s.index).collect();
+        let mut by_index: Vec<Option<FragmentSource>> = vec![None; total];
+        for source in sources {
+            if source.index >= total {
+                return Err(Error::Corrupt(format!(
+                    "fragment {} of an object of {total} fragments",
+                    source.index
+                )));
+            }
+            let index = source.index;
+            by_index[index] = Some(source);
+        }
+        let mut plan = ReadPlan::new(
+            layout.data,
+            total,
+            layout.stripes,
+            order,
+            whole,
+            hedge.is_some(),
+        );
+        let pending = plan.start().into();
         Ok(FragmentReader {
             coder: StripeCoder::new(layout)?,
             crcs: fragments.crcs.clone(),
-            spares: sources.into(),
+            sources: by_index,
+            plan,
+            pending,
             open: Vec::new(),
-            stripe: 0,
+            shards: Vec::new(),
+            tasks: JoinSet::new(),
+            reads: HashMap::new(),
             hedge,
+            hedge_at: None,
+            pass_started: Instant::now(),
             failures: Vec::new(),
             first_shard: Vec::new(),
+            opened: Vec::new(),
         })
     }
 
     /// The layout of the object's stripes.
     pub fn layout(&self) -> StripeLayout {
         self.coder.layout()
+    }
+
+    /// Whether the plan asks fragment 0's node for the whole object
+    /// first: the caller does, then tells [`FragmentReader::whole_read`].
+    pub fn asks_whole(&self) -> bool {
+        self.pending.front() == Some(&Action::AskWhole)
+    }
+
+    /// How the whole-object read went; `true` if that ends the read.
+    pub fn whole_read(&mut self, served: bool) -> bool {
+        if !self.asks_whole() {
+            return false;
+        }
+        let event = match served {
+            true => Event::WholeServed,
+            false => Event::WholeFailed,
+        };
+        self.pending = self.plan.on(event).into();
+        self.pending.front() == Some(&Action::Done)
     }
 
     fn failed(&mut self, index: usize, addr: Addr, error: Error) {
@@ -338,121 +408,185 @@ impl FragmentReader {
         });
     }
 
-    /// The error when fewer than `k` fragments can be read.
-    fn too_few(&self) -> Error {
-        let layout = self.coder.layout();
+    /// The error of a read given up: the plan's reason and each
+    /// fragment's error.
+    fn given_up(&self, why: &str) -> Error {
         let reasons: Vec<String> = self
             .failures
             .iter()
             .map(|f| format!("fragment {}: {}", f.index, f.error.report()))
             .collect();
-        Error::Corrupt(format!(
-            "fewer than {} of the {} fragments could be read ({})",
-            layout.data,
-            layout.data + layout.parity,
-            reasons.join("; ")
-        ))
+        Error::Corrupt(format!("{why} ({})", reasons.join("; ")))
     }
 
-    /// Reads the next stripe's `k` shards, by fragment index, from the
-    /// open fragments (opening more as they fail).
-    async fn next_shards(&mut self) -> Result<Vec<(usize, Vec<u8>)>, Error> {
+    /// Starts reading fragment `index` from stripe `stripe` on.
+    fn open(&mut self, index: usize, stripe: u64) {
         let layout = self.coder.layout();
-        let (k, shard) = (layout.data, layout.shard);
-        let skip = self.stripe * shard as u64;
-        let started = Instant::now();
-        let mut tasks = JoinSet::new();
-        for fragment in self.open.drain(..) {
-            tasks.spawn(async move {
-                let (fragment, bytes) = read_shard(fragment, shard).await;
-                (Ok(fragment), bytes)
-            });
-        }
-        let mut launched = tasks.len();
-        while launched < k {
-            let Some(source) = self.spares.pop_front() else {
-                break;
-            };
-            tasks.spawn(open_and_read(source, layout.fragment_len(), skip, shard));
-            launched += 1;
-        }
-        let mut shards = Vec::with_capacity(k);
-        let mut hedge = self.hedge.filter(|_| self.stripe == 0);
-        while shards.len() < k {
-            let next = match hedge {
-                Some(delay) => match tokio::time::timeout(delay, tasks.join_next()).await {
-                    Ok(next) => next,
-                    Err(_) => {
-                        // The first stripe is late: one fragment more.
-                        hedge = None;
-                        if let Some(source) = self.spares.pop_front() {
-                            tasks.spawn(open_and_read(source, layout.fragment_len(), skip, shard));
+        let Some(source) = self.sources.get(index).cloned().flatten() else {
+            return;
+        };
+        self.opened.push(index);
+        let skip = stripe * layout.shard as u64;
+        let read = open_and_read(source, layout.fragment_len(), skip, layout.shard);
+        self.reads.insert(index, self.tasks.spawn(read));
+    }
+
+    /// Reads the next shard of the open fragment `index`.
+    fn continue_read(&mut self, index: usize) {
+        let shard = self.coder.layout().shard;
+        let Some(at) = self.open.iter().position(|f| f.index == index) else {
+            return;
+        };
+        let fragment = self.open.swap_remove(at);
+        let read = async move {
+            let (fragment, bytes) = read_shard(fragment, shard).await;
+            (Ok(fragment), bytes)
+        };
+        self.reads.insert(index, self.tasks.spawn(read));
+    }
+
+    /// Drops every read of the last pass.
+    fn restart(&mut self) {
+        self.tasks.abort_all();
+        self.reads.clear();
+        self.open.clear();
+        self.shards.clear();
+        self.hedge_at = None;
+        self.pass_started = Instant::now();
+    }
+
+    /// The next thing that happened to a read: a shard, a failure, or
+    /// the hedge delay passing.
+    async fn next_event(&mut self) -> Result<Event, Error> {
+        loop {
+            let joined = match self.hedge_at {
+                Some(at) => {
+                    match tokio::time::timeout_at(at.into(), self.tasks.join_next_with_id()).await {
+                        Ok(joined) => joined,
+                        Err(_) => {
+                            self.hedge_at = None;
+                            return Ok(Event::HedgeFired);
                         }
-                        continue;
                     }
-                },
-                None => tasks.join_next().await,
-            };
-            let Some(joined) = next else {
-                return Err(self.too_few());
-            };
-            let (fragment, bytes) = match joined {
-                Ok((Ok(fragment), Ok(bytes))) => (fragment, bytes),
-                Ok((Ok(fragment), Err(e))) => {
-                    self.failed(fragment.index, fragment.addr, e);
-                    self.replace(&mut tasks, skip, shard);
-                    continue;
                 }
-                Ok((Err((index, addr)), result)) => {
-                    let e = result.err().unwrap_or_else(|| {
-                        Error::Peer(format!("fragment {index} could not be opened"))
-                    });
-                    self.failed(index, addr, e);
-                    self.replace(&mut tasks, skip, shard);
-                    continue;
-                }
+                None => self.tasks.join_next_with_id().await,
+            };
+            let Some(joined) = joined else {
+                // The plan waits only for reads it started.
+                return Err(Error::Peer("the fragment reads ended early".to_string()));
+            };
+            let (task, (opened, bytes)) = match joined {
+                Ok(read) => read,
+                Err(join) if join.is_cancelled() => continue,
                 Err(join) => {
                     return Err(Error::Peer(format!("a fragment read stopped: {join}")));
                 }
             };
-            if self.stripe == 0 {
-                self.first_shard.push((fragment.index, started.elapsed()));
+            let index = match &opened {
+                Ok(fragment) => fragment.index,
+                Err((index, _)) => *index,
+            };
+            // A read cancelled (or of a pass restarted) after it ended is
+            // not the fragment's current read, even if it was opened
+            // again since.
+            if self.reads.get(&index).map(AbortHandle::id) != Some(task) {
+                continue;
             }
-            shards.push((fragment.index, bytes));
-            self.open.push(fragment);
+            self.reads.remove(&index);
+            if !self.plan.is_reading(index) {
+                continue;
+            }
+            return Ok(match (opened, bytes) {
+                (Ok(fragment), Ok(bytes)) => {
+                    if self.plan.stripe() == 0 {
+                        self.first_shard.push((index, self.pass_started.elapsed()));
+                    }
+                    self.shards.push((index, bytes));
+                    self.open.push(fragment);
+                    Event::ShardArrived(index)
+                }
+                (Ok(fragment), Err(e)) => {
+                    self.failed(index, fragment.addr, e);
+                    self.shard_failed(index)
+                }
+                (Err((_, addr)), result) => {
+                    let e = result.err().unwrap_or_else(|| {
+                        Error::Peer(format!("fragment {index} could not be opened"))
+                    });
+                    self.failed(index, addr, e);
+                    self.shard_failed(index)
+                }
+            });
         }
-        // A hedged read's slowest fragment is dropped here (its
-        // connection closes with it).
-        tasks.abort_all();
-        Ok(shards)
     }
 
-    /// Starts the next spare fragment in place of one that failed.
-    fn replace(&mut self, tasks: &mut JoinSet<ShardRead>, skip: u64, shard: usize) {
-        if let Some(source) = self.spares.pop_front() {
-            let len = self.coder.layout().fragment_len();
-            tasks.spawn(open_and_read(source, len, skip, shard));
-        }
+    /// The plan's event for the last failure (of fragment `index`).
+    fn shard_failed(&self, index: usize) -> Event {
+        let damaged = self.failures.last().is_some_and(|f| f.damaged);
+        Event::ShardFailed { index, damaged }
     }
 
-    /// The next stripe's `k` data shards, or `None` after the last one.
+    /// The next stripe's `k` data shards, or `None` after the last one
+    /// of this pass.
     pub async fn next_stripe(&mut self) -> Option<Result<Vec<Vec<u8>>, Error>> {
-        if self.stripe >= self.coder.layout().stripes {
-            return None;
+        loop {
+            while let Some(action) = self.pending.pop_front() {
+                match action {
+                    Action::Restart => self.restart(),
+                    Action::ArmHedge => {
+                        self.hedge_at = self.hedge.map(|delay| Instant::now() + delay);
+                    }
+                    Action::Open { index, stripe } => self.open(index, stripe),
+                    Action::Continue { index, .. } => self.continue_read(index),
+                    Action::Cancel(index) => {
+                        // Its stream closes with it.
+                        if let Some(read) = self.reads.remove(&index) {
+                            read.abort();
+                        }
+                        self.open.retain(|f| f.index != index);
+                    }
+                    Action::Decode(used) => {
+                        let shards: Vec<(usize, Vec<u8>)> = std::mem::take(&mut self.shards)
+                            .into_iter()
+                            .filter(|(index, _)| used.contains(index))
+                            .collect();
+                        return Some(self.coder.decode(shards));
+                    }
+                    Action::GiveUp(why) => return Some(Err(self.given_up(&why))),
+                    Action::Verify => {
+                        // Back at the front for finish.
+                        self.pending.push_front(Action::Verify);
+                        return None;
+                    }
+                    Action::AskWhole | Action::Done => {
+                        self.pending.push_front(action);
+                        return None;
+                    }
+                }
+            }
+            let event = match self.next_event().await {
+                Ok(event) => event,
+                Err(e) => return Some(Err(e)),
+            };
+            self.pending = self.plan.on(event).into();
         }
-        let shards = match self.next_shards().await {
-            Ok(shards) => shards,
-            Err(e) => return Some(Err(e)),
-        };
-        self.stripe += 1;
-        Some(self.coder.decode(shards))
     }
 
-    /// After the last stripe: checks each fragment read against its
-    /// node's trailer and the record's CRC-32C. An error names the
-    /// fragment that failed (also added to [`FragmentReader::failures`]).
-    pub async fn finish(&mut self) -> Result<(), Error> {
-        let mut bad = None;
+    /// After the last stripe of a pass: checks each fragment read against
+    /// its node's trailer and the record's CRC-32C, and, with
+    /// `object_ok`, whether the decoded object matched its own. `Ok(true)`:
+    /// the read is done; `Ok(false)`: read again without the fragments
+    /// that failed (rewind the output, then [`FragmentReader::next_stripe`]);
+    /// an error: too few fragments are left (each failure is also in
+    /// [`FragmentReader::failures`]).
+    pub async fn finish(&mut self, object_ok: bool) -> Result<bool, Error> {
+        if self.pending.front() != Some(&Action::Verify) {
+            return Err(Error::Peer(
+                "the fragment read is not at its end; read every stripe first".to_string(),
+            ));
+        }
+        self.pending.pop_front();
+        let mut bad = Vec::new();
         for mut fragment in std::mem::take(&mut self.open) {
             let at = fmt_addr(fragment.addr);
             let io = |e| Error::io(format!("reading fragment {} ({at})", fragment.index), e);
@@ -481,21 +615,22 @@ impl FragmentReader {
                 Err(e) => e,
             };
             self.failed(fragment.index, fragment.addr, problem);
-            bad = Some(fragment.index);
+            bad.push(fragment.index);
         }
-        match bad {
-            None => Ok(()),
-            Some(index) => Err(Error::Corrupt(format!(
-                "fragment {index} failed; read the object again without it"
-            ))),
+        self.pending = self.plan.on(Event::Verified { bad, object_ok }).into();
+        match self.pending.front() {
+            Some(Action::Done) => Ok(true),
+            Some(Action::GiveUp(why)) => Err(self.given_up(&why.clone())),
+            _ => Ok(false),
         }
     }
 }
 
 /// Reads a whole object of `size` bytes and CRC-32C `crc` into memory
 /// from any k of its `sources` (in the order given): a fragment that
-/// fails is left out of the next attempt, while k are left. Returns the
-/// object and the fragments that failed on the way (to report them).
+/// fails is left out of the next attempt, while k are left (the
+/// decisions are [`ReadPlan`]'s). Returns the object and the fragments
+/// that failed on the way (to report them).
 pub async fn gather_object(
     size: u64,
     crc: u32,
@@ -503,46 +638,19 @@ pub async fn gather_object(
     sources: Vec<FragmentSource>,
     hedge: Option<Duration>,
 ) -> Result<(Vec<u8>, Vec<FragmentFailure>), Error> {
-    let mut failures: Vec<FragmentFailure> = Vec::new();
+    let mut reader = FragmentReader::new(size, fragments, sources, hedge, false)?;
+    let mut object = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(1 << 30));
     loop {
-        let left: Vec<FragmentSource> = sources
-            .iter()
-            .filter(|s| !failures.iter().any(|f| f.index == s.index))
-            .cloned()
-            .collect();
-        let mut reader = FragmentReader::new(size, fragments, left, hedge)?;
-        let mut object = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(1 << 30));
-        let mut result = Ok(());
+        object.clear();
         while let Some(stripe) = reader.next_stripe().await {
-            match stripe {
-                Ok(shards) => {
-                    for shard in shards {
-                        let take = (size - object.len() as u64).min(shard.len() as u64) as usize;
-                        object.extend_from_slice(&shard[..take]);
-                    }
-                }
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
+            for shard in stripe? {
+                let take = (size - object.len() as u64).min(shard.len() as u64) as usize;
+                object.extend_from_slice(&shard[..take]);
             }
         }
-        if result.is_ok() {
-            result = reader.finish().await;
-        }
-        if result.is_ok() && crc32c::crc32c(&object) != crc {
-            result = Err(Error::Corrupt(format!(
-                "the decoded object fails its checksum (want {crc:08x})"
-            )));
-        }
-        let fresh = reader.failures.len();
-        failures.append(&mut reader.failures);
-        match result {
-            Ok(()) => return Ok((object, failures)),
-            Err(e) if fresh == 0 || sources.len() - failures.len() < fragments.data as usize => {
-                return Err(e)
-            }
-            Err(_) => {}
+        let object_ok = object.len() as u64 == size && crc32c::crc32c(&object) == crc;
+        if reader.finish(object_ok).await? {
+            return Ok((object, std::mem::take(&mut reader.failures)));
         }
     }
 }

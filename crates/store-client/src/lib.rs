@@ -19,6 +19,7 @@ pub mod admin;
 pub mod client;
 pub mod erasure;
 pub mod range_body;
+pub mod read_plan;
 pub mod stream;
 pub mod transport;
 

@@ -274,14 +274,17 @@ impl Client {
         Some((addr, read))
     }
 
-    /// Reads an erasure-coded object into `out`: from the `k` fragments
-    /// the replica choice expects to answer fastest (a hedge asks for
-    /// one more if the first stripe is late, [`Client::set_hedge`]),
-    /// replacing any that fails by another. Each fragment is checked
-    /// against its CRC-32C, and the whole against the object's, before
-    /// the read succeeds; a read with a fragment that failed its check
-    /// is done again without it (rewinding `out`), and the fragment is
-    /// reported to the coordinator for repair.
+    /// Reads an erasure-coded object into `out`: whole from the node of
+    /// its fragment 0 if it is small enough (from that node's object
+    /// cache, or gathered there), otherwise or if that fails from the `k`
+    /// fragments the replica choice expects to answer fastest (a hedge
+    /// asks for one more if the first stripe is late,
+    /// [`Client::set_hedge`]), replacing any that fails by another. Each
+    /// fragment is checked against its CRC-32C, and the whole against the
+    /// object's, before the read succeeds; a read with a fragment that
+    /// failed its check is done again without it (rewinding `out`), and
+    /// the fragment is reported to the coordinator for repair. The
+    /// decisions are [`crate::read_plan::ReadPlan`]'s.
     async fn read_fragments<W: AsyncWrite + AsyncSeek + Unpin>(
         &self,
         record: &Record,
@@ -297,86 +300,76 @@ impl Client {
                 located.push((index, replica));
             }
         }
+        let replicas: Vec<Replica> = located.iter().map(|(_, r)| *r).collect();
+        let sources: Vec<FragmentSource> = self
+            .replica_order(&replicas)
+            .iter()
+            .map(|&i| located[i])
+            .map(|(index, replica)| FragmentSource {
+                index,
+                addr: replica.addr,
+                endpoint: replica.endpoint,
+                request: Request::Get { addr: replica.addr }.encode(Credential::Ticket(ticket)),
+                pool: Some(self.fragment_pool.clone()),
+            })
+            .collect();
         // The node of fragment 0 first: from its object cache, or
         // gathered there, in one stream.
-        if let Some(&(0, first)) = located.first() {
-            let whole = record.size <= self.whole_object_reads();
-            if whole
-                && self
-                    .read_whole(record, fragments, first, ticket, out, progress)
-                    .await
-            {
+        let first = located.first().filter(|(index, _)| *index == 0);
+        let whole = first.is_some() && record.size <= self.whole_object_reads();
+        let mut reader = FragmentReader::new(record.size, fragments, sources, self.hedge(), whole)?;
+        if let Some(&(_, first)) = first.filter(|_| reader.asks_whole()) {
+            let served = self
+                .read_whole(record, fragments, first, ticket, out, progress)
+                .await;
+            if reader.whole_read(served) {
                 return Ok(());
             }
         }
-        let replicas: Vec<Replica> = located.iter().map(|(_, r)| *r).collect();
-        let order: Vec<usize> = self.replica_order(&replicas);
-        let mut excluded: Vec<usize> = Vec::new();
-        let mut damaged: Vec<Addr> = Vec::new();
-        let hedge = self.hedge();
-        loop {
+        let find = |index: usize| located.iter().find(|(i, _)| *i == index).map(|(_, r)| r);
+        let mut sent = 0;
+        let mut sampled = 0;
+        let mut failed = 0;
+        let result = loop {
             out.seek(std::io::SeekFrom::Start(0))
                 .await
                 .map_err(|e| Error::io("rewinding the output", e))?;
-            let sources: Vec<FragmentSource> = order
-                .iter()
-                .map(|&i| located[i])
-                .filter(|(index, _)| !excluded.contains(index))
-                .map(|(index, replica)| FragmentSource {
-                    index,
-                    addr: replica.addr,
-                    endpoint: replica.endpoint,
-                    request: Request::Get { addr: replica.addr }.encode(Credential::Ticket(ticket)),
-                    pool: Some(self.fragment_pool.clone()),
-                })
-                .collect();
-            // The first k in the order tried are the reads sent.
-            for source in sources.iter().take(usize::from(fragments.data)) {
-                if let Some((_, replica)) = located.iter().find(|(i, _)| *i == source.index) {
+            let pass = decode_into(&mut reader, record, out, progress).await;
+            for &index in &reader.opened[sent..] {
+                if let Some(replica) = find(index) {
                     self.read_sent(replica);
                 }
             }
-            let mut reader = FragmentReader::new(record.size, fragments, sources, hedge)?;
-            let result = decode_into(&mut reader, record, out, progress).await;
-            for &(index, latency) in &reader.first_shard {
-                if let Some((_, replica)) = located.iter().find(|(i, _)| *i == index) {
+            sent = reader.opened.len();
+            for &(index, latency) in &reader.first_shard[sampled..] {
+                if let Some(replica) = find(index) {
                     self.read_sample(replica, Some(latency));
                 }
             }
-            let mut retry = false;
-            for failure in &reader.failures {
-                if let Some((_, replica)) = located.iter().find(|(i, _)| *i == failure.index) {
-                    if !failure.damaged {
-                        self.read_sample(replica, None);
-                    }
-                }
-                if failure.damaged && !damaged.contains(&failure.addr) {
-                    damaged.push(failure.addr);
-                }
-                if !excluded.contains(&failure.index) {
-                    excluded.push(failure.index);
-                    retry = true;
+            sampled = reader.first_shard.len();
+            for failure in &reader.failures[failed..] {
+                if let Some(replica) = find(failure.index).filter(|_| !failure.damaged) {
+                    self.read_sample(replica, None);
                 }
             }
-            match result {
-                Ok(()) => {
-                    for bad in damaged {
-                        self.report_bad_replica(&record.name, bad);
-                    }
-                    return Ok(());
-                }
-                // Read again without the fragments that failed, while
-                // enough are left.
-                Err(_)
-                    if retry && located.len() - excluded.len() >= usize::from(fragments.data) => {}
-                Err(e) => {
-                    for bad in damaged {
-                        self.report_bad_replica(&record.name, bad);
-                    }
-                    return Err(e);
-                }
+            failed = reader.failures.len();
+            match pass {
+                // Read again without the fragments that failed.
+                Ok(false) => continue,
+                Ok(true) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        let mut damaged: Vec<Addr> = Vec::new();
+        for failure in reader.failures.iter().filter(|f| f.damaged) {
+            if !damaged.contains(&failure.addr) {
+                damaged.push(failure.addr);
             }
         }
+        for bad in damaged {
+            self.report_bad_replica(&record.name, bad);
+        }
+        result
     }
 
     /// Reads an erasure-coded object whole from `first`, the node of its
@@ -530,15 +523,16 @@ async fn write_inline<W: AsyncWrite + AsyncSeek + Unpin>(
     Ok(())
 }
 
-/// Writes the stripes `reader` decodes to `out` (the last one cut at the
-/// object's size), then checks every fragment read and the object's
-/// CRC-32C.
+/// Writes the stripes of one pass of `reader` to `out` (the last one
+/// cut at the object's size), then checks every fragment read and the
+/// object's CRC-32C: whether the read is done (`false`: read again,
+/// rewinding `out`).
 async fn decode_into<W: AsyncWrite + Unpin>(
     reader: &mut FragmentReader,
     record: &Record,
     out: &mut W,
     progress: &(dyn Fn(u64) + Sync),
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let mut done = 0u64;
     let mut crc = 0u32;
     while let Some(stripe) = reader.next_stripe().await {
@@ -552,14 +546,12 @@ async fn decode_into<W: AsyncWrite + Unpin>(
         }
         progress(done);
     }
-    reader.finish().await?;
-    if crc != record.crc || done != record.size {
-        return Err(Error::Corrupt(format!(
-            "{:?}: its decoded data fails the object's checksum (got {crc:08x}, want {:08x})",
-            record.name, record.crc
-        )));
+    let object_ok = crc == record.crc && done == record.size;
+    if !reader.finish(object_ok).await? {
+        return Ok(false);
     }
     out.flush()
         .await
-        .map_err(|e| Error::io("writing the output", e))
+        .map_err(|e| Error::io("writing the output", e))?;
+    Ok(true)
 }

@@ -210,7 +210,13 @@ impl Rebuild<'_> {
                 })
             })
             .collect();
-        let reader = reader_out.insert(FragmentReader::new(record.size, fragments, sources, None)?);
+        let reader = reader_out.insert(FragmentReader::new(
+            record.size,
+            fragments,
+            sources,
+            None,
+            false,
+        )?);
         let layout = reader.layout();
         let mut coder = StripeCoder::new(layout)?;
         let io = |e| Error::io("writing a rebuilt fragment", e);
@@ -244,7 +250,16 @@ impl Rebuild<'_> {
                 streams[i].write_all(shard).await.map_err(io)?;
             }
         }
-        reader.finish().await?;
+        // The object's own checksum is not computed here: the rebuilt
+        // fragments' are checked below. A pass with a fragment that
+        // failed its check is not read again (its shards are already
+        // written): the attempt fails, and the next one leaves it out.
+        if !reader.finish(true).await? {
+            return Err(Error::Corrupt(format!(
+                "a fragment read to rebuild {:?} failed its checksum; rebuild again without it",
+                record.name
+            )));
+        }
         for (i, &slot) in slots.iter().enumerate() {
             if fragments.crcs.get(slot) != Some(&crcs[i]) {
                 // Dropped before its trailer: the target discards it.

@@ -15,9 +15,21 @@
 //! and is never reused: an overwrite gets new addresses, so no Get that
 //! looked the name up after it can reach the old entry, and freeing the
 //! fragment (after a Delete or an overwrite) drops the entry.
+//!
+//! A miss gathers the object over the network, which takes a while: a
+//! Free of its fragment 0 may come and go meanwhile. The gathering is
+//! therefore a [`Fill`], begun before the node checks that it still
+//! holds fragment 0 and admitted only if no Free of that address came
+//! since ([`ObjectCache::remove`] marks the fills in flight), so the
+//! cache never keeps, and never serves, an object whose fragment 0 was
+//! freed. (Without it, an entry gathered from fragments not yet freed
+//! would outlive the Free: memory held for an object no record names.)
+//! The deterministic simulation `crates/store/tests/ec_read_sim.rs`
+//! checks this with Frees racing gathers.
 
 use quick_cache::unsync::Cache;
 use quick_cache::{DefaultHashBuilder, Lifecycle, OptionsBuilder, Weighter};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use strata_store_protocol::addr::Addr;
@@ -73,8 +85,19 @@ pub struct CacheStats {
     pub budget: u64,
 }
 
+/// The fills in flight of one fragment-0 address.
+#[derive(Clone, Copy, Debug, Default)]
+struct InFlight {
+    /// How many.
+    fills: usize,
+    /// A Free of the address came since the oldest began.
+    freed: bool,
+}
+
 /// A storage node's whole-object cache (see the module).
 pub struct ObjectCache {
+    /// Locked before `entries` when both are.
+    fills: Mutex<HashMap<Addr, InFlight>>,
     entries: Option<Mutex<Entries>>,
     budget: u64,
     hits: AtomicU64,
@@ -125,6 +148,7 @@ impl ObjectCache {
             clock_pro(budget, ByBytes, CountEvictions(evictions.clone())).map(Mutex::new)
         };
         ObjectCache {
+            fills: Mutex::new(HashMap::new()),
             entries,
             budget,
             hits: AtomicU64::new(0),
@@ -162,8 +186,29 @@ impl ObjectCache {
         found
     }
 
+    fn fills(&self) -> std::sync::MutexGuard<'_, HashMap<Addr, InFlight>> {
+        self.fills.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Begins gathering the object whose fragment 0 is `addr` for a
+    /// miss. The caller must then check that it still holds fragment 0
+    /// (a Free before this call removed it; one after marks the fill),
+    /// and keep the gathered object with [`Fill::admit`].
+    pub fn begin_fill(&self, addr: Addr) -> Fill<'_> {
+        self.fills().entry(addr).or_default().fills += 1;
+        Fill { cache: self, addr }
+    }
+
+    /// Whether an entry for `addr` is held (whatever its size and CRC;
+    /// not counted as a hit or a miss).
+    pub fn holds(&self, addr: Addr) -> bool {
+        self.entries()
+            .is_some_and(|entries| entries.peek(&addr).is_some())
+    }
+
     /// Keeps the object whose fragment 0 is `addr`, verified against
-    /// `crc`.
+    /// `crc`. A caller that gathered it over time uses [`Fill::admit`]
+    /// instead, which refuses it if the fragment was freed meanwhile.
     pub fn insert(&self, addr: Addr, crc: u32, data: Arc<Vec<u8>>) {
         if data.len() as u64 > self.max_object() {
             return;
@@ -178,8 +223,13 @@ impl ObjectCache {
     }
 
     /// Drops the entry of fragment-0 address `addr` (its fragment was
-    /// freed).
+    /// freed: call this after the fragment is gone from the disk), and
+    /// marks the fills of it in flight, which will not be admitted.
     pub fn remove(&self, addr: Addr) {
+        let mut fills = self.fills();
+        if let Some(in_flight) = fills.get_mut(&addr) {
+            in_flight.freed = true;
+        }
         if let Some(mut entries) = self.entries() {
             entries.remove(&addr);
         }
@@ -197,6 +247,54 @@ impl ObjectCache {
             bytes,
             entries,
             budget: self.budget,
+        }
+    }
+}
+
+/// The gathering of one object for a miss ([`ObjectCache::begin_fill`]):
+/// dropped without [`Fill::admit`] (the gathering failed), it is
+/// forgotten.
+pub struct Fill<'a> {
+    cache: &'a ObjectCache,
+    addr: Addr,
+}
+
+impl Fill<'_> {
+    /// Keeps the gathered object, verified against `crc`, unless its
+    /// fragment 0 was freed since the fill began; whether it was kept
+    /// (an object above [`ObjectCache::max_object`] never is).
+    pub fn admit(self, crc: u32, data: Arc<Vec<u8>>) -> bool {
+        // The fills' lock is held across the insert, so no Free comes
+        // between the check and the entry.
+        let fills = self.cache.fills();
+        if fills.get(&self.addr).is_some_and(|f| f.freed) {
+            return false;
+        }
+        if data.len() as u64 > self.cache.max_object() {
+            return false;
+        }
+        let Some(mut entries) = self.cache.entries() else {
+            return false;
+        };
+        entries.insert(self.addr, Cached { data, crc });
+        debug_assert!(
+            entries.weight() <= self.cache.budget,
+            "the cache holds more than its budget"
+        );
+        drop(entries);
+        drop(fills);
+        true
+    }
+}
+
+impl Drop for Fill<'_> {
+    fn drop(&mut self) {
+        let mut fills = self.cache.fills();
+        if let Some(in_flight) = fills.get_mut(&self.addr) {
+            in_flight.fills -= 1;
+            if in_flight.fills == 0 {
+                fills.remove(&self.addr);
+            }
         }
     }
 }
@@ -323,6 +421,25 @@ mod tests {
         let none = ObjectCache::new(0);
         none.insert(1, 1, Arc::new(vec![0; 10]));
         assert!(none.get(1, 10, 1).is_none(), "a budget of 0 keeps nothing");
+    }
+
+    #[test]
+    fn a_fill_whose_fragment_was_freed_meanwhile_is_not_admitted() {
+        let cache = ObjectCache::new(8 << 10);
+        let early = cache.begin_fill(5);
+        let late = cache.begin_fill(5);
+        cache.remove(5);
+        assert!(!early.admit(1, Arc::new(vec![1; 100])));
+        assert!(!cache.holds(5), "the Free came after the fill began");
+        // A fill begun after the Free is the caller's to refuse (it no
+        // longer holds fragment 0); one still in flight stays marked.
+        assert!(!late.admit(1, Arc::new(vec![1; 100])));
+        assert!(cache.fills().is_empty(), "fills are forgotten once done");
+        let fresh = cache.begin_fill(6);
+        assert!(fresh.admit(2, Arc::new(vec![2; 100])));
+        assert!(cache.holds(6) && cache.get(6, 100, 2).is_some());
+        drop(cache.begin_fill(7));
+        assert!(cache.fills().is_empty(), "an abandoned fill is forgotten");
     }
 
     #[test]

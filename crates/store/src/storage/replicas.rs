@@ -425,17 +425,22 @@ async fn connection(stream: TcpStream, store: &SnStore, table: &SharedTable) -> 
             }
             Request::GetObject { addr, object } => {
                 let (cache, key) = (&store.object_cache, store.key.as_ref());
-                crate::storage::whole::get_object(w, cache, key, table, addr, object).await?
+                let held = store.path(addr);
+                let asked = (addr, object, held.as_path());
+                crate::storage::whole::get_object(w, cache, key, table, asked).await?
             }
             Request::Free { addr } => {
-                // An entry of the object cache goes with its fragment 0.
-                store.object_cache.remove(addr);
                 let path = store.path(addr);
                 if let Ok(m) = tokio::fs::metadata(&path).await {
                     if tokio::fs::remove_file(&path).await.is_ok() {
                         store.core().removed(m.len());
                     }
                 }
+                // An entry of the object cache goes with its fragment 0,
+                // once the fragment is gone: a gathering for a miss that
+                // began before then is refused its entry, one after finds
+                // no fragment 0 (see the object cache's module).
+                store.object_cache.remove(addr);
                 w.write_all(&[0])
                     .await
                     .map_err(|e| Error::io("replying", e))?;

@@ -2,13 +2,16 @@
 //! ([`Request::GetObject`]): from the node's object cache, or gathered
 //! from any k fragments (this node's first), decoded and checked here,
 //! then cached (the thesis's chapter 5). A client reads one stream
-//! instead of k.
+//! instead of k. The gathering makes the decisions of the client's
+//! reads ([`strata_store_client::read_plan`]); what it may keep is the
+//! object cache's to say (a Free may race it).
 //!
 //! [`Request::GetObject`]: strata_store_protocol::data::Request::GetObject
 
 use crate::runtime::{read_table, SharedTable};
 use crate::storage::object_cache::ObjectCache;
 use crate::storage::reader::reply_err;
+use std::path::Path;
 use std::sync::Arc;
 use strata_store_client::erasure::{gather_object, FragmentSource, StreamPool};
 use strata_store_protocol::addr::{fmt_addr, Addr};
@@ -18,16 +21,18 @@ use strata_store_protocol::wire::Fragments;
 use strata_store_protocol::Error;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-/// Serves the object whose fragment 0 is `addr`: status, size, bytes and
-/// the Get trailer (verified, CRC-32C), or an error the client falls
-/// back on (it then reads the fragments itself).
+/// Serves the object whose fragment 0 is `addr` (held at `held` on
+/// this node's disk): status, size, bytes and the Get trailer (verified,
+/// CRC-32C), or an error the client falls back on (it then reads the
+/// fragments itself). A miss is gathered only while this node holds
+/// fragment 0, and kept only if no Free of it came meanwhile
+/// ([`ObjectCache::begin_fill`]).
 pub(super) async fn get_object<W: AsyncWrite + Unpin>(
     w: &mut W,
     cache: &ObjectCache,
     key: Option<&ClusterKey>,
     table: &SharedTable,
-    addr: Addr,
-    object: CodedObject,
+    (addr, object, held): (Addr, CodedObject, &Path),
 ) -> Result<(), Error> {
     let data = match cache.get(addr, object.size, object.crc) {
         Some(data) => data,
@@ -41,14 +46,27 @@ pub(super) async fn get_object<W: AsyncWrite + Unpin>(
             );
             return reply_err(w, &why).await;
         }
-        None => match gather(key, table, &object).await {
-            Ok(data) => {
-                let data = Arc::new(data);
-                cache.insert(addr, object.crc, data.clone());
-                data
+        None => {
+            let fill = cache.begin_fill(addr);
+            if !tokio::fs::try_exists(held).await.unwrap_or(false) {
+                let why = format!(
+                    "this node does not hold fragment 0 {} (freed, or never stored): \
+                     read the object's fragments",
+                    fmt_addr(addr)
+                );
+                return reply_err(w, &why).await;
             }
-            Err(e) => return reply_err(w, &e.report().to_string()).await,
-        },
+            match gather(key, table, &object).await {
+                Ok(data) => {
+                    let data = Arc::new(data);
+                    // Refused if the fragment was freed meanwhile: this
+                    // Get, which began before the Free, is still served.
+                    fill.admit(object.crc, data.clone());
+                    data
+                }
+                Err(e) => return reply_err(w, &e.report().to_string()).await,
+            }
+        }
     };
     let io = |e| Error::io("sending an object", e);
     w.write_all(&[0]).await.map_err(io)?;
