@@ -76,6 +76,16 @@ pub enum F3Command {
         /// The namespace path.
         path: String,
     },
+    /// The namespace's events: ephemeral files lost when their holder's
+    /// lease lapsed (reads get EIO), and recovered when it came back; each
+    /// names the step that wrote the file (`user.strata.producer`).
+    Events {
+        #[command(flatten)]
+        service: ServiceArg,
+        /// Only the events after this number.
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+    },
     /// Drop the copies of a file that nodes other than its holder keep.
     Evict {
         #[command(flatten)]
@@ -132,6 +142,7 @@ pub fn run(command: F3Command) -> Result<i32> {
         F3Command::Where { service, paths } => where_held(&service, &paths),
         F3Command::Persist { service, path } => persist(&service, &path),
         F3Command::Evict { service, path } => evict(&service, &path),
+        F3Command::Events { service, after } => events(&service, after),
     }
 }
 
@@ -261,6 +272,27 @@ fn ls(args: &ServiceArg, path: &str) -> Result<i32> {
         Output::Human => {
             for entry in &entries {
                 println!("{}", entry_line(entry));
+            }
+        }
+    }
+    Ok(0)
+}
+
+fn events(args: &ServiceArg, after: u64) -> Result<i32> {
+    let page = ServiceClient::new(&args.meta).events(after, strata_f3::events::MAX_EVENT_PAGE)?;
+    match args.output {
+        Output::Json => print_json(&page)?,
+        Output::Human => {
+            for event in &page.events {
+                println!(
+                    "{:>6}  {:<9}  {}  (holder {}, {} bytes, producer {})",
+                    event.seq,
+                    format!("{:?}", event.kind).to_lowercase(),
+                    event.path,
+                    event.holder,
+                    event.size,
+                    event.producer.as_deref().unwrap_or("not named")
+                );
             }
         }
     }

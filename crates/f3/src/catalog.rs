@@ -13,8 +13,8 @@ use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use crate::path::NamespacePath;
 use crate::protocol::{
-    check_address, check_node_name, unix_ms, CreateRequest, Entry, NodeBytes, NodeInfo,
-    UpdateRequest, WriterRequest, MAX_LISTED_ENTRIES,
+    check_address, check_node_name, check_producer, unix_ms, CreateRequest, Entry, NodeBytes,
+    NodeInfo, UpdateRequest, WriterRequest, MAX_LISTED_ENTRIES,
 };
 use crate::{F3Error, Result};
 
@@ -35,9 +35,12 @@ const MAX_WRITERS_PER_NODE: u32 = 1 << 20;
 
 /// The namespace's metadata and the nodes' leases.
 pub struct Catalog {
-    database: redb::Database,
-    leases: Mutex<HashMap<String, Instant>>,
+    pub(crate) database: redb::Database,
+    pub(crate) leases: Mutex<HashMap<String, Instant>>,
     lease: Duration,
+    /// Nodes whose lease lapsed and whose files' loss was announced
+    /// ([`crate::events`]).
+    pub(crate) lapsed: Mutex<std::collections::HashSet<String>>,
 }
 
 impl std::fmt::Debug for Catalog {
@@ -48,7 +51,7 @@ impl std::fmt::Debug for Catalog {
     }
 }
 
-fn store_error(what: &str, error: impl std::fmt::Display) -> F3Error {
+pub(crate) fn store_error(what: &str, error: impl std::fmt::Display) -> F3Error {
     F3Error::new(
         crate::error::ErrorKind::Io,
         format!("the F3 catalog: {what}: {error}"),
@@ -68,6 +71,7 @@ impl Catalog {
             database,
             leases: Mutex::new(HashMap::new()),
             lease,
+            lapsed: Mutex::new(std::collections::HashSet::new()),
         };
         catalog.write(|files, _| {
             if files
@@ -85,6 +89,7 @@ impl Catalog {
                     writers: BTreeMap::new(),
                     held: BTreeMap::new(),
                     modified_ms: unix_ms(),
+                    producer: None,
                 };
                 put(files, &root)?;
             }
@@ -124,6 +129,9 @@ impl Catalog {
             Ok(())
         })?;
         self.leases.lock().insert(node.to_string(), Instant::now());
+        if self.lapsed.lock().remove(node) {
+            self.announce_holder(node, crate::protocol::EventKind::Recovered)?;
+        }
         Ok(())
     }
 
@@ -244,6 +252,8 @@ impl Catalog {
                     existing.size = 0;
                     existing.version += 1;
                     existing.held.clear();
+                    // New content: whoever writes it names itself again.
+                    existing.producer = None;
                     if existing.ephemeral {
                         existing.holder = Some(request.node.clone());
                     }
@@ -264,6 +274,7 @@ impl Catalog {
                         writers: BTreeMap::new(),
                         held: BTreeMap::new(),
                         modified_ms: now,
+                        producer: None,
                     };
                     if !request.directory {
                         add_writer(&mut entry, &request.node)?;
@@ -352,6 +363,10 @@ impl Catalog {
             }
             if request.clear_holder {
                 entry.holder = None;
+            }
+            if let Some(producer) = &request.producer {
+                check_producer(producer)?;
+                entry.producer = (!producer.is_empty()).then(|| producer.clone());
             }
             Ok(())
         })
@@ -485,7 +500,7 @@ fn put(table: &mut redb::Table<&str, &[u8]>, entry: &Entry) -> Result<()> {
 }
 
 /// The entry stored under `path`, checked to be that path's.
-fn decode(path: &str, bytes: &[u8]) -> Result<Entry> {
+pub(crate) fn decode(path: &str, bytes: &[u8]) -> Result<Entry> {
     let entry: Entry = serde_json::from_slice(bytes)
         .map_err(|e| store_error(&format!("the record of {path} is unreadable"), e))?;
     if entry.path != path {

@@ -94,6 +94,16 @@ impl ServiceClient {
         })
     }
 
+    /// The events after number `after`, oldest first (at most `limit`).
+    pub fn events(&self, after: u64, limit: usize) -> Result<EventPage> {
+        let url = format!(
+            "http://{}/v1/events?after={after}&limit={limit}",
+            self.address
+        );
+        let result = self.agent.get(&url).call();
+        parse(&self.address, "service", result)
+    }
+
     /// The entry at `path`.
     pub fn stat(&self, path: &str) -> Result<Entry> {
         self.post("/v1/stat", &PathRequest { path: path.into() })

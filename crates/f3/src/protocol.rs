@@ -38,6 +38,14 @@ pub const EPHEMERAL_XATTR: &str = "user.strata.ephemeral";
 /// The read-only extended attribute that names a file's holder node.
 pub const HOLDER_XATTR: &str = "user.strata.holder";
 
+/// The extended attribute naming the step (of a workflow, or any
+/// producer) that wrote a file: kept with its metadata and named in the
+/// event of its loss, so a planner can run that step again.
+pub const PRODUCER_XATTR: &str = "user.strata.producer";
+
+/// Longest producer name kept.
+pub const MAX_PRODUCER_BYTES: usize = 256;
+
 /// Response header of a transfer: the file's size on its holder now.
 pub const SIZE_HEADER: &str = "x-f3-size";
 
@@ -70,6 +78,9 @@ pub struct Entry {
     pub held: BTreeMap<String, u64>,
     /// Last change, milliseconds since the Unix epoch.
     pub modified_ms: u64,
+    /// The step that wrote it, if one was named ([`PRODUCER_XATTR`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer: Option<String>,
 }
 
 /// A node as the service knows it.
@@ -155,6 +166,61 @@ pub struct UpdateRequest {
     /// With `ephemeral: Some(false)` on a file: forget its holder.
     #[serde(default)]
     pub clear_holder: bool,
+    /// The step that wrote the file (empty: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer: Option<String>,
+}
+
+/// Checks a producer's name: at most [`MAX_PRODUCER_BYTES`] printable
+/// characters.
+pub fn check_producer(producer: &str) -> Result<()> {
+    if producer.len() <= MAX_PRODUCER_BYTES && !producer.chars().any(char::is_control) {
+        Ok(())
+    } else {
+        Err(F3Error::invalid(format!(
+            "producer {:?}: give at most {MAX_PRODUCER_BYTES} bytes of printable text",
+            producer.chars().take(80).collect::<String>()
+        )))
+    }
+}
+
+/// What happened to an ephemeral file's content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventKind {
+    /// Its holder's lease lapsed: reads of it get EIO.
+    Lost,
+    /// Its holder came back: it reads again.
+    Recovered,
+}
+
+/// An event of the namespace (`GET /v1/events`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Its number: events are numbered in the order they happened.
+    pub seq: u64,
+    /// What happened.
+    pub kind: EventKind,
+    /// The file.
+    pub path: String,
+    /// The node that held it.
+    pub holder: String,
+    /// The step that wrote it, if one was named: the one to run again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer: Option<String>,
+    /// Its size, as last reported.
+    pub size: u64,
+    /// When, milliseconds since the Unix epoch.
+    pub at_ms: u64,
+}
+
+/// `GET /v1/events`: the events after `seq` (`after`), oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EventPage {
+    /// At most the limit asked (1,000 by default and at most).
+    pub events: Vec<Event>,
+    /// The number of the newest event kept (0: none yet).
+    pub last: u64,
 }
 
 /// One file a node holds bytes of.

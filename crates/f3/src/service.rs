@@ -15,6 +15,7 @@
 //! | `POST /v1/update` | [`UpdateRequest`] | [`Entry`] |
 //! | `POST /v1/report` | [`ReportRequest`] | `{"missing": [...]}` |
 //! | `POST /v1/locality` | [`LocalityQuery`] | [`LocalityAnswer`] |
+//! | `GET /v1/events?after=SEQ&limit=N` | | [`EventPage`] |
 //! | `POST /scheduler/filter` | `ExtenderArgs` | `ExtenderFilterResult` |
 //! | `POST /scheduler/prioritize` | `ExtenderArgs` | `HostPriorityList` |
 
@@ -43,10 +44,28 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    axum::serve(listener, router(catalog))
+    let sweeper = tokio::spawn(sweep_leases(catalog.clone()));
+    let served = axum::serve(listener, router(catalog))
         .with_graceful_shutdown(shutdown)
         .await
-        .map_err(|e| F3Error::io("serving the F3 metadata service", e))
+        .map_err(|e| F3Error::io("serving the F3 metadata service", e));
+    sweeper.abort();
+    served
+}
+
+/// Looks for lapsed leases every quarter of a lease, announcing the
+/// loss of their nodes' ephemeral files ([`Catalog::sweep`]).
+async fn sweep_leases(catalog: Arc<Catalog>) {
+    let mut ticks = tokio::time::interval(catalog.lease() / 4);
+    loop {
+        ticks.tick().await;
+        let sweeping = catalog.clone();
+        match tokio::task::spawn_blocking(move || sweeping.sweep()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!("F3: looking for lapsed leases: {e}"),
+            Err(e) => tracing::warn!("F3: looking for lapsed leases: {e}"),
+        }
+    }
 }
 
 /// The service's routes over `catalog`.
@@ -62,6 +81,7 @@ pub fn router(catalog: Arc<Catalog>) -> Router {
         .route("/v1/update", post(update))
         .route("/v1/report", post(report))
         .route("/v1/locality", post(locality_query))
+        .route("/v1/events", get(events))
         .route("/scheduler/filter", post(extender_filter))
         .route("/scheduler/prioritize", post(extender_prioritize))
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
@@ -115,6 +135,34 @@ async fn heartbeat(State(catalog): Shared, request: Body<Heartbeat>) -> Response
 
 async fn nodes(State(catalog): Shared) -> Response {
     answer(catalog.nodes())
+}
+
+/// `GET /v1/events?after=SEQ&limit=N`.
+#[derive(Debug, serde::Deserialize)]
+struct EventsQuery {
+    #[serde(default)]
+    after: u64,
+    #[serde(default = "default_event_page")]
+    limit: usize,
+}
+
+fn default_event_page() -> usize {
+    crate::events::MAX_EVENT_PAGE
+}
+
+async fn events(
+    State(catalog): Shared,
+    query: std::result::Result<
+        axum::extract::Query<EventsQuery>,
+        axum::extract::rejection::QueryRejection,
+    >,
+) -> Response {
+    match query {
+        Ok(axum::extract::Query(q)) => answer(catalog.events(q.after, q.limit)),
+        Err(e) => answer::<()>(Err(F3Error::invalid(format!(
+            "events: {e}: give ?after=SEQ&limit=N with whole numbers"
+        )))),
+    }
 }
 
 async fn stat(State(catalog): Shared, request: Body<PathRequest>) -> Response {

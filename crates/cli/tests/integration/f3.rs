@@ -5,7 +5,7 @@
 //! Every mount is lazily unmounted when a test ends, even by panic, and
 //! every wait is bounded.
 
-use crate::common::store::{wait_until, Store};
+use crate::common::store::{wait_until, wait_until_long, Store};
 use crate::common::{p, pattern, strata, Launch, Proc};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -755,7 +755,10 @@ fn a_quota_evicts_copies_then_spills_idle_files_then_refuses() {
         mib as u64
     );
     assert_eq!(agent_metric(&f3, 1, "strata_f3_evictions_total"), 0);
-    assert_eq!(agent_metric(&f3, 1, "strata_f3_quota_bytes"), 4 * mib as u64);
+    assert_eq!(
+        agent_metric(&f3, 1, "strata_f3_quota_bytes"),
+        4 * mib as u64
+    );
 
     // 3.5 MiB held; 2 MiB more: the copy and the local copy go.
     let second = pattern(2 * mib, 4);
@@ -798,4 +801,88 @@ fn a_quota_evicts_copies_then_spills_idle_files_then_refuses() {
     assert_eq!(std::fs::read(a.join("x2.eph")).unwrap(), second);
     assert_eq!(std::fs::read(a.join("x3.eph")).unwrap(), third);
     assert_eq!(std::fs::read(b.join("from-a.eph")).unwrap(), from_a);
+}
+
+/// A holder killed: once its lease lapses, the service records a `lost`
+/// event for each ephemeral file it held, naming the step that wrote it
+/// (`user.strata.producer`), and reads elsewhere get EIO; when the node
+/// comes back with its directory, a `recovered` event follows and the
+/// file reads again. Durable files are never reported.
+#[test]
+fn a_lost_holder_s_files_are_reported_with_their_producer_then_recovered() {
+    let mut f3 = F3::up();
+    let data = pattern(300_000, 9);
+    let lost = f3.mount(0).join("stage1.eph");
+    std::fs::write(&lost, &data).unwrap();
+    set_xattr(&lost, "user.strata.producer", "wordcount/split").unwrap();
+    assert_eq!(
+        xattr(&lost, "user.strata.producer").as_deref(),
+        Some("wordcount/split")
+    );
+    std::fs::write(f3.mount(0).join("plain.eph"), b"no producer").unwrap();
+    std::fs::write(f3.mount(0).join("kept.bin"), b"durable").unwrap();
+    let too_long = "x".repeat(300);
+    assert!(set_xattr(&lost, "user.strata.producer", &too_long).is_err());
+    let none = f3.f3_json(&["events"]);
+    assert_eq!(none["events"], serde_json::json!([]), "{none}");
+
+    let killed = f3.agents[0].1.take().unwrap();
+    // SAFETY: signalling the agent this test started.
+    unsafe { libc::kill(killed.pid() as i32, libc::SIGKILL) };
+    let mut page = serde_json::Value::Null;
+    wait_until_long(
+        "the loss reported",
+        Duration::from_millis(LEASE_MS * 4),
+        || {
+            page = f3.f3_json(&["events"]);
+            page["events"].as_array().is_some_and(|e| e.len() == 2)
+        },
+    );
+    let events = page["events"].as_array().unwrap();
+    let by_path = |path: &str| {
+        events
+            .iter()
+            .find(|e| e["path"] == path)
+            .unwrap_or_else(|| panic!("no event for {path}: {page}"))
+            .clone()
+    };
+    let first = by_path("/stage1.eph");
+    assert_eq!(first["kind"], "lost", "{first}");
+    assert_eq!(first["holder"], "a", "{first}");
+    assert_eq!(first["producer"], "wordcount/split", "{first}");
+    assert_eq!(first["size"].as_u64(), Some(data.len() as u64), "{first}");
+    assert!(by_path("/plain.eph")["producer"].is_null());
+    let error = std::fs::read(f3.mount(1).join("stage1.eph")).unwrap_err();
+    assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
+    assert_eq!(
+        std::fs::read(f3.mount(1).join("kept.bin")).unwrap(),
+        b"durable"
+    );
+    // The human listing names the producer too.
+    let text = crate::common::output_text(&f3.f3(&["events"]));
+    assert!(
+        text.contains("lost") && text.contains("wordcount/split"),
+        "{text}"
+    );
+
+    // The node comes back on its directory: recovered, and readable.
+    let _ = Command::new("umount").arg("-l").arg(f3.mount(0)).output();
+    let last = page["last"].as_u64().unwrap();
+    f3.start_agent("a", &[]);
+    let after = last.to_string();
+    wait_until_long("the recovery reported", Duration::from_secs(10), || {
+        page = f3.f3_json(&["events", "--after", &after]);
+        page["events"].as_array().is_some_and(|e| e.len() == 2)
+    });
+    assert!(
+        page["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["kind"] == "recovered" && e["seq"].as_u64().unwrap() > last),
+        "{page}"
+    );
+    assert_eq!(std::fs::read(f3.mount(1).join("stage1.eph")).unwrap(), data);
+    f3.assert_all_running();
+    drop(killed);
 }

@@ -189,6 +189,22 @@ impl F3Filesystem {
     }
 
     /// Replies to a read that has to wait, from a thread of its own.
+    /// Names the step that wrote file `path` (the producer xattr).
+    fn set_producer(&self, path: &NamespacePath, value: &[u8], reply: ReplyEmpty) {
+        let Ok(producer) = std::str::from_utf8(value) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let result = self.shared.service.update(&UpdateRequest {
+            path: path.to_string(),
+            producer: Some(producer.to_string()),
+            ..Default::default()
+        });
+        match result {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
     fn wait_and_reply(&self, handle: Arc<Handle>, offset: u64, size: u32, reply: ReplyData) {
         if self.waiting.fetch_add(1, Ordering::SeqCst) >= MAX_WAITING_READS {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
@@ -784,13 +800,16 @@ impl Filesystem for F3Filesystem {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        if name != EPHEMERAL_XATTR {
-            return reply.error(Errno::from_i32(libc::ENOTSUP));
-        }
         let path = match self.path_of(ino) {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
+        if name == PRODUCER_XATTR {
+            return self.set_producer(&path, value, reply);
+        }
+        if name != EPHEMERAL_XATTR {
+            return reply.error(Errno::from_i32(libc::ENOTSUP));
+        }
         let ephemeral = match value {
             b"1" => true,
             b"0" => false,
@@ -827,6 +846,8 @@ impl Filesystem for F3Filesystem {
         };
         let value = if name == EPHEMERAL_XATTR {
             if entry.ephemeral { "1" } else { "0" }.to_string()
+        } else if name == PRODUCER_XATTR && entry.producer.is_some() {
+            entry.producer.clone().unwrap_or_default()
         } else if name == HOLDER_XATTR {
             match entry.holder {
                 Some(holder) => holder,
@@ -852,11 +873,14 @@ impl Filesystem for F3Filesystem {
             names.push_str(HOLDER_XATTR);
             names.push('\0');
         }
+        if entry.producer.is_some() {
+            names.push_str(PRODUCER_XATTR);
+            names.push('\0');
+        }
         xattr_reply(names.as_bytes(), size, reply);
     }
 }
 
-/// An xattr answer: its size when asked (`size` 0), the bytes if they fit.
 /// Writes `data` at `offset` through a writable handle.
 fn write_handle(handle: &Handle, offset: u64, data: &[u8]) -> std::io::Result<()> {
     match handle {
@@ -877,6 +901,7 @@ fn write_handle(handle: &Handle, offset: u64, data: &[u8]) -> std::io::Result<()
     }
 }
 
+/// An xattr answer: its size when asked (`size` 0), the bytes if they fit.
 fn xattr_reply(value: &[u8], size: u32, reply: ReplyXattr) {
     if size == 0 {
         reply.size(value.len() as u32);
