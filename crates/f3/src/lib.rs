@@ -26,6 +26,7 @@
 pub mod catalog;
 pub mod client;
 pub mod error;
+pub mod invoke;
 pub mod locality;
 pub mod node;
 pub mod path;

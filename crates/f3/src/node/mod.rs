@@ -2,13 +2,16 @@
 //! metadata service and renews its lease, serves the ephemeral files it
 //! holds to other nodes ([`transfer`]), pulls other nodes' files
 //! ([`copies`]), reaches the durable tier ([`durable`]), and mounts the
-//! namespace with FUSE ([`fs`]).
+//! namespace with FUSE ([`fs`]). It also runs functions in sandboxes
+//! ([`sandbox`], with their memory cgroups in [`cgroup`]).
 
+pub mod cgroup;
 pub mod copies;
 pub mod durable;
 pub mod fs;
 pub mod handles;
 pub mod local;
+pub mod sandbox;
 pub mod transfer;
 
 use std::collections::HashMap;
@@ -26,6 +29,7 @@ use crate::{F3Error, Result};
 use copies::Copies;
 use durable::DurableTier;
 use local::LocalFiles;
+use sandbox::{SandboxConfig, Sandboxes};
 
 /// How a node agent runs.
 #[derive(Debug, Clone)]
@@ -45,6 +49,8 @@ pub struct NodeConfig {
     pub store: Option<(SocketAddr, TenantCredential)>,
     /// Every new file is ephemeral, whatever its name or directory.
     pub all_ephemeral: bool,
+    /// How functions run here (slots, keep-alive, cgroups).
+    pub sandbox: SandboxConfig,
 }
 
 /// What the file system, the transfer service and the heartbeat share.
@@ -74,6 +80,8 @@ pub struct Shared {
     pub all_ephemeral: bool,
     /// The service's lease: how long a silent holder is waited for.
     pub lease: Duration,
+    /// The function sandboxes.
+    pub sandboxes: Arc<Sandboxes>,
 }
 
 impl Shared {
@@ -159,6 +167,7 @@ impl Node {
             durable,
             all_ephemeral: config.all_ephemeral,
             lease: Duration::from_millis(lease.lease_ms.clamp(100, 600_000)),
+            sandboxes: Sandboxes::start(&config.name, &config.mountpoint, config.sandbox.clone()),
         });
         let app = transfer::router(shared.clone());
         runtime.spawn(async move {
@@ -204,6 +213,7 @@ impl Node {
         if let Some(session) = self.session.take() {
             drop(session);
         }
+        self.shared.sandboxes.shutdown();
         let _ = &self.runtime;
     }
 }

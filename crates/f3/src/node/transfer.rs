@@ -12,7 +12,9 @@
 //!   elsewhere (or of a durable file);
 //! - `POST /v1/forget {"path"}`: drops whatever this node keeps of a file
 //!   the namespace no longer has (a node that removed a file asks the
-//!   others; a file still in the namespace is refused).
+//!   others; a file still in the namespace is refused);
+//! - `POST /v1/invoke` and `GET /v1/sandboxes`: functions run on this
+//!   node ([`super::sandbox`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,6 +49,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/persist", post(persist))
         .route("/v1/evict", post(evict))
         .route("/v1/forget", post(forget))
+        .merge(super::sandbox::routes())
         .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(shared)
 }
