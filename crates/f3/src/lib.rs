@@ -32,5 +32,6 @@ pub mod node;
 pub mod path;
 pub mod protocol;
 pub mod service;
+pub mod workflow;
 
 pub use error::{F3Error, Result};
