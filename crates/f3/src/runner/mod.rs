@@ -316,7 +316,19 @@ impl<'a> Runner<'a> {
                 .map(|a| a.nodes.into_iter().map(|n| (n.node, n.bytes)).collect())
                 .unwrap_or_default()
         };
-        let in_flight = self.progress.lock().in_flight.clone();
+        let (in_flight, phases) = {
+            let progress = self.progress.lock();
+            (progress.in_flight.clone(), progress.phases.clone())
+        };
+        // The holders of streamed inputs whose producer still runs: their
+        // bytes are still to come, and they come there.
+        let producing: Vec<&str> = step
+            .inputs
+            .iter()
+            .filter(|i| i.stream && i.producer.is_some_and(|p| phases[p] == Phase::Running))
+            .filter_map(|i| before.iter().find(|e| e.path == i.path))
+            .filter_map(|e| e.holder.as_deref())
+            .collect();
         let candidates: Vec<Candidate> = self
             .nodes
             .iter()
@@ -328,6 +340,7 @@ impl<'a> Runner<'a> {
                     free_slots: status.slots.saturating_sub(busy),
                     warm: status.warm.contains_key(&step.name),
                     input_bytes: held.get(&node.name).copied().unwrap_or(0),
+                    producing: producing.contains(&node.name.as_str()),
                 })
             })
             .collect();

@@ -40,6 +40,9 @@ pub struct Candidate {
     pub warm: bool,
     /// Bytes of the step's inputs it holds.
     pub input_bytes: u64,
+    /// It holds an input that a running step still writes there (whose
+    /// bytes are still to come), which the step streams.
+    pub producing: bool,
 }
 
 /// A scheduler's choice and why.
@@ -102,13 +105,15 @@ impl Scheduler {
     }
 }
 
-/// Most input bytes first, then a warm sandbox, then most free slots,
-/// then name; the first with a free slot.
+/// Most input bytes first, then a node still writing a streamed input,
+/// then a warm sandbox, then most free slots, then name; the first with
+/// a free slot.
 fn locality(candidates: &[Candidate], input_bytes: u64) -> Option<Choice> {
     let mut ranked: Vec<&Candidate> = candidates.iter().collect();
     ranked.sort_by(|a, b| {
         b.input_bytes
             .cmp(&a.input_bytes)
+            .then(b.producing.cmp(&a.producing))
             .then(b.warm.cmp(&a.warm))
             .then(b.free_slots.cmp(&a.free_slots))
             .then(a.node.cmp(&b.node))
@@ -120,6 +125,9 @@ fn locality(candidates: &[Candidate], input_bytes: u64) -> Option<Choice> {
     } else {
         format!("holds {} of {input_bytes} input bytes", pick.input_bytes)
     };
+    if pick.producing {
+        reason.push_str("; writes a streamed input");
+    }
     if pick.warm {
         reason.push_str("; warm sandbox");
     }
@@ -143,6 +151,7 @@ mod tests {
             free_slots,
             warm,
             input_bytes,
+            producing: false,
         }
     }
 
@@ -164,6 +173,12 @@ mod tests {
         assert_eq!(choice.node, "a");
         assert!(choice.reason.contains("b had no free slot"), "{}", choice.reason);
         assert!(s.choose(&[node("a", 0, true, 5)], 5).is_none());
+        let mut writer = node("b", 1, false, 0);
+        writer.producing = true;
+        let streaming = [node("a", 4, true, 0), writer];
+        let choice = s.choose(&streaming, 0).unwrap();
+        assert_eq!(choice.node, "b");
+        assert!(choice.reason.contains("streamed"), "{}", choice.reason);
     }
 
     #[test]
