@@ -172,7 +172,13 @@ pub fn run(command: F3Command) -> Result<i32> {
             workflow,
             scheduler,
             seed,
-        } => crate::f3_run::run(&service.meta, service.output == Output::Json, &workflow, scheduler, seed),
+        } => crate::f3_run::run(
+            &service.meta,
+            service.output == Output::Json,
+            &workflow,
+            scheduler,
+            seed,
+        ),
     }
 }
 

@@ -138,7 +138,10 @@ pub fn parse(text: &str) -> Result<Workflow, WorkflowError> {
     if text.len() > MAX_WORKFLOW_BYTES {
         return refused(
             0,
-            format!("the workflow has {} bytes; at most {MAX_WORKFLOW_BYTES}", text.len()),
+            format!(
+                "the workflow has {} bytes; at most {MAX_WORKFLOW_BYTES}",
+                text.len()
+            ),
         );
     }
     let raw: RawWorkflow = serde_saphyr::from_str(text).map_err(|e| WorkflowError {
@@ -162,7 +165,10 @@ pub fn parse(text: &str) -> Result<Workflow, WorkflowError> {
         if names.insert(step.name.clone(), index).is_some() {
             return refused(
                 step.line,
-                format!("a second step named `{}`: give each step its own name", step.name),
+                format!(
+                    "a second step named `{}`: give each step its own name",
+                    step.name
+                ),
             );
         }
         for (name, path) in &raw_step.outputs {
@@ -255,7 +261,12 @@ fn check_step(raw: &RawStep) -> Result<Step, WorkflowError> {
 fn checked_path(path: &Spanned<String>, step: &str) -> Result<String, WorkflowError> {
     NamespacePath::parse(&path.value)
         .map(|p| p.to_string())
-        .or_else(|e| refused(path.referenced.line(), format!("step `{step}`: {}", e.message)))
+        .or_else(|e| {
+            refused(
+                path.referenced.line(),
+                format!("step `{step}`: {}", e.message),
+            )
+        })
 }
 
 /// Replaces `${input.NAME}` and `${output.NAME}` with the file's path
@@ -494,7 +505,10 @@ steps:
         let workflow = parse(GOOD).unwrap();
         assert_eq!(workflow.steps.len(), 3);
         let sum = &workflow.steps[1];
-        assert_eq!(sum.argv[2], "cat d/list.eph > d/sum.eph; echo $HOME ${HOME}");
+        assert_eq!(
+            sum.argv[2],
+            "cat d/list.eph > d/sum.eph; echo $HOME ${HOME}"
+        );
         assert_eq!(sum.memory_bytes, 64 << 20);
         assert_eq!(sum.timeout_ms, 500);
         assert_eq!(sum.inputs[0].producer, Some(0));

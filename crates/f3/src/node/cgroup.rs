@@ -119,8 +119,12 @@ fn v2_parent() -> Result<PathBuf> {
         .ok_or_else(|| F3Error::unavailable("no cgroup2 hierarchy is mounted"))?;
     let own = own_cgroup("")?;
     let parent = mount.join(own.trim_start_matches('/'));
-    let controllers = std::fs::read_to_string(parent.join("cgroup.controllers"))
-        .map_err(|e| F3Error::io(format!("reading {}/cgroup.controllers", parent.display()), e))?;
+    let controllers = std::fs::read_to_string(parent.join("cgroup.controllers")).map_err(|e| {
+        F3Error::io(
+            format!("reading {}/cgroup.controllers", parent.display()),
+            e,
+        )
+    })?;
     if !controllers.split_whitespace().any(|c| c == "memory") {
         return Err(F3Error::unavailable(format!(
             "{} has no memory controller",
@@ -234,7 +238,10 @@ impl Cgroup {
                 let swap = self.dir.join("memory.memsw.limit_in_bytes");
                 // The memory limit may never exceed the memory+swap one:
                 // lower the first first, raise the second first.
-                if self.write("memory.limit_in_bytes", &bytes.to_string()).is_err() {
+                if self
+                    .write("memory.limit_in_bytes", &bytes.to_string())
+                    .is_err()
+                {
                     self.write("memory.memsw.limit_in_bytes", &bytes.to_string())?;
                     self.write("memory.limit_in_bytes", &bytes.to_string())?;
                 } else if swap.exists() {

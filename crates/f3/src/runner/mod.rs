@@ -334,7 +334,9 @@ impl<'a> Runner<'a> {
             .iter()
             .filter_map(|node| {
                 let status = self.agents.sandboxes(&node.address).ok()?;
-                let busy = status.busy.max(in_flight.get(&node.name).copied().unwrap_or(0));
+                let busy = status
+                    .busy
+                    .max(in_flight.get(&node.name).copied().unwrap_or(0));
                 Some(Candidate {
                     node: node.name.clone(),
                     free_slots: status.slots.saturating_sub(busy),
@@ -367,7 +369,8 @@ impl<'a> Runner<'a> {
             ended_ms: Some(unix_ms()),
             ..StepRecord::empty(&step.name, Outcome::Failed, step.memory_bytes)
         };
-        (record.input_bytes, record.remote_input_bytes) = self.input_bytes(index, &choice.node, &before);
+        (record.input_bytes, record.remote_input_bytes) =
+            self.input_bytes(index, &choice.node, &before);
         match result {
             Ok(result) => record.fill(result),
             Err(error) => record.error = Some(error.message),

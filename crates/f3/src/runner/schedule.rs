@@ -80,14 +80,19 @@ impl Scheduler {
         match self.kind {
             SchedulerKind::Locality => locality(candidates, input_bytes),
             SchedulerKind::Random => {
-                let free: Vec<&Candidate> = candidates.iter().filter(|c| c.free_slots > 0).collect();
+                let free: Vec<&Candidate> =
+                    candidates.iter().filter(|c| c.free_slots > 0).collect();
                 if free.is_empty() {
                     return None;
                 }
                 let pick = free[self.random.random_range(0..free.len())];
                 Some(Choice {
                     node: pick.node.clone(),
-                    reason: format!("random (seed {}) among {} free nodes", self.seed, free.len()),
+                    reason: format!(
+                        "random (seed {}) among {} free nodes",
+                        self.seed,
+                        free.len()
+                    ),
                 })
             }
             SchedulerKind::RoundRobin => {
@@ -162,7 +167,11 @@ mod tests {
     #[test]
     fn locality_prefers_bytes_then_warm_and_skips_full_nodes() {
         let mut s = Scheduler::new(SchedulerKind::Locality, 0);
-        let nodes = [node("a", 1, true, 10), node("b", 1, false, 90), node("c", 1, false, 0)];
+        let nodes = [
+            node("a", 1, true, 10),
+            node("b", 1, false, 90),
+            node("c", 1, false, 0),
+        ];
         assert_eq!(pick(&mut s, &nodes), "b");
         let tie = [node("a", 1, false, 50), node("b", 1, true, 50)];
         let choice = s.choose(&tie, 100).unwrap();
@@ -171,7 +180,11 @@ mod tests {
         let full = [node("a", 1, false, 10), node("b", 0, false, 90)];
         let choice = s.choose(&full, 100).unwrap();
         assert_eq!(choice.node, "a");
-        assert!(choice.reason.contains("b had no free slot"), "{}", choice.reason);
+        assert!(
+            choice.reason.contains("b had no free slot"),
+            "{}",
+            choice.reason
+        );
         assert!(s.choose(&[node("a", 0, true, 5)], 5).is_none());
         let mut writer = node("b", 1, false, 0);
         writer.producing = true;
@@ -184,16 +197,28 @@ mod tests {
     #[test]
     fn round_robin_takes_turns_and_skips_full_nodes() {
         let mut s = Scheduler::new(SchedulerKind::RoundRobin, 0);
-        let nodes = [node("a", 1, false, 0), node("b", 1, false, 0), node("c", 1, false, 0)];
+        let nodes = [
+            node("a", 1, false, 0),
+            node("b", 1, false, 0),
+            node("c", 1, false, 0),
+        ];
         let picks: Vec<String> = (0..4).map(|_| pick(&mut s, &nodes)).collect();
         assert_eq!(picks, ["a", "b", "c", "a"]);
-        let b_full = [node("a", 1, false, 0), node("b", 0, false, 0), node("c", 1, false, 0)];
+        let b_full = [
+            node("a", 1, false, 0),
+            node("b", 0, false, 0),
+            node("c", 1, false, 0),
+        ];
         assert_eq!(pick(&mut s, &b_full), "c");
     }
 
     #[test]
     fn random_is_repeatable_by_seed_and_uses_every_node() {
-        let nodes = [node("a", 1, false, 0), node("b", 1, false, 0), node("c", 1, false, 0)];
+        let nodes = [
+            node("a", 1, false, 0),
+            node("b", 1, false, 0),
+            node("c", 1, false, 0),
+        ];
         let run = |seed| {
             let mut s = Scheduler::new(SchedulerKind::Random, seed);
             (0..32).map(|_| pick(&mut s, &nodes)).collect::<Vec<_>>()
@@ -204,6 +229,9 @@ mod tests {
             assert!(run(7).iter().any(|n| n == name));
         }
         let mut s = Scheduler::new(SchedulerKind::Random, 1);
-        assert_eq!(pick(&mut s, &[node("a", 0, false, 0), node("b", 1, false, 0)]), "b");
+        assert_eq!(
+            pick(&mut s, &[node("a", 0, false, 0), node("b", 1, false, 0)]),
+            "b"
+        );
     }
 }
