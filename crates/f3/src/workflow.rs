@@ -520,6 +520,16 @@ steps:
         assert_eq!(external[0].1.line, 14);
     }
 
+    #[test]
+    fn the_example_workflow_is_valid_and_short() {
+        let text = include_str!("../../../examples/f3-wordcount.yaml");
+        assert!(text.lines().count() < 30);
+        let workflow = parse(text).unwrap();
+        assert_eq!(workflow.steps[1].argv[2], "tr ' ' '\\n' < wordcount-text.eph > wordcount-words.eph");
+        assert_eq!(workflow.dependencies(1), BTreeMap::from([(0, true)]));
+        assert_eq!(workflow.dependencies(2), BTreeMap::from([(1, false)]));
+    }
+
     fn refusal(text: &str) -> WorkflowError {
         parse(text).expect_err("must be refused")
     }
