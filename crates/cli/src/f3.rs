@@ -16,6 +16,7 @@ use strata_f3::node::sandbox::SandboxConfig;
 use strata_f3::node::{Node, NodeConfig};
 use strata_f3::path::NamespacePath;
 use strata_f3::protocol::{Entry, PathRequest, DEFAULT_SERVICE_ADDRESS};
+use strata_f3::runner::schedule::SchedulerKind;
 use strata_store_protocol::tenant::{TenantCredential, CREDENTIAL_ENV};
 
 /// Output format.
@@ -176,7 +177,11 @@ pub fn run(command: F3Command) -> Result<i32> {
             &service.meta,
             service.output == Output::Json,
             &workflow,
-            scheduler,
+            match scheduler {
+                SchedulerArg::Locality => SchedulerKind::Locality,
+                SchedulerArg::Random => SchedulerKind::Random,
+                SchedulerArg::RoundRobin => SchedulerKind::RoundRobin,
+            },
             seed,
         ),
     }

@@ -10,11 +10,15 @@ use strata_f3::runner::schedule::SchedulerKind;
 use strata_f3::runner::{Outcome, RunOptions, RunReport, StepRecord};
 use strata_f3::workflow::{self, MAX_WORKFLOW_BYTES};
 
-use crate::f3::SchedulerArg;
-
 /// Runs the workflow in `file`; exit 0 when every step succeeded, 1 when
 /// one failed.
-pub fn run(meta: &str, json: bool, file: &Path, scheduler: SchedulerArg, seed: u64) -> Result<i32> {
+pub fn run(
+    meta: &str,
+    json: bool,
+    file: &Path,
+    scheduler: SchedulerKind,
+    seed: u64,
+) -> Result<i32> {
     let size = std::fs::metadata(file)
         .with_context(|| format!("reading workflow {}", file.display()))?
         .len();
@@ -28,14 +32,7 @@ pub fn run(meta: &str, json: bool, file: &Path, scheduler: SchedulerArg, seed: u
         .with_context(|| format!("reading workflow {}", file.display()))?;
     let workflow = workflow::parse(&text)
         .map_err(|e| anyhow::anyhow!("{}: {e}; nothing was run", file.display()))?;
-    let options = RunOptions {
-        scheduler: match scheduler {
-            SchedulerArg::Locality => SchedulerKind::Locality,
-            SchedulerArg::Random => SchedulerKind::Random,
-            SchedulerArg::RoundRobin => SchedulerKind::RoundRobin,
-        },
-        seed,
-    };
+    let options = RunOptions { scheduler, seed };
     let report = strata_f3::runner::run(&ServiceClient::new(meta), &workflow, &options)
         .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     if json {

@@ -525,7 +525,10 @@ steps:
         let text = include_str!("../../../examples/f3-wordcount.yaml");
         assert!(text.lines().count() < 30);
         let workflow = parse(text).unwrap();
-        assert_eq!(workflow.steps[1].argv[2], "tr ' ' '\\n' < wordcount-text.eph > wordcount-words.eph");
+        assert_eq!(
+            workflow.steps[1].argv[2],
+            "tr ' ' '\\n' < wordcount-text.eph > wordcount-words.eph"
+        );
         assert_eq!(workflow.dependencies(1), BTreeMap::from([(0, true)]));
         assert_eq!(workflow.dependencies(2), BTreeMap::from([(1, false)]));
     }
