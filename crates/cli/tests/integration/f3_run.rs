@@ -119,6 +119,23 @@ steps:
         "2097152"
     );
 
+    // Run again in turns: `produce` now runs on node a and writes
+    // /data.eph anew there (the run removed node b's), `consume` on b.
+    let report = run_ok(&f3, "again", workflow, &["--scheduler", "round-robin"]);
+    assert_eq!(nodes_of(&report), ["a", "b"], "{report:#}");
+    assert_eq!(
+        record(&report, "consume")["remote_input_bytes"],
+        2 << 20,
+        "{report:#}"
+    );
+    assert_eq!(f3.f3_json(&["where", "/data.eph"])["nodes"][0]["node"], "a");
+    assert_eq!(
+        std::fs::read_to_string(f3.mount(1).join("count.eph"))
+            .unwrap()
+            .trim(),
+        "2097152"
+    );
+
     let spread = "steps:\n".to_string()
         + &(0..4)
             .map(|i| format!("  - name: rr{i}\n    function: [/bin/sleep, '0.3']\n"))

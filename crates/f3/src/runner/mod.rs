@@ -134,8 +134,10 @@ struct Runner<'a> {
     changed: Condvar,
 }
 
-/// Runs `workflow` to its end; the records of every step. An error means
-/// nothing ran (no live node, an input nobody makes that does not exist).
+/// Runs `workflow` to its end; the records of every step. It first
+/// removes the ephemeral outputs an earlier run left. An error means
+/// nothing ran (no live node, an input nobody makes that does not exist,
+/// an output still being written).
 pub fn run(
     service: &ServiceClient,
     workflow: &Workflow,
@@ -150,10 +152,12 @@ pub fn run(
     }
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     check_external_inputs(service, workflow)?;
+    let agents = AgentClient::new();
+    clear_outputs(service, &agents, &nodes, workflow)?;
     let count = workflow.steps.len();
     let runner = Runner {
         service,
-        agents: AgentClient::new(),
+        agents,
         workflow,
         nodes,
         progress: Mutex::new(Progress {
@@ -202,6 +206,51 @@ fn check_external_inputs(service: &ServiceClient, workflow: &Workflow) -> Result
                 )))
             }
             Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Removes the ephemeral files the steps write, from the namespace and
+/// from the nodes that keep them, so that each step writes its outputs
+/// anew on whichever node it runs (an ephemeral file can only be written
+/// on its holder). Durable outputs are left to be overwritten.
+fn clear_outputs(
+    service: &ServiceClient,
+    agents: &AgentClient,
+    nodes: &[NodeInfo],
+    workflow: &Workflow,
+) -> Result<()> {
+    for step in &workflow.steps {
+        for path in step.outputs.values() {
+            let entry = match service.stat(path) {
+                Ok(entry) => entry,
+                Err(e) if e.kind == ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            if entry.directory || !entry.ephemeral {
+                continue;
+            }
+            if !entry.writers.is_empty() {
+                return Err(F3Error::conflict(format!(
+                    "step `{}`: its output {path} is open for writing (on {}): wait for its \
+                     writer, or write another path; nothing was run",
+                    step.name,
+                    entry.writers.keys().cloned().collect::<Vec<_>>().join(", ")
+                )));
+            }
+            let removed = service.remove(path)?;
+            let keepers: std::collections::BTreeSet<&String> =
+                removed.held.keys().chain(removed.holder.iter()).collect();
+            for node in nodes.iter().filter(|n| keepers.contains(&n.name)) {
+                // A node that misses this keeps a stale copy it never
+                // serves (copies are tied to the content's version).
+                let _ = agents.post::<serde_json::Value>(
+                    &node.address,
+                    "/v1/forget",
+                    &crate::protocol::PathRequest { path: path.clone() },
+                );
+            }
         }
     }
     Ok(())
