@@ -20,8 +20,8 @@ use std::os::unix::io::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Weak};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
@@ -39,6 +39,10 @@ use crate::{F3Error, Result};
 
 /// The `PATH` a function gets unless its request sets one.
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
+
+/// How long the output of a function that has ended is still read (a
+/// process that left its group and cgroup may hold the pipes open).
+const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 
 /// How often expired warm sandboxes are looked for.
 const REAP_PERIOD: Duration = Duration::from_millis(500);
@@ -448,8 +452,9 @@ fn wait_until(child: &mut Child, deadline: Instant) -> Result<(std::process::Exi
 }
 
 /// Reads a pipe to its end on a thread, keeping its last
-/// [`OUTPUT_TAIL_BYTES`].
-fn tail_reader(mut pipe: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
+/// [`OUTPUT_TAIL_BYTES`], which come on the channel.
+fn tail_reader(mut pipe: impl Read + Send + 'static) -> Receiver<Vec<u8>> {
+    let (sender, receiver) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut kept = Vec::new();
         let mut buffer = vec![0u8; 16 * 1024];
@@ -463,13 +468,16 @@ fn tail_reader(mut pipe: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
             }
         }
         let start = kept.len().saturating_sub(OUTPUT_TAIL_BYTES);
-        kept.split_off(start)
-    })
+        let _ = sender.send(kept.split_off(start));
+    });
+    receiver
 }
 
-fn joined(reader: Option<JoinHandle<Vec<u8>>>) -> String {
+/// The tail a reader kept; empty if its pipe is still open after
+/// [`OUTPUT_GRACE`] (the reader then ends with the last writer).
+fn joined(reader: Option<Receiver<Vec<u8>>>) -> String {
     reader
-        .and_then(|r| r.join().ok())
+        .and_then(|r| r.recv_timeout(OUTPUT_GRACE).ok())
         .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
         .unwrap_or_default()
 }

@@ -276,8 +276,13 @@ impl<'a> Runner<'a> {
                 if !self.streams_exist(index) {
                     continue;
                 }
-                let Some((choice, before)) = self.place(index, scheduler) else {
-                    continue;
+                let (choice, before) = match self.place(index, scheduler) {
+                    Ok(Some(placed)) => placed,
+                    Ok(None) => continue,
+                    Err(error) => {
+                        self.unplaceable(index, error);
+                        continue;
+                    }
                 };
                 {
                     let mut progress = self.progress.lock();
@@ -346,9 +351,26 @@ impl<'a> Runner<'a> {
             .all(|i| self.service.stat(&i.path).is_ok())
     }
 
+    /// Fails step `index`, which no node could take.
+    fn unplaceable(&self, index: usize, error: F3Error) {
+        let step = &self.workflow.steps[index];
+        let mut progress = self.progress.lock();
+        progress.phases[index] = Phase::Done(false);
+        progress.records[index] = Some(StepRecord {
+            reason: "no node could take it".into(),
+            error: Some(error.message),
+            ..StepRecord::empty(&step.name, Outcome::Failed, step.memory_bytes)
+        });
+    }
+
     /// The scheduler's choice for step `index`, with its inputs' records
-    /// now; none while no node has a free slot.
-    fn place(&self, index: usize, scheduler: &mut Scheduler) -> Option<(Choice, Vec<Entry>)> {
+    /// now; none while no node has a free slot; an error when no node
+    /// answers.
+    fn place(
+        &self,
+        index: usize,
+        scheduler: &mut Scheduler,
+    ) -> Result<Option<(Choice, Vec<Entry>)>> {
         let step = &self.workflow.steps[index];
         let before: Vec<Entry> = step
             .inputs
@@ -395,8 +417,20 @@ impl<'a> Runner<'a> {
                 })
             })
             .collect();
-        let choice = scheduler.choose(&candidates, total)?;
-        Some((choice, before))
+        if candidates.is_empty() {
+            return Err(F3Error::unavailable(format!(
+                "none of the nodes ({}) answered on its invoke endpoint: are their `strata node` \
+                 agents running?",
+                self.nodes
+                    .iter()
+                    .map(|n| n.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        Ok(scheduler
+            .choose(&candidates, total)
+            .map(|choice| (choice, before)))
     }
 
     /// Runs step `index` on the chosen node and records how it went.
