@@ -346,10 +346,34 @@ fn bad_workflows_are_refused_with_lines_and_nothing_runs() {
 
 /// The invoke endpoint refuses malformed JSON, oversized argv, unknown
 /// fields, a missing executable and a call past its slots, and the agent
-/// keeps running; a timeout kills the whole process group.
+/// keeps running; a timeout kills the whole process group; an agent
+/// started with --no-cgroups runs functions unmeasured, and says so.
 #[test]
 fn invoke_endpoint_refuses_bad_requests_and_keeps_running() {
-    let mut f3 = F3::up_each(&["--slots", "1"], &[]);
+    let mut f3 = F3::up_each(&["--slots", "1"], &["--no-cgroups"]);
+    let status = |index: usize| -> Value {
+        ureq::get(&format!("http://{}/v1/sandboxes", f3.transfer(index)))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap()
+    };
+    assert_eq!(status(0)["cgroups"], "cgroup v1");
+    assert_eq!(status(0)["slots"], 1);
+    assert_eq!(status(1)["cgroups"], "none");
+    let (code, answer) = http_post(
+        &format!("http://{}/v1/invoke", f3.transfer(1)),
+        r#"{"function":"f","argv":["sh","-c","echo $F3_NODE; pwd"],"memory_bytes":33554432,"timeout_ms":5000}"#,
+    );
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(answer["peak_memory_bytes"], Value::Null, "{answer}");
+    assert_eq!(
+        answer["stdout_tail"].as_str().unwrap(),
+        format!(
+            "b\n{}\n",
+            std::fs::canonicalize(f3.mount(1)).unwrap().display()
+        )
+    );
     let url = format!("http://{}/v1/invoke", f3.transfer(0));
     let (status, answer) = http_post(&url, "{\"function\": ");
     assert_eq!(status, 400, "{answer}");
