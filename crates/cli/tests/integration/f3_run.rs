@@ -350,17 +350,20 @@ fn bad_workflows_are_refused_with_lines_and_nothing_runs() {
 /// started with --no-cgroups runs functions unmeasured, and says so.
 #[test]
 fn invoke_endpoint_refuses_bad_requests_and_keeps_running() {
-    let mut f3 = F3::up_each(&["--slots", "1"], &["--no-cgroups"]);
-    let status = |index: usize| -> Value {
+    let mut f3 = F3::up_each(
+        &["--slots", "1", "--keep-alive-ms", "1000", "--max-warm", "1"],
+        &["--no-cgroups"],
+    );
+    let sandboxes = |index: usize| -> Value {
         ureq::get(&format!("http://{}/v1/sandboxes", f3.transfer(index)))
             .call()
             .unwrap()
             .into_json()
             .unwrap()
     };
-    assert_eq!(status(0)["cgroups"], "cgroup v1");
-    assert_eq!(status(0)["slots"], 1);
-    assert_eq!(status(1)["cgroups"], "none");
+    assert_eq!(sandboxes(0)["cgroups"], "cgroup v1");
+    assert_eq!(sandboxes(0)["slots"], 1);
+    assert_eq!(sandboxes(1)["cgroups"], "none");
     let (code, answer) = http_post(
         &format!("http://{}/v1/invoke", f3.transfer(1)),
         r#"{"function":"f","argv":["sh","-c","echo $F3_NODE; pwd"],"memory_bytes":33554432,"timeout_ms":5000}"#,
@@ -454,6 +457,26 @@ fn invoke_endpoint_refuses_bad_requests_and_keeps_running() {
         left.stdout.is_empty(),
         "{}",
         String::from_utf8_lossy(&left.stdout)
+    );
+
+    // At most one warm sandbox (the newest), and none past its keep-alive.
+    let cgroups = agent_cgroup("a", f3.agents[0].1.as_ref().unwrap().pid());
+    for function in ["k1", "k2"] {
+        let (code, answer) = http_post(
+            &url,
+            &format!(
+                r#"{{"function":"{function}","argv":["/bin/true"],"memory_bytes":33554432,"timeout_ms":5000}}"#
+            ),
+        );
+        assert_eq!(code, 200, "{answer}");
+    }
+    assert_eq!(sandboxes(0)["warm"], serde_json::json!({"k2": 1}));
+    assert!(!cgroups.join("slow.1").exists() && !cgroups.join("k1.2").exists());
+    assert!(cgroups.join("k2.3").is_dir(), "{}", cgroups.display());
+    crate::common::store::wait_until_long(
+        "the keep-alive to expire",
+        Duration::from_secs(4),
+        || sandboxes(0)["warm"] == serde_json::json!({}) && !cgroups.join("k2.3").exists(),
     );
     f3.assert_all_running();
 }
