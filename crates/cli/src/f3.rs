@@ -1,6 +1,7 @@
-//! `strata f3` (the metadata and locality service, and the namespace's
-//! files: ls, where, persist, evict) and `strata node` (the F3 agent that
-//! mounts the namespace on a node). See docs/f3.md.
+//! `strata f3` (the metadata and locality service, the namespace's
+//! files: ls, where, persist, evict, and workflows: run) and `strata
+//! node` (the F3 agent that mounts the namespace on a node and runs
+//! functions). See docs/f3.md.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -11,9 +12,11 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use strata_f3::client::{AgentClient, ServiceClient};
+use strata_f3::node::sandbox::SandboxConfig;
 use strata_f3::node::{Node, NodeConfig};
 use strata_f3::path::NamespacePath;
 use strata_f3::protocol::{Entry, PathRequest, DEFAULT_SERVICE_ADDRESS};
+use strata_f3::runner::schedule::SchedulerKind;
 use strata_store_protocol::tenant::{TenantCredential, CREDENTIAL_ENV};
 
 /// Output format.
@@ -93,6 +96,31 @@ pub enum F3Command {
         /// The namespace path.
         path: String,
     },
+    /// Run a workflow (a YAML DAG of functions) on the nodes' sandboxes.
+    Run {
+        #[command(flatten)]
+        service: ServiceArg,
+        /// The workflow file.
+        workflow: PathBuf,
+        /// How each step's node is chosen.
+        #[arg(long, value_enum, default_value = "locality")]
+        scheduler: SchedulerArg,
+        /// The random scheduler's seed (the same seed, the same choices).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+}
+
+/// `strata f3 run --scheduler`.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum SchedulerArg {
+    /// The node holding most bytes of the step's inputs (a warm one
+    /// first among equals), skipping nodes with no free slot.
+    Locality,
+    /// A node with a free slot, at random (seeded by --seed).
+    Random,
+    /// The nodes in turn, by name.
+    RoundRobin,
 }
 
 /// `strata node`: the F3 agent.
@@ -128,6 +156,20 @@ pub struct NodeArgs {
     /// recently used first; a write that still does not fit gets ENOSPC.
     #[arg(long, value_parser = crate::units::parse_size)]
     quota: Option<u64>,
+    /// Functions that may run at once on this node (more are refused
+    /// with 503).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    slots: u32,
+    /// How long a function's sandbox is kept for its next invocation.
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
+    keep_alive_ms: u64,
+    /// Most idle sandboxes kept (the oldest go first).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(0..=1024))]
+    max_warm: u64,
+    /// Run functions without memory cgroups (no limit, no peak): only
+    /// where no cgroup is writable and that is acceptable.
+    #[arg(long)]
+    no_cgroups: bool,
 }
 
 /// Runs a `strata f3` subcommand.
@@ -143,6 +185,22 @@ pub fn run(command: F3Command) -> Result<i32> {
         F3Command::Persist { service, path } => persist(&service, &path),
         F3Command::Evict { service, path } => evict(&service, &path),
         F3Command::Events { service, after } => events(&service, after),
+        F3Command::Run {
+            service,
+            workflow,
+            scheduler,
+            seed,
+        } => crate::f3_run::run(
+            &service.meta,
+            service.output == Output::Json,
+            &workflow,
+            match scheduler {
+                SchedulerArg::Locality => SchedulerKind::Locality,
+                SchedulerArg::Random => SchedulerKind::Random,
+                SchedulerArg::RoundRobin => SchedulerKind::RoundRobin,
+            },
+            seed,
+        ),
     }
 }
 
@@ -200,6 +258,12 @@ pub fn run_node(args: NodeArgs) -> Result<i32> {
         store,
         all_ephemeral: args.all_ephemeral,
         quota: args.quota,
+        sandbox: SandboxConfig {
+            slots: args.slots,
+            keep_alive: Duration::from_millis(args.keep_alive_ms),
+            max_warm: args.max_warm as usize,
+            no_cgroups: args.no_cgroups,
+        },
     })?;
     let mut out = std::io::stdout().lock();
     writeln!(

@@ -3,6 +3,7 @@
 mod bench;
 mod daemon;
 mod f3;
+mod f3_run;
 mod humanize;
 mod img;
 mod mirror;

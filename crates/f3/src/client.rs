@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::ErrorKind;
+use crate::invoke::{InvokeRequest, InvokeResult, SandboxStatus};
 use crate::protocol::*;
 use crate::{F3Error, Result};
 
@@ -249,6 +250,22 @@ impl AgentClient {
             size,
             writing,
         })
+    }
+
+    /// Runs a function on the agent at `address`, waiting up to its
+    /// timeout (and a margin for the sandbox's setup and teardown).
+    pub fn invoke(&self, address: &str, request: &InvokeRequest) -> Result<InvokeResult> {
+        let url = format!("http://{address}/v1/invoke");
+        let wait = Duration::from_millis(request.timeout_ms) + Duration::from_secs(30);
+        let result = self.agent.post(&url).timeout(wait).send_json(request);
+        parse(address, "node", result)
+    }
+
+    /// The slots and warm sandboxes of the agent at `address`.
+    pub fn sandboxes(&self, address: &str) -> Result<SandboxStatus> {
+        let url = format!("http://{address}/v1/sandboxes");
+        let result = self.agent.get(&url).timeout(CALL_TIMEOUT).call();
+        parse(address, "node", result)
     }
 
     /// `POST route` on the agent at `address`.

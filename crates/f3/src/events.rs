@@ -40,7 +40,8 @@ impl Catalog {
             leases
                 .iter()
                 .filter(|(_, seen)| seen.elapsed() >= self.lease())
-                .filter_map(|(node, _)| announced.insert(node.clone()).then(|| node.clone()))
+                .filter(|&(node, _)| announced.insert(node.clone()))
+                .map(|(node, _)| node.clone())
                 .collect()
         };
         let mut written = Vec::new();

@@ -19,7 +19,12 @@
 //! - [`node`]: `strata node`, the agent: its local files, the transfer
 //!   service other nodes pull ephemeral files from, copies pulled from
 //!   other nodes while their writer still writes, the durable tier, and
-//!   the FUSE file system.
+//!   the FUSE file system; and its function sandboxes (memory cgroups,
+//!   warm sandboxes, slots) behind `POST /v1/invoke`;
+//! - [`invoke`]: the invoke endpoint's JSON messages and their bounds;
+//! - [`workflow`]: workflows, a YAML DAG of steps, checked with lines;
+//! - [`runner`]: `strata f3 run`, which runs a workflow's steps on the
+//!   nodes its schedulers (locality, random, round-robin) choose.
 //!
 //! Never prints, never exits: the `strata` binary reports.
 
@@ -27,10 +32,13 @@ pub mod catalog;
 pub mod client;
 pub mod error;
 pub mod events;
+pub mod invoke;
 pub mod locality;
 pub mod node;
 pub mod path;
 pub mod protocol;
+pub mod runner;
 pub mod service;
+pub mod workflow;
 
 pub use error::{F3Error, Result};

@@ -29,27 +29,33 @@ impl Drop for MountPoint {
     }
 }
 
-/// The store, the service and two agents `a` and `b`.
-struct F3 {
+/// The store, the service and two agents `a` and `b` (also the harness
+/// of [`crate::f3_run`]).
+pub(crate) struct F3 {
     /// The agents (killed first on drop), by name.
-    agents: Vec<(String, Option<Proc>)>,
+    pub(crate) agents: Vec<(String, Option<Proc>)>,
     service: Proc,
     store: Store,
     /// The service's address.
-    meta: String,
+    pub(crate) meta: String,
     /// Each agent's mount point and transfer address.
     points: Vec<(PathBuf, String)>,
     _mounts: Vec<MountPoint>,
-    dir: tempfile::TempDir,
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl F3 {
-    fn up() -> F3 {
+    pub(crate) fn up() -> F3 {
         F3::up_with(&[])
     }
 
     /// [`F3::up`], agent `b` started with `b_args` too.
     fn up_with(b_args: &[&str]) -> F3 {
+        F3::up_each(&[], b_args)
+    }
+
+    /// [`F3::up`], agent `a` started with `a_args` too, `b` with `b_args`.
+    pub(crate) fn up_each(a_args: &[&str], b_args: &[&str]) -> F3 {
         let dir = crate::common::tmp();
         let store = Store::up(&dir.path().join("store"), &[]);
         let meta_dir = p(&dir.path().join("meta"));
@@ -74,7 +80,7 @@ impl F3 {
             _mounts: Vec::new(),
             dir,
         };
-        f3.start_agent("a", &[]);
+        f3.start_agent("a", a_args);
         f3.start_agent("b", b_args);
         f3
     }
@@ -112,17 +118,17 @@ impl F3 {
     }
 
     /// Agent `index`'s mount point.
-    fn mount(&self, index: usize) -> &Path {
+    pub(crate) fn mount(&self, index: usize) -> &Path {
         &self.points[index].0
     }
 
     /// Agent `index`'s transfer address.
-    fn transfer(&self, index: usize) -> &str {
+    pub(crate) fn transfer(&self, index: usize) -> &str {
         &self.points[index].1
     }
 
     /// `strata f3 ARGS --meta META`.
-    fn f3(&self, args: &[&str]) -> std::process::Output {
+    pub(crate) fn f3(&self, args: &[&str]) -> std::process::Output {
         let mut all = vec!["f3"];
         all.extend_from_slice(args);
         all.extend(["--meta", &self.meta]);
@@ -130,7 +136,7 @@ impl F3 {
     }
 
     /// `strata f3 ARGS --output json`, which must succeed.
-    fn f3_json(&self, args: &[&str]) -> serde_json::Value {
+    pub(crate) fn f3_json(&self, args: &[&str]) -> serde_json::Value {
         let mut all = args.to_vec();
         all.extend(["--output", "json"]);
         let out = self.f3(&all);
@@ -143,11 +149,11 @@ impl F3 {
     }
 
     /// POST `body` to the service; the status and the JSON answer.
-    fn post(&self, route: &str, body: &str) -> (u16, serde_json::Value) {
+    pub(crate) fn post(&self, route: &str, body: &str) -> (u16, serde_json::Value) {
         http_post(&format!("http://{}{route}", self.meta), body)
     }
 
-    fn assert_all_running(&mut self) {
+    pub(crate) fn assert_all_running(&mut self) {
         self.service.assert_running();
         for (_, agent) in &mut self.agents {
             if let Some(agent) = agent {
@@ -164,11 +170,34 @@ impl Drop for F3 {
         for (point, _) in &self.points {
             let _ = Command::new("umount").arg("-l").arg(point).output();
         }
+        // SIGTERM first, so that each agent removes its cgroups.
+        let pids: Vec<u32> = self
+            .agents
+            .iter()
+            .filter_map(|(_, a)| a.as_ref()?.child_pid())
+            .collect();
+        for &pid in &pids {
+            // SAFETY: signalling a child we own and have not reaped.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline && pids.iter().any(|&pid| running(pid)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         self.agents.clear();
     }
 }
 
-fn http_post(url: &str, body: &str) -> (u16, serde_json::Value) {
+/// Whether child `pid` still runs (neither gone nor a zombie).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+pub(crate) fn http_post(url: &str, body: &str) -> (u16, serde_json::Value) {
     let result = ureq::post(url)
         .timeout(Duration::from_secs(10))
         .set("content-type", "application/json")

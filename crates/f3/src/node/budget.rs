@@ -251,7 +251,7 @@ impl Budget {
     /// copy; the bytes freed, or `None` if it could not be spilled.
     fn spill(&self, shared: &Shared, path: &str) -> Option<u64> {
         let bytes = file_length(&shared.local.content_path(path));
-        match super::transfer::persist_file(shared, path) {
+        match super::persist::persist_file(shared, path) {
             Ok(_) => {
                 // persist_file kept the content as the durable file's
                 // local copy: drop it, or nothing was freed.

@@ -2,14 +2,18 @@
 //! metadata service and renews its lease, serves the ephemeral files it
 //! holds to other nodes ([`transfer`]), pulls other nodes' files
 //! ([`copies`]), reaches the durable tier ([`durable`]), and mounts the
-//! namespace with FUSE ([`fs`]).
+//! namespace with FUSE ([`fs`]). It also runs functions in sandboxes
+//! ([`sandbox`], with their memory cgroups in [`cgroup`]).
 
 pub mod budget;
+pub mod cgroup;
 pub mod copies;
 pub mod durable;
 pub mod fs;
 pub mod handles;
 pub mod local;
+pub mod persist;
+pub mod sandbox;
 pub mod transfer;
 
 use std::collections::HashMap;
@@ -28,6 +32,7 @@ use budget::Budget;
 use copies::Copies;
 use durable::DurableTier;
 use local::LocalFiles;
+use sandbox::{SandboxConfig, Sandboxes};
 
 /// How a node agent runs.
 #[derive(Debug, Clone)]
@@ -50,6 +55,8 @@ pub struct NodeConfig {
     /// Most bytes the node's local tier may hold (its ephemeral files,
     /// copies, local copies and staging files); none: the disk's size.
     pub quota: Option<u64>,
+    /// How functions run here (slots, keep-alive, cgroups).
+    pub sandbox: SandboxConfig,
 }
 
 /// What the file system, the transfer service and the heartbeat share.
@@ -81,6 +88,8 @@ pub struct Shared {
     pub lease: Duration,
     /// The local tier's quota and what it evicts and spills.
     pub budget: Budget,
+    /// The function sandboxes.
+    pub sandboxes: Arc<Sandboxes>,
 }
 
 impl Shared {
@@ -169,6 +178,7 @@ impl Node {
             all_ephemeral: config.all_ephemeral,
             lease: Duration::from_millis(lease.lease_ms.clamp(100, 600_000)),
             budget,
+            sandboxes: Sandboxes::start(&config.name, &config.mountpoint, config.sandbox.clone()),
         });
         shared.budget.remeasure(&shared);
         let app = transfer::router(shared.clone());
@@ -215,6 +225,7 @@ impl Node {
         if let Some(session) = self.session.take() {
             drop(session);
         }
+        self.shared.sandboxes.shutdown();
         let _ = &self.runtime;
     }
 }

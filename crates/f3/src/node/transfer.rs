@@ -14,7 +14,9 @@
 //!   the namespace no longer has (a node that removed a file asks the
 //!   others; a file still in the namespace is refused);
 //! - `GET /metrics`: the local tier's bytes by kind, its quota, and the
-//!   evictions, spills and ENOSPC refusals ([`super::budget`]).
+//!   evictions, spills and ENOSPC refusals ([`super::budget`]);
+//! - `POST /v1/invoke` and `GET /v1/sandboxes`: functions run on this
+//!   node ([`super::sandbox`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,6 +52,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/evict", post(evict))
         .route("/v1/forget", post(forget))
         .route("/metrics", get(metrics))
+        .merge(super::sandbox::routes())
         .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(shared)
 }
@@ -180,57 +183,14 @@ async fn persist(State(shared): State<Arc<Shared>>, request: Body<PathRequest>) 
         Ok(r) => r,
         Err(e) => return error_response(&e),
     };
-    let result = tokio::task::spawn_blocking(move || persist_file(&shared, &request.path))
-        .await
-        .unwrap_or_else(|e| Err(F3Error::unavailable(format!("persist: {e}"))));
+    let result =
+        tokio::task::spawn_blocking(move || super::persist::persist_file(&shared, &request.path))
+            .await
+            .unwrap_or_else(|e| Err(F3Error::unavailable(format!("persist: {e}"))));
     answer(result)
 }
 
 type Body<T> = std::result::Result<axum::Json<T>, axum::extract::rejection::JsonRejection>;
-
-/// Promotes ephemeral file `path`, held here, to the durable tier.
-pub fn persist_file(shared: &Shared, path: &str) -> Result<Entry> {
-    let path = NamespacePath::parse(path)?;
-    let entry = shared.service.stat(path.as_str())?;
-    if entry.directory {
-        return Err(F3Error::invalid(format!(
-            "{path} is a directory; persist files"
-        )));
-    }
-    if !entry.ephemeral {
-        return Err(F3Error::conflict(format!("{path} is durable already")));
-    }
-    if entry.holder.as_deref() != Some(shared.name.as_str()) {
-        return Err(F3Error::invalid(format!(
-            "{path} is held by node {}, not {}: ask its holder",
-            entry.holder.as_deref().unwrap_or("(none)"),
-            shared.name
-        )));
-    }
-    if !entry.writers.is_empty() {
-        return Err(F3Error::conflict(format!(
-            "{path} has writers open (on {}): persist it once they close it",
-            entry.writers.keys().cloned().collect::<Vec<_>>().join(", ")
-        )));
-    }
-    let durable = shared.durable()?;
-    let content = shared.local.content_path(path.as_str());
-    durable.upload(path.as_str(), &content)?;
-    let updated = shared.service.update(&UpdateRequest {
-        path: path.to_string(),
-        ephemeral: Some(false),
-        clear_holder: true,
-        ..UpdateRequest::default()
-    })?;
-    shared
-        .local
-        .take(path.as_str(), &shared.cache_path(path.as_str()))?;
-    shared
-        .cached
-        .lock()
-        .insert(path.to_string(), updated.version);
-    Ok(updated)
-}
 
 async fn evict(State(shared): State<Arc<Shared>>, request: Body<PathRequest>) -> Response {
     let request = match body(request) {

@@ -156,6 +156,11 @@ impl Proc {
         self.child.as_ref().expect("running").id()
     }
 
+    /// Its process id, unless it was stopped.
+    pub fn child_pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// The word after `key` on the readiness line (up to a space or comma).
     pub fn word_after(&self, key: &str) -> String {
         let at = self
