@@ -39,6 +39,7 @@ pub mod path;
 pub mod protocol;
 pub mod runner;
 pub mod service;
+pub mod service_metrics;
 pub mod workflow;
 
 pub use error::{F3Error, Result};

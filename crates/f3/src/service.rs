@@ -16,6 +16,7 @@
 //! | `POST /v1/report` | [`ReportRequest`] | `{"missing": [...]}` |
 //! | `POST /v1/locality` | [`LocalityQuery`] | [`LocalityAnswer`] |
 //! | `GET /v1/events?after=SEQ&limit=N` | | [`EventPage`] |
+//! | `GET /metrics` | | nodes, files and bytes by tier, events (Prometheus text) |
 //! | `POST /scheduler/filter` | `ExtenderArgs` | `ExtenderFilterResult` |
 //! | `POST /scheduler/prioritize` | `ExtenderArgs` | `HostPriorityList` |
 
@@ -82,6 +83,7 @@ pub fn router(catalog: Arc<Catalog>) -> Router {
         .route("/v1/report", post(report))
         .route("/v1/locality", post(locality_query))
         .route("/v1/events", get(events))
+        .route("/metrics", get(metrics))
         .route("/scheduler/filter", post(extender_filter))
         .route("/scheduler/prioritize", post(extender_prioritize))
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
@@ -135,6 +137,15 @@ async fn heartbeat(State(catalog): Shared, request: Body<Heartbeat>) -> Response
 
 async fn nodes(State(catalog): Shared) -> Response {
     answer(catalog.nodes())
+}
+
+async fn metrics(State(catalog): Shared) -> Response {
+    let text = tokio::task::spawn_blocking(move || catalog.exposition()).await;
+    match text {
+        Ok(Ok(text)) => ([("content-type", "text/plain; version=0.0.4")], text).into_response(),
+        Ok(Err(e)) => error_response(&e),
+        Err(e) => error_response(&F3Error::unavailable(format!("metrics: {e}"))),
+    }
 }
 
 /// `GET /v1/events?after=SEQ&limit=N`.

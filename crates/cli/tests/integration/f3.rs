@@ -883,6 +883,19 @@ fn a_lost_holder_s_files_are_reported_with_their_producer_then_recovered() {
     assert!(by_path("/plain.eph")["producer"].is_null());
     let error = std::fs::read(f3.mount(1).join("stage1.eph")).unwrap_err();
     assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
+    // The service's /metrics shows the loss.
+    let (status, _, body) = http_get(&format!("http://{}/metrics", f3.meta), None);
+    assert_eq!(status, 200);
+    let text = String::from_utf8(body).unwrap();
+    for line in [
+        "strata_f3_nodes{state=\"silent\"} 1",
+        "strata_f3_lapsed_nodes 1",
+        "strata_f3_files{tier=\"ephemeral\"} 2",
+        "strata_f3_files{tier=\"durable\"} 1",
+        "strata_f3_events_total 2",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+    }
     assert_eq!(
         std::fs::read(f3.mount(1).join("kept.bin")).unwrap(),
         b"durable"
