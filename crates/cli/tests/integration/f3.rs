@@ -774,6 +774,10 @@ fn a_quota_evicts_copies_then_spills_idle_files_then_refuses() {
     let from_a = pattern(mib, 1);
     std::fs::write(a.join("from-a.eph"), &from_a).unwrap();
     assert_eq!(std::fs::read(b.join("from-a.eph")).unwrap(), from_a);
+    assert_eq!(
+        agent_metric(&f3, 0, "strata_f3_served_bytes_total"),
+        mib as u64
+    );
     let durable = pattern(mib / 2, 2);
     std::fs::write(b.join("d.bin"), &durable).unwrap();
     let first = pattern(2 * mib, 3);

@@ -52,7 +52,7 @@ impl Usage {
     }
 }
 
-/// Counters of the room made, for `/metrics`.
+/// Counters of the room made (and the bytes served), for `/metrics`.
 #[derive(Debug, Default)]
 pub struct BudgetCounters {
     /// Copies and local copies dropped to make room.
@@ -65,6 +65,9 @@ pub struct BudgetCounters {
     pub spilled_bytes: AtomicU64,
     /// Writes refused with ENOSPC.
     pub refusals: AtomicU64,
+    /// Bytes of held files this node's transfer service sent to other
+    /// nodes: the network traffic F3's locality placement saves.
+    pub served_bytes: AtomicU64,
 }
 
 /// The local tier's quota and recency.
@@ -426,6 +429,7 @@ pub fn exposition(shared: &Shared) -> String {
             &counters.spilled_bytes,
         ),
         ("nospace", "Writes refused with ENOSPC.", &counters.refusals),
+        ("served_bytes", "Bytes of held files sent to other nodes.", &counters.served_bytes),
     ] {
         let _ = writeln!(
             out,

@@ -151,6 +151,11 @@ async fn serve_data(
             .map_err(|e| F3Error::unavailable(format!("reading {path}: {e}")))?
             .map_err(|e| F3Error::io(format!("reading {path}"), e))?
             .unwrap_or_default();
+            shared
+                .budget
+                .counters
+                .served_bytes
+                .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
             return Ok(piece(offset, bytes, size.max(offset), writing));
         }
         tokio::time::sleep(POLL_PERIOD).await;
