@@ -96,20 +96,7 @@ impl InvokeRequest {
 
 /// Checks a function's name: 1 to 63 letters, digits, `-`, `_`, `.`.
 pub fn check_function_name(name: &str) -> Result<()> {
-    let fine = !name.is_empty()
-        && name.len() <= MAX_FUNCTION_NAME_BYTES
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
-    if fine {
-        Ok(())
-    } else {
-        Err(F3Error::invalid(format!(
-            "function name {:?}: give 1 to {MAX_FUNCTION_NAME_BYTES} letters, digits, '-', '_' \
-             or '.'",
-            name.chars().take(80).collect::<String>()
-        )))
-    }
+    crate::protocol::check_short_name("function name", name, MAX_FUNCTION_NAME_BYTES)
 }
 
 fn check_words<'a>(what: &str, words: impl Iterator<Item = &'a str>, most: usize) -> Result<()> {

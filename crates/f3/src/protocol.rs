@@ -301,8 +301,14 @@ pub struct ErrorAnswer {
 
 /// Checks a node's name: 1 to 63 bytes of letters, digits, `-`, `_`, `.`.
 pub fn check_node_name(name: &str) -> Result<()> {
+    check_short_name("node name", name, MAX_NODE_NAME_BYTES)
+}
+
+/// Checks a short name (`what`, such as "node name"): 1 to `most` bytes
+/// of letters, digits, `-`, `_`, `.`; the error says so.
+pub fn check_short_name(what: &str, name: &str, most: usize) -> Result<()> {
     let fine = !name.is_empty()
-        && name.len() <= MAX_NODE_NAME_BYTES
+        && name.len() <= most
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
@@ -310,7 +316,7 @@ pub fn check_node_name(name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(F3Error::invalid(format!(
-            "node name {:?}: give 1 to {MAX_NODE_NAME_BYTES} letters, digits, '-', '_' or '.'",
+            "{what} {:?}: give 1 to {most} letters, digits, '-', '_' or '.'",
             name.chars().take(80).collect::<String>()
         )))
     }

@@ -212,20 +212,25 @@ fn choose_parts(
     Ok(chosen)
 }
 
+/// A Complete listing a part kept without the upload's checksum.
+fn part_without_checksum(algorithm: Algorithm) -> s3s::S3Error {
+    s3(
+        S3ErrorCode::InvalidPart,
+        format!(
+            "a part listed has no {} checksum, which this upload was started with: \
+             upload it again",
+            algorithm.name()
+        ),
+    )
+}
+
 /// The composite checksum of `chosen` in the upload's `algorithm`:
 /// every part was stored with a checksum of it (UploadPart computes it).
 fn composite_checksum(algorithm: Algorithm, chosen: &[PartRef]) -> S3Result<KeptChecksum> {
     let values: Option<Vec<&str>> = chosen.iter().map(|part| part.checksum.as_deref()).collect();
     let value = values.and_then(|values| composite(algorithm, &values));
     let Some(value) = value else {
-        return Err(s3(
-            S3ErrorCode::InvalidPart,
-            format!(
-                "a part listed has no {} checksum, which this upload was started with: \
-                 upload it again",
-                algorithm.name()
-            ),
-        ));
+        return Err(part_without_checksum(algorithm));
     };
     Ok(KeptChecksum {
         algorithm,
@@ -242,14 +247,7 @@ fn full_object_checksum(algorithm: Algorithm, chosen: &[PartRef]) -> S3Result<Ke
         .map(|part| Some((part.checksum.as_deref()?, part.size)))
         .collect();
     let Some(value) = listed.and_then(|listed| combined_crc(algorithm, &listed)) else {
-        return Err(s3(
-            S3ErrorCode::InvalidPart,
-            format!(
-                "a part listed has no {} checksum, which this upload was started with: \
-                 upload it again",
-                algorithm.name()
-            ),
-        ));
+        return Err(part_without_checksum(algorithm));
     };
     Ok(KeptChecksum {
         algorithm,

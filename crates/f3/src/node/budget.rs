@@ -429,7 +429,11 @@ pub fn exposition(shared: &Shared) -> String {
             &counters.spilled_bytes,
         ),
         ("nospace", "Writes refused with ENOSPC.", &counters.refusals),
-        ("served_bytes", "Bytes of held files sent to other nodes.", &counters.served_bytes),
+        (
+            "served_bytes",
+            "Bytes of held files sent to other nodes.",
+            &counters.served_bytes,
+        ),
     ] {
         let _ = writeln!(
             out,
