@@ -288,3 +288,91 @@ rates:
     let layers = std::fs::read_dir(out.join("qemu")).unwrap().count();
     assert_eq!(layers, 0, "layer files or the QMP socket left");
 }
+
+/// On QEMU the run deletes no snapshot with a live clone, so it reaches
+/// the `block-stream` path after a restore: the restore's clone read the
+/// snapshot's layer (QEMU's provider keeps the layers clones read), so
+/// that layer is streamed up into the next snapshot's rather than
+/// written. fio's verify checks the volume's data at the end, and
+/// `qemu-img info --backing-chain`, after the delete, sees the volume's
+/// chain two layers long, not three.
+#[test]
+fn on_qemu_a_snapshot_delete_after_a_restore_streams_the_layer_up() {
+    let dir = tmp();
+    let base = p(dir.path());
+    let spec = format!(
+        "\
+duration: 5s
+volumes:
+  - {{name: data, count: 1, size: 32M}}
+  - {{name: spare, count: 1, size: 16M}}
+workloads:
+  - name: writer
+    volumes: data
+    fio: {{rw: randwrite, bs: 4k, size: 8M, iodepth: 4, rate_iops: 200, verify: crc32c}}
+  - name: inspector
+    volumes: spare
+    command: [sh, -c, 'sleep 4 && for f in {base}/run/qemu/*.qcow2; do qemu-img info -U --backing-chain --output=json \"$f\"; done > {base}/chains']
+control_operations:
+  - {{name: snapshots, action: snapshot, workload: writer, rate: snapshot-times}}
+  - {{name: restores, action: restore_and_verify, workload: writer, select: oldest, rate: restore-time}}
+  - {{name: snapshot-deletes, action: delete_snapshot, workload: writer, select: oldest, rate: delete-time}}
+rates:
+  - {{name: snapshot-times, trace: [0.5, 2.2]}}
+  - {{name: restore-time, trace: [1.0]}}
+  - {{name: delete-time, trace: [3.0]}}
+"
+    );
+    std::fs::write(at(&dir, "spec.yaml"), spec).unwrap();
+    let out = at(&dir, "run");
+    let result = strata(&[
+        "bench",
+        "run",
+        &p(&at(&dir, "spec.yaml")),
+        "--out",
+        &p(&out),
+        "--provider",
+        "qemu",
+    ]);
+    let output = String::from_utf8_lossy(&result.stderr);
+    let records = records(&out);
+    let failed: Vec<&Value> = records.iter().filter(|r| r["status"] != "ok").collect();
+    assert!(failed.is_empty(), "{failed:?} {output}");
+    assert_eq!(result.status.code(), Some(0), "{output}");
+    let counts = tally(&records);
+    assert_eq!(count(&counts, "writer", "ok"), 1, "{counts:?}");
+    assert_eq!(count(&counts, "inspector", "ok"), 1, "{counts:?}");
+    assert_eq!(count(&counts, "snapshots", "ok"), 2, "{counts:?}");
+    assert_eq!(count(&counts, "restores", "ok"), 1, "{counts:?}");
+    let deletes: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["operation"] == "snapshot-deletes")
+        .collect();
+    assert_eq!(deletes.len(), 1, "{counts:?}");
+    assert_eq!(
+        deletes[0]["detail"]["merge"], "block-stream",
+        "{}",
+        deletes[0]
+    );
+    assert_eq!(deletes[0]["detail"]["layers_removed"], 1, "{}", deletes[0]);
+    let chains = std::fs::read_to_string(at(&dir, "chains")).unwrap();
+    let chains: Vec<Vec<Value>> = serde_json::Deserializer::from_str(&chains)
+        .into_iter::<Vec<Value>>()
+        .collect::<Result<_, _>>()
+        .expect("qemu-img info's JSON");
+    // The files: the first snapshot's (kept: the restore's clone read
+    // it), the restore's clone on it (its file stays until the end), the
+    // second snapshot's, standing alone now, the volume's top on it, and
+    // the spare volume's. No chain is three long any more.
+    let mut lengths: Vec<usize> = chains.iter().map(Vec::len).collect();
+    lengths.sort_unstable();
+    assert_eq!(lengths, [1, 1, 1, 2, 2], "{chains:?}");
+    let backings: Vec<&Value> = chains
+        .iter()
+        .filter(|c| c.len() == 2)
+        .map(|c| &c[1]["filename"])
+        .collect();
+    assert_ne!(backings[0], backings[1], "{chains:?}");
+    let layers = std::fs::read_dir(out.join("qemu")).unwrap().count();
+    assert_eq!(layers, 0, "layer files or the QMP socket left");
+}
