@@ -792,3 +792,7 @@ impl Drop for QemuProvider {
         let _ = self.shutdown();
     }
 }
+
+#[cfg(test)]
+#[path = "qemu_tests.rs"]
+mod tests;

@@ -32,7 +32,7 @@ server.serve_forever()
 
 /// Three seconds of two fio writers with verify, snapshots of their
 /// volumes, clones of those, volumes created and deleted, and grows.
-const SMALL_SPEC: &str = "\
+pub(crate) const SMALL_SPEC: &str = "\
 duration: 3s
 volumes:
   - {name: data, count: 2, size: 64M}
@@ -59,7 +59,7 @@ rates:
 ";
 
 /// The records of a run directory, one JSON value per line.
-fn records(dir: &Path) -> Vec<Value> {
+pub(crate) fn records(dir: &Path) -> Vec<Value> {
     std::fs::read_to_string(dir.join("records.jsonl"))
         .unwrap_or_default()
         .lines()
@@ -68,7 +68,7 @@ fn records(dir: &Path) -> Vec<Value> {
 }
 
 /// Records per (operation, action, status).
-fn tally(records: &[Value]) -> BTreeMap<(String, String, String), u64> {
+pub(crate) fn tally(records: &[Value]) -> BTreeMap<(String, String, String), u64> {
     let mut counts = BTreeMap::new();
     for record in records {
         let key = (
@@ -81,7 +81,11 @@ fn tally(records: &[Value]) -> BTreeMap<(String, String, String), u64> {
     counts
 }
 
-fn count(tally: &BTreeMap<(String, String, String), u64>, operation: &str, status: &str) -> u64 {
+pub(crate) fn count(
+    tally: &BTreeMap<(String, String, String), u64>,
+    operation: &str,
+    status: &str,
+) -> u64 {
     tally
         .iter()
         .filter(|((o, _, s), _)| o == operation && s == status)
@@ -91,7 +95,7 @@ fn count(tally: &BTreeMap<(String, String, String), u64>, operation: &str, statu
 
 /// The summary's counts per operation equal the records', and add up to
 /// every record.
-fn assert_summary_counts_records(dir: &Path, records: &[Value]) -> Value {
+pub(crate) fn assert_summary_counts_records(dir: &Path, records: &[Value]) -> Value {
     let summary: Value = serde_json::from_str(&strata_ok(&[
         "bench",
         "report",
@@ -584,189 +588,6 @@ fn compare_applies_the_spec_thresholds() {
         error.contains("lenient.yaml:9:") && error.contains("no metric `p95_ms`"),
         "{error}"
     );
-}
-
-/// QEMU as the anchor on the same spec: fio verifies its data under
-/// external snapshots and clones; grows are refused with the reason (its
-/// NBD export does not share resize), so the run exits 1; nothing is left.
-/// The run directory is given relative to the working directory.
-#[test]
-fn the_qemu_provider_runs_the_same_spec() {
-    let dir = tmp();
-    let spec = at(&dir, "spec.yaml");
-    // QEMU grows a volume by re-exporting it, which needs it to have no
-    // NBD client: the grows go to a volume no workload uses. The snapshot
-    // delete comes before the first clone, which would pin the layers
-    // (see the next test for that refusal).
-    let text = SMALL_SPEC
-        .replacen(
-            "  - {name: copies, count: 0, size: 64M}\n",
-            "  - {name: copies, count: 0, size: 64M}\n  - {name: spare, count: 1, size: 16M}\n",
-            1,
-        )
-        .replacen(
-            "  - {name: grows, action: resize, workload: writer, size: +16M, rate: second}\n",
-            "  - {name: grows, action: resize, volumes: spare, size: +16M, rate: second}\n  \
-             - {name: snapshot-deletes, action: delete_snapshot, workload: writer, select: oldest, rate: before-clones}\n",
-            1,
-        )
-        .replacen(
-            "  - {name: second, every: 1s}\n",
-            "  - {name: second, every: 1s}\n  - {name: before-clones, trace: [0.8]}\n",
-            1,
-        );
-    assert!(text.contains("volumes: spare, size: +16M") && text.contains("trace: [0.8]"));
-    std::fs::write(&spec, text).unwrap();
-    let out = at(&dir, "run");
-    // A relative run directory: the overlays must still find their
-    // backing files.
-    let result = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args([
-            "bench",
-            "run",
-            "spec.yaml",
-            "--out",
-            "run",
-            "--provider",
-            "qemu",
-        ])
-        .current_dir(dir.path())
-        .output()
-        .expect("run strata bench");
-    let stderr = String::from_utf8_lossy(&result.stderr);
-    let records = records(&out);
-    let counts = tally(&records);
-    let failed: Vec<&Value> = records.iter().filter(|r| r["status"] == "error").collect();
-    assert!(failed.is_empty(), "{failed:?}");
-    assert_eq!(result.status.code(), Some(0), "{stderr}");
-    assert_eq!(count(&counts, "writer", "ok"), 2, "{counts:?}");
-    assert_eq!(count(&counts, "checker", "ok"), 1, "{counts:?}");
-    assert!(count(&counts, "snapshots", "ok") >= 4, "{counts:?}");
-    assert!(count(&counts, "clones", "ok") >= 1, "{counts:?}");
-    assert!(count(&counts, "snapshot-deletes", "ok") >= 1, "{counts:?}");
-    assert!(count(&counts, "grows", "ok") >= 2, "{counts:?}");
-    for record in records
-        .iter()
-        .filter(|r| r["operation"] == "snapshot-deletes" && r["status"] == "ok")
-    {
-        let merge = &record["detail"]["merge"];
-        assert!(
-            merge == "block-commit" || merge == "block-stream",
-            "{record}"
-        );
-    }
-    assert_summary_counts_records(&out, &records);
-    assert!(count(&counts, "cleanup", "ok") >= 4, "{counts:?}");
-    let layers = std::fs::read_dir(out.join("qemu")).unwrap().count();
-    assert_eq!(layers, 0, "layer files or the QMP socket left");
-}
-
-/// On QEMU, four snapshots of a volume then two snapshot deletes leave a
-/// chain of three layers, and a grown volume's NBD export shows its new
-/// size: seen from outside, by `qemu-img info --backing-chain` on the
-/// layer files and by nbdinfo on the export, while the run is on.
-#[test]
-fn on_qemu_snapshot_deletes_shorten_the_chain_and_grows_show_over_nbd() {
-    let dir = tmp();
-    let base = p(dir.path());
-    let spec = format!(
-        "\
-duration: 3s
-volumes:
-  - {{name: chain, count: 1, size: 16M}}
-  - {{name: spare, count: 1, size: 16M}}
-  - {{name: pinned, count: 1, size: 16M}}
-  - {{name: copies, count: 0, size: 16M}}
-workloads:
-  - name: inspector
-    volumes: spare
-    command: [sh, -c, 'sleep 2 && nbdinfo --size {{uri}} > {base}/size && for f in {base}/run/qemu/*.qcow2; do qemu-img info -U --backing-chain --output=json \"$f\"; done > {base}/chains']
-control_operations:
-  - {{name: snapshots, action: snapshot, volumes: chain, rate: early}}
-  - {{name: snapshot-deletes, action: delete_snapshot, volumes: chain, select: oldest, rate: later}}
-  - {{name: grows, action: resize, volumes: spare, size: +16M, rate: once}}
-  - {{name: pinned-snapshots, action: snapshot, volumes: pinned, rate: early}}
-  - {{name: clones, action: clone, volumes: pinned, into: copies, rate: clone-time}}
-  - {{name: pinned-deletes, action: delete_snapshot, volumes: pinned, select: oldest, rate: later}}
-rates:
-  - {{name: early, trace: [0.1, 0.3, 0.5, 0.7]}}
-  - {{name: later, trace: [1.0, 1.3]}}
-  - {{name: once, trace: [0.5]}}
-  - {{name: clone-time, trace: [0.85]}}
-"
-    );
-    std::fs::write(at(&dir, "spec.yaml"), spec).unwrap();
-    let out = at(&dir, "run");
-    let result = strata(&[
-        "bench",
-        "run",
-        &p(&at(&dir, "spec.yaml")),
-        "--out",
-        &p(&out),
-        "--provider",
-        "qemu",
-    ]);
-    let output = String::from_utf8_lossy(&result.stderr);
-    assert_eq!(
-        result.status.code(),
-        Some(1),
-        "the refused deletes: {output}"
-    );
-    let records = records(&out);
-    let counts = tally(&records);
-    assert_eq!(count(&counts, "snapshots", "ok"), 4, "{counts:?} {output}");
-    assert_eq!(count(&counts, "snapshot-deletes", "ok"), 2, "{counts:?}");
-    assert_eq!(count(&counts, "grows", "ok"), 1, "{counts:?}");
-    assert_eq!(count(&counts, "inspector", "ok"), 1, "{counts:?}");
-    for record in records
-        .iter()
-        .filter(|r| r["operation"] == "snapshot-deletes" && r["status"] == "ok")
-    {
-        // No clone reads the chain: the newer layer is committed down.
-        assert_eq!(record["detail"]["merge"], "block-commit", "{record}");
-        assert_eq!(record["detail"]["layers_removed"], 1, "{record}");
-    }
-    // The clone reads all four snapshot layers of `pinned`: QEMU cannot
-    // merge them, and each delete is refused saying why.
-    assert_eq!(count(&counts, "clones", "ok"), 1, "{counts:?}");
-    let pinned_deletes: Vec<&Value> = records
-        .iter()
-        .filter(|r| r["operation"] == "pinned-deletes")
-        .collect();
-    assert_eq!(pinned_deletes.len(), 2, "{counts:?}");
-    for record in pinned_deletes {
-        assert_eq!(record["status"], "error", "{record}");
-        let error = record["error"].as_str().unwrap();
-        assert!(error.contains("delete the clones first"), "{record}");
-    }
-    let size = std::fs::read_to_string(at(&dir, "size")).unwrap();
-    assert_eq!(size.trim(), (32u64 << 20).to_string(), "nbdinfo --size");
-    let chains = std::fs::read_to_string(at(&dir, "chains")).unwrap();
-    let chains: Vec<Vec<Value>> = serde_json::Deserializer::from_str(&chains)
-        .into_iter::<Vec<Value>>()
-        .collect::<Result<_, _>>()
-        .expect("qemu-img info's JSON");
-    // The chain volume's three layers (the two committed down are gone,
-    // files too), the spare volume's one, the pinned volume's five and
-    // its clone's; the pinned volume's chain is whole.
-    assert_eq!(chains.len(), 10, "{chains:?}");
-    let lengths: Vec<usize> = chains.iter().map(Vec::len).collect();
-    assert_eq!(
-        lengths.iter().filter(|&&l| l == 3).count(),
-        2,
-        "{lengths:?}"
-    );
-    assert_eq!(
-        lengths.iter().filter(|&&l| l == 5).count(),
-        2,
-        "{lengths:?}"
-    );
-    assert!(lengths.iter().all(|&l| l <= 5), "{lengths:?}");
-    let grown: Vec<&Vec<Value>> = chains
-        .iter()
-        .filter(|c| c.len() == 1 && c[0]["virtual-size"] == 32u64 << 20)
-        .collect();
-    assert_eq!(grown.len(), 1, "the spare volume's file, grown: {chains:?}");
 }
 
 /// Each bad spec is refused with its file, line and a fix, and nothing

@@ -9,6 +9,7 @@
 mod architecture;
 mod bench;
 mod bench_fs;
+mod bench_qemu;
 mod common;
 mod damaged;
 mod docs_examples;
