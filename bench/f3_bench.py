@@ -448,6 +448,8 @@ def main():
     if os.geteuid() != 0:
         sys.exit("run as root: namespaces, tc, cgroups and FUSE mounts")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
+    # Ctrl-C cleans up even when started with SIGINT ignored (a background job).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     bench = Bench(opts)
     bench.size = parse_size(opts.size)
     bench.stream_size = parse_size(opts.stream_size)
