@@ -932,3 +932,24 @@ fn a_lost_holder_s_files_are_reported_with_their_producer_then_recovered() {
     f3.assert_all_running();
     drop(killed);
 }
+
+/// fsync through the mount: a durable file's content reaches the store
+/// at the fsync, before any close (another node reads it then), and an
+/// ephemeral file's fsync succeeds with its bytes whole on its holder.
+#[test]
+fn fsync_uploads_a_durable_file_before_its_close() {
+    let f3 = F3::up();
+    let data = pattern(200_000, 11);
+    let mut durable = std::fs::File::create(f3.mount(0).join("synced.bin")).unwrap();
+    durable.write_all(&data).unwrap();
+    durable.sync_all().unwrap();
+    // Still open on node a: node b reads what the fsync uploaded.
+    let stat = f3.store.json(&["obj", "stat", "f3/synced.bin"]);
+    assert_eq!(stat["size"].as_u64(), Some(data.len() as u64), "{stat}");
+    assert_eq!(std::fs::read(f3.mount(1).join("synced.bin")).unwrap(), data);
+    let mut ephemeral = std::fs::File::create(f3.mount(0).join("synced.eph")).unwrap();
+    ephemeral.write_all(&data).unwrap();
+    ephemeral.sync_data().unwrap();
+    drop((durable, ephemeral));
+    assert_eq!(std::fs::read(f3.mount(1).join("synced.eph")).unwrap(), data);
+}

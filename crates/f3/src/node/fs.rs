@@ -189,6 +189,34 @@ impl F3Filesystem {
     }
 
     /// Replies to a read that has to wait, from a thread of its own.
+    /// A flush (`sync` false) or fsync (`sync` true) of `handle`: a
+    /// durable file's content goes to the store (so that close or fsync
+    /// reports a failed upload); an fsync of an ephemeral file held here
+    /// puts its bytes on the holder's disk (its only copy: there is no
+    /// other durability to give it).
+    fn write_back(&self, handle: &Handle, sync: bool) -> std::result::Result<(), Errno> {
+        match handle {
+            Handle::Durable {
+                path,
+                staging: Some(staging),
+                dirty,
+                ..
+            } if dirty.swap(false, Ordering::Relaxed) => {
+                super::handles::upload(&self.shared, path, staging).map_err(|e| {
+                    tracing::error!("{path}: {e}");
+                    dirty.store(true, Ordering::Relaxed);
+                    Errno::EIO
+                })?;
+            }
+            Handle::Local {
+                file,
+                writable: true,
+            } if sync => file.sync().map_err(|e| io_errno(&e))?,
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// Names the step that wrote file `path` (the producer xattr).
     fn set_producer(&self, path: &NamespacePath, value: &[u8], reply: ReplyEmpty) {
         let Ok(producer) = std::str::from_utf8(value) else {
@@ -670,28 +698,30 @@ impl Filesystem for F3Filesystem {
         _lock_owner: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
-        let handle = match self.handle(fh) {
-            Ok(h) => h,
-            Err(e) => return reply.error(e),
-        };
-        // A durable file's content goes to the store at close, so that
-        // close reports a failed upload.
-        if let Handle::Durable {
-            path,
-            staging: Some(staging),
-            dirty,
-            ..
-        } = &*handle
+        match self
+            .handle(fh)
+            .and_then(|handle| self.write_back(&handle, false))
         {
-            if dirty.swap(false, Ordering::Relaxed) {
-                if let Err(e) = super::handles::upload(&self.shared, path, staging) {
-                    tracing::error!("{path}: {e}");
-                    dirty.store(true, Ordering::Relaxed);
-                    return reply.error(Errno::EIO);
-                }
-            }
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self
+            .handle(fh)
+            .and_then(|handle| self.write_back(&handle, true))
+        {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn release(

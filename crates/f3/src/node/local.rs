@@ -94,6 +94,11 @@ impl LocalFile {
         Ok(buffer)
     }
 
+    /// Puts its bytes on the disk (an fsync through the mount).
+    pub fn sync(&self) -> std::io::Result<()> {
+        self.file.sync_data()
+    }
+
     /// Its size now and whether a writer has it open.
     pub fn snapshot(&self) -> (u64, bool) {
         let state = self.state.lock();
