@@ -58,7 +58,12 @@ record (tr acgt ACGT: the same size) and `sample` keeps 1 record in 7
                   streams the intermediate over both links while written
   durable         intermediate durable (uploaded to the store over a's link
                   at its close; an object is complete only then, so
-                  `sample` does not stream it), --scheduler locality
+                  `sample` does not stream it), --scheduler locality: a
+                  keeps a local copy of what it wrote, so `sample` runs
+                  on a and reads that copy
+  durable-round-robin  the same, --scheduler round-robin: `sample` on b
+                  downloads the intermediate over b's link
+(--ways picks some of them; all by default.)
 The final output is ephemeral in every case, and its size is checked. A
 load generator sends paced UDP (32 KiB datagrams) at --loads percent of
 --rate over every shaped direction, for the run only: from the root
@@ -89,7 +94,7 @@ DISK = "254:0"  # /dev/vda
 BRIDGE_IP = "10.77.0.1"
 NODES = ["a", "b"]
 MIB = 1 << 20
-PIPELINE_WAYS = ["f3-locality", "f3-round-robin", "durable"]
+PIPELINE_WAYS = ["f3-locality", "f3-round-robin", "durable", "durable-round-robin"]
 PIPELINE_TARGET = {50: 0.16, 75: 0.25, 90: 0.59}  # issue 30: F3's lead over durable
 
 
@@ -466,8 +471,8 @@ class Bench:
     def pipeline_case(self, way, load, k, expected):
         path = os.path.join(self.work, f"pipe-{way}.yaml")
         with open(path, "w") as f:
-            f.write(self.pipeline_yaml(way == "durable"))
-        scheduler = "round-robin" if way == "f3-round-robin" else "locality"
+            f.write(self.pipeline_yaml(way.startswith("durable")))
+        scheduler = "round-robin" if way.endswith("round-robin") else "locality"
         drop_caches()
         procs = self.start_load(load)
         try:
@@ -497,7 +502,7 @@ class Bench:
         runs = []
         for k in range(self.opts.repeat):
             runs.append({str(load): {way: self.pipeline_case(way, load, k, kept)
-                                     for way in PIPELINE_WAYS}
+                                     for way in self.ways}
                          for load in loads})
         return {"input_bytes": written, "output_bytes": kept, "runs": runs}
 
@@ -581,19 +586,25 @@ def report_pipeline(result, opts):
     print(f"\nExperiment 4: pipeline, {result['input_bytes'] / 1e6:.0f} MB in, "
           f"{result['output_bytes'] / 1e6:.0f} MB out, links {opts.rate}, node disk "
           f"{opts.disk}/s; median of {len(runs)} rounds")
-    print("| link load | " + " | ".join(f"{w} s" for w in PIPELINE_WAYS) +
-          " | lead (locality) | lead (round-robin) | target |")
-    print("|---|" + "---|" * (len(PIPELINE_WAYS) + 3))
+    ways = list(runs[0][next(iter(runs[0]))])
+    heads = [h for h, a, b in [("lead (locality)", "durable", "f3-locality"),
+                               ("lead (round-robin)", "durable-round-robin", "f3-round-robin")]
+             if a in ways and b in ways]
+    print("| link load | " + " | ".join(f"{w} s" for w in ways) + " | " +
+          " | ".join(heads) + " | target |")
+    print("|---|" + "---|" * (len(ways) + len(heads) + 1))
     summary = {}
     for load in runs[0]:
-        t = {w: statistics.median(r[load][w]["s"] for r in runs) for w in PIPELINE_WAYS}
-        lead_l = t["durable"] / t["f3-locality"] - 1
-        lead_r = t["durable"] / t["f3-round-robin"] - 1
+        t = {w: statistics.median(r[load][w]["s"] for r in runs) for w in ways}
+        # F3's lead: the same placement, durable intermediate against ephemeral.
+        pairs = {"locality": ("durable", "f3-locality"),
+                 "round-robin": ("durable-round-robin", "f3-round-robin")}
+        leads = {p: t[d] / t[f] - 1 for p, (d, f) in pairs.items() if d in t and f in t}
         target = PIPELINE_TARGET.get(int(load))
-        summary[load] = {"seconds": t, "lead_locality": lead_l, "lead_round_robin": lead_r}
-        print(f"| {load}% | " + " | ".join(f"{t[w]:.1f}" for w in PIPELINE_WAYS) +
-              f" | {lead_l:+.0%} | {lead_r:+.0%} | "
-              f"{'>= ' + format(target, '.0%') if target else '-'} |")
+        summary[load] = {"seconds": t, "leads": leads}
+        print(f"| {load}% | " + " | ".join(f"{t[w]:.1f}" for w in ways) + " | " +
+              " | ".join(f"{v:+.0%}" for v in leads.values()) +
+              f" | {'>= ' + format(target, '.0%') if target else '-'} |")
     return summary
 
 
@@ -608,6 +619,8 @@ def main():
     ap.add_argument("--stream-rate", default="20M")
     ap.add_argument("--pipeline-mb", type=int, default=200, help="pipeline input, MB")
     ap.add_argument("--loads", default="0,50,75,90", help="link load, percent of --rate")
+    ap.add_argument("--ways", default=",".join(PIPELINE_WAYS),
+                    help="pipeline ways to run: " + ", ".join(PIPELINE_WAYS))
     ap.add_argument("--load-limit", type=float, default=900,
                     help="a load sender stops by itself after this many seconds")
     ap.add_argument("--only", choices=["fio", "stream", "pipeline"])
@@ -622,6 +635,9 @@ def main():
     bench = Bench(opts)
     bench.size = parse_size(opts.size)
     bench.stream_size = parse_size(opts.stream_size)
+    bench.ways = opts.ways.split(",")
+    if not set(bench.ways) <= set(PIPELINE_WAYS):
+        sys.exit(f"--ways: each of {', '.join(PIPELINE_WAYS)}")
     os.makedirs(bench.work)
     result = {"options": vars(opts)}
     try:
