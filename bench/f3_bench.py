@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""F3 benchmark on shaped links: issue 30's experiments 2 (fio) and 3
-(read-while-write).
+"""F3 benchmark on shaped links: issue 30's experiments 2 (fio), 3
+(read-while-write) and 4 (a pipeline under link load).
 
 Usage (as root: network namespaces, tc, cgroups, FUSE mounts):
     python3 bench/f3_bench.py [--strata PATH] [--rate 200mbit] [--disk 40M]
         [--size 512M] [--repeat 3] [--stream-size 400M] [--stream-rate 20M]
-        [--only fio|stream] [--json-out FILE]
+        [--pipeline-mb 200] [--loads 0,50,75,90]
+        [--only fio|stream|pipeline] [--json-out FILE]
 
 Setup. A bridge in the root network namespace carries 10.77.0.1, where two
 object stores run (`strata store up`, 3 storage nodes each: replication
@@ -44,6 +45,33 @@ finished. Reported: end-to-end time (producer start to consumer end) and
 the consumer's first byte (after the producer's start). The consumer
 checks every byte.
 
+Experiment 4 (a pipeline under link load): a FASTQ-like input of
+--pipeline-mb MB (4-line records: @id, 100 bases of acgt, +, 100 quality
+characters) is written before the clock starts as an ephemeral file held
+by node a. Two streaming filters run as a workflow (`strata f3 run`,
+service and agents of the replication-1 store): `upper` rewrites every
+record (tr acgt ACGT: the same size) and `sample` keeps 1 record in 7
+(sed), so 926 -> 926 -> 132 MB for 926 MB in. Three ways:
+  f3-locality     intermediate ephemeral, --scheduler locality, `sample`
+                  streams it (stream: true) on the node that writes it
+  f3-round-robin  the same, --scheduler round-robin: `sample` on node b
+                  streams the intermediate over both links while written
+  durable         intermediate durable (uploaded to the store over a's link
+                  at its close; an object is complete only then, so
+                  `sample` does not stream it), --scheduler locality: a
+                  keeps a local copy of what it wrote, so `sample` runs
+                  on a and reads that copy
+  durable-round-robin  the same, --scheduler round-robin: `sample` on b
+                  downloads the intermediate over b's link
+(--ways picks some of them; all by default.)
+The final output is ephemeral in every case, and its size is checked. A
+load generator sends paced UDP (32 KiB datagrams) at --loads percent of
+--rate over every shaped direction, for the run only: from the root
+namespace to each node and from each node to the bridge address (no
+listener: the datagrams are dropped after crossing the link). Reported:
+end-to-end time of `strata f3 run` per (load, way), medians over
+--repeat rounds, and F3's lead = durable time / F3 time - 1.
+
 Everything lives under /tmp/f3bench-PID and is removed at exit, with the
 namespaces, bridge, cgroups, mounts and processes (also on Ctrl-C).
 """
@@ -66,6 +94,8 @@ DISK = "254:0"  # /dev/vda
 BRIDGE_IP = "10.77.0.1"
 NODES = ["a", "b"]
 MIB = 1 << 20
+PIPELINE_WAYS = ["f3-locality", "f3-round-robin", "durable", "durable-round-robin"]
+PIPELINE_TARGET = {50: 0.16, 75: 0.25, 90: 0.59}  # issue 30: F3's lead over durable
 
 
 def run(args, **kw):
@@ -357,6 +387,125 @@ class Bench:
             os.remove(p)
         return out
 
+    # ---- pipeline under link load ----------------------------------------
+
+    def make_fastq(self, path, size):
+        """Writes FASTQ-like records up to `size` bytes; returns (records, kept bytes)."""
+        import random
+        rng = random.Random(7)
+        pool = ["".join(rng.choice("acgt") for _ in range(100)) for _ in range(64)]
+        qual = "".join(chr(33 + rng.randrange(41)) for _ in range(100))
+        written, kept, n, chunk = 0, 0, 0, []
+        with open(path, "w") as f:
+            while written < size:
+                rec = f"@r{n:012d}\n{pool[n % 64]}\n+\n{qual}\n"
+                chunk.append(rec)
+                written += len(rec)
+                if n % 7 == 0:
+                    kept += len(rec)
+                n += 1
+                if len(chunk) >= 4096:
+                    f.write("".join(chunk))
+                    chunk = []
+            f.write("".join(chunk))
+        return n, written, kept
+
+    def pipeline_yaml(self, durable):
+        mid = "/pipe-mid.fq" if durable else "/pipe-mid.eph"
+        stream = "false" if durable else "true"
+        return f"""steps:
+  - name: upper
+    function: [/bin/sh, -c, 'tr acgt ACGT < ${{input.reads}} > ${{output.upper}}']
+    inputs: {{reads: {{path: /pipe-in.eph, stream: true}}}}
+    outputs: {{upper: {mid}}}
+    memory: 512MiB
+    timeout: 20m
+  - name: sample
+    function: [/bin/sh, -c, 'sed -n "1~28{{N;N;N;p}}" < ${{input.upper}} > ${{output.kept}}']
+    inputs: {{upper: {{path: {mid}, stream: {stream}}}}}
+    outputs: {{kept: /pipe-out.eph}}
+    memory: 512MiB
+    timeout: 20m
+"""
+
+    def start_load(self, percent):
+        """Paced UDP senders over every shaped direction; returns their processes."""
+        if percent <= 0:
+            return []
+        rate_bits = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+        unit = next(u for u in rate_bits if self.opts.rate.endswith(u))
+        bits = float(self.opts.rate[:-len(unit)]) * rate_bits[unit]
+        byte_rate = bits / 8 * percent / 100
+        code = ("import socket,sys,time\n"
+                "dst,rate,limit=sys.argv[1],float(sys.argv[2]),float(sys.argv[3])\n"
+                "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+                "buf=b'x'*32768;t0=time.monotonic();sent=0\n"
+                "while time.monotonic()-t0<limit:\n"
+                "  try: s.sendto(buf,(dst,9))\n"
+                "  except OSError: pass\n"
+                "  sent+=len(buf)\n"
+                "  ahead=t0+sent/rate-time.monotonic()\n"
+                "  if ahead>0: time.sleep(ahead)\n")
+        limit = str(self.opts.load_limit)
+        procs = []
+        for n, link in self.links.items():
+            # Into the node (its host-side qdisc) and out of it (its namespace's).
+            for prefix, dst in [([], link["ip"]),
+                                (["ip", "netns", "exec", link["ns"]], BRIDGE_IP)]:
+                p = subprocess.Popen([*prefix, sys.executable, "-c", code, dst,
+                                      str(byte_rate), limit],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+                self.procs.append(p)
+                procs.append(p)
+        time.sleep(1.0)  # let the queues fill before the clock starts
+        return procs
+
+    def stop_load(self, procs):
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            p.wait()
+
+    def pipeline_case(self, way, load, k, expected):
+        path = os.path.join(self.work, f"pipe-{way}.yaml")
+        with open(path, "w") as f:
+            f.write(self.pipeline_yaml(way.startswith("durable")))
+        scheduler = "round-robin" if way.endswith("round-robin") else "locality"
+        drop_caches()
+        procs = self.start_load(load)
+        try:
+            seconds, moved, out = self.timed(lambda: subprocess.run(
+                [self.opts.strata, "f3", "run", path, "--scheduler", scheduler,
+                 "--meta", self.stores[1]["meta"], "--output", "json"],
+                capture_output=True, text=True, timeout=3600))
+        finally:
+            self.stop_load(procs)
+        if out.returncode != 0:
+            sys.exit(f"pipeline {way} at {load}%: {out.stderr[-3000:]}")
+        steps = {s["step"]: s["node"] for s in json.loads(out.stdout)["steps"]}
+        got = os.path.getsize(os.path.join(self.mount["a1"], "pipe-out.eph"))
+        if got != expected:
+            sys.exit(f"pipeline {way} at {load}%: output {got} bytes, expected {expected}")
+        print(f"  round {k}: load {load:2d}% {way:15s} {seconds:6.1f} s, steps "
+              f"upper@{steps['upper']} sample@{steps['sample']}, links a/b "
+              f"{moved['a'] / 1e6:.0f}/{moved['b'] / 1e6:.0f} MB (load included)", flush=True)
+        return {"s": seconds, "nodes": steps, "link_mb": {n: m / 1e6 for n, m in moved.items()}}
+
+    def pipeline(self):
+        size = self.opts.pipeline_mb * 1000 * 1000
+        records, written, kept = self.make_fastq(os.path.join(self.mount["a1"], "pipe-in.eph"), size)
+        print(f"  input: {written / 1e6:.0f} MB, {records} records, expected output "
+              f"{kept / 1e6:.0f} MB", flush=True)
+        loads = [int(x) for x in self.opts.loads.split(",")]
+        runs = []
+        for k in range(self.opts.repeat):
+            runs.append({str(load): {way: self.pipeline_case(way, load, k, kept)
+                                     for way in self.ways}
+                         for load in loads})
+        return {"input_bytes": written, "output_bytes": kept, "runs": runs}
+
     # ---- teardown --------------------------------------------------------
 
     def close(self):
@@ -432,6 +581,33 @@ def report_stream(runs, opts):
         print(f"| {mode} | {e:.1f} | {f:.2f} | {p:.1f} |")
 
 
+def report_pipeline(result, opts):
+    runs = result["runs"]
+    print(f"\nExperiment 4: pipeline, {result['input_bytes'] / 1e6:.0f} MB in, "
+          f"{result['output_bytes'] / 1e6:.0f} MB out, links {opts.rate}, node disk "
+          f"{opts.disk}/s; median of {len(runs)} rounds")
+    ways = list(runs[0][next(iter(runs[0]))])
+    heads = [h for h, a, b in [("lead (locality)", "durable", "f3-locality"),
+                               ("lead (round-robin)", "durable-round-robin", "f3-round-robin")]
+             if a in ways and b in ways]
+    print("| link load | " + " | ".join(f"{w} s" for w in ways) + " | " +
+          " | ".join(heads) + " | target |")
+    print("|---|" + "---|" * (len(ways) + len(heads) + 1))
+    summary = {}
+    for load in runs[0]:
+        t = {w: statistics.median(r[load][w]["s"] for r in runs) for w in ways}
+        # F3's lead: the same placement, durable intermediate against ephemeral.
+        pairs = {"locality": ("durable", "f3-locality"),
+                 "round-robin": ("durable-round-robin", "f3-round-robin")}
+        leads = {p: t[d] / t[f] - 1 for p, (d, f) in pairs.items() if d in t and f in t}
+        target = PIPELINE_TARGET.get(int(load))
+        summary[load] = {"seconds": t, "leads": leads}
+        print(f"| {load}% | " + " | ".join(f"{t[w]:.1f}" for w in ways) + " | " +
+              " | ".join(f"{v:+.0%}" for v in leads.values()) +
+              f" | {'>= ' + format(target, '.0%') if target else '-'} |")
+    return summary
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--strata", default=STRATA_DEFAULT)
@@ -441,7 +617,13 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--stream-size", default="400M")
     ap.add_argument("--stream-rate", default="20M")
-    ap.add_argument("--only", choices=["fio", "stream"])
+    ap.add_argument("--pipeline-mb", type=int, default=200, help="pipeline input, MB")
+    ap.add_argument("--loads", default="0,50,75,90", help="link load, percent of --rate")
+    ap.add_argument("--ways", default=",".join(PIPELINE_WAYS),
+                    help="pipeline ways to run: " + ", ".join(PIPELINE_WAYS))
+    ap.add_argument("--load-limit", type=float, default=900,
+                    help="a load sender stops by itself after this many seconds")
+    ap.add_argument("--only", choices=["fio", "stream", "pipeline"])
     ap.add_argument("--json-out")
     opts = ap.parse_args()
     opts.strata = os.path.abspath(opts.strata)
@@ -453,25 +635,31 @@ def main():
     bench = Bench(opts)
     bench.size = parse_size(opts.size)
     bench.stream_size = parse_size(opts.stream_size)
+    bench.ways = opts.ways.split(",")
+    if not set(bench.ways) <= set(PIPELINE_WAYS):
+        sys.exit(f"--ways: each of {', '.join(PIPELINE_WAYS)}")
     os.makedirs(bench.work)
     result = {"options": vars(opts)}
     try:
         bench.setup_network()
         bench.setup_cgroups()
         bench.setup_services()
-        if opts.only != "stream":
+        if opts.only in (None, "fio"):
             runs = []
             for k in range(opts.repeat):
                 runs.append(bench.fio_round(k))
             result["fio"] = runs
             result["fio_ratios"] = report_fio(runs, opts)
-        if opts.only != "fio":
+        if opts.only in (None, "stream"):
             runs = []
             for k in range(opts.repeat):
                 runs.append({m: bench.stream_case(m, k)
                              for m in ["read-while-write", "poll", "sequential"]})
             result["stream"] = runs
             report_stream(runs, opts)
+        if opts.only in (None, "pipeline"):
+            result["pipeline"] = bench.pipeline()
+            result["pipeline_summary"] = report_pipeline(result["pipeline"], opts)
     finally:
         bench.close()
     if opts.json_out:
