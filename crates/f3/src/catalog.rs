@@ -19,7 +19,7 @@ use crate::protocol::{
 use crate::{F3Error, Result};
 
 /// Path → the JSON of its [`Entry`].
-const FILES: TableDefinition<&str, &[u8]> = TableDefinition::new("files");
+pub(crate) const FILES: TableDefinition<&str, &[u8]> = TableDefinition::new("files");
 
 /// Node name → its transfer address.
 const NODES: TableDefinition<&str, &str> = TableDefinition::new("nodes");

@@ -14,15 +14,12 @@
 
 use redb::{ReadableTable, TableDefinition};
 
-use crate::catalog::{decode, store_error, Catalog};
+use crate::catalog::{decode, store_error, Catalog, FILES};
 use crate::protocol::{unix_ms, Event, EventKind, EventPage};
 use crate::Result;
 
 /// Event number → the JSON of its [`Event`].
 const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
-
-/// Path → entry, as the catalog keeps it (the same table).
-const FILES: TableDefinition<&str, &[u8]> = TableDefinition::new("files");
 
 /// Most events kept.
 pub const MAX_EVENTS: u64 = 10_000;

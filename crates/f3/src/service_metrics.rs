@@ -1,13 +1,10 @@
 //! The metadata service's `/metrics`: nodes alive and silent, files and
 //! their bytes by tier, and the loss and recovery events recorded.
 
-use redb::{ReadableTable, TableDefinition};
+use redb::ReadableTable;
 
-use crate::catalog::{decode, store_error, Catalog};
+use crate::catalog::{decode, store_error, Catalog, FILES};
 use crate::Result;
-
-/// Path → entry, as the catalog keeps it (the same table).
-const FILES: TableDefinition<&str, &[u8]> = TableDefinition::new("files");
 
 impl Catalog {
     /// The service's `/metrics`, in Prometheus' text format: nodes alive

@@ -124,6 +124,21 @@ fn encoded(text: &str, url: bool) -> String {
     out
 }
 
+/// The `x-amz-checksum-*` values that an s3s input (PutObject,
+/// UploadPart, CompleteMultipartUpload, a listed part) carries in its
+/// five fields of the same names: s3s gives each input a type of its own.
+macro_rules! claimed {
+    ($input:expr) => {
+        claimed_checksums([
+            $input.checksum_crc32.clone(),
+            $input.checksum_crc32c.clone(),
+            $input.checksum_sha1.clone(),
+            $input.checksum_sha256.clone(),
+            $input.checksum_crc64nvme.clone(),
+        ])
+    };
+}
+
 /// The `x-amz-checksum-*` headers of a PutObject or UploadPart (CRC32,
 /// CRC32C, SHA-1, SHA-256, CRC64NVME, in that order), to check against
 /// its body.
@@ -265,13 +280,7 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let client = self.tenant(&req).await?;
         let input = &req.input;
-        let headers = claimed_checksums([
-            input.checksum_crc32.clone(),
-            input.checksum_crc32c.clone(),
-            input.checksum_sha1.clone(),
-            input.checksum_sha256.clone(),
-            input.checksum_crc64nvme.clone(),
-        ]);
+        let headers = claimed!(input);
         let echo = headers.clone();
         let checksums = checksum_request(&req, headers, input.checksum_algorithm.as_ref())?;
         let input = req.input;
@@ -639,13 +648,7 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<UploadPartOutput>> {
         let client = self.tenant(&req).await?;
         let input = &req.input;
-        let headers = claimed_checksums([
-            input.checksum_crc32.clone(),
-            input.checksum_crc32c.clone(),
-            input.checksum_sha1.clone(),
-            input.checksum_sha256.clone(),
-            input.checksum_crc64nvme.clone(),
-        ]);
+        let headers = claimed!(input);
         let echo = headers.clone();
         let checksums = checksum_request(&req, headers, input.checksum_algorithm.as_ref())?;
         let input = req.input;
@@ -726,22 +729,10 @@ impl S3 for Gateway {
             .map(|part| ListedPart {
                 number: part.part_number.unwrap_or(0),
                 etag: part.e_tag.map(|tag| tag.value().to_string()),
-                checksums: claimed_checksums([
-                    part.checksum_crc32,
-                    part.checksum_crc32c,
-                    part.checksum_sha1,
-                    part.checksum_sha256,
-                    part.checksum_crc64nvme,
-                ]),
+                checksums: claimed!(part),
             })
             .collect();
-        let claimed = claimed_checksums([
-            input.checksum_crc32,
-            input.checksum_crc32c,
-            input.checksum_sha1,
-            input.checksum_sha256,
-            input.checksum_crc64nvme,
-        ]);
+        let claimed = claimed!(input);
         let at = (input.bucket.as_str(), input.key.as_str());
         let meta = self
             .complete_upload(&client, at, &input.upload_id, &listed, &claimed)

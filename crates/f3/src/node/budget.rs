@@ -163,9 +163,9 @@ impl Budget {
     /// Makes room after the disk itself refused a write of `needed`
     /// bytes (ENOSPC); whether any was made.
     pub fn disk_full(&self, shared: &Shared, needed: u64) -> bool {
+        // Room for `needed` more within what the disk held when it was full.
         let before = measure(shared).total();
-        let target = before.saturating_sub(needed);
-        self.make_room(shared, needed, target + needed) < before
+        self.make_room(shared, needed, before) < before
     }
 
     /// Frees bytes, least recently used first, until `growth` more fit
@@ -229,7 +229,7 @@ impl Budget {
             .copies
             .idle()
             .into_iter()
-            .map(|(path, _)| victim(VictimKind::Copy, path))
+            .map(|path| victim(VictimKind::Copy, path))
             .chain(
                 cached
                     .into_iter()
@@ -243,7 +243,7 @@ impl Budget {
                 .local
                 .idle()
                 .into_iter()
-                .map(|(path, _)| victim(VictimKind::Held, path))
+                .map(|path| victim(VictimKind::Held, path))
                 .collect();
             held.sort_by_key(|v| v.used);
         }
@@ -305,10 +305,7 @@ enum VictimKind {
 
 /// Drops the local copy of durable file `path`; the bytes freed.
 fn evict_cache(shared: &Shared, path: &str) -> Option<u64> {
-    shared.cached.lock().remove(path)?;
-    let cache = shared.cache_path(path);
-    let bytes = file_length(&cache);
-    std::fs::remove_file(&cache).ok()?;
+    let bytes = shared.drop_cached(path)?;
     // The service ranks nodes by what they hold: this one holds none now.
     let _ = shared.service.report(
         &shared.name,

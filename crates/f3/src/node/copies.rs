@@ -240,17 +240,14 @@ impl Copies {
         &self.directory
     }
 
-    /// The copies whole here that no handle reads, with their sizes:
-    /// those that may be evicted to make room (the holder has them).
-    pub fn idle(&self) -> Vec<(String, u64)> {
+    /// The copies whole here that no handle reads: those that may be
+    /// evicted to make room (the holder has them).
+    pub fn idle(&self) -> Vec<String> {
         self.copies
             .lock()
             .iter()
-            .filter(|(_, copy)| Arc::strong_count(copy) == 1)
-            .filter_map(|(path, copy)| {
-                let progress = copy.progress.lock();
-                progress.done.then(|| (path.clone(), progress.fetched))
-            })
+            .filter(|(_, copy)| Arc::strong_count(copy) == 1 && copy.progress.lock().done)
+            .map(|(path, _)| path.clone())
             .collect()
     }
 

@@ -151,18 +151,15 @@ impl LocalFiles {
         &self.directory
     }
 
-    /// The files held here that no handle has open and no writer holds,
-    /// with their sizes: those that may be spilled to make room.
-    pub fn idle(&self) -> Vec<(String, u64)> {
+    /// The files held here that no handle has open and no writer holds:
+    /// those that may be spilled to make room.
+    pub fn idle(&self) -> Vec<String> {
         self.open
             .lock()
             .iter()
             // The map's own reference is the only one: no handle.
-            .filter(|(_, file)| Arc::strong_count(file) == 1)
-            .filter_map(|(path, file)| {
-                let (size, writing) = file.snapshot();
-                (!writing).then(|| (path.clone(), size))
-            })
+            .filter(|(_, file)| Arc::strong_count(file) == 1 && !file.snapshot().1)
+            .map(|(path, _)| path.clone())
             .collect()
     }
 

@@ -108,6 +108,16 @@ impl Shared {
     pub fn cache_path(&self, path: &str) -> PathBuf {
         self.cache_dir.join(local::content_name(path))
     }
+
+    /// Drops the local copy of durable file `path`, if this node keeps
+    /// one; the bytes it held.
+    pub fn drop_cached(&self, path: &str) -> Option<u64> {
+        self.cached.lock().remove(path)?;
+        let cache = self.cache_path(path);
+        let bytes = std::fs::metadata(&cache).map(|m| m.len()).unwrap_or(0);
+        std::fs::remove_file(&cache).ok()?;
+        Some(bytes)
+    }
 }
 
 /// A running agent: mounted, serving, heartbeating. [`Node::stop`] (or

@@ -220,8 +220,7 @@ pub fn evict_file(shared: &Shared, path: &str) -> Result<serde_json::Value> {
         )));
     }
     let had_copy = shared.copies.evict(path.as_str());
-    let had_cache = shared.cached.lock().remove(path.as_str()).is_some();
-    let _ = std::fs::remove_file(shared.cache_path(path.as_str()));
+    let had_cache = shared.drop_cached(path.as_str()).is_some();
     let _ = shared.service.report(
         &shared.name,
         vec![HeldFile {
@@ -262,7 +261,6 @@ pub fn forget_file(shared: &Shared, path: &str) -> Result<serde_json::Value> {
     }
     shared.local.remove(path.as_str())?;
     shared.copies.evict(path.as_str());
-    shared.cached.lock().remove(path.as_str());
-    let _ = std::fs::remove_file(shared.cache_path(path.as_str()));
+    shared.drop_cached(path.as_str());
     Ok(serde_json::json!({ "node": shared.name, "path": path.as_str(), "forgotten": true }))
 }
