@@ -96,6 +96,9 @@ pub enum F3Command {
         /// The namespace path.
         path: String,
     },
+    /// Mount the namespace here and run this node's agent until SIGTERM
+    /// or SIGINT (the same agent as `strata node`), then unmount.
+    Mount(MountArgs),
     /// Run a workflow (a YAML DAG of functions) on the nodes' sandboxes.
     Run {
         #[command(flatten)]
@@ -129,15 +132,36 @@ pub struct NodeArgs {
     /// The node's directory: its ephemeral files, copies, durable cache.
     #[arg(long)]
     dir: PathBuf,
+    /// Where to mount the namespace (an empty directory).
+    #[arg(long)]
+    mount: PathBuf,
+    #[command(flatten)]
+    agent: AgentOptions,
+}
+
+/// `strata f3 mount`: the same agent, named as FUSE file systems are
+/// mounted (`strata f3 mount MOUNTPOINT`), with a default directory.
+#[derive(Args)]
+pub struct MountArgs {
+    /// Where to mount the namespace (an empty directory).
+    mountpoint: PathBuf,
+    /// The node's directory: its ephemeral files, copies, durable cache
+    /// (default: `strata-f3/NAME` in the current directory).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    #[command(flatten)]
+    agent: AgentOptions,
+}
+
+/// What a node agent is, whichever command starts it.
+#[derive(Args)]
+pub struct AgentOptions {
     /// Where its transfer service listens (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: SocketAddr,
     /// The metadata service's address (`strata f3 serve`).
     #[arg(long, env = "STRATA_F3", default_value = DEFAULT_SERVICE_ADDRESS)]
     meta: String,
-    /// Where to mount the namespace (an empty directory).
-    #[arg(long)]
-    mount: PathBuf,
     /// The node's name, unique among the service's nodes (default: the host name).
     #[arg(long)]
     name: Option<String>,
@@ -185,6 +209,7 @@ pub fn run(command: F3Command) -> Result<i32> {
         F3Command::Persist { service, path } => persist(&service, &path),
         F3Command::Evict { service, path } => evict(&service, &path),
         F3Command::Events { service, after } => events(&service, after),
+        F3Command::Mount(args) => run_mount(args),
         F3Command::Run {
             service,
             workflow,
@@ -236,12 +261,35 @@ fn serve(dir: PathBuf, listen: SocketAddr, lease_ms: u64) -> Result<i32> {
 
 /// Runs `strata node` until SIGTERM or SIGINT, then unmounts.
 pub fn run_node(args: NodeArgs) -> Result<i32> {
+    run_agent(args.dir, args.mount, args.agent)
+}
+
+/// Runs `strata f3 mount` until SIGTERM or SIGINT, then unmounts.
+fn run_mount(args: MountArgs) -> Result<i32> {
+    let name = match &args.agent.name {
+        Some(name) => name.clone(),
+        None => hostname()?,
+    };
+    let dir = args
+        .dir
+        .unwrap_or_else(|| PathBuf::from("strata-f3").join(&name));
+    run_agent(
+        dir,
+        args.mountpoint,
+        AgentOptions {
+            name: Some(name),
+            ..args.agent
+        },
+    )
+}
+
+fn run_agent(dir: PathBuf, mountpoint: PathBuf, agent: AgentOptions) -> Result<i32> {
     crate::serve::init_logging();
-    let name = match args.name {
+    let name = match agent.name {
         Some(name) => name,
         None => hostname()?,
     };
-    let store = match (args.store, args.credential) {
+    let store = match (agent.store, agent.credential) {
         (Some(cluster), Some(file)) => Some((cluster, TenantCredential::load(&file)?)),
         (Some(_), None) => bail!(
             "--store needs the store tenant's credential: give --credential FILE (or set \
@@ -251,18 +299,18 @@ pub fn run_node(args: NodeArgs) -> Result<i32> {
     };
     let node = Node::start(NodeConfig {
         name,
-        directory: args.dir,
-        listen: args.listen,
-        service: args.meta.clone(),
-        mountpoint: args.mount.clone(),
+        directory: dir,
+        listen: agent.listen,
+        service: agent.meta.clone(),
+        mountpoint: mountpoint.clone(),
         store,
-        all_ephemeral: args.all_ephemeral,
-        quota: args.quota,
+        all_ephemeral: agent.all_ephemeral,
+        quota: agent.quota,
         sandbox: SandboxConfig {
-            slots: args.slots,
-            keep_alive: Duration::from_millis(args.keep_alive_ms),
-            max_warm: args.max_warm as usize,
-            no_cgroups: args.no_cgroups,
+            slots: agent.slots,
+            keep_alive: Duration::from_millis(agent.keep_alive_ms),
+            max_warm: agent.max_warm as usize,
+            no_cgroups: agent.no_cgroups,
         },
     })?;
     let mut out = std::io::stdout().lock();
@@ -270,9 +318,9 @@ pub fn run_node(args: NodeArgs) -> Result<i32> {
         out,
         "strata node: {} ready, mounted at {}, transfer on {} (service {})",
         node.name(),
-        args.mount.display(),
+        mountpoint.display(),
         node.address(),
-        args.meta
+        agent.meta
     )?;
     out.flush()?;
     drop(out);

@@ -85,22 +85,26 @@ impl F3 {
         f3
     }
 
+    /// Starts agent `name`: `a` as `strata node --dir DIR --mount MNT`,
+    /// `b` as `strata f3 mount MNT` in the test's directory with no
+    /// `--dir`, so that every test runs both forms and `b`'s files land
+    /// in the default directory ([`F3::node_dir`]).
     fn start_agent(&mut self, name: &str, extra: &[&str]) {
         let point = self.dir.path().join(format!("mount-{name}"));
         std::fs::create_dir_all(&point).unwrap();
         // Registered before the mount exists, so teardown unmounts it
         // whatever happens next.
         self._mounts.push(MountPoint(point.clone()));
-        let node_dir = p(&self.dir.path().join(format!("node-{name}")));
+        let node_dir = p(&self.node_dir(name));
         let on = self.store.on.to_string();
         let credential = p(&self.store.dir.join("admin.credential"));
         let point_text = p(&point);
-        let mut args = vec![
-            "node",
-            "--dir",
-            &node_dir,
-            "--mount",
-            &point_text,
+        let mut args = if name == "b" {
+            vec!["f3", "mount", &point_text]
+        } else {
+            vec!["node", "--dir", &node_dir, "--mount", &point_text]
+        };
+        args.extend([
             "--meta",
             &self.meta,
             "--name",
@@ -109,12 +113,21 @@ impl F3 {
             &on,
             "--credential",
             &credential,
-        ];
+        ]);
         args.extend_from_slice(extra);
-        let process = Launch::strata(&args).start();
+        let process = Launch::strata(&args).cwd(self.dir.path()).start();
         let transfer = process.word_after("transfer on ");
         self.points.push((point, transfer));
         self.agents.push((name.to_string(), Some(process)));
+    }
+
+    /// Agent `name`'s directory (`b`'s is `strata f3 mount`'s default).
+    pub(crate) fn node_dir(&self, name: &str) -> PathBuf {
+        if name == "b" {
+            self.dir.path().join("strata-f3").join(name)
+        } else {
+            self.dir.path().join(format!("node-{name}"))
+        }
     }
 
     /// Agent `index`'s mount point.
@@ -712,7 +725,7 @@ fn all_ephemeral_mounts_and_removal_from_another_node() {
     );
 
     let contents = |node: &str| {
-        std::fs::read_dir(f3.dir.path().join(format!("node-{node}/files")))
+        std::fs::read_dir(f3.node_dir(node).join("files"))
             .unwrap()
             .count()
     };
