@@ -32,6 +32,9 @@ for tool in qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils qemu-stor
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 python3 -c "import boto3" 2>/dev/null || need+=(python3-boto3)
+# boto3 computes CRC-32C only through the AWS CRT, which Debian packages
+# for its own Python: the CRC-32C test (s3_checksums.rs) runs /usr/bin/python3.
+/usr/bin/python3 -c "import boto3, awscrt" 2>/dev/null || need+=(python3-boto3 python3-awscrt)
 # Debian keeps PostgreSQL's server programs out of PATH, one directory per
 # major version (crates/bench/src/pgbench.rs finds the newest).
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)

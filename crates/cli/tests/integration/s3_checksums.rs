@@ -172,3 +172,25 @@ fn aws_cli_checksums_are_checked_kept_and_answered() {
     assert_eq!(shown["ChecksumCRC32C"], crc32c(&small), "{shown}");
     assert_eq!(shown["ContentLength"], small.len() as u64, "{shown}");
 }
+
+/// CRC-32C computed by boto3 itself (through the AWS CRT, which only
+/// Debian's system Python has here): checked, kept and answered for a
+/// PutObject and for each part and the composite of a multipart upload;
+/// a wrong value is `BadDigest` and leaves the object as it was.
+#[test]
+fn boto3_with_the_crt_computes_crc32c_and_the_gateway_checks_it() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &[]);
+    let keys = tenant(&store, "acme");
+    let s3 = endpoint(&store);
+    aws_ok(&s3, &keys, dir.path(), &["s3", "mb", "s3://acme"]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/integration/s3_crc32c.py");
+    let out = Command::new("/usr/bin/python3")
+        .arg(script)
+        .args([&s3, "acme", &keys.access, &keys.secret])
+        .output()
+        .expect("run /usr/bin/python3 (apt-get install python3-boto3 python3-awscrt)");
+    let text = output_text(&out);
+    assert!(out.status.success(), "s3_crc32c.py failed:\n{text}");
+    assert!(text.contains("crc32c: 11 checks passed"), "{text}");
+}
