@@ -205,6 +205,17 @@ pub struct VolumeGauges {
     pub frozen_layers: usize,
 }
 
+/// Appends the catalog's durable commits (each one sync of its database,
+/// shared by the changes committed meanwhile) to `out`.
+pub fn render_catalog(out: &mut String, syncs: u64) {
+    let name = "strata_catalog_syncs_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Durable commits of the pool's catalog (changes made at once share one).\n\
+         # TYPE {name} counter\n{name} {syncs}"
+    );
+}
+
 /// Renders every volume's metrics in the Prometheus text format.
 pub fn render(volumes: &[(VolumeGauges, &VolumeStats)]) -> String {
     let mut out = String::new();

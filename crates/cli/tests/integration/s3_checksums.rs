@@ -184,7 +184,10 @@ fn boto3_with_the_crt_computes_crc32c_and_the_gateway_checks_it() {
     let keys = tenant(&store, "acme");
     let s3 = endpoint(&store);
     aws_ok(&s3, &keys, dir.path(), &["s3", "mb", "s3://acme"]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/integration/s3_crc32c.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/integration/s3_crc32c.py"
+    );
     let out = Command::new("/usr/bin/python3")
         .arg(script)
         .args([&s3, "acme", &keys.access, &keys.secret])

@@ -344,7 +344,9 @@ impl Service {
             .iter()
             .map(|l| (l.volume.gauges(), l.volume.stats()))
             .collect();
-        metrics::render(&rows)
+        let mut text = metrics::render(&rows);
+        metrics::render_catalog(&mut text, self.catalog.syncs());
+        text
     }
 
     /// Closes every volume (stores indexes, marks tops clean). Call after
