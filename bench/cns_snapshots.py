@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Experiment 2 of issue 29 (CNSBench): snapshots under load, as repeated,
-interleaved runs.
+"""Experiments 2 and 3 of issue 29 (CNSBench): snapshots under load, as
+repeated, interleaved runs.
 
-Three volumes, each under fio emulating YCSB-A (random 50% reads, 4 KiB,
+Experiment 2 (`--experiment fio`, the default): three volumes, each under fio emulating YCSB-A (random 50% reads, 4 KiB,
 zipf 0.99), with a snapshot of one of them at random every 10 s (each
 about every 30 s) and the oldest deleted every minute, against the same
 spec without control operations. Variants: Strata with 4 KiB and with
@@ -11,18 +11,28 @@ snapshots over QMP). Each round runs every variant with and without
 snapshots, the order of the pair alternating from round to round, so
 that each pair sees the same machine.
 
-Reported per variant (medians over rounds): mean IOPS with and without
-snapshots and the loss (1 - with/without, per round, then the median),
-the lowest one-second IOPS, zero-operation seconds, and the snapshot
-calls' p50 / p99 / max latency.
+Experiment 3 (`--experiment pgbench`): PostgreSQL under pgbench (scale
+10, 4 clients) on ext4 on one 2 GiB volume (nbdfuse, a loop device), a
+snapshot every 30 s, and a restore-and-verify of the newest snapshot
+after every --restore-every-th (the clone's ext4 checked with fsck,
+PostgreSQL started on it and pgbench's balances checked against its
+history), against the same spec without control operations.
 
-Usage (as root: the volumes' NBD exports and fio):
+Reported per variant (medians over rounds): mean IOPS (transactions per
+second for pgbench) with and without snapshots and the loss (1 -
+with/without, per round, then the median), the lowest one-second figure,
+zero-operation seconds, the snapshot calls' p50 / p99 / max latency, and
+for pgbench the restores that passed and failed (summed over rounds).
+
+Usage (as root: the volumes' NBD exports, fio, mounts):
     python3 bench/cns_snapshots.py --duration 2m --repeat 3
     python3 bench/cns_snapshots.py --duration 20s --repeat 1 --variants strata-64k
+    python3 bench/cns_snapshots.py --experiment pgbench --duration 3m --restore-every 2
 
-Target (issue 29): with a snapshot every 30 s, Strata loses at most 2% of
-fio's throughput and has no zero-operation second; QEMU's figure in the
-same run.
+Targets (issue 29): with a snapshot every 30 s, Strata loses at most 2%
+of pgbench's and fio's throughput and has no zero-operation second, with
+QEMU's figure in the same run; restore-and-verify passes for every
+snapshot taken under load.
 """
 
 import argparse
@@ -82,6 +92,35 @@ rates:
 """
 
 
+PGBENCH_SPEC = """\
+duration: {duration}
+volumes:
+  - name: db
+    count: 1
+    size: 2G
+    attach: fs
+{cluster}workloads:
+  - name: bank
+    volumes: db
+    pgbench: {{scale: 10, clients: 4}}
+"""
+
+PGBENCH_CONTROL = """\
+control_operations:
+  - {{name: snapshots, action: snapshot, workload: bank, rate: every-30s}}
+  - {{name: restores, action: restore_and_verify, workload: bank, select: newest, rate: restores}}
+rates:
+  - {{name: every-30s, every: 30s}}
+  - {{name: restores, every: {restore_seconds}s}}
+"""
+
+# The spec, its control operations and the workload reported, per experiment.
+EXPERIMENTS = {
+    "fio": (SPEC, CONTROL, "ycsb-a"),
+    "pgbench": (PGBENCH_SPEC, PGBENCH_CONTROL, "bank"),
+}
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--strata", default=os.path.join(ROOT, "target/release/strata"))
@@ -89,15 +128,21 @@ def parse_args():
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma-separated, of " + ", ".join(VARIANTS))
+    parser.add_argument("--experiment", choices=sorted(EXPERIMENTS), default="fio")
+    parser.add_argument("--restore-every", type=int, default=10,
+                        help="pgbench: restore the newest snapshot after every Nth")
     parser.add_argument("--keep", help="keep the run directories here")
     parser.add_argument("--json", help="write the results here too")
     return parser.parse_args()
 
 
-def spec_text(duration, cluster, snapshots):
+def spec_text(opts, cluster, snapshots):
+    spec, control, _ = EXPERIMENTS[opts.experiment]
     cluster_line = f"    cluster_size: {cluster}\n" if cluster else ""
-    text = SPEC.format(duration=duration, cluster=cluster_line)
-    return text + (CONTROL if snapshots else "")
+    text = spec.format(duration=opts.duration, cluster=cluster_line)
+    # One second after every Nth snapshot, so that it is there to restore.
+    restore_seconds = 30 * opts.restore_every + 1
+    return text + (control.format(restore_seconds=restore_seconds) if snapshots else "")
 
 
 def run_one(opts, work, variant, snapshots, round_):
@@ -105,7 +150,7 @@ def run_one(opts, work, variant, snapshots, round_):
     mode = "snap" if snapshots else "base"
     spec = os.path.join(work, f"{variant}-{mode}.yaml")
     with open(spec, "w") as f:
-        f.write(spec_text(opts.duration, cluster, snapshots))
+        f.write(spec_text(opts, cluster, snapshots))
     out = os.path.join(work, f"{variant}-{mode}-{round_}")
     args = [opts.strata, "bench", "run", spec, "--out", out, "--seed", str(round_ + 1)]
     if provider != "strata":
@@ -116,8 +161,10 @@ def run_one(opts, work, variant, snapshots, round_):
     report = subprocess.run([opts.strata, "bench", "report", out, "--output", "json"],
                             capture_output=True, text=True, check=True)
     summary = json.loads(report.stdout)
-    workload = next(w for w in summary["workloads"] if w["workload"] == "ycsb-a")
+    name = EXPERIMENTS[opts.experiment][2]
+    workload = next(w for w in summary["workloads"] if w["workload"] == name)
     snaps = next((o for o in summary["operations"] if o["operation"] == "snapshots"), None)
+    restores = next((o for o in summary["operations"] if o["operation"] == "restores"), None)
     result = {
         "iops": workload["mean_iops"],
         "min_iops": workload["min_iops"],
@@ -126,6 +173,8 @@ def run_one(opts, work, variant, snapshots, round_):
     if snaps:
         result.update(snapshots=snaps["ok"], snapshot_errors=snaps["errors"],
                       p50_ms=snaps["p50_ms"], p99_ms=snaps["p99_ms"], max_ms=snaps["max_ms"])
+    if restores:
+        result.update(restores_ok=restores["ok"], restores_failed=restores["errors"])
     if not opts.keep:
         shutil.rmtree(out, ignore_errors=True)
     return result
@@ -154,9 +203,10 @@ def main():
         if not opts.keep:
             shutil.rmtree(work, ignore_errors=True)
     print(f"\nmedians of {opts.repeat} rounds, {opts.duration} each run")
-    print("| variant | IOPS, none | IOPS, snapshots | loss | lowest second (snapshots) |"
-          " zero-op seconds (snapshots) | snapshot p50 / p99 / max ms |")
-    print("|---|---|---|---|---|---|---|")
+    unit = "tps" if opts.experiment == "pgbench" else "IOPS"
+    print(f"| variant | {unit}, none | {unit}, snapshots | loss | lowest second (snapshots) |"
+          " zero-op seconds (snapshots) | snapshot p50 / p99 / max ms | restores ok / failed |")
+    print("|---|---|---|---|---|---|---|---|")
     table = {}
     for variant, runs in results.items():
         base, snap = runs["base"], runs["snap"]
@@ -166,7 +216,9 @@ def main():
         print(f"| {variant} | {med(base, 'iops'):,.0f} | {med(snap, 'iops'):,.0f} |"
               f" {100 * statistics.median(losses):.1f}% | {med(snap, 'min_iops'):,.0f} |"
               f" {med(snap, 'zero_seconds'):.0f} | {med(snap, 'p50_ms'):.1f} /"
-              f" {med(snap, 'p99_ms'):.1f} / {med(snap, 'max_ms'):.1f} |")
+              f" {med(snap, 'p99_ms'):.1f} / {med(snap, 'max_ms'):.1f} |"
+              f" {sum(r.get('restores_ok', 0) for r in snap)} /"
+              f" {sum(r.get('restores_failed', 0) for r in snap)} |")
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(table, f, indent=1)
