@@ -246,6 +246,35 @@ def post_when_placeable(opts, ns, on, env):
         sys.exit(f"posting the objects failed: {made}")
 
 
+def unloaded_latencies(opts, ns, on, env, nodes):
+    """Each node's read latency without queueing: one client reads its
+    objects one at a time, uniform choice, on cold caches. The client's
+    estimate per node, ms (None for a node it never read from)."""
+    drop_caches()
+    r = strata_json(opts, ns, on, env, "store", "bench", "--workload", "get",
+                    "--replica-choice", "uniform", "--threads", "1", "--ops", str(opts.ops),
+                    "--size", opts.size, "--passes", "1")
+    by_id = {n["id"]: n for n in r["client"]["nodes"]}
+    return [by_id.get(i, {}).get("latency_ms") for i in nodes]
+
+
+def disk_read_times(work_dirs, groups, count=16):
+    """Each node's disk as its process sees it: on cold caches, one
+    reader in the node's blkio group reads `count` of the node's replica
+    files one after the other; the mean time per file, ms. This is the
+    3x the slow node is set to (its reads take that much longer)."""
+    times = []
+    for d, g in zip(work_dirs, groups):
+        files = sorted(os.path.join(root, f) for root, _, names in os.walk(d) for f in names
+                       if os.path.getsize(os.path.join(root, f)) > 64 << 10)[:count]
+        drop_caches()
+        start = time.monotonic()
+        run(["sh", "-c", 'echo $$ > "$0" && exec cat "$@" > /dev/null',
+             os.path.join(g.path, "cgroup.procs"), *files])
+        times.append(1e3 * (time.monotonic() - start) / max(len(files), 1))
+    return times
+
+
 def disk_choice_round(opts, ns, on, env, choice, nodes, groups):
     """One round of `choice`: --passes passes, each on cold caches."""
     ops = seconds = served = 0
@@ -322,6 +351,8 @@ def disk_main(opts, ns, work, log):
             nodes.append(node)
         wait_nodes_up(opts, ns, on, env, opts.sn)
         post_when_placeable(opts, ns, on, env)
+        unloaded = unloaded_latencies(opts, ns, on, env, nodes)
+        file_ms = disk_read_times([os.path.join(d, f"sn-{k}") for k in range(opts.sn)], groups)
         choices = ["nami", "primary", "uniform"]
         runs = {c: [] for c in choices}
         for _ in range(opts.repeat):
@@ -342,6 +373,11 @@ def disk_main(opts, ns, work, log):
                  f"{opts.passes} passes per choice and round, caches dropped before each; "
                  f"median of {opts.repeat} rounds")
         print(setup)
+        print("unloaded latency (one client, uniform choice, cold caches; the client's "
+              "estimate, ms, slow first): "
+              + " / ".join("-" if x is None else f"{x:.1f}" for x in unloaded))
+        print("disk read time per replica file (serial reads in each node's group, cold "
+              "caches, ms, slow first): " + " / ".join(f"{x:.1f}" for x in file_ms))
         print("| choice | Gets/s | MB/s | p50 ms | p99 ms | reads sent per node (slow first) "
               "| disk MB/s per node | utilization per node | utilization spread % "
               "| read spread % | slow/fast latency ms | disk bytes / bytes served |")
@@ -363,7 +399,9 @@ def disk_main(opts, ns, work, log):
               f"{report['uniform']['util_spread_pct']:.0f}% (target <= 15%)")
         if opts.json_out:
             with open(opts.json_out, "w") as f:
-                json.dump({"setup": setup, "runs": runs, "median": report}, f, indent=1)
+                json.dump({"setup": setup, "unloaded_latency_ms": unloaded,
+                           "file_read_ms": file_ms, "runs": runs,
+                           "median": report}, f, indent=1)
     finally:
         # `store up` stops the nodes registered with it; then make sure.
         for p in [store] + procs:
@@ -393,10 +431,12 @@ def main():
     ap.add_argument("--strata", default=STRATA_DEFAULT)
     ap.add_argument("--sn", type=int, default=4)
     ap.add_argument("--rate", default="20mbit")
-    ap.add_argument("--size", default="64k")
-    ap.add_argument("--threads", type=int, default=4)
-    ap.add_argument("--ops", type=int, default=25)
-    ap.add_argument("--passes", type=int, default=8)
+    # Defaults per --slow mode (link / disk): a disk pass reads every
+    # object once from a cold cache, so it needs more and larger objects.
+    ap.add_argument("--size", help="object size (64k / 256k)")
+    ap.add_argument("--threads", type=int, help="clients (4 / 8)")
+    ap.add_argument("--ops", type=int, help="objects per client (25 / 48)")
+    ap.add_argument("--passes", type=int, help="passes per choice and round (8 / 2)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json-out")
     ap.add_argument("--slow", choices=["link", "disk"], default="link",
@@ -406,6 +446,10 @@ def main():
     ap.add_argument("--slow-factor", type=float, default=3.0,
                     help="--slow disk: the slow node reads at --disk-rate / this")
     opts = ap.parse_args()
+    defaults = {"link": ("64k", 4, 25, 8), "disk": ("256k", 8, 48, 2)}[opts.slow]
+    for name, value in zip(["size", "threads", "ops", "passes"], defaults):
+        if getattr(opts, name) is None:
+            setattr(opts, name, value)
     opts.strata = os.path.abspath(opts.strata)
     if os.geteuid() != 0:
         sys.exit("run as root: the bench makes a network namespace and shapes it with tc")
