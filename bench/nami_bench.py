@@ -144,6 +144,8 @@ def median_of(runs, key):
 
 
 BLKIO = "/sys/fs/cgroup/blkio"
+# The first bytes of a replica file (crates/store/src/storage/file.rs).
+REPLICA_MAGIC = b"S6RP"
 
 
 def disk_of(path):
@@ -156,7 +158,7 @@ def disk_of(path):
             return f.read().strip()
     if not os.path.exists(node):
         sys.exit(f"{path} is on device {os.major(dev)}:{os.minor(dev)}, which is not a "
-                 "block device (tmpfs?): give --dir on a disk")
+                 "block device (tmpfs?): set TMPDIR to a directory on a disk")
     return f"{os.major(dev)}:{os.minor(dev)}"
 
 
@@ -258,6 +260,16 @@ def unloaded_latencies(opts, ns, on, env, nodes):
     return [by_id.get(i, {}).get("latency_ms") for i in nodes]
 
 
+def walk_files(d):
+    return [os.path.join(root, f) for root, _, names in os.walk(d) for f in names]
+
+
+def is_replica(path):
+    """A replica file: it starts with the store's replica magic."""
+    with open(path, "rb") as f:
+        return f.read(4) == REPLICA_MAGIC
+
+
 def disk_read_times(work_dirs, groups, count=16):
     """Each node's disk as its process sees it: on cold caches, one
     reader in the node's blkio group reads `count` of the node's replica
@@ -265,8 +277,7 @@ def disk_read_times(work_dirs, groups, count=16):
     3x the slow node is set to (its reads take that much longer)."""
     times = []
     for d, g in zip(work_dirs, groups):
-        files = sorted(os.path.join(root, f) for root, _, names in os.walk(d) for f in names
-                       if os.path.getsize(os.path.join(root, f)) > 64 << 10)[:count]
+        files = sorted(f for f in walk_files(d) if is_replica(f))[:count]
         drop_caches()
         start = time.monotonic()
         run(["sh", "-c", 'echo $$ > "$0" && exec cat "$@" > /dev/null',
