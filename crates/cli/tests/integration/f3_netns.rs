@@ -408,9 +408,16 @@ fn cut_link_while_readers_wait(net: &NetF3) {
         assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
     }
     let took = cut.elapsed();
+    // The fetch in flight at the cut gives up after its long poll (1 s)
+    // and its patience (the lease, at least 2 s): not before the lease,
+    // never 10 s later.
     assert!(
         took < Duration::from_millis(LEASE_MS) + Duration::from_secs(3),
         "EIO {took:?} after the cut"
+    );
+    assert!(
+        took >= Duration::from_millis(LEASE_MS) / 2,
+        "EIO {took:?} after the cut, before the lease"
     );
     let mut page = serde_json::Value::Null;
     wait_until_long(
@@ -443,6 +450,7 @@ fn cut_link_while_readers_wait(net: &NetF3) {
     writer.write_all(&data[100_000..]).unwrap();
 
     net.net.set_link(0, true);
+    let restored = Instant::now();
     let after = page["last"].as_u64().unwrap().to_string();
     wait_until_long("the recovery reported", Duration::from_secs(20), || {
         page = f3.f3_json(&["events", "--after", &after]);
@@ -455,6 +463,10 @@ fn cut_link_while_readers_wait(net: &NetF3) {
             .iter()
             .all(|e| e["kind"] == "recovered" && e["holder"] == "a"),
         "{page}"
+    );
+    eprintln!(
+        "cut link: EIO {took:?} after the cut, recovered {:?} after the link came back",
+        restored.elapsed()
     );
     drop(writer);
     for index in [1, 2] {
