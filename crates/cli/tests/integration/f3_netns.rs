@@ -337,8 +337,9 @@ fn files_agree_from_three_nodes_in_namespaces() {
 /// byte in order while it writes, wait at the end while it is open, and
 /// end when it closes. Then node a's link is cut while readers wait on a
 /// file it writes: they get EIO within the lease and some slack, never a
-/// hang, and the service records the loss; with the link back, the loss
-/// is undone (a `recovered` event) and the file reads whole everywhere.
+/// hang, and the service records the loss, naming the producer; durable
+/// files read on; with the link back, the loss is undone (a `recovered`
+/// event) and the file reads whole everywhere.
 #[test]
 fn read_while_write_and_a_cut_link_across_namespaces() {
     let net = NetF3::up();
@@ -393,6 +394,9 @@ fn cut_link_while_readers_wait(net: &NetF3) {
     let held = f3.mount(0).join("cut.eph");
     let mut writer = std::fs::File::create(&held).unwrap();
     writer.write_all(&data[..100_000]).unwrap();
+    set_xattr(&held, "user.strata.producer", "stream/cut").unwrap();
+    let durable = pattern(150_000, 37);
+    std::fs::write(f3.mount(0).join("kept.bin"), &durable).unwrap();
     let readers = [
         spawn_reader(f3.mount(1).join("cut.eph")),
         spawn_reader(f3.mount(2).join("cut.eph")),
@@ -428,24 +432,39 @@ fn cut_link_while_readers_wait(net: &NetF3) {
             page["events"].as_array().is_some_and(|e| e.len() == 2)
         },
     );
-    let mut lost: Vec<(String, String, String)> = page["events"]
+    let mut lost: Vec<(String, String, String, String)> = page["events"]
         .as_array()
         .unwrap()
         .iter()
         .map(|e| {
             let text = |key: &str| e[key].as_str().unwrap_or_default().to_string();
-            (text("kind"), text("path"), text("holder"))
+            (text("kind"), text("path"), text("holder"), text("producer"))
         })
         .collect();
     lost.sort();
     assert_eq!(
         lost,
         [
-            ("lost".into(), "/cut.eph".into(), "a".into()),
-            ("lost".into(), "/stream.eph".into(), "a".into())
+            (
+                "lost".into(),
+                "/cut.eph".into(),
+                "a".into(),
+                "stream/cut".into()
+            ),
+            (
+                "lost".into(),
+                "/stream.eph".into(),
+                "a".into(),
+                String::new()
+            )
         ],
         "{page}"
     );
+    // Durable files do not depend on their writer's link.
+    for index in [1, 2] {
+        let read = std::fs::read(f3.mount(index).join("kept.bin")).unwrap();
+        assert!(read == durable, "node {index} read other bytes of kept.bin");
+    }
     // Written on a while its link is down: the bytes stay there.
     writer.write_all(&data[100_000..]).unwrap();
 
