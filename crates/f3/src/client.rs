@@ -204,7 +204,9 @@ impl AgentClient {
 
     /// Up to `length` bytes of `path` from `offset`, from the holder at
     /// `address`; when no byte is there yet and a writer has the file
-    /// open, the holder waits up to `wait` for some.
+    /// open, the holder waits up to `wait` for some. The call fails if no
+    /// whole answer came `patience` after that wait (a holder cut off
+    /// answers nothing, not even a reset).
     pub fn fetch(
         &self,
         address: &str,
@@ -212,13 +214,14 @@ impl AgentClient {
         offset: u64,
         length: u64,
         wait: Duration,
+        patience: Duration,
     ) -> Result<Piece> {
         let url = format!("http://{address}/v1/data");
         let last = offset.saturating_add(length.max(1)) - 1;
         let result = self
             .agent
             .get(&url)
-            .timeout(wait + CALL_TIMEOUT)
+            .timeout(wait + patience)
             .query("path", path)
             .query("wait_ms", &wait.as_millis().to_string())
             .set("Range", &format!("bytes={offset}-{last}"))

@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 
 /// The service's lease in these tests: a killed node's readers get EIO
 /// after it.
-const LEASE_MS: u64 = 1500;
+pub(crate) const LEASE_MS: u64 = 1500;
 
 /// Longest any reader in these tests may take.
-const READ_LIMIT: Duration = Duration::from_secs(20);
+pub(crate) const READ_LIMIT: Duration = Duration::from_secs(20);
 
 /// A FUSE mount point, lazily unmounted when dropped.
 struct MountPoint(PathBuf);
@@ -35,7 +35,7 @@ pub(crate) struct F3 {
     /// The agents (killed first on drop), by name.
     pub(crate) agents: Vec<(String, Option<Proc>)>,
     service: Proc,
-    store: Store,
+    pub(crate) store: Store,
     /// The service's address.
     pub(crate) meta: String,
     /// Each agent's mount point and transfer address.
@@ -56,8 +56,17 @@ impl F3 {
 
     /// [`F3::up`], agent `a` started with `a_args` too, `b` with `b_args`.
     pub(crate) fn up_each(a_args: &[&str], b_args: &[&str]) -> F3 {
+        let mut f3 = F3::serve("127.0.0.1");
+        f3.start_agent("a", a_args);
+        f3.start_agent("b", b_args);
+        f3
+    }
+
+    /// The store and the service listening on `host`, no agent yet.
+    pub(crate) fn serve(host: &str) -> F3 {
         let dir = crate::common::tmp();
-        let store = Store::up(&dir.path().join("store"), &[]);
+        let listen = format!("{host}:0");
+        let store = Store::up_on(&dir.path().join("store"), &listen, None, &[]);
         let meta_dir = p(&dir.path().join("meta"));
         let lease = LEASE_MS.to_string();
         let service = Proc::start(&[
@@ -66,12 +75,12 @@ impl F3 {
             "--dir",
             &meta_dir,
             "--listen",
-            "127.0.0.1:0",
+            &listen,
             "--lease-ms",
             &lease,
         ]);
         let meta = service.word_after("serving on ");
-        let mut f3 = F3 {
+        F3 {
             agents: Vec::new(),
             service,
             store,
@@ -79,10 +88,7 @@ impl F3 {
             points: Vec::new(),
             _mounts: Vec::new(),
             dir,
-        };
-        f3.start_agent("a", a_args);
-        f3.start_agent("b", b_args);
-        f3
+        }
     }
 
     /// Starts agent `name`: `a` as `strata node --dir DIR --mount MNT`,
@@ -90,6 +96,12 @@ impl F3 {
     /// `--dir`, so that every test runs both forms and `b`'s files land
     /// in the default directory ([`F3::node_dir`]).
     fn start_agent(&mut self, name: &str, extra: &[&str]) {
+        self.start_agent_in(name, None, extra);
+    }
+
+    /// Starts agent `name` with `extra` arguments, in network namespace
+    /// `netns` (its mount visible to the test) if given.
+    pub(crate) fn start_agent_in(&mut self, name: &str, netns: Option<&str>, extra: &[&str]) {
         let point = self.dir.path().join(format!("mount-{name}"));
         std::fs::create_dir_all(&point).unwrap();
         // Registered before the mount exists, so teardown unmounts it
@@ -115,7 +127,11 @@ impl F3 {
             &credential,
         ]);
         args.extend_from_slice(extra);
-        let process = Launch::strata(&args).cwd(self.dir.path()).start();
+        let mut launch = Launch::strata(&args).cwd(self.dir.path());
+        if let Some(netns) = netns {
+            launch = launch.netns_keeping_mounts(netns);
+        }
+        let process = launch.start();
         let transfer = process.word_after("transfer on ");
         self.points.push((point, transfer));
         self.agents.push((name.to_string(), Some(process)));
@@ -228,7 +244,7 @@ pub(crate) fn http_post(url: &str, body: &str) -> (u16, serde_json::Value) {
     )
 }
 
-fn http_get(url: &str, range: Option<&str>) -> (u16, String, Vec<u8>) {
+pub(crate) fn http_get(url: &str, range: Option<&str>) -> (u16, String, Vec<u8>) {
     let mut request = ureq::get(url).timeout(Duration::from_secs(10));
     if let Some(range) = range {
         request = request.set("Range", range);
@@ -251,12 +267,12 @@ fn http_get(url: &str, range: Option<&str>) -> (u16, String, Vec<u8>) {
 
 /// What a reader thread sends: the bytes, when the first came and when
 /// the end came, or the error.
-type ReadOutcome = Result<(Vec<u8>, Instant, Instant), std::io::Error>;
+pub(crate) type ReadOutcome = Result<(Vec<u8>, Instant, Instant), std::io::Error>;
 
 /// Reads `path` to its end on a thread, each chunk timed; the result
 /// comes on the channel: the bytes, when the first came and when the end
 /// came, or the error.
-fn spawn_reader(path: PathBuf) -> mpsc::Receiver<ReadOutcome> {
+pub(crate) fn spawn_reader(path: PathBuf) -> mpsc::Receiver<ReadOutcome> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let result = (|| {
@@ -280,7 +296,7 @@ fn spawn_reader(path: PathBuf) -> mpsc::Receiver<ReadOutcome> {
     rx
 }
 
-fn xattr(path: &Path, name: &str) -> Option<String> {
+pub(crate) fn xattr(path: &Path, name: &str) -> Option<String> {
     let c_path = std::ffi::CString::new(p(path)).unwrap();
     let c_name = std::ffi::CString::new(name).unwrap();
     let mut buffer = vec![0u8; 256];
@@ -296,7 +312,7 @@ fn xattr(path: &Path, name: &str) -> Option<String> {
     (n >= 0).then(|| String::from_utf8_lossy(&buffer[..n as usize]).into_owned())
 }
 
-fn set_xattr(path: &Path, name: &str, value: &str) -> std::io::Result<()> {
+pub(crate) fn set_xattr(path: &Path, name: &str, value: &str) -> std::io::Result<()> {
     let c_path = std::ffi::CString::new(p(path)).unwrap();
     let c_name = std::ffi::CString::new(name).unwrap();
     // SAFETY: the buffers outlive the call.
@@ -316,7 +332,7 @@ fn set_xattr(path: &Path, name: &str, value: &str) -> std::io::Result<()> {
     }
 }
 
-fn names(dir: &Path) -> Vec<String> {
+pub(crate) fn names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -765,7 +781,7 @@ fn all_ephemeral_mounts_and_removal_from_another_node() {
 
 /// The agent's `/metrics`: the value of `strata_f3_NAME` (a counter's
 /// `_total`, or a gauge with its `kind` label).
-fn agent_metric(f3: &F3, index: usize, series: &str) -> u64 {
+pub(crate) fn agent_metric(f3: &F3, index: usize, series: &str) -> u64 {
     let (status, _, body) = http_get(&format!("http://{}/metrics", f3.transfer(index)), None);
     assert_eq!(status, 200);
     let text = String::from_utf8(body).unwrap();

@@ -4,7 +4,9 @@
 //! returns at once, reads take what has arrived and wait at its end for
 //! more, for the end of the file (once the holder says no writer has it
 //! open and every byte is here), or for a failure (EIO). A holder that
-//! stops answering fails the copy after the lease, never later.
+//! stops answering (killed, or its link cut) fails the copy once it has
+//! been silent for the lease: at most a long poll, the lease and a
+//! connect timeout after its last answer, never later.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -28,6 +30,14 @@ pub const FETCH_BYTES: u64 = 1024 * 1024;
 /// How long the holder may hold a fetch at the end of a file being
 /// written before it answers with nothing new.
 const LONG_POLL: Duration = Duration::from_millis(1000);
+
+/// Least time a fetch may take past its long poll, however short the
+/// lease: a range of [`FETCH_BYTES`] crosses a 10 Mbit/s link in it.
+const LEAST_PATIENCE: Duration = Duration::from_secs(2);
+
+/// Most time a fetch may take past its long poll, however long the
+/// lease.
+const MOST_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Pause between attempts after a failed fetch.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
@@ -282,16 +292,24 @@ struct Fetcher {
 impl Fetcher {
     fn run(self) {
         let path = self.copy.path.clone();
-        // When the holder first failed to answer, since its last answer.
-        let mut silent_since: Option<Instant> = None;
+        // Silence counts from the holder's last answer, not from the
+        // first failed call: a call to a holder cut off fails only when
+        // its own time is up, which must not come on top of the lease.
+        let patience = self.source.lease.clamp(LEAST_PATIENCE, MOST_PATIENCE);
+        let mut answered = Instant::now();
         loop {
             let offset = self.copy.progress.lock().fetched;
-            let answer =
-                self.agents
-                    .fetch(&self.source.address, &path, offset, FETCH_BYTES, LONG_POLL);
+            let answer = self.agents.fetch(
+                &self.source.address,
+                &path,
+                offset,
+                FETCH_BYTES,
+                LONG_POLL,
+                patience,
+            );
             match answer {
                 Ok(piece) => {
-                    silent_since = None;
+                    answered = Instant::now();
                     if let Err(e) = self.copy.file.write_all_at(&piece.bytes, offset) {
                         self.fail(format!("{path}: writing the local copy: {e}"));
                         return;
@@ -323,12 +341,14 @@ impl Fetcher {
                     return;
                 }
                 Err(e) => {
-                    let since = *silent_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= self.source.lease {
+                    if answered.elapsed() >= self.source.lease {
                         self.fail(format!(
-                            "{path}: node {} holding it has not answered for {:?} (its lease): \
-                             {e}; the ephemeral data it held is lost unless it comes back",
-                            self.source.holder, self.source.lease
+                            "{path}: node {} holding it has not answered for {:?} (its lease \
+                             is {:?}): {e}; the ephemeral data it held is lost unless it \
+                             comes back",
+                            self.source.holder,
+                            answered.elapsed(),
+                            self.source.lease
                         ));
                         return;
                     }

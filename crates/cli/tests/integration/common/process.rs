@@ -28,6 +28,8 @@ pub struct Launch {
     env: Vec<(OsString, OsString)>,
     log: Option<PathBuf>,
     netns: Option<String>,
+    /// Whether it keeps the test's mount namespace in `netns`.
+    keeps_mounts: bool,
 }
 
 impl Launch {
@@ -59,6 +61,16 @@ impl Launch {
         self
     }
 
+    /// Runs it in network namespace `name` but in the test's own mount
+    /// namespace (`nsenter --net`, which execs it too), so that a FUSE
+    /// mount it makes is visible to the test; `ip netns exec` would give
+    /// it a mount namespace of its own.
+    pub fn netns_keeping_mounts(mut self, name: &str) -> Launch {
+        self.netns = Some(name.to_string());
+        self.keeps_mounts = true;
+        self
+    }
+
     /// Keeps its stderr in `path` (a temporary file otherwise).
     pub fn log(mut self, path: PathBuf) -> Launch {
         self.log = Some(path);
@@ -77,6 +89,12 @@ impl Launch {
         };
         let stderr = std::fs::File::create(&log).expect("process log");
         let mut command = match &self.netns {
+            Some(name) if self.keeps_mounts => {
+                let mut command = Command::new("nsenter");
+                command.arg(format!("--net=/var/run/netns/{name}"));
+                command.arg(env!("CARGO_BIN_EXE_strata"));
+                command
+            }
             Some(name) => {
                 let mut command = Command::new("ip");
                 command.args(["netns", "exec", name, env!("CARGO_BIN_EXE_strata")]);
