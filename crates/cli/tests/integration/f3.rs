@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 
 /// The service's lease in these tests: a killed node's readers get EIO
 /// after it.
-const LEASE_MS: u64 = 1500;
+pub(crate) const LEASE_MS: u64 = 1500;
 
 /// Longest any reader in these tests may take.
-const READ_LIMIT: Duration = Duration::from_secs(20);
+pub(crate) const READ_LIMIT: Duration = Duration::from_secs(20);
 
 /// A FUSE mount point, lazily unmounted when dropped.
 struct MountPoint(PathBuf);
@@ -752,7 +752,7 @@ fn all_ephemeral_mounts_and_removal_from_another_node() {
 
 /// The agent's `/metrics`: the value of `strata_f3_NAME` (a counter's
 /// `_total`, or a gauge with its `kind` label).
-fn agent_metric(f3: &F3, index: usize, series: &str) -> u64 {
+pub(crate) fn agent_metric(f3: &F3, index: usize, series: &str) -> u64 {
     let (status, _, body) = http_get(&format!("http://{}/metrics", f3.transfer(index)), None);
     assert_eq!(status, 200);
     let text = String::from_utf8(body).unwrap();

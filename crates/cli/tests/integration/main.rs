@@ -14,6 +14,7 @@ mod common;
 mod damaged;
 mod docs_examples;
 mod f3;
+mod f3_range;
 mod f3_run;
 mod hostile;
 mod img_ops;
