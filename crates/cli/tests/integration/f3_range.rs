@@ -89,7 +89,7 @@ fn a_large_remote_file_is_fetched_where_it_is_read_and_each_chunk_once() {
         "node a served {scattered} bytes for 6 scattered chunks and a read-ahead, not the file"
     );
     // Node b counts (quota) and reports (locality) only what arrived.
-    let copies = agent_metric(&f3, 1, "strata_f3_local_bytes{kind=\"copies\"}");
+    let copies = agent_metric(&f3, 1, "strata_f3_local_bytes{node=\"b\",kind=\"copies\"}");
     assert!(copies <= 12 * MIB, "b's copies take {copies} bytes");
     let reported = held(&f3, "/big.eph", "b");
     assert!(
