@@ -98,6 +98,19 @@ struct Ranged {
 }
 
 impl Ranged {
+    /// Nothing here yet of `chunks`.
+    fn new(chunks: Chunks) -> Ranged {
+        Ranged {
+            chunks,
+            generation: None,
+            last_end: 0,
+            run: 0,
+            ahead: (0, 0),
+            prefetching: false,
+            reported: None,
+        }
+    }
+
     /// Notes a read of `length` bytes at `offset`; whether a read-ahead
     /// thread should start.
     fn note_read(&mut self, offset: u64, length: u64) -> bool {
@@ -588,15 +601,7 @@ impl Copies {
         let chunks = Chunks::new(entry.size)
             .map_err(|e| tracing::warn!("{}: pulled whole: {e}", entry.path))
             .ok()?;
-        Some(Ranged {
-            chunks,
-            generation: None,
-            last_end: 0,
-            run: 0,
-            ahead: (0, 0),
-            prefetching: false,
-            reported: None,
-        })
+        Some(Ranged::new(chunks))
     }
 
     /// Drops the copy of `path`, if any; whether there was one.
@@ -704,5 +709,62 @@ fn pull_whole(copy: &RemoteCopy) {
                 std::thread::sleep(RETRY_PAUSE);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = CHUNK_BYTES;
+
+    fn ranged(size: u64) -> Ranged {
+        Ranged::new(Chunks::new(size).unwrap())
+    }
+
+    #[test]
+    fn a_random_read_gets_no_read_ahead() {
+        let mut copy = ranged(160 * MIB);
+        assert!(!copy.note_read(150 * MIB, 128 * 1024));
+        assert_eq!(copy.run, 0);
+        assert!(!copy.note_read(3 * MIB, 4096), "another jump");
+    }
+
+    #[test]
+    fn a_sequential_read_ahead_grows_with_the_run_up_to_its_bound() {
+        let mut copy = ranged(160 * MIB);
+        assert!(!copy.note_read(100 * MIB, 128 * 1024));
+        // The next request: a run of 128 KiB, so as much read ahead.
+        assert!(copy.note_read(100 * MIB + 128 * 1024, 128 * 1024));
+        assert_eq!(copy.ahead, (100 * MIB + 256 * 1024, 100 * MIB + 384 * 1024));
+        let mut offset = 100 * MIB + 256 * 1024;
+        while offset < 120 * MIB {
+            copy.note_read(offset, 128 * 1024);
+            offset += 128 * 1024;
+        }
+        assert_eq!(copy.ahead, (120 * MIB, 120 * MIB + READ_AHEAD_BYTES));
+        assert_eq!(copy.window(), 120..128);
+        // Near the end, the window stops at the file's end.
+        while offset < 155 * MIB {
+            copy.note_read(offset, MIB);
+            offset += MIB;
+        }
+        assert_eq!(copy.ahead, (155 * MIB, 160 * MIB));
+        assert_eq!(copy.window(), 155..160);
+    }
+
+    #[test]
+    fn no_read_ahead_thread_when_the_window_is_here_or_one_runs() {
+        let mut copy = ranged(16 * MIB);
+        for index in 0..16 {
+            copy.chunks.claim(index);
+            copy.chunks.arrive(index);
+        }
+        assert!(!copy.note_read(0, MIB));
+        assert!(!copy.note_read(MIB, MIB), "every chunk is here");
+        let mut copy = ranged(16 * MIB);
+        copy.prefetching = true;
+        assert!(!copy.note_read(0, MIB), "one thread fills the window");
+        assert_eq!(copy.window(), 1..2);
     }
 }
