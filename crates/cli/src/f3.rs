@@ -180,6 +180,12 @@ pub struct AgentOptions {
     /// recently used first; a write that still does not fit gets ENOSPC.
     #[arg(long, value_parser = crate::units::parse_size)]
     quota: Option<u64>,
+    /// Other nodes' files of at least this size (such as 64M), with no
+    /// writer open, are fetched by range where they are read (plus a
+    /// read-ahead for a sequential reader) rather than pulled whole;
+    /// smaller files and files being written are pulled whole.
+    #[arg(long, value_parser = crate::units::parse_size, default_value = "64M")]
+    range_threshold: u64,
     /// Functions that may run at once on this node (more are refused
     /// with 503).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -306,6 +312,7 @@ fn run_agent(dir: PathBuf, mountpoint: PathBuf, agent: AgentOptions) -> Result<i
         store,
         all_ephemeral: agent.all_ephemeral,
         quota: agent.quota,
+        range_threshold: agent.range_threshold,
         sandbox: SandboxConfig {
             slots: agent.slots,
             keep_alive: Duration::from_millis(agent.keep_alive_ms),

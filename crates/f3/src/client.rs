@@ -186,6 +186,8 @@ pub struct Piece {
     pub size: u64,
     /// Whether a writer had it open then.
     pub writing: bool,
+    /// The generation of the content the bytes come from.
+    pub generation: u64,
 }
 
 impl Default for AgentClient {
@@ -242,6 +244,7 @@ impl AgentClient {
         };
         let size = header(SIZE_HEADER)?;
         let writing = header(WRITING_HEADER)? == 1;
+        let generation = header(GENERATION_HEADER)?;
         let mut bytes = Vec::new();
         response
             .into_reader()
@@ -252,6 +255,7 @@ impl AgentClient {
             bytes,
             size,
             writing,
+            generation,
         })
     }
 

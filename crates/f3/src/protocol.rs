@@ -52,6 +52,11 @@ pub const SIZE_HEADER: &str = "x-f3-size";
 /// Response header of a transfer: `1` while a writer has the file open.
 pub const WRITING_HEADER: &str = "x-f3-writing";
 
+/// Response header of a transfer: the generation of the content the
+/// bytes come from, which changes whenever a writer opens the file or it
+/// is truncated (a copy fetched by ranges takes every range from one).
+pub const GENERATION_HEADER: &str = "x-f3-generation";
+
 /// A file or directory of the namespace, as the metadata service keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {

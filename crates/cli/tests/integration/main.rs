@@ -15,6 +15,7 @@ mod damaged;
 mod docs_examples;
 mod f3;
 mod f3_netns;
+mod f3_range;
 mod f3_run;
 mod hostile;
 mod img_ops;

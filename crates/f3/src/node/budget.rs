@@ -325,10 +325,26 @@ fn file_length(path: &Path) -> u64 {
 pub fn measure(shared: &Shared) -> Usage {
     Usage {
         ephemeral: directory_bytes(shared.local.directory()),
-        copies: directory_bytes(shared.copies.directory()),
+        // A copy by range is a sparse file: count the bytes that arrived.
+        copies: directory_allocated_bytes(shared.copies.directory()),
         cache: directory_bytes(&shared.cache_dir),
         staging: directory_bytes(&shared.staging_dir),
     }
+}
+
+/// The bytes a directory's files take on disk, at most their lengths
+/// (holes, such as the chunks a copy by range has not fetched, count
+/// nothing).
+fn directory_allocated_bytes(directory: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(directory) else {
+        return 0;
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.metadata().ok())
+        .filter(|metadata| metadata.is_file())
+        .map(|metadata| metadata.len().min(metadata.blocks().saturating_mul(512)))
+        .sum()
 }
 
 fn directory_bytes(directory: &Path) -> u64 {

@@ -79,8 +79,7 @@ pub fn open_entry(
         }
         let node = shared.service.node(&holder)?;
         let copy = shared.copies.open(
-            path,
-            entry.version,
+            entry,
             Source {
                 holder,
                 address: node.address,

@@ -35,6 +35,22 @@ pub struct LocalFile {
 struct LocalState {
     size: u64,
     writers: u32,
+    /// Changes whenever the content may be replaced (a writer opens, a
+    /// truncate), so a ranged copy never mixes two contents.
+    generation: u64,
+}
+
+/// A generation no other content of this agent had, nor (being seeded
+/// from the clock) of its earlier runs.
+fn next_generation() -> u64 {
+    static NEXT: std::sync::OnceLock<std::sync::atomic::AtomicU64> = std::sync::OnceLock::new();
+    NEXT.get_or_init(|| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        std::sync::atomic::AtomicU64::new(now.as_nanos() as u64)
+    })
+    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl LocalFile {
@@ -105,9 +121,17 @@ impl LocalFile {
         (state.size, state.writers > 0)
     }
 
-    /// A writer opened it.
+    /// Its content's generation: a copy fetched by ranges checks that
+    /// every range comes from the same one.
+    pub fn generation(&self) -> u64 {
+        self.state.lock().generation
+    }
+
+    /// A writer opened it (the content may change: a new generation).
     pub fn open_writer(&self) {
-        self.state.lock().writers += 1;
+        let mut state = self.state.lock();
+        state.writers += 1;
+        state.generation = next_generation();
     }
 
     /// A writer closed it; wakes the waiting readers (at the last close,
@@ -122,7 +146,9 @@ impl LocalFile {
     /// Truncates or extends it to `size`.
     pub fn set_size(&self, size: u64) -> std::io::Result<()> {
         self.file.set_len(size)?;
-        self.state.lock().size = size;
+        let mut state = self.state.lock();
+        state.size = size;
+        state.generation = next_generation();
         self.changed.notify_all();
         Ok(())
     }
@@ -196,7 +222,11 @@ impl LocalFiles {
         let local = Arc::new(LocalFile {
             path: path.to_string(),
             file,
-            state: Mutex::new(LocalState { size, writers: 0 }),
+            state: Mutex::new(LocalState {
+                size,
+                writers: 0,
+                generation: next_generation(),
+            }),
             changed: Condvar::new(),
         });
         open.insert(path.to_string(), local.clone());

@@ -7,6 +7,7 @@
 
 pub mod budget;
 pub mod cgroup;
+pub mod chunks;
 pub mod copies;
 pub mod durable;
 pub mod fs;
@@ -57,6 +58,10 @@ pub struct NodeConfig {
     pub quota: Option<u64>,
     /// How functions run here (slots, keep-alive, cgroups).
     pub sandbox: SandboxConfig,
+    /// Other nodes' files of at least this many bytes, closed when
+    /// opened, are fetched by range as they are read rather than pulled
+    /// whole ([`copies::DEFAULT_RANGE_THRESHOLD`] by default).
+    pub range_threshold: u64,
 }
 
 /// What the file system, the transfer service and the heartbeat share.
@@ -178,6 +183,7 @@ impl Node {
                 agents.clone(),
                 service.clone(),
                 budget.growth_counter(),
+                config.range_threshold,
             )?,
             cache_dir: make_dir(config.directory.join("cache"))?,
             staging_dir: make_dir(config.directory.join("staging"))?,

@@ -3,7 +3,8 @@
 //! - `GET /v1/data?path=PATH&wait_ms=N` with `Range: bytes=START-END`:
 //!   bytes of an ephemeral file this node holds (206, with
 //!   `Content-Range`), plus its size now and whether a writer has it open
-//!   ([`SIZE_HEADER`], [`WRITING_HEADER`]); at the end of a file being
+//!   ([`SIZE_HEADER`], [`WRITING_HEADER`]), and the generation of the
+//!   content they come from ([`GENERATION_HEADER`]); at the end of a file being
 //!   written it waits up to `wait_ms` for more bytes (a long poll);
 //! - `POST /v1/persist {"path"}`: promotes an ephemeral file held here to
 //!   the durable tier (its object uploaded, its record changed, its local
@@ -135,6 +136,7 @@ async fn serve_data(
     })?;
     let deadline = Instant::now() + wait;
     loop {
+        let generation = file.generation();
         let (size, writing) = file.snapshot();
         if offset > size && !writing {
             return Err(F3Error::new(
@@ -151,24 +153,32 @@ async fn serve_data(
             .map_err(|e| F3Error::unavailable(format!("reading {path}: {e}")))?
             .map_err(|e| F3Error::io(format!("reading {path}"), e))?
             .unwrap_or_default();
+            if file.generation() != generation {
+                // A writer opened it (or it was truncated) during the
+                // read: these bytes may mix two contents.
+                return Err(F3Error::unavailable(format!(
+                    "{path} changed while it was read: ask again"
+                )));
+            }
             shared
                 .budget
                 .counters
                 .served_bytes
                 .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            return Ok(piece(offset, bytes, size.max(offset), writing));
+            return Ok(piece(offset, bytes, size.max(offset), writing, generation));
         }
         tokio::time::sleep(POLL_PERIOD).await;
     }
 }
 
 /// A 206 answer carrying `bytes` from `offset`.
-fn piece(offset: u64, bytes: Vec<u8>, size: u64, writing: bool) -> Response {
+fn piece(offset: u64, bytes: Vec<u8>, size: u64, writing: bool, generation: u64) -> Response {
     let mut headers = HeaderMap::new();
     let number =
         |n: u64| HeaderValue::from_str(&n.to_string()).unwrap_or(HeaderValue::from_static("0"));
     headers.insert(SIZE_HEADER, number(size));
     headers.insert(WRITING_HEADER, number(u64::from(writing)));
+    headers.insert(GENERATION_HEADER, number(generation));
     if !bytes.is_empty() {
         let end = offset + bytes.len() as u64 - 1;
         let total = if writing {
