@@ -59,13 +59,31 @@ def parse_args():
     return parser.parse_args()
 
 
+def failures(out):
+    """The errors of the run's failed records (a run that exits 1 has some)."""
+    errors = []
+    path = os.path.join(out, "records.jsonl")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                record = json.loads(line)
+                if record.get("status") == "failed":
+                    errors.append(f"{record.get('operation')}: {record.get('error')}")
+    return errors
+
+
 def run_one(opts, work, spec, provider, n, round_):
     out = os.path.join(work, f"{provider}-{n}-{round_}")
     args = [opts.strata, "bench", "run", spec, "--out", out, "--seed", str(round_ + 1),
             "--parallelism", str(n), "--provider", provider]
     done = subprocess.run(args, capture_output=True, text=True)
-    if done.returncode != 0:
+    # 1: the run went on, but an operation failed (named below, and in
+    # the results); anything else is a run that did not happen.
+    if done.returncode not in (0, 1):
         raise SystemExit(f"{provider} N={n}: strata bench run failed:\n{done.stderr[-3000:]}")
+    failed = failures(out)
+    for error in failed[:3]:
+        print(f"  failed: {error}", file=sys.stderr)
     report = subprocess.run([opts.strata, "bench", "report", out, "--output", "json"],
                             capture_output=True, text=True, check=True)
     summary = json.loads(report.stdout)
@@ -78,6 +96,7 @@ def run_one(opts, work, spec, provider, n, round_):
         "p50_ms": creates["p50_ms"],
         "p99_ms": creates["p99_ms"],
         "stages_ms": creates["stage_p50_ms"],
+        "failed": failed[:3],
     }
 
 

@@ -145,6 +145,19 @@ def spec_text(opts, cluster, snapshots):
     return text + (control.format(restore_seconds=restore_seconds) if snapshots else "")
 
 
+def failures(out):
+    """The errors of the run's failed records (a run that exits 1 has some)."""
+    errors = []
+    path = os.path.join(out, "records.jsonl")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                record = json.loads(line)
+                if record.get("status") == "failed":
+                    errors.append(f"{record.get('operation')}: {record.get('error')}")
+    return errors
+
+
 def run_one(opts, work, variant, snapshots, round_):
     provider, cluster = VARIANTS[variant]
     mode = "snap" if snapshots else "base"
@@ -156,8 +169,13 @@ def run_one(opts, work, variant, snapshots, round_):
     if provider != "strata":
         args += ["--provider", provider]
     done = subprocess.run(args, capture_output=True, text=True)
-    if done.returncode != 0:
+    # 1: the run went on, but an operation failed (named below, and in
+    # the results); anything else is a run that did not happen.
+    if done.returncode not in (0, 1):
         raise SystemExit(f"{variant} {mode}: strata bench run failed:\n{done.stderr[-3000:]}")
+    failed = failures(out)
+    for error in failed[:3]:
+        print(f"  failed: {error}", file=sys.stderr)
     report = subprocess.run([opts.strata, "bench", "report", out, "--output", "json"],
                             capture_output=True, text=True, check=True)
     summary = json.loads(report.stdout)
@@ -169,6 +187,7 @@ def run_one(opts, work, variant, snapshots, round_):
         "iops": workload["mean_iops"],
         "min_iops": workload["min_iops"],
         "zero_seconds": workload["zero_seconds"],
+        "failed": len(failed),
     }
     if snaps:
         result.update(snapshots=snaps["ok"], snapshot_errors=snaps["errors"],
