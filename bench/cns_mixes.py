@@ -75,31 +75,24 @@ def seconds(text):
     return int(match.group(1)) * (60 if match.group(2) == "m" else 1)
 
 
-def cpu_rates(out, count):
-    """MB/s of each CPU job, from dd's last line in its log."""
+def cpu_rates(out, count, seconds_run):
+    """MB/s of each CPU job, from dd's summary in its log: the bytes and
+    time it states, else (a summary cut short by the signal) its records
+    out of 64 KiB over the time it was given."""
     rates = []
     for instance in range(count):
         path = os.path.join(out, "workloads", f"cpu-{instance}.log")
         with open(path) as f:
             text = f.read()
-        match = re.search(r"(\d+) bytes .* copied, ([\d.]+) s", text)
-        if not match:
+        copied = re.search(r"(\d+) bytes .* copied, ([\d.]+) s", text)
+        records = re.search(r"(\d+)\+\d+ records out", text)
+        if copied:
+            rates.append(int(copied.group(1)) / float(copied.group(2)) / 1e6)
+        elif records:
+            rates.append(int(records.group(1)) * 65536 / seconds_run / 1e6)
+        else:
             raise SystemExit(f"{path}: no dd summary in:\n{text[-2000:]}")
-        rates.append(int(match.group(1)) / float(match.group(2)) / 1e6)
     return rates
-
-
-def failures(out):
-    """The errors of the run's failed records (a run that exits 1 has some)."""
-    errors = []
-    path = os.path.join(out, "records.jsonl")
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                record = json.loads(line)
-                if record.get("status") == "failed":
-                    errors.append(f"{record.get('operation')}: {record.get('error')}")
-    return errors
 
 
 def run_one(opts, work, mix, round_):
@@ -125,7 +118,7 @@ def run_one(opts, work, mix, round_):
     result = {
         "fio": workloads["fio"]["mean_iops"] / counts["fio"],
         "pgbench": workloads["pgbench"]["mean_iops"] / counts["pgbench"],
-        "cpu": statistics.mean(cpu_rates(out, counts["cpu"])),
+        "cpu": statistics.mean(cpu_rates(out, counts["cpu"], seconds(opts.duration))),
         "zero_seconds": sum(w["zero_seconds"] for w in workloads.values()),
         "failed": len(failed),
     }
