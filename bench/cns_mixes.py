@@ -95,6 +95,19 @@ def cpu_rates(out, count, seconds_run):
     return rates
 
 
+def failures(out):
+    """The errors of the run's failed records (a run that exits 1 has some)."""
+    errors = []
+    path = os.path.join(out, "records.jsonl")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                record = json.loads(line)
+                if record.get("status") == "failed":
+                    errors.append(f"{record.get('operation')}: {record.get('error')}")
+    return errors
+
+
 def run_one(opts, work, mix, round_):
     counts = dict(zip(KINDS, mix))
     name = "-".join(str(n) for n in mix)
