@@ -22,6 +22,7 @@ pub mod error;
 pub mod html;
 pub mod inventory;
 pub mod metrics;
+pub mod output_parser;
 pub mod parallelism;
 pub mod pgbench;
 pub mod provider;

@@ -85,8 +85,9 @@ pub struct IoSample {
     pub read_kib: f64,
     /// KiB written in that second.
     pub write_kib: f64,
-    /// Transactions completed in that second (pgbench), which count as
-    /// the workload's operations.
+    /// Transactions completed in that second (pgbench), or operations a
+    /// command's output parser read; they count as the workload's
+    /// operations.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub transactions: f64,
 }

@@ -113,7 +113,22 @@ impl std::fmt::Debug for Disk {
 impl Disk {
     /// Opens the image at `path` and its whole backing chain.
     pub fn open(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<Disk> {
-        let mut layers = open_chain(path.as_ref(), opts)?;
+        Disk::open_inner(path.as_ref(), opts, false)
+    }
+
+    /// [`Disk::open`] for writing a chain whose top its caller has just
+    /// created, synced clean, and opens first (a new volume or clone):
+    /// the dirty bit and the index's not-valid bit reach the disk with the
+    /// first write-back sync instead of syncs of their own, as on the new
+    /// top of a snapshot (see `Writer::start_on_new_top`). Until that
+    /// sync the file on disk is the clean new top, so a crash loses
+    /// nothing that was acknowledged. Two syncs fewer per create.
+    pub fn open_created(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<Disk> {
+        Disk::open_inner(path.as_ref(), opts, true)
+    }
+
+    fn open_inner(path: &Path, opts: &OpenOptions, created: bool) -> Result<Disk> {
+        let mut layers = open_chain(path, opts)?;
         for (i, layer) in layers.iter_mut().enumerate() {
             layer.file.place.depth = i as u32 + 1;
         }
@@ -126,7 +141,11 @@ impl Disk {
             drop_sealed_cache: AtomicBool::new(false),
         };
         if opts.writable {
-            let writer = Writer::start(&disk.chain)?;
+            let writer = if created {
+                Writer::start_on_new_top(&disk.chain)?
+            } else {
+                Writer::start(&disk.chain)?
+            };
             disk.writer = Some(Mutex::new(writer));
         }
         Ok(disk)

@@ -1,6 +1,7 @@
 //! A run's workload instances: each a process in its own group, waited
 //! for and stopped at the run's end, then recorded with its I/O.
 
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -9,7 +10,9 @@ use std::sync::Barrier;
 use std::time::Instant;
 
 use super::{Done, Event, Run, KILL_AFTER, POLL, WORKLOAD_GRACE};
+use crate::output_parser::{self, Tally};
 use crate::provider::{Detail, Stages};
+use crate::record::IoSample;
 use crate::spec::{Workload, WorkloadKind};
 use crate::workload::{self, Variables};
 
@@ -109,7 +112,33 @@ impl Run<'_> {
         ) else {
             return Err("this workload has no process of its own".into());
         };
-        let result = self.spawn_and_wait(&mut launch.command, &prefix, deadline, stages);
+        let result = match &workload.parser {
+            Some(parser) => {
+                let tally = Tally::new(parser.clone());
+                let (result, tally) =
+                    self.spawn_parsed(&mut launch.command, &prefix, deadline, stages, tally);
+                let (first, last) = (self.seconds(start), self.seconds(Instant::now()));
+                if let Some(tally) = tally {
+                    let samples: Vec<IoSample> = tally
+                        .per_second(first as u64, last as u64)
+                        .into_iter()
+                        .map(|(second, reading)| IoSample {
+                            workload: workload.name.clone(),
+                            instance: variables.instance,
+                            second,
+                            read_iops: 0.0,
+                            write_iops: 0.0,
+                            read_kib: reading.read_kib,
+                            write_kib: reading.write_kib,
+                            transactions: reading.ops,
+                        })
+                        .collect();
+                    self.append_samples(&samples);
+                }
+                result
+            }
+            None => self.spawn_and_wait(&mut launch.command, &prefix, deadline, stages),
+        };
         let result = result.and_then(|()| match &launch.fio_output {
             Some(output) => workload::fio_error(output).map_or(Ok(None), Err),
             None => Ok(None),
@@ -140,7 +169,7 @@ impl Run<'_> {
     }
 
     /// Appends samples to the run's I/O series.
-    pub(super) fn append_samples(&self, samples: &[crate::record::IoSample]) {
+    pub(super) fn append_samples(&self, samples: &[IoSample]) {
         for sample in samples {
             if let Err(e) = self.io.append(sample) {
                 (self.events)(Event::Warning(e.to_string()));
@@ -174,17 +203,81 @@ impl Run<'_> {
         if status.success() {
             return Ok(());
         }
-        let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
-        let last = tail
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("")
-            .trim();
-        Err(format!(
-            "exited with {status}: {last} (log {})",
-            log_path.display()
-        ))
+        Err(failure(status, &log_path))
+    }
+
+    /// [`Run::spawn_and_wait`] for a command with an output parser: its
+    /// standard output goes through a thread that copies each line to the
+    /// log and counts it in `tally`, timed by the second of the run it was
+    /// read in. The tally comes back unless the output stayed open
+    /// [`KILL_AFTER`] past the command's end even after its group was
+    /// killed (then the run has no series for it, and says so).
+    fn spawn_parsed(
+        &self,
+        command: &mut std::process::Command,
+        prefix: &Path,
+        deadline: Instant,
+        stages: &mut Stages,
+        mut tally: Tally,
+    ) -> (std::result::Result<(), String>, Option<Tally>) {
+        let log_path = prefix.with_extension("log");
+        let opened = std::fs::File::create(&log_path).and_then(|log| Ok((log.try_clone()?, log)));
+        let (mut log, log_copy) = match opened {
+            Ok(files) => files,
+            Err(e) => {
+                return (
+                    Err(format!("cannot create {}: {e}", log_path.display())),
+                    None,
+                )
+            }
+        };
+        let spawned = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log_copy)
+            .process_group(0)
+            .spawn();
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                let error = format!("cannot start {:?}: {e}", command.get_program());
+                return (Err(error), None);
+            }
+        };
+        let (group, clock) = (child.id() as i32, self.clock);
+        let (sender, tallied) = std::sync::mpsc::channel();
+        if let Some(stdout) = child.stdout.take() {
+            std::thread::spawn(move || {
+                let mut reader = std::io::BufReader::new(stdout);
+                let mut line = Vec::new();
+                while read_line(&mut reader, &mut line) {
+                    let second = clock.elapsed().as_secs();
+                    tally.line(second, &String::from_utf8_lossy(&line));
+                    let _ = log.write_all(&line).and_then(|()| log.write_all(b"\n"));
+                }
+                let _ = sender.send(tally);
+            });
+        }
+        stages.mark("running");
+        let status = self.wait_child(child, deadline + WORKLOAD_GRACE);
+        let tally = tallied.recv_timeout(KILL_AFTER).ok().or_else(|| {
+            // Something the command started still holds its output open.
+            // SAFETY: the process group this run started the command in.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
+            tallied.recv_timeout(KILL_AFTER).ok()
+        });
+        if tally.is_none() {
+            (self.events)(Event::Warning(format!(
+                "{}: the command's output stayed open after it ended; no series for it",
+                log_path.display()
+            )));
+        }
+        let result = match status {
+            Ok(status) if status.success() => Ok(()),
+            Ok(status) => Err(failure(status, &log_path)),
+            Err(e) => Err(e),
+        };
+        (result, tally)
     }
 
     /// Waits for a child; stops it (its whole group) on `stop` or at `until`.
@@ -211,6 +304,52 @@ impl Run<'_> {
             std::thread::sleep(POLL);
         }
     }
+}
+
+/// A workload's failure: its exit status and the last line of its log.
+fn failure(status: std::process::ExitStatus, log_path: &Path) -> String {
+    let tail = std::fs::read_to_string(log_path).unwrap_or_default();
+    let last = tail
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim();
+    format!("exited with {status}: {last} (log {})", log_path.display())
+}
+
+/// Reads one line into `line` (without its end), at most
+/// [`output_parser::MAX_LINE`] bytes of it (the rest is skipped); false
+/// at the end of the output or on an error.
+fn read_line(reader: &mut impl std::io::BufRead, line: &mut Vec<u8>) -> bool {
+    line.clear();
+    loop {
+        let (done, used) = match reader.fill_buf() {
+            Ok([]) => return !line.is_empty(),
+            Ok(buffer) => match buffer.iter().position(|&b| b == b'\n') {
+                Some(end) => {
+                    take(line, &buffer[..end]);
+                    (true, end + 1)
+                }
+                None => {
+                    take(line, buffer);
+                    (false, buffer.len())
+                }
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return false,
+        };
+        reader.consume(used);
+        if done {
+            return true;
+        }
+    }
+}
+
+/// Appends `bytes` to `line` up to [`output_parser::MAX_LINE`].
+fn take(line: &mut Vec<u8>, bytes: &[u8]) {
+    let room = output_parser::MAX_LINE.saturating_sub(line.len());
+    line.extend_from_slice(&bytes[..bytes.len().min(room)]);
 }
 
 /// SIGTERM to a child's process group, then SIGKILL after [`KILL_AFTER`].

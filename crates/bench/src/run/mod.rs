@@ -152,6 +152,30 @@ fn make_run_directory(dir: &Path) -> Result<()> {
         .map_err(|e| Error::io("cannot create the run directory", dir, e))
 }
 
+/// Writes every trace the spec's rates replay to `DIR/traces/RATE.csv`
+/// (a header, then one arrival time in seconds per line), so that the run
+/// directory holds what the run replayed even if the spec's file changes.
+fn keep_traces(spec: &Spec, dir: &Path) -> Result<()> {
+    let mut kept = std::collections::BTreeSet::new();
+    for operation in &spec.control_operations {
+        let RateLaw::Trace(times) = &operation.rate else {
+            continue;
+        };
+        if !kept.insert(operation.rate_name.clone()) {
+            continue;
+        }
+        let traces = dir.join("traces");
+        std::fs::create_dir_all(&traces).map_err(|e| Error::io("cannot create", &traces, e))?;
+        let mut text = String::from("seconds\n");
+        for time in times {
+            text.push_str(&format!("{}\n", time.as_secs_f64()));
+        }
+        let path = traces.join(format!("{}.csv", operation.rate_name));
+        std::fs::write(&path, text).map_err(|e| Error::io("cannot write", &path, e))?;
+    }
+    Ok(())
+}
+
 /// Runs `spec`; `stop` turning true (Ctrl-C) ends it early, and its
 /// volumes are deleted either way.
 pub fn run(
@@ -179,6 +203,7 @@ pub fn run(
     let spec_copy = dir.join("spec.yaml");
     std::fs::write(&spec_copy, &options.spec_text)
         .map_err(|e| Error::io("cannot write", &spec_copy, e))?;
+    keep_traces(spec, &dir)?;
     if !options.overrides.is_empty() {
         use crate::spec::parallelism_override::OVERRIDES_FILE;
         let path = dir.join(OVERRIDES_FILE);
@@ -709,5 +734,39 @@ pub fn action_name(action: Action) -> &'static str {
         Action::Resize => "resize",
         Action::Compact => "compact",
         Action::RestoreAndVerify => "restore_and_verify",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The traces a spec's rates replay are kept in the run directory,
+    /// one file per rate, as read.
+    #[test]
+    fn replayed_traces_are_kept_in_the_run_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("arrivals.csv"), "time\n0.5\n1.25\n3\n").unwrap();
+        let text = "\
+duration: 2s
+volumes:
+  - {name: scratch, count: 0, size: 16M}
+control_operations:
+  - {name: creates, action: create, volumes: scratch, rate: replay}
+  - {name: more, action: create, volumes: scratch, rate: replay}
+rates:
+  - {name: replay, trace_file: arrivals.csv}
+";
+        let mut spec = crate::spec::parse(text).unwrap();
+        spec.read_trace_files(dir.path()).unwrap();
+        keep_traces(&spec, dir.path()).unwrap();
+        let kept = std::fs::read_to_string(dir.path().join("traces/replay.csv")).unwrap();
+        assert_eq!(kept, "seconds\n0.5\n1.25\n3\n");
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("traces"))
+                .unwrap()
+                .count(),
+            1
+        );
     }
 }

@@ -122,6 +122,9 @@ pub struct Workload {
     pub barrier: bool,
     /// What each instance runs.
     pub kind: WorkloadKind,
+    /// How a `command` workload's output gives its one-second series
+    /// (`parse:`); without one, a command has none.
+    pub parser: Option<crate::output_parser::OutputParser>,
 }
 
 /// A control operation's action.
@@ -281,6 +284,19 @@ struct RawWorkload {
     fio: Option<BTreeMap<String, FioValue>>,
     command: Option<Vec<String>>,
     pgbench: Option<PgbenchOptions>,
+    parse: Option<RawParse>,
+}
+
+/// A command's output parser as the spec writes it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawParse {
+    /// A regular expression over each line of the command's standard
+    /// output, with a group `ops` (and `read_kib`, `write_kib` if wanted).
+    pattern: String,
+    /// The groups are running totals, not each line's own figures.
+    #[serde(default)]
+    cumulative: bool,
 }
 
 /// A fio option's value: YAML may give a number or a boolean for it.

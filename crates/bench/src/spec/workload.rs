@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde_saphyr::Spanned;
 
+use crate::output_parser::OutputParser;
+
 use super::{
     check_count, check_name, one_of, refused, Attach, FioValue, RawWorkload, SpecError,
     VolumeGroup, Workload, WorkloadKind, MAX_COUNT,
@@ -65,9 +67,28 @@ pub(super) fn check_workloads(
             volumes: group.name.clone(),
             barrier: workload.barrier,
             kind: workload_kind(workload, group)?,
+            parser: output_parser(workload)?,
         });
     }
     Ok(workloads)
+}
+
+/// A command workload's output parser, if the spec gives one.
+fn output_parser(workload: &RawWorkload) -> Result<Option<OutputParser>, SpecError> {
+    let name = &workload.name;
+    let Some(parse) = &workload.parse else {
+        return Ok(None);
+    };
+    if workload.command.is_none() {
+        return refused(name, format!(
+            "workload `{}`: `parse:` reads a command's output; fio and pgbench workloads report their own figures: remove it",
+            name.value
+        ));
+    }
+    match OutputParser::new(&parse.pattern, parse.cumulative) {
+        Ok(parser) => Ok(Some(parser)),
+        Err(why) => refused(name, format!("workload `{}`: parse: {why}", name.value)),
+    }
 }
 
 /// The one kind a workload states, checked against its group's attach mode.

@@ -899,3 +899,65 @@ fn one_spec_runs_at_several_parallelisms_with_the_override() {
         "a refused run made its directory"
     );
 }
+
+/// A command workload with an output parser: each line its pattern
+/// matches is counted in the second it came (the series sums to exactly
+/// what was printed), silent seconds are zero-operation seconds, every
+/// line is kept in the workload's log; a pattern without `ops` and
+/// `parse:` on a fio workload are refused at their line.
+#[test]
+fn a_command_s_output_parser_gives_its_one_second_series() {
+    let text = r#"duration: 4s
+volumes:
+  - {name: scratch, count: 1, size: 64M}
+workloads:
+  - name: ticker
+    volumes: scratch
+    command: [sh, -c, "for i in 1 2 3 4 5 6; do echo 'done 10 ops, 40 KiB'; echo noise; sleep 0.2; done; sleep 1.8"]
+    parse: {pattern: 'done (?P<ops>\d+) ops, (?P<write_kib>\d+) KiB'}
+"#;
+    let (dir, out, _) = run_spec_text(tmp(), text, &["--provider", "null"]);
+    let series: Vec<Value> = std::fs::read_to_string(out.join("io.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .filter(|sample: &Value| sample["workload"] == "ticker")
+        .collect();
+    let sum = |key: &str| -> f64 { series.iter().map(|s| s[key].as_f64().unwrap_or(0.0)).sum() };
+    assert_eq!(sum("transactions"), 60.0, "{series:?}");
+    assert_eq!(sum("write_kib"), 240.0, "{series:?}");
+    let silent = series
+        .iter()
+        .filter(|s| s["transactions"].as_f64().unwrap_or(0.0) == 0.0)
+        .count();
+    assert!(silent >= 1, "no silent second counted: {series:?}");
+    let summary: Value = serde_json::from_str(&strata_ok(&[
+        "bench",
+        "report",
+        &p(&out),
+        "--output",
+        "json",
+    ]))
+    .unwrap();
+    let ticker = summary["workloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["workload"] == "ticker")
+        .expect("the command's workload in the summary")
+        .clone();
+    assert!(ticker["zero_seconds"].as_u64().unwrap() >= 1, "{ticker}");
+    assert!(ticker["mean_iops"].as_f64().unwrap() > 0.0, "{ticker}");
+    let log = std::fs::read_to_string(out.join("workloads/ticker-0.log")).unwrap();
+    assert_eq!(log.matches("noise").count(), 6, "{log}");
+
+    drop(dir);
+    let dir = tmp();
+    let no_ops = text.replace("(?P<ops>", "(?P<count>");
+    assert_refused_at_line(&dir, &no_ops, 5, "names a group `count`");
+    let on_fio = text.replace(
+        r#"command: [sh, -c, "for i in 1 2 3 4 5 6; do echo 'done 10 ops, 40 KiB'; echo noise; sleep 0.2; done; sleep 1.8"]"#,
+        "fio: {rw: read, bs: 4k}",
+    );
+    assert_refused_at_line(&dir, &on_fio, 5, "`parse:` reads a command's output");
+}

@@ -269,6 +269,39 @@ pub(crate) fn http_get(url: &str, range: Option<&str>) -> (u16, String, Vec<u8>)
 /// the end came, or the error.
 pub(crate) type ReadOutcome = Result<(Vec<u8>, Instant, Instant), std::io::Error>;
 
+/// Checks what `readers` ([`spawn_reader`]) saw of a file written while
+/// they read, then silent for 700 ms and closed at `closed`: every byte
+/// in order, the first before the close (they read while it was
+/// written), and the end at the close (not before: they waited while the
+/// writer was open; not 3 s after).
+pub(crate) fn assert_streamed(
+    readers: impl IntoIterator<Item = mpsc::Receiver<ReadOutcome>>,
+    data: &[u8],
+    closed: Instant,
+) {
+    for reader in readers {
+        let (bytes, first, end) = reader
+            .recv_timeout(READ_LIMIT)
+            .expect("the reader ended within the limit")
+            .expect("the reader read without error");
+        assert_eq!(bytes.len(), data.len());
+        assert!(
+            bytes == *data,
+            "the reader saw other bytes than were written"
+        );
+        assert!(
+            first + Duration::from_millis(700) < closed,
+            "the reader got nothing before the close"
+        );
+        assert!(end >= closed, "the reader ended before the writer closed");
+        assert!(
+            end < closed + Duration::from_secs(3),
+            "the end came {:?} after the close",
+            end - closed
+        );
+    }
+}
+
 /// Reads `path` to its end on a thread, each chunk timed; the result
 /// comes on the channel: the bytes, when the first came and when the end
 /// came, or the error.
@@ -447,27 +480,7 @@ fn read_while_write_across_nodes_with_two_readers() {
     std::thread::sleep(Duration::from_millis(700));
     let closed = Instant::now();
     drop(writer);
-    for reader in readers {
-        let (bytes, first, end) = reader
-            .recv_timeout(READ_LIMIT)
-            .expect("the reader ended within the limit")
-            .expect("the reader read without error");
-        assert_eq!(bytes.len(), data.len());
-        assert!(
-            bytes == data,
-            "the reader saw other bytes than were written"
-        );
-        assert!(
-            first + Duration::from_millis(700) < closed,
-            "the reader got nothing before the close"
-        );
-        assert!(end >= closed, "the reader ended before the writer closed");
-        assert!(
-            end < closed + Duration::from_secs(3),
-            "the end came {:?} after the close",
-            end - closed
-        );
-    }
+    assert_streamed(readers, &data, closed);
     assert_eq!(
         std::fs::metadata(f3.mount(1).join("stream.eph"))
             .unwrap()

@@ -359,27 +359,7 @@ fn read_while_write_and_a_cut_link_across_namespaces() {
     std::thread::sleep(Duration::from_millis(700));
     let closed = Instant::now();
     drop(writer);
-    for reader in readers {
-        let (bytes, first, end) = reader
-            .recv_timeout(READ_LIMIT)
-            .expect("the reader ended within the limit")
-            .expect("the reader read without error");
-        assert_eq!(bytes.len(), data.len());
-        assert!(
-            bytes == data,
-            "the reader saw other bytes than were written"
-        );
-        assert!(
-            first + Duration::from_millis(700) < closed,
-            "the reader got nothing before the close"
-        );
-        assert!(end >= closed, "the reader ended before the writer closed");
-        assert!(
-            end < closed + Duration::from_secs(3),
-            "the end came {:?} after the close",
-            end - closed
-        );
-    }
+    crate::f3::assert_streamed(readers, &data, closed);
     assert!(agent_metric(f3, 0, "strata_f3_served_bytes_total") >= 2 * data.len() as u64);
     let none = f3.f3_json(&["events"]);
     assert_eq!(none["events"], serde_json::json!([]), "{none}");

@@ -251,6 +251,14 @@ impl Service {
         Ok(disk)
     }
 
+    /// [`Service::open_disk`] for a top just created and synced clean
+    /// (a new volume or clone), which nothing else has open.
+    fn open_created_disk(&self, top: &Path) -> Result<Disk> {
+        let disk = Disk::open_created(top, &self.open_options())?;
+        disk.set_drop_sealed_cache(self.config.drop_sealed_cache);
+        Ok(disk)
+    }
+
     fn open_options(&self) -> OpenOptions {
         OpenOptions {
             writable: true,

@@ -133,7 +133,7 @@ impl Service {
             return Err(e);
         }
         failpoint("create-after-commit");
-        let disk = self.open_disk(&path)?;
+        let disk = self.open_created_disk(&path)?;
         let live = Arc::new(Live {
             volume: Arc::new(Volume::new(&name, disk)),
             changes: Mutex::new(()),
