@@ -29,9 +29,10 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
+
+from cns_common import run_and_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROVIDERS = ("strata", "qemu", "null")
@@ -59,34 +60,10 @@ def parse_args():
     return parser.parse_args()
 
 
-def failures(out):
-    """The errors of the run's failed records (a run that exits 1 has some)."""
-    errors = []
-    path = os.path.join(out, "records.jsonl")
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                record = json.loads(line)
-                if record.get("status") == "failed":
-                    errors.append(f"{record.get('operation')}: {record.get('error')}")
-    return errors
-
-
 def run_one(opts, work, spec, provider, n, round_):
     out = os.path.join(work, f"{provider}-{n}-{round_}")
-    args = [opts.strata, "bench", "run", spec, "--out", out, "--seed", str(round_ + 1),
-            "--parallelism", str(n), "--provider", provider]
-    done = subprocess.run(args, capture_output=True, text=True)
-    # 1: the run went on, but an operation failed (named below, and in
-    # the results); anything else is a run that did not happen.
-    if done.returncode not in (0, 1):
-        raise SystemExit(f"{provider} N={n}: strata bench run failed:\n{done.stderr[-3000:]}")
-    failed = failures(out)
-    for error in failed[:3]:
-        print(f"  failed: {error}", file=sys.stderr)
-    report = subprocess.run([opts.strata, "bench", "report", out, "--output", "json"],
-                            capture_output=True, text=True, check=True)
-    summary = json.loads(report.stdout)
+    args = [spec, "--seed", str(round_ + 1), "--parallelism", str(n), "--provider", provider]
+    failed, summary = run_and_report(opts.strata, args, out, f"{provider} N={n}")
     creates = next(o for o in summary["operations"] if o["operation"] == "creates")
     if not opts.keep:
         shutil.rmtree(out, ignore_errors=True)

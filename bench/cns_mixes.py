@@ -26,9 +26,10 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
+
+from cns_common import run_and_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = ("fio", "pgbench", "cpu")
@@ -95,19 +96,6 @@ def cpu_rates(out, count, seconds_run):
     return rates
 
 
-def failures(out):
-    """The errors of the run's failed records (a run that exits 1 has some)."""
-    errors = []
-    path = os.path.join(out, "records.jsonl")
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                record = json.loads(line)
-                if record.get("status") == "failed":
-                    errors.append(f"{record.get('operation')}: {record.get('error')}")
-    return errors
-
-
 def run_one(opts, work, mix, round_):
     counts = dict(zip(KINDS, mix))
     name = "-".join(str(n) for n in mix)
@@ -115,19 +103,9 @@ def run_one(opts, work, mix, round_):
     with open(spec, "w") as f:
         f.write(SPEC.format(seconds=seconds(opts.duration), **counts))
     out = os.path.join(work, f"mix-{name}-{round_}")
-    args = [opts.strata, "bench", "run", spec, "--out", out, "--seed", str(round_ + 1),
-            "--provider", opts.provider]
-    done = subprocess.run(args, capture_output=True, text=True)
-    # 1: the run went on, but an operation failed (named below, and in
-    # the results); anything else is a run that did not happen.
-    if done.returncode not in (0, 1):
-        raise SystemExit(f"mix {name}: strata bench run failed:\n{done.stderr[-3000:]}")
-    failed = failures(out)
-    for error in failed[:3]:
-        print(f"  failed: {error}", file=sys.stderr)
-    report = subprocess.run([opts.strata, "bench", "report", out, "--output", "json"],
-                            capture_output=True, text=True, check=True)
-    workloads = {w["workload"]: w for w in json.loads(report.stdout)["workloads"]}
+    args = [spec, "--seed", str(round_ + 1), "--provider", opts.provider]
+    failed, summary = run_and_report(opts.strata, args, out, f"mix {name}")
+    workloads = {w["workload"]: w for w in summary["workloads"]}
     result = {
         "fio": workloads["fio"]["mean_iops"] / counts["fio"],
         "pgbench": workloads["pgbench"]["mean_iops"] / counts["pgbench"],

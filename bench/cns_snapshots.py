@@ -40,9 +40,10 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
+
+from cns_common import run_and_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -145,19 +146,6 @@ def spec_text(opts, cluster, snapshots):
     return text + (control.format(restore_seconds=restore_seconds) if snapshots else "")
 
 
-def failures(out):
-    """The errors of the run's failed records (a run that exits 1 has some)."""
-    errors = []
-    path = os.path.join(out, "records.jsonl")
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                record = json.loads(line)
-                if record.get("status") == "failed":
-                    errors.append(f"{record.get('operation')}: {record.get('error')}")
-    return errors
-
-
 def run_one(opts, work, variant, snapshots, round_):
     provider, cluster = VARIANTS[variant]
     mode = "snap" if snapshots else "base"
@@ -165,20 +153,10 @@ def run_one(opts, work, variant, snapshots, round_):
     with open(spec, "w") as f:
         f.write(spec_text(opts, cluster, snapshots))
     out = os.path.join(work, f"{variant}-{mode}-{round_}")
-    args = [opts.strata, "bench", "run", spec, "--out", out, "--seed", str(round_ + 1)]
+    args = [spec, "--seed", str(round_ + 1)]
     if provider != "strata":
         args += ["--provider", provider]
-    done = subprocess.run(args, capture_output=True, text=True)
-    # 1: the run went on, but an operation failed (named below, and in
-    # the results); anything else is a run that did not happen.
-    if done.returncode not in (0, 1):
-        raise SystemExit(f"{variant} {mode}: strata bench run failed:\n{done.stderr[-3000:]}")
-    failed = failures(out)
-    for error in failed[:3]:
-        print(f"  failed: {error}", file=sys.stderr)
-    report = subprocess.run([opts.strata, "bench", "report", out, "--output", "json"],
-                            capture_output=True, text=True, check=True)
-    summary = json.loads(report.stdout)
+    failed, summary = run_and_report(opts.strata, args, out, f"{variant} {mode}")
     name = EXPERIMENTS[opts.experiment][2]
     workload = next(w for w in summary["workloads"] if w["workload"] == name)
     snaps = next((o for o in summary["operations"] if o["operation"] == "snapshots"), None)

@@ -302,6 +302,33 @@ pub(crate) fn assert_streamed(
     }
 }
 
+/// Checks that every one of `readers` ([`spawn_reader`]), waiting on a
+/// holder lost at `lost`, failed with EIO, not before half the lease and
+/// within the lease and 3 s (a fetch in flight gives up after its long
+/// poll and its patience, never 10 s later). Returns how long they took.
+pub(crate) fn assert_eio_within_the_lease(
+    readers: impl IntoIterator<Item = mpsc::Receiver<ReadOutcome>>,
+    lost: Instant,
+) -> Duration {
+    for reader in readers {
+        let error = reader
+            .recv_timeout(READ_LIMIT)
+            .expect("the reader ended within the limit")
+            .expect_err("the reader must fail");
+        assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
+    }
+    let took = lost.elapsed();
+    assert!(
+        took < Duration::from_millis(LEASE_MS) + Duration::from_secs(3),
+        "EIO {took:?} after the holder was lost"
+    );
+    assert!(
+        took >= Duration::from_millis(LEASE_MS) / 2,
+        "EIO {took:?} after the holder was lost, before the lease"
+    );
+    took
+}
+
 /// Reads `path` to its end on a thread, each chunk timed; the result
 /// comes on the channel: the bytes, when the first came and when the end
 /// came, or the error.
@@ -505,22 +532,7 @@ fn killed_writer_agent_gives_waiting_readers_eio_within_the_lease() {
     // SAFETY: signalling the agent this test started.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     let killed = Instant::now();
-    for reader in readers {
-        let error = reader
-            .recv_timeout(READ_LIMIT)
-            .expect("the reader ended within the limit")
-            .expect_err("the reader must fail");
-        assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
-    }
-    let took = killed.elapsed();
-    assert!(
-        took < Duration::from_millis(LEASE_MS) + Duration::from_secs(3),
-        "EIO after {took:?}"
-    );
-    assert!(
-        took >= Duration::from_millis(LEASE_MS) / 2,
-        "EIO after {took:?}, before the lease"
-    );
+    assert_eio_within_the_lease(readers, killed);
     drop(writer);
     f3.agents[1].1.as_mut().unwrap().assert_running();
 }
