@@ -45,27 +45,22 @@ def parse_args():
 
 
 class Cluster:
-    """The F3 service and N agents, torn down on exit."""
+    """The F3 service and agents named `names`, each started with
+    `node_args` too, torn down on exit (bench/f3_range.py uses it too)."""
 
-    def __init__(self, strata, nodes):
+    def __init__(self, strata, names, node_args=(), prefix="f3locality-"):
         self.strata = strata
-        self.dir = tempfile.mkdtemp(prefix="f3locality-")
-        self.processes = []
-        self.mounts = []
-        self.logs = []
-        service = self.start(["f3", "serve", "--dir", f"{self.dir}/meta",
-                              "--listen", "127.0.0.1:0"], "serving on ", "service")
-        self.meta = service
-        self.agents = {}
-        for index in range(nodes):
-            name = f"n{index}"
+        self.dir = tempfile.mkdtemp(prefix=prefix)
+        self.processes, self.mounts, self.logs, self.agents = [], [], [], {}
+        self.meta = self.start(["f3", "serve", "--dir", f"{self.dir}/meta",
+                                "--listen", "127.0.0.1:0"], "serving on ", "service")
+        for name in names:
             mount = f"{self.dir}/mnt-{name}"
             os.makedirs(mount)
             self.mounts.append(mount)
-            transfer = self.start(["node", "--dir", f"{self.dir}/node-{name}", "--mount", mount,
-                                   "--meta", self.meta, "--name", name, "--slots", "8"],
-                                  "transfer on ", name)
-            self.agents[name] = transfer
+            self.agents[name] = self.start(
+                ["node", "--dir", f"{self.dir}/node-{name}", "--mount", mount,
+                 "--meta", self.meta, "--name", name, *node_args], "transfer on ", name)
 
     def start(self, args, marker, label):
         log_path = f"{self.dir}/{label}.log"
@@ -86,15 +81,16 @@ class Cluster:
             time.sleep(0.05)
         raise SystemExit(f"{label} did not start: {text[-2000:]}")
 
+    def served_by(self, name):
+        """Bytes agent `name`'s transfer service has sent."""
+        with urllib.request.urlopen(f"http://{self.agents[name]}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        match = re.search(r"^strata_f3_served_bytes_total\{[^}]*\} (\d+)$", text, re.M)
+        return int(match.group(1))
+
     def served(self):
-        """Bytes each agent's transfer service has sent, summed."""
-        total = 0
-        for transfer in self.agents.values():
-            with urllib.request.urlopen(f"http://{transfer}/metrics", timeout=10) as answer:
-                text = answer.read().decode()
-            match = re.search(r"^strata_f3_served_bytes_total\{[^}]*\} (\d+)$", text, re.M)
-            total += int(match.group(1))
-        return total
+        """Bytes every agent's transfer service has sent, summed."""
+        return sum(self.served_by(name) for name in self.agents)
 
     def close(self):
         for mount in self.mounts:
@@ -153,7 +149,8 @@ def main():
     if os.geteuid() != 0:
         raise SystemExit("run as root: the agents mount FUSE file systems")
     text, total = workflow(opts.pairs, opts.min_mb, opts.max_mb)
-    cluster = Cluster(opts.strata, opts.nodes)
+    cluster = Cluster(opts.strata, [f"n{index}" for index in range(opts.nodes)],
+                      ["--slots", "8"])
     results = {"locality": [], "random": [], "round-robin": []}
     try:
         path = f"{cluster.dir}/handoffs.yaml"

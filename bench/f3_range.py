@@ -16,14 +16,10 @@ Run as root (FUSE mounts):
 
 import argparse
 import os
-import re
-import shutil
-import signal
 import statistics
-import subprocess
-import tempfile
 import time
-import urllib.request
+
+from f3_locality import Cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
@@ -40,65 +36,9 @@ def parse_args():
     return parser.parse_args()
 
 
-class Cluster:
-    """The F3 service and agents a and b, torn down on exit."""
-
-    def __init__(self, strata, node_args):
-        self.strata = strata
-        self.dir = tempfile.mkdtemp(prefix="f3range-")
-        self.processes, self.mounts, self.logs, self.agents = [], [], [], {}
-        self.meta = self.start(["f3", "serve", "--dir", f"{self.dir}/meta",
-                                "--listen", "127.0.0.1:0"], "serving on ", "service")
-        for name in ["a", "b"]:
-            mount = f"{self.dir}/mnt-{name}"
-            os.makedirs(mount)
-            self.mounts.append(mount)
-            self.agents[name] = self.start(
-                ["node", "--dir", f"{self.dir}/node-{name}", "--mount", mount,
-                 "--meta", self.meta, "--name", name, *node_args], "transfer on ", name)
-
-    def start(self, args, marker, label):
-        log_path = f"{self.dir}/{label}.log"
-        log = open(log_path, "w+")
-        self.logs.append(log)
-        process = subprocess.Popen([self.strata, *args], stdout=log, stderr=subprocess.STDOUT)
-        self.processes.append(process)
-        deadline, text = time.time() + 20, ""
-        while time.time() < deadline:
-            with open(log_path) as f:
-                text = f.read(1 << 16)
-            match = re.search(re.escape(marker) + r"(\S+)", text)
-            if match:
-                return match.group(1).rstrip(",")
-            if process.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise SystemExit(f"{label} did not start: {text[-2000:]}")
-
-    def served(self, name):
-        with urllib.request.urlopen(f"http://{self.agents[name]}/metrics", timeout=10) as answer:
-            text = answer.read().decode()
-        match = re.search(r"^strata_f3_served_bytes_total\{[^}]*\} (\d+)$", text, re.M)
-        return int(match.group(1))
-
-    def close(self):
-        for mount in self.mounts:
-            subprocess.run(["umount", "-l", mount], capture_output=True)
-        for process in reversed(self.processes):
-            process.send_signal(signal.SIGTERM)
-        for process in self.processes:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        for log in self.logs:
-            log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 def main():
     args = parse_args()
-    cluster = Cluster(args.strata, args.node_arg)
+    cluster = Cluster(args.strata, ["a", "b"], args.node_arg, prefix="f3range-")
     try:
         block = bytes(range(256)) * (MIB // 256)
         times, served = [], []
@@ -107,13 +47,13 @@ def main():
             with open(f"{cluster.mounts[0]}/{name}", "wb") as f:
                 for index in range(args.size_mb):
                     f.write(block)
-            before = cluster.served("a")
+            before = cluster.served_by("a")
             started = time.perf_counter()
             fd = os.open(f"{cluster.mounts[1]}/{name}", os.O_RDONLY)
             try:
                 data = os.pread(fd, MIB, args.offset_mb * MIB)
                 elapsed = time.perf_counter() - started
-                served.append(cluster.served("a") - before)
+                served.append(cluster.served_by("a") - before)
             finally:
                 os.close(fd)
             if data != block[:len(data)] or len(data) == 0:
