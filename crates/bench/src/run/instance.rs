@@ -188,16 +188,7 @@ impl Run<'_> {
         stages: &mut Stages,
     ) -> std::result::Result<(), String> {
         let log_path = prefix.with_extension("log");
-        let log = std::fs::File::create(&log_path)
-            .map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
-        let log_copy = log.try_clone().map_err(|e| e.to_string())?;
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_copy)
-            .process_group(0)
-            .spawn()
-            .map_err(|e| format!("cannot start {:?}: {e}", command.get_program()))?;
+        let (child, _) = spawn_logged(command, &log_path, false)?;
         stages.mark("running");
         let status = self.wait_child(child, deadline + WORKLOAD_GRACE)?;
         if status.success() {
@@ -221,28 +212,9 @@ impl Run<'_> {
         mut tally: Tally,
     ) -> (std::result::Result<(), String>, Option<Tally>) {
         let log_path = prefix.with_extension("log");
-        let opened = std::fs::File::create(&log_path).and_then(|log| Ok((log.try_clone()?, log)));
-        let (mut log, log_copy) = match opened {
-            Ok(files) => files,
-            Err(e) => {
-                return (
-                    Err(format!("cannot create {}: {e}", log_path.display())),
-                    None,
-                )
-            }
-        };
-        let spawned = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log_copy)
-            .process_group(0)
-            .spawn();
-        let mut child = match spawned {
-            Ok(child) => child,
-            Err(e) => {
-                let error = format!("cannot start {:?}: {e}", command.get_program());
-                return (Err(error), None);
-            }
+        let (mut child, mut log) = match spawn_logged(command, &log_path, true) {
+            Ok(started) => started,
+            Err(e) => return (Err(e), None),
         };
         let (group, clock) = (child.id() as i32, self.clock);
         let (sender, tallied) = std::sync::mpsc::channel();
@@ -304,6 +276,32 @@ impl Run<'_> {
             std::thread::sleep(POLL);
         }
     }
+}
+
+/// Starts `command` in its own process group (so that Ctrl-C reaches the
+/// run, which stops it), its standard error into a new log at `log_path`,
+/// and its standard output there too, or into a pipe with `pipe_stdout`;
+/// returns the child and the log.
+fn spawn_logged(
+    command: &mut std::process::Command,
+    log_path: &Path,
+    pipe_stdout: bool,
+) -> std::result::Result<(Child, std::fs::File), String> {
+    let cannot = |e: std::io::Error| format!("cannot create {}: {e}", log_path.display());
+    let log = std::fs::File::create(log_path).map_err(cannot)?;
+    let stdout = if pipe_stdout {
+        Stdio::piped()
+    } else {
+        Stdio::from(log.try_clone().map_err(cannot)?)
+    };
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(log.try_clone().map_err(cannot)?)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("cannot start {:?}: {e}", command.get_program()))?;
+    Ok((child, log))
 }
 
 /// A workload's failure: its exit status and the last line of its log.
