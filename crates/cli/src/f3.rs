@@ -267,34 +267,29 @@ fn serve(dir: PathBuf, listen: SocketAddr, lease_ms: u64) -> Result<i32> {
 
 /// Runs `strata node` until SIGTERM or SIGINT, then unmounts.
 pub fn run_node(args: NodeArgs) -> Result<i32> {
-    run_agent(args.dir, args.mount, args.agent)
+    let name = node_name(&args.agent)?;
+    run_agent(name, args.dir, args.mount, args.agent)
 }
 
 /// Runs `strata f3 mount` until SIGTERM or SIGINT, then unmounts.
 fn run_mount(args: MountArgs) -> Result<i32> {
-    let name = match &args.agent.name {
-        Some(name) => name.clone(),
-        None => hostname()?,
-    };
+    let name = node_name(&args.agent)?;
     let dir = args
         .dir
         .unwrap_or_else(|| PathBuf::from("strata-f3").join(&name));
-    run_agent(
-        dir,
-        args.mountpoint,
-        AgentOptions {
-            name: Some(name),
-            ..args.agent
-        },
-    )
+    run_agent(name, dir, args.mountpoint, args.agent)
 }
 
-fn run_agent(dir: PathBuf, mountpoint: PathBuf, agent: AgentOptions) -> Result<i32> {
+/// `--name`, or the host name.
+fn node_name(agent: &AgentOptions) -> Result<String> {
+    match &agent.name {
+        Some(name) => Ok(name.clone()),
+        None => hostname(),
+    }
+}
+
+fn run_agent(name: String, dir: PathBuf, mountpoint: PathBuf, agent: AgentOptions) -> Result<i32> {
     crate::serve::init_logging();
-    let name = match agent.name {
-        Some(name) => name,
-        None => hostname()?,
-    };
     let store = match (agent.store, agent.credential) {
         (Some(cluster), Some(file)) => Some((cluster, TenantCredential::load(&file)?)),
         (Some(_), None) => bail!(

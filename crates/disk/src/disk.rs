@@ -118,11 +118,12 @@ impl Disk {
 
     /// [`Disk::open`] for writing a chain whose top its caller has just
     /// created, synced clean, and opens first (a new volume or clone):
-    /// the dirty bit and the index's not-valid bit reach the disk with the
-    /// first write-back sync instead of syncs of their own, as on the new
-    /// top of a snapshot (see `Writer::start_on_new_top`). Until that
-    /// sync the file on disk is the clean new top, so a crash loses
-    /// nothing that was acknowledged. Two syncs fewer per create.
+    /// the dirty bit reaches the disk with the next sync instead of a sync
+    /// of its own, as on the new top of a snapshot (see
+    /// `Writer::start_on_new_top`). Until then the file on disk is the
+    /// clean new top, so a crash loses nothing that was acknowledged. One
+    /// sync fewer per create (a new top with no chain index yet still
+    /// syncs the index it builds, and the dirty bit with it).
     pub fn open_created(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<Disk> {
         Disk::open_inner(path.as_ref(), opts, true)
     }
