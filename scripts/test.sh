@@ -88,6 +88,17 @@ pkill -f "^$PWD/target/release/strata " || true
 if [ "$had_release" = yes ]; then
   cargo build --release --quiet || true
 fi
+# Each failed test's own output again, its start and its end (where
+# the panic message is), so that the run's last lines say what failed
+# and why even when only the end of a long log is read.
+awk '/^---- .* stdout ----$/ { name = $2; failed[++n] = name; count[name] = 0; next }
+     /^failures:$/ && n > 0 { name = "" }
+     name != "" { lines[name, ++count[name]] = $0 }
+     END { for (i = 1; i <= n; i++) { name = failed[i]; c = count[name]
+             printf "\n== failed: %s (its output, the middle left out)\n", name
+             for (j = 1; j <= c; j++) {
+               if (j == 16 && c > 60) { print "[...]"; j = c - 40; continue }
+               print lines[name, j] } } }' "$log"
 # One closing line for the whole run (cargo's own last line is a doc-test
 # summary of whichever crate came last).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }
