@@ -16,6 +16,9 @@
 //!   operations, as methods of [`Gateway`]; `service` hands s3s's calls
 //!   to them.
 //! - [`metrics`]: the gateway's `/metrics`.
+//! - `front`: the HTTP/1.1 connections: GETs and HEADs answered there,
+//!   a whole object on this process's disk sent with `sendfile`; the
+//!   first request with a body hands the connection to hyper.
 //!
 //! The gateway holds the cluster key: for each access key it re-derives
 //! the tenant's credential and acts as that tenant, so the store's scope
@@ -30,6 +33,7 @@ pub mod checksums;
 mod complete;
 mod copies;
 mod errors;
+mod front;
 mod listing;
 pub mod metrics;
 mod multipart;
@@ -197,21 +201,27 @@ impl S3Auth for Auth {
     }
 }
 
+/// The S3 service of `gateway` (signatures checked with the keys
+/// [`access`] derives, presigned URLs bounded) and its metrics.
+pub(crate) fn service(gateway: Gateway) -> (s3s::service::S3Service, Arc<Metrics>) {
+    let key = gateway.key.clone();
+    let metrics = Arc::new(Metrics::with_clients(gateway.clients.clone()));
+    let mut builder = S3ServiceBuilder::new(gateway);
+    builder.set_auth(Auth { key });
+    builder.set_access(presigned::Access);
+    (builder.build(), metrics)
+}
+
 /// Serves S3 on `listener` until the task is dropped: every request must
 /// be signed (SigV4, in headers or a presigned URL's query) with a key
 /// [`access`] derives; anonymous ones are refused with AccessDenied, but
 /// for an unsigned `GET /metrics` ([`metrics`]). Meanwhile, expired and
 /// abandoned multipart uploads are cleaned.
 pub async fn serve(listener: TcpListener, gateway: Gateway) -> std::io::Result<()> {
-    let key = gateway.key.clone();
-    let cleaner =
-        Gateway::new(gateway.cluster, key.clone()).with_upload_expiry(gateway.upload_expiry);
+    let cleaner = Gateway::new(gateway.cluster, gateway.key.clone())
+        .with_upload_expiry(gateway.upload_expiry);
     let _cleaning = AbortOnDrop(tokio::spawn(cleaner.clean_periodically()));
-    let metrics = Arc::new(Metrics::with_clients(gateway.clients.clone()));
-    let mut builder = S3ServiceBuilder::new(gateway);
-    builder.set_auth(Auth { key });
-    builder.set_access(presigned::Access);
-    let service = builder.build();
+    let (service, metrics) = service(gateway);
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
@@ -229,14 +239,7 @@ pub async fn serve(listener: TcpListener, gateway: Gateway) -> std::io::Result<(
         };
         let (service, metrics) = (service.clone(), metrics.clone());
         tokio::spawn(async move {
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let handler = hyper::service::service_fn(move |request| {
-                metrics::handle(service.clone(), metrics.clone(), request)
-            });
-            let served = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, handler)
-                .await;
-            if let Err(e) = served {
+            if let Err(e) = front::serve_connection(stream, service, metrics).await {
                 tracing::debug!("S3 connection from {peer}: {e}");
             }
             drop(permit);

@@ -11,7 +11,7 @@
 //! is dropped: sent whole, or cut short by a client that went away.
 
 use bytes::Bytes;
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, SizeHint};
 use s3s::service::S3Service;
 use s3s::{HttpError, HttpResponse};
 use std::collections::BTreeMap;
@@ -63,6 +63,8 @@ struct PerOperation {
 #[derive(Default)]
 pub struct Metrics {
     counters: Mutex<Counters>,
+    /// Response body bytes sent with `sendfile` from a local replica.
+    sendfile_bytes: AtomicU64,
     /// The gateway's store clients, whose replica choice (NAMI's
     /// latencies and weights) is shown too.
     clients: Option<crate::Clients>,
@@ -219,6 +221,16 @@ impl Metrics {
             let _ = writeln!(out, "{name}_count{{{labels}}} {}", per.count);
         }
         drop(counters);
+        let name = "strata_s3_sendfile_bytes_total";
+        family(
+            &mut out,
+            name,
+            "counter",
+            "Response body bytes sent with sendfile from a replica file on this process's disk \
+             (counted in strata_s3_sent_bytes_total too).",
+        );
+        let sent = self.sendfile_bytes.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name} {sent}");
         self.render_choice(&mut out);
         out
     }
@@ -247,11 +259,15 @@ fn is_scrape<B>(request: &hyper::Request<B>) -> bool {
 
 /// Serves one HTTP request: the metrics to a scrape, else S3 through
 /// `service`, measured.
-pub(crate) async fn handle(
+pub(crate) async fn handle<B>(
     service: S3Service,
     metrics: Arc<Metrics>,
-    mut request: hyper::Request<Incoming>,
-) -> Result<HttpResponse<Measured>, HttpError> {
+    mut request: hyper::Request<B>,
+) -> Result<HttpResponse<Measured>, HttpError>
+where
+    B: Body<Data = Bytes> + Send + Sync + Unpin + 'static,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
     if is_scrape(&request) {
         let mut response = HttpResponse::new(Measured {
             body: s3s::Body::from(metrics.render()),
@@ -297,20 +313,20 @@ pub(crate) async fn handle(
 
 /// A request body that counts the bytes it gives, and tells when it
 /// was read to its end.
-struct Counted {
-    body: Incoming,
+struct Counted<B> {
+    body: B,
     count: Arc<AtomicU64>,
     end: Arc<AtomicBool>,
 }
 
-impl Body for Counted {
+impl<B: Body<Data = Bytes> + Unpin> Body for Counted<B> {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
         match &frame {
             Some(Ok(frame)) => {
@@ -351,6 +367,20 @@ struct Record {
 pub(crate) struct Measured {
     body: s3s::Body,
     record: Option<Record>,
+}
+
+impl Measured {
+    /// Counts `bytes` of the response sent by the connection itself
+    /// (with `sendfile`) in place of this body's.
+    pub(crate) fn sent_directly(&mut self, bytes: u64) {
+        if let Some(record) = self.record.as_mut() {
+            record.sent += bytes;
+            record
+                .metrics
+                .sendfile_bytes
+                .fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Body for Measured {

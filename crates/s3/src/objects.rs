@@ -10,7 +10,7 @@ use crate::part_number::{part_span, PartSpan};
 use crate::parts::{drop_parts, previous_upload, start_object_read};
 pub(crate) use crate::parts::{meta_of, name_of};
 use crate::posts::{post, Target};
-use crate::streams::{lock, response_body, BodyReader, Piece, Received};
+use crate::streams::{lock, region_body, response_body, BodyReader, Piece, Received};
 use crate::Gateway;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
@@ -21,6 +21,7 @@ use s3s::stream::ByteStream;
 use s3s::{S3ErrorCode, S3Result};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use strata_store_client::client::local::CheckedRegion;
 use strata_store_client::client::{Client, Opened};
 use strata_store_protocol::wire::MAX_OBJECT;
 use strata_store_protocol::Error;
@@ -78,6 +79,10 @@ pub(crate) struct Read {
     pub parts_count: Option<u32>,
     /// The part's own checksum, when a part was asked and has one.
     pub part_checksum: Option<KeptChecksum>,
+    /// The whole object as a checked region of a replica file on this
+    /// process's disk: the connection sends it with `sendfile`
+    /// ([`crate::front`]) rather than `body`, which reads the same bytes.
+    pub region: Option<CheckedRegion>,
 }
 
 /// The S3 ETag of `meta`.
@@ -239,6 +244,20 @@ impl Gateway {
                 }
             };
             let length = span.end - span.start;
+            let whole = range.is_none() && part.is_none() && meta.multipart.is_none();
+            if whole {
+                if let Some(region) = client.checked_local(&opened).await {
+                    return Ok(Read {
+                        meta,
+                        body: region_body(region.clone()),
+                        length,
+                        content_range,
+                        parts_count: None,
+                        part_checksum: None,
+                        region: Some(region),
+                    });
+                }
+            }
             let version = opened.record.version;
             let (first, receiver) =
                 start_object_read(client.clone(), bucket, key, opened, &meta, span).await;
@@ -259,6 +278,7 @@ impl Gateway {
                 content_range,
                 parts_count: part.as_ref().map(|part| part.parts),
                 part_checksum: part.and_then(|part| part.checksum),
+                region: None,
             });
         }
         Err(s3(

@@ -381,7 +381,7 @@ impl S3 for Gateway {
             read.part_checksum.as_ref(),
             input.part_number.is_some(),
         );
-        Ok(S3Response::new(GetObjectOutput {
+        let mut response = S3Response::new(GetObjectOutput {
             checksum_crc32: checksum.checksum_crc32,
             checksum_crc32c: checksum.checksum_crc32c,
             checksum_sha1: checksum.checksum_sha1,
@@ -399,7 +399,11 @@ impl S3 for Gateway {
                 .then(|| meta.metadata.clone().into_iter().collect()),
             body: Some(read.body),
             ..Default::default()
-        }))
+        });
+        if let Some(region) = read.region {
+            response.extensions.insert(crate::front::SendFile(region));
+        }
+        Ok(response)
     }
 
     async fn head_object(

@@ -12,6 +12,7 @@ use std::ops::Range;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
+use strata_store_client::client::local::CheckedRegion;
 use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 use tokio_util::sync::PollSender;
@@ -330,6 +331,41 @@ pub(crate) fn response_body(first: Bytes, receiver: mpsc::Receiver<Piece>) -> St
     });
     let first = futures::stream::iter([Ok::<Bytes, io::Error>(first)]);
     StreamingBlob::wrap(futures::StreamExt::chain(first, rest))
+}
+
+/// Bytes read at a time from a region's file into its body.
+const REGION_PIECE: usize = 256 << 10;
+
+/// A response body that reads `region` from its file, a piece at a
+/// time, when polled: for a connection that cannot `sendfile` it (one
+/// hyper serves, [`crate::front`]).
+pub(crate) fn region_body(region: CheckedRegion) -> StreamingBlob {
+    let pieces = futures::stream::unfold(0u64, move |done| {
+        let region = region.clone();
+        async move {
+            if done >= region.length {
+                return None;
+            }
+            let want = (region.length - done).min(REGION_PIECE as u64) as usize;
+            let read = tokio::task::spawn_blocking(move || {
+                use std::os::unix::fs::FileExt;
+                let mut piece = vec![0u8; want];
+                region
+                    .file
+                    .read_exact_at(&mut piece, region.offset + done)
+                    .map(|()| Bytes::from(piece))
+            })
+            .await
+            .unwrap_or_else(|e| Err(io::Error::other(e)));
+            let next = if read.is_ok() {
+                done + want as u64
+            } else {
+                u64::MAX
+            };
+            Some((read, next))
+        }
+    });
+    StreamingBlob::wrap(pieces)
 }
 
 #[cfg(test)]

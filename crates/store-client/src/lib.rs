@@ -10,6 +10,8 @@
 //! - [`client`]: the metadata calls as state machines, and the async
 //!   client that runs them over UDP and streams data over TCP.
 //! - [`admin`]: the operator's requests to the orchestrator.
+//! - [`sendfile`]: a file's bytes sent on a socket from the page cache
+//!   (the storage node's replicas, and the S3 gateway's local ones).
 //!
 //! The protocol itself (addresses, messages, table, keys) is
 //! [`strata_store_protocol`], re-exported as [`protocol`]. The library
@@ -20,6 +22,7 @@ pub mod client;
 pub mod erasure;
 pub mod range_body;
 pub mod read_plan;
+pub mod sendfile;
 pub mod stream;
 pub mod transport;
 

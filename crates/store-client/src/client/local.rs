@@ -13,6 +13,7 @@
 //! the network path checks them. A replica that fails is reported and the
 //! other replicas are read over the network.
 
+use std::sync::Arc;
 use strata_store_protocol::addr::Addr;
 use strata_store_protocol::wire::Record;
 use strata_store_protocol::Error;
@@ -97,4 +98,68 @@ pub(super) async fn read_local<W: AsyncWrite + Unpin>(
     out.flush()
         .await
         .map_err(|e| Error::io("writing the output", e))
+}
+
+/// A local replica's data, checked against its record: what a server
+/// that sends it with `sendfile` needs ([`super::Client::checked_local`]).
+#[derive(Clone)]
+pub struct CheckedRegion {
+    /// The replica file, open.
+    pub file: Arc<std::fs::File>,
+    /// Where the object's bytes start in it.
+    pub offset: u64,
+    /// The object's size.
+    pub length: u64,
+}
+
+/// Bytes read at a time when checking a replica: small enough to stay
+/// in the core's cache between the read and the checksum.
+const CHECK_CHUNK: usize = 256 << 10;
+
+/// Checks `replica` against `record`'s size and CRC-32C, reading it from
+/// the page cache (in the blocking pool: the first read of a cold file
+/// waits on the disk); the bytes are read, never kept.
+pub(super) async fn check_local(
+    replica: LocalReplica,
+    addr: Addr,
+    record: &Record,
+) -> Result<CheckedRegion, Error> {
+    let corrupt = move |why: String| Error::Corrupt(format!("local replica {addr:032x}: {why}"));
+    if replica.size != record.size {
+        return Err(corrupt(format!(
+            "holds {} bytes where the record says {}",
+            replica.size, record.size
+        )));
+    }
+    let region = CheckedRegion {
+        file: Arc::new(replica.file),
+        offset: replica.data_offset,
+        length: replica.size,
+    };
+    let (reading, expected) = (region.clone(), record.crc);
+    let crc = tokio::task::spawn_blocking(move || crc_of(&reading))
+        .await
+        .map_err(|e| Error::io("checking a local replica", std::io::Error::other(e)))?
+        .map_err(|e| corrupt(format!("cannot be read whole: {e}")))?;
+    if crc != expected {
+        return Err(corrupt(format!(
+            "fails the object's checksum (got {crc:08x}, want {expected:08x})"
+        )));
+    }
+    Ok(region)
+}
+
+/// The CRC-32C of `region`'s bytes.
+fn crc_of(region: &CheckedRegion) -> std::io::Result<u32> {
+    use std::os::unix::fs::FileExt;
+    let mut buffer = vec![0u8; CHECK_CHUNK.min(region.length as usize)];
+    let (mut done, mut crc) = (0u64, 0u32);
+    while done < region.length {
+        let want = (region.length - done).min(CHECK_CHUNK as u64) as usize;
+        let piece = &mut buffer[..want];
+        region.file.read_exact_at(piece, region.offset + done)?;
+        crc = crc32c::crc32c_append(crc, piece);
+        done += want as u64;
+    }
+    Ok(crc)
 }

@@ -25,6 +25,7 @@ pub mod schedule;
 pub mod schedule_file;
 pub mod scheduled;
 pub mod scrub;
-pub mod sendfile;
+/// Zero-copy sends, shared with the S3 gateway (which links only the client).
+pub use strata_store_client::sendfile;
 pub mod server;
 mod whole;
