@@ -8,8 +8,8 @@
 //! (`Expect: 100-continue`, chunked bodies) stay hyper's.
 //!
 //! Bounds: a request head is at most [`MAX_HEAD`] bytes and
-//! [`MAX_HEADERS`] fields; a connection waits at most [`IDLE`] for its
-//! next head, and a client that stops reading an answer is given up
+//! [`MAX_HEADERS`] fields; a connection has [`IDLE`] to send its next
+//! head whole, and a client that stops reading an answer is given up
 //! after [`STALL`].
 
 use crate::metrics::{self, Measured, Metrics};
@@ -48,13 +48,23 @@ pub(crate) struct SendFile(pub CheckedRegion);
 
 /// Serves one client connection until it closes, errs or idles out.
 pub(crate) async fn serve_connection(
-    mut stream: TcpStream,
+    stream: TcpStream,
     service: S3Service,
     metrics: Arc<Metrics>,
 ) -> Result<(), String> {
+    serve_connection_within(stream, service, metrics, IDLE).await
+}
+
+/// [`serve_connection`], each head due within `idle`.
+async fn serve_connection_within(
+    mut stream: TcpStream,
+    service: S3Service,
+    metrics: Arc<Metrics>,
+    idle: Duration,
+) -> Result<(), String> {
     let mut buffer = BytesMut::with_capacity(8 << 10);
     loop {
-        let head = match read_head(&mut stream, &mut buffer).await {
+        let head = match read_head(&mut stream, &mut buffer, idle).await {
             Ok(Some(head)) => head,
             Ok(None) => return Ok(()),
             Err(refusal) => {
@@ -106,7 +116,7 @@ enum Refusal {
     TooLarge,
     #[error("a malformed request head: {0}")]
     Malformed(String),
-    #[error("a request head not sent whole within {} s", IDLE.as_secs())]
+    #[error("a request head not sent whole in time")]
     Late,
 }
 
@@ -127,8 +137,15 @@ impl Refusal {
 }
 
 /// Reads until `buffer` starts with a whole request head: `None` when the
-/// client closed (or idled out) between requests.
-async fn read_head(stream: &mut TcpStream, buffer: &mut BytesMut) -> Result<Option<Head>, Refusal> {
+/// client closed (or idled out) between requests. The wait for a head
+/// and its bytes is bounded as a whole, so a client that sends a byte
+/// at a time holds its connection no longer than an idle one.
+async fn read_head(
+    stream: &mut TcpStream,
+    buffer: &mut BytesMut,
+    idle: Duration,
+) -> Result<Option<Head>, Refusal> {
+    let deadline = tokio::time::Instant::now() + idle;
     loop {
         if !buffer.is_empty() {
             if let Some(head) = parse(buffer)? {
@@ -141,7 +158,7 @@ async fn read_head(stream: &mut TcpStream, buffer: &mut BytesMut) -> Result<Opti
         if buffer.capacity() - buffer.len() < 1024 {
             buffer.reserve(8 << 10);
         }
-        match tokio::time::timeout(IDLE, stream.read_buf(buffer)).await {
+        match tokio::time::timeout_at(deadline, stream.read_buf(buffer)).await {
             Err(_) if buffer.is_empty() => return Ok(None),
             Err(_) => return Err(Refusal::Late),
             // Closed or reset, between requests or within a head: there
@@ -481,6 +498,11 @@ mod tests {
     /// loopback port, each connection served by [`serve_connection`] on a
     /// runtime of its own thread; the port.
     fn gateway() -> std::net::SocketAddr {
+        gateway_within(IDLE)
+    }
+
+    /// [`gateway`], each head due within `idle`.
+    fn gateway_within(idle: Duration) -> std::net::SocketAddr {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let address = listener.local_addr().expect("address");
         std::thread::spawn(move || {
@@ -496,7 +518,7 @@ mod tests {
                 let (service, metrics) = crate::service(gateway);
                 while let Ok((stream, _)) = listener.accept().await {
                     let (service, metrics) = (service.clone(), metrics.clone());
-                    tokio::spawn(serve_connection(stream, service, metrics));
+                    tokio::spawn(serve_connection_within(stream, service, metrics, idle));
                 }
             });
         });
@@ -601,5 +623,38 @@ mod tests {
         let mut rest = Vec::new();
         stream.read_to_end(&mut rest).expect("closed");
         assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+    }
+
+    #[test]
+    fn a_head_sent_a_byte_at_a_time_is_cut_off_at_the_deadline() {
+        let idle = Duration::from_millis(600);
+        let mut stream = std::net::TcpStream::connect(gateway_within(idle)).expect("connect");
+        // Cut off at the deadline, then closed once the lingering read
+        // of what the client still sends ends.
+        let bound = idle + LINGER.1 + Duration::from_secs(5);
+        let started = std::time::Instant::now();
+        let mut sent = 0;
+        for byte in b"GET /metrics HTTP/1.1\r\nx-slow: ".iter().cycle() {
+            if stream.write_all(&[*byte]).is_err() || started.elapsed() > bound {
+                break;
+            }
+            sent += 1;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let waited = started.elapsed();
+        assert!(waited < bound, "still open after {waited:?} ({sent} bytes)");
+        assert!(waited >= idle, "closed after {waited:?}");
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+            "{answer}"
+        );
+        // An idle connection (nothing sent) is closed without an answer.
+        let mut quiet = std::net::TcpStream::connect(gateway_within(idle)).expect("connect");
+        let mut nothing = Vec::new();
+        quiet.read_to_end(&mut nothing).expect("closed");
+        assert!(nothing.is_empty());
     }
 }
