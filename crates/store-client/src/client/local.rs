@@ -120,7 +120,7 @@ const CHECK_CHUNK: usize = 256 << 10;
 /// per core of the blocking pool), its checksum combined from theirs: the
 /// check comes before the first byte is sent, so it is the answer's
 /// latency.
-const CHECK_IN_HALVES_FROM: u64 = 8 << 20;
+const CHECK_IN_HALVES_FROM: u64 = 1 << 20;
 
 /// Checks `replica` against `record`'s size and CRC-32C, reading it from
 /// the page cache (in the blocking pool: the first read of a cold file
