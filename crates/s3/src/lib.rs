@@ -18,7 +18,7 @@
 //! - [`metrics`]: the gateway's `/metrics`.
 //! - `front`: the HTTP/1.1 connections: GETs and HEADs answered there,
 //!   a whole object on this process's disk sent with `sendfile`; the
-//!   first request with a body hands the connection to hyper.
+//!   first request of another kind hands the connection to hyper.
 //!
 //! The gateway holds the cluster key: for each access key it re-derives
 //! the tenant's credential and acts as that tenant, so the store's scope
