@@ -149,3 +149,47 @@ fn damage_first_replica(store: &Store, name: &str) -> String {
     std::fs::write(&replica, &bytes).unwrap();
     first
 }
+
+/// On a connection that hyper serves (it carried a PUT first), a whole
+/// GET of a local replica cannot use `sendfile`: the same checked bytes
+/// come from the response's own body, read from the file, exact, and
+/// the `sendfile` counter does not move. boto3 keeps one connection.
+#[test]
+fn a_get_after_a_put_on_one_connection_reads_the_replica_through_its_body() {
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &[]);
+    let keys = tenant(&store, "acme");
+    let s3 = endpoint(&store);
+    let script = r#"
+import sys, hashlib, boto3
+from botocore.config import Config
+endpoint, access, secret = sys.argv[1:4]
+s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=access,
+                  aws_secret_access_key=secret, region_name="us-east-1",
+                  config=Config(max_pool_connections=1, retries={"max_attempts": 1}))
+s3.create_bucket(Bucket="acme")
+data = bytes(i * 7 % 251 for i in range(700_000))
+s3.put_object(Bucket="acme", Key="k", Body=data)
+back = s3.get_object(Bucket="acme", Key="k")["Body"].read()
+assert back == data, (len(back), hashlib.md5(back).hexdigest())
+print("read back", len(back))
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, &s3, &keys.access, &keys.secret])
+        .output()
+        .expect("run python3 (apt-get install python3-boto3)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("read back 700000"), "{text}");
+    assert_eq!(sendfile_bytes(&s3), 0, "the GET went through hyper's body");
+    // A new connection's GET of the same object goes through sendfile.
+    let home = dir.path();
+    let back = home.join("back.bin");
+    aws_ok(&s3, &keys, home, &["s3", "cp", "s3://acme/k", &p(&back)]);
+    assert_eq!(std::fs::read(&back).unwrap().len(), 700_000);
+    assert_eq!(sendfile_bytes(&s3), 700_000);
+}
