@@ -98,7 +98,7 @@ awk '/^---- .* stdout ----$/ { name = $2; failed[++n] = name; count[name] = 0; n
              printf "\n== failed: %s (its output, the middle left out)\n", name
              for (j = 1; j <= c; j++) {
                if (j == 16 && c > 60) { print "[...]"; j = c - 40; continue }
-               print lines[name, j] } } }' "$log"
+               print substr(lines[name, j], 1, 2000) } } }' "$log"
 # One closing line for the whole run (cargo's own last line is a doc-test
 # summary of whichever crate came last).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }
