@@ -47,6 +47,19 @@ pub(crate) fn endpoint(store: &Store) -> String {
         .to_string()
 }
 
+/// The answer (head and body) of an unsigned `GET /metrics` to the
+/// gateway at `address` (HOST:PORT).
+pub(crate) fn scrape(address: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: s3\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut scraped = String::new();
+    stream.read_to_string(&mut scraped).unwrap();
+    scraped
+}
+
 /// `aws --endpoint-url ENDPOINT ARGS` as the tenant of `keys`, with no
 /// configuration file of the host's.
 pub(crate) fn aws(endpoint: &str, keys: &Keys, home: &Path, args: &[&str]) -> Output {
@@ -570,12 +583,7 @@ fn strata_s3_serves_a_cluster_alone_and_refuses_anonymous_requests() {
         home,
         &["s3", "cp", "s3://acme/five.bin", &p(&home.join("back"))],
     );
-    let mut stream = std::net::TcpStream::connect(&address).unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: s3\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut scraped = String::new();
-    stream.read_to_string(&mut scraped).unwrap();
+    let scraped = scrape(&address);
     assert!(scraped.starts_with("HTTP/1.1 200"), "{scraped}");
     assert!(scraped.contains("text/plain; version=0.0.4"), "{scraped}");
     let value = |sample: &str| -> f64 {

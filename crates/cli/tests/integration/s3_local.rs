@@ -25,14 +25,7 @@ fn acme_bytes_sent(store: &Store) -> u64 {
 /// The gateway's `strata_s3_sendfile_bytes_total`: bytes it sent from
 /// replica files with `sendfile`.
 fn sendfile_bytes(s3: &str) -> u64 {
-    use std::io::{Read, Write};
-    let address = s3.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(address).unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: s3\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut scraped = String::new();
-    stream.read_to_string(&mut scraped).unwrap();
+    let scraped = crate::s3::scrape(s3.trim_start_matches("http://"));
     let sample = "strata_s3_sendfile_bytes_total ";
     let line = scraped
         .lines()
@@ -88,7 +81,8 @@ fn the_gateway_reads_its_own_nodes_replicas_from_their_files() {
 
 /// A replica damaged on the local disk fails its checksum, is reported
 /// at once and repaired. A whole GET checks the local replica before it
-/// sends a byte, so it reads the other replica (over TCP) instead, exact;
+/// sends a byte, so it sends the other replica (here on the process's
+/// second storage node) instead, exact;
 /// a streamed read (`--s3-remote-reads`, whose gateway holds back only
 /// its last piece until the checksum is known) may be cut short, but
 /// never serves the bad byte whole.

@@ -255,29 +255,33 @@ impl Client {
     /// The object `opened` names, as a region of a replica file on this
     /// process's own disk ([`Client::set_local_replicas`]) checked against
     /// its record's size and CRC-32C just now, for a server to send with
-    /// `sendfile`: `None` for an object kept inline, erasure coded or
-    /// with no local replica, and for a replica that failed its check,
-    /// which is reported for repair ([`Client::read`] then reads another).
+    /// `sendfile`: the first local replica that passes, those that fail
+    /// being reported for repair; `None` for an object kept inline or
+    /// erasure coded, or with no local replica that passes.
     pub async fn checked_local(&self, opened: &Opened) -> Option<super::local::CheckedRegion> {
         let record = &opened.record;
         if record.inline.is_some() || record.fragments.is_some() || record.size == 0 {
             return None;
         }
         let local = self.local.get()?;
-        let (addr, replica) = record
-            .replicas
-            .iter()
-            .find_map(|&addr| Some((addr, local.open(addr)?)))?;
-        match super::local::check_local(replica, addr, record).await {
-            Ok(region) => Some(region),
-            Err(e) => {
-                tracing::warn!("{}", e.report());
-                if matches!(e, Error::Corrupt(_)) {
-                    self.report_bad_replica(&record.name, addr);
+        // Every local replica in turn: one that fails its check is
+        // reported, and the next one (this process may run several
+        // storage nodes) is sent instead.
+        for &addr in &record.replicas {
+            let Some(replica) = local.open(addr) else {
+                continue;
+            };
+            match super::local::check_local(replica, addr, record).await {
+                Ok(region) => return Some(region),
+                Err(e) => {
+                    tracing::warn!("{}", e.report());
+                    if matches!(e, Error::Corrupt(_)) {
+                        self.report_bad_replica(&record.name, addr);
+                    }
                 }
-                None
             }
         }
+        None
     }
 
     /// Reads the first of `record`'s replicas that this process holds on
