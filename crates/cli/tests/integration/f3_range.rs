@@ -122,13 +122,13 @@ fn a_large_remote_file_is_fetched_where_it_is_read_and_each_chunk_once() {
     drop(file);
 }
 
-/// A large file written again on its holder while node b reads it by
-/// range: b's open handle gets EIO for a chunk it did not have (never
-/// the new bytes), still reads the old chunks it has, and a new open
-/// reads the new content.
+/// A large file written again on its holder while node b reads it: b's
+/// open handle gets EIO for a chunk it did not have (never the new
+/// bytes), still reads the old chunks it has, and a new open reads the
+/// new content. b copies it by range, or whole when it opens the file
+/// before the holder's close (FUSE sends it after `close` returns) has
+/// reached the service: both copies must refuse the new content.
 #[test]
-#[ignore = "a known F3 bug, issue 30: an open handle on b sometimes reads a chunk of the \
-            rewritten content (1 run in 2 here, 2026-11-27); run with --ignored"]
 fn a_file_written_again_fails_the_ranged_copy_rather_than_mix_contents() {
     let f3 = F3::up();
     let size = 80 * MIB;
@@ -147,7 +147,8 @@ fn a_file_written_again_fails_the_ranged_copy_rather_than_mix_contents() {
         Err(error) => assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}"),
         Ok(bytes) => assert!(
             bytes == at(&old, 50 * MIB),
-            "the old handle read bytes that are not the old content"
+            "the old handle read bytes that are not the old content (the new content: {})",
+            bytes == at(&new, 50 * MIB)
         ),
     }
     assert!(read_at(&file, 10 * MIB, MIB as usize).unwrap() == at(&old, 10 * MIB));
@@ -155,6 +156,36 @@ fn a_file_written_again_fails_the_ranged_copy_rather_than_mix_contents() {
     let reopened = std::fs::File::open(f3.mount(1).join("re.eph")).unwrap();
     assert!(read_at(&reopened, 50 * MIB, MIB as usize).unwrap() == at(&new, 50 * MIB));
     assert!(read_at(&reopened, 10 * MIB, MIB as usize).unwrap() == at(&new, 10 * MIB));
+}
+
+/// A file node b pulls whole (its writer was open when b opened it),
+/// opened again for writing with truncation on its holder before b has
+/// it all: b's open handle gets EIO past the bytes it had, never the new
+/// content after the old, and a new open reads the new content.
+#[test]
+fn a_whole_copy_of_a_file_written_again_never_mixes_contents() {
+    let f3 = F3::up();
+    let old = pattern(64 * 1024, 41);
+    let new = pattern(256 * 1024, 42);
+    let mut first = std::fs::File::create(f3.mount(0).join("again.eph")).unwrap();
+    first.write_all(&old).unwrap();
+    let reader = std::fs::File::open(f3.mount(1).join("again.eph")).unwrap();
+    assert!(read_at(&reader, 0, old.len()).unwrap() == old);
+
+    // A second writer empties it and writes another content while b's
+    // copy waits at the end of the old one.
+    write_file(&f3.mount(0).join("again.eph"), &new);
+    drop(first);
+    match read_at(&reader, old.len() as u64, 4096) {
+        Err(error) => assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}"),
+        Ok(bytes) => panic!(
+            "the old handle read {} bytes past the old content (the new content's: {})",
+            bytes.len(),
+            bytes[..] == new[old.len()..old.len() + bytes.len()]
+        ),
+    }
+    let reopened = std::fs::File::open(f3.mount(1).join("again.eph")).unwrap();
+    assert!(read_at(&reopened, 0, new.len()).unwrap() == new);
 }
 
 /// The holder killed while node b reads its large file by range: a read

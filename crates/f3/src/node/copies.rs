@@ -83,6 +83,9 @@ struct Progress {
     /// Every byte is here.
     done: bool,
     failure: Option<String>,
+    /// The content generation of the first answer: every later answer
+    /// must come from it, or the copy would mix two contents.
+    generation: Option<u64>,
     /// A copy by range: its chunks and read-ahead.
     ranged: Option<Ranged>,
 }
@@ -91,9 +94,6 @@ struct Progress {
 #[derive(Debug)]
 struct Ranged {
     chunks: Chunks,
-    /// The content generation of the first answer: every range must
-    /// come from it.
-    generation: Option<u64>,
     /// Where the last read ended, and how many bytes the reader has read
     /// in sequence up to there (its read-ahead grows with it).
     last_end: u64,
@@ -110,7 +110,6 @@ impl Ranged {
     fn new(chunks: Chunks) -> Ranged {
         Ranged {
             chunks,
-            generation: None,
             last_end: 0,
             run: 0,
             ahead: (0, 0),
@@ -419,12 +418,7 @@ impl RemoteCopy {
                         || piece.size != size
                         || piece.bytes.len() as u64 != length
                     {
-                        return Err(format!(
-                            "{path}: node {} holds another content now (written again since this \
-                             copy began: {} bytes of {size}, a writer open: {}); open the file \
-                             again to read the new content",
-                            source.holder, piece.size, piece.writing
-                        ));
+                        return Err(rewritten(path, source, piece.size, piece.writing));
                     }
                     return self
                         .file
@@ -448,15 +442,19 @@ impl RemoteCopy {
         }
     }
 
-    /// Whether `generation` is the content this copy takes its ranges
+    /// Whether `generation` is the content this copy takes its bytes
     /// from (the first answer's).
     fn same_generation(&self, generation: u64) -> bool {
-        let mut progress = self.progress.lock();
-        match progress.ranged.as_mut() {
-            Some(ranged) => *ranged.generation.get_or_insert(generation) == generation,
-            None => true,
-        }
+        *self.progress.lock().generation.get_or_insert(generation) == generation
     }
+}
+
+fn rewritten(path: &str, source: &Source, size: u64, writing: bool) -> String {
+    format!(
+        "{path}: node {} holds another content now (written again since this copy began: \
+         {size} bytes, a writer open: {writing}); open the file again to read the new content",
+        source.holder
+    )
 }
 
 fn refused(path: &str, source: &Source, error: &F3Error) -> String {
@@ -593,6 +591,7 @@ impl Copies {
                 fetched: 0,
                 done: false,
                 failure: None,
+                generation: None,
                 ranged,
             }),
             changed: Condvar::new(),
@@ -707,6 +706,13 @@ fn pull_whole(copy: &RemoteCopy) {
         match answer {
             Ok(piece) => {
                 answered = Instant::now();
+                if !copy.same_generation(piece.generation) {
+                    // The file was opened for writing again (or cut)
+                    // since the pull began: its next bytes may be
+                    // another content's.
+                    copy.fail(rewritten(path, source, piece.size, piece.writing));
+                    return;
+                }
                 if let Err(e) = copy.file.write_all_at(&piece.bytes, offset) {
                     copy.fail(format!("{path}: writing the local copy: {e}"));
                     return;

@@ -532,8 +532,7 @@ impl Filesystem for F3Filesystem {
                     .local
                     .open(path.as_str(), true)
                     .map_err(|e| errno(&e))?;
-                file.set_size(0).map_err(|e| io_errno(&e))?;
-                file.open_writer();
+                file.open_writer(true).map_err(|e| io_errno(&e))?;
                 Handle::Local {
                     file,
                     writable: true,

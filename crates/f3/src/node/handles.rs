@@ -63,11 +63,8 @@ pub fn open_entry(
                     opened: true,
                     size: None,
                 })?;
-                file.open_writer();
-                if truncate {
-                    file.set_size(0)
-                        .map_err(|e| F3Error::io(format!("truncating {path}"), e))?;
-                }
+                file.open_writer(truncate)
+                    .map_err(|e| F3Error::io(format!("truncating {path}"), e))?;
             }
             return Ok(Handle::Local { file, writable });
         }

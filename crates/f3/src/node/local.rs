@@ -127,11 +127,20 @@ impl LocalFile {
         self.state.lock().generation
     }
 
-    /// A writer opened it (the content may change: a new generation).
-    pub fn open_writer(&self) {
+    /// A writer opened it, emptying it first if `truncate`: the content
+    /// may change, so it takes a new generation. One step under the
+    /// lock, so a transfer sees either the old content with no writer
+    /// or the new generation with one, never a state in between.
+    pub fn open_writer(&self, truncate: bool) -> std::io::Result<()> {
         let mut state = self.state.lock();
+        if truncate {
+            self.file.set_len(0)?;
+            state.size = 0;
+        }
         state.writers += 1;
         state.generation = next_generation();
+        self.changed.notify_all();
+        Ok(())
     }
 
     /// A writer closed it; wakes the waiting readers (at the last close,
