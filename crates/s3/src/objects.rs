@@ -7,7 +7,7 @@ use crate::checksums::{ChecksumClaims, KeptChecksum};
 use crate::errors::{from_store, is_missing, s3};
 use crate::names::ObjectMeta;
 use crate::part_number::{part_span, PartSpan};
-use crate::parts::{drop_parts, previous_upload, start_object_read};
+use crate::parts::{drop_parts, previous_upload, start_object_read, start_read};
 pub(crate) use crate::parts::{meta_of, name_of};
 use crate::posts::{post, Target};
 use crate::streams::{lock, region_body, response_body, BodyReader, Piece, Received};
@@ -21,7 +21,7 @@ use s3s::stream::ByteStream;
 use s3s::{S3ErrorCode, S3Result};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use strata_store_client::client::local::CheckedRegion;
+use strata_store_client::client::local::{CheckedRegion, LocalCheck};
 use strata_store_client::client::{Client, Opened};
 use strata_store_protocol::wire::MAX_OBJECT;
 use strata_store_protocol::Error;
@@ -245,8 +245,20 @@ impl Gateway {
             };
             let length = span.end - span.start;
             let whole = range.is_none() && part.is_none() && meta.multipart.is_none();
+            let mut by_chunks = false;
             if whole {
-                if let Some(region) = client.checked_local(&opened).await {
+                let region = match client.checked_local(&opened).await {
+                    LocalCheck::Passed(region) => Some(region),
+                    LocalCheck::Damaged => {
+                        // A whole read would try the damaged replica
+                        // first and could fail after its first pieces
+                        // went out: read each chunk checked instead.
+                        by_chunks = true;
+                        None
+                    }
+                    LocalCheck::Absent => None,
+                };
+                if let Some(region) = region {
                     return Ok(Read {
                         meta,
                         body: region_body(region.clone()),
@@ -259,8 +271,11 @@ impl Gateway {
                 }
             }
             let version = opened.record.version;
-            let (first, receiver) =
-                start_object_read(client.clone(), bucket, key, opened, &meta, span).await;
+            let (first, receiver) = if by_chunks {
+                start_read(client.clone(), opened, span, true).await
+            } else {
+                start_object_read(client.clone(), bucket, key, opened, &meta, span).await
+            };
             let body = match first {
                 None => StreamingBlob::from(s3s::Body::from(Bytes::new())),
                 Some(Piece::Data(first)) => response_body(first, receiver),

@@ -76,18 +76,20 @@ pub(crate) fn name_of(bucket: &str, key: &str) -> S3Result<String> {
     })
 }
 
-/// Starts reading `opened`'s bytes of `span` in a task of its own; returns
-/// the first piece (`None`: the read sent nothing and succeeded) and the
-/// channel the rest comes on.
+/// Starts reading `opened`'s bytes of `span` in a task of its own (chunk
+/// by chunk, each checked before it is passed on, if `by_chunks`, even
+/// for the whole object); returns the first piece (`None`: the read sent
+/// nothing and succeeded) and the channel the rest comes on.
 pub(crate) async fn start_read(
     client: Arc<Client>,
     opened: Opened,
     span: std::ops::Range<u64>,
+    by_chunks: bool,
 ) -> (Option<Piece>, mpsc::Receiver<Piece>) {
     let (sender, mut receiver) = mpsc::channel(PIECES_IN_FLIGHT);
     let failures = sender.clone();
     tokio::spawn(async move {
-        if let Err(e) = read_span(&client, &opened, &sender, span).await {
+        if let Err(e) = read_span(&client, &opened, &sender, span, by_chunks).await {
             // Nobody listens any more if the S3 client went away.
             let _ = failures.send(Piece::Failed(e)).await;
         }
@@ -280,7 +282,7 @@ pub(crate) async fn start_object_read(
     span: Range<u64>,
 ) -> (Option<Piece>, mpsc::Receiver<Piece>) {
     let Some(multipart) = &meta.multipart else {
-        return start_read(client, opened, span).await;
+        return start_read(client, opened, span, false).await;
     };
     let manifest = match read_manifest(&client, &opened).await {
         Ok(manifest) => manifest,
@@ -358,23 +360,24 @@ pub(crate) async fn read_part(
             part.number
         )));
     }
-    read_span(client, &opened, sender, span).await
+    read_span(client, &opened, sender, span, false).await
 }
 
 /// Sends the bytes of `span` of `opened` to `sender`: the whole object
 /// read as such (a whole read may come from a node's object cache or
 /// this process's disk), a part of it as a ranged read, which reads
-/// only the chunks covering it.
+/// only the chunks covering it (the whole too, if `by_chunks`).
 async fn read_span(
     client: &Client,
     opened: &Opened,
     sender: &mpsc::Sender<Piece>,
     span: Range<u64>,
+    by_chunks: bool,
 ) -> Result<(), Error> {
     if span.is_empty() {
         return Ok(());
     }
-    if span == (0..opened.record.size) {
+    if span == (0..opened.record.size) && !by_chunks {
         let mut sink = Sink::new(sender.clone(), span);
         return client.read(opened, &mut sink, &|_| {}).await;
     }

@@ -3,9 +3,9 @@
 //! (`strata_store_client::client::local`), and `--s3-remote-reads`
 //! turns that off.
 
-use crate::common::store::{wait_until, Store};
+use crate::common::store::{wait_until, Node, Store};
 use crate::common::{p, pattern, tmp};
-use crate::s3::{aws_ok, endpoint, tenant};
+use crate::s3::{aws, aws_ok, endpoint, tenant};
 
 /// Bytes RS3 sent for tenant `acme`'s Gets, summed over the nodes: what
 /// storage nodes sent over TCP (a local read sends nothing).
@@ -125,23 +125,93 @@ fn a_damaged_local_replica_is_read_around_and_repaired() {
 fn damage_first_replica(store: &Store, name: &str) -> String {
     let record = store.json(&["obj", "stat", name]);
     let first = record["replicas"][0].as_str().unwrap().to_string();
-    let addr: std::net::Ipv6Addr = first.parse().unwrap();
-    let file_name = format!("{:032x}", u128::from(addr));
-    let replica = store
-        .replica_files()
-        .into_iter()
-        .find(|f| {
-            f.file_name()
-                .is_some_and(|n| n.to_string_lossy() == file_name)
-        })
-        .unwrap_or_else(|| panic!("no replica file {file_name}"));
-    let mut bytes = std::fs::read(&replica).unwrap();
-    // In the data, before the chunk table that follows it.
-    let size = u64::from_be_bytes(bytes[8..16].try_into().unwrap()) as usize;
-    let at = 20 + size - 7;
-    bytes[at] ^= 0x40;
-    std::fs::write(&replica, &bytes).unwrap();
+    let replica =
+        local_replica_file(store, &first).unwrap_or_else(|| panic!("no replica file for {first}"));
+    damage(&replica, 7);
     first
+}
+
+/// The file of the replica at `addr` (as a record lists it), if one of
+/// the storage nodes of `strata store up`'s own process holds it.
+fn local_replica_file(store: &Store, addr: &str) -> Option<std::path::PathBuf> {
+    let addr: std::net::Ipv6Addr = addr.parse().unwrap();
+    let file_name = format!("{:032x}", u128::from(addr));
+    store.replica_files().into_iter().find(|f| {
+        f.file_name()
+            .is_some_and(|n| n.to_string_lossy() == file_name)
+    })
+}
+
+/// Flips a data byte of a replica file, `from_end` bytes before the end
+/// of its data (the chunk table follows the data).
+fn damage(replica: &std::path::Path, from_end: usize) {
+    let mut bytes = std::fs::read(replica).unwrap();
+    let size = u64::from_be_bytes(bytes[8..16].try_into().unwrap()) as usize;
+    bytes[20 + size - from_end] ^= 0x40;
+    std::fs::write(replica, &bytes).unwrap();
+}
+
+/// One replica on the process's own storage node, the other on a node
+/// of another process: with the local one damaged near its end, a GET
+/// of an object of several MiB reads each chunk checked from the other,
+/// and answers it exact (a whole read would try the damaged replica
+/// first, and could fail after its first pieces had gone out); the
+/// damaged replica is reported and replaced.
+#[test]
+fn a_damaged_only_local_replica_is_read_around_chunk_by_chunk() {
+    let dir = tmp();
+    let home = dir.path();
+    let store = Store::up(&home.join("store"), &["--replication", "1,1,2,2"]);
+    let _other = Node::add(&store, &home.join("sn-other"), "sn");
+    let keys = tenant(&store, "acme");
+    let s3 = endpoint(&store);
+    // The bucket's two replicas need the new node's free space known.
+    wait_until("a bucket of two replicas made", || {
+        aws(&s3, &keys, home, &["s3", "mb", "s3://acme"])
+            .status
+            .success()
+    });
+    let data = pattern(6_000_000, 23);
+    let file = home.join("data.bin");
+    std::fs::write(&file, &data).unwrap();
+    aws_ok(&s3, &keys, home, &["s3", "cp", &p(&file), "s3://acme/big"]);
+    let record = store.json(&["obj", "stat", "acme/big"]);
+    let replicas: Vec<String> = record["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect();
+    let local: Vec<_> = replicas
+        .iter()
+        .filter_map(|r| local_replica_file(&store, r).map(|f| (r.clone(), f)))
+        .collect();
+    assert_eq!(local.len(), 1, "one local replica of {replicas:?}");
+    let (damaged, replica) = &local[0];
+    damage(replica, 1000);
+
+    let back = home.join("back.bin");
+    aws_ok(&s3, &keys, home, &["s3", "cp", "s3://acme/big", &p(&back)]);
+    assert!(std::fs::read(&back).unwrap() == data, "read around");
+    // In one GET: a cut-short answer makes aws-cli ask again (and the
+    // repaired replica may be local by then).
+    let scraped = crate::s3::scrape(s3.trim_start_matches("http://"));
+    let gets = "strata_s3_requests_total{operation=\"GetObject\",status=\"200\"} ";
+    assert!(
+        scraped.lines().any(|line| line == format!("{gets}1")),
+        "not one GET: {:?}",
+        scraped
+            .lines()
+            .filter(|l| l.contains("GetObject"))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(sendfile_bytes(&s3), 0, "the damaged replica was sent");
+    wait_until("the damaged replica replaced", || {
+        let now = store.json(&["obj", "stat", "acme/big"]);
+        now["replicas"]
+            .as_array()
+            .is_some_and(|r| r.len() == 2 && r.iter().all(|a| a.as_str() != Some(damaged.as_str())))
+    });
 }
 
 /// On a connection that hyper serves (it carried a PUT first), a whole

@@ -4,6 +4,7 @@
 //! object's record holds all of it: its Get ends with the record.
 
 use super::calls::{unexpected, Call};
+use super::local::LocalCheck;
 use super::replica::Replica;
 use super::report::refused_as_damaged;
 use super::{checked_name, Client, META_ATTEMPTS, META_TIMEOUT_MS};
@@ -256,14 +257,16 @@ impl Client {
     /// process's own disk ([`Client::set_local_replicas`]) checked against
     /// its record's size and CRC-32C just now, for a server to send with
     /// `sendfile`: the first local replica that passes, those that fail
-    /// being reported for repair; `None` for an object kept inline or
-    /// erasure coded, or with no local replica that passes.
-    pub async fn checked_local(&self, opened: &Opened) -> Option<super::local::CheckedRegion> {
+    /// being reported for repair.
+    pub async fn checked_local(&self, opened: &Opened) -> LocalCheck {
         let record = &opened.record;
         if record.inline.is_some() || record.fragments.is_some() || record.size == 0 {
-            return None;
+            return LocalCheck::Absent;
         }
-        let local = self.local.get()?;
+        let Some(local) = self.local.get() else {
+            return LocalCheck::Absent;
+        };
+        let mut damaged = false;
         // Every local replica in turn: one that fails its check is
         // reported, and the next one (this process may run several
         // storage nodes) is sent instead.
@@ -272,16 +275,21 @@ impl Client {
                 continue;
             };
             match super::local::check_local(replica, addr, record).await {
-                Ok(region) => return Some(region),
+                Ok(region) => return LocalCheck::Passed(region),
                 Err(e) => {
                     tracing::warn!("{}", e.report());
+                    damaged = true;
                     if matches!(e, Error::Corrupt(_)) {
                         self.report_bad_replica(&record.name, addr);
                     }
                 }
             }
         }
-        None
+        if damaged {
+            LocalCheck::Damaged
+        } else {
+            LocalCheck::Absent
+        }
     }
 
     /// Reads the first of `record`'s replicas that this process holds on

@@ -23,7 +23,8 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 /// runs in it stores them.
 pub trait LocalReplicas: Send + Sync {
     /// The replica at `addr` opened for reading, if a storage node of this
-    /// process holds it; `None` sends the read over the network.
+    /// process holds it; `None` sends the read over the network. The
+    /// file must never shrink once written: the check maps it.
     fn open(&self, addr: Addr) -> Option<LocalReplica>;
 }
 
@@ -100,6 +101,19 @@ pub(super) async fn read_local<W: AsyncWrite + Unpin>(
         .map_err(|e| Error::io("writing the output", e))
 }
 
+/// What [`super::Client::checked_local`] found of an object's replicas on
+/// this process's disk.
+pub enum LocalCheck {
+    /// A local replica passed its check: send this region of it.
+    Passed(CheckedRegion),
+    /// Every local replica failed its check (each was reported for
+    /// repair): read the others chunk by chunk, so no byte of a bad
+    /// replica is passed on.
+    Damaged,
+    /// No replica is local, or the object is inline or erasure coded.
+    Absent,
+}
+
 /// A local replica's data, checked against its record: what a server
 /// that sends it with `sendfile` needs ([`super::Client::checked_local`]).
 #[derive(Clone)]
@@ -112,15 +126,17 @@ pub struct CheckedRegion {
     pub length: u64,
 }
 
-/// Bytes read at a time when checking a replica: small enough to stay
-/// in the core's cache between the read and the checksum.
-const CHECK_CHUNK: usize = 256 << 10;
+/// Bytes of a replica mapped at a time when checking it: a bound on the
+/// pages one check makes the kernel read in (and map) before it sums
+/// them.
+const CHECK_WINDOW: u64 = 16 << 20;
 
 /// From this size on, a replica is checked in two halves at once (one
 /// per core of the blocking pool), its checksum combined from theirs: the
 /// check comes before the first byte is sent, so it is the answer's
-/// latency.
-const CHECK_IN_HALVES_FROM: u64 = 1 << 20;
+/// latency. Below it, the second hop to the pool costs more than the
+/// half of the sum it saves (a MiB sums in about 60 µs here).
+const CHECK_IN_HALVES_FROM: u64 = 8 << 20;
 
 /// Checks `replica` against `record`'s size and CRC-32C, reading it from
 /// the page cache (in the blocking pool: the first read of a cold file
@@ -167,31 +183,49 @@ async fn crc_of_region(region: &CheckedRegion) -> std::io::Result<u32> {
     if region.length < CHECK_IN_HALVES_FROM {
         return piece(0, region.length).await;
     }
-    let half = region.length / 2 / CHECK_CHUNK as u64 * CHECK_CHUNK as u64;
+    let half = region.length / 2;
     let (first, second) = tokio::join!(piece(0, half), piece(half, region.length - half));
     let second_length = (region.length - half) as usize;
     Ok(crc32c::crc32c_combine(first?, second?, second_length))
 }
 
-/// The CRC-32C of `length` bytes of `file` from `offset`, read through a
-/// buffer kept by the thread.
+/// The CRC-32C of `length` bytes of `file` from `offset`, summed in
+/// place through read-only maps of [`CHECK_WINDOW`] bytes. A `pread`
+/// into a buffer copies every byte before summing it: measured here on
+/// a page-cached 64 MiB file, 8.1 GB/s a core against 19 GB/s mapped
+/// (1 MiB: 15.7 against 18).
 fn crc_of(file: &std::fs::File, offset: u64, length: u64) -> std::io::Result<u32> {
-    use std::os::unix::fs::FileExt;
-    thread_local! {
-        static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    let file_length = file.metadata()?.len();
+    if offset
+        .checked_add(length)
+        .is_none_or(|end| end > file_length)
+    {
+        // A map past the end would fault on its first read.
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("{length} bytes from {offset} wanted of a file of {file_length}"),
+        ));
     }
-    BUFFER.with_borrow_mut(|buffer| {
-        buffer.resize(CHECK_CHUNK, 0);
-        let (mut done, mut crc) = (0u64, 0u32);
-        while done < length {
-            let want = (length - done).min(CHECK_CHUNK as u64) as usize;
-            let piece = &mut buffer[..want];
-            file.read_exact_at(piece, offset + done)?;
-            crc = crc32c::crc32c_append(crc, piece);
-            done += want as u64;
-        }
-        Ok(crc)
-    })
+    let (mut done, mut crc) = (0u64, 0u32);
+    while done < length {
+        let window = (length - done).min(CHECK_WINDOW);
+        // SAFETY: a map of a file is sound while nobody shrinks the file
+        // under it (a read past its end faults). The store writes a
+        // replica whole under a temporary name, renames it into place and
+        // never writes or truncates it again (deleting unlinks it, which
+        // a map survives), and the file held `offset + length` bytes
+        // just above.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(offset + done)
+                .len(window as usize)
+                .populate()
+                .map(file)?
+        };
+        crc = crc32c::crc32c_append(crc, &map);
+        done += window;
+    }
+    Ok(crc)
 }
 
 #[cfg(test)]
@@ -216,7 +250,14 @@ mod tests {
             .worker_threads(2)
             .build()
             .expect("a runtime");
-        for length in [1, CHECK_CHUNK + 3, CHECK_IN_HALVES_FROM as usize + 12_345] {
+        let lengths = [
+            0,
+            1,
+            4096 * 3 + 5,
+            CHECK_IN_HALVES_FROM as usize + 12_345,
+            2 * CHECK_WINDOW as usize + 12_345,
+        ];
+        for length in lengths {
             let bytes: Vec<u8> = (0..length).map(|i| (i * 31 % 253) as u8).collect();
             let crc = runtime
                 .block_on(crc_of_region(&region_of(&bytes)))
