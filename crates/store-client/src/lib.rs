@@ -12,6 +12,8 @@
 //! - [`admin`]: the operator's requests to the orchestrator.
 //! - [`sendfile`]: a file's bytes sent on a socket from the page cache
 //!   (the storage node's replicas, and the S3 gateway's local ones).
+//! - [`nowait`]: a file opened and read only when that costs no wait on
+//!   the disk (so an async worker may do it itself).
 //!
 //! The protocol itself (addresses, messages, table, keys) is
 //! [`strata_store_protocol`], re-exported as [`protocol`]. The library
@@ -20,6 +22,7 @@
 pub mod admin;
 pub mod client;
 pub mod erasure;
+pub mod nowait;
 pub mod range_body;
 pub mod read_plan;
 pub mod sendfile;

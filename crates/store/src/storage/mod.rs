@@ -15,7 +15,6 @@ pub mod file;
 pub mod group_sync;
 pub mod limits;
 pub mod local;
-mod nowait;
 pub mod object_cache;
 pub mod put;
 pub mod range;

@@ -6,12 +6,12 @@
 //! client, end to end, against the stored CRC-32C sent in the trailer.
 
 use crate::storage::file::{check_header, file_name, verified, Header, FILE_HEADER};
-use crate::storage::nowait::{open_cached, read_cached};
 use crate::storage::scheduled::{Body, ScheduledSender, Sent};
 use crate::storage::sendfile::{send_file, set_cork, SendError};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use strata_store_client::nowait::{open_cached, read_cached};
 use strata_store_client::stream::write_error;
 use strata_store_protocol::addr::{fmt_addr, Addr};
 use strata_store_protocol::Error;
