@@ -55,7 +55,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use strata_store_client::client::local::LocalReplicas;
+use strata_store_client::client::local::LocalDisk;
 use strata_store_client::client::Client;
 use strata_store_protocol::key::ClusterKey;
 use strata_store_protocol::tenant::{TenantCredential, ADMIN};
@@ -94,7 +94,7 @@ pub struct Gateway {
     upload_expiry: Duration,
     /// Replicas on this process's own disk, read directly by every
     /// tenant's client ([`Gateway::with_local_replicas`]).
-    local: Option<Arc<dyn LocalReplicas>>,
+    local: Option<Arc<LocalDisk>>,
 }
 
 impl Gateway {
@@ -114,7 +114,7 @@ impl Gateway {
     /// The gateway, reading the replicas `local` holds from this
     /// process's disk rather than over TCP: for a gateway started in the
     /// same process as storage nodes (`strata store up`).
-    pub fn with_local_replicas(mut self, local: Arc<dyn LocalReplicas>) -> Gateway {
+    pub fn with_local_replicas(mut self, local: Arc<LocalDisk>) -> Gateway {
         self.local = Some(local);
         self
     }
@@ -205,7 +205,10 @@ impl S3Auth for Auth {
 /// [`access`] derives, presigned URLs bounded) and its metrics.
 pub(crate) fn service(gateway: Gateway) -> (s3s::service::S3Service, Arc<Metrics>) {
     let key = gateway.key.clone();
-    let metrics = Arc::new(Metrics::with_clients(gateway.clients.clone()));
+    let metrics = Arc::new(Metrics::with_clients(
+        gateway.clients.clone(),
+        gateway.local.clone(),
+    ));
     let mut builder = S3ServiceBuilder::new(gateway);
     builder.set_auth(Auth { key });
     builder.set_access(presigned::Access);

@@ -68,14 +68,57 @@ pub struct Metrics {
     /// The gateway's store clients, whose replica choice (NAMI's
     /// latencies and weights) is shown too.
     clients: Option<crate::Clients>,
+    /// The local replicas, whose pinned ones are shown.
+    local: Option<std::sync::Arc<strata_store_client::client::local::LocalDisk>>,
 }
 
 impl Metrics {
-    /// Counters that also show the replica choice of `clients`.
-    pub(crate) fn with_clients(clients: crate::Clients) -> Metrics {
+    /// Counters that also show the replica choice of `clients`, and the
+    /// pinned replicas of `local`.
+    pub(crate) fn with_clients(
+        clients: crate::Clients,
+        local: Option<std::sync::Arc<strata_store_client::client::local::LocalDisk>>,
+    ) -> Metrics {
         Metrics {
             clients: Some(clients),
+            local,
             ..Metrics::default()
+        }
+    }
+
+    /// The local replicas pinned in memory once checked.
+    fn render_pinned(&self, out: &mut String) {
+        let Some(local) = &self.local else { return };
+        let stats = local.pinned.stats();
+        let rows = [
+            (
+                "strata_s3_pinned_bytes",
+                "gauge",
+                "Bytes of local replicas locked in memory once checked.",
+                stats.bytes,
+            ),
+            (
+                "strata_s3_pinned_replicas",
+                "gauge",
+                "Local replicas locked in memory once checked.",
+                stats.replicas,
+            ),
+            (
+                "strata_s3_pinned_hits_total",
+                "counter",
+                "Whole GETs sent from a pinned replica without reading it again.",
+                stats.hits,
+            ),
+            (
+                "strata_s3_pinned_total",
+                "counter",
+                "Local replicas pinned since the start.",
+                stats.pinned_total,
+            ),
+        ];
+        for (name, kind, help, value) in rows {
+            family(out, name, kind, help);
+            let _ = writeln!(out, "{name} {value}");
         }
     }
 
@@ -231,6 +274,7 @@ impl Metrics {
         );
         let sent = self.sendfile_bytes.load(Ordering::Relaxed);
         let _ = writeln!(out, "{name} {sent}");
+        self.render_pinned(&mut out);
         self.render_choice(&mut out);
         out
     }

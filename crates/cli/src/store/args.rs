@@ -447,6 +447,12 @@ pub struct UpArgs {
     /// files (checked against the object's CRC-32C all the same).
     #[arg(long)]
     pub(super) s3_remote_reads: bool,
+    /// Most bytes of local replicas the S3 gateway keeps locked in memory
+    /// once checked, so that GETs of hot objects of 1 MiB or more send
+    /// them without reading them again (0: none). Default: 1 GiB, or an
+    /// eighth of the machine's memory if less.
+    #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_size)]
+    pub(super) s3_pinned: Option<u64>,
     #[command(flatten)]
     pub(super) s3_expiry: super::UploadExpiryArg,
 }

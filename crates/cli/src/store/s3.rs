@@ -40,7 +40,7 @@ pub(super) async fn start_gateway(
     key: ClusterKey,
     listen: SocketAddr,
     expiry: &UploadExpiryArg,
-    local: Option<std::sync::Arc<dyn strata_store_client::client::local::LocalReplicas>>,
+    local: Option<std::sync::Arc<strata_store_client::client::local::LocalDisk>>,
 ) -> Result<(SocketAddr, AbortOnDrop)> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await

@@ -67,8 +67,11 @@ pub(super) fn up(args: UpArgs) -> Result<i32> {
         // The gateway reads this process's replicas from their files.
         let local = (!args.s3_remote_reads).then(|| {
             let stores = cluster.sns.iter().map(|sn| sn.store.clone()).collect();
-            std::sync::Arc::new(strata_store::storage::local::LocalNodes::new(stores))
-                as std::sync::Arc<dyn strata_store_client::client::local::LocalReplicas>
+            let replicas = std::sync::Arc::new(strata_store::storage::local::LocalNodes::new(stores));
+            std::sync::Arc::new(strata_store_client::client::local::LocalDisk::new(
+                replicas,
+                args.s3_pinned.unwrap_or_else(strata_store_client::client::pinned::default_budget),
+            ))
         });
         let (s3, _s3_task) = start_gateway(
             cluster.on,

@@ -25,13 +25,68 @@ fn acme_bytes_sent(store: &Store) -> u64 {
 /// The gateway's `strata_s3_sendfile_bytes_total`: bytes it sent from
 /// replica files with `sendfile`.
 fn sendfile_bytes(s3: &str) -> u64 {
+    gateway_metric(s3, "strata_s3_sendfile_bytes_total")
+}
+
+/// The value of the gateway's unlabelled metric `name`.
+fn gateway_metric(s3: &str, name: &str) -> u64 {
     let scraped = crate::s3::scrape(s3.trim_start_matches("http://"));
-    let sample = "strata_s3_sendfile_bytes_total ";
+    let sample = format!("{name} ");
     let line = scraped
         .lines()
-        .find(|line| line.starts_with(sample))
+        .find(|line| line.starts_with(&sample))
         .unwrap_or_else(|| panic!("no {sample} in /metrics:\n{scraped}"));
     line[sample.len()..].trim().parse().unwrap()
+}
+
+/// A GET of an object of 1 MiB or more pins its checked local replica:
+/// the next GET sends it without reading it (a hit), exact. Rewritten in
+/// place on the disk (its change time moves), the pinned replica is let
+/// go and checked again, fails, and the other local replica is sent,
+/// exact. With `--s3-pinned 0` nothing is pinned.
+#[test]
+fn a_checked_replica_is_pinned_until_its_file_changes() {
+    for (budget, pins) in [(None, true), (Some("0"), false)] {
+        let dir = tmp();
+        let home = dir.path();
+        let mut args = vec!["--sn", "2", "--replication", "1,1,2,2"];
+        args.extend(budget.map(|b| ["--s3-pinned", b]).iter().flatten());
+        let store = Store::up(&home.join("store"), &args);
+        let keys = tenant(&store, "acme");
+        let s3 = endpoint(&store);
+        aws_ok(&s3, &keys, home, &["s3", "mb", "s3://acme"]);
+        let data = pattern(3_000_000, 24);
+        let file = home.join("data.bin");
+        std::fs::write(&file, &data).unwrap();
+        aws_ok(&s3, &keys, home, &["s3", "cp", &p(&file), "s3://acme/hot"]);
+        let back = home.join("back.bin");
+        for _ in 0..2 {
+            aws_ok(&s3, &keys, home, &["s3", "cp", "s3://acme/hot", &p(&back)]);
+            assert!(std::fs::read(&back).unwrap() == data, "{budget:?}: content");
+        }
+        let hits = if pins { 1 } else { 0 };
+        let pinned_bytes = if pins { 3_000_000 } else { 0 };
+        assert_eq!(gateway_metric(&s3, "strata_s3_pinned_hits_total"), hits);
+        assert_eq!(gateway_metric(&s3, "strata_s3_pinned_bytes"), pinned_bytes);
+        assert_eq!(
+            sendfile_bytes(&s3),
+            6_000_000,
+            "{budget:?}: both sent whole"
+        );
+
+        damage_first_replica(&store, "acme/hot");
+        aws_ok(&s3, &keys, home, &["s3", "cp", "s3://acme/hot", &p(&back)]);
+        assert!(
+            std::fs::read(&back).unwrap() == data,
+            "{budget:?}: read around"
+        );
+        assert_eq!(
+            gateway_metric(&s3, "strata_s3_pinned_hits_total"),
+            hits,
+            "{budget:?}: a changed replica was sent unread"
+        );
+        assert_eq!(gateway_metric(&s3, "strata_s3_pinned_bytes"), pinned_bytes);
+    }
 }
 
 /// With RS3 on, every byte a node sends for a Get is counted in the

@@ -271,10 +271,10 @@ impl Client {
         // reported, and the next one (this process may run several
         // storage nodes) is sent instead.
         for &addr in &record.replicas {
-            let Some(replica) = local.open(addr) else {
+            let Some(replica) = local.replicas.open(addr) else {
                 continue;
             };
-            match super::local::check_local(replica, addr, record).await {
+            match super::local::check_local(replica, addr, record, local).await {
                 Ok(region) => return LocalCheck::Passed(region),
                 Err(e) => {
                     tracing::warn!("{}", e.report());
@@ -306,7 +306,7 @@ impl Client {
         let (addr, replica) = record
             .replicas
             .iter()
-            .find_map(|&addr| Some((addr, local.open(addr)?)))?;
+            .find_map(|&addr| Some((addr, local.replicas.open(addr)?)))?;
         if let Err(e) = out.seek(std::io::SeekFrom::Start(0)).await {
             return Some((addr, Err(Error::io("rewinding the output", e))));
         }

@@ -28,6 +28,27 @@ pub trait LocalReplicas: Send + Sync {
     fn open(&self, addr: Addr) -> Option<LocalReplica>;
 }
 
+/// The replicas on this process's disk, and those of them pinned in
+/// memory once checked ([`super::pinned`]), shared by the clients of
+/// every tenant.
+pub struct LocalDisk {
+    /// The replicas.
+    pub replicas: Arc<dyn LocalReplicas>,
+    /// Those checked and pinned.
+    pub pinned: super::pinned::PinnedReplicas,
+}
+
+impl LocalDisk {
+    /// `replicas`, pinning up to `pinned_budget` bytes of them once
+    /// checked (0: none).
+    pub fn new(replicas: Arc<dyn LocalReplicas>, pinned_budget: u64) -> LocalDisk {
+        LocalDisk {
+            replicas,
+            pinned: super::pinned::PinnedReplicas::new(pinned_budget),
+        }
+    }
+}
+
 /// A replica file opened by [`LocalReplicas::open`].
 pub struct LocalReplica {
     /// The open file.
@@ -156,11 +177,15 @@ const CHECK_IN_HALVES_FROM: u64 = 8 << 20;
 
 /// Checks `replica` against `record`'s size and CRC-32C, reading it from
 /// the page cache (in the blocking pool: the first read of a cold file
-/// waits on the disk); the bytes are read, never kept.
+/// waits on the disk); the bytes are read, never kept, unless `pinned`
+/// keeps them: a replica pinned when it passed is not read again while
+/// its file is unchanged, and one it wants is locked in memory before it
+/// is summed, and kept if it passes.
 pub(super) async fn check_local(
     replica: LocalReplica,
     addr: Addr,
     record: &Record,
+    disk: &Arc<LocalDisk>,
 ) -> Result<CheckedRegion, Error> {
     let corrupt = move |why: String| Error::Corrupt(format!("local replica {addr:032x}: {why}"));
     if replica.size != record.size {
@@ -174,9 +199,32 @@ pub(super) async fn check_local(
         offset: replica.data_offset,
         length: replica.size,
     };
-    let crc = crc_of_region(&region)
-        .await
-        .map_err(|e| corrupt(format!("cannot be read whole: {e}")))?;
+    let pinned = &disk.pinned;
+    let crc = if pinned.wants(record.size) {
+        let identity = super::pinned::FileIdentity::of(&region.file)
+            .map_err(|e| corrupt(format!("cannot be looked at: {e}")))?;
+        if pinned.hit(addr, identity, record.size, record.crc) {
+            return Ok(region);
+        }
+        let (disk, file, offset, length) = (
+            disk.clone(),
+            region.file.clone(),
+            region.offset,
+            region.length,
+        );
+        let locked =
+            tokio::task::spawn_blocking(move || disk.pinned.lock_and_sum(&file, offset, length))
+                .await
+                .map_err(|e| Error::io("checking a local replica", std::io::Error::other(e)))?
+                .map_err(|e| corrupt(format!("cannot be read whole: {e}")))?;
+        let crc = locked.crc;
+        pinned.admit(addr, identity, record.size, record.crc, locked);
+        crc
+    } else {
+        crc_of_region(&region)
+            .await
+            .map_err(|e| corrupt(format!("cannot be read whole: {e}")))?
+    };
     if crc != record.crc {
         return Err(corrupt(format!(
             "fails the object's checksum (got {crc:08x}, want {:08x})",

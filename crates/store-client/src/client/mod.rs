@@ -47,6 +47,7 @@ mod list;
 pub mod local;
 mod names;
 mod nami;
+pub mod pinned;
 mod put;
 mod range;
 mod range_ec;
@@ -105,7 +106,7 @@ pub struct Client {
     fragment_pool: Arc<crate::erasure::StreamPool>,
     /// The replicas this process's own storage nodes hold, read from
     /// disk rather than over TCP ([`Client::set_local_replicas`]).
-    local: std::sync::OnceLock<Arc<dyn self::local::LocalReplicas>>,
+    local: std::sync::OnceLock<Arc<self::local::LocalDisk>>,
 }
 
 /// By default a Get asks the node of fragment 0 for erasure-coded
@@ -163,7 +164,7 @@ impl Client {
     /// rather than over the network ([`self::local`]): for a client that
     /// runs beside storage nodes in one process. Set once; later calls
     /// change nothing.
-    pub fn set_local_replicas(&self, local: Arc<dyn self::local::LocalReplicas>) {
+    pub fn set_local_replicas(&self, local: Arc<self::local::LocalDisk>) {
         let _ = self.local.set(local);
     }
 
