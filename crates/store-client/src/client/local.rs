@@ -218,7 +218,13 @@ pub(super) async fn check_local(
                 .map_err(|e| Error::io("checking a local replica", std::io::Error::other(e)))?
                 .map_err(|e| corrupt(format!("cannot be read whole: {e}")))?;
         let crc = locked.crc;
-        pinned.admit(addr, identity, record.size, record.crc, locked);
+        pinned.admit(
+            addr,
+            region.file.clone(),
+            identity,
+            (record.size, record.crc),
+            locked,
+        );
         crc
     } else {
         crc_of_region(&region)

@@ -80,6 +80,8 @@ impl FileIdentity {
 struct Pinned {
     /// Unmapped (and so unlocked) when dropped.
     _map: memmap2::Mmap,
+    /// The file, to tell when it is deleted.
+    file: std::sync::Arc<File>,
     identity: FileIdentity,
     size: u64,
     crc: u32,
@@ -171,16 +173,36 @@ impl PinnedReplicas {
         false
     }
 
-    /// Keeps `locked` (the replica at `addr`, of `size` bytes, its file
-    /// `identity` when it was mapped) pinned if its sum is `crc` and it
-    /// is locked, letting the least recently used go to make room.
-    pub fn admit(&self, addr: Addr, identity: FileIdentity, size: u64, crc: u32, locked: Locked) {
+    /// Keeps `locked` (the replica at `addr`, of `size` bytes, in `file`,
+    /// `identity` when it was mapped) pinned if its sum is `crc` and it is
+    /// locked. Replicas deleted since they were pinned are let go first,
+    /// then the least recently used, to make room.
+    pub fn admit(
+        &self,
+        addr: Addr,
+        file: std::sync::Arc<File>,
+        identity: FileIdentity,
+        (size, crc): (u64, u32),
+        locked: Locked,
+    ) {
         if !locked.locked || locked.crc != crc || !self.wants(size) {
             return;
         }
         let mut state = self.state();
         if let Some(old) = state.entries.remove(&addr) {
             state.bytes -= old.size;
+        }
+        // A deleted replica is read by nobody: its pages only hold memory.
+        let deleted: Vec<Addr> = state
+            .entries
+            .iter()
+            .filter(|(_, entry)| entry.file.metadata().is_ok_and(|m| m.nlink() == 0))
+            .map(|(addr, _)| *addr)
+            .collect();
+        for addr in deleted {
+            if let Some(gone) = state.entries.remove(&addr) {
+                state.bytes -= gone.size;
+            }
         }
         while state.bytes + size > self.budget {
             let Some(oldest) = state
@@ -202,6 +224,7 @@ impl PinnedReplicas {
             addr,
             Pinned {
                 _map: locked.map,
+                file,
                 identity,
                 size,
                 crc,
@@ -276,17 +299,26 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    fn file_of(bytes: &[u8]) -> File {
-        let mut file = tempfile::tempfile().expect("a temporary file");
+    /// A file holding `bytes`, named (a replica file is: an unnamed one
+    /// counts as deleted), in a directory removed on drop.
+    fn file_of(bytes: &[u8]) -> (tempfile::TempDir, std::sync::Arc<File>) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("replica");
+        let mut file = File::options()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .expect("a file");
         file.write_all(bytes).expect("writing");
-        file
+        (dir, std::sync::Arc::new(file))
     }
 
     #[test]
     fn a_pinned_replica_hits_until_its_file_changes() {
         let pinned = PinnedReplicas::new(8 << 20);
         let data = vec![7u8; PIN_FROM as usize];
-        let file = file_of(&data);
+        let (_dir, file) = file_of(&data);
         let crc = crc32c::crc32c(&data);
         let locked = pinned.lock_and_sum(&file, 0, PIN_FROM).expect("mapped");
         assert_eq!(locked.crc, crc);
@@ -295,7 +327,7 @@ mod tests {
             return;
         }
         let identity = FileIdentity::of(&file).unwrap();
-        pinned.admit(1, identity, PIN_FROM, crc, locked);
+        pinned.admit(1, file.clone(), identity, (PIN_FROM, crc), locked);
         assert!(pinned.hit(1, identity, PIN_FROM, crc));
         assert!(
             !pinned.hit(1, identity, PIN_FROM, crc ^ 1),
@@ -306,7 +338,7 @@ mod tests {
         assert_eq!(pinned.stats().bytes, 0);
 
         let locked = pinned.lock_and_sum(&file, 0, PIN_FROM).unwrap();
-        pinned.admit(1, identity, PIN_FROM, crc, locked);
+        pinned.admit(1, file.clone(), identity, (PIN_FROM, crc), locked);
         std::thread::sleep(std::time::Duration::from_millis(10));
         file.write_all_at_start(b"x");
         let changed = FileIdentity::of(&file).unwrap();
@@ -318,14 +350,14 @@ mod tests {
     fn a_bad_sum_is_not_pinned_and_the_budget_holds() {
         let pinned = PinnedReplicas::new(3 * PIN_FROM);
         let data = vec![1u8; PIN_FROM as usize];
-        let file = file_of(&data);
+        let (_dir, file) = file_of(&data);
         let identity = FileIdentity::of(&file).unwrap();
         let crc = crc32c::crc32c(&data);
         let locked = pinned.lock_and_sum(&file, 0, PIN_FROM).unwrap();
         if !locked.locked {
             return;
         }
-        pinned.admit(9, identity, PIN_FROM, crc ^ 1, locked);
+        pinned.admit(9, file.clone(), identity, (PIN_FROM, crc ^ 1), locked);
         assert_eq!(
             pinned.stats().replicas,
             0,
@@ -333,7 +365,7 @@ mod tests {
         );
         for n in 0..5 {
             let locked = pinned.lock_and_sum(&file, 0, PIN_FROM).unwrap();
-            pinned.admit(n, identity, PIN_FROM, crc, locked);
+            pinned.admit(n, file.clone(), identity, (PIN_FROM, crc), locked);
             assert!(pinned.stats().bytes <= 3 * PIN_FROM);
         }
         let stats = pinned.stats();
@@ -345,9 +377,34 @@ mod tests {
     }
 
     #[test]
+    fn a_deleted_replica_is_let_go_when_another_is_pinned() {
+        let pinned = PinnedReplicas::new(8 << 20);
+        let dir = tempfile::tempdir().unwrap();
+        let data = vec![3u8; PIN_FROM as usize];
+        let crc = crc32c::crc32c(&data);
+        let pin = |n: Addr, path: &std::path::Path| {
+            std::fs::write(path, &data).unwrap();
+            let file = std::sync::Arc::new(File::open(path).unwrap());
+            let identity = FileIdentity::of(&file).unwrap();
+            let locked = pinned.lock_and_sum(&file, 0, PIN_FROM).unwrap();
+            let was_locked = locked.locked;
+            pinned.admit(n, file, identity, (PIN_FROM, crc), locked);
+            was_locked
+        };
+        if !pin(1, &dir.path().join("one")) {
+            return;
+        }
+        std::fs::remove_file(dir.path().join("one")).unwrap();
+        assert_eq!(pinned.stats().replicas, 1, "let go only at the next pin");
+        pin(2, &dir.path().join("two"));
+        let stats = pinned.stats();
+        assert_eq!((stats.replicas, stats.bytes), (1, PIN_FROM));
+    }
+
+    #[test]
     fn a_region_past_the_end_is_an_error() {
         let pinned = PinnedReplicas::new(8 << 20);
-        let file = file_of(&[1; 4096]);
+        let (_dir, file) = file_of(&[1; 4096]);
         assert!(pinned.lock_and_sum(&file, 0, 3 * 4096 + 1).is_err());
         assert!(pinned.lock_and_sum(&file, u64::MAX, 2).is_err());
     }
