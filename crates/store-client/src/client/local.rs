@@ -274,19 +274,34 @@ thread_local! {
 /// them is in the page cache; `None` if reading them would wait on the
 /// disk (or a read came short: the blocking read tells which).
 fn crc_if_cached(file: &std::fs::File, offset: u64, length: u64) -> std::io::Result<Option<u32>> {
+    sum_through_buffer(
+        offset,
+        length,
+        |piece, at| match crate::nowait::read_cached(file, &mut [piece], at) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
+            read => read,
+        },
+    )
+}
+
+/// The CRC-32C of `length` bytes from `offset`, each piece read into the
+/// thread's buffer by `read` (at an offset; how many bytes it read);
+/// `None` as soon as a read comes short.
+fn sum_through_buffer(
+    offset: u64,
+    length: u64,
+    mut read: impl FnMut(&mut [u8], u64) -> std::io::Result<usize>,
+) -> std::io::Result<Option<u32>> {
     CHECK_BUFFER.with_borrow_mut(|buffer| {
         buffer.resize(CHECK_CHUNK, 0);
         let (mut done, mut crc) = (0u64, 0u32);
         while done < length {
             let want = (length - done).min(CHECK_CHUNK as u64) as usize;
             let piece = &mut buffer[..want];
-            match crate::nowait::read_cached(file, &mut [piece], offset + done) {
-                Ok(read) if read == want => {}
-                Ok(_) => return Ok(None),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
-                Err(e) => return Err(e),
+            if read(piece, offset + done)? != want {
+                return Ok(None);
             }
-            crc = crc32c::crc32c_append(crc, &buffer[..want]);
+            crc = crc32c::crc32c_append(crc, piece);
             done += want as u64;
         }
         Ok(Some(crc))
@@ -301,46 +316,14 @@ fn crc_if_cached(file: &std::fs::File, offset: u64, length: u64) -> std::io::Res
 fn crc_of(file: &std::fs::File, offset: u64, length: u64) -> std::io::Result<u32> {
     use std::os::unix::fs::FileExt;
     if length < MAP_FROM {
-        return CHECK_BUFFER.with_borrow_mut(|buffer| {
-            buffer.resize(CHECK_CHUNK, 0);
-            let (mut done, mut crc) = (0u64, 0u32);
-            while done < length {
-                let want = (length - done).min(CHECK_CHUNK as u64) as usize;
-                let piece = &mut buffer[..want];
-                file.read_exact_at(piece, offset + done)?;
-                crc = crc32c::crc32c_append(crc, piece);
-                done += want as u64;
-            }
-            Ok(crc)
-        });
-    }
-    let file_length = file.metadata()?.len();
-    if offset
-        .checked_add(length)
-        .is_none_or(|end| end > file_length)
-    {
-        // A map past the end would fault on its first read.
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            format!("{length} bytes from {offset} wanted of a file of {file_length}"),
-        ));
+        let read = |piece: &mut [u8], at| file.read_exact_at(piece, at).map(|()| piece.len());
+        return sum_through_buffer(offset, length, read)?
+            .ok_or_else(|| std::io::ErrorKind::UnexpectedEof.into());
     }
     let (mut done, mut crc) = (0u64, 0u32);
     while done < length {
         let window = (length - done).min(CHECK_WINDOW);
-        // SAFETY: a map of a file is sound while nobody shrinks the file
-        // under it (a read past its end faults). The store writes a
-        // replica whole under a temporary name, renames it into place and
-        // never writes or truncates it again (deleting unlinks it, which
-        // a map survives), and the file held `offset + length` bytes
-        // just above.
-        let map = unsafe {
-            memmap2::MmapOptions::new()
-                .offset(offset + done)
-                .len(window as usize)
-                .populate()
-                .map(file)?
-        };
+        let map = super::pinned::map_replica(file, offset + done, window)?;
         crc = crc32c::crc32c_append(crc, &map);
         done += window;
     }

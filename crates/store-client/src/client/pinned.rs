@@ -240,31 +240,8 @@ impl PinnedReplicas {
     /// the disk). The file must hold `offset + length` bytes and never
     /// shrink, as a replica file never does.
     pub fn lock_and_sum(&self, file: &File, offset: u64, length: u64) -> std::io::Result<Locked> {
-        let file_length = file.metadata()?.len();
-        if offset
-            .checked_add(length)
-            .is_none_or(|end| end > file_length)
-        {
-            // A map past the end would fault on its first read.
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!("{length} bytes from {offset} wanted of a file of {file_length}"),
-            ));
-        }
-        let length = usize::try_from(length).map_err(std::io::Error::other)?;
-        // SAFETY: a map of a file is sound while nobody shrinks the file
-        // under it (a read past its end faults). The store writes a
-        // replica whole under a temporary name, renames it into place and
-        // never writes or truncates it again (deleting unlinks it, which
-        // a map survives), and the file held `offset + length` bytes just
-        // above. The pinned map is read only here, before it is kept.
-        let map = unsafe {
-            memmap2::MmapOptions::new()
-                .offset(offset)
-                .len(length)
-                .populate()
-                .map(file)?
-        };
+        // The pinned map is read only here, before it is kept.
+        let map = map_replica(file, offset, length)?;
         // Locked first, summed after: the sum is of the pages that stay.
         let locked = match map.lock() {
             Ok(()) => true,
@@ -291,6 +268,37 @@ impl PinnedReplicas {
             hits: self.hits.load(Ordering::Relaxed),
             pinned_total: self.pinned_total.load(Ordering::Relaxed),
         }
+    }
+}
+
+/// A read-only map of `length` bytes of the replica file `file` from
+/// `offset`, its pages read in: an error, not a fault, if the file is
+/// shorter. The file must never shrink while mapped, as a replica file
+/// never does.
+pub(super) fn map_replica(file: &File, offset: u64, length: u64) -> std::io::Result<memmap2::Mmap> {
+    let file_length = file.metadata()?.len();
+    if offset
+        .checked_add(length)
+        .is_none_or(|end| end > file_length)
+    {
+        // A map past the end would fault on its first read.
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("{length} bytes from {offset} wanted of a file of {file_length}"),
+        ));
+    }
+    let length = usize::try_from(length).map_err(std::io::Error::other)?;
+    // SAFETY: a map of a file is sound while nobody shrinks the file
+    // under it (a read past its end faults). The store writes a replica
+    // whole under a temporary name, renames it into place and never
+    // writes or truncates it again (deleting unlinks it, which a map
+    // survives), and the file held `offset + length` bytes just above.
+    unsafe {
+        memmap2::MmapOptions::new()
+            .offset(offset)
+            .len(length)
+            .populate()
+            .map(file)
     }
 }
 
