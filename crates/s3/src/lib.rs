@@ -56,6 +56,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use strata_store_client::client::local::LocalDisk;
+use strata_store_client::client::local_metadata::LocalMetadata;
 use strata_store_client::client::Client;
 use strata_store_protocol::key::ClusterKey;
 use strata_store_protocol::tenant::{TenantCredential, ADMIN};
@@ -95,6 +96,9 @@ pub struct Gateway {
     /// Replicas on this process's own disk, read directly by every
     /// tenant's client ([`Gateway::with_local_replicas`]).
     local: Option<Arc<LocalDisk>>,
+    /// This process's metadata nodes, asked for records by a direct call
+    /// ([`Gateway::with_local_metadata`]).
+    local_metadata: Option<Arc<dyn LocalMetadata>>,
 }
 
 impl Gateway {
@@ -108,6 +112,7 @@ impl Gateway {
             clients: Clients::default(),
             upload_expiry: DEFAULT_UPLOAD_EXPIRY,
             local: None,
+            local_metadata: None,
         }
     }
 
@@ -116,6 +121,14 @@ impl Gateway {
     /// same process as storage nodes (`strata store up`).
     pub fn with_local_replicas(mut self, local: Arc<LocalDisk>) -> Gateway {
         self.local = Some(local);
+        self
+    }
+
+    /// The gateway, asking `nodes` (metadata nodes of this process) for
+    /// an object's record by a direct call rather than over UDP: for a
+    /// gateway started in the same process as its metadata nodes.
+    pub fn with_local_metadata(mut self, nodes: Arc<dyn LocalMetadata>) -> Gateway {
+        self.local_metadata = Some(nodes);
         self
     }
 
@@ -170,6 +183,9 @@ impl Gateway {
         if let Some(local) = &self.local {
             client.set_local_replicas(local.clone());
         }
+        if let Some(nodes) = &self.local_metadata {
+            client.set_local_metadata(nodes.clone());
+        }
         let client = Arc::new(client);
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         if clients.len() >= MAX_CLIENTS {
@@ -208,6 +224,7 @@ pub(crate) fn service(gateway: Gateway) -> (s3s::service::S3Service, Arc<Metrics
     let metrics = Arc::new(Metrics::with_clients(
         gateway.clients.clone(),
         gateway.local.clone(),
+        gateway.local_metadata.clone(),
     ));
     let mut builder = S3ServiceBuilder::new(gateway);
     builder.set_auth(Auth { key });

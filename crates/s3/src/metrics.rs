@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
+use strata_store_client::client::local_metadata::LocalMetadata;
 
 /// Upper bounds of the latency buckets, in seconds.
 pub const LATENCY_BUCKETS: [f64; 12] = [
@@ -70,19 +71,51 @@ pub struct Metrics {
     clients: Option<crate::Clients>,
     /// The local replicas, whose pinned ones are shown.
     local: Option<std::sync::Arc<strata_store_client::client::local::LocalDisk>>,
+    /// This process's metadata nodes, whose direct calls are counted.
+    local_metadata: Option<std::sync::Arc<dyn LocalMetadata>>,
 }
 
 impl Metrics {
-    /// Counters that also show the replica choice of `clients`, and the
-    /// pinned replicas of `local`.
+    /// Counters that also show the replica choice of `clients`, the
+    /// pinned replicas of `local` and the direct calls to
+    /// `local_metadata`.
     pub(crate) fn with_clients(
         clients: crate::Clients,
         local: Option<std::sync::Arc<strata_store_client::client::local::LocalDisk>>,
+        local_metadata: Option<std::sync::Arc<dyn LocalMetadata>>,
     ) -> Metrics {
         Metrics {
             clients: Some(clients),
             local,
+            local_metadata,
             ..Metrics::default()
+        }
+    }
+
+    /// The records asked of this process's metadata nodes by a direct
+    /// call, answered or declined (the node busy: asked by datagram).
+    fn render_direct_calls(&self, out: &mut String) {
+        let Some(nodes) = &self.local_metadata else {
+            return;
+        };
+        let counts = nodes.counts();
+        let rows = [
+            (
+                "strata_s3_metadata_direct_total",
+                "Records of objects asked of this process's metadata nodes by a direct call \
+                 and answered that way.",
+                counts.answered,
+            ),
+            (
+                "strata_s3_metadata_direct_declined_total",
+                "Records of objects whose metadata node (of this process) was busy, asked by \
+                 datagram instead.",
+                counts.declined,
+            ),
+        ];
+        for (name, help, value) in rows {
+            family(out, name, "counter", help);
+            let _ = writeln!(out, "{name} {value}");
         }
     }
 
@@ -275,6 +308,7 @@ impl Metrics {
         let sent = self.sendfile_bytes.load(Ordering::Relaxed);
         let _ = writeln!(out, "{name} {sent}");
         self.render_pinned(&mut out);
+        self.render_direct_calls(&mut out);
         self.render_choice(&mut out);
         out
     }

@@ -441,10 +441,13 @@ pub struct UpArgs {
     /// in the readiness line). `strata s3` runs one on its own.
     #[arg(long = "s3", value_name = "ADDR", default_value = "127.0.0.1:0")]
     pub(super) s3: SocketAddr,
-    /// Make the S3 gateway read every replica over TCP from its storage
-    /// node, as a gateway on another host does. By default it reads the
-    /// replicas of this process's own storage nodes straight from their
-    /// files (checked against the object's CRC-32C all the same).
+    /// Make the S3 gateway reach this process's nodes over the network,
+    /// as a gateway on another host does: every replica over TCP from its
+    /// storage node, every metadata lookup by UDP datagram. By default it
+    /// reads the replicas of this process's own storage nodes straight
+    /// from their files (checked against the object's CRC-32C all the
+    /// same), and asks its own metadata nodes for an object's record by a
+    /// direct call.
     #[arg(long)]
     pub(super) s3_remote_reads: bool,
     /// Most bytes of local replicas the S3 gateway keeps locked in memory

@@ -32,6 +32,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use strata_store::cluster::{Cluster, ClusterConfig};
 use strata_store_client::admin;
+use strata_store_client::client::local_metadata::LocalMetadata;
 use strata_store_client::client::{Client, RenameStep};
 use strata_store_protocol::auth::{
     fmt_fingerprint, sibling, ClusterKey, Fingerprints, KEY_FILE, NEXT_SUFFIX, PREV_SUFFIX,

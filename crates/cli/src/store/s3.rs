@@ -33,6 +33,16 @@ pub struct UploadExpiryArg {
     pub(super) multipart_expiry: std::time::Duration,
 }
 
+/// What a gateway started beside its cluster's nodes (`strata store up`)
+/// reaches without the network; nothing for `strata s3`.
+#[derive(Default)]
+pub(super) struct Local {
+    /// The replicas of this process's storage nodes, read from their files.
+    pub replicas: Option<std::sync::Arc<strata_store_client::client::local::LocalDisk>>,
+    /// This process's metadata nodes, asked for records by a direct call.
+    pub metadata: Option<std::sync::Arc<dyn LocalMetadata>>,
+}
+
 /// Binds the gateway of the cluster at `cluster` on `listen`; the bound
 /// endpoint and its task (stopped when dropped).
 pub(super) async fn start_gateway(
@@ -40,7 +50,7 @@ pub(super) async fn start_gateway(
     key: ClusterKey,
     listen: SocketAddr,
     expiry: &UploadExpiryArg,
-    local: Option<std::sync::Arc<strata_store_client::client::local::LocalDisk>>,
+    local: Local,
 ) -> Result<(SocketAddr, AbortOnDrop)> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -48,8 +58,11 @@ pub(super) async fn start_gateway(
     let bound = listener.local_addr()?;
     let mut gateway =
         strata_s3::Gateway::new(cluster, key).with_upload_expiry(expiry.multipart_expiry);
-    if let Some(local) = local {
-        gateway = gateway.with_local_replicas(local);
+    if let Some(replicas) = local.replicas {
+        gateway = gateway.with_local_replicas(replicas);
+    }
+    if let Some(metadata) = local.metadata {
+        gateway = gateway.with_local_metadata(metadata);
     }
     let task = tokio::spawn(async move {
         if let Err(e) = strata_s3::serve(listener, gateway).await {
@@ -68,8 +81,14 @@ pub fn run_s3(args: S3Args) -> Result<i32> {
         strata_store_client::transport::fetch_table(args.cluster, Some(&key))
             .await
             .with_context(|| format!("no cluster answered at {}", args.cluster))?;
-        let (bound, _task) =
-            start_gateway(args.cluster, key.clone(), args.listen, &args.expiry, None).await?;
+        let (bound, _task) = start_gateway(
+            args.cluster,
+            key.clone(),
+            args.listen,
+            &args.expiry,
+            Local::default(),
+        )
+        .await?;
         reload_on_hangup(key, None)?;
         let mut out = std::io::stdout().lock();
         writeln!(

@@ -73,12 +73,21 @@ pub(super) fn up(args: UpArgs) -> Result<i32> {
                 args.s3_pinned.unwrap_or_else(strata_store_client::client::pinned::default_budget),
             ))
         });
+        // And asks this process's metadata nodes for records directly.
+        let metadata = (!args.s3_remote_reads).then(|| {
+            std::sync::Arc::new(strata_store::metadata::server::LocalMetadataNodes::new(
+                &cluster.mns,
+            )) as std::sync::Arc<dyn LocalMetadata>
+        });
         let (s3, _s3_task) = start_gateway(
             cluster.on,
             cluster.key.clone(),
             args.s3,
             &args.s3_expiry,
-            local,
+            Local {
+                replicas: local,
+                metadata,
+            },
         )
         .await?;
         let mut out = std::io::stdout().lock();

@@ -312,3 +312,108 @@ print("read back", len(back))
     assert_eq!(std::fs::read(&back).unwrap().len(), 700_000);
     assert_eq!(sendfile_bytes(&s3), 700_000);
 }
+
+/// The gateway of `strata store up` asks its own metadata nodes for an
+/// object's record by a direct call, not a datagram: GETs and HEADs read
+/// back exact, a missing key is NoSuchKey, another tenant is refused as
+/// by datagram (the node's gate runs the same checks), and 40 objects
+/// fetched by parallel GETs come back exact whether each call went direct
+/// or found its node busy. `--s3-remote-reads` turns the direct calls
+/// off: no counter is shown.
+#[test]
+fn the_gateway_asks_its_own_metadata_nodes_by_direct_call() {
+    let direct = |s3: &str| gateway_metric(s3, "strata_s3_metadata_direct_total");
+    let declined = |s3: &str| gateway_metric(s3, "strata_s3_metadata_direct_declined_total");
+    let dir = tmp();
+    let home = dir.path();
+    let store = Store::up(&home.join("store"), &["--mn", "2"]);
+    let (acme, globex) = (tenant(&store, "acme"), tenant(&store, "globex"));
+    let s3 = endpoint(&store);
+    aws_ok(&s3, &acme, home, &["s3", "mb", "s3://acme"]);
+    let data = pattern(200_000, 31);
+    let file = home.join("data.bin");
+    std::fs::write(&file, &data).unwrap();
+    aws_ok(&s3, &acme, home, &["s3", "cp", &p(&file), "s3://acme/d"]);
+    let before = direct(&s3);
+    let back = home.join("back.bin");
+    for _ in 0..5 {
+        aws_ok(&s3, &acme, home, &["s3", "cp", "s3://acme/d", &p(&back)]);
+        assert!(std::fs::read(&back).unwrap() == data, "content");
+    }
+    let head = ["s3api", "head-object", "--bucket", "acme", "--key", "d"];
+    assert!(aws_ok(&s3, &acme, home, &head).contains("\"ContentLength\": 200000"));
+    let answered = direct(&s3) - before;
+    assert!(
+        answered >= 3,
+        "only {answered} of 6 lookups went by direct call ({} declined)",
+        declined(&s3)
+    );
+
+    let missing = [
+        "s3api",
+        "head-object",
+        "--bucket",
+        "acme",
+        "--key",
+        "nothing",
+    ];
+    let out = aws(&s3, &acme, home, &missing);
+    assert!(!out.status.success());
+    assert!(
+        crate::common::output_text(&out).contains("404"),
+        "missing key"
+    );
+    let get = ["s3api", "get-object", "--bucket", "acme", "--key", "d"];
+    let stolen = home.join("stolen.bin");
+    let out = aws(
+        &s3,
+        &globex,
+        home,
+        &[&get[..], &[p(&stolen).as_str()]].concat(),
+    );
+    let text = crate::common::output_text(&out);
+    assert!(!out.status.success(), "another tenant read acme's object");
+    assert!(text.contains("AccessDenied"), "{text}");
+    assert!(!stolen.exists() || std::fs::read(&stolen).unwrap().is_empty());
+
+    // Parallel lookups race for the two nodes: each goes direct or by
+    // datagram, and every object comes back exact.
+    let tree = home.join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    for i in 0..40 {
+        std::fs::write(
+            tree.join(format!("f{i}")),
+            pattern(10_000 + i * 777, i as u64),
+        )
+        .unwrap();
+    }
+    aws_ok(
+        &s3,
+        &acme,
+        home,
+        &["s3", "sync", &p(&tree), "s3://acme/tree"],
+    );
+    let (direct_before, declined_before) = (direct(&s3), declined(&s3));
+    let copy = home.join("copy");
+    aws_ok(
+        &s3,
+        &acme,
+        home,
+        &["s3", "sync", "s3://acme/tree", &p(&copy)],
+    );
+    for i in 0..40 {
+        let name = format!("f{i}");
+        assert!(
+            std::fs::read(copy.join(&name)).unwrap() == std::fs::read(tree.join(&name)).unwrap(),
+            "{name}"
+        );
+    }
+    let lookups = direct(&s3) - direct_before + declined(&s3) - declined_before;
+    assert!(lookups >= 40, "only {lookups} lookups counted for 40 GETs");
+
+    let dir = tmp();
+    let store = Store::up(&dir.path().join("store"), &["--s3-remote-reads"]);
+    let s3 = endpoint(&store);
+    let scraped = crate::s3::scrape(s3.trim_start_matches("http://"));
+    assert!(!scraped.contains("strata_s3_metadata_direct"), "{scraped}");
+}

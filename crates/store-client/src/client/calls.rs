@@ -91,6 +91,11 @@ impl Call {
         &self.targets
     }
 
+    /// Whether the call is a Get (it reads, and writes nothing).
+    pub fn is_get(&self) -> bool {
+        matches!(self.body, Body::Get { .. })
+    }
+
     /// The request id.
     pub fn req(&self) -> u64 {
         self.req

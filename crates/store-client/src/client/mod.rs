@@ -31,7 +31,10 @@
 //! - `calls`: [`Call`] and [`Step`], with no I/O.
 //! - `choice`: which replica a Get reads first (NAMI, primary, uniform),
 //!   with no I/O.
-//! - `udp`: running calls over UDP ([`Client::run`], [`run_call`]).
+//! - `local_metadata`: the process's own metadata nodes, asked for Gets
+//!   by a direct call.
+//! - `udp`: running calls over UDP ([`Client::run`], [`run_call`]), or
+//!   a Get by a direct call to a node of this process.
 //! - `replica`: a replica's endpoint, found once, and the idle data
 //!   connections.
 //! - `repair`: the metadata nodes' copy and free of replicas.
@@ -45,6 +48,7 @@ pub mod choice;
 mod get;
 mod list;
 pub mod local;
+pub mod local_metadata;
 mod names;
 mod nami;
 pub mod pinned;
@@ -107,6 +111,9 @@ pub struct Client {
     /// The replicas this process's own storage nodes hold, read from
     /// disk rather than over TCP ([`Client::set_local_replicas`]).
     local: std::sync::OnceLock<Arc<self::local::LocalDisk>>,
+    /// This process's own metadata nodes, asked for Gets by a direct
+    /// call rather than a datagram ([`Client::set_local_metadata`]).
+    local_metadata: std::sync::OnceLock<Arc<dyn self::local_metadata::LocalMetadata>>,
 }
 
 /// By default a Get asks the node of fragment 0 for erasure-coded
@@ -157,6 +164,7 @@ impl Client {
             whole_object_max: std::sync::atomic::AtomicU64::new(DEFAULT_WHOLE_OBJECT_READS),
             fragment_pool: Arc::default(),
             local: std::sync::OnceLock::new(),
+            local_metadata: std::sync::OnceLock::new(),
         })
     }
 
@@ -166,6 +174,13 @@ impl Client {
     /// change nothing.
     pub fn set_local_replicas(&self, local: Arc<self::local::LocalDisk>) {
         let _ = self.local.set(local);
+    }
+
+    /// Asks `nodes` (metadata nodes of this process) for Gets by a
+    /// direct call rather than over UDP ([`self::local_metadata`]). Set
+    /// once; later calls change nothing.
+    pub fn set_local_metadata(&self, nodes: Arc<dyn self::local_metadata::LocalMetadata>) {
+        let _ = self.local_metadata.set(nodes);
     }
 
     /// Sets the largest erasure-coded object a Get asks the node of its

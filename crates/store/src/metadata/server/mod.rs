@@ -18,6 +18,9 @@ use strata_store_protocol::wire::{Body, Code, Msg, Role, MAX_DATAGRAM};
 use strata_store_protocol::Error;
 use tokio::sync::watch;
 
+mod local;
+pub use local::LocalMetadataNodes;
+
 /// Handles one datagram at a metadata node, received at wall-clock time
 /// `wall` and core time `now` from `from`, sent to `to` (routed mode): the
 /// gate first, then the core. Each output comes with whether to seal it:
@@ -36,7 +39,7 @@ pub fn mn_receive<P: Copy + Eq + std::hash::Hash>(
     to: Option<Ipv6Addr>,
     bytes: &[u8],
 ) -> Vec<(Out<P>, bool)> {
-    mn_receive_with(core, gate, wall, now, from, to, bytes, &mut |_, _| {})
+    mn_receive_with(core, gate, wall, now, from, to, bytes, &mut |_, _| true)
 }
 
 /// A request handled in a round of a metadata node: told the error if
@@ -55,7 +58,8 @@ struct Waiter<P> {
 /// body before the core handles it: the serving thread lets the lead go
 /// before any request but a Get (it may commit to the database, and the
 /// round then waits for a disk flush), and counts the request a waiter
-/// of the round's group commit.
+/// of the round's group commit. A request `before` answers `false` for
+/// is not handled, and nothing is sent for it.
 #[allow(clippy::too_many_arguments)]
 fn mn_receive_with<P: Copy + Eq + std::hash::Hash>(
     core: &mut MnCore<P>,
@@ -65,7 +69,7 @@ fn mn_receive_with<P: Copy + Eq + std::hash::Hash>(
     from: P,
     to: Option<Ipv6Addr>,
     bytes: &[u8],
-    before: &mut dyn FnMut(Waiter<P>, &Body),
+    before: &mut dyn FnMut(Waiter<P>, &Body) -> bool,
 ) -> Vec<(Out<P>, bool)> {
     // Revocations in a table the node took since the last datagram apply
     // from this one on.
@@ -95,7 +99,9 @@ fn mn_receive_with<P: Copy + Eq + std::hash::Hash>(
         target: msg.target,
         seal: sealed,
     };
-    before(waiter, &msg.body);
+    if !before(waiter, &msg.body) {
+        return Vec::new();
+    }
     let outs = core.handle(now, from, msg);
     debug_check(core, "a message");
     outs.into_iter()
@@ -234,6 +240,10 @@ pub struct MnHandle {
     /// The node's repair counters, as its serving thread last published
     /// them.
     repair: Arc<std::sync::Mutex<RepairStats>>,
+    /// The node, for direct calls from this process
+    /// ([`LocalMetadataNodes`]). Weak: the handle's drop waits until the
+    /// serving thread has dropped the node.
+    local: std::sync::Weak<Slot>,
     /// Keeps the serving thread alive while the node runs.
     _server: MnServer,
 }
@@ -540,15 +550,14 @@ pub async fn start_mn_on(
         fenced,
         _gone: gone_tx,
     };
-    let added = server.add(
-        Arc::new(Slot {
-            fd,
-            busy: AtomicBool::new(false),
-            stop: stop.clone(),
-            node: std::sync::Mutex::new(node),
-        }),
-        format!("strata-mn-{slot}"),
-    );
+    let served = Arc::new(Slot {
+        fd,
+        busy: AtomicBool::new(false),
+        stop: stop.clone(),
+        node: std::sync::Mutex::new(node),
+    });
+    let local = Arc::downgrade(&served);
+    let added = server.add(served, format!("strata-mn-{slot}"));
     if let Err(e) = added {
         refresher.abort();
         return Err(e);
@@ -560,6 +569,7 @@ pub async fn start_mn_on(
         gone,
         refresher,
         repair,
+        local,
         _server: server.clone(),
     })
 }
@@ -742,6 +752,7 @@ fn serve_node(
                     if !matches!(body, Body::Get { .. }) {
                         drop(lead.take());
                     }
+                    true
                 },
             );
             let wrote = core.db().writes() != writes;
@@ -784,23 +795,39 @@ fn serve_node(
             Err(_) => stop.store(true, Ordering::Relaxed),
         }
     }
-    // The group commit: every write of the round becomes durable with one
-    // disk flush before any answer leaves.
     if node.core.db().has_unflushed() {
         drop(lead.take());
-        if let Err(e) = node.core.db().flush() {
+    }
+    let outs = group_commit(node, outs, &waiters);
+    send_outs(node, outs, outgoing);
+    received
+}
+
+/// The group commit of a round whose answers are `outs` and whose
+/// requests are `waiters`: every write of the round becomes durable with
+/// one disk flush before any answer leaves. If the flush fails, the node
+/// is fenced, and the answers become the error ([`failed_round`]).
+fn group_commit(
+    node: &mut Served,
+    outs: Vec<(Out<SocketAddr>, bool)>,
+    waiters: &[Waiter<SocketAddr>],
+) -> Vec<(Out<SocketAddr>, bool)> {
+    if !node.core.db().has_unflushed() {
+        return outs;
+    }
+    match node.core.db().flush() {
+        Ok(()) => outs,
+        Err(e) => {
             let why = e.report().to_string();
             tracing::error!(
                 "metadata node fenced: its group commit failed ({why}); it answers nothing \
                  until it is restarted"
             );
-            outs = failed_round(outs, &waiters, &why);
-            node.failed = Some(why);
+            node.failed = Some(why.clone());
             node.fenced.store(true, Ordering::Relaxed);
+            failed_round(outs, waiters, &why)
         }
     }
-    send_outs(node, outs, outgoing);
-    received
 }
 
 /// Whether the answers to a request may leave before the round's group
@@ -823,6 +850,18 @@ fn send_outs(
     if outs.is_empty() {
         return;
     }
+    encode_outs(node, outs, outgoing);
+    crate::mmsg::send_batch(&node.sock, outgoing);
+    outgoing.clear();
+}
+
+/// Carries out `outs` ([`dispatch`]): their datagrams go to `outgoing`,
+/// work is spawned.
+fn encode_outs(
+    node: &Served,
+    outs: Vec<(Out<SocketAddr>, bool)>,
+    outgoing: &mut Vec<(Vec<u8>, SocketAddr)>,
+) {
     let wall = strata_store_protocol::auth::unix_ms();
     for (out, seal) in outs {
         let key = seal.then_some(node.gate.key());
@@ -833,8 +872,6 @@ fn send_outs(
         };
         dispatch(node.core.table(), out, key, wall, outgoing, &work, node.on);
     }
-    crate::mmsg::send_batch(&node.sock, outgoing);
-    outgoing.clear();
 }
 
 /// The refusal of a request that arrived at one metadata address but
@@ -945,7 +982,10 @@ mod tests {
             9,
             None,
             &bytes,
-            &mut |_, body| called |= !matches!(body, Body::Get { .. }),
+            &mut |_, body| {
+                called |= !matches!(body, Body::Get { .. });
+                true
+            },
         );
         called
     }
@@ -967,6 +1007,48 @@ mod tests {
         // A refused datagram never reaches the core.
         let other = ClusterKey::from_bytes(&[8; KEY_LEN]);
         assert!(!announced(&key, &other, delete));
+    }
+
+    // A direct call lets the core handle only Gets: a request that
+    // `before` refuses gets no answer and changes nothing; let through,
+    // the same request is answered.
+    #[test]
+    fn a_request_refused_before_the_core_is_neither_handled_nor_answered() {
+        let key = ClusterKey::from_bytes(&[7; KEY_LEN]);
+        let delete = Body::Delete {
+            name: "a/b".into(),
+            if_version: 0,
+            keep_data: false,
+        };
+        for allowed in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let db = crate::metadata::database::MetaDb::open(&dir.path().join("m.redb")).unwrap();
+            let layout = strata_store_protocol::addr::Layout::new(
+                strata_store_protocol::addr::DEFAULT_CLUSTER_PREFIX,
+                4,
+            );
+            let table = Table::new(layout, strata_store_protocol::table::Params::default());
+            let mut core: MnCore<u32> = MnCore::new(db, table, 0, 1);
+            let mut gate = Gate::new(key.clone(), Receiver::Mn);
+            let wall = strata_store_protocol::auth::unix_ms();
+            let bytes = Msg::new(1, 0, delete.clone()).seal(&key, wall).unwrap();
+            let writes = core.db().writes();
+            let outs = mn_receive_with(
+                &mut core,
+                &mut gate,
+                wall,
+                1,
+                9,
+                None,
+                &bytes,
+                &mut |_, _| allowed,
+            );
+            assert_eq!(!outs.is_empty(), allowed, "answers: {outs:?}");
+            if !allowed {
+                assert_eq!(core.db().writes(), writes, "a refused request wrote");
+                assert!(!core.db().has_unflushed());
+            }
+        }
     }
 
     // A failed group commit may have lost every write of its round: each
