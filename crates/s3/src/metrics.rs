@@ -108,8 +108,8 @@ impl Metrics {
             ),
             (
                 "strata_s3_metadata_direct_declined_total",
-                "Records of objects whose metadata node (of this process) was busy, asked by \
-                 datagram instead.",
+                "Records of objects asked of this process's metadata nodes by datagram: the node \
+                 was busy, or would have read the record from its disk.",
                 counts.declined,
             ),
         ];

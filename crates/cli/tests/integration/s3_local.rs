@@ -314,12 +314,13 @@ print("read back", len(back))
 }
 
 /// The gateway of `strata store up` asks its own metadata nodes for an
-/// object's record by a direct call, not a datagram: GETs and HEADs read
-/// back exact, a missing key is NoSuchKey, another tenant is refused as
-/// by datagram (the node's gate runs the same checks), and 40 objects
-/// fetched by parallel GETs come back exact whether each call went direct
-/// or found its node busy. `--s3-remote-reads` turns the direct calls
-/// off: no counter is shown.
+/// object's record by a direct call, not a datagram, once the record is
+/// in the node's read cache (the first GET fills it by datagram): GETs
+/// and HEADs read back exact, a missing key is NoSuchKey, another tenant
+/// is refused as by datagram (the node's gate runs the same checks), and
+/// 40 objects fetched by parallel GETs come back exact whether each call
+/// went direct or by datagram. `--s3-remote-reads` turns the direct
+/// calls off: no counter is shown.
 #[test]
 fn the_gateway_asks_its_own_metadata_nodes_by_direct_call() {
     let direct = |s3: &str| gateway_metric(s3, "strata_s3_metadata_direct_total");

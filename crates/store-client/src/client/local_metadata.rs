@@ -19,13 +19,15 @@ use std::net::SocketAddr;
 pub trait LocalMetadata: Send + Sync {
     /// The answer of the node at `endpoint` to the sealed Get `request`
     /// (its bytes, as the node would send them), or `None` when no node
-    /// of this process listens there, or it is busy (serving datagrams,
-    /// waiting for its disk): the caller then sends the datagram. Never
-    /// blocks on the node.
+    /// of this process listens there, it is busy (serving datagrams,
+    /// waiting for its disk), or it would have to read the record from
+    /// its disk: the caller then sends the datagram. Never blocks on the
+    /// node or its disk.
     fn get(&self, endpoint: SocketAddr, request: &[u8]) -> Option<Vec<u8>>;
 
-    /// How many Gets were answered by a direct call, and how many found
-    /// their node busy and went by datagram, since the start.
+    /// How many Gets were answered by a direct call, and how many went
+    /// by datagram (their node busy, or their record not in its read
+    /// cache), since the start.
     fn counts(&self) -> DirectCalls;
 }
 
@@ -34,6 +36,7 @@ pub trait LocalMetadata: Send + Sync {
 pub struct DirectCalls {
     /// Gets answered by a direct call.
     pub answered: u64,
-    /// Gets to a node of this process that was busy: sent by datagram.
+    /// Gets to a node of this process that was busy, or whose record was
+    /// not in its read cache: sent by datagram.
     pub declined: u64,
 }

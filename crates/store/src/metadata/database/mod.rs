@@ -385,6 +385,12 @@ impl MetaDb {
         Ok(found)
     }
 
+    /// Whether the record of `name` in group `mg` is in the read cache,
+    /// so that [`MetaDb::get`] finds it without reading the database.
+    pub fn is_cached(&self, mg: u32, name: &str) -> bool {
+        matches!(self.hot().get(&key(mg, name)), Some(Some(_)))
+    }
+
     fn read_record(&self, mg: u32, name: &str, k: &[u8]) -> Result<Option<Record>, Error> {
         let what = || self.at(format_args!("reading the record of {name:?} in group {mg}"));
         reading!(self, what, |tx| {
@@ -945,6 +951,24 @@ mod tests {
         assert!(db.hot().len() <= HOT_RECORDS);
         assert!(db.apply_record(9, &rec("n3", 1)).unwrap());
         assert_eq!(db.get(9, "n3").unwrap().unwrap().version, 1);
+    }
+
+    // A direct call answers only from memory: a record counts as cached
+    // once a read found it, and no longer once a write changed it; a
+    // cached absence does not count (its answer reads the tombstones).
+    #[test]
+    fn a_record_is_cached_once_read_and_not_after_a_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = MetaDb::open(&dir.path().join("m.redb")).unwrap();
+        assert!(db.get(1, "a").unwrap().is_none());
+        assert!(!db.is_cached(1, "a"), "an absence");
+        assert!(db.apply_record(1, &rec("a", 1)).unwrap());
+        assert!(!db.is_cached(1, "a"), "written, not read yet");
+        db.get(1, "a").unwrap();
+        assert!(db.is_cached(1, "a"));
+        assert!(!db.is_cached(2, "a"), "another group");
+        assert!(db.apply_record(1, &rec("a", 2)).unwrap());
+        assert!(!db.is_cached(1, "a"), "overwritten");
     }
 
     #[test]

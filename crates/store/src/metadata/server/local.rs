@@ -9,9 +9,12 @@
 //! node busy with datagrams or waiting for its disk is asked by datagram
 //! as before, so a direct call never waits. While the call holds the node
 //! (the microseconds of one Get), the serving thread skips it or waits as
-//! it would for another serving thread. A Get writes nothing, so its
-//! answer needs no group commit; the commit still runs if the core wrote
-//! anyway, as a round would.
+//! it would for another serving thread. Only a Get whose record is in the
+//! node's read cache is answered this way: the caller is an async worker,
+//! which must not wait for a disk read (the first Get of a record goes by
+//! datagram and fills the cache). A Get writes nothing, so its answer
+//! needs no group commit; the commit still runs if the core wrote anyway,
+//! as a round would.
 
 use super::{encode_outs, group_commit, mn_receive_with, MnHandle, Served, Slot};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -76,12 +79,14 @@ impl LocalMetadata for LocalMetadataNodes {
     }
 }
 
-/// The node's answer to the sealed request `request` if it is a Get (or
-/// the gate's refusal of it), as the bytes its datagram would carry;
-/// `None` for a fenced node or another kind of request, which is then
-/// not handled. Anything else the core sends leaves by the node's socket.
+/// The node's answer to the sealed request `request` if it is a Get
+/// whose record is in the node's read cache (or the gate's refusal of
+/// it), as the bytes its datagram would carry; `None` for a fenced node,
+/// another kind of request, or a record the node would read from its
+/// disk, which are then not handled. Anything else the core sends leaves
+/// by the node's socket.
 fn answer_get(node: &mut Served, request: &[u8]) -> Option<Vec<u8>> {
-    if node.failed.is_some() {
+    if node.failed.is_some() || !cached_get(node, request) {
         return None;
     }
     let wall = strata_store_protocol::auth::unix_ms();
@@ -116,4 +121,17 @@ fn answer_get(node: &mut Served, request: &[u8]) -> Option<Vec<u8>> {
         crate::mmsg::send_batch(&node.sock, &outgoing);
     }
     answer
+}
+
+/// Whether `request` decodes as a Get whose record the node holds in
+/// memory. The gate decodes it again once its seal is checked: this
+/// look only decides which path serves it.
+fn cached_get(node: &Served, request: &[u8]) -> bool {
+    match strata_store_protocol::wire::Msg::decode(request) {
+        Ok(msg) => match &msg.body {
+            Body::Get { name } => node.core.get_is_cached(msg.target, name),
+            _ => false,
+        },
+        Err(_) => false,
+    }
 }

@@ -550,6 +550,18 @@ impl<P: Clone + Eq + Hash> MnCore<P> {
         Err(remote(Code::NotFound, format!("no object named {name:?}")))
     }
 
+    /// Whether a Get of `name` at `target` would be answered from memory,
+    /// its record in the database's read cache: a direct call from this
+    /// process answers only such a Get, so that its caller (an async
+    /// worker) never waits for a disk read. A Get the node would refuse
+    /// is left to the datagram path too.
+    pub fn get_is_cached(&self, target: Addr, name: &str) -> bool {
+        let Ok(mg) = self.replica_check(target, name) else {
+            return false;
+        };
+        self.not_sealed(mg).is_ok() && !self.table.restoring(mg) && self.db.is_cached(mg, name)
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn delete(
         &mut self,
