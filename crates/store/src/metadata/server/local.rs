@@ -33,7 +33,8 @@ pub struct LocalMetadataNodes {
     nodes: Vec<(SocketAddr, Weak<Slot>)>,
     /// Gets answered by a direct call.
     answered: AtomicU64,
-    /// Gets whose node was busy (sent by datagram).
+    /// Gets sent by datagram instead: their node was busy, or their
+    /// record not in its read cache.
     declined: AtomicU64,
 }
 
