@@ -48,6 +48,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -206,6 +207,9 @@ def main():
         raise SystemExit(f"unknown variants {unknown}: give some of {', '.join(VARIANTS)}")
     if opts.memory_limit:
         parse_size(opts.memory_limit)  # a bad size ends the script before any run
+    # SIGTERM unwinds like an error, so that the memory group and the run
+    # directories are removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = opts.keep or tempfile.mkdtemp(prefix="cns-snapshots-")
     os.makedirs(work, exist_ok=True)
     results = {v: {"snap": [], "base": []} for v in variants}
