@@ -20,15 +20,20 @@ def failures(out):
     return errors
 
 
-def run_and_report(strata, args, out, label):
+def run_and_report(strata, args, out, label, group=None):
     """Runs `strata bench run ARGS --out OUT`; returns its failed records'
     errors and `strata bench report OUT --output json`. Exit 1 (the run
     went on, but an operation failed) is kept, with the failures named;
-    anything else is a run that did not happen, and ends the script."""
-    done = subprocess.run([strata, "bench", "run", *args, "--out", out],
-                          capture_output=True, text=True)
-    if done.returncode not in (0, 1):
-        raise SystemExit(f"{label}: strata bench run failed:\n{done.stderr[-3000:]}")
+    anything else is a run that did not happen, and ends the script.
+    With `group` (a cns_memory.MemoryGroup, opened), the run's provider
+    daemon is moved into it as soon as it starts."""
+    process = subprocess.Popen([strata, "bench", "run", *args, "--out", out],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if group:
+        group.adopt(process)
+    _, stderr = process.communicate()
+    if process.returncode not in (0, 1):
+        raise SystemExit(f"{label}: strata bench run failed:\n{stderr[-3000:]}")
     failed = failures(out)
     for error in failed[:3]:
         print(f"  {label} failed: {error}", file=sys.stderr)

@@ -28,6 +28,15 @@ Usage (as root: the volumes' NBD exports, fio, mounts):
     python3 bench/cns_snapshots.py --duration 2m --repeat 3
     python3 bench/cns_snapshots.py --duration 20s --repeat 1 --variants strata-64k
     python3 bench/cns_snapshots.py --experiment pgbench --duration 3m --restore-every 2
+    python3 bench/cns_snapshots.py --variants strata-4k --memory-limit 3G
+
+--memory-limit SIZE runs each provider daemon (Strata's volume daemon,
+qemu-storage-daemon) in a cgroup v1 memory group with that limit, as a
+container would (`max`: a group without a limit, to see what runs grow
+to); each run's line then shows the group's peak memory (mem_max_mib),
+its major faults (pgmajfault), how often it hit the limit (limit_hits)
+and the machine's disk reads during the run (disk_read_mib), so that a
+limit that thrashes shows.
 
 Targets (issue 29): with a snapshot every 30 s, Strata loses at most 2%
 of pgbench's and fio's throughput and has no zero-operation second, with
@@ -39,11 +48,13 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
 
 from cns_common import run_and_report
+from cns_memory import MemoryGroup, parse_size
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -132,6 +143,9 @@ def parse_args():
     parser.add_argument("--experiment", choices=sorted(EXPERIMENTS), default="fio")
     parser.add_argument("--restore-every", type=int, default=10,
                         help="pgbench: restore the newest snapshot after every Nth")
+    parser.add_argument("--memory-limit",
+                        help="run each provider daemon in a memory cgroup of this size"
+                             " (e.g. 3G; max: no limit, figures only)")
     parser.add_argument("--keep", help="keep the run directories here")
     parser.add_argument("--json", help="write the results here too")
     return parser.parse_args()
@@ -156,7 +170,14 @@ def run_one(opts, work, variant, snapshots, round_):
     args = [spec, "--seed", str(round_ + 1)]
     if provider != "strata":
         args += ["--provider", provider]
-    failed, summary = run_and_report(opts.strata, args, out, f"{variant} {mode}")
+    group = None
+    if opts.memory_limit:
+        group = MemoryGroup(parse_size(opts.memory_limit))
+        group.open()
+    try:
+        failed, summary = run_and_report(opts.strata, args, out, f"{variant} {mode}", group)
+    finally:
+        memory = group.close() if group else {}
     name = EXPERIMENTS[opts.experiment][2]
     workload = next(w for w in summary["workloads"] if w["workload"] == name)
     snaps = next((o for o in summary["operations"] if o["operation"] == "snapshots"), None)
@@ -166,6 +187,7 @@ def run_one(opts, work, variant, snapshots, round_):
         "min_iops": workload["min_iops"],
         "zero_seconds": workload["zero_seconds"],
         "failed": len(failed),
+        **memory,
     }
     if snaps:
         result.update(snapshots=snaps["ok"], snapshot_errors=snaps["errors"],
@@ -183,6 +205,11 @@ def main():
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown variants {unknown}: give some of {', '.join(VARIANTS)}")
+    if opts.memory_limit:
+        parse_size(opts.memory_limit)  # a bad size ends the script before any run
+    # SIGTERM unwinds like an error, so that the memory group and the run
+    # directories are removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = opts.keep or tempfile.mkdtemp(prefix="cns-snapshots-")
     os.makedirs(work, exist_ok=True)
     results = {v: {"snap": [], "base": []} for v in variants}
