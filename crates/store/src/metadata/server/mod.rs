@@ -959,18 +959,26 @@ mod tests {
     use super::*;
     use strata_store_protocol::auth::KEY_LEN;
 
-    /// Whether the core handling `msg` (sealed with `key`) was announced
-    /// as a possible write.
-    fn announced(key: &ClusterKey, sealed_with: &ClusterKey, body: Body) -> bool {
-        let dir = tempfile::tempdir().unwrap();
-        let db = crate::metadata::database::MetaDb::open(&dir.path().join("m.redb")).unwrap();
+    /// A metadata node's core and gate (of cluster key `key`), its
+    /// database in `dir`, for a table of one node.
+    fn node_in(dir: &Path, key: &ClusterKey) -> (MnCore<u32>, Gate) {
+        let db = crate::metadata::database::MetaDb::open(&dir.join("m.redb")).unwrap();
         let layout = strata_store_protocol::addr::Layout::new(
             strata_store_protocol::addr::DEFAULT_CLUSTER_PREFIX,
             4,
         );
         let table = Table::new(layout, strata_store_protocol::table::Params::default());
-        let mut core: MnCore<u32> = MnCore::new(db, table, 0, 1);
-        let mut gate = Gate::new(key.clone(), Receiver::Mn);
+        (
+            MnCore::new(db, table, 0, 1),
+            Gate::new(key.clone(), Receiver::Mn),
+        )
+    }
+
+    /// Whether the core handling `msg` (sealed with `key`) was announced
+    /// as a possible write.
+    fn announced(key: &ClusterKey, sealed_with: &ClusterKey, body: Body) -> bool {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut core, mut gate) = node_in(dir.path(), key);
         let wall = strata_store_protocol::auth::unix_ms();
         let bytes = Msg::new(1, 0, body).seal(sealed_with, wall).unwrap();
         let mut called = false;
@@ -1022,14 +1030,7 @@ mod tests {
         };
         for allowed in [false, true] {
             let dir = tempfile::tempdir().unwrap();
-            let db = crate::metadata::database::MetaDb::open(&dir.path().join("m.redb")).unwrap();
-            let layout = strata_store_protocol::addr::Layout::new(
-                strata_store_protocol::addr::DEFAULT_CLUSTER_PREFIX,
-                4,
-            );
-            let table = Table::new(layout, strata_store_protocol::table::Params::default());
-            let mut core: MnCore<u32> = MnCore::new(db, table, 0, 1);
-            let mut gate = Gate::new(key.clone(), Receiver::Mn);
+            let (mut core, mut gate) = node_in(dir.path(), &key);
             let wall = strata_store_protocol::auth::unix_ms();
             let bytes = Msg::new(1, 0, delete.clone()).seal(&key, wall).unwrap();
             let writes = core.db().writes();
