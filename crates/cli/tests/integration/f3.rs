@@ -548,10 +548,9 @@ fn locality_query_and_scheduler_extender_verbs() {
     // may learn of the last file's bytes a moment later: ask until it
     // has, within a bound.
     let expected: [(String, u64); 2] = [("a".into(), 300_000), ("b".into(), 100_000)];
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let nodes = loop {
+    let ranking = || -> Vec<(String, u64)> {
         let ranked = f3.f3_json(&["where", "/input-a.eph", "/input-b.eph"]);
-        let nodes: Vec<(String, u64)> = ranked["nodes"]
+        ranked["nodes"]
             .as_array()
             .unwrap()
             .iter()
@@ -561,12 +560,13 @@ fn locality_query_and_scheduler_extender_verbs() {
                     n["bytes"].as_u64().unwrap(),
                 )
             })
-            .collect();
-        if nodes == expected || Instant::now() > deadline {
-            break nodes;
-        }
-        std::thread::sleep(Duration::from_millis(50));
+            .collect()
     };
+    let mut nodes = Vec::new();
+    wait_until_long("both nodes in the ranking", Duration::from_secs(5), || {
+        nodes = ranking();
+        nodes == expected
+    });
     assert_eq!(nodes, expected);
     // Node b pulls a whole copy of input-a: it holds 400,000 bytes now.
     assert_eq!(
