@@ -80,11 +80,11 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// How long a multipart upload may stay pending unless told: 7 days.
 pub const DEFAULT_UPLOAD_EXPIRY: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// The gateway of one cluster: the S3 operations, each acting as the
-/// tenant its request's access key names.
 /// The gateway's store clients, by access key.
 pub(crate) type Clients = Arc<Mutex<HashMap<String, Arc<Client>>>>;
 
+/// The gateway of one cluster: the S3 operations, each acting as the
+/// tenant its request's access key names.
 pub struct Gateway {
     cluster: SocketAddr,
     key: ClusterKey,
@@ -206,14 +206,43 @@ impl Gateway {
 /// The secret of each access key, derived from the cluster key.
 struct Auth {
     key: ClusterKey,
+    /// Secrets derived already, by access key (at most [`MAX_CLIENTS`]):
+    /// otherwise every request would derive a credential and a secret
+    /// again. A key's secret never changes, so none is ever stale.
+    secrets: Mutex<HashMap<String, SecretKey>>,
+}
+
+impl Auth {
+    fn new(key: ClusterKey) -> Auth {
+        Auth {
+            key,
+            secrets: Mutex::default(),
+        }
+    }
+
+    /// The secret derived for `access_key` already, if any.
+    fn known(&self, access_key: &str) -> Option<SecretKey> {
+        let secrets = self.secrets.lock().unwrap_or_else(|e| e.into_inner());
+        secrets.get(access_key).cloned()
+    }
 }
 
 #[async_trait::async_trait]
 impl S3Auth for Auth {
     async fn get_secret_key(&self, access_key: &str) -> S3Result<SecretKey> {
+        if let Some(secret) = self.known(access_key) {
+            return Ok(secret);
+        }
         let credential = access::credential_for(&self.key, access_key)
             .map_err(|why| errors::s3(S3ErrorCode::InvalidAccessKeyId, why))?;
-        Ok(SecretKey::from(access::secret_key(&credential)))
+        let secret = SecretKey::from(access::secret_key(&credential));
+        let mut secrets = self.secrets.lock().unwrap_or_else(|e| e.into_inner());
+        if secrets.len() >= MAX_CLIENTS {
+            // As with the clients: rare, so start afresh.
+            secrets.clear();
+        }
+        secrets.insert(access_key.to_string(), secret.clone());
+        Ok(secret)
     }
 }
 
@@ -227,7 +256,7 @@ pub(crate) fn service(gateway: Gateway) -> (s3s::service::S3Service, Arc<Metrics
         gateway.local_metadata.clone(),
     ));
     let mut builder = S3ServiceBuilder::new(gateway);
-    builder.set_auth(Auth { key });
+    builder.set_auth(Auth::new(key));
     builder.set_access(presigned::Access);
     (builder.build(), metrics)
 }
@@ -264,5 +293,27 @@ pub async fn serve(listener: TcpListener, gateway: Gateway) -> std::io::Result<(
             }
             drop(permit);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_secret_is_derived_once_and_a_bad_key_is_refused_without_being_kept() {
+        let key = ClusterKey::from_bytes(&[7; 32]);
+        let auth = Auth::new(key.clone());
+        let credential = access::credential_for(&key, "acme~2").expect("a credential");
+        let expected = access::secret_key(&credential);
+        for _ in 0..2 {
+            let secret = auth.get_secret_key("acme~2").await.expect("a secret");
+            assert_eq!(secret.expose(), expected);
+        }
+        assert!(auth.known("acme~2").is_some());
+        let refused = auth.get_secret_key("acme").await.expect_err("refused");
+        assert_eq!(*refused.code(), S3ErrorCode::InvalidAccessKeyId);
+        assert!(auth.known("acme").is_none());
+        assert_eq!(auth.secrets.lock().expect("the lock").len(), 1);
     }
 }
