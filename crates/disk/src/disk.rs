@@ -20,6 +20,7 @@ use crate::error::{DiskError, Result};
 use crate::header::seal_layer;
 use crate::layer::{Format, Layer};
 use crate::lock::LockMode;
+use crate::write_times::{WriteCounters, WriteTimes};
 use crate::writer::Writer;
 use crate::DEFAULT_CACHE_BYTES;
 
@@ -85,6 +86,8 @@ pub struct Disk {
     /// Drop a frozen layer's pages from the page cache once it is sealed
     /// (see [`Disk::set_drop_sealed_cache`]).
     pub(crate) drop_sealed_cache: AtomicBool,
+    /// Guest writes by kind, and their times.
+    pub(crate) write_counters: WriteCounters,
 }
 
 /// A layer frozen by a push whose writes are not yet durable.
@@ -140,6 +143,7 @@ impl Disk {
             frozen: Mutex::new(Vec::new()),
             sealing: Mutex::new(()),
             drop_sealed_cache: AtomicBool::new(false),
+            write_counters: WriteCounters::default(),
         };
         if opts.writable {
             let writer = if created {
@@ -187,6 +191,13 @@ impl Disk {
     /// big disk slow to prepare.
     pub fn index_bytes(&self) -> Option<u64> {
         self.chain.index.read().as_ref().map(|ext| ext.region_len)
+    }
+
+    /// Guest writes since the disk was opened: how many overwrote in
+    /// place and how many allocated, and their times
+    /// ([`crate::write_times`]).
+    pub fn write_times(&self) -> WriteTimes {
+        self.write_counters.read()
     }
 
     /// Metadata cache statistics.
@@ -270,10 +281,13 @@ impl Disk {
                 None => (self.cluster_end(pos, end), None),
             };
             let part = &buf[(pos - offset) as usize..(seg_end - offset) as usize];
+            let started = Instant::now();
             match host {
                 Some(host) => self.chain.write_guest_data(part, host, pos)?,
                 None => self.write_allocating(writer, part, pos)?,
             }
+            self.write_counters
+                .record(host.is_none(), started.elapsed());
             pos = seg_end;
         }
         Ok(())

@@ -45,6 +45,7 @@ mod overlap;
 pub mod rebase;
 mod refcounts;
 pub mod resize;
+pub mod write_times;
 mod writer;
 
 pub use compact::{merge_layers, set_backing_file, MergeProgress, MergeReport};
@@ -54,6 +55,7 @@ pub use disk::{BlockStatus, Disk, OpenOptions};
 pub use error::{DiskError, Result};
 pub use live::{PreparedTop, PushReport};
 pub use lock::{ImageLock, LockMode};
+pub use write_times::WriteTimes;
 
 /// Default bound of the chain's metadata cache.
 pub const DEFAULT_CACHE_BYTES: u64 = 32 * 1024 * 1024;

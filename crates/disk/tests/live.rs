@@ -132,3 +132,36 @@ fn grown_top_reads_zeros_past_the_smaller_layers() {
     );
     qemu_check_clean(&top2);
 }
+
+#[test]
+fn writes_after_a_snapshot_are_counted_as_allocating_once_per_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut disk = new_disk(dir.path(), 8 * MIB);
+    // Two fresh 64 KiB clusters allocate; overwriting them does not.
+    disk.write_at(&vec![1; 2 * 65536], 0).unwrap();
+    let first = disk.write_times();
+    assert_eq!((first.allocating, first.in_place), (2, 0));
+    disk.write_at(&vec![2; 4096], 4096).unwrap();
+    disk.write_at(&vec![2; 4096], 65536).unwrap();
+    let before = disk.write_times();
+    assert_eq!((before.allocating, before.in_place), (2, 2));
+    assert!(before.allocating_time > std::time::Duration::ZERO);
+
+    let prepared = disk
+        .prepare_top(&dir.path().join("top2.qcow2"), "base.qcow2", None)
+        .unwrap();
+    disk.push_top(prepared, || Ok(())).unwrap();
+    // After the snapshot both clusters are shared: the first write to
+    // each allocates (copying the rest of the cluster), the next does not.
+    for _ in 0..2 {
+        disk.write_at(&vec![3; 4096], 8192).unwrap();
+        disk.write_at(&vec![3; 4096], 65536 + 8192).unwrap();
+    }
+    let after = disk.write_times();
+    assert_eq!(after.allocating - before.allocating, 2);
+    assert_eq!(after.in_place - before.in_place, 2);
+    let mut buf = vec![0u8; 4096];
+    disk.read_at(&mut buf, 65536 + 4096).unwrap();
+    assert_eq!(buf, vec![1; 4096], "the copy-on-write kept the rest");
+    disk.close().unwrap();
+}

@@ -4,6 +4,7 @@
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use strata_disk::WriteTimes;
 
 /// Upper bounds of the latency buckets, in seconds.
 pub const LATENCY_BUCKETS: [f64; 12] = [
@@ -203,6 +204,8 @@ pub struct VolumeGauges {
     pub cache_misses: u64,
     /// Layers snapshots froze whose writes are not durable yet.
     pub frozen_layers: usize,
+    /// Guest writes that overwrote in place or allocated, and their times.
+    pub writes: WriteTimes,
 }
 
 /// Appends the catalog's durable commits (each one sync of its database,
@@ -268,6 +271,26 @@ pub fn render(volumes: &[(VolumeGauges, &VolumeStats)]) -> String {
             counter(o, "strata_volume_written_bytes_total", &|_, s| {
                 s.bytes_written.load(Ordering::Relaxed) as f64
             })
+        },
+    );
+    family(
+        "strata_volume_cluster_writes_total",
+        "counter",
+        "Guest writes into the top layer, by kind: in_place overwrote clusters it owned, \
+         allocating allocated (after a snapshot, the first write to each cluster does).",
+        &|o| write_kinds(o, volumes, "strata_volume_cluster_writes_total", false),
+    );
+    family(
+        "strata_volume_cluster_write_seconds_total",
+        "counter",
+        "Time spent in guest writes into the top layer, by kind.",
+        &|o| {
+            write_kinds(
+                o,
+                volumes,
+                "strata_volume_cluster_write_seconds_total",
+                true,
+            )
         },
     );
     family(
@@ -412,4 +435,32 @@ pub fn render(volumes: &[(VolumeGauges, &VolumeStats)]) -> String {
         &|o| counter(o, "strata_volume_size_bytes", &|g, _| g.size as f64),
     );
     out
+}
+
+/// One line per volume and kind of write: the count, or (`seconds`) the
+/// time summed.
+fn write_kinds(
+    out: &mut String,
+    volumes: &[(VolumeGauges, &VolumeStats)],
+    name: &str,
+    seconds: bool,
+) {
+    for (g, _) in volumes {
+        let w = &g.writes;
+        for (kind, count, time) in [
+            ("in_place", w.in_place, w.in_place_time),
+            ("allocating", w.allocating, w.allocating_time),
+        ] {
+            let value = if seconds {
+                time.as_secs_f64()
+            } else {
+                count as f64
+            };
+            let _ = writeln!(
+                out,
+                "{name}{{volume=\"{}\",kind=\"{kind}\"}} {value}",
+                g.name
+            );
+        }
+    }
 }

@@ -74,6 +74,7 @@ impl Volume {
             cache_hits: cache.hits,
             cache_misses: cache.misses,
             frozen_layers: disk.frozen_pending().0,
+            writes: disk.write_times(),
         }
     }
 

@@ -386,6 +386,15 @@ fn volumes_snapshots_clones_and_restart() {
     let metrics = d.http("GET", "/metrics", "").1;
     assert!(metrics.contains("strata_volume_chain_length{volume=\"vol-a\"} 3"));
     assert!(metrics.contains("strata_volume_snapshots_total{volume=\"vol-a\"} 1"));
+    // Each 1 MiB write allocated its 16 clusters: the first into a new
+    // volume, the second after the snapshot, the third past the old end.
+    assert!(metrics
+        .contains("strata_volume_cluster_writes_total{volume=\"vol-a\",kind=\"allocating\"} 48"));
+    assert!(metrics
+        .contains("strata_volume_cluster_writes_total{volume=\"vol-a\",kind=\"in_place\"} 0"));
+    assert!(metrics.contains(
+        "strata_volume_cluster_write_seconds_total{volume=\"vol-a\",kind=\"allocating\"}"
+    ));
     assert!(metrics.contains(
         "strata_volume_op_latency_seconds_bucket{volume=\"vol-a\",op=\"write\",le=\"+Inf\"} 3"
     ));
