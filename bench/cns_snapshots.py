@@ -194,9 +194,57 @@ def run_one(opts, work, variant, snapshots, round_):
                       p50_ms=snaps["p50_ms"], p99_ms=snaps["p99_ms"], max_ms=snaps["max_ms"])
     if restores:
         result.update(restores_ok=restores["ok"], restores_failed=restores["errors"])
+    result.update(write_costs(out))
     if not opts.keep:
         shutil.rmtree(out, ignore_errors=True)
     return result
+
+
+def write_costs(out):
+    """What the Strata daemon's /metrics (scraped into the run's
+    metrics.jsonl) say the run's writes cost: allocating and in-place
+    writes and their mean times, and the I/O time allocation added over
+    what the same writes would have taken in place, as a share of all the
+    volumes' request time. With a fixed queue depth, throughput goes as
+    the inverse of the mean request time, so that share estimates the
+    throughput that allocating writes cost, without the run-to-run noise
+    of comparing two runs' IOPS. Empty for providers without the series."""
+    path = os.path.join(out, "metrics.jsonl")
+    first, last = {}, {}
+    try:
+        with open(path) as f:
+            for line in f:
+                sample = json.loads(line)
+                metric = sample["metric"]
+                if metric not in ("strata_volume_cluster_writes_total",
+                                  "strata_volume_cluster_write_seconds_total",
+                                  "strata_volume_op_latency_seconds_sum"):
+                    continue
+                labels = sample.get("labels", {})
+                key = (metric, labels.get("volume"), labels.get("kind") or labels.get("op"))
+                first.setdefault(key, sample["value"])
+                last[key] = sample["value"]
+    except FileNotFoundError:
+        return {}
+    def total(metric, kind):
+        return sum(last[k] - first[k] for k in last if k[0] == metric and k[2] == kind)
+    writes = {kind: total("strata_volume_cluster_writes_total", kind)
+              for kind in ("allocating", "in_place")}
+    seconds = {kind: total("strata_volume_cluster_write_seconds_total", kind)
+               for kind in ("allocating", "in_place")}
+    if not writes["allocating"] and not writes["in_place"]:
+        return {}
+    mean = {kind: seconds[kind] / writes[kind] if writes[kind] else 0.0 for kind in writes}
+    request_seconds = sum(total("strata_volume_op_latency_seconds_sum", op)
+                          for op in ("read", "write"))
+    added = writes["allocating"] * max(mean["allocating"] - mean["in_place"], 0.0)
+    return {
+        "allocating_writes": int(writes["allocating"]),
+        "in_place_writes": int(writes["in_place"]),
+        "allocating_us": round(1e6 * mean["allocating"], 1),
+        "in_place_us": round(1e6 * mean["in_place"], 1),
+        "allocation_share": round(added / request_seconds, 5) if request_seconds else None,
+    }
 
 
 def main():
@@ -229,9 +277,19 @@ def main():
     print(f"\nmedians of {opts.repeat} rounds, {opts.duration} each run")
     unit = "tps" if opts.experiment == "pgbench" else "IOPS"
     print(f"| variant | {unit}, none | {unit}, snapshots | loss | lowest second (snapshots) |"
-          " zero-op seconds (snapshots) | snapshot p50 / p99 / max ms | restores ok / failed |")
-    print("|---|---|---|---|---|---|---|---|")
+          " zero-op seconds (snapshots) | snapshot p50 / p99 / max ms | restores ok / failed |"
+          " allocating writes, none / snapshots | allocation's share, none / snapshots |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     table = {}
+
+    def share(rows, key, percent=False):
+        """The median of `key` over `rows`, or – if no run has it."""
+        values = [r[key] for r in rows if r.get(key) is not None]
+        if not values:
+            return "–"
+        value = statistics.median(values)
+        return f"{100 * value:.2f}%" if percent else f"{value:,.0f}"
+
     for variant, runs in results.items():
         base, snap = runs["base"], runs["snap"]
         losses = [1 - s["iops"] / b["iops"] for s, b in zip(snap, base) if b["iops"] > 0]
@@ -242,7 +300,10 @@ def main():
               f" {med(snap, 'zero_seconds'):.0f} | {med(snap, 'p50_ms'):.1f} /"
               f" {med(snap, 'p99_ms'):.1f} / {med(snap, 'max_ms'):.1f} |"
               f" {sum(r.get('restores_ok', 0) for r in snap)} /"
-              f" {sum(r.get('restores_failed', 0) for r in snap)} |")
+              f" {sum(r.get('restores_failed', 0) for r in snap)} |"
+              f" {share(base, 'allocating_writes')} / {share(snap, 'allocating_writes')} |"
+              f" {share(base, 'allocation_share', percent=True)} /"
+              f" {share(snap, 'allocation_share', percent=True)} |")
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(table, f, indent=1)
