@@ -34,15 +34,18 @@ use parking_lot::Mutex;
 impl Disk {
     /// Writes `data` at guest `pos`, all inside one cluster of the top
     /// layer, allocating the cluster if the top layer does not own it.
+    /// Returns whether it allocated: the cluster may turn out to be the
+    /// top layer's own once the writer lock is held, and then the write
+    /// goes in place.
     pub(crate) fn write_allocating(
         &self,
         writer: &Mutex<Writer>,
         data: &[u8],
         pos: u64,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let top = self.top();
         let Some(cb) = top.cluster_bits() else {
-            return writer.lock().write(&self.chain, data, pos);
+            return writer.lock().write(&self.chain, data, pos).map(|()| false);
         };
         let cluster = pos >> cb;
         let in_cluster = pos & ((1 << cb) - 1);
@@ -54,7 +57,10 @@ impl Disk {
                 match w.prepare_alloc(&self.chain, cluster, need)? {
                     AllocStep::InPlace(host) => {
                         drop(w);
-                        return self.chain.write_guest_data(data, host + in_cluster, pos);
+                        return self
+                            .chain
+                            .write_guest_data(data, host + in_cluster, pos)
+                            .map(|()| false);
                     }
                     AllocStep::Busy => self.alloc_done.wait(&mut w),
                     AllocStep::Fill { host, old } => break (host, old),
@@ -77,7 +83,7 @@ impl Disk {
                         };
                         drop(w);
                         self.alloc_done.notify_all();
-                        return result;
+                        return result.map(|()| true);
                     }
                 }
             }
@@ -92,7 +98,7 @@ impl Disk {
         };
         drop(w);
         self.alloc_done.notify_all();
-        result
+        result.map(|()| true)
     }
 }
 

@@ -282,12 +282,14 @@ impl Disk {
             };
             let part = &buf[(pos - offset) as usize..(seg_end - offset) as usize];
             let started = Instant::now();
-            match host {
-                Some(host) => self.chain.write_guest_data(part, host, pos)?,
+            let allocated = match host {
+                Some(host) => {
+                    self.chain.write_guest_data(part, host, pos)?;
+                    false
+                }
                 None => self.write_allocating(writer, part, pos)?,
-            }
-            self.write_counters
-                .record(host.is_none(), started.elapsed());
+            };
+            self.write_counters.record(allocated, started.elapsed());
             pos = seg_end;
         }
         Ok(())

@@ -48,7 +48,9 @@ impl WriteCounters {
 
 /// Guest writes since the disk was opened, by kind: each write request
 /// counts once per cluster it allocates and once per run of clusters it
-/// overwrites in place.
+/// overwrites in place. A write that found its cluster shared, but owned
+/// by the top layer once it held the writer lock (another write had just
+/// allocated it), counts as in place, its wait for the lock included.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct WriteTimes {
     /// Writes into clusters the top layer owned.
