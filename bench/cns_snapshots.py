@@ -21,8 +21,12 @@ history), against the same spec without control operations.
 Reported per variant (medians over rounds): mean IOPS (transactions per
 second for pgbench) with and without snapshots and the loss (1 -
 with/without, per round, then the median), the lowest one-second figure,
-zero-operation seconds, the snapshot calls' p50 / p99 / max latency, and
-for pgbench the restores that passed and failed (summed over rounds).
+zero-operation seconds, the snapshot calls' p50 / p99 / max latency,
+for pgbench the restores that passed and failed (summed over rounds),
+and for Strata the writes that allocated in the top layer with and
+without snapshots and their mean time against a write in place (from the
+daemon's strata_volume_cluster_writes_total and
+strata_volume_cluster_write_seconds_total).
 
 Usage (as root: the volumes' NBD exports, fio, mounts):
     python3 bench/cns_snapshots.py --duration 2m --repeat 3
@@ -202,13 +206,15 @@ def run_one(opts, work, variant, snapshots, round_):
 
 def write_costs(out):
     """What the Strata daemon's /metrics (scraped into the run's
-    metrics.jsonl) say the run's writes cost: allocating and in-place
-    writes and their mean times, and the I/O time allocation added over
-    what the same writes would have taken in place, as a share of all the
-    volumes' request time. With a fixed queue depth, throughput goes as
-    the inverse of the mean request time, so that share estimates the
-    throughput that allocating writes cost, without the run-to-run noise
-    of comparing two runs' IOPS. Empty for providers without the series."""
+    metrics.jsonl) say of the run's writes: how many allocated in the top
+    layer and how many went in place, and their mean times. A snapshot
+    makes the next write to each cluster allocate, so the difference
+    between a pair of runs counts the work snapshots added, without the
+    run-to-run noise of comparing two runs' IOPS. (Their times are not
+    turned into a throughput loss: under load most of an allocating
+    write's extra time is a wait for the volume's writer lock, during
+    which the cores serve other requests.) Empty for providers without
+    the series."""
     path = os.path.join(out, "metrics.jsonl")
     first, last = {}, {}
     try:
@@ -217,11 +223,10 @@ def write_costs(out):
                 sample = json.loads(line)
                 metric = sample["metric"]
                 if metric not in ("strata_volume_cluster_writes_total",
-                                  "strata_volume_cluster_write_seconds_total",
-                                  "strata_volume_op_latency_seconds_sum"):
+                                  "strata_volume_cluster_write_seconds_total"):
                     continue
                 labels = sample.get("labels", {})
-                key = (metric, labels.get("volume"), labels.get("kind") or labels.get("op"))
+                key = (metric, labels.get("volume"), labels.get("kind"))
                 first.setdefault(key, sample["value"])
                 last[key] = sample["value"]
     except FileNotFoundError:
@@ -235,15 +240,11 @@ def write_costs(out):
     if not writes["allocating"] and not writes["in_place"]:
         return {}
     mean = {kind: seconds[kind] / writes[kind] if writes[kind] else 0.0 for kind in writes}
-    request_seconds = sum(total("strata_volume_op_latency_seconds_sum", op)
-                          for op in ("read", "write"))
-    added = writes["allocating"] * max(mean["allocating"] - mean["in_place"], 0.0)
     return {
         "allocating_writes": int(writes["allocating"]),
         "in_place_writes": int(writes["in_place"]),
         "allocating_us": round(1e6 * mean["allocating"], 1),
         "in_place_us": round(1e6 * mean["in_place"], 1),
-        "allocation_share": round(added / request_seconds, 5) if request_seconds else None,
     }
 
 
@@ -278,17 +279,14 @@ def main():
     unit = "tps" if opts.experiment == "pgbench" else "IOPS"
     print(f"| variant | {unit}, none | {unit}, snapshots | loss | lowest second (snapshots) |"
           " zero-op seconds (snapshots) | snapshot p50 / p99 / max ms | restores ok / failed |"
-          " allocating writes, none / snapshots | allocation's share, none / snapshots |")
+          " allocating writes, none / snapshots | mean µs allocating / in place (snapshots) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     table = {}
 
-    def share(rows, key, percent=False):
+    def median_of(rows, key):
         """The median of `key` over `rows`, or – if no run has it."""
         values = [r[key] for r in rows if r.get(key) is not None]
-        if not values:
-            return "–"
-        value = statistics.median(values)
-        return f"{100 * value:.2f}%" if percent else f"{value:,.0f}"
+        return f"{statistics.median(values):,.0f}" if values else "–"
 
     for variant, runs in results.items():
         base, snap = runs["base"], runs["snap"]
@@ -301,9 +299,8 @@ def main():
               f" {med(snap, 'p99_ms'):.1f} / {med(snap, 'max_ms'):.1f} |"
               f" {sum(r.get('restores_ok', 0) for r in snap)} /"
               f" {sum(r.get('restores_failed', 0) for r in snap)} |"
-              f" {share(base, 'allocating_writes')} / {share(snap, 'allocating_writes')} |"
-              f" {share(base, 'allocation_share', percent=True)} /"
-              f" {share(snap, 'allocation_share', percent=True)} |")
+              f" {median_of(base, 'allocating_writes')} / {median_of(snap, 'allocating_writes')} |"
+              f" {median_of(snap, 'allocating_us')} / {median_of(snap, 'in_place_us')} |")
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(table, f, indent=1)
