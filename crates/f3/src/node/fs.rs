@@ -741,7 +741,11 @@ impl Filesystem for F3Filesystem {
                 file,
                 writable: true,
             } => {
-                let size = file.close_writer();
+                // The size as it stands, reported before the readers
+                // waiting at the end of the file are woken (below): a
+                // reader that saw the end finds the final size in any
+                // node's stat, since the service had it first.
+                let (size, _) = file.snapshot();
                 Some((file.path.clone(), size))
             }
             Handle::Durable {
@@ -771,6 +775,13 @@ impl Filesystem for F3Filesystem {
             if let Err(e) = self.shared.service.writer(&request) {
                 tracing::warn!("{path}: reporting the close to the F3 service: {e}");
             }
+        }
+        if let Handle::Local {
+            file,
+            writable: true,
+        } = &*handle
+        {
+            file.close_writer();
         }
         reply.ok();
     }
