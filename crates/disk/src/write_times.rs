@@ -3,11 +3,12 @@
 //! the write does not cover), and the time each kind took.
 //!
 //! A snapshot makes every cluster of the old top shared, so the next
-//! write to each one allocates. The difference between the two kinds'
-//! mean times, times the allocating count, is the I/O time snapshots
-//! add: what `bench/cns_snapshots.py` reports beside the throughput it
-//! measures, since the latter moves by more than the loss itself on a
-//! shared machine.
+//! write to each one allocates. `bench/cns_snapshots.py` counts the
+//! allocating writes of runs with and without snapshots from these: what
+//! snapshots add, counted rather than read off a throughput that moves
+//! with the machine by more than the loss itself. An allocating write's
+//! time includes its waits for the writer lock, so times do not add up
+//! to lost throughput when other requests use the cores meanwhile.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
