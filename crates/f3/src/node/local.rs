@@ -144,12 +144,11 @@ impl LocalFile {
     }
 
     /// A writer closed it; wakes the waiting readers (at the last close,
-    /// they see the end of the file). Returns the size.
-    pub fn close_writer(&self) -> u64 {
+    /// they see the end of the file).
+    pub fn close_writer(&self) {
         let mut state = self.state.lock();
         state.writers = state.writers.saturating_sub(1);
         self.changed.notify_all();
-        state.size
     }
 
     /// Truncates or extends it to `size`.
