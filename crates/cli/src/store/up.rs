@@ -68,10 +68,12 @@ pub(super) fn up(args: UpArgs) -> Result<i32> {
         let local = (!args.s3_remote_reads).then(|| {
             let stores = cluster.sns.iter().map(|sn| sn.store.clone()).collect();
             let replicas = std::sync::Arc::new(strata_store::storage::local::LocalNodes::new(stores));
-            std::sync::Arc::new(strata_store_client::client::local::LocalDisk::new(
+            let disk = std::sync::Arc::new(strata_store_client::client::local::LocalDisk::new(
                 replicas,
                 args.s3_pinned.unwrap_or_else(strata_store_client::client::pinned::default_budget),
-            ))
+            ));
+            disk.sweep_pins(strata_store_client::client::pinned::SWEEP_PERIOD);
+            disk
         });
         // And asks this process's metadata nodes for records directly.
         let metadata = (!args.s3_remote_reads).then(|| {

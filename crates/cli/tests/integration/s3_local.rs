@@ -89,6 +89,62 @@ fn a_checked_replica_is_pinned_until_its_file_changes() {
     }
 }
 
+/// A pinned replica is let go when its object goes: at once for a
+/// DELETE through the gateway, and for an overwrite (whose old replicas
+/// the store frees on its own) once the sweep sees the file unlinked.
+/// The overwritten key then reads back its new bytes.
+#[test]
+fn pinned_replicas_are_let_go_when_their_objects_go() {
+    let dir = tmp();
+    let home = dir.path();
+    let store = Store::up(
+        &home.join("store"),
+        &["--sn", "2", "--replication", "1,1,2,2"],
+    );
+    let keys = tenant(&store, "acme");
+    let s3 = endpoint(&store);
+    aws_ok(&s3, &keys, home, &["s3", "mb", "s3://acme"]);
+    let (old, new) = (pattern(2_000_000, 31), pattern(2_000_000, 32));
+    let file = home.join("data.bin");
+    std::fs::write(&file, &old).unwrap();
+    let back = home.join("back.bin");
+    for key in ["gone", "replaced"] {
+        let url = format!("s3://acme/{key}");
+        aws_ok(&s3, &keys, home, &["s3", "cp", &p(&file), &url]);
+        aws_ok(&s3, &keys, home, &["s3", "cp", &url, &p(&back)]);
+    }
+    let pinned = || gateway_metric(&s3, "strata_s3_pinned_bytes");
+    if pinned() == 0 && gateway_metric(&s3, "strata_s3_pinned_total") == 0 {
+        // This process may not lock memory: nothing is ever pinned.
+        return;
+    }
+    assert_eq!(pinned(), 4_000_000, "one replica of each pinned");
+
+    aws_ok(&s3, &keys, home, &["s3", "rm", "s3://acme/gone"]);
+    assert_eq!(
+        pinned(),
+        2_000_000,
+        "the deleted object's pin outlived its DELETE"
+    );
+
+    std::fs::write(&file, &new).unwrap();
+    aws_ok(
+        &s3,
+        &keys,
+        home,
+        &["s3", "cp", &p(&file), "s3://acme/replaced"],
+    );
+    wait_until("the overwritten replica's pin to go", || pinned() == 0);
+    aws_ok(
+        &s3,
+        &keys,
+        home,
+        &["s3", "cp", "s3://acme/replaced", &p(&back)],
+    );
+    assert!(std::fs::read(&back).unwrap() == new, "the new bytes");
+    assert_eq!(pinned(), 2_000_000, "the new replica is pinned in turn");
+}
+
 /// With RS3 on, every byte a node sends for a Get is counted in the
 /// tenant's class. Through the gateway, an object reads back exact either
 /// way, and the nodes sent none of it unless `--s3-remote-reads` is

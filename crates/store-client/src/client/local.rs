@@ -47,6 +47,31 @@ impl LocalDisk {
             pinned: super::pinned::PinnedReplicas::new(pinned_budget),
         }
     }
+
+    /// Starts a task that lets go of pinned replicas whose files were
+    /// deleted, every `period`, for as long as this disk is in use. An
+    /// object deleted by another client, or overwritten, leaves a pinned
+    /// replica that no GET will ask for again; without the sweep its
+    /// memory would stay locked until the next replica is pinned.
+    pub fn sweep_pins(self: &Arc<Self>, period: std::time::Duration) {
+        let disk = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let Some(disk) = disk.upgrade() else {
+                    return;
+                };
+                // fstat of each pinned file: off the runtime's threads.
+                let swept = tokio::task::spawn_blocking(move || disk.pinned.let_go_of_deleted());
+                if swept.await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
 }
 
 /// A replica file opened by [`LocalReplicas::open`].

@@ -36,7 +36,14 @@ impl Client {
                 .is_ok_and(|o| shares_replicas(&o, &record)),
             None => false,
         };
-        self.delete_if(name, record.version, keep).await
+        let deleted = self.delete_if(name, record.version, keep).await?;
+        if let (false, Some(local)) = (keep, self.local.get()) {
+            // The record is gone: no GET asks for its replicas again.
+            for &addr in &record.replicas {
+                local.pinned.forget(addr);
+            }
+        }
+        Ok(deleted)
     }
 
     async fn delete_if(&self, name: &str, if_version: u64, keep_data: bool) -> Result<u64, Error> {

@@ -20,7 +20,11 @@
 //! change is somebody else's, and the replica is checked again.
 //!
 //! Pinned bytes are bounded by a budget (`strata store up
-//! --s3-pinned`), least recently used out first. A process that may not
+//! --s3-pinned`), least recently used out first. A replica whose object
+//! is deleted through this process's client is let go at once
+//! ([`PinnedReplicas::forget`]); one deleted otherwise (another client,
+//! an overwrite) when its file is seen unlinked, by the sweep
+//! [`super::local::LocalDisk::sweep_pins`] runs or at the next pin. A process that may not
 //! lock memory (`RLIMIT_MEMLOCK`, without `CAP_IPC_LOCK`) checks every
 //! GET as before.
 
@@ -34,6 +38,10 @@ use strata_store_protocol::addr::Addr;
 /// Replicas smaller than this are checked on every GET: their sum costs
 /// about what pinning them would (a MiB sums in about 60 µs here).
 pub const PIN_FROM: u64 = 1 << 20;
+
+/// How often `strata store up` looks for pinned replicas whose files
+/// were deleted ([`super::local::LocalDisk::sweep_pins`]).
+pub const SWEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The default budget: 1 GiB, or an eighth of the machine's memory if
 /// that is less.
@@ -188,21 +196,10 @@ impl PinnedReplicas {
         if !locked.locked || locked.crc != crc || !self.wants(size) {
             return;
         }
+        self.let_go_of_deleted();
         let mut state = self.state();
         if let Some(old) = state.entries.remove(&addr) {
             state.bytes -= old.size;
-        }
-        // A deleted replica is read by nobody: its pages only hold memory.
-        let deleted: Vec<Addr> = state
-            .entries
-            .iter()
-            .filter(|(_, entry)| entry.file.metadata().is_ok_and(|m| m.nlink() == 0))
-            .map(|(addr, _)| *addr)
-            .collect();
-        for addr in deleted {
-            if let Some(gone) = state.entries.remove(&addr) {
-                state.bytes -= gone.size;
-            }
         }
         while state.bytes + size > self.budget {
             let Some(oldest) = state
@@ -233,6 +230,47 @@ impl PinnedReplicas {
         );
         debug_assert!(state.bytes <= self.budget, "pinned past the budget");
         self.pinned_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Lets go of the replica at `addr`, if pinned: its object was
+    /// deleted, so no GET will ask for it again.
+    pub fn forget(&self, addr: Addr) {
+        let mut state = self.state();
+        if let Some(gone) = state.entries.remove(&addr) {
+            state.bytes -= gone.size;
+        }
+    }
+
+    /// Lets go of every pinned replica whose file was deleted since
+    /// (deleted or overwritten objects, by any client): its pages are
+    /// read by nobody and only hold memory. Returns how many went. The
+    /// files are looked at without the lock, which GETs take.
+    pub fn let_go_of_deleted(&self) -> usize {
+        let held: Vec<(Addr, std::sync::Arc<File>)> = self
+            .state()
+            .entries
+            .iter()
+            .map(|(addr, entry)| (*addr, entry.file.clone()))
+            .collect();
+        let deleted: Vec<(Addr, std::sync::Arc<File>)> = held
+            .into_iter()
+            .filter(|(_, file)| file.metadata().is_ok_and(|m| m.nlink() == 0))
+            .collect();
+        let mut state = self.state();
+        let mut gone = 0;
+        for (addr, file) in deleted {
+            // Only the entry that was looked at: the replica may have
+            // been pinned again from another file meanwhile.
+            let same = state
+                .entries
+                .get(&addr)
+                .is_some_and(|entry| std::sync::Arc::ptr_eq(&entry.file, &file));
+            if let Some(entry) = same.then(|| state.entries.remove(&addr)).flatten() {
+                state.bytes -= entry.size;
+                gone += 1;
+            }
+        }
+        gone
     }
 
     /// Maps `length` bytes of `file` from `offset`, locks them in memory
@@ -403,10 +441,40 @@ mod tests {
             return;
         }
         std::fs::remove_file(dir.path().join("one")).unwrap();
-        assert_eq!(pinned.stats().replicas, 1, "let go only at the next pin");
         pin(2, &dir.path().join("two"));
         let stats = pinned.stats();
         assert_eq!((stats.replicas, stats.bytes), (1, PIN_FROM));
+    }
+
+    #[test]
+    fn deleted_replicas_are_let_go_by_a_sweep_and_a_forgotten_one_at_once() {
+        let pinned = PinnedReplicas::new(8 << 20);
+        let dir = tempfile::tempdir().unwrap();
+        let data = vec![5u8; PIN_FROM as usize];
+        let crc = crc32c::crc32c(&data);
+        let mut identities = Vec::new();
+        for n in 0..3 {
+            let path = dir.path().join(format!("replica-{n}"));
+            std::fs::write(&path, &data).unwrap();
+            let file = std::sync::Arc::new(File::open(&path).unwrap());
+            let identity = FileIdentity::of(&file).unwrap();
+            let locked = pinned.lock_and_sum(&file, 0, PIN_FROM).unwrap();
+            if !locked.locked {
+                return; // may not lock memory here: nothing to test
+            }
+            pinned.admit(n, file, identity, (PIN_FROM, crc), locked);
+            identities.push(identity);
+        }
+        assert_eq!(pinned.let_go_of_deleted(), 0, "nothing deleted yet");
+        std::fs::remove_file(dir.path().join("replica-1")).unwrap();
+        assert_eq!(pinned.let_go_of_deleted(), 1);
+        pinned.forget(2);
+        pinned.forget(7); // never pinned: nothing happens
+        let stats = pinned.stats();
+        assert_eq!((stats.replicas, stats.bytes), (1, PIN_FROM));
+        assert!(pinned.hit(0, identities[0], PIN_FROM, crc));
+        assert!(!pinned.hit(1, identities[1], PIN_FROM, crc));
+        assert!(!pinned.hit(2, identities[2], PIN_FROM, crc));
     }
 
     #[test]
