@@ -23,7 +23,9 @@ second for pgbench) with and without snapshots and the loss (1 -
 with/without, per round, then the median), the lowest one-second figure,
 zero-operation seconds, the snapshot calls' p50 / p99 / max latency,
 for pgbench the restores that passed and failed (summed over rounds),
-and for Strata the writes that allocated in the top layer with and
+the provider daemon's CPU time per operation with and without snapshots
+and its growth (per round, then the median: a figure far less noisy than
+the rate on a shared machine), and for Strata the writes that allocated in the top layer with and
 without snapshots and their mean time against a write in place (from the
 daemon's strata_volume_cluster_writes_total and
 strata_volume_cluster_write_seconds_total).
@@ -199,6 +201,7 @@ def run_one(opts, work, variant, snapshots, round_):
     if restores:
         result.update(restores_ok=restores["ok"], restores_failed=restores["errors"])
     result.update(write_costs(out))
+    result.update(daemon_cpu(out, workload["mean_iops"]))
     if not opts.keep:
         shutil.rmtree(out, ignore_errors=True)
     return result
@@ -248,6 +251,36 @@ def write_costs(out):
     }
 
 
+def daemon_cpu(out, mean_rate):
+    """The provider daemon's CPU time over the run, from the
+    strata_bench_daemon_cpu_seconds_total series `strata bench run` reads
+    from /proc with each scrape (Strata's daemon and qemu-storage-daemon
+    alike), and per operation: CPU seconds between the first and last
+    scrape over the operations of that span at the run's mean rate. On a
+    shared machine this moves far less from run to run than the rate
+    itself, so a pair of runs compares on it where their IOPS cannot."""
+    path = os.path.join(out, "metrics.jsonl")
+    readings = []
+    try:
+        with open(path) as f:
+            for line in f:
+                sample = json.loads(line)
+                if sample["metric"] == "strata_bench_daemon_cpu_seconds_total":
+                    readings.append((sample["time"], sample["value"]))
+    except FileNotFoundError:
+        return {}
+    if len(readings) < 2 or mean_rate <= 0:
+        return {}
+    (start, cpu_start), (end, cpu_end) = readings[0], readings[-1]
+    operations = mean_rate * (end - start)
+    if operations <= 0:
+        return {}
+    return {
+        "daemon_cpu_s": round(cpu_end - cpu_start, 2),
+        "cpu_us_per_op": round(1e6 * (cpu_end - cpu_start) / operations, 1),
+    }
+
+
 def main():
     opts = parse_args()
     variants = [v for v in opts.variants.split(",") if v]
@@ -279,20 +312,29 @@ def main():
     unit = "tps" if opts.experiment == "pgbench" else "IOPS"
     print(f"| variant | {unit}, none | {unit}, snapshots | loss | lowest second (snapshots) |"
           " zero-op seconds (snapshots) | snapshot p50 / p99 / max ms | restores ok / failed |"
-          " allocating writes, none / snapshots | mean µs allocating / in place (snapshots) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          " allocating writes, none / snapshots | mean µs allocating / in place (snapshots) |"
+          " daemon CPU µs per op, none / snapshots | CPU per op, snapshots against none |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     table = {}
 
-    def median_of(rows, key):
+    def median_of(rows, key, digits=0):
         """The median of `key` over `rows`, or – if no run has it."""
         values = [r[key] for r in rows if r.get(key) is not None]
-        return f"{statistics.median(values):,.0f}" if values else "–"
+        return f"{statistics.median(values):,.{digits}f}" if values else "–"
 
     for variant, runs in results.items():
         base, snap = runs["base"], runs["snap"]
         losses = [1 - s["iops"] / b["iops"] for s, b in zip(snap, base) if b["iops"] > 0]
+        # Per round, the snapshot run's daemon CPU per operation against
+        # its pair's: the cost of the snapshots in the daemon's work.
+        cpu_growth = [s["cpu_us_per_op"] / b["cpu_us_per_op"] - 1 for s, b in zip(snap, base)
+                      if s.get("cpu_us_per_op") and b.get("cpu_us_per_op")]
         med = lambda rows, key: statistics.median(r.get(key, 0) for r in rows)
-        table[variant] = {"loss": statistics.median(losses) if losses else None, "runs": runs}
+        table[variant] = {"loss": statistics.median(losses) if losses else None,
+                          "cpu_per_op_growth": statistics.median(cpu_growth) if cpu_growth else None,
+                          "runs": runs}
+        growth = (f"{100 * statistics.median(cpu_growth):+.1f}% ("
+                  + ", ".join(f"{100 * g:+.1f}" for g in cpu_growth) + ")") if cpu_growth else "–"
         print(f"| {variant} | {med(base, 'iops'):,.0f} | {med(snap, 'iops'):,.0f} |"
               f" {100 * statistics.median(losses):.1f}% | {med(snap, 'min_iops'):,.0f} |"
               f" {med(snap, 'zero_seconds'):.0f} | {med(snap, 'p50_ms'):.1f} /"
@@ -300,7 +342,9 @@ def main():
               f" {sum(r.get('restores_ok', 0) for r in snap)} /"
               f" {sum(r.get('restores_failed', 0) for r in snap)} |"
               f" {median_of(base, 'allocating_writes')} / {median_of(snap, 'allocating_writes')} |"
-              f" {median_of(snap, 'allocating_us')} / {median_of(snap, 'in_place_us')} |")
+              f" {median_of(snap, 'allocating_us')} / {median_of(snap, 'in_place_us')} |"
+              f" {median_of(base, 'cpu_us_per_op', 1)} / {median_of(snap, 'cpu_us_per_op', 1)} |"
+              f" {growth} |")
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(table, f, indent=1)

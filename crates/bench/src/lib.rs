@@ -18,6 +18,7 @@
 pub mod attach;
 pub mod bounded;
 pub mod cleanup;
+pub mod daemon_usage;
 pub mod error;
 pub mod html;
 pub mod inventory;

@@ -96,6 +96,13 @@ pub trait Provider: Send + Sync {
         None
     }
 
+    /// The process id of the daemon the provider started for the run, if
+    /// it started one: its CPU time and memory go with each scrape
+    /// ([`crate::daemon_usage`]).
+    fn daemon_pid(&self) -> Option<u32> {
+        None
+    }
+
     /// Stops what the provider started for the run (a daemon); nothing
     /// for a provider the run only reached.
     fn shutdown(&self) -> Result<(), String> {

@@ -508,6 +508,10 @@ impl Provider for QemuProvider {
         "qemu"
     }
 
+    fn daemon_pid(&self) -> Option<u32> {
+        self.child.lock().as_ref().map(Child::id)
+    }
+
     fn create_volume(
         &self,
         name: &str,

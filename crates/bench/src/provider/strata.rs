@@ -345,6 +345,10 @@ impl Provider for StrataProvider {
             .collect())
     }
 
+    fn daemon_pid(&self) -> Option<u32> {
+        self.daemon.lock().as_ref().map(Child::id)
+    }
+
     fn metrics(&self) -> Option<Result<String, String>> {
         let reply = match self.agent.get(&format!("{}/metrics", self.base)).call() {
             Ok(reply) => reply,

@@ -1,17 +1,20 @@
 //! The provider's metrics scraped while the run measures: one scrape at
 //! the start and then every `outputs.metrics_every`, each series a line of
-//! `metrics.jsonl` with its time since the run's start.
+//! `metrics.jsonl` with its time since the run's start. The daemon the
+//! provider started, if any, adds its CPU time and memory to each scrape
+//! ([`crate::daemon_usage`]).
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::{Event, Run, POLL};
+use crate::daemon_usage::Usage;
 use crate::metrics::{parse_exposition, MAX_METRIC_LINES, METRICS_SERIES};
 use crate::record::LineWriter;
 
 impl Run<'_> {
-    /// Scrapes until the run ends; a provider without metrics writes no
-    /// file. Failed scrapes are counted and told once, and never stop the
+    /// Scrapes until the run ends; a provider without metrics and without
+    /// a daemon of its own writes no file. Failed scrapes are counted and told once, and never stop the
     /// run; past [`MAX_METRIC_LINES`] scraping stops.
     pub(super) fn scrape_metrics(&self) {
         // Made at the first scrape that answers: a provider without
@@ -29,7 +32,7 @@ impl Run<'_> {
             // once, not by a burst of the ones it overran.
             next = (next + self.spec.metrics_every).max(Instant::now());
             let time = self.seconds(Instant::now());
-            let text = match self.provider.metrics() {
+            let mut text = match self.provider.metrics() {
                 Some(Ok(text)) => text,
                 Some(Err(e)) => {
                     failures += 1;
@@ -40,8 +43,19 @@ impl Run<'_> {
                     }
                     continue;
                 }
-                None => return,
+                None if self.provider.daemon_pid().is_none() => return,
+                None => String::new(),
             };
+            // The daemon's own CPU time and memory, for every provider
+            // that started one (a daemon gone between the two reads
+            // leaves this scrape without them).
+            if let Some(usage) = self
+                .provider
+                .daemon_pid()
+                .and_then(|pid| Usage::of(pid).ok())
+            {
+                text.push_str(&usage.exposition());
+            }
             if writer.is_none() {
                 match LineWriter::create(self.dir.join(METRICS_SERIES)) {
                     Ok(created) => writer = Some(created),

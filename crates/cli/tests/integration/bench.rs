@@ -254,6 +254,28 @@ fn assert_daemon_metrics_were_scraped(out: &Path, summary: &Value) {
         series.iter().any(|m| m["series"] == "strata_volumes"),
         "{series:?}"
     );
+    assert_daemon_usage_was_scraped(out);
+}
+
+/// The daemon the provider started had its CPU time and memory read
+/// with every scrape: its CPU time never fell and grew over the run
+/// (the daemon served the workloads), and its resident memory is above
+/// zero.
+pub(crate) fn assert_daemon_usage_was_scraped(out: &Path) {
+    let text = std::fs::read_to_string(out.join("metrics.jsonl")).expect("metrics.jsonl");
+    let values = |metric: &str| -> Vec<f64> {
+        text.lines()
+            .map(|line| serde_json::from_str::<Value>(line).expect("a metric line is JSON"))
+            .filter(|l| l["metric"] == metric)
+            .map(|l| l["value"].as_f64().unwrap())
+            .collect()
+    };
+    let cpu = values("strata_bench_daemon_cpu_seconds_total");
+    assert!(cpu.len() >= 2, "{cpu:?}");
+    assert!(cpu.windows(2).all(|w| w[0] <= w[1]), "{cpu:?}");
+    assert!(cpu.last() > cpu.first(), "no CPU time spent: {cpu:?}");
+    let resident = values("strata_bench_daemon_resident_bytes");
+    assert!(resident.iter().all(|&bytes| bytes > 0.0), "{resident:?}");
 }
 
 /// Headless Chromium as the test command installs it, with the flags

@@ -8,7 +8,10 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::bench::{assert_summary_counts_records, count, records, tally, SMALL_SPEC};
+use crate::bench::{
+    assert_daemon_usage_was_scraped, assert_summary_counts_records, count, records, tally,
+    SMALL_SPEC,
+};
 use crate::common::{at, p, strata, tmp};
 
 /// QEMU as the anchor on the same spec: fio verifies its data under
@@ -81,6 +84,9 @@ fn the_qemu_provider_runs_the_same_spec() {
         );
     }
     assert_summary_counts_records(&out, &records);
+    // qemu-storage-daemon has no metrics of its own, but its CPU time and
+    // memory are read as Strata's daemon's are.
+    assert_daemon_usage_was_scraped(&out);
     assert!(count(&counts, "cleanup", "ok") >= 4, "{counts:?}");
     let layers = std::fs::read_dir(out.join("qemu")).unwrap().count();
     assert_eq!(layers, 0, "layer files or the QMP socket left");
