@@ -89,6 +89,20 @@ fn a_checked_replica_is_pinned_until_its_file_changes() {
     }
 }
 
+/// `strata store up` with two storage nodes in its own process (so two
+/// local replicas of each object), tenant `acme`'s keys, the gateway's
+/// endpoint, and bucket `acme` made.
+fn two_local_replicas(home: &std::path::Path) -> (Store, crate::s3::Keys, String) {
+    let store = Store::up(
+        &home.join("store"),
+        &["--sn", "2", "--replication", "1,1,2,2"],
+    );
+    let keys = tenant(&store, "acme");
+    let s3 = endpoint(&store);
+    aws_ok(&s3, &keys, home, &["s3", "mb", "s3://acme"]);
+    (store, keys, s3)
+}
+
 /// A pinned replica is let go when its object goes: at once for a
 /// DELETE through the gateway, and for an overwrite (whose old replicas
 /// the store frees on its own) once the sweep sees the file unlinked.
@@ -97,13 +111,7 @@ fn a_checked_replica_is_pinned_until_its_file_changes() {
 fn pinned_replicas_are_let_go_when_their_objects_go() {
     let dir = tmp();
     let home = dir.path();
-    let store = Store::up(
-        &home.join("store"),
-        &["--sn", "2", "--replication", "1,1,2,2"],
-    );
-    let keys = tenant(&store, "acme");
-    let s3 = endpoint(&store);
-    aws_ok(&s3, &keys, home, &["s3", "mb", "s3://acme"]);
+    let (_store, keys, s3) = two_local_replicas(home);
     let (old, new) = (pattern(2_000_000, 31), pattern(2_000_000, 32));
     let file = home.join("data.bin");
     std::fs::write(&file, &old).unwrap();
@@ -201,13 +209,7 @@ fn the_gateway_reads_its_own_nodes_replicas_from_their_files() {
 fn a_damaged_local_replica_is_read_around_and_repaired() {
     let dir = tmp();
     let home = dir.path();
-    let store = Store::up(
-        &home.join("store"),
-        &["--sn", "2", "--replication", "1,1,2,2"],
-    );
-    let keys = tenant(&store, "acme");
-    let s3 = endpoint(&store);
-    aws_ok(&s3, &keys, home, &["s3", "mb", "s3://acme"]);
+    let (store, keys, s3) = two_local_replicas(home);
     for (key, size) in [("small", 50_000), ("large", 300_000)] {
         let data = pattern(size, 22);
         let file = home.join("data.bin");
