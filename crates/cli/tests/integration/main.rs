@@ -10,6 +10,7 @@ mod architecture;
 mod bench;
 mod bench_fs;
 mod bench_qemu;
+mod bench_scripts;
 mod common;
 mod damaged;
 mod docs_examples;
