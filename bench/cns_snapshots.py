@@ -30,6 +30,10 @@ without snapshots and their mean time against a write in place (from the
 daemon's strata_volume_cluster_writes_total and
 strata_volume_cluster_write_seconds_total).
 
+Before the first round, --warm-up runs (default 1) of the first variant
+without snapshots warm the machine and are not counted: the first run of
+a session ran slower than the rest.
+
 Usage (as root: the volumes' NBD exports, fio, mounts):
     python3 bench/cns_snapshots.py --duration 2m --repeat 3
     python3 bench/cns_snapshots.py --duration 20s --repeat 1 --variants strata-64k
@@ -152,6 +156,9 @@ def parse_args():
     parser.add_argument("--memory-limit",
                         help="run each provider daemon in a memory cgroup of this size"
                              " (e.g. 3G; max: no limit, figures only)")
+    parser.add_argument("--warm-up", type=int, default=1, metavar="RUNS",
+                        help="runs of the first variant without snapshots before the first"
+                             " round, not counted (0: none)")
     parser.add_argument("--keep", help="keep the run directories here")
     parser.add_argument("--json", help="write the results here too")
     return parser.parse_args()
@@ -166,13 +173,13 @@ def spec_text(opts, cluster, snapshots):
     return text + (control.format(restore_seconds=restore_seconds) if snapshots else "")
 
 
-def run_one(opts, work, variant, snapshots, round_):
+def run_one(opts, work, variant, snapshots, round_, tag=None):
     provider, cluster = VARIANTS[variant]
     mode = "snap" if snapshots else "base"
     spec = os.path.join(work, f"{variant}-{mode}.yaml")
     with open(spec, "w") as f:
         f.write(spec_text(opts, cluster, snapshots))
-    out = os.path.join(work, f"{variant}-{mode}-{round_}")
+    out = os.path.join(work, f"{variant}-{mode}-{tag or round_}")
     args = [spec, "--seed", str(round_ + 1)]
     if provider != "strata":
         args += ["--provider", provider]
@@ -296,6 +303,14 @@ def main():
     os.makedirs(work, exist_ok=True)
     results = {v: {"snap": [], "base": []} for v in variants}
     try:
+        # The first run of a session starts on a machine that has not run
+        # the workload for a while (pgbench lost 24% of its transactions
+        # in one, and nothing in the three rounds after): it warms the
+        # machine and is not counted.
+        for warm_up in range(opts.warm_up):
+            result = run_one(opts, work, variants[0], False, 0, tag=f"warm-up-{warm_up}")
+            print(f"warm-up {variants[0]:<10} none      (not counted) {json.dumps(result)}",
+                  flush=True)
         for round_ in range(opts.repeat):
             for variant in variants:
                 # Alternate which of the pair goes first, round to round.
