@@ -14,8 +14,9 @@ use crate::record::LineWriter;
 
 impl Run<'_> {
     /// Scrapes until the run ends; a provider without metrics and without
-    /// a daemon of its own writes no file. Failed scrapes are counted and told once, and never stop the
-    /// run; past [`MAX_METRIC_LINES`] scraping stops.
+    /// a daemon of its own writes no file. Failed scrapes are counted and
+    /// told once, and never stop the run; past [`MAX_METRIC_LINES`]
+    /// scraping stops.
     pub(super) fn scrape_metrics(&self) {
         // Made at the first scrape that answers: a provider without
         // metrics leaves no empty file.

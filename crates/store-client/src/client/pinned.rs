@@ -24,9 +24,10 @@
 //! is deleted through this process's client is let go at once
 //! ([`PinnedReplicas::forget`]); one deleted otherwise (another client,
 //! an overwrite) when its file is seen unlinked, by the sweep
-//! [`super::local::LocalDisk::sweep_pins`] runs or at the next pin. A process that may not
-//! lock memory (`RLIMIT_MEMLOCK`, without `CAP_IPC_LOCK`) checks every
-//! GET as before.
+//! [`super::local::LocalDisk::sweep_pins`] runs or at the next pin.
+//!
+//! A process that may not lock memory (`RLIMIT_MEMLOCK`, without
+//! `CAP_IPC_LOCK`) checks every GET as before.
 
 use std::collections::HashMap;
 use std::fs::File;
