@@ -266,6 +266,9 @@ impl Client {
         let Some(local) = self.local.get() else {
             return LocalCheck::Absent;
         };
+        if let Some(region) = super::local::pinned_region(local, record) {
+            return LocalCheck::Passed(region);
+        }
         let mut damaged = false;
         // Every local replica in turn: one that fails its check is
         // reported, and the next one (this process may run several

@@ -74,14 +74,22 @@ pub struct FileIdentity {
 impl FileIdentity {
     /// The identity of `file` now.
     pub fn of(file: &File) -> std::io::Result<FileIdentity> {
-        let meta = file.metadata()?;
-        Ok(FileIdentity {
+        Ok(FileIdentity::from_metadata(&file.metadata()?))
+    }
+
+    /// The identity of the file at `path` now, without opening it.
+    pub fn of_path(path: &std::path::Path) -> std::io::Result<FileIdentity> {
+        Ok(FileIdentity::from_metadata(&std::fs::metadata(path)?))
+    }
+
+    fn from_metadata(meta: &std::fs::Metadata) -> FileIdentity {
+        FileIdentity {
             device: meta.dev(),
             inode: meta.ino(),
             length: meta.len(),
             modified: (meta.mtime(), meta.mtime_nsec()),
             changed: (meta.ctime(), meta.ctime_nsec()),
-        })
+        }
     }
 }
 
@@ -89,8 +97,10 @@ impl FileIdentity {
 struct Pinned {
     /// Unmapped (and so unlocked) when dropped.
     _map: memmap2::Mmap,
-    /// The file, to tell when it is deleted.
+    /// The file, to tell when it is deleted, and to send from.
     file: std::sync::Arc<File>,
+    /// Where the replica's data starts in it.
+    offset: u64,
     identity: FileIdentity,
     size: u64,
     crc: u32,
@@ -131,6 +141,8 @@ pub struct PinnedStats {
 /// locked: what [`PinnedReplicas::admit`] keeps if they pass.
 pub struct Locked {
     map: memmap2::Mmap,
+    /// Where the locked bytes start in their file.
+    offset: u64,
     /// The sum of the locked bytes.
     pub crc: u32,
     /// Whether the pages are locked (false: the process may not lock
@@ -164,22 +176,34 @@ impl PinnedReplicas {
     /// (then it may be sent unread). A pinned replica whose file changed
     /// is let go.
     pub fn hit(&self, addr: Addr, identity: FileIdentity, size: u64, crc: u32) -> bool {
+        self.pinned_file(addr, identity, size, crc).is_some()
+    }
+
+    /// As [`PinnedReplicas::hit`], and on a hit the pinned file itself
+    /// with where its data starts: a GET may send from it without
+    /// opening the replica again.
+    pub fn pinned_file(
+        &self,
+        addr: Addr,
+        identity: FileIdentity,
+        size: u64,
+        crc: u32,
+    ) -> Option<(std::sync::Arc<File>, u64)> {
         let mut state = self.state();
         state.clock += 1;
         let now = state.clock;
-        let Some(entry) = state.entries.get_mut(&addr) else {
-            return false;
-        };
+        let entry = state.entries.get_mut(&addr)?;
         if entry.identity == identity && entry.size == size && entry.crc == crc {
             entry.last_used = now;
+            let found = (entry.file.clone(), entry.offset);
             drop(state);
             self.hits.fetch_add(1, Ordering::Relaxed);
-            return true;
+            return Some(found);
         }
         if let Some(gone) = state.entries.remove(&addr) {
             state.bytes -= gone.size;
         }
-        false
+        None
     }
 
     /// Keeps `locked` (the replica at `addr`, of `size` bytes, in `file`,
@@ -223,6 +247,7 @@ impl PinnedReplicas {
             Pinned {
                 _map: locked.map,
                 file,
+                offset: locked.offset,
                 identity,
                 size,
                 crc,
@@ -295,7 +320,12 @@ impl PinnedReplicas {
             }
         };
         let crc = crc32c::crc32c(&map);
-        Ok(Locked { map, crc, locked })
+        Ok(Locked {
+            map,
+            offset,
+            crc,
+            locked,
+        })
     }
 
     /// What is pinned now, and how often it served.

@@ -8,6 +8,7 @@ use crate::storage::replicas::SnStore;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use strata_store_client::client::local::{LocalReplica, LocalReplicas};
+use strata_store_client::client::pinned::FileIdentity;
 use strata_store_protocol::addr::Addr;
 
 /// The storage nodes of this process.
@@ -28,6 +29,12 @@ impl LocalReplicas for LocalNodes {
     /// (on another node, or deleted) or a damaged header gives `None`:
     /// the network read then gets the node's own answer, and a damaged
     /// replica is refused and reported there.
+    fn identity(&self, addr: Addr) -> Option<FileIdentity> {
+        self.stores
+            .iter()
+            .find_map(|store| FileIdentity::of_path(&store.path(addr)).ok())
+    }
+
     fn open(&self, addr: Addr) -> Option<LocalReplica> {
         self.stores.iter().find_map(|store| {
             let file = std::fs::File::open(store.path(addr)).ok()?;
