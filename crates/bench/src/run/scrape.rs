@@ -33,6 +33,7 @@ impl Run<'_> {
             // once, not by a burst of the ones it overran.
             next = (next + self.spec.metrics_every).max(Instant::now());
             let time = self.seconds(Instant::now());
+            let daemon = self.provider.daemon_pid();
             let mut text = match self.provider.metrics() {
                 Some(Ok(text)) => text,
                 Some(Err(e)) => {
@@ -44,17 +45,13 @@ impl Run<'_> {
                     }
                     continue;
                 }
-                None if self.provider.daemon_pid().is_none() => return,
+                None if daemon.is_none() => return,
                 None => String::new(),
             };
             // The daemon's own CPU time and memory, for every provider
             // that started one (a daemon gone between the two reads
             // leaves this scrape without them).
-            if let Some(usage) = self
-                .provider
-                .daemon_pid()
-                .and_then(|pid| Usage::of(pid).ok())
-            {
+            if let Some(usage) = daemon.and_then(|pid| Usage::of(pid).ok()) {
                 text.push_str(&usage.exposition());
             }
             if writer.is_none() {

@@ -30,10 +30,7 @@ pub trait LocalReplicas: Send + Sync {
     /// The identity of the replica file at `addr` now, looked at without
     /// opening it, if a storage node of this process holds it: what a
     /// GET of a pinned replica checks before sending it.
-    fn identity(&self, addr: Addr) -> Option<super::pinned::FileIdentity> {
-        let _ = addr;
-        None
-    }
+    fn identity(&self, addr: Addr) -> Option<super::pinned::FileIdentity>;
 }
 
 /// The replicas on this process's disk, and those of them pinned in
@@ -208,12 +205,6 @@ const INLINE_CHECK_UP_TO: u64 = 2 << 20;
 /// half of the sum it saves (a MiB sums in about 60 µs here).
 const CHECK_IN_HALVES_FROM: u64 = 8 << 20;
 
-/// Checks `replica` against `record`'s size and CRC-32C, reading it from
-/// the page cache (in the blocking pool: the first read of a cold file
-/// waits on the disk); the bytes are read, never kept, unless `pinned`
-/// keeps them: a replica pinned when it passed is not read again while
-/// its file is unchanged, and one it wants is locked in memory before it
-/// is summed, and kept if it passes.
 /// A local replica of `record` that is pinned and whose file is the one
 /// pinned, as a region to send, found without opening the replica (its
 /// path is looked at, then the pinned file sent): a hot GET's shortest
@@ -235,6 +226,12 @@ pub(super) fn pinned_region(disk: &LocalDisk, record: &Record) -> Option<Checked
     })
 }
 
+/// Checks `replica` against `record`'s size and CRC-32C, reading it from
+/// the page cache (in the blocking pool: the first read of a cold file
+/// waits on the disk); the bytes are read, never kept, unless `pinned`
+/// wants them: then they are locked in memory before they are summed,
+/// and kept if they pass, so that [`pinned_region`] sends them unread
+/// while the file is unchanged.
 pub(super) async fn check_local(
     replica: LocalReplica,
     addr: Addr,
@@ -255,11 +252,10 @@ pub(super) async fn check_local(
     };
     let pinned = &disk.pinned;
     let crc = if pinned.wants(record.size) {
+        // A pinned hit was served by `pinned_region` before the replica
+        // was opened: this one is checked and pinned now.
         let identity = super::pinned::FileIdentity::of(&region.file)
             .map_err(|e| corrupt(format!("cannot be looked at: {e}")))?;
-        if pinned.hit(addr, identity, record.size, record.crc) {
-            return Ok(region);
-        }
         let (disk, file, offset, length) = (
             disk.clone(),
             region.file.clone(),

@@ -175,7 +175,8 @@ impl PinnedReplicas {
     /// pinned as the bytes of an object of `size` bytes summing to `crc`
     /// (then it may be sent unread). A pinned replica whose file changed
     /// is let go.
-    pub fn hit(&self, addr: Addr, identity: FileIdentity, size: u64, crc: u32) -> bool {
+    #[cfg(test)]
+    fn hit(&self, addr: Addr, identity: FileIdentity, size: u64, crc: u32) -> bool {
         self.pinned_file(addr, identity, size, crc).is_some()
     }
 
