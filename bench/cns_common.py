@@ -20,14 +20,17 @@ def failures(out):
     return errors
 
 
-def run_and_report(strata, args, out, label, group=None):
+def run_and_report(strata, args, out, label, group=None, cpu=None):
     """Runs `strata bench run ARGS --out OUT`; returns its failed records'
     errors and `strata bench report OUT --output json`. Exit 1 (the run
     went on, but an operation failed) is kept, with the failures named;
     anything else is a run that did not happen, and ends the script.
     With `group` (a cns_memory.MemoryGroup, opened), the run's provider
-    daemon is moved into it as soon as it starts."""
-    process = subprocess.Popen([strata, "bench", "run", *args, "--out", out],
+    daemon is moved into it as soon as it starts. With `cpu`, the run and
+    everything it starts (the daemon, fio, PostgreSQL) inherit an affinity
+    to that one core (taskset)."""
+    pin = ["taskset", "--cpu-list", str(cpu)] if cpu is not None else []
+    process = subprocess.Popen([*pin, strata, "bench", "run", *args, "--out", out],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if group:
         group.adopt(process)

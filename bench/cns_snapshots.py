@@ -30,6 +30,22 @@ without snapshots and their mean time against a write in place (from the
 daemon's strata_volume_cluster_writes_total and
 strata_volume_cluster_write_seconds_total).
 
+--duet runs each round's pair at once instead of one after the other
+("duet benchmarking", Bulej et al., ICPE 2020): the run with snapshots
+on one core and the run without on the other, each run and everything
+it starts (its own daemon, fio, PostgreSQL) pinned to its core, the
+cores swapped every round. Whatever else the shared machine does at
+that moment slows both runs of the pair alike, so their ratio keeps
+much less of it than two runs minutes apart. The pair still shares the
+disk and the page cache, so a snapshot's syncs may slow the other run
+as well: if anything, the loss reads low by that much. --calibrate
+runs duets without snapshots on either side: their "loss" is the
+method's own spread (the two cores' difference and what is left of the
+machine's noise), the resolution any loss measured this way has. A duet
+run also reports its losses per two rounds taken together (1 - the
+geometric mean of their ratios), which cancels a difference between
+the two cores, since the sides swap cores between the two.
+
 Before the first round, --warm-up runs (default 1) of the first variant
 without snapshots warm the machine and are not counted: the first run of
 a session ran slower than the rest.
@@ -39,6 +55,8 @@ Usage (as root: the volumes' NBD exports, fio, mounts):
     python3 bench/cns_snapshots.py --duration 20s --repeat 1 --variants strata-64k
     python3 bench/cns_snapshots.py --experiment pgbench --duration 3m --restore-every 2
     python3 bench/cns_snapshots.py --variants strata-4k --memory-limit 3G
+    python3 bench/cns_snapshots.py --duet --duration 60s --repeat 6 --variants strata-4k,strata-64k
+    python3 bench/cns_snapshots.py --duet --calibrate --duration 60s --repeat 4 --variants strata-4k
 
 --memory-limit SIZE runs each provider daemon (Strata's volume daemon,
 qemu-storage-daemon) in a cgroup v1 memory group with that limit, as a
@@ -55,7 +73,9 @@ snapshot taken under load.
 """
 
 import argparse
+import concurrent.futures
 import json
+import math
 import os
 import shutil
 import signal
@@ -159,6 +179,12 @@ def parse_args():
     parser.add_argument("--warm-up", type=int, default=1, metavar="RUNS",
                         help="runs of the first variant without snapshots before the first"
                              " round, not counted (0: none)")
+    parser.add_argument("--duet", action="store_true",
+                        help="run each pair at once, each on its own core, the cores swapped"
+                             " every round")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="with --duet: no snapshots on either side of the pair, to measure"
+                             " the method's own spread")
     parser.add_argument("--keep", help="keep the run directories here")
     parser.add_argument("--json", help="write the results here too")
     return parser.parse_args()
@@ -173,13 +199,15 @@ def spec_text(opts, cluster, snapshots):
     return text + (control.format(restore_seconds=restore_seconds) if snapshots else "")
 
 
-def run_one(opts, work, variant, snapshots, round_, tag=None):
+def run_one(opts, work, variant, snapshots, round_, tag=None, cpu=None):
     provider, cluster = VARIANTS[variant]
     mode = "snap" if snapshots else "base"
-    spec = os.path.join(work, f"{variant}-{mode}.yaml")
+    # Each side of a duet writes its own spec: the two run at once.
+    side = "" if cpu is None else f"-cpu{cpu}"
+    spec = os.path.join(work, f"{variant}-{mode}{side}.yaml")
     with open(spec, "w") as f:
         f.write(spec_text(opts, cluster, snapshots))
-    out = os.path.join(work, f"{variant}-{mode}-{tag or round_}")
+    out = os.path.join(work, f"{variant}-{mode}-{tag or round_}{side}")
     args = [spec, "--seed", str(round_ + 1)]
     if provider != "strata":
         args += ["--provider", provider]
@@ -188,7 +216,7 @@ def run_one(opts, work, variant, snapshots, round_, tag=None):
         group = MemoryGroup(parse_size(opts.memory_limit))
         group.open()
     try:
-        failed, summary = run_and_report(opts.strata, args, out, f"{variant} {mode}", group)
+        failed, summary = run_and_report(opts.strata, args, out, f"{variant} {mode}", group, cpu)
     finally:
         memory = group.close() if group else {}
     name = EXPERIMENTS[opts.experiment][2]
@@ -209,6 +237,8 @@ def run_one(opts, work, variant, snapshots, round_, tag=None):
         result.update(restores_ok=restores["ok"], restores_failed=restores["errors"])
     result.update(write_costs(out))
     result.update(daemon_cpu(out, workload["mean_iops"]))
+    if cpu is not None:
+        result["cpu"] = cpu
     if not opts.keep:
         shutil.rmtree(out, ignore_errors=True)
     return result
@@ -288,6 +318,50 @@ def daemon_cpu(out, mean_rate):
     }
 
 
+def duet_cores():
+    """The two cores a duet runs on: the first two this process may use."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit(f"--duet needs two cores; this process may use {cores}")
+    if not shutil.which("taskset"):
+        raise SystemExit("--duet pins runs with taskset: install util-linux")
+    return cores[:2]
+
+
+def run_duet(opts, work, variant, round_, cores):
+    """One round's pair, at once: the side with snapshots (none, with
+    --calibrate: side B) on one core and the side without on the other,
+    the cores swapped from round to round so that neither side keeps the
+    faster core. Returns [(snapshots, result)] as the sequential rounds do."""
+    snap_core, base_core = cores if round_ % 2 == 0 else cores[::-1]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        snap = pool.submit(run_one, opts, work, variant, not opts.calibrate, round_,
+                           "b" if opts.calibrate else None, snap_core)
+        base = pool.submit(run_one, opts, work, variant, False, round_,
+                           "a" if opts.calibrate else None, base_core)
+        return [(True, snap.result()), (False, base.result())]
+
+
+def core_balanced_losses(base, snap):
+    """The loss of each two rounds of duets taken together: 1 - the
+    geometric mean of their two ratios (with / without snapshots). The
+    cores are swapped between the two rounds, so a core that runs either
+    side a factor faster or slower multiplies one ratio by that factor
+    and divides the other: their product, and this loss, keep none of it."""
+    ratios = [s["iops"] / b["iops"] for s, b in zip(snap, base) if b["iops"] > 0]
+    return [1 - math.sqrt(ratios[i] * ratios[i + 1]) for i in range(0, len(ratios) - 1, 2)]
+
+
+def print_core_balanced(results):
+    """One line per variant: its losses with the cores' difference taken out."""
+    print("\nloss per two rounds (cores swapped between them), the cores' difference taken out:")
+    for variant, runs in results.items():
+        losses = core_balanced_losses(runs["base"], runs["snap"])
+        if losses:
+            print(f"  {variant}: median {100 * statistics.median(losses):.1f}% ("
+                  + ", ".join(f"{100 * loss:.1f}" for loss in losses) + ")")
+
+
 def main():
     opts = parse_args()
     variants = [v for v in opts.variants.split(",") if v]
@@ -299,6 +373,9 @@ def main():
     # SIGTERM unwinds like an error, so that the memory group and the run
     # directories are removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    cores = duet_cores() if opts.duet else None
+    if opts.calibrate and not opts.duet:
+        raise SystemExit("--calibrate measures the duet method: give --duet as well")
     work = opts.keep or tempfile.mkdtemp(prefix="cns-snapshots-")
     os.makedirs(work, exist_ok=True)
     results = {v: {"snap": [], "base": []} for v in variants}
@@ -313,17 +390,27 @@ def main():
                   flush=True)
         for round_ in range(opts.repeat):
             for variant in variants:
-                # Alternate which of the pair goes first, round to round.
-                order = [True, False] if round_ % 2 == 0 else [False, True]
-                for snapshots in order:
-                    result = run_one(opts, work, variant, snapshots, round_)
+                if opts.duet:
+                    pair = run_duet(opts, work, variant, round_, cores)
+                else:
+                    # Alternate which of the pair goes first, round to round.
+                    order = [True, False] if round_ % 2 == 0 else [False, True]
+                    pair = [(snapshots, run_one(opts, work, variant, snapshots, round_))
+                            for snapshots in order]
+                for snapshots, result in pair:
                     results[variant]["snap" if snapshots else "base"].append(result)
-                    print(f"round {round_ + 1} {variant:<10} {'snapshots' if snapshots else 'none':<9}"
+                    label = "snapshots" if snapshots else "none"
+                    if opts.calibrate and snapshots:
+                        label = "none (B)"
+                    print(f"round {round_ + 1} {variant:<10} {label:<9}"
                           f" {json.dumps(result)}", flush=True)
     finally:
         if not opts.keep:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"\nmedians of {opts.repeat} rounds, {opts.duration} each run")
+    method = "at once, one core each (duet)" if opts.duet else "one after the other"
+    if opts.calibrate:
+        method += "; calibration: no snapshots on either side, the 'snapshots' columns are side B"
+    print(f"\nmedians of {opts.repeat} rounds, {opts.duration} each run, the pair {method}")
     unit = "tps" if opts.experiment == "pgbench" else "IOPS"
     print(f"| variant | {unit}, none | {unit}, snapshots | loss | lowest second (snapshots) |"
           " zero-op seconds (snapshots) | snapshot p50 / p99 / max ms | restores ok / failed |"
@@ -351,7 +438,9 @@ def main():
         growth = (f"{100 * statistics.median(cpu_growth):+.1f}% ("
                   + ", ".join(f"{100 * g:+.1f}" for g in cpu_growth) + ")") if cpu_growth else "–"
         print(f"| {variant} | {med(base, 'iops'):,.0f} | {med(snap, 'iops'):,.0f} |"
-              f" {100 * statistics.median(losses):.1f}% | {med(snap, 'min_iops'):,.0f} |"
+              f" {100 * statistics.median(losses):.1f}% ("
+              + ", ".join(f"{100 * loss:.1f}" for loss in losses) + ")"
+              f" | {med(snap, 'min_iops'):,.0f} |"
               f" {med(snap, 'zero_seconds'):.0f} | {med(snap, 'p50_ms'):.1f} /"
               f" {med(snap, 'p99_ms'):.1f} / {med(snap, 'max_ms'):.1f} |"
               f" {sum(r.get('restores_ok', 0) for r in snap)} /"
@@ -360,6 +449,8 @@ def main():
               f" {median_of(snap, 'allocating_us')} / {median_of(snap, 'in_place_us')} |"
               f" {median_of(base, 'cpu_us_per_op', 1)} / {median_of(snap, 'cpu_us_per_op', 1)} |"
               f" {growth} |")
+    if opts.duet:
+        print_core_balanced(results)
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(table, f, indent=1)

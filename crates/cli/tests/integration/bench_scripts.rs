@@ -1,6 +1,6 @@
 //! The steps of the CNSBench experiment scripts (`bench/cns_*.py`) that
 //! act on the machine, run for real: the memory group `--memory-limit`
-//! puts a provider daemon in.
+//! puts a provider daemon in, and the pinned pairs of `--duet`.
 
 use std::process::Command;
 
@@ -10,6 +10,17 @@ use crate::common::{p, tmp};
 
 /// The directory of the bench scripts.
 const BENCH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench");
+
+/// Runs a Python driver of the bench scripts; what it printed, as JSON.
+fn run_driver(driver: &str) -> Value {
+    let out = Command::new("python3")
+        .args(["-c", driver])
+        .output()
+        .expect("python3");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    serde_json::from_slice(&out.stdout).expect("the driver's output as JSON")
+}
 
 /// The memory group of `--memory-limit` (`bench/cns_memory.py`): a
 /// stand-in for the run starts a "daemon" (a process named `strata`
@@ -60,16 +71,111 @@ print(json.dumps(figures))
         bench = BENCH,
         dir = p(dir.path()),
     );
-    let out = Command::new("python3")
-        .args(["-c", &driver])
-        .output()
-        .expect("python3");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let figures: Value = serde_json::from_slice(&out.stdout).expect("the figures as JSON");
+    let figures = run_driver(&driver);
     assert_eq!(figures["daemons"], 1, "{figures}");
     assert!(figures["limit_hits"].as_u64().unwrap() > 0, "{figures}");
     let peak = figures["mem_max_mib"].as_u64().unwrap();
     assert!((8..=48).contains(&peak), "peak {peak} MiB: {figures}");
     assert_eq!(figures["removed"], true, "{figures}");
+}
+
+/// A stand-in for `strata` in the duet test: `bench run` records the
+/// cores it may use, when it ran and whether its spec takes snapshots;
+/// `bench report` answers with the summary the script reads.
+const STAND_IN: &str = r#"#!/usr/bin/env python3
+import json, os, sys, time
+args = sys.argv[1:]
+if args[:2] == ["bench", "run"]:
+    out = args[args.index("--out") + 1]
+    os.makedirs(out, exist_ok=True)
+    start = time.time()
+    time.sleep(1.5)
+    probe = {"cpus": sorted(os.sched_getaffinity(0)), "start": start, "end": time.time(),
+             "snapshots": "control_operations" in open(args[2]).read()}
+    with open(os.path.join(out, "probe.json"), "w") as f:
+        json.dump(probe, f)
+elif args[:2] == ["bench", "report"]:
+    print(json.dumps({"workloads": [{"workload": "ycsb-a", "mean_iops": 1000.0,
+                                     "min_iops": 900.0, "zero_seconds": 0}],
+                      "operations": []}))
+else:
+    sys.exit(2)
+"#;
+
+/// `--duet` (`bench/cns_snapshots.py`): each round runs the pair at once,
+/// the side with snapshots and the side without each pinned to its own
+/// one core (what the run starts inherits it), and the next round swaps
+/// the cores. Two rounds against a stand-in `strata` that records its
+/// affinity and when it ran; and the loss per two rounds, which takes
+/// the cores' difference out.
+#[test]
+fn a_duet_runs_the_pair_at_once_on_one_core_each_and_swaps_the_cores() {
+    let dir = tmp();
+    let strata = dir.path().join("strata");
+    std::fs::write(&strata, STAND_IN).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&strata, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let driver = format!(
+        r#"
+import argparse, glob, json, os, sys
+sys.path.insert(0, {bench:?})
+import cns_snapshots
+opts = argparse.Namespace(strata={strata:?}, duration="2s", experiment="fio",
+                          restore_every=10, memory_limit=None, keep={dir:?},
+                          calibrate=False)
+cores = cns_snapshots.duet_cores()
+rounds = []
+for round_ in range(2):
+    pair = cns_snapshots.run_duet(opts, {dir:?}, "strata-4k", round_, cores)
+    sides = []
+    for snapshots, result in pair:
+        mode = "snap" if snapshots else "base"
+        out = os.path.join({dir:?}, f"strata-4k-{{mode}}-{{round_}}-cpu{{result['cpu']}}")
+        with open(os.path.join(out, "probe.json")) as f:
+            probe = json.load(f)
+        sides.append({{"snapshots": snapshots, "cpu": result["cpu"], **probe}})
+    rounds.append(sides)
+# Two rounds on cores 5% apart, each side faster on one of them, and a
+# true loss of 1% then 3%: the cores' difference cancels.
+base = [{{"iops": 100.0}}] * 4
+snap = [{{"iops": 99 * 1.05}}, {{"iops": 99 / 1.05}}, {{"iops": 97 * 1.05}}, {{"iops": 97 / 1.05}}]
+balanced = cns_snapshots.core_balanced_losses(base, snap)
+print(json.dumps({{"rounds": rounds, "balanced": balanced}}))
+"#,
+        bench = BENCH,
+        strata = p(&strata),
+        dir = p(dir.path()),
+    );
+    let printed = run_driver(&driver);
+    let balanced: Vec<f64> = serde_json::from_value(printed["balanced"].clone()).unwrap();
+    assert!(
+        balanced.len() == 2
+            && (balanced[0] - 0.01).abs() < 1e-9
+            && (balanced[1] - 0.03).abs() < 1e-9,
+        "the core-balanced losses should be 1% and 3%: {balanced:?}"
+    );
+    let rounds = &printed["rounds"];
+    let mut snapshot_cores = Vec::new();
+    for sides in rounds.as_array().unwrap() {
+        let [snap, base] = [&sides[0], &sides[1]];
+        // The run with snapshots took them, its pair did not.
+        assert_eq!(snap["snapshots"], true, "{sides}");
+        assert_eq!(base["snapshots"], false, "{sides}");
+        // Each side may use exactly the one core it was given, and the two differ.
+        for side in [snap, base] {
+            assert_eq!(side["cpus"], serde_json::json!([side["cpu"]]), "{sides}");
+        }
+        assert_ne!(snap["cpu"], base["cpu"], "{sides}");
+        // They ran at once: each started before the other ended.
+        let time = |side: &Value, key: &str| side[key].as_f64().unwrap();
+        assert!(
+            time(snap, "start") < time(base, "end") && time(base, "start") < time(snap, "end"),
+            "the pair did not overlap: {sides}"
+        );
+        snapshot_cores.push(snap["cpu"].clone());
+    }
+    assert_ne!(
+        snapshot_cores[0], snapshot_cores[1],
+        "the cores were not swapped: {rounds}"
+    );
 }
