@@ -435,6 +435,8 @@ def main():
         table[variant] = {"loss": statistics.median(losses) if losses else None,
                           "cpu_per_op_growth": statistics.median(cpu_growth) if cpu_growth else None,
                           "runs": runs}
+        if opts.duet:
+            table[variant]["core_balanced_losses"] = core_balanced_losses(base, snap)
         growth = (f"{100 * statistics.median(cpu_growth):+.1f}% ("
                   + ", ".join(f"{100 * g:+.1f}" for g in cpu_growth) + ")") if cpu_growth else "–"
         print(f"| {variant} | {med(base, 'iops'):,.0f} | {med(snap, 'iops'):,.0f} |"
