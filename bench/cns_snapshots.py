@@ -332,13 +332,14 @@ def run_duet(opts, work, variant, round_, cores):
     """One round's pair, at once: the side with snapshots (none, with
     --calibrate: side B) on one core and the side without on the other,
     the cores swapped from round to round so that neither side keeps the
-    faster core. Returns [(snapshots, result)] as the sequential rounds do."""
+    faster core. Returns [(snapshots, result)] as the sequential rounds do.
+    The two sides' spec files and run directories are told apart by their
+    cores."""
     snap_core, base_core = cores if round_ % 2 == 0 else cores[::-1]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         snap = pool.submit(run_one, opts, work, variant, not opts.calibrate, round_,
-                           "b" if opts.calibrate else None, snap_core)
-        base = pool.submit(run_one, opts, work, variant, False, round_,
-                           "a" if opts.calibrate else None, base_core)
+                           cpu=snap_core)
+        base = pool.submit(run_one, opts, work, variant, False, round_, cpu=base_core)
         return [(True, snap.result()), (False, base.result())]
 
 

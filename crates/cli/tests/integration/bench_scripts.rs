@@ -117,7 +117,7 @@ fn a_duet_runs_the_pair_at_once_on_one_core_each_and_swaps_the_cores() {
     std::fs::set_permissions(&strata, std::fs::Permissions::from_mode(0o755)).unwrap();
     let driver = format!(
         r#"
-import argparse, glob, json, os, sys
+import argparse, json, os, sys
 sys.path.insert(0, {bench:?})
 import cns_snapshots
 opts = argparse.Namespace(strata={strata:?}, duration="2s", experiment="fio",

@@ -171,18 +171,17 @@ impl PinnedReplicas {
         size >= PIN_FROM && size <= self.budget && !self.refused.load(Ordering::Relaxed)
     }
 
-    /// Whether the replica at `addr`, whose file is now `identity`, is
-    /// pinned as the bytes of an object of `size` bytes summing to `crc`
-    /// (then it may be sent unread). A pinned replica whose file changed
-    /// is let go.
+    /// Whether [`PinnedReplicas::pinned_file`] finds the replica pinned.
     #[cfg(test)]
     fn hit(&self, addr: Addr, identity: FileIdentity, size: u64, crc: u32) -> bool {
         self.pinned_file(addr, identity, size, crc).is_some()
     }
 
-    /// As [`PinnedReplicas::hit`], and on a hit the pinned file itself
-    /// with where its data starts: a GET may send from it without
-    /// opening the replica again.
+    /// If the replica at `addr`, whose file is now `identity`, is pinned
+    /// as the bytes of an object of `size` bytes summing to `crc`, the
+    /// pinned file with where its data starts: a GET may send from it
+    /// unread, without opening the replica again. A pinned replica whose
+    /// file changed is let go.
     pub fn pinned_file(
         &self,
         addr: Addr,

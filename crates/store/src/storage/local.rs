@@ -29,12 +29,6 @@ impl LocalReplicas for LocalNodes {
     /// (on another node, or deleted) or a damaged header gives `None`:
     /// the network read then gets the node's own answer, and a damaged
     /// replica is refused and reported there.
-    fn identity(&self, addr: Addr) -> Option<FileIdentity> {
-        self.stores
-            .iter()
-            .find_map(|store| FileIdentity::of_path(&store.path(addr)).ok())
-    }
-
     fn open(&self, addr: Addr) -> Option<LocalReplica> {
         self.stores.iter().find_map(|store| {
             let file = std::fs::File::open(store.path(addr)).ok()?;
@@ -48,5 +42,13 @@ impl LocalReplicas for LocalNodes {
                 size: header.size,
             })
         })
+    }
+
+    /// The identity of the replica file at `addr` in the first node that
+    /// has it, from its path (one `stat`, no open).
+    fn identity(&self, addr: Addr) -> Option<FileIdentity> {
+        self.stores
+            .iter()
+            .find_map(|store| FileIdentity::of_path(&store.path(addr)).ok())
     }
 }
