@@ -91,10 +91,7 @@ impl Allocator {
                 continue;
             }
             top.file.read_exact_at(&mut buf, block)?;
-            let last = (0..self.epb)
-                .rev()
-                .find(|&i| refcount::get(&buf, i, self.order) != 0);
-            if let Some(i) = last {
+            if let Some(i) = last_nonzero_entry(&buf, self.epb, self.order) {
                 return Ok(Some(bi as u64 * self.epb + i));
             }
         }
@@ -276,5 +273,43 @@ impl Allocator {
             g.remove(old_offset, old_clusters * cs);
         }
         Ok(())
+    }
+}
+
+/// The index of the last non-zero entry of a refcount block of `epb`
+/// entries. Found from its last non-zero byte: a new image's block is
+/// zeros past its first few clusters, and decoding its entries one by one
+/// from the end was most of the work of opening a new volume.
+fn last_nonzero_entry(block: &[u8], epb: u64, order: u32) -> Option<u64> {
+    let byte = block.iter().rposition(|&b| b != 0)? as u64;
+    let bits = 1u64 << order;
+    let first = byte * 8 / bits;
+    let last = ((byte + 1) * 8 - 1) / bits;
+    (first..=last.min(epb.saturating_sub(1)))
+        .rev()
+        .find(|&i| refcount::get(block, i, order) != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_nonzero_entry_is_found_at_every_refcount_width() {
+        let cs = 512u64;
+        for order in 0..=6u32 {
+            let epb = refcount::entries_per_block(cs, order);
+            assert_eq!(last_nonzero_entry(&vec![0; cs as usize], epb, order), None);
+            for at in [0, 1, 7, epb / 2 + 3, epb - 2, epb - 1] {
+                let mut block = vec![0u8; cs as usize];
+                refcount::set(&mut block, 0, order, 1);
+                refcount::set(&mut block, at, order, 1);
+                assert_eq!(
+                    last_nonzero_entry(&block, epb, order),
+                    Some(at),
+                    "order {order}, entry {at}"
+                );
+            }
+        }
     }
 }

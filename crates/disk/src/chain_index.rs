@@ -81,20 +81,58 @@ pub(crate) fn validate_index(
     Ok(ext)
 }
 
-/// CRC-32C of an index region, read in bounded chunks.
+/// Bytes of an index region checksummed at a time.
+const CRC_CHUNK: u64 = 1 << 20;
+
+/// CRC-32C of an index region, read in bounded chunks. A chunk that is a
+/// hole of the file is not read: a new layer's region is a hole until its
+/// writer publishes owners, and reading a megabyte of zeros per opened
+/// volume filled the page cache for nothing.
 pub(crate) fn region_crc(layer: &Layer, ext: &ChainIndexExt) -> Result<u32> {
     let mut crc = 0u32;
-    let mut buf = vec![0u8; 1 << 20];
+    let mut buf = Vec::new();
     let mut done = 0u64;
     while done < ext.region_len {
-        let n = (ext.region_len - done).min(buf.len() as u64) as usize;
-        layer
-            .file
-            .read_exact_at(&mut buf[..n], ext.region_offset + done)?;
-        crc = crc32c::crc32c_append(crc, &buf[..n]);
-        done += n as u64;
+        let n = (ext.region_len - done).min(CRC_CHUNK);
+        let at = ext.region_offset + done;
+        if layer.file.is_hole(at, n) {
+            crc = crc32c::crc32c_combine(crc, crc32c_of_zeros(n), n as usize);
+        } else {
+            buf.resize(n as usize, 0);
+            layer.file.read_exact_at(&mut buf, at)?;
+            crc = crc32c::crc32c_append(crc, &buf);
+        }
+        done += n;
     }
     Ok(crc)
+}
+
+/// The CRC-32C of `len` zero bytes. Remembered per length: a pool's
+/// volumes share a few sizes, and each of their regions starts as zeros.
+pub(crate) fn crc32c_of_zeros(len: u64) -> u32 {
+    const CHUNK: usize = 64 * 1024;
+    const REMEMBERED: usize = 16;
+    static ZEROS: [u8; CHUNK] = [0; CHUNK];
+    static KNOWN: parking_lot::Mutex<Vec<(u64, u32)>> = parking_lot::Mutex::new(Vec::new());
+    if let Some(&(_, crc)) = KNOWN.lock().iter().find(|(l, _)| *l == len) {
+        return crc;
+    }
+    let mut crc = 0u32;
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(CHUNK as u64) as usize;
+        crc = crc32c::crc32c_append(crc, &ZEROS[..n]);
+        left -= n as u64;
+    }
+    let mut known = KNOWN.lock();
+    if known.iter().any(|(l, _)| *l == len) {
+        return crc;
+    }
+    if known.len() == REMEMBERED {
+        known.remove(0);
+    }
+    known.push((len, crc));
+    crc
 }
 
 /// Computes a frozen layer's index checksum and puts it in the header it
@@ -147,4 +185,30 @@ pub(crate) fn new_uuid() -> Result<[u8; 16]> {
     u[6] = (u[6] & 0x0f) | 0x40;
     u[8] = (u[8] & 0x3f) | 0x80;
     Ok(u)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_crc_of_zeros_matches_the_crc_of_a_zeroed_buffer() {
+        for len in [0u64, 1, 65_535, 65_536, 65_537, 3 * 65_536 + 5, 1 << 21] {
+            let zeros = vec![0u8; len as usize];
+            assert_eq!(crc32c_of_zeros(len), crc32c::crc32c(&zeros), "{len} bytes");
+            // Asked again: the remembered value.
+            assert_eq!(crc32c_of_zeros(len), crc32c::crc32c(&zeros), "{len} bytes");
+        }
+    }
+
+    #[test]
+    fn zeros_combined_after_data_give_the_crc_of_both() {
+        let data = b"owners of a chain";
+        let mut both = data.to_vec();
+        both.extend_from_slice(&[0u8; 3000]);
+        let combined =
+            crc32c::crc32c_combine(crc32c::crc32c(data), crc32c_of_zeros(3000), 3000);
+        assert_eq!(combined, crc32c::crc32c(&both));
+        assert_eq!(crc32c::crc32c_combine(0, crc32c_of_zeros(3000), 3000), crc32c_of_zeros(3000));
+    }
 }

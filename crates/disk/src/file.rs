@@ -180,6 +180,43 @@ impl ImageFile {
         Ok(())
     }
 
+    /// Whether `len` bytes at `offset` read as zeros because nothing was
+    /// ever written there: a hole of the file (or past its end) with no
+    /// dirty sector in memory. `false` when unsure (the file system cannot
+    /// tell its holes): the caller then reads.
+    pub(crate) fn is_hole(&self, offset: u64, len: u64) -> bool {
+        use std::os::fd::AsRawFd;
+        let end = offset.saturating_add(len);
+        if self.dirty_count.load(Ordering::Acquire) > 0 {
+            let dirty = self.dirty.lock();
+            let (first, last) = (offset / SECTOR, end.div_ceil(SECTOR));
+            let touched = if (dirty.len() as u64) < last - first {
+                dirty.keys().any(|s| (first..last).contains(s))
+            } else {
+                (first..last).any(|s| dirty.contains_key(&s))
+            };
+            if touched {
+                return false;
+            }
+        }
+        let file_end = self.disk_len.load(Ordering::Acquire);
+        if offset >= file_end {
+            return true;
+        }
+        let Ok(at) = i64::try_from(offset) else {
+            return false;
+        };
+        // SAFETY: lseek on a file descriptor this struct owns; the file's
+        // position is not used by anything else (every access is pread or
+        // pwrite).
+        let data = unsafe { libc::lseek(self.file.as_raw_fd(), at, libc::SEEK_DATA) };
+        if data < 0 {
+            // ENXIO: no data at or after `offset`.
+            return std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO);
+        }
+        data as u64 >= end.min(file_end)
+    }
+
     /// Reads guest data (never in a dirty sector) straight from the file,
     /// zeros past its end.
     pub(crate) fn read_data(&self, buf: &mut [u8], offset: u64) -> Result<()> {
@@ -547,6 +584,26 @@ mod tests {
         }
     }
 
+    /// A hole is a range nothing was written to: neither the file nor a
+    /// dirty sector in memory.
+    #[test]
+    fn a_hole_is_told_apart_from_written_and_dirty_ranges() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::File::create(&path).unwrap().set_len(4 << 20).unwrap();
+        let f = ImageFile::open(&path, 1, true, LockMode::Write).unwrap();
+        assert!(f.is_hole(0, 4 << 20), "a new sparse file");
+        assert!(f.is_hole(8 << 20, 4096), "past the end");
+        f.write_all_at(&[7; 4096], 1 << 20).unwrap();
+        assert!(!f.is_hole(0, 2 << 20), "a range with a direct write");
+        assert!(f.is_hole(2 << 20, 1 << 20), "a range after it");
+        f.set_write_back(true).unwrap();
+        f.write_all_at(&[9; 100], 3 << 20).unwrap(); // dirty, in memory
+        assert!(!f.is_hole(3 << 20, 1 << 20), "a range with a dirty sector");
+        f.sync().unwrap();
+        assert!(!f.is_hole(3 << 20, 1 << 20), "the same, written out");
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -558,7 +615,8 @@ mod tests {
         fn write_back_reads_and_persists_like_a_plain_file(ops in proptest::collection::vec(op(), 1..60)) {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("f");
-            std::fs::write(&path, vec![0u8; FILE_END as usize]).unwrap();
+            // Sparse: its holes are what `is_hole` must tell apart.
+            std::fs::File::create(&path).unwrap().set_len(FILE_END).unwrap();
             let f = ImageFile::open(&path, 1, true, LockMode::Write).unwrap();
             f.set_write_back(true).unwrap();
             let mut model = vec![0u8; FILE_END as usize];
@@ -581,6 +639,12 @@ mod tests {
                         let mut buf = vec![0u8; len];
                         f.read_exact_at(&mut buf, at).unwrap();
                         prop_assert!(buf == model[at as usize..at as usize + len]);
+                        if f.is_hole(at, len as u64) {
+                            prop_assert!(
+                                buf.iter().all(|b| *b == 0),
+                                "0x{:x}+{} called a hole holds data", at, len
+                            );
+                        }
                     }
                     Op::Sync => f.sync().unwrap(),
                     Op::WriteBack(on) => f.set_write_back(on).unwrap(),

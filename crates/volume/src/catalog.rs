@@ -13,6 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use redb::{Database, Durability, ReadableTable, TableDefinition};
@@ -233,10 +234,12 @@ pub struct Catalog {
     syncs: AtomicU64,
 }
 
-/// A state and the number of commits it follows.
+/// A state and the number of commits it follows. Shared, not copied:
+/// readers and the durable version take it as it is, and a transaction
+/// copies it once to change it.
 #[derive(Default)]
 struct Version {
-    state: State,
+    state: Arc<State>,
     commits: u64,
 }
 
@@ -269,7 +272,7 @@ impl Catalog {
             tx.open_table(t)?;
         }
         tx.commit()?;
-        let state = load(&db)?;
+        let state = Arc::new(load(&db)?);
         Ok(Catalog {
             db,
             applied: Mutex::new(Version {
@@ -285,8 +288,8 @@ impl Catalog {
         })
     }
 
-    /// A copy of the state as last committed durably.
-    pub fn state(&self) -> State {
+    /// The state as last committed durably.
+    pub fn state(&self) -> Arc<State> {
         self.durable.lock().version.state.clone()
     }
 
@@ -308,12 +311,12 @@ impl Catalog {
             tx.set_durability(Durability::None);
             let mut txn = Txn {
                 tx,
-                state: applied.state.clone(),
+                state: State::clone(&applied.state),
             };
             match change(&mut txn) {
                 Ok(out) => {
                     txn.tx.commit()?;
-                    applied.state = txn.state;
+                    applied.state = Arc::new(txn.state);
                     applied.commits += 1;
                     (out, applied.commits)
                 }
@@ -414,7 +417,7 @@ fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], kind: &str, key: &str) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Barrier};
+    use std::sync::Barrier;
 
     fn volume(name: &str) -> VolumeRec {
         VolumeRec {
@@ -476,14 +479,15 @@ mod tests {
         });
         assert!(refused.is_err());
         catalog.update(|t| t.put_volume(volume("whole"))).unwrap();
-        let names: Vec<String> = catalog.state().volumes.into_keys().collect();
+        let names: Vec<String> = catalog.state().volumes.keys().cloned().collect();
         assert_eq!(names, ["whole"]);
         drop(catalog);
         let names: Vec<String> = Catalog::open(&path)
             .unwrap()
             .state()
             .volumes
-            .into_keys()
+            .keys()
+            .cloned()
             .collect();
         assert_eq!(names, ["whole"]);
     }
