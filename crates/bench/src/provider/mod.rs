@@ -52,6 +52,18 @@ pub trait Provider: Send + Sync {
         stages: &mut Stages,
     ) -> Result<Detail, String>;
 
+    /// Attaches to an existing volume: finds where it is served and
+    /// finishes an NBD handshake with it (stage: attached). What a create
+    /// costs beyond this is the provider's making of the volume.
+    fn attach_volume(&self, volume: &str, stages: &mut Stages) -> Result<Detail, String> {
+        let uri = self
+            .uri(volume)
+            .ok_or_else(|| format!("volume `{volume}` is not served over NBD"))?;
+        nbd_probe::attach(&uri)?;
+        stages.mark("attached");
+        Ok(None)
+    }
+
     /// Deletes a volume and its snapshots.
     fn delete_volume(&self, name: &str) -> Result<Detail, String>;
 

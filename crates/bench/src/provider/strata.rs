@@ -218,6 +218,14 @@ impl Provider for StrataProvider {
         Ok(None)
     }
 
+    /// Asks the daemon for the volume (its reply names the export, as a
+    /// create's does), then attaches.
+    fn attach_volume(&self, volume: &str, stages: &mut Stages) -> Result<Detail, String> {
+        let described = self.call("GET", &format!("/v1/volumes/{}", segment(volume)?), None)?;
+        self.attach(&described, stages)?;
+        Ok(None)
+    }
+
     fn delete_volume(&self, name: &str) -> Result<Detail, String> {
         self.call("DELETE", &format!("/v1/volumes/{}", segment(name)?), None)
             .map(|_| None)

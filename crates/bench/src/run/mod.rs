@@ -728,6 +728,7 @@ pub fn action_name(action: Action) -> &'static str {
     match action {
         Action::Create => "create",
         Action::Delete => "delete",
+        Action::Attach => "attach",
         Action::Snapshot => "snapshot",
         Action::DeleteSnapshot => "delete_snapshot",
         Action::Clone => "clone",

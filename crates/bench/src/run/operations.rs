@@ -16,6 +16,7 @@ impl Run<'_> {
         let done = match operation.action {
             Action::Create => self.create(operation),
             Action::Delete => self.delete(operation),
+            Action::Attach => self.attach(operation),
             Action::Snapshot => self.snapshot(operation),
             Action::DeleteSnapshot => self.delete_snapshot(operation),
             Action::Clone => self.clone_snapshot(operation),
@@ -103,6 +104,25 @@ impl Run<'_> {
         Done {
             target: volume.name,
             stages: Stages::default(),
+            result,
+            skipped: false,
+        }
+    }
+
+    fn attach(&self, operation: &ControlOperation) -> Done {
+        let picked = self.inventory.lock().pick_volume(
+            &self.scope(operation),
+            operation.select,
+            &mut self.rng.lock(),
+        );
+        let Some(volume) = picked else {
+            return Run::nothing_to(operation, "volume");
+        };
+        let mut stages = Stages::default();
+        let result = self.provider.attach_volume(&volume.name, &mut stages);
+        Done {
+            target: volume.name,
+            stages,
             result,
             skipped: false,
         }

@@ -135,6 +135,9 @@ pub enum Action {
     Create,
     /// Delete a volume of the group.
     Delete,
+    /// Attach to a volume of the group: ask the provider where it is
+    /// served and finish an NBD handshake with it; nothing is made.
+    Attach,
     /// Snapshot a volume of the group.
     Snapshot,
     /// Delete a snapshot taken by this run (one without clones).

@@ -31,7 +31,8 @@ server.serve_forever()
 ";
 
 /// Three seconds of two fio writers with verify, snapshots of their
-/// volumes, clones of those, volumes created and deleted, and grows.
+/// volumes, clones of those, volumes created and deleted, grows, and
+/// attaches to the writers' volumes while they write.
 pub(crate) const SMALL_SPEC: &str = "\
 duration: 3s
 volumes:
@@ -52,6 +53,7 @@ control_operations:
   - {name: creates, action: create, volumes: scratch, rate: arrivals}
   - {name: deletes, action: delete, volumes: scratch, select: oldest, rate: second}
   - {name: grows, action: resize, workload: writer, size: +16M, rate: second}
+  - {name: attaches, action: attach, workload: writer, select: random, rate: half-second}
 rates:
   - {name: half-second, every: 500ms}
   - {name: second, every: 1s}
@@ -165,6 +167,7 @@ fn a_small_spec_runs_against_the_daemon_and_its_summary_counts_the_records() {
     assert!(count(&counts, "creates", "ok") >= 2, "{counts:?}");
     assert!(count(&counts, "clones", "ok") >= 1, "{counts:?}");
     assert!(count(&counts, "grows", "ok") >= 1, "{counts:?}");
+    assert!(count(&counts, "attaches", "ok") >= 4, "{counts:?}");
     assert_eq!(
         counts.keys().filter(|(_, _, s)| s == "error").count(),
         0,
@@ -184,6 +187,18 @@ fn a_small_spec_runs_against_the_daemon_and_its_summary_counts_the_records() {
         }
         if record["action"] == "snapshot" {
             assert!(record["detail"]["pause_ms"].as_f64().is_some(), "{record}");
+        }
+        if record["action"] == "attach" {
+            let attached = record["stages"]["attached"].as_f64().unwrap_or(-1.0);
+            let (start, end) = (record["start"].as_f64(), record["end"].as_f64());
+            assert!(
+                start <= Some(attached) && Some(attached) <= end,
+                "an attach without its handshake: {record}"
+            );
+            assert!(
+                record["target"].as_str().unwrap().contains("data-"),
+                "an attach to a volume not of the writers' group: {record}"
+            );
         }
     }
     // fio's own files (its verify state) stay in the run directory.
@@ -435,6 +450,7 @@ fn the_null_provider_runs_the_same_spec_and_runs_compare() {
     assert_eq!(count(&counts, "writer", "ok"), 2, "{counts:?}");
     assert_eq!(count(&counts, "checker", "ok"), 1, "{counts:?}");
     assert!(count(&counts, "snapshots", "ok") >= 4, "{counts:?}");
+    assert!(count(&counts, "attaches", "ok") >= 4, "{counts:?}");
     assert_eq!(
         count(&counts, "cleanup", "ok"),
         0,
@@ -620,7 +636,7 @@ fn bad_specs_are_refused_with_their_line_before_anything_starts() {
         (
             "  - {name: arrivals, poisson_mean: 300ms}",
             "  - {name: arrivals, poisson_mean: 300ms, burst: 2}",
-            23,
+            24,
             "unknown field `burst`",
         ),
         (
@@ -629,7 +645,7 @@ fn bad_specs_are_refused_with_their_line_before_anything_starts() {
             16,
             "names no rate: write one of half-second, second, arrivals",
         ),
-        ("every: 500ms", "every: -500ms", 21, "negative interval"),
+        ("every: 500ms", "every: -500ms", 22, "negative interval"),
         (
             "    volumes: data\n    fio",
             "    fio",
@@ -647,9 +663,9 @@ fn bad_specs_are_refused_with_their_line_before_anything_starts() {
     // spec's line and the file's; a good one (and a bounded
     // increase-decrease rate) shows in the dry run's plan.
     let from_file = SMALL_SPEC.replacen("poisson_mean: 300ms}", "trace_file: arrivals.csv}", 1);
-    assert_refused_at_line(&dir, &from_file, 23, "cannot open it");
+    assert_refused_at_line(&dir, &from_file, 24, "cannot open it");
     std::fs::write(at(&dir, "arrivals.csv"), "seconds\n0.5\n0.25\n").unwrap();
-    assert_refused_at_line(&dir, &from_file, 23, "line 3: 0.25 comes before");
+    assert_refused_at_line(&dir, &from_file, 24, "line 3: 0.25 comes before");
     std::fs::write(at(&dir, "arrivals.csv"), "seconds\n0.25\n0.5\n2\n").unwrap();
     let waves = from_file.replacen(
         "every: 1s}",

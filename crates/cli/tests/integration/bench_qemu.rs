@@ -73,6 +73,7 @@ fn the_qemu_provider_runs_the_same_spec() {
     assert!(count(&counts, "clones", "ok") >= 1, "{counts:?}");
     assert!(count(&counts, "snapshot-deletes", "ok") >= 1, "{counts:?}");
     assert!(count(&counts, "grows", "ok") >= 2, "{counts:?}");
+    assert!(count(&counts, "attaches", "ok") >= 4, "{counts:?}");
     for record in records
         .iter()
         .filter(|r| r["operation"] == "snapshot-deletes" && r["status"] == "ok")
