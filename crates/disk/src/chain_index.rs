@@ -206,9 +206,11 @@ mod tests {
         let data = b"owners of a chain";
         let mut both = data.to_vec();
         both.extend_from_slice(&[0u8; 3000]);
-        let combined =
-            crc32c::crc32c_combine(crc32c::crc32c(data), crc32c_of_zeros(3000), 3000);
+        let combined = crc32c::crc32c_combine(crc32c::crc32c(data), crc32c_of_zeros(3000), 3000);
         assert_eq!(combined, crc32c::crc32c(&both));
-        assert_eq!(crc32c::crc32c_combine(0, crc32c_of_zeros(3000), 3000), crc32c_of_zeros(3000));
+        assert_eq!(
+            crc32c::crc32c_combine(0, crc32c_of_zeros(3000), 3000),
+            crc32c_of_zeros(3000)
+        );
     }
 }

@@ -590,7 +590,10 @@ mod tests {
     fn a_hole_is_told_apart_from_written_and_dirty_ranges() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
-        std::fs::File::create(&path).unwrap().set_len(4 << 20).unwrap();
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(4 << 20)
+            .unwrap();
         let f = ImageFile::open(&path, 1, true, LockMode::Write).unwrap();
         assert!(f.is_hole(0, 4 << 20), "a new sparse file");
         assert!(f.is_hole(8 << 20, 4096), "past the end");

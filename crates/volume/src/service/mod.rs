@@ -95,9 +95,7 @@ impl ServiceConfig {
     }
 }
 
-use files::{
-    rebase_to_catalog, remove_orphans, remove_unused_layer, repair_frozen_layers, sync_dir,
-};
+use files::{rebase_to_catalog, remove_orphans, remove_unused_layer, repair_frozen_layers};
 pub use reports::{
     DeleteReport, PoolInfo, RecoveryReport, ResizeReport, SnapshotInfo, SnapshotReport,
     VolumeFormat, VolumeInfo,

@@ -252,6 +252,11 @@ impl Service {
     }
 
     /// Removes layer files after the catalog no longer names them.
+    ///
+    /// The directory is not synced: the catalog's commit is the durable
+    /// record of the delete, and a file whose move to the trash a crash
+    /// undid is named by no layer, so the next startup removes it as an
+    /// orphan. A sync here would be one more per delete, for nothing.
     pub(crate) fn unlink_layers(&self, ids: &[String]) {
         for id in ids {
             if let Err(e) = self.trash.discard(&self.layer_path(id)) {
@@ -259,7 +264,6 @@ impl Service {
                 tracing::warn!("could not remove layer {id}: {e}");
             }
         }
-        sync_dir(&pool::layers(&self.config.pool));
     }
 
     /// Grows a volume. Connected NBD clients see the new size when they
