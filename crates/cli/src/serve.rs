@@ -348,9 +348,25 @@ pub(crate) async fn run_until_signal(server: Server) -> anyhow::Result<()> {
 
 /// Waits for SIGTERM or SIGINT.
 pub(crate) async fn wait_for_signal() {
+    shutdown_signal().await
+}
+
+/// SIGTERM and SIGINT, caught from this call on (it must run on the
+/// runtime): call it before a readiness line, so that a stop sent as soon
+/// as the line is read ends the process cleanly instead of killing it.
+/// The returned future ends when either arrives.
+pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let term = signal(SignalKind::terminate());
     let int = signal(SignalKind::interrupt());
+    wait_for(term, int)
+}
+
+/// Waits for either signal whose handler was installed.
+async fn wait_for(
+    term: std::io::Result<tokio::signal::unix::Signal>,
+    int: std::io::Result<tokio::signal::unix::Signal>,
+) {
     match (term, int) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! {

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::{action_name, Done, Run};
 use crate::inventory;
-use crate::provider::Stages;
+use crate::provider::{Answer, Stages};
 use crate::spec::{Action, ControlOperation};
 
 impl Run<'_> {
@@ -110,6 +110,18 @@ impl Run<'_> {
     }
 
     fn attach(&self, operation: &ControlOperation) -> Done {
+        self.on_picked_volume(operation, |volume, stages| {
+            self.provider.attach_volume(volume, stages)
+        })
+    }
+
+    /// Picks a volume as `operation` selects and runs `act` on it, which
+    /// marks the stages it reaches.
+    fn on_picked_volume(
+        &self,
+        operation: &ControlOperation,
+        act: impl FnOnce(&str, &mut Stages) -> Answer,
+    ) -> Done {
         let picked = self.inventory.lock().pick_volume(
             &self.scope(operation),
             operation.select,
@@ -119,7 +131,7 @@ impl Run<'_> {
             return Run::nothing_to(operation, "volume");
         };
         let mut stages = Stages::default();
-        let result = self.provider.attach_volume(&volume.name, &mut stages);
+        let result = act(&volume.name, &mut stages);
         Done {
             target: volume.name,
             stages,
@@ -263,21 +275,8 @@ impl Run<'_> {
     }
 
     fn compact(&self, operation: &ControlOperation) -> Done {
-        let picked = self.inventory.lock().pick_volume(
-            &self.scope(operation),
-            operation.select,
-            &mut self.rng.lock(),
-        );
-        let Some(volume) = picked else {
-            return Run::nothing_to(operation, "volume");
-        };
-        let mut stages = Stages::default();
-        let result = self.provider.compact(&volume.name, &mut stages);
-        Done {
-            target: volume.name,
-            stages,
-            result,
-            skipped: false,
-        }
+        self.on_picked_volume(operation, |volume, stages| {
+            self.provider.compact(volume, stages)
+        })
     }
 }

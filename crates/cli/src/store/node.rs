@@ -27,6 +27,7 @@ pub(super) fn node(cmd: NodeCommand) -> Result<i32> {
             let keep_routes = !routes.no_routes;
             let capacity = parse_size(&capacity).map_err(anyhow::Error::msg)?;
             runtime()?.block_on(async {
+                let stop = crate::serve::shutdown_signal();
                 reload_on_hangup(key.clone(), None)?;
                 if role == "mn" {
                     let mn = strata_store::metadata::server::start_mn(
@@ -52,7 +53,7 @@ pub(super) fn node(cmd: NodeCommand) -> Result<i32> {
                         )),
                     );
                     std::io::stdout().flush()?;
-                    crate::serve::wait_for_signal().await;
+                    stop.await;
                     unregister(registered);
                     return anyhow::Ok(0);
                 }
@@ -85,7 +86,7 @@ pub(super) fn node(cmd: NodeCommand) -> Result<i32> {
                 );
                 std::io::stdout().flush()?;
                 tokio::select! {
-                    _ = crate::serve::wait_for_signal() => {}
+                    _ = stop => {}
                     _ = sn.retired() => eprintln!(
                         "strata store: storage node {:016x} retired (its replicas were \
                          re-placed and freed); exiting",

@@ -77,6 +77,7 @@ pub fn run_s3(args: S3Args) -> Result<i32> {
     crate::serve::init_logging();
     let key = args.key.load(&[PathBuf::from(KEY_FILE)])?;
     runtime()?.block_on(async {
+        let stop = crate::serve::shutdown_signal();
         // Fails early, with the cluster named, if no orchestrator answers.
         strata_store_client::transport::fetch_table(args.cluster, Some(&key))
             .await
@@ -98,7 +99,7 @@ pub fn run_s3(args: S3Args) -> Result<i32> {
         )?;
         out.flush()?;
         drop(out);
-        crate::serve::wait_for_signal().await;
+        stop.await;
         anyhow::Ok(0)
     })
 }

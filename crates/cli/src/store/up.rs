@@ -45,6 +45,7 @@ pub(super) fn up(args: UpArgs) -> Result<i32> {
     cfg.metadata_sync_ms = args.sync.metadata_sync_ms;
     cfg.key = args.key.path.clone();
     runtime()?.block_on(async {
+        let stop = crate::serve::shutdown_signal();
         let cluster = Cluster::start(cfg)
             .await
             .with_context(|| format!("could not start the cluster in '{}'", args.dir.display()))?;
@@ -109,7 +110,7 @@ pub(super) fn up(args: UpArgs) -> Result<i32> {
         )?;
         out.flush()?;
         drop(out);
-        crate::serve::wait_for_signal().await;
+        stop.await;
         stop_added_nodes(&args.dir, cluster.on).await;
         drop(cluster);
         anyhow::Ok(0)
