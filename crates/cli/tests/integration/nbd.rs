@@ -789,7 +789,13 @@ impl Conn {
                 Ok(0) => return start.elapsed(),
                 Ok(_) => {}
                 Err(e) if is_closed_error(&e) => return start.elapsed(),
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                // Interrupted: a signal reached this test process (another
+                // test's handler is installed in it); read again.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                    ) => {}
                 Err(e) => panic!("read: {e}"),
             }
         }
