@@ -11,7 +11,7 @@ use strata_nbd::{ExportSet, Server, ServerConfig};
 use strata_volume::service::DEFAULT_DURABLE_WITHIN;
 use strata_volume::{Service, ServiceConfig};
 
-use crate::serve::{idle_seconds, init_logging, seconds, wait_for_signal};
+use crate::serve::{idle_seconds, init_logging, seconds, shutdown_signal};
 use crate::units::parse_size;
 
 mod api;
@@ -237,12 +237,7 @@ async fn serve(
     let nbd_addr = nbd.tcp_addr().map(|a| a.to_string()).unwrap_or_default();
     // Install the signal handlers before the readiness line: a SIGTERM
     // right after it must stop the daemon cleanly, not kill it.
-    let mut signal = Box::pin(wait_for_signal());
-    let signalled = tokio::select! {
-        biased;
-        () = &mut signal => true,
-        () = std::future::ready(()) => false,
-    };
+    let signal = shutdown_signal();
     {
         let mut out = std::io::stdout().lock();
         writeln!(
@@ -256,9 +251,7 @@ async fn serve(
     }
     let nbd_stop = nbd.shutdown_handle();
     tokio::spawn(async move {
-        if !signalled {
-            signal.await;
-        }
+        signal.await;
         nbd_stop.shutdown();
         let _ = stop_tx.send(true);
     });

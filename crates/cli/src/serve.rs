@@ -359,29 +359,23 @@ pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let term = signal(SignalKind::terminate());
     let int = signal(SignalKind::interrupt());
-    wait_for(term, int)
-}
-
-/// Waits for either signal whose handler was installed.
-async fn wait_for(
-    term: std::io::Result<tokio::signal::unix::Signal>,
-    int: std::io::Result<tokio::signal::unix::Signal>,
-) {
-    match (term, int) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            _ => {
+                // Without signal handlers the process still dies on
+                // SIGTERM, only less gracefully; keep serving.
+                tracing::warn!("could not install signal handlers");
+                std::future::pending::<()>().await
             }
         }
-        _ => {
-            // Without signal handlers the process still dies on SIGTERM,
-            // only less gracefully; keep serving.
-            tracing::warn!("could not install signal handlers");
-            std::future::pending::<()>().await
-        }
+        tracing::info!("shutting down");
     }
-    tracing::info!("shutting down");
 }
 
 #[cfg(test)]
