@@ -122,7 +122,7 @@ sys.path.insert(0, {bench:?})
 import cns_snapshots
 opts = argparse.Namespace(strata={strata:?}, duration="2s", experiment="fio",
                           restore_every=10, memory_limit=None, keep={dir:?},
-                          calibrate=False)
+                          calibrate=False, snapshot_every=30)
 cores = cns_snapshots.duet_cores()
 rounds = []
 for round_ in range(2):
@@ -177,5 +177,85 @@ print(json.dumps({{"rounds": rounds, "balanced": balanced}}))
     assert_ne!(
         snapshot_cores[0], snapshot_cores[1],
         "the cores were not swapped: {rounds}"
+    );
+}
+
+/// `--snapshot-every` (`bench/cns_snapshots.py`): the pgbench spec's
+/// snapshots come at that interval, and the restores still follow every
+/// Nth snapshot by a second; without snapshots the spec has no control
+/// operations at all.
+#[test]
+fn the_pgbench_spec_takes_snapshots_at_the_interval_asked() {
+    let driver = format!(
+        r#"
+import argparse, json, sys
+sys.path.insert(0, {bench:?})
+import cns_snapshots
+opts = argparse.Namespace(experiment="pgbench", duration="2m", snapshot_every=5, restore_every=10)
+print(json.dumps({{"snap": cns_snapshots.spec_text(opts, "64k", True),
+                  "base": cns_snapshots.spec_text(opts, "64k", False)}}))
+"#,
+        bench = BENCH,
+    );
+    let printed = run_driver(&driver);
+    let snap = printed["snap"].as_str().unwrap();
+    let base = printed["base"].as_str().unwrap();
+    assert!(
+        snap.contains("{name: snapshot-rate, every: 5s}")
+            && snap.contains("{name: restores, every: 51s}")
+            && snap.contains("cluster_size: 64k"),
+        "{snap}"
+    );
+    assert!(!base.contains("control_operations"), "{base}");
+}
+
+/// `bench/alloc_flush_floor.py`: every sequence is timed and "in place"
+/// is the 1.00× the others are against (which is the cheaper is the
+/// machine's to say: on tmpfs a flush costs nothing), no test file is
+/// left behind, and a count it cannot hold is refused.
+#[test]
+fn the_flush_floor_times_every_sequence_and_leaves_no_file() {
+    let dir = tmp();
+    let out = Command::new("python3")
+        .arg(format!("{BENCH}/alloc_flush_floor.py"))
+        .args(["--dir", &p(dir.path()), "--count", "40", "--repeat", "1"])
+        .output()
+        .expect("python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let micros = |name: &str| -> f64 {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("| {name} |")))
+            .unwrap_or_else(|| panic!("no row for {name}: {stdout}"));
+        row.split('|').nth(2).unwrap().trim().parse().unwrap()
+    };
+    assert!(
+        stdout.contains("| in place | ") && stdout.contains(" | 1.00× |"),
+        "{stdout}"
+    );
+    for name in [
+        "into a hole",
+        "in place, then metadata",
+        "allocating, ordered",
+        "allocating, unordered",
+    ] {
+        assert!(micros(name) > 0.0, "{stdout}");
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
+    let refused = Command::new("python3")
+        .arg(format!("{BENCH}/alloc_flush_floor.py"))
+        .args(["--dir", &p(dir.path()), "--count", "0"])
+        .output()
+        .expect("python3");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--count 0: give 1 to 20000"),
+        "{refused:?}"
     );
 }
