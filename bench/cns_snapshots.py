@@ -60,9 +60,9 @@ Usage (as root: the volumes' NBD exports, fio, mounts):
     python3 bench/cns_snapshots.py --duet --calibrate --duration 60s --repeat 4 --variants strata-4k
 
 --snapshot-every SECONDS (pgbench only; default 30, the target's
-interval) takes snapshots more often: six times as many snapshots show
-whether the loss is a cost per snapshot (it grows about sixfold) or one
-of writing into a fresh layer at all (it grows much less).
+interval) takes snapshots more often: with six times as many, a cost
+paid per snapshot grows sixfold, and the cost of writing into a fresh
+layer grows much less.
 
 --memory-limit SIZE runs each provider daemon (Strata's volume daemon,
 qemu-storage-daemon) in a cgroup v1 memory group with that limit, as a
