@@ -251,6 +251,7 @@ fn serve(dir: PathBuf, listen: SocketAddr, lease_ms: u64) -> Result<i32> {
             .await
             .with_context(|| format!("listening on {listen}"))?;
         let bound = listener.local_addr()?;
+        let stop = crate::serve::shutdown_signal();
         let mut out = std::io::stdout().lock();
         writeln!(
             out,
@@ -259,8 +260,7 @@ fn serve(dir: PathBuf, listen: SocketAddr, lease_ms: u64) -> Result<i32> {
         )?;
         out.flush()?;
         drop(out);
-        strata_f3::service::serve(Arc::new(catalog), listener, crate::serve::wait_for_signal())
-            .await?;
+        strata_f3::service::serve(Arc::new(catalog), listener, stop).await?;
         anyhow::Ok(0)
     })
 }
@@ -315,6 +315,16 @@ fn run_agent(name: String, dir: PathBuf, mountpoint: PathBuf, agent: AgentOption
             no_cgroups: agent.no_cgroups,
         },
     })?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("could not start the async runtime")?;
+    // Before the readiness line: a stop sent as soon as it is read then
+    // unmounts instead of killing the node.
+    let stop = {
+        let _entered = runtime.enter();
+        crate::serve::shutdown_signal()
+    };
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -326,11 +336,7 @@ fn run_agent(name: String, dir: PathBuf, mountpoint: PathBuf, agent: AgentOption
     )?;
     out.flush()?;
     drop(out);
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("could not start the async runtime")?
-        .block_on(crate::serve::wait_for_signal());
+    runtime.block_on(stop);
     node.stop();
     Ok(0)
 }

@@ -15,7 +15,7 @@ use strata_mirror::{repo, Mirror, MirrorConfig, MirrorStats};
 use strata_nbd::{Export, Server, ServerConfig};
 
 use crate::img::{print_json, progress_bar, Output};
-use crate::serve::{init_logging, seconds, wait_for_signal};
+use crate::serve::{init_logging, seconds, shutdown_signal};
 use crate::units::{human, parse_size};
 
 /// Default NBD port of a mirror: after `strata serve`'s 10809 and the
@@ -335,14 +335,19 @@ fn repo_serve(
         limits,
     })?;
     let stop = server.stopper();
+    // The handlers are installed here, before the readiness line below,
+    // so that a stop sent as soon as it is read ends the server cleanly.
+    let signals = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("could not start the async runtime")?;
+    let signal = {
+        let _entered = signals.enter();
+        shutdown_signal()
+    };
     std::thread::spawn(move || {
-        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
-            rt.block_on(wait_for_signal());
-            stop();
-        }
+        signals.block_on(signal);
+        stop();
     });
     let mut out = std::io::stdout().lock();
     writeln!(
@@ -486,6 +491,7 @@ fn run_mirror(args: RunArgs) -> Result<i32> {
     let served = runtime.block_on(async {
         let server = Server::bind(vec![export], server_config).await?;
         let nbd = server.tcp_addr().map(|a| a.to_string()).unwrap_or_default();
+        let stop = shutdown_signal();
         let m = mirror.manifest();
         let s = mirror.stats();
         let mut out = std::io::stdout().lock();
@@ -508,7 +514,7 @@ fn run_mirror(args: RunArgs) -> Result<i32> {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         });
-        crate::serve::run_until_signal(server).await
+        crate::serve::run_until_signal(server, stop).await
     });
     runtime.shutdown_timeout(Duration::from_secs(1));
     let closed = mirror.shutdown();

@@ -188,6 +188,7 @@ pub fn run(args: ServeArgs) -> Result<i32> {
             std::fs::write(pid_file, format!("{}\n", std::process::id()))
                 .with_context(|| format!("could not write '{}'", pid_file.display()))?;
         }
+        let stop = shutdown_signal();
         let n = specs.len();
         let mut out = std::io::stdout().lock();
         writeln!(
@@ -199,7 +200,7 @@ pub fn run(args: ServeArgs) -> Result<i32> {
         out.flush()?;
         drop(out);
 
-        run_until_signal(server).await
+        run_until_signal(server, stop).await
     });
     drop(runtime);
     if let Some(pid_file) = &args.pid_file {
@@ -334,21 +335,20 @@ pub(crate) fn colour_on_stderr() -> bool {
     !no_color && std::io::stderr().is_terminal()
 }
 
-/// Serves until SIGTERM or SIGINT, then lets the server finish its
-/// in-flight requests, flush and return.
-pub(crate) async fn run_until_signal(server: Server) -> anyhow::Result<()> {
+/// Serves until `stop` ends (the future of [`shutdown_signal`], taken
+/// before the readiness line), then lets the server finish its in-flight
+/// requests, flush and return.
+pub(crate) async fn run_until_signal(
+    server: Server,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let handle = server.shutdown_handle();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        stop.await;
         handle.shutdown();
     });
     server.run().await?;
     Ok(())
-}
-
-/// Waits for SIGTERM or SIGINT.
-pub(crate) async fn wait_for_signal() {
-    shutdown_signal().await
 }
 
 /// SIGTERM and SIGINT, caught from this call on (it must run on the

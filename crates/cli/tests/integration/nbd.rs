@@ -1845,6 +1845,19 @@ fn max_connections_holds_further_clients_until_a_slot_frees() {
     server.shutdown();
 }
 
+/// A stop sent the moment the readiness line is read ends the server
+/// cleanly (exit 0): its signal handlers are in place before it prints
+/// the line. Ten times, since the window they once left open was small.
+#[test]
+fn sigterm_right_after_the_readiness_line_exits_0() {
+    let dir = tmp();
+    let (top, _) = make_chain(dir.path());
+    for _ in 0..10 {
+        let mut server = Server::start(&top, dir.path(), &Opts::default());
+        server.shutdown();
+    }
+}
+
 #[test]
 fn sigterm_while_writing_exits_0_and_keeps_acknowledged_writes() {
     let dir = tmp();
