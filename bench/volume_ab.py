@@ -63,18 +63,18 @@ def one_run(config, mode, args, work):
     d = vb.Daemon(pool, cluster_size=fmt["--cluster-size"], extended_l2=fmt["--extended-l2"], extra=extra)
     try:
         d.call("POST", "/v1/volumes", {"name": "v", "size": 1 << 30})
-        extra, size = (f"--iodepth={args.iodepth}",), "1G"
+        fio_args, size = (f"--iodepth={args.iodepth}",), "1G"
         if args.flush_each_write:
             size = "256M"
             vb.fio(d.uri("v"), 60, work, size=size, rw="write",
                    extra=("--bs=1M", "--time_based=0"), iodepth=4)
-            extra += ("--bs=8k", "--fsync=1")
+            fio_args += ("--bs=8k", "--fsync=1")
         stop, pauses, loop = threading.Event(), [], None
         if mode == "1s":
             loop = threading.Thread(target=vb.snapshot_loop, args=(d, "v", 1.0, stop, pauses, "s"))
             loop.start()
         c0, m0 = daemon_cpu_s(d.proc.pid), reported_mib()
-        r = vb.fio(d.uri("v"), args.runtime, work, size=size, extra=extra)
+        r = vb.fio(d.uri("v"), args.runtime, work, size=size, extra=fio_args)
         c1, m1 = daemon_cpu_s(d.proc.pid), reported_mib()
         stop.set()
         if loop:
