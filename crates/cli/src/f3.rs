@@ -315,16 +315,9 @@ fn run_agent(name: String, dir: PathBuf, mountpoint: PathBuf, agent: AgentOption
             no_cgroups: agent.no_cgroups,
         },
     })?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("could not start the async runtime")?;
     // Before the readiness line: a stop sent as soon as it is read then
     // unmounts instead of killing the node.
-    let stop = {
-        let _entered = runtime.enter();
-        crate::serve::shutdown_signal()
-    };
+    let (runtime, stop) = crate::serve::signal_on_own_runtime()?;
     let mut out = std::io::stdout().lock();
     writeln!(
         out,

@@ -337,14 +337,7 @@ fn repo_serve(
     let stop = server.stopper();
     // The handlers are installed here, before the readiness line below,
     // so that a stop sent as soon as it is read ends the server cleanly.
-    let signals = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("could not start the async runtime")?;
-    let signal = {
-        let _entered = signals.enter();
-        shutdown_signal()
-    };
+    let (signals, signal) = crate::serve::signal_on_own_runtime()?;
     std::thread::spawn(move || {
         signals.block_on(signal);
         stop();

@@ -351,6 +351,24 @@ pub(crate) async fn run_until_signal(
     Ok(())
 }
 
+/// For a command without an async runtime of its own: SIGTERM and
+/// SIGINT caught from this call on (see [`shutdown_signal`]), and the
+/// small runtime to wait for them on (`runtime.block_on(signal)`).
+pub(crate) fn signal_on_own_runtime() -> Result<(
+    tokio::runtime::Runtime,
+    impl std::future::Future<Output = ()> + Send + 'static,
+)> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("could not start the async runtime")?;
+    let signal = {
+        let _entered = runtime.enter();
+        shutdown_signal()
+    };
+    Ok((runtime, signal))
+}
+
 /// SIGTERM and SIGINT, caught from this call on (it must run on the
 /// runtime): call it before a readiness line, so that a stop sent as soon
 /// as the line is read ends the process cleanly instead of killing it.
