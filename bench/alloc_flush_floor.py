@@ -43,6 +43,8 @@ WRITTEN = 64 << 20
 PAGE = 8192
 SECTOR = 512
 CLUSTER = 64 << 10
+PAGE_BYTES = b"\x5a" * PAGE
+SECTOR_BYTES = b"\xa5" * SECTOR
 
 
 def in_place(fd, i, rng):
@@ -50,8 +52,13 @@ def in_place(fd, i, rng):
     os.fdatasync(fd)
 
 
-def into_hole(fd, i, rng):
+def write_into_hole(fd, i, rng):
+    """8 KiB somewhere in the i-th new 64 KiB stretch past the written space."""
     os.pwrite(fd, PAGE_BYTES, WRITTEN + i * CLUSTER + rng.randrange(CLUSTER // PAGE) * PAGE)
+
+
+def into_hole(fd, i, rng):
+    write_into_hole(fd, i, rng)
     os.fdatasync(fd)
 
 
@@ -76,13 +83,10 @@ def allocating_ordered(fd, i, rng):
 
 
 def allocating_unordered(fd, i, rng):
-    os.pwrite(fd, PAGE_BYTES, WRITTEN + i * CLUSTER + rng.randrange(CLUSTER // PAGE) * PAGE)
+    write_into_hole(fd, i, rng)
     metadata(fd, rng)
     os.fdatasync(fd)
 
-
-PAGE_BYTES = b"\x5a" * PAGE
-SECTOR_BYTES = b"\xa5" * SECTOR
 
 SEQUENCES = [
     ("in place", in_place),

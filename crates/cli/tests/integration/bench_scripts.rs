@@ -216,11 +216,15 @@ print(json.dumps({{"snap": cns_snapshots.spec_text(opts, "64k", True),
 #[test]
 fn the_flush_floor_times_every_sequence_and_leaves_no_file() {
     let dir = tmp();
-    let out = Command::new("python3")
-        .arg(format!("{BENCH}/alloc_flush_floor.py"))
-        .args(["--dir", &p(dir.path()), "--count", "40", "--repeat", "1"])
-        .output()
-        .expect("python3");
+    let floor = |args: &[&str]| {
+        Command::new("python3")
+            .arg(format!("{BENCH}/alloc_flush_floor.py"))
+            .args(["--dir", &p(dir.path())])
+            .args(args)
+            .output()
+            .expect("python3")
+    };
+    let out = floor(&["--count", "40", "--repeat", "1"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -248,11 +252,7 @@ fn the_flush_floor_times_every_sequence_and_leaves_no_file() {
     }
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "files left behind: {left:?}");
-    let refused = Command::new("python3")
-        .arg(format!("{BENCH}/alloc_flush_floor.py"))
-        .args(["--dir", &p(dir.path()), "--count", "0"])
-        .output()
-        .expect("python3");
+    let refused = floor(&["--count", "0"]);
     assert!(!refused.status.success());
     assert!(
         String::from_utf8_lossy(&refused.stderr).contains("--count 0: give 1 to 20000"),
