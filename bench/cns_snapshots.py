@@ -28,7 +28,10 @@ and its growth (per round, then the median: a figure far less noisy than
 the rate on a shared machine), and for Strata the writes that allocated in the top layer with and
 without snapshots and their mean time against a write in place (from the
 daemon's strata_volume_cluster_writes_total and
-strata_volume_cluster_write_seconds_total).
+strata_volume_cluster_write_seconds_total), and the flushes' mean time
+with and without snapshots (from strata_volume_op_latency_seconds: a
+flush after allocating writes writes their metadata and waits for the
+disk twice).
 
 --duet runs each round's pair at once instead of one after the other
 ("duet benchmarking", Bulej et al., ICPE 2020): the run with snapshots
@@ -272,11 +275,18 @@ def write_costs(out):
             for line in f:
                 sample = json.loads(line)
                 metric = sample["metric"]
-                if metric not in ("strata_volume_cluster_writes_total",
-                                  "strata_volume_cluster_write_seconds_total"):
-                    continue
                 labels = sample.get("labels", {})
-                key = (metric, labels.get("volume"), labels.get("kind"))
+                if metric in ("strata_volume_op_latency_seconds_sum",
+                              "strata_volume_op_latency_seconds_count"):
+                    if labels.get("op") != "flush":
+                        continue
+                    kind = "flush"
+                elif metric in ("strata_volume_cluster_writes_total",
+                                "strata_volume_cluster_write_seconds_total"):
+                    kind = labels.get("kind")
+                else:
+                    continue
+                key = (metric, labels.get("volume"), kind)
                 first.setdefault(key, sample["value"])
                 last[key] = sample["value"]
     except FileNotFoundError:
@@ -290,11 +300,18 @@ def write_costs(out):
     if not writes["allocating"] and not writes["in_place"]:
         return {}
     mean = {kind: seconds[kind] / writes[kind] if writes[kind] else 0.0 for kind in writes}
+    flushes = total("strata_volume_op_latency_seconds_count", "flush")
+    flush_seconds = total("strata_volume_op_latency_seconds_sum", "flush")
     return {
         "allocating_writes": int(writes["allocating"]),
         "in_place_writes": int(writes["in_place"]),
         "allocating_us": round(1e6 * mean["allocating"], 1),
         "in_place_us": round(1e6 * mean["in_place"], 1),
+        # A write that allocated makes the next flush write metadata and
+        # wait for the disk twice: the flushes' mean time shows that cost
+        # where the guest waits for it.
+        "flushes": int(flushes),
+        "flush_us": round(1e6 * flush_seconds / flushes, 1) if flushes else None,
     }
 
 
@@ -433,8 +450,9 @@ def main():
     print(f"| variant | {unit}, none | {unit}, snapshots | loss | lowest second (snapshots) |"
           " zero-op seconds (snapshots) | snapshot p50 / p99 / max ms | restores ok / failed |"
           " allocating writes, none / snapshots | mean µs allocating / in place (snapshots) |"
+          " mean µs per flush, none / snapshots |"
           " daemon CPU µs per op, none / snapshots | CPU per op, snapshots against none |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     table = {}
 
     def median_of(rows, key, digits=0):
@@ -467,6 +485,7 @@ def main():
               f" {sum(r.get('restores_failed', 0) for r in snap)} |"
               f" {median_of(base, 'allocating_writes')} / {median_of(snap, 'allocating_writes')} |"
               f" {median_of(snap, 'allocating_us')} / {median_of(snap, 'in_place_us')} |"
+              f" {median_of(base, 'flush_us')} / {median_of(snap, 'flush_us')} |"
               f" {median_of(base, 'cpu_us_per_op', 1)} / {median_of(snap, 'cpu_us_per_op', 1)} |"
               f" {growth} |")
     if opts.duet:

@@ -209,6 +209,51 @@ print(json.dumps({{"snap": cns_snapshots.spec_text(opts, "64k", True),
     assert!(!base.contains("control_operations"), "{base}");
 }
 
+/// The write costs of a run (`bench/cns_snapshots.py`), from its scraped
+/// `metrics.jsonl`: the counters' growth between the first and the last
+/// scrape, summed over volumes. Flushes count only the `flush` series of
+/// the latency histogram, whose mean is its sum over its count; the other
+/// operations' series and the writes' kinds stay apart.
+#[test]
+fn the_write_costs_count_flushes_and_their_mean_time_from_the_scrapes() {
+    let dir = tmp();
+    let driver = format!(
+        r#"
+import json, os, sys
+sys.path.insert(0, {bench:?})
+import cns_snapshots
+def line(time, metric, value, **labels):
+    return json.dumps({{"time": time, "metric": metric, "labels": labels, "value": value}})
+lines = []
+for time, scale in ((1.0, 0), (9.0, 1)):
+    for volume in ("a", "b"):
+        lines += [
+            line(time, "strata_volume_op_latency_seconds_count", 5 + 100 * scale, volume=volume, op="flush"),
+            line(time, "strata_volume_op_latency_seconds_sum", 1.0 + 0.03 * scale, volume=volume, op="flush"),
+            line(time, "strata_volume_op_latency_seconds_count", 7 + 900 * scale, volume=volume, op="write"),
+            line(time, "strata_volume_op_latency_seconds_sum", 2.0 + 9.0 * scale, volume=volume, op="write"),
+            line(time, "strata_volume_cluster_writes_total", 10 + 40 * scale, volume=volume, kind="allocating"),
+            line(time, "strata_volume_cluster_write_seconds_total", 0.5 + 0.002 * scale, volume=volume, kind="allocating"),
+            line(time, "strata_volume_cluster_writes_total", 20 + 400 * scale, volume=volume, kind="in_place"),
+            line(time, "strata_volume_cluster_write_seconds_total", 0.1 + 0.004 * scale, volume=volume, kind="in_place"),
+        ]
+with open(os.path.join({dir:?}, "metrics.jsonl"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+print(json.dumps(cns_snapshots.write_costs({dir:?})))
+"#,
+        bench = BENCH,
+        dir = p(dir.path()),
+    );
+    let costs = run_driver(&driver);
+    // Two volumes, each 100 flushes taking 30 ms together: 300 µs each.
+    assert_eq!(costs["flushes"], 200, "{costs}");
+    assert_eq!(costs["flush_us"], 300.0, "{costs}");
+    assert_eq!(costs["allocating_writes"], 80, "{costs}");
+    assert_eq!(costs["allocating_us"], 50.0, "{costs}");
+    assert_eq!(costs["in_place_writes"], 800, "{costs}");
+    assert_eq!(costs["in_place_us"], 10.0, "{costs}");
+}
+
 /// `bench/alloc_flush_floor.py`: every sequence is timed and "in place"
 /// is the 1.00× the others are against (which is the cheaper is the
 /// machine's to say: on tmpfs a flush costs nothing), no test file is
