@@ -33,6 +33,11 @@ with and without snapshots (from strata_volume_op_latency_seconds: a
 flush after allocating writes writes their metadata and waits for the
 disk twice).
 
+In a duet, each run's line also has core_busy: the share of its core's
+time (setup included) that was neither idle nor waiting for I/O, from
+/proc/stat. pgbench's sides run at 0.9 and more: bound by the CPU of
+their core.
+
 --duet runs each round's pair at once instead of one after the other
 ("duet benchmarking", Bulej et al., ICPE 2020): the run with snapshots
 on one core and the run without on the other, each run and everything
@@ -228,10 +233,12 @@ def run_one(opts, work, variant, snapshots, round_, tag=None, cpu=None):
     if opts.memory_limit:
         group = MemoryGroup(parse_size(opts.memory_limit))
         group.open()
+    core_before = core_ticks(cpu) if cpu is not None else None
     try:
         failed, summary = run_and_report(opts.strata, args, out, f"{variant} {mode}", group, cpu)
     finally:
         memory = group.close() if group else {}
+    core_after = core_ticks(cpu) if cpu is not None else None
     name = EXPERIMENTS[opts.experiment][2]
     workload = next(w for w in summary["workloads"] if w["workload"] == name)
     snaps = next((o for o in summary["operations"] if o["operation"] == "snapshots"), None)
@@ -252,9 +259,34 @@ def run_one(opts, work, variant, snapshots, round_, tag=None, cpu=None):
     result.update(daemon_cpu(out, workload["mean_iops"]))
     if cpu is not None:
         result["cpu"] = cpu
+        result["core_busy"] = busy_fraction(core_before, core_after)
     if not opts.keep:
         shutil.rmtree(out, ignore_errors=True)
     return result
+
+
+def core_ticks(cpu, stat="/proc/stat"):
+    """Clock ticks core `cpu` has spent so far, as (busy, total): busy is
+    everything but idle and I/O wait. Guest time is left out, as user
+    time already counts it."""
+    with open(stat) as f:
+        for line in f:
+            fields = line.split()
+            if fields and fields[0] == f"cpu{cpu}":
+                # user nice system idle iowait irq softirq steal [guest guest_nice]
+                ticks = [int(x) for x in fields[1:9]]
+                total = sum(ticks)
+                return total - ticks[3] - ticks[4], total
+    raise SystemExit(f"{stat} has no line for cpu{cpu}")
+
+
+def busy_fraction(before, after):
+    """How busy a core was between two core_ticks readings (0 to 1), or
+    None if no tick passed. In a duet every process of a side runs on its
+    core: near 1, the side is bound by that core's CPU, and a loss
+    measures the CPU that the snapshots' work costs, not waiting."""
+    total = after[1] - before[1]
+    return round((after[0] - before[0]) / total, 3) if total > 0 else None
 
 
 def write_costs(out):

@@ -133,7 +133,8 @@ for round_ in range(2):
         out = os.path.join({dir:?}, f"strata-4k-{{mode}}-{{round_}}-cpu{{result['cpu']}}")
         with open(os.path.join(out, "probe.json")) as f:
             probe = json.load(f)
-        sides.append({{"snapshots": snapshots, "cpu": result["cpu"], **probe}})
+        sides.append({{"snapshots": snapshots, "cpu": result["cpu"],
+                      "core_busy": result["core_busy"], **probe}})
     rounds.append(sides)
 # Two rounds on cores 5% apart, each side faster on one of them, and a
 # true loss of 1% then 3%: the cores' difference cancels.
@@ -161,9 +162,12 @@ print(json.dumps({{"rounds": rounds, "balanced": balanced}}))
         // The run with snapshots took them, its pair did not.
         assert_eq!(snap["snapshots"], true, "{sides}");
         assert_eq!(base["snapshots"], false, "{sides}");
-        // Each side may use exactly the one core it was given, and the two differ.
+        // Each side may use exactly the one core it was given, and the two
+        // differ; each says how busy its core was (a share of its time).
         for side in [snap, base] {
             assert_eq!(side["cpus"], serde_json::json!([side["cpu"]]), "{sides}");
+            let busy = side["core_busy"].as_f64();
+            assert!(busy.is_some_and(|b| (0.0..=1.0).contains(&b)), "{sides}");
         }
         assert_ne!(snap["cpu"], base["cpu"], "{sides}");
         // They ran at once: each started before the other ended.
@@ -252,6 +256,65 @@ print(json.dumps(cns_snapshots.write_costs({dir:?})))
     assert_eq!(costs["allocating_us"], 50.0, "{costs}");
     assert_eq!(costs["in_place_writes"], 800, "{costs}");
     assert_eq!(costs["in_place_us"], 10.0, "{costs}");
+}
+
+/// How busy a duet side's core was (`bench/cns_snapshots.py`), from two
+/// readings of /proc/stat: the ticks of that core's line alone, busy
+/// being all but idle and I/O wait, and guest time left out (user time
+/// counts it already). A core missing from the file is an error.
+#[test]
+fn a_cores_busy_share_counts_all_but_idle_and_io_wait_of_that_core() {
+    let dir = tmp();
+    let driver = format!(
+        r#"
+import json, os, sys
+sys.path.insert(0, {bench:?})
+import cns_snapshots
+def stat(name, cpu1):
+    path = os.path.join({dir:?}, name)
+    with open(path, "w") as f:
+        f.write("cpu  900 0 900 900 90 0 9 0 0 0\n")
+        f.write("cpu0 500 0 500 500 50 0 5 0 0 0\n")
+        f.write("cpu1 " + " ".join(str(t) for t in cpu1) + "\n")
+        f.write("intr 12345\n")
+    return path
+# user nice system idle iowait irq softirq steal guest guest_nice
+before = cns_snapshots.core_ticks(1, stat("before", [100, 0, 100, 100, 10, 0, 10, 0, 50, 0]))
+after = cns_snapshots.core_ticks(1, stat("after", [400, 10, 450, 150, 40, 0, 40, 10, 300, 0]))
+try:
+    cns_snapshots.core_ticks(7, stat("before", [1] * 10))
+    missing = None
+except SystemExit as e:
+    missing = str(e)
+print(json.dumps({{"before": before, "after": after,
+                  "busy": cns_snapshots.busy_fraction(before, after),
+                  "idle": cns_snapshots.busy_fraction(after, after),
+                  "missing": missing}}))
+"#,
+        bench = BENCH,
+        dir = p(dir.path()),
+    );
+    let printed = run_driver(&driver);
+    // Busy: user + nice + system + irq + softirq + steal; guest left out.
+    assert_eq!(
+        printed["before"],
+        serde_json::json!([210, 320]),
+        "{printed}"
+    );
+    assert_eq!(
+        printed["after"],
+        serde_json::json!([910, 1100]),
+        "{printed}"
+    );
+    // 700 busy ticks of 780: idle 50 and I/O wait 30 make the rest.
+    assert_eq!(printed["busy"], 0.897, "{printed}");
+    assert_eq!(printed["idle"], Value::Null, "{printed}");
+    assert!(
+        printed["missing"]
+            .as_str()
+            .is_some_and(|m| m.contains("cpu7")),
+        "{printed}"
+    );
 }
 
 /// `bench/alloc_flush_floor.py`: every sequence is timed and "in place"
