@@ -35,8 +35,8 @@ disk twice).
 
 In a duet, each run's line also has core_busy: the share of its core's
 time (setup included) that was neither idle nor waiting for I/O, from
-/proc/stat. pgbench's sides run at 0.9 and more: bound by the CPU of
-their core.
+/proc/stat. pgbench's sides run at about 0.9, never idle, the rest
+waiting for I/O: bound by the CPU of their core.
 
 --duet runs each round's pair at once instead of one after the other
 ("duet benchmarking", Bulej et al., ICPE 2020): the run with snapshots
