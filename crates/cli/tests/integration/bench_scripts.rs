@@ -22,6 +22,14 @@ fn run_driver(driver: &str) -> Value {
     serde_json::from_slice(&out.stdout).expect("the driver's output as JSON")
 }
 
+/// Runs a Python driver of `bench/cns_snapshots.py`, given without its
+/// imports: it may use `json`, `os`, `sys` and `cns_snapshots`.
+fn run_cns_driver(body: &str) -> Value {
+    run_driver(&format!(
+        "import json, os, sys\nsys.path.insert(0, {BENCH:?})\nimport cns_snapshots\n{body}"
+    ))
+}
+
 /// The memory group of `--memory-limit` (`bench/cns_memory.py`): a
 /// stand-in for the run starts a "daemon" (a process named `strata`
 /// whose first argument is `daemon`, as the volume daemon's is) that
@@ -223,9 +231,6 @@ fn the_write_costs_count_flushes_and_their_mean_time_from_the_scrapes() {
     let dir = tmp();
     let driver = format!(
         r#"
-import json, os, sys
-sys.path.insert(0, {bench:?})
-import cns_snapshots
 def line(time, metric, value, **labels):
     return json.dumps({{"time": time, "metric": metric, "labels": labels, "value": value}})
 lines = []
@@ -245,10 +250,9 @@ with open(os.path.join({dir:?}, "metrics.jsonl"), "w") as f:
     f.write("\n".join(lines) + "\n")
 print(json.dumps(cns_snapshots.write_costs({dir:?})))
 "#,
-        bench = BENCH,
         dir = p(dir.path()),
     );
-    let costs = run_driver(&driver);
+    let costs = run_cns_driver(&driver);
     // Two volumes, each 100 flushes taking 30 ms together: 300 µs each.
     assert_eq!(costs["flushes"], 200, "{costs}");
     assert_eq!(costs["flush_us"], 300.0, "{costs}");
@@ -267,9 +271,6 @@ fn a_cores_busy_share_counts_all_but_idle_and_io_wait_of_that_core() {
     let dir = tmp();
     let driver = format!(
         r#"
-import json, os, sys
-sys.path.insert(0, {bench:?})
-import cns_snapshots
 def stat(name, cpu1):
     path = os.path.join({dir:?}, name)
     with open(path, "w") as f:
@@ -291,10 +292,9 @@ print(json.dumps({{"before": before, "after": after,
                   "idle": cns_snapshots.busy_fraction(after, after),
                   "missing": missing}}))
 "#,
-        bench = BENCH,
         dir = p(dir.path()),
     );
-    let printed = run_driver(&driver);
+    let printed = run_cns_driver(&driver);
     // Busy: user + nice + system + irq + softirq + steal; guest left out.
     assert_eq!(
         printed["before"],
