@@ -292,7 +292,8 @@ def busy_fraction(before, after):
 def write_costs(out):
     """What the Strata daemon's /metrics (scraped into the run's
     metrics.jsonl) say of the run's writes: how many allocated in the top
-    layer and how many went in place, and their mean times. A snapshot
+    layer and how many went in place, and their mean times; and of its
+    flushes: how many, and their mean time. A snapshot
     makes the next write to each cluster allocate, so the difference
     between a pair of runs counts the work snapshots added, without the
     run-to-run noise of comparing two runs' IOPS. (Their times are not

@@ -125,9 +125,7 @@ fn a_duet_runs_the_pair_at_once_on_one_core_each_and_swaps_the_cores() {
     std::fs::set_permissions(&strata, std::fs::Permissions::from_mode(0o755)).unwrap();
     let driver = format!(
         r#"
-import argparse, json, os, sys
-sys.path.insert(0, {bench:?})
-import cns_snapshots
+import argparse
 opts = argparse.Namespace(strata={strata:?}, duration="2s", experiment="fio",
                           restore_every=10, memory_limit=None, keep={dir:?},
                           calibrate=False, snapshot_every=30)
@@ -151,11 +149,10 @@ snap = [{{"iops": 99 * 1.05}}, {{"iops": 99 / 1.05}}, {{"iops": 97 * 1.05}}, {{"
 balanced = cns_snapshots.core_balanced_losses(base, snap)
 print(json.dumps({{"rounds": rounds, "balanced": balanced}}))
 "#,
-        bench = BENCH,
         strata = p(&strata),
         dir = p(dir.path()),
     );
-    let printed = run_driver(&driver);
+    let printed = run_cns_driver(&driver);
     let balanced: Vec<f64> = serde_json::from_value(printed["balanced"].clone()).unwrap();
     assert!(
         balanced.len() == 2
@@ -198,18 +195,13 @@ print(json.dumps({{"rounds": rounds, "balanced": balanced}}))
 /// operations at all.
 #[test]
 fn the_pgbench_spec_takes_snapshots_at_the_interval_asked() {
-    let driver = format!(
-        r#"
-import argparse, json, sys
-sys.path.insert(0, {bench:?})
-import cns_snapshots
+    let driver = r#"
+import argparse
 opts = argparse.Namespace(experiment="pgbench", duration="2m", snapshot_every=5, restore_every=10)
-print(json.dumps({{"snap": cns_snapshots.spec_text(opts, "64k", True),
-                  "base": cns_snapshots.spec_text(opts, "64k", False)}}))
-"#,
-        bench = BENCH,
-    );
-    let printed = run_driver(&driver);
+print(json.dumps({"snap": cns_snapshots.spec_text(opts, "64k", True),
+                  "base": cns_snapshots.spec_text(opts, "64k", False)}))
+"#;
+    let printed = run_cns_driver(driver);
     let snap = printed["snap"].as_str().unwrap();
     let base = printed["base"].as_str().unwrap();
     assert!(
